@@ -1,0 +1,574 @@
+//! The sans-IO control loop: observations in, directives out.
+//!
+//! The controller routes between the components — monitor, classifier, policy, budget, verifier
+//! results, trace — and owns no policy of its own. The data plane (an async runtime, the gateway,
+//! the benchmark's simulator) performs every call and reports what happened as an
+//! [`Observation`]; the controller answers with the next [`Directive`]: continue (with guidance and
+//! tools to hide), recover (with this action), degrade, or abort. Time and randomness come in as
+//! arguments, so a run is a pure function of its observations, clock and seed.
+//!
+//! ```text
+//!   data plane                          control plane (this crate)
+//!   ──────────                          ──────────────────────────
+//!   tool/model call ──Observation──▶ monitor ─▶ classifier ─▶ policy ─▶ budget
+//!        ▲                                │                              │
+//!        └──────────── Directive ◀────────┴──────── trace ◀──────────────┘
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::budget::{Amounts, BudgetLedger, BudgetLimits, Dimension};
+use crate::classifier::{
+    Classification, Classifier, ClassifierConfig, ClassifyContext, FailureClass, Signal,
+};
+use crate::monitor::{
+    CallOutcome, CallReport, ConfigError, FailureKind, Guidance, Monitor, MonitorConfig,
+    MonitorSignal, ToolCall,
+};
+use crate::policy::{ActionKind, LadderState, Options, Policy, RecoveryAction};
+use crate::rng::Rng;
+use crate::trace::{Event, RunStatus, Trace};
+use crate::verifier::Judgement;
+
+/// Everything a controller is built from.
+#[derive(Debug, Clone, Default)]
+pub struct ControllerConfig {
+    /// Monitor thresholds.
+    pub monitor: MonitorConfig,
+    /// Classifier thresholds.
+    pub classifier: ClassifierConfig,
+    /// Recovery policy.
+    pub policy: Policy,
+    /// Budget limits of the run.
+    pub budget: BudgetLimits,
+    /// Trace capacity in events.
+    pub trace_capacity: usize,
+}
+
+/// What the data plane reports.
+#[derive(Debug, Clone)]
+pub enum Observation<'a> {
+    /// A tool call finished (successfully or not).
+    ToolFinished {
+        /// The plan step, if the caller has steps.
+        step: Option<u32>,
+        /// The call.
+        call: ToolCall<'a>,
+        /// A signal the data plane detected beyond what the monitor sees (timeout, stale data,
+        /// contradiction, schema drift...). Takes precedence over the monitor's hard/soft reading.
+        signal: Option<Signal>,
+        /// What recovery is possible if this failed.
+        options: Options,
+        /// Usage the call incurred (latency, cost), charged whether it failed or not.
+        usage: Amounts,
+    },
+    /// A model call finished; `signal` is set when it failed (429, refusal, malformed call...).
+    ModelFinished {
+        /// The plan step, if any.
+        step: Option<u32>,
+        /// The failure signal, if it failed.
+        signal: Option<Signal>,
+        /// What recovery is possible.
+        options: Options,
+        /// Usage (latency, tokens).
+        usage: Amounts,
+    },
+    /// A verifier judged a result.
+    Verified {
+        /// The plan step, if any.
+        step: Option<u32>,
+        /// The verifier's name.
+        verifier: &'a str,
+        /// Its judgement.
+        judgement: Judgement,
+        /// What recovery is possible if it rejected.
+        options: Options,
+    },
+}
+
+/// What the data plane must do next.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "directive", rename_all = "snake_case")]
+pub enum Directive {
+    /// Go on: call the model with this guidance, offering every tool but the hidden ones.
+    Continue {
+        /// Guidance for the next prompt.
+        guidance: Vec<Guidance>,
+        /// Tools not to offer.
+        hidden_tools: Vec<String>,
+    },
+    /// Recover from a failure with this action.
+    Recover {
+        /// The step concerned.
+        step: Option<u32>,
+        /// The inferred class.
+        class: FailureClass,
+        /// The action to perform.
+        action: RecoveryAction,
+    },
+    /// Stop with a partial result and this report.
+    Degrade {
+        /// Why.
+        reason: String,
+    },
+    /// Stop now.
+    Abort {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A failure that was never recovered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unresolved {
+    /// The step.
+    pub step: Option<u32>,
+    /// Its class.
+    pub class: FailureClass,
+    /// The tool involved, if any.
+    pub tool: Option<String>,
+}
+
+/// The typed result of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunOutcome {
+    /// Complete, partial or failed.
+    pub status: RunStatus,
+    /// Why, when not complete.
+    pub reason: Option<String>,
+    /// Failures left unresolved.
+    pub unresolved: Vec<Unresolved>,
+    /// Recovery actions taken, by kind.
+    pub actions: Vec<(ActionKind, u64)>,
+    /// What was spent.
+    pub spent: Amounts,
+}
+
+#[derive(Debug, Clone)]
+struct OpenFailure {
+    step: Option<u32>,
+    class: FailureClass,
+    tool: Option<String>,
+    ladder: LadderState,
+}
+
+const MAX_UNRESOLVED: usize = 64;
+
+/// The control loop of one run.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    monitor: Monitor,
+    classifier: Classifier,
+    policy: Policy,
+    ledger: BudgetLedger,
+    trace: Trace,
+    open: Option<OpenFailure>,
+    unresolved: Vec<Unresolved>,
+    unresolved_dropped: u64,
+    actions: [u64; 8],
+    stopped: Option<(RunStatus, String)>,
+}
+
+impl Controller {
+    /// A controller for a new run.
+    pub fn new(config: ControllerConfig) -> Result<Self, ConfigError> {
+        config
+            .policy
+            .validate()
+            .map_err(|e| ConfigError(e.to_string()))?;
+        Ok(Controller {
+            monitor: Monitor::new(config.monitor)?,
+            classifier: Classifier::new(config.classifier),
+            policy: config.policy,
+            ledger: BudgetLedger::new(config.budget),
+            trace: Trace::with_capacity(if config.trace_capacity == 0 {
+                4096
+            } else {
+                config.trace_capacity
+            }),
+            open: None,
+            unresolved: Vec::new(),
+            unresolved_dropped: 0,
+            actions: [0; 8],
+            stopped: None,
+        })
+    }
+
+    /// The run's trace.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// The run's budget ledger.
+    pub fn ledger(&self) -> &BudgetLedger {
+        &self.ledger
+    }
+
+    /// The run's monitor.
+    pub fn monitor(&self) -> &Monitor {
+        &self.monitor
+    }
+
+    /// Failures still unresolved.
+    pub fn unresolved(&self) -> &[Unresolved] {
+        &self.unresolved
+    }
+
+    /// Whether a failure is currently being recovered.
+    pub fn recovering(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// Takes one observation and returns the next directive.
+    pub fn observe(&mut self, obs: Observation<'_>, now_ms: u64, rng: &mut dyn Rng) -> Directive {
+        if let Some((_, reason)) = &self.stopped {
+            return Directive::Abort {
+                reason: reason.clone(),
+            };
+        }
+        match obs {
+            Observation::ToolFinished {
+                step,
+                call,
+                signal,
+                options,
+                usage,
+            } => {
+                self.trace.healing.calls += 1;
+                let report = self.monitor.record(&call, now_ms);
+                self.trace_monitor(now_ms, step, call.tool, &report);
+                let signal = signal.or_else(|| match (report.failure, call.outcome) {
+                    (Some(FailureKind::Hard), CallOutcome::Failed { error }) => {
+                        Some(Signal::Exception {
+                            message: error.to_owned(),
+                        })
+                    }
+                    (Some(FailureKind::Hard), CallOutcome::Returned(_)) => {
+                        Some(Signal::Exception {
+                            message: String::new(),
+                        })
+                    }
+                    (Some(FailureKind::Soft), _) => Some(Signal::EmptyOutput),
+                    (None, _) if report.signals.contains(MonitorSignal::Loop) => {
+                        Some(Signal::Repetition)
+                    }
+                    (None, _) => None,
+                });
+                self.after(
+                    now_ms,
+                    step,
+                    Some(call.tool),
+                    signal,
+                    report.consecutive_failures,
+                    options,
+                    usage,
+                    rng,
+                )
+            }
+            Observation::ModelFinished {
+                step,
+                signal,
+                options,
+                usage,
+            } => {
+                let consecutive = match &self.open {
+                    Some(o) if o.step == step => o.ladder.rung as u32 + 1,
+                    _ => 1,
+                };
+                self.after(now_ms, step, None, signal, consecutive, options, usage, rng)
+            }
+            Observation::Verified {
+                step,
+                verifier,
+                judgement,
+                options,
+            } => {
+                self.trace.push(
+                    now_ms,
+                    step,
+                    Event::Verdict {
+                        verifier: verifier.to_owned(),
+                        judgement: judgement.clone(),
+                    },
+                );
+                let signal = match judgement {
+                    Judgement::Reject { reason } => Some(Signal::VerifierRejected { reason }),
+                    Judgement::Accept | Judgement::Uncertain { .. } => None,
+                };
+                self.after(
+                    now_ms,
+                    step,
+                    None,
+                    signal,
+                    1,
+                    options,
+                    Amounts::default(),
+                    rng,
+                )
+            }
+        }
+    }
+
+    fn trace_monitor(&mut self, now_ms: u64, step: Option<u32>, tool: &str, report: &CallReport) {
+        let signals = report
+            .signals
+            .iter()
+            .map(|s| match serde_json::to_value(s) {
+                Ok(serde_json::Value::String(name)) => name,
+                _ => String::new(),
+            })
+            .collect();
+        self.trace.push(
+            now_ms,
+            step,
+            Event::Monitor {
+                tool: tool.to_owned(),
+                badge: report.badge,
+                signals,
+            },
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn after(
+        &mut self,
+        now_ms: u64,
+        step: Option<u32>,
+        tool: Option<&str>,
+        signal: Option<Signal>,
+        consecutive: u32,
+        options: Options,
+        usage: Amounts,
+        rng: &mut dyn Rng,
+    ) -> Directive {
+        if let Some(d) = self.ledger.record_usage(&usage) {
+            self.trace
+                .push(now_ms, step, Event::BudgetExhausted { dimension: d });
+            if let Some(o) = self.open.take() {
+                self.push_unresolved(o.step, o.class, o.tool);
+            }
+            return self.stop(
+                now_ms,
+                RunStatus::Partial,
+                format!("the {d} budget is spent"),
+                true,
+            );
+        }
+        let Some(signal) = signal else {
+            // Success: whatever was open on this step is resolved.
+            if self.open.as_ref().is_some_and(|o| o.step == step) {
+                self.open = None;
+            }
+            return self.continue_or_abort(now_ms, step);
+        };
+        self.trace.push(
+            now_ms,
+            step,
+            Event::Signal {
+                tool: tool.map(str::to_owned),
+                signal: signal.clone(),
+            },
+        );
+        let classification: Classification = self.classifier.classify(
+            &signal,
+            ClassifyContext {
+                consecutive_failures: consecutive,
+            },
+        );
+        self.trace.push(
+            now_ms,
+            step,
+            Event::Classified {
+                class: classification.class,
+                error_type: classification.error_type,
+                retry_after_ms: classification.retry_after_ms,
+            },
+        );
+        // Monitor abort beats recovery: the run as a whole is not working.
+        let verdict = self.monitor.check(now_ms);
+        if let Some(reason) = verdict.abort {
+            if let Some(o) = self.open.take() {
+                self.push_unresolved(o.step, o.class, o.tool);
+            }
+            self.push_unresolved(step, classification.class, tool.map(str::to_owned));
+            return self.stop(now_ms, RunStatus::Failed, reason, false);
+        }
+        // Same step failing again keeps climbing its ladder, whatever the class now is, so a
+        // failure that changes its face cannot reset the ladder and loop.
+        let ladder = match &self.open {
+            Some(o) if o.step == step && o.class == classification.class => o.ladder,
+            Some(o) if o.step == step => LadderState {
+                rung: 0,
+                retries: o.ladder.retries,
+            },
+            Some(_) | None => LadderState::default(),
+        };
+        if let Some(o) = self.open.take()
+            && o.step != step
+        {
+            self.push_unresolved(o.step, o.class, o.tool);
+        }
+        let decision = self
+            .policy
+            .decide(ladder, &classification, &options, &self.ledger, rng);
+        let before = self.ledger.remaining();
+        // The policy only picks affordable actions, so this charge cannot fail; if a caller
+        // shares the ledger in ways we cannot see, a refused charge degrades.
+        if let Err(e) = self.ledger.charge(&decision.charge) {
+            self.trace.push(
+                now_ms,
+                step,
+                Event::BudgetExhausted {
+                    dimension: e.dimension,
+                },
+            );
+            self.push_unresolved(step, classification.class, tool.map(str::to_owned));
+            return self.stop(now_ms, RunStatus::Partial, e.to_string(), true);
+        }
+        let after = self.ledger.remaining();
+        let kind = decision.action.kind();
+        self.actions[kind as usize] += 1;
+        self.trace.push(
+            now_ms,
+            step,
+            Event::Action {
+                class: classification.class,
+                action: decision.action.clone(),
+                rung: decision.rung,
+                budget_before: before,
+                budget_after: after,
+            },
+        );
+        match decision.action {
+            RecoveryAction::Degrade => {
+                self.push_unresolved(step, classification.class, tool.map(str::to_owned));
+                let reason = format!(
+                    "could not recover from {} at step {}: recovery options exhausted",
+                    classification.class,
+                    step.map_or_else(|| "-".to_owned(), |s| s.to_string())
+                );
+                self.stop(now_ms, RunStatus::Partial, reason, true)
+            }
+            RecoveryAction::Terminate => {
+                self.push_unresolved(step, classification.class, tool.map(str::to_owned));
+                let reason = format!("terminated on {}", classification.class);
+                self.stop(now_ms, RunStatus::Failed, reason, false)
+            }
+            action => {
+                self.trace.healing.healed += 1;
+                self.open = Some(OpenFailure {
+                    step,
+                    class: classification.class,
+                    tool: tool.map(str::to_owned),
+                    ladder: decision.next,
+                });
+                Directive::Recover {
+                    step,
+                    class: classification.class,
+                    action,
+                }
+            }
+        }
+    }
+
+    fn continue_or_abort(&mut self, now_ms: u64, _step: Option<u32>) -> Directive {
+        let verdict = self.monitor.check(now_ms);
+        if let Some(reason) = verdict.abort {
+            return self.stop(now_ms, RunStatus::Failed, reason, false);
+        }
+        Directive::Continue {
+            guidance: verdict.guidance,
+            hidden_tools: verdict.hidden_tools,
+        }
+    }
+
+    /// The monitor's current guidance and hidden tools, for the next model call.
+    pub fn guidance(&mut self, now_ms: u64) -> Directive {
+        if let Some((_, reason)) = &self.stopped {
+            return Directive::Abort {
+                reason: reason.clone(),
+            };
+        }
+        self.continue_or_abort(now_ms, None)
+    }
+
+    fn push_unresolved(&mut self, step: Option<u32>, class: FailureClass, tool: Option<String>) {
+        if self.unresolved.len() < MAX_UNRESOLVED {
+            self.unresolved.push(Unresolved { step, class, tool });
+        } else {
+            self.unresolved_dropped += 1;
+        }
+    }
+
+    fn stop(&mut self, now_ms: u64, status: RunStatus, reason: String, degrade: bool) -> Directive {
+        self.trace.push(
+            now_ms,
+            None,
+            Event::Finished {
+                status,
+                reason: Some(reason.clone()),
+            },
+        );
+        self.stopped = Some((status, reason.clone()));
+        if degrade {
+            Directive::Degrade { reason }
+        } else {
+            Directive::Abort { reason }
+        }
+    }
+
+    /// Ends the run and returns its typed outcome. A run that was not stopped is `complete` when
+    /// nothing is unresolved, else `partial`.
+    pub fn finish(&mut self, now_ms: u64) -> RunOutcome {
+        if let Some(o) = self.open.take() {
+            self.push_unresolved(o.step, o.class, o.tool);
+        }
+        let (status, reason) = match &self.stopped {
+            Some((status, reason)) => (*status, Some(reason.clone())),
+            None if self.unresolved.is_empty() => {
+                self.trace.push(
+                    now_ms,
+                    None,
+                    Event::Finished {
+                        status: RunStatus::Complete,
+                        reason: None,
+                    },
+                );
+                (RunStatus::Complete, None)
+            }
+            None => {
+                let reason = format!("{} failure(s) unresolved", self.unresolved.len());
+                self.trace.push(
+                    now_ms,
+                    None,
+                    Event::Finished {
+                        status: RunStatus::Partial,
+                        reason: Some(reason.clone()),
+                    },
+                );
+                (RunStatus::Partial, Some(reason))
+            }
+        };
+        self.stopped = Some((status, reason.clone().unwrap_or_default()));
+        RunOutcome {
+            status,
+            reason,
+            unresolved: self.unresolved.clone(),
+            actions: ActionKind::ALL
+                .into_iter()
+                .map(|k| (k, self.actions[k as usize]))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            spent: *self.ledger.spent(),
+        }
+    }
+
+    /// Budget dimensions that are spent (for reporting).
+    pub fn spent_dimensions(&self) -> Vec<Dimension> {
+        let rem = self.ledger.remaining();
+        Dimension::ALL
+            .into_iter()
+            .filter(|&d| self.ledger.limits().get(d) != u64::MAX && rem.get(d) == 0)
+            .collect()
+    }
+}

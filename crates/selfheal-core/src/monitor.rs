@@ -1,0 +1,1078 @@
+//! The tool-health monitor (SPEC §1): `record` after every tool call, `check` before every model
+//! step.
+//!
+//! Agents get stuck in a handful of recognisable ways: the same tool failing again and again, the
+//! same call made twice, calls with empty or placeholder arguments, loops between two calls, and
+//! runs where most calls fail. The monitor watches for each of them with fixed-size windows and
+//! per-tool counters and answers with a [`Verdict`]: guidance for the next prompt, tools to hide,
+//! or abort. It is the anchor of seed 000 with its flaws fixed:
+//!
+//! - streaks are **per tool**, so `A✗ B✓ A✗ B✓ A✗` still warns about `A`;
+//! - an open circuit has a way back: cooldown (in calls or milliseconds) → half-open probe →
+//!   closed on success, re-opened on failure;
+//! - duplicates compare **canonical** arguments (key order and `1` vs `1.0` do not matter);
+//! - placeholders (`""`, `null`, `"string"`, `"<value>"`, `"TODO"`, `"..."`, `{}`) in required
+//!   arguments count as empty input;
+//! - loops are detected beyond duplicates: A/B alternation, the same error text again and again,
+//!   an identical call getting an identical result;
+//! - abort actually stops the run (the controller obeys it) and says why;
+//! - guidance is rebuilt at every `check` from current conditions and disappears with its cause;
+//! - memory is bounded whatever the run's length: a fixed ring of recent calls, a capped table of
+//!   tools, capped error texts. `record` + `check` are O(1) in the run's length.
+//!
+//! In [`Mode::Interactive`] a person is in the loop: the monitor gives guidance only and never
+//! hides a tool or aborts on its own.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+/// Who is in the loop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// No one is watching: every rule applies, circuits hide tools and abort stops the run.
+    #[default]
+    Autonomous,
+    /// A person is in the loop: guidance only; never hides a tool or aborts on its own.
+    Interactive,
+}
+
+/// Thresholds of the monitor. Every rule is configurable; the defaults are SPEC §1's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MonitorConfig {
+    /// Autonomous or interactive.
+    pub mode: Mode,
+    /// Consecutive failures of one tool before a warning.
+    pub warn_after: u32,
+    /// Consecutive failures of one tool before its circuit opens.
+    pub circuit_after: u32,
+    /// Calls (of any tool) after which an open circuit goes half-open. `0` disables.
+    pub cooldown_calls: u32,
+    /// Milliseconds after which an open circuit goes half-open. `0` disables.
+    pub cooldown_ms: u64,
+    /// Window, in calls, within which a canonically equal call is a duplicate.
+    pub duplicate_window: usize,
+    /// Window, in calls, for the empty-input rule.
+    pub empty_input_window: usize,
+    /// Calls with empty required input within that window that trigger the rule.
+    pub empty_input_min: usize,
+    /// Window, in calls, for A/B alternation (must be even, ≥ 4).
+    pub alternation_window: usize,
+    /// The same error text this many times within the duplicate window is a loop.
+    pub same_error_repeats: usize,
+    /// The same call getting the same result this many times within the duplicate window is a
+    /// loop.
+    pub identical_result_repeats: usize,
+    /// Abort when the failure rate is strictly above this...
+    pub abort_failure_rate: f64,
+    /// ...over at least this many calls...
+    pub abort_min_calls: usize,
+    /// ...counted over at most this many recent calls.
+    pub abort_window: usize,
+    /// Whether soft failures (empty results, error objects) count towards streaks and circuits.
+    pub soft_failures_count: bool,
+    /// Most tools tracked at once; the least recently used healthy tool is forgotten beyond it.
+    pub max_tools: usize,
+    /// Extra strings that count as placeholders (case-insensitive), beside the built-in ones.
+    pub placeholders: Vec<String>,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            mode: Mode::Autonomous,
+            warn_after: 3,
+            circuit_after: 5,
+            cooldown_calls: 10,
+            cooldown_ms: 60_000,
+            duplicate_window: 8,
+            empty_input_window: 5,
+            empty_input_min: 2,
+            alternation_window: 6,
+            same_error_repeats: 3,
+            identical_result_repeats: 3,
+            abort_failure_rate: 0.7,
+            abort_min_calls: 6,
+            abort_window: 20,
+            soft_failures_count: true,
+            max_tools: 64,
+            placeholders: Vec::new(),
+        }
+    }
+}
+
+/// A monitor configuration that makes no sense.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid monitor config: {0}")]
+pub struct ConfigError(pub String);
+
+impl MonitorConfig {
+    /// Parses a TOML configuration; keys left out keep their defaults.
+    pub fn from_toml_str(s: &str) -> Result<MonitorConfig, ConfigError> {
+        let cfg: MonitorConfig = toml::from_str(s).map_err(|e| ConfigError(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the thresholds are coherent.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |m: String| Err(ConfigError(m));
+        if self.warn_after == 0 || self.circuit_after == 0 {
+            return err("warn_after and circuit_after must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.abort_failure_rate) {
+            return err(format!(
+                "abort_failure_rate must be in [0, 1], got {}",
+                self.abort_failure_rate
+            ));
+        }
+        if self.abort_min_calls == 0 || self.abort_window < self.abort_min_calls {
+            return err(format!(
+                "abort_window ({}) must be at least abort_min_calls ({}), which must be ≥ 1",
+                self.abort_window, self.abort_min_calls
+            ));
+        }
+        if self.alternation_window < 4 || !self.alternation_window.is_multiple_of(2) {
+            return err(format!(
+                "alternation_window must be even and ≥ 4, got {}",
+                self.alternation_window
+            ));
+        }
+        if self.duplicate_window < 2 || self.empty_input_window == 0 || self.empty_input_min == 0 {
+            return err(
+                "duplicate_window must be ≥ 2; empty_input_window and empty_input_min ≥ 1".into(),
+            );
+        }
+        if self.max_tools == 0 {
+            return err("max_tools must be at least 1".into());
+        }
+        if self.same_error_repeats < 2 || self.identical_result_repeats < 2 {
+            return err("same_error_repeats and identical_result_repeats must be ≥ 2".into());
+        }
+        let longest = self
+            .duplicate_window
+            .max(self.empty_input_window)
+            .max(self.alternation_window)
+            .max(self.abort_window);
+        if longest > 4096 {
+            return err(format!("windows are capped at 4096 calls, got {longest}"));
+        }
+        Ok(())
+    }
+}
+
+/// How a tool call ended.
+#[derive(Debug, Clone, Copy)]
+pub enum CallOutcome<'a> {
+    /// The tool returned this value (which may still be a soft failure).
+    Returned(&'a Value),
+    /// The tool raised, timed out or failed in transport: a hard failure.
+    Failed {
+        /// The error text.
+        error: &'a str,
+    },
+}
+
+/// One finished tool call, as the monitor sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCall<'a> {
+    /// The tool's name.
+    pub tool: &'a str,
+    /// The arguments it was called with.
+    pub args: &'a Value,
+    /// How it ended.
+    pub outcome: CallOutcome<'a>,
+    /// The names of the tool's required arguments.
+    pub required: &'a [String],
+    /// Whether the arguments were repaired before the call.
+    pub repaired: bool,
+}
+
+impl<'a> ToolCall<'a> {
+    /// A call that returned `result`.
+    pub fn returned(tool: &'a str, args: &'a Value, result: &'a Value) -> Self {
+        ToolCall {
+            tool,
+            args,
+            outcome: CallOutcome::Returned(result),
+            required: &[],
+            repaired: false,
+        }
+    }
+
+    /// A call that failed hard with `error`.
+    pub fn failed(tool: &'a str, args: &'a Value, error: &'a str) -> Self {
+        ToolCall {
+            tool,
+            args,
+            outcome: CallOutcome::Failed { error },
+            required: &[],
+            repaired: false,
+        }
+    }
+
+    /// The same call with its required argument names.
+    pub fn with_required(mut self, required: &'a [String]) -> Self {
+        self.required = required;
+        self
+    }
+}
+
+/// Whether and how a call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The tool raised, timed out or failed in transport.
+    Hard,
+    /// The tool returned normally but uselessly.
+    Soft,
+}
+
+/// The per-call status shown in UIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Badge {
+    /// The call worked.
+    Ok,
+    /// The call failed hard.
+    Failed,
+    /// The call returned nothing useful (soft failure).
+    Empty,
+    /// A required argument was empty or a placeholder.
+    EmptyInput,
+    /// The same call was already made within the window.
+    Duplicate,
+    /// The tool's circuit is open.
+    CircuitBroken,
+    /// The call worked after its arguments were repaired.
+    Repaired,
+}
+
+/// The monitor's signals, with the names the `selfheal monitor` protocol uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MonitorSignal {
+    /// The tool has failed `warn_after` times in a row or more.
+    ConsecutiveFailures,
+    /// The tool's circuit is open.
+    CircuitOpen,
+    /// The call duplicates a recent one.
+    DuplicateCall,
+    /// Too many recent calls had empty required input.
+    EmptyInput,
+    /// A loop was detected.
+    Loop,
+    /// The run should stop.
+    Abort,
+}
+
+impl MonitorSignal {
+    const ALL: [MonitorSignal; 6] = [
+        MonitorSignal::ConsecutiveFailures,
+        MonitorSignal::CircuitOpen,
+        MonitorSignal::DuplicateCall,
+        MonitorSignal::EmptyInput,
+        MonitorSignal::Loop,
+        MonitorSignal::Abort,
+    ];
+
+    fn bit(self) -> u8 {
+        match self {
+            MonitorSignal::ConsecutiveFailures => 1,
+            MonitorSignal::CircuitOpen => 2,
+            MonitorSignal::DuplicateCall => 4,
+            MonitorSignal::EmptyInput => 8,
+            MonitorSignal::Loop => 16,
+            MonitorSignal::Abort => 32,
+        }
+    }
+}
+
+/// A small set of [`MonitorSignal`]s (no allocation). Serialises as a list of names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SignalSet(u8);
+
+impl SignalSet {
+    /// Adds a signal.
+    pub fn insert(&mut self, s: MonitorSignal) {
+        self.0 |= s.bit();
+    }
+    /// Whether the set holds `s`.
+    pub fn contains(self, s: MonitorSignal) -> bool {
+        self.0 & s.bit() != 0
+    }
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    /// The signals, in a fixed order.
+    pub fn iter(self) -> impl Iterator<Item = MonitorSignal> {
+        MonitorSignal::ALL
+            .into_iter()
+            .filter(move |s| self.contains(*s))
+    }
+}
+
+impl Serialize for SignalSet {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+/// What `record` concluded about one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CallReport {
+    /// The call's 1-based index in the run.
+    pub call: u64,
+    /// Its badge.
+    pub badge: Badge,
+    /// The signals raised by this call.
+    pub signals: SignalSet,
+    /// Whether and how it failed.
+    pub failure: Option<FailureKind>,
+    /// The tool's consecutive failures after this call.
+    pub consecutive_failures: u32,
+}
+
+/// What a piece of guidance is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuidanceKind {
+    /// A tool keeps failing.
+    Warning,
+    /// A tool's circuit is open.
+    CircuitOpen,
+    /// A tool is back on probation.
+    HalfOpen,
+    /// The last call repeated an earlier one.
+    Duplicate,
+    /// Calls are being made with empty inputs.
+    EmptyInput,
+    /// The agent is looping.
+    Loop,
+    /// Most calls are failing.
+    FailureRate,
+}
+
+/// One piece of corrective guidance for the next prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guidance {
+    /// What it is about.
+    pub kind: GuidanceKind,
+    /// The tool concerned, if one.
+    pub tool: Option<String>,
+    /// The text to put in the prompt.
+    pub text: String,
+}
+
+/// What `check` tells the agent loop before the next model step.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// Guidance to add to the next prompt (rebuilt every step).
+    pub guidance: Vec<Guidance>,
+    /// Tools to remove from the tools offered (sorted).
+    pub hidden_tools: Vec<String>,
+    /// If set, the run must stop, for this reason.
+    pub abort: Option<String>,
+}
+
+/// The state of a tool's circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum CircuitState {
+    /// Calls flow.
+    Closed,
+    /// The tool is hidden until the cooldown passes.
+    Open {
+        /// The call index at which it opened.
+        since_call: u64,
+        /// The time at which it opened.
+        since_ms: u64,
+    },
+    /// One probe call is allowed: success closes, failure re-opens.
+    HalfOpen,
+}
+
+const MAX_NAME: usize = 128;
+const MAX_ERROR: usize = 240;
+
+#[derive(Debug, Clone)]
+struct ToolState {
+    name: Box<str>,
+    streak: u32,
+    last_errors: [Option<Box<str>>; 2],
+    circuit: CircuitState,
+    last_seen: u64,
+}
+
+impl ToolState {
+    fn new(name: &str, now_call: u64) -> Self {
+        ToolState {
+            name: truncate(name, MAX_NAME).into(),
+            streak: 0,
+            last_errors: [None, None],
+            circuit: CircuitState::Closed,
+            last_seen: now_call,
+        }
+    }
+
+    fn notable(&self, warn_after: u32) -> bool {
+        self.streak >= warn_after || !matches!(self.circuit, CircuitState::Closed)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Recent {
+    call_hash: u64,
+    result_hash: u64,
+    error_hash: Option<u64>,
+    failed: bool,
+    empty_input: bool,
+}
+
+/// The tool-health monitor of one run.
+#[derive(Debug, Clone)]
+pub struct Monitor {
+    config: MonitorConfig,
+    tools: Vec<ToolState>,
+    index: HashMap<Box<str>, usize>,
+    recent: VecDeque<Recent>,
+    ring_cap: usize,
+    calls: u64,
+    notable_tools: usize,
+    last: Conditions,
+    forgotten_tools: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Conditions {
+    duplicate_of_tool: Option<usize>,
+    empty_input: bool,
+    looping: Option<LoopKind>,
+    failure_rate: Option<(usize, usize)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoopKind {
+    Alternation,
+    SameError,
+    IdenticalResult,
+}
+
+impl Default for Monitor {
+    fn default() -> Self {
+        Monitor::with_valid_config(MonitorConfig::default())
+    }
+}
+
+impl Monitor {
+    /// A monitor with the given configuration, after validating it.
+    pub fn new(config: MonitorConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Monitor::with_valid_config(config))
+    }
+
+    fn with_valid_config(config: MonitorConfig) -> Self {
+        let ring_cap = config
+            .duplicate_window
+            .max(config.empty_input_window)
+            .max(config.alternation_window)
+            .max(config.abort_window);
+        Monitor {
+            tools: Vec::with_capacity(config.max_tools.min(64)),
+            index: HashMap::with_capacity(config.max_tools.min(64)),
+            recent: VecDeque::with_capacity(ring_cap),
+            ring_cap,
+            calls: 0,
+            notable_tools: 0,
+            last: Conditions::default(),
+            forgotten_tools: 0,
+            config,
+        }
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &MonitorConfig {
+        &self.config
+    }
+
+    /// Calls recorded so far.
+    pub fn calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// Healthy tools forgotten because more than `max_tools` were seen.
+    pub fn forgotten_tools(&self) -> u64 {
+        self.forgotten_tools
+    }
+
+    /// The circuit state of a tool (closed for tools never seen).
+    pub fn circuit(&self, tool: &str) -> CircuitState {
+        self.index
+            .get(truncate(tool, MAX_NAME))
+            .map(|&i| self.tools[i].circuit)
+            .unwrap_or(CircuitState::Closed)
+    }
+
+    /// Consecutive failures of a tool.
+    pub fn streak(&self, tool: &str) -> u32 {
+        self.index
+            .get(truncate(tool, MAX_NAME))
+            .map(|&i| self.tools[i].streak)
+            .unwrap_or(0)
+    }
+
+    /// Whether `result` is a soft failure: `null`, an empty string/array/object, an object with a
+    /// truthy `error`, `isError: true`, or an empty `results` array.
+    pub fn is_soft_failure(result: &Value) -> bool {
+        match result {
+            Value::Null => true,
+            Value::String(s) => s.trim().is_empty(),
+            Value::Array(a) => a.is_empty(),
+            Value::Object(o) => {
+                o.is_empty()
+                    || o.get("error").is_some_and(truthy)
+                    || o.get("isError").is_some_and(|v| v == &Value::Bool(true))
+                    || o.get("results")
+                        .is_some_and(|v| matches!(v, Value::Array(a) if a.is_empty()))
+            }
+            Value::Bool(_) | Value::Number(_) => false,
+        }
+    }
+
+    /// Whether `value` is empty or a placeholder where real input was needed.
+    pub fn is_placeholder(&self, value: &Value) -> bool {
+        match value {
+            Value::Null => true,
+            Value::Object(o) => o.is_empty(),
+            Value::Array(a) => a.is_empty(),
+            Value::String(s) => {
+                let t = s.trim();
+                if t.is_empty() {
+                    return true;
+                }
+                if t.len() > 40 {
+                    return false;
+                }
+                let lower = t.to_ascii_lowercase();
+                const BUILT_IN: [&str; 17] = [
+                    "string",
+                    "<value>",
+                    "todo",
+                    "...",
+                    "…",
+                    "null",
+                    "none",
+                    "undefined",
+                    "n/a",
+                    "placeholder",
+                    "example",
+                    "value",
+                    "tbd",
+                    "xxx",
+                    "<string>",
+                    "query",
+                    "nil",
+                ];
+                BUILT_IN.contains(&lower.as_str())
+                    || (t.starts_with('<') && t.ends_with('>'))
+                    || (t.starts_with("{{") && t.ends_with("}}"))
+                    || (lower.starts_with("your ") && lower.ends_with(" here"))
+                    || self
+                        .config
+                        .placeholders
+                        .iter()
+                        .any(|p| p.eq_ignore_ascii_case(t))
+            }
+            Value::Bool(_) | Value::Number(_) => false,
+        }
+    }
+
+    fn has_empty_input(&self, call: &ToolCall<'_>) -> bool {
+        call.required.iter().any(|name| match call.args.get(name) {
+            None => true,
+            Some(v) => self.is_placeholder(v),
+        })
+    }
+
+    fn tool_index(&mut self, name: &str) -> usize {
+        let key = truncate(name, MAX_NAME);
+        if let Some(&i) = self.index.get(key) {
+            return i;
+        }
+        if self.tools.len() < self.config.max_tools {
+            self.tools.push(ToolState::new(key, self.calls));
+            self.index.insert(key.into(), self.tools.len() - 1);
+            return self.tools.len() - 1;
+        }
+        // Full: forget the least recently seen healthy tool; if none is healthy, the least
+        // recently seen tool of all. Bounded by max_tools, independent of the run's length.
+        let warn = self.config.warn_after;
+        let victim = self
+            .tools
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.notable(warn))
+            .min_by_key(|(_, t)| t.last_seen)
+            .or_else(|| {
+                self.tools
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, t)| t.last_seen)
+            })
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+        if self.tools[victim].notable(warn) {
+            self.notable_tools = self.notable_tools.saturating_sub(1);
+        }
+        self.index.remove(&self.tools[victim].name);
+        self.tools[victim] = ToolState::new(key, self.calls);
+        self.index.insert(key.into(), victim);
+        self.forgotten_tools += 1;
+        victim
+    }
+
+    /// Records one finished call and reports its badge and signals. O(window), independent of
+    /// the run's length.
+    pub fn record(&mut self, call: &ToolCall<'_>, now_ms: u64) -> CallReport {
+        self.calls += 1;
+        let call_no = self.calls;
+        self.advance_cooldowns(now_ms);
+        let empty_input = self.has_empty_input(call);
+        let (failure, error_text, result_hash) = match call.outcome {
+            CallOutcome::Failed { error } => {
+                (Some(FailureKind::Hard), Some(error), hash_str(error))
+            }
+            CallOutcome::Returned(v) => (
+                Self::is_soft_failure(v).then_some(FailureKind::Soft),
+                None,
+                canonical_hash(v),
+            ),
+        };
+        let counts = match failure {
+            Some(FailureKind::Hard) => true,
+            Some(FailureKind::Soft) => self.config.soft_failures_count,
+            None => false,
+        };
+        let call_hash = {
+            let mut h = hasher();
+            call.tool.hash(&mut h);
+            h.write_u64(canonical_hash(call.args));
+            h.finish()
+        };
+
+        let warn = self.config.warn_after;
+        let circuit_after = self.config.circuit_after;
+        let idx = self.tool_index(call.tool);
+        let t = &mut self.tools[idx];
+        let was_notable = t.notable(warn);
+        let was_open = matches!(t.circuit, CircuitState::Open { .. });
+        t.last_seen = call_no;
+        if counts {
+            t.streak = t.streak.saturating_add(1);
+            let text = error_text.map_or_else(
+                || "returned an empty or error result".to_owned(),
+                |e| truncate(e, MAX_ERROR).to_owned(),
+            );
+            t.last_errors = [t.last_errors[1].take(), Some(text.into())];
+            t.circuit = match t.circuit {
+                CircuitState::HalfOpen => CircuitState::Open {
+                    since_call: call_no,
+                    since_ms: now_ms,
+                },
+                CircuitState::Closed if t.streak >= circuit_after => CircuitState::Open {
+                    since_call: call_no,
+                    since_ms: now_ms,
+                },
+                other => other,
+            };
+        } else if failure.is_none() {
+            t.streak = 0;
+            t.last_errors = [None, None];
+            t.circuit = CircuitState::Closed;
+        }
+        let streak = t.streak;
+        let open_now = matches!(t.circuit, CircuitState::Open { .. });
+        let is_notable = t.notable(warn);
+        match (was_notable, is_notable) {
+            (false, true) => self.notable_tools += 1,
+            (true, false) => self.notable_tools = self.notable_tools.saturating_sub(1),
+            (true, true) | (false, false) => {}
+        }
+
+        // Windows over recent calls (the ring holds the previous calls; this one is pushed last).
+        let dup_prev = self.config.duplicate_window - 1;
+        let duplicate = self
+            .recent
+            .iter()
+            .rev()
+            .take(dup_prev)
+            .any(|r| r.call_hash == call_hash);
+        let error_hash = error_text.map(hash_str);
+        if self.recent.len() == self.ring_cap {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(Recent {
+            call_hash,
+            result_hash,
+            error_hash,
+            failed: failure.is_some(),
+            empty_input,
+        });
+
+        let empties = self
+            .recent
+            .iter()
+            .rev()
+            .take(self.config.empty_input_window)
+            .filter(|r| r.empty_input)
+            .count();
+        let empty_rule = empties >= self.config.empty_input_min;
+        let looping = self.detect_loop(call_hash, result_hash, error_hash, failure.is_some());
+        let (n, failed) = self
+            .recent
+            .iter()
+            .rev()
+            .take(self.config.abort_window)
+            .fold((0usize, 0usize), |(n, f), r| {
+                (n + 1, f + usize::from(r.failed))
+            });
+        let rate_high = n >= self.config.abort_min_calls
+            && (failed as f64) > self.config.abort_failure_rate * (n as f64);
+
+        self.last = Conditions {
+            duplicate_of_tool: duplicate.then_some(idx),
+            empty_input: empty_rule,
+            looping,
+            failure_rate: rate_high.then_some((failed, n)),
+        };
+
+        let mut signals = SignalSet::default();
+        if streak >= warn {
+            signals.insert(MonitorSignal::ConsecutiveFailures);
+        }
+        if open_now {
+            signals.insert(MonitorSignal::CircuitOpen);
+        }
+        if duplicate {
+            signals.insert(MonitorSignal::DuplicateCall);
+        }
+        if empty_rule {
+            signals.insert(MonitorSignal::EmptyInput);
+        }
+        if looping.is_some() {
+            signals.insert(MonitorSignal::Loop);
+        }
+        if rate_high && self.config.mode == Mode::Autonomous {
+            signals.insert(MonitorSignal::Abort);
+        }
+
+        let badge = if open_now || was_open {
+            Badge::CircuitBroken
+        } else if empty_input {
+            Badge::EmptyInput
+        } else if duplicate {
+            Badge::Duplicate
+        } else {
+            match failure {
+                Some(FailureKind::Hard) => Badge::Failed,
+                Some(FailureKind::Soft) => Badge::Empty,
+                None if call.repaired => Badge::Repaired,
+                None => Badge::Ok,
+            }
+        };
+        CallReport {
+            call: call_no,
+            badge,
+            signals,
+            failure,
+            consecutive_failures: streak,
+        }
+    }
+
+    fn detect_loop(
+        &self,
+        call_hash: u64,
+        result_hash: u64,
+        error_hash: Option<u64>,
+        failed: bool,
+    ) -> Option<LoopKind> {
+        let w = self.config.alternation_window;
+        if self.recent.len() >= w {
+            let mut it = self.recent.iter().rev().take(w);
+            let (a, b) = match (it.next(), it.next()) {
+                (Some(a), Some(b)) => (a.call_hash, b.call_hash),
+                _ => (0, 0),
+            };
+            if a != b
+                && self
+                    .recent
+                    .iter()
+                    .rev()
+                    .take(w)
+                    .enumerate()
+                    .all(|(i, r)| r.call_hash == if i % 2 == 0 { a } else { b })
+            {
+                return Some(LoopKind::Alternation);
+            }
+        }
+        let dup = self.config.duplicate_window;
+        if let Some(e) = error_hash {
+            let same = self
+                .recent
+                .iter()
+                .rev()
+                .take(dup)
+                .filter(|r| r.error_hash == Some(e))
+                .count();
+            if same >= self.config.same_error_repeats {
+                return Some(LoopKind::SameError);
+            }
+        }
+        if !failed {
+            let same = self
+                .recent
+                .iter()
+                .rev()
+                .take(dup)
+                .filter(|r| !r.failed && r.call_hash == call_hash && r.result_hash == result_hash)
+                .count();
+            if same >= self.config.identical_result_repeats {
+                return Some(LoopKind::IdenticalResult);
+            }
+        }
+        None
+    }
+
+    fn advance_cooldowns(&mut self, now_ms: u64) {
+        if self.notable_tools == 0 {
+            return;
+        }
+        let (calls, ms) = (self.config.cooldown_calls, self.config.cooldown_ms);
+        for t in &mut self.tools {
+            if let CircuitState::Open {
+                since_call,
+                since_ms,
+            } = t.circuit
+            {
+                let by_calls =
+                    calls > 0 && self.calls.saturating_sub(since_call) > u64::from(calls);
+                let by_time = ms > 0 && now_ms.saturating_sub(since_ms) >= ms;
+                if by_calls || by_time {
+                    t.circuit = CircuitState::HalfOpen;
+                }
+            }
+        }
+    }
+
+    /// The verdict before the next model step: guidance, hidden tools, abort. Rebuilt from current
+    /// conditions every time, so guidance disappears when its cause does.
+    pub fn check(&mut self, now_ms: u64) -> Verdict {
+        self.advance_cooldowns(now_ms);
+        let autonomous = self.config.mode == Mode::Autonomous;
+        let mut v = Verdict::default();
+        if self.notable_tools > 0 {
+            for t in &self.tools {
+                let name = t.name.to_string();
+                match t.circuit {
+                    CircuitState::Open { .. } => {
+                        if autonomous {
+                            v.hidden_tools.push(name.clone());
+                            v.guidance.push(Guidance {
+                                kind: GuidanceKind::CircuitOpen,
+                                text: format!(
+                                    "The tool `{name}` failed {} times in a row and has been disabled for now. Use a different tool or approach.",
+                                    t.streak
+                                ),
+                                tool: Some(name),
+                            });
+                        } else {
+                            v.guidance.push(Guidance {
+                                kind: GuidanceKind::CircuitOpen,
+                                text: format!(
+                                    "The tool `{name}` failed {} times in a row and looks broken. Avoid it; use a different tool or ask the user.",
+                                    t.streak
+                                ),
+                                tool: Some(name),
+                            });
+                        }
+                    }
+                    CircuitState::HalfOpen => v.guidance.push(Guidance {
+                        kind: GuidanceKind::HalfOpen,
+                        text: format!(
+                            "The tool `{name}` was disabled after repeated failures and is available again on trial: one more failure disables it again."
+                        ),
+                        tool: Some(name),
+                    }),
+                    CircuitState::Closed if t.streak >= self.config.warn_after => {
+                        let errors: Vec<&str> =
+                            t.last_errors.iter().flatten().map(|e| &**e).collect();
+                        v.guidance.push(Guidance {
+                            kind: GuidanceKind::Warning,
+                            text: format!(
+                                "The tool `{name}` has failed {} times in a row (last errors: {}). Try a different approach.",
+                                t.streak,
+                                errors.join("; ")
+                            ),
+                            tool: Some(name),
+                        });
+                    }
+                    CircuitState::Closed => {}
+                }
+            }
+        }
+        if let Some(i) = self.last.duplicate_of_tool
+            && let Some(t) = self.tools.get(i)
+        {
+            v.guidance.push(Guidance {
+                kind: GuidanceKind::Duplicate,
+                text: format!(
+                    "You already called `{}` with these exact arguments. Repeating it will not give a different result: change the arguments or your approach.",
+                    t.name
+                ),
+                tool: Some(t.name.to_string()),
+            });
+        }
+        if self.last.empty_input {
+            v.guidance.push(Guidance {
+                kind: GuidanceKind::EmptyInput,
+                tool: None,
+                text: "Several recent tool calls had empty or placeholder values in required arguments. Stop and think about what inputs you actually need before calling a tool again.".into(),
+            });
+        }
+        if let Some(kind) = self.last.looping {
+            let what = match kind {
+                LoopKind::Alternation => "alternating between the same two calls",
+                LoopKind::SameError => "getting the same error again and again",
+                LoopKind::IdenticalResult => {
+                    "repeating a call that keeps returning the same result"
+                }
+            };
+            v.guidance.push(Guidance {
+                kind: GuidanceKind::Loop,
+                tool: None,
+                text: format!(
+                    "You appear to be in a loop ({what}). Step back and choose a different strategy."
+                ),
+            });
+        }
+        if let Some((failed, n)) = self.last.failure_rate {
+            let reason = format!(
+                "{failed} of the last {n} tool calls failed ({:.0} %): this approach isn't working.",
+                100.0 * failed as f64 / n as f64
+            );
+            if autonomous {
+                v.abort = Some(reason);
+            } else {
+                v.guidance.push(Guidance {
+                    kind: GuidanceKind::FailureRate,
+                    tool: None,
+                    text: format!("{reason} Consider asking the user how to proceed."),
+                });
+            }
+        }
+        v.hidden_tools.sort_unstable();
+        v
+    }
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn hasher() -> std::hash::DefaultHasher {
+    std::hash::DefaultHasher::new()
+}
+
+fn hash_str(s: &str) -> u64 {
+    let mut h = hasher();
+    s.hash(&mut h);
+    h.finish()
+}
+
+/// A hash of a JSON value that ignores object key order and the spelling of numbers (`1` and
+/// `1.0` are equal). Objects combine their entries with a commutative sum, so order never matters
+/// and no keys need sorting. Below 256 levels only the shape is hashed, so values built deeper
+/// than any parser allows cannot overflow the stack.
+pub fn canonical_hash(v: &Value) -> u64 {
+    fn leaf(v: &Value, h: &mut std::hash::DefaultHasher) -> bool {
+        match v {
+            Value::Null => h.write_u8(0),
+            Value::Bool(b) => {
+                h.write_u8(1);
+                h.write_u8(u8::from(*b));
+            }
+            Value::Number(n) => {
+                h.write_u8(2);
+                match n.as_f64() {
+                    Some(0.0) => h.write_u64(0),
+                    Some(f) => h.write_u64(f.to_bits()),
+                    None => n.to_string().hash(h),
+                }
+            }
+            Value::String(s) => {
+                h.write_u8(3);
+                s.hash(h);
+            }
+            Value::Array(_) | Value::Object(_) => return false,
+        }
+        true
+    }
+    fn go(v: &Value, depth: usize) -> u64 {
+        let mut h = hasher();
+        if leaf(v, &mut h) {
+            return h.finish();
+        }
+        if depth > 256 {
+            h.write_u8(9);
+            return h.finish();
+        }
+        match v {
+            Value::Array(a) => {
+                h.write_u8(4);
+                h.write_usize(a.len());
+                for x in a {
+                    h.write_u64(go(x, depth + 1));
+                }
+            }
+            Value::Object(o) => {
+                h.write_u8(5);
+                h.write_usize(o.len());
+                let mut sum = 0u64;
+                for (k, x) in o {
+                    let mut e = hasher();
+                    k.hash(&mut e);
+                    e.write_u64(go(x, depth + 1));
+                    sum = sum.wrapping_add(e.finish());
+                }
+                h.write_u64(sum);
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
+        }
+        h.finish()
+    }
+    go(v, 0)
+}

@@ -1,0 +1,705 @@
+//! The recovery policy engine: `R = π(state, failure, budget)`.
+//!
+//! Policy is data, not code paths. A [`Policy`] is a table from [`FailureClass`] to an ordered
+//! *ladder* of [`ActionKind`]s, cheapest first, plus the retry backoff parameters. [`Policy::decide`]
+//! walks the ladder from where the previous attempt at the same failure left off, skips every rung
+//! that is infeasible (no substitute exists, the budget dimension it needs is spent), and returns the
+//! first feasible action together with the rung it came from. A failure that recurs therefore climbs
+//! the ladder. When no rung is left, the policy degrades (if a partial result is possible) or
+//! terminates — it never loops.
+//!
+//! # The default table (our answer to the paper's missing Table 3)
+//!
+//! | class | ladder | why |
+//! |---|---|---|
+//! | `tool_timeout` | retry, retry, substitute, replan, escalate, degrade | transient: waiting fixes it; if not, route around |
+//! | `tool_unavailable` | substitute, replan, escalate, degrade | persistent: retrying is waste |
+//! | `argument_invalid` | repair, retry, escalate, replan, degrade | repair is free; a re-ask with the precise error next |
+//! | `malformed_output` | repair, retry, substitute, escalate, degrade | parse what came back before asking again |
+//! | `empty_output` | retry, substitute, replan, degrade | an empty answer is often a blip; else another source |
+//! | `wrong_tool` | repair, substitute, replan, escalate, degrade | re-map the call to the right tool, else replan |
+//! | `stale_context` | refresh, substitute, degrade | re-fetch; fall back to another fresh source |
+//! | `contradictory_evidence` | substitute, refresh, escalate, degrade | cross-check with an independent source |
+//! | `planning_failure` | replan, escalate, degrade | the plan is the problem |
+//! | `verification_failure` | substitute, retry, replan, escalate, degrade | a wrong-but-plausible result: get it from elsewhere |
+//! | `control_loop` | replan, escalate, terminate | break the loop; never feed it |
+//!
+//! The table is loadable from TOML (see [`Policy::from_toml_str`]); classes a file leaves out keep
+//! their default ladder.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::budget::{Amounts, BudgetLedger, Dimension};
+use crate::classifier::{Classification, FailureClass};
+use crate::rng::Rng;
+
+/// The kind of a recovery action, without parameters: what a policy ladder is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// Repeat the same call after a backoff.
+    Retry,
+    /// Fix the arguments or the output (JSON repair, schema coercion, re-ask with the error).
+    Repair,
+    /// Use an equivalent tool or source.
+    Substitute,
+    /// Rebuild the plan from the current state.
+    Replan,
+    /// Re-fetch stale context.
+    Refresh,
+    /// Hand over to a stronger or fallback model, or to a human.
+    Escalate,
+    /// Stop with a partial result and an error report.
+    Degrade,
+    /// Stop with no result.
+    Terminate,
+}
+
+impl ActionKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ActionKind; 8] = [
+        ActionKind::Retry,
+        ActionKind::Repair,
+        ActionKind::Substitute,
+        ActionKind::Replan,
+        ActionKind::Refresh,
+        ActionKind::Escalate,
+        ActionKind::Degrade,
+        ActionKind::Terminate,
+    ];
+
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Retry => "retry",
+            ActionKind::Repair => "repair",
+            ActionKind::Substitute => "substitute",
+            ActionKind::Replan => "replan",
+            ActionKind::Refresh => "refresh",
+            ActionKind::Escalate => "escalate",
+            ActionKind::Degrade => "degrade",
+            ActionKind::Terminate => "terminate",
+        }
+    }
+
+    /// What taking this action charges to the budget ledger.
+    pub fn charge(self) -> Amounts {
+        let mut a = match self {
+            ActionKind::Retry => Amounts::one(Dimension::Retries),
+            ActionKind::Substitute => Amounts::one(Dimension::Substitutions),
+            ActionKind::Replan => Amounts::one(Dimension::Replans),
+            ActionKind::Escalate => Amounts::one(Dimension::Escalations),
+            ActionKind::Repair | ActionKind::Refresh => Amounts::default(),
+            ActionKind::Degrade | ActionKind::Terminate => return Amounts::default(),
+        };
+        a.recoveries = 1;
+        a
+    }
+
+    /// Whether the action ends the run.
+    pub fn is_terminal(self) -> bool {
+        match self {
+            ActionKind::Degrade | ActionKind::Terminate => true,
+            ActionKind::Retry
+            | ActionKind::Repair
+            | ActionKind::Substitute
+            | ActionKind::Replan
+            | ActionKind::Refresh
+            | ActionKind::Escalate => false,
+        }
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a repair fixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepairTarget {
+    /// The call's arguments (JSON repair, coercion, or a re-ask with the validation error).
+    Arguments,
+    /// The tool's or model's output.
+    Output,
+    /// The request itself (trim context, fix a shape the server rejects).
+    Request,
+    /// The tool name (re-map a hallucinated or wrong tool to an offered one).
+    ToolChoice,
+}
+
+/// Who an escalation goes to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "to", rename_all = "snake_case")]
+pub enum EscalationTarget {
+    /// The next model in the fallback chain.
+    FallbackModel {
+        /// The model's name.
+        model: String,
+    },
+    /// A person.
+    Human,
+}
+
+/// A recovery action with its parameters: what the executor is told to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum RecoveryAction {
+    /// Repeat the call after `delay_ms`.
+    Retry {
+        /// How long to wait first (backoff with jitter, at least any `Retry-After`).
+        delay_ms: u64,
+        /// Which retry of this failure this is (1-based).
+        attempt: u32,
+    },
+    /// Repair the target.
+    Repair {
+        /// What to repair.
+        target: RepairTarget,
+    },
+    /// Use `alternative` instead of the failed tool or source.
+    Substitute {
+        /// The equivalent tool or source.
+        alternative: String,
+    },
+    /// Rebuild the plan.
+    Replan,
+    /// Re-fetch the stale data.
+    Refresh,
+    /// Escalate.
+    Escalate {
+        /// To whom.
+        target: EscalationTarget,
+    },
+    /// Stop with a partial result and a report.
+    Degrade,
+    /// Stop.
+    Terminate,
+}
+
+impl RecoveryAction {
+    /// The action's kind.
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            RecoveryAction::Retry { .. } => ActionKind::Retry,
+            RecoveryAction::Repair { .. } => ActionKind::Repair,
+            RecoveryAction::Substitute { .. } => ActionKind::Substitute,
+            RecoveryAction::Replan => ActionKind::Replan,
+            RecoveryAction::Refresh => ActionKind::Refresh,
+            RecoveryAction::Escalate { .. } => ActionKind::Escalate,
+            RecoveryAction::Degrade => ActionKind::Degrade,
+            RecoveryAction::Terminate => ActionKind::Terminate,
+        }
+    }
+}
+
+/// What is possible for this failure right now. The executor knows its world; the policy only
+/// reads these facts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// A repair of the given target is possible (a repairer exists for it).
+    pub repair: Option<RepairTarget>,
+    /// An equivalent tool or source that has not been tried yet.
+    pub substitute: Option<String>,
+    /// The data can be re-fetched.
+    pub refreshable: bool,
+    /// A planner is available to rebuild the plan.
+    pub can_replan: bool,
+    /// The next model of the fallback chain, if any is left.
+    pub fallback_model: Option<String>,
+    /// A person can be asked.
+    pub human_available: bool,
+    /// Retrying the call is safe (it is not destructive, or the caller allowed it).
+    pub retry_safe: bool,
+    /// Something useful has been produced already, so degrading yields a partial result.
+    pub partial_result: bool,
+}
+
+impl Options {
+    /// Options where every action is possible: useful in tests and simulations.
+    pub fn all(substitute: &str, fallback_model: &str) -> Options {
+        Options {
+            repair: Some(RepairTarget::Arguments),
+            substitute: Some(substitute.to_owned()),
+            refreshable: true,
+            can_replan: true,
+            fallback_model: Some(fallback_model.to_owned()),
+            human_available: false,
+            retry_safe: true,
+            partial_result: true,
+        }
+    }
+}
+
+/// Exponential backoff with jitter; honours `Retry-After` up to a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Delay before the first retry, in milliseconds.
+    pub base_ms: u64,
+    /// Multiplier per further retry (≥ 1).
+    pub factor: f64,
+    /// Cap on the computed delay.
+    pub max_ms: u64,
+    /// Relative jitter in `[0, 1]`: the delay is scaled by a factor drawn from `[1 - j, 1 + j]`.
+    pub jitter: f64,
+    /// A server's `Retry-After` is honoured up to this many milliseconds.
+    pub max_retry_after_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            base_ms: 500,
+            factor: 2.0,
+            max_ms: 30_000,
+            jitter: 0.2,
+            max_retry_after_ms: 60_000,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The delay before retry number `attempt` (1-based), given an optional server `Retry-After`.
+    pub fn delay_ms(&self, attempt: u32, retry_after_ms: Option<u64>, rng: &mut dyn Rng) -> u64 {
+        let exp = attempt.saturating_sub(1).min(62) as i32;
+        let raw = (self.base_ms as f64) * self.factor.powi(exp);
+        let capped = raw.min(self.max_ms as f64);
+        let j = self.jitter.clamp(0.0, 1.0);
+        let scale = 1.0 - j + 2.0 * j * rng.next_f64();
+        let backoff = (capped * scale).round().max(0.0) as u64;
+        match retry_after_ms {
+            Some(ra) => backoff.max(ra.min(self.max_retry_after_ms)),
+            None => backoff,
+        }
+    }
+
+    fn validate(&self) -> Result<(), PolicyError> {
+        if !(self.factor.is_finite() && self.factor >= 1.0) {
+            return Err(PolicyError::Invalid(format!(
+                "retry.factor must be a number ≥ 1, got {}",
+                self.factor
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(PolicyError::Invalid(format!(
+                "retry.jitter must be in [0, 1], got {}",
+                self.jitter
+            )));
+        }
+        if self.base_ms > self.max_ms {
+            return Err(PolicyError::Invalid(format!(
+                "retry.base_ms ({}) must not exceed retry.max_ms ({})",
+                self.base_ms, self.max_ms
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Why a policy could not be loaded.
+#[derive(Debug, Error)]
+pub enum PolicyError {
+    /// The TOML did not parse or named something unknown.
+    #[error("invalid policy file: {0}")]
+    Parse(String),
+    /// The values parsed but make no sense.
+    #[error("invalid policy: {0}")]
+    Invalid(String),
+}
+
+/// Where a failure stands on its ladder. The caller keeps one per open failure and passes the
+/// decision's [`Decision::next`] back in when the same failure recurs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LadderState {
+    /// The next rung to consider.
+    pub rung: usize,
+    /// Retries taken for this failure so far.
+    pub retries: u32,
+}
+
+/// Why a rung was passed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// The action does not apply here (no substitute, no planner, unsafe to retry...).
+    NotApplicable,
+    /// The budget dimension it needs is spent.
+    BudgetSpent,
+}
+
+/// The policy's decision for one failure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The action to take.
+    pub action: RecoveryAction,
+    /// The rung it came from (`None` for the fallback after the ladder ran out).
+    pub rung: Option<usize>,
+    /// What the action costs; the caller charges it to the ledger.
+    pub charge: Amounts,
+    /// The state to pass back if the same failure recurs.
+    pub next: LadderState,
+    /// Rungs passed over on the way, with the reason.
+    pub skipped: Vec<(ActionKind, SkipReason)>,
+}
+
+/// A recovery policy: ladders per class plus backoff parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Backoff parameters for retries.
+    pub retry: RetryConfig,
+    /// One ladder per failure class, cheapest action first.
+    pub ladders: BTreeMap<FailureClass, Vec<ActionKind>>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        use ActionKind::*;
+        let ladders = FailureClass::ALL
+            .into_iter()
+            .map(|c| {
+                let ladder = match c {
+                    FailureClass::ToolTimeout => {
+                        vec![Retry, Retry, Substitute, Replan, Escalate, Degrade]
+                    }
+                    FailureClass::ToolUnavailable => vec![Substitute, Replan, Escalate, Degrade],
+                    FailureClass::ArgumentInvalid => vec![Repair, Retry, Escalate, Replan, Degrade],
+                    FailureClass::MalformedOutput => {
+                        vec![Repair, Retry, Substitute, Escalate, Degrade]
+                    }
+                    FailureClass::EmptyOutput => vec![Retry, Substitute, Replan, Degrade],
+                    FailureClass::WrongTool => vec![Repair, Substitute, Replan, Escalate, Degrade],
+                    FailureClass::StaleContext => vec![Refresh, Substitute, Degrade],
+                    FailureClass::ContradictoryEvidence => {
+                        vec![Substitute, Refresh, Escalate, Degrade]
+                    }
+                    FailureClass::PlanningFailure => vec![Replan, Escalate, Degrade],
+                    FailureClass::VerificationFailure => {
+                        vec![Substitute, Retry, Replan, Escalate, Degrade]
+                    }
+                    FailureClass::ControlLoop => vec![Replan, Escalate, Terminate],
+                };
+                (c, ladder)
+            })
+            .collect();
+        Policy {
+            retry: RetryConfig::default(),
+            ladders,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default)]
+    retry: RetryConfig,
+    #[serde(default)]
+    ladders: BTreeMap<FailureClass, Vec<ActionKind>>,
+}
+
+impl Policy {
+    /// Loads a policy from TOML. Classes the file leaves out keep their default ladder; unknown
+    /// classes, actions or keys are errors.
+    ///
+    /// ```toml
+    /// [retry]
+    /// base_ms = 250
+    /// factor = 2.0
+    ///
+    /// [ladders]
+    /// tool_timeout = ["retry", "substitute", "degrade"]
+    /// ```
+    pub fn from_toml_str(s: &str) -> Result<Policy, PolicyError> {
+        let file: PolicyFile = toml::from_str(s).map_err(|e| PolicyError::Parse(e.to_string()))?;
+        let mut policy = Policy {
+            retry: file.retry,
+            ..Policy::default()
+        };
+        for (class, ladder) in file.ladders {
+            policy.ladders.insert(class, ladder);
+        }
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Serialises the whole policy (every class) as TOML.
+    pub fn to_toml_string(&self) -> Result<String, PolicyError> {
+        toml::to_string(self).map_err(|e| PolicyError::Invalid(e.to_string()))
+    }
+
+    /// Checks the parameters and that every ladder's actions are reachable.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        self.retry.validate()?;
+        for (class, ladder) in &self.ladders {
+            if let Some(pos) = ladder.iter().position(|a| a.is_terminal())
+                && pos + 1 < ladder.len()
+            {
+                return Err(PolicyError::Invalid(format!(
+                    "ladder for {class}: `{}` ends the run, so the {} rung(s) after it can never be reached",
+                    ladder[pos],
+                    ladder.len() - pos - 1
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The ladder for a class (empty if the class has none: it degrades at once).
+    pub fn ladder(&self, class: FailureClass) -> &[ActionKind] {
+        self.ladders.get(&class).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Picks the cheapest feasible action for `failure`, starting at `state.rung`.
+    ///
+    /// Never returns an action whose budget is spent; when the ladder is used up it returns
+    /// [`RecoveryAction::Degrade`] if `options.partial_result`, else [`RecoveryAction::Terminate`].
+    pub fn decide(
+        &self,
+        state: LadderState,
+        failure: &Classification,
+        options: &Options,
+        budget: &BudgetLedger,
+        rng: &mut dyn Rng,
+    ) -> Decision {
+        let ladder = self.ladder(failure.class);
+        let mut skipped = Vec::new();
+        let ended = budget.exhausted().is_some();
+        for (rung, &kind) in ladder.iter().enumerate().skip(state.rung) {
+            let charge = kind.charge();
+            if kind.is_terminal() {
+                let action = match kind {
+                    ActionKind::Degrade if !options.partial_result => RecoveryAction::Terminate,
+                    ActionKind::Degrade => RecoveryAction::Degrade,
+                    _ => RecoveryAction::Terminate,
+                };
+                return Decision {
+                    action,
+                    rung: Some(rung),
+                    charge,
+                    next: LadderState {
+                        rung: rung + 1,
+                        ..state
+                    },
+                    skipped,
+                };
+            }
+            if ended || !budget.can_afford(&charge) {
+                skipped.push((kind, SkipReason::BudgetSpent));
+                continue;
+            }
+            let mut next = LadderState {
+                rung: rung + 1,
+                ..state
+            };
+            let action = match kind {
+                ActionKind::Retry => options.retry_safe.then(|| {
+                    next.retries = state.retries + 1;
+                    RecoveryAction::Retry {
+                        delay_ms: self
+                            .retry
+                            .delay_ms(next.retries, failure.retry_after_ms, rng),
+                        attempt: next.retries,
+                    }
+                }),
+                ActionKind::Repair => options
+                    .repair
+                    .map(|target| RecoveryAction::Repair { target }),
+                ActionKind::Substitute => options
+                    .substitute
+                    .clone()
+                    .map(|alternative| RecoveryAction::Substitute { alternative }),
+                ActionKind::Replan => options.can_replan.then_some(RecoveryAction::Replan),
+                ActionKind::Refresh => options.refreshable.then_some(RecoveryAction::Refresh),
+                ActionKind::Escalate => match (&options.fallback_model, options.human_available) {
+                    (Some(model), _) => Some(RecoveryAction::Escalate {
+                        target: EscalationTarget::FallbackModel {
+                            model: model.clone(),
+                        },
+                    }),
+                    (None, true) => Some(RecoveryAction::Escalate {
+                        target: EscalationTarget::Human,
+                    }),
+                    (None, false) => None,
+                },
+                ActionKind::Degrade | ActionKind::Terminate => None,
+            };
+            match action {
+                Some(action) => {
+                    return Decision {
+                        action,
+                        rung: Some(rung),
+                        charge,
+                        next,
+                        skipped,
+                    };
+                }
+                None => skipped.push((kind, SkipReason::NotApplicable)),
+            }
+        }
+        let action = if options.partial_result {
+            RecoveryAction::Degrade
+        } else {
+            RecoveryAction::Terminate
+        };
+        Decision {
+            action,
+            rung: None,
+            charge: Amounts::default(),
+            next: LadderState {
+                rung: ladder.len(),
+                ..state
+            },
+            skipped,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::BudgetLimits;
+    use crate::classifier::ErrorType;
+    use crate::rng::ConstRng;
+
+    fn failure(class: FailureClass) -> Classification {
+        Classification {
+            class,
+            error_type: class.default_error_type(),
+            retry_after_ms: None,
+        }
+    }
+
+    #[test]
+    fn picks_cheapest_then_climbs() {
+        let p = Policy::default();
+        let ledger = BudgetLedger::new(BudgetLimits::unlimited());
+        let opts = Options::all("alt", "big");
+        let mut rng = ConstRng(u64::MAX / 2);
+        let f = failure(FailureClass::ToolTimeout);
+        let d1 = p.decide(LadderState::default(), &f, &opts, &ledger, &mut rng);
+        assert!(matches!(
+            d1.action,
+            RecoveryAction::Retry { attempt: 1, .. }
+        ));
+        let d2 = p.decide(d1.next, &f, &opts, &ledger, &mut rng);
+        assert!(matches!(
+            d2.action,
+            RecoveryAction::Retry { attempt: 2, .. }
+        ));
+        let d3 = p.decide(d2.next, &f, &opts, &ledger, &mut rng);
+        assert_eq!(
+            d3.action,
+            RecoveryAction::Substitute {
+                alternative: "alt".into()
+            }
+        );
+    }
+
+    #[test]
+    fn skips_spent_dimensions_and_inapplicable_rungs() {
+        let p = Policy::default();
+        let mut ledger = BudgetLedger::new(BudgetLimits {
+            retries: 0,
+            ..BudgetLimits::unlimited()
+        });
+        let mut opts = Options::all("alt", "big");
+        opts.substitute = None;
+        let f = failure(FailureClass::ToolTimeout);
+        let d = p.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
+        assert_eq!(d.action, RecoveryAction::Replan);
+        assert_eq!(
+            d.skipped,
+            vec![
+                (ActionKind::Retry, SkipReason::BudgetSpent),
+                (ActionKind::Retry, SkipReason::BudgetSpent),
+                (ActionKind::Substitute, SkipReason::NotApplicable)
+            ]
+        );
+        // Spend every recovery: the ladder falls through to degrade.
+        ledger = BudgetLedger::new(BudgetLimits::unlimited().with_recoveries(0));
+        let d = p.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
+        assert_eq!(d.action, RecoveryAction::Degrade);
+        opts.partial_result = false;
+        let d = p.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
+        assert_eq!(d.action, RecoveryAction::Terminate);
+    }
+
+    #[test]
+    fn retry_after_is_honoured_and_capped() {
+        let cfg = RetryConfig {
+            jitter: 0.0,
+            ..RetryConfig::default()
+        };
+        let mut rng = ConstRng(0);
+        assert_eq!(cfg.delay_ms(1, None, &mut rng), 500);
+        assert_eq!(cfg.delay_ms(2, None, &mut rng), 1000);
+        assert_eq!(cfg.delay_ms(20, None, &mut rng), 30_000);
+        assert_eq!(cfg.delay_ms(1, Some(5_000), &mut rng), 5_000);
+        assert_eq!(cfg.delay_ms(1, Some(600_000), &mut rng), 60_000);
+    }
+
+    #[test]
+    fn toml_round_trip_and_partial_override() {
+        let p = Policy::default();
+        let s = p.to_toml_string().unwrap_or_default();
+        assert!(s.contains("tool_timeout"));
+        let back = Policy::from_toml_str(&s);
+        assert_eq!(back.ok(), Some(p.clone()));
+
+        let custom = Policy::from_toml_str(
+            "[retry]\nbase_ms = 100\n[ladders]\nempty_output = [\"substitute\", \"degrade\"]\n",
+        );
+        let custom = custom.ok();
+        assert_eq!(custom.as_ref().map(|c| c.retry.base_ms), Some(100));
+        assert_eq!(
+            custom
+                .as_ref()
+                .map(|c| c.ladder(FailureClass::EmptyOutput).to_vec()),
+            Some(vec![ActionKind::Substitute, ActionKind::Degrade])
+        );
+        assert_eq!(
+            custom.map(|c| c.ladder(FailureClass::ToolTimeout).to_vec()),
+            Some(p.ladder(FailureClass::ToolTimeout).to_vec())
+        );
+    }
+
+    #[test]
+    fn invalid_policy_files_are_rejected_clearly() {
+        let unknown_class = Policy::from_toml_str("[ladders]\nflaky = [\"retry\"]\n");
+        assert!(matches!(unknown_class, Err(PolicyError::Parse(ref m)) if m.contains("flaky")));
+        let unknown_action = Policy::from_toml_str("[ladders]\ntool_timeout = [\"pray\"]\n");
+        assert!(matches!(unknown_action, Err(PolicyError::Parse(ref m)) if m.contains("pray")));
+        let bad_factor = Policy::from_toml_str("[retry]\nfactor = 0.5\n");
+        assert!(matches!(bad_factor, Err(PolicyError::Invalid(ref m)) if m.contains("factor")));
+        let unreachable =
+            Policy::from_toml_str("[ladders]\ntool_timeout = [\"degrade\", \"retry\"]\n");
+        assert!(
+            matches!(unreachable, Err(PolicyError::Invalid(ref m)) if m.contains("never be reached"))
+        );
+        let typo = Policy::from_toml_str("[retri]\nbase_ms = 1\n");
+        assert!(typo.is_err());
+    }
+
+    #[test]
+    fn error_type_is_carried_not_used() {
+        // The policy keys on the class only; the error type is for reporting.
+        let p = Policy::default();
+        let ledger = BudgetLedger::default();
+        let mut f = failure(FailureClass::StaleContext);
+        f.error_type = ErrorType::Transient;
+        let d = p.decide(
+            LadderState::default(),
+            &f,
+            &Options::all("a", "b"),
+            &ledger,
+            &mut ConstRng(0),
+        );
+        assert_eq!(d.action, RecoveryAction::Refresh);
+    }
+}

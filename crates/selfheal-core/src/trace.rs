@@ -1,0 +1,337 @@
+//! The observability layer: every signal, class, action, budget change and verdict, in order.
+//!
+//! A trace is what makes recovery auditable ("why did it retry three times?"), tunable (replay a
+//! run against a new policy) and measurable (the healing rate). Events are typed; the ring has a
+//! fixed capacity and counts what it drops, so a runaway run cannot exhaust memory.
+//!
+//! # JSON Lines schema, version 1
+//! One JSON object per line. Every line has `v` (schema version, `1`), `seq` (0-based, gap-free
+//! per run even when older events were dropped), `t_ms` (the run's clock), `step` (plan step or
+//! `null`) and `event`, one of:
+//!
+//! | `event` | fields |
+//! |---|---|
+//! | `signal` | `tool`, `signal` (a [`Signal`], tagged by `signal`) |
+//! | `classified` | `class`, `error_type`, `retry_after_ms` |
+//! | `action` | `class`, `action` (a [`RecoveryAction`], tagged by `action`), `rung`, `budget_before`, `budget_after` |
+//! | `budget_exhausted` | `dimension` |
+//! | `verdict` | `verifier`, `judgement` (tagged by `verdict`: `accept`, `reject` + `reason`, `uncertain` + `reason`) |
+//! | `monitor` | `tool`, `badge`, `signals` |
+//! | `cost` | `model_calls`, `tool_calls`, `verifier_calls`, `tokens` |
+//! | `finished` | `status` (`complete`, `partial`, `failed`), `reason` |
+//!
+//! New fields may be added within a version; removing or renaming one bumps `v`.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::budget::{Amounts, Dimension};
+use crate::classifier::{ErrorType, FailureClass, Signal};
+use crate::monitor::Badge;
+use crate::policy::RecoveryAction;
+use crate::verifier::Judgement;
+
+/// The version of the trace's JSON Lines schema.
+pub const TRACE_SCHEMA_VERSION: u32 = 1;
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The task was done and verified.
+    Complete,
+    /// Part of the task was done; the rest is reported as unresolved.
+    Partial,
+    /// Nothing usable was produced.
+    Failed,
+}
+
+/// One event of a trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The data plane observed a signal.
+    Signal {
+        /// The tool concerned, if any.
+        tool: Option<String>,
+        /// What was observed.
+        signal: Signal,
+    },
+    /// The classifier inferred a class.
+    Classified {
+        /// The class.
+        class: FailureClass,
+        /// The coarse error type.
+        error_type: ErrorType,
+        /// `Retry-After`, if one was given.
+        retry_after_ms: Option<u64>,
+    },
+    /// The policy chose a recovery action, and the ledger was charged.
+    Action {
+        /// The failure class it answers.
+        class: FailureClass,
+        /// The action.
+        action: RecoveryAction,
+        /// The ladder rung it came from.
+        rung: Option<usize>,
+        /// Budget remaining before the charge.
+        budget_before: Amounts,
+        /// Budget remaining after the charge.
+        budget_after: Amounts,
+    },
+    /// A budget dimension ran out.
+    BudgetExhausted {
+        /// Which one.
+        dimension: Dimension,
+    },
+    /// A verifier judged a result.
+    Verdict {
+        /// The verifier's name.
+        verifier: String,
+        /// Its judgement.
+        judgement: Judgement,
+    },
+    /// The monitor badged a call.
+    Monitor {
+        /// The tool.
+        tool: String,
+        /// The badge.
+        badge: Badge,
+        /// The signals' names.
+        signals: Vec<String>,
+    },
+    /// Costs incurred.
+    Cost {
+        /// Model calls.
+        model_calls: u64,
+        /// Tool calls.
+        tool_calls: u64,
+        /// Verifier calls.
+        verifier_calls: u64,
+        /// Tokens.
+        tokens: u64,
+    },
+    /// The run ended.
+    Finished {
+        /// How.
+        status: RunStatus,
+        /// Why, when not complete.
+        reason: Option<String>,
+    },
+}
+
+/// An event with its envelope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Schema version.
+    pub v: u32,
+    /// Sequence number within the run.
+    pub seq: u64,
+    /// The run's clock, in milliseconds.
+    pub t_ms: u64,
+    /// The plan step, if any.
+    pub step: Option<u32>,
+    /// The event.
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// The share of calls that needed healing, with an alert threshold. A high rate means an
+/// upstream problem to fix at the source, not something to keep healing.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HealingRate {
+    /// Calls observed.
+    pub calls: u64,
+    /// Calls that needed a recovery action.
+    pub healed: u64,
+    /// Alert when the rate exceeds this fraction (default 0.10).
+    pub alert_threshold: f64,
+}
+
+impl Default for HealingRate {
+    fn default() -> Self {
+        HealingRate {
+            calls: 0,
+            healed: 0,
+            alert_threshold: 0.10,
+        }
+    }
+}
+
+impl HealingRate {
+    /// The rate, in `[0, 1]` (0 with no calls).
+    pub fn rate(&self) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            self.healed as f64 / self.calls as f64
+        }
+    }
+
+    /// Whether the rate is above the alert threshold.
+    pub fn alert(&self) -> bool {
+        self.rate() > self.alert_threshold
+    }
+}
+
+/// A bounded, ordered trace of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    ring: VecDeque<Record>,
+    capacity: usize,
+    next_seq: u64,
+    dropped: u64,
+    /// The run's healing rate.
+    pub healing: HealingRate,
+}
+
+impl Default for Trace {
+    fn default() -> Self {
+        Trace::with_capacity(4096)
+    }
+}
+
+impl Trace {
+    /// A trace that keeps at most `capacity` events (at least 1).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Trace {
+            ring: VecDeque::with_capacity(capacity.min(1024)),
+            capacity,
+            next_seq: 0,
+            dropped: 0,
+            healing: HealingRate::default(),
+        }
+    }
+
+    /// Appends an event, dropping the oldest when full.
+    pub fn push(&mut self, t_ms: u64, step: Option<u32>, event: Event) {
+        if self.ring.len() == self.capacity {
+            self.ring.pop_front();
+            self.dropped += 1;
+        }
+        self.ring.push_back(Record {
+            v: TRACE_SCHEMA_VERSION,
+            seq: self.next_seq,
+            t_ms,
+            step,
+            event,
+        });
+        self.next_seq += 1;
+    }
+
+    /// The events kept, oldest first.
+    pub fn records(&self) -> impl ExactSizeIterator<Item = &Record> {
+        self.ring.iter()
+    }
+
+    /// Events dropped because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Events ever pushed.
+    pub fn total(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The kept events as JSON Lines (one object per line, each line ending in `\n`).
+    pub fn to_jsonl(&self) -> String {
+        let mut out = String::new();
+        for r in &self.ring {
+            // Serialising these plain data types cannot fail; skip rather than panic if it did.
+            if let Ok(line) = serde_json::to_string(r) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Empties the trace, keeping its capacity and sequence numbers.
+    pub fn clear(&mut self) {
+        self.ring.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_drops_oldest_and_counts() {
+        let mut t = Trace::with_capacity(2);
+        for i in 0..5 {
+            t.push(
+                i,
+                None,
+                Event::BudgetExhausted {
+                    dimension: Dimension::Retries,
+                },
+            );
+        }
+        assert_eq!(t.records().len(), 2);
+        assert_eq!(t.dropped(), 3);
+        assert_eq!(t.records().next().map(|r| r.seq), Some(3));
+    }
+
+    #[test]
+    fn jsonl_snapshot_of_each_shape() {
+        let mut t = Trace::default();
+        t.push(
+            5,
+            Some(1),
+            Event::Classified {
+                class: FailureClass::ToolTimeout,
+                error_type: ErrorType::Transient,
+                retry_after_ms: Some(1000),
+            },
+        );
+        t.push(
+            6,
+            Some(1),
+            Event::Verdict {
+                verifier: "schema".into(),
+                judgement: Judgement::Reject {
+                    reason: "at /a: x".into(),
+                },
+            },
+        );
+        t.push(
+            7,
+            None,
+            Event::Finished {
+                status: RunStatus::Partial,
+                reason: Some("budget".into()),
+            },
+        );
+        let expected = concat!(
+            r#"{"v":1,"seq":0,"t_ms":5,"step":1,"event":"classified","class":"tool_timeout","error_type":"transient","retry_after_ms":1000}"#,
+            "\n",
+            r#"{"v":1,"seq":1,"t_ms":6,"step":1,"event":"verdict","verifier":"schema","judgement":{"verdict":"reject","reason":"at /a: x"}}"#,
+            "\n",
+            r#"{"v":1,"seq":2,"t_ms":7,"step":null,"event":"finished","status":"partial","reason":"budget"}"#,
+            "\n"
+        );
+        assert_eq!(t.to_jsonl(), expected);
+        // And it reads back.
+        for line in expected.lines() {
+            let r: Result<Record, _> = serde_json::from_str(line);
+            assert!(r.is_ok(), "{line}");
+        }
+    }
+
+    #[test]
+    fn healing_rate_alerts_above_threshold() {
+        let mut h = HealingRate {
+            calls: 10,
+            healed: 1,
+            ..HealingRate::default()
+        };
+        assert!(!h.alert(), "exactly 10 % is not above 10 %");
+        h.healed = 2;
+        assert!(h.alert());
+        assert_eq!(HealingRate::default().rate(), 0.0);
+    }
+}
