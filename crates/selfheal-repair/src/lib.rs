@@ -1,1 +1,248 @@
-//! placeholder
+//! JSON extraction, repair and schema-guided coercion for model output and tool arguments.
+//!
+//! Models emit almost-JSON. Repairing it before re-asking is the cheapest recovery there is
+//! (SPEC §2): no tokens, no latency. This crate does it in three steps, each reported so the
+//! trace can say what was healed:
+//!
+//! ```text
+//!  model text ──► extract ──► repair ──► Repaired { value, repairs }
+//!                 (fences,    (lenient,        │
+//!                  tags,       iterative,      ▼
+//!                  prose)      linear)    SchemaGuide::apply ──► Outcome { value, coercions, violations }
+//!                                                                      │ violations left?
+//!                                                                      ▼
+//!                                                               reask_message(...) ──► model
+//! ```
+//!
+//! # Example
+//!
+//! ```
+//! use selfheal_repair::{repair, RepairKind, SchemaGuide, reask_message};
+//! use serde_json::json;
+//!
+//! let text = "Sure! ```json\n{'city': 'Paris', unit: \"celsius\", days: \"3\",}\n```";
+//! let repaired = repair(text)?;
+//! assert_eq!(repaired.value, json!({"city": "Paris", "unit": "celsius", "days": "3"}));
+//! assert!(repaired.repairs.iter().any(|r| r.kind == RepairKind::TrailingComma));
+//!
+//! let schema = json!({
+//!     "type": "object",
+//!     "properties": {
+//!         "city": {"type": "string"},
+//!         "unit": {"enum": ["c", "f"]},
+//!         "days": {"type": "integer", "default": 1}
+//!     },
+//!     "required": ["city", "unit"]
+//! });
+//! let guide = SchemaGuide::new(&schema)?;
+//! let outcome = guide.apply(repaired.value);
+//! assert_eq!(outcome.value["days"], json!(3)); // "3" coerced to 3
+//! assert_eq!(
+//!     outcome.violations[0].to_string(),
+//!     r#"at /unit: expected one of ["c","f"], got "celsius""#
+//! );
+//! let reask = reask_message(&outcome.violations, "get_weather");
+//! assert!(reask.contains("get_weather"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # What is repaired
+//!
+//! Valid JSON takes a fast path through `serde_json` and comes back with no repairs. Anything
+//! else goes through a single-pass lenient parser. Each row is a [`RepairKind`]:
+//!
+//! | Kind | Input | Output |
+//! |---|---|---|
+//! | `ExtractedFromProse` | `The answer is {"a": 1}. Done.` | `{"a":1}` |
+//! | `LeadingGarbage` / `TrailingGarbage` | `>>> {"a": 1} <<<` | `{"a":1}` |
+//! | `CodeFence` | ` ```json {"a": 1} ``` ` | `{"a":1}` |
+//! | `TagWrapper` | `<tool_call>{"a": 1}</tool_call>` | `{"a":1}` |
+//! | `Jsonp` | `callback({"a": 1});` | `{"a":1}` |
+//! | `MongoWrapper` | `{"n": NumberLong(2), "d": ISODate("2024-01-01")}` | `{"n":2,"d":"2024-01-01"}` |
+//! | `NdjsonToArray` | `{"a":1}` newline `{"a":2}` | `[{"a":1},{"a":2}]` |
+//! | `TrailingComma` | `[1, 2,]` | `[1,2]` |
+//! | `ExtraComma` | `[1,,2]` | `[1,2]` |
+//! | `MissingComma` | `{"a": 1 "b": 2}` | `{"a":1,"b":2}` |
+//! | `MissingColon` | `{"a" 1}` | `{"a":1}` |
+//! | `SingleQuotes` | `{'a': 'b'}` | `{"a":"b"}` |
+//! | `TypographicQuotes` | `{“a”: “b”}` | `{"a":"b"}` |
+//! | `MismatchedQuote` | `{"a': 1}` | `{"a":1}` |
+//! | `MissingQuote` | `{"a": "b, "c": 1}` | `{"a":"b","c":1}` |
+//! | `UnescapedQuote` | `{"a": "say "hi" now"}` | `{"a":"say \"hi\" now"}` |
+//! | `UnquotedKey` | `{a: 1}` | `{"a":1}` |
+//! | `UnquotedString` | `{"unit": celsius}` | `{"unit":"celsius"}` |
+//! | `Comment` | `{"a": 1 /* c */} // c` | `{"a":1}` |
+//! | `PythonLiteral` | `[True, False, None]` | `[true,false,null]` |
+//! | `JsLiteral` | `[undefined, NaN, -Infinity]` | `[null,null,null]` |
+//! | `LiteralCase` | `[TRUE, Null]` | `[true,null]` |
+//! | `ClosedTruncated` | `{"a": [1, {"b": "hel` | `{"a":[1,{"b":"hel"}]}` |
+//! | `DroppedIncomplete` | `{"a": 1, "b": tr` | `{"a":1}` |
+//! | `EscapedControlChar` | `{"a": "line` newline `two"}` | `{"a":"line\ntwo"}` |
+//! | `InvalidEscape` | `{"p": "C:\Users"}` | `{"p":"C:\\Users"}` |
+//! | `DoubleEncoded` | `"{\"a\": 1}"` | `{"a":1}` |
+//! | `StringConcatenation` | `{"a": "x" + "y"}` | `{"a":"xy"}` |
+//! | `Ellipsis` | `[1, 2, ...]` | `[1,2]` |
+//! | `RedundantClosing` | `{"a": 1}}` | `{"a":1}` |
+//! | `MismatchedBracket` | `{"a": [1, 2}` | `{"a":[1,2]}` |
+//! | `NumberFormat` | `[007, 1., .5, +3]` | `[7,1.0,0.5,3]` |
+//!
+//! # What is refused
+//!
+//! The rule is: **never invent a key or a value.** The parser refuses, with a
+//! [`RepairError`] that says where and why, when
+//!
+//! - a key has no value and more input follows (`{"a": }`, `{"a": , "b": 1}`, `{"a": ...}`);
+//! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
+//! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);
+//! - a wrapper call has several arguments (`Date(2024, 1, 2)`);
+//! - nesting exceeds [`RepairOptions::max_depth`] ([`RepairError::TooDeep`]).
+//!
+//! Truncated output is different: what the model wrote is kept and closed. An open string is
+//! closed with the text it has, open arrays and objects are closed. A member that has no
+//! value yet (`{"a": 1, "b":`) or a half-written literal (`tr`) is **dropped and reported**
+//! as [`RepairKind::DroppedIncomplete`] — dropping loses nothing the model finished writing,
+//! while completing it would invent data.
+//!
+//! # Limits
+//!
+//! The parser is iterative, so input depth never overflows its stack; it stops at
+//! [`RepairOptions::max_depth`] (default [`DEFAULT_MAX_DEPTH`]) because the *result* — a
+//! `serde_json::Value` — is dropped, serialised and validated recursively.
+
+mod error;
+mod extract;
+mod parser;
+mod report;
+pub mod schema;
+
+pub use error::RepairError;
+pub use report::{Repair, RepairKind};
+pub use schema::{
+    Coercion, CoercionKind, Outcome, SchemaError, SchemaGuide, Violation, reask_message,
+};
+
+use serde_json::Value;
+
+/// Default nesting limit. `serde_json::Value` drops, serialises and validates recursively;
+/// this keeps all three well inside a 2 MiB thread stack.
+pub const DEFAULT_MAX_DEPTH: usize = 1_000;
+
+/// `serde_json`'s own recursion limit: deeper valid input falls through to our parser.
+const SERDE_DEPTH: usize = 128;
+
+/// How many layers of JSON-inside-a-string are decoded.
+const MAX_DECODE_LAYERS: usize = 4;
+
+/// Options for [`repair_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepairOptions {
+    /// The deepest nesting accepted; deeper input is refused with [`RepairError::TooDeep`].
+    pub max_depth: usize,
+}
+
+impl Default for RepairOptions {
+    fn default() -> Self {
+        Self {
+            max_depth: DEFAULT_MAX_DEPTH,
+        }
+    }
+}
+
+/// A repaired value and the repairs that produced it (empty when the input was valid JSON).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Repaired {
+    /// The parsed value.
+    pub value: Value,
+    /// What was changed, in input order.
+    pub repairs: Vec<Repair>,
+}
+
+impl Repaired {
+    /// Whether the input needed any repair.
+    #[must_use]
+    pub fn was_repaired(&self) -> bool {
+        !self.repairs.is_empty()
+    }
+}
+
+/// Extracts and repairs the JSON in `input` with the default options.
+///
+/// # Errors
+///
+/// Returns a [`RepairError`] when the input holds no JSON or cannot be repaired without
+/// inventing data; see the crate docs for the rules.
+pub fn repair(input: &str) -> Result<Repaired, RepairError> {
+    repair_with(input, &RepairOptions::default())
+}
+
+/// Extracts and repairs the JSON in `input`.
+///
+/// # Errors
+///
+/// As [`repair`].
+pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, RepairError> {
+    let first = input.len() - input.trim_start().len();
+    if first == input.len() {
+        return Err(RepairError::EmptyInput);
+    }
+    let mut out = if options.max_depth >= SERDE_DEPTH
+        && let Ok(value) = serde_json::from_str::<Value>(input)
+    {
+        Repaired {
+            value,
+            repairs: Vec::new(),
+        }
+    } else {
+        let found = extract::parse_document(input, options.max_depth)?;
+        Repaired {
+            value: found.value,
+            repairs: found.repairs,
+        }
+    };
+    decode_layers(&mut out, first, options);
+    out.repairs.sort_by_key(|r| r.offset);
+    Ok(out)
+}
+
+/// Decodes a top-level string that holds a JSON object or array (`"{\"a\": 1}"`).
+fn decode_layers(out: &mut Repaired, offset: usize, options: &RepairOptions) {
+    for _ in 0..MAX_DECODE_LAYERS {
+        let Value::String(s) = &out.value else {
+            return;
+        };
+        let t = s.trim();
+        let looks_like_json =
+            (t.starts_with('{') && t.ends_with('}')) || (t.starts_with('[') && t.ends_with(']'));
+        if !looks_like_json {
+            return;
+        }
+        let (value, inner) = match serde_json::from_str::<Value>(t) {
+            Ok(v) => (v, Vec::new()),
+            Err(_) => match extract::parse_document(t, options.max_depth) {
+                Ok(found)
+                    if !found.repairs.iter().any(|r| {
+                        matches!(
+                            r.kind,
+                            RepairKind::ExtractedFromProse
+                                | RepairKind::TrailingGarbage
+                                | RepairKind::LeadingGarbage
+                        )
+                    }) =>
+                {
+                    (found.value, found.repairs)
+                }
+                _ => return,
+            },
+        };
+        out.value = value;
+        out.repairs.push(Repair {
+            kind: RepairKind::DoubleEncoded,
+            offset,
+        });
+        // Offsets inside the decoded string do not point into the input; keep the kinds.
+        out.repairs.extend(inner.into_iter().map(|r| Repair {
+            kind: r.kind,
+            offset,
+        }));
+    }
+}

@@ -1,0 +1,365 @@
+//! Finding the JSON in a model's answer.
+//!
+//! Models wrap JSON in markdown code fences, in tags such as `<tool_call>…</tool_call>`, or in
+//! prose ("Here is the result: {…} Let me know…"). This module picks the window that holds the
+//! JSON, runs the [`Parser`] on it, and handles what follows the first value: more values
+//! (newline-delimited JSON), stray closing brackets, a JSONP `;`, or trailing text.
+//!
+//! Every search moves forward: a failed attempt at a candidate start resumes the search after
+//! the point where that attempt failed, so a document costs linear time however many
+//! candidates it holds.
+
+use serde_json::Value;
+
+use crate::parser::Parser;
+use crate::{Repair, RepairError, RepairKind};
+
+/// How many fences or tags are tried before giving up on them.
+const MAX_WRAPPERS: usize = 8;
+
+/// A value parsed from a window, with the repairs it needed.
+pub(crate) struct Found {
+    pub(crate) value: Value,
+    pub(crate) repairs: Vec<Repair>,
+}
+
+/// Parses the whole input: fences first, then tag wrappers, then plain text.
+pub(crate) fn parse_document(src: &str, max_depth: usize) -> Result<Found, RepairError> {
+    parse_window(src, 0, src.len(), max_depth, true, true)
+}
+
+fn parse_window(
+    src: &str,
+    start: usize,
+    end: usize,
+    max_depth: usize,
+    allow_fence: bool,
+    allow_tag: bool,
+) -> Result<Found, RepairError> {
+    let mut wrapper_err = None;
+    if allow_fence {
+        match try_fences(src, start, end, max_depth) {
+            Some(Ok(found)) => return Ok(found),
+            Some(Err(e @ RepairError::TooDeep { .. })) => return Err(e),
+            Some(Err(e)) => wrapper_err = Some(e),
+            None => {}
+        }
+    }
+    if allow_tag {
+        match try_tags(src, start, end, max_depth) {
+            Some(Ok(found)) => return Ok(found),
+            Some(Err(e @ RepairError::TooDeep { .. })) => return Err(e),
+            Some(Err(e)) => {
+                wrapper_err.get_or_insert(e);
+            }
+            None => {}
+        }
+    }
+    match parse_plain(src, start, end, max_depth) {
+        Ok(found) => Ok(found),
+        Err(e @ RepairError::TooDeep { .. }) => Err(e),
+        Err(e) => Err(wrapper_err.unwrap_or(e)),
+    }
+}
+
+/// Tries the content of each markdown code fence in turn.
+fn try_fences(
+    src: &str,
+    start: usize,
+    end: usize,
+    max_depth: usize,
+) -> Option<Result<Found, RepairError>> {
+    let window = src.get(start..end)?;
+    let mut from = 0;
+    let mut first_err = None;
+    for _ in 0..MAX_WRAPPERS {
+        let Some(open) = window
+            .get(from..)
+            .and_then(|w| w.find("```"))
+            .map(|o| from + o)
+        else {
+            break;
+        };
+        let lang_start = open + 3;
+        let lang_len = window
+            .get(lang_start..)
+            .unwrap_or_default()
+            .bytes()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'+' | b'.' | b'-'))
+            .count();
+        let content_start = lang_start + lang_len;
+        let close = window
+            .get(content_start..)
+            .and_then(|w| w.find("```"))
+            .map(|c| content_start + c);
+        let content_end = close.unwrap_or(window.len());
+        match parse_window(
+            src,
+            start + content_start,
+            start + content_end,
+            max_depth,
+            false,
+            true,
+        ) {
+            Ok(mut found) => {
+                found.repairs.push(Repair {
+                    kind: RepairKind::CodeFence,
+                    offset: start + open,
+                });
+                return Some(Ok(found));
+            }
+            Err(e @ RepairError::TooDeep { .. }) => return Some(Err(e)),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+        match close {
+            Some(c) => from = c + 3,
+            None => break,
+        }
+    }
+    first_err.map(Err)
+}
+
+/// Tries the content of tag wrappers such as `<tool_call>` whose content starts with `{`
+/// or `[`.
+fn try_tags(
+    src: &str,
+    start: usize,
+    end: usize,
+    max_depth: usize,
+) -> Option<Result<Found, RepairError>> {
+    let window = src.get(start..end)?;
+    let bytes = window.as_bytes();
+    let mut from = 0;
+    let mut tried = 0;
+    let mut first_err = None;
+    while tried < MAX_WRAPPERS {
+        let Some(lt) = window
+            .get(from..)
+            .and_then(|w| w.find('<'))
+            .map(|o| from + o)
+        else {
+            break;
+        };
+        from = lt + 1;
+        let Some((name, content_start)) = tag_at(bytes, lt) else {
+            continue;
+        };
+        let first = content_start
+            + bytes
+                .get(content_start..)
+                .unwrap_or_default()
+                .iter()
+                .take_while(|c| c.is_ascii_whitespace())
+                .count();
+        if !matches!(bytes.get(first), Some(b'{' | b'[')) {
+            continue;
+        }
+        tried += 1;
+        let close_tag = format!("</{name}");
+        let content_end = window
+            .get(content_start..)
+            .and_then(|w| w.find(&close_tag))
+            .map_or(window.len(), |c| content_start + c);
+        match parse_window(
+            src,
+            start + content_start,
+            start + content_end,
+            max_depth,
+            false,
+            false,
+        ) {
+            Ok(mut found) => {
+                found.repairs.push(Repair {
+                    kind: RepairKind::TagWrapper,
+                    offset: start + lt,
+                });
+                return Some(Ok(found));
+            }
+            Err(e @ RepairError::TooDeep { .. }) => return Some(Err(e)),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+        from = content_end.max(from);
+    }
+    first_err.map(Err)
+}
+
+/// An opening tag `<name attr…>` at `lt`: its name and the position after `>`.
+fn tag_at(bytes: &[u8], lt: usize) -> Option<(&str, usize)> {
+    let name_start = lt + 1;
+    if !bytes.get(name_start)?.is_ascii_alphabetic() {
+        return None;
+    }
+    let name_len = bytes
+        .get(name_start..)?
+        .iter()
+        .take(64)
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b':'))
+        .count();
+    let name_end = name_start + name_len;
+    let mut i = name_end;
+    let limit = name_end + 256;
+    loop {
+        match bytes.get(i)? {
+            b'>' => break,
+            b'<' => return None,
+            _ if i >= limit => return None,
+            _ => i += 1,
+        }
+    }
+    let name = std::str::from_utf8(bytes.get(name_start..name_end)?).ok()?;
+    Some((name, i + 1))
+}
+
+/// Parses plain text: the JSON at its start, or the first candidate `{`/`[` in the prose.
+fn parse_plain(
+    src: &str,
+    start: usize,
+    end: usize,
+    max_depth: usize,
+) -> Result<Found, RepairError> {
+    let mut lead = Parser::new(src, start, end, max_depth);
+    lead.skip_ws();
+    let first = lead.pos;
+    if first >= lead.end() {
+        return Err(RepairError::NoJson);
+    }
+    let lead_repairs = std::mem::take(&mut lead.repairs);
+    let mut first_err: Option<RepairError> = None;
+    let mut cand_from = first;
+    if lead.is_clear_value_start(first) {
+        match attempt(src, first, end, max_depth) {
+            Ok((found, None)) => return Ok(with_lead(found, lead_repairs)),
+            Ok((mut found, Some(garbage))) => {
+                if found.value.is_object() || found.value.is_array() {
+                    found.repairs.push(Repair {
+                        kind: RepairKind::TrailingGarbage,
+                        offset: garbage,
+                    });
+                    return Ok(with_lead(found, lead_repairs));
+                }
+                // A scalar followed by text is prose ("1. First, …"), not JSON.
+                cand_from = garbage.max(first + 1);
+            }
+            Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+            Err(e) => {
+                cand_from = e.offset().unwrap_or(first).max(first + 1);
+                first_err = Some(e);
+            }
+        }
+    }
+    let bytes = src.as_bytes();
+    while cand_from < end {
+        let Some(c) = bytes
+            .get(cand_from..end)
+            .and_then(|w| w.iter().position(|&b| b == b'{' || b == b'['))
+            .map(|o| cand_from + o)
+        else {
+            break;
+        };
+        match attempt(src, c, end, max_depth) {
+            Ok((mut found, garbage)) => {
+                let prefix = src.get(first..c).unwrap_or_default();
+                let kind = if prefix.chars().any(char::is_alphanumeric) {
+                    RepairKind::ExtractedFromProse
+                } else {
+                    RepairKind::LeadingGarbage
+                };
+                found.repairs.push(Repair {
+                    kind,
+                    offset: first,
+                });
+                if let Some(g) = garbage {
+                    found.repairs.push(Repair {
+                        kind: RepairKind::TrailingGarbage,
+                        offset: g,
+                    });
+                }
+                return Ok(with_lead(found, lead_repairs));
+            }
+            Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+            Err(e) => {
+                cand_from = e.offset().unwrap_or(c).max(c + 1);
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_err.unwrap_or(RepairError::NoJson))
+}
+
+fn with_lead(mut found: Found, mut lead: Vec<Repair>) -> Found {
+    if !lead.is_empty() {
+        lead.append(&mut found.repairs);
+        found.repairs = lead;
+    }
+    found
+}
+
+/// Parses the value at `at` and whatever follows it. Returns the offset of trailing text
+/// that was not JSON, if any.
+fn attempt(
+    src: &str,
+    at: usize,
+    end: usize,
+    max_depth: usize,
+) -> Result<(Found, Option<usize>), RepairError> {
+    let mut p = Parser::new(src, at, end, max_depth);
+    let first = p.parse_value()?;
+    let mut items = vec![first];
+    let mut ndjson_at = None;
+    let mut garbage = None;
+    loop {
+        p.skip_ws();
+        let Some(c) = p.peek() else { break };
+        match c {
+            b';' if p.jsonp => p.pos += 1,
+            b'}' | b']' | b')' => {
+                p.note(RepairKind::RedundantClosing, p.pos);
+                p.pos += 1;
+            }
+            b',' | b'{' | b'[' => {
+                let (save_pos, save_len) = (p.pos, p.repairs.len());
+                while matches!(p.peek(), Some(b',' | b' ' | b'\t' | b'\n' | b'\r')) {
+                    p.pos += 1;
+                }
+                if matches!(p.peek(), Some(b'{' | b'[')) {
+                    match p.parse_value() {
+                        Ok(v) => {
+                            ndjson_at.get_or_insert(save_pos);
+                            items.push(v);
+                            continue;
+                        }
+                        Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+                        Err(_) => {}
+                    }
+                }
+                p.pos = save_pos;
+                p.repairs.truncate(save_len);
+                garbage = Some(save_pos);
+                break;
+            }
+            _ => {
+                garbage = Some(p.pos);
+                break;
+            }
+        }
+    }
+    let value = if items.len() > 1 {
+        if let Some(off) = ndjson_at {
+            p.note(RepairKind::NdjsonToArray, off);
+        }
+        Value::Array(items)
+    } else {
+        items.pop().unwrap_or(Value::Null)
+    };
+    Ok((
+        Found {
+            value,
+            repairs: p.repairs,
+        },
+        garbage,
+    ))
+}

@@ -1,0 +1,1283 @@
+//! The lenient JSON parser.
+//!
+//! Why a parser of our own: repairing by rewriting text and re-parsing costs several passes
+//! and quadratic backtracking on broken input. This parser reads the bytes once, builds the
+//! [`serde_json::Value`] directly and records every liberty it takes as a [`Repair`].
+//!
+//! It is iterative: nesting lives on an explicit stack of [`Frame`]s, so deep input ends in
+//! [`RepairError::TooDeep`] instead of a stack overflow. Every lookahead is bounded or is
+//! followed by consuming what it looked at, so the work is linear in the input.
+
+use serde_json::{Map, Value};
+
+use crate::{Repair, RepairError, RepairKind};
+
+/// Bytes that stop the fast scan of a string body.
+const SPECIAL: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = true;
+        i += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\'' as usize] = true;
+    t[b'\\' as usize] = true;
+    // Lead byte of the typographic quotes U+2018, U+2019, U+201C, U+201D.
+    t[0xE2] = true;
+    t
+};
+
+/// Words that may be the start of a literal cut off by truncation.
+const LITERALS: [&str; 11] = [
+    "true",
+    "false",
+    "null",
+    "True",
+    "False",
+    "None",
+    "undefined",
+    "NaN",
+    "Infinity",
+    "TRUE",
+    "FALSE",
+];
+
+/// A quote character.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quote {
+    Double,
+    Single,
+    TypoDoubleOpen,
+    TypoDoubleClose,
+    TypoSingleOpen,
+    TypoSingleClose,
+}
+
+/// Whether a string is an object key or a value; the delimiter expected after it differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    Key,
+    Value,
+}
+
+/// An open container on the explicit stack.
+#[derive(Debug)]
+enum Frame {
+    Arr(Vec<Value>),
+    Obj {
+        map: Map<String, Value>,
+        /// The key whose value is being parsed.
+        key: Option<String>,
+    },
+    /// A function-call wrapper: JSONP at the top level, a MongoDB wrapper inside.
+    Call(Option<Value>),
+}
+
+/// What the parser expects next.
+#[derive(Debug)]
+enum State {
+    /// A value.
+    Value,
+    /// A value is complete: attach it to its parent.
+    Have(Value),
+    /// After an element or member: a comma or a closing bracket.
+    After,
+    /// After `[` or a comma in an array.
+    ArrElem { after_comma: bool },
+    /// After `{` or a comma in an object.
+    ObjKey { after_comma: bool },
+}
+
+fn is_digit(b: u8) -> bool {
+    b.is_ascii_digit()
+}
+
+fn is_ident_start(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b'_' || b == b'$'
+}
+
+fn is_ident_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$'
+}
+
+fn is_plain_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The lenient parser over one window `[pos, end)` of the input.
+pub(crate) struct Parser<'a> {
+    src: &'a str,
+    b: &'a [u8],
+    pub(crate) pos: usize,
+    end: usize,
+    max_depth: usize,
+    pub(crate) repairs: Vec<Repair>,
+    stack: Vec<Frame>,
+    open_arr: usize,
+    open_obj: usize,
+    open_call: usize,
+    truncated_noted: bool,
+    /// Set when a top-level `callback(` was seen.
+    pub(crate) jsonp: bool,
+}
+
+impl<'a> Parser<'a> {
+    /// A parser over `src[pos..end]`.
+    pub(crate) fn new(src: &'a str, pos: usize, end: usize, max_depth: usize) -> Self {
+        Self {
+            src,
+            b: src.as_bytes(),
+            pos,
+            end: end.min(src.len()),
+            max_depth,
+            repairs: Vec::new(),
+            stack: Vec::new(),
+            open_arr: 0,
+            open_obj: 0,
+            open_call: 0,
+            truncated_noted: false,
+            jsonp: false,
+        }
+    }
+
+    /// The end of the window.
+    pub(crate) fn end(&self) -> usize {
+        self.end
+    }
+
+    fn s(&self, a: usize, b: usize) -> &'a str {
+        self.src.get(a..b).unwrap_or_default()
+    }
+
+    fn at(&self, i: usize) -> Option<u8> {
+        if i < self.end {
+            self.b.get(i).copied()
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn peek(&self) -> Option<u8> {
+        self.at(self.pos)
+    }
+
+    pub(crate) fn note(&mut self, kind: RepairKind, offset: usize) {
+        self.repairs.push(Repair { kind, offset });
+    }
+
+    fn note_truncated(&mut self) {
+        if !self.truncated_noted {
+            self.truncated_noted = true;
+            self.note(RepairKind::ClosedTruncated, self.end);
+        }
+    }
+
+    pub(crate) fn err(&self, offset: usize, reason: impl Into<String>) -> RepairError {
+        RepairError::Unrepairable {
+            offset,
+            reason: reason.into(),
+        }
+    }
+
+    fn quote_at(&self, i: usize) -> Option<(Quote, usize)> {
+        match self.at(i)? {
+            b'"' => Some((Quote::Double, 1)),
+            b'\'' => Some((Quote::Single, 1)),
+            0xE2 if i + 3 <= self.end && self.at(i + 1) == Some(0x80) => {
+                let q = match self.at(i + 2)? {
+                    0x9C => Quote::TypoDoubleOpen,
+                    0x9D => Quote::TypoDoubleClose,
+                    0x98 => Quote::TypoSingleOpen,
+                    0x99 => Quote::TypoSingleClose,
+                    _ => return None,
+                };
+                Some((q, 3))
+            }
+            _ => None,
+        }
+    }
+
+    /// `...` or `…` at `i`: returns its length.
+    fn ellipsis_at(&self, i: usize) -> Option<usize> {
+        if self.at(i) == Some(b'.') && self.at(i + 1) == Some(b'.') && self.at(i + 2) == Some(b'.')
+        {
+            let mut j = i + 3;
+            while self.at(j) == Some(b'.') {
+                j += 1;
+            }
+            Some(j - i)
+        } else if self.at(i) == Some(0xE2)
+            && self.at(i + 1) == Some(0x80)
+            && self.at(i + 2) == Some(0xA6)
+        {
+            Some(3)
+        } else {
+            None
+        }
+    }
+
+    /// Skips whitespace only; returns the position after it.
+    fn skip_plain_ws_from(&self, mut i: usize) -> usize {
+        while let Some(c) = self.at(i) {
+            if is_plain_ws(c) {
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        i
+    }
+
+    /// Skips whitespace and comments, recording each comment.
+    pub(crate) fn skip_ws(&mut self) {
+        loop {
+            self.pos = self.skip_plain_ws_from(self.pos);
+            match (self.peek(), self.at(self.pos + 1)) {
+                (Some(b'/'), Some(b'/')) | (Some(b'#'), _) => {
+                    self.note(RepairKind::Comment, self.pos);
+                    let rest = self.s(self.pos, self.end);
+                    self.pos = match rest.find('\n') {
+                        Some(n) => self.pos + n + 1,
+                        None => self.end,
+                    };
+                }
+                (Some(b'/'), Some(b'*')) => {
+                    self.note(RepairKind::Comment, self.pos);
+                    let rest = self.s(self.pos + 2, self.end);
+                    self.pos = match rest.find("*/") {
+                        Some(n) => self.pos + 2 + n + 2,
+                        None => self.end,
+                    };
+                }
+                (Some(0xEF), Some(0xBB)) if self.at(self.pos + 2) == Some(0xBF) => {
+                    self.note(RepairKind::LeadingGarbage, self.pos);
+                    self.pos += 3;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// After an identifier ending at `end`: the `(` of a call `name.name (`, if any.
+    fn call_paren(&self, end: usize) -> Option<usize> {
+        let mut call_end = end;
+        while self.at(call_end) == Some(b'.') && self.at(call_end + 1).is_some_and(is_ident_start) {
+            call_end = self.ident_end(call_end + 1);
+        }
+        let paren = self.skip_plain_ws_from(call_end);
+        (self.at(paren) == Some(b'(')).then_some(paren)
+    }
+
+    fn ident_end(&self, mut i: usize) -> usize {
+        while let Some(c) = self.at(i) {
+            if is_ident_char(c) {
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        i
+    }
+
+    /// Whether a value could start at `i` (used to detect missing commas and colons).
+    pub(crate) fn is_value_start(&self, i: usize) -> bool {
+        match self.at(i) {
+            Some(b'{' | b'[' | b'-' | b'+') => true,
+            Some(c) if is_digit(c) => true,
+            Some(b'.') => self.at(i + 1).is_some_and(is_digit),
+            Some(c) if is_ident_start(c) => true,
+            Some(_) => self.quote_at(i).is_some(),
+            None => false,
+        }
+    }
+
+    /// Whether a value that is clearly JSON (not a bare word) starts at `i`.
+    pub(crate) fn is_clear_value_start(&self, i: usize) -> bool {
+        match self.at(i) {
+            Some(c) if is_ident_start(c) => {
+                let e = self.ident_end(i);
+                let word = self.s(i, e);
+                LITERALS.contains(&word)
+                    || matches!(word, "NULL" | "Null")
+                    || self.call_paren(e).is_some()
+            }
+            _ => self.is_value_start(i),
+        }
+    }
+
+    fn is_key_start(&self, i: usize) -> bool {
+        match self.at(i) {
+            Some(c) if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' => true,
+            Some(c) if c >= 0x80 => true,
+            Some(_) => self.quote_at(i).is_some(),
+            None => false,
+        }
+    }
+
+    fn push(&mut self, frame: Frame) -> Result<(), RepairError> {
+        if self.stack.len() >= self.max_depth {
+            return Err(RepairError::TooDeep {
+                limit: self.max_depth,
+                offset: self.pos,
+            });
+        }
+        match frame {
+            Frame::Arr(_) => self.open_arr += 1,
+            Frame::Obj { .. } => self.open_obj += 1,
+            Frame::Call(_) => self.open_call += 1,
+        }
+        self.stack.push(frame);
+        Ok(())
+    }
+
+    /// Pops the innermost frame; `None` when it produced no value (an empty call).
+    fn pop(&mut self) -> Option<Option<Value>> {
+        let frame = self.stack.pop()?;
+        Some(match frame {
+            Frame::Arr(items) => {
+                self.open_arr -= 1;
+                Some(Value::Array(items))
+            }
+            Frame::Obj { map, .. } => {
+                self.open_obj -= 1;
+                Some(Value::Object(map))
+            }
+            Frame::Call(v) => {
+                self.open_call -= 1;
+                v
+            }
+        })
+    }
+
+    /// Attaches a finished value to the innermost frame (used when closing implicitly).
+    fn attach(&mut self, v: Option<Value>) {
+        match (self.stack.last_mut(), v) {
+            (Some(Frame::Arr(items)), Some(v)) => items.push(v),
+            (Some(Frame::Obj { map, key }), Some(v)) => {
+                if let Some(k) = key.take() {
+                    map.insert(k, v);
+                }
+            }
+            (Some(Frame::Obj { key, .. }), None) => {
+                *key = None;
+            }
+            (Some(Frame::Call(slot)), v) => *slot = v,
+            (Some(Frame::Arr(_)), None) | (None, _) => {}
+        }
+    }
+
+    /// Closes every open frame at the end of truncated input and returns the root.
+    fn finish_truncated(&mut self) -> Result<Value, RepairError> {
+        self.note_truncated();
+        let mut last = None;
+        while let Some(v) = self.pop() {
+            if self.stack.is_empty() {
+                last = v;
+                break;
+            }
+            self.attach(v);
+        }
+        last.ok_or_else(|| self.err(self.end, "input ends before any value"))
+    }
+
+    /// Drops the pending member or element of truncated input.
+    fn drop_incomplete(&mut self, offset: usize) {
+        self.note(RepairKind::DroppedIncomplete, offset);
+        if let Some(Frame::Obj { key, .. }) = self.stack.last_mut() {
+            *key = None;
+        }
+    }
+
+    /// Parses one value starting at `pos` (after whitespace).
+    pub(crate) fn parse_value(&mut self) -> Result<Value, RepairError> {
+        self.stack.clear();
+        self.open_arr = 0;
+        self.open_obj = 0;
+        self.open_call = 0;
+        let mut state = State::Value;
+        loop {
+            state = match state {
+                State::Value => match self.value_state()? {
+                    Step::Next(s) => s,
+                    Step::Done(v) => return Ok(v),
+                },
+                State::Have(v) => match self.stack.last_mut() {
+                    None => return Ok(v),
+                    Some(Frame::Arr(items)) => {
+                        items.push(v);
+                        State::After
+                    }
+                    Some(Frame::Obj { map, key }) => {
+                        if let Some(k) = key.take() {
+                            map.insert(k, v);
+                        }
+                        State::After
+                    }
+                    Some(Frame::Call(slot)) => {
+                        *slot = Some(v);
+                        State::After
+                    }
+                },
+                State::After => match self.after_state()? {
+                    Step::Next(s) => s,
+                    Step::Done(v) => return Ok(v),
+                },
+                State::ArrElem { after_comma } => match self.arr_elem_state(after_comma)? {
+                    Step::Next(s) => s,
+                    Step::Done(v) => return Ok(v),
+                },
+                State::ObjKey { after_comma } => match self.obj_key_state(after_comma)? {
+                    Step::Next(s) => s,
+                    Step::Done(v) => return Ok(v),
+                },
+            };
+        }
+    }
+
+    fn in_object(&self) -> bool {
+        matches!(self.stack.last(), Some(Frame::Obj { .. }))
+    }
+
+    fn missing_value(&self, offset: usize) -> RepairError {
+        match self.stack.last() {
+            Some(Frame::Obj { key: Some(k), .. }) => {
+                self.err(offset, format!("missing value for key {k:?}"))
+            }
+            _ => self.err(offset, "missing value"),
+        }
+    }
+
+    fn value_state(&mut self) -> Result<Step, RepairError> {
+        self.skip_ws();
+        let start = self.pos;
+        let Some(c) = self.peek() else {
+            if self.stack.is_empty() {
+                return Err(self.err(start, "input ends before any value"));
+            }
+            self.drop_incomplete(start);
+            return self.finish_truncated().map(Step::Done);
+        };
+        match c {
+            b'{' => {
+                self.push(Frame::Obj {
+                    map: Map::new(),
+                    key: None,
+                })?;
+                self.pos += 1;
+                Ok(Step::Next(State::ObjKey { after_comma: false }))
+            }
+            b'[' => {
+                self.push(Frame::Arr(Vec::new()))?;
+                self.pos += 1;
+                Ok(Step::Next(State::ArrElem { after_comma: false }))
+            }
+            b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start)),
+            b'-' | b'+' | b'.' | b'0'..=b'9' => match self.parse_number()? {
+                Some(v) => Ok(Step::Next(State::Have(v))),
+                None => {
+                    if self.stack.is_empty() {
+                        return Err(self.err(start, "truncated number"));
+                    }
+                    self.drop_incomplete(start);
+                    self.finish_truncated().map(Step::Done)
+                }
+            },
+            c if is_ident_start(c) => self.word_value(),
+            b',' | b'}' | b']' | b')' | b':' => Err(self.missing_value(start)),
+            _ => {
+                if self.quote_at(start).is_some() {
+                    let s = self.string_value()?;
+                    return Ok(Step::Next(State::Have(Value::String(s))));
+                }
+                if self.ellipsis_at(start).is_some() {
+                    return Err(self.missing_value(start));
+                }
+                if self.in_object() && c >= 0x80 {
+                    return self.unquoted_string().map(|v| Step::Next(State::Have(v)));
+                }
+                Err(self.err(
+                    start,
+                    format!("unexpected character {:?}", self.char_at(start)),
+                ))
+            }
+        }
+    }
+
+    fn char_at(&self, i: usize) -> char {
+        self.src
+            .get(i..)
+            .and_then(|s| s.chars().next())
+            .unwrap_or('\u{FFFD}')
+    }
+
+    /// A string value, joined with any `+` concatenations that follow it.
+    fn string_value(&mut self) -> Result<String, RepairError> {
+        let (mut s, closed) = self.parse_string(Ctx::Value)?;
+        if !closed {
+            return Ok(s);
+        }
+        loop {
+            let p = self.skip_plain_ws_from(self.pos);
+            if self.at(p) != Some(b'+') {
+                return Ok(s);
+            }
+            let q = self.skip_plain_ws_from(p + 1);
+            if q >= self.end {
+                self.pos = q;
+                self.note_truncated();
+                return Ok(s);
+            }
+            if self.quote_at(q).is_none() {
+                return Err(self.err(q, "expected a string after '+'"));
+            }
+            self.note(RepairKind::StringConcatenation, p);
+            self.pos = q;
+            let (next, closed) = self.parse_string(Ctx::Value)?;
+            s.push_str(&next);
+            if !closed {
+                return Ok(s);
+            }
+        }
+    }
+
+    /// A bare word in value position: a literal, a wrapper call or an unquoted string.
+    fn word_value(&mut self) -> Result<Step, RepairError> {
+        let start = self.pos;
+        let end = self.ident_end(start);
+        let word = self.s(start, end);
+        let lit = match word {
+            "true" => Some((Value::Bool(true), None)),
+            "false" => Some((Value::Bool(false), None)),
+            "null" => Some((Value::Null, None)),
+            "True" => Some((Value::Bool(true), Some(RepairKind::PythonLiteral))),
+            "False" => Some((Value::Bool(false), Some(RepairKind::PythonLiteral))),
+            "None" => Some((Value::Null, Some(RepairKind::PythonLiteral))),
+            "undefined" | "NaN" | "Infinity" => Some((Value::Null, Some(RepairKind::JsLiteral))),
+            "TRUE" => Some((Value::Bool(true), Some(RepairKind::LiteralCase))),
+            "FALSE" => Some((Value::Bool(false), Some(RepairKind::LiteralCase))),
+            "NULL" | "Null" => Some((Value::Null, Some(RepairKind::LiteralCase))),
+            _ => None,
+        };
+        if let Some((v, kind)) = lit {
+            if let Some(kind) = kind {
+                self.note(kind, start);
+            }
+            self.pos = end;
+            return Ok(Step::Next(State::Have(v)));
+        }
+        // A wrapper call: `callback(...)`, `NumberLong(2)`, `ISODate("...")`.
+        if let Some(paren) = self.call_paren(end) {
+            if self.stack.is_empty() {
+                self.note(RepairKind::Jsonp, start);
+                self.jsonp = true;
+            } else {
+                self.note(RepairKind::MongoWrapper, start);
+            }
+            self.push(Frame::Call(None))?;
+            self.pos = paren + 1;
+            let inner = self.skip_plain_ws_from(self.pos);
+            if self.at(inner) == Some(b')') {
+                return Err(self.err(inner, format!("{word}() has no value")));
+            }
+            return Ok(Step::Next(State::Value));
+        }
+        if end >= self.end
+            && LITERALS
+                .iter()
+                .any(|l| l.len() > word.len() && l.starts_with(word))
+        {
+            // A literal cut off by truncation: drop it rather than guess.
+            if self.stack.is_empty() {
+                return Err(self.err(start, format!("truncated literal {word:?}")));
+            }
+            self.drop_incomplete(start);
+            return self.finish_truncated().map(Step::Done);
+        }
+        if self.in_object() {
+            return self.unquoted_string().map(|v| Step::Next(State::Have(v)));
+        }
+        Err(self.err(start, format!("unexpected word {word:?}")))
+    }
+
+    /// A bare string value after a colon, up to the next delimiter on the same line.
+    fn unquoted_string(&mut self) -> Result<Value, RepairError> {
+        let start = self.pos;
+        let mut i = start;
+        while let Some(c) = self.at(i) {
+            if matches!(c, b',' | b'}' | b']' | b'\n' | b'\r' | b'"') {
+                break;
+            }
+            i += 1;
+        }
+        // `i` stops on an ASCII byte or at the end, so it is a char boundary.
+        let text = self.s(start, i).trim_end();
+        if text.is_empty() {
+            return Err(self.missing_value(start));
+        }
+        self.note(RepairKind::UnquotedString, start);
+        self.pos = start + text.len();
+        Ok(Value::String(text.to_owned()))
+    }
+
+    fn after_state(&mut self) -> Result<Step, RepairError> {
+        self.skip_ws();
+        let at = self.pos;
+        let Some(c) = self.peek() else {
+            return self.finish_truncated().map(Step::Done);
+        };
+        let top_is_call = matches!(self.stack.last(), Some(Frame::Call(_)));
+        match c {
+            b',' => {
+                if top_is_call {
+                    return Err(self.err(at, "a wrapper call with more than one argument"));
+                }
+                self.pos += 1;
+                Ok(Step::Next(if self.in_object() {
+                    State::ObjKey { after_comma: true }
+                } else {
+                    State::ArrElem { after_comma: true }
+                }))
+            }
+            b']' | b'}' | b')' => self.close(c),
+            _ if top_is_call => Err(self.err(at, "expected ')' after the wrapped value")),
+            _ if self.in_object() => {
+                if self.is_key_start(at) {
+                    self.note(RepairKind::MissingComma, at);
+                    Ok(Step::Next(State::ObjKey { after_comma: false }))
+                } else {
+                    Err(self.err(
+                        at,
+                        format!("unexpected {:?} after a member", self.char_at(at)),
+                    ))
+                }
+            }
+            _ => {
+                if self.is_value_start(at) || self.ellipsis_at(at).is_some() {
+                    self.note(RepairKind::MissingComma, at);
+                    Ok(Step::Next(State::ArrElem { after_comma: false }))
+                } else {
+                    Err(self.err(
+                        at,
+                        format!("unexpected {:?} after an element", self.char_at(at)),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Handles a closing bracket `c` at `pos`.
+    fn close(&mut self, c: u8) -> Result<Step, RepairError> {
+        let at = self.pos;
+        let want = match self.stack.last() {
+            Some(Frame::Arr(_)) => b']',
+            Some(Frame::Obj { .. }) => b'}',
+            Some(Frame::Call(_)) => b')',
+            None => return Err(self.err(at, "closing bracket outside any value")),
+        };
+        self.pos += 1;
+        if c == want {
+            return Ok(self.closed_one());
+        }
+        let open_of_kind = match c {
+            b']' => self.open_arr,
+            b'}' => self.open_obj,
+            _ => self.open_call,
+        };
+        if open_of_kind > 0 {
+            // Close the inner frames that were left open, then the one `c` belongs to.
+            self.note(RepairKind::MismatchedBracket, at);
+            loop {
+                let kind = match self.stack.last() {
+                    Some(Frame::Arr(_)) => b']',
+                    Some(Frame::Obj { .. }) => b'}',
+                    Some(Frame::Call(_)) => b')',
+                    None => return Err(self.err(at, "closing bracket outside any value")),
+                };
+                if kind == c {
+                    return Ok(self.closed_one());
+                }
+                let v = self.pop().flatten();
+                self.attach(v);
+            }
+        }
+        // No open container of this kind: a stray closer if the container goes on,
+        // otherwise a closer of the wrong kind for the innermost one.
+        let next = self.skip_plain_ws_from(self.pos);
+        if matches!(self.at(next), Some(b',')) || self.at(next) == Some(want) {
+            self.note(RepairKind::RedundantClosing, at);
+            return Ok(Step::Next(State::After));
+        }
+        self.note(RepairKind::MismatchedBracket, at);
+        Ok(self.closed_one())
+    }
+
+    fn closed_one(&mut self) -> Step {
+        match self.pop().flatten() {
+            Some(v) => Step::Next(State::Have(v)),
+            None => Step::Next(State::After),
+        }
+    }
+
+    fn arr_elem_state(&mut self, after_comma: bool) -> Result<Step, RepairError> {
+        loop {
+            self.skip_ws();
+            let at = self.pos;
+            match self.peek() {
+                None => return self.finish_truncated().map(Step::Done),
+                Some(b']') => {
+                    if after_comma {
+                        self.note(RepairKind::TrailingComma, at);
+                    }
+                    return self.close(b']');
+                }
+                Some(b',') => {
+                    self.note(RepairKind::ExtraComma, at);
+                    self.pos += 1;
+                }
+                Some(c @ (b'}' | b')')) => {
+                    if after_comma {
+                        self.note(RepairKind::TrailingComma, at);
+                    }
+                    return self.close(c);
+                }
+                Some(_) => {
+                    if let Some(n) = self.ellipsis_at(at) {
+                        self.note(RepairKind::Ellipsis, at);
+                        self.pos += n;
+                        self.skip_ws();
+                        if self.peek() == Some(b',') {
+                            self.pos += 1;
+                        }
+                        continue;
+                    }
+                    return Ok(Step::Next(State::Value));
+                }
+            }
+        }
+    }
+
+    fn obj_key_state(&mut self, after_comma: bool) -> Result<Step, RepairError> {
+        let (key, key_at) = loop {
+            self.skip_ws();
+            let at = self.pos;
+            match self.peek() {
+                None => return self.finish_truncated().map(Step::Done),
+                Some(b'}') => {
+                    if after_comma {
+                        self.note(RepairKind::TrailingComma, at);
+                    }
+                    return self.close(b'}');
+                }
+                Some(b',') => {
+                    self.note(RepairKind::ExtraComma, at);
+                    self.pos += 1;
+                }
+                Some(c @ (b']' | b')')) => {
+                    if after_comma {
+                        self.note(RepairKind::TrailingComma, at);
+                    }
+                    return self.close(c);
+                }
+                Some(c) => {
+                    if let Some(n) = self.ellipsis_at(at) {
+                        self.note(RepairKind::Ellipsis, at);
+                        self.pos += n;
+                        self.skip_ws();
+                        if self.peek() == Some(b',') {
+                            self.pos += 1;
+                        }
+                        continue;
+                    }
+                    if self.quote_at(at).is_some() {
+                        let (k, closed) = self.parse_string(Ctx::Key)?;
+                        if !closed {
+                            self.drop_incomplete(at);
+                            return self.finish_truncated().map(Step::Done);
+                        }
+                        break (k, at);
+                    }
+                    if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
+                        break (self.unquoted_key(), at);
+                    }
+                    return Err(
+                        self.err(at, format!("expected a key, found {:?}", self.char_at(at)))
+                    );
+                }
+            }
+        };
+        self.skip_ws();
+        let at = self.pos;
+        match self.peek() {
+            None => {
+                self.drop_incomplete(key_at);
+                self.finish_truncated().map(Step::Done)
+            }
+            Some(b':') => {
+                self.pos += 1;
+                self.set_key(key);
+                Ok(Step::Next(State::Value))
+            }
+            Some(_) if self.is_clear_value_start(at) => {
+                self.note(RepairKind::MissingColon, at);
+                self.set_key(key);
+                Ok(Step::Next(State::Value))
+            }
+            Some(_) => Err(self.err(at, format!("missing value for key {key:?}"))),
+        }
+    }
+
+    fn set_key(&mut self, k: String) {
+        if let Some(Frame::Obj { key, .. }) = self.stack.last_mut() {
+            *key = Some(k);
+        }
+    }
+
+    fn unquoted_key(&mut self) -> String {
+        let start = self.pos;
+        self.note(RepairKind::UnquotedKey, start);
+        let mut i = start;
+        while let Some(c) = self.at(i) {
+            let ok = c.is_ascii_alphanumeric()
+                || matches!(c, b'_' | b'$' | b'-' | b'.')
+                || (c >= 0x80 && self.quote_at(i).is_none());
+            if !ok {
+                break;
+            }
+            i += 1;
+        }
+        self.pos = i;
+        self.s(start, i).to_owned()
+    }
+
+    /// Parses a number; `None` when truncation left only a sign.
+    fn parse_number(&mut self) -> Result<Option<Value>, RepairError> {
+        let start = self.pos;
+        let mut i = start;
+        let mut fixed = false;
+        let mut at_eof_fix = false;
+        let mut neg = false;
+        match self.at(i) {
+            Some(b'+') => {
+                fixed = true;
+                i += 1;
+            }
+            Some(b'-') => {
+                neg = true;
+                i += 1;
+            }
+            _ => {}
+        }
+        if self.s(i, self.end).starts_with("Infinity") {
+            self.note(RepairKind::JsLiteral, start);
+            self.pos = i + "Infinity".len();
+            return Ok(Some(Value::Null));
+        }
+        let int_start = i;
+        while self.at(i).is_some_and(is_digit) {
+            i += 1;
+        }
+        let mut int = self.s(int_start, i);
+        if int.len() > 1 && int.starts_with('0') {
+            fixed = true;
+            int = int.trim_start_matches('0');
+            if int.is_empty() {
+                int = "0";
+            }
+        }
+        let mut frac = "";
+        let mut is_float = false;
+        let mut frac_digits = false;
+        if self.at(i) == Some(b'.') {
+            let f0 = i + 1;
+            let mut j = f0;
+            while self.at(j).is_some_and(is_digit) {
+                j += 1;
+            }
+            is_float = true;
+            if j > f0 {
+                frac = self.s(f0, j);
+                frac_digits = true;
+            } else {
+                // `1.`: a trailing dot.
+                fixed = true;
+                at_eof_fix |= j >= self.end;
+                frac = "0";
+            }
+            i = j;
+        }
+        if int.is_empty() {
+            if frac_digits {
+                // `.5`: a leading dot.
+                fixed = true;
+                int = "0";
+            } else if i >= self.end {
+                return Ok(None);
+            } else {
+                return Err(self.err(start, "invalid number"));
+            }
+        }
+        let mut exp = String::new();
+        if matches!(self.at(i), Some(b'e' | b'E')) {
+            let mut j = i + 1;
+            let mut e = String::new();
+            if let Some(c @ (b'+' | b'-')) = self.at(j) {
+                e.push(c as char);
+                j += 1;
+            }
+            let d0 = j;
+            while self.at(j).is_some_and(is_digit) {
+                j += 1;
+            }
+            if j > d0 {
+                e.push_str(self.s(d0, j));
+                exp = e;
+                is_float = true;
+                i = j;
+            } else if j >= self.end {
+                // `1e` cut off: the exponent was never written.
+                fixed = true;
+                at_eof_fix = true;
+                i = j;
+            }
+        }
+        self.pos = i;
+        let text: std::borrow::Cow<'_, str> = if fixed {
+            if at_eof_fix {
+                self.note_truncated();
+            } else {
+                self.note(RepairKind::NumberFormat, start);
+            }
+            let mut t = String::with_capacity(i - start + 2);
+            if neg {
+                t.push('-');
+            }
+            t.push_str(int);
+            if is_float && !frac.is_empty() {
+                t.push('.');
+                t.push_str(frac);
+            }
+            if !exp.is_empty() {
+                t.push('e');
+                t.push_str(&exp);
+            }
+            t.into()
+        } else {
+            self.s(start, i).into()
+        };
+        number_value(&text, is_float)
+            .map(Some)
+            .ok_or_else(|| self.err(start, format!("number {text} is out of range")))
+    }
+
+    /// Parses a quoted string at `pos`. Returns the text and whether it was closed (false
+    /// when the input ended inside it).
+    fn parse_string(&mut self, ctx: Ctx) -> Result<(String, bool), RepairError> {
+        let start = self.pos;
+        let Some((open, olen)) = self.quote_at(start) else {
+            return Err(self.err(start, "expected a string"));
+        };
+        match open {
+            Quote::Double => {}
+            Quote::Single => self.note(RepairKind::SingleQuotes, start),
+            _ => self.note(RepairKind::TypographicQuotes, start),
+        }
+        let content_start = start + olen;
+        let mut i = content_start;
+        let mut seg = i;
+        let mut out = String::new();
+        let mut ctrl_noted = false;
+        loop {
+            while i < self.end && !SPECIAL[usize::from(self.b[i])] {
+                i += 1;
+            }
+            let Some(c) = self.at(i) else {
+                out.push_str(self.s(seg, self.end));
+                return Ok(self.unterminated(out, content_start, ctx));
+            };
+            if c == b'\\' {
+                out.push_str(self.s(seg, i));
+                i = self.escape(i, open, &mut out);
+                seg = i;
+                continue;
+            }
+            if c < 0x20 {
+                if !ctrl_noted {
+                    ctrl_noted = true;
+                    self.note(RepairKind::EscapedControlChar, i);
+                }
+                i += 1;
+                continue;
+            }
+            let Some((q, qlen)) = self.quote_at(i) else {
+                i += 1;
+                continue;
+            };
+            let after = i + qlen;
+            let exact = matches!(
+                (open, q),
+                (Quote::Double, Quote::Double)
+                    | (Quote::Single, Quote::Single)
+                    | (
+                        Quote::TypoDoubleOpen | Quote::TypoDoubleClose,
+                        Quote::TypoDoubleClose
+                    )
+                    | (
+                        Quote::TypoSingleOpen | Quote::TypoSingleClose,
+                        Quote::TypoSingleClose
+                    )
+            );
+            if exact && open == Quote::Double {
+                match self.double_close(content_start, i, after, ctx, &mut out, seg) {
+                    Some(r) => return Ok(r),
+                    None => {
+                        self.note(RepairKind::UnescapedQuote, i);
+                        i = after;
+                        continue;
+                    }
+                }
+            }
+            let closes = if exact {
+                matches!(open, Quote::TypoDoubleOpen | Quote::TypoDoubleClose)
+                    || self.delim_follows(after)
+            } else if matches!(q, Quote::TypoDoubleOpen | Quote::TypoSingleOpen)
+                && open != Quote::TypoDoubleOpen
+            {
+                false
+            } else if self.strict_delim_follows(after, ctx) {
+                self.note(RepairKind::MismatchedQuote, i);
+                true
+            } else {
+                false
+            };
+            if closes {
+                out.push_str(self.s(seg, i));
+                self.pos = after;
+                return Ok((out, true));
+            }
+            i = after;
+        }
+    }
+
+    /// Decides what a `"` closing a `"`-string means. `None`: it is an unescaped quote
+    /// inside the text, keep scanning.
+    fn double_close(
+        &mut self,
+        content_start: usize,
+        q: usize,
+        after: usize,
+        ctx: Ctx,
+        out: &mut String,
+        seg: usize,
+    ) -> Option<(String, bool)> {
+        let nx_pos = self.skip_plain_ws_from(after);
+        let nx = self.at(nx_pos);
+        let raw = self.s(content_start, q);
+        match ctx {
+            Ctx::Key => {
+                if nx != Some(b':')
+                    && !raw.contains('\\')
+                    && let Some(colon) = raw.find(':')
+                {
+                    // `{"a: 1, "b": 2}`: the key's closing quote is missing.
+                    self.note(RepairKind::MissingQuote, content_start + colon);
+                    self.pos = content_start + colon;
+                    return Some((raw[..colon].trim_end().to_owned(), true));
+                }
+            }
+            Ctx::Value => {
+                let delim = matches!(
+                    nx,
+                    None | Some(b',' | b'}' | b']' | b')' | b':' | b'+' | b'/' | b'#')
+                );
+                if !delim {
+                    let t = raw.trim_end();
+                    if t.ends_with(',') {
+                        // `"a, "b"`: the quote closing `a` is missing; this one opens `b`.
+                        out.push_str(self.s(seg, q));
+                        let cut = raw.len() - (t.len() - 1);
+                        out.truncate(out.len().saturating_sub(cut));
+                        let comma = content_start + t.len() - 1;
+                        self.note(RepairKind::MissingQuote, comma);
+                        self.pos = comma;
+                        return Some((std::mem::take(out), true));
+                    }
+                    let same_line = !self.s(after, nx_pos).contains('\n');
+                    if same_line && nx.is_some_and(|c| c.is_ascii_alphabetic()) {
+                        return None;
+                    }
+                }
+            }
+        }
+        out.push_str(self.s(seg, q));
+        self.pos = after;
+        Some((std::mem::take(out), true))
+    }
+
+    /// After a possible closing quote: is the next thing a delimiter?
+    fn delim_follows(&self, after: usize) -> bool {
+        let p = self.skip_plain_ws_from(after);
+        matches!(
+            self.at(p),
+            None | Some(b',' | b'}' | b']' | b')' | b':' | b'+' | b'/' | b'#')
+        )
+    }
+
+    /// Stricter test for a quote of the wrong kind closing a string.
+    fn strict_delim_follows(&self, after: usize, ctx: Ctx) -> bool {
+        let p = self.skip_plain_ws_from(after);
+        match ctx {
+            Ctx::Key => self.at(p) == Some(b':'),
+            Ctx::Value => match self.at(p) {
+                None | Some(b'}' | b']') => true,
+                Some(b',') => {
+                    let n = self.skip_plain_ws_from(p + 1);
+                    matches!(self.at(n), None | Some(b'}' | b']')) || self.quote_at(n).is_some()
+                }
+                _ => false,
+            },
+        }
+    }
+
+    /// The input ended inside a string.
+    fn unterminated(&mut self, mut out: String, content_start: usize, ctx: Ctx) -> (String, bool) {
+        self.pos = self.end;
+        if ctx == Ctx::Value && !self.stack.is_empty() {
+            // `{"a": "hello}`: the closing quote is missing before the closing brackets.
+            let raw = self.s(content_start, self.end);
+            let bytes = raw.as_bytes();
+            let mut j = bytes.len();
+            let mut closers = Vec::new();
+            while j > 0 {
+                let c = bytes[j - 1];
+                if matches!(c, b'}' | b']') && closers.len() < self.stack.len() {
+                    closers.push(c);
+                } else if !is_plain_ws(c) {
+                    break;
+                }
+                j -= 1;
+            }
+            let expected = self
+                .stack
+                .iter()
+                .rev()
+                .take(closers.len())
+                .map(|f| match f {
+                    Frame::Arr(_) => b']',
+                    Frame::Obj { .. } => b'}',
+                    Frame::Call(_) => b')',
+                });
+            if !closers.is_empty() && closers.iter().rev().copied().eq(expected) {
+                let cut = raw.len() - j;
+                out.truncate(out.len().saturating_sub(cut));
+                self.pos = content_start + j;
+                self.note(RepairKind::MissingQuote, self.pos);
+                return (out, true);
+            }
+        }
+        self.note_truncated();
+        (out, false)
+    }
+
+    /// Decodes the escape at `i` (a backslash) into `out`; returns the next position.
+    fn escape(&mut self, i: usize, open: Quote, out: &mut String) -> usize {
+        let Some(e) = self.at(i + 1) else {
+            self.note_truncated();
+            return self.end;
+        };
+        match e {
+            b'"' | b'\\' | b'/' => out.push(char::from(e)),
+            b'b' => out.push('\u{8}'),
+            b'f' => out.push('\u{c}'),
+            b'n' => out.push('\n'),
+            b'r' => out.push('\r'),
+            b't' => out.push('\t'),
+            b'u' => return self.unicode_escape(i, out),
+            b'\'' => {
+                if open != Quote::Single {
+                    self.note(RepairKind::InvalidEscape, i);
+                }
+                out.push('\'');
+            }
+            _ => {
+                self.note(RepairKind::InvalidEscape, i);
+                if let Some((_, qlen)) = self.quote_at(i + 1) {
+                    out.push_str(self.s(i + 1, i + 1 + qlen));
+                    return i + 1 + qlen;
+                }
+                // Keep the backslash; the next character stays as text.
+                out.push('\\');
+                return i + 1;
+            }
+        }
+        i + 2
+    }
+
+    fn hex4(&self, i: usize) -> Option<u32> {
+        let h = self.s(i, i + 4);
+        if h.len() == 4 && h.bytes().all(|c| c.is_ascii_hexdigit()) {
+            u32::from_str_radix(h, 16).ok()
+        } else {
+            None
+        }
+    }
+
+    fn unicode_escape(&mut self, i: usize, out: &mut String) -> usize {
+        let Some(cu) = self.hex4(i + 2) else {
+            if i + 6 > self.end
+                && self
+                    .s(i + 2, self.end)
+                    .bytes()
+                    .all(|c| c.is_ascii_hexdigit())
+            {
+                // `\u12` cut off by truncation: drop the partial escape.
+                self.note_truncated();
+                return self.end;
+            }
+            self.note(RepairKind::InvalidEscape, i);
+            out.push_str("\\u");
+            return i + 2;
+        };
+        if (0xD800..0xDC00).contains(&cu)
+            && self.at(i + 6) == Some(b'\\')
+            && self.at(i + 7) == Some(b'u')
+            && let Some(lo) = self.hex4(i + 8).filter(|lo| (0xDC00..0xE000).contains(lo))
+        {
+            let c = 0x10000 + ((cu - 0xD800) << 10) + (lo - 0xDC00);
+            out.push(char::from_u32(c).unwrap_or('\u{FFFD}'));
+            return i + 12;
+        }
+        match char::from_u32(cu) {
+            Some(c) => out.push(c),
+            None => {
+                self.note(RepairKind::InvalidEscape, i);
+                out.push('\u{FFFD}');
+            }
+        }
+        i + 6
+    }
+}
+
+/// One transition of the state machine.
+#[derive(Debug)]
+enum Step {
+    Next(State),
+    Done(Value),
+}
+
+/// Converts normalised number text to a JSON number; `None` when out of range.
+fn number_value(text: &str, is_float: bool) -> Option<Value> {
+    if !is_float {
+        if let Ok(n) = text.parse::<i64>() {
+            return Some(Value::from(n));
+        }
+        if let Ok(n) = text.parse::<u64>() {
+            return Some(Value::from(n));
+        }
+    }
+    let f: f64 = text.parse().ok()?;
+    if !f.is_finite() {
+        return None;
+    }
+    serde_json::Number::from_f64(f).map(Value::Number)
+}

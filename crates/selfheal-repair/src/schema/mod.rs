@@ -1,0 +1,247 @@
+//! Schema-guided repair: normalise the schema, coerce safe mismatches, validate, re-ask.
+//!
+//! A value that parses is not yet a value the tool accepts. Before spending a round trip on
+//! re-asking the model, [`SchemaGuide::apply`] fixes what can be fixed without guessing (see
+//! [`CoercionKind`]) and turns what is left into precise [`Violation`]s, which
+//! [`reask_message`] turns into the message for the model.
+//!
+//! Validation uses the `jsonschema` crate (draft detected from `$schema`, 2020-12 by
+//! default; draft 7 supported). The coercion walk is our own, because a validator only says
+//! *that* a value is wrong, not how to fix it safely.
+
+mod coerce;
+mod normalise;
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// The schema could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// A `type` name that is neither standard nor a known alias (`dict`, `float`, …).
+    #[error("unknown type {name:?} at {pointer}")]
+    UnknownType {
+        /// JSON pointer to the `type` keyword in the schema.
+        pointer: String,
+        /// The type name as written.
+        name: String,
+    },
+    /// The schema nests sub-schemas deeper than the limit.
+    #[error("schema nests deeper than {limit} levels")]
+    TooDeep {
+        /// The limit.
+        limit: usize,
+    },
+    /// The schema is not valid JSON Schema.
+    #[error("invalid JSON Schema: {message}")]
+    Invalid {
+        /// What the validator said.
+        message: String,
+    },
+}
+
+/// One safe change made to fit the schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Coercion {
+    /// JSON pointer to the changed value (`""` for the root).
+    pub pointer: String,
+    /// What was changed.
+    pub kind: CoercionKind,
+}
+
+/// The kinds of safe coercion. Serialised in `snake_case`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CoercionKind {
+    /// `"5"` → `5` where an integer is required.
+    StringToInteger,
+    /// `"2.5"` → `2.5` where a number is required.
+    StringToNumber,
+    /// `"true"` → `true` where a boolean is required.
+    StringToBoolean,
+    /// `"null"` → `null` where only null is allowed.
+    StringToNull,
+    /// `5` → `"5"` where a string is required.
+    NumberToString,
+    /// `x` → `[x]` where an array is required.
+    WrappedInArray,
+    /// `"{\"a\":1}"` → `{"a":1}` where an object or array is required.
+    ParsedJsonString,
+    /// `"Celsius"` → `"celsius"`, `"2"` → `2`: the one enum member the value spells.
+    EnumMatch,
+    /// A missing property was given its declared `default`.
+    FilledDefault,
+    /// A property not allowed by `additionalProperties: false` was removed.
+    DroppedUnknownProperty,
+}
+
+/// What is still wrong after coercion: where, and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// JSON pointer into the value (`""` for the root).
+    pub pointer: String,
+    /// What is wrong, e.g. `expected one of ["c","f"], got "celsius"`.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = if self.pointer.is_empty() {
+            "(root)"
+        } else {
+            &self.pointer
+        };
+        write!(f, "at {at}: {}", self.message)
+    }
+}
+
+/// The result of [`SchemaGuide::apply`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The value after coercion.
+    pub value: Value,
+    /// The coercions applied, in walk order.
+    pub coercions: Vec<Coercion>,
+    /// What still violates the schema; empty when the value is valid.
+    pub violations: Vec<Violation>,
+}
+
+impl Outcome {
+    /// Whether the value now satisfies the schema.
+    #[must_use]
+    pub fn is_valid(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// A compiled, normalised schema that coerces and validates values.
+#[derive(Debug)]
+pub struct SchemaGuide {
+    schema: Value,
+    validator: jsonschema::Validator,
+}
+
+/// Longest rendering of an offending value in a message.
+const MAX_SHOWN: usize = 80;
+
+impl SchemaGuide {
+    /// Normalises the non-standard type names in `schema` and compiles it.
+    ///
+    /// # Errors
+    ///
+    /// [`SchemaError`] when a type name is unknown, the schema is absurdly deep, or it is not
+    /// valid JSON Schema.
+    pub fn new(schema: &Value) -> Result<Self, SchemaError> {
+        let schema = normalise::normalise(schema)?;
+        let validator = jsonschema::validator_for(&schema).map_err(|e| SchemaError::Invalid {
+            message: e.to_string(),
+        })?;
+        Ok(Self { schema, validator })
+    }
+
+    /// The schema after normalisation.
+    #[must_use]
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+
+    /// Coerces `value` where that is safe, then validates it.
+    #[must_use]
+    pub fn apply(&self, mut value: Value) -> Outcome {
+        let mut walker = coerce::Walker {
+            root: &self.schema,
+            coercions: Vec::new(),
+        };
+        let mut pointer = String::new();
+        walker.walk(&mut value, &self.schema, &mut pointer, 0);
+        let violations = self.validate(&value);
+        Outcome {
+            value,
+            coercions: walker.coercions,
+            violations,
+        }
+    }
+
+    /// Validates `value` without changing it.
+    #[must_use]
+    pub fn validate(&self, value: &Value) -> Vec<Violation> {
+        self.validator
+            .iter_errors(value)
+            .map(|e| Violation {
+                pointer: e.instance_path().as_str().to_owned(),
+                message: describe(&e),
+            })
+            .collect()
+    }
+}
+
+fn shown(v: &Value) -> String {
+    let mut s = v.to_string();
+    if s.len() > MAX_SHOWN {
+        let mut cut = MAX_SHOWN;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn describe(e: &jsonschema::ValidationError<'_>) -> String {
+    use jsonschema::error::{TypeKind, ValidationErrorKind as K};
+    let got = e.instance();
+    match e.kind() {
+        K::Enum { options } => format!("expected one of {options}, got {}", shown(got)),
+        K::Constant { expected_value } => {
+            format!("expected {expected_value}, got {}", shown(got))
+        }
+        K::Type { kind } => {
+            let expected = match kind {
+                TypeKind::Single(t) => t.to_string(),
+                TypeKind::Multiple(set) => set
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+            };
+            format!("expected {expected}, got {} {}", type_name(got), shown(got))
+        }
+        K::Required { property } => format!("missing required property {property}"),
+        K::AdditionalProperties { unexpected } => {
+            format!("unexpected properties {unexpected:?}")
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Builds the message that asks the model to call `tool_name` again with the violations
+/// fixed.
+#[must_use]
+pub fn reask_message(violations: &[Violation], tool_name: &str) -> String {
+    let mut msg = format!("The arguments for `{tool_name}` do not match its schema:\n");
+    for v in violations {
+        msg.push_str("- ");
+        msg.push_str(&v.to_string());
+        msg.push('\n');
+    }
+    msg.push_str(&format!(
+        "Call `{tool_name}` again with every field above corrected. \
+         Reply with the JSON arguments only, no prose."
+    ));
+    msg
+}

@@ -1,0 +1,205 @@
+//! Normalising the non-standard schemas found in tool definitions in the wild.
+//!
+//! Tool schemas are often written by hand or generated from Python type hints: `"type":
+//! "dict"`, `"float"`, `"tuple"`, `"any"`, `"String"`, or lists of those. A strict validator
+//! rejects them, and then nothing is checked at all. This module rewrites them to standard
+//! JSON Schema before compiling, and refuses only names it cannot map.
+
+use serde_json::{Map, Value};
+
+use super::SchemaError;
+
+/// Sub-schema nesting accepted in a schema; far beyond any real tool schema.
+pub(crate) const MAX_SCHEMA_DEPTH: usize = 64;
+
+/// Keywords whose value is a single sub-schema.
+const SINGLE: [&str; 11] = [
+    "additionalProperties",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+    "items",
+];
+
+/// Keywords whose value is a map of sub-schemas.
+const MAPS: [&str; 6] = [
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "dependencies",
+];
+
+/// Keywords whose value is a list of sub-schemas.
+const LISTS: [&str; 5] = ["allOf", "anyOf", "oneOf", "prefixItems", "items"];
+
+/// The standard type for a type name, `Some(None)` for "any", `None` when unknown.
+fn canonical(name: &str) -> Option<Option<&'static str>> {
+    let t = match name.trim().to_ascii_lowercase().as_str() {
+        "object" | "dict" | "map" | "mapping" | "hash" | "record" | "struct" => "object",
+        "array" | "list" | "tuple" | "set" | "sequence" | "vec" => "array",
+        "string" | "str" | "text" => "string",
+        "integer" | "int" | "long" | "i64" | "u64" => "integer",
+        "number" | "float" | "double" | "decimal" | "numeric" | "f64" => "number",
+        "boolean" | "bool" => "boolean",
+        "null" | "none" | "nil" => "null",
+        "any" | "mixed" => return Some(None),
+        _ => return None,
+    };
+    Some(Some(t))
+}
+
+/// Returns the schema with its type names standardised.
+pub(crate) fn normalise(schema: &Value) -> Result<Value, SchemaError> {
+    let mut out = schema.clone();
+    let mut pointer = String::new();
+    walk(&mut out, &mut pointer, 0)?;
+    Ok(out)
+}
+
+fn walk(schema: &mut Value, pointer: &mut String, depth: usize) -> Result<(), SchemaError> {
+    if depth > MAX_SCHEMA_DEPTH {
+        return Err(SchemaError::TooDeep {
+            limit: MAX_SCHEMA_DEPTH,
+        });
+    }
+    let Value::Object(obj) = schema else {
+        return Ok(());
+    };
+    normalise_type(obj, pointer)?;
+    let len = pointer.len();
+    for kw in SINGLE {
+        if let Some(sub @ Value::Object(_)) = obj.get_mut(kw) {
+            push(pointer, kw);
+            walk(sub, pointer, depth + 1)?;
+            pointer.truncate(len);
+        }
+    }
+    for kw in MAPS {
+        if let Some(Value::Object(map)) = obj.get_mut(kw) {
+            for (name, sub) in map.iter_mut() {
+                push(pointer, kw);
+                push(pointer, name);
+                walk(sub, pointer, depth + 1)?;
+                pointer.truncate(len);
+            }
+        }
+    }
+    for kw in LISTS {
+        if let Some(Value::Array(list)) = obj.get_mut(kw) {
+            for (i, sub) in list.iter_mut().enumerate() {
+                push(pointer, kw);
+                push(pointer, &i.to_string());
+                walk(sub, pointer, depth + 1)?;
+                pointer.truncate(len);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn push(pointer: &mut String, segment: &str) {
+    pointer.push('/');
+    pointer.push_str(&segment.replace('~', "~0").replace('/', "~1"));
+}
+
+fn normalise_type(obj: &mut Map<String, Value>, pointer: &str) -> Result<(), SchemaError> {
+    let Some(ty) = obj.get("type") else {
+        return Ok(());
+    };
+    let names: Vec<&str> = match ty {
+        Value::String(s) => vec![s.as_str()],
+        Value::Array(list) => list.iter().filter_map(Value::as_str).collect(),
+        _ => {
+            return Err(SchemaError::UnknownType {
+                pointer: format!("{pointer}/type"),
+                name: ty.to_string(),
+            });
+        }
+    };
+    let mut types: Vec<&'static str> = Vec::new();
+    for name in names {
+        match canonical(name) {
+            Some(Some(t)) => {
+                if !types.contains(&t) {
+                    types.push(t);
+                }
+            }
+            Some(None) => {
+                obj.remove("type");
+                return Ok(());
+            }
+            None => {
+                return Err(SchemaError::UnknownType {
+                    pointer: format!("{pointer}/type"),
+                    name: name.to_owned(),
+                });
+            }
+        }
+    }
+    let new = match types.as_slice() {
+        [] => {
+            obj.remove("type");
+            return Ok(());
+        }
+        [one] => Value::from(*one),
+        many => Value::from(many.to_vec()),
+    };
+    obj.insert("type".to_owned(), new);
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn maps_python_style_names() {
+        let s = normalise(&json!({
+            "type": "dict",
+            "properties": {
+                "a": {"type": "float"},
+                "b": {"type": "tuple", "items": {"type": "Int"}},
+                "c": {"type": "any"},
+                "d": {"type": ["STRING", "None", "str"]}
+            }
+        }))
+        .unwrap();
+        assert_eq!(s["type"], json!("object"));
+        assert_eq!(s["properties"]["a"]["type"], json!("number"));
+        assert_eq!(s["properties"]["b"]["type"], json!("array"));
+        assert_eq!(s["properties"]["b"]["items"]["type"], json!("integer"));
+        assert!(s["properties"]["c"].get("type").is_none());
+        assert_eq!(s["properties"]["d"]["type"], json!(["string", "null"]));
+    }
+
+    #[test]
+    fn refuses_unknown_type_names_with_their_place() {
+        let err = normalise(&json!({"properties": {"a": {"type": "widget"}}})).unwrap_err();
+        assert_eq!(
+            err,
+            SchemaError::UnknownType {
+                pointer: "/properties/a/type".into(),
+                name: "widget".into()
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_absurdly_deep_schemas() {
+        let mut s = json!({"type": "string"});
+        for _ in 0..100 {
+            s = json!({"type": "array", "items": s});
+        }
+        assert!(matches!(normalise(&s), Err(SchemaError::TooDeep { .. })));
+    }
+}

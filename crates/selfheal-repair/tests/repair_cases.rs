@@ -1,0 +1,588 @@
+//! One test per repair category, positive and refusals.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use selfheal_repair::{RepairError, RepairKind, RepairOptions, repair, repair_with};
+use serde_json::{Value, json};
+
+/// Repairs `input`, checks the value and that `kind` was reported.
+#[track_caller]
+fn ok(input: &str, expected: Value, kind: RepairKind) {
+    let r = repair(input).unwrap_or_else(|e| panic!("{input:?} was refused: {e}"));
+    assert_eq!(
+        r.value, expected,
+        "value for {input:?}; repairs {:?}",
+        r.repairs
+    );
+    assert!(
+        r.repairs.iter().any(|x| x.kind == kind),
+        "{kind:?} not reported for {input:?}: {:?}",
+        r.repairs
+    );
+}
+
+#[track_caller]
+fn refused(input: &str) -> RepairError {
+    match repair(input) {
+        Ok(r) => panic!(
+            "{input:?} should be refused, got {} {:?}",
+            r.value, r.repairs
+        ),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn valid_json_takes_the_fast_path_with_no_repairs() {
+    let r = repair(r#" {"a": [1, 2.5, "x", null, true]} "#).unwrap();
+    assert_eq!(r.value, json!({"a": [1, 2.5, "x", null, true]}));
+    assert!(r.repairs.is_empty());
+    assert!(!r.was_repaired());
+}
+
+#[test]
+fn extracts_from_prose() {
+    ok(
+        "Sure, here is the result: {\"a\": 1}. Let me know!",
+        json!({"a": 1}),
+        RepairKind::ExtractedFromProse,
+    );
+    ok(
+        "The list is [1, 2, 3] as requested.",
+        json!([1, 2, 3]),
+        RepairKind::TrailingGarbage,
+    );
+    // A placeholder in braces before the real JSON is skipped.
+    ok(
+        "Use {name} here: {\"name\": \"x\"}",
+        json!({"name": "x"}),
+        RepairKind::ExtractedFromProse,
+    );
+    ok(
+        "1. First: {\"a\": 1}",
+        json!({"a": 1}),
+        RepairKind::ExtractedFromProse,
+    );
+}
+
+#[test]
+fn extracts_from_code_fences() {
+    ok(
+        "```json\n{\"a\": 1}\n```",
+        json!({"a": 1}),
+        RepairKind::CodeFence,
+    );
+    ok(
+        "Here:\n```\n[1, 2]\n```\nDone.",
+        json!([1, 2]),
+        RepairKind::CodeFence,
+    );
+    // An unclosed fence (truncated answer).
+    ok("```json\n{\"a\": 1", json!({"a": 1}), RepairKind::CodeFence);
+    // The first fence holds no JSON; the second does.
+    ok(
+        "```bash\nls -la\n```\n```json\n{\"a\": 2}\n```",
+        json!({"a": 2}),
+        RepairKind::CodeFence,
+    );
+}
+
+#[test]
+fn extracts_from_tag_wrappers() {
+    ok(
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>",
+        json!({"name": "f", "arguments": {"x": 1}}),
+        RepairKind::TagWrapper,
+    );
+    ok(
+        "I'll call it. <function_call name=\"f\">[1,2]</function_call> ok",
+        json!([1, 2]),
+        RepairKind::TagWrapper,
+    );
+    ok(
+        "<json>{\"a\": 1,}</json>",
+        json!({"a": 1}),
+        RepairKind::TrailingComma,
+    );
+}
+
+#[test]
+fn repairs_quotes() {
+    ok("{'a': 'b'}", json!({"a": "b"}), RepairKind::SingleQuotes);
+    ok(
+        "{'a': 'it's fine'}",
+        json!({"a": "it's fine"}),
+        RepairKind::SingleQuotes,
+    );
+    ok(
+        "{“a”: “b”}",
+        json!({"a": "b"}),
+        RepairKind::TypographicQuotes,
+    );
+    ok(
+        "{‘a’: ‘it’s’}",
+        json!({"a": "it’s"}),
+        RepairKind::TypographicQuotes,
+    );
+    ok("{\"a': 1}", json!({"a": 1}), RepairKind::MismatchedQuote);
+    ok(
+        "{\"a\": 'b\"}",
+        json!({"a": "b"}),
+        RepairKind::MismatchedQuote,
+    );
+    ok(
+        "{\"a\": \"b, \"c\": 1}",
+        json!({"a": "b", "c": 1}),
+        RepairKind::MissingQuote,
+    );
+    ok(
+        "{\"a: 1, \"b\": 2}",
+        json!({"a": 1, "b": 2}),
+        RepairKind::MissingQuote,
+    );
+    ok(
+        "{\"a\": \"hello}",
+        json!({"a": "hello"}),
+        RepairKind::MissingQuote,
+    );
+    ok(
+        "{\"a\": \"say \"hi\" now\"}",
+        json!({"a": "say \"hi\" now"}),
+        RepairKind::UnescapedQuote,
+    );
+    // Apostrophes inside double-quoted strings are text.
+    ok(
+        "{\"a\": \"don't, 'quote' me\",}",
+        json!({"a": "don't, 'quote' me"}),
+        RepairKind::TrailingComma,
+    );
+}
+
+#[test]
+fn repairs_unquoted_keys_and_values() {
+    ok(
+        "{a: 1, b_2: true}",
+        json!({"a": 1, "b_2": true}),
+        RepairKind::UnquotedKey,
+    );
+    ok(
+        "{first-name: \"x\"}",
+        json!({"first-name": "x"}),
+        RepairKind::UnquotedKey,
+    );
+    ok(
+        "{\"unit\": celsius}",
+        json!({"unit": "celsius"}),
+        RepairKind::UnquotedString,
+    );
+    ok(
+        "{\"url\": http://x.io/a?b=1, \"n\": 1}",
+        json!({"url": "http://x.io/a?b=1", "n": 1}),
+        RepairKind::UnquotedString,
+    );
+}
+
+#[test]
+fn repairs_commas_and_colons() {
+    ok("[1, 2,]", json!([1, 2]), RepairKind::TrailingComma);
+    ok("{\"a\": 1,}", json!({"a": 1}), RepairKind::TrailingComma);
+    ok("[1,,2]", json!([1, 2]), RepairKind::ExtraComma);
+    ok("[,1]", json!([1]), RepairKind::ExtraComma);
+    ok("[1 2 3]", json!([1, 2, 3]), RepairKind::MissingComma);
+    ok(
+        "{\"a\": 1 \"b\": 2}",
+        json!({"a": 1, "b": 2}),
+        RepairKind::MissingComma,
+    );
+    ok(
+        "[{\"a\":1}{\"a\":2}]",
+        json!([{"a": 1}, {"a": 2}]),
+        RepairKind::MissingComma,
+    );
+    ok(
+        "{\"a\": \"x\"\n \"b\": \"y\"}",
+        json!({"a": "x", "b": "y"}),
+        RepairKind::MissingComma,
+    );
+    ok("{\"a\" 1}", json!({"a": 1}), RepairKind::MissingColon);
+    ok("{\"a\" \"b\"}", json!({"a": "b"}), RepairKind::MissingColon);
+}
+
+#[test]
+fn removes_comments() {
+    ok(
+        "{\n // the name\n \"a\": 1, /* block */ \"b\": 2 # hash\n}",
+        json!({"a": 1, "b": 2}),
+        RepairKind::Comment,
+    );
+    ok("[1, 2] // done", json!([1, 2]), RepairKind::Comment);
+    // `//` inside a string is text.
+    ok(
+        "{'u': 'http://x'}",
+        json!({"u": "http://x"}),
+        RepairKind::SingleQuotes,
+    );
+}
+
+#[test]
+fn converts_python_and_js_literals() {
+    ok(
+        "[True, False, None]",
+        json!([true, false, null]),
+        RepairKind::PythonLiteral,
+    );
+    ok(
+        "{\"a\": undefined}",
+        json!({"a": null}),
+        RepairKind::JsLiteral,
+    );
+    ok(
+        "[NaN, Infinity, -Infinity]",
+        json!([null, null, null]),
+        RepairKind::JsLiteral,
+    );
+    ok("[TRUE, Null]", json!([true, null]), RepairKind::LiteralCase);
+    ok("True", json!(true), RepairKind::PythonLiteral);
+}
+
+#[test]
+fn closes_truncated_output() {
+    ok(
+        "{\"a\": [1, {\"b\": \"hel",
+        json!({"a": [1, {"b": "hel"}]}),
+        RepairKind::ClosedTruncated,
+    );
+    ok("[1, 2", json!([1, 2]), RepairKind::ClosedTruncated);
+    ok(
+        "{\"a\": 1, \"b\": [",
+        json!({"a": 1, "b": []}),
+        RepairKind::ClosedTruncated,
+    );
+    ok("\"abc", json!("abc"), RepairKind::ClosedTruncated);
+    ok("{\"a\": 12", json!({"a": 12}), RepairKind::ClosedTruncated);
+    ok(
+        "{\"a\": \"x\\",
+        json!({"a": "x"}),
+        RepairKind::ClosedTruncated,
+    );
+    ok(
+        "{\"a\": \"\\u00",
+        json!({"a": ""}),
+        RepairKind::ClosedTruncated,
+    );
+}
+
+#[test]
+fn drops_incomplete_trailing_members_instead_of_inventing() {
+    ok(
+        "{\"a\": 1, \"b\":",
+        json!({"a": 1}),
+        RepairKind::DroppedIncomplete,
+    );
+    ok(
+        "{\"a\": 1, \"b\"",
+        json!({"a": 1}),
+        RepairKind::DroppedIncomplete,
+    );
+    ok(
+        "{\"a\": 1, \"b",
+        json!({"a": 1}),
+        RepairKind::DroppedIncomplete,
+    );
+    ok(
+        "{\"a\": 1, \"b\": tr",
+        json!({"a": 1}),
+        RepairKind::DroppedIncomplete,
+    );
+    ok("[1, 2, fal", json!([1, 2]), RepairKind::DroppedIncomplete);
+    ok("{\"a\": -", json!({}), RepairKind::DroppedIncomplete);
+}
+
+#[test]
+fn escapes_control_characters_and_fixes_escapes() {
+    ok(
+        "{\"a\": \"line\ntwo\"}",
+        json!({"a": "line\ntwo"}),
+        RepairKind::EscapedControlChar,
+    );
+    ok(
+        "{\"a\": \"tab\there\"}",
+        json!({"a": "tab\there"}),
+        RepairKind::EscapedControlChar,
+    );
+    ok(
+        r#"{"p": "C:\Users\x"}"#,
+        json!({"p": "C:\\Users\\x"}),
+        RepairKind::InvalidEscape,
+    );
+    ok(
+        r#"{"a": "it\'s"}"#,
+        json!({"a": "it's"}),
+        RepairKind::InvalidEscape,
+    );
+    ok(
+        r#"{"a": "\ud800x"}"#,
+        json!({"a": "\u{FFFD}x"}),
+        RepairKind::InvalidEscape,
+    );
+    ok(
+        r#"{"a": "\uZZZZ"}"#,
+        json!({"a": "\\uZZZZ"}),
+        RepairKind::InvalidEscape,
+    );
+    // Valid escapes, including surrogate pairs, survive the lenient path.
+    ok(
+        r#"{"a": "\ud83d\ude00 \n \" \\ \/",}"#,
+        json!({"a": "😀 \n \" \\ /"}),
+        RepairKind::TrailingComma,
+    );
+}
+
+#[test]
+fn decodes_double_encoded_json() {
+    ok(
+        r#""{\"a\": 1}""#,
+        json!({"a": 1}),
+        RepairKind::DoubleEncoded,
+    );
+    ok(r#""[1, 2,]""#, json!([1, 2]), RepairKind::DoubleEncoded);
+    // A plain string stays a string.
+    let r = repair(r#""hello {world}""#).unwrap();
+    assert_eq!(r.value, json!("hello {world}"));
+    assert!(r.repairs.is_empty());
+}
+
+#[test]
+fn joins_string_concatenation() {
+    ok(
+        "{\"a\": \"x\" + \"y\" + 'z'}",
+        json!({"a": "xyz"}),
+        RepairKind::StringConcatenation,
+    );
+    ok(
+        "[\"a\" +\n \"b\"]",
+        json!(["ab"]),
+        RepairKind::StringConcatenation,
+    );
+}
+
+#[test]
+fn removes_ellipses() {
+    ok("[1, 2, ...]", json!([1, 2]), RepairKind::Ellipsis);
+    ok("[1, ..., 5]", json!([1, 5]), RepairKind::Ellipsis);
+    ok("{\"a\": 1, ...}", json!({"a": 1}), RepairKind::Ellipsis);
+    ok("[1, …]", json!([1]), RepairKind::Ellipsis);
+}
+
+#[test]
+fn handles_redundant_and_mismatched_brackets() {
+    ok("{\"a\": 1}}", json!({"a": 1}), RepairKind::RedundantClosing);
+    ok("[1, 2]]]", json!([1, 2]), RepairKind::RedundantClosing);
+    ok(
+        "{\"a\": [1, 2]], \"b\": 3}",
+        json!({"a": [1, 2], "b": 3}),
+        RepairKind::RedundantClosing,
+    );
+    ok(
+        "{\"a\": [1, 2}",
+        json!({"a": [1, 2]}),
+        RepairKind::MismatchedBracket,
+    );
+    ok("[1, 2}", json!([1, 2]), RepairKind::MismatchedBracket);
+}
+
+#[test]
+fn strips_leading_and_trailing_garbage() {
+    ok(
+        ">>> {\"a\": 1}",
+        json!({"a": 1}),
+        RepairKind::LeadingGarbage,
+    );
+    ok(
+        "{\"a\": 1} <<< end",
+        json!({"a": 1}),
+        RepairKind::TrailingGarbage,
+    );
+    ok(
+        "\u{FEFF}{\"a\": 1}",
+        json!({"a": 1}),
+        RepairKind::LeadingGarbage,
+    );
+}
+
+#[test]
+fn unwraps_jsonp_and_mongo_wrappers() {
+    ok("callback({\"a\": 1});", json!({"a": 1}), RepairKind::Jsonp);
+    ok("window.cb([1, 2])", json!([1, 2]), RepairKind::Jsonp);
+    ok(
+        "{\"_id\": ObjectId(\"5f1\"), \"n\": NumberLong(2), \"l\": NumberLong(\"3\"), \"d\": ISODate(\"2024-01-01T00:00:00Z\")}",
+        json!({"_id": "5f1", "n": 2, "l": "3", "d": "2024-01-01T00:00:00Z"}),
+        RepairKind::MongoWrapper,
+    );
+}
+
+#[test]
+fn collects_newline_delimited_values() {
+    ok(
+        "{\"a\": 1}\n{\"a\": 2}\n{\"a\": 3}\n",
+        json!([{"a": 1}, {"a": 2}, {"a": 3}]),
+        RepairKind::NdjsonToArray,
+    );
+    ok(
+        "{\"a\": 1}, {\"a\": 2}",
+        json!([{"a": 1}, {"a": 2}]),
+        RepairKind::NdjsonToArray,
+    );
+    ok("[1]\n[2]", json!([[1], [2]]), RepairKind::NdjsonToArray);
+}
+
+#[test]
+fn normalises_numbers() {
+    ok(
+        "[007, 1., .5, +3, -0.50]",
+        json!([7, 1.0, 0.5, 3, -0.5]),
+        RepairKind::NumberFormat,
+    );
+    ok("{\"a\": 00}", json!({"a": 0}), RepairKind::NumberFormat);
+    ok(
+        "[1e5, 2E-2, 3,]",
+        json!([100000.0, 0.02, 3]),
+        RepairKind::TrailingComma,
+    );
+}
+
+#[test]
+fn refuses_what_would_need_invented_data() {
+    for input in [
+        "{\"a\": }",
+        "{\"a\": , \"b\": 1}",
+        "{\"a\": ...}",
+        "{\"a\" }",
+        "{\"a\": @}",
+        "[1, @]",
+        "{\"a\": \"x\" + 1}",
+        "Date(2024, 1, 2)",
+        "f()",
+        "[1e999]",
+    ] {
+        let e = refused(input);
+        assert!(
+            matches!(e, RepairError::Unrepairable { .. }),
+            "{input:?}: {e:?}"
+        );
+        assert!(e.offset().is_some(), "{input:?} has no offset");
+    }
+}
+
+#[test]
+fn refuses_prose_without_json() {
+    for input in [
+        "Hello world",
+        "I cannot help with that.",
+        "1. First step",
+        "\"Hi,\" he said.",
+    ] {
+        assert_eq!(refused(input), RepairError::NoJson, "{input:?}");
+    }
+    assert_eq!(refused("   \n "), RepairError::EmptyInput);
+    assert_eq!(refused(""), RepairError::EmptyInput);
+}
+
+#[test]
+fn refusal_names_the_key_and_offset() {
+    let e = refused("{\"unit\": }");
+    assert_eq!(
+        e,
+        RepairError::Unrepairable {
+            offset: 9,
+            reason: "missing value for key \"unit\"".into()
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "cannot repair JSON at byte 9: missing value for key \"unit\""
+    );
+}
+
+#[test]
+fn repairs_report_offsets_in_input_order() {
+    let r = repair("{'a': 1, b: 2,}").unwrap();
+    let kinds: Vec<_> = r.repairs.iter().map(|r| (r.kind, r.offset)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (RepairKind::SingleQuotes, 1),
+            (RepairKind::UnquotedKey, 9),
+            (RepairKind::TrailingComma, 14)
+        ]
+    );
+}
+
+#[test]
+fn repairs_serialise_in_snake_case() {
+    let r = repair("[1,]").unwrap();
+    assert_eq!(
+        serde_json::to_string(&r.repairs).unwrap(),
+        r#"[{"kind":"trailing_comma","offset":3}]"#
+    );
+}
+
+fn nested(depth: usize) -> String {
+    let mut s = "[".repeat(depth);
+    s.push_str(&"]".repeat(depth));
+    s
+}
+
+#[test]
+fn deep_nesting_is_refused_without_overflow() {
+    // Run on a small stack to prove nothing recurses on input depth.
+    let handle = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(|| {
+            let e = repair(&nested(100_000)).unwrap_err();
+            assert_eq!(
+                e,
+                RepairError::TooDeep {
+                    limit: 1_000,
+                    offset: 1_000
+                }
+            );
+            let e = repair(&"{\"a\":".repeat(100_000)).unwrap_err();
+            assert!(matches!(e, RepairError::TooDeep { .. }));
+            let e = repair(&"[".repeat(100_000)).unwrap_err();
+            assert!(matches!(e, RepairError::TooDeep { .. }));
+        })
+        .unwrap();
+    handle.join().unwrap();
+}
+
+#[test]
+fn values_at_the_depth_limit_drop_serialise_and_validate_on_a_small_stack() {
+    let handle = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(|| {
+            let input = nested(1_000);
+            let r = repair(&input).unwrap();
+            assert!(r.repairs.is_empty());
+            assert_eq!(serde_json::to_string(&r.value).unwrap(), input);
+            let guide = selfheal_repair::SchemaGuide::new(&json!({"type": "array"})).unwrap();
+            assert!(guide.apply(r.value.clone()).is_valid());
+            drop(r);
+        })
+        .unwrap();
+    handle.join().unwrap();
+}
+
+#[test]
+fn depth_limit_is_configurable() {
+    let opts = RepairOptions { max_depth: 3 };
+    assert!(repair_with("[[[1]]]", &opts).is_ok());
+    assert_eq!(
+        repair_with("[[[[1]]]]", &opts).unwrap_err(),
+        RepairError::TooDeep {
+            limit: 3,
+            offset: 3
+        }
+    );
+    let opts = RepairOptions { max_depth: 5_000 };
+    assert!(repair_with(&nested(4_000), &opts).is_ok());
+}
