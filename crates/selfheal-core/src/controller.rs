@@ -31,7 +31,10 @@ use crate::trace::{Event, RunStatus, Trace};
 use crate::verifier::Judgement;
 
 /// Everything a controller is built from.
-#[derive(Debug, Clone, Default)]
+///
+/// The default uses [`BudgetLimits::defaults`], not `Amounts::default()` (all zeros): a zero
+/// latency budget would stop every run at its first observation.
+#[derive(Debug, Clone)]
 pub struct ControllerConfig {
     /// Monitor thresholds.
     pub monitor: MonitorConfig,
@@ -41,8 +44,20 @@ pub struct ControllerConfig {
     pub policy: Policy,
     /// Budget limits of the run.
     pub budget: BudgetLimits,
-    /// Trace capacity in events.
+    /// Trace capacity in events (`0` means the default, 4096).
     pub trace_capacity: usize,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            monitor: MonitorConfig::default(),
+            classifier: ClassifierConfig::default(),
+            policy: Policy::default(),
+            budget: BudgetLimits::defaults(),
+            trace_capacity: 0,
+        }
+    }
 }
 
 /// What the data plane reports.
@@ -393,13 +408,15 @@ impl Controller {
             self.push_unresolved(step, classification.class, tool.map(str::to_owned));
             return self.stop(now_ms, RunStatus::Failed, reason, false);
         }
-        // Same step failing again keeps climbing its ladder, whatever the class now is, so a
-        // failure that changes its face cannot reset the ladder and loop.
+        // The same step failing again with the same class climbs its ladder. With a new class it
+        // starts the new class's ladder but keeps its retry and action counts, so a failure that
+        // changes its face stays bounded by the per-failure cap and the budget.
         let ladder = match &self.open {
             Some(o) if o.step == step && o.class == classification.class => o.ladder,
             Some(o) if o.step == step => LadderState {
                 rung: 0,
                 retries: o.ladder.retries,
+                actions: o.ladder.actions,
             },
             Some(_) | None => LadderState::default(),
         };

@@ -10,12 +10,15 @@
 //! - streaks are **per tool**, so `A✗ B✓ A✗ B✓ A✗` still warns about `A`;
 //! - an open circuit has a way back: cooldown (in calls or milliseconds) → half-open probe →
 //!   closed on success, re-opened on failure;
-//! - duplicates compare **canonical** arguments (key order and `1` vs `1.0` do not matter);
+//! - duplicates compare **canonical** arguments (key order and `1` vs `1.0` do not matter), and
+//!   repeating a call that failed hard is a retry, not a duplicate;
 //! - placeholders (`""`, `null`, `"string"`, `"<value>"`, `"TODO"`, `"..."`, `{}`) in required
 //!   arguments count as empty input;
 //! - loops are detected beyond duplicates: A/B alternation, the same error text again and again,
 //!   an identical call getting an identical result;
-//! - abort actually stops the run (the controller obeys it) and says why;
+//! - abort actually stops the run (the controller obeys it) and says why; failures of a tool
+//!   whose circuit is already open do not count towards it (the breaker handles them, and the
+//!   run may have moved on to another tool);
 //! - guidance is rebuilt at every `check` from current conditions and disappears with its cause;
 //! - memory is bounded whatever the run's length: a fixed ring of recent calls, a capped table of
 //!   tools, capped error texts. `record` + `check` are O(1) in the run's length.
@@ -428,11 +431,25 @@ impl ToolState {
 
 #[derive(Debug, Clone, Copy)]
 struct Recent {
+    tool_hash: u64,
     call_hash: u64,
     result_hash: u64,
     error_hash: Option<u64>,
     failed: bool,
     empty_input: bool,
+}
+
+/// How much a [`Monitor`] holds, from [`Monitor::memory_footprint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemoryFootprint {
+    /// Tools tracked (at most `max_tools`).
+    pub tools: usize,
+    /// Recent calls kept in the ring (at most the longest configured window).
+    pub recent: usize,
+    /// Estimated bytes: `size_of::<Monitor>()` plus the heap it owns (tool table, name index,
+    /// ring, stored error texts, configured placeholders). An estimate because the hash map's
+    /// exact layout is private to the standard library.
+    pub bytes_estimate: usize,
 }
 
 /// The tool-health monitor of one run.
@@ -504,6 +521,45 @@ impl Monitor {
     /// Calls recorded so far.
     pub fn calls(&self) -> u64 {
         self.calls
+    }
+
+    /// What the monitor holds in memory right now: tools tracked, recent calls in the ring and
+    /// an estimate of the bytes used (the struct itself plus its heap allocations). Every part
+    /// is bounded by the configuration (`max_tools`, the longest window, the caps on names and
+    /// error texts), never by the run's length.
+    pub fn memory_footprint(&self) -> MemoryFootprint {
+        let tool_heap: usize = self
+            .tools
+            .iter()
+            .map(|t| {
+                // The name is stored twice: in the table and as the index's key.
+                2 * t.name.len()
+                    + t.last_errors
+                        .iter()
+                        .flatten()
+                        .map(|e| e.len())
+                        .sum::<usize>()
+            })
+            .sum();
+        let index_heap = self.index.capacity()
+            * (std::mem::size_of::<(Box<str>, usize)>() + std::mem::size_of::<u8>());
+        let config_heap = self.config.placeholders.capacity() * std::mem::size_of::<String>()
+            + self
+                .config
+                .placeholders
+                .iter()
+                .map(String::capacity)
+                .sum::<usize>();
+        MemoryFootprint {
+            tools: self.tools.len(),
+            recent: self.recent.len(),
+            bytes_estimate: std::mem::size_of::<Monitor>()
+                + self.tools.capacity() * std::mem::size_of::<ToolState>()
+                + tool_heap
+                + index_heap
+                + self.recent.capacity() * std::mem::size_of::<Recent>()
+                + config_heap,
+        }
     }
 
     /// Healthy tools forgotten because more than `max_tools` were seen.
@@ -659,9 +715,10 @@ impl Monitor {
             Some(FailureKind::Soft) => self.config.soft_failures_count,
             None => false,
         };
+        let tool_hash = hash_str(truncate(call.tool, MAX_NAME));
         let call_hash = {
             let mut h = hasher();
-            call.tool.hash(&mut h);
+            h.write_u64(tool_hash);
             h.write_u64(canonical_hash(call.args));
             h.finish()
         };
@@ -706,18 +763,23 @@ impl Monitor {
         }
 
         // Windows over recent calls (the ring holds the previous calls; this one is pushed last).
+        // An earlier call that failed hard (raised, timed out) does not make this one a
+        // duplicate: repeating it is a retry, often directed by the controller itself, and
+        // telling the model "this will not give a different result" after the retry worked would
+        // be wrong. Repeats of calls that failed hard are the streak and loop rules' business.
         let dup_prev = self.config.duplicate_window - 1;
         let duplicate = self
             .recent
             .iter()
             .rev()
             .take(dup_prev)
-            .any(|r| r.call_hash == call_hash);
+            .any(|r| r.call_hash == call_hash && r.error_hash.is_none());
         let error_hash = error_text.map(hash_str);
         if self.recent.len() == self.ring_cap {
             self.recent.pop_front();
         }
         self.recent.push_back(Recent {
+            tool_hash,
             call_hash,
             result_hash,
             error_hash,
@@ -734,16 +796,15 @@ impl Monitor {
             .count();
         let empty_rule = empties >= self.config.empty_input_min;
         let looping = self.detect_loop(call_hash, result_hash, error_hash, failure.is_some());
-        let (n, failed) = self
-            .recent
-            .iter()
-            .rev()
-            .take(self.config.abort_window)
-            .fold((0usize, 0usize), |(n, f), r| {
-                (n + 1, f + usize::from(r.failed))
-            });
-        let rate_high = n >= self.config.abort_min_calls
-            && (failed as f64) > self.config.abort_failure_rate * (n as f64);
+        let (mut n, mut failed) = self.failure_rate(false);
+        let mut rate_high = self.rate_too_high(failed, n);
+        if rate_high && self.notable_tools > 0 {
+            // Failures of a tool whose circuit is open are already handled by the breaker; they
+            // must not also abort a run that has moved on to other tools. Recount without them
+            // (rare path: only when the plain rate is already too high).
+            (n, failed) = self.failure_rate(true);
+            rate_high = self.rate_too_high(failed, n);
+        }
 
         self.last = Conditions {
             duplicate_of_tool: duplicate.then_some(idx),
@@ -793,6 +854,39 @@ impl Monitor {
             failure,
             consecutive_failures: streak,
         }
+    }
+
+    /// Whether `failed` of `n` calls is strictly above the abort rate, over enough calls.
+    ///
+    /// Compares the quotient, not `failed > rate * n`: division is correctly rounded, so a rate
+    /// that is exactly the threshold (63 of 90 at 0.7) compares equal, whereas `0.7 * 90.0` is
+    /// `62.99999999999999` in `f64` and would abort at exactly 70 %.
+    fn rate_too_high(&self, failed: usize, n: usize) -> bool {
+        n >= self.config.abort_min_calls
+            && n > 0
+            && (failed as f64) / (n as f64) > self.config.abort_failure_rate
+    }
+
+    /// (calls, failures) over the abort window; with `skip_open`, calls of tools whose circuit is
+    /// open are left out.
+    fn failure_rate(&self, skip_open: bool) -> (usize, usize) {
+        let open: Vec<u64> = if skip_open {
+            self.tools
+                .iter()
+                .filter(|t| matches!(t.circuit, CircuitState::Open { .. }))
+                .map(|t| hash_str(&t.name))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.recent
+            .iter()
+            .rev()
+            .take(self.config.abort_window)
+            .filter(|r| !open.contains(&r.tool_hash))
+            .fold((0usize, 0usize), |(n, f), r| {
+                (n + 1, f + usize::from(r.failed))
+            })
     }
 
     fn detect_loop(
@@ -945,7 +1039,13 @@ impl Monitor {
                 text: "Several recent tool calls had empty or placeholder values in required arguments. Stop and think about what inputs you actually need before calling a tool again.".into(),
             });
         }
-        if let Some(kind) = self.last.looping {
+        let tool_guidance = v
+            .guidance
+            .iter()
+            .any(|g| matches!(g.kind, GuidanceKind::Warning | GuidanceKind::CircuitOpen));
+        if let Some(kind) = self.last.looping
+            && !(kind == LoopKind::SameError && tool_guidance)
+        {
             let what = match kind {
                 LoopKind::Alternation => "alternating between the same two calls",
                 LoopKind::SameError => "getting the same error again and again",

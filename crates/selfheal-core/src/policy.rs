@@ -279,26 +279,26 @@ impl RetryConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), PolicyError> {
+    /// Appends every problem with these parameters to `out`.
+    fn problems(&self, out: &mut Vec<String>) {
         if !(self.factor.is_finite() && self.factor >= 1.0) {
-            return Err(PolicyError::Invalid(format!(
+            out.push(format!(
                 "retry.factor must be a number ≥ 1, got {}",
                 self.factor
-            )));
+            ));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(PolicyError::Invalid(format!(
+            out.push(format!(
                 "retry.jitter must be in [0, 1], got {}",
                 self.jitter
-            )));
+            ));
         }
         if self.base_ms > self.max_ms {
-            return Err(PolicyError::Invalid(format!(
+            out.push(format!(
                 "retry.base_ms ({}) must not exceed retry.max_ms ({})",
                 self.base_ms, self.max_ms
-            )));
+            ));
         }
-        Ok(())
     }
 }
 
@@ -321,6 +321,9 @@ pub struct LadderState {
     pub rung: usize,
     /// Retries taken for this failure so far.
     pub retries: u32,
+    /// Recovery actions taken for this failure so far.
+    #[serde(default)]
+    pub actions: u32,
 }
 
 /// Why a rung was passed over.
@@ -351,6 +354,10 @@ pub struct Decision {
 /// A recovery policy: ladders per class plus backoff parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Policy {
+    /// At most this many recovery actions on any one failure before degrading (`None`: only the
+    /// ladder and the budget limit it). The benchmark's per-failure budget `R`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_actions_per_failure: Option<u32>,
     /// Backoff parameters for retries.
     pub retry: RetryConfig,
     /// One ladder per failure class, cheapest action first.
@@ -390,6 +397,7 @@ impl Default for Policy {
         Policy {
             retry: RetryConfig::default(),
             ladders,
+            max_actions_per_failure: None,
         }
     }
 }
@@ -401,6 +409,8 @@ struct PolicyFile {
     retry: RetryConfig,
     #[serde(default)]
     ladders: BTreeMap<FailureClass, Vec<ActionKind>>,
+    #[serde(default)]
+    max_actions_per_failure: Option<u32>,
 }
 
 impl Policy {
@@ -419,6 +429,7 @@ impl Policy {
         let file: PolicyFile = toml::from_str(s).map_err(|e| PolicyError::Parse(e.to_string()))?;
         let mut policy = Policy {
             retry: file.retry,
+            max_actions_per_failure: file.max_actions_per_failure,
             ..Policy::default()
         };
         for (class, ladder) in file.ladders {
@@ -433,21 +444,27 @@ impl Policy {
         toml::to_string(self).map_err(|e| PolicyError::Invalid(e.to_string()))
     }
 
-    /// Checks the parameters and that every ladder's actions are reachable.
+    /// Checks the parameters and that every ladder's actions are reachable, reporting every
+    /// problem at once (joined by `; `) so a file with several mistakes is fixed in one pass.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        self.retry.validate()?;
+        let mut problems = Vec::new();
+        self.retry.problems(&mut problems);
         for (class, ladder) in &self.ladders {
             if let Some(pos) = ladder.iter().position(|a| a.is_terminal())
                 && pos + 1 < ladder.len()
             {
-                return Err(PolicyError::Invalid(format!(
+                problems.push(format!(
                     "ladder for {class}: `{}` ends the run, so the {} rung(s) after it can never be reached",
                     ladder[pos],
                     ladder.len() - pos - 1
-                )));
+                ));
             }
         }
-        Ok(())
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(PolicyError::Invalid(problems.join("; ")))
+        }
     }
 
     /// The ladder for a class (empty if the class has none: it degrades at once).
@@ -469,7 +486,10 @@ impl Policy {
     ) -> Decision {
         let ladder = self.ladder(failure.class);
         let mut skipped = Vec::new();
-        let ended = budget.exhausted().is_some();
+        let ended = budget.exhausted().is_some()
+            || self
+                .max_actions_per_failure
+                .is_some_and(|cap| state.actions >= cap);
         for (rung, &kind) in ladder.iter().enumerate().skip(state.rung) {
             let charge = kind.charge();
             if kind.is_terminal() {
@@ -495,6 +515,7 @@ impl Policy {
             }
             let mut next = LadderState {
                 rung: rung + 1,
+                actions: state.actions + 1,
                 ..state
             };
             let action = match kind {

@@ -1,0 +1,698 @@
+//! Integration tests of the controller: hand-made observations in, directives out.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use selfheal_core::budget::{Amounts, BudgetLimits};
+use selfheal_core::classifier::{FailureClass, Signal};
+use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
+use selfheal_core::monitor::{Mode, MonitorConfig, ToolCall};
+use selfheal_core::policy::{ActionKind, Options, Policy, RecoveryAction};
+use selfheal_core::rng::{ConstRng, SplitMix64};
+use selfheal_core::trace::{Event, Record, RunStatus};
+use selfheal_core::verifier::Judgement;
+use serde_json::{Value, json};
+
+fn controller(budget: BudgetLimits) -> Controller {
+    Controller::new(ControllerConfig {
+        budget,
+        ..ControllerConfig::default()
+    })
+    .unwrap()
+}
+
+fn opts() -> Options {
+    Options::all("backup_search", "big-model")
+}
+
+fn tool_failed<'a>(
+    step: u32,
+    tool: &'a str,
+    args: &'a Value,
+    error: &'a str,
+    signal: Option<Signal>,
+) -> Observation<'a> {
+    Observation::ToolFinished {
+        step: Some(step),
+        call: ToolCall::failed(tool, args, error),
+        signal,
+        options: opts(),
+        usage: Amounts::default(),
+    }
+}
+
+fn tool_ok<'a>(step: u32, tool: &'a str, args: &'a Value, result: &'a Value) -> Observation<'a> {
+    Observation::ToolFinished {
+        step: Some(step),
+        call: ToolCall::returned(tool, args, result),
+        signal: None,
+        options: opts(),
+        usage: Amounts::default(),
+    }
+}
+
+fn http(status: u16) -> Option<Signal> {
+    Some(Signal::HttpStatus {
+        status,
+        retry_after_ms: None,
+        message: String::new(),
+    })
+}
+
+fn action(d: &Directive) -> Option<&RecoveryAction> {
+    match d {
+        Directive::Recover { action, .. } => Some(action),
+        Directive::Continue { .. } | Directive::Degrade { .. } | Directive::Abort { .. } => None,
+    }
+}
+
+#[test]
+fn transient_timeout_is_recovered_by_a_retry() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let d = c.observe(
+        tool_failed(1, "search", &a, "timed out", Some(Signal::Timeout)),
+        0,
+        &mut rng,
+    );
+    assert_eq!(
+        d,
+        Directive::Recover {
+            step: Some(1),
+            class: FailureClass::ToolTimeout,
+            action: RecoveryAction::Retry {
+                delay_ms: 400,
+                attempt: 1
+            },
+        },
+        "500 ms base with 20 % jitter drawn at its minimum"
+    );
+    assert!(c.recovering());
+    let result = json!({"hits": ["rust-lang.org"]});
+    let d = c.observe(tool_ok(1, "search", &a, &result), 500, &mut rng);
+    assert!(
+        matches!(d, Directive::Continue { ref guidance, ref hidden_tools } if guidance.is_empty() && hidden_tools.is_empty()),
+        "{d:?}"
+    );
+    assert!(!c.recovering());
+    let out = c.finish(600);
+    assert_eq!(out.status, RunStatus::Complete);
+    assert_eq!(out.reason, None);
+    assert!(out.unresolved.is_empty());
+    assert_eq!(out.actions, vec![(ActionKind::Retry, 1)]);
+    assert_eq!(out.spent.retries, 1);
+    assert_eq!(out.spent.recoveries, 1);
+}
+
+#[test]
+fn permanent_failure_climbs_retry_retry_substitute() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let mut kinds = Vec::new();
+    let mut classes = Vec::new();
+    for t in 0..3 {
+        let d = c.observe(
+            tool_failed(1, "search", &a, "HTTP 503", http(503)),
+            t,
+            &mut rng,
+        );
+        let Directive::Recover { class, action, .. } = d else {
+            panic!("expected a recovery, got {d:?}");
+        };
+        classes.push(class);
+        kinds.push(action);
+    }
+    assert!(matches!(kinds[0], RecoveryAction::Retry { attempt: 1, .. }));
+    assert!(matches!(kinds[1], RecoveryAction::Retry { attempt: 2, .. }));
+    assert_eq!(
+        kinds[2],
+        RecoveryAction::Substitute {
+            alternative: "backup_search".into()
+        }
+    );
+    // The third consecutive 503 is read as persistent unavailability.
+    assert_eq!(
+        classes,
+        vec![
+            FailureClass::ToolTimeout,
+            FailureClass::ToolTimeout,
+            FailureClass::ToolUnavailable
+        ]
+    );
+    // The substitute works: the failure is resolved.
+    let result = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "backup_search", &a, &result), 10, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let out = c.finish(11);
+    assert_eq!(out.status, RunStatus::Complete);
+    assert_eq!(
+        out.actions,
+        vec![(ActionKind::Retry, 2), (ActionKind::Substitute, 1)]
+    );
+}
+
+#[test]
+fn budget_exhaustion_ends_in_degrade() {
+    let mut c = controller(BudgetLimits::defaults().with_recoveries(3));
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let mut directives = Vec::new();
+    for t in 0..4 {
+        directives.push(c.observe(
+            tool_failed(1, "search", &a, "HTTP 503", http(503)),
+            t,
+            &mut rng,
+        ));
+    }
+    assert!(directives[..3].iter().all(|d| action(d).is_some()));
+    assert!(
+        matches!(directives[3], Directive::Degrade { ref reason } if reason.contains("exhausted")),
+        "{:?}",
+        directives[3]
+    );
+    let out = c.finish(10);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert_eq!(out.unresolved.len(), 1);
+    assert_eq!(out.unresolved[0].step, Some(1));
+    assert_eq!(out.unresolved[0].tool.as_deref(), Some("search"));
+    assert_eq!(out.spent.recoveries, 3);
+}
+
+/// Drives `n` failing observations and returns the directives.
+fn drive_failures(c: &mut Controller, n: u32, same_step: bool) -> Vec<Directive> {
+    let mut rng = SplitMix64::new(7);
+    let a = json!({"q": "rust"});
+    (0..n)
+        .map(|i| {
+            let step = if same_step { 1 } else { i };
+            let tool = format!("tool{}", i % 16);
+            let obs = Observation::ToolFinished {
+                step: Some(step),
+                call: ToolCall::failed(&tool, &a, "HTTP 503"),
+                signal: http(503),
+                options: opts(),
+                usage: Amounts {
+                    latency_ms: 10,
+                    ..Amounts::default()
+                },
+            };
+            c.observe(obs, u64::from(i) * 10, &mut rng)
+        })
+        .collect()
+}
+
+fn assert_stops_within_budget(c: &Controller, directives: &[Directive], limits: &BudgetLimits) {
+    let recoveries = directives.iter().filter(|d| action(d).is_some()).count() as u64;
+    assert!(recoveries <= limits.recoveries, "{recoveries} recoveries");
+    let stop = directives
+        .iter()
+        .position(|d| matches!(d, Directive::Degrade { .. } | Directive::Abort { .. }))
+        .expect("the controller must stop");
+    assert!(
+        stop as u64 <= limits.recoveries + 1,
+        "stopped only at observation {stop}"
+    );
+    assert!(
+        directives[stop + 1..]
+            .iter()
+            .all(|d| matches!(d, Directive::Abort { .. })),
+        "a stopped run stays stopped"
+    );
+    let spent = c.ledger().spent();
+    assert!(spent.recoveries <= limits.recoveries);
+    assert!(spent.retries <= limits.retries);
+    assert!(spent.substitutions <= limits.substitutions);
+    assert!(spent.replans <= limits.replans);
+    assert!(spent.escalations <= limits.escalations);
+}
+
+#[test]
+fn a_thousand_failures_on_one_step_stop_within_the_budget() {
+    let limits = BudgetLimits::unlimited().with_recoveries(5);
+    let mut c = controller(limits);
+    let directives = drive_failures(&mut c, 1_000, true);
+    assert_stops_within_budget(&c, &directives, &limits);
+    assert_ne!(c.finish(1_000_000).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_thousand_failures_on_fresh_steps_stop_within_the_budget_even_without_monitor_abort() {
+    // Interactive monitor: it never aborts, so only the budget can stop the run.
+    let limits = BudgetLimits::defaults().with_recoveries(1_000);
+    let mut c = Controller::new(ControllerConfig {
+        monitor: MonitorConfig {
+            mode: Mode::Interactive,
+            ..MonitorConfig::default()
+        },
+        budget: limits,
+        ..ControllerConfig::default()
+    })
+    .unwrap();
+    let directives = drive_failures(&mut c, 1_000, false);
+    let recoveries = directives.iter().filter(|d| action(d).is_some()).count() as u64;
+    let count_limits = limits.retries + limits.substitutions + limits.replans + limits.escalations;
+    assert!(recoveries <= count_limits, "{recoveries} recoveries");
+    let stop = directives
+        .iter()
+        .position(|d| !matches!(d, Directive::Recover { .. }))
+        .expect("must stop");
+    assert!(
+        matches!(directives[stop], Directive::Degrade { .. }),
+        "{:?}",
+        directives[stop]
+    );
+    assert!(
+        directives[stop + 1..]
+            .iter()
+            .all(|d| matches!(d, Directive::Abort { .. }))
+    );
+    let out = c.finish(1);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert!(out.unresolved.len() <= 64, "unresolved list is bounded");
+}
+
+#[test]
+fn spent_latency_ends_the_run_in_degrade() {
+    let limits = BudgetLimits {
+        latency_ms: 1_000,
+        ..BudgetLimits::unlimited()
+    };
+    let mut c = controller(limits);
+    let mut rng = ConstRng(0);
+    let a = json!({});
+    let result = json!({"ok": true});
+    let obs = |latency_ms| Observation::ToolFinished {
+        step: Some(1),
+        call: ToolCall::returned("slow", &a, &result),
+        signal: None,
+        options: opts(),
+        usage: Amounts {
+            latency_ms,
+            ..Amounts::default()
+        },
+    };
+    assert!(matches!(
+        c.observe(obs(999), 999, &mut rng),
+        Directive::Continue { .. }
+    ));
+    let d = c.observe(obs(1), 1_000, &mut rng);
+    assert!(
+        matches!(d, Directive::Degrade { ref reason } if reason.contains("latency_ms")),
+        "{d:?}"
+    );
+    assert_eq!(
+        c.spent_dimensions(),
+        vec![selfheal_core::budget::Dimension::LatencyMs]
+    );
+    assert_eq!(c.finish(1_000).status, RunStatus::Partial);
+}
+
+#[test]
+fn verifier_rejection_becomes_a_verification_failure_recovery() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let d = c.observe(
+        Observation::Verified {
+            step: Some(2),
+            verifier: "schema",
+            judgement: Judgement::Reject {
+                reason: "at /price: expected number".into(),
+            },
+            options: opts(),
+        },
+        0,
+        &mut rng,
+    );
+    assert_eq!(
+        d,
+        Directive::Recover {
+            step: Some(2),
+            class: FailureClass::VerificationFailure,
+            action: RecoveryAction::Substitute {
+                alternative: "backup_search".into()
+            },
+        }
+    );
+    // An acceptance on the same step resolves it.
+    let d = c.observe(
+        Observation::Verified {
+            step: Some(2),
+            verifier: "schema",
+            judgement: Judgement::Accept,
+            options: opts(),
+        },
+        1,
+        &mut rng,
+    );
+    assert!(matches!(d, Directive::Continue { .. }));
+    assert_eq!(c.finish(2).status, RunStatus::Complete);
+    let verdicts = c
+        .trace()
+        .records()
+        .filter(|r| matches!(r.event, Event::Verdict { .. }))
+        .count();
+    assert_eq!(verdicts, 2);
+}
+
+#[test]
+fn uncertain_verdict_does_not_trigger_recovery() {
+    let mut c = controller(BudgetLimits::defaults());
+    let d = c.observe(
+        Observation::Verified {
+            step: Some(1),
+            verifier: "grounding",
+            judgement: Judgement::Uncertain {
+                reason: "no evidence".into(),
+            },
+            options: opts(),
+        },
+        0,
+        &mut ConstRng(0),
+    );
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+}
+
+#[test]
+fn monitor_abort_beats_recovery() {
+    let mut c = controller(BudgetLimits::unlimited());
+    let mut rng = ConstRng(0);
+    let mut directives = Vec::new();
+    for i in 0..6u32 {
+        let a = json!({"i": i});
+        let tool = format!("tool{i}");
+        let err = format!("error {i}");
+        directives.push(c.observe(
+            tool_failed(i, &tool, &a, &err, Some(Signal::Timeout)),
+            u64::from(i),
+            &mut rng,
+        ));
+    }
+    assert!(
+        directives[..5].iter().all(|d| action(d).is_some()),
+        "{directives:?}"
+    );
+    let Directive::Abort { reason } = &directives[5] else {
+        panic!("6 of 6 failing must abort, got {:?}", directives[5]);
+    };
+    assert!(reason.contains("6 of the last 6"), "{reason}");
+    // Nothing was charged for the sixth failure.
+    assert_eq!(c.ledger().spent().recoveries, 5);
+    let out = c.finish(10);
+    assert_eq!(out.status, RunStatus::Failed);
+    assert_eq!(out.reason.as_deref(), Some(reason.as_str()));
+    assert!(out.unresolved.iter().any(|u| u.step == Some(5)));
+    // Once stopped, every observation answers abort.
+    let a = json!({});
+    let r = json!({"ok": 1});
+    assert!(matches!(
+        c.observe(tool_ok(7, "x", &a, &r), 11, &mut rng),
+        Directive::Abort { .. }
+    ));
+}
+
+#[test]
+fn circuit_open_tool_is_hidden_in_continue_directives() {
+    let mut c = controller(BudgetLimits::unlimited());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": 1});
+    // Interleave successes on other steps so the abort rule stays quiet.
+    for i in 0..5u32 {
+        c.observe(
+            tool_failed(1, "flaky", &a, "HTTP 500", http(500)),
+            0,
+            &mut rng,
+        );
+        for j in 0..2u32 {
+            let b = json!({"i": i, "j": j});
+            let r = json!({"ok": [i, j]});
+            c.observe(tool_ok(100 + i, "stable", &b, &r), 0, &mut rng);
+        }
+    }
+    let Directive::Continue { hidden_tools, .. } = c.guidance(0) else {
+        panic!("expected continue");
+    };
+    assert_eq!(hidden_tools, vec!["flaky".to_string()]);
+}
+
+#[test]
+fn finish_is_complete_with_no_failures() {
+    let mut c = controller(BudgetLimits::defaults());
+    let a = json!({"q": 1});
+    let r = json!({"ok": 1});
+    c.observe(tool_ok(1, "t", &a, &r), 0, &mut ConstRng(0));
+    let out = c.finish(1);
+    assert_eq!(out.status, RunStatus::Complete);
+    assert!(out.unresolved.is_empty());
+    assert!(out.actions.is_empty());
+}
+
+#[test]
+fn finish_is_partial_with_an_open_failure_listed_as_unresolved() {
+    let mut c = controller(BudgetLimits::defaults());
+    let a = json!({"q": 1});
+    c.observe(
+        tool_failed(4, "search", &a, "timed out", Some(Signal::Timeout)),
+        0,
+        &mut ConstRng(0),
+    );
+    let out = c.finish(1);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert_eq!(out.reason.as_deref(), Some("1 failure(s) unresolved"));
+    assert_eq!(out.unresolved.len(), 1);
+    assert_eq!(out.unresolved[0].step, Some(4));
+    assert_eq!(out.unresolved[0].class, FailureClass::ToolTimeout);
+    assert_eq!(out.unresolved[0].tool.as_deref(), Some("search"));
+}
+
+#[test]
+fn finish_is_failed_after_terminate() {
+    // control_loop's ladder ends in terminate; with no planner or fallback it terminates at once.
+    let mut c = controller(BudgetLimits::defaults());
+    let d = c.observe(
+        Observation::ModelFinished {
+            step: Some(3),
+            signal: Some(Signal::Repetition),
+            options: Options::default(),
+            usage: Amounts::default(),
+        },
+        0,
+        &mut ConstRng(0),
+    );
+    assert!(matches!(d, Directive::Abort { .. }), "{d:?}");
+    let out = c.finish(1);
+    assert_eq!(out.status, RunStatus::Failed);
+    assert_eq!(out.unresolved.len(), 1);
+    assert_eq!(out.unresolved[0].class, FailureClass::ControlLoop);
+}
+
+#[test]
+fn a_new_failing_step_leaves_the_previous_one_unresolved() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": 1});
+    c.observe(
+        tool_failed(1, "a", &a, "timed out", Some(Signal::Timeout)),
+        0,
+        &mut rng,
+    );
+    let b = json!({"q": 2});
+    c.observe(
+        tool_failed(2, "b", &b, "timed out", Some(Signal::Timeout)),
+        0,
+        &mut rng,
+    );
+    assert_eq!(c.unresolved().len(), 1);
+    assert_eq!(c.unresolved()[0].step, Some(1));
+    let r = json!({"ok": 1});
+    c.observe(tool_ok(2, "b", &b, &r), 0, &mut rng);
+    let out = c.finish(1);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert_eq!(out.unresolved.len(), 1);
+}
+
+#[test]
+fn trace_jsonl_reads_back_line_by_line_with_gap_free_seq() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = SplitMix64::new(1);
+    let a = json!({"q": "rust"});
+    let r = json!({"hits": [1]});
+    c.observe(
+        tool_failed(1, "search", &a, "timed out", Some(Signal::Timeout)),
+        1,
+        &mut rng,
+    );
+    c.observe(tool_ok(1, "search", &a, &r), 2, &mut rng);
+    c.observe(
+        Observation::Verified {
+            step: Some(1),
+            verifier: "schema",
+            judgement: Judgement::Reject {
+                reason: "wrong".into(),
+            },
+            options: opts(),
+        },
+        3,
+        &mut rng,
+    );
+    c.observe(
+        Observation::ModelFinished {
+            step: Some(2),
+            signal: http(429),
+            options: opts(),
+            usage: Amounts::default(),
+        },
+        4,
+        &mut rng,
+    );
+    c.finish(5);
+    let jsonl = c.trace().to_jsonl();
+    assert!(jsonl.ends_with('\n'));
+    let records: Vec<Record> = jsonl
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert_eq!(records.len() as u64, c.trace().total());
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r.seq, i as u64, "seq must be gap-free");
+        assert_eq!(r.v, 1);
+    }
+    let kept: Vec<&Record> = c.trace().records().collect();
+    assert_eq!(
+        records.iter().collect::<Vec<_>>(),
+        kept,
+        "lossless round trip"
+    );
+    assert!(records.windows(2).all(|w| w[0].t_ms <= w[1].t_ms));
+    for tag in [
+        "monitor",
+        "signal",
+        "classified",
+        "action",
+        "verdict",
+        "finished",
+    ] {
+        assert!(
+            jsonl.contains(&format!("\"event\":\"{tag}\"")),
+            "missing {tag}"
+        );
+    }
+    assert!(matches!(
+        records.last().map(|r| &r.event),
+        Some(Event::Finished {
+            status: RunStatus::Partial,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn trace_seq_stays_gap_free_when_the_ring_drops_events() {
+    let mut c = Controller::new(ControllerConfig {
+        trace_capacity: 8,
+        ..ControllerConfig::default()
+    })
+    .unwrap();
+    let mut rng = ConstRng(0);
+    for i in 0..50u32 {
+        let a = json!({"i": i});
+        let r = json!({"ok": i});
+        c.observe(tool_ok(i, "t", &a, &r), u64::from(i), &mut rng);
+    }
+    let records: Vec<Record> = c
+        .trace()
+        .to_jsonl()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 8);
+    assert_eq!(c.trace().dropped(), 42);
+    assert_eq!(records[0].seq, 42);
+    assert!(records.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+}
+
+#[test]
+fn action_events_record_the_budget_before_and_after() {
+    let mut c = controller(BudgetLimits::defaults());
+    let a = json!({"q": 1});
+    c.observe(
+        tool_failed(1, "s", &a, "timed out", Some(Signal::Timeout)),
+        0,
+        &mut ConstRng(0),
+    );
+    let (before, after) = c
+        .trace()
+        .records()
+        .find_map(|r| match &r.event {
+            Event::Action {
+                budget_before,
+                budget_after,
+                ..
+            } => Some((*budget_before, *budget_after)),
+            _ => None,
+        })
+        .expect("an action event");
+    assert_eq!(before.retries, 3);
+    assert_eq!(after.retries, 2);
+    assert_eq!(before.recoveries - after.recoveries, 1);
+}
+
+#[test]
+fn custom_policy_ladder_is_climbed_through_the_controller() {
+    let policy = Policy::from_toml_str(
+        "[ladders]\ntool_timeout = [\"retry\", \"substitute\", \"degrade\"]\n",
+    )
+    .unwrap();
+    let mut c = Controller::new(ControllerConfig {
+        policy,
+        budget: BudgetLimits::unlimited(),
+        ..ControllerConfig::default()
+    })
+    .unwrap();
+    let mut rng = ConstRng(0);
+    let a = json!({"q": 1});
+    let mut got = Vec::new();
+    for t in 0..3 {
+        // 429 stays a transient tool_timeout however often it repeats.
+        let d = c.observe(tool_failed(1, "api", &a, "429", http(429)), t, &mut rng);
+        got.push(match d {
+            Directive::Recover { action, .. } => action.kind(),
+            Directive::Degrade { .. } => ActionKind::Degrade,
+            other => panic!("{other:?}"),
+        });
+    }
+    assert_eq!(
+        got,
+        vec![
+            ActionKind::Retry,
+            ActionKind::Substitute,
+            ActionKind::Degrade
+        ]
+    );
+}
+
+#[test]
+fn invalid_policy_is_rejected_by_the_controller() {
+    let mut policy = Policy::default();
+    policy.retry.factor = 0.0;
+    let err = Controller::new(ControllerConfig {
+        policy,
+        ..ControllerConfig::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("factor"), "{err}");
+}
+
+#[test]
+fn identical_observations_and_seed_give_identical_runs() {
+    let run = || {
+        let mut c = controller(BudgetLimits::defaults());
+        let mut rng = SplitMix64::new(42);
+        let a = json!({"q": 1});
+        let mut ds = Vec::new();
+        for t in 0..5 {
+            ds.push(c.observe(tool_failed(1, "s", &a, "HTTP 503", http(503)), t, &mut rng));
+        }
+        (ds, c.trace().to_jsonl())
+    };
+    assert_eq!(run(), run());
+}
