@@ -84,9 +84,9 @@ enum State {
     /// After an element or member: a comma or a closing bracket.
     After,
     /// After `[` or a comma in an array.
-    ArrElem { after_comma: bool },
+    ArrElem { after_comma: Option<usize> },
     /// After `{` or a comma in an object.
-    ObjKey { after_comma: bool },
+    ObjKey { after_comma: Option<usize> },
 }
 
 fn is_digit(b: u8) -> bool {
@@ -465,12 +465,12 @@ impl<'a> Parser<'a> {
                     key: None,
                 })?;
                 self.pos += 1;
-                Ok(Step::Next(State::ObjKey { after_comma: false }))
+                Ok(Step::Next(State::ObjKey { after_comma: None }))
             }
             b'[' => {
                 self.push(Frame::Arr(Vec::new()))?;
                 self.pos += 1;
-                Ok(Step::Next(State::ArrElem { after_comma: false }))
+                Ok(Step::Next(State::ArrElem { after_comma: None }))
             }
             b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start)),
             b'-' | b'+' | b'.' | b'0'..=b'9' => match self.parse_number()? {
@@ -634,9 +634,13 @@ impl<'a> Parser<'a> {
                 }
                 self.pos += 1;
                 Ok(Step::Next(if self.in_object() {
-                    State::ObjKey { after_comma: true }
+                    State::ObjKey {
+                        after_comma: Some(at),
+                    }
                 } else {
-                    State::ArrElem { after_comma: true }
+                    State::ArrElem {
+                        after_comma: Some(at),
+                    }
                 }))
             }
             b']' | b'}' | b')' => self.close(c),
@@ -644,7 +648,7 @@ impl<'a> Parser<'a> {
             _ if self.in_object() => {
                 if self.is_key_start(at) {
                     self.note(RepairKind::MissingComma, at);
-                    Ok(Step::Next(State::ObjKey { after_comma: false }))
+                    Ok(Step::Next(State::ObjKey { after_comma: None }))
                 } else {
                     Err(self.err(
                         at,
@@ -655,7 +659,7 @@ impl<'a> Parser<'a> {
             _ => {
                 if self.is_value_start(at) || self.ellipsis_at(at).is_some() {
                     self.note(RepairKind::MissingComma, at);
-                    Ok(Step::Next(State::ArrElem { after_comma: false }))
+                    Ok(Step::Next(State::ArrElem { after_comma: None }))
                 } else {
                     Err(self.err(
                         at,
@@ -719,15 +723,15 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn arr_elem_state(&mut self, after_comma: bool) -> Result<Step, RepairError> {
+    fn arr_elem_state(&mut self, after_comma: Option<usize>) -> Result<Step, RepairError> {
         loop {
             self.skip_ws();
             let at = self.pos;
             match self.peek() {
                 None => return self.finish_truncated().map(Step::Done),
                 Some(b']') => {
-                    if after_comma {
-                        self.note(RepairKind::TrailingComma, at);
+                    if let Some(comma) = after_comma {
+                        self.note(RepairKind::TrailingComma, comma);
                     }
                     return self.close(b']');
                 }
@@ -736,8 +740,8 @@ impl<'a> Parser<'a> {
                     self.pos += 1;
                 }
                 Some(c @ (b'}' | b')')) => {
-                    if after_comma {
-                        self.note(RepairKind::TrailingComma, at);
+                    if let Some(comma) = after_comma {
+                        self.note(RepairKind::TrailingComma, comma);
                     }
                     return self.close(c);
                 }
@@ -757,15 +761,15 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn obj_key_state(&mut self, after_comma: bool) -> Result<Step, RepairError> {
+    fn obj_key_state(&mut self, after_comma: Option<usize>) -> Result<Step, RepairError> {
         let (key, key_at) = loop {
             self.skip_ws();
             let at = self.pos;
             match self.peek() {
                 None => return self.finish_truncated().map(Step::Done),
                 Some(b'}') => {
-                    if after_comma {
-                        self.note(RepairKind::TrailingComma, at);
+                    if let Some(comma) = after_comma {
+                        self.note(RepairKind::TrailingComma, comma);
                     }
                     return self.close(b'}');
                 }
@@ -774,8 +778,8 @@ impl<'a> Parser<'a> {
                     self.pos += 1;
                 }
                 Some(c @ (b']' | b')')) => {
-                    if after_comma {
-                        self.note(RepairKind::TrailingComma, at);
+                    if let Some(comma) = after_comma {
+                        self.note(RepairKind::TrailingComma, comma);
                     }
                     return self.close(c);
                 }

@@ -512,7 +512,7 @@ fn repairs_report_offsets_in_input_order() {
         vec![
             (RepairKind::SingleQuotes, 1),
             (RepairKind::UnquotedKey, 9),
-            (RepairKind::TrailingComma, 14)
+            (RepairKind::TrailingComma, 13)
         ]
     );
 }

@@ -1,0 +1,143 @@
+//! End-to-end tests of `selfheal repair`: the real binary, stdin in, stdout/stderr/exit out.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn run(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selfheal"))
+        .arg("repair")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start selfheal");
+    // The binary may exit before reading stdin (usage errors): ignore a broken pipe.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn schema_file(name: &str, schema: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("selfheal-repair-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, schema).unwrap();
+    path
+}
+
+#[test]
+fn repairs_stdin_to_one_compact_line() {
+    let out = run(&[], "Here you go:\n```json\n{'a': 1, b: [1, 2,],}\n```");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "{\"a\":1,\"b\":[1,2]}\n");
+    assert!(out.stderr.is_empty());
+}
+
+#[test]
+fn report_writes_the_repairs_as_json_to_stderr() {
+    let out = run(&["--report"], "[1, 2,]");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "[1,2]\n");
+    let report: serde_json::Value = serde_json::from_str(text(&out.stderr).trim()).unwrap();
+    assert_eq!(report["repairs"][0]["kind"], "trailing_comma");
+    assert_eq!(report["repairs"][0]["offset"], 5);
+}
+
+#[test]
+fn unrepairable_input_exits_1_with_the_reason() {
+    let out = run(&[], "{\"unit\": }");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).contains("missing value for key \"unit\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&[], "no json here");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no JSON value found"));
+}
+
+#[test]
+fn schema_coercions_make_the_value_valid() {
+    let schema = schema_file(
+        "ok.json",
+        r#"{"type": "object", "properties": {"days": {"type": "integer"}, "unit": {"type": "string", "default": "c"}}, "required": ["days"]}"#,
+    );
+    let out = run(
+        &["--schema", schema.to_str().unwrap(), "--report"],
+        "{days: '3'}",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "{\"days\":3,\"unit\":\"c\"}\n");
+    let report: serde_json::Value = serde_json::from_str(text(&out.stderr).trim()).unwrap();
+    assert_eq!(report["coercions"][0]["kind"], "string_to_integer");
+    assert_eq!(report["coercions"][1]["kind"], "filled_default");
+}
+
+#[test]
+fn schema_violations_exit_1_with_precise_reask_text() {
+    let schema = schema_file(
+        "enum.json",
+        r#"{"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}}"#,
+    );
+    let out = run(
+        &[
+            "--schema",
+            schema.to_str().unwrap(),
+            "--tool",
+            "get_weather",
+        ],
+        "{\"unit\": \"celsius\"}",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout), "{\"unit\":\"celsius\"}\n");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(r#"at /unit: expected one of ["c","f"], got "celsius""#),
+        "{err}"
+    );
+    assert!(err.contains("get_weather"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = run(&["--no-such-flag"], "{}");
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["--schema", "/nonexistent/schema.json"], "{}");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cannot read schema"));
+    let bad = schema_file("bad.json", r#"{"type": "widget"}"#);
+    let out = run(&["--schema", bad.to_str().unwrap()], "{}");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("unknown type \"widget\""),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn non_utf8_input_is_refused() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selfheal"))
+        .arg("repair")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&[b'[', 0xff, b']'])
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("UTF-8"));
+}
