@@ -267,7 +267,9 @@ impl Default for RetryConfig {
 impl RetryConfig {
     /// The delay before retry number `attempt` (1-based), given an optional server `Retry-After`.
     pub fn delay_ms(&self, attempt: u32, retry_after_ms: Option<u64>, rng: &mut dyn Rng) -> u64 {
-        let exp = attempt.saturating_sub(1).min(62) as i32;
+        // Any exponent is safe: `powi` saturates to infinity and the cap below applies. (A cap
+        // of 62 here made slow factors stop growing after the 63rd attempt.)
+        let exp = i32::try_from(attempt.saturating_sub(1)).unwrap_or(i32::MAX);
         let raw = (self.base_ms as f64) * self.factor.powi(exp);
         let capped = raw.min(self.max_ms as f64);
         let j = self.jitter.clamp(0.0, 1.0);
