@@ -991,12 +991,18 @@ impl<'a> Parser<'a> {
         let mut seg = i;
         let mut out = String::new();
         let mut ctrl_noted = false;
+        // A quote of the wrong kind that could close the string: used only if the right
+        // kind never closes it (`{"a': 1}`), so valid strings such as `"':"` stay intact.
+        let mut fallback: Option<Fallback> = None;
         loop {
             while i < self.end && !SPECIAL[usize::from(self.b[i])] {
                 i += 1;
             }
             let Some(c) = self.at(i) else {
                 out.push_str(self.s(seg, self.end));
+                if let Some(fb) = fallback {
+                    return Ok(self.use_fallback(fb, out));
+                }
                 return Ok(self.unterminated(out, content_start, ctx));
             };
             if c == b'\\' {
@@ -1032,6 +1038,12 @@ impl<'a> Parser<'a> {
                     )
             );
             if exact && open == Quote::Double {
+                if let Some(fb) = fallback
+                    && !self.exact_close_fits(after, ctx)
+                {
+                    out.push_str(self.s(seg, i));
+                    return Ok(self.use_fallback(fb, out));
+                }
                 match self.double_close(content_start, i, after, ctx, &mut out, seg) {
                     Some(r) => return Ok(r),
                     None => {
@@ -1048,9 +1060,13 @@ impl<'a> Parser<'a> {
                 && open != Quote::TypoDoubleOpen
             {
                 false
-            } else if self.strict_delim_follows(after, ctx) {
-                self.note(RepairKind::MismatchedQuote, i);
-                true
+            } else if fallback.is_none() && self.strict_delim_follows(after, ctx) {
+                fallback = Some(Fallback {
+                    quote: i,
+                    after,
+                    out_len: out.len() + (i - seg),
+                });
+                false
             } else {
                 false
             };
@@ -1061,6 +1077,22 @@ impl<'a> Parser<'a> {
             }
             i = after;
         }
+    }
+
+    /// Whether a `"` closing a `"`-string is followed by what its context expects.
+    fn exact_close_fits(&self, after: usize, ctx: Ctx) -> bool {
+        match ctx {
+            Ctx::Key => self.at(self.skip_plain_ws_from(after)) == Some(b':'),
+            Ctx::Value => self.delim_follows(after),
+        }
+    }
+
+    /// Closes the string at a remembered quote of the wrong kind.
+    fn use_fallback(&mut self, fb: Fallback, mut out: String) -> (String, bool) {
+        self.note(RepairKind::MismatchedQuote, fb.quote);
+        out.truncate(fb.out_len);
+        self.pos = fb.after;
+        (out, true)
     }
 
     /// Decides what a `"` closing a `"`-string means. `None`: it is an unescaped quote
@@ -1260,6 +1292,17 @@ impl<'a> Parser<'a> {
         }
         i + 6
     }
+}
+
+/// A quote of the wrong kind that may close a string.
+#[derive(Debug, Clone, Copy)]
+struct Fallback {
+    /// Where the quote is.
+    quote: usize,
+    /// The position after it.
+    after: usize,
+    /// The length of the decoded text up to it.
+    out_len: usize,
 }
 
 /// One transition of the state machine.

@@ -522,7 +522,7 @@ fn repairs_serialise_in_snake_case() {
     let r = repair("[1,]").unwrap();
     assert_eq!(
         serde_json::to_string(&r.repairs).unwrap(),
-        r#"[{"kind":"trailing_comma","offset":3}]"#
+        r#"[{"kind":"trailing_comma","offset":2}]"#
     );
 }
 
