@@ -308,6 +308,9 @@ fn attempt(
 ) -> Result<(Found, Option<usize>), RepairError> {
     let mut p = Parser::new(src, at, end, max_depth);
     let first = p.parse_value()?;
+    let first_end = p.pos;
+    let first_repairs = p.repairs.len();
+    let first_is_scalar = !(first.is_object() || first.is_array());
     let mut items = vec![first];
     let mut ndjson_at = None;
     let mut garbage = None;
@@ -320,12 +323,12 @@ fn attempt(
                 p.note(RepairKind::RedundantClosing, p.pos);
                 p.pos += 1;
             }
-            b',' | b'{' | b'[' => {
+            _ if c == b',' || p.is_clear_value_start(p.pos) => {
                 let (save_pos, save_len) = (p.pos, p.repairs.len());
                 while matches!(p.peek(), Some(b',' | b' ' | b'\t' | b'\n' | b'\r')) {
                     p.pos += 1;
                 }
-                if matches!(p.peek(), Some(b'{' | b'[')) {
+                if p.is_clear_value_start(p.pos) {
                     match p.parse_value() {
                         Ok(v) => {
                             ndjson_at.get_or_insert(save_pos);
@@ -346,6 +349,14 @@ fn attempt(
                 break;
             }
         }
+    }
+    if first_is_scalar && items.len() > 1 && (garbage.is_some() || p.repairs.len() > first_repairs)
+    {
+        // Scalars in a row are a list only when they are clean JSON ("1, 2, 3"), not prose
+        // that happens to start with a number or a quote ("1, 2 and 3").
+        items.truncate(1);
+        p.repairs.truncate(first_repairs);
+        garbage = Some(first_end);
     }
     let value = if items.len() > 1 {
         if let Some(off) = ndjson_at {

@@ -118,6 +118,7 @@ pub(crate) struct Parser<'a> {
     open_obj: usize,
     open_call: usize,
     truncated_noted: bool,
+    escaped_noted: bool,
     /// Set when a top-level `callback(` was seen.
     pub(crate) jsonp: bool,
 }
@@ -137,6 +138,7 @@ impl<'a> Parser<'a> {
             open_obj: 0,
             open_call: 0,
             truncated_noted: false,
+            escaped_noted: false,
             jsonp: false,
         }
     }
@@ -284,6 +286,7 @@ impl<'a> Parser<'a> {
     pub(crate) fn is_value_start(&self, i: usize) -> bool {
         match self.at(i) {
             Some(b'{' | b'[' | b'-' | b'+') => true,
+            Some(b'\\') => self.escaped_quote_at(i),
             Some(c) if is_digit(c) => true,
             Some(b'.') => self.at(i + 1).is_some_and(is_digit),
             Some(c) if is_ident_start(c) => true,
@@ -306,7 +309,15 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// `\"` at `i`: a string whose quotes were escaped (JSON copied out of a string).
+    fn escaped_quote_at(&self, i: usize) -> bool {
+        self.at(i) == Some(b'\\') && self.at(i + 1) == Some(b'"')
+    }
+
     fn is_key_start(&self, i: usize) -> bool {
+        if self.escaped_quote_at(i) {
+            return true;
+        }
         match self.at(i) {
             Some(c) if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' => true,
             Some(c) if c >= 0x80 => true,
@@ -474,6 +485,17 @@ impl<'a> Parser<'a> {
             }
             b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start)),
             b'-' | b'+' | b'.' | b'0'..=b'9' => match self.parse_number()? {
+                Some(_)
+                    if !self.stack.is_empty()
+                        && self.peek().is_some_and(|c| {
+                            c.is_ascii_alphanumeric()
+                                || matches!(c, b'.' | b'-' | b'_' | b':' | b'/')
+                        }) =>
+                {
+                    // `2024-01-01`, `0.0.1`, `0x1F`: not a number; keep the text.
+                    self.pos = start;
+                    self.unquoted_string().map(|v| Step::Next(State::Have(v)))
+                }
                 Some(v) => Ok(Step::Next(State::Have(v))),
                 None => {
                     if self.stack.is_empty() {
@@ -486,7 +508,7 @@ impl<'a> Parser<'a> {
             c if is_ident_start(c) => self.word_value(),
             b',' | b'}' | b']' | b')' | b':' => Err(self.missing_value(start)),
             _ => {
-                if self.quote_at(start).is_some() {
+                if self.quote_at(start).is_some() || self.escaped_quote_at(start) {
                     let s = self.string_value()?;
                     return Ok(Step::Next(State::Have(Value::String(s))));
                 }
@@ -793,7 +815,7 @@ impl<'a> Parser<'a> {
                         }
                         continue;
                     }
-                    if self.quote_at(at).is_some() {
+                    if self.quote_at(at).is_some() || self.escaped_quote_at(at) {
                         let (k, closed) = self.parse_string(Ctx::Key)?;
                         if !closed {
                             self.drop_incomplete(at);
@@ -978,6 +1000,9 @@ impl<'a> Parser<'a> {
     /// when the input ended inside it).
     fn parse_string(&mut self, ctx: Ctx) -> Result<(String, bool), RepairError> {
         let start = self.pos;
+        if self.escaped_quote_at(start) {
+            return Ok(self.escaped_string(start));
+        }
         let Some((open, olen)) = self.quote_at(start) else {
             return Err(self.err(start, "expected a string"));
         };
@@ -1079,6 +1104,23 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// A string delimited by `\"…\"` (escaped JSON whose outer quotes were lost).
+    fn escaped_string(&mut self, start: usize) -> (String, bool) {
+        if !self.escaped_noted {
+            self.escaped_noted = true;
+            self.note(RepairKind::DoubleEncoded, start);
+        }
+        let content_start = start + 2;
+        let rest = self.s(content_start, self.end);
+        let Some(close) = rest.find("\\\"") else {
+            self.note_truncated();
+            self.pos = self.end;
+            return (rest.to_owned(), false);
+        };
+        self.pos = content_start + close + 2;
+        (rest[..close].to_owned(), true)
+    }
+
     /// Whether a `"` closing a `"`-string is followed by what its context expects.
     fn exact_close_fits(&self, after: usize, ctx: Ctx) -> bool {
         match ctx {
@@ -1140,6 +1182,10 @@ impl<'a> Parser<'a> {
                     }
                     let same_line = !self.s(after, nx_pos).contains('\n');
                     if same_line && nx.is_some_and(|c| c.is_ascii_alphabetic()) {
+                        return None;
+                    }
+                    // `"a "b" ",`: this quote is text; the next one closes the string.
+                    if same_line && nx == Some(b'"') && self.delim_follows(nx_pos + 1) {
                         return None;
                     }
                 }

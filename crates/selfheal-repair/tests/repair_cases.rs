@@ -586,3 +586,50 @@ fn depth_limit_is_configurable() {
     let opts = RepairOptions { max_depth: 5_000 };
     assert!(repair_with(&nested(4_000), &opts).is_ok());
 }
+
+#[test]
+fn reads_escaped_json_whose_outer_quotes_were_lost() {
+    ok(
+        r#"{\"stringified\": \"content\"}"#,
+        json!({"stringified": "content"}),
+        RepairKind::DoubleEncoded,
+    );
+    ok(
+        r#"[\"a\", \"b\"]"#,
+        json!(["a", "b"]),
+        RepairKind::DoubleEncoded,
+    );
+}
+
+#[test]
+fn keeps_number_like_text_as_strings() {
+    ok(
+        "{\"v\": 0.0.1, \"d\": 2024-01-01, \"h\": 0x1F}",
+        json!({"v": "0.0.1", "d": "2024-01-01", "h": "0x1F"}),
+        RepairKind::UnquotedString,
+    );
+    // At the top level such text is prose.
+    assert_eq!(refused("1.5x faster"), RepairError::NoJson);
+}
+
+#[test]
+fn keeps_unescaped_quotes_before_a_closing_quote() {
+    ok(
+        "{\"k\": \"apple \"bitter\" \", \"b\": 1}",
+        json!({"k": "apple \"bitter\" ", "b": 1}),
+        RepairKind::UnescapedQuote,
+    );
+    ok(
+        "\"The TV has a 24\" screen\"",
+        json!("The TV has a 24\" screen"),
+        RepairKind::UnescapedQuote,
+    );
+}
+
+#[test]
+fn collects_comma_separated_top_level_values() {
+    ok("1, 2, 3", json!([1, 2, 3]), RepairKind::NdjsonToArray);
+    ok("\"a\"\n\"b\"", json!(["a", "b"]), RepairKind::NdjsonToArray);
+    // Prose after a scalar is still refused.
+    assert_eq!(refused("1, 2 and 3"), RepairError::NoJson);
+}
