@@ -17,6 +17,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the seeded fault-injection benchmark: five strategies, 100 tasks, Wilson intervals.
+    Bench(cmd::bench::BenchArgs),
+    /// Replay the three stuck agents of seed 000 without and with the tool-health monitor.
+    Demo(cmd::demo::DemoArgs),
+    /// Run the tool-health monitor as a sidecar: JSON Lines tool calls on stdin, verdicts on
+    /// stdout.
+    Monitor(cmd::monitor::MonitorArgs),
     /// Repair almost-JSON from stdin (prose, code fences, trailing commas, truncation...) and
     /// optionally check it against a JSON Schema.
     Repair(cmd::repair::RepairArgs),
@@ -25,6 +32,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => cmd::bench::run(args),
+        Command::Demo(args) => cmd::demo::run(args),
+        Command::Monitor(args) => cmd::monitor::run(args),
         Command::Repair(args) => cmd::repair::run(args),
     };
     match result {

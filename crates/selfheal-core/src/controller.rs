@@ -370,11 +370,16 @@ impl Controller {
             );
         }
         let Some(signal) = signal else {
-            // Success: whatever was open on this step is resolved.
+            // Success: whatever was open on this step is resolved. A success is progress, so the
+            // failure-rate abort is not applied here; the next failure is judged on its own.
             if self.open.as_ref().is_some_and(|o| o.step == step) {
                 self.open = None;
             }
-            return self.continue_or_abort(now_ms, step);
+            let verdict = self.monitor.check(now_ms);
+            return Directive::Continue {
+                guidance: verdict.guidance,
+                hidden_tools: verdict.hidden_tools,
+            };
         };
         self.trace.push(
             now_ms,
@@ -399,9 +404,12 @@ impl Controller {
                 retry_after_ms: classification.retry_after_ms,
             },
         );
-        // Monitor abort beats recovery: the run as a whole is not working.
+        // Monitor abort beats recovery of a *new* failure: the run as a whole is not working.
+        // While a failure is being recovered, its ladder and the budget bound the attempts, and
+        // the failed attempts must not abort the recovery that is about to fix them.
+        let recovering_this_step = self.open.as_ref().is_some_and(|o| o.step == step);
         let verdict = self.monitor.check(now_ms);
-        if let Some(reason) = verdict.abort {
+        if let Some(reason) = verdict.abort.filter(|_| !recovering_this_step) {
             if let Some(o) = self.open.take() {
                 self.push_unresolved(o.step, o.class, o.tool);
             }
@@ -488,7 +496,7 @@ impl Controller {
         }
     }
 
-    fn continue_or_abort(&mut self, now_ms: u64, _step: Option<u32>) -> Directive {
+    fn continue_or_abort(&mut self, now_ms: u64) -> Directive {
         let verdict = self.monitor.check(now_ms);
         if let Some(reason) = verdict.abort {
             return self.stop(now_ms, RunStatus::Failed, reason, false);
@@ -506,7 +514,7 @@ impl Controller {
                 reason: reason.clone(),
             };
         }
-        self.continue_or_abort(now_ms, None)
+        self.continue_or_abort(now_ms)
     }
 
     fn push_unresolved(&mut self, step: Option<u32>, class: FailureClass, tool: Option<String>) {

@@ -360,6 +360,12 @@ pub struct Policy {
     /// ladder and the budget limit it). The benchmark's per-failure budget `R`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_actions_per_failure: Option<u32>,
+    /// The action to take when only one is left for a failure (see `max_actions_per_failure`):
+    /// not the cheapest rung but the one that fixes the most causes of the class. A last retry of
+    /// a tool that may be down is a coin toss; a substitute is not. Used only when feasible;
+    /// otherwise the ladder applies.
+    #[serde(default = "default_last_chance")]
+    pub last_chance: BTreeMap<FailureClass, ActionKind>,
     /// Backoff parameters for retries.
     pub retry: RetryConfig,
     /// One ladder per failure class, cheapest action first.
@@ -400,6 +406,7 @@ impl Default for Policy {
             retry: RetryConfig::default(),
             ladders,
             max_actions_per_failure: None,
+            last_chance: default_last_chance(),
         }
     }
 }
@@ -413,6 +420,32 @@ struct PolicyFile {
     ladders: BTreeMap<FailureClass, Vec<ActionKind>>,
     #[serde(default)]
     max_actions_per_failure: Option<u32>,
+    #[serde(default)]
+    last_chance: BTreeMap<FailureClass, ActionKind>,
+}
+
+/// The default last-chance actions: substitute for tool and data failures, escalate for the
+/// model's own mistakes, re-map the tool for a wrong tool choice.
+pub fn default_last_chance() -> BTreeMap<FailureClass, ActionKind> {
+    FailureClass::ALL
+        .into_iter()
+        .map(|c| {
+            let a = match c {
+                FailureClass::ToolTimeout
+                | FailureClass::ToolUnavailable
+                | FailureClass::MalformedOutput
+                | FailureClass::EmptyOutput
+                | FailureClass::StaleContext
+                | FailureClass::ContradictoryEvidence
+                | FailureClass::VerificationFailure => ActionKind::Substitute,
+                FailureClass::ArgumentInvalid
+                | FailureClass::PlanningFailure
+                | FailureClass::ControlLoop => ActionKind::Escalate,
+                FailureClass::WrongTool => ActionKind::Repair,
+            };
+            (c, a)
+        })
+        .collect()
 }
 
 impl Policy {
@@ -434,6 +467,9 @@ impl Policy {
             max_actions_per_failure: file.max_actions_per_failure,
             ..Policy::default()
         };
+        for (class, action) in file.last_chance {
+            policy.last_chance.insert(class, action);
+        }
         for (class, ladder) in file.ladders {
             policy.ladders.insert(class, ladder);
         }
@@ -474,6 +510,54 @@ impl Policy {
         self.ladders.get(&class).map(Vec::as_slice).unwrap_or(&[])
     }
 
+    /// The concrete action for `kind` if it applies here, with the failure's retry count after it.
+    fn instantiate(
+        &self,
+        kind: ActionKind,
+        state: LadderState,
+        failure: &Classification,
+        options: &Options,
+        rng: &mut dyn Rng,
+    ) -> Option<(RecoveryAction, u32)> {
+        let action = match kind {
+            ActionKind::Retry => {
+                if !options.retry_safe {
+                    return None;
+                }
+                let attempt = state.retries + 1;
+                return Some((
+                    RecoveryAction::Retry {
+                        delay_ms: self.retry.delay_ms(attempt, failure.retry_after_ms, rng),
+                        attempt,
+                    },
+                    attempt,
+                ));
+            }
+            ActionKind::Repair => options
+                .repair
+                .map(|target| RecoveryAction::Repair { target }),
+            ActionKind::Substitute => options
+                .substitute
+                .clone()
+                .map(|alternative| RecoveryAction::Substitute { alternative }),
+            ActionKind::Replan => options.can_replan.then_some(RecoveryAction::Replan),
+            ActionKind::Refresh => options.refreshable.then_some(RecoveryAction::Refresh),
+            ActionKind::Escalate => match (&options.fallback_model, options.human_available) {
+                (Some(model), _) => Some(RecoveryAction::Escalate {
+                    target: EscalationTarget::FallbackModel {
+                        model: model.clone(),
+                    },
+                }),
+                (None, true) => Some(RecoveryAction::Escalate {
+                    target: EscalationTarget::Human,
+                }),
+                (None, false) => None,
+            },
+            ActionKind::Degrade | ActionKind::Terminate => None,
+        };
+        action.map(|a| (a, state.retries))
+    }
+
     /// Picks the cheapest feasible action for `failure`, starting at `state.rung`.
     ///
     /// Never returns an action whose budget is spent; when the ladder is used up it returns
@@ -492,6 +576,26 @@ impl Policy {
             || self
                 .max_actions_per_failure
                 .is_some_and(|cap| state.actions >= cap);
+        if !ended
+            && let Some(cap) = self.max_actions_per_failure
+            && state.actions + 1 == cap
+            && let Some(&kind) = self.last_chance.get(&failure.class)
+            && !kind.is_terminal()
+            && budget.can_afford(&kind.charge())
+            && let Some((action, retries)) = self.instantiate(kind, state, failure, options, rng)
+        {
+            return Decision {
+                action,
+                rung: None,
+                charge: kind.charge(),
+                next: LadderState {
+                    rung: ladder.len(),
+                    retries,
+                    actions: state.actions + 1,
+                },
+                skipped,
+            };
+        }
         for (rung, &kind) in ladder.iter().enumerate().skip(state.rung) {
             let charge = kind.charge();
             if kind.is_terminal() {
@@ -520,38 +624,12 @@ impl Policy {
                 actions: state.actions + 1,
                 ..state
             };
-            let action = match kind {
-                ActionKind::Retry => options.retry_safe.then(|| {
-                    next.retries = state.retries + 1;
-                    RecoveryAction::Retry {
-                        delay_ms: self
-                            .retry
-                            .delay_ms(next.retries, failure.retry_after_ms, rng),
-                        attempt: next.retries,
-                    }
-                }),
-                ActionKind::Repair => options
-                    .repair
-                    .map(|target| RecoveryAction::Repair { target }),
-                ActionKind::Substitute => options
-                    .substitute
-                    .clone()
-                    .map(|alternative| RecoveryAction::Substitute { alternative }),
-                ActionKind::Replan => options.can_replan.then_some(RecoveryAction::Replan),
-                ActionKind::Refresh => options.refreshable.then_some(RecoveryAction::Refresh),
-                ActionKind::Escalate => match (&options.fallback_model, options.human_available) {
-                    (Some(model), _) => Some(RecoveryAction::Escalate {
-                        target: EscalationTarget::FallbackModel {
-                            model: model.clone(),
-                        },
-                    }),
-                    (None, true) => Some(RecoveryAction::Escalate {
-                        target: EscalationTarget::Human,
-                    }),
-                    (None, false) => None,
-                },
-                ActionKind::Degrade | ActionKind::Terminate => None,
-            };
+            let action =
+                self.instantiate(kind, state, failure, options, rng)
+                    .map(|(a, retries)| {
+                        next.retries = retries;
+                        a
+                    });
             match action {
                 Some(action) => {
                     return Decision {

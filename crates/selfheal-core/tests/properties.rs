@@ -251,8 +251,17 @@ proptest! {
             prop_assert!(ledger.can_afford(&d.charge), "{:?} is unaffordable", d.action);
             prop_assert_eq!(d.charge, kind.charge());
             prop_assert!(ledger.exhausted().is_none(), "acted on a run whose latency/cost is spent");
-            prop_assert!(policy.ladder(class).contains(&kind), "{:?} is not on the ladder", kind);
-            prop_assert!(d.rung.is_some_and(|r| r >= rung));
+            match d.rung {
+                // The last-chance action: only when exactly one action is left.
+                None => {
+                    prop_assert_eq!(policy.last_chance.get(&class), Some(&kind));
+                    prop_assert_eq!(cap, Some(actions + 1));
+                }
+                Some(r) => {
+                    prop_assert!(policy.ladder(class).contains(&kind), "{:?} is not on the ladder", kind);
+                    prop_assert!(r >= rung);
+                }
+            }
             prop_assert!(cap.is_none_or(|c| actions < c), "acted past the per-failure cap");
             prop_assert!(ledger.charge(&d.charge).is_ok());
         }
@@ -500,4 +509,53 @@ fn policy_decisions_are_deterministic_for_a_seed() {
     assert_eq!(one, two);
     let other = p.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
     assert_ne!(one.action, other.action, "jitter comes from the rng");
+}
+
+// ── canonical hashing ─────────────────────────────────────────────────────────────────────────
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        (-3i64..3).prop_map(|i| json!(i)),
+        prop::sample::select(vec![0.5f64, -0.0, 2.0, 1e300]).prop_map(|f| json!(f)),
+        "[ab]{0,3}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map("[kq]{1,2}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Numbers as floats: the canonical form the monitor compares (`1` == `1.0`, `0` == `-0.0`).
+fn canonical(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => {
+            let f = n.as_f64().unwrap();
+            json!(if f == 0.0 { 0.0 } else { f })
+        }
+        Value::Array(a) => Value::Array(a.iter().map(canonical).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, x)| (k.clone(), canonical(x))).collect())
+        }
+        Value::Null | Value::Bool(_) | Value::String(_) => v.clone(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    #[test]
+    fn canonical_hash_equal_exactly_when_canonically_equal(a in json_value(), b in json_value()) {
+        use selfheal_core::monitor::canonical_hash;
+        prop_assert_eq!(canonical_hash(&a), canonical_hash(&canonical(&a)));
+        prop_assert_eq!(
+            canonical_hash(&a) == canonical_hash(&b),
+            canonical(&a) == canonical(&b),
+            "{} vs {}", a, b
+        );
+    }
 }

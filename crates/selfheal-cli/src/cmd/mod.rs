@@ -1,3 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod demo;
+pub mod monitor;
 pub mod repair;

@@ -1,0 +1,183 @@
+//! `selfheal bench`: the seeded fault-injection benchmark.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use selfheal_bench::faults::Mix;
+use selfheal_bench::report;
+use selfheal_bench::strategies::Strategy;
+use selfheal_bench::{BenchConfig, CostWeights};
+
+/// Arguments of `selfheal bench`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+EXAMPLES
+  selfheal bench                         the default run: 10 seeds x 100 tasks, R = 5
+  selfheal bench --sweep --out report/   R = 1..5, Markdown report and SVG plots
+  selfheal bench --silent                only plausible-but-wrong faults (SFR)
+  selfheal bench --seed 7 --fault-rate 0.3 --mix runtime=1,agent=1
+  selfheal bench --json > results.json   machine output
+
+Every result is a pure function of the options: the same options give byte-identical JSON.")]
+pub struct BenchArgs {
+    /// First seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Number of consecutive seeds.
+    #[arg(long, default_value_t = 10)]
+    pub seeds: u32,
+    /// Run the first N of the 100 tasks.
+    #[arg(long, default_value_t = 100)]
+    pub tasks: usize,
+    /// Probability that a step is faulted, in [0, 1].
+    #[arg(long, default_value_t = BenchConfig::default().fault_rate)]
+    pub fault_rate: f64,
+    /// Weights of the fault families, e.g. runtime=0.35,output=0.2,context=0.15,semantic=0.1,agent=0.2.
+    #[arg(long)]
+    pub mix: Option<String>,
+    /// Recovery actions allowed per failure (R).
+    #[arg(long, default_value_t = 5)]
+    pub budget: u32,
+    /// Run R = 1..5 for every strategy.
+    #[arg(long)]
+    pub sweep: bool,
+    /// The semantic silent-failure setting: only plausible-but-wrong faults.
+    #[arg(long)]
+    pub silent: bool,
+    /// Cost weights a,b,c,d of K = a·model + b·tool + c·verifier + d·recovery calls.
+    #[arg(long, value_name = "A,B,C,D")]
+    pub cost_weights: Option<String>,
+    /// Only these strategies (comma-separated): static, retry-only, react, full-replan, self-healing.
+    #[arg(long, value_delimiter = ',')]
+    pub strategies: Vec<String>,
+    /// Write machine-readable JSON to stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a Markdown report and SVG plots into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Write every episode's control-plane trace as JSON Lines to this file.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Print how long the run took (to stderr).
+    #[arg(long)]
+    pub timings: bool,
+}
+
+/// Runs `selfheal bench`; returns the process exit code.
+pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
+    let mut config = BenchConfig {
+        seed: args.seed,
+        seeds: args.seeds,
+        tasks: args.tasks,
+        fault_rate: args.fault_rate,
+        budget: args.budget,
+        sweep: args.sweep,
+        silent: args.silent,
+        ..BenchConfig::default()
+    };
+    if let Some(m) = &args.mix {
+        config.mix = Mix::parse(m).map_err(|e| anyhow::anyhow!("--mix: {e}"))?;
+    }
+    if let Some(w) = &args.cost_weights {
+        config.weights =
+            CostWeights::parse(w).map_err(|e| anyhow::anyhow!("--cost-weights: {e}"))?;
+    }
+    if !args.strategies.is_empty() {
+        config.strategies = args
+            .strategies
+            .iter()
+            .map(|s| {
+                Strategy::parse(s.trim()).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--strategies: unknown strategy {s:?} (static, retry-only, react, full-replan, self-healing)"
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    config.validate().map_err(anyhow::Error::msg)?;
+
+    let mut trace_file = match &args.trace {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create trace file {}", path.display()))?,
+        )),
+        None => None,
+    };
+    let mut trace_error: Option<std::io::Error> = None;
+    let started = Instant::now();
+    let bar = ProgressBar::hidden();
+    bar.set_length(config.episodes());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:40}] {pos}/{len} episodes ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut progress = |done: u64, _total: u64| {
+        // Only show a bar on runs that last: the default run finishes well under a second.
+        if bar.is_hidden() && started.elapsed().as_millis() > 1000 {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+        bar.set_position(done);
+    };
+    let mut sink = |line: &str| {
+        if let Some(f) = trace_file.as_mut()
+            && trace_error.is_none()
+            && let Err(e) = writeln!(f, "{line}")
+        {
+            trace_error = Some(e);
+        }
+    };
+    let report = if args.trace.is_some() {
+        selfheal_bench::run(&config, &mut progress, Some(&mut sink))
+    } else {
+        selfheal_bench::run(&config, &mut progress, None)
+    };
+    bar.finish_and_clear();
+    let elapsed = started.elapsed();
+    if let Some(e) = trace_error {
+        return Err(e).context("writing the trace file");
+    }
+    if let Some(mut f) = trace_file {
+        f.flush().context("writing the trace file")?;
+    }
+
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create directory {}", dir.display()))?;
+        let write = |name: &str, body: String| {
+            std::fs::write(dir.join(name), body)
+                .with_context(|| format!("cannot write {}", dir.join(name).display()))
+        };
+        write("tsr-by-budget.svg", report::svg_tsr_by_budget(&report))?;
+        write("recovery-by-class.svg", report::svg_class_bars(&report))?;
+        write(
+            "report.md",
+            report::markdown(&report, &["tsr-by-budget.svg", "recovery-by-class.svg"]),
+        )?;
+        write("results.json", serde_json::to_string_pretty(&report)?)?;
+    }
+
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report::table(&report));
+        if let Some(dir) = &args.out {
+            println!("report written to {}", dir.join("report.md").display());
+        }
+    }
+    if args.timings {
+        eprintln!(
+            "timings: {} episodes in {:.3} s ({:.1} µs per episode)",
+            config.episodes(),
+            elapsed.as_secs_f64(),
+            elapsed.as_secs_f64() * 1e6 / config.episodes().max(1) as f64
+        );
+    }
+    Ok(0)
+}
