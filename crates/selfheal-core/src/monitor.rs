@@ -457,7 +457,7 @@ pub struct MemoryFootprint {
 pub struct Monitor {
     config: MonitorConfig,
     tools: Vec<ToolState>,
-    index: HashMap<Box<str>, usize>,
+    index: HashMap<Box<str>, usize, FoldBuildHasher>,
     recent: VecDeque<Recent>,
     ring_cap: usize,
     calls: u64,
@@ -472,6 +472,23 @@ struct Conditions {
     empty_input: bool,
     looping: Option<LoopKind>,
     failure_rate: Option<(usize, usize)>,
+}
+
+/// What one pass over the ring found; see [`Monitor::scan`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Scan {
+    /// An equal earlier call (that did not fail hard) within the duplicate window.
+    duplicate: bool,
+    /// Calls within the duplicate window with this call's error text.
+    same_error: usize,
+    /// Successful calls within the duplicate window equal to this one with the same result.
+    identical_results: usize,
+    /// Calls with empty required input within the empty-input window.
+    empty_inputs: usize,
+    /// Calls within the abort window...
+    calls: usize,
+    /// ...and how many of them failed.
+    failures: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -502,7 +519,10 @@ impl Monitor {
             .max(config.abort_window);
         Monitor {
             tools: Vec::with_capacity(config.max_tools.min(64)),
-            index: HashMap::with_capacity(config.max_tools.min(64)),
+            index: HashMap::with_capacity_and_hasher(
+                config.max_tools.min(64),
+                FoldBuildHasher::default(),
+            ),
             recent: VecDeque::with_capacity(ring_cap),
             ring_cap,
             calls: 0,
@@ -590,12 +610,16 @@ impl Monitor {
             Value::Null => true,
             Value::String(s) => s.trim().is_empty(),
             Value::Array(a) => a.is_empty(),
+            // One pass over the entries rather than three map lookups: results are small
+            // objects, and a key comparison that fails on length costs next to nothing.
             Value::Object(o) => {
                 o.is_empty()
-                    || o.get("error").is_some_and(truthy)
-                    || o.get("isError").is_some_and(|v| v == &Value::Bool(true))
-                    || o.get("results")
-                        .is_some_and(|v| matches!(v, Value::Array(a) if a.is_empty()))
+                    || o.iter().any(|(k, v)| match k.as_str() {
+                        "error" => truthy(v),
+                        "isError" => v == &Value::Bool(true),
+                        "results" => matches!(v, Value::Array(a) if a.is_empty()),
+                        _ => false,
+                    })
             }
             Value::Bool(_) | Value::Number(_) => false,
         }
@@ -700,15 +724,17 @@ impl Monitor {
         let call_no = self.calls;
         self.advance_cooldowns(now_ms);
         let empty_input = self.has_empty_input(call);
+        // Only successful results are ever compared (identical-result loops), so failed calls
+        // skip the canonical hash of their result.
         let (failure, error_text, result_hash) = match call.outcome {
-            CallOutcome::Failed { error } => {
-                (Some(FailureKind::Hard), Some(error), hash_str(error))
+            CallOutcome::Failed { error } => (Some(FailureKind::Hard), Some(error), 0),
+            CallOutcome::Returned(v) => {
+                if Self::is_soft_failure(v) {
+                    (Some(FailureKind::Soft), None, 0)
+                } else {
+                    (None, None, canonical_hash(v))
+                }
             }
-            CallOutcome::Returned(v) => (
-                Self::is_soft_failure(v).then_some(FailureKind::Soft),
-                None,
-                canonical_hash(v),
-            ),
         };
         let counts = match failure {
             Some(FailureKind::Hard) => true,
@@ -762,18 +788,7 @@ impl Monitor {
             (true, true) | (false, false) => {}
         }
 
-        // Windows over recent calls (the ring holds the previous calls; this one is pushed last).
-        // An earlier call that failed hard (raised, timed out) does not make this one a
-        // duplicate: repeating it is a retry, often directed by the controller itself, and
-        // telling the model "this will not give a different result" after the retry worked would
-        // be wrong. Repeats of calls that failed hard are the streak and loop rules' business.
-        let dup_prev = self.config.duplicate_window - 1;
-        let duplicate = self
-            .recent
-            .iter()
-            .rev()
-            .take(dup_prev)
-            .any(|r| r.call_hash == call_hash && r.error_hash.is_none());
+        // Windows over recent calls: push this call, then one scan serves every window rule.
         let error_hash = error_text.map(hash_str);
         if self.recent.len() == self.ring_cap {
             self.recent.pop_front();
@@ -787,16 +802,11 @@ impl Monitor {
             empty_input,
         });
 
-        let empties = self
-            .recent
-            .iter()
-            .rev()
-            .take(self.config.empty_input_window)
-            .filter(|r| r.empty_input)
-            .count();
-        let empty_rule = empties >= self.config.empty_input_min;
-        let looping = self.detect_loop(call_hash, result_hash, error_hash, failure.is_some());
-        let (mut n, mut failed) = self.failure_rate(false);
+        let scan = self.scan(call_hash, result_hash, error_hash);
+        let duplicate = scan.duplicate;
+        let empty_rule = scan.empty_inputs >= self.config.empty_input_min;
+        let looping = self.detect_loop(&scan, failure.is_some());
+        let (mut n, mut failed) = (scan.calls, scan.failures);
         let mut rate_high = self.rate_too_high(failed, n);
         if rate_high && self.notable_tools > 0 {
             // Failures of a tool whose circuit is open are already handled by the breaker; they
@@ -889,13 +899,38 @@ impl Monitor {
             })
     }
 
-    fn detect_loop(
-        &self,
-        call_hash: u64,
-        result_hash: u64,
-        error_hash: Option<u64>,
-        failed: bool,
-    ) -> Option<LoopKind> {
+    /// One pass over the ring (newest first, the current call included) that gathers what every
+    /// window rule needs, instead of one pass per rule.
+    fn scan(&self, call_hash: u64, result_hash: u64, error_hash: Option<u64>) -> Scan {
+        let dup = self.config.duplicate_window;
+        let empty = self.config.empty_input_window;
+        let abort = self.config.abort_window;
+        let mut s = Scan::default();
+        for (i, r) in self.recent.iter().rev().enumerate() {
+            if i < dup {
+                let same_call = r.call_hash == call_hash;
+                // An earlier call that failed hard (raised, timed out) does not make this one a
+                // duplicate: repeating it is a retry, often directed by the controller itself,
+                // and telling the model "this will not give a different result" after the retry
+                // worked would be wrong. Repeats of failing calls are the streak and loop rules'
+                // business.
+                s.duplicate |= i > 0 && same_call && r.error_hash.is_none();
+                s.same_error += usize::from(error_hash.is_some() && r.error_hash == error_hash);
+                s.identical_results +=
+                    usize::from(same_call && !r.failed && r.result_hash == result_hash);
+            }
+            if i < empty {
+                s.empty_inputs += usize::from(r.empty_input);
+            }
+            if i < abort {
+                s.calls += 1;
+                s.failures += usize::from(r.failed);
+            }
+        }
+        s
+    }
+
+    fn detect_loop(&self, scan: &Scan, failed: bool) -> Option<LoopKind> {
         let w = self.config.alternation_window;
         if self.recent.len() >= w {
             let mut it = self.recent.iter().rev().take(w);
@@ -915,30 +950,11 @@ impl Monitor {
                 return Some(LoopKind::Alternation);
             }
         }
-        let dup = self.config.duplicate_window;
-        if let Some(e) = error_hash {
-            let same = self
-                .recent
-                .iter()
-                .rev()
-                .take(dup)
-                .filter(|r| r.error_hash == Some(e))
-                .count();
-            if same >= self.config.same_error_repeats {
-                return Some(LoopKind::SameError);
-            }
+        if scan.same_error >= self.config.same_error_repeats {
+            return Some(LoopKind::SameError);
         }
-        if !failed {
-            let same = self
-                .recent
-                .iter()
-                .rev()
-                .take(dup)
-                .filter(|r| !r.failed && r.call_hash == call_hash && r.result_hash == result_hash)
-                .count();
-            if same >= self.config.identical_result_repeats {
-                return Some(LoopKind::IdenticalResult);
-            }
+        if !failed && scan.identical_results >= self.config.identical_result_repeats {
+            return Some(LoopKind::IdenticalResult);
         }
         None
     }
@@ -972,6 +988,10 @@ impl Monitor {
         let mut v = Verdict::default();
         if self.notable_tools > 0 {
             for t in &self.tools {
+                // Healthy tools produce nothing: skip them before allocating their name.
+                if !t.notable(self.config.warn_after) {
+                    continue;
+                }
                 let name = t.name.to_string();
                 match t.circuit {
                     CircuitState::Open { .. } => {
@@ -1103,8 +1123,88 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-fn hasher() -> std::hash::DefaultHasher {
-    std::hash::DefaultHasher::new()
+/// A small, fast, non-cryptographic 64-bit hasher: the folded multiply of foldhash and wyhash
+/// (multiply to 128 bits, xor the halves) over 8-byte words, with a fixed seed.
+///
+/// Why not the standard `DefaultHasher`: SipHash costs more to set up and finish than a whole
+/// `record` may take here, and `canonical_hash` needs one hash per JSON node. Its resistance to
+/// hash flooding buys nothing in the monitor: the tool table holds at most `max_tools` entries,
+/// and a collision in the ring can at worst raise one spurious piece of guidance. The fixed seed
+/// keeps every verdict reproducible from run to run.
+#[derive(Debug, Clone, Copy)]
+struct FoldHasher {
+    acc: u64,
+}
+
+const FOLD_SEED: u64 = 0x243f_6a88_85a3_08d3;
+const FOLD_K1: u64 = 0x1319_8a2e_0370_7344;
+const FOLD_K2: u64 = 0xa409_3822_299f_31d0;
+
+#[inline]
+fn folded_multiply(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+impl Default for FoldHasher {
+    fn default() -> Self {
+        FoldHasher { acc: FOLD_SEED }
+    }
+}
+
+impl Hasher for FoldHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.acc = folded_multiply(self.acc ^ u64::from_le_bytes(w), FOLD_K1);
+        }
+        let rest = chunks.remainder();
+        let n = rest.len();
+        if n > 0 {
+            // Read the 1..=7 tail bytes without copying them to the stack (a variable-length
+            // copy followed by a wide load stalls store forwarding): two overlapping 4-byte
+            // reads, or three single bytes. Given the length, which goes into the top byte, both
+            // are one-to-one, so "a" and "a\0" still differ.
+            let w = if n >= 4 {
+                let lo = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                let hi = u32::from_le_bytes([rest[n - 4], rest[n - 3], rest[n - 2], rest[n - 1]]);
+                u64::from(lo) | (u64::from(hi) << 32)
+            } else {
+                u64::from(rest[0]) | (u64::from(rest[n / 2]) << 8) | (u64::from(rest[n - 1]) << 16)
+            };
+            let tail = w ^ ((n as u64) << 56);
+            self.acc = folded_multiply(self.acc ^ tail, FOLD_K2);
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.acc = folded_multiply(self.acc ^ i, FOLD_K1);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        folded_multiply(self.acc ^ FOLD_K2, FOLD_K1 ^ FOLD_SEED)
+    }
+}
+
+type FoldBuildHasher = std::hash::BuildHasherDefault<FoldHasher>;
+
+fn hasher() -> FoldHasher {
+    FoldHasher::default()
 }
 
 fn hash_str(s: &str) -> u64 {
@@ -1117,62 +1217,61 @@ fn hash_str(s: &str) -> u64 {
 /// `1.0` are equal). Objects combine their entries with a commutative sum, so order never matters
 /// and no keys need sorting. Below 256 levels only the shape is hashed, so values built deeper
 /// than any parser allows cannot overflow the stack.
+///
+/// Each node is mixed directly with the folded multiply (one or two multiplications per leaf,
+/// one per 8 bytes of string) rather than through a fresh `Hasher` per node: this is the hottest
+/// function of `record`.
 pub fn canonical_hash(v: &Value) -> u64 {
-    fn leaf(v: &Value, h: &mut std::hash::DefaultHasher) -> bool {
-        match v {
-            Value::Null => h.write_u8(0),
-            Value::Bool(b) => {
-                h.write_u8(1);
-                h.write_u8(u8::from(*b));
-            }
-            Value::Number(n) => {
-                h.write_u8(2);
-                match n.as_f64() {
-                    Some(0.0) => h.write_u64(0),
-                    Some(f) => h.write_u64(f.to_bits()),
-                    None => n.to_string().hash(h),
-                }
-            }
-            Value::String(s) => {
-                h.write_u8(3);
-                s.hash(h);
-            }
-            Value::Array(_) | Value::Object(_) => return false,
-        }
-        true
+    // Distinct tags per JSON type, so `"1"`, `1` and `[1]` differ.
+    const NULL: u64 = 0x9e37_79b9_7f4a_7c15;
+    const TRUE: u64 = 0xbf58_476d_1ce4_e5b9;
+    const FALSE: u64 = 0x94d0_49bb_1331_11eb;
+    const NUMBER: u64 = 0x2545_f491_4f6c_dd1d;
+    const STRING: u64 = 0x6c62_272e_07bb_0142;
+    const ARRAY: u64 = 0x8422_2325_cbf2_9ce4;
+    const OBJECT: u64 = 0x1000_0000_01b3_0000;
+    const KEY: u64 = 0x3c6e_f372_fe94_f82b;
+    const DEEP: u64 = 0xa54f_f53a_5f1d_36f1;
+    #[inline]
+    fn mix(a: u64, b: u64) -> u64 {
+        folded_multiply(a ^ FOLD_SEED, b ^ FOLD_K1)
+    }
+    #[inline]
+    fn bytes(tag: u64, s: &str) -> u64 {
+        let mut h = FoldHasher {
+            acc: tag ^ (s.len() as u64),
+        };
+        h.write(s.as_bytes());
+        h.finish()
     }
     fn go(v: &Value, depth: usize) -> u64 {
-        let mut h = hasher();
-        if leaf(v, &mut h) {
-            return h.finish();
-        }
-        if depth > 256 {
-            h.write_u8(9);
-            return h.finish();
-        }
         match v {
+            Value::Null => NULL,
+            Value::Bool(true) => TRUE,
+            Value::Bool(false) => FALSE,
+            Value::Number(n) => match n.as_f64() {
+                // 0.0 and -0.0 are the same number.
+                Some(0.0) => mix(NUMBER, 0),
+                Some(f) => mix(NUMBER, f.to_bits()),
+                None => bytes(NUMBER, &n.to_string()),
+            },
+            Value::String(s) => bytes(STRING, s),
+            Value::Array(_) | Value::Object(_) if depth > 256 => DEEP,
             Value::Array(a) => {
-                h.write_u8(4);
-                h.write_usize(a.len());
+                let mut acc = mix(ARRAY, a.len() as u64);
                 for x in a {
-                    h.write_u64(go(x, depth + 1));
+                    acc = mix(acc, go(x, depth + 1));
                 }
+                acc
             }
             Value::Object(o) => {
-                h.write_u8(5);
-                h.write_usize(o.len());
                 let mut sum = 0u64;
                 for (k, x) in o {
-                    let mut e = hasher();
-                    k.hash(&mut e);
-                    e.write_u64(go(x, depth + 1));
-                    sum = sum.wrapping_add(e.finish());
+                    sum = sum.wrapping_add(mix(bytes(KEY, k), go(x, depth + 1)));
                 }
-                h.write_u64(sum);
+                mix(OBJECT ^ (o.len() as u64), sum)
             }
-            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
         }
-        h.finish()
     }
     go(v, 0)
 }
