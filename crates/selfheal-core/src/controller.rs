@@ -286,6 +286,9 @@ impl Controller {
                 options,
                 usage,
             } => {
+                // A model call is a call: without it the healing rate's denominator misses every
+                // model failure that was healed, and the rate can exceed 1.
+                self.trace.healing.calls += 1;
                 let consecutive = match &self.open {
                     Some(o) if o.step == step => o.ladder.rung as u32 + 1,
                     _ => 1,

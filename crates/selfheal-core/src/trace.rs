@@ -160,12 +160,13 @@ impl Default for HealingRate {
 }
 
 impl HealingRate {
-    /// The rate, in `[0, 1]` (0 with no calls).
+    /// The rate, in `[0, 1]` (0 with no calls). Capped at 1: verifier rejections are healed
+    /// without being calls, so `healed` may exceed `calls`.
     pub fn rate(&self) -> f64 {
         if self.calls == 0 {
             0.0
         } else {
-            self.healed as f64 / self.calls as f64
+            (self.healed as f64 / self.calls as f64).min(1.0)
         }
     }
 

@@ -696,3 +696,45 @@ fn identical_observations_and_seed_give_identical_runs() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn healing_rate_counts_model_calls_and_never_exceeds_one() {
+    let mut c = controller(BudgetLimits::unlimited());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": 1});
+    let r = json!({"ok": 1});
+    c.observe(tool_ok(1, "t", &a, &r), 0, &mut rng);
+    for t in 0..2 {
+        let d = c.observe(
+            Observation::ModelFinished {
+                step: Some(2),
+                signal: http(429),
+                options: opts(),
+                usage: Amounts::default(),
+            },
+            t,
+            &mut rng,
+        );
+        assert!(action(&d).is_some(), "{d:?}");
+    }
+    let h = c.trace().healing;
+    assert_eq!(h.calls, 3, "one tool call and two model calls");
+    assert_eq!(h.healed, 2);
+    assert!(h.rate() <= 1.0);
+    // Verifier rejections are not calls, yet they are healed: the rate is still a share.
+    for t in 0..4 {
+        c.observe(
+            Observation::Verified {
+                step: Some(3),
+                verifier: "v",
+                judgement: Judgement::Reject {
+                    reason: "wrong".into(),
+                },
+                options: opts(),
+            },
+            10 + t,
+            &mut rng,
+        );
+    }
+    assert!(c.trace().healing.rate() <= 1.0, "{:?}", c.trace().healing);
+}
