@@ -403,7 +403,9 @@ pub fn run(
                     n += 1;
                     successes += u64::from(correct);
                     silent += u64::from(claimed && !correct);
-                    let met = env.met();
+                    // Faults are counted as scheduled, not as reached: a strategy that stops at
+                    // the first fault must not shrink its own denominators.
+                    let met: &[faults::Fault] = faults;
                     if !met.is_empty() {
                         faulted += 1;
                         recovered += u64::from(correct);
@@ -438,7 +440,7 @@ pub fn run(
                             "{{\"strategy\":\"{}\",\"budget\":{budget},\"seed\":{seed},\"task\":{},\"event\":\"episode\",\"faults\":{},\"success\":{correct},\"claimed\":{claimed},\"latency_ms\":{}}}",
                             strategy.as_str(),
                             task.id,
-                            serde_json::to_string(&met).unwrap_or_else(|_| "[]".into()),
+                            serde_json::to_string(met).unwrap_or_else(|_| "[]".into()),
                             env.clock_ms
                         ));
                     }
