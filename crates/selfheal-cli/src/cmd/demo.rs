@@ -258,8 +258,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<u8> {
     for (i, r) in reports.iter().enumerate() {
         println!("━━ Scenario {}: {} ━━", i + 1, r.scenario);
         println!(
-            "{:<4} {:<44} │ {}",
-            "call", "WITHOUT the monitor", "WITH the monitor"
+            "{:<4} {:<44} │ WITH the monitor",
+            "call", "WITHOUT the monitor"
         );
         let n = r.without.steps.len().max(r.with.steps.len());
         for k in 0..n {
