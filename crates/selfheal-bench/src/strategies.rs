@@ -432,7 +432,9 @@ pub fn run_self_healing(env: &mut Env<'_>, r: u32, seed: u64, want_trace: bool) 
                 let repeated = s > 0
                     && matches!(&st.env.written[s - 1], Some(Written::Call { tool: t, args: a })
                         if *t == tool && canonical_hash(a) == canonical_hash(&args));
-                if tool != group.primary() && Some(tool.as_str()) != group.substitute() {
+                if repeated {
+                    st.model_failed(s, Signal::Repetition, how[s], None, since)
+                } else if tool != group.primary() && Some(tool.as_str()) != group.substitute() {
                     let signal = if tool == crate::env::sibling(group) {
                         Signal::ToolMismatch { tool }
                     } else {
@@ -447,8 +449,6 @@ pub fn run_self_healing(env: &mut Env<'_>, r: u32, seed: u64, want_trace: bool) 
                         )],
                     };
                     st.model_failed(s, signal, how[s], Some(RepairTarget::Arguments), since)
-                } else if repeated {
-                    st.model_failed(s, Signal::Repetition, how[s], None, since)
                 } else {
                     let w = Written::Call {
                         tool: tool.clone(),
