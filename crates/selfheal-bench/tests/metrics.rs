@@ -1,0 +1,121 @@
+//! The metrics: TSR, RSR and SFR recounted from the per-episode trace, and the headline claim
+//! that self-healing at full budget succeeds without silent failures.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use selfheal_bench::strategies::Strategy;
+use selfheal_bench::{BenchConfig, Report, run};
+use serde_json::Value;
+
+fn run_traced(config: &BenchConfig) -> (Report, Vec<Value>) {
+    let mut lines = Vec::new();
+    let mut sink = |l: &str| lines.push(l.to_owned());
+    let report = run(config, &mut |_, _| {}, Some(&mut sink));
+    let episodes = lines
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["event"] == "episode")
+        .collect();
+    (report, episodes)
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
+fn check_recount(strategy: Strategy, fault_rate: f64) -> (u64, u64, u64) {
+    let config = BenchConfig {
+        seeds: 2,
+        tasks: 60,
+        fault_rate,
+        strategies: vec![strategy],
+        ..BenchConfig::default()
+    };
+    let (report, eps) = run_traced(&config);
+    assert_eq!(report.results.len(), 1);
+    let row = &report.results[0];
+    let d = &report.details[0];
+    let n = eps.len() as u64;
+    assert_eq!(row.episodes, n);
+    let flag = |v: &Value, k: &str| v[k].as_bool().unwrap();
+    let count = |f: &dyn Fn(&Value) -> bool| eps.iter().filter(|v| f(v)).count() as u64;
+    let successes = count(&|v| flag(v, "success"));
+    let silent = count(&|v| flag(v, "claimed") && !flag(v, "success"));
+    let unclaimed = count(&|v| !flag(v, "claimed"));
+    let faulted = count(&|v| !v["faults"].as_array().unwrap().is_empty());
+    let recovered = count(&|v| flag(v, "success") && !v["faults"].as_array().unwrap().is_empty());
+    // A success is always a claimed answer.
+    assert_eq!(count(&|v| flag(v, "success") && !flag(v, "claimed")), 0);
+    assert_eq!(d.successes, successes, "{}", strategy.as_str());
+    assert_eq!(d.silent_failures, silent, "{}", strategy.as_str());
+    assert_eq!(d.faulted, faulted, "{}", strategy.as_str());
+    assert_eq!(d.recovered, recovered, "{}", strategy.as_str());
+    // Failures without an answer never count as silent.
+    assert_eq!(successes + silent + unclaimed, n);
+    assert_eq!(row.tsr, round4(successes as f64 / n as f64));
+    assert_eq!(row.sfr, round4(silent as f64 / n as f64));
+    assert_eq!(row.rsr, round4(recovered as f64 / faulted as f64));
+    // Episodes without a fault all succeed, so RSR is not TSR in disguise.
+    assert_eq!(successes - recovered, n - faulted, "{}", strategy.as_str());
+    (silent, unclaimed, faulted)
+}
+
+#[test]
+fn sfr_counts_only_wrong_answers_returned_as_correct() {
+    let (silent, unclaimed, faulted) = check_recount(Strategy::Static, 0.3);
+    // The run must contain both kinds of failure for the distinction to be tested.
+    assert!(silent > 0, "static should return some wrong answers");
+    assert!(unclaimed > 0, "static should fail some episodes outright");
+    assert!(faulted > 0);
+}
+
+#[test]
+fn metrics_recount_for_every_strategy() {
+    for s in [
+        Strategy::RetryOnly,
+        Strategy::React,
+        Strategy::FullReplan,
+        Strategy::SelfHealing,
+    ] {
+        check_recount(s, 0.3);
+    }
+}
+
+#[test]
+fn rsr_uses_only_faulted_episodes() {
+    // With no faults nothing is faulted: RSR is 0 of 0, TSR is perfect.
+    let config = BenchConfig {
+        seeds: 1,
+        tasks: 20,
+        fault_rate: 0.0,
+        strategies: vec![Strategy::Static],
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    let (row, d) = (&report.results[0], &report.details[0]);
+    assert_eq!(d.faulted, 0);
+    assert_eq!(row.tsr, 1.0);
+    assert_eq!(row.rsr, 0.0);
+    assert_eq!(row.sfr, 0.0);
+}
+
+#[test]
+fn self_healing_at_full_budget_succeeds_without_silent_failures() {
+    for fault_rate in [0.1, 0.3] {
+        let config = BenchConfig {
+            seed: 1,
+            seeds: 3,
+            tasks: 100,
+            fault_rate,
+            strategies: vec![Strategy::SelfHealing],
+            ..BenchConfig::default()
+        };
+        let report = run(&config, &mut |_, _| {}, None);
+        let row = &report.results[0];
+        assert_eq!(row.budget, 5);
+        assert_eq!(row.episodes, 300);
+        assert!(row.tsr >= 0.99, "rate {fault_rate}: TSR {}", row.tsr);
+        assert_eq!(row.sfr, 0.0, "rate {fault_rate}: SFR {}", row.sfr);
+        assert_eq!(report.details[0].silent_failures, 0);
+        assert!(report.details[0].faulted > 0);
+    }
+}

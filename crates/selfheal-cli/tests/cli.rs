@@ -1,0 +1,258 @@
+//! End-to-end tests of `selfheal bench`, `selfheal monitor` and `selfheal demo`: the real binary.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn selfheal(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selfheal"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start selfheal");
+    // The binary may exit before reading stdin (usage errors): ignore a broken pipe.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A fresh directory under the system temp dir, unique to this process and test.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("selfheal-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn lines(out: &Output) -> Vec<Value> {
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+const SMALL: &[&str] = &["bench", "--seeds", "1", "--tasks", "20"];
+
+#[test]
+fn bench_json_has_the_documented_shape() {
+    let out = selfheal(&[SMALL, &["--json"]].concat(), "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert!(v["config"].is_object());
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 5);
+    let mut names: Vec<&str> = Vec::new();
+    for r in results {
+        let mut keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "budget",
+                "cost",
+                "episodes",
+                "latency_ms",
+                "rsr",
+                "sfr",
+                "strategy",
+                "tsr"
+            ]
+        );
+        assert_eq!(r["episodes"], 20);
+        for k in ["tsr", "rsr", "sfr"] {
+            let x = r[k].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&x), "{k} = {x}");
+        }
+        names.push(r["strategy"].as_str().unwrap());
+    }
+    assert_eq!(
+        names,
+        [
+            "static",
+            "retry-only",
+            "react",
+            "full-replan",
+            "self-healing"
+        ]
+    );
+}
+
+#[test]
+fn bench_json_is_reproducible() {
+    let args = [SMALL, &["--json", "--fault-rate", "0.3"]].concat();
+    let a = selfheal(&args, "");
+    let b = selfheal(&args, "");
+    assert_eq!(a.status.code(), Some(0), "{}", text(&a.stderr));
+    assert!(!a.stdout.is_empty());
+    assert_eq!(a.stdout, b.stdout);
+}
+
+#[test]
+fn bench_rejects_bad_options_with_exit_2() {
+    let out = selfheal(&[SMALL, &["--fault-rate", "2"]].concat(), "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--fault-rate"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+
+    let out = selfheal(&[SMALL, &["--mix", "cosmic=1"]].concat(), "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--mix"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cosmic"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bench_out_writes_a_report_and_two_svgs() {
+    let dir = temp_dir("bench-out");
+    let out = selfheal(&[SMALL, &["--out", dir.to_str().unwrap()]].concat(), "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(!md.trim().is_empty());
+    let svgs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "svg"))
+        .collect();
+    assert_eq!(svgs.len(), 2, "{svgs:?}");
+    for p in &svgs {
+        let body = std::fs::read_to_string(p).unwrap();
+        assert!(
+            body.starts_with("<svg"),
+            "{}: {}",
+            p.display(),
+            &body[..body.len().min(80)]
+        );
+        // The report links the plots it was written with.
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert!(md.contains(name), "report.md does not mention {name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_trace_writes_parseable_json_lines() {
+    let dir = temp_dir("bench-trace");
+    let path = dir.join("trace.jsonl");
+    let out = selfheal(
+        &[
+            SMALL,
+            &["--fault-rate", "0.3", "--trace", path.to_str().unwrap()],
+        ]
+        .concat(),
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let body = std::fs::read_to_string(&path).unwrap();
+    let mut episodes = 0;
+    for l in body.lines() {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(v["strategy"].is_string(), "{l}");
+        episodes += usize::from(v["event"] == "episode");
+    }
+    assert_eq!(episodes, 5 * 20, "one episode line per strategy and task");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn monitor_flags_empty_inputs_and_duplicates() {
+    let line =
+        r#"{"tool":"web_search","args":{"query":""},"result":{"results":[]},"required":["query"]}"#;
+    let input = format!("{}\n", [line; 10].join("\n"));
+    let out = selfheal(&["monitor"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let ls = lines(&out);
+    assert_eq!(ls.len(), 10);
+    let signals: Vec<&str> = ls[1]["signals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert!(signals.contains(&"empty_input"), "{signals:?}");
+    assert!(signals.contains(&"duplicate_call"), "{signals:?}");
+    for (i, l) in ls.iter().enumerate() {
+        assert_eq!(l["call"], i as u64 + 1, "{l}");
+    }
+}
+
+#[test]
+fn monitor_opens_the_circuit_after_repeated_hard_failures() {
+    let line = r#"{"tool":"web_search","args":{"query":"rust"},"error":"HTTP 503"}"#;
+    let input = format!("{}\n", [line; 5].join("\n"));
+    let out = selfheal(&["monitor"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let ls = lines(&out);
+    assert_eq!(ls.len(), 5);
+    assert_eq!(ls[0]["hidden_tools"], serde_json::json!([]));
+    let signals = ls[4]["signals"].as_array().unwrap();
+    assert!(signals.contains(&Value::from("circuit_open")), "{}", ls[4]);
+    assert_eq!(ls[4]["hidden_tools"], serde_json::json!(["web_search"]));
+}
+
+#[test]
+fn monitor_reports_a_bad_line_and_carries_on() {
+    let good = r#"{"tool":"web_search","args":{"query":"rust"},"result":{"results":[1]}}"#;
+    let input = format!("{good}\nnot json\n{good}\n");
+    let out = selfheal(&["monitor"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let ls = lines(&out);
+    assert_eq!(ls.len(), 3);
+    assert_eq!(ls[0]["call"], 1);
+    assert_eq!(ls[1]["line"], 2);
+    assert!(
+        ls[1]["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{}",
+        ls[1]
+    );
+    assert_eq!(ls[2]["call"], 2, "processing continues after the bad line");
+    assert!(
+        text(&out.stderr).contains("line 2"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn monitor_rejects_a_bad_config_with_exit_2() {
+    let dir = temp_dir("monitor-config");
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "warn_after = \"three\"\n").unwrap();
+    let out = selfheal(&["monitor", "--config", path.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("bad.toml"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn demo_json_shows_the_monitor_never_costs_calls() {
+    let out = selfheal(&["demo", "--json"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let scenarios = v.as_array().unwrap();
+    assert_eq!(scenarios.len(), 3);
+    for s in scenarios {
+        let with = s["with"]["calls"].as_u64().unwrap();
+        let without = s["without"]["calls"].as_u64().unwrap();
+        assert!(with <= without, "{}: {with} > {without}", s["scenario"]);
+    }
+}
