@@ -75,18 +75,18 @@ enum Frame {
 }
 
 /// What the parser expects next.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 enum State {
     /// A value.
     Value,
-    /// A value is complete: attach it to its parent.
-    Have(Value),
     /// After an element or member: a comma or a closing bracket.
     After,
-    /// After `[` or a comma in an array.
+    /// After `[` or a comma (at the given offset) in an array.
     ArrElem { after_comma: Option<usize> },
-    /// After `{` or a comma in an object.
+    /// After `{` or a comma (at the given offset) in an object.
     ObjKey { after_comma: Option<usize> },
+    /// The root value is complete.
+    Done,
 }
 
 fn is_digit(b: u8) -> bool {
@@ -119,6 +119,8 @@ pub(crate) struct Parser<'a> {
     open_call: usize,
     truncated_noted: bool,
     escaped_noted: bool,
+    /// The finished root value.
+    done: Option<Value>,
     /// Set when a top-level `callback(` was seen.
     pub(crate) jsonp: bool,
 }
@@ -139,6 +141,7 @@ impl<'a> Parser<'a> {
             open_call: 0,
             truncated_noted: false,
             escaped_noted: false,
+            done: None,
             jsonp: false,
         }
     }
@@ -406,44 +409,49 @@ impl<'a> Parser<'a> {
         self.open_arr = 0;
         self.open_obj = 0;
         self.open_call = 0;
+        self.done = None;
         let mut state = State::Value;
         loop {
-            state = match state {
-                State::Value => match self.value_state()? {
-                    Step::Next(s) => s,
-                    Step::Done(v) => return Ok(v),
-                },
-                State::Have(v) => match self.stack.last_mut() {
-                    None => return Ok(v),
-                    Some(Frame::Arr(items)) => {
-                        items.push(v);
-                        State::After
-                    }
-                    Some(Frame::Obj { map, key }) => {
-                        if let Some(k) = key.take() {
-                            map.insert(k, v);
-                        }
-                        State::After
-                    }
-                    Some(Frame::Call(slot)) => {
-                        *slot = Some(v);
-                        State::After
-                    }
-                },
-                State::After => match self.after_state()? {
-                    Step::Next(s) => s,
-                    Step::Done(v) => return Ok(v),
-                },
-                State::ArrElem { after_comma } => match self.arr_elem_state(after_comma)? {
-                    Step::Next(s) => s,
-                    Step::Done(v) => return Ok(v),
-                },
-                State::ObjKey { after_comma } => match self.obj_key_state(after_comma)? {
-                    Step::Next(s) => s,
-                    Step::Done(v) => return Ok(v),
-                },
+            let next = match state {
+                State::Value => self.value_state(),
+                State::After => self.after_state(),
+                State::ArrElem { after_comma } => self.arr_elem_state(after_comma),
+                State::ObjKey { after_comma } => self.obj_key_state(after_comma),
+                State::Done => {
+                    return self
+                        .done
+                        .take()
+                        .ok_or_else(|| self.err(self.pos, "no value"));
+                }
             };
+            state = next.map_err(|e| *e)?;
         }
+    }
+
+    /// Hands a finished value to its parent, or finishes the parse at the top level.
+    fn deliver(&mut self, v: Value) -> State {
+        match self.stack.last_mut() {
+            None => self.done_with(v),
+            Some(Frame::Arr(items)) => {
+                items.push(v);
+                State::After
+            }
+            Some(Frame::Obj { map, key }) => {
+                if let Some(k) = key.take() {
+                    map.insert(k, v);
+                }
+                State::After
+            }
+            Some(Frame::Call(slot)) => {
+                *slot = Some(v);
+                State::After
+            }
+        }
+    }
+
+    fn done_with(&mut self, v: Value) -> State {
+        self.done = Some(v);
+        State::Done
     }
 
     fn in_object(&self) -> bool {
@@ -459,15 +467,18 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn value_state(&mut self) -> Result<Step, RepairError> {
+    fn value_state(&mut self) -> Result<State, Box<RepairError>> {
         self.skip_ws();
         let start = self.pos;
         let Some(c) = self.peek() else {
             if self.stack.is_empty() {
-                return Err(self.err(start, "input ends before any value"));
+                return Err(self.err(start, "input ends before any value").into());
             }
             self.drop_incomplete(start);
-            return self.finish_truncated().map(Step::Done);
+            return {
+                let v = self.finish_truncated()?;
+                Ok(self.done_with(v))
+            };
         };
         match c {
             b'{' => {
@@ -476,14 +487,14 @@ impl<'a> Parser<'a> {
                     key: None,
                 })?;
                 self.pos += 1;
-                Ok(Step::Next(State::ObjKey { after_comma: None }))
+                Ok(State::ObjKey { after_comma: None })
             }
             b'[' => {
                 self.push(Frame::Arr(Vec::new()))?;
                 self.pos += 1;
-                Ok(Step::Next(State::ArrElem { after_comma: None }))
+                Ok(State::ArrElem { after_comma: None })
             }
-            b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start)),
+            b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start).into()),
             b'-' | b'+' | b'.' | b'0'..=b'9' => match self.parse_number()? {
                 Some(_)
                     if !self.stack.is_empty()
@@ -494,34 +505,43 @@ impl<'a> Parser<'a> {
                 {
                     // `2024-01-01`, `0.0.1`, `0x1F`: not a number; keep the text.
                     self.pos = start;
-                    self.unquoted_string().map(|v| Step::Next(State::Have(v)))
+                    {
+                        let v = self.unquoted_string()?;
+                        Ok(self.deliver(v))
+                    }
                 }
-                Some(v) => Ok(Step::Next(State::Have(v))),
+                Some(v) => Ok(self.deliver(v)),
                 None => {
                     if self.stack.is_empty() {
-                        return Err(self.err(start, "truncated number"));
+                        return Err(self.err(start, "truncated number").into());
                     }
                     self.drop_incomplete(start);
-                    self.finish_truncated().map(Step::Done)
+                    {
+                        let v = self.finish_truncated()?;
+                        Ok(self.done_with(v))
+                    }
                 }
             },
             c if is_ident_start(c) => self.word_value(),
-            b',' | b'}' | b']' | b')' | b':' => Err(self.missing_value(start)),
+            b',' | b'}' | b']' | b')' | b':' => Err(self.missing_value(start).into()),
             _ => {
                 if self.quote_at(start).is_some() || self.escaped_quote_at(start) {
                     let s = self.string_value()?;
-                    return Ok(Step::Next(State::Have(Value::String(s))));
+                    return Ok(self.deliver(Value::String(s)));
                 }
                 if self.ellipsis_at(start).is_some() {
-                    return Err(self.missing_value(start));
+                    return Err(self.missing_value(start).into());
                 }
                 if self.in_object() && c >= 0x80 {
-                    return self.unquoted_string().map(|v| Step::Next(State::Have(v)));
+                    let v = self.unquoted_string()?;
+                    return Ok(self.deliver(v));
                 }
-                Err(self.err(
-                    start,
-                    format!("unexpected character {:?}", self.char_at(start)),
-                ))
+                Err(self
+                    .err(
+                        start,
+                        format!("unexpected character {:?}", self.char_at(start)),
+                    )
+                    .into())
             }
         }
     }
@@ -564,7 +584,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A bare word in value position: a literal, a wrapper call or an unquoted string.
-    fn word_value(&mut self) -> Result<Step, RepairError> {
+    fn word_value(&mut self) -> Result<State, Box<RepairError>> {
         let start = self.pos;
         let end = self.ident_end(start);
         let word = self.s(start, end);
@@ -586,7 +606,7 @@ impl<'a> Parser<'a> {
                 self.note(kind, start);
             }
             self.pos = end;
-            return Ok(Step::Next(State::Have(v)));
+            return Ok(self.deliver(v));
         }
         // A wrapper call: `callback(...)`, `NumberLong(2)`, `ISODate("...")`.
         if let Some(paren) = self.call_paren(end) {
@@ -600,9 +620,9 @@ impl<'a> Parser<'a> {
             self.pos = paren + 1;
             let inner = self.skip_plain_ws_from(self.pos);
             if self.at(inner) == Some(b')') {
-                return Err(self.err(inner, format!("{word}() has no value")));
+                return Err(self.err(inner, format!("{word}() has no value")).into());
             }
-            return Ok(Step::Next(State::Value));
+            return Ok(State::Value);
         }
         if end >= self.end
             && LITERALS
@@ -611,15 +631,23 @@ impl<'a> Parser<'a> {
         {
             // A literal cut off by truncation: drop it rather than guess.
             if self.stack.is_empty() {
-                return Err(self.err(start, format!("truncated literal {word:?}")));
+                return Err(self
+                    .err(start, format!("truncated literal {word:?}"))
+                    .into());
             }
             self.drop_incomplete(start);
-            return self.finish_truncated().map(Step::Done);
+            return {
+                let v = self.finish_truncated()?;
+                Ok(self.done_with(v))
+            };
         }
         if self.in_object() {
-            return self.unquoted_string().map(|v| Step::Next(State::Have(v)));
+            return {
+                let v = self.unquoted_string()?;
+                Ok(self.deliver(v))
+            };
         }
-        Err(self.err(start, format!("unexpected word {word:?}")))
+        Err(self.err(start, format!("unexpected word {word:?}")).into())
     }
 
     /// A bare string value after a colon, up to the next delimiter on the same line.
@@ -642,20 +670,25 @@ impl<'a> Parser<'a> {
         Ok(Value::String(text.to_owned()))
     }
 
-    fn after_state(&mut self) -> Result<Step, RepairError> {
+    fn after_state(&mut self) -> Result<State, Box<RepairError>> {
         self.skip_ws();
         let at = self.pos;
         let Some(c) = self.peek() else {
-            return self.finish_truncated().map(Step::Done);
+            return {
+                let v = self.finish_truncated()?;
+                Ok(self.done_with(v))
+            };
         };
         let top_is_call = matches!(self.stack.last(), Some(Frame::Call(_)));
         match c {
             b',' => {
                 if top_is_call {
-                    return Err(self.err(at, "a wrapper call with more than one argument"));
+                    return Err(self
+                        .err(at, "a wrapper call with more than one argument")
+                        .into());
                 }
                 self.pos += 1;
-                Ok(Step::Next(if self.in_object() {
+                Ok(if self.in_object() {
                     State::ObjKey {
                         after_comma: Some(at),
                     }
@@ -663,43 +696,47 @@ impl<'a> Parser<'a> {
                     State::ArrElem {
                         after_comma: Some(at),
                     }
-                }))
+                })
             }
             b']' | b'}' | b')' => self.close(c),
-            _ if top_is_call => Err(self.err(at, "expected ')' after the wrapped value")),
+            _ if top_is_call => Err(self.err(at, "expected ')' after the wrapped value").into()),
             _ if self.in_object() => {
                 if self.is_key_start(at) {
                     self.note(RepairKind::MissingComma, at);
-                    Ok(Step::Next(State::ObjKey { after_comma: None }))
+                    Ok(State::ObjKey { after_comma: None })
                 } else {
-                    Err(self.err(
-                        at,
-                        format!("unexpected {:?} after a member", self.char_at(at)),
-                    ))
+                    Err(self
+                        .err(
+                            at,
+                            format!("unexpected {:?} after a member", self.char_at(at)),
+                        )
+                        .into())
                 }
             }
             _ => {
                 if self.is_value_start(at) || self.ellipsis_at(at).is_some() {
                     self.note(RepairKind::MissingComma, at);
-                    Ok(Step::Next(State::ArrElem { after_comma: None }))
+                    Ok(State::ArrElem { after_comma: None })
                 } else {
-                    Err(self.err(
-                        at,
-                        format!("unexpected {:?} after an element", self.char_at(at)),
-                    ))
+                    Err(self
+                        .err(
+                            at,
+                            format!("unexpected {:?} after an element", self.char_at(at)),
+                        )
+                        .into())
                 }
             }
         }
     }
 
     /// Handles a closing bracket `c` at `pos`.
-    fn close(&mut self, c: u8) -> Result<Step, RepairError> {
+    fn close(&mut self, c: u8) -> Result<State, Box<RepairError>> {
         let at = self.pos;
         let want = match self.stack.last() {
             Some(Frame::Arr(_)) => b']',
             Some(Frame::Obj { .. }) => b'}',
             Some(Frame::Call(_)) => b')',
-            None => return Err(self.err(at, "closing bracket outside any value")),
+            None => return Err(self.err(at, "closing bracket outside any value").into()),
         };
         self.pos += 1;
         if c == want {
@@ -718,7 +755,7 @@ impl<'a> Parser<'a> {
                     Some(Frame::Arr(_)) => b']',
                     Some(Frame::Obj { .. }) => b'}',
                     Some(Frame::Call(_)) => b')',
-                    None => return Err(self.err(at, "closing bracket outside any value")),
+                    None => return Err(self.err(at, "closing bracket outside any value").into()),
                 };
                 if kind == c {
                     return Ok(self.closed_one());
@@ -732,25 +769,30 @@ impl<'a> Parser<'a> {
         let next = self.skip_plain_ws_from(self.pos);
         if matches!(self.at(next), Some(b',')) || self.at(next) == Some(want) {
             self.note(RepairKind::RedundantClosing, at);
-            return Ok(Step::Next(State::After));
+            return Ok(State::After);
         }
         self.note(RepairKind::MismatchedBracket, at);
         Ok(self.closed_one())
     }
 
-    fn closed_one(&mut self) -> Step {
+    fn closed_one(&mut self) -> State {
         match self.pop().flatten() {
-            Some(v) => Step::Next(State::Have(v)),
-            None => Step::Next(State::After),
+            Some(v) => self.deliver(v),
+            None => State::After,
         }
     }
 
-    fn arr_elem_state(&mut self, after_comma: Option<usize>) -> Result<Step, RepairError> {
+    fn arr_elem_state(&mut self, after_comma: Option<usize>) -> Result<State, Box<RepairError>> {
         loop {
             self.skip_ws();
             let at = self.pos;
             match self.peek() {
-                None => return self.finish_truncated().map(Step::Done),
+                None => {
+                    return {
+                        let v = self.finish_truncated()?;
+                        Ok(self.done_with(v))
+                    };
+                }
                 Some(b']') => {
                     if let Some(comma) = after_comma {
                         self.note(RepairKind::TrailingComma, comma);
@@ -777,18 +819,23 @@ impl<'a> Parser<'a> {
                         }
                         continue;
                     }
-                    return Ok(Step::Next(State::Value));
+                    return Ok(State::Value);
                 }
             }
         }
     }
 
-    fn obj_key_state(&mut self, after_comma: Option<usize>) -> Result<Step, RepairError> {
+    fn obj_key_state(&mut self, after_comma: Option<usize>) -> Result<State, Box<RepairError>> {
         let (key, key_at) = loop {
             self.skip_ws();
             let at = self.pos;
             match self.peek() {
-                None => return self.finish_truncated().map(Step::Done),
+                None => {
+                    return {
+                        let v = self.finish_truncated()?;
+                        Ok(self.done_with(v))
+                    };
+                }
                 Some(b'}') => {
                     if let Some(comma) = after_comma {
                         self.note(RepairKind::TrailingComma, comma);
@@ -819,16 +866,19 @@ impl<'a> Parser<'a> {
                         let (k, closed) = self.parse_string(Ctx::Key)?;
                         if !closed {
                             self.drop_incomplete(at);
-                            return self.finish_truncated().map(Step::Done);
+                            return {
+                                let v = self.finish_truncated()?;
+                                Ok(self.done_with(v))
+                            };
                         }
                         break (k, at);
                     }
                     if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
                         break (self.unquoted_key(), at);
                     }
-                    return Err(
-                        self.err(at, format!("expected a key, found {:?}", self.char_at(at)))
-                    );
+                    return Err(self
+                        .err(at, format!("expected a key, found {:?}", self.char_at(at)))
+                        .into());
                 }
             }
         };
@@ -837,19 +887,24 @@ impl<'a> Parser<'a> {
         match self.peek() {
             None => {
                 self.drop_incomplete(key_at);
-                self.finish_truncated().map(Step::Done)
+                {
+                    let v = self.finish_truncated()?;
+                    Ok(self.done_with(v))
+                }
             }
             Some(b':') => {
                 self.pos += 1;
                 self.set_key(key);
-                Ok(Step::Next(State::Value))
+                Ok(State::Value)
             }
             Some(_) if self.is_clear_value_start(at) => {
                 self.note(RepairKind::MissingColon, at);
                 self.set_key(key);
-                Ok(Step::Next(State::Value))
+                Ok(State::Value)
             }
-            Some(_) => Err(self.err(at, format!("missing value for key {key:?}"))),
+            Some(_) => Err(self
+                .err(at, format!("missing value for key {key:?}"))
+                .into()),
         }
     }
 
@@ -1349,13 +1404,6 @@ struct Fallback {
     after: usize,
     /// The length of the decoded text up to it.
     out_len: usize,
-}
-
-/// One transition of the state machine.
-#[derive(Debug)]
-enum Step {
-    Next(State),
-    Done(Value),
 }
 
 /// Converts normalised number text to a JSON number; `None` when out of range.
