@@ -65,6 +65,8 @@ fn bench(c: &mut Criterion) {
     let check = repair(&broken).expect("the bench document is repairable");
     assert!(check.repairs.len() >= 5, "{:?}", check.repairs);
     let valid = valid_document();
+    // Valid up to a cut in the last element: the worst case for a parse-then-repair design.
+    let truncated = valid[..valid.len() - 40].to_owned();
 
     let mut group = c.benchmark_group("repair");
     group.sample_size(20);
@@ -73,6 +75,10 @@ fn bench(c: &mut Criterion) {
         // Dropping the result is the caller's cost, not the parser's: keep it out of the
         // measurement (glibc's free of a million small nodes otherwise dominates).
         b.iter_with_large_drop(|| repair(black_box(&broken)).expect("repairable"));
+    });
+    group.throughput(Throughput::Bytes(truncated.len() as u64));
+    group.bench_function("10MB_truncated_at_end", |b| {
+        b.iter_with_large_drop(|| repair(black_box(&truncated)).expect("repairable"));
     });
     group.throughput(Throughput::Bytes(valid.len() as u64));
     group.bench_function("10MB_valid_fast_path", |b| {

@@ -186,6 +186,7 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
         return Err(RepairError::EmptyInput);
     }
     let mut out = if options.max_depth >= SERDE_DEPTH
+        && may_be_valid(input)
         && let Ok(value) = serde_json::from_str::<Value>(input)
     {
         Repaired {
@@ -202,6 +203,24 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
     decode_layers(&mut out, first, options);
     out.repairs.sort_by_key(|r| r.offset);
     Ok(out)
+}
+
+/// A constant-time check that rules out input `serde_json` would reject only at its end
+/// (truncated output, trailing prose), so such input is not parsed twice.
+fn may_be_valid(input: &str) -> bool {
+    let t = input.trim_ascii();
+    let (Some(&first), Some(&last)) = (t.as_bytes().first(), t.as_bytes().last()) else {
+        return false;
+    };
+    match first {
+        b'{' => last == b'}',
+        b'[' => last == b']',
+        b'"' => last == b'"',
+        b'-' | b'0'..=b'9' => last.is_ascii_digit(),
+        b't' | b'f' => last == b'e',
+        b'n' => last == b'l',
+        _ => false,
+    }
 }
 
 /// Decodes a top-level string that holds a JSON object or array (`"{\"a\": 1}"`).
