@@ -400,17 +400,21 @@ pub fn tasks() -> Vec<Task> {
 
 /// Runs a plan with no faults and returns the final value.
 pub fn run_clean(steps: &[Step]) -> Result<Value, String> {
-    let mut values: Vec<Value> = Vec::with_capacity(steps.len());
+    let mut values: Vec<Option<Value>> = Vec::with_capacity(steps.len());
     for s in steps {
-        let args = resolve(s, &values)?;
+        let args = resolve_present(s, &values)?;
         let out = truth(s.group, &args)?;
-        values.push(extract(s.group, &out)?);
+        values.push(Some(extract(s.group, &out)?));
     }
-    values.last().cloned().ok_or_else(|| "empty plan".into())
+    values
+        .last()
+        .cloned()
+        .flatten()
+        .ok_or_else(|| "empty plan".into())
 }
 
-/// Resolves a step's arguments against earlier values.
-pub fn resolve(step: &Step, values: &[Value]) -> Result<Vec<Value>, String> {
+/// Resolves a step's arguments against the values produced so far (some may be missing).
+pub fn resolve_present(step: &Step, values: &[Option<Value>]) -> Result<Vec<Value>, String> {
     step.args
         .iter()
         .zip(step.group.params())
@@ -419,6 +423,7 @@ pub fn resolve(step: &Step, values: &[Value]) -> Result<Vec<Value>, String> {
             Arg::Ref(i) => values
                 .get(*i)
                 .cloned()
+                .flatten()
                 .ok_or_else(|| format!("missing input `{p}`: no step produced it")),
         })
         .collect()

@@ -8,7 +8,7 @@
 
 use serde_json::{Value, json};
 
-use crate::catalogue::{Arg, Group, Step, Task, args_object, extract, truth};
+use crate::catalogue::{Group, Task, args_object, extract, resolve_present, truth};
 use crate::faults::{Fault, FaultKind, Persistence, Signalling};
 
 /// Simulated latencies, in milliseconds.
@@ -637,20 +637,4 @@ fn with_as_of(body: &Value, group: Group, as_of: u64) -> Value {
         o.insert("as_of".into(), json!(as_of));
     }
     b
-}
-
-/// Resolves a step's arguments against the values produced so far (some may be missing).
-pub fn resolve_present(step: &Step, values: &[Option<Value>]) -> Result<Vec<Value>, String> {
-    step.args
-        .iter()
-        .zip(step.group.params())
-        .map(|(a, p)| match a {
-            Arg::Lit(v) => Ok(v.clone()),
-            Arg::Ref(i) => values
-                .get(*i)
-                .cloned()
-                .flatten()
-                .ok_or_else(|| format!("missing input `{p}`: no step produced it")),
-        })
-        .collect()
 }
