@@ -85,6 +85,11 @@
 //! | `RedundantClosing` | `{"a": 1}}` | `{"a":1}` |
 //! | `MismatchedBracket` | `{"a": [1, 2}` | `{"a":[1,2]}` |
 //! | `NumberFormat` | `[007, 1., .5, +3]` | `[7,1.0,0.5,3]` |
+//! | `DoubleEncoded` (escaped quotes) | `{\"a\": \"b\"}` | `{"a":"b"}` |
+//! | `UnquotedString` (number-like) | `{"v": 0.0.1, "d": 2024-01-01}` | `{"v":"0.0.1","d":"2024-01-01"}` |
+//! | `NdjsonToArray` (scalars) | `1, 2, 3` | `[1,2,3]` |
+//!
+//! The table is checked by the `documented_examples_hold` test.
 //!
 //! # What is refused
 //!

@@ -633,3 +633,60 @@ fn collects_comma_separated_top_level_values() {
     // Prose after a scalar is still refused.
     assert_eq!(refused("1, 2 and 3"), RepairError::NoJson);
 }
+
+/// Every row of the table in the crate docs, input → compact output.
+#[test]
+fn documented_examples_hold() {
+    let rows: &[(&str, &str)] = &[
+        (r#"The answer is {"a": 1}. Done."#, r#"{"a":1}"#),
+        (r#">>> {"a": 1} <<<"#, r#"{"a":1}"#),
+        ("```json {\"a\": 1} ```", r#"{"a":1}"#),
+        (r#"<tool_call>{"a": 1}</tool_call>"#, r#"{"a":1}"#),
+        (r#"callback({"a": 1});"#, r#"{"a":1}"#),
+        (
+            r#"{"n": NumberLong(2), "d": ISODate("2024-01-01")}"#,
+            r#"{"d":"2024-01-01","n":2}"#,
+        ),
+        ("{\"a\":1}\n{\"a\":2}", r#"[{"a":1},{"a":2}]"#),
+        ("[1, 2,]", "[1,2]"),
+        ("[1,,2]", "[1,2]"),
+        (r#"{"a": 1 "b": 2}"#, r#"{"a":1,"b":2}"#),
+        (r#"{"a" 1}"#, r#"{"a":1}"#),
+        ("{'a': 'b'}", r#"{"a":"b"}"#),
+        ("{“a”: “b”}", r#"{"a":"b"}"#),
+        (r#"{"a': 1}"#, r#"{"a":1}"#),
+        (r#"{"a": "b, "c": 1}"#, r#"{"a":"b","c":1}"#),
+        (r#"{"a": "say "hi" now"}"#, r#"{"a":"say \"hi\" now"}"#),
+        ("{a: 1}", r#"{"a":1}"#),
+        (r#"{"unit": celsius}"#, r#"{"unit":"celsius"}"#),
+        (r#"{"a": 1 /* c */} // c"#, r#"{"a":1}"#),
+        ("[True, False, None]", "[true,false,null]"),
+        ("[undefined, NaN, -Infinity]", "[null,null,null]"),
+        ("[TRUE, Null]", "[true,null]"),
+        (r#"{"a": [1, {"b": "hel"#, r#"{"a":[1,{"b":"hel"}]}"#),
+        (r#"{"a": 1, "b": tr"#, r#"{"a":1}"#),
+        ("{\"a\": \"line\ntwo\"}", r#"{"a":"line\ntwo"}"#),
+        (r#"{"p": "C:\Users"}"#, r#"{"p":"C:\\Users"}"#),
+        (r#""{\"a\": 1}""#, r#"{"a":1}"#),
+        (r#"{"a": "x" + "y"}"#, r#"{"a":"xy"}"#),
+        ("[1, 2, ...]", "[1,2]"),
+        (r#"{"a": 1}}"#, r#"{"a":1}"#),
+        (r#"{"a": [1, 2}"#, r#"{"a":[1,2]}"#),
+        ("[007, 1., .5, +3]", "[7,1.0,0.5,3]"),
+        (r#"{\"a\": \"b\"}"#, r#"{"a":"b"}"#),
+        (
+            r#"{"v": 0.0.1, "d": 2024-01-01}"#,
+            r#"{"d":"2024-01-01","v":"0.0.1"}"#,
+        ),
+        ("1, 2, 3", "[1,2,3]"),
+    ];
+    for (input, expected) in rows {
+        let r = repair(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));
+        assert!(r.was_repaired(), "{input:?} reported no repair");
+        assert_eq!(
+            &serde_json::to_string(&r.value).unwrap(),
+            expected,
+            "{input:?}"
+        );
+    }
+}
