@@ -927,6 +927,20 @@ impl<'a> Parser<'a> {
             }
             i += 1;
         }
+        // `{first name: "x"}`: words separated by spaces, then a colon on the same line.
+        let mut j = i;
+        while let Some(c) = self.at(j) {
+            let ok = c.is_ascii_alphanumeric()
+                || matches!(c, b'_' | b'$' | b'-' | b'.' | b' ' | b'\t')
+                || (c >= 0x80 && self.quote_at(j).is_none());
+            if !ok {
+                break;
+            }
+            j += 1;
+        }
+        if j > i && self.at(j) == Some(b':') {
+            i = start + self.s(start, j).trim_end().len();
+        }
         self.pos = i;
         self.s(start, i).to_owned()
     }

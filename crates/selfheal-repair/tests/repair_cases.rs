@@ -170,6 +170,13 @@ fn repairs_unquoted_keys_and_values() {
         RepairKind::UnquotedKey,
     );
     ok(
+        "{first name: \"x\", n: 1}",
+        json!({"first name": "x", "n": 1}),
+        RepairKind::UnquotedKey,
+    );
+    // Words without a colon are prose, not a key.
+    assert!(repair("{this is prose}").is_err());
+    ok(
         "{\"unit\": celsius}",
         json!({"unit": "celsius"}),
         RepairKind::UnquotedString,
