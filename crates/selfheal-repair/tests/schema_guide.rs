@@ -218,3 +218,23 @@ fn violation_display_names_the_root() {
     };
     assert_eq!(v.to_string(), "at (root): expected object, got array []");
 }
+
+#[test]
+fn accepts_wild_tool_schemas_that_strict_validators_reject() {
+    // A draft-7 tuple and OpenAPI-2 `required: true` without `$schema`.
+    let guide = SchemaGuide::new(&json!({
+        "type": "object",
+        "properties": {
+            "pair": {"type": "tuple", "items": [{"type": "string"}, {"type": "int"}]},
+            "q": {"type": "string", "required": true}
+        }
+    }))
+    .unwrap();
+    let o = guide.apply(json!({"pair": ["a", "2"]}));
+    assert_eq!(o.value, json!({"pair": ["a", 2]}));
+    assert_eq!(o.violations.len(), 1);
+    assert_eq!(
+        o.violations[0].to_string(),
+        r#"at (root): missing required property "q""#
+    );
+}

@@ -60,11 +60,74 @@ fn canonical(name: &str) -> Option<Option<&'static str>> {
 pub(crate) fn normalise(schema: &Value) -> Result<Value, SchemaError> {
     let mut out = schema.clone();
     let mut pointer = String::new();
-    walk(&mut out, &mut pointer, 0)?;
+    // Drafts before 2019-09 spell tuples `items: [...]`; later ones `prefixItems`.
+    let legacy = schema
+        .get("$schema")
+        .and_then(Value::as_str)
+        .is_some_and(|s| {
+            ["draft-04", "draft-06", "draft-07"]
+                .iter()
+                .any(|d| s.contains(d))
+        });
+    walk(&mut out, &mut pointer, 0, legacy)?;
     Ok(out)
 }
 
-fn walk(schema: &mut Value, pointer: &mut String, depth: usize) -> Result<(), SchemaError> {
+/// `items: [...]` (a draft-7 tuple) in a 2020-12 schema becomes `prefixItems`.
+fn modernise_tuple(obj: &mut Map<String, Value>) {
+    if !matches!(obj.get("items"), Some(Value::Array(_))) || obj.contains_key("prefixItems") {
+        return;
+    }
+    if let Some(tuple) = obj.remove("items") {
+        obj.insert("prefixItems".to_owned(), tuple);
+    }
+    if let Some(rest) = obj.remove("additionalItems") {
+        obj.insert("items".to_owned(), rest);
+    }
+}
+
+/// OpenAPI-2 style `"required": true` on a property becomes an entry in the parent's
+/// `required` list; a boolean `required` anywhere else is dropped.
+fn lift_required(obj: &mut Map<String, Value>) {
+    let mut names = Vec::new();
+    if let Some(Value::Object(props)) = obj.get_mut("properties") {
+        for (name, sub) in props.iter_mut() {
+            if let Some(Value::Bool(flag)) = sub.get("required").cloned() {
+                if let Value::Object(sub) = sub {
+                    sub.remove("required");
+                }
+                if flag {
+                    names.push(Value::String(name.clone()));
+                }
+            }
+        }
+    }
+    if matches!(obj.get("required"), Some(Value::Bool(_))) {
+        obj.remove("required");
+    }
+    if names.is_empty() {
+        return;
+    }
+    match obj.get_mut("required") {
+        Some(Value::Array(list)) => {
+            for n in names {
+                if !list.contains(&n) {
+                    list.push(n);
+                }
+            }
+        }
+        _ => {
+            obj.insert("required".to_owned(), Value::Array(names));
+        }
+    }
+}
+
+fn walk(
+    schema: &mut Value,
+    pointer: &mut String,
+    depth: usize,
+    legacy: bool,
+) -> Result<(), SchemaError> {
     if depth > MAX_SCHEMA_DEPTH {
         return Err(SchemaError::TooDeep {
             limit: MAX_SCHEMA_DEPTH,
@@ -74,11 +137,15 @@ fn walk(schema: &mut Value, pointer: &mut String, depth: usize) -> Result<(), Sc
         return Ok(());
     };
     normalise_type(obj, pointer)?;
+    lift_required(obj);
+    if !legacy {
+        modernise_tuple(obj);
+    }
     let len = pointer.len();
     for kw in SINGLE {
         if let Some(sub @ Value::Object(_)) = obj.get_mut(kw) {
             push(pointer, kw);
-            walk(sub, pointer, depth + 1)?;
+            walk(sub, pointer, depth + 1, legacy)?;
             pointer.truncate(len);
         }
     }
@@ -87,7 +154,7 @@ fn walk(schema: &mut Value, pointer: &mut String, depth: usize) -> Result<(), Sc
             for (name, sub) in map.iter_mut() {
                 push(pointer, kw);
                 push(pointer, name);
-                walk(sub, pointer, depth + 1)?;
+                walk(sub, pointer, depth + 1, legacy)?;
                 pointer.truncate(len);
             }
         }
@@ -97,7 +164,7 @@ fn walk(schema: &mut Value, pointer: &mut String, depth: usize) -> Result<(), Sc
             for (i, sub) in list.iter_mut().enumerate() {
                 push(pointer, kw);
                 push(pointer, &i.to_string());
-                walk(sub, pointer, depth + 1)?;
+                walk(sub, pointer, depth + 1, legacy)?;
                 pointer.truncate(len);
             }
         }
@@ -180,6 +247,33 @@ mod tests {
         assert_eq!(s["properties"]["b"]["items"]["type"], json!("integer"));
         assert!(s["properties"]["c"].get("type").is_none());
         assert_eq!(s["properties"]["d"]["type"], json!(["string", "null"]));
+    }
+
+    #[test]
+    fn modernises_tuples_and_lifts_boolean_required() {
+        let s = normalise(&json!({
+            "type": "object",
+            "required": true,
+            "properties": {
+                "pair": {"type": "tuple", "items": [{"type": "str"}], "additionalItems": false},
+                "a": {"type": "string", "required": true},
+                "b": {"type": "string", "required": false}
+            }
+        }))
+        .unwrap();
+        assert_eq!(s["required"], json!(["a"]));
+        assert!(s["properties"]["a"].get("required").is_none());
+        assert!(s["properties"]["b"].get("required").is_none());
+        let pair = &s["properties"]["pair"];
+        assert_eq!(pair["prefixItems"], json!([{"type": "string"}]));
+        assert_eq!(pair["items"], json!(false));
+        // Draft 7 keeps its own tuple spelling.
+        let s = normalise(&json!({
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "items": [{"type": "int"}]
+        }))
+        .unwrap();
+        assert_eq!(s["items"], json!([{"type": "integer"}]));
     }
 
     #[test]
