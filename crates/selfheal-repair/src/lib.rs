@@ -72,6 +72,7 @@
 //! | `UnquotedKey` | `{a: 1}` | `{"a":1}` |
 //! | `UnquotedString` | `{"unit": celsius}` | `{"unit":"celsius"}` |
 //! | `Comment` | `{"a": 1 /* c */} // c` | `{"a":1}` |
+//! | `SpecialWhitespace` | `{"a":`*no-break space*`1}` | `{"a":1}` |
 //! | `PythonLiteral` | `[True, False, None]` | `[true,false,null]` |
 //! | `JsLiteral` | `[undefined, NaN, -Infinity]` | `[null,null,null]` |
 //! | `LiteralCase` | `[TRUE, Null]` | `[true,null]` |

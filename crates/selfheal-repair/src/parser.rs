@@ -259,6 +259,10 @@ impl<'a> Parser<'a> {
                     self.note(RepairKind::LeadingGarbage, self.pos);
                     self.pos += 3;
                 }
+                (Some(0xC2 | 0xE2 | 0xE3), _) if self.special_ws_len(self.pos) > 0 => {
+                    self.note(RepairKind::SpecialWhitespace, self.pos);
+                    self.pos += self.special_ws_len(self.pos);
+                }
                 _ => return,
             }
         }
@@ -272,6 +276,20 @@ impl<'a> Parser<'a> {
         }
         let paren = self.skip_plain_ws_from(call_end);
         (self.at(paren) == Some(b'(')).then_some(paren)
+    }
+
+    /// Length of a non-ASCII space at `i` (no-break, en/em and other Unicode spaces), or 0.
+    fn special_ws_len(&self, i: usize) -> usize {
+        match (self.at(i), self.at(i + 1), self.at(i + 2)) {
+            (Some(0xC2), Some(0xA0), _) => 2,
+            // U+2000..U+200A, U+202F
+            (Some(0xE2), Some(0x80), Some(0x80..=0x8A | 0xAF)) => 3,
+            // U+205F
+            (Some(0xE2), Some(0x81), Some(0x9F)) => 3,
+            // U+3000
+            (Some(0xE3), Some(0x80), Some(0x80)) => 3,
+            _ => 0,
+        }
     }
 
     fn ident_end(&self, mut i: usize) -> usize {

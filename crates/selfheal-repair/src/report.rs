@@ -61,6 +61,8 @@ pub enum RepairKind {
     UnquotedString,
     /// A comment (`//`, `/* */` or `#`) was removed.
     Comment,
+    /// A non-ASCII space (no-break space, em space, …) between tokens was removed.
+    SpecialWhitespace,
     /// A Python literal (`True`, `False`, `None`) was converted.
     PythonLiteral,
     /// A JavaScript literal (`undefined`, `NaN`, `Infinity`) was converted to `null`.
@@ -117,6 +119,7 @@ impl RepairKind {
             Self::UnquotedKey => "quoted an unquoted key",
             Self::UnquotedString => "quoted a bare word value",
             Self::Comment => "removed a comment",
+            Self::SpecialWhitespace => "removed a non-ASCII space between tokens",
             Self::PythonLiteral => "converted a Python literal",
             Self::JsLiteral => "converted a JavaScript literal to null",
             Self::LiteralCase => "fixed the case of a literal",

@@ -231,6 +231,15 @@ fn removes_comments() {
 }
 
 #[test]
+fn removes_non_ascii_spaces_between_tokens() {
+    ok(
+        "{\u{a0}\"a\":\u{2003}1,\u{3000}\"b\": \"x\u{a0}y\"}",
+        json!({"a": 1, "b": "x\u{a0}y"}),
+        RepairKind::SpecialWhitespace,
+    );
+}
+
+#[test]
 fn converts_python_and_js_literals() {
     ok(
         "[True, False, None]",
@@ -667,6 +676,7 @@ fn documented_examples_hold() {
         ("{a: 1}", r#"{"a":1}"#),
         (r#"{"unit": celsius}"#, r#"{"unit":"celsius"}"#),
         (r#"{"a": 1 /* c */} // c"#, r#"{"a":1}"#),
+        ("{\"a\":\u{a0}1}", r#"{"a":1}"#),
         ("[True, False, None]", "[true,false,null]"),
         ("[undefined, NaN, -Infinity]", "[null,null,null]"),
         ("[TRUE, Null]", "[true,null]"),
