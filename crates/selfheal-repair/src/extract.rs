@@ -36,30 +36,66 @@ fn parse_window(
     allow_fence: bool,
     allow_tag: bool,
 ) -> Result<Found, RepairError> {
-    let mut wrapper_err = None;
-    if allow_fence {
-        match try_fences(src, start, end, max_depth) {
-            Some(Ok(found)) => return Ok(found),
-            Some(Err(e @ RepairError::TooDeep { .. })) => return Err(e),
-            Some(Err(e)) => wrapper_err = Some(e),
-            None => {}
+    let starts_with_json = src
+        .get(start..end)
+        .and_then(|w| w.trim_start().bytes().next())
+        .is_some_and(|b| b == b'{' || b == b'[');
+    if starts_with_json {
+        // The input is the JSON: fences or tags inside its strings are text, not wrappers.
+        match parse_plain(src, start, end, max_depth) {
+            Ok(found) => return Ok(found),
+            Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+            Err(e) => {
+                return match try_wrappers(src, start, end, max_depth, allow_fence, allow_tag) {
+                    Some(Ok(found)) => Ok(found),
+                    _ => Err(e),
+                };
+            }
         }
     }
-    if allow_tag {
-        match try_tags(src, start, end, max_depth) {
-            Some(Ok(found)) => return Ok(found),
-            Some(Err(e @ RepairError::TooDeep { .. })) => return Err(e),
-            Some(Err(e)) => {
-                wrapper_err.get_or_insert(e);
-            }
-            None => {}
-        }
+    let mut wrapper_err = None;
+    match try_wrappers(src, start, end, max_depth, allow_fence, allow_tag) {
+        Some(Ok(found)) => return Ok(found),
+        Some(Err(e @ RepairError::TooDeep { .. })) => return Err(e),
+        Some(Err(e)) => wrapper_err = Some(e),
+        None => {}
     }
     match parse_plain(src, start, end, max_depth) {
         Ok(found) => Ok(found),
         Err(e @ RepairError::TooDeep { .. }) => Err(e),
         Err(e) => Err(wrapper_err.unwrap_or(e)),
     }
+}
+
+/// Tries code fences, then tag wrappers.
+fn try_wrappers(
+    src: &str,
+    start: usize,
+    end: usize,
+    max_depth: usize,
+    allow_fence: bool,
+    allow_tag: bool,
+) -> Option<Result<Found, RepairError>> {
+    let mut wrapper_err = None;
+    if allow_fence {
+        match try_fences(src, start, end, max_depth) {
+            Some(Ok(found)) => return Some(Ok(found)),
+            Some(Err(e @ RepairError::TooDeep { .. })) => return Some(Err(e)),
+            Some(Err(e)) => wrapper_err = Some(e),
+            None => {}
+        }
+    }
+    if allow_tag {
+        match try_tags(src, start, end, max_depth) {
+            Some(Ok(found)) => return Some(Ok(found)),
+            Some(Err(e @ RepairError::TooDeep { .. })) => return Some(Err(e)),
+            Some(Err(e)) => {
+                wrapper_err.get_or_insert(e);
+            }
+            None => {}
+        }
+    }
+    wrapper_err.map(Err)
 }
 
 /// Tries the content of each markdown code fence in turn.
@@ -231,7 +267,7 @@ fn parse_plain(
     let mut first_err: Option<RepairError> = None;
     let mut cand_from = first;
     if lead.is_clear_value_start(first) {
-        match attempt(src, first, end, max_depth) {
+        match attempt(src, first, end, max_depth, true) {
             Ok((found, None)) => return Ok(with_lead(found, lead_repairs)),
             Ok((mut found, Some(garbage))) => {
                 if found.value.is_object() || found.value.is_array() {
@@ -260,7 +296,7 @@ fn parse_plain(
         else {
             break;
         };
-        match attempt(src, c, end, max_depth) {
+        match attempt(src, c, end, max_depth, false) {
             Ok((mut found, garbage)) => {
                 let prefix = src.get(first..c).unwrap_or_default();
                 let kind = if prefix.chars().any(char::is_alphanumeric) {
@@ -305,8 +341,10 @@ fn attempt(
     at: usize,
     end: usize,
     max_depth: usize,
+    at_start: bool,
 ) -> Result<(Found, Option<usize>), RepairError> {
     let mut p = Parser::new(src, at, end, max_depth);
+    p.bare_words_in_arrays = at_start;
     let first = p.parse_value()?;
     let first_end = p.pos;
     let first_repairs = p.repairs.len();

@@ -121,6 +121,8 @@ pub(crate) struct Parser<'a> {
     escaped_noted: bool,
     /// The finished root value.
     done: Option<Value>,
+    /// Whether bare words in arrays are strings (`[a, b]`).
+    pub(crate) bare_words_in_arrays: bool,
     /// Set when a top-level `callback(` was seen.
     pub(crate) jsonp: bool,
 }
@@ -142,6 +144,7 @@ impl<'a> Parser<'a> {
             truncated_noted: false,
             escaped_noted: false,
             done: None,
+            bare_words_in_arrays: false,
             jsonp: false,
         }
     }
@@ -472,6 +475,16 @@ impl<'a> Parser<'a> {
         State::Done
     }
 
+    /// Whether a bare word may be read as a string here: in an object value, or in an
+    /// array when the input itself starts with the JSON (not in a prose candidate).
+    fn bare_words_allowed(&self) -> bool {
+        match self.stack.last() {
+            Some(Frame::Obj { .. }) => true,
+            Some(Frame::Arr(_)) => self.bare_words_in_arrays,
+            _ => false,
+        }
+    }
+
     fn in_object(&self) -> bool {
         matches!(self.stack.last(), Some(Frame::Obj { .. }))
     }
@@ -493,10 +506,8 @@ impl<'a> Parser<'a> {
                 return Err(self.err(start, "input ends before any value").into());
             }
             self.drop_incomplete(start);
-            return {
-                let v = self.finish_truncated()?;
-                Ok(self.done_with(v))
-            };
+            let v = self.finish_truncated()?;
+            return Ok(self.done_with(v));
         };
         match c {
             b'{' => {
@@ -550,7 +561,7 @@ impl<'a> Parser<'a> {
                 if self.ellipsis_at(start).is_some() {
                     return Err(self.missing_value(start).into());
                 }
-                if self.in_object() && c >= 0x80 {
+                if self.bare_words_allowed() && c >= 0x80 {
                     let v = self.unquoted_string()?;
                     return Ok(self.deliver(v));
                 }
@@ -654,16 +665,12 @@ impl<'a> Parser<'a> {
                     .into());
             }
             self.drop_incomplete(start);
-            return {
-                let v = self.finish_truncated()?;
-                Ok(self.done_with(v))
-            };
+            let v = self.finish_truncated()?;
+            return Ok(self.done_with(v));
         }
-        if self.in_object() {
-            return {
-                let v = self.unquoted_string()?;
-                Ok(self.deliver(v))
-            };
+        if self.bare_words_allowed() {
+            let v = self.unquoted_string()?;
+            return Ok(self.deliver(v));
         }
         Err(self.err(start, format!("unexpected word {word:?}")).into())
     }
@@ -692,10 +699,8 @@ impl<'a> Parser<'a> {
         self.skip_ws();
         let at = self.pos;
         let Some(c) = self.peek() else {
-            return {
-                let v = self.finish_truncated()?;
-                Ok(self.done_with(v))
-            };
+            let v = self.finish_truncated()?;
+            return Ok(self.done_with(v));
         };
         let top_is_call = matches!(self.stack.last(), Some(Frame::Call(_)));
         match c {

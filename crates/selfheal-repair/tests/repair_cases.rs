@@ -87,6 +87,15 @@ fn extracts_from_code_fences() {
 }
 
 #[test]
+fn fences_and_tags_inside_json_strings_are_text() {
+    ok(
+        "{\"code\": \"```json\\n{\\\"x\\\": 1}\\n```\", \"tag\": \"<b>{y}</b>\",}",
+        json!({"code": "```json\n{\"x\": 1}\n```", "tag": "<b>{y}</b>"}),
+        RepairKind::TrailingComma,
+    );
+}
+
+#[test]
 fn extracts_from_tag_wrappers() {
     ok(
         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>",
@@ -186,6 +195,22 @@ fn repairs_unquoted_keys_and_values() {
         json!({"url": "http://x.io/a?b=1", "n": 1}),
         RepairKind::UnquotedString,
     );
+}
+
+#[test]
+fn reads_bare_words_in_arrays_only_when_the_input_is_the_json() {
+    ok(
+        "[a, b c, \"d\"]",
+        json!(["a", "b c", "d"]),
+        RepairKind::UnquotedString,
+    );
+    // In prose, a bracketed phrase is not JSON; the real JSON after it is found.
+    ok(
+        "See [the docs] or use {\"a\": 1}",
+        json!({"a": 1}),
+        RepairKind::ExtractedFromProse,
+    );
+    assert!(repair("Say [hello] to them.").is_err());
 }
 
 #[test]
