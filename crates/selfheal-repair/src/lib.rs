@@ -103,6 +103,9 @@
 //! - a wrapper call has several arguments (`Date(2024, 1, 2)`);
 //! - nesting exceeds [`RepairOptions::max_depth`] ([`RepairError::TooDeep`]).
 //!
+//! Bare words are read as strings only after a colon in an object, or in an array when the
+//! input itself starts with the JSON — never in a bracketed phrase found in prose.
+//!
 //! Truncated output is different: what the model wrote is kept and closed. An open string is
 //! closed with the text it has, open arrays and objects are closed. A member that has no
 //! value yet (`{"a": 1, "b":`) or a half-written literal (`tr`) is **dropped and reported**
