@@ -27,6 +27,11 @@ enum Command {
     /// Repair almost-JSON from stdin (prose, code fences, trailing commas, truncation...) and
     /// optionally check it against a JSON Schema.
     Repair(cmd::repair::RepairArgs),
+    /// Serve the OpenAI-compatible gateway that heals any agent pointed at it.
+    Serve(cmd::serve::ServeArgs),
+    /// Read back the decisions the gateway recorded.
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCommand),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +41,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Monitor(args) => cmd::monitor::run(args),
         Command::Repair(args) => cmd::repair::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::Trace(command) => cmd::trace::run(command),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -4,3 +4,5 @@ pub mod bench;
 pub mod demo;
 pub mod monitor;
 pub mod repair;
+pub mod serve;
+pub mod trace;
