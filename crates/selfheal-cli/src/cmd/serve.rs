@@ -1,12 +1,107 @@
-//! `selfheal serve` (being built: issue 6).
+//! `selfheal serve`: the OpenAI-compatible gateway. Argument parsing and glue only; the gateway
+//! lives in `selfheal-gateway`.
 
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
 use clap::Args;
+
+use selfheal_gateway::{GatewayConfig, TraceWriter};
 
 /// Arguments of `selfheal serve`.
 #[derive(Args, Debug)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Base URL of the upstream that serves every model name (up to and including `/v1`).
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    pub listen: String,
+    /// A `selfheal.toml` with upstreams, model aliases, monitor thresholds and budgets.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Forward only: no healing, no run state (the floor of the load benchmark).
+    #[arg(long)]
+    pub passthrough: bool,
+    /// Where the trace is stored (default: `$XDG_DATA_HOME/selfheal/trace.db`).
+    #[arg(long)]
+    pub trace_db: Option<PathBuf>,
+    /// Record no trace.
+    #[arg(long)]
+    pub no_trace: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
 
 /// Runs `selfheal serve`; returns the process exit code.
-pub fn run(_args: ServeArgs) -> anyhow::Result<u8> {
-    anyhow::bail!("the gateway is not built yet")
+pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            GatewayConfig::from_toml_str(&text)?
+        }
+        None => GatewayConfig::default(),
+    };
+    if let Some(url) = &args.upstream {
+        let base = GatewayConfig::for_upstream(url.clone());
+        config.upstreams.extend(base.upstreams);
+        config.default_upstream = base.default_upstream;
+    }
+    if config.upstreams.is_empty() {
+        anyhow::bail!("no upstream: pass --upstream URL or --config FILE");
+    }
+    config.passthrough |= args.passthrough;
+    config.validate()?;
+    let trace = if args.no_trace {
+        TraceWriter::disabled()
+    } else {
+        let path = args
+            .trace_db
+            .clone()
+            .unwrap_or_else(selfheal_gateway::store::default_path);
+        TraceWriter::open(&path)
+            .with_context(|| format!("cannot open the trace at {}", path.display()))?
+    };
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        println!("listening on http://{addr}");
+        std::io::stdout().flush()?;
+        selfheal_gateway::serve(config, listener, trace, shutdown_signal()).await?;
+        eprintln!("selfheal: drained and stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
 }

@@ -1,0 +1,553 @@
+//! The axum application: routes, and the per-request healing pipeline that ties the modules
+//! together (replay → verdict → edit request → upstream → check tool calls → answer).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use selfheal_core::policy::ActionKind;
+use selfheal_runtime::client::{ClientError, Completion, ModelClient, normalize_request};
+
+use crate::config::GatewayConfig;
+use crate::error::ApiError;
+use crate::heal::{self, ToolIndex};
+use crate::metrics::Metrics;
+use crate::runs::{RunState, RunStore, run_id};
+use crate::store::{RunSummary, TraceEvent, TraceWriter};
+use crate::stream;
+use crate::upstream::{CallLog, Upstreams};
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    /// The configuration.
+    pub config: GatewayConfig,
+    /// The upstream clients and breakers.
+    pub upstreams: Upstreams,
+    /// Per-run state.
+    pub runs: RunStore,
+    /// Counters.
+    pub metrics: Metrics,
+    /// The trace writer.
+    pub trace: TraceWriter,
+    started: Instant,
+}
+
+impl AppState {
+    /// Builds the state from a validated config.
+    pub fn new(config: GatewayConfig, trace: TraceWriter) -> Result<AppState, ClientError> {
+        let upstreams = Upstreams::new(&config)?;
+        let runs = RunStore::new(
+            config.max_runs,
+            std::time::Duration::from_secs(config.run_ttl_secs),
+            config.monitor.clone(),
+            config.budget,
+        );
+        Ok(AppState {
+            config,
+            upstreams,
+            runs,
+            metrics: Metrics::default(),
+            trace,
+            started: Instant::now(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn event(&self, run: &str, kind: &'static str, detail: Value, summary: Option<RunSummary>) {
+        self.trace.send(TraceEvent {
+            run: run.to_owned(),
+            t_ms: unix_ms(),
+            kind,
+            detail,
+            summary,
+        });
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        "no such endpoint",
+    )
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics
+            .render(s.runs.len(), s.runs.evicted(), s.trace.dropped()),
+    )
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    let mut data: Vec<Value> = Vec::new();
+    if let Some(u) = s
+        .config
+        .default_upstream
+        .as_ref()
+        .and_then(|d| s.upstreams.get(d))
+        && let Ok(v) = u.client.get_json("models").await
+        && let Some(list) = v.get("data").and_then(Value::as_array)
+    {
+        data.extend(list.iter().cloned());
+    }
+    for alias in s.config.models.keys() {
+        data.push(json!({"id": alias, "object": "model", "owned_by": "selfheal"}));
+    }
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    Metrics::inc(&s.metrics.requests_total);
+    match chat_inner(&s, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status == StatusCode::BAD_GATEWAY {
+                Metrics::inc(&s.metrics.upstream_errors_total);
+            } else {
+                Metrics::inc(&s.metrics.client_errors_total);
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// Reads and checks the body: 413 when too large, 400 when not a chat request.
+async fn read_request(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    let limit = s.config.max_body_bytes;
+    if headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|n| n > limit)
+    {
+        return Err(ApiError::too_large(limit));
+    }
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::too_large(limit))?;
+    let req: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    if !req.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    if req
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty)
+    {
+        return Err(ApiError::bad_request(
+            "`messages` must be a non-empty array",
+        ));
+    }
+    if !req.get("model").is_some_and(Value::is_string) {
+        return Err(ApiError::bad_request("`model` must be a string"));
+    }
+    Ok(req)
+}
+
+fn chat_op(c: &ModelClient, b: Value) -> BoxFuture<'_, Result<Completion, ClientError>> {
+    Box::pin(async move { c.chat(&b).await })
+}
+
+fn send_op(c: &ModelClient, b: Value) -> BoxFuture<'_, Result<reqwest::Response, ClientError>> {
+    Box::pin(async move { c.send("chat/completions", &b).await })
+}
+
+fn lock(m: &Mutex<RunState>) -> std::sync::MutexGuard<'_, RunState> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn chat_inner(
+    s: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let mut req = read_request(s, headers, body).await?;
+    let model = req["model"].as_str().unwrap_or_default().to_owned();
+    let chain = s
+        .config
+        .route(&model)
+        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let streaming = req.get("stream") == Some(&Value::Bool(true));
+    if s.config.passthrough {
+        return passthrough(s, &chain, req, streaming).await;
+    }
+
+    // 1. Rebuild the run from the conversation and ask the monitor.
+    let messages = req["messages"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let run = run_id(
+        headers.get("x-selfheal-run").and_then(|v| v.to_str().ok()),
+        messages,
+    );
+    let tools = heal::tool_index(&req);
+    let state = s.runs.get(&run, Instant::now());
+    let now_ms = s.now_ms();
+    let (verdict, replayed) = {
+        let mut st = lock(&state);
+        st.requests += 1;
+        let fresh = || RunState::new(s.config.monitor.clone(), s.config.budget);
+        let replayed = heal::replay(&mut st, messages, &tools, fresh, now_ms);
+        (st.monitor.check(now_ms), replayed)
+    };
+    s.event(
+        &run,
+        "request",
+        json!({"model": model, "messages": messages.len(), "stream": streaming}),
+        None,
+    );
+    for r in &replayed {
+        s.event(
+            &run,
+            "tool_result",
+            json!({"tool": r.tool, "outcome": r.outcome}),
+            None,
+        );
+    }
+    let mut actions: Vec<String> = Vec::new();
+
+    // 2. Abort: the run ends here, with a final answer that says why.
+    if let Some(reason) = verdict.abort.clone() {
+        Metrics::inc(&s.metrics.aborts_total);
+        Metrics::inc(&s.metrics.healed_total);
+        let status = {
+            let mut st = lock(&state);
+            st.act("terminate");
+            if st.successes > 0 {
+                "partial"
+            } else {
+                "failed"
+            }
+        };
+        actions.push("terminate".into());
+        s.event(&run, "abort", json!({"reason": reason}), None);
+        let report = selfheal_report(&state, status, Some(&reason), &actions);
+        let content = format!(
+            "I have to stop here: {reason}. The work so far is in the conversation above; \
+             the remaining steps could not be completed."
+        );
+        let completion = json!({
+            "id": format!("selfheal-{run}"),
+            "object": "chat.completion",
+            "created": unix_ms() / 1000,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "selfheal": report,
+        });
+        finish_trace(s, &run, &state, status);
+        let mut resp = if streaming {
+            let frames = stream::answer_frames(&completion);
+            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
+        } else {
+            axum::Json(completion).into_response()
+        };
+        add_headers(&mut resp, &run, status, &actions, Some(&reason));
+        return Ok(resp);
+    }
+
+    // 3. Edit the request per the verdict.
+    let applied = heal::apply_verdict(&mut req, &verdict);
+    if !applied.guidance.is_empty() {
+        Metrics::inc(&s.metrics.guidance_total);
+        actions.push("guidance".into());
+        s.event(&run, "guidance", json!({"text": applied.guidance}), None);
+    }
+    if !applied.hidden.is_empty() {
+        Metrics::inc(&s.metrics.tools_hidden_total);
+        actions.push("hide".into());
+        s.event(&run, "hide", json!({"tools": applied.hidden}), None);
+    }
+    if !actions.is_empty() {
+        Metrics::inc(&s.metrics.healed_total);
+    }
+    normalize_request(&mut req);
+    let tools_fwd = if applied.hidden.is_empty() {
+        tools
+    } else {
+        heal::tool_index(&req)
+    };
+    let charge_state = state.clone();
+    let charge = move |k: ActionKind| {
+        let mut st = lock(&charge_state);
+        let ok = st.ledger.charge(&k.charge()).is_ok();
+        if ok {
+            st.act(k.as_str());
+        }
+        ok
+    };
+
+    // 4. Upstream.
+    let mut log = CallLog::default();
+    if streaming {
+        let result = s
+            .upstreams
+            .call(&chain, &req, &send_op, &charge, false, &mut log)
+            .await;
+        log_calls(s, &run, &log, &mut actions);
+        let upstream = match result {
+            Ok(r) => r,
+            Err(e) => {
+                s.event(&run, "upstream_error", json!({"reasons": e.reasons}), None);
+                finish_trace(s, &run, &state, "failed");
+                return Err(e);
+            }
+        };
+        let report = selfheal_report(&state, "complete", None, &actions);
+        let (tx, rx) = mpsc::channel(64);
+        let s2 = s.clone();
+        let run2 = run.clone();
+        let state2 = state.clone();
+        tokio::spawn(async move {
+            let r = stream::relay(upstream, tools_fwd, Some(report), &tx).await;
+            for t in &r.repaired {
+                Metrics::inc(&s2.metrics.repairs_total);
+                s2.event(&run2, "repair", json!({"tool": t}), None);
+            }
+            for t in &r.invalid {
+                s2.event(&run2, "invalid_call", json!({"reask": t}), None);
+            }
+            let status = if let Some(b) = &r.broken {
+                Metrics::inc(&s2.metrics.streams_broken_total);
+                s2.event(&run2, "stream_broken", json!({"reason": b}), None);
+                "failed"
+            } else {
+                "complete"
+            };
+            finish_trace(&s2, &run2, &state2, status);
+            drop(tx);
+        });
+        let body =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|f| (f, rx)) },
+            );
+        let mut resp = sse_response(Body::from_stream(body));
+        add_headers(&mut resp, &run, "complete", &actions, None);
+        return Ok(resp);
+    }
+
+    let result = s
+        .upstreams
+        .call(&chain, &req, &chat_op, &charge, false, &mut log)
+        .await;
+    let mut completion = match result {
+        Ok(c) => c.body,
+        Err(e) => {
+            log_calls(s, &run, &log, &mut actions);
+            s.event(&run, "upstream_error", json!({"reasons": e.reasons}), None);
+            finish_trace(s, &run, &state, "failed");
+            return Err(e);
+        }
+    };
+
+    // 5. Tool calls: repair in place, or re-ask once within the budget.
+    let mut check = check_completion(&mut completion, &tools_fwd);
+    if !check.invalid.is_empty() && charge(ActionKind::Retry) {
+        Metrics::inc(&s.metrics.reasks_total);
+        actions.push("reask".into());
+        s.event(&run, "reask", json!({"problems": check.invalid}), None);
+        let mut again = req.clone();
+        if let Some(m) = again["messages"].as_array_mut() {
+            m.push(json!({"role": "user", "content": format!(
+                "Your last answer's tool calls could not be used. {}",
+                check.invalid.join(" ")
+            )}));
+        }
+        if let Ok(c) = s
+            .upstreams
+            .call(&chain, &again, &chat_op, &charge, false, &mut log)
+            .await
+        {
+            completion = c.body;
+            check = check_completion(&mut completion, &tools_fwd);
+        }
+    }
+    log_calls(s, &run, &log, &mut actions);
+    for t in &check.repaired {
+        Metrics::inc(&s.metrics.repairs_total);
+        s.event(&run, "repair", json!({"tool": t}), None);
+    }
+    if !check.repaired.is_empty() {
+        actions.push("repair".into());
+    }
+    let (status, reason) = if check.invalid.is_empty() {
+        ("complete", None)
+    } else {
+        s.event(
+            &run,
+            "invalid_call",
+            json!({"problems": check.invalid}),
+            None,
+        );
+        ("partial", Some(check.invalid.join(" ")))
+    };
+    if let Some(o) = completion.as_object_mut() {
+        o.insert(
+            "selfheal".into(),
+            selfheal_report(&state, status, reason.as_deref(), &actions),
+        );
+    }
+    finish_trace(s, &run, &state, status);
+    let mut resp = axum::Json(completion).into_response();
+    add_headers(&mut resp, &run, status, &actions, reason.as_deref());
+    Ok(resp)
+}
+
+fn check_completion(completion: &mut Value, tools: &ToolIndex) -> heal::CallCheck {
+    match completion.pointer_mut("/choices/0/message") {
+        Some(m) => heal::check_message(m, tools),
+        None => heal::CallCheck::default(),
+    }
+}
+
+fn log_calls(s: &AppState, run: &str, log: &CallLog, actions: &mut Vec<String>) {
+    for (kind, detail) in &log.events {
+        match *kind {
+            "retry" => Metrics::inc(&s.metrics.retries_total),
+            "fallback" => Metrics::inc(&s.metrics.fallbacks_total),
+            _ => {}
+        }
+        if !actions.iter().any(|a| a == kind) {
+            actions.push((*kind).to_owned());
+        }
+        s.event(run, kind, json!({"detail": detail}), None);
+    }
+}
+
+fn selfheal_report(
+    state: &Mutex<RunState>,
+    status: &str,
+    reason: Option<&str>,
+    actions: &[String],
+) -> Value {
+    let st = lock(state);
+    json!({
+        "status": status,
+        "reason": reason,
+        "failures": st.failures,
+        "actions": actions,
+        "budget": {"spent": st.ledger.spent(), "limits": st.ledger.limits()},
+    })
+}
+
+fn finish_trace(s: &AppState, run: &str, state: &Mutex<RunState>, status: &str) {
+    let (failures, actions) = {
+        let st = lock(state);
+        (st.failures, st.ledger.spent().recoveries)
+    };
+    s.event(
+        run,
+        "response",
+        json!({"status": status}),
+        Some(RunSummary {
+            status: status.to_owned(),
+            failures,
+            actions,
+        }),
+    );
+}
+
+fn add_headers(
+    resp: &mut Response,
+    run: &str,
+    status: &str,
+    actions: &[String],
+    reason: Option<&str>,
+) {
+    let h = resp.headers_mut();
+    let mut put = |name: &'static str, value: String| {
+        let clean: String = value
+            .chars()
+            .map(|c| {
+                if c.is_ascii() && !c.is_ascii_control() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .take(512)
+            .collect();
+        if let Ok(v) = HeaderValue::from_str(&clean) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    put("x-selfheal-run", run.to_owned());
+    put("x-selfheal-status", status.to_owned());
+    put("x-selfheal-actions", actions.join(","));
+    if let Some(r) = reason {
+        put("x-selfheal-reason", r.to_owned());
+    }
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// Forward only: one attempt, the first model of the chain, no run state.
+async fn passthrough(
+    s: &AppState,
+    chain: &[crate::config::Target],
+    mut req: Value,
+    streaming: bool,
+) -> Result<Response, ApiError> {
+    normalize_request(&mut req);
+    let never = |_k: ActionKind| false;
+    let mut log = CallLog::default();
+    if streaming {
+        let upstream = s
+            .upstreams
+            .call(chain, &req, &send_op, &never, true, &mut log)
+            .await?;
+        return Ok(sse_response(Body::from_stream(upstream.bytes_stream())));
+    }
+    let c = s
+        .upstreams
+        .call(chain, &req, &chat_op, &never, true, &mut log)
+        .await?;
+    Ok(axum::Json(c.body).into_response())
+}

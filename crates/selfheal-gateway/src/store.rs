@@ -1,0 +1,315 @@
+//! The trace store: every decision of the gateway, in SQLite.
+//!
+//! Requests must not wait on the disk, so handlers hand events to a bounded channel and one
+//! writer thread commits them in batches (WAL mode, one transaction per batch). Shutdown closes
+//! the channel and joins the writer, so every event sent before a response went out is on disk
+//! when the process exits. If the channel is ever full the event is dropped and counted rather
+//! than blocking a request.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+
+use rusqlite::{Connection, params};
+use serde::Serialize;
+use serde_json::Value;
+use thiserror::Error;
+
+/// Events queued for the writer at most.
+const QUEUE: usize = 65_536;
+/// Events committed per transaction at most.
+const BATCH: usize = 1_024;
+
+/// A trace store that cannot be opened or read.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error("trace store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The directory could not be created.
+    #[error("trace store: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A summary of the run, written with the event that ends a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunSummary {
+    /// `complete`, `partial` or `failed`.
+    pub status: String,
+    /// Tool failures so far.
+    pub failures: u64,
+    /// Recovery actions so far.
+    pub actions: u64,
+}
+
+/// One decision or observation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceEvent {
+    /// The run.
+    pub run: String,
+    /// Unix time in milliseconds.
+    pub t_ms: u64,
+    /// What kind of event (`request`, `tool_result`, `guidance`, `hide`, `retry`, ...).
+    pub kind: &'static str,
+    /// Details.
+    pub detail: Value,
+    /// Set on the event that ends a request.
+    pub summary: Option<RunSummary>,
+}
+
+/// The default path: `$XDG_DATA_HOME/selfheal/trace.db`, else `~/.local/share/selfheal/trace.db`.
+pub fn default_path() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("selfheal").join("trace.db")
+}
+
+fn open(path: &Path) -> Result<Connection, StoreError> {
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir)?;
+    }
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS runs (
+            run TEXT PRIMARY KEY, first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
+            events INTEGER NOT NULL DEFAULT 0, requests INTEGER NOT NULL DEFAULT 0,
+            status TEXT, failures INTEGER NOT NULL DEFAULT 0, actions INTEGER NOT NULL DEFAULT 0);
+         CREATE TABLE IF NOT EXISTS events (
+            id INTEGER PRIMARY KEY, run TEXT NOT NULL, t_ms INTEGER NOT NULL,
+            kind TEXT NOT NULL, detail TEXT NOT NULL);
+         CREATE INDEX IF NOT EXISTS events_run ON events (run, id);",
+    )?;
+    Ok(conn)
+}
+
+/// The writing side, shared by all handlers.
+#[derive(Debug)]
+pub struct TraceWriter {
+    tx: Mutex<Option<SyncSender<TraceEvent>>>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+    dropped: AtomicU64,
+}
+
+impl TraceWriter {
+    /// Opens (creating) the database at `path` and starts the writer thread.
+    pub fn open(path: &Path) -> Result<TraceWriter, StoreError> {
+        let conn = open(path)?;
+        let (tx, rx) = sync_channel(QUEUE);
+        let handle = std::thread::Builder::new()
+            .name("selfheal-trace".into())
+            .spawn(move || write_loop(conn, rx))?;
+        Ok(TraceWriter {
+            tx: Mutex::new(Some(tx)),
+            handle: Mutex::new(Some(handle)),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// A writer that records nothing (for tests and `--no-trace`).
+    pub fn disabled() -> TraceWriter {
+        TraceWriter {
+            tx: Mutex::new(None),
+            handle: Mutex::new(None),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues an event; never blocks.
+    pub fn send(&self, event: TraceEvent) {
+        let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = guard.as_ref() {
+            match tx.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Events dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Closes the queue and waits until everything queued is committed.
+    pub fn flush_and_close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+fn write_loop(mut conn: Connection, rx: Receiver<TraceEvent>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < BATCH
+            && let Ok(e) = rx.try_recv()
+        {
+            batch.push(e);
+        }
+        if let Err(e) = write_batch(&mut conn, &batch) {
+            eprintln!("selfheal: trace write failed: {e}");
+        }
+    }
+}
+
+fn write_batch(conn: &mut Connection, batch: &[TraceEvent]) -> Result<(), rusqlite::Error> {
+    let tx = conn.transaction()?;
+    {
+        let mut ins = tx.prepare_cached(
+            "INSERT INTO events (run, t_ms, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let mut up = tx.prepare_cached(
+            "INSERT INTO runs (run, first_ms, last_ms, events, requests) VALUES (?1, ?2, ?2, 1, ?3)
+             ON CONFLICT(run) DO UPDATE SET last_ms = ?2, events = events + 1,
+               requests = requests + ?3",
+        )?;
+        let mut sum = tx.prepare_cached(
+            "UPDATE runs SET status = ?2, failures = ?3, actions = ?4 WHERE run = ?1",
+        )?;
+        for e in batch {
+            let t = i64::try_from(e.t_ms).unwrap_or(i64::MAX);
+            ins.execute(params![e.run, t, e.kind, e.detail.to_string()])?;
+            up.execute(params![e.run, t, i64::from(e.kind == "request")])?;
+            if let Some(s) = &e.summary {
+                sum.execute(params![
+                    e.run,
+                    s.status,
+                    i64::try_from(s.failures).unwrap_or(i64::MAX),
+                    i64::try_from(s.actions).unwrap_or(i64::MAX)
+                ])?;
+            }
+        }
+    }
+    tx.commit()
+}
+
+/// One run, as `selfheal trace list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunRow {
+    /// The run id.
+    pub run: String,
+    /// First event, Unix ms.
+    pub first_ms: i64,
+    /// Last event, Unix ms.
+    pub last_ms: i64,
+    /// Requests seen.
+    pub requests: i64,
+    /// Events recorded.
+    pub events: i64,
+    /// Last reported status.
+    pub status: Option<String>,
+    /// Tool failures.
+    pub failures: i64,
+    /// Recovery actions.
+    pub actions: i64,
+}
+
+/// One event, as `selfheal trace show` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventRow {
+    /// Unix ms.
+    pub t_ms: i64,
+    /// The kind.
+    pub kind: String,
+    /// The details.
+    pub detail: Value,
+}
+
+/// The reading side, for the CLI.
+#[derive(Debug)]
+pub struct TraceReader {
+    conn: Connection,
+}
+
+impl TraceReader {
+    /// Opens the database at `path`.
+    pub fn open(path: &Path) -> Result<TraceReader, StoreError> {
+        Ok(TraceReader { conn: open(path)? })
+    }
+
+    /// Runs, most recent first.
+    pub fn runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
+        let mut st = self.conn.prepare(
+            "SELECT run, first_ms, last_ms, requests, events, status, failures, actions
+             FROM runs ORDER BY last_ms DESC LIMIT ?1",
+        )?;
+        let rows = st.query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
+            Ok(RunRow {
+                run: r.get(0)?,
+                first_ms: r.get(1)?,
+                last_ms: r.get(2)?,
+                requests: r.get(3)?,
+                events: r.get(4)?,
+                status: r.get(5)?,
+                failures: r.get(6)?,
+                actions: r.get(7)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The events of one run, oldest first.
+    pub fn events(&self, run: &str) -> Result<Vec<EventRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT t_ms, kind, detail FROM events WHERE run = ?1 ORDER BY id")?;
+        let rows = st.query_map([run], |r| {
+            let detail: String = r.get(2)?;
+            Ok(EventRow {
+                t_ms: r.get(0)?,
+                kind: r.get(1)?,
+                detail: serde_json::from_str(&detail).unwrap_or(Value::String(detail)),
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn events_written_before_close_are_read_back() {
+        let dir = std::env::temp_dir().join(format!("selfheal-store-{}", std::process::id()));
+        let path = dir.join("t.db");
+        let _ = std::fs::remove_file(&path);
+        let w = TraceWriter::open(&path).unwrap();
+        for kind in ["request", "retry", "response"] {
+            w.send(TraceEvent {
+                run: "r1".into(),
+                t_ms: 1,
+                kind,
+                detail: json!({"k": kind}),
+                summary: (kind == "response").then(|| RunSummary {
+                    status: "complete".into(),
+                    failures: 0,
+                    actions: 1,
+                }),
+            });
+        }
+        w.flush_and_close();
+        let r = TraceReader::open(&path).unwrap();
+        let runs = r.runs(10).unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].requests, 1);
+        assert_eq!(runs[0].status.as_deref(), Some("complete"));
+        assert_eq!(r.events("r1").unwrap().len(), 3);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

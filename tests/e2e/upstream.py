@@ -1,0 +1,176 @@
+"""A scripted, fault-injecting OpenAI-compatible upstream for the gateway's end-to-end tests.
+
+Each chat request pops the next step of the script (POST /_script with a JSON list); when the
+script is empty the server plays a simple "stuck agent" model (see `auto_reply`). Every request it
+receives is logged (GET /_log) so tests can check what the gateway forwarded.
+
+Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments": str}
+| {"kind": "status", "status": int, "retry_after": str?, "message": str?}
+| {"kind": "hang", "seconds": float} | {"kind": "empty"} | {"kind": "cut"}
+"""
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class State:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.script = []
+        self.log = []
+
+
+STATE = State()
+
+
+def completion(message, finish):
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "stub",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def tool_message(name, arguments, call_id=None):
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id or f"call_{int(time.time() * 1e6)}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        ],
+    }
+
+
+def auto_reply(req):
+    """A model that keeps calling `search` while it is offered, then uses `lookup`, then answers."""
+    tools = [t["function"]["name"] for t in req.get("tools") or []]
+    last = req["messages"][-1]
+    if last.get("role") == "tool" and "lookup" not in tools and "search" not in tools:
+        return {"role": "assistant", "content": "done"}
+    if last.get("role") == "tool" and "ok:" in str(last.get("content")):
+        return {"role": "assistant", "content": "The answer is 42."}
+    if "search" in tools:
+        return tool_message("search", json.dumps({"query": "answer"}))
+    if "lookup" in tools:
+        return tool_message("lookup", json.dumps({"key": "answer"}))
+    return {"role": "assistant", "content": "The answer is 42."}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def send_json(self, status, body, headers=None):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/_log":
+            with STATE.lock:
+                self.send_json(200, STATE.log)
+        elif self.path == "/v1/models":
+            self.send_json(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+        else:
+            self.send_json(404, {"error": {"message": "no"}})
+
+    def do_POST(self):
+        length = int(self.headers.get("content-length", 0))
+        body = json.loads(self.rfile.read(length) or b"null")
+        if self.path == "/_script":
+            with STATE.lock:
+                STATE.script = list(body)
+                STATE.log = []
+            self.send_json(200, {"ok": True})
+            return
+        with STATE.lock:
+            STATE.log.append(body)
+            step = STATE.script.pop(0) if STATE.script else {"kind": "auto"}
+        kind = step["kind"]
+        if kind == "status":
+            headers = {"retry-after": step["retry_after"]} if "retry_after" in step else {}
+            self.send_json(step["status"], {"error": {"message": step.get("message", "injected")}}, headers)
+            return
+        if kind == "hang":
+            time.sleep(step["seconds"])
+            self.send_json(200, completion({"role": "assistant", "content": "late"}, "stop"))
+            return
+        if kind == "empty":
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        if kind == "ok":
+            message = {"role": "assistant", "content": step.get("content", "hello")}
+        elif kind == "tool":
+            message = tool_message(step["name"], step["arguments"])
+        else:
+            message = auto_reply(body)
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        if body.get("stream"):
+            self.stream(message, finish, cut=(kind == "cut"))
+        else:
+            self.send_json(200, completion(message, finish))
+
+    def stream(self, message, finish, cut):
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+
+        def chunk(delta, fin=None):
+            c = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0,
+                 "model": "stub", "choices": [{"index": 0, "delta": delta, "finish_reason": fin}]}
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            self.wfile.flush()
+
+        chunk({"role": "assistant", "content": ""})
+        if cut:
+            chunk({"content": "This answer is cut "})
+            chunk({"content": "in the mid"})
+            self.close_connection = True
+            return
+        if message.get("tool_calls"):
+            call = message["tool_calls"][0]
+            args = call["function"]["arguments"]
+            chunk({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                                   "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            half = len(args) // 2
+            for part in (args[:half], args[half:]):
+                chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+        else:
+            for word in message["content"].split(" "):
+                chunk({"content": word + " "})
+        chunk({}, finish)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def main():
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0), Handler)
+    server.daemon_threads = True
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
