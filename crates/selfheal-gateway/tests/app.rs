@@ -1,0 +1,350 @@
+//! Gateway tests through `oneshot` (no socket on the gateway side) in front of a scripted
+//! upstream on port 0.
+
+// Test helpers outside `#[test]` functions may panic: a panic is a test failure here.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use selfheal_gateway::config::{ModelRoute, Target, UpstreamConfig};
+use selfheal_gateway::{AppState, GatewayConfig, TraceWriter, router};
+
+#[derive(Default)]
+struct Script {
+    steps: Vec<(u16, Value)>,
+    seen: Vec<Value>,
+}
+
+type Shared = Arc<Mutex<Script>>;
+
+async fn upstream_chat(State(s): State<Shared>, body: axum::Json<Value>) -> Response {
+    let mut s = s.lock().unwrap();
+    s.seen.push(body.0);
+    let (status, body) = if s.steps.is_empty() {
+        (200, text("fine"))
+    } else {
+        s.steps.remove(0)
+    };
+    let mut r = (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response();
+    if status == 429 {
+        r.headers_mut().insert("retry-after", "0".parse().unwrap());
+    }
+    r
+}
+
+fn text(t: &str) -> Value {
+    json!({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": t},
+                        "finish_reason": "stop"}]})
+}
+
+fn tool_call(name: &str, args: &str) -> Value {
+    json!({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": name, "arguments": args}}]},
+                        "finish_reason": "tool_calls"}]})
+}
+
+async fn start_upstream(steps: Vec<(u16, Value)>) -> (String, Shared) {
+    let shared: Shared = Arc::new(Mutex::new(Script {
+        steps,
+        seen: Vec::new(),
+    }));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(upstream_chat))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), shared)
+}
+
+fn gateway(config: GatewayConfig) -> Router {
+    router(Arc::new(
+        AppState::new(config, TraceWriter::disabled()).unwrap(),
+    ))
+}
+
+fn fast(mut c: GatewayConfig) -> GatewayConfig {
+    c.retry.base_ms = 1;
+    c.retry.max_ms = 5;
+    c
+}
+
+async fn post_chat(app: &Router, body: Value) -> (StatusCode, Value, axum::http::HeaderMap) {
+    let req = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        headers,
+    )
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "search", "parameters": {
+            "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["query"]}}},
+        {"type": "function", "function": {"name": "lookup", "parameters": {
+            "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
+    ])
+}
+
+fn conversation(failures: usize, successes: usize) -> Value {
+    let mut m = vec![json!({"role": "user", "content": format!("task {failures}/{successes}")})];
+    for i in 0..(failures + successes) {
+        let (tool, result) = if i < successes {
+            ("lookup", "ok: 1".to_string())
+        } else {
+            ("search", "Error: search backend is down".to_string())
+        };
+        m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"),
+            "type": "function", "function": {"name": tool, "arguments": format!("{{\"query\": \"q{i}\", \"key\": \"k{i}\"}}")}}]}));
+        m.push(json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": result}));
+    }
+    json!(m)
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_400_in_openai_shape() {
+    let app = gateway(GatewayConfig::for_upstream("http://127.0.0.1:9/v1"));
+    let req = Request::post("/v1/chat/completions")
+        .body(Body::from("{not json"))
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let body: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn oversize_body_is_a_413() {
+    let mut c = GatewayConfig::for_upstream("http://127.0.0.1:9/v1");
+    c.max_body_bytes = 100;
+    let (status, body, _) = post_chat(
+        &gateway(c),
+        json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(200)}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["error"]["code"], "request_too_large");
+}
+
+#[tokio::test]
+async fn unknown_model_is_a_404() {
+    let mut c = GatewayConfig::default();
+    c.upstreams.insert(
+        "a".into(),
+        UpstreamConfig {
+            base_url: "http://127.0.0.1:9/v1".into(),
+            api_key_env: None,
+            timeout_ms: 1000,
+        },
+    );
+    c.models.insert(
+        "known".into(),
+        ModelRoute {
+            chain: vec![Target {
+                upstream: "a".into(),
+                model: "m".into(),
+            }],
+        },
+    );
+    let (status, body, _) = post_chat(
+        &gateway(c),
+        json!({"model": "other", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "model_not_found");
+}
+
+#[tokio::test]
+async fn transient_errors_are_retried_then_exhaustion_is_a_502_with_reasons() {
+    let (url, shared) = start_upstream(vec![
+        (429, json!({"error": {"message": "slow down"}})),
+        (503, json!({"error": {"message": "busy"}})),
+    ])
+    .await;
+    let app = gateway(fast(GatewayConfig::for_upstream(url)));
+    let (status, body, headers) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "retry me"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "fine");
+    assert_eq!(shared.lock().unwrap().seen.len(), 3);
+    assert_eq!(body["selfheal"]["budget"]["spent"]["retries"], 2);
+    assert!(
+        headers["x-selfheal-actions"]
+            .to_str()
+            .unwrap()
+            .contains("retry")
+    );
+
+    shared.lock().unwrap().steps = (0..10)
+        .map(|_| (500, json!({"error": {"message": "boom"}})))
+        .collect();
+    let (status, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "another run"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert!(!body["error"]["reasons"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_tool_failing_five_times_is_hidden_and_tool_choice_fixed() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (status, body, headers) = post_chat(
+        &app,
+        json!({"model": "m", "messages": conversation(5, 0), "tools": tools(),
+               "tool_choice": {"type": "function", "function": {"name": "search"}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let seen = shared.lock().unwrap().seen[0].clone();
+    let names: Vec<&str> = seen["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["lookup"]);
+    assert_eq!(seen["tool_choice"], "auto");
+    assert!(seen["messages"].to_string().contains("[selfheal]"));
+    // content: null beside tool_calls is normalised before it leaves.
+    assert_eq!(seen["messages"][2]["content"], "");
+    assert!(
+        headers["x-selfheal-actions"]
+            .to_str()
+            .unwrap()
+            .contains("hide")
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_keeps_failing_ends_partial_with_a_final_message() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let mut msgs = conversation(0, 1);
+    // Several different tools, each failing below its breaker threshold: the failure rate aborts.
+    for i in 0..8 {
+        let tool = format!("t{}", i % 4);
+        msgs.as_array_mut().unwrap().push(json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": format!("f{i}"), "type": "function", "function": {"name": tool, "arguments": format!("{{\"x\": {i}}}")}}]}));
+        msgs.as_array_mut().unwrap().push(
+            json!({"role": "tool", "tool_call_id": format!("f{i}"), "content": "Error: failed"}),
+        );
+    }
+    let (status, body, headers) = post_chat(
+        &app,
+        json!({"model": "m", "messages": msgs, "tools": tools()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["selfheal"]["status"], "partial");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(headers["x-selfheal-status"], "partial");
+    assert!(
+        shared.lock().unwrap().seen.is_empty(),
+        "an aborted run is not sent upstream"
+    );
+}
+
+#[tokio::test]
+async fn broken_tool_arguments_are_repaired_and_unknown_tools_reasked() {
+    let (url, shared) = start_upstream(vec![
+        (200, tool_call("search", "{'query': 'rust', limit: \"3\",}")),
+        (200, tool_call("no_such_tool", "{}")),
+        (200, tool_call("lookup", "{\"key\": \"k\"}")),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "repair"}], "tools": tools()}),
+    )
+    .await;
+    let args = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(args).unwrap(),
+        json!({"query": "rust", "limit": 3})
+    );
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "reask"}], "tools": tools()}),
+    )
+    .await;
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "lookup"
+    );
+    assert_eq!(shared.lock().unwrap().seen.len(), 3);
+    assert!(body["selfheal"]["actions"].to_string().contains("reask"));
+}
+
+#[tokio::test]
+async fn fallback_chain_moves_to_the_next_model() {
+    // 404 from the first model: the chain moves on.
+    let (bad, _) =
+        start_upstream(vec![(404, json!({"error": {"message": "no such model"}}))]).await;
+    let (good, _) = start_upstream(vec![]).await;
+    let mut c = GatewayConfig::default();
+    for (name, url) in [("bad", bad), ("good", good)] {
+        c.upstreams.insert(
+            name.into(),
+            UpstreamConfig {
+                base_url: url,
+                api_key_env: None,
+                timeout_ms: 2000,
+            },
+        );
+    }
+    c.models.insert(
+        "smart".into(),
+        ModelRoute {
+            chain: vec![
+                Target {
+                    upstream: "bad".into(),
+                    model: "m404".into(),
+                },
+                Target {
+                    upstream: "good".into(),
+                    model: "m2".into(),
+                },
+            ],
+        },
+    );
+    let (status, body, _) = post_chat(
+        &gateway(c),
+        json!({"model": "smart", "messages": [{"role": "user", "content": "fb"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["selfheal"]["actions"].to_string().contains("fallback"));
+}
