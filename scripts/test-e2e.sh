@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# End-to-end tests of the gateway: the real `selfheal` binary on port 0, between the real `openai`
+# SDK / openai-agents and a scripted fault-injecting upstream (tests/e2e).
+#
+#   scripts/test-e2e.sh --setup   # once: venv + pinned packages from PyPI (the only download)
+#   scripts/test-e2e.sh           # build the binary and run the tests (no network but loopback)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${SELFHEAL_E2E_VENV:-target/venv-e2e}
+
+if [[ "${1:-}" == "--setup" ]]; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r tests/e2e/requirements.txt
+  exit 0
+fi
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "no test venv at $VENV: run 'scripts/test-e2e.sh --setup' once (installs tests/e2e/requirements.txt)" >&2
+  exit 1
+fi
+
+cargo build -q -p selfheal-cli
+export SELFHEAL_BIN="${CARGO_TARGET_DIR:-target}/debug/selfheal"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e

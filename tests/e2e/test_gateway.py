@@ -1,0 +1,225 @@
+"""End-to-end: the real binary between the real `openai` SDK / openai-agents and a scripted,
+fault-injecting upstream."""
+
+import json
+import statistics
+import threading
+import time
+import uuid
+
+import http.client
+import urllib.parse
+import openai
+import pytest
+
+TOOLS = [
+    {"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+        "required": ["query"]}}},
+    {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}},
+]
+
+
+def post(url, body, headers=None, conn=None, timeout=10):
+    """POST raw bytes or JSON with the standard library; returns (status, parsed JSON)."""
+    u = urllib.parse.urlsplit(url)
+    c = conn or http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    c.request("POST", "/v1/chat/completions", body=data,
+              headers={"content-type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    raw = r.read()
+    if conn is None:
+        c.close()
+    return r.status, json.loads(raw or b"null")
+
+
+def client(gw, **kw):
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, **kw)
+
+
+def ask(text=None):
+    return [{"role": "user", "content": text or f"task {uuid.uuid4()}"}]
+
+
+def test_forwards_and_reports_selfheal(gateway, upstream):
+    upstream.script([{"kind": "ok", "content": "hello there"}])
+    raw = client(gateway).chat.completions.with_raw_response.create(model="stub", messages=ask())
+    r = raw.parse()
+    assert r.choices[0].message.content == "hello there"
+    assert r.model_extra["selfheal"]["status"] == "complete"
+    assert raw.headers["x-selfheal-status"] == "complete"
+
+
+def test_429_with_retry_after_is_honoured(gateway, upstream):
+    upstream.script([{"kind": "status", "status": 429, "retry_after": "1"}, {"kind": "ok"}])
+    t = time.monotonic()
+    r = client(gateway).chat.completions.create(model="stub", messages=ask())
+    assert time.monotonic() - t >= 1.0
+    assert r.model_extra["selfheal"]["budget"]["spent"]["retries"] == 1
+
+
+@pytest.mark.parametrize("steps", [
+    [{"kind": "status", "status": 500}, {"kind": "status", "status": 503}, {"kind": "ok"}],
+    [{"kind": "hang", "seconds": 3}, {"kind": "ok"}],
+    [{"kind": "empty"}, {"kind": "ok"}],
+], ids=["500-503", "hang", "empty-200"])
+def test_transient_faults_are_healed(gateway, upstream, steps):
+    upstream.script(steps)
+    r = client(gateway).chat.completions.create(model="stub", messages=ask())
+    assert r.choices[0].message.content == "hello"
+    assert "retry" in r.model_extra["selfheal"]["actions"]
+
+
+def test_exhausted_upstream_is_a_502_with_reasons(gateway, upstream):
+    upstream.script([{"kind": "status", "status": 503}] * 10)
+    with pytest.raises(openai.APIStatusError) as e:
+        client(gateway).chat.completions.create(model="stub", messages=ask())
+    assert e.value.status_code == 502
+    assert e.value.body["reasons"]
+
+
+
+def test_bad_requests_get_openai_errors(gateway):
+    status, body = post(gateway.url, b"{nope")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    status, body = post(gateway.url, b"x" * (300 * 1024))
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+
+
+def test_malformed_tool_arguments_are_repaired(gateway, upstream):
+    upstream.script([{"kind": "tool", "name": "search", "arguments": "{'query': 'rust', limit: '3',"}])
+    r = client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+    call = r.choices[0].message.tool_calls[0]
+    assert json.loads(call.function.arguments) == {"query": "rust", "limit": 3}
+    assert "repair" in r.model_extra["selfheal"]["actions"]
+
+
+def test_unknown_tool_is_reasked(gateway, upstream):
+    upstream.script([{"kind": "tool", "name": "delete_everything", "arguments": "{}"},
+                     {"kind": "tool", "name": "lookup", "arguments": "{\"key\": \"k\"}"}])
+    r = client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+    assert r.choices[0].message.tool_calls[0].function.name == "lookup"
+    assert "reask" in r.model_extra["selfheal"]["actions"]
+
+
+def test_stream_text_and_tool_calls(gateway, upstream):
+    upstream.script([{"kind": "ok", "content": "one two three"}])
+    chunks = list(client(gateway).chat.completions.create(model="stub", messages=ask(), stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).split() == ["one", "two", "three"]
+    upstream.script([{"kind": "tool", "name": "search", "arguments": "{'query': 'x'}"}])
+    chunks = list(client(gateway).chat.completions.create(
+        model="stub", messages=ask(), tools=TOOLS, stream=True))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1, "a tool call arrives once, complete"
+    assert json.loads(calls[0].function.arguments) == {"query": "x"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_cut_stream_is_never_a_clean_finish(gateway, upstream):
+    upstream.script([{"kind": "cut"}])
+    finishes = []
+    with pytest.raises(Exception):  # the SDK's APIError or a broken-connection error
+        for c in client(gateway).chat.completions.create(model="stub", messages=ask(), stream=True):
+            if c.choices and c.choices[0].finish_reason:
+                finishes.append(c.choices[0].finish_reason)
+    assert finishes == []
+
+
+def conversation(successes, failures):
+    msgs = ask()
+    for i in range(successes + failures):
+        ok = i < successes
+        name = "lookup" if ok else f"tool{i % 4}"
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{
+            "id": f"c{i}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps({"key": f"k{i}"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}",
+                     "content": "ok: 1" if ok else "Error: backend down"})
+    return msgs
+
+
+def test_partial_status_is_readable_by_the_client(gateway, upstream):
+    upstream.script([])
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model="stub", messages=conversation(1, 8), tools=TOOLS)
+    r = raw.parse()
+    assert r.choices[0].finish_reason == "stop"
+    assert r.model_extra["selfheal"]["status"] == "partial"
+    assert "failed" in r.model_extra["selfheal"]["reason"]
+    assert raw.headers["x-selfheal-status"] == "partial"
+    assert upstream.log() == [], "an aborted run is answered by the gateway"
+
+
+def test_stuck_agent_gets_the_tool_hidden_and_finishes(gateway, upstream):
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    calls = {"search": 0, "lookup": 0}
+
+    @agents.function_tool
+    def search(query: str) -> str:
+        """Search the web."""
+        calls["search"] += 1
+        raise RuntimeError("search backend is down")
+
+    @agents.function_tool
+    def lookup(key: str) -> str:
+        """Look a key up in the local index."""
+        calls["lookup"] += 1
+        return "ok: 42"
+
+    upstream.script([])
+    model = agents.OpenAIChatCompletionsModel(
+        model="stub", openai_client=openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x"))
+    agent = agents.Agent(name="stuck", instructions="Find the answer.", tools=[search, lookup],
+                         model=model)
+    result = agents.Runner.run_sync(agent, f"What is the answer? {uuid.uuid4()}", max_turns=12)
+    assert result.final_output == "The answer is 42."
+    assert calls == {"search": 5, "lookup": 1}
+    offered = [[t["function"]["name"] for t in req.get("tools", [])] for req in upstream.log()]
+    assert "search" in offered[4] and "search" not in offered[5]
+    assert any("[selfheal]" in json.dumps(req["messages"]) for req in upstream.log())
+
+
+def test_sequential_keepalive_adds_little_latency(gateway, upstream):
+    upstream.script([])
+    body = {"model": "stub", "messages": ask("keepalive")}
+
+    def median(url):
+        u = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        times = []
+        for _ in range(40):
+            t = time.perf_counter()
+            status, _ = post(url, body, conn=conn)
+            assert status == 200
+            times.append(time.perf_counter() - t)
+        conn.close()
+        return statistics.median(times[5:])
+
+    direct = median(upstream.url)
+    via = median(gateway.url)
+    # Without TCP_NODELAY on either side, each request waits ~40 ms on delayed ACKs.
+    assert via - direct < 0.015, f"direct {direct * 1e3:.2f} ms, via gateway {via * 1e3:.2f} ms"
+
+
+def test_trace_is_complete_after_graceful_shutdown(gateway, upstream):
+    upstream.script([{"kind": "hang", "seconds": 1.0}])
+    run = f"trace-{uuid.uuid4()}"
+    result = {}
+
+    def slow():
+        result["r"] = post(gateway.url, {"model": "stub", "messages": ask()},
+                           headers={"x-selfheal-run": run})
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.3)
+    assert gateway.stop() == 0
+    t.join()
+    assert result["r"][0] == 200, "in-flight requests are drained"
+    runs = {r["run"]: r for r in gateway.trace("list")}
+    assert runs[run]["status"] == "complete"
+    kinds = [e["kind"] for e in gateway.trace("show", run)]
+    assert kinds[0] == "request" and kinds[-1] == "response"
