@@ -556,6 +556,62 @@ impl<'a> Env<'a> {
         as_of_ms.is_some_and(|t| self.now_data_ms.saturating_sub(t) > MAX_AGE_MS)
     }
 
+    /// Executes a call a live model wrote, by tool name, against the fault schedule.
+    ///
+    /// The model chooses its own calls, in its own order, so the step a call serves is inferred:
+    /// the first step of the named tool's group that has no value yet (or the group's last
+    /// step once all are done). Tool-side faults of that step apply exactly as in the simulated
+    /// benchmark; agent-side faults do not (the live model makes its own mistakes). A call whose
+    /// body a plain client can read records the step's value. A tool of a group the task does
+    /// not use answers from the world's ground truth.
+    pub fn execute_named(&mut self, tool: &str, args: &Value) -> Outcome {
+        let Some(target) = Group::ALL
+            .into_iter()
+            .find(|g| g.primary() == tool || g.substitute() == Some(tool))
+        else {
+            self.costs.tool_calls += 1;
+            return raised(format!("unknown tool `{tool}`"), Some(404));
+        };
+        let steps: Vec<usize> = (0..self.task.steps.len())
+            .filter(|&i| self.task.steps[i].group == target)
+            .collect();
+        let step = steps
+            .iter()
+            .copied()
+            .find(|&i| self.values[i].is_none())
+            .or_else(|| steps.last().copied());
+        let Some(step) = step else {
+            self.costs.tool_calls += 1;
+            self.clock_ms += latency::TOOL;
+            let Some(obj) = args.as_object() else {
+                return raised(
+                    "invalid arguments: expected a JSON object".into(),
+                    Some(400),
+                );
+            };
+            let argv: Vec<Value> = target
+                .params()
+                .iter()
+                .map(|p| obj.get(*p).cloned().unwrap_or(Value::Null))
+                .collect();
+            return match truth(target, &argv) {
+                Ok(b) => Outcome::Returned {
+                    body: with_as_of(&b, target, self.now_data_ms - 60_000).to_string(),
+                },
+                Err(e) => raised(e, Some(400)),
+            };
+        };
+        let written = Written::Call {
+            tool: tool.to_owned(),
+            args: args.clone(),
+        };
+        let out = self.execute(step, &written, How::default());
+        if let Ok(got) = self.client_parse(step, &out) {
+            self.values[step] = Some(got.value);
+        }
+        out
+    }
+
     /// Whether the step's value equals the oracle's value for that step (ground truth; used only
     /// for scoring, never by strategies).
     pub fn answer_is_correct(&self, answer: &Value) -> bool {

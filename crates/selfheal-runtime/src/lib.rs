@@ -1,8 +1,15 @@
 //! # selfheal-runtime — the core decides, this crate acts
 //!
 //! Real I/O for the control plane: an OpenAI-compatible model client ([`client`]) whose failures
-//! map onto the core's signals. The agent loop and the live-model benchmark build on it.
+//! map onto the core's signals, async tools with declared effects ([`tool`]), the agent loop
+//! that obeys the controller's directives ([`agent`]), and the live-model benchmark ([`live`])
+//! that drives the simulated benchmark's tasks with a real tool-calling model.
 
+pub mod agent;
 pub mod client;
+pub mod live;
+pub mod tool;
 
+pub use agent::{Agent, RunResult};
 pub use client::{ClientConfig, ClientError, Completion, ModelClient, normalize_request};
+pub use tool::{Effect, FnTool, Tool, ToolError, ToolSpec};

@@ -21,6 +21,8 @@ EXAMPLES
   selfheal bench --silent                only plausible-but-wrong faults (SFR)
   selfheal bench --seed 7 --fault-rate 0.3 --mix runtime=1,agent=1
   selfheal bench --json > results.json   machine output
+  selfheal bench --live --model-url http://127.0.0.1:8089/v1 --model smollm2 --tasks 20
+                                         the tasks driven by a live tool-calling model
 
 Every result is a pure function of the options: the same options give byte-identical JSON.")]
 pub struct BenchArgs {
@@ -30,9 +32,9 @@ pub struct BenchArgs {
     /// Number of consecutive seeds.
     #[arg(long, default_value_t = 10)]
     pub seeds: u32,
-    /// Run the first N of the 100 tasks.
-    #[arg(long, default_value_t = 100)]
-    pub tasks: usize,
+    /// Run the first N of the 100 tasks (default 100; 20 with --live).
+    #[arg(long)]
+    pub tasks: Option<usize>,
     /// Probability that a step is faulted, in [0, 1].
     #[arg(long, default_value_t = BenchConfig::default().fault_rate)]
     pub fault_rate: f64,
@@ -66,14 +68,80 @@ pub struct BenchArgs {
     /// Print how long the run took (to stderr).
     #[arg(long)]
     pub timings: bool,
+    /// Drive the tasks with a live OpenAI-compatible model: `static` against `self-healing`.
+    #[arg(long, requires_all = ["model_url", "model"])]
+    pub live: bool,
+    /// The live model server's base URL, up to and including `/v1`.
+    #[arg(long, value_name = "URL")]
+    pub model_url: Option<String>,
+    /// The live model's name.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// The environment variable that holds the live model's API key.
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// `max_tokens` per live model call.
+    #[arg(long, default_value_t = 200)]
+    pub max_tokens: u32,
+    /// Timeout of one live model call, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub model_timeout: u64,
+    /// Model calls allowed per live episode.
+    #[arg(long, default_value_t = 8)]
+    pub max_model_calls: u32,
+}
+
+fn run_live(args: &BenchArgs) -> anyhow::Result<u8> {
+    let (Some(url), Some(model)) = (&args.model_url, &args.model) else {
+        anyhow::bail!("--live needs --model-url and --model");
+    };
+    let mut cfg = selfheal_runtime::live::LiveConfig::new(url.clone(), model.clone());
+    cfg.api_key_env = args.api_key_env.clone();
+    cfg.tasks = args.tasks.unwrap_or(20);
+    cfg.seed = args.seed;
+    cfg.fault_rate = args.fault_rate;
+    cfg.budget = args.budget;
+    cfg.max_tokens = args.max_tokens;
+    cfg.timeout_ms = args.model_timeout.saturating_mul(1000);
+    cfg.max_model_calls = args.max_model_calls;
+    if let Some(w) = &args.cost_weights {
+        cfg.weights = CostWeights::parse(w).map_err(|e| anyhow::anyhow!("--cost-weights: {e}"))?;
+    }
+    if !(0.0..=1.0).contains(&cfg.fault_rate) {
+        anyhow::bail!("--fault-rate must be in [0, 1]");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let mut progress = |line: &str| eprintln!("{line}");
+    let report = rt
+        .block_on(selfheal_runtime::live::run(&cfg, &mut progress))
+        .map_err(anyhow::Error::msg)?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create directory {}", dir.display()))?;
+        let path = dir.join("live-results.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", selfheal_runtime::live::table(&report));
+    }
+    Ok(0)
 }
 
 /// Runs `selfheal bench`; returns the process exit code.
 pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
+    if args.live {
+        return run_live(&args);
+    }
     let mut config = BenchConfig {
         seed: args.seed,
         seeds: args.seeds,
-        tasks: args.tasks,
+        tasks: args.tasks.unwrap_or(100),
         fault_rate: args.fault_rate,
         budget: args.budget,
         sweep: args.sweep,

@@ -1,0 +1,914 @@
+//! The agent loop: the core's controller decides, this loop performs the calls.
+//!
+//! Why a loop of its own rather than a callback into someone else's agent: the loop must do what
+//! the controller says — sleep the backoff it computed, switch to the fallback model it chose,
+//! stop offering the tools it hid, and stop when it aborts — and the only way to guarantee that
+//! is to own the loop. Every model call and every tool call, failed or not, is reported to the
+//! controller, so the run's one budget ledger sees every attempt.
+//!
+//! One turn: ask the current model (tools minus hidden ones, the monitor's guidance as a system
+//! message) → check each tool call against its tool's schema (JSON repair and safe coercion
+//! first, a re-ask with the precise error otherwise) → run the valid calls under their timeouts
+//! → act on each directive (retry after the backoff, substitute, hand the error back to the
+//! model to replan, fall back, degrade, abort). A model reply without tool calls is the answer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use selfheal_core::budget::Amounts;
+use selfheal_core::classifier::Signal;
+use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation, Unresolved};
+use selfheal_core::monitor::{CallOutcome, ToolCall};
+use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
+use selfheal_core::rng::SplitMix64;
+use selfheal_core::trace::RunStatus;
+use selfheal_repair::{SchemaGuide, reask_message};
+
+use crate::client::{ClientError, ModelClient};
+use crate::tool::{Effect, Tool, ToolError};
+
+/// An agent: a fallback chain of models, its tools and its control-plane configuration.
+#[derive(Clone)]
+pub struct Agent {
+    /// The fallback chain: `(client, model name)`, first is used first.
+    pub models: Vec<(ModelClient, String)>,
+    /// The tools offered to the model.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// Monitor, classifier, policy and budget of each run.
+    pub config: ControllerConfig,
+    /// Whether a destructive tool may be retried after it may have run.
+    pub allow_destructive_retry: bool,
+    /// At most this many model calls per run (a guard; the budget is the real bound).
+    pub max_model_calls: u32,
+    /// `max_tokens` sent with every model call, if any.
+    pub max_tokens: Option<u32>,
+    /// `tool_choice` sent when tools are offered (`"auto"` by default).
+    pub tool_choice: Value,
+    /// `temperature` sent with every model call, if any.
+    pub temperature: Option<f64>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field(
+                "models",
+                &self.models.iter().map(|(_, m)| m).collect::<Vec<_>>(),
+            )
+            .field(
+                "tools",
+                &self
+                    .tools
+                    .iter()
+                    .map(|t| &t.spec().name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("allow_destructive_retry", &self.allow_destructive_retry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The typed result of a run: what was done, what was not, and what it cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// `complete`, `partial` or `failed`.
+    pub status: RunStatus,
+    /// Why, when not complete.
+    pub reason: Option<String>,
+    /// The model's final answer, if it gave one.
+    pub answer: Option<String>,
+    /// Failures never recovered.
+    pub unresolved: Vec<Unresolved>,
+    /// Recovery actions taken, by kind.
+    pub actions: Vec<(ActionKind, u64)>,
+    /// Each recovery action, in order, in words.
+    pub recovery_log: Vec<String>,
+    /// What the run spent from its budget.
+    pub spent: Amounts,
+    /// Tokens reported by the model server(s).
+    pub tokens: u64,
+    /// Model calls made, failed ones included.
+    pub model_calls: u64,
+    /// Tool calls made, failed ones included.
+    pub tool_calls: u64,
+    /// The model that was current when the run ended.
+    pub model: String,
+    /// The conversation, as last sent plus the final answer.
+    pub messages: Vec<Value>,
+    /// The control plane's trace as JSON Lines.
+    pub trace_jsonl: String,
+}
+
+enum Stop {
+    Partial(String),
+    Failed(String),
+}
+
+struct Loop<'a> {
+    agent: &'a Agent,
+    ctl: Controller,
+    rng: SplitMix64,
+    start: Instant,
+    messages: Vec<Value>,
+    model_idx: usize,
+    progress: u32,
+    tool_results: u64,
+    tokens: u64,
+    model_calls: u64,
+    tool_calls: u64,
+    log: Vec<String>,
+    guides: BTreeMap<String, Option<SchemaGuide>>,
+}
+
+struct CheckedCall {
+    id: String,
+    tool: Arc<dyn Tool>,
+    args: Value,
+    repaired: bool,
+}
+
+fn canon(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl Agent {
+    /// An agent over one model with the default control-plane configuration.
+    pub fn new(client: ModelClient, model: impl Into<String>, tools: Vec<Arc<dyn Tool>>) -> Self {
+        Agent {
+            models: vec![(client, model.into())],
+            tools,
+            config: ControllerConfig::default(),
+            allow_destructive_retry: false,
+            max_model_calls: 16,
+            max_tokens: None,
+            tool_choice: json!("auto"),
+            temperature: None,
+        }
+    }
+
+    /// Adds a fallback model at the end of the chain.
+    pub fn with_fallback(mut self, client: ModelClient, model: impl Into<String>) -> Self {
+        self.models.push((client, model.into()));
+        self
+    }
+
+    /// Runs the loop on `messages` (OpenAI chat messages) until the model answers, the budget
+    /// is spent, or the controller degrades or aborts. `seed` seeds the backoff jitter.
+    pub async fn run(&self, messages: Vec<Value>, seed: u64) -> RunResult {
+        let ctl = match Controller::new(self.config.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                return RunResult {
+                    status: RunStatus::Failed,
+                    reason: Some(format!("invalid configuration: {e}")),
+                    answer: None,
+                    unresolved: Vec::new(),
+                    actions: Vec::new(),
+                    recovery_log: Vec::new(),
+                    spent: Amounts::default(),
+                    tokens: 0,
+                    model_calls: 0,
+                    tool_calls: 0,
+                    model: String::new(),
+                    messages,
+                    trace_jsonl: String::new(),
+                };
+            }
+        };
+        let guides = self
+            .tools
+            .iter()
+            .map(|t| {
+                let spec = t.spec();
+                (spec.name.clone(), SchemaGuide::new(&spec.parameters).ok())
+            })
+            .collect();
+        let mut l = Loop {
+            agent: self,
+            ctl,
+            rng: SplitMix64::new(seed),
+            start: Instant::now(),
+            messages,
+            model_idx: 0,
+            progress: 0,
+            tool_results: 0,
+            tokens: 0,
+            model_calls: 0,
+            tool_calls: 0,
+            log: Vec::new(),
+            guides,
+        };
+        let ended = l.drive().await;
+        l.finish(ended)
+    }
+}
+
+impl Loop<'_> {
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn fallback(&self) -> Option<String> {
+        self.agent
+            .models
+            .get(self.model_idx + 1)
+            .map(|(_, m)| m.clone())
+    }
+
+    fn find_tool(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.agent
+            .tools
+            .iter()
+            .find(|t| t.spec().name == name)
+            .cloned()
+    }
+
+    /// Runs turns until an answer (`Ok(Some)`), or a stop.
+    async fn drive(&mut self) -> Result<String, Stop> {
+        if self.agent.models.is_empty() {
+            return Err(Stop::Failed("no model configured".into()));
+        }
+        loop {
+            if self.model_calls >= u64::from(self.agent.max_model_calls) {
+                return Err(Stop::Partial(format!(
+                    "stopped after {} model calls without an answer",
+                    self.model_calls
+                )));
+            }
+            let now = self.now();
+            let (guidance, hidden) = match self.ctl.guidance(now) {
+                Directive::Continue {
+                    guidance,
+                    hidden_tools,
+                } => (guidance, hidden_tools),
+                Directive::Abort { reason } => return Err(Stop::Failed(reason)),
+                Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
+                Directive::Recover { .. } => (Vec::new(), Vec::new()),
+            };
+            let offered: Vec<Arc<dyn Tool>> = self
+                .agent
+                .tools
+                .iter()
+                .filter(|t| !hidden.contains(&t.spec().name))
+                .cloned()
+                .collect();
+            let mut msgs = self.messages.clone();
+            if !guidance.is_empty() {
+                let text = guidance
+                    .iter()
+                    .map(|g| format!("- {}", g.text))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                msgs.push(json!({"role": "system", "content": format!("Guidance from the run monitor:\n{text}")}));
+            }
+            let (client, model) = &self.agent.models[self.model_idx];
+            let mut body = json!({"model": model, "messages": msgs});
+            if !offered.is_empty() {
+                body["tools"] = Value::Array(offered.iter().map(|t| t.spec().openai()).collect());
+                body["tool_choice"] = self.agent.tool_choice.clone();
+            }
+            if let Some(m) = self.agent.max_tokens {
+                body["max_tokens"] = json!(m);
+            }
+            if let Some(t) = self.agent.temperature {
+                body["temperature"] = json!(t);
+            }
+            let t0 = Instant::now();
+            self.model_calls += 1;
+            let res = client.chat(&body).await;
+            let latency_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let step = Some(2 * self.progress);
+            match res {
+                Err(e) => self.model_failed(e, step, latency_ms).await?,
+                Ok(c) => {
+                    self.tokens += c.tokens;
+                    let usage = Amounts {
+                        latency_ms,
+                        cost: c.tokens,
+                        ..Amounts::default()
+                    };
+                    let msg = c.message().cloned().unwrap_or(Value::Null);
+                    let content = msg
+                        .get("content")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned();
+                    let calls: Vec<Value> = msg
+                        .get("tool_calls")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default();
+                    let refused = c.finish_reason() == Some("content_filter")
+                        || msg.get("refusal").is_some_and(|r| !r.is_null());
+                    if calls.is_empty() {
+                        let signal = refused.then_some(Signal::Refusal);
+                        let options = Options {
+                            can_replan: true,
+                            fallback_model: self.fallback(),
+                            retry_safe: true,
+                            partial_result: self.tool_results > 0,
+                            ..Options::default()
+                        };
+                        let failed = signal.is_some();
+                        let d = self.ctl.observe(
+                            Observation::ModelFinished {
+                                step,
+                                signal,
+                                options,
+                                usage,
+                            },
+                            self.now(),
+                            &mut self.rng,
+                        );
+                        if !failed {
+                            self.messages
+                                .push(json!({"role": "assistant", "content": content}));
+                            return match d {
+                                // The answer came with the budget spent: keep it, but say so.
+                                Directive::Degrade { .. } | Directive::Abort { .. } => Ok(content),
+                                _ => Ok(content),
+                            };
+                        }
+                        self.model_directive(d, "the model refused").await?;
+                        self.messages.push(json!({"role": "user", "content": "Please do the task with the tools offered."}));
+                        continue;
+                    }
+                    self.tool_turn(&offered, &content, &calls, step, usage)
+                        .await?;
+                }
+            }
+        }
+    }
+
+    /// Acts on the directive after a failed model call.
+    async fn model_directive(&mut self, d: Directive, what: &str) -> Result<(), Stop> {
+        match d {
+            Directive::Continue { .. } => Ok(()),
+            Directive::Degrade { reason } => Err(Stop::Partial(reason)),
+            Directive::Abort { reason } => Err(Stop::Failed(reason)),
+            Directive::Recover { action, class, .. } => {
+                match &action {
+                    RecoveryAction::Retry { delay_ms, attempt } => {
+                        self.log.push(format!(
+                            "retry model call #{attempt} after {delay_ms} ms ({class}: {what})"
+                        ));
+                        tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
+                    }
+                    RecoveryAction::Escalate {
+                        target: EscalationTarget::FallbackModel { model },
+                    } => {
+                        self.log
+                            .push(format!("fall back to model {model} ({class}: {what})"));
+                        if self.model_idx + 1 < self.agent.models.len() {
+                            self.model_idx += 1;
+                        }
+                    }
+                    RecoveryAction::Escalate {
+                        target: EscalationTarget::Human,
+                    } => {
+                        return Err(Stop::Partial(format!("needs a person ({class}: {what})")));
+                    }
+                    RecoveryAction::Repair {
+                        target: RepairTarget::Request,
+                    } => {
+                        let n = repair_request(&mut self.messages);
+                        self.log.push(format!(
+                            "repair request shape ({n} message(s) changed; {class}: {what})"
+                        ));
+                    }
+                    other => {
+                        self.log.push(format!(
+                            "{} on model call ({class}: {what})",
+                            other.kind().as_str()
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn model_failed(
+        &mut self,
+        e: ClientError,
+        step: Option<u32>,
+        latency_ms: u64,
+    ) -> Result<(), Stop> {
+        let signal = e.signal();
+        let repair = if e.is_rejected_shape() || signal == Signal::ContextLength {
+            Some(RepairTarget::Request)
+        } else if matches!(e, ClientError::EmptyResponse | ClientError::Decode(_)) {
+            Some(RepairTarget::Output)
+        } else {
+            None
+        };
+        let options = Options {
+            repair,
+            fallback_model: self.fallback(),
+            // A request the server rejects for its shape must never be resent as it was.
+            retry_safe: !e.is_rejected_shape(),
+            partial_result: self.tool_results > 0,
+            ..Options::default()
+        };
+        let d = self.ctl.observe(
+            Observation::ModelFinished {
+                step,
+                signal: Some(signal.clone()),
+                options,
+                usage: Amounts {
+                    latency_ms,
+                    ..Amounts::default()
+                },
+            },
+            self.now(),
+            &mut self.rng,
+        );
+        if matches!(
+            &d,
+            Directive::Recover {
+                action: RecoveryAction::Repair {
+                    target: RepairTarget::Output
+                },
+                ..
+            }
+        ) {
+            self.messages.push(json!({"role": "user", "content": "Your last reply was empty. Call one of the tools, or give the final answer."}));
+        }
+        if signal == Signal::ContextLength {
+            trim_context(&mut self.messages);
+        }
+        self.model_directive(d, &e.to_string()).await
+    }
+
+    /// Checks one reply's tool calls, reports the model call, and runs the valid calls.
+    async fn tool_turn(
+        &mut self,
+        offered: &[Arc<dyn Tool>],
+        content: &str,
+        calls: &[Value],
+        step: Option<u32>,
+        usage: Amounts,
+    ) -> Result<(), Stop> {
+        let mut checked: Vec<CheckedCall> = Vec::new();
+        let mut problems: Vec<(String, String, Signal)> = Vec::new();
+        let mut history_calls = Vec::new();
+        for (i, call) in calls.iter().enumerate() {
+            let id = call
+                .get("id")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("call_{}_{i}", self.model_calls), str::to_owned);
+            let name = call
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let raw = call
+                .pointer("/function/arguments")
+                .cloned()
+                .unwrap_or(Value::Null);
+            let raw_text = match &raw {
+                Value::String(s) => s.clone(),
+                Value::Null => "{}".to_owned(),
+                other => other.to_string(),
+            };
+            let exact = offered.iter().find(|t| t.spec().name == name).cloned();
+            let (tool, renamed) = match exact {
+                Some(t) => (Some(t), false),
+                None => {
+                    let c = canon(&name);
+                    let mut m = offered.iter().filter(|t| canon(&t.spec().name) == c);
+                    match (m.next(), m.next()) {
+                        (Some(t), None) => (Some(t.clone()), true),
+                        _ => (None, false),
+                    }
+                }
+            };
+            let Some(tool) = tool else {
+                let names: Vec<&str> = offered.iter().map(|t| t.spec().name.as_str()).collect();
+                let text = format!(
+                    "Error: there is no tool named `{name}`. The tools you can call are: {}. Call one of them.",
+                    names.join(", ")
+                );
+                history_calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": raw_text}}));
+                problems.push((id, text, Signal::UnknownTool { name }));
+                continue;
+            };
+            let tname = tool.spec().name.clone();
+            let parsed = if raw_text.trim().is_empty() {
+                Ok((json!({}), false))
+            } else {
+                selfheal_repair::repair(&raw_text)
+                    .map(|r| {
+                        let was = r.was_repaired();
+                        (r.value, was)
+                    })
+                    .map_err(|e| e.to_string())
+            };
+            let (value, json_repaired) = match parsed {
+                Ok(v) => v,
+                Err(e) => {
+                    let err = format!("at (root): arguments are not valid JSON: {e}");
+                    let text = format!(
+                        "The arguments for `{tname}` do not match its schema:\n- {err}\nCall `{tname}` again with valid JSON arguments."
+                    );
+                    history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": raw_text}}));
+                    problems.push((id, text, Signal::InvalidArguments { errors: vec![err] }));
+                    continue;
+                }
+            };
+            let outcome = match self.guides.get(&tname) {
+                Some(Some(g)) => g.apply(value),
+                _ => selfheal_repair::schema::Outcome {
+                    value,
+                    coercions: Vec::new(),
+                    violations: Vec::new(),
+                },
+            };
+            let args_text = outcome.value.to_string();
+            history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
+            if !outcome.is_valid() {
+                let errors = outcome.violations.iter().map(ToString::to_string).collect();
+                problems.push((
+                    id,
+                    reask_message(&outcome.violations, &tname),
+                    Signal::InvalidArguments { errors },
+                ));
+                continue;
+            }
+            let repaired = renamed || json_repaired || !outcome.coercions.is_empty();
+            if repaired {
+                self.log.push(format!(
+                    "repaired call to {tname} locally (no model call): {name} {raw_text} -> {args_text}"
+                ));
+            }
+            checked.push(CheckedCall {
+                id,
+                tool,
+                args: outcome.value,
+                repaired,
+            });
+        }
+        self.messages
+            .push(json!({"role": "assistant", "content": content, "tool_calls": history_calls}));
+        let signal = problems.first().map(|p| p.2.clone());
+        let repair = match &signal {
+            Some(Signal::UnknownTool { .. }) => Some(RepairTarget::ToolChoice),
+            Some(_) => Some(RepairTarget::Arguments),
+            None => None,
+        };
+        let d = self.ctl.observe(
+            Observation::ModelFinished {
+                step,
+                signal: signal.clone(),
+                options: Options {
+                    repair,
+                    fallback_model: self.fallback(),
+                    retry_safe: true,
+                    partial_result: self.tool_results > 0,
+                    ..Options::default()
+                },
+                usage,
+            },
+            self.now(),
+            &mut self.rng,
+        );
+        let mut stop = None;
+        match d {
+            Directive::Continue { .. } => {}
+            Directive::Degrade { reason } => stop = Some(Stop::Partial(reason)),
+            Directive::Abort { reason } => stop = Some(Stop::Failed(reason)),
+            Directive::Recover { action, class, .. } => {
+                let what = signal.as_ref().map_or("", Signal::name);
+                match action {
+                    RecoveryAction::Escalate {
+                        target: EscalationTarget::FallbackModel { model },
+                    } => {
+                        self.log
+                            .push(format!("fall back to model {model} ({class}: {what})"));
+                        if self.model_idx + 1 < self.agent.models.len() {
+                            self.model_idx += 1;
+                        }
+                    }
+                    RecoveryAction::Retry { delay_ms, .. } => {
+                        self.log
+                            .push(format!("re-ask after {delay_ms} ms ({class}: {what})"));
+                        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    }
+                    other => self.log.push(format!(
+                        "{}: re-ask with the precise error ({class}: {what})",
+                        other.kind().as_str()
+                    )),
+                }
+            }
+        }
+        for (id, text, _) in problems {
+            self.messages
+                .push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+        }
+        if let Some(s) = stop {
+            return Err(s);
+        }
+        for c in checked {
+            let text = self.run_tool(c.tool, &c.args, c.repaired).await?;
+            self.messages
+                .push(json!({"role": "tool", "tool_call_id": c.id, "content": text}));
+        }
+        Ok(())
+    }
+
+    /// Runs one valid call with its retries and substitutes; returns the tool message text.
+    async fn run_tool(
+        &mut self,
+        mut tool: Arc<dyn Tool>,
+        args: &Value,
+        repaired: bool,
+    ) -> Result<String, Stop> {
+        let step = Some(2 * self.progress + 1);
+        let mut tried = vec![tool.spec().name.clone()];
+        loop {
+            let spec = tool.spec().clone();
+            self.tool_calls += 1;
+            let t0 = Instant::now();
+            let res = tokio::time::timeout(spec.timeout, tool.call(args.clone())).await;
+            let latency_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let (result, signal, may_have_run) = match res {
+                Ok(Ok(v)) => (Ok(v), None, true),
+                Ok(Err(ToolError::Rejected(m))) => (
+                    Err(m.clone()),
+                    Some(Signal::Exception { message: m }),
+                    false,
+                ),
+                Ok(Err(ToolError::Failed {
+                    message,
+                    status,
+                    retry_after_ms,
+                })) => {
+                    let sig = match status {
+                        Some(status) => Signal::HttpStatus {
+                            status,
+                            retry_after_ms,
+                            message: message.clone(),
+                        },
+                        None => Signal::Exception {
+                            message: message.clone(),
+                        },
+                    };
+                    (Err(message), Some(sig), true)
+                }
+                Err(_) => (
+                    Err(format!(
+                        "`{}` timed out after {} ms",
+                        spec.name,
+                        spec.timeout.as_millis()
+                    )),
+                    Some(Signal::Timeout),
+                    true,
+                ),
+            };
+            // A 4xx other than 408/429 says the request itself is wrong: resending it unchanged
+            // cannot help, so the model is asked to rewrite it instead.
+            let request_rejected = matches!(
+                &signal,
+                Some(Signal::HttpStatus { status, .. })
+                    if (400..500).contains(status) && *status != 408 && *status != 429
+            );
+            let retry_safe = !request_rejected
+                && (!may_have_run
+                    || spec.effect != Effect::Destructive
+                    || self.agent.allow_destructive_retry);
+            let hidden = match self.ctl.guidance(self.now()) {
+                Directive::Continue { hidden_tools, .. } => hidden_tools,
+                _ => Vec::new(),
+            };
+            let substitute = spec
+                .substitute
+                .clone()
+                .filter(|s| !tried.contains(s) && !hidden.contains(s))
+                .filter(|s| self.find_tool(s).is_some());
+            let required = spec.required();
+            let error_text = result.as_ref().err().cloned().unwrap_or_default();
+            let outcome = match &result {
+                Ok(v) => CallOutcome::Returned(v),
+                Err(_) => CallOutcome::Failed { error: &error_text },
+            };
+            let d = self.ctl.observe(
+                Observation::ToolFinished {
+                    step,
+                    call: ToolCall {
+                        tool: &spec.name,
+                        args,
+                        outcome,
+                        required: &required,
+                        repaired,
+                    },
+                    signal,
+                    options: Options {
+                        // The model can always rewrite the call given the error.
+                        repair: result.is_err().then_some(RepairTarget::Arguments),
+                        substitute,
+                        refreshable: false,
+                        can_replan: true,
+                        fallback_model: self.fallback(),
+                        human_available: false,
+                        retry_safe,
+                        partial_result: self.tool_results > 0,
+                    },
+                    usage: Amounts {
+                        latency_ms,
+                        ..Amounts::default()
+                    },
+                },
+                self.now(),
+                &mut self.rng,
+            );
+            let shown = match &result {
+                Ok(v) => v.to_string(),
+                Err(e) => format!("Error: {e}"),
+            };
+            match d {
+                Directive::Continue { .. } => {
+                    if result.is_ok() {
+                        self.progress += 1;
+                        self.tool_results += 1;
+                    }
+                    return Ok(shown);
+                }
+                Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
+                Directive::Abort { reason } => return Err(Stop::Failed(reason)),
+                Directive::Recover { action, class, .. } => match action {
+                    RecoveryAction::Retry { delay_ms, attempt } => {
+                        self.log.push(format!(
+                            "retry {} #{attempt} after {delay_ms} ms ({class})",
+                            spec.name
+                        ));
+                        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    }
+                    RecoveryAction::Substitute { alternative } => {
+                        match self.find_tool(&alternative) {
+                            Some(t) => {
+                                self.log.push(format!(
+                                    "substitute {} for {} ({class})",
+                                    alternative, spec.name
+                                ));
+                                tried.push(alternative);
+                                tool = t;
+                            }
+                            None => return Ok(shown),
+                        }
+                    }
+                    RecoveryAction::Escalate {
+                        target: EscalationTarget::FallbackModel { model },
+                    } => {
+                        self.log.push(format!(
+                            "fall back to model {model} after {} failed ({class})",
+                            spec.name
+                        ));
+                        if self.model_idx + 1 < self.agent.models.len() {
+                            self.model_idx += 1;
+                        }
+                        return Ok(format!("{shown}\nTry a different approach."));
+                    }
+                    other => {
+                        self.log.push(format!(
+                            "{}: hand the error of {} back to the model ({class})",
+                            other.kind().as_str(),
+                            spec.name
+                        ));
+                        return Ok(format!("{shown}\nTry a different approach."));
+                    }
+                },
+            }
+        }
+    }
+
+    fn finish(mut self, ended: Result<String, Stop>) -> RunResult {
+        let now = self.now();
+        let outcome = self.ctl.finish(now);
+        let (status, reason, answer) = match ended {
+            Ok(answer) => (outcome.status, outcome.reason, Some(answer)),
+            Err(stop) => {
+                let (status, reason) = match stop {
+                    Stop::Partial(r) => (RunStatus::Partial, r),
+                    Stop::Failed(r) => (RunStatus::Failed, r),
+                };
+                // Nothing usable was produced: that is a failure, however it stopped.
+                let status = if self.tool_results == 0 {
+                    RunStatus::Failed
+                } else {
+                    status
+                };
+                (status, Some(reason), None)
+            }
+        };
+        let model = self
+            .agent
+            .models
+            .get(self.model_idx)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_default();
+        RunResult {
+            status,
+            reason,
+            answer,
+            unresolved: outcome.unresolved,
+            actions: outcome.actions,
+            recovery_log: self.log,
+            spent: outcome.spent,
+            tokens: self.tokens,
+            model_calls: self.model_calls,
+            tool_calls: self.tool_calls,
+            model,
+            messages: self.messages,
+            trace_jsonl: self.ctl.trace().to_jsonl(),
+        }
+    }
+}
+
+/// Rewrites every message into the plainest shape servers accept: `content` always a string,
+/// no `function_call`, `refusal` or `audio` fields. Returns how many messages changed.
+pub fn repair_request(messages: &mut [Value]) -> usize {
+    let mut changed = 0;
+    for m in messages.iter_mut() {
+        let Some(o) = m.as_object_mut() else {
+            continue;
+        };
+        let mut c = false;
+        if o.get("content").is_none_or(Value::is_null) {
+            o.insert("content".into(), Value::String(String::new()));
+            c = true;
+        }
+        for k in ["function_call", "refusal", "audio", "annotations"] {
+            c |= o.remove(k).is_some();
+        }
+        changed += usize::from(c);
+    }
+    changed
+}
+
+/// Drops the oldest turns after the first user message, keeping system messages and the last
+/// six messages (never starting on a tool message, which needs its assistant call before it).
+fn trim_context(messages: &mut Vec<Value>) {
+    let role = |m: &Value| {
+        m.get("role")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let Some(first_user) = messages.iter().position(|m| role(m) == "user") else {
+        return;
+    };
+    if messages.len() <= first_user + 7 {
+        return;
+    }
+    let mut keep_from = messages.len() - 6;
+    while keep_from < messages.len() && role(&messages[keep_from]) == "tool" {
+        keep_from += 1;
+    }
+    messages.drain(first_user + 1..keep_from);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_repair_makes_content_a_string() {
+        let mut m = vec![
+            json!({"role": "assistant", "content": null, "tool_calls": [], "function_call": {}}),
+            json!({"role": "user", "content": "x"}),
+        ];
+        assert_eq!(repair_request(&mut m), 1);
+        assert_eq!(m[0]["content"], json!(""));
+        assert!(m[0].get("function_call").is_none());
+    }
+
+    #[test]
+    fn canonical_names_ignore_case_and_punctuation() {
+        assert_eq!(canon("Geo.Capital"), canon("geo_capital"));
+    }
+
+    #[test]
+    fn trimming_keeps_the_task_and_the_tail() {
+        let mut m: Vec<Value> = vec![json!({"role": "system", "content": "s"})];
+        m.push(json!({"role": "user", "content": "task"}));
+        for i in 0..10 {
+            m.push(json!({"role": "assistant", "content": i.to_string()}));
+        }
+        trim_context(&mut m);
+        assert_eq!(m.len(), 8);
+        assert_eq!(m[1]["content"], json!("task"));
+    }
+}

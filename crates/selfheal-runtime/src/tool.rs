@@ -1,0 +1,187 @@
+//! Tools the agent loop can call: async functions with a JSON Schema and a declared effect.
+//!
+//! Why a declared effect: the policy may retry a failed call, and retrying is only safe when the
+//! call has no side effect or the same effect twice is harmless. A tool says which it is
+//! ([`Effect`], after MCP's `readOnlyHint` / `idempotentHint` / `destructiveHint`), and the loop
+//! never retries a destructive call that may already have run unless the caller allows it.
+//!
+//! The trait is object-safe without `async_trait`: `call` returns a boxed `'static` future, so
+//! tools can be stored as `Arc<dyn Tool>` and raced against their timeout.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use thiserror::Error;
+
+/// What calling a tool does to the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Effect {
+    /// Reads only: retrying is always safe.
+    #[default]
+    ReadOnly,
+    /// Writes, but the same call twice has the effect of one: retrying is safe.
+    Idempotent,
+    /// Writes, and a repeat may do it twice: never retried after it may have run, unless the
+    /// agent allows it.
+    Destructive,
+}
+
+/// The description of a tool: what the model is offered and how the loop treats it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub parameters: Value,
+    /// How long one call may take.
+    pub timeout: Duration,
+    /// Its effect on the world.
+    pub effect: Effect,
+    /// An equivalent tool the loop may call instead when this one fails (a substitute).
+    pub substitute: Option<String>,
+}
+
+impl ToolSpec {
+    /// A read-only tool with a 30 s timeout and no substitute.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Self {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            timeout: Duration::from_secs(30),
+            effect: Effect::ReadOnly,
+            substitute: None,
+        }
+    }
+
+    /// The same spec with another timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The same spec with another effect.
+    pub fn with_effect(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
+    }
+
+    /// The same spec with a substitute tool.
+    pub fn with_substitute(mut self, name: impl Into<String>) -> Self {
+        self.substitute = Some(name.into());
+        self
+    }
+
+    /// The OpenAI `tools` entry for this tool.
+    pub fn openai(&self) -> Value {
+        serde_json::json!({
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            }
+        })
+    }
+
+    /// The names of the required arguments, from the schema.
+    pub fn required(&self) -> Vec<String> {
+        self.parameters
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Why a tool call failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ToolError {
+    /// The call was refused before it did anything (bad input, connection refused): safe to
+    /// retry whatever the tool's effect.
+    #[error("{0}")]
+    Rejected(String),
+    /// The call failed and may have had its effect.
+    #[error("{message}")]
+    Failed {
+        /// The error text.
+        message: String,
+        /// An HTTP-like status, when the tool has one.
+        status: Option<u16>,
+        /// `Retry-After` in milliseconds, when the tool sent one.
+        retry_after_ms: Option<u64>,
+    },
+}
+
+impl ToolError {
+    /// A failure with a message and no status.
+    pub fn failed(message: impl Into<String>) -> Self {
+        ToolError::Failed {
+            message: message.into(),
+            status: None,
+            retry_after_ms: None,
+        }
+    }
+}
+
+/// An async function the model can call.
+pub trait Tool: Send + Sync {
+    /// Its description.
+    fn spec(&self) -> &ToolSpec;
+    /// Calls it with validated arguments.
+    fn call(&self, args: Value) -> BoxFuture<'static, Result<Value, ToolError>>;
+}
+
+type ToolFn = dyn Fn(Value) -> BoxFuture<'static, Result<Value, ToolError>> + Send + Sync;
+
+/// A tool made from a closure returning a future.
+pub struct FnTool {
+    spec: ToolSpec,
+    f: Arc<ToolFn>,
+}
+
+impl std::fmt::Debug for FnTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FnTool").field("spec", &self.spec).finish()
+    }
+}
+
+impl FnTool {
+    /// Wraps `f` as a tool described by `spec`.
+    pub fn new<F, Fut>(spec: ToolSpec, f: F) -> Self
+    where
+        F: Fn(Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+    {
+        FnTool {
+            spec,
+            f: Arc::new(move |args| f(args).boxed()),
+        }
+    }
+
+    /// Wraps `self` in an `Arc<dyn Tool>`.
+    pub fn shared(self) -> Arc<dyn Tool> {
+        Arc::new(self)
+    }
+}
+
+impl Tool for FnTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn call(&self, args: Value) -> BoxFuture<'static, Result<Value, ToolError>> {
+        (self.f)(args)
+    }
+}

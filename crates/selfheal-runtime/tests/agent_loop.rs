@@ -1,0 +1,538 @@
+//! The agent loop against a scripted OpenAI-compatible server on 127.0.0.1:0 that injects
+//! realistic faults: 429 with `Retry-After`, 500/503, hangs, malformed tool-call arguments,
+//! unknown tools, empty 200s, the llama-cpp-python `content: null` 500.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use selfheal_core::budget::BudgetLimits;
+use selfheal_core::policy::{ActionKind, Policy};
+use selfheal_core::trace::RunStatus;
+use selfheal_runtime::{
+    Agent, ClientConfig, Effect, FnTool, ModelClient, RunResult, Tool, ToolError, ToolSpec,
+};
+
+#[derive(Clone)]
+enum Reply {
+    Json(u16, Value, Option<&'static str>),
+    Raw(u16, &'static str),
+    Hang(Duration),
+}
+
+#[derive(Default)]
+struct Script {
+    queue: VecDeque<Reply>,
+    forever: Option<Reply>,
+    requests: Vec<Value>,
+}
+
+type Shared = Arc<Mutex<Script>>;
+
+async fn handler(State(s): State<Shared>, body: axum::body::Bytes) -> Response {
+    let reply = {
+        let mut s = s.lock().unwrap();
+        s.requests
+            .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+        s.queue
+            .pop_front()
+            .or_else(|| s.forever.clone())
+            .unwrap_or_else(|| {
+                Reply::Json(500, json!({"error": {"message": "script empty"}}), None)
+            })
+    };
+    match reply {
+        Reply::Json(status, body, retry_after) => {
+            let mut r = (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response();
+            if let Some(ra) = retry_after {
+                r.headers_mut()
+                    .insert("retry-after", HeaderValue::from_static(ra));
+            }
+            r
+        }
+        Reply::Raw(status, text) => (StatusCode::from_u16(status).unwrap(), text).into_response(),
+        Reply::Hang(d) => {
+            tokio::time::sleep(d).await;
+            (StatusCode::OK, axum::Json(answer("too late"))).into_response()
+        }
+    }
+}
+
+async fn server(replies: Vec<Reply>, forever: Option<Reply>) -> (String, Shared) {
+    let shared: Shared = Arc::new(Mutex::new(Script {
+        queue: replies.into(),
+        forever,
+        requests: Vec::new(),
+    }));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(handler))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/v1"), shared)
+}
+
+fn answer(text: &str) -> Value {
+    json!({"choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": text}}],
+        "usage": {"total_tokens": 10}})
+}
+
+fn call(name: &str, args: &str) -> Value {
+    json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}}],
+        "usage": {"total_tokens": 20}})
+}
+
+fn ok(v: Value) -> Reply {
+    Reply::Json(200, v, None)
+}
+
+fn err(status: u16, msg: &str) -> Reply {
+    Reply::Json(status, json!({"error": {"message": msg}}), None)
+}
+
+fn client(url: &str, timeout_ms: u64) -> ModelClient {
+    let mut c = ClientConfig::new(url);
+    c.timeout = Duration::from_millis(timeout_ms);
+    ModelClient::new(c).unwrap()
+}
+
+type Calls = Arc<Mutex<Vec<Value>>>;
+
+fn weather(calls: &Calls) -> Arc<dyn Tool> {
+    let calls = calls.clone();
+    FnTool::new(
+        ToolSpec::new(
+            "get_weather",
+            "Current weather in a city.",
+            json!({"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"], "additionalProperties": false}),
+        ),
+        move |args| {
+            calls.lock().unwrap().push(args.clone());
+            async move { Ok(json!({"temp_c": 21})) }
+        },
+    )
+    .shared()
+}
+
+fn failing(name: &str, effect: Effect, calls: &Calls) -> Arc<dyn Tool> {
+    let calls = calls.clone();
+    FnTool::new(
+        ToolSpec::new(
+            name,
+            "Always fails.",
+            json!({"type": "object", "properties": {}}),
+        )
+        .with_effect(effect),
+        move |args| {
+            calls.lock().unwrap().push(args);
+            async move {
+                Err(ToolError::Failed {
+                    message: "503 Service Unavailable".into(),
+                    status: Some(503),
+                    retry_after_ms: None,
+                })
+            }
+        },
+    )
+    .shared()
+}
+
+fn fast(mut agent: Agent) -> Agent {
+    agent.config.policy.retry.base_ms = 10;
+    agent.config.policy.retry.jitter = 0.0;
+    agent
+}
+
+fn user() -> Vec<Value> {
+    vec![json!({"role": "user", "content": "What is the weather in Paris?"})]
+}
+
+fn requests(s: &Shared) -> Vec<Value> {
+    s.lock().unwrap().requests.clone()
+}
+
+fn took(r: &RunResult, kind: ActionKind) -> u64 {
+    r.actions
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map_or(0, |(_, n)| *n)
+}
+
+#[tokio::test]
+async fn rate_limit_waits_for_retry_after_then_retries() {
+    let (url, s) = server(
+        vec![
+            Reply::Json(
+                429,
+                json!({"error": {"message": "rate limited"}}),
+                Some("1"),
+            ),
+            ok(answer("21 C")),
+        ],
+        None,
+    )
+    .await;
+    let agent = Agent::new(client(&url, 2000), "m", vec![]);
+    let t0 = Instant::now();
+    let r = agent.run(user(), 1).await;
+    assert!(
+        t0.elapsed() >= Duration::from_millis(990),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(r.answer.as_deref(), Some("21 C"));
+    assert_eq!(r.status, RunStatus::Complete);
+    assert_eq!(requests(&s).len(), 2);
+    assert_eq!(took(&r, ActionKind::Retry), 1);
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_with_backoff() {
+    let (url, s) = server(
+        vec![
+            err(500, "internal error"),
+            err(503, "overloaded"),
+            ok(answer("ok")),
+        ],
+        None,
+    )
+    .await;
+    let agent = fast(Agent::new(client(&url, 2000), "m", vec![]));
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("ok"));
+    assert_eq!(requests(&s).len(), 3);
+    assert_eq!(took(&r, ActionKind::Retry), 2);
+    assert_eq!(r.model_calls, 3);
+}
+
+#[tokio::test]
+async fn a_hang_past_the_timeout_is_a_timeout_and_retried() {
+    let (url, s) = server(
+        vec![Reply::Hang(Duration::from_secs(3)), ok(answer("ok"))],
+        None,
+    )
+    .await;
+    let agent = fast(Agent::new(client(&url, 300), "m", vec![]));
+    let t0 = Instant::now();
+    let r = agent.run(user(), 1).await;
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert_eq!(r.answer.as_deref(), Some("ok"));
+    assert_eq!(requests(&s).len(), 2);
+    assert!(
+        r.trace_jsonl.contains("\"signal\":\"timeout\""),
+        "{}",
+        r.trace_jsonl
+    );
+}
+
+#[tokio::test]
+async fn malformed_arguments_are_repaired_locally() {
+    let (url, s) = server(
+        vec![
+            ok(call("get_weather", r#"{"city": "Paris",}"#)),
+            ok(answer("21")),
+        ],
+        None,
+    )
+    .await;
+    let calls = Calls::default();
+    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("21"));
+    assert_eq!(*calls.lock().unwrap(), vec![json!({"city": "Paris"})]);
+    // No re-ask: the second request carries the tool's result.
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 2);
+    let last = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "tool");
+    assert!(last["content"].as_str().unwrap().contains("temp_c"));
+}
+
+#[tokio::test]
+async fn unrepairable_arguments_are_reasked_with_the_precise_error() {
+    let (url, s) = server(
+        vec![
+            ok(call("get_weather", r#"{"town": "Paris"}"#)),
+            ok(call("get_weather", r#"{"city": "Paris"}"#)),
+            ok(answer("21")),
+        ],
+        None,
+    )
+    .await;
+    let calls = Calls::default();
+    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("21"));
+    assert_eq!(calls.lock().unwrap().len(), 1, "the invalid call never ran");
+    let reqs = requests(&s);
+    let reask = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(reask["role"], "tool");
+    let text = reask["content"].as_str().unwrap();
+    assert!(text.contains("missing required property"), "{text}");
+    assert!(text.contains("get_weather"), "{text}");
+    assert_eq!(took(&r, ActionKind::Repair), 1);
+}
+
+#[tokio::test]
+async fn an_unknown_tool_is_reasked_with_the_valid_names() {
+    let (url, s) = server(
+        vec![
+            ok(call("get_wether", r#"{"city": "Paris"}"#)),
+            ok(call("Get.Weather", r#"{"city": "Paris"}"#)),
+            ok(answer("21")),
+        ],
+        None,
+    )
+    .await;
+    let calls = Calls::default();
+    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("21"));
+    let reqs = requests(&s);
+    let text = reqs[1]["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.contains("no tool named `get_wether`") && text.contains("get_weather"),
+        "{text}"
+    );
+    // A name that differs only in case and punctuation is re-mapped without a re-ask.
+    assert_eq!(calls.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_empty_200_is_an_empty_response() {
+    let empty = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": ""}}]});
+    let (url, s) = server(vec![ok(empty), Reply::Raw(200, ""), ok(answer("7"))], None).await;
+    let agent = fast(Agent::new(client(&url, 2000), "m", vec![]));
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("7"));
+    assert_eq!(requests(&s).len(), 3);
+    assert!(r.trace_jsonl.contains("empty_response"));
+    let second = requests(&s)[1]["messages"].to_string();
+    assert!(second.contains("Your last reply was empty"), "{second}");
+}
+
+#[tokio::test]
+async fn the_content_null_500_is_repaired_never_resent_as_is() {
+    let (url, s) = server(
+        vec![
+            ok(call("get_weather", r#"{"city": "Paris"}"#)),
+            err(500, "'content' must be a string, got None"),
+            ok(answer("21")),
+        ],
+        None,
+    )
+    .await;
+    let calls = Calls::default();
+    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("21"));
+    for req in &requests(&s)[1..] {
+        for m in req["messages"].as_array().unwrap() {
+            assert!(m["content"].is_string(), "null content sent: {m}");
+        }
+    }
+    assert_eq!(took(&r, ActionKind::Retry), 0);
+    assert_eq!(took(&r, ActionKind::Repair), 1);
+    assert!(
+        r.recovery_log
+            .iter()
+            .any(|l| l.contains("repair request shape"))
+    );
+}
+
+#[tokio::test]
+async fn the_fallback_chain_takes_over_from_a_dead_model() {
+    let (url_a, a) = server(vec![], Some(err(503, "down"))).await;
+    let (url_b, b) = server(vec![ok(answer("from b"))], None).await;
+    let agent = fast(
+        Agent::new(client(&url_a, 2000), "model-a", vec![])
+            .with_fallback(client(&url_b, 2000), "model-b"),
+    );
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("from b"));
+    assert_eq!(r.model, "model-b");
+    assert!(!requests(&a).is_empty());
+    assert_eq!(requests(&b).len(), 1);
+    assert_eq!(requests(&b)[0]["model"], "model-b");
+    assert_eq!(took(&r, ActionKind::Escalate), 1);
+}
+
+fn replan_only() -> Policy {
+    let replans = r#"["replan","replan","replan","replan","replan","replan","replan","replan"]"#;
+    Policy::from_toml_str(&format!(
+        "[ladders]\ntool_timeout = {replans}\ntool_unavailable = {replans}\n"
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_circuit_broken_tool_is_never_offered_again() {
+    let mut replies: Vec<Reply> = (0..6).map(|_| ok(call("flaky", "{}"))).collect();
+    replies.push(ok(answer("gave up on flaky")));
+    let (url, s) = server(replies, None).await;
+    let calls = Calls::default();
+    let ok_calls = Calls::default();
+    let mut agent = Agent::new(
+        client(&url, 2000),
+        "m",
+        vec![
+            failing("flaky", Effect::ReadOnly, &calls),
+            weather(&ok_calls),
+        ],
+    );
+    agent.config.policy = replan_only();
+    agent.config.budget = BudgetLimits::unlimited();
+    let r = agent.run(user(), 1).await;
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        5,
+        "the circuit opens after 5 failures"
+    );
+    let offered = |req: &Value| -> Vec<String> {
+        req["tools"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 7);
+    for req in &reqs[..5] {
+        assert!(offered(req).contains(&"flaky".to_owned()));
+    }
+    for req in &reqs[5..] {
+        assert_eq!(offered(req), vec!["get_weather".to_owned()]);
+    }
+    // The model's sixth call to the hidden tool is an unknown tool, not a call.
+    let reask = reqs[6]["messages"].to_string();
+    assert!(reask.contains("no tool named `flaky`"), "{reask}");
+    assert_eq!(r.answer.as_deref(), Some("gave up on flaky"));
+}
+
+#[tokio::test]
+async fn abort_ends_the_loop() {
+    let (url, s) = server(vec![ok(call("flaky", "{}")), ok(answer("never"))], None).await;
+    let calls = Calls::default();
+    let mut agent = Agent::new(
+        client(&url, 2000),
+        "m",
+        vec![failing("flaky", Effect::ReadOnly, &calls)],
+    );
+    agent.config.policy =
+        Policy::from_toml_str("[ladders]\ntool_timeout = [\"terminate\"]\n").unwrap();
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.answer, None);
+    assert_eq!(requests(&s).len(), 1, "no model call after the abort");
+    assert_eq!(calls.lock().unwrap().len(), 1);
+    assert!(r.reason.unwrap().contains("terminated"));
+}
+
+#[tokio::test]
+async fn a_destructive_tool_is_not_retried_unless_allowed() {
+    for allow in [false, true] {
+        let (url, _s) = server(
+            vec![ok(call("pay", "{}")), ok(answer("payment failed"))],
+            None,
+        )
+        .await;
+        let calls = Calls::default();
+        let mut agent = fast(Agent::new(
+            client(&url, 2000),
+            "m",
+            vec![failing("pay", Effect::Destructive, &calls)],
+        ));
+        agent.allow_destructive_retry = allow;
+        let r = agent.run(user(), 1).await;
+        let n = calls.lock().unwrap().len();
+        if allow {
+            assert!(n > 1, "allowed retries: {n}");
+        } else {
+            assert_eq!(
+                n, 1,
+                "a destructive call that may have run is never repeated"
+            );
+            assert_eq!(took(&r, ActionKind::Retry), 0);
+        }
+    }
+}
+
+fn one_retry() -> BudgetLimits {
+    BudgetLimits {
+        retries: 1,
+        replans: 0,
+        substitutions: 0,
+        escalations: 0,
+        ..BudgetLimits::unlimited()
+    }
+}
+
+#[tokio::test]
+async fn a_spent_ledger_stops_the_model_retry_path() {
+    let (url, s) = server(vec![], Some(err(503, "down"))).await;
+    let (url_b, b) = server(vec![ok(answer("b"))], None).await;
+    let mut agent =
+        fast(Agent::new(client(&url, 2000), "m", vec![]).with_fallback(client(&url_b, 2000), "b"));
+    agent.config.budget = one_retry();
+    let r = agent.run(user(), 1).await;
+    assert_eq!(requests(&s).len(), 2, "one call and exactly one retry");
+    assert!(requests(&b).is_empty(), "no escalation budget, no fallback");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.spent.retries, 1);
+}
+
+#[tokio::test]
+async fn a_spent_ledger_stops_the_tool_retry_path() {
+    let (url, s) = server(vec![ok(call("flaky", "{}")), ok(answer("x"))], None).await;
+    let calls = Calls::default();
+    let mut agent = fast(Agent::new(
+        client(&url, 2000),
+        "m",
+        vec![failing("flaky", Effect::Idempotent, &calls)],
+    ));
+    agent.config.budget = one_retry();
+    let r = agent.run(user(), 1).await;
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        2,
+        "one call and exactly one retry"
+    );
+    assert_eq!(
+        requests(&s).len(),
+        1,
+        "no replan budget: the model is not asked again"
+    );
+    assert_ne!(r.status, RunStatus::Complete);
+    assert_eq!(r.spent.retries, 1);
+}
