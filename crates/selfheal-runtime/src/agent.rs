@@ -334,13 +334,11 @@ impl Loop<'_> {
                             &mut self.rng,
                         );
                         if !failed {
+                            // An answer that arrives as the budget runs out is kept; the
+                            // controller has marked the run partial.
                             self.messages
                                 .push(json!({"role": "assistant", "content": content}));
-                            return match d {
-                                // The answer came with the budget spent: keep it, but say so.
-                                Directive::Degrade { .. } | Directive::Abort { .. } => Ok(content),
-                                _ => Ok(content),
-                            };
+                            return Ok(content);
                         }
                         self.model_directive(d, "the model refused").await?;
                         self.messages.push(json!({"role": "user", "content": "Please do the task with the tools offered."}));
