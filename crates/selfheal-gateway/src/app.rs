@@ -39,6 +39,7 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The trace writer.
     pub trace: TraceWriter,
+    guides: Arc<heal::GuideCache>,
     started: Instant,
 }
 
@@ -58,6 +59,7 @@ impl AppState {
             runs,
             metrics: Metrics::default(),
             trace,
+            guides: Arc::new(heal::GuideCache::default()),
             started: Instant::now(),
         })
     }
@@ -336,7 +338,7 @@ async fn chat_inner(
         let run2 = run.clone();
         let state2 = state.clone();
         tokio::spawn(async move {
-            let r = stream::relay(upstream, tools_fwd, Some(report), &tx).await;
+            let r = stream::relay(upstream, tools_fwd, s2.guides.clone(), Some(report), &tx).await;
             for t in &r.repaired {
                 Metrics::inc(&s2.metrics.repairs_total);
                 s2.event(&run2, "repair", json!({"tool": t}), None);
@@ -379,7 +381,7 @@ async fn chat_inner(
     };
 
     // 5. Tool calls: repair in place, or re-ask once within the budget.
-    let mut check = check_completion(&mut completion, &tools_fwd);
+    let mut check = check_completion(&mut completion, &tools_fwd, &s.guides);
     if !check.invalid.is_empty() && charge(ActionKind::Retry) {
         Metrics::inc(&s.metrics.reasks_total);
         actions.push("reask".into());
@@ -397,7 +399,7 @@ async fn chat_inner(
             .await
         {
             completion = c.body;
-            check = check_completion(&mut completion, &tools_fwd);
+            check = check_completion(&mut completion, &tools_fwd, &s.guides);
         }
     }
     log_calls(s, &run, &log, &mut actions);
@@ -431,9 +433,13 @@ async fn chat_inner(
     Ok(resp)
 }
 
-fn check_completion(completion: &mut Value, tools: &ToolIndex) -> heal::CallCheck {
+fn check_completion(
+    completion: &mut Value,
+    tools: &ToolIndex,
+    guides: &heal::GuideCache,
+) -> heal::CallCheck {
     match completion.pointer_mut("/choices/0/message") {
-        Some(m) => heal::check_message(m, tools),
+        Some(m) => heal::check_message(m, tools, guides),
         None => heal::CallCheck::default(),
     }
 }

@@ -9,6 +9,7 @@
 //! arguments are checked against the request's own tool schemas and repaired in place.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -263,9 +264,41 @@ pub struct CallCheck {
     pub invalid: Vec<String>,
 }
 
+/// Compiled schema guides by schema text. Agents send the same tools with every request, and
+/// compiling a JSON Schema costs far more than the rest of a request's healing; the cache holds
+/// at most [`GuideCache::CAPACITY`] schemas and starts over when full.
+#[derive(Debug, Default)]
+pub struct GuideCache {
+    map: Mutex<HashMap<String, Arc<SchemaGuide>>>,
+}
+
+impl GuideCache {
+    /// Most schemas held.
+    pub const CAPACITY: usize = 1_024;
+
+    /// The compiled guide of `schema` (`None` if it does not compile).
+    pub fn get(&self, schema: &Value) -> Option<Arc<SchemaGuide>> {
+        let key = schema.to_string();
+        if let Some(g) = self.map.lock().ok()?.get(&key) {
+            return Some(g.clone());
+        }
+        let guide = Arc::new(SchemaGuide::new(schema).ok()?);
+        let mut map = self.map.lock().ok()?;
+        if map.len() >= Self::CAPACITY {
+            map.clear();
+        }
+        map.insert(key, guide.clone());
+        Some(guide)
+    }
+}
+
 /// Checks one tool call `{id, type, function: {name, arguments}}` and repairs its arguments in
 /// place. Returns `Ok(true)` when repaired, `Err(reask text)` when it cannot be used.
-pub fn check_call(call: &mut Value, tools: &ToolIndex) -> Result<bool, String> {
+pub fn check_call(
+    call: &mut Value,
+    tools: &ToolIndex,
+    guides: &GuideCache,
+) -> Result<bool, String> {
     let name = call
         .pointer("/function/name")
         .and_then(Value::as_str)
@@ -296,8 +329,8 @@ pub fn check_call(call: &mut Value, tools: &ToolIndex) -> Result<bool, String> {
         },
     };
     let value = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
-        match SchemaGuide::new(&spec.parameters) {
-            Ok(guide) => {
+        match guides.get(&spec.parameters) {
+            Some(guide) => {
                 let outcome = guide.apply(value);
                 if !outcome.violations.is_empty() {
                     return Err(reask_message(&outcome.violations, &name));
@@ -306,7 +339,7 @@ pub fn check_call(call: &mut Value, tools: &ToolIndex) -> Result<bool, String> {
                 outcome.value
             }
             // A schema we cannot compile is the client's business: pass the value on.
-            Err(_) => value,
+            None => value,
         }
     } else {
         value
@@ -318,7 +351,7 @@ pub fn check_call(call: &mut Value, tools: &ToolIndex) -> Result<bool, String> {
 }
 
 /// Checks every tool call of an assistant message.
-pub fn check_message(message: &mut Value, tools: &ToolIndex) -> CallCheck {
+pub fn check_message(message: &mut Value, tools: &ToolIndex, guides: &GuideCache) -> CallCheck {
     let mut out = CallCheck::default();
     let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
         return out;
@@ -329,7 +362,7 @@ pub fn check_message(message: &mut Value, tools: &ToolIndex) -> CallCheck {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned();
-        match check_call(c, tools) {
+        match check_call(c, tools, guides) {
             Ok(true) => out.repaired.push(name),
             Ok(false) => {}
             Err(reask) => out.invalid.push(reask),
@@ -392,15 +425,18 @@ mod tests {
         let idx = tool_index(&tools());
         let mut call = json!({"id": "1", "type": "function",
             "function": {"name": "search", "arguments": "{'q': 'rust', n: \"3\",}"}});
-        assert_eq!(check_call(&mut call, &idx), Ok(true));
+        assert_eq!(
+            check_call(&mut call, &idx, &GuideCache::default()),
+            Ok(true)
+        );
         let args: Value =
             serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"q": "rust", "n": 3}));
         let mut missing = json!({"function": {"name": "search", "arguments": "{}"}});
-        assert!(check_call(&mut missing, &idx).is_err());
+        assert!(check_call(&mut missing, &idx, &GuideCache::default()).is_err());
         let mut unknown = json!({"function": {"name": "nope", "arguments": "{}"}});
         assert!(
-            check_call(&mut unknown, &idx)
+            check_call(&mut unknown, &idx, &GuideCache::default())
                 .unwrap_err()
                 .contains("does not exist")
         );

@@ -15,7 +15,9 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::heal::{ToolIndex, check_call};
+use std::sync::Arc;
+
+use crate::heal::{GuideCache, ToolIndex, check_call};
 
 /// What happened to a stream, reported when it ends.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -48,6 +50,7 @@ fn data(v: &Value) -> Frame {
 pub async fn relay(
     upstream: reqwest::Response,
     tools: ToolIndex,
+    guides: Arc<GuideCache>,
     selfheal: Option<Value>,
     tx: &mpsc::Sender<Frame>,
 ) -> StreamReport {
@@ -113,7 +116,7 @@ pub async fn relay(
                 }
                 if let Some(finish) = finish {
                     if !pending.is_empty() {
-                        let calls = complete_calls(&mut pending, &tools, &mut report);
+                        let calls = complete_calls(&mut pending, &tools, &guides, &mut report);
                         let mut c = v.clone();
                         c["choices"][0]["delta"] = json!({"tool_calls": calls});
                         c["choices"][0]["finish_reason"] = Value::Null;
@@ -171,6 +174,7 @@ pub async fn relay(
 fn complete_calls(
     pending: &mut BTreeMap<u64, PendingCall>,
     tools: &ToolIndex,
+    guides: &GuideCache,
     report: &mut StreamReport,
 ) -> Vec<Value> {
     let mut out = Vec::new();
@@ -179,7 +183,7 @@ fn complete_calls(
             "index": idx, "id": p.id, "type": "function",
             "function": {"name": p.name, "arguments": p.arguments}
         });
-        match check_call(&mut call, tools) {
+        match check_call(&mut call, tools, guides) {
             Ok(true) => report.repaired.push(p.name),
             Ok(false) => {}
             Err(e) => report.invalid.push(e),
