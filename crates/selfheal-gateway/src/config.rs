@@ -65,7 +65,8 @@ pub struct GatewayConfig {
     pub passthrough: bool,
     /// The tool-health monitor's thresholds.
     pub monitor: MonitorConfig,
-    /// The budget of one run.
+    /// The budget of one run; keys left out keep their defaults (not zero).
+    #[serde(deserialize_with = "budget_over_defaults")]
     pub budget: BudgetLimits,
     /// Backoff between retries of one upstream.
     pub retry: RetryConfig,
@@ -98,6 +99,33 @@ impl Default for GatewayConfig {
             run_ttl_secs: 3_600,
         }
     }
+}
+
+/// `[budget]` keys over [`BudgetLimits::defaults`]: a file that sets `retries` alone must not
+/// set every other limit to zero.
+fn budget_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BudgetLimits, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Partial {
+        retries: Option<u64>,
+        replans: Option<u64>,
+        substitutions: Option<u64>,
+        escalations: Option<u64>,
+        recoveries: Option<u64>,
+        latency_ms: Option<u64>,
+        cost: Option<u64>,
+    }
+    let p = Partial::deserialize(d)?;
+    let b = BudgetLimits::defaults();
+    Ok(BudgetLimits {
+        retries: p.retries.unwrap_or(b.retries),
+        replans: p.replans.unwrap_or(b.replans),
+        substitutions: p.substitutions.unwrap_or(b.substitutions),
+        escalations: p.escalations.unwrap_or(b.escalations),
+        recoveries: p.recoveries.unwrap_or(b.recoveries),
+        latency_ms: p.latency_ms.unwrap_or(b.latency_ms),
+        cost: p.cost.unwrap_or(b.cost),
+    })
 }
 
 /// A configuration that cannot be used.
@@ -204,6 +232,17 @@ mod tests {
         assert_eq!(c.route("smart").unwrap().len(), 2);
         assert!(c.route("other").is_none());
         assert_eq!(c.budget.retries, 2);
+        assert_eq!(c.budget.recoveries, BudgetLimits::defaults().recoveries);
+    }
+
+    #[test]
+    fn readme_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```toml\ndefault_upstream").unwrap() + "```toml\n".len();
+        let end = start + readme[start..].find("```").unwrap();
+        let c = GatewayConfig::from_toml_str(&readme[start..end]).unwrap();
+        assert_eq!(c.route("smart").unwrap().len(), 2);
+        assert_eq!(c.budget.recoveries, 5);
     }
 
     #[test]
