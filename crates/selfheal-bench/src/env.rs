@@ -612,8 +612,8 @@ impl<'a> Env<'a> {
         out
     }
 
-    /// Whether the step's value equals the oracle's value for that step (ground truth; used only
-    /// for scoring, never by strategies).
+    /// Whether a final answer equals the task's oracle answer (ground truth; used only for
+    /// scoring, never by strategies).
     pub fn answer_is_correct(&self, answer: &Value) -> bool {
         values_equal(answer, &self.task.oracle)
     }

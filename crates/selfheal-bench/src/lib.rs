@@ -309,11 +309,11 @@ fn trace_lines(
     jsonl: &str,
     out: &mut dyn FnMut(&str),
 ) {
+    let prefix = format!(
+        "{{\"strategy\":\"{}\",\"budget\":{budget},\"seed\":{seed},\"task\":{task},",
+        strategy.as_str()
+    );
     for line in jsonl.lines() {
-        let prefix = format!(
-            "{{\"strategy\":\"{}\",\"budget\":{budget},\"seed\":{seed},\"task\":{task},",
-            strategy.as_str()
-        );
         let rest = line.strip_prefix('{').unwrap_or(line);
         out(&format!("{prefix}{rest}"));
     }

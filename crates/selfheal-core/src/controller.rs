@@ -331,10 +331,7 @@ impl Controller {
         let signals = report
             .signals
             .iter()
-            .map(|s| match serde_json::to_value(s) {
-                Ok(serde_json::Value::String(name)) => name,
-                _ => String::new(),
-            })
+            .map(|s| s.as_str().to_owned())
             .collect();
         self.trace.push(
             now_ms,

@@ -275,6 +275,19 @@ pub enum MonitorSignal {
 }
 
 impl MonitorSignal {
+    /// The protocol name (`consecutive_failures`, `circuit_open`, `duplicate_call`,
+    /// `empty_input`, `loop`, `abort`), the same as its serialised form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MonitorSignal::ConsecutiveFailures => "consecutive_failures",
+            MonitorSignal::CircuitOpen => "circuit_open",
+            MonitorSignal::DuplicateCall => "duplicate_call",
+            MonitorSignal::EmptyInput => "empty_input",
+            MonitorSignal::Loop => "loop",
+            MonitorSignal::Abort => "abort",
+        }
+    }
+
     const ALL: [MonitorSignal; 6] = [
         MonitorSignal::ConsecutiveFailures,
         MonitorSignal::CircuitOpen,

@@ -186,8 +186,7 @@ fn play(s: Scenario, with_monitor: bool) -> Run {
             record.signals = report
                 .signals
                 .iter()
-                .filter_map(|x| serde_json::to_value(x).ok())
-                .filter_map(|v| v.as_str().map(str::to_owned))
+                .map(|x| x.as_str().to_owned())
                 .collect();
             record.guidance = verdict.guidance.iter().map(|g| g.text.clone()).collect();
             record.hidden_tools = verdict.hidden_tools.clone();
