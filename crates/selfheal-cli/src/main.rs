@@ -34,7 +34,27 @@ enum Command {
     Trace(cmd::trace::TraceCommand),
 }
 
+/// A reader that closes the pipe early (`selfheal bench | head`) makes `print!` panic with
+/// "failed printing to stdout: Broken pipe". That is not an error of ours: end quietly with the
+/// status a shell gives a process killed by SIGPIPE (128 + 13), as C tools do.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => cmd::bench::run(args),
