@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -184,12 +185,12 @@ async fn read_request(s: &AppState, headers: &HeaderMap, body: Body) -> Result<V
     Ok(req)
 }
 
-fn chat_op(c: &ModelClient, b: Value) -> BoxFuture<'_, Result<Completion, ClientError>> {
-    Box::pin(async move { c.chat(&b).await })
+fn chat_op(c: &ModelClient, b: Bytes) -> BoxFuture<'_, Result<Completion, ClientError>> {
+    Box::pin(c.chat_raw(b))
 }
 
-fn send_op(c: &ModelClient, b: Value) -> BoxFuture<'_, Result<reqwest::Response, ClientError>> {
-    Box::pin(async move { c.send("chat/completions", &b).await })
+fn send_op(c: &ModelClient, b: Bytes) -> BoxFuture<'_, Result<reqwest::Response, ClientError>> {
+    Box::pin(c.send_raw("chat/completions", b))
 }
 
 fn lock(m: &Mutex<RunState>) -> std::sync::MutexGuard<'_, RunState> {
@@ -321,7 +322,7 @@ async fn chat_inner(
     if streaming {
         let result = s
             .upstreams
-            .call(&chain, &req, &send_op, &charge, false, &mut log)
+            .call(&chain, &mut req, &send_op, &charge, false, &mut log)
             .await;
         log_calls(s, &run, &log, &mut actions);
         let upstream = match result {
@@ -368,7 +369,7 @@ async fn chat_inner(
 
     let result = s
         .upstreams
-        .call(&chain, &req, &chat_op, &charge, false, &mut log)
+        .call(&chain, &mut req, &chat_op, &charge, false, &mut log)
         .await;
     let mut completion = match result {
         Ok(c) => c.body,
@@ -395,7 +396,7 @@ async fn chat_inner(
         }
         if let Ok(c) = s
             .upstreams
-            .call(&chain, &again, &chat_op, &charge, false, &mut log)
+            .call(&chain, &mut again, &chat_op, &charge, false, &mut log)
             .await
         {
             completion = c.body;
@@ -534,7 +535,8 @@ fn sse_response(body: Body) -> Response {
     resp
 }
 
-/// Forward only: one attempt, the first model of the chain, no run state.
+/// Forward only: one attempt, the first model of the chain, no run state. The request is
+/// normalised (a shape fix, not healing); the answer goes back byte for byte.
 async fn passthrough(
     s: &AppState,
     chain: &[crate::config::Target],
@@ -544,16 +546,24 @@ async fn passthrough(
     normalize_request(&mut req);
     let never = |_k: ActionKind| false;
     let mut log = CallLog::default();
+    let upstream = s
+        .upstreams
+        .call(chain, &mut req, &send_op, &never, true, &mut log)
+        .await?;
     if streaming {
-        let upstream = s
-            .upstreams
-            .call(chain, &req, &send_op, &never, true, &mut log)
-            .await?;
         return Ok(sse_response(Body::from_stream(upstream.bytes_stream())));
     }
-    let c = s
-        .upstreams
-        .call(chain, &req, &chat_op, &never, true, &mut log)
-        .await?;
-    Ok(axum::Json(c.body).into_response())
+    let content_type = upstream
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("application/json"));
+    let bytes = upstream
+        .bytes()
+        .await
+        .map_err(|e| ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")]))?;
+    let mut resp = Response::new(Body::from(bytes));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, content_type);
+    Ok(resp)
 }

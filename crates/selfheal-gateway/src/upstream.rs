@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
@@ -56,9 +57,9 @@ pub struct Upstreams {
     cooldown: Duration,
 }
 
-/// A boxed operation on one upstream: `chat` or `send`.
+/// A boxed operation on one upstream (`chat_raw` or `send_raw`) given the encoded body.
 pub type Op<'o, T> = &'o (
-        dyn for<'c> Fn(&'c ModelClient, Value) -> BoxFuture<'c, Result<T, ClientError>>
+        dyn for<'c> Fn(&'c ModelClient, Bytes) -> BoxFuture<'c, Result<T, ClientError>>
             + Send
             + Sync
     );
@@ -112,10 +113,12 @@ impl Upstreams {
 
     /// Calls `op` along `chain` with retries and fallbacks. `charge` asks the run's ledger for a
     /// recovery action and says whether it was granted. `passthrough` makes one attempt only.
+    /// `body["model"]` is set to each target's model in turn; the body is encoded once per
+    /// target and every retry sends the same buffer.
     pub async fn call<T>(
         &self,
         chain: &[Target],
-        body: &Value,
+        body: &mut Value,
         op: Op<'_, T>,
         charge: &(dyn Fn(ActionKind) -> bool + Send + Sync),
         passthrough: bool,
@@ -145,11 +148,19 @@ impl Upstreams {
                 log.events.push(("cooldown_skip", target.upstream.clone()));
                 continue;
             }
-            let mut body = body.clone();
-            body["model"] = Value::String(target.model.clone());
+            if let Some(o) = body.as_object_mut() {
+                o.insert("model".into(), Value::String(target.model.clone()));
+            }
+            let encoded = match serde_json::to_vec(&*body) {
+                Ok(v) => Bytes::from(v),
+                Err(e) => {
+                    reasons.push(format!("cannot encode the request: {e}"));
+                    break;
+                }
+            };
             let mut attempt = 0u32;
             loop {
-                let err = match op(&up.client, body.clone()).await {
+                let err = match op(&up.client, encoded.clone()).await {
                     Ok(v) => {
                         self.record(up, true);
                         return Ok(v);

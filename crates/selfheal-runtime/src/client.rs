@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::Value;
 use thiserror::Error;
 
@@ -233,7 +234,23 @@ impl ModelClient {
     /// Sends a request body to `path` (e.g. `chat/completions`) and returns the raw response,
     /// with non-success statuses already turned into [`ClientError::Status`]. For streaming.
     pub async fn send(&self, path: &str, body: &Value) -> Result<reqwest::Response, ClientError> {
-        let mut req = self.http.post(self.url(path)).json(body);
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        self.send_raw(path, Bytes::from(bytes)).await
+    }
+
+    /// Sends an already-encoded JSON body to `path` as is (no normalisation, no copy) and returns
+    /// the raw response, with non-success statuses turned into [`ClientError::Status`]. Retries of
+    /// the same body share one buffer: cloning [`Bytes`] does not copy.
+    pub async fn send_raw(
+        &self,
+        path: &str,
+        body: Bytes,
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut req = self
+            .http
+            .post(self.url(path))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         if let Some(key) = self.api_key() {
             req = req.bearer_auth(key);
         }
@@ -261,31 +278,45 @@ impl ModelClient {
         if let Some(o) = body.as_object_mut() {
             o.insert("stream".into(), Value::Bool(false));
         }
-        let resp = self.send("chat/completions", &body).await?;
-        let bytes = resp.bytes().await.map_err(map_reqwest)?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ClientError::EmptyResponse);
-        }
-        let body: Value =
-            serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
-        let message = body.pointer("/choices/0/message");
-        let has_content = message
-            .and_then(|m| m.get("content"))
-            .and_then(Value::as_str)
-            .is_some_and(|c| !c.trim().is_empty());
-        let has_calls = message
-            .and_then(|m| m.get("tool_calls"))
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty());
-        if !has_content && !has_calls {
-            return Err(ClientError::EmptyResponse);
-        }
-        let tokens = body
-            .pointer("/usage/total_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        Ok(Completion { body, tokens })
+        let bytes = serde_json::to_vec(&body).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        self.chat_raw(Bytes::from(bytes)).await
     }
+
+    /// One non-streaming chat completion of an already-encoded body, sent as is: the caller has
+    /// normalised it and made sure it does not ask for a stream. The answer is checked like
+    /// [`ModelClient::chat`]'s: an empty or unreadable 200 is an error.
+    pub async fn chat_raw(&self, body: Bytes) -> Result<Completion, ClientError> {
+        let resp = self.send_raw("chat/completions", body).await?;
+        let bytes = resp.bytes().await.map_err(map_reqwest)?;
+        parse_completion(&bytes)
+    }
+}
+
+/// Decodes and checks a chat-completion body: whitespace only, no choice, or a choice with
+/// neither content nor tool calls is [`ClientError::EmptyResponse`].
+pub fn parse_completion(bytes: &[u8]) -> Result<Completion, ClientError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ClientError::EmptyResponse);
+    }
+    let body: Value =
+        serde_json::from_slice(bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
+    let message = body.pointer("/choices/0/message");
+    let has_content = message
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .is_some_and(|c| !c.trim().is_empty());
+    let has_calls = message
+        .and_then(|m| m.get("tool_calls"))
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty());
+    if !has_content && !has_calls {
+        return Err(ClientError::EmptyResponse);
+    }
+    let tokens = body
+        .pointer("/usage/total_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Ok(Completion { body, tokens })
 }
 
 fn map_reqwest(e: reqwest::Error) -> ClientError {
