@@ -16,12 +16,13 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use selfheal_core::policy::ActionKind;
-use selfheal_runtime::client::{ClientError, Completion, ModelClient, normalize_request};
+use selfheal_runtime::client::{ClientError, Completion, ModelClient};
 
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::heal::{self, ToolIndex};
 use crate::metrics::Metrics;
+use crate::request::{ChatRequest, Edits};
 use crate::runs::{RunState, RunStore, run_id};
 use crate::store::{RunSummary, TraceEvent, TraceWriter};
 use crate::stream;
@@ -41,6 +42,7 @@ pub struct AppState {
     /// The trace writer.
     pub trace: TraceWriter,
     guides: Arc<heal::GuideCache>,
+    tool_indexes: heal::ToolIndexCache,
     started: Instant,
 }
 
@@ -61,6 +63,7 @@ impl AppState {
             metrics: Metrics::default(),
             trace,
             guides: Arc::new(heal::GuideCache::default()),
+            tool_indexes: heal::ToolIndexCache::default(),
             started: Instant::now(),
         })
     }
@@ -151,8 +154,8 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
     }
 }
 
-/// Reads and checks the body: 413 when too large, 400 when not a chat request.
-async fn read_request(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+/// Reads the body: 413 when too large. [`ChatRequest::parse`] then checks it is a chat request.
+async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let limit = s.config.max_body_bytes;
     if headers
         .get(header::CONTENT_LENGTH)
@@ -162,27 +165,9 @@ async fn read_request(s: &AppState, headers: &HeaderMap, body: Body) -> Result<V
     {
         return Err(ApiError::too_large(limit));
     }
-    let bytes = axum::body::to_bytes(body, limit)
+    axum::body::to_bytes(body, limit)
         .await
-        .map_err(|_| ApiError::too_large(limit))?;
-    let req: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    if !req.is_object() {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    }
-    if req
-        .get("messages")
-        .and_then(Value::as_array)
-        .is_none_or(Vec::is_empty)
-    {
-        return Err(ApiError::bad_request(
-            "`messages` must be a non-empty array",
-        ));
-    }
-    if !req.get("model").is_some_and(Value::is_string) {
-        return Err(ApiError::bad_request("`model` must be a string"));
-    }
-    Ok(req)
+        .map_err(|_| ApiError::too_large(limit))
 }
 
 fn chat_op(c: &ModelClient, b: Bytes) -> BoxFuture<'_, Result<Completion, ClientError>> {
@@ -202,37 +187,37 @@ async fn chat_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let mut req = read_request(s, headers, body).await?;
-    let model = req["model"].as_str().unwrap_or_default().to_owned();
+    let bytes = read_body(s, headers, body).await?;
+    let req = ChatRequest::parse(&bytes).map_err(|e| ApiError::bad_request(e.0))?;
+    let model = req.model.as_str().to_owned();
     let chain = s
         .config
         .route(&model)
         .ok_or_else(|| ApiError::unknown_model(&model))?;
-    let streaming = req.get("stream") == Some(&Value::Bool(true));
+    let streaming = req.stream;
     if s.config.passthrough {
-        return passthrough(s, &chain, req, streaming).await;
+        return passthrough(s, &chain, &req, &bytes).await;
     }
 
     // 1. Rebuild the run from the conversation and ask the monitor.
-    let messages = req["messages"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     let run = run_id(
         headers.get("x-selfheal-run").and_then(|v| v.to_str().ok()),
-        messages,
+        &req.messages,
     );
-    let tools = heal::tool_index(&req);
+    let tools = s.tool_indexes.get(&req);
     let state = s.runs.get(&run, Instant::now());
     let now_ms = s.now_ms();
     let (verdict, replayed) = {
         let mut st = lock(&state);
         st.requests += 1;
         let fresh = || RunState::new(s.config.monitor.clone(), s.config.budget);
-        let replayed = heal::replay(&mut st, messages, &tools, fresh, now_ms);
+        let replayed = heal::replay(&mut st, &req.messages, &tools, fresh, now_ms);
         (st.monitor.check(now_ms), replayed)
     };
     s.event(
         &run,
         "request",
-        json!({"model": model, "messages": messages.len(), "stream": streaming}),
+        json!({"model": model, "messages": req.messages.len(), "stream": streaming}),
         None,
     );
     for r in &replayed {
@@ -287,7 +272,7 @@ async fn chat_inner(
     }
 
     // 3. Edit the request per the verdict.
-    let applied = heal::apply_verdict(&mut req, &verdict);
+    let applied = heal::apply_verdict(&req, &verdict);
     if !applied.guidance.is_empty() {
         Metrics::inc(&s.metrics.guidance_total);
         actions.push("guidance".into());
@@ -301,11 +286,22 @@ async fn chat_inner(
     if !actions.is_empty() {
         Metrics::inc(&s.metrics.healed_total);
     }
-    normalize_request(&mut req);
+    let edits = applied.edits();
+    let encode = |m: &str| {
+        req.encode(
+            &Edits {
+                model: Some(m),
+                ..edits
+            },
+            &bytes,
+        )
+    };
     let tools_fwd = if applied.hidden.is_empty() {
         tools
     } else {
-        heal::tool_index(&req)
+        let mut t = (*tools).clone();
+        t.retain(|name, _| !applied.hidden.contains(name));
+        Arc::new(t)
     };
     let charge_state = state.clone();
     let charge = move |k: ActionKind| {
@@ -322,7 +318,7 @@ async fn chat_inner(
     if streaming {
         let result = s
             .upstreams
-            .call(&chain, &mut req, &send_op, &charge, false, &mut log)
+            .call(&chain, &encode, &send_op, &charge, false, &mut log)
             .await;
         log_calls(s, &run, &log, &mut actions);
         let upstream = match result {
@@ -369,7 +365,7 @@ async fn chat_inner(
 
     let result = s
         .upstreams
-        .call(&chain, &mut req, &chat_op, &charge, false, &mut log)
+        .call(&chain, &encode, &chat_op, &charge, false, &mut log)
         .await;
     let mut completion = match result {
         Ok(c) => c.body,
@@ -387,16 +383,23 @@ async fn chat_inner(
         Metrics::inc(&s.metrics.reasks_total);
         actions.push("reask".into());
         s.event(&run, "reask", json!({"problems": check.invalid}), None);
-        let mut again = req.clone();
-        if let Some(m) = again["messages"].as_array_mut() {
-            m.push(json!({"role": "user", "content": format!(
-                "Your last answer's tool calls could not be used. {}",
-                check.invalid.join(" ")
-            )}));
-        }
+        let extra = json!({"role": "user", "content": format!(
+            "Your last answer's tool calls could not be used. {}",
+            check.invalid.join(" ")
+        )});
+        let again = |m: &str| {
+            req.encode(
+                &Edits {
+                    model: Some(m),
+                    append: Some(&extra),
+                    ..edits
+                },
+                &bytes,
+            )
+        };
         if let Ok(c) = s
             .upstreams
-            .call(&chain, &mut again, &chat_op, &charge, false, &mut log)
+            .call(&chain, &again, &chat_op, &charge, false, &mut log)
             .await
         {
             completion = c.body;
@@ -540,17 +543,26 @@ fn sse_response(body: Body) -> Response {
 async fn passthrough(
     s: &AppState,
     chain: &[crate::config::Target],
-    mut req: Value,
-    streaming: bool,
+    req: &ChatRequest<'_>,
+    bytes: &Bytes,
 ) -> Result<Response, ApiError> {
-    normalize_request(&mut req);
     let never = |_k: ActionKind| false;
     let mut log = CallLog::default();
+    let encode = |m: &str| {
+        req.encode(
+            &Edits {
+                model: Some(m),
+                normalize: true,
+                ..Edits::default()
+            },
+            bytes,
+        )
+    };
     let upstream = s
         .upstreams
-        .call(chain, &mut req, &send_op, &never, true, &mut log)
+        .call(chain, &encode, &send_op, &never, true, &mut log)
         .await?;
-    if streaming {
+    if req.stream {
         return Ok(sse_response(Body::from_stream(upstream.bytes_stream())));
     }
     let content_type = upstream
@@ -558,12 +570,10 @@ async fn passthrough(
         .get(header::CONTENT_TYPE)
         .cloned()
         .unwrap_or(HeaderValue::from_static("application/json"));
-    let bytes = upstream
-        .bytes()
-        .await
-        .map_err(|e| ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")]))?;
+    let bytes = upstream.bytes().await.map_err(|e| {
+        ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")])
+    })?;
     let mut resp = Response::new(Body::from(bytes));
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, content_type);
+    resp.headers_mut().insert(header::CONTENT_TYPE, content_type);
     Ok(resp)
 }

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use selfheal_core::monitor::{Monitor, ToolCall, Verdict};
 use selfheal_repair::{SchemaGuide, reask_message, repair};
 
+use crate::request::{ChatRequest, Edits, Message};
 use crate::runs::RunState;
 
 /// One tool the request offers.
@@ -23,6 +24,8 @@ use crate::runs::RunState;
 pub struct ToolSpec {
     /// The JSON Schema of its arguments (`{}` when none).
     pub parameters: Value,
+    /// The schema's text as the client sent it: the key of the [`GuideCache`].
+    pub schema_key: String,
     /// The names of its required arguments.
     pub required: Vec<String>,
 }
@@ -30,18 +33,15 @@ pub struct ToolSpec {
 /// The tools of a request by name.
 pub type ToolIndex = HashMap<String, ToolSpec>;
 
-/// Indexes the `tools` of a request body.
-pub fn tool_index(body: &Value) -> ToolIndex {
+/// Indexes the `tools` of a request.
+pub fn tool_index(req: &ChatRequest<'_>) -> ToolIndex {
     let mut out = ToolIndex::new();
-    let Some(tools) = body.get("tools").and_then(Value::as_array) else {
-        return out;
-    };
-    for t in tools {
-        let Some(f) = t.get("function") else { continue };
-        let Some(name) = f.get("name").and_then(Value::as_str) else {
-            continue;
-        };
-        let parameters = f.get("parameters").cloned().unwrap_or_else(|| json!({}));
+    for t in &req.tools {
+        let Some(name) = &t.name else { continue };
+        let parameters = t
+            .parameters
+            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+            .unwrap_or_else(|| json!({}));
         let required = parameters
             .get("required")
             .and_then(Value::as_array)
@@ -53,8 +53,9 @@ pub fn tool_index(body: &Value) -> ToolIndex {
             })
             .unwrap_or_default();
         out.insert(
-            name.to_owned(),
+            name.as_str().to_owned(),
             ToolSpec {
+                schema_key: t.parameters.map_or_else(|| "{}".to_owned(), |p| p.get().to_owned()),
                 parameters,
                 required,
             },
@@ -63,16 +64,40 @@ pub fn tool_index(body: &Value) -> ToolIndex {
     out
 }
 
-/// The text of a message's `content` (a string, or the text parts of an array).
-pub fn content_text(m: &Value) -> String {
-    match m.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
+/// Tool indexes by the text of the request's `tools` array. Agents send the same tools with
+/// every request; indexing them (parsing every schema) each time would cost more than the rest
+/// of the request's healing. Holds at most [`ToolIndexCache::CAPACITY`] entries and starts over
+/// when full.
+#[derive(Debug, Default)]
+pub struct ToolIndexCache {
+    map: Mutex<HashMap<String, Arc<ToolIndex>>>,
+}
+
+impl ToolIndexCache {
+    /// Most tool sets held.
+    pub const CAPACITY: usize = 1_024;
+
+    /// The index of the request's tools.
+    pub fn get(&self, req: &ChatRequest<'_>) -> Arc<ToolIndex> {
+        let Some(raw) = req.tools_raw else {
+            return Arc::new(ToolIndex::new());
+        };
+        let key = raw.get();
+        if let Some(i) = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+        {
+            return i.clone();
+        }
+        let index = Arc::new(tool_index(req));
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= Self::CAPACITY {
+            map.clear();
+        }
+        map.insert(key.to_owned(), index.clone());
+        index
     }
 }
 
@@ -100,18 +125,16 @@ pub struct Replayed {
 }
 
 /// Feeds the tool results the run's monitor has not seen yet. A conversation with fewer tool
-/// results than already seen is a new run under a reused id: the state is reset first.
+/// results than already seen is a new run under a reused id: the state is reset first. Only the
+/// arguments of calls whose results are new are parsed.
 pub fn replay(
     state: &mut RunState,
-    messages: &[Value],
+    messages: &[Message<'_>],
     tools: &ToolIndex,
     fresh: impl FnOnce() -> RunState,
     now_ms: u64,
 ) -> Vec<Replayed> {
-    let total = messages
-        .iter()
-        .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
-        .count();
+    let total = messages.iter().filter(|m| m.role() == "tool").count();
     if total < state.tool_results_seen {
         *state = fresh();
     }
@@ -119,43 +142,42 @@ pub fn replay(
     if total == state.tool_results_seen {
         return out;
     }
-    let mut calls: HashMap<&str, (&str, Value)> = HashMap::new();
+    // The call each new result answers: the last assistant call with its id before it.
+    let mut calls: HashMap<String, (String, Option<String>)> = HashMap::new();
     let mut seen = 0usize;
     for m in messages {
-        match m.get("role").and_then(Value::as_str) {
-            Some("assistant") => {
-                for c in m
-                    .get("tool_calls")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    let (Some(id), Some(name)) = (
-                        c.get("id").and_then(Value::as_str),
-                        c.pointer("/function/name").and_then(Value::as_str),
-                    ) else {
+        match m.role() {
+            "assistant" if m.tool_calls.is_some() => {
+                for c in m.calls() {
+                    let (Some(id), Some(f)) = (c.id, c.function) else {
                         continue;
                     };
-                    let raw = c
-                        .pointer("/function/arguments")
-                        .and_then(Value::as_str)
-                        .unwrap_or("{}");
-                    let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
-                    calls.insert(id, (name, args));
+                    let Some(name) = f.name else { continue };
+                    calls.insert(
+                        id.0.into_owned(),
+                        (
+                            name.0.into_owned(),
+                            f.arguments.map(|a| a.0.into_owned()),
+                        ),
+                    );
                 }
             }
-            Some("tool") => {
+            "tool" => {
                 seen += 1;
                 if seen <= state.tool_results_seen {
                     continue;
                 }
-                let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
-                let (name, args) = calls
-                    .get(id)
-                    .map(|(n, a)| (*n, a.clone()))
-                    .unwrap_or(("unknown", Value::Null));
+                let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
+                let (name, args) = match calls.get(id) {
+                    Some((n, a)) => {
+                        let raw = a.as_deref().unwrap_or("{}");
+                        let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
+                        (n.as_str(), args)
+                    }
+                    None => ("unknown", Value::Null),
+                };
                 let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
-                let text = content_text(m);
+                let text = m.content_text();
                 let outcome = if is_hard_failure_text(&text) {
                     state.monitor.record(
                         &ToolCall::failed(name, &args, &text).with_required(required),
@@ -188,71 +210,47 @@ pub fn replay(
     out
 }
 
-/// What applying a verdict changed in the request.
+/// What a verdict changes in the request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Applied {
-    /// Guidance texts added.
+    /// Guidance texts to add.
     pub guidance: Vec<String>,
-    /// Tools removed from `tools`.
+    /// The system message that carries them (`[selfheal] ...`), when there is guidance.
+    pub system: Option<String>,
+    /// Tools of the request to remove from `tools`.
     pub hidden: Vec<String>,
 }
 
-/// Edits the request body per the verdict: guidance as a system message after the leading system
-/// messages, hidden tools removed, `tool_choice` fixed.
-pub fn apply_verdict(body: &mut Value, verdict: &Verdict) -> Applied {
-    let mut applied = Applied::default();
-    if !verdict.hidden_tools.is_empty()
-        && let Some(tools) = body.get_mut("tools").and_then(Value::as_array_mut)
-    {
-        tools.retain(|t| {
-            let name = t.pointer("/function/name").and_then(Value::as_str);
-            let hide = name.is_some_and(|n| verdict.hidden_tools.iter().any(|h| h == n));
-            if hide && let Some(n) = name {
-                applied.hidden.push(n.to_owned());
-            }
-            !hide
-        });
-        let now_empty = tools.is_empty();
-        if let Some(obj) = body.as_object_mut() {
-            if now_empty {
-                obj.remove("tools");
-                obj.remove("tool_choice");
-                obj.remove("parallel_tool_calls");
-            } else if let Some(named) = obj
-                .get("tool_choice")
-                .and_then(|c| c.pointer("/function/name"))
-                .and_then(Value::as_str)
-                && verdict.hidden_tools.iter().any(|h| h == named)
-            {
-                obj.insert("tool_choice".into(), json!("auto"));
-            }
+impl Applied {
+    /// The request edits that carry this out (plus `content: ""` normalisation).
+    pub fn edits(&self) -> Edits<'_> {
+        Edits {
+            normalize: true,
+            system: self.system.as_deref(),
+            hidden: &self.hidden,
+            ..Edits::default()
         }
     }
-    if !verdict.guidance.is_empty() {
-        let text = verdict
-            .guidance
-            .iter()
-            .map(|g| g.text.as_str())
-            .collect::<Vec<_>>()
-            .join("\n");
-        if let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) {
-            let at = messages
-                .iter()
-                .take_while(|m| {
-                    matches!(
-                        m.get("role").and_then(Value::as_str),
-                        Some("system" | "developer")
-                    )
-                })
-                .count();
-            messages.insert(
-                at,
-                json!({"role": "system", "content": format!("[selfheal] {text}")}),
-            );
-        }
-        applied.guidance = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+}
+
+/// Decides the request edits of a verdict: guidance as a system message after the leading
+/// system messages; the hidden tools the request offers removed, `tool_choice` fixed if it named
+/// one (see [`ChatRequest::encode`]).
+pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict) -> Applied {
+    let hidden = req
+        .tools
+        .iter()
+        .filter_map(|t| t.name.as_ref())
+        .filter(|n| verdict.hidden_tools.iter().any(|h| h == n.as_str()))
+        .map(|n| n.as_str().to_owned())
+        .collect();
+    let guidance: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+    let system = (!guidance.is_empty()).then(|| format!("[selfheal] {}", guidance.join("\n")));
+    Applied {
+        guidance,
+        system,
+        hidden,
     }
-    applied
 }
 
 /// What checking a response's tool calls found.
@@ -276,10 +274,9 @@ impl GuideCache {
     /// Most schemas held.
     pub const CAPACITY: usize = 1_024;
 
-    /// The compiled guide of `schema` (`None` if it does not compile).
-    pub fn get(&self, schema: &Value) -> Option<Arc<SchemaGuide>> {
-        let key = schema.to_string();
-        if let Some(g) = self.map.lock().ok()?.get(&key) {
+    /// The compiled guide of `schema`, whose text is `key` (`None` if it does not compile).
+    pub fn get(&self, key: &str, schema: &Value) -> Option<Arc<SchemaGuide>> {
+        if let Some(g) = self.map.lock().ok()?.get(key) {
             return Some(g.clone());
         }
         let guide = Arc::new(SchemaGuide::new(schema).ok()?);
@@ -287,7 +284,7 @@ impl GuideCache {
         if map.len() >= Self::CAPACITY {
             map.clear();
         }
-        map.insert(key, guide.clone());
+        map.insert(key.to_owned(), guide.clone());
         Some(guide)
     }
 }
@@ -329,7 +326,7 @@ pub fn check_call(
         },
     };
     let value = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
-        match guides.get(&spec.parameters) {
+        match guides.get(&spec.schema_key, &spec.parameters) {
             Some(guide) => {
                 let outcome = guide.apply(value);
                 if !outcome.violations.is_empty() {
@@ -400,29 +397,53 @@ mod tests {
 
     #[test]
     fn five_failures_hide_the_tool_and_fix_tool_choice() {
-        let idx = tool_index(&tools());
+        let mut body = tools();
+        body["model"] = json!("m");
+        body["messages"] = json!(failing_conversation(5));
+        body["tool_choice"] = json!({"type": "function", "function": {"name": "search"}});
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let idx = tool_index(&req);
         let fresh = || RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
         let mut state = fresh();
-        let msgs = failing_conversation(5);
-        let replayed = replay(&mut state, &msgs, &idx, fresh, 0);
+        let replayed = replay(&mut state, &req.messages, &idx, fresh, 0);
         assert_eq!(replayed.len(), 5);
         assert!(replayed.iter().all(|r| r.outcome == "hard"));
         // Replaying the same conversation again feeds nothing new.
-        assert!(replay(&mut state, &msgs, &idx, fresh, 0).is_empty());
+        assert!(replay(&mut state, &req.messages, &idx, fresh, 0).is_empty());
         let verdict = state.monitor.check(0);
         assert_eq!(verdict.hidden_tools, vec!["search".to_string()]);
-        let mut body = tools();
-        body["messages"] = json!(msgs);
-        body["tool_choice"] = json!({"type": "function", "function": {"name": "search"}});
-        let applied = apply_verdict(&mut body, &verdict);
+        let applied = apply_verdict(&req, &verdict);
         assert_eq!(applied.hidden, vec!["search".to_string()]);
-        assert_eq!(body["tools"].as_array().unwrap().len(), 1);
-        assert_eq!(body["tool_choice"], json!("auto"));
+        let out: Value = serde_json::from_slice(&req.encode(&applied.edits(), &bytes)).unwrap();
+        assert_eq!(out["tools"].as_array().unwrap().len(), 1);
+        assert_eq!(out["tool_choice"], json!("auto"));
+    }
+
+    #[test]
+    fn the_tool_index_is_cached_by_the_tools_text() {
+        let mut body = tools();
+        body["model"] = json!("m");
+        body["messages"] = json!([{"role": "user", "content": "hi"}]);
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let cache = ToolIndexCache::default();
+        let a = cache.get(&req);
+        assert_eq!(a["search"].required, vec!["q".to_string()]);
+        assert!(Arc::ptr_eq(&a, &cache.get(&req)));
+        body["tools"].as_array_mut().unwrap().pop();
+        let bytes2 = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let other = cache.get(&ChatRequest::parse(&bytes2).unwrap());
+        assert_eq!(other.len(), 1);
     }
 
     #[test]
     fn arguments_are_repaired_or_reasked() {
-        let idx = tool_index(&tools());
+        let mut body = tools();
+        body["model"] = json!("m");
+        body["messages"] = json!([{"role": "user", "content": "hi"}]);
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
         let mut call = json!({"id": "1", "type": "function",
             "function": {"name": "search", "arguments": "{'q': 'rust', n: \"3\",}"}});
         assert_eq!(

@@ -28,6 +28,7 @@ pub mod config;
 pub mod error;
 pub mod heal;
 pub mod metrics;
+pub mod request;
 pub mod runs;
 pub mod store;
 pub mod stream;

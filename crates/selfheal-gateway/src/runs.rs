@@ -11,10 +11,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use selfheal_core::budget::{BudgetLedger, BudgetLimits};
 use selfheal_core::monitor::{Monitor, MonitorConfig};
+
+use crate::request::Message;
 
 /// Most action names remembered per run (the trace keeps them all).
 const MAX_ACTIONS: usize = 32;
@@ -158,18 +158,15 @@ impl RunStore {
 
 /// The run id: the `x-selfheal-run` header, or a hash of the conversation's first system and
 /// first user message (stable across the requests of one run, different between runs).
-pub fn run_id(header: Option<&str>, messages: &[Value]) -> String {
+pub fn run_id(header: Option<&str>, messages: &[Message<'_>]) -> String {
     if let Some(h) = header.map(str::trim).filter(|h| !h.is_empty()) {
         return h.chars().take(128).collect();
     }
     let mut hasher = std::hash::DefaultHasher::new();
     for role in ["system", "user"] {
-        if let Some(m) = messages
-            .iter()
-            .find(|m| m.get("role").and_then(Value::as_str) == Some(role))
-        {
+        if let Some(m) = messages.iter().find(|m| m.role() == role) {
             role.hash(&mut hasher);
-            m.get("content").map(Value::to_string).hash(&mut hasher);
+            m.content.map(|c| c.get()).hash(&mut hasher);
         }
     }
     format!("r-{:016x}", hasher.finish())
@@ -182,16 +179,19 @@ mod tests {
 
     #[test]
     fn run_id_is_stable_over_a_growing_conversation() {
-        let a = vec![
-            json!({"role": "system", "content": "s"}),
-            json!({"role": "user", "content": "u"}),
-        ];
+        let id = |messages: serde_json::Value| {
+            let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
+            let req = crate::request::ChatRequest::parse(&body).unwrap();
+            (run_id(None, &req.messages), run_id(Some("mine"), &req.messages))
+        };
+        let a = json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]);
         let mut b = a.clone();
-        b.push(json!({"role": "assistant", "content": "x"}));
-        assert_eq!(run_id(None, &a), run_id(None, &b));
-        let c = vec![json!({"role": "user", "content": "other"})];
-        assert_ne!(run_id(None, &a), run_id(None, &c));
-        assert_eq!(run_id(Some("mine"), &a), "mine");
+        b.as_array_mut()
+            .unwrap()
+            .push(json!({"role": "assistant", "content": "x"}));
+        assert_eq!(id(a.clone()).0, id(b).0);
+        assert_ne!(id(a.clone()).0, id(json!([{"role": "user", "content": "other"}])).0);
+        assert_eq!(id(a).1, "mine");
     }
 
     #[test]

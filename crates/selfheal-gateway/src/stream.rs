@@ -49,7 +49,7 @@ fn data(v: &Value) -> Frame {
 /// Relays an upstream SSE response to `tx`. `selfheal` is added to the final chunk.
 pub async fn relay(
     upstream: reqwest::Response,
-    tools: ToolIndex,
+    tools: Arc<ToolIndex>,
     guides: Arc<GuideCache>,
     selfheal: Option<Value>,
     tx: &mpsc::Sender<Frame>,

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use serde_json::Value;
 
 use selfheal_core::policy::{ActionKind, RetryConfig};
 use selfheal_core::rng::SplitMix64;
@@ -113,12 +112,12 @@ impl Upstreams {
 
     /// Calls `op` along `chain` with retries and fallbacks. `charge` asks the run's ledger for a
     /// recovery action and says whether it was granted. `passthrough` makes one attempt only.
-    /// `body["model"]` is set to each target's model in turn; the body is encoded once per
-    /// target and every retry sends the same buffer.
+    /// `encode` writes the request for a target's model, once per target; every retry sends the
+    /// same buffer.
     pub async fn call<T>(
         &self,
         chain: &[Target],
-        body: &mut Value,
+        encode: &(dyn Fn(&str) -> Bytes + Send + Sync),
         op: Op<'_, T>,
         charge: &(dyn Fn(ActionKind) -> bool + Send + Sync),
         passthrough: bool,
@@ -148,16 +147,7 @@ impl Upstreams {
                 log.events.push(("cooldown_skip", target.upstream.clone()));
                 continue;
             }
-            if let Some(o) = body.as_object_mut() {
-                o.insert("model".into(), Value::String(target.model.clone()));
-            }
-            let encoded = match serde_json::to_vec(&*body) {
-                Ok(v) => Bytes::from(v),
-                Err(e) => {
-                    reasons.push(format!("cannot encode the request: {e}"));
-                    break;
-                }
-            };
+            let encoded = encode(&target.model);
             let mut attempt = 0u32;
             loop {
                 let err = match op(&up.client, encoded.clone()).await {

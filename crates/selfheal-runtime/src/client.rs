@@ -194,6 +194,8 @@ pub fn normalize_request(body: &mut Value) -> usize {
 pub struct ModelClient {
     http: reqwest::Client,
     config: ClientConfig,
+    /// `base_url` + `/chat/completions`, parsed once (URL parsing showed in profiles).
+    chat_url: Option<reqwest::Url>,
 }
 
 impl ModelClient {
@@ -207,7 +209,13 @@ impl ModelClient {
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| ClientError::Invalid(e.to_string()))?;
-        Ok(ModelClient { http, config })
+        let mut client = ModelClient {
+            http,
+            config,
+            chat_url: None,
+        };
+        client.chat_url = reqwest::Url::parse(&client.url("chat/completions")).ok();
+        Ok(client)
     }
 
     /// The configuration.
@@ -246,9 +254,14 @@ impl ModelClient {
         path: &str,
         body: Bytes,
     ) -> Result<reqwest::Response, ClientError> {
+        let url = match &self.chat_url {
+            Some(u) if path == "chat/completions" => u.clone(),
+            _ => reqwest::Url::parse(&self.url(path))
+                .map_err(|e| ClientError::Invalid(format!("bad upstream URL: {e}")))?,
+        };
         let mut req = self
             .http
-            .post(self.url(path))
+            .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
         if let Some(key) = self.api_key() {

@@ -1,0 +1,660 @@
+//! The chat request as the gateway reads it: borrowed views over the client's bytes.
+//!
+//! A proxy should not rebuild what it does not change. Parsing a 20-message conversation into a
+//! `serde_json::Value` tree and encoding it again was the largest part of the gateway's CPU per
+//! request, and it also rewrote what the client sent (key order, number formatting, integers past
+//! 2^53). So the body is read once into [`ChatRequest`]: the top-level fields in their order as
+//! raw JSON slices, and for each message and tool only the few fields healing reads (role,
+//! content, tool-call ids, names and arguments, tool names and schemas), borrowed where the JSON
+//! has no escapes. [`ChatRequest::encode`] writes the request back with exactly the requested
+//! [`Edits`] applied and every other byte as the client sent it — or returns the client's own
+//! buffer untouched when there is nothing to change.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use bytes::Bytes;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// A JSON string, borrowed from the body when it has no escapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Str<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Str<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V(std::marker::PhantomData))
+    }
+}
+
+impl Str<'_> {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A field that is read as `Some` only when it holds the expected type; anything else (wrong
+/// type, `null`) is `None`, so one odd field never makes a whole message unreadable.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let raw = <&'de RawValue>::deserialize(d)?;
+    Ok(serde_json::from_str(raw.get()).ok())
+}
+
+/// A raw field kept even when it is `null` (serde would turn `null` into `None`).
+fn raw_keep_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+/// The function of a tool call, as far as healing reads it.
+#[derive(Debug, Default, Deserialize)]
+pub struct FunctionView<'a> {
+    /// The tool's name.
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    pub name: Option<Str<'a>>,
+    /// The arguments, a JSON text.
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    pub arguments: Option<Str<'a>>,
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Default, Deserialize)]
+pub struct CallView<'a> {
+    /// The call id that the tool result refers to.
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    pub id: Option<Str<'a>>,
+    /// The function called.
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    pub function: Option<FunctionView<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct MessageFields<'a> {
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    role: Option<Str<'a>>,
+    #[serde(borrow, default, deserialize_with = "raw_keep_null")]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "raw_keep_null")]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    tool_call_id: Option<Str<'a>>,
+}
+
+/// One message: its raw JSON and the fields healing reads.
+#[derive(Debug)]
+pub struct Message<'a> {
+    /// The message as the client sent it.
+    pub raw: &'a RawValue,
+    /// `system`, `user`, `assistant`, `tool`, ... (`None` when missing or not a string).
+    pub role: Option<Str<'a>>,
+    /// The raw `content`, `null` included (`None` when absent).
+    pub content: Option<&'a RawValue>,
+    /// The raw `tool_calls`, `null` included (`None` when absent).
+    pub tool_calls: Option<&'a RawValue>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<Str<'a>>,
+}
+
+impl<'a> Message<'a> {
+    fn read(raw: &'a RawValue) -> Message<'a> {
+        let f: MessageFields<'a> = serde_json::from_str(raw.get()).unwrap_or_default();
+        Message {
+            raw,
+            role: f.role,
+            content: f.content,
+            tool_calls: f.tool_calls,
+            tool_call_id: f.tool_call_id,
+        }
+    }
+
+    /// The role, `""` when missing.
+    pub fn role(&self) -> &str {
+        self.role.as_ref().map_or("", Str::as_str)
+    }
+
+    /// The text of `content`: a string, or the `text` parts of an array joined.
+    pub fn content_text(&self) -> String {
+        let Some(raw) = self.content else {
+            return String::new();
+        };
+        match serde_json::from_str::<Value>(raw.get()) {
+            Ok(Value::String(s)) => s,
+            Ok(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join(""),
+            _ => String::new(),
+        }
+    }
+
+    /// The tool calls of an assistant message (calls that are not objects are skipped).
+    pub fn calls(&self) -> Vec<CallView<'a>> {
+        self.tool_calls
+            .and_then(|raw| serde_json::from_str::<Vec<&'a RawValue>>(raw.get()).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| serde_json::from_str::<CallView<'a>>(c.get()).ok())
+            .collect()
+    }
+
+    /// Whether some servers would reject this message: an assistant message with `tool_calls`
+    /// and a `null` or missing `content`.
+    pub fn needs_content(&self) -> bool {
+        self.role() == "assistant"
+            && self.tool_calls.is_some_and(|t| t.get() != "null")
+            && self.content.is_none_or(|c| c.get() == "null")
+    }
+
+    /// Writes the message with `content: ""` in place of a `null` or missing content, every
+    /// other byte unchanged.
+    fn write_with_content(&self, out: &mut Vec<u8>) {
+        let text = self.raw.get();
+        match self.content {
+            Some(c) => {
+                // `c` is a slice of `text`: find where, and splice.
+                let at = (c.get().as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+                match text.get(..at).zip(text.get(at + c.get().len()..)) {
+                    Some((head, tail)) => {
+                        out.extend_from_slice(head.as_bytes());
+                        out.extend_from_slice(b"\"\"");
+                        out.extend_from_slice(tail.as_bytes());
+                    }
+                    None => out.extend_from_slice(text.as_bytes()),
+                }
+            }
+            None => {
+                // A message with tool calls is a non-empty object: `{` then at least one member.
+                out.extend_from_slice(b"{\"content\":\"\",");
+                out.extend_from_slice(text.get(1..).unwrap_or_default().as_bytes());
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ToolFunction<'a> {
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    name: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    parameters: Option<&'a RawValue>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ToolFields<'a> {
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    function: Option<ToolFunction<'a>>,
+}
+
+/// One tool the request offers.
+#[derive(Debug)]
+pub struct Tool<'a> {
+    /// The tool as the client sent it.
+    pub raw: &'a RawValue,
+    /// `function.name`.
+    pub name: Option<Str<'a>>,
+    /// `function.parameters`, raw.
+    pub parameters: Option<&'a RawValue>,
+}
+
+/// Top-level fields in their order, with their raw values.
+struct Fields<'a>(Vec<(Str<'a>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(entry) = map.next_entry::<Str<'de>, &'de RawValue>()? {
+                    out.push(entry);
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Why a body is not a chat request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest(pub String);
+
+/// A chat-completions request, read without copying.
+#[derive(Debug)]
+pub struct ChatRequest<'a> {
+    body: &'a str,
+    fields: Vec<(Str<'a>, &'a RawValue)>,
+    /// `model`.
+    pub model: Str<'a>,
+    /// `stream: true`.
+    pub stream: bool,
+    /// `messages`, in order.
+    pub messages: Vec<Message<'a>>,
+    /// `tools`, in order (empty when absent).
+    pub tools: Vec<Tool<'a>>,
+    /// The raw `tools` array, when present: the key of the tool-index cache.
+    pub tools_raw: Option<&'a RawValue>,
+    /// The tool `tool_choice` names, when it names one.
+    pub tool_choice_name: Option<Str<'a>>,
+}
+
+impl<'a> ChatRequest<'a> {
+    /// Reads a body. Errors say what is wrong in words a client can act on.
+    pub fn parse(body: &'a [u8]) -> Result<ChatRequest<'a>, BadRequest> {
+        let body = std::str::from_utf8(body)
+            .map_err(|e| BadRequest(format!("the body is not valid JSON: not UTF-8 ({e})")))?;
+        let fields: Fields<'a> = match serde_json::from_str(body) {
+            Ok(f) => f,
+            Err(e) if e.is_data() => {
+                return Err(BadRequest("the body must be a JSON object".into()));
+            }
+            Err(e) => return Err(BadRequest(format!("the body is not valid JSON: {e}"))),
+        };
+        let field = |name: &str| {
+            fields
+                .0
+                .iter()
+                .rev()
+                .find(|(k, _)| k.as_str() == name)
+                .map(|(_, v)| *v)
+        };
+        let messages: Vec<&'a RawValue> = field("messages")
+            .and_then(|m| serde_json::from_str(m.get()).ok())
+            .filter(|m: &Vec<&RawValue>| !m.is_empty())
+            .ok_or_else(|| BadRequest("`messages` must be a non-empty array".into()))?;
+        let model: Str<'a> = field("model")
+            .and_then(|m| serde_json::from_str(m.get()).ok())
+            .ok_or_else(|| BadRequest("`model` must be a string".into()))?;
+        let stream = field("stream").is_some_and(|s| s.get() == "true");
+        let tools_raw = field("tools").filter(|t| t.get().starts_with('['));
+        let tools = tools_raw
+            .and_then(|t| serde_json::from_str::<Vec<&'a RawValue>>(t.get()).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|raw| {
+                let f: ToolFields<'a> = serde_json::from_str(raw.get()).unwrap_or_default();
+                let (name, parameters) = f.function.map_or((None, None), |f| (f.name, f.parameters));
+                Tool {
+                    raw,
+                    name,
+                    parameters,
+                }
+            })
+            .collect();
+        #[derive(Deserialize)]
+        struct Choice<'a> {
+            #[serde(borrow)]
+            function: Named<'a>,
+        }
+        #[derive(Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow)]
+            name: Str<'a>,
+        }
+        let tool_choice_name = field("tool_choice")
+            .and_then(|c| serde_json::from_str::<Choice<'a>>(c.get()).ok())
+            .map(|c| c.function.name);
+        Ok(ChatRequest {
+            body,
+            messages: messages.into_iter().map(Message::read).collect(),
+            fields: fields.0,
+            model,
+            stream,
+            tools,
+            tools_raw,
+            tool_choice_name,
+        })
+    }
+
+    /// Writes the request back with `edits` applied; every byte the edits do not touch is the
+    /// client's. `original` is the client's buffer, returned as is when nothing changes.
+    pub fn encode(&self, edits: &Edits<'_>, original: &Bytes) -> Bytes {
+        let model_changes = edits.model.is_some_and(|m| m != self.model.as_str());
+        let normalize = edits.normalize && self.messages.iter().any(Message::needs_content);
+        let hides = self.tools.iter().any(|t| edits.hides(t));
+        if !model_changes
+            && !normalize
+            && !hides
+            && edits.system.is_none()
+            && edits.append.is_none()
+            && edits.stream.is_none()
+        {
+            return original.clone();
+        }
+        let mut out = Vec::with_capacity(self.body.len() + 256);
+        let remaining_tools = self.tools.iter().filter(|t| !edits.hides(t)).count();
+        let drop_tools = hides && remaining_tools == 0;
+        let mut first = true;
+        let mut key = |out: &mut Vec<u8>, k: &str| {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            write_json(out, &Value::from(k));
+            out.push(b':');
+        };
+        out.push(b'{');
+        let mut stream_written = false;
+        let mut seen: Vec<&str> = Vec::with_capacity(self.fields.len());
+        for (k, v) in &self.fields {
+            let k = k.as_str();
+            // A repeated key: JSON parsers keep the last one, and so did this view.
+            if seen.contains(&k) {
+                continue;
+            }
+            seen.push(k);
+            let v = self
+                .fields
+                .iter()
+                .rev()
+                .find(|(k2, _)| k2.as_str() == k)
+                .map_or(*v, |(_, v)| *v);
+            match k {
+                "model" if model_changes => {
+                    key(&mut out, k);
+                    write_json(&mut out, &Value::from(edits.model.unwrap_or_default()));
+                }
+                "messages" if normalize || edits.system.is_some() || edits.append.is_some() => {
+                    key(&mut out, k);
+                    self.write_messages(&mut out, edits, normalize);
+                }
+                "tools" | "tool_choice" | "parallel_tool_calls" if drop_tools => {}
+                "tools" if hides => {
+                    key(&mut out, k);
+                    out.push(b'[');
+                    for (i, t) in self.tools.iter().filter(|t| !edits.hides(t)).enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        out.extend_from_slice(t.raw.get().as_bytes());
+                    }
+                    out.push(b']');
+                }
+                "tool_choice"
+                    if self
+                        .tool_choice_name
+                        .as_ref()
+                        .is_some_and(|n| edits.hidden.iter().any(|h| h == n.as_str())) =>
+                {
+                    key(&mut out, k);
+                    out.extend_from_slice(b"\"auto\"");
+                }
+                "stream" if edits.stream.is_some() => {
+                    key(&mut out, k);
+                    let s = edits.stream.unwrap_or_default();
+                    out.extend_from_slice(if s { b"true" } else { b"false" });
+                    stream_written = true;
+                }
+                _ => {
+                    key(&mut out, k);
+                    out.extend_from_slice(v.get().as_bytes());
+                }
+            }
+        }
+        if let Some(s) = edits.stream
+            && !stream_written
+        {
+            key(&mut out, "stream");
+            out.extend_from_slice(if s { b"true" } else { b"false" });
+        }
+        out.push(b'}');
+        Bytes::from(out)
+    }
+
+    fn write_messages(&self, out: &mut Vec<u8>, edits: &Edits<'_>, normalize: bool) {
+        let at = self
+            .messages
+            .iter()
+            .take_while(|m| matches!(m.role(), "system" | "developer"))
+            .count();
+        out.push(b'[');
+        let mut first = true;
+        let mut sep = |out: &mut Vec<u8>| {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+        };
+        for (i, m) in self.messages.iter().enumerate() {
+            if i == at
+                && let Some(text) = edits.system
+            {
+                sep(out);
+                write_json(out, &serde_json::json!({"role": "system", "content": text}));
+            }
+            sep(out);
+            if normalize && m.needs_content() {
+                m.write_with_content(out);
+            } else {
+                out.extend_from_slice(m.raw.get().as_bytes());
+            }
+        }
+        if at == self.messages.len()
+            && let Some(text) = edits.system
+        {
+            sep(out);
+            write_json(out, &serde_json::json!({"role": "system", "content": text}));
+        }
+        if let Some(extra) = edits.append {
+            sep(out);
+            write_json(out, extra);
+        }
+        out.push(b']');
+    }
+}
+
+fn write_json(out: &mut Vec<u8>, v: &Value) {
+    // Writing a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, v);
+}
+
+/// What to change when writing a request back. The default changes nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Edits<'e> {
+    /// Send this model instead of the client's.
+    pub model: Option<&'e str>,
+    /// Give assistant messages with tool calls and no content `content: ""`.
+    pub normalize: bool,
+    /// A system message to insert after the leading system and developer messages.
+    pub system: Option<&'e str>,
+    /// Tools to remove from `tools` (and from `tool_choice`, which then becomes `auto`; when no
+    /// tool is left, `tools`, `tool_choice` and `parallel_tool_calls` go).
+    pub hidden: &'e [String],
+    /// A message to append at the end of the conversation.
+    pub append: Option<&'e Value>,
+    /// Set `stream`.
+    pub stream: Option<bool>,
+}
+
+impl Edits<'_> {
+    fn hides(&self, t: &Tool<'_>) -> bool {
+        t.name
+            .as_ref()
+            .is_some_and(|n| self.hidden.iter().any(|h| h == n.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(v: &Value) -> Bytes {
+        Bytes::from(serde_json::to_vec(v).unwrap())
+    }
+
+    fn sample() -> Value {
+        json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": "caf\u{e9} \"quoted\""},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "search", "arguments": "{\"q\":\"x\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Error: down"},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}
+            ],
+            "tools": [
+                {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+                {"type": "function", "function": {"name": "lookup"}}
+            ],
+            "tool_choice": {"type": "function", "function": {"name": "search"}},
+            "temperature": 0.1,
+            "seed": 12345678901234567890u64
+        })
+    }
+
+    #[test]
+    fn reads_the_fields_healing_needs() {
+        let b = body(&sample());
+        let r = ChatRequest::parse(&b).unwrap();
+        assert_eq!(r.model.as_str(), "m");
+        assert!(!r.stream);
+        assert_eq!(r.messages.len(), 5);
+        assert_eq!(r.messages[1].content_text(), "café \"quoted\"");
+        let calls = r.messages[2].calls();
+        assert_eq!(calls[0].id.as_ref().unwrap().as_str(), "c1");
+        let f = calls[0].function.as_ref().unwrap();
+        assert_eq!(f.name.as_ref().unwrap().as_str(), "search");
+        assert_eq!(f.arguments.as_ref().unwrap().as_str(), "{\"q\":\"x\"}");
+        assert_eq!(r.messages[3].tool_call_id.as_ref().unwrap().as_str(), "c1");
+        assert_eq!(r.tools.len(), 2);
+        assert_eq!(r.tool_choice_name.as_ref().unwrap().as_str(), "search");
+        assert!(r.messages[2].needs_content() && r.messages[4].needs_content());
+        assert!(!r.messages[3].needs_content());
+    }
+
+    #[test]
+    fn no_edits_returns_the_client_buffer() {
+        let b = body(&sample());
+        let r = ChatRequest::parse(&b).unwrap();
+        let out = r.encode(&Edits::default(), &b);
+        assert_eq!(out.as_ptr(), b.as_ptr());
+        let same_model = Edits {
+            model: Some("m"),
+            ..Edits::default()
+        };
+        assert_eq!(r.encode(&same_model, &b).as_ptr(), b.as_ptr());
+    }
+
+    #[test]
+    fn edits_change_only_what_they_name() {
+        let b = body(&sample());
+        let r = ChatRequest::parse(&b).unwrap();
+        let hidden = vec!["search".to_string()];
+        let extra = json!({"role": "user", "content": "again"});
+        let out = r.encode(
+            &Edits {
+                model: Some("other"),
+                normalize: true,
+                system: Some("[selfheal] use lookup"),
+                hidden: &hidden,
+                append: Some(&extra),
+                stream: Some(false),
+            },
+            &b,
+        );
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let mut want = sample();
+        want["model"] = json!("other");
+        want["messages"][2]["content"] = json!("");
+        want["messages"][4]["content"] = json!("");
+        want["messages"]
+            .as_array_mut()
+            .unwrap()
+            .insert(1, json!({"role": "system", "content": "[selfheal] use lookup"}));
+        want["messages"].as_array_mut().unwrap().push(extra.clone());
+        want["tools"].as_array_mut().unwrap().remove(0);
+        want["tool_choice"] = json!("auto");
+        want["stream"] = json!(false);
+        assert_eq!(v, want);
+        // Untouched numbers keep the client's spelling, even past f64's precision.
+        assert!(std::str::from_utf8(&out).unwrap().contains("12345678901234567890"));
+    }
+
+    #[test]
+    fn hiding_every_tool_drops_tools_and_choice() {
+        let b = body(&sample());
+        let r = ChatRequest::parse(&b).unwrap();
+        let hidden = vec!["search".to_string(), "lookup".to_string()];
+        let out = r.encode(
+            &Edits {
+                hidden: &hidden,
+                ..Edits::default()
+            },
+            &b,
+        );
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert!(v.get("tools").is_none() && v.get("tool_choice").is_none());
+        assert_eq!(v["messages"], sample()["messages"]);
+    }
+
+    #[test]
+    fn bad_bodies_are_named() {
+        for (b, want) in [
+            (&b"{"[..], "not valid JSON"),
+            (b"[1]", "JSON object"),
+            (b"{\"model\": \"m\"}", "messages"),
+            (b"{\"model\": \"m\", \"messages\": []}", "messages"),
+            (b"{\"model\": 3, \"messages\": [{}]}", "model"),
+            (b"\xff", "UTF-8"),
+        ] {
+            let e = ChatRequest::parse(b).unwrap_err();
+            assert!(e.0.contains(want), "{e:?} should mention {want}");
+        }
+    }
+
+    #[test]
+    fn odd_messages_are_kept_opaque() {
+        let v = json!({"model": "m", "messages": [
+            "not an object",
+            {"role": 3, "content": {"x": 1}, "tool_calls": "nope"},
+            {"role": "assistant", "tool_calls": [1, {"id": "a", "function": {"name": "t"}}]}
+        ]});
+        let b = body(&v);
+        let r = ChatRequest::parse(&b).unwrap();
+        assert_eq!(r.messages[0].role(), "");
+        assert_eq!(r.messages[1].role(), "");
+        assert!(r.messages[1].calls().is_empty());
+        assert_eq!(r.messages[2].calls().len(), 1);
+        let out = r.encode(
+            &Edits {
+                normalize: true,
+                ..Edits::default()
+            },
+            &b,
+        );
+        let got: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(got["messages"][0], v["messages"][0]);
+        assert_eq!(got["messages"][2]["content"], json!(""));
+    }
+}
