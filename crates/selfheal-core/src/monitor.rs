@@ -530,12 +530,11 @@ impl Monitor {
             .max(config.empty_input_window)
             .max(config.alternation_window)
             .max(config.abort_window);
+        // The tool table grows with the tools a run uses (most use a handful): the gateway keeps
+        // one monitor per live run, and reserving room for 64 tools up front cost ~7 KB each.
         Monitor {
-            tools: Vec::with_capacity(config.max_tools.min(64)),
-            index: HashMap::with_capacity_and_hasher(
-                config.max_tools.min(64),
-                FoldBuildHasher::default(),
-            ),
+            tools: Vec::new(),
+            index: HashMap::with_hasher(FoldBuildHasher::default()),
             recent: VecDeque::with_capacity(ring_cap),
             ring_cap,
             calls: 0,

@@ -36,7 +36,7 @@ pub type ToolIndex = HashMap<String, ToolSpec>;
 /// Indexes the `tools` of a request.
 pub fn tool_index(req: &ChatRequest<'_>) -> ToolIndex {
     let mut out = ToolIndex::new();
-    for t in &req.tools {
+    for t in &req.tools() {
         let Some(name) = &t.name else { continue };
         let parameters = t
             .parameters
@@ -237,13 +237,16 @@ impl Applied {
 /// system messages; the hidden tools the request offers removed, `tool_choice` fixed if it named
 /// one (see [`ChatRequest::encode`]).
 pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict) -> Applied {
-    let hidden = req
-        .tools
-        .iter()
-        .filter_map(|t| t.name.as_ref())
-        .filter(|n| verdict.hidden_tools.iter().any(|h| h == n.as_str()))
-        .map(|n| n.as_str().to_owned())
-        .collect();
+    let hidden = if verdict.hidden_tools.is_empty() {
+        Vec::new()
+    } else {
+        req.tools()
+            .iter()
+            .filter_map(|t| t.name.as_ref())
+            .filter(|n| verdict.hidden_tools.iter().any(|h| h == n.as_str()))
+            .map(|n| n.as_str().to_owned())
+            .collect()
+    };
     let guidance: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
     let system = (!guidance.is_empty()).then(|| format!("[selfheal] {}", guidance.join("\n")));
     Applied {

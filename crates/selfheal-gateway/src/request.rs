@@ -52,6 +52,63 @@ impl Str<'_> {
     }
 }
 
+/// A string field read in one pass: `Some` for a string, `None` for any other JSON value (which
+/// is skipped), so an odd field never makes its message unreadable.
+#[derive(Debug, Default)]
+struct LooseStr<'a>(Option<Str<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for LooseStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = LooseStr<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(Some(Str(Cow::Borrowed(v)))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(Some(Str(Cow::Owned(v.to_owned())))))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(Some(Str(Cow::Owned(v)))))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<LooseStr<'a>, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<LooseStr<'a>, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(LooseStr(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LooseStr<'a>, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(LooseStr(None))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+fn loose<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Str<'de>>, D::Error> {
+    LooseStr::deserialize(d).map(|l| l.0)
+}
+
 /// A field that is read as `Some` only when it holds the expected type; anything else (wrong
 /// type, `null`) is `None`, so one odd field never makes a whole message unreadable.
 fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
@@ -72,10 +129,10 @@ fn raw_keep_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue
 #[derive(Debug, Default, Deserialize)]
 pub struct FunctionView<'a> {
     /// The tool's name.
-    #[serde(borrow, default, deserialize_with = "lenient")]
+    #[serde(borrow, default, deserialize_with = "loose")]
     pub name: Option<Str<'a>>,
     /// The arguments, a JSON text.
-    #[serde(borrow, default, deserialize_with = "lenient")]
+    #[serde(borrow, default, deserialize_with = "loose")]
     pub arguments: Option<Str<'a>>,
 }
 
@@ -83,7 +140,7 @@ pub struct FunctionView<'a> {
 #[derive(Debug, Default, Deserialize)]
 pub struct CallView<'a> {
     /// The call id that the tool result refers to.
-    #[serde(borrow, default, deserialize_with = "lenient")]
+    #[serde(borrow, default, deserialize_with = "loose")]
     pub id: Option<Str<'a>>,
     /// The function called.
     #[serde(borrow, default, deserialize_with = "lenient")]
@@ -92,13 +149,13 @@ pub struct CallView<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 struct MessageFields<'a> {
-    #[serde(borrow, default, deserialize_with = "lenient")]
+    #[serde(borrow, default, deserialize_with = "loose")]
     role: Option<Str<'a>>,
     #[serde(borrow, default, deserialize_with = "raw_keep_null")]
     content: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "raw_keep_null")]
     tool_calls: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "lenient")]
+    #[serde(borrow, default, deserialize_with = "loose")]
     tool_call_id: Option<Str<'a>>,
 }
 
@@ -196,7 +253,7 @@ impl<'a> Message<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 struct ToolFunction<'a> {
-    #[serde(borrow, default, deserialize_with = "lenient")]
+    #[serde(borrow, default, deserialize_with = "loose")]
     name: Option<Str<'a>>,
     #[serde(borrow, default)]
     parameters: Option<&'a RawValue>,
@@ -219,26 +276,90 @@ pub struct Tool<'a> {
     pub parameters: Option<&'a RawValue>,
 }
 
-/// Top-level fields in their order, with their raw values.
-struct Fields<'a>(Vec<(Str<'a>, &'a RawValue)>);
+/// A top-level value: raw, or the `messages` array (kept as its elements).
+#[derive(Debug, Clone, Copy)]
+enum Slot<'a> {
+    Raw(&'a RawValue),
+    Messages,
+}
 
-impl<'de> Deserialize<'de> for Fields<'de> {
+/// The `messages` value: its elements, raw, when it is an array.
+struct MessagesValue<'a>(Option<Vec<&'a RawValue>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for MessagesValue<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Fields<'de>;
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = MessagesValue<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<MessagesValue<'a>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(16));
+                while let Some(m) = seq.next_element::<&'de RawValue>()? {
+                    out.push(m);
+                }
+                Ok(MessagesValue(Some(out)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MessagesValue<'a>, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(MessagesValue(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<MessagesValue<'a>, E> {
+                Ok(MessagesValue(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<MessagesValue<'a>, E> {
+                Ok(MessagesValue(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<MessagesValue<'a>, E> {
+                Ok(MessagesValue(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<MessagesValue<'a>, E> {
+                Ok(MessagesValue(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<MessagesValue<'a>, E> {
+                Ok(MessagesValue(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<MessagesValue<'a>, E> {
+                Ok(MessagesValue(None))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// The top level in one pass: fields in their order, `messages` split into raw elements.
+struct TopLevel<'a> {
+    fields: Vec<(Str<'a>, Slot<'a>)>,
+    messages: Option<Vec<&'a RawValue>>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for TopLevel<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = TopLevel<'a>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(entry) = map.next_entry::<Str<'de>, &'de RawValue>()? {
-                    out.push(entry);
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'a>, A::Error> {
+                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                let mut messages = None;
+                while let Some(k) = map.next_key::<Str<'de>>()? {
+                    if k.as_str() == "messages" {
+                        messages = map.next_value::<MessagesValue<'de>>()?.0;
+                        fields.push((k, Slot::Messages));
+                    } else {
+                        fields.push((k, Slot::Raw(map.next_value::<&'de RawValue>()?)));
+                    }
                 }
-                Ok(Fields(out))
+                Ok(TopLevel { fields, messages })
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(std::marker::PhantomData))
     }
 }
 
@@ -250,19 +371,16 @@ pub struct BadRequest(pub String);
 #[derive(Debug)]
 pub struct ChatRequest<'a> {
     body: &'a str,
-    fields: Vec<(Str<'a>, &'a RawValue)>,
+    fields: Vec<(Str<'a>, Slot<'a>)>,
     /// `model`.
     pub model: Str<'a>,
     /// `stream: true`.
     pub stream: bool,
     /// `messages`, in order.
     pub messages: Vec<Message<'a>>,
-    /// `tools`, in order (empty when absent).
-    pub tools: Vec<Tool<'a>>,
-    /// The raw `tools` array, when present: the key of the tool-index cache.
+    /// The raw `tools` array, when present (read on demand by [`ChatRequest::tools`]; the key
+    /// of the tool-index cache).
     pub tools_raw: Option<&'a RawValue>,
-    /// The tool `tool_choice` names, when it names one.
-    pub tool_choice_name: Option<Str<'a>>,
 }
 
 impl<'a> ChatRequest<'a> {
@@ -270,44 +388,62 @@ impl<'a> ChatRequest<'a> {
     pub fn parse(body: &'a [u8]) -> Result<ChatRequest<'a>, BadRequest> {
         let body = std::str::from_utf8(body)
             .map_err(|e| BadRequest(format!("the body is not valid JSON: not UTF-8 ({e})")))?;
-        let fields: Fields<'a> = match serde_json::from_str(body) {
+        let top: TopLevel<'a> = match serde_json::from_str(body) {
             Ok(f) => f,
             Err(e) if e.is_data() => {
                 return Err(BadRequest("the body must be a JSON object".into()));
             }
             Err(e) => return Err(BadRequest(format!("the body is not valid JSON: {e}"))),
         };
-        let field = |name: &str| {
-            fields
-                .0
+        let raw = |name: &str| {
+            top.fields
                 .iter()
                 .rev()
-                .find(|(k, _)| k.as_str() == name)
-                .map(|(_, v)| *v)
+                .find_map(|(k, v)| match v {
+                    Slot::Raw(v) if k.as_str() == name => Some(*v),
+                    _ => None,
+                })
         };
-        let messages: Vec<&'a RawValue> = field("messages")
-            .and_then(|m| serde_json::from_str(m.get()).ok())
-            .filter(|m: &Vec<&RawValue>| !m.is_empty())
+        let messages = top
+            .messages
+            .filter(|m| !m.is_empty())
             .ok_or_else(|| BadRequest("`messages` must be a non-empty array".into()))?;
-        let model: Str<'a> = field("model")
+        let model: Str<'a> = raw("model")
             .and_then(|m| serde_json::from_str(m.get()).ok())
             .ok_or_else(|| BadRequest("`model` must be a string".into()))?;
-        let stream = field("stream").is_some_and(|s| s.get() == "true");
-        let tools_raw = field("tools").filter(|t| t.get().starts_with('['));
-        let tools = tools_raw
+        let stream = raw("stream").is_some_and(|s| s.get() == "true");
+        let tools_raw = raw("tools").filter(|t| t.get().starts_with('['));
+        Ok(ChatRequest {
+            body,
+            messages: messages.into_iter().map(Message::read).collect(),
+            model,
+            stream,
+            tools_raw,
+            fields: top.fields,
+        })
+    }
+
+    /// The tools the request offers, in order (empty when none).
+    pub fn tools(&self) -> Vec<Tool<'a>> {
+        self.tools_raw
             .and_then(|t| serde_json::from_str::<Vec<&'a RawValue>>(t.get()).ok())
             .unwrap_or_default()
             .into_iter()
             .map(|raw| {
                 let f: ToolFields<'a> = serde_json::from_str(raw.get()).unwrap_or_default();
-                let (name, parameters) = f.function.map_or((None, None), |f| (f.name, f.parameters));
+                let (name, parameters) =
+                    f.function.map_or((None, None), |f| (f.name, f.parameters));
                 Tool {
                     raw,
                     name,
                     parameters,
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// The tool `tool_choice` names, when it names one.
+    pub fn tool_choice_name(&self) -> Option<Str<'a>> {
         #[derive(Deserialize)]
         struct Choice<'a> {
             #[serde(borrow)]
@@ -318,19 +454,15 @@ impl<'a> ChatRequest<'a> {
             #[serde(borrow)]
             name: Str<'a>,
         }
-        let tool_choice_name = field("tool_choice")
+        self.fields
+            .iter()
+            .rev()
+            .find_map(|(k, v)| match v {
+                Slot::Raw(v) if k.as_str() == "tool_choice" => Some(*v),
+                _ => None,
+            })
             .and_then(|c| serde_json::from_str::<Choice<'a>>(c.get()).ok())
-            .map(|c| c.function.name);
-        Ok(ChatRequest {
-            body,
-            messages: messages.into_iter().map(Message::read).collect(),
-            fields: fields.0,
-            model,
-            stream,
-            tools,
-            tools_raw,
-            tool_choice_name,
-        })
+            .map(|c| c.function.name)
     }
 
     /// Writes the request back with `edits` applied; every byte the edits do not touch is the
@@ -338,7 +470,12 @@ impl<'a> ChatRequest<'a> {
     pub fn encode(&self, edits: &Edits<'_>, original: &Bytes) -> Bytes {
         let model_changes = edits.model.is_some_and(|m| m != self.model.as_str());
         let normalize = edits.normalize && self.messages.iter().any(Message::needs_content);
-        let hides = self.tools.iter().any(|t| edits.hides(t));
+        let tools = if edits.hidden.is_empty() {
+            Vec::new()
+        } else {
+            self.tools()
+        };
+        let hides = tools.iter().any(|t| edits.hides(t));
         if !model_changes
             && !normalize
             && !hides
@@ -349,7 +486,11 @@ impl<'a> ChatRequest<'a> {
             return original.clone();
         }
         let mut out = Vec::with_capacity(self.body.len() + 256);
-        let remaining_tools = self.tools.iter().filter(|t| !edits.hides(t)).count();
+        let remaining_tools = tools.iter().filter(|t| !edits.hides(t)).count();
+        let choice_hidden = hides
+            && self
+                .tool_choice_name()
+                .is_some_and(|n| edits.hidden.iter().any(|h| h == n.as_str()));
         let drop_tools = hides && remaining_tools == 0;
         let mut first = true;
         let mut key = |out: &mut Vec<u8>, k: &str| {
@@ -376,20 +517,24 @@ impl<'a> ChatRequest<'a> {
                 .rev()
                 .find(|(k2, _)| k2.as_str() == k)
                 .map_or(*v, |(_, v)| *v);
+            let v = match v {
+                Slot::Raw(v) => v,
+                Slot::Messages => {
+                    key(&mut out, k);
+                    self.write_messages(&mut out, edits, normalize);
+                    continue;
+                }
+            };
             match k {
                 "model" if model_changes => {
                     key(&mut out, k);
                     write_json(&mut out, &Value::from(edits.model.unwrap_or_default()));
                 }
-                "messages" if normalize || edits.system.is_some() || edits.append.is_some() => {
-                    key(&mut out, k);
-                    self.write_messages(&mut out, edits, normalize);
-                }
                 "tools" | "tool_choice" | "parallel_tool_calls" if drop_tools => {}
                 "tools" if hides => {
                     key(&mut out, k);
                     out.push(b'[');
-                    for (i, t) in self.tools.iter().filter(|t| !edits.hides(t)).enumerate() {
+                    for (i, t) in tools.iter().filter(|t| !edits.hides(t)).enumerate() {
                         if i > 0 {
                             out.push(b',');
                         }
@@ -397,12 +542,7 @@ impl<'a> ChatRequest<'a> {
                     }
                     out.push(b']');
                 }
-                "tool_choice"
-                    if self
-                        .tool_choice_name
-                        .as_ref()
-                        .is_some_and(|n| edits.hidden.iter().any(|h| h == n.as_str())) =>
-                {
+                "tool_choice" if choice_hidden => {
                     key(&mut out, k);
                     out.extend_from_slice(b"\"auto\"");
                 }
@@ -547,8 +687,8 @@ mod tests {
         assert_eq!(f.name.as_ref().unwrap().as_str(), "search");
         assert_eq!(f.arguments.as_ref().unwrap().as_str(), "{\"q\":\"x\"}");
         assert_eq!(r.messages[3].tool_call_id.as_ref().unwrap().as_str(), "c1");
-        assert_eq!(r.tools.len(), 2);
-        assert_eq!(r.tool_choice_name.as_ref().unwrap().as_str(), "search");
+        assert_eq!(r.tools().len(), 2);
+        assert_eq!(r.tool_choice_name().unwrap().as_str(), "search");
         assert!(r.messages[2].needs_content() && r.messages[4].needs_content());
         assert!(!r.messages[3].needs_content());
     }
