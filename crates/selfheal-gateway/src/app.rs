@@ -570,10 +570,12 @@ async fn passthrough(
         .get(header::CONTENT_TYPE)
         .cloned()
         .unwrap_or(HeaderValue::from_static("application/json"));
-    let bytes = upstream.bytes().await.map_err(|e| {
-        ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")])
-    })?;
+    let bytes = upstream
+        .bytes()
+        .await
+        .map_err(|e| ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")]))?;
     let mut resp = Response::new(Body::from(bytes));
-    resp.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, content_type);
     Ok(resp)
 }

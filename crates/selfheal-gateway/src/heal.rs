@@ -55,7 +55,9 @@ pub fn tool_index(req: &ChatRequest<'_>) -> ToolIndex {
         out.insert(
             name.as_str().to_owned(),
             ToolSpec {
-                schema_key: t.parameters.map_or_else(|| "{}".to_owned(), |p| p.get().to_owned()),
+                schema_key: t
+                    .parameters
+                    .map_or_else(|| "{}".to_owned(), |p| p.get().to_owned()),
                 parameters,
                 required,
             },
@@ -83,12 +85,7 @@ impl ToolIndexCache {
             return Arc::new(ToolIndex::new());
         };
         let key = raw.get();
-        if let Some(i) = self
-            .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-        {
+        if let Some(i) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
             return i.clone();
         }
         let index = Arc::new(tool_index(req));
@@ -155,10 +152,7 @@ pub fn replay(
                     let Some(name) = f.name else { continue };
                     calls.insert(
                         id.0.into_owned(),
-                        (
-                            name.0.into_owned(),
-                            f.arguments.map(|a| a.0.into_owned()),
-                        ),
+                        (name.0.into_owned(), f.arguments.map(|a| a.0.into_owned())),
                     );
                 }
             }

@@ -14,8 +14,8 @@ use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -92,12 +92,18 @@ impl<'de: 'a, 'a> Deserialize<'de> for LooseStr<'a> {
             fn visit_none<E: de::Error>(self) -> Result<LooseStr<'a>, E> {
                 Ok(LooseStr(None))
             }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<LooseStr<'a>, A::Error> {
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<LooseStr<'a>, A::Error> {
                 while seq.next_element::<de::IgnoredAny>()?.is_some() {}
                 Ok(LooseStr(None))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LooseStr<'a>, A::Error> {
-                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
                 Ok(LooseStr(None))
             }
         }
@@ -304,8 +310,14 @@ impl<'de: 'a, 'a> Deserialize<'de> for MessagesValue<'a> {
                 }
                 Ok(MessagesValue(Some(out)))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MessagesValue<'a>, A::Error> {
-                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MessagesValue<'a>, A::Error> {
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
                 Ok(MessagesValue(None))
             }
             fn visit_str<E: de::Error>(self, _: &str) -> Result<MessagesValue<'a>, E> {
@@ -396,13 +408,10 @@ impl<'a> ChatRequest<'a> {
             Err(e) => return Err(BadRequest(format!("the body is not valid JSON: {e}"))),
         };
         let raw = |name: &str| {
-            top.fields
-                .iter()
-                .rev()
-                .find_map(|(k, v)| match v {
-                    Slot::Raw(v) if k.as_str() == name => Some(*v),
-                    _ => None,
-                })
+            top.fields.iter().rev().find_map(|(k, v)| match v {
+                Slot::Raw(v) if k.as_str() == name => Some(*v),
+                _ => None,
+            })
         };
         let messages = top
             .messages
@@ -728,17 +737,21 @@ mod tests {
         want["model"] = json!("other");
         want["messages"][2]["content"] = json!("");
         want["messages"][4]["content"] = json!("");
-        want["messages"]
-            .as_array_mut()
-            .unwrap()
-            .insert(1, json!({"role": "system", "content": "[selfheal] use lookup"}));
+        want["messages"].as_array_mut().unwrap().insert(
+            1,
+            json!({"role": "system", "content": "[selfheal] use lookup"}),
+        );
         want["messages"].as_array_mut().unwrap().push(extra.clone());
         want["tools"].as_array_mut().unwrap().remove(0);
         want["tool_choice"] = json!("auto");
         want["stream"] = json!(false);
         assert_eq!(v, want);
         // Untouched numbers keep the client's spelling, even past f64's precision.
-        assert!(std::str::from_utf8(&out).unwrap().contains("12345678901234567890"));
+        assert!(
+            std::str::from_utf8(&out)
+                .unwrap()
+                .contains("12345678901234567890")
+        );
     }
 
     #[test]

@@ -182,7 +182,10 @@ mod tests {
         let id = |messages: serde_json::Value| {
             let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
             let req = crate::request::ChatRequest::parse(&body).unwrap();
-            (run_id(None, &req.messages), run_id(Some("mine"), &req.messages))
+            (
+                run_id(None, &req.messages),
+                run_id(Some("mine"), &req.messages),
+            )
         };
         let a = json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]);
         let mut b = a.clone();
@@ -190,7 +193,10 @@ mod tests {
             .unwrap()
             .push(json!({"role": "assistant", "content": "x"}));
         assert_eq!(id(a.clone()).0, id(b).0);
-        assert_ne!(id(a.clone()).0, id(json!([{"role": "user", "content": "other"}])).0);
+        assert_ne!(
+            id(a.clone()).0,
+            id(json!([{"role": "user", "content": "other"}])).0
+        );
         assert_eq!(id(a).1, "mine");
     }
 
