@@ -117,6 +117,37 @@ def test_stream_text_and_tool_calls(gateway, upstream):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def stream_calls(chunks):
+    return [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+
+
+def test_stream_reasks_an_unusable_tool_call_before_the_client_sees_it(gateway, upstream):
+    upstream.script([{"kind": "tool", "name": "delete_everything", "arguments": "{}"},
+                     {"kind": "tool", "name": "lookup", "arguments": "{\"key\": \"k\"}"}])
+    chunks = list(client(gateway).chat.completions.create(
+        model="stub", messages=ask(), tools=TOOLS, stream=True))
+    calls = stream_calls(chunks)
+    assert [c.function.name for c in calls] == ["lookup"], "the unusable call never reaches the client"
+    assert json.loads(calls[0].function.arguments) == {"key": "k"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    report = chunks[-1].model_extra["selfheal"]
+    assert report["status"] == "complete" and "reask" in report["actions"]
+    log = upstream.log()
+    assert [bool(r.get("stream")) for r in log] == [True, False]
+    assert "delete_everything" in log[1]["messages"][-1]["content"]
+
+
+def test_stream_passes_an_unusable_call_on_as_partial_when_the_reask_fails_too(gateway, upstream):
+    upstream.script([{"kind": "tool", "name": "delete_everything", "arguments": "{}"},
+                     {"kind": "tool", "name": "drop_tables", "arguments": "{}"}])
+    chunks = list(client(gateway).chat.completions.create(
+        model="stub", messages=ask(), tools=TOOLS, stream=True))
+    assert [c.function.name for c in stream_calls(chunks)] == ["delete_everything"]
+    report = chunks[-1].model_extra["selfheal"]
+    assert report["status"] == "partial"
+    assert "delete_everything" in report["reason"]
+
+
 def test_cut_stream_is_never_a_clean_finish(gateway, upstream):
     upstream.script([{"kind": "cut"}])
     finishes = []

@@ -303,15 +303,7 @@ async fn chat_inner(
         t.retain(|name, _| !applied.hidden.contains(name));
         Arc::new(t)
     };
-    let charge_state = state.clone();
-    let charge = move |k: ActionKind| {
-        let mut st = lock(&charge_state);
-        let ok = st.ledger.charge(&k.charge()).is_ok();
-        if ok {
-            st.act(k.as_str());
-        }
-        ok
-    };
+    let charge = charger(state.clone());
 
     // 4. Upstream.
     let mut log = CallLog::default();
@@ -330,25 +322,36 @@ async fn chat_inner(
             }
         };
         let report = selfheal_report(&state, "complete", None, &actions);
+        let reask = stream_reask(s, &run, &state, chain, bytes.clone(), &applied, &tools_fwd);
         let (tx, rx) = mpsc::channel(64);
         let s2 = s.clone();
         let run2 = run.clone();
         let state2 = state.clone();
         tokio::spawn(async move {
-            let r = stream::relay(upstream, tools_fwd, s2.guides.clone(), Some(report), &tx).await;
+            let r = stream::relay(
+                upstream,
+                tools_fwd,
+                s2.guides.clone(),
+                Some(report),
+                Some(reask),
+                &tx,
+            )
+            .await;
             for t in &r.repaired {
                 Metrics::inc(&s2.metrics.repairs_total);
                 s2.event(&run2, "repair", json!({"tool": t}), None);
             }
             for t in &r.invalid {
-                s2.event(&run2, "invalid_call", json!({"reask": t}), None);
+                s2.event(&run2, "invalid_call", json!({"problems": [t]}), None);
             }
             let status = if let Some(b) = &r.broken {
                 Metrics::inc(&s2.metrics.streams_broken_total);
                 s2.event(&run2, "stream_broken", json!({"reason": b}), None);
                 "failed"
-            } else {
+            } else if r.invalid.is_empty() {
                 "complete"
+            } else {
+                "partial"
             };
             finish_trace(&s2, &run2, &state2, status);
             drop(tx);
@@ -383,10 +386,7 @@ async fn chat_inner(
         Metrics::inc(&s.metrics.reasks_total);
         actions.push("reask".into());
         s.event(&run, "reask", json!({"problems": check.invalid}), None);
-        let extra = json!({"role": "user", "content": format!(
-            "Your last answer's tool calls could not be used. {}",
-            check.invalid.join(" ")
-        )});
+        let extra = reask_turn(&check.invalid);
         let again = |m: &str| {
             req.encode(
                 &Edits {
@@ -435,6 +435,88 @@ async fn chat_inner(
     let mut resp = axum::Json(completion).into_response();
     add_headers(&mut resp, &run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// The user turn that asks the model to redo tool calls that could not be used.
+fn reask_turn(problems: &[String]) -> Value {
+    json!({"role": "user", "content": format!(
+        "Your last answer's tool calls could not be used. {}",
+        problems.join(" ")
+    )})
+}
+
+/// Charges one recovery action to the run's ledger; says whether it was granted.
+fn charger(state: Arc<Mutex<RunState>>) -> impl Fn(ActionKind) -> bool + Send + Sync {
+    move |k: ActionKind| {
+        let mut st = lock(&state);
+        let ok = st.ledger.charge(&k.charge()).is_ok();
+        if ok {
+            st.act(k.as_str());
+        }
+        ok
+    }
+}
+
+/// The streaming relay's re-ask: one non-streaming call with the problems appended, charged to
+/// the run's budget like the non-streaming re-ask, its answer checked the same way.
+fn stream_reask(
+    s: &Arc<AppState>,
+    run: &str,
+    state: &Arc<Mutex<RunState>>,
+    chain: Vec<crate::config::Target>,
+    bytes: Bytes,
+    applied: &heal::Applied,
+    tools: &Arc<ToolIndex>,
+) -> stream::Reask {
+    let (s, run, state, applied, tools) = (
+        s.clone(),
+        run.to_owned(),
+        state.clone(),
+        applied.clone(),
+        tools.clone(),
+    );
+    Box::new(move |problems: Vec<String>| {
+        Box::pin(async move {
+            let charge = charger(state);
+            if !charge(ActionKind::Retry) {
+                return None;
+            }
+            Metrics::inc(&s.metrics.reasks_total);
+            s.event(&run, "reask", json!({"problems": problems}), None);
+            let req = ChatRequest::parse(&bytes).ok()?;
+            let extra = reask_turn(&problems);
+            let encode = |m: &str| {
+                req.encode(
+                    &Edits {
+                        model: Some(m),
+                        append: Some(&extra),
+                        stream: Some(false),
+                        ..applied.edits()
+                    },
+                    &bytes,
+                )
+            };
+            let mut log = CallLog::default();
+            let result = s
+                .upstreams
+                .call(&chain, &encode, &chat_op, &charge, false, &mut log)
+                .await;
+            log_calls(&s, &run, &log, &mut Vec::new());
+            let mut body = result.ok()?.body;
+            let check = check_completion(&mut body, &tools, &s.guides);
+            if !check.invalid.is_empty() {
+                return None;
+            }
+            Some(stream::Reasked {
+                message: body.pointer("/choices/0/message").cloned()?,
+                finish_reason: body
+                    .pointer("/choices/0/finish_reason")
+                    .cloned()
+                    .unwrap_or_else(|| json!("stop")),
+                repaired: check.repaired,
+            })
+        })
+    })
 }
 
 fn check_completion(

@@ -3,7 +3,11 @@
 //! A client acts on a tool call as soon as its stream says it is finished, so the gateway keeps
 //! the tool-call deltas back, assembles each call, checks and repairs its arguments against the
 //! request's schema, and sends it as one complete delta just before the chunk that carries the
-//! `finish_reason`. Text deltas are forwarded the moment they arrive. A stream that ends without
+//! `finish_reason`. When a call cannot be used (unknown tool, arguments that cannot be repaired)
+//! and the run's budget allows, the gateway asks the upstream once more — the text already sent
+//! stays sent — and passes on the new answer's calls instead; only if that fails too do the
+//! original calls go out, with a `partial` status. Text deltas are forwarded the moment they
+//! arrive. A stream that ends without
 //! a finish (the upstream broke mid-answer) is never passed on as a clean finish: the client gets
 //! an error event and the connection is cut, so its SDK raises instead of returning half an
 //! answer as if it were whole.
@@ -17,7 +21,24 @@ use tokio::sync::mpsc;
 
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+
 use crate::heal::{GuideCache, ToolIndex, check_call};
+
+/// A second answer to an assistant turn whose tool calls could not be used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reasked {
+    /// The new answer's (checked) assistant message.
+    pub message: Value,
+    /// Its `finish_reason`.
+    pub finish_reason: Value,
+    /// Calls of the new answer whose arguments were repaired.
+    pub repaired: Vec<String>,
+}
+
+/// Asks the upstream again, once, given the problems with the held tool calls. `None` when the
+/// budget refuses, the upstream fails, or the new answer's calls cannot be used either.
+pub type Reask = Box<dyn FnOnce(Vec<String>) -> BoxFuture<'static, Option<Reasked>> + Send>;
 
 /// What happened to a stream, reported when it ends.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -28,6 +49,8 @@ pub struct StreamReport {
     pub repaired: Vec<String>,
     /// Tool calls that could not be repaired (passed on as they were).
     pub invalid: Vec<String>,
+    /// The problems of the calls that were re-asked and replaced by a usable answer.
+    pub reasked: Vec<String>,
     /// Why the stream broke, when it did.
     pub broken: Option<String>,
 }
@@ -46,12 +69,14 @@ fn data(v: &Value) -> Frame {
     Ok(Bytes::from(format!("data: {v}\n\n")))
 }
 
-/// Relays an upstream SSE response to `tx`. `selfheal` is added to the final chunk.
+/// Relays an upstream SSE response to `tx`. `selfheal` is added to the final chunk, updated with
+/// what the relay did (`repair`, `reask`, a `partial` status for calls passed on unusable).
 pub async fn relay(
     upstream: reqwest::Response,
     tools: Arc<ToolIndex>,
     guides: Arc<GuideCache>,
-    selfheal: Option<Value>,
+    mut selfheal: Option<Value>,
+    mut reask: Option<Reask>,
     tx: &mpsc::Sender<Frame>,
 ) -> StreamReport {
     let mut report = StreamReport::default();
@@ -114,18 +139,51 @@ pub async fn relay(
                         }
                     }
                 }
-                if let Some(finish) = finish {
+                if let Some(mut finish) = finish {
                     if !pending.is_empty() {
-                        let calls = complete_calls(&mut pending, &tools, &guides, &mut report);
-                        let mut c = v.clone();
-                        c["choices"][0]["delta"] = json!({"tool_calls": calls});
-                        c["choices"][0]["finish_reason"] = Value::Null;
-                        if tx.send(data(&c)).await.is_err() {
-                            return report;
+                        let (mut calls, invalid) =
+                            complete_calls(&mut pending, &tools, &guides, &mut report);
+                        if !invalid.is_empty() {
+                            let again = match reask.take() {
+                                Some(f) => f(invalid.clone()).await,
+                                None => None,
+                            };
+                            match again {
+                                Some(r) => {
+                                    report.reasked = invalid;
+                                    report.repaired.extend(r.repaired);
+                                    finish = r.finish_reason;
+                                    calls = indexed_calls(&r.message);
+                                    let text = r
+                                        .message
+                                        .get("content")
+                                        .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()));
+                                    if calls.is_empty()
+                                        && let Some(text) = text
+                                    {
+                                        let mut c = v.clone();
+                                        c["choices"][0]["delta"] = json!({"content": text});
+                                        c["choices"][0]["finish_reason"] = Value::Null;
+                                        if tx.send(data(&c)).await.is_err() {
+                                            return report;
+                                        }
+                                    }
+                                }
+                                None => report.invalid = invalid,
+                            }
+                        }
+                        if !calls.is_empty() {
+                            let mut c = v.clone();
+                            c["choices"][0]["delta"] = json!({"tool_calls": calls});
+                            c["choices"][0]["finish_reason"] = Value::Null;
+                            if tx.send(data(&c)).await.is_err() {
+                                return report;
+                            }
                         }
                     }
                     v["choices"][0]["finish_reason"] = finish;
-                    if let Some(s) = &selfheal {
+                    if let Some(s) = &mut selfheal {
+                        note_outcome(s, &report);
                         v["selfheal"] = s.clone();
                     }
                     report.finished = true;
@@ -171,13 +229,16 @@ pub async fn relay(
     report
 }
 
+/// Assembles the held calls, checks and repairs them. Returns the calls and the problems of
+/// those that cannot be used.
 fn complete_calls(
     pending: &mut BTreeMap<u64, PendingCall>,
     tools: &ToolIndex,
     guides: &GuideCache,
     report: &mut StreamReport,
-) -> Vec<Value> {
+) -> (Vec<Value>, Vec<String>) {
     let mut out = Vec::new();
+    let mut invalid = Vec::new();
     for (idx, p) in std::mem::take(pending) {
         let mut call = json!({
             "index": idx, "id": p.id, "type": "function",
@@ -186,11 +247,50 @@ fn complete_calls(
         match check_call(&mut call, tools, guides) {
             Ok(true) => report.repaired.push(p.name),
             Ok(false) => {}
-            Err(e) => report.invalid.push(e),
+            Err(e) => invalid.push(e),
         }
         out.push(call);
     }
-    out
+    (out, invalid)
+}
+
+/// The tool calls of a complete message as stream deltas (each with its `index`).
+fn indexed_calls(message: &Value) -> Vec<Value> {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut c = c.clone();
+            if let Some(o) = c.as_object_mut() {
+                o.insert("index".into(), json!(i));
+            }
+            c
+        })
+        .collect()
+}
+
+/// Records in the `selfheal` object what the relay did.
+fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
+    let Some(o) = selfheal.as_object_mut() else {
+        return;
+    };
+    if let Some(actions) = o.get_mut("actions").and_then(Value::as_array_mut) {
+        for (did, name) in [
+            (!report.repaired.is_empty(), "repair"),
+            (!report.reasked.is_empty(), "reask"),
+        ] {
+            if did && !actions.iter().any(|a| a == name) {
+                actions.push(json!(name));
+            }
+        }
+    }
+    if !report.invalid.is_empty() {
+        o.insert("status".into(), json!("partial"));
+        o.insert("reason".into(), json!(report.invalid.join(" ")));
+    }
 }
 
 /// Finds the end of the first SSE event: (position of the blank line, its length).
