@@ -98,18 +98,63 @@ impl ToolIndexCache {
     }
 }
 
-/// Whether a tool result's text reports that the tool raised or timed out (a hard failure).
-/// Agent frameworks put the exception text in the tool message; these are the shapes they use.
+/// Whether a tool result's text reports that the tool raised, timed out or could not reach its
+/// service (a hard failure, SPEC §1). On the wire a tool result is only text, so this reads the
+/// shapes agent frameworks and tools give an exception:
+///
+/// - prefixes: `Error`, `Exception`, `Traceback`, `Tool error`, `Timeout`, `Timed out`, and
+///   openai-agents' `An error occurred while running the tool`;
+/// - an exception class as the first word: `ValueError: ...`,
+///   `requests.exceptions.ConnectionError: ...`, `TimeoutException: ...`;
+/// - pydantic-ai's retry prompt, which ends `Fix the errors and try again.`;
+/// - in a short first line (errors are short, results are not): a traceback header, a refused,
+///   reset or timed-out connection, an HTTP 5xx or 429 phrase.
+///
+/// Anything else is a result, which the monitor may still judge a *soft* failure (`{"error": …}`,
+/// empty or null).
 pub fn is_hard_failure_text(text: &str) -> bool {
-    let t = text.trim_start();
-    let head: String = t.chars().take(24).collect::<String>().to_ascii_lowercase();
-    head.starts_with("error")
-        || head.starts_with("exception")
-        || head.starts_with("traceback")
-        || head.starts_with("an error occurred")
-        || head.starts_with("tool error")
-        || head.starts_with("timeout")
-        || head.starts_with("timed out")
+    let t = text.trim();
+    let first_line = t.lines().next().unwrap_or("");
+    let head: String = first_line.chars().take(200).collect::<String>().to_ascii_lowercase();
+    const PREFIXES: [&str; 8] = [
+        "error",
+        "exception",
+        "traceback",
+        "an error occurred",
+        "tool error",
+        "timeout",
+        "timed out",
+        "fatal:",
+    ];
+    if PREFIXES.iter().any(|p| head.starts_with(p)) {
+        return true;
+    }
+    if let Some((word, _)) = head.split_once(':')
+        && !word.is_empty()
+        && !word.contains(char::is_whitespace)
+        && (word.ends_with("error") || word.ends_with("exception"))
+    {
+        return true;
+    }
+    if t.to_ascii_lowercase()
+        .ends_with("fix the errors and try again.")
+    {
+        return true;
+    }
+    const PHRASES: [&str; 11] = [
+        "traceback (most recent call last)",
+        "connection refused",
+        "connection reset",
+        "econnrefused",
+        "etimedout",
+        "timed out",
+        "internal server error",
+        "service unavailable",
+        "bad gateway",
+        "gateway timeout",
+        "too many requests",
+    ];
+    first_line.len() <= 200 && PHRASES.iter().any(|p| head.contains(p))
 }
 
 /// What replaying one tool result concluded, for the trace.
@@ -432,6 +477,37 @@ mod tests {
         let bytes2 = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
         let other = cache.get(&ChatRequest::parse(&bytes2).unwrap());
         assert_eq!(other.len(), 1);
+    }
+
+    #[test]
+    fn hard_failures_are_read_from_the_shapes_frameworks_use() {
+        for hard in [
+            "Error: service unavailable",
+            "An error occurred while running the tool. Please try again. Error: boom",
+            "ValueError: city must not be empty",
+            "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='x')",
+            "Traceback (most recent call last):\n  File \"t.py\", line 1",
+            "  timed out after 30 s",
+            "HTTP 503 Service Unavailable",
+            "upstream said: 429 Too Many Requests",
+            "connect ECONNREFUSED 127.0.0.1:80",
+            "city is required\n\nFix the errors and try again.",
+        ] {
+            assert!(is_hard_failure_text(hard), "{hard:?} is a hard failure");
+        }
+        for result in [
+            "{\"results\": [{\"city\": \"Paris\"}]}",
+            "Paris is the capital of France.",
+            "Rust error handling: a guide (search result)\nmore text",
+            "Note: the error rate fell by 3 %",
+            "",
+            &format!(
+                "A long article that mentions an internal server error in passing {}",
+                "x".repeat(300)
+            ),
+        ] {
+            assert!(!is_hard_failure_text(result), "{result:?} is a result");
+        }
     }
 
     #[test]
