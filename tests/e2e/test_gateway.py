@@ -12,6 +12,8 @@ import urllib.parse
 import openai
 import pytest
 
+from conftest import start_gateway
+
 TOOLS = [
     {"type": "function", "function": {"name": "search", "parameters": {
         "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
@@ -254,3 +256,44 @@ def test_trace_is_complete_after_graceful_shutdown(gateway, upstream):
     assert runs[run]["status"] == "complete"
     kinds = [e["kind"] for e in gateway.trace("show", run)]
     assert kinds[0] == "request" and kinds[-1] == "response"
+
+
+def fidelity_request():
+    """A request with bytes a re-encoding proxy would change: an integer past u64, a float
+    spelled with an exponent, non-ASCII text, and an assistant turn with `content: null`."""
+    return ('{"model": "stub", "seed": 123456789012345678901234567890, "temperature": 7E-1, '
+            '"messages": [{"role": "user", "content": "caf\\u00e9 ' + str(uuid.uuid4()) + '"}, '
+            '{"role": "assistant", "content": null, "tool_calls": [{"id": "c0", "type": "function", '
+            '"function": {"name": "lookup", "arguments": "{\\"key\\": \\"k\\"}"}}]}, '
+            '{"role": "tool", "tool_call_id": "c0", "content": "ok: 1"}], '
+            '"tools": ' + json.dumps(TOOLS) + ', "x_vendor_field": {"keep": [1, 2.50, null]}}').encode()
+
+
+@pytest.mark.parametrize("mode", ["healing", "passthrough"])
+def test_untouched_bytes_reach_the_upstream_as_sent(upstream, tmp_path, mode):
+    gw = start_gateway(upstream, tmp_path, ["--passthrough"] if mode == "passthrough" else [])
+    try:
+        upstream.script([{"kind": "ok", "content": "fine"}])
+        status, body = post(gw.url, fidelity_request())
+        assert status == 200
+        assert body["choices"][0]["message"]["content"] == "fine"
+        assert ("selfheal" in body) == (mode == "healing"), "passthrough answers byte for byte"
+        [sent] = upstream.log()
+        assert sent["seed"] == 123456789012345678901234567890, "no float round trip"
+        assert sent["x_vendor_field"] == {"keep": [1, 2.5, None]}
+        assert sent["messages"][0]["content"].startswith("caf\u00e9 ")
+        assert sent["messages"][1]["content"] == "", "content: null beside tool_calls is normalised"
+        assert [t["function"]["name"] for t in sent["tools"]] == ["search", "lookup"]
+    finally:
+        gw.stop()
+
+
+def test_passthrough_streams_as_is(upstream, tmp_path):
+    gw = start_gateway(upstream, tmp_path, ["--passthrough"])
+    try:
+        upstream.script([{"kind": "ok", "content": "one two"}])
+        chunks = list(client(gw).chat.completions.create(model="stub", messages=ask(), stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).split() == ["one", "two"]
+        assert all("selfheal" not in (c.model_extra or {}) for c in chunks)
+    finally:
+        gw.stop()
