@@ -236,10 +236,8 @@ impl Controller {
 
     /// Takes one observation and returns the next directive.
     pub fn observe(&mut self, obs: Observation<'_>, now_ms: u64, rng: &mut dyn Rng) -> Directive {
-        if let Some((_, reason)) = &self.stopped {
-            return Directive::Abort {
-                reason: reason.clone(),
-            };
+        if let Some(d) = self.stopped_directive() {
+            return d;
         }
         match obs {
             Observation::ToolFinished {
@@ -509,10 +507,8 @@ impl Controller {
 
     /// The monitor's current guidance and hidden tools, for the next model call.
     pub fn guidance(&mut self, now_ms: u64) -> Directive {
-        if let Some((_, reason)) = &self.stopped {
-            return Directive::Abort {
-                reason: reason.clone(),
-            };
+        if let Some(d) = self.stopped_directive() {
+            return d;
         }
         self.continue_or_abort(now_ms)
     }
@@ -523,6 +519,19 @@ impl Controller {
         } else {
             self.unresolved_dropped += 1;
         }
+    }
+
+    /// Once stopped, every later question gets the same answer as the stop: a run that degraded
+    /// to a partial result keeps saying `Degrade`, one that failed or finished says `Abort`.
+    fn stopped_directive(&self) -> Option<Directive> {
+        self.stopped.as_ref().map(|(status, reason)| {
+            let reason = reason.clone();
+            if *status == RunStatus::Partial {
+                Directive::Degrade { reason }
+            } else {
+                Directive::Abort { reason }
+            }
+        })
     }
 
     fn stop(&mut self, now_ms: u64, status: RunStatus, reason: String, degrade: bool) -> Directive {

@@ -416,7 +416,7 @@ proptest! {
             ..ControllerConfig::default()
         }).unwrap();
         let mut rng = SplitMix64::new(seed);
-        let mut stopped = false;
+        let mut stopped: Option<Directive> = None;
         let mut recoveries = 0u64;
         for (t, o) in seq.iter().enumerate() {
             let opts = Options::all("alt", "big");
@@ -458,15 +458,17 @@ proptest! {
                 },
             };
             let d = c.observe(observation, t as u64, &mut rng);
-            if stopped {
-                prop_assert!(matches!(d, Directive::Abort { .. }), "a stopped run answered {:?}", d);
+            if let Some(first) = &stopped {
+                prop_assert_eq!(&d, first, "a stopped run answers as it stopped");
             }
             match d {
                 Directive::Recover { ref action, .. } => {
                     recoveries += 1;
                     prop_assert!(!matches!(action, RecoveryAction::Degrade | RecoveryAction::Terminate));
                 }
-                Directive::Degrade { .. } | Directive::Abort { .. } => stopped = true,
+                Directive::Degrade { .. } | Directive::Abort { .. } => {
+                    stopped.get_or_insert(d);
+                }
                 Directive::Continue { .. } => {}
             }
         }

@@ -115,7 +115,11 @@ impl ToolIndexCache {
 pub fn is_hard_failure_text(text: &str) -> bool {
     let t = text.trim();
     let first_line = t.lines().next().unwrap_or("");
-    let head: String = first_line.chars().take(200).collect::<String>().to_ascii_lowercase();
+    let head: String = first_line
+        .chars()
+        .take(200)
+        .collect::<String>()
+        .to_ascii_lowercase();
     const PREFIXES: [&str; 8] = [
         "error",
         "exception",
