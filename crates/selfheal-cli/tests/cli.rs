@@ -114,6 +114,27 @@ fn bench_rejects_bad_options_with_exit_2() {
         "{}",
         text(&out.stderr)
     );
+
+    // A simulated-only strategy asked of the live benchmark is refused before any model call.
+    let out = selfheal(
+        &[
+            "bench",
+            "--live",
+            "--model-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--strategies",
+            "static,react",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("\"react\" is not a live strategy"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

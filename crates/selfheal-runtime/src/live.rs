@@ -3,16 +3,21 @@
 //! Why: the simulated benchmark scripts the agent's mistakes; a live model makes its own. Here
 //! the model chooses the tools, writes the arguments and composes the answer, while the tools
 //! are the benchmark's catalogue executed through [`selfheal_bench::env::Env`] with the same
-//! seeded fault schedules. Two strategies are compared on the same episodes:
+//! seeded fault schedules. Up to three strategies are compared on the same episodes (by default
+//! `static` and `self-healing`; [`LiveConfig::strategies`] chooses):
 //!
 //! - `static`: one naive tool loop — tool results (or error texts) go back to the model, but
 //!   nothing is retried, repaired, substituted or re-routed, and the first failed model call
 //!   ends the run;
+//! - `retry-only`: the same loop, but a failed model call or a tool that raised or timed out is
+//!   retried as is, up to R times per call with a fixed 250 ms pause — what most agent
+//!   frameworks do;
 //! - `self-healing`: the [`Agent`] loop under the core controller.
 //!
 //! An answer is correct when its last number is within 1 % of the oracle (or, for a string
 //! oracle, when it contains it). A silent failure is a wrong answer returned as if correct: any
-//! wrong answer of `static`, and a wrong answer of `self-healing` that was not marked partial.
+//! wrong answer of `static` or `retry-only`, and a wrong answer of `self-healing` that was not
+//! marked partial.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -35,9 +40,49 @@ use crate::agent::Agent;
 use crate::client::{ClientConfig, ModelClient};
 use crate::tool::{FnTool, Tool, ToolError, ToolSpec};
 
+/// A strategy the live benchmark can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LiveStrategy {
+    /// The naive tool loop.
+    Static,
+    /// The naive loop with retries of failed calls.
+    RetryOnly,
+    /// The [`Agent`] under the core controller.
+    SelfHealing,
+}
+
+impl LiveStrategy {
+    /// Every live strategy.
+    pub const ALL: [LiveStrategy; 3] = [
+        LiveStrategy::Static,
+        LiveStrategy::RetryOnly,
+        LiveStrategy::SelfHealing,
+    ];
+
+    /// The name used in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LiveStrategy::Static => "static",
+            LiveStrategy::RetryOnly => "retry-only",
+            LiveStrategy::SelfHealing => "self-healing",
+        }
+    }
+
+    /// The strategy called `name`.
+    pub fn parse(name: &str) -> Option<LiveStrategy> {
+        LiveStrategy::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// Pause between retries of the `retry-only` strategy.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
 /// Settings of a live run.
 #[derive(Debug, Clone, Serialize)]
 pub struct LiveConfig {
+    /// The strategies to run, in this order.
+    pub strategies: Vec<LiveStrategy>,
     /// Base URL up to `/v1`.
     pub model_url: String,
     /// The model name sent upstream.
@@ -63,10 +108,11 @@ pub struct LiveConfig {
 }
 
 impl LiveConfig {
-    /// Defaults for a model at `model_url`: 20 tasks, seed 1, fault rate 0.25, R = 5, 200 tokens,
+    /// Defaults for a model at `model_url`: `static` and `self-healing`, 20 tasks, seed 1, fault rate 0.25, R = 5, 200 tokens,
     /// 60 s per call, 8 model calls per episode.
     pub fn new(model_url: impl Into<String>, model: impl Into<String>) -> Self {
         LiveConfig {
+            strategies: vec![LiveStrategy::Static, LiveStrategy::SelfHealing],
             model_url: model_url.into(),
             model: model.into(),
             api_key_env: None,
@@ -338,12 +384,14 @@ struct Ran {
     transcript: Vec<Value>,
 }
 
-/// The static baseline: a naive tool loop with no recovery.
+/// The naive tool loop: `static` with `retries` 0, `retry-only` with R. A retry repeats the
+/// failed model call or tool call as it was.
 async fn run_static(
     cfg: &LiveConfig,
     client: &ModelClient,
     tools: &[Arc<dyn Tool>],
     task: &Task,
+    retries: u32,
 ) -> Ran {
     let mut messages = vec![
         json!({"role": "system", "content": "You are a careful assistant. Use the tools to answer."}),
@@ -366,13 +414,24 @@ async fn run_static(
         ran.model_calls += 1;
         let body = json!({"model": cfg.model, "messages": messages, "tools": offered,
             "tool_choice": "auto", "max_tokens": cfg.max_tokens, "temperature": 0.0});
-        let c = match client.chat(&body).await {
-            Ok(c) => c,
-            Err(e) => {
-                ran.reason = Some(e.to_string());
-                ran.model_error = true;
-                ran.transcript = messages.split_off(2);
-                return ran;
+        let mut attempt = 0;
+        let c = loop {
+            match client.chat(&body).await {
+                Ok(c) => break c,
+                Err(e) if attempt < retries => {
+                    attempt += 1;
+                    ran.model_calls += 1;
+                    ran.recovery_count += 1;
+                    ran.recoveries
+                        .push(format!("retry model call {attempt} after: {e}"));
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(e) => {
+                    ran.reason = Some(e.to_string());
+                    ran.model_error = true;
+                    ran.transcript = messages.split_off(2);
+                    return ran;
+                }
             }
         };
         ran.tokens += c.tokens;
@@ -414,11 +473,27 @@ async fn run_static(
                 (None, _) => format!("Error: unknown tool `{name}`"),
                 (Some(_), Err(e)) => format!("Error: invalid arguments: {e}"),
                 (Some(t), Ok(args)) => {
-                    ran.tool_calls += 1;
-                    match tokio::time::timeout(t.spec().timeout, t.call(args)).await {
-                        Ok(Ok(v)) => v.to_string(),
-                        Ok(Err(e)) => format!("Error: {e}"),
-                        Err(_) => "Error: timed out".to_owned(),
+                    let mut attempt = 0;
+                    loop {
+                        ran.tool_calls += 1;
+                        let r = match tokio::time::timeout(t.spec().timeout, t.call(args.clone()))
+                            .await
+                        {
+                            Ok(Ok(v)) => Ok(v.to_string()),
+                            Ok(Err(e)) => Err(format!("Error: {e}")),
+                            Err(_) => Err("Error: timed out".to_owned()),
+                        };
+                        match r {
+                            Ok(text) => break text,
+                            Err(e) if attempt < retries => {
+                                attempt += 1;
+                                ran.recovery_count += 1;
+                                ran.recoveries
+                                    .push(format!("retry {name} {attempt} after: {e}"));
+                                tokio::time::sleep(RETRY_PAUSE).await;
+                            }
+                            Err(e) => break e,
+                        }
                     }
                 }
             };
@@ -506,7 +581,8 @@ pub async fn run(cfg: &LiveConfig, progress: &mut dyn FnMut(&str)) -> Result<Liv
     let mix = Mix::default();
     let mut results = Vec::new();
     let mut episodes = Vec::new();
-    for strategy in ["static", "self-healing"] {
+    for &which in &cfg.strategies {
+        let strategy = which.name();
         let started = Instant::now();
         let (mut ok, mut silent, mut faulted, mut recovered) = (0u64, 0u64, 0u64, 0u64);
         let (mut m, mut u, mut r, mut tok) = (0u64, 0u64, 0u64, 0u64);
@@ -515,12 +591,17 @@ pub async fn run(cfg: &LiveConfig, progress: &mut dyn FnMut(&str)) -> Result<Liv
             let faults = schedule(task, cfg.seed, cfg.fault_rate, &mix);
             let env = Arc::new(Mutex::new(Env::new(task, &faults)));
             let t0 = Instant::now();
-            let ran = if strategy == "static" {
-                let tools = task_tools(task, &env, false);
-                run_static(cfg, &client, &tools, task).await
-            } else {
-                let tools = task_tools(task, &env, true);
-                run_healing(cfg, &client, tools, task).await
+            let ran = match which {
+                LiveStrategy::Static => {
+                    run_static(cfg, &client, &task_tools(task, &env, false), task, 0).await
+                }
+                LiveStrategy::RetryOnly => {
+                    let tools = task_tools(task, &env, false);
+                    run_static(cfg, &client, &tools, task, cfg.budget).await
+                }
+                LiveStrategy::SelfHealing => {
+                    run_healing(cfg, &client, task_tools(task, &env, true), task).await
+                }
             };
             let wall_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
             let correct = ran

@@ -23,6 +23,7 @@ EXAMPLES
   selfheal bench --json > results.json   machine output
   selfheal bench --live --model-url http://127.0.0.1:8089/v1 --model smollm2 --tasks 20
                                          the tasks driven by a live tool-calling model
+  selfheal bench --live --model-url URL --model NAME --strategies static,retry-only,self-healing
 
 Every result is a pure function of the options: the same options give byte-identical JSON.")]
 pub struct BenchArgs {
@@ -53,7 +54,8 @@ pub struct BenchArgs {
     /// Cost weights a,b,c,d of K = a·model + b·tool + c·verifier + d·recovery calls.
     #[arg(long, value_name = "A,B,C,D")]
     pub cost_weights: Option<String>,
-    /// Only these strategies (comma-separated): static, retry-only, react, full-replan, self-healing.
+    /// Only these strategies (comma-separated): static, retry-only, react, full-replan,
+    /// self-healing. With --live: static, retry-only, self-healing (default static,self-healing).
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
     /// Write machine-readable JSON to stdout instead of the table.
@@ -68,7 +70,8 @@ pub struct BenchArgs {
     /// Print how long the run took (to stderr).
     #[arg(long)]
     pub timings: bool,
-    /// Drive the tasks with a live OpenAI-compatible model: `static` against `self-healing`.
+    /// Drive the tasks with a live OpenAI-compatible model: `static` against `self-healing`
+    /// (and `retry-only` if asked for with --strategies).
     #[arg(long, requires_all = ["model_url", "model"])]
     pub live: bool,
     /// The live model server's base URL, up to and including `/v1`.
@@ -104,6 +107,19 @@ fn run_live(args: &BenchArgs) -> anyhow::Result<u8> {
     cfg.max_tokens = args.max_tokens;
     cfg.timeout_ms = args.model_timeout.saturating_mul(1000);
     cfg.max_model_calls = args.max_model_calls;
+    if !args.strategies.is_empty() {
+        cfg.strategies = args
+            .strategies
+            .iter()
+            .map(|s| {
+                selfheal_runtime::live::LiveStrategy::parse(s.trim()).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--strategies with --live: {s:?} is not a live strategy (static, retry-only, self-healing)"
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
     if let Some(w) = &args.cost_weights {
         cfg.weights = CostWeights::parse(w).map_err(|e| anyhow::anyhow!("--cost-weights: {e}"))?;
     }

@@ -1,0 +1,132 @@
+//! The live benchmark's harness against a scripted OpenAI-compatible model on 127.0.0.1:0: the
+//! strategies chosen run in order, answers are scored against the oracle, and `retry-only`
+//! retries a failing model call R times where `static` gives up at once.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use selfheal_runtime::live::{LiveConfig, LiveStrategy, run};
+
+#[derive(Clone)]
+enum Model {
+    /// Answers every request with this text.
+    Answer(String),
+    /// Answers every request with HTTP 503.
+    Down,
+}
+
+struct Server {
+    model: Model,
+    requests: usize,
+}
+
+type Shared = Arc<Mutex<Server>>;
+
+async fn handler(State(s): State<Shared>) -> Response {
+    let model = {
+        let mut s = s.lock().unwrap();
+        s.requests += 1;
+        s.model.clone()
+    };
+    match model {
+        Model::Answer(text) => axum::Json(json!({"choices": [{"index": 0,
+            "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {"total_tokens": 7}}))
+        .into_response(),
+        Model::Down => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": {"message": "overloaded"}})),
+        )
+            .into_response(),
+    }
+}
+
+async fn server(model: Model) -> (String, Shared) {
+    let shared = Arc::new(Mutex::new(Server { model, requests: 0 }));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(handler))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/v1"), shared)
+}
+
+fn config(url: String) -> LiveConfig {
+    let mut cfg = LiveConfig::new(url, "scripted");
+    cfg.tasks = 1;
+    cfg.fault_rate = 0.0;
+    cfg.budget = 2;
+    cfg.timeout_ms = 5_000;
+    cfg.strategies = LiveStrategy::ALL.to_vec();
+    cfg
+}
+
+#[tokio::test]
+async fn every_chosen_strategy_scores_a_correct_answer() {
+    let oracle = selfheal_bench::catalogue::tasks()[0].oracle.clone();
+    let text = match &oracle {
+        Value::String(s) => format!("The answer is {s}."),
+        v => format!("The answer is {v}."),
+    };
+    let (url, shared) = server(Model::Answer(text)).await;
+    let mut lines = Vec::new();
+    let report = run(&config(url), &mut |l| lines.push(l.to_owned()))
+        .await
+        .unwrap();
+    let names: Vec<&str> = report.results.iter().map(|r| r.row.strategy).collect();
+    assert_eq!(names, ["static", "retry-only", "self-healing"]);
+    for r in &report.results {
+        assert_eq!(r.row.tsr, 1.0, "{} should be correct", r.row.strategy);
+        assert_eq!(r.row.sfr, 0.0);
+        assert_eq!(r.live.outcomes.get("correct"), Some(&1));
+    }
+    assert_eq!(report.episodes.len(), 3);
+    assert_eq!(lines.len(), 3, "one progress line per episode");
+    assert_eq!(shared.lock().unwrap().requests, 3, "one model call each");
+}
+
+#[tokio::test]
+async fn retry_only_retries_a_failing_model_r_times_and_static_does_not() {
+    let (url, shared) = server(Model::Down).await;
+    let mut cfg = config(url);
+    cfg.strategies = vec![LiveStrategy::Static, LiveStrategy::RetryOnly];
+    let report = run(&cfg, &mut |_| {}).await.unwrap();
+    let by_name = |n: &str| {
+        report
+            .episodes
+            .iter()
+            .find(|e| e.strategy == n)
+            .unwrap()
+            .clone()
+    };
+    let st = by_name("static");
+    let retry = by_name("retry-only");
+    assert_eq!(st.model_calls, 1);
+    assert_eq!(st.outcome, "model_error");
+    assert_eq!(retry.model_calls, 3, "one call and R = 2 retries");
+    assert_eq!(retry.recoveries.len(), 2, "{:?}", retry.recoveries);
+    assert_eq!(retry.outcome, "model_error");
+    assert!(retry.reason.as_deref().unwrap_or("").contains("503"));
+    assert_eq!(shared.lock().unwrap().requests, 4);
+    for r in &report.results {
+        assert_eq!(r.row.tsr, 0.0);
+    }
+}
+
+#[test]
+fn live_strategies_have_names() {
+    for s in LiveStrategy::ALL {
+        assert_eq!(LiveStrategy::parse(s.name()), Some(s));
+    }
+    assert_eq!(LiveStrategy::parse("react"), None);
+}
