@@ -429,6 +429,14 @@ mod tests {
         ]})
     }
 
+    /// A request body offering [`tools`] with these messages.
+    fn request(messages: Value) -> bytes::Bytes {
+        let mut body = tools();
+        body["model"] = json!("m");
+        body["messages"] = messages;
+        bytes::Bytes::from(serde_json::to_vec(&body).unwrap())
+    }
+
     fn failing_conversation(n: usize) -> Vec<Value> {
         let mut m = vec![json!({"role": "user", "content": "find it"})];
         for i in 0..n {
@@ -443,9 +451,8 @@ mod tests {
 
     #[test]
     fn five_failures_hide_the_tool_and_fix_tool_choice() {
-        let mut body = tools();
-        body["model"] = json!("m");
-        body["messages"] = json!(failing_conversation(5));
+        let mut body: Value =
+            serde_json::from_slice(&request(json!(failing_conversation(5)))).unwrap();
         body["tool_choice"] = json!({"type": "function", "function": {"name": "search"}});
         let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
         let req = ChatRequest::parse(&bytes).unwrap();
@@ -468,17 +475,15 @@ mod tests {
 
     #[test]
     fn the_tool_index_is_cached_by_the_tools_text() {
-        let mut body = tools();
-        body["model"] = json!("m");
-        body["messages"] = json!([{"role": "user", "content": "hi"}]);
-        let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let bytes = request(json!([{"role": "user", "content": "hi"}]));
         let req = ChatRequest::parse(&bytes).unwrap();
         let cache = ToolIndexCache::default();
         let a = cache.get(&req);
         assert_eq!(a["search"].required, vec!["q".to_string()]);
         assert!(Arc::ptr_eq(&a, &cache.get(&req)));
-        body["tools"].as_array_mut().unwrap().pop();
-        let bytes2 = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let mut fewer: Value = serde_json::from_slice(&bytes).unwrap();
+        fewer["tools"].as_array_mut().unwrap().pop();
+        let bytes2 = bytes::Bytes::from(serde_json::to_vec(&fewer).unwrap());
         let other = cache.get(&ChatRequest::parse(&bytes2).unwrap());
         assert_eq!(other.len(), 1);
     }
@@ -516,10 +521,7 @@ mod tests {
 
     #[test]
     fn arguments_are_repaired_or_reasked() {
-        let mut body = tools();
-        body["model"] = json!("m");
-        body["messages"] = json!([{"role": "user", "content": "hi"}]);
-        let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let bytes = request(json!([{"role": "user", "content": "hi"}]));
         let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
         let mut call = json!({"id": "1", "type": "function",
             "function": {"name": "search", "arguments": "{'q': 'rust', n: \"3\",}"}});

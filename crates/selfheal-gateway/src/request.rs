@@ -52,6 +52,31 @@ impl Str<'_> {
     }
 }
 
+/// Visitor methods that answer `$value` for booleans, numbers and `null`: the lenient readers
+/// below skip such values instead of failing.
+macro_rules! scalars_are {
+    ($value:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
 /// A string field read in one pass: `Some` for a string, `None` for any other JSON value (which
 /// is skipped), so an odd field never makes its message unreadable.
 #[derive(Debug, Default)]
@@ -74,24 +99,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for LooseStr<'a> {
             fn visit_string<E: de::Error>(self, v: String) -> Result<LooseStr<'a>, E> {
                 Ok(LooseStr(Some(Str(Cow::Owned(v)))))
             }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<LooseStr<'a>, E> {
-                Ok(LooseStr(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<LooseStr<'a>, E> {
-                Ok(LooseStr(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<LooseStr<'a>, E> {
-                Ok(LooseStr(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<LooseStr<'a>, E> {
-                Ok(LooseStr(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<LooseStr<'a>, E> {
-                Ok(LooseStr(None))
-            }
-            fn visit_none<E: de::Error>(self) -> Result<LooseStr<'a>, E> {
-                Ok(LooseStr(None))
-            }
+            scalars_are!(LooseStr(None));
             fn visit_seq<A: de::SeqAccess<'de>>(
                 self,
                 mut seq: A,
@@ -323,21 +331,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for MessagesValue<'a> {
             fn visit_str<E: de::Error>(self, _: &str) -> Result<MessagesValue<'a>, E> {
                 Ok(MessagesValue(None))
             }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<MessagesValue<'a>, E> {
-                Ok(MessagesValue(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<MessagesValue<'a>, E> {
-                Ok(MessagesValue(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<MessagesValue<'a>, E> {
-                Ok(MessagesValue(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<MessagesValue<'a>, E> {
-                Ok(MessagesValue(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<MessagesValue<'a>, E> {
-                Ok(MessagesValue(None))
-            }
+            scalars_are!(MessagesValue(None));
         }
         d.deserialize_any(V(std::marker::PhantomData))
     }
@@ -778,6 +772,10 @@ mod tests {
             (b"[1]", "JSON object"),
             (b"{\"model\": \"m\"}", "messages"),
             (b"{\"model\": \"m\", \"messages\": []}", "messages"),
+            (b"{\"model\": \"m\", \"messages\": \"hi\"}", "messages"),
+            (b"{\"model\": \"m\", \"messages\": null}", "messages"),
+            (b"{\"model\": \"m\", \"messages\": 3.5}", "messages"),
+            (b"{\"model\": \"m\", \"messages\": {\"role\": \"user\"}}", "messages"),
             (b"{\"model\": 3, \"messages\": [{}]}", "model"),
             (b"\xff", "UTF-8"),
         ] {
