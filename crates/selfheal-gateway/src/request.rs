@@ -775,7 +775,10 @@ mod tests {
             (b"{\"model\": \"m\", \"messages\": \"hi\"}", "messages"),
             (b"{\"model\": \"m\", \"messages\": null}", "messages"),
             (b"{\"model\": \"m\", \"messages\": 3.5}", "messages"),
-            (b"{\"model\": \"m\", \"messages\": {\"role\": \"user\"}}", "messages"),
+            (
+                b"{\"model\": \"m\", \"messages\": {\"role\": \"user\"}}",
+                "messages",
+            ),
             (b"{\"model\": 3, \"messages\": [{}]}", "model"),
             (b"\xff", "UTF-8"),
         ] {
