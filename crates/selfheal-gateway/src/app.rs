@@ -116,8 +116,12 @@ async fn not_found() -> ApiError {
 async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics
-            .render(s.runs.len(), s.runs.evicted(), s.trace.dropped()),
+        s.metrics.render(
+            s.runs.len(),
+            s.runs.evicted(),
+            s.trace.dropped(),
+            &s.upstreams.attempt_seconds,
+        ),
     )
 }
 
@@ -140,8 +144,9 @@ async fn models(State(s): State<Arc<AppState>>) -> Response {
 }
 
 async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
     Metrics::inc(&s.metrics.requests_total);
-    match chat_inner(&s, &headers, body).await {
+    let resp = match chat_inner(&s, &headers, body).await {
         Ok(r) => r,
         Err(e) => {
             if e.status == StatusCode::BAD_GATEWAY {
@@ -151,7 +156,9 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
             }
             e.into_response()
         }
-    }
+    };
+    s.metrics.request_seconds.observe(started.elapsed());
+    resp
 }
 
 /// Reads the body: 413 when too large. [`ChatRequest::parse`] then checks it is a chat request.

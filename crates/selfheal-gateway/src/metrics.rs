@@ -1,14 +1,76 @@
-//! Prometheus counters: what the gateway healed, and how often (the healing rate of SPEC §2).
+//! Prometheus counters: what the gateway healed, and how often (the healing rate of SPEC §2);
+//! and two latency histograms, whole requests and upstream attempts, so that what the gateway
+//! itself adds to a request can be read off a dashboard instead of guessed.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the latency buckets, in seconds (Prometheus `le`).
+const BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
+/// A lock-free latency histogram with fixed buckets.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last slot is `+Inf`.
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = BUCKETS
+            .iter()
+            .position(|&le| secs <= le)
+            .unwrap_or(BUCKETS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Writes the Prometheus exposition of this histogram as `name`.
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            cumulative += b.load(Ordering::Relaxed);
+            match BUCKETS.get(i) {
+                Some(le) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+                }
+            }
+        }
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {}", self.count());
+    }
+}
 
 macro_rules! counters {
     ($($name:ident => $help:literal),* $(,)?) => {
-        /// The gateway's counters.
+        /// The gateway's counters and latency histograms.
         #[derive(Debug, Default)]
         pub struct Metrics {
             $(#[doc = $help] pub $name: AtomicU64,)*
+            /// Whole chat-completion requests: from the request to the response (its headers,
+            /// when streaming).
+            pub request_seconds: Histogram,
         }
 
         impl Metrics {
@@ -17,8 +79,15 @@ macro_rules! counters {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
 
-            /// The Prometheus text exposition, with the live-run gauges appended.
-            pub fn render(&self, runs_live: usize, runs_evicted: u64, trace_dropped: u64) -> String {
+            /// The Prometheus text exposition, with the live-run gauges and the upstream
+            /// attempts' histogram appended.
+            pub fn render(
+                &self,
+                runs_live: usize,
+                runs_evicted: u64,
+                trace_dropped: u64,
+                upstream_seconds: &Histogram,
+            ) -> String {
                 let mut out = String::new();
                 $(
                     let _ = writeln!(out, "# HELP selfheal_{} {}", stringify!($name), $help);
@@ -28,6 +97,16 @@ macro_rules! counters {
                 let _ = writeln!(out, "# HELP selfheal_runs_live Runs held in memory.\n# TYPE selfheal_runs_live gauge\nselfheal_runs_live {runs_live}");
                 let _ = writeln!(out, "# HELP selfheal_runs_evicted_total Runs dropped for capacity or expiry.\n# TYPE selfheal_runs_evicted_total counter\nselfheal_runs_evicted_total {runs_evicted}");
                 let _ = writeln!(out, "# HELP selfheal_trace_dropped_total Trace events dropped on a full queue.\n# TYPE selfheal_trace_dropped_total counter\nselfheal_trace_dropped_total {trace_dropped}");
+                self.request_seconds.render(
+                    &mut out,
+                    "selfheal_request_duration_seconds",
+                    "Chat-completion requests, received to answered (headers, when streaming).",
+                );
+                upstream_seconds.render(
+                    &mut out,
+                    "selfheal_upstream_duration_seconds",
+                    "Upstream attempts (every retry and fallback on its own).",
+                );
                 out
             }
         }

@@ -22,6 +22,7 @@ use selfheal_runtime::client::{ClientConfig, ClientError, ModelClient};
 
 use crate::config::{GatewayConfig, Target};
 use crate::error::ApiError;
+use crate::metrics::Histogram;
 
 /// Retries of one upstream within one request, at most (the run's ledger may allow fewer).
 const MAX_RETRIES_PER_TARGET: u32 = 3;
@@ -50,6 +51,8 @@ pub struct CallLog {
 /// All upstreams by name.
 #[derive(Debug)]
 pub struct Upstreams {
+    /// How long each attempt took (every retry and fallback on its own).
+    pub attempt_seconds: Histogram,
     map: HashMap<String, Upstream>,
     retry: RetryConfig,
     breaker_failures: u32,
@@ -80,6 +83,7 @@ impl Upstreams {
             );
         }
         Ok(Upstreams {
+            attempt_seconds: Histogram::default(),
             map,
             retry: config.retry,
             breaker_failures: config.breaker_failures.max(1),
@@ -150,7 +154,10 @@ impl Upstreams {
             let encoded = encode(&target.model);
             let mut attempt = 0u32;
             loop {
-                let err = match op(&up.client, encoded.clone()).await {
+                let started = Instant::now();
+                let result = op(&up.client, encoded.clone()).await;
+                self.attempt_seconds.observe(started.elapsed());
+                let err = match result {
                     Ok(v) => {
                         self.record(up, true);
                         return Ok(v);

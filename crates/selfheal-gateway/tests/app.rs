@@ -348,3 +348,58 @@ async fn fallback_chain_moves_to_the_next_model() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["selfheal"]["actions"].to_string().contains("fallback"));
 }
+
+#[tokio::test]
+async fn metrics_show_request_and_upstream_latency_histograms() {
+    let (url, _) = start_upstream(vec![(503, json!({"error": {"message": "busy"}}))]).await;
+    let app = gateway(fast(GatewayConfig::for_upstream(url)));
+    let (status, _, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "hist"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let resp = app
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let text = String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let value = |line: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line).map(str::trim))
+            .unwrap_or_else(|| panic!("no `{line}` in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(text.contains("# TYPE selfheal_request_duration_seconds histogram"));
+    assert_eq!(value("selfheal_request_duration_seconds_count"), 1.0);
+    assert_eq!(
+        value("selfheal_request_duration_seconds_bucket{le=\"+Inf\"}"),
+        1.0
+    );
+    // One 503 and its retry: two upstream attempts, each timed.
+    assert_eq!(value("selfheal_upstream_duration_seconds_count"), 2.0);
+    let request_sum = value("selfheal_request_duration_seconds_sum");
+    let upstream_sum = value("selfheal_upstream_duration_seconds_sum");
+    assert!(
+        request_sum >= upstream_sum && upstream_sum > 0.0,
+        "{request_sum} {upstream_sum}"
+    );
+    // Buckets are cumulative.
+    let buckets: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("selfheal_upstream_duration_seconds_bucket"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(buckets.len(), 19);
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+}
