@@ -247,7 +247,8 @@ impl<'a> Message<'a> {
             Some(c) => {
                 // `c` is a slice of `text`: find where, and splice.
                 let at = (c.get().as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
-                match text.get(..at).zip(text.get(at + c.get().len()..)) {
+                let end = at.checked_add(c.get().len()).unwrap_or(usize::MAX);
+                match text.get(..at).zip(text.get(end..)) {
                     Some((head, tail)) => {
                         out.extend_from_slice(head.as_bytes());
                         out.extend_from_slice(b"\"\"");
