@@ -9,10 +9,22 @@
 //! One turn: ask the current model (tools minus hidden ones, the monitor's guidance as a system
 //! message) → check each tool call against its tool's schema (JSON repair and safe coercion
 //! first, a re-ask with the precise error otherwise) → run the valid calls under their timeouts
-//! → act on each directive (retry after the backoff, substitute, hand the error back to the
-//! model to replan, fall back, degrade, abort). A model reply without tool calls is the answer.
+//! → check each successful output against its tool's output schema, if it has one → act on each
+//! directive (retry after the backoff, substitute, hand the error back to the model to replan,
+//! fall back, degrade, abort). A model reply without tool calls is the answer, once the answer
+//! verifier, if the agent has one, accepts it.
+//!
+//! Why verify at all: the failures that announce themselves (timeouts, 5xx, bad JSON) are the easy
+//! ones. A tool that returns a plausible but wrong shape, or a model that answers with a value no
+//! tool ever produced, would otherwise be accepted as correct — a silent failure. Both checks
+//! report to the controller as [`Observation::Verified`], so a rejection is a recoverable
+//! `verification_failure` that climbs the policy's ladder and spends the same budget as every
+//! other recovery, and every judgement lands in the trace. A rejected tool output is never shown
+//! to the model as a result: the model is told that the tool's output failed verification, and
+//! why. A rejected answer is handed back to the model with the reason; when recovery is over the
+//! run ends `partial` with the answer kept and the reason, or `failed` if the policy terminates.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,12 +33,13 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use selfheal_core::budget::Amounts;
-use selfheal_core::classifier::Signal;
+use selfheal_core::classifier::{FailureClass, Signal};
 use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation, Unresolved};
 use selfheal_core::monitor::{CallOutcome, ToolCall};
 use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
+use selfheal_core::verifier::{Judgement, Subject, Verifier};
 use selfheal_repair::{SchemaGuide, reask_message};
 
 use crate::client::{ClientError, ModelClient};
@@ -51,7 +64,24 @@ pub struct Agent {
     pub tool_choice: Value,
     /// `temperature` sent with every model call, if any.
     pub temperature: Option<f64>,
+    /// Checks the model's final answer before it is accepted (`None`: every answer stands).
+    ///
+    /// The verifier sees the answer as a JSON string, `claims_success: true`, the failures the
+    /// controller left unresolved (earlier rejections of the answer itself not counted), and as
+    /// evidence the outputs of the run's successful tool calls — never one that failed its output
+    /// schema — the most recent [`MAX_EVIDENCE`] of them. A rejection is recovered like any
+    /// failure; acceptance or uncertainty lets the answer stand.
+    pub answer_verifier: Option<Arc<dyn Verifier + Send + Sync>>,
 }
+
+/// At most this many tool outputs are kept as evidence for the answer verifier (the most recent).
+pub const MAX_EVIDENCE: usize = 64;
+
+/// At most this many rejected outputs of one call are retried or substituted before the rejection
+/// is handed back to the model. A guard, like `max_model_calls`: the ladder and the budget are the
+/// real bounds, but a success report resolves the failure open on its step, so each rejection of
+/// a retried call starts its ladder afresh and only the budget would stop an unlimited run.
+const MAX_REJECTED_OUTPUTS_PER_CALL: u32 = 8;
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -69,6 +99,10 @@ impl std::fmt::Debug for Agent {
                     .collect::<Vec<_>>(),
             )
             .field("allow_destructive_retry", &self.allow_destructive_retry)
+            .field(
+                "answer_verifier",
+                &self.answer_verifier.as_ref().map(|v| v.name()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -86,7 +120,7 @@ pub struct RunResult {
     pub unresolved: Vec<Unresolved>,
     /// Recovery actions taken, by kind.
     pub actions: Vec<(ActionKind, u64)>,
-    /// Each recovery action, in order, in words.
+    /// Each recovery action and each verifier rejection, in order, in words.
     pub recovery_log: Vec<String>,
     /// What the run spent from its budget.
     pub spent: Amounts,
@@ -123,6 +157,19 @@ struct Loop<'a> {
     tool_calls: u64,
     log: Vec<String>,
     guides: BTreeMap<String, Option<SchemaGuide>>,
+    /// Outputs of successful tool calls that passed their output schema, the most recent
+    /// [`MAX_EVIDENCE`]: the answer verifier's evidence.
+    evidence: VecDeque<Value>,
+    /// The last answer the verifier rejected and why, kept for a run that ends partial.
+    rejected: Option<(String, String)>,
+}
+
+/// What to do with an answer after its verification.
+enum AnswerVerdict {
+    /// It stands: the run ends with it.
+    Stands,
+    /// It was rejected and the model has been told why: ask again.
+    AskAgain,
 }
 
 struct CheckedCall {
@@ -156,7 +203,14 @@ impl Agent {
             max_tokens: None,
             tool_choice: json!("auto"),
             temperature: None,
+            answer_verifier: None,
         }
+    }
+
+    /// The same agent with an answer verifier (see [`Agent::answer_verifier`]).
+    pub fn with_answer_verifier(mut self, verifier: impl Verifier + Send + Sync + 'static) -> Self {
+        self.answer_verifier = Some(Arc::new(verifier));
+        self
     }
 
     /// Adds a fallback model at the end of the chain.
@@ -210,6 +264,8 @@ impl Agent {
             tool_calls: 0,
             log: Vec::new(),
             guides,
+            evidence: VecDeque::new(),
+            rejected: None,
         };
         let ended = l.drive().await;
         l.finish(ended)
@@ -338,7 +394,10 @@ impl Loop<'_> {
                             // controller has marked the run partial.
                             self.messages
                                 .push(json!({"role": "assistant", "content": content}));
-                            return Ok(content);
+                            match self.verify_answer(&content).await? {
+                                AnswerVerdict::Stands => return Ok(content),
+                                AnswerVerdict::AskAgain => continue,
+                            }
                         }
                         self.model_directive(d, "the model refused").await?;
                         self.messages.push(json!({"role": "user", "content": "Please do the task with the tools offered."}));
@@ -349,6 +408,109 @@ impl Loop<'_> {
                 }
             }
         }
+    }
+
+    /// Runs the answer verifier, if any, on `answer` (already in the history) and acts on the
+    /// controller's directive.
+    ///
+    /// The verdict is reported at step `None`, the answer's own. A successful model call resolves
+    /// the failure open on its step, so were the answer judged on the model's step, every new
+    /// answer would restart the ladder; at `None`, answers that keep being rejected climb one
+    /// ladder to its end, and an accepted answer resolves the failure.
+    async fn verify_answer(&mut self, answer: &str) -> Result<AnswerVerdict, Stop> {
+        let Some(verifier) = self.agent.answer_verifier.clone() else {
+            return Ok(AnswerVerdict::Stands);
+        };
+        let name = verifier.name().to_owned();
+        let output = Value::String(answer.to_owned());
+        // Earlier rejections of the answer itself are not failures of the work it reports on.
+        let unresolved = self
+            .ctl
+            .unresolved()
+            .iter()
+            .filter(|u| !(u.step.is_none() && u.class == FailureClass::VerificationFailure))
+            .count();
+        let judgement = verifier.verify(&Subject {
+            output: &output,
+            claims_success: true,
+            unresolved_failures: unresolved,
+            evidence: self.evidence.make_contiguous(),
+        });
+        let why = match &judgement {
+            Judgement::Reject { reason } => Some(reason.clone()),
+            Judgement::Uncertain { reason } => {
+                self.log.push(format!(
+                    "verifier `{name}` is uncertain about the answer ({reason}); it stands"
+                ));
+                None
+            }
+            Judgement::Accept => None,
+        };
+        let d = self.ctl.observe(
+            Observation::Verified {
+                step: None,
+                verifier: &name,
+                judgement,
+                options: Options {
+                    can_replan: true,
+                    fallback_model: self.fallback(),
+                    // Asking the model again has no side effect.
+                    retry_safe: true,
+                    // The answer itself: degrading keeps it, flagged with the reason.
+                    partial_result: true,
+                    ..Options::default()
+                },
+            },
+            self.now(),
+            &mut self.rng,
+        );
+        let Some(why) = why else {
+            self.rejected = None;
+            return Ok(AnswerVerdict::Stands);
+        };
+        self.log
+            .push(format!("verifier `{name}` rejected the answer: {why}"));
+        self.rejected = Some((answer.to_owned(), format!("`{name}`: {why}")));
+        match d {
+            // A rejection never stands: had the controller nothing to say, the model is still
+            // asked again, within `max_model_calls`.
+            Directive::Continue { .. } => {}
+            Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
+            Directive::Abort { reason } => return Err(Stop::Failed(reason)),
+            Directive::Recover { action, class, .. } => match action {
+                RecoveryAction::Retry { delay_ms, attempt } => {
+                    self.log.push(format!(
+                        "ask for the answer again #{attempt} after {delay_ms} ms ({class})"
+                    ));
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                }
+                RecoveryAction::Escalate {
+                    target: EscalationTarget::FallbackModel { model },
+                } => {
+                    self.log.push(format!(
+                        "fall back to model {model} for the answer ({class})"
+                    ));
+                    if self.model_idx + 1 < self.agent.models.len() {
+                        self.model_idx += 1;
+                    }
+                }
+                RecoveryAction::Escalate {
+                    target: EscalationTarget::Human,
+                } => {
+                    return Err(Stop::Partial(format!(
+                        "needs a person ({class}: the answer was rejected)"
+                    )));
+                }
+                other => self.log.push(format!(
+                    "{}: hand the rejection of the answer back to the model ({class})",
+                    other.kind().as_str()
+                )),
+            },
+        }
+        self.messages.push(json!({"role": "user", "content": format!(
+            "Your answer was not accepted. The `{name}` check says: {why}\nCheck your answer against the tool results, call a tool if you need more information, and give a corrected final answer."
+        )}));
+        Ok(AnswerVerdict::AskAgain)
     }
 
     /// Acts on the directive after a failed model call.
@@ -636,6 +798,7 @@ impl Loop<'_> {
     ) -> Result<String, Stop> {
         let step = Some(2 * self.progress + 1);
         let mut tried = vec![tool.spec().name.clone()];
+        let mut rejections = 0u32;
         loop {
             let spec = tool.spec().clone();
             self.tool_calls += 1;
@@ -697,6 +860,23 @@ impl Loop<'_> {
                 .filter(|s| !tried.contains(s) && !hidden.contains(s))
                 .filter(|s| self.find_tool(s).is_some());
             let required = spec.required();
+            // The output is judged before anyone sees it; the judgement is reported after the
+            // call itself, which must be charged and recorded whatever its output is worth.
+            let judgement = match (&result, &spec.output_schema) {
+                (Ok(v), Some(schema)) => Some(schema.verify(v)),
+                (Ok(_), None) | (Err(_), _) => None,
+            };
+            let options = Options {
+                // The model can always rewrite the call given the error.
+                repair: result.is_err().then_some(RepairTarget::Arguments),
+                substitute,
+                refreshable: false,
+                can_replan: true,
+                fallback_model: self.fallback(),
+                human_available: false,
+                retry_safe,
+                partial_result: self.tool_results > 0,
+            };
             let error_text = result.as_ref().err().cloned().unwrap_or_default();
             let outcome = match &result {
                 Ok(v) => CallOutcome::Returned(v),
@@ -713,17 +893,7 @@ impl Loop<'_> {
                         repaired,
                     },
                     signal,
-                    options: Options {
-                        // The model can always rewrite the call given the error.
-                        repair: result.is_err().then_some(RepairTarget::Arguments),
-                        substitute,
-                        refreshable: false,
-                        can_replan: true,
-                        fallback_model: self.fallback(),
-                        human_available: false,
-                        retry_safe,
-                        partial_result: self.tool_results > 0,
-                    },
+                    options: options.clone(),
                     usage: Amounts {
                         latency_ms,
                         ..Amounts::default()
@@ -732,15 +902,79 @@ impl Loop<'_> {
                 self.now(),
                 &mut self.rng,
             );
-            let shown = match &result {
-                Ok(v) => v.to_string(),
-                Err(e) => format!("Error: {e}"),
+            let (d, shown, good) = match (result, judgement) {
+                (Err(e), _) => (d, format!("Error: {e}"), None),
+                (Ok(v), None) => (d, v.to_string(), Some(v)),
+                (Ok(v), Some(judgement)) => {
+                    let verifier = spec
+                        .output_schema
+                        .as_ref()
+                        .map_or("schema", |s| s.verifier().name())
+                        .to_owned();
+                    let rejected = match &judgement {
+                        Judgement::Reject { reason } => Some(reason.clone()),
+                        Judgement::Accept | Judgement::Uncertain { .. } => None,
+                    };
+                    // Once the call's own report asks for more than `Continue` (a loop, a spent
+                    // budget), that directive stands; the verdict is still never shown as a result.
+                    let d = if matches!(d, Directive::Continue { .. }) {
+                        self.ctl.observe(
+                            Observation::Verified {
+                                step,
+                                verifier: &verifier,
+                                judgement,
+                                options: Options {
+                                    repair: None,
+                                    ..options
+                                },
+                            },
+                            self.now(),
+                            &mut self.rng,
+                        )
+                    } else {
+                        d
+                    };
+                    match rejected {
+                        None => (d, v.to_string(), Some(v)),
+                        Some(reason) => {
+                            rejections += 1;
+                            self.log.push(format!(
+                                "verifier `{verifier}` rejected the output of {}: {reason}",
+                                spec.name
+                            ));
+                            let text = format!(
+                                "Error: `{}` returned output that failed verification, so it is not a result. The `{verifier}` check says: {reason}",
+                                spec.name
+                            );
+                            (d, text, None)
+                        }
+                    }
+                }
             };
+            // A call whose outputs keep failing verification is handed back to the model rather
+            // than retried again (see `MAX_REJECTED_OUTPUTS_PER_CALL`).
+            if rejections >= MAX_REJECTED_OUTPUTS_PER_CALL
+                && let Directive::Recover {
+                    action: RecoveryAction::Retry { .. } | RecoveryAction::Substitute { .. },
+                    class,
+                    ..
+                } = &d
+            {
+                self.log.push(format!(
+                    "stop calling {}: {rejections} outputs failed verification; hand it back to the model ({class})",
+                    spec.name
+                ));
+                return Ok(format!("{shown}\nTry a different approach."));
+            }
             match d {
                 Directive::Continue { .. } => {
-                    if result.is_ok() {
+                    if let Some(v) = good {
                         self.progress += 1;
                         self.tool_results += 1;
+                        if self.evidence.len() == MAX_EVIDENCE {
+                            self.evidence.pop_front();
+                        }
+                        self.evidence.push_back(v);
                     }
                     return Ok(shown);
                 }
@@ -802,13 +1036,23 @@ impl Loop<'_> {
                     Stop::Partial(r) => (RunStatus::Partial, r),
                     Stop::Failed(r) => (RunStatus::Failed, r),
                 };
-                // Nothing usable was produced: that is a failure, however it stopped.
-                let status = if self.tool_results == 0 {
-                    RunStatus::Failed
-                } else {
-                    status
-                };
-                (status, Some(reason), None)
+                match self.rejected.take() {
+                    // A run that stops partial after its answer was rejected keeps that answer,
+                    // flagged: the status and the reason say it was not accepted.
+                    Some((answer, why)) if status == RunStatus::Partial => (
+                        status,
+                        Some(format!("{reason}; the answer was rejected by {why}")),
+                        Some(answer),
+                    ),
+                    Some((_, why)) => (
+                        status,
+                        Some(format!("{reason}; the answer was rejected by {why}")),
+                        None,
+                    ),
+                    // Nothing usable was produced: that is a failure, however it stopped.
+                    None if self.tool_results == 0 => (RunStatus::Failed, Some(reason), None),
+                    None => (status, Some(reason), None),
+                }
             }
         };
         let model = self

@@ -5,6 +5,13 @@
 //! ([`Effect`], after MCP's `readOnlyHint` / `idempotentHint` / `destructiveHint`), and the loop
 //! never retries a destructive call that may already have run unless the caller allows it.
 //!
+//! Why an output schema: a tool that returns *something* has not necessarily returned the right
+//! thing. A spec may carry an [`OutputSchema`]; the agent loop checks every successful output
+//! against it before the model sees it, and a mismatch is a verifier rejection the controller
+//! recovers from like any other failure (SPEC §3) instead of a plausible-looking result. The
+//! schema is compiled once, when the spec is built, so a bad schema is an [`OutputSchemaError`]
+//! there and never a surprise in the middle of a run.
+//!
 //! The trait is object-safe without `async_trait`: `call` returns a boxed `'static` future, so
 //! tools can be stored as `Arc<dyn Tool>` and raced against their timeout.
 
@@ -14,6 +21,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use selfheal_core::verifier::{Judgement, SchemaError, SchemaVerifier, Subject, Verifier};
 use serde_json::Value;
 use thiserror::Error;
 
@@ -45,6 +53,74 @@ pub struct ToolSpec {
     pub effect: Effect,
     /// An equivalent tool the loop may call instead when this one fails (a substitute).
     pub substitute: Option<String>,
+    /// The JSON Schema every successful output must match, compiled (see
+    /// [`ToolSpec::with_output_schema`]). `None`: outputs are not checked.
+    pub output_schema: Option<OutputSchema>,
+}
+
+/// A tool's output schema, compiled once into a [`SchemaVerifier`].
+///
+/// The only way to make one is [`OutputSchema::new`], so a spec never holds a schema that does
+/// not compile. Clones share the compiled verifier; equality compares the schemas.
+#[derive(Clone)]
+pub struct OutputSchema {
+    schema: Value,
+    verifier: Arc<SchemaVerifier>,
+}
+
+impl OutputSchema {
+    /// Compiles `schema` (draft detected from `$schema`, 2020-12 by default).
+    pub fn new(schema: Value) -> Result<Self, SchemaError> {
+        let verifier = SchemaVerifier::new(&schema)?;
+        Ok(OutputSchema {
+            schema,
+            verifier: Arc::new(verifier),
+        })
+    }
+
+    /// The schema as given.
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+
+    /// The compiled verifier (its name in traces is `schema`).
+    pub fn verifier(&self) -> &SchemaVerifier {
+        &self.verifier
+    }
+
+    /// Judges one output: [`Judgement::Accept`] or [`Judgement::Reject`] with the first errors
+    /// and their JSON pointers.
+    pub fn verify(&self, output: &Value) -> Judgement {
+        self.verifier.verify(&Subject {
+            output,
+            claims_success: true,
+            unresolved_failures: 0,
+            evidence: &[],
+        })
+    }
+}
+
+impl std::fmt::Debug for OutputSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("OutputSchema").field(&self.schema).finish()
+    }
+}
+
+impl PartialEq for OutputSchema {
+    fn eq(&self, other: &Self) -> bool {
+        self.schema == other.schema
+    }
+}
+
+/// A tool's output schema did not compile.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("the output schema of tool `{tool}` does not compile: {source}")]
+pub struct OutputSchemaError {
+    /// The tool whose schema it is.
+    pub tool: String,
+    /// The compiler's complaint.
+    #[source]
+    pub source: SchemaError,
 }
 
 impl ToolSpec {
@@ -57,6 +133,7 @@ impl ToolSpec {
             timeout: Duration::from_secs(30),
             effect: Effect::ReadOnly,
             substitute: None,
+            output_schema: None,
         }
     }
 
@@ -78,7 +155,24 @@ impl ToolSpec {
         self
     }
 
-    /// The OpenAI `tools` entry for this tool.
+    /// The same spec with an output schema: every successful output of the tool is checked
+    /// against `schema` before the model sees it. Fails, naming the tool, when the schema does
+    /// not compile.
+    pub fn with_output_schema(mut self, schema: Value) -> Result<Self, OutputSchemaError> {
+        match OutputSchema::new(schema) {
+            Ok(s) => {
+                self.output_schema = Some(s);
+                Ok(self)
+            }
+            Err(source) => Err(OutputSchemaError {
+                tool: self.name,
+                source,
+            }),
+        }
+    }
+
+    /// The OpenAI `tools` entry for this tool (the output schema is not part of it: the OpenAI
+    /// tool format has no place for one, and it is the loop's check, not the model's).
     pub fn openai(&self) -> Value {
         serde_json::json!({
             "type": "function",

@@ -1,0 +1,574 @@
+//! Verification in the agent loop, against a scripted OpenAI-compatible server on 127.0.0.1:0:
+//! tool outputs checked against their output schema, final answers checked by the agent's answer
+//! verifier, and a rejection recovered like any other failure instead of accepted as correct.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use selfheal_core::budget::BudgetLimits;
+use selfheal_core::policy::{ActionKind, Policy};
+use selfheal_core::trace::RunStatus;
+use selfheal_core::verifier::{EvidenceVerifier, Judgement, Subject, Verifier};
+use selfheal_runtime::tool::OutputSchema;
+use selfheal_runtime::{Agent, ClientConfig, FnTool, ModelClient, RunResult, Tool, ToolSpec};
+
+#[derive(Default)]
+struct Script {
+    queue: VecDeque<Value>,
+    forever: Option<Value>,
+    requests: Vec<Value>,
+}
+
+type Shared = Arc<Mutex<Script>>;
+
+async fn handler(State(s): State<Shared>, body: axum::body::Bytes) -> Response {
+    let reply = {
+        let mut s = s.lock().unwrap();
+        s.requests
+            .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+        s.queue.pop_front().or_else(|| s.forever.clone())
+    };
+    match reply {
+        Some(v) => (StatusCode::OK, axum::Json(v)).into_response(),
+        None => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": {"message": "script empty"}})),
+        )
+            .into_response(),
+    }
+}
+
+async fn server(replies: Vec<Value>, forever: Option<Value>) -> (String, Shared) {
+    let shared: Shared = Arc::new(Mutex::new(Script {
+        queue: replies.into(),
+        forever,
+        requests: Vec::new(),
+    }));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(handler))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/v1"), shared)
+}
+
+fn answer(text: &str) -> Value {
+    json!({"choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": text}}],
+        "usage": {"total_tokens": 10}})
+}
+
+fn call(name: &str, args: &str) -> Value {
+    json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}}],
+        "usage": {"total_tokens": 20}})
+}
+
+fn client(url: &str) -> ModelClient {
+    let mut c = ClientConfig::new(url);
+    c.timeout = Duration::from_millis(2000);
+    ModelClient::new(c).unwrap()
+}
+
+fn fast(mut agent: Agent) -> Agent {
+    agent.config.policy.retry.base_ms = 10;
+    agent.config.policy.retry.jitter = 0.0;
+    agent
+}
+
+fn user(text: &str) -> Vec<Value> {
+    vec![json!({"role": "user", "content": text})]
+}
+
+fn requests(s: &Shared) -> Vec<Value> {
+    s.lock().unwrap().requests.clone()
+}
+
+fn took(r: &RunResult, kind: ActionKind) -> u64 {
+    r.actions
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map_or(0, |(_, n)| *n)
+}
+
+/// The trace's verdict events as `(verifier, verdict)`, in order.
+fn verdicts(r: &RunResult) -> Vec<(String, String)> {
+    r.trace_jsonl
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["event"] == "verdict")
+        .map(|e| {
+            (
+                e["verifier"].as_str().unwrap().to_owned(),
+                e["judgement"]["verdict"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The last message of a request.
+fn last_message(req: &Value) -> Value {
+    req["messages"].as_array().unwrap().last().unwrap().clone()
+}
+
+/// The tool messages of a request (the monitor may add a system message after them).
+fn tool_messages(req: &Value) -> Vec<Value> {
+    req["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .cloned()
+        .collect()
+}
+
+const TEMP_SCHEMA: &str = r#"{"type": "object", "properties": {"temp_c": {"type": "number"}},
+    "required": ["temp_c"]}"#;
+
+/// The spec of a weather tool whose output must have a numeric `temp_c`.
+fn weather(name: &str) -> ToolSpec {
+    ToolSpec::new(
+        name,
+        "Current weather in a city.",
+        json!({"type": "object", "properties": {"city": {"type": "string"}},
+               "required": ["city"]}),
+    )
+    .with_output_schema(serde_json::from_str(TEMP_SCHEMA).unwrap())
+    .unwrap()
+}
+
+/// A tool that returns `outputs` in turn (the last one forever), counting its calls.
+fn scripted_tool(spec: ToolSpec, outputs: Vec<Value>, calls: &Arc<AtomicUsize>) -> Arc<dyn Tool> {
+    let calls = calls.clone();
+    FnTool::new(spec, move |_args| {
+        let n = calls.fetch_add(1, Ordering::SeqCst);
+        let out = outputs
+            .get(n)
+            .or(outputs.last())
+            .cloned()
+            .unwrap_or(Value::Null);
+        async move { Ok(out) }
+    })
+    .shared()
+}
+
+fn weather_tool(outputs: Vec<Value>, calls: &Arc<AtomicUsize>) -> Arc<dyn Tool> {
+    scripted_tool(weather("get_weather"), outputs, calls)
+}
+
+/// The bad output carries this marker, so any request that shows it to the model is caught.
+const BAD: &str = "warm-ish 999";
+
+/// No message ever presents the bad output as a result: it may only be quoted in a verifier's
+/// reason, in a tool message that says the output failed verification.
+fn no_request_shows_the_bad_output(s: &Shared) {
+    for req in requests(s) {
+        for m in req["messages"].as_array().unwrap() {
+            let text = m["content"].as_str().unwrap_or("");
+            if text.contains(BAD) {
+                assert_eq!(m["role"], "tool", "the bad output reached the model: {m}");
+                assert!(
+                    text.starts_with(
+                        "Error: `get_weather` returned output that failed verification"
+                    ),
+                    "the bad output reached the model as a result: {m}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_output_that_fails_its_schema_is_retried_and_the_good_one_is_used() {
+    let (url, s) = server(
+        vec![call("get_weather", r#"{"city": "Paris"}"#), answer("21 C")],
+        None,
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": BAD}), json!({"temp_c": 21})], &calls);
+    let agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some("21 C"));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the rejected call is retried"
+    );
+    // No substitute exists, so the verification_failure ladder's first feasible rung is a retry.
+    assert_eq!(took(&r, ActionKind::Retry), 1);
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 2, "the retry happens without asking the model");
+    // One tool message for the one call: the good output.
+    let shown = tool_messages(&reqs[1]);
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0]["content"], json!({"temp_c": 21}).to_string());
+    no_request_shows_the_bad_output(&s);
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            ("schema".to_owned(), "reject".to_owned()),
+            ("schema".to_owned(), "accept".to_owned())
+        ]
+    );
+    assert!(r.trace_jsonl.contains("verification_failure"));
+    assert!(
+        r.recovery_log
+            .iter()
+            .any(|l| l.contains("rejected the output of get_weather") && l.contains("/temp_c")),
+        "{:?}",
+        r.recovery_log
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_output_goes_to_the_substitute_first() {
+    let (url, s) = server(
+        vec![call("get_weather", r#"{"city": "Paris"}"#), answer("21 C")],
+        None,
+    )
+    .await;
+    let primary_calls = Arc::new(AtomicUsize::new(0));
+    let backup_calls = Arc::new(AtomicUsize::new(0));
+    let primary = scripted_tool(
+        weather("get_weather").with_substitute("weather_backup"),
+        vec![json!({"temp_c": BAD})],
+        &primary_calls,
+    );
+    let backup = scripted_tool(
+        weather("weather_backup"),
+        vec![json!({"temp_c": 21})],
+        &backup_calls,
+    );
+    let agent = fast(Agent::new(client(&url), "m", vec![primary, backup]));
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+    assert_eq!(primary_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(backup_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(took(&r, ActionKind::Substitute), 1);
+    assert_eq!(took(&r, ActionKind::Retry), 0);
+    let shown = tool_messages(&requests(&s)[1]);
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0]["content"], json!({"temp_c": 21}).to_string());
+    no_request_shows_the_bad_output(&s);
+}
+
+#[tokio::test]
+async fn outputs_that_keep_failing_are_never_a_result_and_the_run_is_not_complete() {
+    let (url, s) = server(
+        vec![
+            call("get_weather", r#"{"city": "Paris"}"#),
+            answer("I could not get the weather."),
+        ],
+        None,
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": BAD})], &calls);
+    let agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+
+    // Two retries, then the monitor sees the same call get the same result a third time (a
+    // loop) and the control_loop ladder hands the failure back to the model instead.
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(took(&r, ActionKind::Retry), 2);
+    assert_eq!(took(&r, ActionKind::Replan), 1);
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 2);
+    let shown = tool_messages(&reqs[1]);
+    assert_eq!(shown.len(), 1);
+    let text = shown[0]["content"].as_str().unwrap();
+    assert!(
+        text.contains("failed verification") && text.contains("/temp_c"),
+        "{text}"
+    );
+    no_request_shows_the_bad_output(&s);
+    // The failure was never resolved: the answer is kept but the run is not complete.
+    assert_eq!(r.status, RunStatus::Partial, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some("I could not get the weather."));
+}
+
+#[tokio::test]
+async fn an_unlimited_budget_still_stops_retrying_rejected_outputs() {
+    let (url, s) = server(
+        vec![
+            call("get_weather", r#"{"city": "Paris"}"#),
+            answer("I could not get the weather."),
+        ],
+        None,
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    // A different bad output every time, so the monitor's identical-result loop rule never fires.
+    let tool = FnTool::new(weather("get_weather"), move |_args| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(json!({"temp_c": format!("{BAD} #{n}")})) }
+    })
+    .shared();
+    let mut agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    agent.config.budget = BudgetLimits::unlimited();
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+
+    // Each rejection of a retried call restarts its ladder (the call's success report resolves
+    // the open failure), so with no budget limit only the loop's guard of 8 rejected outputs per
+    // call ends the retries; the rejection then goes back to the model.
+    assert_eq!(calls.load(Ordering::SeqCst), 8);
+    assert_eq!(requests(&s).len(), 2);
+    assert!(
+        r.recovery_log
+            .iter()
+            .any(|l| l.contains("stop calling get_weather: 8 outputs failed verification")),
+        "{:?}",
+        r.recovery_log
+    );
+    no_request_shows_the_bad_output(&s);
+    assert_eq!(r.answer.as_deref(), Some("I could not get the weather."));
+    assert_eq!(
+        r.status,
+        RunStatus::Partial,
+        "the failure is left unresolved"
+    );
+}
+
+fn capital_tool(calls: &Arc<AtomicUsize>) -> Arc<dyn Tool> {
+    scripted_tool(
+        ToolSpec::new(
+            "get_capital",
+            "The capital of a country.",
+            json!({"type": "object", "properties": {"country": {"type": "string"}},
+                   "required": ["country"]}),
+        ),
+        vec![json!({"country": "France", "capital": "Paris"})],
+        calls,
+    )
+}
+
+fn grounded() -> EvidenceVerifier {
+    EvidenceVerifier {
+        require_grounding: true,
+    }
+}
+
+#[tokio::test]
+async fn a_rejected_answer_is_handed_back_with_the_reason_and_the_next_one_stands() {
+    let (url, s) = server(
+        vec![
+            call("get_capital", r#"{"country": "France"}"#),
+            answer("Lyon"),
+            answer("Paris"),
+        ],
+        None,
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = fast(Agent::new(client(&url), "m", vec![capital_tool(&calls)]))
+        .with_answer_verifier(grounded());
+    let r = agent.run(user("What is the capital of France?"), 1).await;
+
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some("Paris"));
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 3);
+    let told = last_message(&reqs[2]);
+    assert_eq!(told["role"], "user");
+    let text = told["content"].as_str().unwrap();
+    assert!(
+        text.contains("not accepted") && text.contains("\"Lyon\" appear in no tool result"),
+        "{text}"
+    );
+    // The rejected answer stays in the history, right before the reason.
+    let msgs = reqs[2]["messages"].as_array().unwrap();
+    assert_eq!(msgs[msgs.len() - 2]["content"], "Lyon");
+    assert_eq!(
+        verdicts(&r),
+        vec![
+            ("evidence".to_owned(), "reject".to_owned()),
+            ("evidence".to_owned(), "accept".to_owned())
+        ]
+    );
+    assert_eq!(took(&r, ActionKind::Retry), 1);
+    assert!(
+        r.recovery_log
+            .iter()
+            .any(|l| l.contains("verifier `evidence` rejected the answer")),
+        "{:?}",
+        r.recovery_log
+    );
+    assert!(r.unresolved.is_empty(), "{:?}", r.unresolved);
+}
+
+#[tokio::test]
+async fn an_answer_that_keeps_being_rejected_ends_partial_within_the_budget() {
+    let (url, s) = server(
+        vec![call("get_capital", r#"{"country": "France"}"#)],
+        Some(answer("Lyon")),
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = fast(Agent::new(client(&url), "m", vec![capital_tool(&calls)]))
+        .with_answer_verifier(grounded());
+    let r = agent.run(user("What is the capital of France?"), 1).await;
+
+    // The default verification_failure ladder is substitute, retry, replan, escalate, degrade.
+    // For an answer there is no substitute and (one model) no fallback, so the three rejections
+    // climb it as retry → replan → degrade. Degrade, not terminate, because the answer is a
+    // partial result: the run ends `partial` with the answer kept and the reason, never
+    // `complete`, and far inside `max_model_calls` (16).
+    assert_eq!(r.status, RunStatus::Partial);
+    assert_eq!(r.answer.as_deref(), Some("Lyon"));
+    let reason = r.reason.clone().unwrap();
+    assert!(reason.contains("verification_failure"), "{reason}");
+    assert!(reason.contains("rejected by `evidence`"), "{reason}");
+    assert_eq!(requests(&s).len(), 4, "one tool turn and three answers");
+    assert_eq!(r.model_calls, 4);
+    assert_eq!(took(&r, ActionKind::Retry), 1);
+    assert_eq!(took(&r, ActionKind::Replan), 1);
+    assert_eq!(took(&r, ActionKind::Degrade), 1);
+    assert_eq!(verdicts(&r).len(), 3);
+    assert!(verdicts(&r).iter().all(|(_, v)| v == "reject"));
+}
+
+#[tokio::test]
+async fn a_rejected_answer_under_a_terminating_policy_ends_failed_without_an_answer() {
+    let (url, s) = server(
+        vec![
+            call("get_capital", r#"{"country": "France"}"#),
+            answer("Lyon"),
+            answer("never asked"),
+        ],
+        None,
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut agent =
+        Agent::new(client(&url), "m", vec![capital_tool(&calls)]).with_answer_verifier(grounded());
+    agent.config.policy =
+        Policy::from_toml_str("[ladders]\nverification_failure = [\"terminate\"]\n").unwrap();
+    let r = agent.run(user("What is the capital of France?"), 1).await;
+
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.answer, None);
+    assert!(
+        r.reason.unwrap().contains("rejected by `evidence`"),
+        "the reason names the rejection"
+    );
+    assert_eq!(requests(&s).len(), 2, "no model call after the abort");
+}
+
+#[tokio::test]
+async fn an_uncertain_verifier_lets_the_answer_stand() {
+    let (url, _s) = server(vec![answer("Paris")], None).await;
+    let agent = Agent::new(client(&url), "m", vec![]).with_answer_verifier(grounded());
+    let r = agent.run(user("What is the capital of France?"), 1).await;
+
+    // No tool ran, so there is no evidence to ground the answer in: uncertain, not rejected.
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some("Paris"));
+    assert_eq!(
+        verdicts(&r),
+        vec![("evidence".to_owned(), "uncertain".to_owned())]
+    );
+    assert!(r.recovery_log.iter().any(|l| l.contains("uncertain")));
+}
+
+#[tokio::test]
+async fn without_verifiers_nothing_is_judged() {
+    let (url, _s) = server(
+        vec![
+            call("get_capital", r#"{"country": "France"}"#),
+            answer("Lyon"),
+        ],
+        None,
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::new(client(&url), "m", vec![capital_tool(&calls)]);
+    assert!(agent.answer_verifier.is_none());
+    let r = agent.run(user("What is the capital of France?"), 1).await;
+    assert_eq!(r.status, RunStatus::Complete);
+    assert_eq!(r.answer.as_deref(), Some("Lyon"));
+    assert!(verdicts(&r).is_empty());
+}
+
+/// What the answer verifier saw: `(output, claims_success, unresolved, evidence)`.
+type Seen = Arc<Mutex<Vec<(Value, bool, usize, Vec<Value>)>>>;
+
+struct Recorder(Seen);
+
+impl Verifier for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+
+    fn verify(&self, subject: &Subject<'_>) -> Judgement {
+        self.0.lock().unwrap().push((
+            subject.output.clone(),
+            subject.claims_success,
+            subject.unresolved_failures,
+            subject.evidence.to_vec(),
+        ));
+        Judgement::Accept
+    }
+}
+
+#[tokio::test]
+async fn the_answer_verifier_sees_the_answer_and_only_verified_outputs_as_evidence() {
+    let (url, _s) = server(
+        vec![call("get_weather", r#"{"city": "Paris"}"#), answer("21 C")],
+        None,
+    )
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": BAD}), json!({"temp_c": 21})], &calls);
+    let seen = Seen::default();
+    let mut agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    agent.answer_verifier = Some(Arc::new(Recorder(seen.clone())));
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![(json!("21 C"), true, 0, vec![json!({"temp_c": 21})])],
+        "the rejected output is no evidence"
+    );
+}
+
+#[test]
+fn an_output_schema_that_does_not_compile_is_a_typed_error() {
+    let spec = ToolSpec::new("get_weather", "Weather.", json!({"type": "object"}));
+    let err = spec
+        .clone()
+        .with_output_schema(json!({"type": 12}))
+        .unwrap_err();
+    assert_eq!(err.tool, "get_weather");
+    assert!(err.to_string().contains("`get_weather`"), "{err}");
+    assert!(OutputSchema::new(json!({"type": "not-a-type"})).is_err());
+
+    let ok = spec.with_output_schema(json!({"type": "number"})).unwrap();
+    let schema = ok.output_schema.as_ref().unwrap();
+    assert_eq!(schema.schema(), &json!({"type": "number"}));
+    assert!(schema.verify(&json!(3)).is_accept());
+    assert!(matches!(
+        schema.verify(&json!("3")),
+        Judgement::Reject { .. }
+    ));
+}
