@@ -178,6 +178,9 @@ pub struct Controller {
     ledger: BudgetLedger,
     trace: Trace,
     open: Option<OpenFailure>,
+    /// The failure the last observation resolved by a success, if it did: a verifier's rejection
+    /// of that very output reopens it (see [`Controller::observe`]).
+    just_resolved: Option<OpenFailure>,
     unresolved: Vec<Unresolved>,
     unresolved_dropped: u64,
     actions: [u64; 8],
@@ -202,6 +205,7 @@ impl Controller {
                 config.trace_capacity
             }),
             open: None,
+            just_resolved: None,
             unresolved: Vec::new(),
             unresolved_dropped: 0,
             actions: [0; 8],
@@ -235,10 +239,17 @@ impl Controller {
     }
 
     /// Takes one observation and returns the next directive.
+    ///
+    /// A success resolves the failure open on its step. When the very next observation is a
+    /// verifier rejecting that step's output, the success was not one: the failure is reopened and
+    /// the rejection climbs its ladder (keeping its retry and action counts), so a call whose
+    /// retries keep returning output that fails verification stays bounded by the per-failure cap
+    /// instead of starting a fresh ladder with every retry.
     pub fn observe(&mut self, obs: Observation<'_>, now_ms: u64, rng: &mut dyn Rng) -> Directive {
         if let Some(d) = self.stopped_directive() {
             return d;
         }
+        let just_resolved = self.just_resolved.take();
         match obs {
             Observation::ToolFinished {
                 step,
@@ -311,6 +322,12 @@ impl Controller {
                     Judgement::Reject { reason } => Some(Signal::VerifierRejected { reason }),
                     Judgement::Accept | Judgement::Uncertain { .. } => None,
                 };
+                if signal.is_some()
+                    && self.open.is_none()
+                    && let Some(o) = just_resolved.filter(|o| o.step == step)
+                {
+                    self.open = Some(o);
+                }
                 self.after(
                     now_ms,
                     step,
@@ -371,7 +388,7 @@ impl Controller {
             // Success: whatever was open on this step is resolved. A success is progress, so the
             // failure-rate abort is not applied here; the next failure is judged on its own.
             if self.open.as_ref().is_some_and(|o| o.step == step) {
-                self.open = None;
+                self.just_resolved = self.open.take();
             }
             let verdict = self.monitor.check(now_ms);
             return Directive::Continue {

@@ -357,6 +357,89 @@ fn verifier_rejection_becomes_a_verification_failure_recovery() {
 }
 
 #[test]
+fn retries_whose_output_keeps_failing_verification_climb_one_ladder() {
+    // Unlimited budget: only the ladder and the per-failure cap can end this. Each cycle is a
+    // retried call that returns (a success to the monitor) and the schema rejecting its output.
+    let mut cfg = ControllerConfig {
+        budget: BudgetLimits::unlimited(),
+        ..ControllerConfig::default()
+    };
+    cfg.policy.max_actions_per_failure = Some(3);
+    let mut c = Controller::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    let args = json!({"q": "x"});
+    // Different bad outputs each time, so the monitor's identical call→result rule stays out of it.
+    let bad: Vec<Value> = (0..20)
+        .map(|i| json!({"price": format!("cheap {i}")}))
+        .collect();
+    let reject = || Observation::Verified {
+        step: Some(4),
+        verifier: "schema",
+        judgement: Judgement::Reject {
+            reason: "at /price: expected number".into(),
+        },
+        options: opts(),
+    };
+    let mut recoveries = 0;
+    let mut stop = None;
+    for t in 0..20u64 {
+        let d = c.observe(
+            tool_ok(4, "quote", &args, &bad[t as usize]),
+            2 * t,
+            &mut rng,
+        );
+        assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+        match c.observe(reject(), 2 * t + 1, &mut rng) {
+            Directive::Recover { class, .. } => {
+                assert_eq!(class, FailureClass::VerificationFailure);
+                recoveries += 1;
+            }
+            d => {
+                stop = Some(d);
+                break;
+            }
+        }
+    }
+    assert!(
+        matches!(
+            stop,
+            Some(Directive::Degrade { .. } | Directive::Abort { .. })
+        ),
+        "the cycle must end, got {stop:?} after {recoveries} recoveries"
+    );
+    assert!(recoveries <= 3, "{recoveries} recoveries past a cap of 3");
+}
+
+#[test]
+fn an_accepted_output_after_a_success_reopens_nothing() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let args = json!({"q": "x"});
+    let err = "timed out";
+    let d = c.observe(
+        tool_failed(1, "search", &args, err, Some(Signal::Timeout)),
+        0,
+        &mut rng,
+    );
+    assert!(action(&d).is_some());
+    let ok = json!({"n": 1});
+    c.observe(tool_ok(1, "search", &args, &ok), 1, &mut rng);
+    let d = c.observe(
+        Observation::Verified {
+            step: Some(1),
+            verifier: "schema",
+            judgement: Judgement::Accept,
+            options: opts(),
+        },
+        2,
+        &mut rng,
+    );
+    assert!(matches!(d, Directive::Continue { .. }));
+    assert!(!c.recovering());
+    assert_eq!(c.finish(3).status, RunStatus::Complete);
+}
+
+#[test]
 fn uncertain_verdict_does_not_trigger_recovery() {
     let mut c = controller(BudgetLimits::defaults());
     let d = c.observe(

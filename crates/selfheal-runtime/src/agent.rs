@@ -78,9 +78,10 @@ pub struct Agent {
 pub const MAX_EVIDENCE: usize = 64;
 
 /// At most this many rejected outputs of one call are retried or substituted before the rejection
-/// is handed back to the model. A guard, like `max_model_calls`: the ladder and the budget are the
-/// real bounds, but a success report resolves the failure open on its step, so each rejection of
-/// a retried call starts its ladder afresh and only the budget would stop an unlimited run.
+/// is handed back to the model. A guard, like `max_model_calls`: the ladder, the per-failure cap
+/// and the budget are the real bounds (the controller reopens the failure a retried call's
+/// rejected output belongs to, so the rejections climb one ladder), but a policy may configure
+/// a long ladder of retries with no cap and no budget.
 const MAX_REJECTED_OUTPUTS_PER_CALL: u32 = 8;
 
 impl std::fmt::Debug for Agent {

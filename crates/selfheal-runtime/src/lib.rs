@@ -2,7 +2,8 @@
 //!
 //! Real I/O for the control plane: an OpenAI-compatible model client ([`client`]) whose failures
 //! map onto the core's signals, async tools with declared effects ([`tool`]), the agent loop
-//! that obeys the controller's directives ([`agent`]), and the live-model benchmark ([`live`])
+//! that obeys the controller's directives and verifies tool outputs and final answers
+//! ([`agent`]), and the live-model benchmark ([`live`])
 //! that drives the simulated benchmark's tasks with a real tool-calling model.
 
 pub mod agent;
@@ -10,6 +11,6 @@ pub mod client;
 pub mod live;
 pub mod tool;
 
-pub use agent::{Agent, RunResult};
+pub use agent::{Agent, MAX_EVIDENCE, RunResult};
 pub use client::{ClientConfig, ClientError, Completion, ModelClient, normalize_request};
-pub use tool::{Effect, FnTool, Tool, ToolError, ToolSpec};
+pub use tool::{Effect, FnTool, OutputSchema, OutputSchemaError, Tool, ToolError, ToolSpec};

@@ -16,6 +16,7 @@ use axum::routing::post;
 use serde_json::{Value, json};
 
 use selfheal_core::budget::BudgetLimits;
+use selfheal_core::classifier::FailureClass;
 use selfheal_core::policy::{ActionKind, Policy};
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{EvidenceVerifier, Judgement, Subject, Verifier};
@@ -285,10 +286,10 @@ async fn outputs_that_keep_failing_are_never_a_result_and_the_run_is_not_complet
     let agent = fast(Agent::new(client(&url), "m", vec![tool]));
     let r = agent.run(user("Weather in Paris?"), 1).await;
 
-    // Two retries, then the monitor sees the same call get the same result a third time (a
-    // loop) and the control_loop ladder hands the failure back to the model instead.
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
-    assert_eq!(took(&r, ActionKind::Retry), 2);
+    // One retry (no substitute exists); its output fails too, which reopens the same failure
+    // and climbs its ladder to replan: the rejection goes back to the model.
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(took(&r, ActionKind::Retry), 1);
     assert_eq!(took(&r, ActionKind::Replan), 1);
     let reqs = requests(&s);
     assert_eq!(reqs.len(), 2);
@@ -325,11 +326,16 @@ async fn an_unlimited_budget_still_stops_retrying_rejected_outputs() {
     .shared();
     let mut agent = fast(Agent::new(client(&url), "m", vec![tool]));
     agent.config.budget = BudgetLimits::unlimited();
+    // A policy that would retry a rejected output twelve times, with no per-failure cap: the
+    // ladder alone would allow it, so the loop's guard of 8 rejected outputs per call must end
+    // the retries; the rejection then goes back to the model.
+    agent.config.policy.ladders.insert(
+        FailureClass::VerificationFailure,
+        vec![ActionKind::Retry; 12],
+    );
+    agent.config.policy.max_actions_per_failure = None;
     let r = agent.run(user("Weather in Paris?"), 1).await;
 
-    // Each rejection of a retried call restarts its ladder (the call's success report resolves
-    // the open failure), so with no budget limit only the loop's guard of 8 rejected outputs per
-    // call ends the retries; the rejection then goes back to the model.
     assert_eq!(calls.load(Ordering::SeqCst), 8);
     assert_eq!(requests(&s).len(), 2);
     assert!(
