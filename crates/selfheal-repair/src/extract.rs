@@ -21,6 +21,9 @@ const MAX_WRAPPERS: usize = 8;
 pub(crate) struct Found {
     pub(crate) value: Value,
     pub(crate) repairs: Vec<Repair>,
+    /// When the value is a string: where its literal starts in the input and where that
+    /// literal ends (the first one, if strings were concatenated).
+    pub(crate) root_string: Option<(usize, usize)>,
 }
 
 /// Parses the whole input: fences first, then tag wrappers, then plain text.
@@ -346,6 +349,7 @@ fn attempt(
     let mut p = Parser::new(src, at, end, max_depth);
     p.bare_words_in_arrays = at_start;
     let first = p.parse_value()?;
+    let root_string = p.root_string.take().filter(|_| first.is_string());
     let first_end = p.pos;
     let first_repairs = p.repairs.len();
     let first_is_scalar = !(first.is_object() || first.is_array());
@@ -406,6 +410,7 @@ fn attempt(
     };
     Ok((
         Found {
+            root_string: root_string.filter(|_| value.is_string()),
             value,
             repairs: p.repairs,
         },

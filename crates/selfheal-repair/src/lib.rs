@@ -66,6 +66,7 @@
 //! | `MissingColon` | `{"a" 1}` | `{"a":1}` |
 //! | `SingleQuotes` | `{'a': 'b'}` | `{"a":"b"}` |
 //! | `TypographicQuotes` | `{“a”: “b”}` | `{"a":"b"}` |
+//! | `BacktickQuotes` | ``{`a`: `say "b"`}`` | `{"a":"say \"b\""}` |
 //! | `MismatchedQuote` | `{"a': 1}` | `{"a":1}` |
 //! | `MissingQuote` | `{"a": "b, "c": 1}` | `{"a":"b","c":1}` |
 //! | `UnescapedQuote` | `{"a": "say "hi" now"}` | `{"a":"say \"hi\" now"}` |
@@ -101,10 +102,25 @@
 //! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
 //! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);
 //! - a wrapper call has several arguments (`Date(2024, 1, 2)`);
-//! - nesting exceeds [`RepairOptions::max_depth`] ([`RepairError::TooDeep`]).
+//! - nesting exceeds [`RepairOptions::max_depth`] ([`RepairError::TooDeep`]);
+//! - a backtick string is never closed (``{"a": `hel``): such a backtick is likelier the end
+//!   of markdown inline code around the JSON than a truncated template literal.
 //!
 //! Bare words are read as strings only after a colon in an object, or in an array when the
-//! input itself starts with the JSON — never in a bracketed phrase found in prose.
+//! input itself starts with the JSON — never in a bracketed phrase found in prose. Backtick
+//! strings are read only as a key or a value inside an object, or inside an array when the
+//! input itself starts with the JSON: elsewhere backticks are markdown inline code around the
+//! JSON (`` `{"a": 1}` `` is `{"a":1}`, the backticks discarded as garbage).
+//!
+//! # Offsets
+//!
+//! Every [`Repair`] carries the byte offset in the input where it applies. For a
+//! double-encoded document (`"{\"a\": 1,}"`), the repairs made inside it are reported where
+//! the character they concern is written in the input — the trailing comma above at byte 10,
+//! through the escaped quotes before it; a character written as an escape is pointed at by
+//! its backslash. Where the decoded text is not the text of one string literal (literals
+//! joined with `+`, a document encoded twice), offsets past the point where the two can be
+//! aligned fall back to the start of the string.
 //!
 //! Truncated output is different: what the model wrote is kept and closed. An open string is
 //! closed with the text it has, open arrays and objects are closed. A member that has no
@@ -118,6 +134,7 @@
 //! [`RepairOptions::max_depth`] (default [`DEFAULT_MAX_DEPTH`]) because the *result* — a
 //! `serde_json::Value` — is dropped, serialised and validated recursively.
 
+mod encoded;
 mod error;
 mod extract;
 mod parser;
@@ -194,22 +211,26 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
     if first == input.len() {
         return Err(RepairError::EmptyInput);
     }
-    let mut out = if options.max_depth >= SERDE_DEPTH
+    let (mut out, literal) = if options.max_depth >= SERDE_DEPTH
         && may_be_valid(input)
         && let Ok(value) = serde_json::from_str::<Value>(input)
     {
-        Repaired {
+        // Valid JSON: a string is the whole input, from its first to its last quote.
+        let literal = value.is_string().then(|| (first, input.trim_end().len()));
+        let out = Repaired {
             value,
             repairs: Vec::new(),
-        }
+        };
+        (out, literal)
     } else {
         let found = extract::parse_document(input, options.max_depth)?;
-        Repaired {
+        let out = Repaired {
             value: found.value,
             repairs: found.repairs,
-        }
+        };
+        (out, found.root_string)
     };
-    decode_layers(&mut out, first, options);
+    decode_layers(&mut out, input, first, literal, options);
     out.repairs.sort_by_key(|r| r.offset);
     Ok(out)
 }
@@ -233,18 +254,31 @@ fn may_be_valid(input: &str) -> bool {
 }
 
 /// Decodes a top-level string that holds a JSON object or array (`"{\"a\": 1}"`).
-fn decode_layers(out: &mut Repaired, offset: usize, options: &RepairOptions) {
+///
+/// `literal` is where the string is written in `input` (from its opening quote to the end of
+/// its literal), when known. The repairs the decoded document needed are then reported at
+/// the input offsets of the characters they concern (the `encoded` module says where that is
+/// approximate); otherwise, and for any further layer, at the start of the string.
+fn decode_layers(
+    out: &mut Repaired,
+    input: &str,
+    first: usize,
+    mut literal: Option<(usize, usize)>,
+    options: &RepairOptions,
+) {
+    let offset = literal.map_or(first, |(start, _)| start);
     for _ in 0..MAX_DECODE_LAYERS {
         let Value::String(s) = &out.value else {
             return;
         };
         let t = s.trim();
+        let lead = s.len() - s.trim_start().len();
         let looks_like_json =
             (t.starts_with('{') && t.ends_with('}')) || (t.starts_with('[') && t.ends_with(']'));
         if !looks_like_json {
             return;
         }
-        let (value, inner) = match serde_json::from_str::<Value>(t) {
+        let (value, mut inner) = match serde_json::from_str::<Value>(t) {
             Ok(v) => (v, Vec::new()),
             Err(_) => match extract::parse_document(t, options.max_depth) {
                 Ok(found)
@@ -262,15 +296,25 @@ fn decode_layers(out: &mut Repaired, offset: usize, options: &RepairOptions) {
                 _ => return,
             },
         };
+        match literal.take() {
+            Some(lit) => {
+                for r in &mut inner {
+                    r.offset += lead;
+                }
+                encoded::map_to_input(input, lit, s, &mut inner);
+            }
+            // The text of a further layer is not written anywhere in the input.
+            None => {
+                for r in &mut inner {
+                    r.offset = offset;
+                }
+            }
+        }
         out.value = value;
         out.repairs.push(Repair {
             kind: RepairKind::DoubleEncoded,
             offset,
         });
-        // Offsets inside the decoded string do not point into the input; keep the kinds.
-        out.repairs.extend(inner.into_iter().map(|r| Repair {
-            kind: r.kind,
-            offset,
-        }));
+        out.repairs.extend(inner);
     }
 }

@@ -52,6 +52,8 @@ enum Quote {
     TypoDoubleClose,
     TypoSingleOpen,
     TypoSingleClose,
+    /// `` ` ``: never returned by `quote_at`; backtick strings are read on their own.
+    Backtick,
 }
 
 /// Whether a string is an object key or a value; the delimiter expected after it differs.
@@ -125,6 +127,10 @@ pub(crate) struct Parser<'a> {
     pub(crate) bare_words_in_arrays: bool,
     /// Set when a top-level `callback(` was seen.
     pub(crate) jsonp: bool,
+    /// Where the last string read outside any array or object (the root value, or the
+    /// argument of a top-level wrapper call) starts and where its first literal ends. Used to
+    /// map offsets inside a double-encoded document back to the input.
+    pub(crate) root_string: Option<(usize, usize)>,
 }
 
 impl<'a> Parser<'a> {
@@ -146,6 +152,7 @@ impl<'a> Parser<'a> {
             done: None,
             bare_words_in_arrays: false,
             jsonp: false,
+            root_string: None,
         }
     }
 
@@ -338,6 +345,17 @@ impl<'a> Parser<'a> {
         self.at(i) == Some(b'\\') && self.at(i + 1) == Some(b'"')
     }
 
+    /// A backtick string (JavaScript template literal) at `i`. Read only where a key or a
+    /// value is expected, inside an object, or inside an array when the input itself starts
+    /// with the JSON: at the top level and in bracketed prose, backticks are markdown inline
+    /// code around the JSON, not a string. For the same reason a backtick is never taken as
+    /// the start of an element after a missing comma.
+    fn backtick_at(&self, i: usize) -> bool {
+        self.at(i) == Some(b'`')
+            && !self.stack.is_empty()
+            && (self.open_obj > 0 || self.bare_words_in_arrays)
+    }
+
     fn is_key_start(&self, i: usize) -> bool {
         if self.escaped_quote_at(i) {
             return true;
@@ -431,6 +449,7 @@ impl<'a> Parser<'a> {
         self.open_obj = 0;
         self.open_call = 0;
         self.done = None;
+        self.root_string = None;
         let mut state = State::Value;
         loop {
             let next = match state {
@@ -554,8 +573,14 @@ impl<'a> Parser<'a> {
             c if is_ident_start(c) => self.word_value(),
             b',' | b'}' | b']' | b')' | b':' => Err(self.missing_value(start).into()),
             _ => {
-                if self.quote_at(start).is_some() || self.escaped_quote_at(start) {
-                    let s = self.string_value()?;
+                if self.quote_at(start).is_some()
+                    || self.escaped_quote_at(start)
+                    || self.backtick_at(start)
+                {
+                    let (s, literal_end) = self.string_value()?;
+                    if self.open_arr == 0 && self.open_obj == 0 {
+                        self.root_string = Some((start, literal_end));
+                    }
                     return Ok(self.deliver(Value::String(s)));
                 }
                 if self.ellipsis_at(start).is_some() {
@@ -582,24 +607,26 @@ impl<'a> Parser<'a> {
             .unwrap_or('\u{FFFD}')
     }
 
-    /// A string value, joined with any `+` concatenations that follow it.
-    fn string_value(&mut self) -> Result<String, RepairError> {
+    /// A string value, joined with any `+` concatenations that follow it. Also returns where
+    /// the first string literal ends.
+    fn string_value(&mut self) -> Result<(String, usize), RepairError> {
         let (mut s, closed) = self.parse_string(Ctx::Value)?;
+        let literal_end = self.pos;
         if !closed {
-            return Ok(s);
+            return Ok((s, literal_end));
         }
         loop {
             let p = self.skip_plain_ws_from(self.pos);
             if self.at(p) != Some(b'+') {
-                return Ok(s);
+                return Ok((s, literal_end));
             }
             let q = self.skip_plain_ws_from(p + 1);
             if q >= self.end {
                 self.pos = q;
                 self.note_truncated();
-                return Ok(s);
+                return Ok((s, literal_end));
             }
-            if self.quote_at(q).is_none() {
+            if self.quote_at(q).is_none() && !self.backtick_at(q) {
                 return Err(self.err(q, "expected a string after '+'"));
             }
             self.note(RepairKind::StringConcatenation, p);
@@ -607,7 +634,7 @@ impl<'a> Parser<'a> {
             let (next, closed) = self.parse_string(Ctx::Value)?;
             s.push_str(&next);
             if !closed {
-                return Ok(s);
+                return Ok((s, literal_end));
             }
         }
     }
@@ -885,7 +912,10 @@ impl<'a> Parser<'a> {
                         }
                         continue;
                     }
-                    if self.quote_at(at).is_some() || self.escaped_quote_at(at) {
+                    if self.quote_at(at).is_some()
+                        || self.escaped_quote_at(at)
+                        || self.backtick_at(at)
+                    {
                         let (k, closed) = self.parse_string(Ctx::Key)?;
                         if !closed {
                             self.drop_incomplete(at);
@@ -1095,6 +1125,9 @@ impl<'a> Parser<'a> {
         if self.escaped_quote_at(start) {
             return Ok(self.escaped_string(start));
         }
+        if self.at(start) == Some(b'`') {
+            return self.backtick_string(start);
+        }
         let Some((open, olen)) = self.quote_at(start) else {
             return Err(self.err(start, "expected a string"));
         };
@@ -1193,6 +1226,45 @@ impl<'a> Parser<'a> {
                 return Ok((out, true));
             }
             i = after;
+        }
+    }
+
+    /// A string in backticks (a JavaScript template literal), read up to the next unescaped
+    /// backtick. `` \` `` and `\$` are the characters themselves, other escapes are read as
+    /// in JSON; everything else, double quotes and raw newlines included, is text.
+    ///
+    /// A backtick that is never closed is refused rather than read as a truncated string: it
+    /// is far more likely the closing backtick of markdown inline code around truncated JSON,
+    /// and reading the prose after it as a string would invent a value.
+    fn backtick_string(&mut self, start: usize) -> Result<(String, bool), RepairError> {
+        self.note(RepairKind::BacktickQuotes, start);
+        let content_start = start + 1;
+        let mut i = content_start;
+        let mut seg = i;
+        let mut out = String::new();
+        loop {
+            while i < self.end && !matches!(self.b[i], b'`' | b'\\') {
+                i += 1;
+            }
+            match self.at(i) {
+                None => return Err(self.err(start, "unexpected character '`'")),
+                Some(b'`') => {
+                    out.push_str(self.s(seg, i));
+                    self.pos = i + 1;
+                    return Ok((out, true));
+                }
+                Some(_) => {
+                    out.push_str(self.s(seg, i));
+                    i = match self.at(i + 1) {
+                        Some(c @ (b'`' | b'$')) => {
+                            out.push(char::from(c));
+                            i + 2
+                        }
+                        _ => self.escape(i, Quote::Backtick, &mut out),
+                    };
+                    seg = i;
+                }
+            }
         }
     }
 
@@ -1368,7 +1440,7 @@ impl<'a> Parser<'a> {
             b't' => out.push('\t'),
             b'u' => return self.unicode_escape(i, out),
             b'\'' => {
-                if open != Quote::Single {
+                if !matches!(open, Quote::Single | Quote::Backtick) {
                     self.note(RepairKind::InvalidEscape, i);
                 }
                 out.push('\'');

@@ -13,7 +13,8 @@ use serde::Serialize;
 pub struct Repair {
     /// What was repaired.
     pub kind: RepairKind,
-    /// Byte offset into the original input.
+    /// Byte offset into the original input. Inside a double-encoded document, the offset of
+    /// the character where it is written in the input (see the crate docs on offsets).
     pub offset: usize,
 }
 
@@ -49,6 +50,10 @@ pub enum RepairKind {
     SingleQuotes,
     /// A string in typographic quotes (`“…”`, `‘…’`) was converted.
     TypographicQuotes,
+    /// A string in backticks (a JavaScript template literal, `` `…` ``) was converted to a
+    /// double-quoted one. Its text is kept as written: double quotes and raw newlines in it
+    /// are escaped in the output, and `${…}` is not interpolated.
+    BacktickQuotes,
     /// A string closed with a different quote than it opened with.
     MismatchedQuote,
     /// A missing closing quote was inserted before a delimiter.
@@ -113,6 +118,7 @@ impl RepairKind {
             Self::MissingColon => "inserted a missing colon",
             Self::SingleQuotes => "replaced single quotes",
             Self::TypographicQuotes => "replaced typographic quotes",
+            Self::BacktickQuotes => "replaced backtick quotes",
             Self::MismatchedQuote => "fixed a mismatched closing quote",
             Self::MissingQuote => "inserted a missing closing quote",
             Self::UnescapedQuote => "kept an unescaped quote inside a string",

@@ -106,6 +106,23 @@ proptest! {
         }
     }
 
+    /// Backtick strings and double-encoded documents, including the offsets mapped back
+    /// through the unescaping: every offset points into the input, at a character boundary.
+    #[test]
+    fn backtick_and_encoded_soup_keeps_offsets_in_the_input(s in "[{}\\[\\]\"'`$,:0-9a-z \\n\\\\\u{e9}]{0,48}") {
+        for input in [s.clone(), format!("{{{s}}}"), serde_json::to_string(&format!("{{{s}}}")).unwrap()] {
+            if let Ok(r) = repair(&input) {
+                prop_assert!(serde_json::to_string(&r.value).is_ok());
+                for x in &r.repairs {
+                    prop_assert!(
+                        x.offset <= input.len() && input.is_char_boundary(x.offset),
+                        "{:?} in {:?}", x, input
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn json_alphabet_soup_never_panics(s in "[{}\\[\\]\"',:0-9a-zA-Z.+\\- \\n\\\\/*#()\u{201c}\u{201d}\u{2018}\u{2019}…]{0,64}") {
         if let Ok(r) = repair(&s) {

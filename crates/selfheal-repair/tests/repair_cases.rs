@@ -392,6 +392,125 @@ fn decodes_double_encoded_json() {
     assert!(r.repairs.is_empty());
 }
 
+/// The offset reported for `kind`, which must be reported once.
+#[track_caller]
+fn offset_of(input: &str, kind: RepairKind) -> usize {
+    let r = repair(input).unwrap_or_else(|e| panic!("{input:?} was refused: {e}"));
+    let found: Vec<usize> = r
+        .repairs
+        .iter()
+        .filter(|x| x.kind == kind)
+        .map(|x| x.offset)
+        .collect();
+    assert_eq!(found.len(), 1, "{kind:?} in {input:?}: {:?}", r.repairs);
+    found[0]
+}
+
+#[test]
+fn double_encoded_repairs_point_into_the_input() {
+    // No escape before the repair: the offset is the inner one plus the opening quote.
+    let input = r#""[1, 2,]""#;
+    assert_eq!(offset_of(input, RepairKind::TrailingComma), 6);
+    assert_eq!(offset_of(input, RepairKind::DoubleEncoded), 0);
+    // Escaped quotes before the repair shift it by one byte each.
+    let input = r#""{\"a\": 1,}""#;
+    assert_eq!(offset_of(input, RepairKind::TrailingComma), 10);
+    assert_eq!(&input[10..11], ",");
+    // Leading whitespace outside and inside the string, an escaped quote inside an inner
+    // string, a `\u` escape and an escaped newline: every one is stepped over.
+    let input = r#"  " {\"a\": \"x\\\"y\u00e9\",\n\"b\": 2,}""#;
+    let r = repair(input).unwrap();
+    assert_eq!(r.value, json!({"a": "x\"yé", "b": 2}));
+    let comma = offset_of(input, RepairKind::TrailingComma);
+    assert_eq!(&input[comma..], ",}\"");
+    assert_eq!(offset_of(input, RepairKind::DoubleEncoded), 2);
+    // The lenient path: a single-quoted outer string inside a code fence.
+    let input = "```json\n'{\"a\": 1 \"b\": [1,]}'\n```";
+    let r = repair(input).unwrap();
+    assert_eq!(r.value, json!({"a": 1, "b": [1]}));
+    let missing_comma = offset_of(input, RepairKind::MissingComma);
+    assert_eq!(&input[missing_comma..][..4], "\"b\":");
+    assert_eq!(
+        &input[offset_of(input, RepairKind::TrailingComma)..][..2],
+        ",]"
+    );
+    assert_eq!(offset_of(input, RepairKind::DoubleEncoded), 8);
+    // An inner string left open before the closing brace: the quote goes before the brace.
+    let input = r#""{\"a\": \"b}""#;
+    let r = repair(input).unwrap();
+    assert_eq!(r.value, json!({"a": "b"}));
+    assert_eq!(&input[offset_of(input, RepairKind::MissingQuote)..], "}\"");
+    // Joined literals: past the first one, the repair falls back to the string's start.
+    let input = r#""{\"a\": 1," + "\"b\": 2,}""#;
+    assert_eq!(offset_of(input, RepairKind::TrailingComma), 0);
+}
+
+#[test]
+fn repairs_backtick_quoted_strings() {
+    ok(r"{`key`: 1}", json!({"key": 1}), RepairKind::BacktickQuotes);
+    assert_eq!(
+        offset_of(r#"{"a": `hello`}"#, RepairKind::BacktickQuotes),
+        6
+    );
+    assert_eq!(offset_of(r"{`key`: 1}", RepairKind::BacktickQuotes), 1);
+    // Double quotes inside are text, escaped in the output.
+    let r = repair(r#"{"cmd": `echo "hi" > out.txt`}"#).unwrap();
+    assert_eq!(
+        serde_json::to_string(&r.value).unwrap(),
+        r#"{"cmd":"echo \"hi\" > out.txt"}"#
+    );
+    // Template-literal escapes; a raw newline is text; `${}` is not interpolated.
+    ok(
+        "{\"a\": `x \\` \\$ \\n ${y}\nz`}",
+        json!({"a": "x ` $ \n ${y}\nz"}),
+        RepairKind::BacktickQuotes,
+    );
+    // In arrays, and joined with other strings.
+    ok(
+        r#"{"k": [`a`, `b`], "c": "x" + `y`}"#,
+        json!({"k": ["a", "b"], "c": "xy"}),
+        RepairKind::BacktickQuotes,
+    );
+    ok("[`a`, `b`]", json!(["a", "b"]), RepairKind::BacktickQuotes);
+    assert_eq!(
+        serde_json::to_string(&repair("{`a`: 1}").unwrap().repairs).unwrap(),
+        r#"[{"kind":"backtick_quotes","offset":1}]"#
+    );
+}
+
+#[test]
+fn backticks_inside_strings_and_around_json_are_left_alone() {
+    // Inside double-quoted strings, on the fast path and on the lenient one.
+    let r = repair(r#"{"a": "run `ls` now"}"#).unwrap();
+    assert_eq!(r.value, json!({"a": "run `ls` now"}));
+    assert!(r.repairs.is_empty());
+    let r = repair(r#"{"a": "run `ls` now", "b": "`",}"#).unwrap();
+    assert_eq!(r.value, json!({"a": "run `ls` now", "b": "`"}));
+    assert_eq!(
+        r.repairs.iter().map(|x| x.kind).collect::<Vec<_>>(),
+        vec![RepairKind::TrailingComma]
+    );
+    // Markdown inline code around the JSON.
+    let r = repair(r#"Call it with `{"a": 1}` please."#).unwrap();
+    assert_eq!(r.value, json!({"a": 1}));
+    assert!(
+        !r.repairs
+            .iter()
+            .any(|x| x.kind == RepairKind::BacktickQuotes)
+    );
+    ok(
+        r#"`{"a": 1}`"#,
+        json!({"a": 1}),
+        RepairKind::TrailingGarbage,
+    );
+    // An inline-code phrase in prose is not an array.
+    assert_eq!(refused("see [`a`] here").offset(), Some(5));
+    // A backtick that never closes is not a truncated string: it would read prose as a value.
+    refused(r#"Use `{"a": [1, 2` ok"#);
+    refused(r#"{"a": 1, "b": `"#);
+    refused(r#"{"a": `hel"#);
+}
+
 #[test]
 fn joins_string_concatenation() {
     ok(
@@ -695,6 +814,7 @@ fn documented_examples_hold() {
         (r#"{"a" 1}"#, r#"{"a":1}"#),
         ("{'a': 'b'}", r#"{"a":"b"}"#),
         ("{“a”: “b”}", r#"{"a":"b"}"#),
+        (r#"{`a`: `say "b"`}"#, r#"{"a":"say \"b\""}"#),
         (r#"{"a': 1}"#, r#"{"a":1}"#),
         (r#"{"a": "b, "c": 1}"#, r#"{"a":"b","c":1}"#),
         (r#"{"a": "say "hi" now"}"#, r#"{"a":"say \"hi\" now"}"#),

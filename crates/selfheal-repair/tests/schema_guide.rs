@@ -238,3 +238,95 @@ fn accepts_wild_tool_schemas_that_strict_validators_reject() {
         r#"at (root): missing required property "q""#
     );
 }
+
+#[test]
+fn pattern_properties_are_known_under_closed_schemas() {
+    let o = apply(
+        json!({"type": "object",
+            "properties": {"name": {"type": "string"}},
+            "patternProperties": {"^x-": {"type": "integer"}, "^tag_\\d+$": {"type": "string"}},
+            "additionalProperties": false}),
+        json!({"name": "a", "x-count": "3", "tag_1": 7, "tag_x": "no", "other": 1}),
+    );
+    assert_eq!(o.value, json!({"name": "a", "x-count": 3, "tag_1": "7"}));
+    assert!(o.is_valid(), "{:?}", o.violations);
+    let k = kinds(&o);
+    assert!(
+        k.contains(&("/x-count".into(), CoercionKind::StringToInteger)),
+        "{k:?}"
+    );
+    assert!(
+        k.contains(&("/tag_1".into(), CoercionKind::NumberToString)),
+        "{k:?}"
+    );
+    assert!(
+        k.contains(&("/tag_x".into(), CoercionKind::DroppedUnknownProperty)),
+        "{k:?}"
+    );
+    assert!(
+        k.contains(&("/other".into(), CoercionKind::DroppedUnknownProperty)),
+        "{k:?}"
+    );
+    assert_eq!(k.len(), 4, "{k:?}");
+}
+
+#[test]
+fn pattern_properties_coerce_alongside_properties_and_additional_schemas() {
+    // A key named in `properties` and matched by a pattern is coerced against both; keys no
+    // pattern matches go to the `additionalProperties` schema, the others do not.
+    let o = apply(
+        json!({"type": "object",
+            "properties": {"n_ids": {"type": "array"}},
+            "patternProperties": {"^n_": {"type": "array", "items": {"type": "integer"}}},
+            "additionalProperties": {"type": "string"}}),
+        json!({"n_ids": "4", "n_more": ["5"], "s": 2}),
+    );
+    assert_eq!(o.value, json!({"n_ids": [4], "n_more": [5], "s": "2"}));
+    assert!(o.is_valid(), "{:?}", o.violations);
+    assert_eq!(
+        kinds(&o),
+        vec![
+            ("/n_ids".into(), CoercionKind::WrappedInArray),
+            ("/n_ids/0".into(), CoercionKind::StringToInteger),
+            ("/n_more/0".into(), CoercionKind::StringToInteger),
+            ("/s".into(), CoercionKind::NumberToString),
+        ]
+    );
+    // Nested objects, reached through `items`, use their own patterns.
+    let o = apply(
+        json!({"type": "array", "items": {"type": "object",
+            "patternProperties": {"^[a-z]+$": {"type": "number"}},
+            "additionalProperties": false}}),
+        json!([{"ok": "1.5", "Bad": 1}]),
+    );
+    assert_eq!(o.value, json!([{"ok": 1.5}]));
+    assert!(o.is_valid(), "{:?}", o.violations);
+}
+
+#[test]
+fn unreadable_patterns_never_drop_properties() {
+    // `\cA` is ECMA syntax the validator accepts but the coercion walk cannot compile: any
+    // property might match it, so none is dropped or coerced as an additional property.
+    let guide = SchemaGuide::new(&json!({"type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "patternProperties": {"^\\cA": {"type": "integer"}, "^x-": {"type": "integer"}},
+        "additionalProperties": false}))
+    .unwrap();
+    let o = guide.apply(json!({"a": "1", "x-b": "2", "c": "3"}));
+    assert_eq!(o.value, json!({"a": 1, "x-b": 2, "c": "3"}));
+    assert_eq!(
+        kinds(&o),
+        vec![
+            ("/a".into(), CoercionKind::StringToInteger),
+            ("/x-b".into(), CoercionKind::StringToInteger),
+        ]
+    );
+    // The validator still reports what it does not accept.
+    assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
+    let o = apply(
+        json!({"patternProperties": {"^\\cA": {}}, "additionalProperties": {"type": "string"}}),
+        json!({"c": 3}),
+    );
+    assert_eq!(o.value, json!({"c": 3}));
+    assert!(o.coercions.is_empty());
+}

@@ -4,9 +4,19 @@
 //! number is required, `"true"` where a boolean is, a lone value where an array is, a number
 //! where a string is, a declared default for a missing property, an unknown property where
 //! `additionalProperties` is `false`. Anything else is left for validation to report.
+//!
+//! A property is known when `properties` names it or a `patternProperties` regex matches it;
+//! its value is coerced against every sub-schema that describes it. A pattern that cannot be
+//! compiled or evaluated might match any property, so while one is present nothing is
+//! dropped: data is never lost to a schema we cannot read.
 
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+
+use fancy_regex::Regex;
 use serde_json::{Map, Value};
 
+use super::normalise::{LISTS, MAPS, SINGLE};
 use super::{Coercion, CoercionKind};
 
 /// Deepest value nesting the walk follows (recursive `$ref`s stop here).
@@ -17,7 +27,60 @@ const MAX_REF_HOPS: usize = 32;
 /// Walks `value` along `schema`, coercing in place and recording each change.
 pub(crate) struct Walker<'s> {
     pub(crate) root: &'s Value,
+    pub(crate) patterns: &'s Patterns,
     pub(crate) coercions: Vec<Coercion>,
+}
+
+/// The `patternProperties` regexes of a schema, compiled once; `None` for a pattern that does
+/// not compile.
+///
+/// Patterns are ECMA-262 regexes. They are compiled as written with `fancy-regex`, the engine
+/// the validator uses (look-around and backreferences work), but without the validator's
+/// translation of ECMA syntax: `\d`, `\w`, `\s` and `\b` are Unicode-aware here and
+/// ASCII-only (`\s` aside) for the validator, so a key with non-ASCII letters or digits can
+/// be judged differently by the two. ECMA-only syntax such as `\cA` does not compile here and
+/// makes every property count as known.
+#[derive(Debug)]
+pub(crate) struct Patterns(HashMap<String, Option<Regex>>);
+
+impl Patterns {
+    /// Compiles the `patternProperties` keys of `schema` and of all its sub-schemas.
+    pub(crate) fn collect(schema: &Value) -> Self {
+        let mut compiled = HashMap::new();
+        let mut todo = vec![schema];
+        while let Some(s) = todo.pop() {
+            let Value::Object(obj) = s else { continue };
+            if let Some(Value::Object(pp)) = obj.get("patternProperties") {
+                for pattern in pp.keys() {
+                    compiled
+                        .entry(pattern.clone())
+                        .or_insert_with(|| Regex::new(pattern).ok());
+                }
+            }
+            todo.extend(SINGLE.iter().filter_map(|kw| obj.get(*kw)));
+            for kw in MAPS {
+                if let Some(Value::Object(map)) = obj.get(kw) {
+                    todo.extend(map.values());
+                }
+            }
+            for kw in LISTS {
+                if let Some(Value::Array(list)) = obj.get(kw) {
+                    todo.extend(list.iter());
+                }
+            }
+        }
+        Self(compiled)
+    }
+
+    /// The regex for `pattern`; `None` when it does not compile. A pattern in a part of the
+    /// schema [`Patterns::collect`] does not visit (reached through an unusual `$ref`) is
+    /// compiled on the spot.
+    fn get(&self, pattern: &str) -> Option<Cow<'_, Regex>> {
+        match self.0.get(pattern) {
+            Some(re) => re.as_ref().map(Cow::Borrowed),
+            None => Regex::new(pattern).ok().map(Cow::Owned),
+        }
+    }
 }
 
 fn escape(segment: &str) -> String {
@@ -187,6 +250,7 @@ impl<'s> Walker<'s> {
             let mut trial = v.clone();
             let mut sub = Walker {
                 root: self.root,
+                patterns: self.patterns,
                 coercions: Vec::new(),
             };
             sub.walk(&mut trial, branch, pointer, depth + 1);
@@ -300,9 +364,39 @@ impl<'s> Walker<'s> {
                 pointer.truncate(len);
             }
         }
-        let known = |k: &str| props.is_some_and(|p| p.contains_key(k));
+        // Keys a pattern matches, or that a pattern could not be evaluated on.
+        let mut matched: HashSet<String> = HashSet::new();
+        // A pattern that does not compile might match any key.
+        let mut unreadable = false;
+        if let Some(pattern_props) = schema.get("patternProperties").and_then(Value::as_object) {
+            let patterns: &'s Patterns = self.patterns;
+            for (pattern, sub) in pattern_props {
+                let Some(re) = patterns.get(pattern) else {
+                    unreadable = true;
+                    continue;
+                };
+                for (k, child) in map.iter_mut() {
+                    match re.is_match(k) {
+                        Ok(true) => {
+                            matched.insert(k.clone());
+                            pointer.push('/');
+                            pointer.push_str(&escape(k));
+                            self.walk(child, sub, pointer, depth + 1);
+                            pointer.truncate(len);
+                        }
+                        Ok(false) => {}
+                        // Backtracking limit hit: it may match; keep the value as it is.
+                        Err(_) => {
+                            matched.insert(k.clone());
+                        }
+                    }
+                }
+            }
+        }
+        let known =
+            |k: &str| unreadable || props.is_some_and(|p| p.contains_key(k)) || matched.contains(k);
         match schema.get("additionalProperties") {
-            Some(Value::Bool(false)) if !schema.contains_key("patternProperties") => {
+            Some(Value::Bool(false)) => {
                 let unknown: Vec<String> = map.keys().filter(|k| !known(k)).cloned().collect();
                 for k in unknown {
                     map.remove(&k);
@@ -312,7 +406,7 @@ impl<'s> Walker<'s> {
                     pointer.truncate(len);
                 }
             }
-            Some(sub @ Value::Object(_)) if !schema.contains_key("patternProperties") => {
+            Some(sub @ Value::Object(_)) => {
                 for (k, child) in map.iter_mut() {
                     if !known(k) {
                         pointer.push('/');

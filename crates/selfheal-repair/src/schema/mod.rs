@@ -121,6 +121,7 @@ impl Outcome {
 pub struct SchemaGuide {
     schema: Value,
     validator: jsonschema::Validator,
+    patterns: coerce::Patterns,
 }
 
 /// Longest rendering of an offending value in a message.
@@ -138,7 +139,12 @@ impl SchemaGuide {
         let validator = jsonschema::validator_for(&schema).map_err(|e| SchemaError::Invalid {
             message: e.to_string(),
         })?;
-        Ok(Self { schema, validator })
+        let patterns = coerce::Patterns::collect(&schema);
+        Ok(Self {
+            schema,
+            validator,
+            patterns,
+        })
     }
 
     /// The schema after normalisation.
@@ -152,6 +158,7 @@ impl SchemaGuide {
     pub fn apply(&self, mut value: Value) -> Outcome {
         let mut walker = coerce::Walker {
             root: &self.schema,
+            patterns: &self.patterns,
             coercions: Vec::new(),
         };
         let mut pointer = String::new();

@@ -13,7 +13,7 @@ use super::SchemaError;
 pub(crate) const MAX_SCHEMA_DEPTH: usize = 64;
 
 /// Keywords whose value is a single sub-schema.
-const SINGLE: [&str; 11] = [
+pub(crate) const SINGLE: [&str; 11] = [
     "additionalProperties",
     "contains",
     "not",
@@ -28,7 +28,7 @@ const SINGLE: [&str; 11] = [
 ];
 
 /// Keywords whose value is a map of sub-schemas.
-const MAPS: [&str; 6] = [
+pub(crate) const MAPS: [&str; 6] = [
     "properties",
     "patternProperties",
     "$defs",
@@ -38,7 +38,7 @@ const MAPS: [&str; 6] = [
 ];
 
 /// Keywords whose value is a list of sub-schemas.
-const LISTS: [&str; 5] = ["allOf", "anyOf", "oneOf", "prefixItems", "items"];
+pub(crate) const LISTS: [&str; 5] = ["allOf", "anyOf", "oneOf", "prefixItems", "items"];
 
 /// The standard type for a type name, `Some(None)` for "any", `None` when unknown.
 fn canonical(name: &str) -> Option<Option<&'static str>> {
