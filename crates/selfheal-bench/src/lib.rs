@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use selfheal_core::FailureClass;
+use selfheal_core::policy::Policy;
 use selfheal_core::rng::SplitMix64;
 
 use crate::catalogue::tasks;
@@ -108,6 +109,10 @@ pub struct BenchConfig {
     pub weights: CostWeights,
     /// Strategies to run.
     pub strategies: Vec<Strategy>,
+    /// The policy `self-healing` runs with (`None`: the default policy). `R` still caps the
+    /// actions per failure. Left out of the JSON when `None`, so default runs are unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
 }
 
 impl Default for BenchConfig {
@@ -123,6 +128,7 @@ impl Default for BenchConfig {
             silent: false,
             weights: CostWeights::default(),
             strategies: Strategy::ALL.to_vec(),
+            policy: None,
         }
     }
 }
@@ -391,9 +397,13 @@ pub fn run(
                         }
                         Strategy::React => strategies::run_react(&mut env, budget, &mut rng),
                         Strategy::FullReplan => strategies::run_full_replan(&mut env, budget),
-                        Strategy::SelfHealing => {
-                            strategies::run_self_healing(&mut env, budget, seed, want_trace)
-                        }
+                        Strategy::SelfHealing => strategies::run_self_healing(
+                            &mut env,
+                            config.policy.as_ref(),
+                            budget,
+                            seed,
+                            want_trace,
+                        ),
                     };
                     let correct = ended
                         .answer

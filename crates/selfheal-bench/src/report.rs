@@ -33,6 +33,12 @@ pub fn table(report: &Report) -> String {
             )
         }
     );
+    if c.policy.is_some() {
+        let _ = writeln!(
+            out,
+            "self-healing runs a custom policy (--policy), not the default"
+        );
+    }
     let _ = writeln!(
         out,
         "{:<13} {:>3} {:>8} {:>19} {:>8} {:>8} {:>8} {:>11}",

@@ -376,12 +376,19 @@ fn diagnose_body(field: &str, message: &str, body: &str) -> (Signal, Option<Repa
     (Signal::EmptyOutput, None)
 }
 
-/// `self-healing`: the core controller with the default policy.
-pub fn run_self_healing(env: &mut Env<'_>, r: u32, seed: u64, want_trace: bool) -> Ended {
+/// `self-healing`: the core controller with `policy` (the default policy when `None`), its
+/// actions per failure capped at `r`.
+pub fn run_self_healing(
+    env: &mut Env<'_>,
+    policy: Option<&Policy>,
+    r: u32,
+    seed: u64,
+    want_trace: bool,
+) -> Ended {
     let n = env.task.steps.len();
     let policy = Policy {
         max_actions_per_failure: Some(r),
-        ..Policy::default()
+        ..policy.cloned().unwrap_or_default()
     };
     let config = ControllerConfig {
         policy,

@@ -82,7 +82,7 @@ fn replan(task: &Task, f: Fault, r: u32) -> Verdict {
 
 fn healing(task: &Task, f: Fault, r: u32) -> (Verdict, u64) {
     let mut env = Env::new(task, &[f]);
-    let e = run_self_healing(&mut env, r, 7, false);
+    let e = run_self_healing(&mut env, None, r, 7, false);
     (verdict(task, &env, &e), env.costs.recoveries)
 }
 
@@ -94,7 +94,7 @@ fn without_faults_every_strategy_answers_correctly() {
     assert_eq!(verdict(t, &env, &e), Verdict::Correct);
     assert_eq!(env.costs.recoveries, 0);
     let mut env = Env::new(t, &[]);
-    let e = run_self_healing(&mut env, 5, 1, false);
+    let e = run_self_healing(&mut env, None, 5, 1, false);
     assert_eq!(verdict(t, &env, &e), Verdict::Correct);
     assert_eq!(env.costs.recoveries, 0);
 }
@@ -167,7 +167,7 @@ fn plausible_wrong_is_silent_for_the_baselines_and_caught_by_the_cross_check() {
         assert_eq!(react(t, f, 5), Verdict::Silent, "react, step {step}");
         assert_eq!(replan(t, f, 5), Verdict::Silent, "full-replan, step {step}");
         let mut env = Env::new(t, &[f]);
-        let e = run_self_healing(&mut env, 2, 7, false);
+        let e = run_self_healing(&mut env, None, 2, 7, false);
         assert_eq!(
             verdict(t, &env, &e),
             Verdict::Correct,

@@ -277,3 +277,56 @@ fn demo_json_shows_the_monitor_never_costs_calls() {
         assert!(with <= without, "{}: {with} > {without}", s["scenario"]);
     }
 }
+
+#[test]
+fn bench_policy_runs_self_healing_under_another_policy_on_the_same_episodes() {
+    let dir = temp_dir("policy");
+    let give_up = dir.join("give-up.toml");
+    std::fs::write(
+        &give_up,
+        "[ladders]\ntool_timeout = [\"degrade\"]\ntool_unavailable = [\"degrade\"]\n",
+    )
+    .unwrap();
+    let tsr = |extra: &[&str]| -> f64 {
+        let args = [SMALL, &["--strategies", "self-healing", "--json"], extra].concat();
+        let out = selfheal(&args, "");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["results"][0]["tsr"].as_f64().unwrap()
+    };
+    let default = tsr(&[]);
+    let given_up = tsr(&["--policy", give_up.to_str().unwrap()]);
+    assert!(
+        given_up < default,
+        "degrading at once on outages must cost tasks: {given_up} vs {default}"
+    );
+
+    let table = selfheal(
+        &[
+            SMALL,
+            &[
+                "--strategies",
+                "self-healing",
+                "--policy",
+                give_up.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        "",
+    );
+    assert!(text(&table.stdout).contains("custom policy"));
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[ladders]\ntool_timeout = [\"terminate\", \"retry\"]\n",
+    )
+    .unwrap();
+    let out = selfheal(&[SMALL, &["--policy", bad.to_str().unwrap()]].concat(), "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("can never be reached"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -21,6 +21,7 @@ EXAMPLES
   selfheal bench --silent                only plausible-but-wrong faults (SFR)
   selfheal bench --seed 7 --fault-rate 0.3 --mix runtime=1,agent=1
   selfheal bench --json > results.json   machine output
+  selfheal bench --policy mine.toml      self-healing under another policy, same episodes
   selfheal bench --live --model-url http://127.0.0.1:8089/v1 --model smollm2 --tasks 20
                                          the tasks driven by a live tool-calling model
   selfheal bench --live --model-url URL --model NAME --strategies static,retry-only,self-healing
@@ -58,6 +59,11 @@ pub struct BenchArgs {
     /// self-healing. With --live: static, retry-only, self-healing (default static,self-healing).
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
+    /// Run `self-healing` with this policy (TOML: `[ladders]`, `[last_chance]`, `[retry]`;
+    /// classes left out keep their default ladder) instead of the default one, on the same seeded
+    /// episodes, to see what a policy change would have done. R still caps actions per failure.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
     /// Write machine-readable JSON to stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -183,6 +189,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
                 })
             })
             .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(path) = &args.policy {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--policy: cannot read {}", path.display()))?;
+        config.policy = Some(
+            selfheal_core::policy::Policy::from_toml_str(&text)
+                .map_err(|e| anyhow::anyhow!("--policy {}: {e}", path.display()))?,
+        );
     }
     config.validate().map_err(anyhow::Error::msg)?;
 
