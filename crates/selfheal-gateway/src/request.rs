@@ -247,7 +247,7 @@ impl<'a> Message<'a> {
             Some(c) => {
                 // `c` is a slice of `text`: find where, and splice.
                 let at = (c.get().as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
-                let end = at.checked_add(c.get().len()).unwrap_or(usize::MAX);
+                let end = at.saturating_add(c.get().len());
                 match text.get(..at).zip(text.get(end..)) {
                     Some((head, tail)) => {
                         out.extend_from_slice(head.as_bytes());
