@@ -49,6 +49,42 @@ fn tool_ok<'a>(step: u32, tool: &'a str, args: &'a Value, result: &'a Value) -> 
     }
 }
 
+/// A call of `tool` that timed out.
+fn timed_out<'a>(step: u32, tool: &'a str, args: &'a Value) -> Observation<'a> {
+    tool_failed(step, tool, args, "timed out", Some(Signal::Timeout))
+}
+
+/// A verifier's judgement of the output of `step`.
+fn verified(step: u32, verifier: &str, judgement: Judgement) -> Observation<'_> {
+    Observation::Verified {
+        step: Some(step),
+        verifier,
+        judgement,
+        options: opts(),
+    }
+}
+
+/// A rejection of the output of `step`, for `reason`.
+fn rejected<'a>(step: u32, verifier: &'a str, reason: &str) -> Observation<'a> {
+    verified(
+        step,
+        verifier,
+        Judgement::Reject {
+            reason: reason.into(),
+        },
+    )
+}
+
+/// A model call that finished, with `signal` if it failed.
+fn model_finished(step: u32, signal: Option<Signal>) -> Observation<'static> {
+    Observation::ModelFinished {
+        step: Some(step),
+        signal,
+        options: opts(),
+        usage: Amounts::default(),
+    }
+}
+
 fn http(status: u16) -> Option<Signal> {
     Some(Signal::HttpStatus {
         status,
@@ -69,11 +105,7 @@ fn transient_timeout_is_recovered_by_a_retry() {
     let mut c = controller(BudgetLimits::defaults());
     let mut rng = ConstRng(0);
     let a = json!({"q": "rust"});
-    let d = c.observe(
-        tool_failed(1, "search", &a, "timed out", Some(Signal::Timeout)),
-        0,
-        &mut rng,
-    );
+    let d = c.observe(timed_out(1, "search", &a), 0, &mut rng);
     assert_eq!(
         d,
         Directive::Recover {
@@ -314,14 +346,7 @@ fn verifier_rejection_becomes_a_verification_failure_recovery() {
     let mut c = controller(BudgetLimits::defaults());
     let mut rng = ConstRng(0);
     let d = c.observe(
-        Observation::Verified {
-            step: Some(2),
-            verifier: "schema",
-            judgement: Judgement::Reject {
-                reason: "at /price: expected number".into(),
-            },
-            options: opts(),
-        },
+        rejected(2, "schema", "at /price: expected number"),
         0,
         &mut rng,
     );
@@ -336,16 +361,7 @@ fn verifier_rejection_becomes_a_verification_failure_recovery() {
         }
     );
     // An acceptance on the same step resolves it.
-    let d = c.observe(
-        Observation::Verified {
-            step: Some(2),
-            verifier: "schema",
-            judgement: Judgement::Accept,
-            options: opts(),
-        },
-        1,
-        &mut rng,
-    );
+    let d = c.observe(verified(2, "schema", Judgement::Accept), 1, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }));
     assert_eq!(c.finish(2).status, RunStatus::Complete);
     let verdicts = c
@@ -372,14 +388,7 @@ fn retries_whose_output_keeps_failing_verification_climb_one_ladder() {
     let bad: Vec<Value> = (0..20)
         .map(|i| json!({"price": format!("cheap {i}")}))
         .collect();
-    let reject = || Observation::Verified {
-        step: Some(4),
-        verifier: "schema",
-        judgement: Judgement::Reject {
-            reason: "at /price: expected number".into(),
-        },
-        options: opts(),
-    };
+    let reject = || rejected(4, "schema", "at /price: expected number");
     let mut recoveries = 0;
     let mut stop = None;
     for t in 0..20u64 {
@@ -415,25 +424,11 @@ fn an_accepted_output_after_a_success_reopens_nothing() {
     let mut c = controller(BudgetLimits::defaults());
     let mut rng = ConstRng(0);
     let args = json!({"q": "x"});
-    let err = "timed out";
-    let d = c.observe(
-        tool_failed(1, "search", &args, err, Some(Signal::Timeout)),
-        0,
-        &mut rng,
-    );
+    let d = c.observe(timed_out(1, "search", &args), 0, &mut rng);
     assert!(action(&d).is_some());
     let ok = json!({"n": 1});
     c.observe(tool_ok(1, "search", &args, &ok), 1, &mut rng);
-    let d = c.observe(
-        Observation::Verified {
-            step: Some(1),
-            verifier: "schema",
-            judgement: Judgement::Accept,
-            options: opts(),
-        },
-        2,
-        &mut rng,
-    );
+    let d = c.observe(verified(1, "schema", Judgement::Accept), 2, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }));
     assert!(!c.recovering());
     assert_eq!(c.finish(3).status, RunStatus::Complete);
@@ -443,14 +438,13 @@ fn an_accepted_output_after_a_success_reopens_nothing() {
 fn uncertain_verdict_does_not_trigger_recovery() {
     let mut c = controller(BudgetLimits::defaults());
     let d = c.observe(
-        Observation::Verified {
-            step: Some(1),
-            verifier: "grounding",
-            judgement: Judgement::Uncertain {
+        verified(
+            1,
+            "grounding",
+            Judgement::Uncertain {
                 reason: "no evidence".into(),
             },
-            options: opts(),
-        },
+        ),
         0,
         &mut ConstRng(0),
     );
@@ -535,11 +529,7 @@ fn finish_is_complete_with_no_failures() {
 fn finish_is_partial_with_an_open_failure_listed_as_unresolved() {
     let mut c = controller(BudgetLimits::defaults());
     let a = json!({"q": 1});
-    c.observe(
-        tool_failed(4, "search", &a, "timed out", Some(Signal::Timeout)),
-        0,
-        &mut ConstRng(0),
-    );
+    c.observe(timed_out(4, "search", &a), 0, &mut ConstRng(0));
     let out = c.finish(1);
     assert_eq!(out.status, RunStatus::Partial);
     assert_eq!(out.reason.as_deref(), Some("1 failure(s) unresolved"));
@@ -575,17 +565,9 @@ fn a_new_failing_step_leaves_the_previous_one_unresolved() {
     let mut c = controller(BudgetLimits::defaults());
     let mut rng = ConstRng(0);
     let a = json!({"q": 1});
-    c.observe(
-        tool_failed(1, "a", &a, "timed out", Some(Signal::Timeout)),
-        0,
-        &mut rng,
-    );
+    c.observe(timed_out(1, "a", &a), 0, &mut rng);
     let b = json!({"q": 2});
-    c.observe(
-        tool_failed(2, "b", &b, "timed out", Some(Signal::Timeout)),
-        0,
-        &mut rng,
-    );
+    c.observe(timed_out(2, "b", &b), 0, &mut rng);
     assert_eq!(c.unresolved().len(), 1);
     assert_eq!(c.unresolved()[0].step, Some(1));
     let r = json!({"ok": 1});
@@ -601,34 +583,10 @@ fn trace_jsonl_reads_back_line_by_line_with_gap_free_seq() {
     let mut rng = SplitMix64::new(1);
     let a = json!({"q": "rust"});
     let r = json!({"hits": [1]});
-    c.observe(
-        tool_failed(1, "search", &a, "timed out", Some(Signal::Timeout)),
-        1,
-        &mut rng,
-    );
+    c.observe(timed_out(1, "search", &a), 1, &mut rng);
     c.observe(tool_ok(1, "search", &a, &r), 2, &mut rng);
-    c.observe(
-        Observation::Verified {
-            step: Some(1),
-            verifier: "schema",
-            judgement: Judgement::Reject {
-                reason: "wrong".into(),
-            },
-            options: opts(),
-        },
-        3,
-        &mut rng,
-    );
-    c.observe(
-        Observation::ModelFinished {
-            step: Some(2),
-            signal: http(429),
-            options: opts(),
-            usage: Amounts::default(),
-        },
-        4,
-        &mut rng,
-    );
+    c.observe(rejected(1, "schema", "wrong"), 3, &mut rng);
+    c.observe(model_finished(2, http(429)), 4, &mut rng);
     c.finish(5);
     let jsonl = c.trace().to_jsonl();
     assert!(jsonl.ends_with('\n'));
@@ -699,11 +657,7 @@ fn trace_seq_stays_gap_free_when_the_ring_drops_events() {
 fn action_events_record_the_budget_before_and_after() {
     let mut c = controller(BudgetLimits::defaults());
     let a = json!({"q": 1});
-    c.observe(
-        tool_failed(1, "s", &a, "timed out", Some(Signal::Timeout)),
-        0,
-        &mut ConstRng(0),
-    );
+    c.observe(timed_out(1, "s", &a), 0, &mut ConstRng(0));
     let (before, after) = c
         .trace()
         .records()
@@ -790,16 +744,7 @@ fn healing_rate_counts_model_calls_and_never_exceeds_one() {
     let r = json!({"ok": 1});
     c.observe(tool_ok(1, "t", &a, &r), 0, &mut rng);
     for t in 0..2 {
-        let d = c.observe(
-            Observation::ModelFinished {
-                step: Some(2),
-                signal: http(429),
-                options: opts(),
-                usage: Amounts::default(),
-            },
-            t,
-            &mut rng,
-        );
+        let d = c.observe(model_finished(2, http(429)), t, &mut rng);
         assert!(action(&d).is_some(), "{d:?}");
     }
     let h = c.trace().healing;
@@ -808,18 +753,7 @@ fn healing_rate_counts_model_calls_and_never_exceeds_one() {
     assert!(h.rate() <= 1.0);
     // Verifier rejections are not calls, yet they are healed: the rate is still a share.
     for t in 0..4 {
-        c.observe(
-            Observation::Verified {
-                step: Some(3),
-                verifier: "v",
-                judgement: Judgement::Reject {
-                    reason: "wrong".into(),
-                },
-                options: opts(),
-            },
-            10 + t,
-            &mut rng,
-        );
+        c.observe(rejected(3, "v", "wrong"), 10 + t, &mut rng);
     }
     assert!(c.trace().healing.rate() <= 1.0, "{:?}", c.trace().healing);
 }

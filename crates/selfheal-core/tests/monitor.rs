@@ -8,8 +8,7 @@ use selfheal_core::monitor::{
 use serde_json::{Value, json};
 
 fn ok(m: &mut Monitor, tool: &str, args: &Value) -> CallReport {
-    let result = json!({"ok": m.calls()});
-    m.record(&ToolCall::returned(tool, args, &result), 0)
+    ok_at(m, tool, args, 0)
 }
 
 fn ok_at(m: &mut Monitor, tool: &str, args: &Value, now_ms: u64) -> CallReport {
@@ -18,7 +17,7 @@ fn ok_at(m: &mut Monitor, tool: &str, args: &Value, now_ms: u64) -> CallReport {
 }
 
 fn fail(m: &mut Monitor, tool: &str, args: &Value, error: &str) -> CallReport {
-    m.record(&ToolCall::failed(tool, args, error), 0)
+    fail_at(m, tool, args, error, 0)
 }
 
 fn fail_at(m: &mut Monitor, tool: &str, args: &Value, error: &str, now_ms: u64) -> CallReport {
@@ -43,6 +42,13 @@ fn guidance_for<'a>(v: &'a Verdict, kind: GuidanceKind, tool: &str) -> Option<&'
         .iter()
         .find(|g| g.kind == kind && g.tool.as_deref() == Some(tool))
         .map(|g| g.text.as_str())
+}
+
+/// `n` consecutive failures of `tool`, each with its own arguments and error ("error 0", …).
+fn fail_streak(m: &mut Monitor, tool: &str, n: u64) {
+    for i in 0..n {
+        fail(m, tool, &args(i), &format!("error {i}"));
+    }
 }
 
 fn interactive() -> Monitor {
@@ -70,9 +76,7 @@ fn two_consecutive_failures_do_not_warn() {
 #[test]
 fn third_consecutive_failure_warns_naming_tool_and_last_two_errors() {
     let mut m = Monitor::default();
-    for i in 0..3 {
-        fail(&mut m, "search", &args(i), &format!("error {i}"));
-    }
+    fail_streak(&mut m, "search", 3);
     let v = m.check(0);
     let text = guidance_for(&v, GuidanceKind::Warning, "search").expect("a warning");
     assert!(text.contains("`search`"), "{text}");
@@ -170,35 +174,34 @@ fn mixed_run(m: &mut Monitor, failures: u64, successes: u64) {
     }
 }
 
+/// The verdict of a default monitor after a `mixed_run`.
+fn mixed_verdict(failures: u64, successes: u64) -> Verdict {
+    let mut m = Monitor::default();
+    mixed_run(&mut m, failures, successes);
+    m.check(0)
+}
+
 #[test]
 fn seven_of_ten_failing_is_exactly_seventy_percent_and_does_not_abort() {
-    let mut m = Monitor::default();
-    mixed_run(&mut m, 7, 3);
-    let v = m.check(0);
+    let v = mixed_verdict(7, 3);
     assert!(v.abort.is_none(), "{v:?}");
 }
 
 #[test]
 fn eight_of_ten_failing_aborts_with_a_reason() {
-    let mut m = Monitor::default();
-    mixed_run(&mut m, 8, 2);
-    let v = m.check(0);
+    let v = mixed_verdict(8, 2);
     let reason = v.abort.expect("8 of 10 must abort");
     assert!(reason.contains("8 of the last 10"), "{reason}");
 }
 
 #[test]
 fn five_of_five_failing_is_too_few_calls_to_abort() {
-    let mut m = Monitor::default();
-    mixed_run(&mut m, 5, 0);
-    assert!(m.check(0).abort.is_none());
+    assert!(mixed_verdict(5, 0).abort.is_none());
 }
 
 #[test]
 fn five_of_six_failing_aborts() {
-    let mut m = Monitor::default();
-    mixed_run(&mut m, 5, 1);
-    let v = m.check(0);
+    let v = mixed_verdict(5, 1);
     assert!(v.abort.is_some(), "{v:?}");
 }
 
@@ -243,6 +246,16 @@ fn abort_reason_disappears_when_the_failure_rate_recovers() {
 
 // ── circuit breaker: open → cooldown → half-open → closed / re-opened ─────────────────────────
 
+/// A monitor whose open circuits go half-open after `cooldown_ms` only, whatever the calls.
+fn timed_cooldown(cooldown_ms: u64) -> Monitor {
+    Monitor::new(MonitorConfig {
+        cooldown_calls: 0,
+        cooldown_ms,
+        ..MonitorConfig::default()
+    })
+    .unwrap()
+}
+
 fn open_circuit(m: &mut Monitor, tool: &str, now_ms: u64) {
     for i in 0..5 {
         fail_at(m, tool, &args(1000 + i), "HTTP 503", now_ms);
@@ -279,12 +292,7 @@ fn circuit_goes_half_open_after_more_than_cooldown_calls() {
 
 #[test]
 fn circuit_goes_half_open_after_cooldown_ms() {
-    let mut m = Monitor::new(MonitorConfig {
-        cooldown_calls: 0,
-        cooldown_ms: 1_000,
-        ..MonitorConfig::default()
-    })
-    .unwrap();
+    let mut m = timed_cooldown(1_000);
     open_circuit(&mut m, "a", 5_000);
     assert_eq!(m.check(5_999).hidden_tools, vec!["a".to_string()]);
     let v = m.check(6_000);
@@ -294,12 +302,7 @@ fn circuit_goes_half_open_after_cooldown_ms() {
 
 #[test]
 fn half_open_probe_success_closes_the_circuit() {
-    let mut m = Monitor::new(MonitorConfig {
-        cooldown_calls: 0,
-        cooldown_ms: 1_000,
-        ..MonitorConfig::default()
-    })
-    .unwrap();
+    let mut m = timed_cooldown(1_000);
     open_circuit(&mut m, "a", 0);
     assert_eq!(m.check(1_000).hidden_tools, Vec::<String>::new());
     let r = ok_at(&mut m, "a", &args(1), 1_000);
@@ -316,12 +319,7 @@ fn half_open_probe_success_closes_the_circuit() {
 
 #[test]
 fn half_open_probe_failure_reopens_the_circuit_with_a_fresh_cooldown() {
-    let mut m = Monitor::new(MonitorConfig {
-        cooldown_calls: 0,
-        cooldown_ms: 1_000,
-        ..MonitorConfig::default()
-    })
-    .unwrap();
+    let mut m = timed_cooldown(1_000);
     open_circuit(&mut m, "a", 0);
     assert!(m.check(1_500).hidden_tools.is_empty());
     let r = fail_at(&mut m, "a", &args(1), "still down", 1_500);
@@ -433,14 +431,17 @@ fn required() -> Vec<String> {
     vec!["query".to_string()]
 }
 
-fn call_with(m: &mut Monitor, i: u64, query: Value) -> CallReport {
+/// A `search` call with `args` that returned `result`; its `query` argument is required.
+fn search(m: &mut Monitor, args: &Value, result: &Value) -> CallReport {
     let req = required();
-    let a = json!({"query": query, "n": i});
-    let result = json!({"hits": [i]});
     m.record(
-        &ToolCall::returned("search", &a, &result).with_required(&req),
+        &ToolCall::returned("search", args, result).with_required(&req),
         0,
     )
+}
+
+fn call_with(m: &mut Monitor, i: u64, query: Value) -> CallReport {
+    search(m, &json!({"query": query, "n": i}), &json!({"hits": [i]}))
 }
 
 #[test]
@@ -467,13 +468,7 @@ fn every_placeholder_in_a_required_argument_is_empty_input() {
 #[test]
 fn a_missing_required_argument_is_empty_input() {
     let mut m = Monitor::default();
-    let req = required();
-    let a = json!({"other": 1});
-    let result = json!({"hits": [1]});
-    let r = m.record(
-        &ToolCall::returned("search", &a, &result).with_required(&req),
-        0,
-    );
+    let r = search(&mut m, &json!({"other": 1}), &json!({"hits": [1]}));
     assert_eq!(r.badge, Badge::EmptyInput);
 }
 
@@ -493,12 +488,10 @@ fn real_values_and_placeholders_in_optional_arguments_are_not_empty_input() {
         assert_ne!(r.badge, Badge::EmptyInput, "{q}");
     }
     // A placeholder in an argument that is not required does not count.
-    let req = required();
-    let a = json!({"query": "rust", "lang": "TODO"});
-    let result = json!({"hits": [1]});
-    let r = m.record(
-        &ToolCall::returned("search", &a, &result).with_required(&req),
-        0,
+    let r = search(
+        &mut m,
+        &json!({"query": "rust", "lang": "TODO"}),
+        &json!({"hits": [1]}),
     );
     assert_eq!(r.badge, Badge::Ok);
 }
@@ -746,9 +739,7 @@ fn a_repaired_successful_call_is_badged_repaired() {
 #[test]
 fn interactive_mode_never_hides_a_tool_but_explains_it() {
     let mut m = interactive();
-    for i in 0..8 {
-        fail(&mut m, "search", &args(i), &format!("error {i}"));
-    }
+    fail_streak(&mut m, "search", 8);
     let v = m.check(0);
     assert!(v.hidden_tools.is_empty(), "{v:?}");
     assert!(guidance_for(&v, GuidanceKind::CircuitOpen, "search").is_some());
@@ -768,9 +759,7 @@ fn interactive_mode_never_aborts_but_reports_the_failure_rate() {
 #[test]
 fn interactive_mode_still_warns() {
     let mut m = interactive();
-    for i in 0..3 {
-        fail(&mut m, "search", &args(i), &format!("error {i}"));
-    }
+    fail_streak(&mut m, "search", 3);
     assert!(has(&m.check(0), GuidanceKind::Warning));
 }
 
@@ -779,9 +768,7 @@ fn interactive_mode_still_warns() {
 #[test]
 fn warning_disappears_when_the_tool_recovers() {
     let mut m = Monitor::default();
-    for i in 0..3 {
-        fail(&mut m, "search", &args(i), &format!("error {i}"));
-    }
+    fail_streak(&mut m, "search", 3);
     assert!(has(&m.check(0), GuidanceKind::Warning));
     ok(&mut m, "search", &args(10));
     let v = m.check(0);

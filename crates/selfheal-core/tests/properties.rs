@@ -15,8 +15,9 @@ use serde_json::{Value, json};
 
 // ── strategies ────────────────────────────────────────────────────────────────────────────────
 
-fn small_amounts(max: u64) -> impl Strategy<Value = Amounts> {
-    prop::array::uniform7(0..=max).prop_map(|a| Amounts {
+/// Amounts from one value per dimension, in the order the fields are declared.
+fn amounts(a: [u64; 7]) -> Amounts {
+    Amounts {
         retries: a[0],
         replans: a[1],
         substitutions: a[2],
@@ -24,20 +25,16 @@ fn small_amounts(max: u64) -> impl Strategy<Value = Amounts> {
         recoveries: a[4],
         latency_ms: a[5],
         cost: a[6],
-    })
+    }
+}
+
+fn small_amounts(max: u64) -> impl Strategy<Value = Amounts> {
+    prop::array::uniform7(0..=max).prop_map(amounts)
 }
 
 /// Limits where each dimension is small or unlimited.
 fn limits() -> impl Strategy<Value = BudgetLimits> {
-    prop::array::uniform7(prop_oneof![3 => 0u64..=12, 1 => Just(u64::MAX)]).prop_map(|a| Amounts {
-        retries: a[0],
-        replans: a[1],
-        substitutions: a[2],
-        escalations: a[3],
-        recoveries: a[4],
-        latency_ms: a[5],
-        cost: a[6],
-    })
+    prop::array::uniform7(prop_oneof![3 => 0u64..=12, 1 => Just(u64::MAX)]).prop_map(amounts)
 }
 
 #[derive(Debug, Clone)]

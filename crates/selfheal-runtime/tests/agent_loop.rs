@@ -3,112 +3,20 @@
 //! unknown tools, empty 200s, the llama-cpp-python `content: null` 500.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::VecDeque;
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde_json::{Value, json};
 
+use common::{
+    Reply, Shared, answer, call, client, err, fast, last_message, ok, requests, server, took,
+};
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::policy::{ActionKind, Policy};
 use selfheal_core::trace::RunStatus;
-use selfheal_runtime::{
-    Agent, ClientConfig, Effect, FnTool, ModelClient, RunResult, Tool, ToolError, ToolSpec,
-};
-
-#[derive(Clone)]
-enum Reply {
-    Json(u16, Value, Option<&'static str>),
-    Raw(u16, &'static str),
-    Hang(Duration),
-}
-
-#[derive(Default)]
-struct Script {
-    queue: VecDeque<Reply>,
-    forever: Option<Reply>,
-    requests: Vec<Value>,
-}
-
-type Shared = Arc<Mutex<Script>>;
-
-async fn handler(State(s): State<Shared>, body: axum::body::Bytes) -> Response {
-    let reply = {
-        let mut s = s.lock().unwrap();
-        s.requests
-            .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
-        s.queue
-            .pop_front()
-            .or_else(|| s.forever.clone())
-            .unwrap_or_else(|| {
-                Reply::Json(500, json!({"error": {"message": "script empty"}}), None)
-            })
-    };
-    match reply {
-        Reply::Json(status, body, retry_after) => {
-            let mut r = (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response();
-            if let Some(ra) = retry_after {
-                r.headers_mut()
-                    .insert("retry-after", HeaderValue::from_static(ra));
-            }
-            r
-        }
-        Reply::Raw(status, text) => (StatusCode::from_u16(status).unwrap(), text).into_response(),
-        Reply::Hang(d) => {
-            tokio::time::sleep(d).await;
-            (StatusCode::OK, axum::Json(answer("too late"))).into_response()
-        }
-    }
-}
-
-async fn server(replies: Vec<Reply>, forever: Option<Reply>) -> (String, Shared) {
-    let shared: Shared = Arc::new(Mutex::new(Script {
-        queue: replies.into(),
-        forever,
-        requests: Vec::new(),
-    }));
-    let app = Router::new()
-        .route("/v1/chat/completions", post(handler))
-        .with_state(shared.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/v1"), shared)
-}
-
-fn answer(text: &str) -> Value {
-    json!({"choices": [{"index": 0, "finish_reason": "stop",
-        "message": {"role": "assistant", "content": text}}],
-        "usage": {"total_tokens": 10}})
-}
-
-fn call(name: &str, args: &str) -> Value {
-    json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
-        "message": {"role": "assistant", "content": null, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}}],
-        "usage": {"total_tokens": 20}})
-}
-
-fn ok(v: Value) -> Reply {
-    Reply::Json(200, v, None)
-}
-
-fn err(status: u16, msg: &str) -> Reply {
-    Reply::Json(status, json!({"error": {"message": msg}}), None)
-}
-
-fn client(url: &str, timeout_ms: u64) -> ModelClient {
-    let mut c = ClientConfig::new(url);
-    c.timeout = Duration::from_millis(timeout_ms);
-    ModelClient::new(c).unwrap()
-}
+use selfheal_runtime::{Agent, Effect, FnTool, RunResult, Tool, ToolError, ToolSpec};
 
 type Calls = Arc<Mutex<Vec<Value>>>;
 
@@ -152,25 +60,18 @@ fn failing(name: &str, effect: Effect, calls: &Calls) -> Arc<dyn Tool> {
     .shared()
 }
 
-fn fast(mut agent: Agent) -> Agent {
-    agent.config.policy.retry.base_ms = 10;
-    agent.config.policy.retry.jitter = 0.0;
-    agent
-}
-
 fn user() -> Vec<Value> {
     vec![json!({"role": "user", "content": "What is the weather in Paris?"})]
 }
 
-fn requests(s: &Shared) -> Vec<Value> {
-    s.lock().unwrap().requests.clone()
-}
-
-fn took(r: &RunResult, kind: ActionKind) -> u64 {
-    r.actions
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map_or(0, |(_, n)| *n)
+/// Runs an agent with only the weather tool against a server giving `replies`; returns the run,
+/// the tool's calls and the server's script.
+async fn run_with_weather(replies: Vec<Reply>) -> (RunResult, Calls, Shared) {
+    let (url, s) = server(replies, None).await;
+    let calls = Calls::default();
+    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
+    let r = agent.run(user(), 1).await;
+    (r, calls, s)
 }
 
 #[tokio::test]
@@ -242,55 +143,33 @@ async fn a_hang_past_the_timeout_is_a_timeout_and_retried() {
 
 #[tokio::test]
 async fn malformed_arguments_are_repaired_locally() {
-    let (url, s) = server(
-        vec![
-            ok(call("get_weather", r#"{"city": "Paris",}"#)),
-            ok(answer("21")),
-        ],
-        None,
-    )
+    let (r, calls, s) = run_with_weather(vec![
+        ok(call("get_weather", r#"{"city": "Paris",}"#)),
+        ok(answer("21")),
+    ])
     .await;
-    let calls = Calls::default();
-    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
-    let r = agent.run(user(), 1).await;
     assert_eq!(r.answer.as_deref(), Some("21"));
     assert_eq!(*calls.lock().unwrap(), vec![json!({"city": "Paris"})]);
     // No re-ask: the second request carries the tool's result.
     let reqs = requests(&s);
     assert_eq!(reqs.len(), 2);
-    let last = reqs[1]["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
+    let last = last_message(&reqs[1]);
     assert_eq!(last["role"], "tool");
     assert!(last["content"].as_str().unwrap().contains("temp_c"));
 }
 
 #[tokio::test]
 async fn unrepairable_arguments_are_reasked_with_the_precise_error() {
-    let (url, s) = server(
-        vec![
-            ok(call("get_weather", r#"{"town": "Paris"}"#)),
-            ok(call("get_weather", r#"{"city": "Paris"}"#)),
-            ok(answer("21")),
-        ],
-        None,
-    )
+    let (r, calls, s) = run_with_weather(vec![
+        ok(call("get_weather", r#"{"town": "Paris"}"#)),
+        ok(call("get_weather", r#"{"city": "Paris"}"#)),
+        ok(answer("21")),
+    ])
     .await;
-    let calls = Calls::default();
-    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
-    let r = agent.run(user(), 1).await;
     assert_eq!(r.answer.as_deref(), Some("21"));
     assert_eq!(calls.lock().unwrap().len(), 1, "the invalid call never ran");
     let reqs = requests(&s);
-    let reask = reqs[1]["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
+    let reask = last_message(&reqs[1]);
     assert_eq!(reask["role"], "tool");
     let text = reask["content"].as_str().unwrap();
     assert!(text.contains("missing required property"), "{text}");
@@ -300,21 +179,15 @@ async fn unrepairable_arguments_are_reasked_with_the_precise_error() {
 
 #[tokio::test]
 async fn an_unknown_tool_is_reasked_with_the_valid_names() {
-    let (url, s) = server(
-        vec![
-            ok(call("get_wether", r#"{"city": "Paris"}"#)),
-            ok(call("Get.Weather", r#"{"city": "Paris"}"#)),
-            ok(answer("21")),
-        ],
-        None,
-    )
+    let (r, calls, s) = run_with_weather(vec![
+        ok(call("get_wether", r#"{"city": "Paris"}"#)),
+        ok(call("Get.Weather", r#"{"city": "Paris"}"#)),
+        ok(answer("21")),
+    ])
     .await;
-    let calls = Calls::default();
-    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
-    let r = agent.run(user(), 1).await;
     assert_eq!(r.answer.as_deref(), Some("21"));
     let reqs = requests(&s);
-    let text = reqs[1]["messages"].as_array().unwrap().last().unwrap()["content"]
+    let text = last_message(&reqs[1])["content"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -341,18 +214,12 @@ async fn an_empty_200_is_an_empty_response() {
 
 #[tokio::test]
 async fn the_content_null_500_is_repaired_never_resent_as_is() {
-    let (url, s) = server(
-        vec![
-            ok(call("get_weather", r#"{"city": "Paris"}"#)),
-            err(500, "'content' must be a string, got None"),
-            ok(answer("21")),
-        ],
-        None,
-    )
+    let (r, _calls, s) = run_with_weather(vec![
+        ok(call("get_weather", r#"{"city": "Paris"}"#)),
+        err(500, "'content' must be a string, got None"),
+        ok(answer("21")),
+    ])
     .await;
-    let calls = Calls::default();
-    let agent = Agent::new(client(&url, 2000), "m", vec![weather(&calls)]);
-    let r = agent.run(user(), 1).await;
     assert_eq!(r.answer.as_deref(), Some("21"));
     for req in &requests(&s)[1..] {
         for m in req["messages"].as_array().unwrap() {

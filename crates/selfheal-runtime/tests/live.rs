@@ -3,6 +3,8 @@
 //! retries a failing model call R times where `static` gives up at once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -12,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 
+use common::serve;
 use selfheal_runtime::live::{LiveConfig, LiveStrategy, run};
 
 #[derive(Clone)]
@@ -53,12 +56,7 @@ async fn server(model: Model) -> (String, Shared) {
     let app = Router::new()
         .route("/v1/chat/completions", post(handler))
         .with_state(shared.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/v1"), shared)
+    (serve(app).await, shared)
 }
 
 fn config(url: String) -> LiveConfig {

@@ -3,107 +3,24 @@
 //! verifier, and a rejection recovered like any other failure instead of accepted as correct.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::VecDeque;
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde_json::{Value, json};
 
+use common::{Reply, Shared, answer, call, client, fast, last_message, ok, requests, server, took};
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::classifier::FailureClass;
 use selfheal_core::policy::{ActionKind, Policy};
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{EvidenceVerifier, Judgement, Subject, Verifier};
 use selfheal_runtime::tool::OutputSchema;
-use selfheal_runtime::{Agent, ClientConfig, FnTool, ModelClient, RunResult, Tool, ToolSpec};
-
-#[derive(Default)]
-struct Script {
-    queue: VecDeque<Value>,
-    forever: Option<Value>,
-    requests: Vec<Value>,
-}
-
-type Shared = Arc<Mutex<Script>>;
-
-async fn handler(State(s): State<Shared>, body: axum::body::Bytes) -> Response {
-    let reply = {
-        let mut s = s.lock().unwrap();
-        s.requests
-            .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
-        s.queue.pop_front().or_else(|| s.forever.clone())
-    };
-    match reply {
-        Some(v) => (StatusCode::OK, axum::Json(v)).into_response(),
-        None => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            axum::Json(json!({"error": {"message": "script empty"}})),
-        )
-            .into_response(),
-    }
-}
-
-async fn server(replies: Vec<Value>, forever: Option<Value>) -> (String, Shared) {
-    let shared: Shared = Arc::new(Mutex::new(Script {
-        queue: replies.into(),
-        forever,
-        requests: Vec::new(),
-    }));
-    let app = Router::new()
-        .route("/v1/chat/completions", post(handler))
-        .with_state(shared.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/v1"), shared)
-}
-
-fn answer(text: &str) -> Value {
-    json!({"choices": [{"index": 0, "finish_reason": "stop",
-        "message": {"role": "assistant", "content": text}}],
-        "usage": {"total_tokens": 10}})
-}
-
-fn call(name: &str, args: &str) -> Value {
-    json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
-        "message": {"role": "assistant", "content": null, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}}],
-        "usage": {"total_tokens": 20}})
-}
-
-fn client(url: &str) -> ModelClient {
-    let mut c = ClientConfig::new(url);
-    c.timeout = Duration::from_millis(2000);
-    ModelClient::new(c).unwrap()
-}
-
-fn fast(mut agent: Agent) -> Agent {
-    agent.config.policy.retry.base_ms = 10;
-    agent.config.policy.retry.jitter = 0.0;
-    agent
-}
+use selfheal_runtime::{Agent, FnTool, RunResult, Tool, ToolSpec};
 
 fn user(text: &str) -> Vec<Value> {
     vec![json!({"role": "user", "content": text})]
-}
-
-fn requests(s: &Shared) -> Vec<Value> {
-    s.lock().unwrap().requests.clone()
-}
-
-fn took(r: &RunResult, kind: ActionKind) -> u64 {
-    r.actions
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map_or(0, |(_, n)| *n)
 }
 
 /// The trace's verdict events as `(verifier, verdict)`, in order.
@@ -119,11 +36,6 @@ fn verdicts(r: &RunResult) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-/// The last message of a request.
-fn last_message(req: &Value) -> Value {
-    req["messages"].as_array().unwrap().last().unwrap().clone()
 }
 
 /// The tool messages of a request (the monitor may add a system message after them).
@@ -171,6 +83,20 @@ fn weather_tool(outputs: Vec<Value>, calls: &Arc<AtomicUsize>) -> Arc<dyn Tool> 
     scripted_tool(weather("get_weather"), outputs, calls)
 }
 
+/// A `fast` agent with `tools`, against a server on which the model calls `get_weather` for
+/// Paris and then answers `text`.
+async fn weather_agent(tools: Vec<Arc<dyn Tool>>, text: &str) -> (Agent, Shared) {
+    let (url, s) = server(
+        vec![
+            ok(call("get_weather", r#"{"city": "Paris"}"#)),
+            ok(answer(text)),
+        ],
+        None,
+    )
+    .await;
+    (fast(Agent::new(client(&url, 2000), "m", tools)), s)
+}
+
 /// The bad output carries this marker, so any request that shows it to the model is caught.
 const BAD: &str = "warm-ish 999";
 
@@ -195,14 +121,9 @@ fn no_request_shows_the_bad_output(s: &Shared) {
 
 #[tokio::test]
 async fn an_output_that_fails_its_schema_is_retried_and_the_good_one_is_used() {
-    let (url, s) = server(
-        vec![call("get_weather", r#"{"city": "Paris"}"#), answer("21 C")],
-        None,
-    )
-    .await;
     let calls = Arc::new(AtomicUsize::new(0));
     let tool = weather_tool(vec![json!({"temp_c": BAD}), json!({"temp_c": 21})], &calls);
-    let agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    let (agent, s) = weather_agent(vec![tool], "21 C").await;
     let r = agent.run(user("Weather in Paris?"), 1).await;
 
     assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
@@ -240,11 +161,6 @@ async fn an_output_that_fails_its_schema_is_retried_and_the_good_one_is_used() {
 
 #[tokio::test]
 async fn a_rejected_output_goes_to_the_substitute_first() {
-    let (url, s) = server(
-        vec![call("get_weather", r#"{"city": "Paris"}"#), answer("21 C")],
-        None,
-    )
-    .await;
     let primary_calls = Arc::new(AtomicUsize::new(0));
     let backup_calls = Arc::new(AtomicUsize::new(0));
     let primary = scripted_tool(
@@ -257,7 +173,7 @@ async fn a_rejected_output_goes_to_the_substitute_first() {
         vec![json!({"temp_c": 21})],
         &backup_calls,
     );
-    let agent = fast(Agent::new(client(&url), "m", vec![primary, backup]));
+    let (agent, s) = weather_agent(vec![primary, backup], "21 C").await;
     let r = agent.run(user("Weather in Paris?"), 1).await;
 
     assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
@@ -273,17 +189,9 @@ async fn a_rejected_output_goes_to_the_substitute_first() {
 
 #[tokio::test]
 async fn outputs_that_keep_failing_are_never_a_result_and_the_run_is_not_complete() {
-    let (url, s) = server(
-        vec![
-            call("get_weather", r#"{"city": "Paris"}"#),
-            answer("I could not get the weather."),
-        ],
-        None,
-    )
-    .await;
     let calls = Arc::new(AtomicUsize::new(0));
     let tool = weather_tool(vec![json!({"temp_c": BAD})], &calls);
-    let agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    let (agent, s) = weather_agent(vec![tool], "I could not get the weather.").await;
     let r = agent.run(user("Weather in Paris?"), 1).await;
 
     // One retry (no substitute exists); its output fails too, which reopens the same failure
@@ -308,14 +216,6 @@ async fn outputs_that_keep_failing_are_never_a_result_and_the_run_is_not_complet
 
 #[tokio::test]
 async fn an_unlimited_budget_still_stops_retrying_rejected_outputs() {
-    let (url, s) = server(
-        vec![
-            call("get_weather", r#"{"city": "Paris"}"#),
-            answer("I could not get the weather."),
-        ],
-        None,
-    )
-    .await;
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();
     // A different bad output every time, so the monitor's identical-result loop rule never fires.
@@ -324,7 +224,7 @@ async fn an_unlimited_budget_still_stops_retrying_rejected_outputs() {
         async move { Ok(json!({"temp_c": format!("{BAD} #{n}")})) }
     })
     .shared();
-    let mut agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    let (mut agent, s) = weather_agent(vec![tool], "I could not get the weather.").await;
     agent.config.budget = BudgetLimits::unlimited();
     // A policy that would retry a rejected output twelve times, with no per-failure cap: the
     // ladder alone would allow it, so the loop's guard of 8 rejected outputs per call must end
@@ -373,20 +273,23 @@ fn grounded() -> EvidenceVerifier {
     }
 }
 
+/// An agent with the capital tool, against a server on which the model calls `get_capital` for
+/// France and then gives `replies` (and `forever` after them).
+async fn capital_agent(replies: Vec<Reply>, forever: Option<Reply>) -> (Agent, Shared) {
+    let mut script = vec![ok(call("get_capital", r#"{"country": "France"}"#))];
+    script.extend(replies);
+    let (url, s) = server(script, forever).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    (
+        Agent::new(client(&url, 2000), "m", vec![capital_tool(&calls)]),
+        s,
+    )
+}
+
 #[tokio::test]
 async fn a_rejected_answer_is_handed_back_with_the_reason_and_the_next_one_stands() {
-    let (url, s) = server(
-        vec![
-            call("get_capital", r#"{"country": "France"}"#),
-            answer("Lyon"),
-            answer("Paris"),
-        ],
-        None,
-    )
-    .await;
-    let calls = Arc::new(AtomicUsize::new(0));
-    let agent = fast(Agent::new(client(&url), "m", vec![capital_tool(&calls)]))
-        .with_answer_verifier(grounded());
+    let (agent, s) = capital_agent(vec![ok(answer("Lyon")), ok(answer("Paris"))], None).await;
+    let agent = fast(agent).with_answer_verifier(grounded());
     let r = agent.run(user("What is the capital of France?"), 1).await;
 
     assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
@@ -423,14 +326,8 @@ async fn a_rejected_answer_is_handed_back_with_the_reason_and_the_next_one_stand
 
 #[tokio::test]
 async fn an_answer_that_keeps_being_rejected_ends_partial_within_the_budget() {
-    let (url, s) = server(
-        vec![call("get_capital", r#"{"country": "France"}"#)],
-        Some(answer("Lyon")),
-    )
-    .await;
-    let calls = Arc::new(AtomicUsize::new(0));
-    let agent = fast(Agent::new(client(&url), "m", vec![capital_tool(&calls)]))
-        .with_answer_verifier(grounded());
+    let (agent, s) = capital_agent(vec![], Some(ok(answer("Lyon")))).await;
+    let agent = fast(agent).with_answer_verifier(grounded());
     let r = agent.run(user("What is the capital of France?"), 1).await;
 
     // The default verification_failure ladder is substitute, retry, replan, escalate, degrade.
@@ -454,18 +351,8 @@ async fn an_answer_that_keeps_being_rejected_ends_partial_within_the_budget() {
 
 #[tokio::test]
 async fn a_rejected_answer_under_a_terminating_policy_ends_failed_without_an_answer() {
-    let (url, s) = server(
-        vec![
-            call("get_capital", r#"{"country": "France"}"#),
-            answer("Lyon"),
-            answer("never asked"),
-        ],
-        None,
-    )
-    .await;
-    let calls = Arc::new(AtomicUsize::new(0));
-    let mut agent =
-        Agent::new(client(&url), "m", vec![capital_tool(&calls)]).with_answer_verifier(grounded());
+    let (agent, s) = capital_agent(vec![ok(answer("Lyon")), ok(answer("never asked"))], None).await;
+    let mut agent = agent.with_answer_verifier(grounded());
     agent.config.policy =
         Policy::from_toml_str("[ladders]\nverification_failure = [\"terminate\"]\n").unwrap();
     let r = agent.run(user("What is the capital of France?"), 1).await;
@@ -481,8 +368,8 @@ async fn a_rejected_answer_under_a_terminating_policy_ends_failed_without_an_ans
 
 #[tokio::test]
 async fn an_uncertain_verifier_lets_the_answer_stand() {
-    let (url, _s) = server(vec![answer("Paris")], None).await;
-    let agent = Agent::new(client(&url), "m", vec![]).with_answer_verifier(grounded());
+    let (url, _s) = server(vec![ok(answer("Paris"))], None).await;
+    let agent = Agent::new(client(&url, 2000), "m", vec![]).with_answer_verifier(grounded());
     let r = agent.run(user("What is the capital of France?"), 1).await;
 
     // No tool ran, so there is no evidence to ground the answer in: uncertain, not rejected.
@@ -497,16 +384,7 @@ async fn an_uncertain_verifier_lets_the_answer_stand() {
 
 #[tokio::test]
 async fn without_verifiers_nothing_is_judged() {
-    let (url, _s) = server(
-        vec![
-            call("get_capital", r#"{"country": "France"}"#),
-            answer("Lyon"),
-        ],
-        None,
-    )
-    .await;
-    let calls = Arc::new(AtomicUsize::new(0));
-    let agent = Agent::new(client(&url), "m", vec![capital_tool(&calls)]);
+    let (agent, _s) = capital_agent(vec![ok(answer("Lyon"))], None).await;
     assert!(agent.answer_verifier.is_none());
     let r = agent.run(user("What is the capital of France?"), 1).await;
     assert_eq!(r.status, RunStatus::Complete);
@@ -537,15 +415,10 @@ impl Verifier for Recorder {
 
 #[tokio::test]
 async fn the_answer_verifier_sees_the_answer_and_only_verified_outputs_as_evidence() {
-    let (url, _s) = server(
-        vec![call("get_weather", r#"{"city": "Paris"}"#), answer("21 C")],
-        None,
-    )
-    .await;
     let calls = Arc::new(AtomicUsize::new(0));
     let tool = weather_tool(vec![json!({"temp_c": BAD}), json!({"temp_c": 21})], &calls);
     let seen = Seen::default();
-    let mut agent = fast(Agent::new(client(&url), "m", vec![tool]));
+    let (mut agent, _s) = weather_agent(vec![tool], "21 C").await;
     agent.answer_verifier = Some(Arc::new(Recorder(seen.clone())));
     let r = agent.run(user("Weather in Paris?"), 1).await;
 
