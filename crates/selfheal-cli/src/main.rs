@@ -34,6 +34,8 @@ enum Command {
     Repair(cmd::repair::RepairArgs),
     /// Serve the OpenAI-compatible gateway that heals any agent pointed at it.
     Serve(cmd::serve::ServeArgs),
+    /// Run an MCP server behind a self-healing proxy: `selfheal mcp -- COMMAND [ARGS]`.
+    Mcp(cmd::mcp::McpArgs),
     /// Read back the decisions the gateway recorded.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Monitor(args) => cmd::monitor::run(args),
         Command::Repair(args) => cmd::repair::run(args),
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Mcp(args) => cmd::mcp::run(args),
         Command::Trace(command) => cmd::trace::run(command),
     };
     match result {

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod mcp;
 pub mod monitor;
 pub mod repair;
 pub mod serve;

@@ -1,0 +1,145 @@
+//! `selfheal mcp -- COMMAND`: the self-healing MCP proxy. Argument parsing and glue only; the
+//! proxy lives in `selfheal-mcp`.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use anyhow::Context as _;
+use clap::Args;
+use serde_json::json;
+
+use selfheal_core::monitor::MonitorConfig;
+use selfheal_gateway::TraceWriter;
+use selfheal_gateway::store::{RunSummary, TraceEvent};
+use selfheal_mcp::{McpConfig, Proxy};
+
+/// Arguments of `selfheal mcp`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+EXAMPLES
+  selfheal mcp -- npx -y @modelcontextprotocol/server-filesystem /srv/data
+  selfheal mcp --call-timeout 10 --retries 3 -- python my_server.py
+
+In an MCP client's configuration, put `selfheal` as the command and `mcp -- <the server's command>`
+in front of the server's arguments. The proxy speaks MCP on its stdin/stdout; the server's stderr
+passes through. Decisions go to the trace (`selfheal trace list`, run `mcp-<pid>`).")]
+pub struct McpArgs {
+    /// Seconds a tool call may take before it is cancelled and failed.
+    #[arg(long, default_value_t = 60)]
+    pub call_timeout: u64,
+    /// Retries of a timed-out or internally failing call, for tools the server marks read-only
+    /// or idempotent.
+    #[arg(long, default_value_t = 2)]
+    pub retries: u32,
+    /// A TOML file with the monitor's thresholds (the keys of `[monitor]` in selfheal.toml,
+    /// e.g. `circuit_after = 5`).
+    #[arg(long, value_name = "FILE")]
+    pub monitor_config: Option<PathBuf>,
+    /// Where the trace is stored (default: `$XDG_DATA_HOME/selfheal/trace.db`).
+    #[arg(long)]
+    pub trace_db: Option<PathBuf>,
+    /// Record no trace.
+    #[arg(long)]
+    pub no_trace: bool,
+    /// The MCP server to start, and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// Runs `selfheal mcp`; returns the process exit code.
+pub fn run(args: McpArgs) -> anyhow::Result<u8> {
+    let monitor = match &args.monitor_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            MonitorConfig::from_toml_str(&text)
+                .map_err(|e| anyhow::anyhow!("--monitor-config {}: {e}", path.display()))?
+        }
+        None => MonitorConfig::default(),
+    };
+    let config = McpConfig {
+        monitor,
+        call_timeout_ms: args.call_timeout.saturating_mul(1000),
+        max_retries: args.retries,
+        ..McpConfig::default()
+    };
+    let proxy = Proxy::new(config).map_err(|e| anyhow::anyhow!("monitor config: {e}"))?;
+    let trace = if args.no_trace {
+        TraceWriter::disabled()
+    } else {
+        let path = args
+            .trace_db
+            .clone()
+            .unwrap_or_else(selfheal_gateway::store::default_path);
+        TraceWriter::open(&path)
+            .with_context(|| format!("cannot open the trace at {}", path.display()))?
+    };
+    let (program, rest) = args
+        .command
+        .split_first()
+        .context("no MCP server command after `--`")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let run_id = format!("mcp-{}", std::process::id());
+    let stats = rt.block_on(async {
+        let mut child = tokio::process::Command::new(program)
+            .args(rest)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start the MCP server `{program}`"))?;
+        let (Some(server_in), Some(server_out)) = (child.stdin.take(), child.stdout.take()) else {
+            anyhow::bail!("the MCP server's stdio could not be piped");
+        };
+        let now = unix_ms;
+        let mut on_decision = |d: selfheal_mcp::Decision| {
+            trace.send(TraceEvent {
+                run: run_id.clone(),
+                t_ms: now(),
+                kind: d.kind,
+                detail: json!({"tool": d.tool, "detail": d.detail}),
+                summary: None,
+            });
+        };
+        let stats = selfheal_mcp::run(
+            proxy,
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+            server_out,
+            server_in,
+            now(),
+            &mut on_decision,
+        )
+        .await?;
+        // The client is gone: give the server a moment to exit on its closed stdin.
+        if tokio::time::timeout(std::time::Duration::from_secs(2), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
+        Ok::<_, anyhow::Error>(stats)
+    })?;
+    trace.send(TraceEvent {
+        run: run_id,
+        t_ms: unix_ms(),
+        kind: "session",
+        detail: serde_json::to_value(stats)?,
+        summary: Some(RunSummary {
+            status: "complete".into(),
+            failures: stats.failures,
+            actions: stats.retries + stats.repaired + stats.answered,
+        }),
+    });
+    trace.flush_and_close();
+    Ok(0)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

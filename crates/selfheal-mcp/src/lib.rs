@@ -1,0 +1,25 @@
+//! # selfheal-mcp — a self-healing proxy in front of any MCP server
+//!
+//! The gateway heals agents that talk to a model over HTTP; this crate heals the other half of
+//! the loop, the tools, where they are served over the Model Context Protocol. `selfheal mcp --
+//! COMMAND` starts the MCP server `COMMAND` and speaks MCP (stdio) to the client on its own
+//! stdin/stdout, so a client configuration changes in one place: the command it launches.
+//!
+//! ```text
+//!  MCP client ──stdio──► selfheal mcp ──stdio──► MCP server (child process)
+//!                          │ tools/list: remember schemas and hints, leave paused tools out
+//!                          │ tools/call: paused tool → answered here; arguments checked and
+//!                          │            coerced to the input schema, or answered with the errors
+//!                          │ results:   monitor (streaks, circuit, duplicates, loops); retry
+//!                          │            timeouts of read-only/idempotent tools; guidance added
+//!                          └ everything else passes through untouched
+//! ```
+//!
+//! [`proxy::Proxy`] makes the decisions without I/O; [`run::run`] drives it over any byte
+//! streams.
+
+pub mod proxy;
+pub mod run;
+
+pub use proxy::{Decision, McpConfig, Out, Proxy, Stats};
+pub use run::{RunError, run};

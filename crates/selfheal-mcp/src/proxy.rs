@@ -1,0 +1,592 @@
+//! The proxy's decisions, without I/O: JSON-RPC messages in, JSON-RPC messages out.
+//!
+//! [`Proxy`] sits between an MCP client and an MCP server and sees every message. It passes
+//! everything through untouched — resources, prompts, sampling, progress, methods it does not
+//! know, future protocol versions — except the few it heals:
+//!
+//! - `tools/list` answers: each tool's input schema and annotations are remembered, and tools
+//!   whose circuit the monitor has opened are left out of the list;
+//! - `tools/call` requests: a call to a paused tool is answered by the proxy (an `isError` result
+//!   that says why and what to do) without reaching the server; arguments are checked against the
+//!   tool's input schema, safe mismatches coerced, and arguments that cannot be used are answered
+//!   with the precise schema errors, so the model can fix them;
+//! - `tools/call` answers: every outcome is fed to the core's tool-health [`Monitor`]; a timeout
+//!   or internal error of a tool the server declares read-only or idempotent is retried with the
+//!   core's backoff, within a per-call limit; the monitor's guidance is added to the result the
+//!   model reads; when the set of paused tools changes the client is told
+//!   (`notifications/tools/list_changed`) so it lists the tools again.
+//!
+//! Time comes in as `now_ms` and randomness through the core's [`Rng`], so every decision is
+//! reproducible; the async driver in [`crate::run`] does the reading, writing and waiting.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use selfheal_core::monitor::{Monitor, MonitorConfig, ToolCall};
+use selfheal_core::policy::RetryConfig;
+use selfheal_core::rng::Rng;
+use selfheal_repair::{SchemaGuide, reask_message};
+
+/// How the proxy behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpConfig {
+    /// The tool-health monitor's thresholds.
+    pub monitor: MonitorConfig,
+    /// A `tools/call` the server has not answered after this long is cancelled and failed.
+    pub call_timeout_ms: u64,
+    /// Retries of one call, at most, when the tool is read-only or idempotent.
+    pub max_retries: u32,
+    /// Backoff between retries.
+    pub retry: RetryConfig,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            monitor: MonitorConfig::default(),
+            call_timeout_ms: 60_000,
+            max_retries: 2,
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+/// Where a message goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Out {
+    /// To the MCP server.
+    ToServer(Value),
+    /// To the MCP client.
+    ToClient(Value),
+}
+
+/// A decision, for the trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// What kind: `blocked`, `repair`, `invalid_arguments`, `retry`, `timeout`, `tool_result`,
+    /// `guidance`, `paused`, `resumed`.
+    pub kind: &'static str,
+    /// The tool concerned.
+    pub tool: String,
+    /// Details.
+    pub detail: Value,
+}
+
+/// Counters of what the proxy did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    /// `tools/call` requests from the client.
+    pub calls: u64,
+    /// Calls that failed at the server (errors, `isError` results, timeouts), retries included.
+    pub failures: u64,
+    /// Calls answered by the proxy without reaching the server (paused tool, unusable arguments).
+    pub answered: u64,
+    /// Calls whose arguments were coerced to the schema.
+    pub repaired: u64,
+    /// Retries sent.
+    pub retries: u64,
+}
+
+#[derive(Debug)]
+struct ToolInfo {
+    guide: Option<Arc<SchemaGuide>>,
+    required: Vec<String>,
+    /// The server says calling it twice does no harm (`readOnlyHint` or `idempotentHint`).
+    retry_safe: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    client_id: Value,
+    tool: String,
+    args: Value,
+    /// The request as sent to the server, with its internal id.
+    request: Value,
+    attempt: u32,
+    deadline_ms: u64,
+}
+
+/// The outcome of one attempt of a `tools/call`.
+enum Attempt {
+    /// A result without `isError`.
+    Ok(Value),
+    /// A result with `isError: true`: the tool ran and failed.
+    ToolError(Value),
+    /// A JSON-RPC error.
+    RpcError(Value),
+    /// No answer in time.
+    Timeout,
+}
+
+const INTERNAL_PREFIX: &str = "selfheal-";
+
+/// JSON-RPC "internal error" and the implementation-defined server error range: the server
+/// failed, not the request, so a retry may help.
+fn transient_rpc_error(error: &Value) -> bool {
+    error
+        .get("code")
+        .and_then(Value::as_i64)
+        .is_some_and(|c| c == -32603 || (-32099..=-32000).contains(&c))
+}
+
+/// The text of a tool result's `content` items, joined.
+fn result_text(result: &Value) -> String {
+    result
+        .get("content")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// A tool result the proxy gives itself: one text item, `isError: true`.
+fn error_result(text: String) -> Value {
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+/// The proxy's state for one client-server session.
+#[derive(Debug)]
+pub struct Proxy {
+    config: McpConfig,
+    monitor: Monitor,
+    tools: HashMap<String, ToolInfo>,
+    /// Forwarded `tools/call` requests by internal id.
+    pending: BTreeMap<String, Pending>,
+    /// Retries waiting for their backoff: (due, call).
+    retries: Vec<(u64, Pending)>,
+    /// Client ids (as JSON text) of `tools/list` and `initialize` requests in flight.
+    lists: HashSet<String>,
+    inits: HashSet<String>,
+    paused: Vec<String>,
+    next_id: u64,
+    stats: Stats,
+    decisions: Vec<Decision>,
+}
+
+impl Proxy {
+    /// A proxy for a new session.
+    pub fn new(config: McpConfig) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
+        Ok(Proxy {
+            monitor: Monitor::new(config.monitor.clone())?,
+            config,
+            tools: HashMap::new(),
+            pending: BTreeMap::new(),
+            retries: Vec::new(),
+            lists: HashSet::new(),
+            inits: HashSet::new(),
+            paused: Vec::new(),
+            next_id: 0,
+            stats: Stats::default(),
+            decisions: Vec::new(),
+        })
+    }
+
+    /// What the proxy did so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The decisions taken since the last call (for the trace).
+    pub fn take_decisions(&mut self) -> Vec<Decision> {
+        std::mem::take(&mut self.decisions)
+    }
+
+    /// Tools paused now (their circuit is open).
+    pub fn paused(&self) -> &[String] {
+        &self.paused
+    }
+
+    /// When [`Proxy::tick`] next has something to do: the earliest call deadline or retry.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let calls = self.pending.values().map(|p| p.deadline_ms);
+        let retries = self.retries.iter().map(|(due, _)| *due);
+        calls.chain(retries).min()
+    }
+
+    fn decide(&mut self, kind: &'static str, tool: &str, detail: Value) {
+        self.decisions.push(Decision {
+            kind,
+            tool: tool.to_owned(),
+            detail,
+        });
+    }
+
+    /// A message from the client.
+    pub fn from_client(&mut self, msg: Value, now_ms: u64) -> Vec<Out> {
+        let method = msg.get("method").and_then(Value::as_str);
+        let id = msg.get("id").filter(|i| !i.is_null()).cloned();
+        match (method, id) {
+            (Some("tools/call"), Some(id)) => self.call(msg, id, now_ms),
+            (Some("tools/list"), Some(id)) => {
+                self.lists.insert(id.to_string());
+                vec![Out::ToServer(msg)]
+            }
+            (Some("initialize"), Some(id)) => {
+                self.inits.insert(id.to_string());
+                vec![Out::ToServer(msg)]
+            }
+            (Some("notifications/cancelled"), None) => self.cancelled(msg),
+            _ => vec![Out::ToServer(msg)],
+        }
+    }
+
+    /// The client cancelled a request: a forwarded call is cancelled under its internal id, and
+    /// a retry waiting for its backoff is dropped.
+    fn cancelled(&mut self, mut msg: Value) -> Vec<Out> {
+        let Some(target) = msg.pointer("/params/requestId").cloned() else {
+            return vec![Out::ToServer(msg)];
+        };
+        self.retries.retain(|(_, p)| p.client_id != target);
+        let internal = self
+            .pending
+            .iter()
+            .find(|(_, p)| p.client_id == target)
+            .map(|(k, _)| k.clone());
+        match internal {
+            Some(k) => {
+                self.pending.remove(&k);
+                msg["params"]["requestId"] = Value::String(k);
+                vec![Out::ToServer(msg)]
+            }
+            None => vec![Out::ToServer(msg)],
+        }
+    }
+
+    fn call(&mut self, mut msg: Value, client_id: Value, now_ms: u64) -> Vec<Out> {
+        self.stats.calls += 1;
+        let tool = msg
+            .pointer("/params/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let mut args = msg
+            .pointer("/params/arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        // A cooldown may have ended since the last message: say so first.
+        let mut out = self.announce(now_ms);
+        // A paused tool is answered here: calling it again would fail again and cost the wait.
+        if self.paused.contains(&tool) {
+            self.stats.answered += 1;
+            self.decide("blocked", &tool, json!({}));
+            let text = format!(
+                "selfheal: the tool `{tool}` failed {} times in a row and is paused for a cooldown, \
+                 so this call was not sent. Use another tool, or continue without it.",
+                self.config.monitor.circuit_after
+            );
+            out.push(Out::ToClient(reply(&client_id, error_result(text))));
+            return out;
+        }
+        if let Some(info) = self.tools.get(&tool)
+            && let Some(guide) = info.guide.clone()
+        {
+            let outcome = guide.apply(args);
+            if !outcome.violations.is_empty() {
+                self.stats.answered += 1;
+                let text = reask_message(&outcome.violations, &tool);
+                self.decide("invalid_arguments", &tool, json!({"reask": text}));
+                out.push(Out::ToClient(reply(&client_id, error_result(text))));
+                return out;
+            }
+            if !outcome.coercions.is_empty() {
+                self.stats.repaired += 1;
+                self.decide(
+                    "repair",
+                    &tool,
+                    json!({"coercions": outcome.coercions.len()}),
+                );
+            }
+            args = outcome.value;
+        }
+        if let Some(p) = msg.get_mut("params").and_then(Value::as_object_mut) {
+            p.insert("arguments".into(), args.clone());
+        }
+        self.next_id += 1;
+        let internal = format!("{INTERNAL_PREFIX}{}", self.next_id);
+        msg["id"] = Value::String(internal.clone());
+        let pending = Pending {
+            client_id,
+            tool,
+            args,
+            request: msg.clone(),
+            attempt: 0,
+            deadline_ms: now_ms.saturating_add(self.config.call_timeout_ms),
+        };
+        self.pending.insert(internal, pending);
+        out.push(Out::ToServer(msg));
+        out
+    }
+
+    /// A message from the server.
+    pub fn from_server(&mut self, mut msg: Value, now_ms: u64, rng: &mut dyn Rng) -> Vec<Out> {
+        let is_response = msg.get("method").is_none()
+            && (msg.get("result").is_some() || msg.get("error").is_some());
+        let Some(id) = msg.get("id").filter(|_| is_response).cloned() else {
+            return vec![Out::ToClient(msg)];
+        };
+        if let Some(internal) = id.as_str()
+            && let Some(p) = self.pending.remove(internal)
+        {
+            let attempt = match (msg.get("result"), msg.get("error")) {
+                (_, Some(e)) => Attempt::RpcError(e.clone()),
+                (Some(r), None) if r.get("isError") == Some(&Value::Bool(true)) => {
+                    Attempt::ToolError(r.clone())
+                }
+                (Some(r), None) => Attempt::Ok(r.clone()),
+                (None, None) => {
+                    Attempt::RpcError(json!({"code": -32603, "message": "empty answer"}))
+                }
+            };
+            return self.settle(p, attempt, now_ms, rng);
+        }
+        let key = id.to_string();
+        if self.lists.remove(&key) {
+            self.learn_tools(&msg);
+            self.update_paused(now_ms);
+            if let Some(tools) = msg
+                .pointer_mut("/result/tools")
+                .and_then(Value::as_array_mut)
+            {
+                let paused = &self.paused;
+                tools.retain(|t| {
+                    !t.get("name")
+                        .and_then(Value::as_str)
+                        .is_some_and(|n| paused.iter().any(|p| p == n))
+                });
+            }
+        } else if self.inits.remove(&key) {
+            // The proxy tells the client when it pauses or resumes a tool.
+            if let Some(caps) = msg
+                .pointer_mut("/result/capabilities")
+                .and_then(Value::as_object_mut)
+            {
+                let tools = caps.entry("tools").or_insert_with(|| json!({}));
+                if let Some(t) = tools.as_object_mut() {
+                    t.insert("listChanged".into(), Value::Bool(true));
+                }
+            }
+        }
+        vec![Out::ToClient(msg)]
+    }
+
+    fn learn_tools(&mut self, msg: &Value) {
+        let Some(tools) = msg.pointer("/result/tools").and_then(Value::as_array) else {
+            return;
+        };
+        for t in tools {
+            let Some(name) = t.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let schema = t.get("inputSchema");
+            let guide = schema
+                .filter(|s| s.as_object().is_some_and(|o| !o.is_empty()))
+                .and_then(|s| SchemaGuide::new(s).ok())
+                .map(Arc::new);
+            let required = schema
+                .and_then(|s| s.get("required"))
+                .and_then(Value::as_array)
+                .map(|r| {
+                    r.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let hint =
+                |h: &str| t.pointer(&format!("/annotations/{h}")) == Some(&Value::Bool(true));
+            self.tools.insert(
+                name.to_owned(),
+                ToolInfo {
+                    guide,
+                    required,
+                    retry_safe: hint("readOnlyHint") || hint("idempotentHint"),
+                },
+            );
+        }
+    }
+
+    /// Time passes: calls past their deadline fail (and the server is told to stop), retries
+    /// whose backoff is over are sent.
+    pub fn tick(&mut self, now_ms: u64, rng: &mut dyn Rng) -> Vec<Out> {
+        let mut out = Vec::new();
+        let late: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline_ms <= now_ms)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in late {
+            if let Some(p) = self.pending.remove(&k) {
+                out.push(Out::ToServer(json!({
+                    "jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": k, "reason": "selfheal: timed out"}
+                })));
+                out.extend(self.settle(p, Attempt::Timeout, now_ms, rng));
+            }
+        }
+        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retries)
+            .into_iter()
+            .partition(|(d, _)| *d <= now_ms);
+        self.retries = wait;
+        for (_, mut p) in due {
+            self.next_id += 1;
+            let internal = format!("{INTERNAL_PREFIX}{}", self.next_id);
+            p.request["id"] = Value::String(internal.clone());
+            p.deadline_ms = now_ms.saturating_add(self.config.call_timeout_ms);
+            out.push(Out::ToServer(p.request.clone()));
+            self.pending.insert(internal, p);
+        }
+        out
+    }
+
+    /// One attempt is over: record it, retry it, or answer the client.
+    fn settle(
+        &mut self,
+        mut p: Pending,
+        attempt: Attempt,
+        now_ms: u64,
+        rng: &mut dyn Rng,
+    ) -> Vec<Out> {
+        let required = self
+            .tools
+            .get(&p.tool)
+            .map(|t| t.required.clone())
+            .unwrap_or_default();
+        let failure = match &attempt {
+            Attempt::Ok(result) => {
+                let value = result
+                    .get("structuredContent")
+                    .cloned()
+                    .unwrap_or_else(|| Value::String(result_text(result)));
+                let call = ToolCall::returned(&p.tool, &p.args, &value).with_required(&required);
+                self.monitor.record(&call, now_ms);
+                None
+            }
+            Attempt::ToolError(result) => Some(result_text(result)),
+            Attempt::RpcError(e) => Some(
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("server error")
+                    .to_owned(),
+            ),
+            Attempt::Timeout => Some(format!(
+                "timed out after {} ms",
+                self.config.call_timeout_ms
+            )),
+        };
+        let mut changed = false;
+        if let Some(text) = &failure {
+            self.stats.failures += 1;
+            let call = ToolCall::failed(&p.tool, &p.args, text).with_required(&required);
+            self.monitor.record(&call, now_ms);
+            let transient = match &attempt {
+                Attempt::Timeout => true,
+                Attempt::RpcError(e) => transient_rpc_error(e),
+                Attempt::Ok(_) | Attempt::ToolError(_) => false,
+            };
+            let safe = self.tools.get(&p.tool).is_some_and(|t| t.retry_safe);
+            changed = self.update_paused(now_ms);
+            let paused = self.paused.contains(&p.tool);
+            if transient && safe && !paused && p.attempt < self.config.max_retries {
+                p.attempt += 1;
+                let delay = self.config.retry.delay_ms(p.attempt, None, rng);
+                self.stats.retries += 1;
+                self.decide(
+                    "retry",
+                    &p.tool,
+                    json!({"attempt": p.attempt, "after": text, "wait_ms": delay}),
+                );
+                self.retries.push((now_ms.saturating_add(delay), p));
+                return if changed {
+                    vec![list_changed()]
+                } else {
+                    Vec::new()
+                };
+            }
+        }
+        self.decide(
+            "tool_result",
+            &p.tool,
+            json!({"ok": failure.is_none(), "attempts": p.attempt + 1}),
+        );
+        let mut result = match attempt {
+            Attempt::Ok(r) | Attempt::ToolError(r) => r,
+            Attempt::RpcError(e) => {
+                let mut out = vec![Out::ToClient(
+                    json!({"jsonrpc": "2.0", "id": p.client_id, "error": e}),
+                )];
+                if self.update_paused(now_ms) || changed {
+                    out.push(list_changed());
+                }
+                return out;
+            }
+            Attempt::Timeout => error_result(format!(
+                "selfheal: `{}` did not answer within {} ms; the call was cancelled.",
+                p.tool, self.config.call_timeout_ms
+            )),
+        };
+        let verdict = self.monitor.check(now_ms);
+        let texts: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+        if !texts.is_empty() {
+            self.decide("guidance", &p.tool, json!({"text": texts}));
+            if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {
+                content.push(
+                    json!({"type": "text", "text": format!("[selfheal] {}", texts.join(" "))}),
+                );
+            }
+        }
+        let mut out = vec![Out::ToClient(reply(&p.client_id, result))];
+        if self.update_paused(now_ms) || changed {
+            out.push(list_changed());
+        }
+        out
+    }
+
+    fn update_paused(&mut self, now_ms: u64) -> bool {
+        let mut now = self.monitor.check(now_ms).hidden_tools;
+        now.sort();
+        if now == self.paused {
+            return false;
+        }
+        for t in now.iter().filter(|t| !self.paused.contains(t)) {
+            self.decisions.push(Decision {
+                kind: "paused",
+                tool: t.clone(),
+                detail: json!({}),
+            });
+        }
+        for t in self.paused.iter().filter(|t| !now.contains(t)) {
+            self.decisions.push(Decision {
+                kind: "resumed",
+                tool: t.clone(),
+                detail: json!({}),
+            });
+        }
+        self.paused = now;
+        true
+    }
+
+    /// Tells the client the tool list changed when a tool was paused or resumed.
+    fn announce(&mut self, now_ms: u64) -> Vec<Out> {
+        if self.update_paused(now_ms) {
+            vec![list_changed()]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+fn list_changed() -> Out {
+    Out::ToClient(json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
+}
+
+fn reply(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
