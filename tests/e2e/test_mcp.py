@@ -14,10 +14,12 @@ from conftest import BIN
 
 SERVER = os.environ.get("SELFHEAL_MCP_FILESYSTEM", "")
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(SERVER),
-    reason="run through scripts/test-e2e.sh, which installs the MCP server from npm",
-)
+
+@pytest.fixture(autouse=True)
+def server_installed():
+    assert os.path.exists(SERVER), (
+        "no MCP server: run these tests through scripts/test-e2e.sh after "
+        "`scripts/test-e2e.sh --setup`, which installs it from npm")
 
 
 def session(tmp_path, body, extra=()):
