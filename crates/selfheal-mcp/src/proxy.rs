@@ -347,6 +347,12 @@ impl Proxy {
             return self.settle(p, attempt, now_ms, rng);
         }
         let key = id.to_string();
+        // An answer under an id the proxy issued but no longer waits for (the call was
+        // cancelled, timed out or retried): the client has had its answer or asked for none,
+        // and the internal id means nothing to it.
+        if !self.lists.contains(&key) && !self.inits.contains(&key) && self.issued(&id) {
+            return Vec::new();
+        }
         if self.lists.remove(&key) {
             self.learn_tools(&msg);
             self.update_paused(now_ms);
@@ -362,18 +368,24 @@ impl Proxy {
                 });
             }
         } else if self.inits.remove(&key) {
-            // The proxy tells the client when it pauses or resumes a tool.
-            if let Some(caps) = msg
-                .pointer_mut("/result/capabilities")
+            // The proxy tells the client when it pauses or resumes a tool (of a server that
+            // offers tools: one that does not must not seem to).
+            if let Some(t) = msg
+                .pointer_mut("/result/capabilities/tools")
                 .and_then(Value::as_object_mut)
             {
-                let tools = caps.entry("tools").or_insert_with(|| json!({}));
-                if let Some(t) = tools.as_object_mut() {
-                    t.insert("listChanged".into(), Value::Bool(true));
-                }
+                t.insert("listChanged".into(), Value::Bool(true));
             }
         }
         vec![Out::ToClient(msg)]
+    }
+
+    /// Whether `id` is one of the internal ids given to forwarded calls.
+    fn issued(&self, id: &Value) -> bool {
+        id.as_str()
+            .and_then(|s| s.strip_prefix(INTERNAL_PREFIX))
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| (1..=self.next_id).contains(&n))
     }
 
     fn learn_tools(&mut self, msg: &Value) {

@@ -1,0 +1,316 @@
+//! The async driver over in-memory pipes: a fake MCP server task, a scripted client, and the
+//! real timers (a call the server never answers is cancelled and failed, a read-only one retried).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, duplex};
+
+use selfheal_mcp::{Decision, McpConfig, Proxy, Stats, run};
+
+const NOT_JSON_FROM_CLIENT: &str = "hello server, this is not JSON {";
+const NOT_JSON_FROM_SERVER: &str = "server log: starting up (not JSON either)";
+const BATCH: &str = r#"[{"jsonrpc":"2.0","method":"notifications/initialized"}]"#;
+
+/// A stdio MCP server: answers `initialize`, `tools/list` and calls of `echo`; never answers
+/// `hang`; leaves the first call of `flaky` unanswered and answers the next. Returns every line
+/// it read, once its input is closed.
+async fn fake_server(input: DuplexStream, mut output: DuplexStream) -> Vec<String> {
+    let mut lines = BufReader::new(input).lines();
+    let mut seen = Vec::new();
+    let mut flaky_calls = 0;
+    while let Some(line) = lines.next_line().await.unwrap() {
+        seen.push(line.clone());
+        if line == NOT_JSON_FROM_CLIENT {
+            output
+                .write_all(format!("{NOT_JSON_FROM_SERVER}\n").as_bytes())
+                .await
+                .unwrap();
+            continue;
+        }
+        let msg: Value = serde_json::from_str(&line).unwrap();
+        let result = match msg["method"].as_str() {
+            Some("initialize") => Some(json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "fake", "version": "0"}
+            })),
+            Some("tools/list") => Some(json!({"tools": [
+                {"name": "echo", "description": "Echo.",
+                 "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}},
+                                 "required": ["text"]}},
+                {"name": "hang", "description": "Never returns.",
+                 "inputSchema": {"type": "object"}},
+                {"name": "flaky", "description": "Slow the first time.",
+                 "inputSchema": {"type": "object"},
+                 "annotations": {"readOnlyHint": true}}
+            ]})),
+            Some("tools/call") => match msg["params"]["name"].as_str() {
+                Some("echo") => Some(json!({
+                    "content": [{"type": "text", "text": msg["params"]["arguments"]["text"]}],
+                    "isError": false
+                })),
+                Some("flaky") => {
+                    flaky_calls += 1;
+                    (flaky_calls > 1).then(|| {
+                        json!({"content": [{"type": "text", "text": "flaky ok"}], "isError": false})
+                    })
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(result) = result {
+            let reply = json!({"jsonrpc": "2.0", "id": msg["id"], "result": result});
+            output
+                .write_all(format!("{reply}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+    }
+    seen
+}
+
+async fn send(w: &mut DuplexStream, msg: &Value) {
+    w.write_all(format!("{msg}\n").as_bytes()).await.unwrap();
+}
+
+async fn recv(r: &mut Lines<BufReader<DuplexStream>>) -> Value {
+    let line = r
+        .next_line()
+        .await
+        .unwrap()
+        .expect("the proxy closed early");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+fn call(id: u64, name: &str, args: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": name, "arguments": args}})
+}
+
+fn config() -> McpConfig {
+    let mut c = McpConfig {
+        call_timeout_ms: 150,
+        ..McpConfig::default()
+    };
+    c.retry.base_ms = 20;
+    c.retry.jitter = 0.0;
+    c
+}
+
+#[tokio::test]
+async fn a_session_through_the_real_driver() {
+    let (proxy_client_in, mut client_tx) = duplex(1 << 16);
+    let (proxy_client_out, client_rx) = duplex(1 << 16);
+    let (proxy_server_out, server_in) = duplex(1 << 16);
+    let (proxy_server_in, server_out) = duplex(1 << 16);
+    let server = tokio::spawn(fake_server(server_in, server_out));
+
+    let client = async move {
+        let mut rx = BufReader::new(client_rx).lines();
+
+        send(
+            &mut client_tx,
+            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                    "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                               "clientInfo": {"name": "test", "version": "0"}}}),
+        )
+        .await;
+        let init = recv(&mut rx).await;
+        assert_eq!(init["id"], json!(0));
+        assert_eq!(
+            init["result"]["capabilities"]["tools"],
+            json!({"listChanged": true})
+        );
+
+        send(
+            &mut client_tx,
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        )
+        .await;
+        let listed = recv(&mut rx).await;
+        assert_eq!(listed["id"], json!(1));
+        assert_eq!(listed["result"]["tools"].as_array().unwrap().len(), 3);
+
+        // Lines that are not JSON objects pass through verbatim, both ways.
+        client_tx
+            .write_all(format!("{NOT_JSON_FROM_CLIENT}\n{BATCH}\n").as_bytes())
+            .await
+            .unwrap();
+        let raw = rx.next_line().await.unwrap().unwrap();
+        assert_eq!(raw, NOT_JSON_FROM_SERVER);
+
+        // Coerced on the way (a number where the schema wants a string), answered under id 2.
+        send(&mut client_tx, &call(2, "echo", json!({"text": 42}))).await;
+        let echoed = recv(&mut rx).await;
+        assert_eq!(
+            echoed,
+            json!({"jsonrpc": "2.0", "id": 2,
+                   "result": {"content": [{"type": "text", "text": "42"}], "isError": false}})
+        );
+
+        // Never answered, no hints: after the call timeout the client gets an isError result.
+        let asked = tokio::time::Instant::now();
+        send(&mut client_tx, &call(3, "hang", json!({}))).await;
+        let hung = recv(&mut rx).await;
+        assert!(
+            asked.elapsed() >= Duration::from_millis(150),
+            "answered before the timeout"
+        );
+        assert_eq!(hung["id"], json!(3));
+        assert_eq!(hung["result"]["isError"], json!(true));
+        let text = hung["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("did not answer within 150 ms"), "{text}");
+
+        // Read-only and unanswered the first time: retried after the backoff, answered once.
+        send(&mut client_tx, &call(4, "flaky", json!({}))).await;
+        let flaky = recv(&mut rx).await;
+        assert_eq!(flaky["id"], json!(4));
+        assert_eq!(flaky["result"]["content"][0]["text"], "flaky ok");
+
+        // The client leaves: dropping its side ends the session.
+        drop(client_tx);
+        // Nothing else was sent to the client, and its side is closed once the proxy returns.
+        rx
+    };
+
+    let mut decisions: Vec<Decision> = Vec::new();
+    let mut on_decision = |d: Decision| decisions.push(d);
+    let session = run(
+        Proxy::new(config()).unwrap(),
+        proxy_client_in,
+        proxy_client_out,
+        proxy_server_in,
+        proxy_server_out,
+        7,
+        &mut on_decision,
+    );
+    let (stats, mut rx) = tokio::time::timeout(Duration::from_secs(20), async {
+        tokio::join!(session, client)
+    })
+    .await
+    .expect("the session did not end");
+    let stats = stats.unwrap();
+    assert_eq!(
+        rx.next_line().await.unwrap(),
+        None,
+        "nothing after the last answer"
+    );
+
+    assert_eq!(
+        stats,
+        Stats {
+            calls: 3,
+            failures: 2,
+            answered: 0,
+            repaired: 1,
+            retries: 1,
+        }
+    );
+    let kinds: Vec<(&str, &str)> = decisions
+        .iter()
+        .map(|d| (d.kind, d.tool.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("repair", "echo"),
+            ("tool_result", "echo"),
+            ("tool_result", "hang"),
+            ("retry", "flaky"),
+            ("tool_result", "flaky"),
+        ]
+    );
+    assert_eq!(decisions[2].detail, json!({"ok": false, "attempts": 1}));
+    assert_eq!(decisions[4].detail, json!({"ok": true, "attempts": 2}));
+
+    // The proxy closed the server's input when the session ended: the server saw everything.
+    let seen = tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("the server's input was not closed")
+        .unwrap();
+    assert_eq!(seen[2], NOT_JSON_FROM_CLIENT, "verbatim");
+    assert_eq!(seen[3], BATCH, "a batch passes verbatim");
+    let msgs: Vec<Value> = seen
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, l)| serde_json::from_str(l).unwrap())
+        .collect();
+    let summary: Vec<(String, String)> = msgs
+        .iter()
+        .filter(|m| m.is_object())
+        .map(|m| {
+            let method = m["method"].as_str().unwrap_or("").to_owned();
+            let id = if method == "notifications/cancelled" {
+                m["params"]["requestId"].to_string()
+            } else {
+                m["id"].to_string()
+            };
+            (method, id)
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("initialize", "0"),
+        ("tools/list", "1"),
+        ("tools/call", "\"selfheal-1\""),
+        ("tools/call", "\"selfheal-2\""),
+        ("notifications/cancelled", "\"selfheal-2\""),
+        ("tools/call", "\"selfheal-3\""),
+        ("notifications/cancelled", "\"selfheal-3\""),
+        ("tools/call", "\"selfheal-4\""),
+    ]
+    .into_iter()
+    .map(|(m, i)| (m.to_owned(), i.to_owned()))
+    .collect();
+    assert_eq!(summary, expected);
+    // The coerced argument is what the server got; the retry repeated the request exactly.
+    assert_eq!(msgs[3]["params"]["arguments"], json!({"text": "42"}));
+    assert_eq!(msgs[6]["params"], msgs[8]["params"]);
+}
+
+#[tokio::test]
+async fn the_session_ends_when_the_server_closes_its_side() {
+    let (proxy_client_in, _client_tx) = duplex(1 << 12);
+    let (proxy_client_out, client_rx) = duplex(1 << 12);
+    let (proxy_server_out, server_in) = duplex(1 << 12);
+    let (proxy_server_in, mut server_out) = duplex(1 << 12);
+
+    let server = async move {
+        server_out
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"bye\"}}\n")
+            .await
+            .unwrap();
+        // The server exits: its output closes.
+        drop(server_out);
+        server_in
+    };
+    let mut decisions = 0;
+    let mut on_decision = |_d: Decision| decisions += 1;
+    let session = run(
+        Proxy::new(McpConfig::default()).unwrap(),
+        proxy_client_in,
+        proxy_client_out,
+        proxy_server_in,
+        proxy_server_out,
+        1,
+        &mut on_decision,
+    );
+    let (stats, _server_in) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(session, server)
+    })
+    .await
+    .expect("the session did not end with the server");
+    assert_eq!(stats.unwrap(), Stats::default());
+    assert_eq!(decisions, 0);
+
+    // The notification reached the client before the end, and then its side closed.
+    let mut rx = BufReader::new(client_rx).lines();
+    let line = rx.next_line().await.unwrap().unwrap();
+    let msg: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(msg["method"], "notifications/message");
+    assert_eq!(msg["params"]["data"], "bye");
+    assert_eq!(rx.next_line().await.unwrap(), None);
+}
