@@ -16,6 +16,11 @@
 //!   model reads; when the set of paused tools changes the client is told
 //!   (`notifications/tools/list_changed`) so it lists the tools again.
 //!
+//! What it does not do: end the run on the monitor's failure-rate abort — a proxy does not own
+//! the run, so the abort's reason reaches the model as guidance (stop and report) instead. Request ids of the form
+//! `selfheal-N` are the proxy's own; a client that used such string ids could see answers
+//! dropped.
+//!
 //! Time comes in as `now_ms` and randomness through the core's [`Rng`], so every decision is
 //! reproducible; the async driver in [`crate::run`] does the reading, writing and waiting.
 
@@ -121,6 +126,8 @@ enum Attempt {
 }
 
 const INTERNAL_PREFIX: &str = "selfheal-";
+/// How often a paused tool's cooldown is looked at when nothing else happens.
+const PAUSED_POLL_MS: u64 = 1_000;
 
 /// JSON-RPC "internal error" and the implementation-defined server error range: the server
 /// failed, not the request, so a retry may help.
@@ -166,6 +173,8 @@ pub struct Proxy {
     inits: HashSet<String>,
     paused: Vec<String>,
     next_id: u64,
+    /// The latest `now_ms` seen.
+    last_now: u64,
     stats: Stats,
     decisions: Vec<Decision>,
 }
@@ -183,6 +192,7 @@ impl Proxy {
             inits: HashSet::new(),
             paused: Vec::new(),
             next_id: 0,
+            last_now: 0,
             stats: Stats::default(),
             decisions: Vec::new(),
         })
@@ -204,10 +214,16 @@ impl Proxy {
     }
 
     /// When [`Proxy::tick`] next has something to do: the earliest call deadline or retry.
+    ///
+    /// While a tool is paused the proxy also looks once a second whether its cooldown is over, so
+    /// an idle client hears that the tool is back (`notifications/tools/list_changed`) without
+    /// having to send anything first.
     pub fn next_deadline(&self) -> Option<u64> {
         let calls = self.pending.values().map(|p| p.deadline_ms);
         let retries = self.retries.iter().map(|(due, _)| *due);
-        calls.chain(retries).min()
+        let resume =
+            (!self.paused.is_empty()).then(|| self.last_now.saturating_add(PAUSED_POLL_MS));
+        calls.chain(retries).chain(resume).min()
     }
 
     fn decide(&mut self, kind: &'static str, tool: &str, detail: Value) {
@@ -220,6 +236,7 @@ impl Proxy {
 
     /// A message from the client.
     pub fn from_client(&mut self, msg: Value, now_ms: u64) -> Vec<Out> {
+        self.last_now = now_ms;
         let method = msg.get("method").and_then(Value::as_str);
         let id = msg.get("id").filter(|i| !i.is_null()).cloned();
         match (method, id) {
@@ -326,6 +343,7 @@ impl Proxy {
 
     /// A message from the server.
     pub fn from_server(&mut self, mut msg: Value, now_ms: u64, rng: &mut dyn Rng) -> Vec<Out> {
+        self.last_now = now_ms;
         let is_response = msg.get("method").is_none()
             && (msg.get("result").is_some() || msg.get("error").is_some());
         let Some(id) = msg.get("id").filter(|_| is_response).cloned() else {
@@ -427,7 +445,8 @@ impl Proxy {
     /// Time passes: calls past their deadline fail (and the server is told to stop), retries
     /// whose backoff is over are sent.
     pub fn tick(&mut self, now_ms: u64, rng: &mut dyn Rng) -> Vec<Out> {
-        let mut out = Vec::new();
+        self.last_now = now_ms;
+        let mut out = self.announce(now_ms);
         let late: Vec<String> = self
             .pending
             .iter()
@@ -436,6 +455,11 @@ impl Proxy {
             .collect();
         for k in late {
             if let Some(p) = self.pending.remove(&k) {
+                self.decide(
+                    "timeout",
+                    &p.tool,
+                    json!({"after_ms": self.config.call_timeout_ms, "attempt": p.attempt + 1}),
+                );
                 out.push(Out::ToServer(json!({
                     "jsonrpc": "2.0", "method": "notifications/cancelled",
                     "params": {"requestId": k, "reason": "selfheal: timed out"}
@@ -545,7 +569,12 @@ impl Proxy {
             )),
         };
         let verdict = self.monitor.check(now_ms);
-        let texts: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+        let mut texts: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+        if let Some(reason) = &verdict.abort {
+            texts.push(format!(
+                "This run is failing ({reason}): stop calling tools and report what you have."
+            ));
+        }
         if !texts.is_empty() {
             self.decide("guidance", &p.tool, json!({"text": texts}));
             if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {

@@ -218,13 +218,16 @@ async fn a_session_through_the_real_driver() {
         [
             ("repair", "echo"),
             ("tool_result", "echo"),
+            ("timeout", "hang"),
             ("tool_result", "hang"),
+            ("timeout", "flaky"),
             ("retry", "flaky"),
             ("tool_result", "flaky"),
         ]
     );
-    assert_eq!(decisions[2].detail, json!({"ok": false, "attempts": 1}));
-    assert_eq!(decisions[4].detail, json!({"ok": true, "attempts": 2}));
+    assert_eq!(decisions[2].detail, json!({"after_ms": 150, "attempt": 1}));
+    assert_eq!(decisions[3].detail, json!({"ok": false, "attempts": 1}));
+    assert_eq!(decisions[6].detail, json!({"ok": true, "attempts": 2}));
 
     // The proxy closed the server's input when the session ended: the server saw everything.
     let seen = tokio::time::timeout(Duration::from_secs(5), server)

@@ -479,7 +479,9 @@ fn five_failures_pause_a_tool_until_its_cooldown_then_it_is_offered_again() {
     assert_eq!(answer["result"]["isError"], json!(true));
     let text = &texts(&answer["result"])[0];
     assert!(text.contains("`send`") && text.contains("paused"), "{text}");
-    assert_eq!(p.next_deadline(), None, "nothing is waiting for the server");
+    // Nothing waits for the server; the proxy only looks again in a second whether the paused
+    // tool's cooldown is over, so an idle client hears when it is back.
+    assert_eq!(p.next_deadline(), Some(7 + 1_000));
     assert!(has_decision(&p.take_decisions(), "blocked", "send"));
 
     // Other tools still work.
@@ -700,9 +702,16 @@ fn timeout_of_a_read_only_tool_is_cancelled_and_retried_and_answered_once() {
     assert_eq!(sent[0]["jsonrpc"], "2.0");
     assert!(sent[0].get("id").is_none(), "a notification has no id");
     let d = p.take_decisions();
-    assert_eq!(kinds(&d), [("retry", "search".to_owned())]);
-    assert_eq!(d[0].detail["attempt"], json!(1));
-    assert_eq!(d[0].detail["wait_ms"], json!(500));
+    assert_eq!(
+        kinds(&d),
+        [
+            ("timeout", "search".to_owned()),
+            ("retry", "search".to_owned())
+        ]
+    );
+    assert_eq!(d[0].detail["after_ms"], json!(1_000));
+    assert_eq!(d[1].detail["attempt"], json!(1));
+    assert_eq!(d[1].detail["wait_ms"], json!(500));
 
     // After the backoff: the same request under a new internal id.
     assert_eq!(p.next_deadline(), Some(1_500));
@@ -1165,14 +1174,15 @@ fn stats_and_decisions_report_what_happened() {
             ("repair", "search".to_owned()),
             ("tool_result", "search".to_owned()),
             ("invalid_arguments", "put".to_owned()),
+            ("timeout", "search".to_owned()),
             ("retry", "search".to_owned()),
             ("tool_result", "search".to_owned()),
             ("tool_result", "send".to_owned()),
         ]
     );
     assert_eq!(d[1].detail, json!({"ok": true, "attempts": 1}));
-    assert_eq!(d[4].detail, json!({"ok": true, "attempts": 2}));
-    assert_eq!(d[5].detail, json!({"ok": false, "attempts": 1}));
+    assert_eq!(d[5].detail, json!({"ok": true, "attempts": 2}));
+    assert_eq!(d[6].detail, json!({"ok": false, "attempts": 1}));
     assert!(p.take_decisions().is_empty(), "taken once");
 }
 
@@ -1181,4 +1191,65 @@ fn invalid_monitor_config_is_refused() {
     let mut cfg = config();
     cfg.monitor.circuit_after = 0;
     assert!(Proxy::new(cfg).is_err());
+}
+
+#[test]
+fn an_idle_client_hears_when_a_paused_tool_is_back() {
+    let mut p = proxy();
+    let mut rng = ConstRng(0);
+    fail_send_five_times(&mut p);
+    p.take_decisions();
+    let cooldown = config().monitor.cooldown_ms;
+    // Nothing but time passes: the proxy looks once a second and says so when the cooldown ends.
+    let mut now = 5;
+    let mut heard = None;
+    while now <= 5 + cooldown + 1_000 {
+        let Some(next) = p.next_deadline() else {
+            panic!("a paused tool must keep a timer running")
+        };
+        assert!(next > now, "the timer moves forward: {next} after {now}");
+        now = next;
+        let outs = p.tick(now, &mut rng);
+        if !outs.is_empty() {
+            heard = Some((now, outs));
+            break;
+        }
+    }
+    let (at, outs) = heard.expect("the client was never told the tool is back");
+    assert!(
+        at >= 5 + cooldown && at < 5 + cooldown + 1_000,
+        "told at {at}"
+    );
+    assert_eq!(to_client(&outs), [list_changed()]);
+    assert!(p.paused().is_empty());
+    assert!(has_decision(&p.take_decisions(), "resumed", "send"));
+    assert_eq!(p.next_deadline(), None, "nothing left to wait for");
+}
+
+#[test]
+fn a_failing_run_is_told_to_stop_and_report() {
+    let mut p = proxy();
+    let mut last = Vec::new();
+    // Six failures over three tools: no circuit opens (two each), but the run as a whole fails.
+    for i in 0..6u64 {
+        let tool = ["search", "put", "send"][usize::try_from(i % 3).unwrap()];
+        last = round_trip(
+            &mut p,
+            json!(i),
+            tool,
+            json!({"n": i}),
+            text_result("backend down", true),
+            i,
+        );
+    }
+    let answer = &to_client(&last)[0];
+    let said = texts(&answer["result"]).join(" ");
+    assert!(
+        said.contains("[selfheal]") && said.contains("stop calling tools"),
+        "{said}"
+    );
+    assert!(
+        p.paused().is_empty(),
+        "no tool failed often enough to pause"
+    );
 }
