@@ -48,7 +48,7 @@ fn bench(c: &mut Criterion) {
             let Some(Out::ToServer(sent)) = outs.into_iter().last() else {
                 panic!("not forwarded")
             };
-            let failed = i % 7 == 0;
+            let failed = i.is_multiple_of(7);
             let answer = json!({"jsonrpc": "2.0", "id": sent["id"], "result": {
                 "content": [{"type": "text", "text": if failed { "error: busy".to_owned() } else { format!("result {i}") }}],
                 "isError": failed}});
