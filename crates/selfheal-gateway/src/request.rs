@@ -134,11 +134,6 @@ where
     Ok(serde_json::from_str(raw.get()).ok())
 }
 
-/// A raw field kept even when it is `null` (serde would turn `null` into `None`).
-fn raw_keep_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&'de RawValue>::deserialize(d).map(Some)
-}
-
 /// The function of a tool call, as far as healing reads it.
 #[derive(Debug, Default, Deserialize)]
 pub struct FunctionView<'a> {
@@ -161,16 +156,44 @@ pub struct CallView<'a> {
     pub function: Option<FunctionView<'a>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// The fields of a message healing reads. Read by hand rather than derived so that a repeated
+/// key is taken the way upstream JSON parsers take it — the last one wins — instead of making
+/// the whole message unreadable, and so that only objects are read (a derived reader would also
+/// take an array by position).
+#[derive(Debug, Default)]
 struct MessageFields<'a> {
-    #[serde(borrow, default, deserialize_with = "loose")]
     role: Option<Str<'a>>,
-    #[serde(borrow, default, deserialize_with = "raw_keep_null")]
     content: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "raw_keep_null")]
     tool_calls: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "loose")]
     tool_call_id: Option<Str<'a>>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for MessageFields<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = MessageFields<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut m = MessageFields::default();
+                while let Some(k) = map.next_key::<Str<'de>>()? {
+                    match k.as_str() {
+                        "role" => m.role = map.next_value::<LooseStr<'de>>()?.0,
+                        "content" => m.content = Some(map.next_value::<&'de RawValue>()?),
+                        "tool_calls" => m.tool_calls = Some(map.next_value::<&'de RawValue>()?),
+                        "tool_call_id" => m.tool_call_id = map.next_value::<LooseStr<'de>>()?.0,
+                        _ => {
+                            map.next_value::<de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(m)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
 }
 
 /// One message: its raw JSON and the fields healing reads.
@@ -227,6 +250,7 @@ impl<'a> Message<'a> {
             .and_then(|raw| serde_json::from_str::<Vec<&'a RawValue>>(raw.get()).ok())
             .unwrap_or_default()
             .into_iter()
+            .filter(|c| c.get().starts_with('{'))
             .filter_map(|c| serde_json::from_str::<CallView<'a>>(c.get()).ok())
             .collect()
     }
@@ -434,7 +458,11 @@ impl<'a> ChatRequest<'a> {
             .unwrap_or_default()
             .into_iter()
             .map(|raw| {
-                let f: ToolFields<'a> = serde_json::from_str(raw.get()).unwrap_or_default();
+                let f: ToolFields<'a> = if raw.get().starts_with('{') {
+                    serde_json::from_str(raw.get()).unwrap_or_default()
+                } else {
+                    ToolFields::default()
+                };
                 let (name, parameters) =
                     f.function.map_or((None, None), |f| (f.name, f.parameters));
                 Tool {
@@ -491,10 +519,7 @@ impl<'a> ChatRequest<'a> {
         }
         let mut out = Vec::with_capacity(self.body.len() + 256);
         let remaining_tools = tools.iter().filter(|t| !edits.hides(t)).count();
-        let choice_hidden = hides
-            && self
-                .tool_choice_name()
-                .is_some_and(|n| edits.hidden.iter().any(|h| h == n.as_str()));
+
         let drop_tools = hides && remaining_tools == 0;
         let mut first = true;
         let mut key = |out: &mut Vec<u8>, k: &str| {
@@ -546,10 +571,15 @@ impl<'a> ChatRequest<'a> {
                     }
                     out.push(b']');
                 }
-                "tool_choice" if choice_hidden => {
+                "tool_choice" if hides => {
                     key(&mut out, k);
-                    out.extend_from_slice(b"\"auto\"");
+                    match serde_json::from_str::<Value>(v.get()) {
+                        Ok(choice) => write_json(&mut out, &without_hidden(choice, edits.hidden)),
+                        Err(_) => out.extend_from_slice(v.get().as_bytes()),
+                    }
                 }
+                // `stream_options` is only allowed with `stream: true`.
+                "stream_options" if edits.stream == Some(false) => {}
                 "stream" if edits.stream.is_some() => {
                     key(&mut out, k);
                     let s = edits.stream.unwrap_or_default();
@@ -612,6 +642,30 @@ impl<'a> ChatRequest<'a> {
         }
         out.push(b']');
     }
+}
+
+/// A `tool_choice` with the hidden tools taken out: one that names a hidden function becomes
+/// `"auto"`; an `allowed_tools` choice keeps the others, or becomes `"auto"` when none is left.
+fn without_hidden(mut choice: Value, hidden: &[String]) -> Value {
+    let is_hidden = |t: &Value| {
+        t.pointer("/function/name")
+            .or_else(|| t.get("name"))
+            .and_then(Value::as_str)
+            .is_some_and(|n| hidden.iter().any(|h| h == n))
+    };
+    if is_hidden(&choice) {
+        return Value::String("auto".into());
+    }
+    if let Some(tools) = choice
+        .pointer_mut("/allowed_tools/tools")
+        .and_then(Value::as_array_mut)
+    {
+        tools.retain(|t| !is_hidden(t));
+        if tools.is_empty() {
+            return Value::String("auto".into());
+        }
+    }
+    choice
 }
 
 fn write_json(out: &mut Vec<u8>, v: &Value) {
@@ -786,6 +840,20 @@ mod tests {
             let e = ChatRequest::parse(b).unwrap_err();
             assert!(e.0.contains(want), "{e:?} should mention {want}");
         }
+    }
+
+    #[test]
+    fn a_repeated_key_in_a_message_is_read_like_upstream_parsers_do() {
+        // The last `content` wins, so this message needs `content: ""` like any other.
+        let b = Bytes::from_static(
+            br#"{"model":"m","messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"a","function":{"name":"t"}}],"content":null},["assistant",null,[{"id":"b"}]]]}"#,
+        );
+        let r = ChatRequest::parse(&b).unwrap();
+        assert!(r.messages[0].needs_content());
+        assert_eq!(r.messages[0].calls().len(), 1);
+        // An array is not a message, whatever its elements look like.
+        assert_eq!(r.messages[1].role(), "");
+        assert!(r.messages[1].calls().is_empty());
     }
 
     #[test]

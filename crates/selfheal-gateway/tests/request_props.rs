@@ -85,12 +85,17 @@ fn arb_request() -> impl Strategy<Value = Value> {
         prop_oneof![
             Just(None),
             Just(Some(json!("auto"))),
-            "[a-d]".prop_map(|n| Some(json!({"type": "function", "function": {"name": n}})))
+            "[a-d]".prop_map(|n| Some(json!({"type": "function", "function": {"name": n}}))),
+            proptest::collection::vec("[a-d]", 1..3).prop_map(|ns| Some(json!({
+                "type": "allowed_tools", "allowed_tools": {"mode": "required", "tools":
+                    ns.iter().map(|n| json!({"type": "function", "function": {"name": n}}))
+                        .collect::<Vec<_>>()}}))),
         ],
         proptest::option::of(any::<bool>()),
         any::<u32>(),
+        any::<bool>(),
     )
-        .prop_map(|(messages, tools, choice, stream, seed)| {
+        .prop_map(|(messages, tools, choice, stream, seed, usage)| {
             let mut r = json!({"model": "client-model", "messages": messages, "seed": seed});
             if !tools.is_empty() {
                 r["tools"] = Value::Array(
@@ -109,6 +114,9 @@ fn arb_request() -> impl Strategy<Value = Value> {
             }
             if let Some(s) = stream {
                 r["stream"] = json!(s);
+                if s && usage {
+                    r["stream_options"] = json!({"include_usage": true});
+                }
             }
             r
         })
@@ -122,6 +130,9 @@ fn reference(mut v: Value, e: &Edits<'_>) -> Value {
     }
     if let Some(s) = e.stream {
         o.insert("stream".into(), json!(s));
+        if !s {
+            o.remove("stream_options");
+        }
     }
     let offered: Vec<String> = o
         .get("tools")
@@ -141,17 +152,27 @@ fn reference(mut v: Value, e: &Edits<'_>) -> Value {
                 .and_then(Value::as_str)
                 .is_some_and(|n| e.hidden.iter().any(|h| h == n))
         });
+        let hidden = |t: &Value| {
+            t.pointer("/function/name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| e.hidden.iter().any(|h| h == n))
+        };
         if tools.is_empty() {
             o.remove("tools");
             o.remove("tool_choice");
             o.remove("parallel_tool_calls");
-        } else if o
-            .get("tool_choice")
-            .and_then(|c| c.pointer("/function/name"))
-            .and_then(Value::as_str)
-            .is_some_and(|n| e.hidden.iter().any(|h| h == n))
-        {
-            o.insert("tool_choice".into(), json!("auto"));
+        } else if let Some(choice) = o.get_mut("tool_choice") {
+            if hidden(choice) {
+                *choice = json!("auto");
+            } else if let Some(allowed) = choice
+                .pointer_mut("/allowed_tools/tools")
+                .and_then(Value::as_array_mut)
+            {
+                allowed.retain(|t| !hidden(t));
+                if allowed.is_empty() {
+                    *choice = json!("auto");
+                }
+            }
         }
     }
     let messages = o.get_mut("messages").and_then(Value::as_array_mut).unwrap();
