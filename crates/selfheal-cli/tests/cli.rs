@@ -1,4 +1,4 @@
-//! End-to-end tests of `selfheal bench`, `selfheal monitor` and `selfheal demo`: the real binary.
+//! End-to-end tests of `selfheal bench`, `monitor`, `demo` and `mcp`: the real binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Write;
@@ -329,4 +329,57 @@ fn bench_policy_runs_self_healing_under_another_policy_on_the_same_episodes() {
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn mcp_answers_and_exits_when_the_server_dies_while_the_client_waits() {
+    use std::io::{BufRead, BufReader};
+    // The "server" reads one line and exits without answering; the client keeps its input open.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selfheal"))
+        .args([
+            "mcp",
+            "--no-trace",
+            "--",
+            "sh",
+            "-c",
+            "head -n 1 >/dev/null",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{}}}"#,
+        )
+        .unwrap();
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let answer: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(answer["id"], 1);
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited")
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy is still running with its client's input open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(stdin);
 }

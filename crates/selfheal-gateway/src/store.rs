@@ -157,6 +157,14 @@ impl TraceWriter {
     }
 }
 
+/// A writer dropped without [`TraceWriter::flush_and_close`] (an early return, an error path)
+/// still commits what was queued.
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        self.flush_and_close();
+    }
+}
+
 fn write_loop(mut conn: Connection, rx: Receiver<TraceEvent>) {
     let mut batch = Vec::with_capacity(BATCH);
     while let Ok(first) = rx.recv() {

@@ -2,7 +2,8 @@
 //!
 //! [`Proxy`] sits between an MCP client and an MCP server and sees every message. It passes
 //! everything through untouched — resources, prompts, sampling, progress, methods it does not
-//! know, future protocol versions — except the few it heals:
+//! know, future protocol versions; the driver forwards such messages byte for byte — except the
+//! few it heals:
 //!
 //! - `tools/list` answers: each tool's input schema and annotations are remembered, and tools
 //!   whose circuit the monitor has opened are left out of the list;
@@ -14,7 +15,9 @@
 //!   or internal error of a tool the server declares read-only or idempotent is retried with the
 //!   core's backoff, within a per-call limit; the monitor's guidance is added to the result the
 //!   model reads; when the set of paused tools changes the client is told
-//!   (`notifications/tools/list_changed`) so it lists the tools again.
+//!   (`notifications/tools/list_changed`) so it lists the tools again;
+//! - `notifications/progress` for a call pushes its deadline back (up to ten call timeouts), and
+//!   when the server exits every call still waiting is answered with an error.
 //!
 //! What it does not do: end the run on the monitor's failure-rate abort — a proxy does not own
 //! the run, so the abort's reason reaches the model as guidance (stop and report) instead. Request ids of the form
@@ -71,7 +74,7 @@ pub enum Out {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     /// What kind: `blocked`, `repair`, `invalid_arguments`, `retry`, `timeout`, `tool_result`,
-    /// `guidance`, `paused`, `resumed`.
+    /// `guidance`, `paused`, `resumed`, `server_closed`.
     pub kind: &'static str,
     /// The tool concerned.
     pub tool: String,
@@ -111,7 +114,15 @@ struct Pending {
     request: Value,
     attempt: u32,
     deadline_ms: u64,
+    /// When this attempt was sent: progress pushes the deadline back, up to
+    /// [`MAX_PROGRESS_EXTENSION`] call timeouts after it.
+    sent_ms: u64,
+    /// The client's `_meta.progressToken`, if it asked for progress.
+    progress_token: Option<Value>,
 }
+
+/// A call that keeps reporting progress may run this many call timeouts, at most.
+const MAX_PROGRESS_EXTENSION: u64 = 10;
 
 /// The outcome of one attempt of a `tools/call`.
 enum Attempt {
@@ -328,6 +339,7 @@ impl Proxy {
         self.next_id += 1;
         let internal = format!("{INTERNAL_PREFIX}{}", self.next_id);
         msg["id"] = Value::String(internal.clone());
+        let progress_token = msg.pointer("/params/_meta/progressToken").cloned();
         let pending = Pending {
             client_id,
             tool,
@@ -335,6 +347,8 @@ impl Proxy {
             request: msg.clone(),
             attempt: 0,
             deadline_ms: now_ms.saturating_add(self.config.call_timeout_ms),
+            sent_ms: now_ms,
+            progress_token,
         };
         self.pending.insert(internal, pending);
         out.push(Out::ToServer(msg));
@@ -347,6 +361,23 @@ impl Proxy {
         let is_response = msg.get("method").is_none()
             && (msg.get("result").is_some() || msg.get("error").is_some());
         let Some(id) = msg.get("id").filter(|_| is_response).cloned() else {
+            // A call that reports progress is alive: its deadline moves with it (MCP allows
+            // resetting the timeout on progress), within a hard limit.
+            if msg.get("method").and_then(Value::as_str) == Some("notifications/progress")
+                && let Some(token) = msg.pointer("/params/progressToken")
+            {
+                let timeout = self.config.call_timeout_ms;
+                for p in self
+                    .pending
+                    .values_mut()
+                    .filter(|p| p.progress_token.as_ref() == Some(token))
+                {
+                    let limit = p
+                        .sent_ms
+                        .saturating_add(timeout.saturating_mul(MAX_PROGRESS_EXTENSION));
+                    p.deadline_ms = now_ms.saturating_add(timeout).min(limit).max(p.deadline_ms);
+                }
+            }
             return vec![Out::ToClient(msg)];
         };
         if let Some(internal) = id.as_str()
@@ -442,6 +473,33 @@ impl Proxy {
         }
     }
 
+    /// The server is gone: every call still waiting for it, or for a retry, is answered with a
+    /// JSON-RPC error, so no client waits for an answer that cannot come.
+    pub fn server_closed(&mut self) -> Vec<Out> {
+        let waiting: Vec<Pending> = std::mem::take(&mut self.pending)
+            .into_values()
+            .chain(
+                std::mem::take(&mut self.retries)
+                    .into_iter()
+                    .map(|(_, p)| p),
+            )
+            .collect();
+        waiting
+            .into_iter()
+            .map(|p| {
+                self.decisions.push(Decision {
+                    kind: "server_closed",
+                    tool: p.tool.clone(),
+                    detail: json!({}),
+                });
+                Out::ToClient(json!({"jsonrpc": "2.0", "id": p.client_id, "error": {
+                    "code": -32603,
+                    "message": "selfheal: the MCP server exited before answering this call"
+                }}))
+            })
+            .collect()
+    }
+
     /// Time passes: calls past their deadline fail (and the server is told to stop), retries
     /// whose backoff is over are sent.
     pub fn tick(&mut self, now_ms: u64, rng: &mut dyn Rng) -> Vec<Out> {
@@ -476,6 +534,7 @@ impl Proxy {
             let internal = format!("{INTERNAL_PREFIX}{}", self.next_id);
             p.request["id"] = Value::String(internal.clone());
             p.deadline_ms = now_ms.saturating_add(self.config.call_timeout_ms);
+            p.sent_ms = now_ms;
             out.push(Out::ToServer(p.request.clone()));
             self.pending.insert(internal, p);
         }

@@ -2,9 +2,10 @@
 //! transport), through a [`Proxy`], with its deadlines turned into timers.
 //!
 //! Generic over the four byte streams, so the binary wires it to its own stdin/stdout and a child
-//! process's pipes, and tests wire it to in-memory pipes. A line that is not JSON, or a batch
-//! (a JSON array), is passed on untouched: the proxy heals what it understands and never breaks
-//! what it does not.
+//! process's pipes, and tests wire it to in-memory pipes. Lines are read as bytes: a line that is
+//! not UTF-8 or not a JSON object (a batch, say) is passed on untouched, and a message the proxy
+//! does not change is forwarded as the bytes it arrived as (key order, number spelling and all).
+//! The proxy heals what it understands and never breaks what it does not.
 
 use std::time::Instant;
 
@@ -30,22 +31,54 @@ async fn send(w: &mut (impl AsyncWrite + Unpin), line: &[u8]) -> std::io::Result
     w.flush().await
 }
 
+/// Where a line came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Client,
+    Server,
+}
+
+/// Writes the proxy's messages. A message equal to the one that came in (`original`, from
+/// `from`) is written as the original bytes.
 async fn deliver(
     outs: Vec<Out>,
+    original: Option<(Side, &Value, &[u8])>,
     client: &mut (impl AsyncWrite + Unpin),
     server: &mut (impl AsyncWrite + Unpin),
 ) -> std::io::Result<()> {
     for o in outs {
-        match o {
-            Out::ToClient(v) => send(client, v.to_string().as_bytes()).await?,
-            Out::ToServer(v) => send(server, v.to_string().as_bytes()).await?,
+        let (to, v) = match &o {
+            Out::ToClient(v) => (Side::Client, v),
+            Out::ToServer(v) => (Side::Server, v),
+        };
+        let verbatim = original
+            .filter(|(from, msg, _)| *from != to && *msg == v)
+            .map(|(_, _, bytes)| bytes);
+        let text;
+        let bytes = match verbatim {
+            Some(b) => b,
+            None => {
+                text = v.to_string();
+                text.as_bytes()
+            }
+        };
+        match to {
+            Side::Client => send(client, bytes).await?,
+            Side::Server => send(server, bytes).await?,
         }
     }
     Ok(())
 }
 
+/// A line without its end (`\n` or `\r\n`).
+fn trim_line(buf: &[u8]) -> &[u8] {
+    let b = buf.strip_suffix(b"\n").unwrap_or(buf);
+    b.strip_suffix(b"\r").unwrap_or(b)
+}
+
 /// Relays one session until the client or the server closes its side; returns what the proxy
-/// did. `on_decision` sees every decision (for the trace).
+/// did. `on_decision` sees every decision (for the trace). When the server goes first, every
+/// call still waiting for it is answered with an error before the session ends.
 pub async fn run(
     mut proxy: Proxy,
     client_in: impl AsyncRead + Unpin,
@@ -58,8 +91,11 @@ pub async fn run(
     let started = Instant::now();
     let now = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut rng = SplitMix64::new(seed);
-    let mut from_client = BufReader::new(client_in).lines();
-    let mut from_server = BufReader::new(server_in).lines();
+    let mut from_client = BufReader::new(client_in);
+    let mut from_server = BufReader::new(server_in);
+    // `read_until` keeps what it read in these buffers if the other branch of the select wins,
+    // so a line is never lost half-read; each is cleared only once its line is handled.
+    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
     loop {
         let wait = proxy
             .next_deadline()
@@ -70,35 +106,52 @@ pub async fn run(
                 None => std::future::pending().await,
             }
         };
-        let outs = tokio::select! {
-            line = from_client.next_line() => match line? {
-                None => break,
-                Some(line) => match serde_json::from_str::<Value>(&line) {
-                    Ok(v) if v.is_object() => proxy.from_client(v, now()),
-                    _ => {
-                        send(&mut server_out, line.as_bytes()).await?;
-                        Vec::new()
+        tokio::select! {
+            n = from_client.read_until(b'\n', &mut cbuf) => {
+                if n? == 0 {
+                    break;
+                }
+                let line = trim_line(&cbuf);
+                match serde_json::from_slice::<Value>(line) {
+                    Ok(v) if v.is_object() => {
+                        let outs = proxy.from_client(v.clone(), now());
+                        deliver(outs, Some((Side::Client, &v, line)), &mut client_out, &mut server_out).await?;
                     }
-                },
+                    _ => send(&mut server_out, line).await?,
+                }
+                cbuf.clear();
             },
-            line = from_server.next_line() => match line? {
-                None => break,
-                Some(line) => match serde_json::from_str::<Value>(&line) {
-                    Ok(v) if v.is_object() => proxy.from_server(v, now(), &mut rng),
-                    _ => {
-                        send(&mut client_out, line.as_bytes()).await?;
-                        Vec::new()
+            n = from_server.read_until(b'\n', &mut sbuf) => {
+                if n? == 0 {
+                    let outs = proxy.server_closed();
+                    deliver(outs, None, &mut client_out, &mut server_out).await?;
+                    for d in proxy.take_decisions() {
+                        on_decision(d);
                     }
-                },
+                    break;
+                }
+                let line = trim_line(&sbuf);
+                match serde_json::from_slice::<Value>(line) {
+                    Ok(v) if v.is_object() => {
+                        let outs = proxy.from_server(v.clone(), now(), &mut rng);
+                        deliver(outs, Some((Side::Server, &v, line)), &mut client_out, &mut server_out).await?;
+                    }
+                    _ => send(&mut client_out, line).await?,
+                }
+                sbuf.clear();
             },
-            () = sleep => proxy.tick(now(), &mut rng),
+            () = sleep => {
+                let outs = proxy.tick(now(), &mut rng);
+                deliver(outs, None, &mut client_out, &mut server_out).await?;
+            },
         };
-        deliver(outs, &mut client_out, &mut server_out).await?;
         for d in proxy.take_decisions() {
             on_decision(d);
         }
     }
-    // Closing our end of the server's input tells a stdio server to exit.
+    // Closing our end of the server's input tells a stdio server to exit; closing the client's
+    // output tells the client the session is over.
     let _ = server_out.shutdown().await;
+    let _ = client_out.shutdown().await;
     Ok(proxy.stats())
 }

@@ -317,3 +317,102 @@ async fn the_session_ends_when_the_server_closes_its_side() {
     assert_eq!(msg["params"]["data"], "bye");
     assert_eq!(rx.next_line().await.unwrap(), None);
 }
+
+/// Runs the proxy over pipes with a server that does `server(input, output)`; returns what the
+/// client read once the session ended, and the decisions.
+async fn session_with<F, Fut>(client_lines: &[&[u8]], server: F) -> (Vec<Vec<u8>>, Vec<Decision>)
+where
+    F: FnOnce(DuplexStream, DuplexStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (mut client_w, proxy_client_in) = duplex(1 << 16);
+    let (proxy_client_out, client_r) = duplex(1 << 16);
+    let (proxy_server_out, server_in) = duplex(1 << 16);
+    let (server_out, proxy_server_in) = duplex(1 << 16);
+    tokio::spawn(server(server_in, server_out));
+    for l in client_lines {
+        client_w.write_all(l).await.unwrap();
+        client_w.write_all(b"\n").await.unwrap();
+    }
+    let mut decisions = Vec::new();
+    let mut on = |d: Decision| decisions.push(d);
+    let stats = tokio::time::timeout(
+        Duration::from_secs(5),
+        run(
+            Proxy::new(McpConfig::default()).unwrap(),
+            proxy_client_in,
+            proxy_client_out,
+            proxy_server_in,
+            proxy_server_out,
+            1,
+            &mut on,
+        ),
+    )
+    .await
+    .expect("the session must end when the server exits, even with the client's input open");
+    stats.unwrap();
+    drop(client_w);
+    let mut read = Vec::new();
+    let mut r = BufReader::new(client_r);
+    loop {
+        let mut line = Vec::new();
+        if r.read_until(b'\n', &mut line).await.unwrap() == 0 {
+            break;
+        }
+        read.push(line.strip_suffix(b"\n").unwrap_or(&line).to_vec());
+    }
+    (read, decisions)
+}
+
+#[tokio::test]
+async fn when_the_server_exits_every_waiting_call_gets_an_error_and_the_session_ends() {
+    let call = br#"{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"slow","arguments":{}}}"#;
+    let (read, decisions) = session_with(&[call], |input, output| async move {
+        // Read the call, then exit without answering (closing both pipes).
+        let _output = output;
+        let mut lines = BufReader::new(input).lines();
+        lines.next_line().await.unwrap();
+    })
+    .await;
+    assert_eq!(read.len(), 1, "{read:?}");
+    let answer: Value = serde_json::from_slice(&read[0]).unwrap();
+    assert_eq!(answer["id"], json!(41));
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited")
+    );
+    assert!(decisions.iter().any(|d| d.kind == "server_closed"));
+}
+
+#[tokio::test]
+async fn unchanged_messages_and_non_utf8_lines_pass_byte_for_byte() {
+    // Key order, spacing and an integer past u64 would not survive a parse and re-encode.
+    let from_client: &[u8] =
+        br#"{"method":"resources/read", "jsonrpc":"2.0","id":7,"params":{"uri":"file:///a","n":123456789012345678901234}}"#;
+    let from_server: &[u8] = br#"{"result":{"contents":[]},   "id":7,"jsonrpc":"2.0","n":1.50e3}"#;
+    let latin1: &[u8] = b"log: caf\xe9";
+    let server_saw = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let saw = server_saw.clone();
+    let (read, _) = session_with(
+        &[from_client, latin1],
+        move |input, mut output| async move {
+            let mut r = BufReader::new(input);
+            for _ in 0..2 {
+                let mut line = Vec::new();
+                r.read_until(b'\n', &mut line).await.unwrap();
+                saw.lock().unwrap().push(line);
+            }
+            output.write_all(from_server).await.unwrap();
+            output.write_all(b"\n").await.unwrap();
+            output.write_all(latin1).await.unwrap();
+            output.write_all(b"\n").await.unwrap();
+        },
+    )
+    .await;
+    let saw = server_saw.lock().unwrap().clone();
+    assert_eq!(saw[0], [from_client, b"\n"].concat());
+    assert_eq!(saw[1], [latin1, b"\n"].concat());
+    assert_eq!(read, [from_server.to_vec(), latin1.to_vec()]);
+}

@@ -1253,3 +1253,58 @@ fn a_failing_run_is_told_to_stop_and_report() {
         "no tool failed often enough to pause"
     );
 }
+
+#[test]
+fn progress_keeps_a_long_call_alive_within_a_limit() {
+    let mut cfg = config();
+    cfg.call_timeout_ms = 1_000;
+    let mut p = Proxy::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    let mut call = call_req(json!(1), "search", json!({"query": "x"}));
+    call["params"]["_meta"] = json!({"progressToken": "tok"});
+    p.from_client(call, 0);
+    let progress = |t: u64| {
+        json!({"jsonrpc": "2.0", "method": "notifications/progress",
+               "params": {"progressToken": "tok", "progress": t}})
+    };
+    // Progress every 900 ms keeps it alive past its first deadline...
+    for t in (900..=8_100).step_by(900) {
+        assert!(
+            to_server(&p.tick(t - 1, &mut rng)).is_empty(),
+            "cancelled at {t}"
+        );
+        let outs = p.from_server(progress(t), t, &mut rng);
+        assert_eq!(to_client(&outs), [progress(t)], "progress passes through");
+    }
+    // ...but not past ten call timeouts after it was sent.
+    p.from_server(progress(9_500), 9_500, &mut rng);
+    assert_eq!(p.next_deadline(), Some(10_000));
+    let outs = p.tick(10_000, &mut rng);
+    assert!(
+        to_server(&outs).iter().any(cancelled_for("selfheal-1")),
+        "{outs:?}"
+    );
+}
+
+#[test]
+fn when_the_server_exits_waiting_calls_and_retries_are_answered() {
+    let mut cfg = config();
+    cfg.call_timeout_ms = 100;
+    let mut p = Proxy::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    list(&mut p, 100, 0);
+    // One call waits for the server; a read-only one timed out and waits for its retry.
+    p.from_client(call_req(json!("a"), "put", json!({"key": "k"})), 150);
+    p.from_client(call_req(json!("b"), "search", json!({"query": "q"})), 0);
+    p.tick(100, &mut rng);
+    let outs = p.server_closed();
+    let answered: Vec<Value> = to_client(&outs).iter().map(|m| m["id"].clone()).collect();
+    assert_eq!(answered.len(), 2, "{outs:?}");
+    assert!(answered.contains(&json!("a")) && answered.contains(&json!("b")));
+    assert!(
+        to_client(&outs)
+            .iter()
+            .all(|m| m["error"]["code"] == json!(-32603))
+    );
+    assert_eq!(p.next_deadline(), None);
+}

@@ -82,7 +82,7 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
         .enable_all()
         .build()?;
     let run_id = format!("mcp-{}", std::process::id());
-    let stats = rt.block_on(async {
+    let result = rt.block_on(async {
         let mut child = tokio::process::Command::new(program)
             .args(rest)
             .stdin(Stdio::piped())
@@ -122,20 +122,28 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
             let _ = child.kill().await;
         }
         Ok::<_, anyhow::Error>(stats)
-    })?;
+    });
+    // tokio reads stdin on a thread that cannot be interrupted: a client that keeps its end open
+    // after the server died must not keep this process alive, so the runtime is not waited for.
+    rt.shutdown_background();
+    let (status, stats) = match &result {
+        Ok(stats) => ("complete", *stats),
+        Err(_) => ("failed", selfheal_mcp::Stats::default()),
+    };
     trace.send(TraceEvent {
         run: run_id,
         t_ms: unix_ms(),
         kind: "session",
         detail: serde_json::to_value(stats)?,
         summary: Some(RunSummary {
-            status: "complete".into(),
+            status: status.into(),
             failures: stats.failures,
             actions: stats.retries + stats.repaired + stats.answered,
         }),
     });
+    // Every path ends here, so what was decided is on disk before the process exits.
     trace.flush_and_close();
-    Ok(0)
+    result.map(|_| 0)
 }
 
 fn unix_ms() -> u64 {
