@@ -377,7 +377,7 @@ fn diagnose_body(field: &str, message: &str, body: &str) -> (Signal, Option<Repa
 }
 
 /// `self-healing`: the core controller with `policy` (the default policy when `None`), its
-/// actions per failure capped at `r`.
+/// actions per failure capped at `r` — or at the policy's own cap, if that is lower.
 pub fn run_self_healing(
     env: &mut Env<'_>,
     policy: Option<&Policy>,
@@ -386,9 +386,10 @@ pub fn run_self_healing(
     want_trace: bool,
 ) -> Ended {
     let n = env.task.steps.len();
+    let base = policy.cloned().unwrap_or_default();
     let policy = Policy {
-        max_actions_per_failure: Some(r),
-        ..policy.cloned().unwrap_or_default()
+        max_actions_per_failure: Some(base.max_actions_per_failure.map_or(r, |cap| cap.min(r))),
+        ..base
     };
     let config = ControllerConfig {
         policy,

@@ -318,6 +318,13 @@ impl Controller {
                         judgement: judgement.clone(),
                     },
                 );
+                if judgement.is_accept() {
+                    // An accepted result settles the verification failures of its step, also one
+                    // that another failure had pushed aside into the unresolved list.
+                    self.unresolved.retain(|u| {
+                        !(u.step == step && u.class == FailureClass::VerificationFailure)
+                    });
+                }
                 let signal = match judgement {
                     Judgement::Reject { reason } => Some(Signal::VerifierRejected { reason }),
                     Judgement::Accept | Judgement::Uncertain { .. } => None,
@@ -388,7 +395,12 @@ impl Controller {
             // Success: whatever was open on this step is resolved. A success is progress, so the
             // failure-rate abort is not applied here; the next failure is judged on its own.
             if self.open.as_ref().is_some_and(|o| o.step == step) {
-                self.just_resolved = self.open.take();
+                // Only a success of the failing tool itself may be taken back by a verifier:
+                // another tool's output on the same step is a new attempt with its own ladder.
+                self.just_resolved = self
+                    .open
+                    .take()
+                    .filter(|o| o.tool.is_none() || o.tool.as_deref() == tool);
             }
             let verdict = self.monitor.check(now_ms);
             return Directive::Continue {
@@ -538,8 +550,9 @@ impl Controller {
         }
     }
 
-    /// Once stopped, every later question gets the same answer as the stop: a run that degraded
-    /// to a partial result keeps saying `Degrade`, one that failed or finished says `Abort`.
+    /// Once stopped, every later question gets the same answer as the stop: a run that ended
+    /// partial (it degraded, or [`Controller::finish`] found failures unresolved) keeps saying
+    /// `Degrade`; one that failed, or finished complete, says `Abort`.
     fn stopped_directive(&self) -> Option<Directive> {
         self.stopped.as_ref().map(|(status, reason)| {
             let reason = reason.clone();

@@ -757,3 +757,70 @@ fn healing_rate_counts_model_calls_and_never_exceeds_one() {
     }
     assert!(c.trace().healing.rate() <= 1.0, "{:?}", c.trace().healing);
 }
+
+#[test]
+fn an_accepted_answer_settles_its_rejection_even_after_another_failure() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    // The answer is rejected (a failure open on step 9)...
+    let d = c.observe(
+        rejected(9, "grounding", "Lyon is not in the evidence"),
+        0,
+        &mut rng,
+    );
+    assert!(action(&d).is_some(), "{d:?}");
+    // ...a model call on another step fails, which pushes the open failure aside...
+    let d = c.observe(model_finished(10, http(500)), 1, &mut rng);
+    assert!(action(&d).is_some(), "{d:?}");
+    c.observe(model_finished(10, None), 2, &mut rng);
+    // ...and the next answer is accepted: nothing is left unresolved.
+    let d = c.observe(verified(9, "grounding", Judgement::Accept), 3, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let out = c.finish(4);
+    assert_eq!(out.status, RunStatus::Complete, "{:?}", out.unresolved);
+}
+
+#[test]
+fn another_tools_rejected_output_on_a_reused_step_starts_its_own_ladder() {
+    let mut cfg = ControllerConfig {
+        budget: BudgetLimits::unlimited(),
+        ..ControllerConfig::default()
+    };
+    cfg.policy.max_actions_per_failure = Some(3);
+    let mut c = Controller::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    let args = json!({"q": 1});
+    // `slow` times out on step 3 until its actions are almost spent.
+    for t in 0..2 {
+        let d = c.observe(timed_out(3, "slow", &args), t, &mut rng);
+        assert!(action(&d).is_some(), "{d:?}");
+    }
+    // The model moves on and calls `weather` on the same step; its output is then rejected.
+    let ok = json!({"temp": "warm"});
+    c.observe(tool_ok(3, "weather", &args, &ok), 5, &mut rng);
+    let d = c.observe(
+        rejected(3, "schema", "at /temp: expected number"),
+        6,
+        &mut rng,
+    );
+    // A fresh ladder for `weather`'s failure, not the last action `slow` had left.
+    let Directive::Recover { class, .. } = &d else {
+        panic!("weather's first rejection must be recovered, got {d:?}")
+    };
+    assert_eq!(*class, FailureClass::VerificationFailure);
+    let d = c.observe(
+        tool_ok(3, "weather", &args, &json!({"temp": "hot"})),
+        7,
+        &mut rng,
+    );
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(
+        rejected(3, "schema", "at /temp: expected number"),
+        8,
+        &mut rng,
+    );
+    assert!(
+        action(&d).is_some(),
+        "weather's own ladder has rungs left: {d:?}"
+    );
+}

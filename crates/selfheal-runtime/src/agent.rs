@@ -77,8 +77,9 @@ pub struct Agent {
 /// At most this many tool outputs are kept as evidence for the answer verifier (the most recent).
 pub const MAX_EVIDENCE: usize = 64;
 
-/// At most this many rejected outputs of one call are retried or substituted before the rejection
-/// is handed back to the model. A guard, like `max_model_calls`: the ladder, the per-failure cap
+/// At most this many rejected outputs of one call are retried or substituted: the last one is
+/// reported to the controller with retries and substitutes off the table, so it picks (and
+/// charges) another action, and the loop hands the call back to the model should one still come. A guard, like `max_model_calls`: the ladder, the per-failure cap
 /// and the budget are the real bounds (the controller reopens the failure a retried call's
 /// rejected output belongs to, so the rejections climb one ladder), but a policy may configure
 /// a long ladder of retries with no cap and no budget.
@@ -918,6 +919,11 @@ impl Loop<'_> {
                     };
                     // Once the call's own report asks for more than `Continue` (a loop, a spent
                     // budget), that directive stands; the verdict is still never shown as a result.
+                    // The last rejection the guard allows may not be retried or substituted
+                    // again: the controller is told so, and picks (and charges) what it can do
+                    // instead — usually handing the failure back to the model.
+                    let exhausted =
+                        rejected.is_some() && rejections + 1 >= MAX_REJECTED_OUTPUTS_PER_CALL;
                     let d = if matches!(d, Directive::Continue { .. }) {
                         self.ctl.observe(
                             Observation::Verified {
@@ -926,6 +932,8 @@ impl Loop<'_> {
                                 judgement,
                                 options: Options {
                                     repair: None,
+                                    retry_safe: options.retry_safe && !exhausted,
+                                    substitute: options.substitute.clone().filter(|_| !exhausted),
                                     ..options
                                 },
                             },

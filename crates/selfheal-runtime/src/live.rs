@@ -418,7 +418,7 @@ async fn run_static(
         let c = loop {
             match client.chat(&body).await {
                 Ok(c) => break c,
-                Err(e) if attempt < retries => {
+                Err(e) if attempt < retries && ran.model_calls < u64::from(cfg.max_model_calls) => {
                     attempt += 1;
                     ran.model_calls += 1;
                     ran.recovery_count += 1;
@@ -485,7 +485,10 @@ async fn run_static(
                         };
                         match r {
                             Ok(text) => break text,
-                            Err(e) if attempt < retries => {
+                            Err(e)
+                                if attempt < retries
+                                    && ran.model_calls < u64::from(cfg.max_model_calls) =>
+                            {
                                 attempt += 1;
                                 ran.recovery_count += 1;
                                 ran.recoveries

@@ -128,3 +128,17 @@ fn live_strategies_have_names() {
     }
     assert_eq!(LiveStrategy::parse("react"), None);
 }
+
+#[tokio::test]
+async fn retry_only_stays_within_the_model_call_limit() {
+    let (url, shared) = server(Model::Down).await;
+    let mut cfg = config(url);
+    cfg.strategies = vec![LiveStrategy::RetryOnly];
+    cfg.budget = 5;
+    cfg.max_model_calls = 3;
+    let report = run(&cfg, &mut |_| {}).await.unwrap();
+    let e = &report.episodes[0];
+    assert_eq!(e.model_calls, 3, "R = 5 retries, but only 3 calls allowed");
+    assert_eq!(shared.lock().unwrap().requests, 3);
+    assert_eq!(e.outcome, "model_error");
+}

@@ -59,10 +59,11 @@ pub struct BenchArgs {
     /// self-healing. With --live: static, retry-only, self-healing (default static,self-healing).
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
-    /// Run `self-healing` with this policy (TOML: `[ladders]`, `[last_chance]`, `[retry]`;
-    /// classes left out keep their default ladder) instead of the default one, on the same seeded
-    /// episodes, to see what a policy change would have done. R still caps actions per failure.
-    #[arg(long, value_name = "FILE")]
+    /// Run `self-healing` with this policy (TOML: `[ladders]`, `[last_chance]`, `[retry]`,
+    /// `max_actions_per_failure`; classes left out keep their default ladder) instead of the
+    /// default one, on the same seeded episodes, to see what a policy change would have done.
+    /// Actions per failure are capped at R, or at the file's cap if lower. Simulated runs only.
+    #[arg(long, value_name = "FILE", conflicts_with = "live")]
     pub policy: Option<PathBuf>,
     /// Write machine-readable JSON to stdout instead of the table.
     #[arg(long)]
