@@ -19,6 +19,16 @@ fn controller(budget: BudgetLimits) -> Controller {
     .unwrap()
 }
 
+/// An unlimited budget: only the ladder and a per-failure cap of `cap` actions bound recovery.
+fn capped(cap: u32) -> Controller {
+    let mut cfg = ControllerConfig {
+        budget: BudgetLimits::unlimited(),
+        ..ControllerConfig::default()
+    };
+    cfg.policy.max_actions_per_failure = Some(cap);
+    Controller::new(cfg).unwrap()
+}
+
 fn opts() -> Options {
     Options::all("backup_search", "big-model")
 }
@@ -376,12 +386,7 @@ fn verifier_rejection_becomes_a_verification_failure_recovery() {
 fn retries_whose_output_keeps_failing_verification_climb_one_ladder() {
     // Unlimited budget: only the ladder and the per-failure cap can end this. Each cycle is a
     // retried call that returns (a success to the monitor) and the schema rejecting its output.
-    let mut cfg = ControllerConfig {
-        budget: BudgetLimits::unlimited(),
-        ..ControllerConfig::default()
-    };
-    cfg.policy.max_actions_per_failure = Some(3);
-    let mut c = Controller::new(cfg).unwrap();
+    let mut c = capped(3);
     let mut rng = ConstRng(0);
     let args = json!({"q": "x"});
     // Different bad outputs each time, so the monitor's identical call→result rule stays out of it.
@@ -782,12 +787,7 @@ fn an_accepted_answer_settles_its_rejection_even_after_another_failure() {
 
 #[test]
 fn another_tools_rejected_output_on_a_reused_step_starts_its_own_ladder() {
-    let mut cfg = ControllerConfig {
-        budget: BudgetLimits::unlimited(),
-        ..ControllerConfig::default()
-    };
-    cfg.policy.max_actions_per_failure = Some(3);
-    let mut c = Controller::new(cfg).unwrap();
+    let mut c = capped(3);
     let mut rng = ConstRng(0);
     let args = json!({"q": 1});
     // `slow` times out on step 3 until its actions are almost spent.

@@ -42,16 +42,7 @@ pub fn tool_index(req: &ChatRequest<'_>) -> ToolIndex {
             .parameters
             .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
             .unwrap_or_else(|| json!({}));
-        let required = parameters
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| {
-                r.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let required = selfheal_repair::required_properties(&parameters);
         out.insert(
             name.as_str().to_owned(),
             ToolSpec {

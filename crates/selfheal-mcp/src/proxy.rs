@@ -451,14 +451,7 @@ impl Proxy {
                 .and_then(|s| SchemaGuide::new(s).ok())
                 .map(Arc::new);
             let required = schema
-                .and_then(|s| s.get("required"))
-                .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
+                .map(selfheal_repair::required_properties)
                 .unwrap_or_default();
             let hint =
                 |h: &str| t.pointer(&format!("/annotations/{h}")) == Some(&Value::Bool(true));

@@ -145,6 +145,7 @@ pub use error::RepairError;
 pub use report::{Repair, RepairKind};
 pub use schema::{
     Coercion, CoercionKind, Outcome, SchemaError, SchemaGuide, Violation, reask_message,
+    required_properties,
 };
 
 use serde_json::Value;

@@ -186,16 +186,7 @@ impl ToolSpec {
 
     /// The names of the required arguments, from the schema.
     pub fn required(&self) -> Vec<String> {
-        self.parameters
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default()
+        selfheal_repair::required_properties(&self.parameters)
     }
 }
 

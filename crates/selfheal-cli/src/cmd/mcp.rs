@@ -9,7 +9,6 @@ use clap::Args;
 use serde_json::json;
 
 use selfheal_core::monitor::MonitorConfig;
-use selfheal_gateway::TraceWriter;
 use selfheal_gateway::store::{RunSummary, TraceEvent};
 use selfheal_mcp::{McpConfig, Proxy};
 
@@ -64,16 +63,7 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
         ..McpConfig::default()
     };
     let proxy = Proxy::new(config).map_err(|e| anyhow::anyhow!("monitor config: {e}"))?;
-    let trace = if args.no_trace {
-        TraceWriter::disabled()
-    } else {
-        let path = args
-            .trace_db
-            .clone()
-            .unwrap_or_else(selfheal_gateway::store::default_path);
-        TraceWriter::open(&path)
-            .with_context(|| format!("cannot open the trace at {}", path.display()))?
-    };
+    let trace = super::open_trace(args.no_trace, args.trace_db.as_deref())?;
     let (program, rest) = args
         .command
         .split_first()

@@ -7,3 +7,21 @@ pub mod monitor;
 pub mod repair;
 pub mod serve;
 pub mod trace;
+
+/// The trace writer `serve` and `mcp` record into: none with `--no-trace`, else the SQLite file
+/// at `path` (default: `$XDG_DATA_HOME/selfheal/trace.db`).
+pub fn open_trace(
+    no_trace: bool,
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<selfheal_gateway::TraceWriter> {
+    use anyhow::Context as _;
+    if no_trace {
+        return Ok(selfheal_gateway::TraceWriter::disabled());
+    }
+    let path = path.map_or_else(
+        selfheal_gateway::store::default_path,
+        std::path::Path::to_path_buf,
+    );
+    selfheal_gateway::TraceWriter::open(&path)
+        .with_context(|| format!("cannot open the trace at {}", path.display()))
+}

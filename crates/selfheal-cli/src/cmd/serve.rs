@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Args;
 
-use selfheal_gateway::{GatewayConfig, TraceWriter};
+use selfheal_gateway::GatewayConfig;
 
 /// Arguments of `selfheal serve`.
 #[derive(Args, Debug)]
@@ -55,16 +55,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     config.passthrough |= args.passthrough;
     config.validate()?;
-    let trace = if args.no_trace {
-        TraceWriter::disabled()
-    } else {
-        let path = args
-            .trace_db
-            .clone()
-            .unwrap_or_else(selfheal_gateway::store::default_path);
-        TraceWriter::open(&path)
-            .with_context(|| format!("cannot open the trace at {}", path.display()))?
-    };
+    let trace = super::open_trace(args.no_trace, args.trace_db.as_deref())?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all();
     if let Some(n) = args.threads {

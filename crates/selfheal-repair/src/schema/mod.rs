@@ -236,6 +236,22 @@ fn describe(e: &jsonschema::ValidationError<'_>) -> String {
     }
 }
 
+/// The names a tool schema lists under `required` (strings only; none when the schema has no
+/// such list). The gateway, the MCP proxy and the runtime feed them to the monitor, which
+/// watches required arguments for placeholders.
+pub fn required_properties(schema: &Value) -> Vec<String> {
+    schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| {
+            r.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Builds the message that asks the model to call `tool_name` again with the violations
 /// fixed.
 #[must_use]
