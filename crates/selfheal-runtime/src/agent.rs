@@ -275,6 +275,15 @@ impl Agent {
 }
 
 impl Loop<'_> {
+    /// Moves to the next model of the fallback chain (staying on the last one), and says so.
+    fn fall_back(&mut self, model: &str, class: FailureClass, what: &str) {
+        self.log
+            .push(format!("fall back to model {model} ({class}: {what})"));
+        if self.model_idx + 1 < self.agent.models.len() {
+            self.model_idx += 1;
+        }
+    }
+
     fn now(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -532,11 +541,7 @@ impl Loop<'_> {
                     RecoveryAction::Escalate {
                         target: EscalationTarget::FallbackModel { model },
                     } => {
-                        self.log
-                            .push(format!("fall back to model {model} ({class}: {what})"));
-                        if self.model_idx + 1 < self.agent.models.len() {
-                            self.model_idx += 1;
-                        }
+                        self.fall_back(model, class, what);
                     }
                     RecoveryAction::Escalate {
                         target: EscalationTarget::Human,
@@ -758,11 +763,7 @@ impl Loop<'_> {
                     RecoveryAction::Escalate {
                         target: EscalationTarget::FallbackModel { model },
                     } => {
-                        self.log
-                            .push(format!("fall back to model {model} ({class}: {what})"));
-                        if self.model_idx + 1 < self.agent.models.len() {
-                            self.model_idx += 1;
-                        }
+                        self.fall_back(&model, class, what);
                     }
                     RecoveryAction::Retry { delay_ms, .. } => {
                         self.log
