@@ -74,10 +74,101 @@ fn schema_coercions_make_the_value_valid() {
         "{days: '3'}",
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "{\"days\":3,\"unit\":\"c\"}\n");
+    // No default is written unless asked.
+    assert_eq!(text(&out.stdout), "{\"days\":3}\n");
     let report: serde_json::Value = serde_json::from_str(text(&out.stderr).trim()).unwrap();
     assert_eq!(report["coercions"][0]["kind"], "string_to_integer");
+    assert_eq!(report["coercions"].as_array().unwrap().len(), 1);
+    let out = run(
+        &[
+            "--schema",
+            schema.to_str().unwrap(),
+            "--report",
+            "--fill-defaults",
+        ],
+        "{days: '3'}",
+    );
+    assert_eq!(text(&out.stdout), "{\"days\":3,\"unit\":\"c\"}\n");
+    let report: serde_json::Value = serde_json::from_str(text(&out.stderr).trim()).unwrap();
     assert_eq!(report["coercions"][1]["kind"], "filled_default");
+}
+
+/// Issue 14: valid input with its schema comes back byte for byte as parsed, even where a
+/// default or a coercion could apply.
+#[test]
+fn valid_input_comes_back_unchanged() {
+    let schema = schema_file(
+        "valid.json",
+        r#"{"type": "dict", "properties": {"zip": {"type": "string"}, "n": {"type": "float", "default": "dontcare"}, "mode": {"type": "string", "enum": ["a"], "default": null}}, "required": ["zip"]}"#,
+    );
+    let out = run(
+        &["--schema", schema.to_str().unwrap(), "--report"],
+        r#"{"zip": "0789", "payload": "[1,2,3,]"}"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"payload\":\"[1,2,3,]\",\"zip\":\"0789\"}\n"
+    );
+    let report: serde_json::Value = serde_json::from_str(text(&out.stderr).trim()).unwrap();
+    assert!(report["repairs"].as_array().unwrap().is_empty());
+    assert!(report["coercions"].as_array().unwrap().is_empty());
+}
+
+/// Issue 14: a cut that lost data exits 1 with where the answer stopped; salvage is opt-in
+/// and says so.
+#[test]
+fn truncation_exits_1_and_salvage_is_reported() {
+    let input = r#"{"from": "USD", "to_currency": "C"#;
+    let out = run(&["--report", "--tool", "convert"], input);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = text(&out.stderr);
+    assert!(err.contains("cut off inside a string"), "{err}");
+    assert!(err.contains(&format!("byte {}", input.len())), "{err}");
+    assert!(err.contains("`convert`"), "{err}");
+    let report: serde_json::Value = serde_json::from_str(err.lines().next().unwrap()).unwrap();
+    assert_eq!(report["truncated"], true);
+    assert_eq!(report["offset"], input.len());
+    let out = run(&["--report", "--salvage"], input);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"from\":\"USD\",\"to_currency\":\"C\"}\n"
+    );
+    let report: serde_json::Value = serde_json::from_str(text(&out.stderr).trim()).unwrap();
+    assert_eq!(report["salvaged"], true);
+}
+
+/// Issue 14: leading zeros refuse without a schema and follow it with one.
+#[test]
+fn leading_zeros_follow_the_schema() {
+    let out = run(&[], "{zip: 0789}");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("leading zeros"));
+    let as_string = schema_file(
+        "zip_string.json",
+        r#"{"type": "object", "properties": {"zip": {"type": "string"}}}"#,
+    );
+    let out = run(&["--schema", as_string.to_str().unwrap()], "{zip: 0789}");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "{\"zip\":\"0789\"}\n");
+    let as_int = schema_file(
+        "zip_int.json",
+        r#"{"type": "object", "properties": {"zip": {"type": "integer"}}}"#,
+    );
+    let out = run(&["--schema", as_int.to_str().unwrap()], "{zip: 0789}");
+    assert_eq!(out.status.code(), Some(1));
+}
+
+/// Issue 14: separate values are an array only with --multiple.
+#[test]
+fn multiple_values_need_the_flag() {
+    let out = run(&[], "{\"a\":2}{}");
+    assert_eq!(out.status.code(), Some(1));
+    let out = run(&["--multiple"], "{\"a\":2}\n{}");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "[{\"a\":2},{}]\n");
 }
 
 #[test]

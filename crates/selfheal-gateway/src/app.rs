@@ -531,10 +531,26 @@ fn check_completion(
     tools: &ToolIndex,
     guides: &heal::GuideCache,
 ) -> heal::CallCheck {
-    match completion.pointer_mut("/choices/0/message") {
-        Some(m) => heal::check_message(m, tools, guides),
+    let cut_off = completion
+        .pointer("/choices/0/finish_reason")
+        .and_then(Value::as_str)
+        == Some("length");
+    let check = match completion.pointer_mut("/choices/0/message") {
+        Some(m) => heal::check_message(m, tools, guides, cut_off),
         None => heal::CallCheck::default(),
+    };
+    // Every call was taken out: the choice no longer ends in tool calls.
+    let no_calls = completion
+        .pointer("/choices/0/message/tool_calls")
+        .is_none();
+    if !check.invalid.is_empty()
+        && no_calls
+        && let Some(f) = completion.pointer_mut("/choices/0/finish_reason")
+        && f.as_str() == Some("tool_calls")
+    {
+        *f = Value::String("stop".into());
     }
+    check
 }
 
 fn log_calls(s: &AppState, run: &str, log: &CallLog, actions: &mut Vec<String>) {

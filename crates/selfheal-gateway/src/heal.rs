@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use selfheal_core::monitor::{Monitor, ToolCall, Verdict};
-use selfheal_repair::{SchemaGuide, reask_message, repair};
+use selfheal_repair::{SchemaGuide, repair_arguments};
 
 use crate::request::{ChatRequest, Edits, Message};
 use crate::runs::RunState;
@@ -327,11 +327,16 @@ impl GuideCache {
 }
 
 /// Checks one tool call `{id, type, function: {name, arguments}}` and repairs its arguments in
-/// place. Returns `Ok(true)` when repaired, `Err(reask text)` when it cannot be used.
+/// place, through [`selfheal_repair::repair_arguments`] — the one non-corrupting path the MCP
+/// proxy and the runtime use too: valid arguments are left byte for byte, a cut-off call is
+/// refused, no default is written. `cut_off` says the choice ended with `finish_reason:
+/// "length"`: then arguments that are not JSON as written are refused, never repaired into a
+/// call. Returns `Ok(true)` when repaired, `Err(reask text)` when it cannot be used.
 pub fn check_call(
     call: &mut Value,
     tools: &ToolIndex,
     guides: &GuideCache,
+    cut_off: bool,
 ) -> Result<bool, String> {
     let name = call
         .pointer("/function/name")
@@ -350,56 +355,67 @@ pub fn check_call(
         .pointer("/function/arguments")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let (value, mut changed) = match serde_json::from_str::<Value>(raw) {
-        Ok(v) => (v, false),
-        Err(_) if raw.trim().is_empty() => (json!({}), true),
-        Err(_) => match repair(raw) {
-            Ok(r) => (r.value, true),
-            Err(e) => {
-                return Err(format!(
-                    "The arguments of your call to `{name}` are not JSON ({e}). Call it again with a JSON object."
-                ));
-            }
-        },
-    };
-    let value = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
-        match guides.get(&spec.schema_key, &spec.parameters) {
-            Some(guide) => {
-                let outcome = guide.apply(value);
-                if !outcome.violations.is_empty() {
-                    return Err(reask_message(&outcome.violations, &name));
-                }
-                changed |= !outcome.coercions.is_empty();
-                outcome.value
-            }
-            // A schema we cannot compile is the client's business: pass the value on.
-            None => value,
-        }
-    } else {
-        value
-    };
-    if changed && let Some(f) = call.get_mut("function") {
-        f["arguments"] = Value::String(value.to_string());
+    if cut_off && serde_json::from_str::<serde::de::IgnoredAny>(raw).is_err() {
+        return Err(format!(
+            "Your call to `{name}` was cut off by the output length limit, so it was not run. \
+             Call `{name}` again with the complete arguments as one JSON object, and keep it short."
+        ));
     }
-    Ok(changed)
+    let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
+        // A schema we cannot compile is the client's business: the value is passed on.
+        guides.get(&spec.schema_key, &spec.parameters)
+    } else {
+        None
+    };
+    let args = match repair_arguments(raw, guide.as_deref()) {
+        Ok(a) => a,
+        Err(e) => return Err(e.reask_message(raw, &name)),
+    };
+    if args.changed
+        && let Some(f) = call.get_mut("function")
+    {
+        f["arguments"] = Value::String(args.value.to_string());
+    }
+    Ok(args.changed)
 }
 
 /// Checks every tool call of an assistant message.
-pub fn check_message(message: &mut Value, tools: &ToolIndex, guides: &GuideCache) -> CallCheck {
+pub fn check_message(
+    message: &mut Value,
+    tools: &ToolIndex,
+    guides: &GuideCache,
+    cut_off: bool,
+) -> CallCheck {
     let mut out = CallCheck::default();
     let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
         return out;
     };
-    for c in calls {
+    // A call that cannot be used is never forwarded: it is taken out of the message (the
+    // caller re-asks, or answers `partial` with the reasons).
+    calls.retain_mut(|c| {
         let name = c
             .pointer("/function/name")
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned();
-        match check_call(c, tools, guides) {
-            Ok(true) => out.repaired.push(name),
-            Ok(false) => {}
-            Err(reask) => out.invalid.push(reask),
+        match check_call(c, tools, guides, cut_off) {
+            Ok(true) => {
+                out.repaired.push(name);
+                true
+            }
+            Ok(false) => true,
+            Err(reask) => {
+                out.invalid.push(reask);
+                false
+            }
+        }
+    });
+    if calls.is_empty()
+        && let Some(m) = message.as_object_mut()
+    {
+        m.remove("tool_calls");
+        if m.get("content").is_none_or(Value::is_null) {
+            m.insert("content".into(), Value::String(String::new()));
         }
     }
     out
@@ -517,17 +533,17 @@ mod tests {
         let mut call = json!({"id": "1", "type": "function",
             "function": {"name": "search", "arguments": "{'q': 'rust', n: \"3\",}"}});
         assert_eq!(
-            check_call(&mut call, &idx, &GuideCache::default()),
+            check_call(&mut call, &idx, &GuideCache::default(), false),
             Ok(true)
         );
         let args: Value =
             serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"q": "rust", "n": 3}));
         let mut missing = json!({"function": {"name": "search", "arguments": "{}"}});
-        assert!(check_call(&mut missing, &idx, &GuideCache::default()).is_err());
+        assert!(check_call(&mut missing, &idx, &GuideCache::default(), false).is_err());
         let mut unknown = json!({"function": {"name": "nope", "arguments": "{}"}});
         assert!(
-            check_call(&mut unknown, &idx, &GuideCache::default())
+            check_call(&mut unknown, &idx, &GuideCache::default(), false)
                 .unwrap_err()
                 .contains("does not exist")
         );

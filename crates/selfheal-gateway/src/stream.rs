@@ -141,8 +141,9 @@ pub async fn relay(
                 }
                 if let Some(mut finish) = finish {
                     if !pending.is_empty() {
+                        let cut_off = finish.as_str() == Some("length");
                         let (mut calls, invalid) =
-                            complete_calls(&mut pending, &tools, &guides, &mut report);
+                            complete_calls(&mut pending, &tools, &guides, cut_off, &mut report);
                         if !invalid.is_empty() {
                             let again = match reask.take() {
                                 Some(f) => f(invalid.clone()).await,
@@ -179,6 +180,9 @@ pub async fn relay(
                             if tx.send(data(&c)).await.is_err() {
                                 return report;
                             }
+                        } else if finish.as_str() == Some("tool_calls") {
+                            // Every call was left out: the answer no longer ends in calls.
+                            finish = json!("stop");
                         }
                     }
                     v["choices"][0]["finish_reason"] = finish;
@@ -235,6 +239,7 @@ fn complete_calls(
     pending: &mut BTreeMap<u64, PendingCall>,
     tools: &ToolIndex,
     guides: &GuideCache,
+    cut_off: bool,
     report: &mut StreamReport,
 ) -> (Vec<Value>, Vec<String>) {
     let mut out = Vec::new();
@@ -244,10 +249,14 @@ fn complete_calls(
             "index": idx, "id": p.id, "type": "function",
             "function": {"name": p.name, "arguments": p.arguments}
         });
-        match check_call(&mut call, tools, guides) {
+        match check_call(&mut call, tools, guides, cut_off) {
             Ok(true) => report.repaired.push(p.name),
             Ok(false) => {}
-            Err(e) => invalid.push(e),
+            // Never forwarded: re-asked, or left out with the stream marked `partial`.
+            Err(e) => {
+                invalid.push(e);
+                continue;
+            }
         }
         out.push(call);
     }

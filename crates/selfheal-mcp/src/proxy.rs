@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use selfheal_core::monitor::{Monitor, MonitorConfig, ToolCall};
 use selfheal_core::policy::RetryConfig;
 use selfheal_core::rng::Rng;
-use selfheal_repair::{SchemaGuide, reask_message};
+use selfheal_repair::{SchemaGuide, check_arguments};
 
 /// How the proxy behaves.
 #[derive(Debug, Clone, PartialEq)]
@@ -315,15 +315,19 @@ impl Proxy {
         if let Some(info) = self.tools.get(&tool)
             && let Some(guide) = info.guide.clone()
         {
-            let outcome = guide.apply(args);
-            if !outcome.violations.is_empty() {
-                self.stats.answered += 1;
-                let text = reask_message(&outcome.violations, &tool);
-                self.decide("invalid_arguments", &tool, json!({"reask": text}));
-                out.push(Out::ToClient(reply(&client_id, error_result(text))));
-                return out;
-            }
-            if !outcome.coercions.is_empty() {
+            // The one non-corrupting path the gateway and the runtime use too: valid
+            // arguments untouched, no default written, nothing dropped.
+            let outcome = match check_arguments(args, Some(&guide)) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.stats.answered += 1;
+                    let text = e.reask_message("", &tool);
+                    self.decide("invalid_arguments", &tool, json!({"reask": text}));
+                    out.push(Out::ToClient(reply(&client_id, error_result(text))));
+                    return out;
+                }
+            };
+            if outcome.changed {
                 self.stats.repaired += 1;
                 self.decide(
                     "repair",

@@ -12,7 +12,7 @@
 use serde_json::Value;
 
 use crate::parser::Parser;
-use crate::{Repair, RepairError, RepairKind};
+use crate::{Repair, RepairError, RepairKind, RepairOptions};
 
 /// How many fences or tags are tried before giving up on them.
 const MAX_WRAPPERS: usize = 8;
@@ -27,15 +27,15 @@ pub(crate) struct Found {
 }
 
 /// Parses the whole input: fences first, then tag wrappers, then plain text.
-pub(crate) fn parse_document(src: &str, max_depth: usize) -> Result<Found, RepairError> {
-    parse_window(src, 0, src.len(), max_depth, true, true)
+pub(crate) fn parse_document(src: &str, opts: &RepairOptions) -> Result<Found, RepairError> {
+    parse_window(src, 0, src.len(), opts, true, true)
 }
 
 fn parse_window(
     src: &str,
     start: usize,
     end: usize,
-    max_depth: usize,
+    opts: &RepairOptions,
     allow_fence: bool,
     allow_tag: bool,
 ) -> Result<Found, RepairError> {
@@ -45,11 +45,11 @@ fn parse_window(
         .is_some_and(|b| b == b'{' || b == b'[');
     if starts_with_json {
         // The input is the JSON: fences or tags inside its strings are text, not wrappers.
-        match parse_plain(src, start, end, max_depth) {
+        match parse_plain(src, start, end, opts) {
             Ok(found) => return Ok(found),
-            Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+            Err(e) if e.is_final() => return Err(e),
             Err(e) => {
-                return match try_wrappers(src, start, end, max_depth, allow_fence, allow_tag) {
+                return match try_wrappers(src, start, end, opts, allow_fence, allow_tag) {
                     Some(Ok(found)) => Ok(found),
                     _ => Err(e),
                 };
@@ -57,15 +57,15 @@ fn parse_window(
         }
     }
     let mut wrapper_err = None;
-    match try_wrappers(src, start, end, max_depth, allow_fence, allow_tag) {
+    match try_wrappers(src, start, end, opts, allow_fence, allow_tag) {
         Some(Ok(found)) => return Ok(found),
-        Some(Err(e @ RepairError::TooDeep { .. })) => return Err(e),
+        Some(Err(e)) if e.is_final() => return Err(e),
         Some(Err(e)) => wrapper_err = Some(e),
         None => {}
     }
-    match parse_plain(src, start, end, max_depth) {
+    match parse_plain(src, start, end, opts) {
         Ok(found) => Ok(found),
-        Err(e @ RepairError::TooDeep { .. }) => Err(e),
+        Err(e) if e.is_final() => Err(e),
         Err(e) => Err(wrapper_err.unwrap_or(e)),
     }
 }
@@ -75,23 +75,23 @@ fn try_wrappers(
     src: &str,
     start: usize,
     end: usize,
-    max_depth: usize,
+    opts: &RepairOptions,
     allow_fence: bool,
     allow_tag: bool,
 ) -> Option<Result<Found, RepairError>> {
     let mut wrapper_err = None;
     if allow_fence {
-        match try_fences(src, start, end, max_depth) {
+        match try_fences(src, start, end, opts) {
             Some(Ok(found)) => return Some(Ok(found)),
-            Some(Err(e @ RepairError::TooDeep { .. })) => return Some(Err(e)),
+            Some(Err(e)) if e.is_final() => return Some(Err(e)),
             Some(Err(e)) => wrapper_err = Some(e),
             None => {}
         }
     }
     if allow_tag {
-        match try_tags(src, start, end, max_depth) {
+        match try_tags(src, start, end, opts) {
             Some(Ok(found)) => return Some(Ok(found)),
-            Some(Err(e @ RepairError::TooDeep { .. })) => return Some(Err(e)),
+            Some(Err(e)) if e.is_final() => return Some(Err(e)),
             Some(Err(e)) => {
                 wrapper_err.get_or_insert(e);
             }
@@ -106,7 +106,7 @@ fn try_fences(
     src: &str,
     start: usize,
     end: usize,
-    max_depth: usize,
+    opts: &RepairOptions,
 ) -> Option<Result<Found, RepairError>> {
     let window = src.get(start..end)?;
     let mut from = 0;
@@ -136,7 +136,7 @@ fn try_fences(
             src,
             start + content_start,
             start + content_end,
-            max_depth,
+            opts,
             false,
             true,
         ) {
@@ -147,7 +147,7 @@ fn try_fences(
                 });
                 return Some(Ok(found));
             }
-            Err(e @ RepairError::TooDeep { .. }) => return Some(Err(e)),
+            Err(e) if e.is_final() => return Some(Err(e)),
             Err(e) => {
                 first_err.get_or_insert(e);
             }
@@ -166,7 +166,7 @@ fn try_tags(
     src: &str,
     start: usize,
     end: usize,
-    max_depth: usize,
+    opts: &RepairOptions,
 ) -> Option<Result<Found, RepairError>> {
     let window = src.get(start..end)?;
     let bytes = window.as_bytes();
@@ -205,7 +205,7 @@ fn try_tags(
             src,
             start + content_start,
             start + content_end,
-            max_depth,
+            opts,
             false,
             false,
         ) {
@@ -216,7 +216,7 @@ fn try_tags(
                 });
                 return Some(Ok(found));
             }
-            Err(e @ RepairError::TooDeep { .. }) => return Some(Err(e)),
+            Err(e) if e.is_final() => return Some(Err(e)),
             Err(e) => {
                 first_err.get_or_insert(e);
             }
@@ -258,9 +258,9 @@ fn parse_plain(
     src: &str,
     start: usize,
     end: usize,
-    max_depth: usize,
+    opts: &RepairOptions,
 ) -> Result<Found, RepairError> {
-    let mut lead = Parser::new(src, start, end, max_depth);
+    let mut lead = Parser::with_options(src, start, end, opts);
     lead.skip_ws();
     let first = lead.pos;
     if first >= lead.end() {
@@ -270,7 +270,7 @@ fn parse_plain(
     let mut first_err: Option<RepairError> = None;
     let mut cand_from = first;
     if lead.is_clear_value_start(first) {
-        match attempt(src, first, end, max_depth, true) {
+        match attempt(src, first, end, opts, true) {
             Ok((found, None)) => return Ok(with_lead(found, lead_repairs)),
             Ok((mut found, Some(garbage))) => {
                 if found.value.is_object() || found.value.is_array() {
@@ -283,9 +283,18 @@ fn parse_plain(
                 // A scalar followed by text is prose ("1. First, …"), not JSON.
                 cand_from = garbage.max(first + 1);
             }
-            Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+            Err(e) if e.is_final() => return Err(e),
             Err(e) => {
-                cand_from = e.offset().unwrap_or(first).max(first + 1);
+                // Whatever follows inside a bracketed value that failed is a fragment of it.
+                let resume = if matches!(src.as_bytes().get(first), Some(b'{' | b'[')) {
+                    match balanced_end(src, first, end) {
+                        Some(close) => close,
+                        None => return Err(e),
+                    }
+                } else {
+                    first + 1
+                };
+                cand_from = e.offset().unwrap_or(first).max(resume);
                 first_err = Some(e);
             }
         }
@@ -299,7 +308,7 @@ fn parse_plain(
         else {
             break;
         };
-        match attempt(src, c, end, max_depth, false) {
+        match attempt(src, c, end, opts, false) {
             Ok((mut found, garbage)) => {
                 let prefix = src.get(first..c).unwrap_or_default();
                 let kind = if prefix.chars().any(char::is_alphanumeric) {
@@ -319,14 +328,51 @@ fn parse_plain(
                 }
                 return Ok(with_lead(found, lead_repairs));
             }
-            Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+            Err(e) if e.is_final() => return Err(e),
             Err(e) => {
-                cand_from = e.offset().unwrap_or(c).max(c + 1);
+                let Some(close) = balanced_end(src, c, end) else {
+                    return Err(first_err.unwrap_or(e));
+                };
+                cand_from = e.offset().unwrap_or(c).max(close);
                 first_err.get_or_insert(e);
             }
         }
     }
     Err(first_err.unwrap_or(RepairError::NoJson))
+}
+
+/// Where the bracketed text opened at `at` closes: the position after the bracket that
+/// balances it, counting brackets outside double-quoted strings; `None` when it never
+/// closes. A later candidate before that point would be a fragment of a value that failed,
+/// and one that never closes leaves no later candidate that is not a fragment.
+fn balanced_end(src: &str, at: usize, end: usize) -> Option<usize> {
+    let bytes = src.as_bytes().get(at..end)?;
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(at + i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 fn with_lead(mut found: Found, mut lead: Vec<Repair>) -> Found {
@@ -343,10 +389,10 @@ fn attempt(
     src: &str,
     at: usize,
     end: usize,
-    max_depth: usize,
+    opts: &RepairOptions,
     at_start: bool,
 ) -> Result<(Found, Option<usize>), RepairError> {
-    let mut p = Parser::new(src, at, end, max_depth);
+    let mut p = Parser::with_options(src, at, end, opts);
     p.bare_words_in_arrays = at_start;
     let first = p.parse_value()?;
     let root_string = p.root_string.take().filter(|_| first.is_string());
@@ -377,7 +423,7 @@ fn attempt(
                             items.push(v);
                             continue;
                         }
-                        Err(e @ RepairError::TooDeep { .. }) => return Err(e),
+                        Err(e) if e.is_final() => return Err(e),
                         Err(_) => {}
                     }
                 }
@@ -401,9 +447,11 @@ fn attempt(
         garbage = Some(first_end);
     }
     let value = if items.len() > 1 {
-        if let Some(off) = ndjson_at {
-            p.note(RepairKind::NdjsonToArray, off);
+        let off = ndjson_at.unwrap_or(first_end);
+        if !opts.multiple {
+            return Err(RepairError::MultipleValues { offset: off });
         }
+        p.note(RepairKind::NdjsonToArray, off);
         Value::Array(items)
     } else {
         items.pop().unwrap_or(Value::Null)

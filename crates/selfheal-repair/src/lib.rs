@@ -59,7 +59,6 @@
 //! | `TagWrapper` | `<tool_call>{"a": 1}</tool_call>` | `{"a":1}` |
 //! | `Jsonp` | `callback({"a": 1});` | `{"a":1}` |
 //! | `MongoWrapper` | `{"n": NumberLong(2), "d": ISODate("2024-01-01")}` | `{"n":2,"d":"2024-01-01"}` |
-//! | `NdjsonToArray` | `{"a":1}` newline `{"a":2}` | `[{"a":1},{"a":2}]` |
 //! | `TrailingComma` | `[1, 2,]` | `[1,2]` |
 //! | `ExtraComma` | `[1,,2]` | `[1,2]` |
 //! | `MissingComma` | `{"a": 1 "b": 2}` | `{"a":1,"b":2}` |
@@ -77,28 +76,38 @@
 //! | `PythonLiteral` | `[True, False, None]` | `[true,false,null]` |
 //! | `JsLiteral` | `[undefined, NaN, -Infinity]` | `[null,null,null]` |
 //! | `LiteralCase` | `[TRUE, Null]` | `[true,null]` |
-//! | `ClosedTruncated` | `{"a": [1, {"b": "hel` | `{"a":[1,{"b":"hel"}]}` |
-//! | `DroppedIncomplete` | `{"a": 1, "b": tr` | `{"a":1}` |
+//! | `ClosedTruncated` | `{"a": [1, {"b": "hello"` | `{"a":[1,{"b":"hello"}]}` |
 //! | `EscapedControlChar` | `{"a": "line` newline `two"}` | `{"a":"line\ntwo"}` |
 //! | `InvalidEscape` | `{"p": "C:\Users"}` | `{"p":"C:\\Users"}` |
-//! | `DoubleEncoded` | `"{\"a\": 1}"` | `{"a":1}` |
 //! | `StringConcatenation` | `{"a": "x" + "y"}` | `{"a":"xy"}` |
 //! | `Ellipsis` | `[1, 2, ...]` | `[1,2]` |
 //! | `RedundantClosing` | `{"a": 1}}` | `{"a":1}` |
 //! | `MismatchedBracket` | `{"a": [1, 2}` | `{"a":[1,2]}` |
-//! | `NumberFormat` | `[007, 1., .5, +3]` | `[7,1.0,0.5,3]` |
+//! | `NumberFormat` | `[1., .5, +3]` | `[1.0,0.5,3]` |
 //! | `DoubleEncoded` (escaped quotes) | `{\"a\": \"b\"}` | `{"a":"b"}` |
 //! | `UnquotedString` (number-like) | `{"v": 0.0.1, "d": 2024-01-01}` | `{"v":"0.0.1","d":"2024-01-01"}` |
-//! | `NdjsonToArray` (scalars) | `1, 2, 3` | `[1,2,3]` |
 //!
-//! The table is checked by the `documented_examples_hold` test.
+//! The table is checked by the `documented_examples_hold` test. Opt-in, through
+//! [`RepairOptions`]: `NdjsonToArray` (`multiple`: `{"a":1}` newline `{"a":2}` →
+//! `[{"a":1},{"a":2}]`), `DoubleEncoded` for a whole string (`decode_strings`:
+//! `"{\"a\": 1}"` → `{"a":1}`), `LeadingZeroString` (`leading_zero_strings`: `0789` →
+//! `"0789"`), and `DroppedIncomplete` (`salvage`).
 //!
 //! # What is refused
 //!
-//! The rule is: **never invent a key or a value.** The parser refuses, with a
-//! [`RepairError`] that says where and why, when
+//! The rule is: **never return a value the input does not hold** — no invented key or
+//! value, no value cut short, no fragment, no digits dropped. Valid JSON comes back exactly
+//! as written. The parser refuses, with a [`RepairError`] that says where and why, when
 //!
-//! - a key has no value and more input follows (`{"a": }`, `{"a": , "b": 1}`, `{"a": ...}`);
+//! - the input was cut off inside a string, key, number, literal or escape, or after a comma
+//!   or an opening bracket ([`RepairError::Truncated`], at the byte where it stops). Closing
+//!   brackets left off after a *complete* last value (`{"a": "x"`) are still repaired;
+//! - a key has no value (`{"a": }`, `{"a": , "b": 1}`, `{"a":` at the end:
+//!   [`RepairError::MissingValue`]);
+//! - several top-level values follow each other ([`RepairError::MultipleValues`]) — an
+//!   array is built only with [`RepairOptions::multiple`];
+//! - a number has leading zeros ([`RepairError::LeadingZeros`]);
+//! - a bracketed value fails part-way: nothing later in it is taken in its place;
 //! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
 //! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);
 //! - a wrapper call has several arguments (`Date(2024, 1, 2)`);
@@ -122,11 +131,11 @@
 //! joined with `+`, a document encoded twice), offsets past the point where the two can be
 //! aligned fall back to the start of the string.
 //!
-//! Truncated output is different: what the model wrote is kept and closed. An open string is
-//! closed with the text it has, open arrays and objects are closed. A member that has no
-//! value yet (`{"a": 1, "b":`) or a half-written literal (`tr`) is **dropped and reported**
-//! as [`RepairKind::DroppedIncomplete`] — dropping loses nothing the model finished writing,
-//! while completing it would invent data.
+//! With [`RepairOptions::salvage`] truncated output is closed instead of refused: an open
+//! string is closed with the text it has, a member with no value yet (`{"a": 1, "b":`) or a
+//! half-written literal (`tr`) is dropped and reported as [`RepairKind::DroppedIncomplete`].
+//! That mode is lossy by definition; the gateway, the MCP proxy and the runtime never use
+//! it for tool arguments ([`repair_arguments`] is their one path).
 //!
 //! # Limits
 //!
@@ -134,6 +143,7 @@
 //! [`RepairOptions::max_depth`] (default [`DEFAULT_MAX_DEPTH`]) because the *result* — a
 //! `serde_json::Value` — is dropped, serialised and validated recursively.
 
+mod arguments;
 mod encoded;
 mod error;
 mod extract;
@@ -141,7 +151,8 @@ mod parser;
 mod report;
 pub mod schema;
 
-pub use error::RepairError;
+pub use arguments::{Arguments, ArgumentsError, check_arguments, repair_arguments};
+pub use error::{Cut, RepairError};
 pub use report::{Repair, RepairKind};
 pub use schema::{
     Coercion, CoercionKind, Outcome, SchemaError, SchemaGuide, Violation, reask_message,
@@ -160,18 +171,86 @@ const SERDE_DEPTH: usize = 128;
 /// How many layers of JSON-inside-a-string are decoded.
 const MAX_DECODE_LAYERS: usize = 4;
 
-/// Options for [`repair_with`].
+/// Options for [`repair_with`]. The defaults never return a value the input does not hold:
+/// every option that could is opt-in and off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RepairOptions {
     /// The deepest nesting accepted; deeper input is refused with [`RepairError::TooDeep`].
     pub max_depth: usize,
+    /// Lossy mode: truncated input is closed, its unfinished last member dropped and a cut
+    /// string kept as far as it goes, instead of refused with [`RepairError::Truncated`] or
+    /// [`RepairError::MissingValue`]; leading zeros are stripped. The repairs say so
+    /// ([`RepairKind::ClosedTruncated`], [`RepairKind::DroppedIncomplete`]). Never for tool
+    /// arguments.
+    pub salvage: bool,
+    /// Collect several top-level values (newline-delimited JSON, `{..}{..}`, `1, 2, 3`) into
+    /// an array instead of refusing with [`RepairError::MultipleValues`].
+    pub multiple: bool,
+    /// Read a number with leading zeros (`0789`) as the string it spells instead of refusing
+    /// with [`RepairError::LeadingZeros`]. Schema-guided repair ([`repair_arguments`]) sets
+    /// it: the schema then accepts the string only where it allows a string.
+    pub leading_zero_strings: bool,
+    /// Decode a top-level string that holds a JSON object or array (`"{\"a\": 1}"`).
+    /// Schema-guided repair sets it when the schema wants an object or array there.
+    pub decode_strings: bool,
 }
 
 impl Default for RepairOptions {
     fn default() -> Self {
         Self {
             max_depth: DEFAULT_MAX_DEPTH,
+            salvage: false,
+            multiple: false,
+            leading_zero_strings: false,
+            decode_strings: false,
         }
+    }
+}
+
+impl RepairOptions {
+    /// The lossy mode ([`RepairOptions::salvage`]) with the other defaults.
+    #[must_use]
+    pub fn salvage() -> Self {
+        Self {
+            salvage: true,
+            ..Self::default()
+        }
+    }
+
+    /// Sets [`RepairOptions::salvage`].
+    #[must_use]
+    pub fn with_salvage(mut self, on: bool) -> Self {
+        self.salvage = on;
+        self
+    }
+
+    /// Sets [`RepairOptions::multiple`].
+    #[must_use]
+    pub fn with_multiple(mut self, on: bool) -> Self {
+        self.multiple = on;
+        self
+    }
+
+    /// Sets [`RepairOptions::leading_zero_strings`].
+    #[must_use]
+    pub fn with_leading_zero_strings(mut self, on: bool) -> Self {
+        self.leading_zero_strings = on;
+        self
+    }
+
+    /// Sets [`RepairOptions::decode_strings`].
+    #[must_use]
+    pub fn with_decode_strings(mut self, on: bool) -> Self {
+        self.decode_strings = on;
+        self
+    }
+
+    /// Sets [`RepairOptions::max_depth`].
+    #[must_use]
+    pub fn with_max_depth(mut self, max_depth: usize) -> Self {
+        self.max_depth = max_depth;
+        self
     }
 }
 
@@ -224,14 +303,16 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
         };
         (out, literal)
     } else {
-        let found = extract::parse_document(input, options.max_depth)?;
+        let found = extract::parse_document(input, options)?;
         let out = Repaired {
             value: found.value,
             repairs: found.repairs,
         };
         (out, found.root_string)
     };
-    decode_layers(&mut out, input, first, literal, options);
+    if options.decode_strings {
+        decode_layers(&mut out, input, first, literal, options);
+    }
     out.repairs.sort_by_key(|r| r.offset);
     Ok(out)
 }
@@ -281,7 +362,7 @@ fn decode_layers(
         }
         let (value, mut inner) = match serde_json::from_str::<Value>(t) {
             Ok(v) => (v, Vec::new()),
-            Err(_) => match extract::parse_document(t, options.max_depth) {
+            Err(_) => match extract::parse_document(t, options) {
                 Ok(found)
                     if !found.repairs.iter().any(|r| {
                         matches!(

@@ -10,7 +10,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::{Repair, RepairError, RepairKind};
+use crate::{Cut, Repair, RepairError, RepairKind};
 
 /// Bytes that stop the fast scan of a string body.
 const SPECIAL: [bool; 256] = {
@@ -131,6 +131,14 @@ pub(crate) struct Parser<'a> {
     /// argument of a top-level wrapper call) starts and where its first literal ends. Used to
     /// map offsets inside a double-encoded document back to the input.
     pub(crate) root_string: Option<(usize, usize)>,
+    /// Lossy mode: close what truncation left open and drop the unfinished part instead of
+    /// refusing ([`crate::RepairOptions::salvage`]).
+    pub(crate) salvage: bool,
+    /// Read a number with leading zeros as the string it spells instead of refusing it.
+    pub(crate) leading_zero_strings: bool,
+    /// The first loss found where the caller could not return an error at once; the parse
+    /// is refused with it when it ends.
+    loss: Option<RepairError>,
 }
 
 impl<'a> Parser<'a> {
@@ -153,7 +161,56 @@ impl<'a> Parser<'a> {
             bare_words_in_arrays: false,
             jsonp: false,
             root_string: None,
+            salvage: false,
+            leading_zero_strings: false,
+            loss: None,
         }
+    }
+
+    /// Truncation cut `cut` at the end of the input. Refused unless salvaging; when
+    /// salvaging, the caller drops or closes what is unfinished.
+    fn cut_off(&self, cut: Cut) -> Result<(), RepairError> {
+        if self.salvage {
+            Ok(())
+        } else {
+            Err(RepairError::Truncated {
+                offset: self.end,
+                cut,
+            })
+        }
+    }
+
+    /// As [`Self::cut_off`], for callers that cannot return an error: the loss is kept and
+    /// the parse refused when it ends.
+    fn remember_cut(&mut self, cut: Cut) {
+        if let Err(e) = self.cut_off(cut) {
+            self.loss.get_or_insert(e);
+        }
+    }
+
+    /// A key with no value: refused unless salvaging.
+    fn key_without_value(&self, offset: usize) -> Result<(), RepairError> {
+        if self.salvage {
+            return Ok(());
+        }
+        let key = match self.stack.last() {
+            Some(Frame::Obj { key, .. }) => key.clone(),
+            _ => None,
+        };
+        Err(RepairError::MissingValue { offset, key })
+    }
+
+    /// A parser over `src[pos..end]` configured by `opts`.
+    pub(crate) fn with_options(
+        src: &'a str,
+        pos: usize,
+        end: usize,
+        opts: &crate::RepairOptions,
+    ) -> Self {
+        let mut p = Self::new(src, pos, end, opts.max_depth);
+        p.salvage = opts.salvage;
+        p.leading_zero_strings = opts.leading_zero_strings;
+        p
     }
 
     /// The end of the window.
@@ -450,6 +507,7 @@ impl<'a> Parser<'a> {
         self.open_call = 0;
         self.done = None;
         self.root_string = None;
+        self.loss = None;
         let mut state = State::Value;
         loop {
             let next = match state {
@@ -458,6 +516,9 @@ impl<'a> Parser<'a> {
                 State::ArrElem { after_comma } => self.arr_elem_state(after_comma),
                 State::ObjKey { after_comma } => self.obj_key_state(after_comma),
                 State::Done => {
+                    if let Some(loss) = self.loss.take() {
+                        return Err(loss);
+                    }
                     return self
                         .done
                         .take()
@@ -510,9 +571,10 @@ impl<'a> Parser<'a> {
 
     fn missing_value(&self, offset: usize) -> RepairError {
         match self.stack.last() {
-            Some(Frame::Obj { key: Some(k), .. }) => {
-                self.err(offset, format!("missing value for key {k:?}"))
-            }
+            Some(Frame::Obj { key, .. }) => RepairError::MissingValue {
+                offset,
+                key: key.clone(),
+            },
             _ => self.err(offset, "missing value"),
         }
     }
@@ -523,6 +585,11 @@ impl<'a> Parser<'a> {
         let Some(c) = self.peek() else {
             if self.stack.is_empty() {
                 return Err(self.err(start, "input ends before any value").into());
+            }
+            if matches!(self.stack.last(), Some(Frame::Obj { key: Some(_), .. })) {
+                self.key_without_value(start)?;
+            } else {
+                self.cut_off(Cut::Element)?;
             }
             self.drop_incomplete(start);
             let v = self.finish_truncated()?;
@@ -563,6 +630,7 @@ impl<'a> Parser<'a> {
                     if self.stack.is_empty() {
                         return Err(self.err(start, "truncated number").into());
                     }
+                    self.cut_off(Cut::Number)?;
                     self.drop_incomplete(start);
                     {
                         let v = self.finish_truncated()?;
@@ -622,6 +690,7 @@ impl<'a> Parser<'a> {
             }
             let q = self.skip_plain_ws_from(p + 1);
             if q >= self.end {
+                self.cut_off(Cut::String)?;
                 self.pos = q;
                 self.note_truncated();
                 return Ok((s, literal_end));
@@ -691,6 +760,7 @@ impl<'a> Parser<'a> {
                     .err(start, format!("truncated literal {word:?}"))
                     .into());
             }
+            self.cut_off(Cut::Literal)?;
             self.drop_incomplete(start);
             let v = self.finish_truncated()?;
             return Ok(self.done_with(v));
@@ -716,6 +786,10 @@ impl<'a> Parser<'a> {
         let text = self.s(start, i).trim_end();
         if text.is_empty() {
             return Err(self.missing_value(start));
+        }
+        if i >= self.end {
+            // The word runs to the end of the input: it may have been cut.
+            self.cut_off(Cut::Literal)?;
         }
         self.note(RepairKind::UnquotedString, start);
         self.pos = start + text.len();
@@ -838,6 +912,7 @@ impl<'a> Parser<'a> {
             let at = self.pos;
             match self.peek() {
                 None => {
+                    self.cut_off(Cut::Element)?;
                     return {
                         let v = self.finish_truncated()?;
                         Ok(self.done_with(v))
@@ -881,6 +956,7 @@ impl<'a> Parser<'a> {
             let at = self.pos;
             match self.peek() {
                 None => {
+                    self.cut_off(Cut::Element)?;
                     return {
                         let v = self.finish_truncated()?;
                         Ok(self.done_with(v))
@@ -918,6 +994,8 @@ impl<'a> Parser<'a> {
                     {
                         let (k, closed) = self.parse_string(Ctx::Key)?;
                         if !closed {
+                            self.loss = None;
+                            self.cut_off(Cut::Key)?;
                             self.drop_incomplete(at);
                             return {
                                 let v = self.finish_truncated()?;
@@ -939,6 +1017,13 @@ impl<'a> Parser<'a> {
         let at = self.pos;
         match self.peek() {
             None => {
+                if !self.salvage {
+                    return Err(RepairError::MissingValue {
+                        offset: self.pos,
+                        key: Some(key),
+                    }
+                    .into());
+                }
                 self.drop_incomplete(key_at);
                 {
                     let v = self.finish_truncated()?;
@@ -1026,6 +1111,10 @@ impl<'a> Parser<'a> {
             i += 1;
         }
         let mut int = self.s(int_start, i);
+        if int.len() > 1 && int.starts_with('0') && !self.salvage {
+            // `0789`: a zip code or an id, not the number 789.
+            return self.leading_zeros(start);
+        }
         if int.len() > 1 && int.starts_with('0') {
             fixed = true;
             int = int.trim_start_matches('0');
@@ -1090,6 +1179,12 @@ impl<'a> Parser<'a> {
             }
         }
         self.pos = i;
+        if at_eof_fix {
+            // `1.`, `1e`: the input stops where digits had to follow. (A number that merely
+            // ends where the input ends is taken as complete: nothing in the text says
+            // otherwise, and callers that know the output was cut must refuse it.)
+            self.cut_off(Cut::Number)?;
+        }
         let text: std::borrow::Cow<'_, str> = if fixed {
             if at_eof_fix {
                 self.note_truncated();
@@ -1116,6 +1211,31 @@ impl<'a> Parser<'a> {
         number_value(&text, is_float)
             .map(Some)
             .ok_or_else(|| self.err(start, format!("number {text} is out of range")))
+    }
+
+    /// A number with leading zeros at `start`: the string it spells when the caller allows
+    /// that (a schema decides later whether a string fits), otherwise a refusal.
+    fn leading_zeros(&mut self, start: usize) -> Result<Option<Value>, RepairError> {
+        let mut i = start;
+        if matches!(self.at(i), Some(b'-' | b'+')) {
+            i += 1;
+        }
+        while self
+            .at(i)
+            .is_some_and(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'E'))
+        {
+            i += 1;
+        }
+        let text = self.s(start, i);
+        if !self.leading_zero_strings {
+            return Err(RepairError::LeadingZeros {
+                offset: start,
+                text: text.to_owned(),
+            });
+        }
+        self.note(RepairKind::LeadingZeroString, start);
+        self.pos = i;
+        Ok(Some(Value::String(text.to_owned())))
     }
 
     /// Parses a quoted string at `pos`. Returns the text and whether it was closed (false
@@ -1150,7 +1270,11 @@ impl<'a> Parser<'a> {
             }
             let Some(c) = self.at(i) else {
                 out.push_str(self.s(seg, self.end));
-                if let Some(fb) = fallback {
+                // A quote of the wrong kind right at the end may just as well be text of a
+                // string that was cut off there.
+                if let Some(fb) = fallback
+                    && (self.salvage || self.skip_plain_ws_from(fb.after) < self.end)
+                {
                     return Ok(self.use_fallback(fb, out));
                 }
                 return Ok(self.unterminated(out, content_start, ctx));
@@ -1277,6 +1401,7 @@ impl<'a> Parser<'a> {
         let content_start = start + 2;
         let rest = self.s(content_start, self.end);
         let Some(close) = rest.find("\\\"") else {
+            self.remember_cut(Cut::String);
             self.note_truncated();
             self.pos = self.end;
             return (rest.to_owned(), false);
@@ -1388,8 +1513,10 @@ impl<'a> Parser<'a> {
     /// The input ended inside a string.
     fn unterminated(&mut self, mut out: String, content_start: usize, ctx: Ctx) -> (String, bool) {
         self.pos = self.end;
-        if ctx == Ctx::Value && !self.stack.is_empty() {
-            // `{"a": "hello}`: the closing quote is missing before the closing brackets.
+        if self.salvage && ctx == Ctx::Value && !self.stack.is_empty() {
+            // `{"a": "hello}`: the closing quote may be missing before the closing brackets,
+            // or the input may have been cut inside a string that holds `}`: only salvage
+            // takes the guess.
             let raw = self.s(content_start, self.end);
             let bytes = raw.as_bytes();
             let mut j = bytes.len();
@@ -1421,6 +1548,10 @@ impl<'a> Parser<'a> {
                 return (out, true);
             }
         }
+        self.remember_cut(match ctx {
+            Ctx::Key => Cut::Key,
+            Ctx::Value => Cut::String,
+        });
         self.note_truncated();
         (out, false)
     }
@@ -1428,6 +1559,7 @@ impl<'a> Parser<'a> {
     /// Decodes the escape at `i` (a backslash) into `out`; returns the next position.
     fn escape(&mut self, i: usize, open: Quote, out: &mut String) -> usize {
         let Some(e) = self.at(i + 1) else {
+            self.remember_cut(Cut::Escape);
             self.note_truncated();
             return self.end;
         };
@@ -1477,6 +1609,7 @@ impl<'a> Parser<'a> {
                     .all(|c| c.is_ascii_hexdigit())
             {
                 // `\u12` cut off by truncation: drop the partial escape.
+                self.remember_cut(Cut::Escape);
                 self.note_truncated();
                 return self.end;
             }

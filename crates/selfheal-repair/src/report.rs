@@ -74,10 +74,12 @@ pub enum RepairKind {
     JsLiteral,
     /// A literal in the wrong case (`TRUE`, `Null`) was converted.
     LiteralCase,
-    /// Truncated output was closed: open strings, arrays and objects.
+    /// Closing brackets the input left off were added. By default only after a complete
+    /// last value (`{"a": "x"`), where no data was lost; with
+    /// [`RepairOptions::salvage`](crate::RepairOptions::salvage) also after a cut string.
     ClosedTruncated,
-    /// An incomplete trailing member or element of truncated output (a key without a value,
-    /// a half-written literal) was dropped rather than invented.
+    /// Salvage only: an incomplete trailing member or element of truncated output (a key
+    /// without a value, a half-written literal) was dropped.
     DroppedIncomplete,
     /// A raw newline or control character inside a string was escaped.
     EscapedControlChar,
@@ -94,9 +96,13 @@ pub enum RepairKind {
     /// A closing bracket of the wrong kind was taken as the right one, or a missing closing
     /// bracket was inserted before an outer one.
     MismatchedBracket,
-    /// A number with leading zeros, a leading `+`, a leading or trailing dot, or an empty
-    /// exponent was normalised.
+    /// A number with a leading `+`, or a leading or trailing dot, was normalised (`+3`,
+    /// `.5`, `1.`); salvage also strips leading zeros.
     NumberFormat,
+    /// A number with leading zeros (`0789`) was kept as the string it spells; only with
+    /// [`RepairOptions::leading_zero_strings`](crate::RepairOptions::leading_zero_strings),
+    /// which schema-guided repair sets so that the schema decides.
+    LeadingZeroString,
 }
 
 impl RepairKind {
@@ -139,6 +145,7 @@ impl RepairKind {
             Self::RedundantClosing => "removed a redundant closing bracket",
             Self::MismatchedBracket => "fixed a mismatched or missing closing bracket",
             Self::NumberFormat => "normalised a number",
+            Self::LeadingZeroString => "kept a number with leading zeros as a string",
         }
     }
 }

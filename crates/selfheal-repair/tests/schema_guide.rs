@@ -82,17 +82,81 @@ fn parses_json_encoded_in_a_string_where_an_object_is_required() {
     );
 }
 
+/// Applies `schema` with defaults filled and unknown properties dropped (both opt-in).
+fn apply_lossy(schema: Value, v: Value) -> selfheal_repair::Outcome {
+    SchemaGuide::new(&schema)
+        .unwrap()
+        .with_fill_defaults(true)
+        .with_drop_unknown(true)
+        .apply(v)
+}
+
+/// Issue 14: without opt-in, no default is written and nothing is dropped.
+#[test]
+fn writes_no_default_and_drops_nothing_unless_asked() {
+    let closed = json!({"type": "object", "properties": {
+        "a": {"type": "integer"}, "unit": {"type": "string", "default": "c"}
+    }, "additionalProperties": false});
+    // Valid and missing a defaulted property: untouched.
+    let o = apply(closed.clone(), json!({"a": 1}));
+    assert_eq!(o.value, json!({"a": 1}));
+    assert!(o.coercions.is_empty() && o.is_valid());
+    // An unknown property is a violation, not a silent drop.
+    let o = apply(closed, json!({"a": 1, "extra": true}));
+    assert_eq!(o.value, json!({"a": 1, "extra": true}));
+    assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
+}
+
+/// Issue 14: a default that violates its own schema is never written, even when asked.
+#[test]
+fn never_writes_a_default_that_breaks_its_own_schema() {
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string", "default": null},
+        "mode": {"type": "string", "enum": ["a", "b"], "default": "dontcare"},
+        "n": {"type": "integer", "default": "dontcare"},
+        "k": {"type": "integer", "default": 3}
+    }});
+    let o = apply_lossy(schema, json!({}));
+    assert_eq!(o.value, json!({"k": 3}));
+    assert_eq!(kinds(&o), vec![("/k".into(), CoercionKind::FilledDefault)]);
+}
+
+/// Issue 14: a valid value comes back untouched, even where a coercion could apply.
+#[test]
+fn valid_values_are_never_changed() {
+    let schema = json!({"type": "object", "properties": {
+        "q": {"type": ["string", "integer"]},
+        "payload": {"type": ["string", "object"]},
+        "tags": {"anyOf": [{"type": "string"}, {"type": "array"}]}
+    }});
+    let v = json!({"q": "5", "payload": "{\"a\": 1}", "tags": "x"});
+    let o = apply(schema, v.clone());
+    assert_eq!(o.value, v);
+    assert!(o.coercions.is_empty());
+}
+
+/// Issue 14: text with leading zeros is never read as a number.
+#[test]
+fn leading_zero_strings_are_not_numbers() {
+    let o = apply(
+        json!({"type": "object", "properties": {"zip": {"type": "integer"}, "n": {"type": "number"}}}),
+        json!({"zip": "0789", "n": "-01.5"}),
+    );
+    assert_eq!(o.value, json!({"zip": "0789", "n": "-01.5"}));
+    assert_eq!(o.violations.len(), 2, "{:?}", o.violations);
+}
+
 #[test]
 fn fills_defaults_and_drops_unknown_only_when_closed() {
     let closed = json!({"type": "object", "properties": {
         "a": {"type": "integer"}, "unit": {"type": "string", "default": "c"}
     }, "additionalProperties": false});
-    let o = apply(closed, json!({"a": 1, "extra": true}));
+    let o = apply_lossy(closed, json!({"a": 1, "extra": true}));
     assert_eq!(o.value, json!({"a": 1, "unit": "c"}));
     assert!(kinds(&o).contains(&("/unit".into(), CoercionKind::FilledDefault)));
     assert!(kinds(&o).contains(&("/extra".into(), CoercionKind::DroppedUnknownProperty)));
     // Open schemas keep unknown properties.
-    let o = apply(
+    let o = apply_lossy(
         json!({"type": "object", "properties": {"a": {}}}),
         json!({"extra": 1}),
     );
@@ -241,7 +305,7 @@ fn accepts_wild_tool_schemas_that_strict_validators_reject() {
 
 #[test]
 fn pattern_properties_are_known_under_closed_schemas() {
-    let o = apply(
+    let o = apply_lossy(
         json!({"type": "object",
             "properties": {"name": {"type": "string"}},
             "patternProperties": {"^x-": {"type": "integer"}, "^tag_\\d+$": {"type": "string"}},
@@ -293,7 +357,7 @@ fn pattern_properties_coerce_alongside_properties_and_additional_schemas() {
         ]
     );
     // Nested objects, reached through `items`, use their own patterns.
-    let o = apply(
+    let o = apply_lossy(
         json!({"type": "array", "items": {"type": "object",
             "patternProperties": {"^[a-z]+$": {"type": "number"}},
             "additionalProperties": false}}),

@@ -40,7 +40,7 @@ use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryActio
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, Subject, Verifier};
-use selfheal_repair::{SchemaGuide, reask_message};
+use selfheal_repair::{ArgumentsError, SchemaGuide};
 
 use crate::client::{ClientError, ModelClient};
 use crate::tool::{Effect, Tool, ToolError};
@@ -414,7 +414,8 @@ impl Loop<'_> {
                         self.messages.push(json!({"role": "user", "content": "Please do the task with the tools offered."}));
                         continue;
                     }
-                    self.tool_turn(&offered, &content, &calls, step, usage)
+                    let cut_off = c.finish_reason() == Some("length");
+                    self.tool_turn(&offered, &content, &calls, cut_off, step, usage)
                         .await?;
                 }
             }
@@ -626,6 +627,7 @@ impl Loop<'_> {
         offered: &[Arc<dyn Tool>],
         content: &str,
         calls: &[Value],
+        cut_off: bool,
         step: Option<u32>,
         usage: Amounts,
     ) -> Result<(), Stop> {
@@ -674,47 +676,48 @@ impl Loop<'_> {
                 continue;
             };
             let tname = tool.spec().name.clone();
-            let parsed = if raw_text.trim().is_empty() {
-                Ok((json!({}), false))
-            } else {
-                selfheal_repair::repair(&raw_text)
-                    .map(|r| {
-                        let was = r.was_repaired();
-                        (r.value, was)
-                    })
-                    .map_err(|e| e.to_string())
+            // The one non-corrupting path the gateway and the MCP proxy use too: valid
+            // arguments untouched, a cut-off call refused, no default written.
+            let guide = match self.guides.get(&tname) {
+                Some(Some(g)) => Some(g),
+                _ => None,
             };
-            let (value, json_repaired) = match parsed {
-                Ok(v) => v,
-                Err(e) => {
-                    let err = format!("at (root): arguments are not valid JSON: {e}");
-                    let text = format!(
-                        "The arguments for `{tname}` do not match its schema:\n- {err}\nCall `{tname}` again with valid JSON arguments."
-                    );
+            let checked_args = if cut_off && serde_json::from_str::<Value>(&raw_text).is_err() {
+                let text = format!(
+                    "Your call to `{tname}` was cut off by the output length limit, so it was not run. \
+                     Call `{tname}` again with the complete arguments as one JSON object."
+                );
+                Err((
+                    text,
+                    vec!["at (root): the arguments were cut off".to_owned()],
+                ))
+            } else {
+                selfheal_repair::repair_arguments(&raw_text, guide).map_err(|e| {
+                    let errors = match &e {
+                        ArgumentsError::Invalid(v) => v.iter().map(ToString::to_string).collect(),
+                        ArgumentsError::Unreadable(r) => {
+                            vec![format!("at (root): arguments are not valid JSON: {r}")]
+                        }
+                    };
+                    (e.reask_message(&raw_text, &tname), errors)
+                })
+            };
+            let args = match checked_args {
+                Ok(a) => a,
+                Err((text, errors)) => {
                     history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": raw_text}}));
-                    problems.push((id, text, Signal::InvalidArguments { errors: vec![err] }));
+                    problems.push((id, text, Signal::InvalidArguments { errors }));
                     continue;
                 }
             };
-            let outcome = match self.guides.get(&tname) {
-                Some(Some(g)) => g.apply(value),
-                _ => selfheal_repair::schema::Outcome {
-                    value,
-                    coercions: Vec::new(),
-                    violations: Vec::new(),
-                },
+            let outcome = selfheal_repair::schema::Outcome {
+                value: args.value,
+                coercions: args.coercions,
+                violations: Vec::new(),
             };
+            let json_repaired = !args.repairs.is_empty();
             let args_text = outcome.value.to_string();
             history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
-            if !outcome.is_valid() {
-                let errors = outcome.violations.iter().map(ToString::to_string).collect();
-                problems.push((
-                    id,
-                    reask_message(&outcome.violations, &tname),
-                    Signal::InvalidArguments { errors },
-                ));
-                continue;
-            }
             let repaired = renamed || json_repaired || !outcome.coercions.is_empty();
             if repaired {
                 self.log.push(format!(

@@ -3,15 +3,20 @@
 //! A thin shell over `selfheal_repair` so the repair can be tried on real model output and
 //! used in scripts: the exit code says whether the result can be trusted.
 //!
-//! Exit codes: 0 valid (and schema-valid when `--schema` is given); 1 unrepairable or still
-//! violating the schema, with the reason on stderr; 2 usage errors (bad flags, unreadable
-//! or invalid schema file).
+//! Exit codes:
+//! - 0: a value was returned, and nothing in it was invented or lost (valid input comes back
+//!   unchanged; `--report` lists every repair with its byte offset). With `--salvage` data may
+//!   have been dropped, and the report says `"salvaged": true`.
+//! - 1: refused — the input was cut off, a value is missing, several values follow each
+//!   other, a number has leading zeros, or the value still violates the schema. The reason
+//!   and byte offset go to stderr, followed by the re-ask text for the model.
+//! - 2: usage errors (bad flags, unreadable or invalid schema file).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use selfheal_repair::{SchemaGuide, repair};
+use selfheal_repair::{RepairKind, RepairOptions, SchemaGuide, repair_with};
 use serde_json::json;
 
 /// Exit code: the output is valid.
@@ -30,9 +35,25 @@ pub struct RepairArgs {
     /// Write the repairs (and coercions) applied to stderr, as one line of JSON.
     #[arg(long)]
     pub report: bool,
-    /// Tool name used in the re-ask message printed when the schema is violated.
+    /// Tool name used in the re-ask message printed on a refusal.
     #[arg(long, value_name = "NAME", default_value = "the tool")]
     pub tool: String,
+    /// With --schema: fill missing properties with their declared defaults (only defaults
+    /// that fit their own schema). Off by default: the tool applies its own defaults.
+    #[arg(long, requires = "schema")]
+    pub fill_defaults: bool,
+    /// With --schema: remove properties `additionalProperties: false` forbids instead of
+    /// refusing them.
+    #[arg(long, requires = "schema")]
+    pub drop_unknown: bool,
+    /// Lossy mode: close truncated input and drop its unfinished part instead of refusing
+    /// (exit 0, reported as salvaged). Never use it for tool arguments.
+    #[arg(long)]
+    pub salvage: bool,
+    /// Collect several top-level values (NDJSON, `{..}{..}`) into an array instead of
+    /// refusing.
+    #[arg(long)]
+    pub multiple: bool,
 }
 
 /// Runs `selfheal repair`; returns the process exit code.
@@ -40,7 +61,10 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
     let guide = match &args.schema {
         None => None,
         Some(path) => match load_schema(path) {
-            Ok(g) => Some(g),
+            Ok(g) => Some(
+                g.with_fill_defaults(args.fill_defaults)
+                    .with_drop_unknown(args.drop_unknown),
+            ),
             Err(msg) => {
                 eprintln!("error: {msg}");
                 return Ok(EXIT_USAGE);
@@ -53,16 +77,31 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
         eprintln!("error: input is not valid UTF-8");
         return Ok(EXIT_INVALID);
     };
-    let repaired = match repair(&input) {
+    // With a schema, the schema decides whether `0789` may be the string it spells and
+    // whether a string holding an object is that object.
+    let options = RepairOptions::default()
+        .with_salvage(args.salvage)
+        .with_multiple(args.multiple)
+        .with_leading_zero_strings(guide.is_some())
+        .with_decode_strings(guide.as_ref().is_some_and(SchemaGuide::wants_container));
+    let repaired = match repair_with(&input, &options) {
         Ok(r) => r,
         Err(e) => {
             if args.report {
-                eprintln!("{}", json!({"repairs": [], "error": e.to_string()}));
+                eprintln!(
+                    "{}",
+                    json!({"repairs": [], "error": e.to_string(), "offset": e.offset(), "truncated": e.is_truncation()})
+                );
             }
             eprintln!("error: {e}");
+            eprintln!("{}", e.reask_message(&input, &args.tool));
             return Ok(EXIT_INVALID);
         }
     };
+    let salvaged = repaired.repairs.iter().any(|r| {
+        r.kind == RepairKind::DroppedIncomplete
+            || (args.salvage && r.kind == RepairKind::ClosedTruncated)
+    });
     let (value, coercions, violations) = match &guide {
         Some(g) => {
             let o = g.apply(repaired.value);
@@ -77,7 +116,7 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
     if args.report {
         eprintln!(
             "{}",
-            json!({"repairs": repaired.repairs, "coercions": coercions, "violations": violations})
+            json!({"repairs": repaired.repairs, "coercions": coercions, "violations": violations, "salvaged": salvaged})
         );
     }
     if violations.is_empty() {

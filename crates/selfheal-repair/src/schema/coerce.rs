@@ -1,9 +1,11 @@
 //! The coercion walk: safe fixes guided by the schema, before validation.
 //!
 //! Only changes that cannot alter what the model meant are made: a numeric string where a
-//! number is required, `"true"` where a boolean is, a lone value where an array is, a number
-//! where a string is, a declared default for a missing property, an unknown property where
-//! `additionalProperties` is `false`. Anything else is left for validation to report.
+//! number is required (never one with leading zeros: `"0789"` is an id, not 789), `"true"`
+//! where a boolean is, a lone value where an array is, a number where a string is; and, when
+//! the caller opts in, a declared default for a missing property or the removal of an
+//! unknown property where `additionalProperties` is `false`. Anything else is left for
+//! validation to report.
 //!
 //! A property is known when `properties` names it or a `patternProperties` regex matches it;
 //! its value is coerced against every sub-schema that describes it. A pattern that cannot be
@@ -29,6 +31,10 @@ pub(crate) struct Walker<'s> {
     pub(crate) root: &'s Value,
     pub(crate) patterns: &'s Patterns,
     pub(crate) coercions: Vec<Coercion>,
+    /// Fill missing properties with their declared defaults.
+    pub(crate) fill_defaults: bool,
+    /// Remove properties `additionalProperties: false` forbids.
+    pub(crate) drop_unknown: bool,
 }
 
 /// The `patternProperties` regexes of a schema, compiled once; `None` for a pattern that does
@@ -116,9 +122,18 @@ fn accepts(schema: &Value, v: &Value) -> bool {
     }
 }
 
-/// `"5"` → 5, `"-3"` → -3, `"5.0"` → 5 (integers only).
+/// Whether numeric text has a leading zero followed by another digit (`007`, `-01.5`).
+fn has_leading_zero(t: &str) -> bool {
+    let digits = t.trim_start_matches(['-', '+']).as_bytes();
+    digits.len() > 1 && digits[0] == b'0' && digits[1].is_ascii_digit()
+}
+
+/// `"5"` → 5, `"-3"` → -3, `"5.0"` → 5 (integers only). Never text with leading zeros.
 fn parse_integer(s: &str) -> Option<Value> {
     let t = s.trim();
+    if has_leading_zero(t) {
+        return None;
+    }
     if let Ok(n) = t.parse::<i64>() {
         return Some(Value::from(n));
     }
@@ -141,6 +156,9 @@ fn parse_integer(s: &str) -> Option<Value> {
 /// `"2.5"` → 2.5; integer text stays an integer.
 fn parse_number(s: &str) -> Option<Value> {
     let t = s.trim();
+    if has_leading_zero(t) {
+        return None;
+    }
     if let Some(v) = parse_integer(t) {
         return Some(v);
     }
@@ -252,6 +270,8 @@ impl<'s> Walker<'s> {
                 root: self.root,
                 patterns: self.patterns,
                 coercions: Vec::new(),
+                fill_defaults: self.fill_defaults,
+                drop_unknown: self.drop_unknown,
             };
             sub.walk(&mut trial, branch, pointer, depth + 1);
             if accepts(branch, &trial) {
@@ -355,7 +375,10 @@ impl<'s> Walker<'s> {
                 match map.get_mut(name) {
                     Some(child) => self.walk(child, sub, pointer, depth + 1),
                     None => {
-                        if let Some(default) = sub.get("default") {
+                        if let Some(default) = sub
+                            .get("default")
+                            .filter(|d| self.fill_defaults && accepts(sub, d) && fits_enum(sub, d))
+                        {
                             map.insert(name.clone(), default.clone());
                             self.note(pointer, CoercionKind::FilledDefault);
                         }
@@ -396,7 +419,7 @@ impl<'s> Walker<'s> {
         let known =
             |k: &str| unreadable || props.is_some_and(|p| p.contains_key(k)) || matched.contains(k);
         match schema.get("additionalProperties") {
-            Some(Value::Bool(false)) => {
+            Some(Value::Bool(false)) if self.drop_unknown => {
                 let unknown: Vec<String> = map.keys().filter(|k| !known(k)).cloned().collect();
                 for k in unknown {
                     map.remove(&k);
@@ -447,6 +470,14 @@ impl<'s> Walker<'s> {
             self.walk(item, sub, pointer, depth + 1);
             pointer.truncate(len);
         }
+    }
+}
+
+/// Whether `v` is one of the schema's `enum` members, when it lists them.
+fn fits_enum(schema: &Value, v: &Value) -> bool {
+    match schema.get("enum") {
+        Some(Value::Array(options)) => options.contains(v),
+        _ => true,
     }
 }
 

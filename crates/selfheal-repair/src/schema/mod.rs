@@ -5,6 +5,12 @@
 //! [`CoercionKind`]) and turns what is left into precise [`Violation`]s, which
 //! [`reask_message`] turns into the message for the model.
 //!
+//! A value that already validates is returned untouched: no coercion, no default, no
+//! decoding. Filling declared defaults ([`SchemaGuide::with_fill_defaults`]) and dropping
+//! properties the schema forbids ([`SchemaGuide::with_drop_unknown`]) are opt-in: the tool
+//! applies its own defaults, real schemas declare defaults that violate them, and a dropped
+//! property is data the model meant to send.
+//!
 //! Validation uses the `jsonschema` crate (draft detected from `$schema`, 2020-12 by
 //! default; draft 7 supported). The coercion walk is our own, because a validator only says
 //! *that* a value is wrong, not how to fix it safely.
@@ -71,9 +77,11 @@ pub enum CoercionKind {
     ParsedJsonString,
     /// `"Celsius"` → `"celsius"`, `"2"` → `2`: the one enum member the value spells.
     EnumMatch,
-    /// A missing property was given its declared `default`.
+    /// A missing property was given its declared `default` (only with
+    /// [`SchemaGuide::with_fill_defaults`], and only a default that fits its own schema).
     FilledDefault,
-    /// A property not allowed by `additionalProperties: false` was removed.
+    /// A property not allowed by `additionalProperties: false` was removed (only with
+    /// [`SchemaGuide::with_drop_unknown`]).
     DroppedUnknownProperty,
 }
 
@@ -122,6 +130,8 @@ pub struct SchemaGuide {
     schema: Value,
     validator: jsonschema::Validator,
     patterns: coerce::Patterns,
+    fill_defaults: bool,
+    drop_unknown: bool,
 }
 
 /// Longest rendering of an offending value in a message.
@@ -144,7 +154,37 @@ impl SchemaGuide {
             schema,
             validator,
             patterns,
+            fill_defaults: false,
+            drop_unknown: false,
         })
+    }
+
+    /// Fills a missing property with its declared `default` when the default fits the
+    /// property's own schema (off by default: the tool applies its own defaults).
+    #[must_use]
+    pub fn with_fill_defaults(mut self, on: bool) -> Self {
+        self.fill_defaults = on;
+        self
+    }
+
+    /// Removes properties that `additionalProperties: false` forbids instead of reporting
+    /// them (off by default: a dropped property is data lost).
+    #[must_use]
+    pub fn with_drop_unknown(mut self, on: bool) -> Self {
+        self.drop_unknown = on;
+        self
+    }
+
+    /// Whether the schema's root admits an object or an array but not a string, so a string
+    /// there is worth decoding as JSON.
+    #[must_use]
+    pub fn wants_container(&self) -> bool {
+        let ts = match self.schema.get("type") {
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
+            _ => return false,
+        };
+        ts.iter().any(|t| matches!(*t, "object" | "array")) && !ts.contains(&"string")
     }
 
     /// The schema after normalisation.
@@ -153,17 +193,44 @@ impl SchemaGuide {
         &self.schema
     }
 
-    /// Coerces `value` where that is safe, then validates it.
+    /// Coerces `value` where that is safe, then validates it. A value that is already valid
+    /// comes back untouched (unless [`SchemaGuide::with_fill_defaults`] asks for defaults).
     #[must_use]
     pub fn apply(&self, mut value: Value) -> Outcome {
+        if !self.fill_defaults && self.validator.is_valid(&value) {
+            return Outcome {
+                value,
+                coercions: Vec::new(),
+                violations: Vec::new(),
+            };
+        }
         let mut walker = coerce::Walker {
             root: &self.schema,
             patterns: &self.patterns,
             coercions: Vec::new(),
+            fill_defaults: self.fill_defaults,
+            drop_unknown: self.drop_unknown,
         };
         let mut pointer = String::new();
         walker.walk(&mut value, &self.schema, &mut pointer, 0);
-        let violations = self.validate(&value);
+        let mut violations = self.validate(&value);
+        if !violations.is_empty() {
+            // A filled default that still breaks the schema is taken back out.
+            let mut undone = false;
+            walker.coercions.retain(|c| {
+                let bad = c.kind == CoercionKind::FilledDefault
+                    && violations.iter().any(|v| {
+                        v.pointer == c.pointer || v.pointer.starts_with(&format!("{}/", c.pointer))
+                    });
+                if bad {
+                    undone |= remove_at(&mut value, &c.pointer);
+                }
+                !bad
+            });
+            if undone {
+                violations = self.validate(&value);
+            }
+        }
         Outcome {
             value,
             coercions: walker.coercions,
@@ -182,6 +249,19 @@ impl SchemaGuide {
             })
             .collect()
     }
+}
+
+/// Removes the member at a JSON pointer; whether it was there.
+fn remove_at(value: &mut Value, pointer: &str) -> bool {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return false;
+    };
+    let key = last.replace("~1", "/").replace("~0", "~");
+    value
+        .pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .and_then(|m| m.remove(&key))
+        .is_some()
 }
 
 fn shown(v: &Value) -> String {
