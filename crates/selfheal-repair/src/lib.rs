@@ -83,8 +83,10 @@
 //! | `Ellipsis` | `[1, 2, ...]` | `[1,2]` |
 //! | `RedundantClosing` | `{"a": 1}}` | `{"a":1}` |
 //! | `MismatchedBracket` | `{"a": [1, 2}` | `{"a":[1,2]}` |
-//! | `NumberFormat` | `[1., .5, +3]` | `[1.0,0.5,3]` |
+//! | `NumberFormat` | `[1., .5, +3, 1_000]` | `[1.0,0.5,3,1000]` |
+//! | `MissingOpeningBrace` | `"a": 1}` | `{"a":1}` |
 //! | `DoubleEncoded` (escaped quotes) | `{\"a\": \"b\"}` | `{"a":"b"}` |
+//! | `UnquotedString` (regex literal) | `{"re": /a+b/i}` | `{"re":"/a+b/i"}` |
 //! | `UnquotedString` (number-like) | `{"v": 0.0.1, "d": 2024-01-01}` | `{"v":"0.0.1","d":"2024-01-01"}` |
 //!
 //! The table is checked by the `documented_examples_hold` test. Opt-in, through
@@ -302,6 +304,15 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
             repairs: Vec::new(),
         };
         (out, literal)
+    } else if let Some(value) = missing_opening_brace(input) {
+        let out = Repaired {
+            value,
+            repairs: vec![Repair {
+                kind: RepairKind::MissingOpeningBrace,
+                offset: first,
+            }],
+        };
+        (out, None)
     } else {
         let found = extract::parse_document(input, options)?;
         let out = Repaired {
@@ -315,6 +326,21 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
     }
     out.repairs.sort_by_key(|r| r.offset);
     Ok(out)
+}
+
+/// `"a": 1, "b": [2]}`: members of an object and its closing brace, with the opening brace
+/// missing. Taken only when adding that one brace makes the input valid JSON.
+fn missing_opening_brace(input: &str) -> Option<Value> {
+    let t = input.trim_ascii();
+    if !(t.starts_with('"') && t.ends_with('}')) {
+        return None;
+    }
+    let mut text = String::with_capacity(t.len() + 1);
+    text.push('{');
+    text.push_str(t);
+    serde_json::from_str::<Value>(&text)
+        .ok()
+        .filter(Value::is_object)
 }
 
 /// A constant-time check that rules out input `serde_json` would reject only at its end

@@ -311,7 +311,17 @@ impl<'a> Parser<'a> {
                     let rest = self.s(self.pos, self.end);
                     self.pos = match rest.find('\n') {
                         Some(n) => self.pos + n + 1,
-                        None => self.end,
+                        None => {
+                            if !self.stack.is_empty() && !self.salvage {
+                                // `{"a": 1 # note }, "b": 2}` on one line: the comment would
+                                // take the rest of the value with it.
+                                self.loss.get_or_insert(RepairError::Unrepairable {
+                                    offset: self.pos,
+                                    reason: "a line comment runs to the end of the input, inside an open value".into(),
+                                });
+                            }
+                            self.end
+                        }
                     };
                 }
                 (Some(b'/'), Some(b'*')) => {
@@ -610,6 +620,16 @@ impl<'a> Parser<'a> {
                 Ok(State::ArrElem { after_comma: None })
             }
             b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start).into()),
+            b'/' if !self.stack.is_empty() => {
+                let v = self.regex_literal(start)?;
+                Ok(self.deliver(v))
+            }
+            b'-' | b'0'..=b'9' if self.separated_number(start).is_some() => {
+                let (v, end) = self.separated_number(start).unwrap_or((Value::Null, start));
+                self.note(RepairKind::NumberFormat, start);
+                self.pos = end;
+                Ok(self.deliver(v))
+            }
             b'-' | b'+' | b'.' | b'0'..=b'9' => match self.parse_number()? {
                 Some(_)
                     if !self.stack.is_empty()
@@ -666,6 +686,79 @@ impl<'a> Parser<'a> {
                     .into())
             }
         }
+    }
+
+    /// A JavaScript regex literal `/…/flags` in value position, kept as the string it is
+    /// written as. Refused when it does not close on its line.
+    fn regex_literal(&mut self, start: usize) -> Result<Value, RepairError> {
+        let mut i = start + 1;
+        loop {
+            match self.at(i) {
+                Some(b'\\') => i += 2,
+                Some(b'/') if i > start + 1 => break,
+                Some(b'\n' | b'\r') | None => {
+                    return Err(self.err(start, "unexpected character '/'"));
+                }
+                Some(_) => i += 1,
+            }
+        }
+        i += 1;
+        while self.at(i).is_some_and(|c| c.is_ascii_alphabetic()) {
+            i += 1;
+        }
+        self.note(RepairKind::UnquotedString, start);
+        self.pos = i;
+        Ok(Value::String(self.s(start, i).to_owned()))
+    }
+
+    /// A number written with `_` between digit groups (`82_461_110`, `1_234.5_6`), as in
+    /// Python and JavaScript: the number without the separators, and where it ends.
+    fn separated_number(&self, start: usize) -> Option<(Value, usize)> {
+        let mut i = start;
+        if self.at(i) == Some(b'-') {
+            i += 1;
+        }
+        let mut digits = String::new();
+        let mut seen_sep = false;
+        let mut is_float = false;
+        loop {
+            match self.at(i) {
+                Some(c) if c.is_ascii_digit() => digits.push(char::from(c)),
+                Some(b'_')
+                    if self
+                        .at(i.wrapping_sub(1))
+                        .is_some_and(|c| c.is_ascii_digit())
+                        && self.at(i + 1).is_some_and(|c| c.is_ascii_digit()) =>
+                {
+                    seen_sep = true;
+                }
+                Some(b'.')
+                    if !is_float
+                        && self
+                            .at(i.wrapping_sub(1))
+                            .is_some_and(|c| c.is_ascii_digit())
+                        && self.at(i + 1).is_some_and(|c| c.is_ascii_digit()) =>
+                {
+                    is_float = true;
+                    digits.push('.');
+                }
+                _ => break,
+            }
+            i += 1;
+        }
+        let leading_zero = digits.len() > 1 && digits.starts_with('0') && !digits.starts_with("0.");
+        let ends_clean = !self
+            .at(i)
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_');
+        if !seen_sep || leading_zero || !ends_clean {
+            return None;
+        }
+        let text = if self.at(start) == Some(b'-') {
+            format!("-{digits}")
+        } else {
+            digits
+        };
+        number_value(&text, is_float).map(|v| (v, i))
     }
 
     fn char_at(&self, i: usize) -> char {
@@ -790,6 +883,10 @@ impl<'a> Parser<'a> {
         if i >= self.end {
             // The word runs to the end of the input: it may have been cut.
             self.cut_off(Cut::Literal)?;
+        }
+        if !self.salvage && text.contains(['{', '[', '(', ')']) {
+            // `{text: words{in brackets}}`: where the bare text ends is a guess.
+            return Err(self.err(start, "brackets inside an unquoted value"));
         }
         self.note(RepairKind::UnquotedString, start);
         self.pos = start + text.len();
@@ -1176,6 +1273,13 @@ impl<'a> Parser<'a> {
                 fixed = true;
                 at_eof_fix = true;
                 i = j;
+            } else if !self.salvage
+                && !self
+                    .at(j)
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_')
+            {
+                // `1e }`: an exponent with no digits is no number, and `1` would be a guess.
+                return Err(self.err(start, "a number whose exponent has no digits"));
             }
         }
         self.pos = i;
@@ -1240,7 +1344,30 @@ impl<'a> Parser<'a> {
 
     /// Parses a quoted string at `pos`. Returns the text and whether it was closed (false
     /// when the input ended inside it).
+    ///
+    /// A raw line break right before the closing quote is refused: the quote on the next
+    /// line may close this string or belong to something else (`"a\n",` where `"a` lost
+    /// its quote), and the two readings give different values.
     fn parse_string(&mut self, ctx: Ctx) -> Result<(String, bool), RepairError> {
+        let start = self.pos;
+        let (text, closed) = self.parse_string_body(ctx)?;
+        if closed
+            && !self.salvage
+            && matches!(self.at(self.pos.wrapping_sub(1)), Some(b'"' | b'\''))
+        {
+            let quote = self.pos - 1;
+            let before = self.s(start, quote).trim_end_matches([' ', '\t']);
+            if quote > start + 1 && (before.ends_with('\n') || before.ends_with('\r')) {
+                return Err(self.err(
+                    quote,
+                    "a line break right before the closing quote: which string it closes is unclear",
+                ));
+            }
+        }
+        Ok((text, closed))
+    }
+
+    fn parse_string_body(&mut self, ctx: Ctx) -> Result<(String, bool), RepairError> {
         let start = self.pos;
         if self.escaped_quote_at(start) {
             return Ok(self.escaped_string(start));

@@ -103,6 +103,9 @@ pub enum RepairKind {
     /// [`RepairOptions::leading_zero_strings`](crate::RepairOptions::leading_zero_strings),
     /// which schema-guided repair sets so that the schema decides.
     LeadingZeroString,
+    /// An object's opening `{` was missing (`"a": 1}`): added only when the rest is exactly
+    /// one valid object's members and its closing brace.
+    MissingOpeningBrace,
 }
 
 impl RepairKind {
@@ -146,6 +149,7 @@ impl RepairKind {
             Self::MismatchedBracket => "fixed a mismatched or missing closing bracket",
             Self::NumberFormat => "normalised a number",
             Self::LeadingZeroString => "kept a number with leading zeros as a string",
+            Self::MissingOpeningBrace => "added a missing opening brace",
         }
     }
 }

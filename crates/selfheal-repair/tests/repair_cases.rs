@@ -704,6 +704,26 @@ fn collects_newline_delimited_values_only_when_asked() {
     }
 }
 
+/// Issue 14: where two readings give different values, refuse.
+#[test]
+fn refuses_where_the_reading_is_a_guess() {
+    for input in [
+        // A raw line break right before the closing quote.
+        "{\"a\": \"x\n\", \"b\": \"y\"}",
+        "{\"key_1\n\": \"value\"}",
+        // A line comment that would take the rest of the value with it.
+        "{ \"key\": { \"key2\": \"value2\" # comment }, \"key3\": \"value3\" }",
+        // An exponent with no digits.
+        "{\"key\": 1e }",
+        // Brackets inside a bare value.
+        "{text:words{words in brackets}}",
+        // The opening brace is missing and the rest is not a clean object.
+        "\"a\": 1,}",
+    ] {
+        refused(input);
+    }
+}
+
 /// Issue 14: the extractor never returns a later fragment of a value that failed.
 #[test]
 fn never_returns_a_fragment_of_a_failed_value() {
@@ -988,7 +1008,9 @@ fn documented_examples_hold() {
         ("[1, 2, ...]", "[1,2]"),
         (r#"{"a": 1}}"#, r#"{"a":1}"#),
         (r#"{"a": [1, 2}"#, r#"{"a":[1,2]}"#),
-        ("[1., .5, +3]", "[1.0,0.5,3]"),
+        ("[1., .5, +3, 1_000]", "[1.0,0.5,3,1000]"),
+        (r#""a": 1}"#, r#"{"a":1}"#),
+        (r#"{"re": /a+b/i}"#, r#"{"re":"/a+b/i"}"#),
         (r#"{\"a\": \"b\"}"#, r#"{"a":"b"}"#),
         (
             r#"{"v": 0.0.1, "d": 2024-01-01}"#,
