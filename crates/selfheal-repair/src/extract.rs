@@ -49,7 +49,14 @@ fn parse_window(
             Ok(found) => return Ok(found),
             Err(e) if e.is_final() => return Err(e),
             Err(e) => {
-                return match try_wrappers(src, start, end, opts, allow_fence, allow_tag) {
+                // Only a wrapper after the failed value is not a fragment of it.
+                let json_at = src
+                    .get(start..end)
+                    .map_or(start, |w| start + (w.len() - w.trim_start().len()));
+                let Some(after) = balanced_end(src, json_at, end) else {
+                    return Err(e);
+                };
+                return match try_wrappers(src, after, end, opts, allow_fence, allow_tag) {
                     Some(Ok(found)) => Ok(found),
                     _ => Err(e),
                 };
@@ -145,6 +152,15 @@ fn try_fences(
                     kind: RepairKind::CodeFence,
                     offset: start + open,
                 });
+                // A second fence holding JSON: two values, and which one is meant is a guess.
+                if let Some(c) = close
+                    && !opts.multiple
+                    && let Some(Ok(_)) = try_fences(src, start + c + 3, end, opts)
+                {
+                    return Some(Err(RepairError::MultipleValues {
+                        offset: start + c + 3,
+                    }));
+                }
                 return Some(Ok(found));
             }
             Err(e) if e.is_final() => return Some(Err(e)),
@@ -413,8 +429,13 @@ fn attempt(
             }
             _ if c == b',' || p.is_clear_value_start(p.pos) => {
                 let (save_pos, save_len) = (p.pos, p.repairs.len());
-                while matches!(p.peek(), Some(b',' | b' ' | b'\t' | b'\n' | b'\r')) {
-                    p.pos += 1;
+                loop {
+                    p.skip_ws();
+                    if p.peek() == Some(b',') {
+                        p.pos += 1;
+                    } else {
+                        break;
+                    }
                 }
                 if p.is_clear_value_start(p.pos) {
                     match p.parse_value() {

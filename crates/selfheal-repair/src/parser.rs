@@ -74,6 +74,12 @@ enum Frame {
     },
     /// A function-call wrapper: JSONP at the top level, a MongoDB wrapper inside.
     Call(Option<Value>),
+    /// A Python tuple `(a, b)`: an array; `(a)` without a comma is `a` itself.
+    Tuple {
+        items: Vec<Value>,
+        /// Whether a comma was seen (`(a,)` is a one-element tuple).
+        comma: bool,
+    },
 }
 
 /// What the parser expects next.
@@ -383,7 +389,7 @@ impl<'a> Parser<'a> {
     /// Whether a value could start at `i` (used to detect missing commas and colons).
     pub(crate) fn is_value_start(&self, i: usize) -> bool {
         match self.at(i) {
-            Some(b'{' | b'[' | b'-' | b'+') => true,
+            Some(b'{' | b'[' | b'(' | b'-' | b'+') => true,
             Some(b'\\') => self.escaped_quote_at(i),
             Some(c) if is_digit(c) => true,
             Some(b'.') => self.at(i + 1).is_some_and(is_digit),
@@ -445,7 +451,7 @@ impl<'a> Parser<'a> {
         match frame {
             Frame::Arr(_) => self.open_arr += 1,
             Frame::Obj { .. } => self.open_obj += 1,
-            Frame::Call(_) => self.open_call += 1,
+            Frame::Call(_) | Frame::Tuple { .. } => self.open_call += 1,
         }
         self.stack.push(frame);
         Ok(())
@@ -467,13 +473,21 @@ impl<'a> Parser<'a> {
                 self.open_call -= 1;
                 v
             }
+            Frame::Tuple { mut items, comma } => {
+                self.open_call -= 1;
+                if items.len() == 1 && !comma {
+                    items.pop()
+                } else {
+                    Some(Value::Array(items))
+                }
+            }
         })
     }
 
     /// Attaches a finished value to the innermost frame (used when closing implicitly).
     fn attach(&mut self, v: Option<Value>) {
         match (self.stack.last_mut(), v) {
-            (Some(Frame::Arr(items)), Some(v)) => items.push(v),
+            (Some(Frame::Arr(items) | Frame::Tuple { items, .. }), Some(v)) => items.push(v),
             (Some(Frame::Obj { map, key }), Some(v)) => {
                 if let Some(k) = key.take() {
                     map.insert(k, v);
@@ -483,7 +497,7 @@ impl<'a> Parser<'a> {
                 *key = None;
             }
             (Some(Frame::Call(slot)), v) => *slot = v,
-            (Some(Frame::Arr(_)), None) | (None, _) => {}
+            (Some(Frame::Arr(_) | Frame::Tuple { .. }), None) | (None, _) => {}
         }
     }
 
@@ -543,7 +557,7 @@ impl<'a> Parser<'a> {
     fn deliver(&mut self, v: Value) -> State {
         match self.stack.last_mut() {
             None => self.done_with(v),
-            Some(Frame::Arr(items)) => {
+            Some(Frame::Arr(items) | Frame::Tuple { items, .. }) => {
                 items.push(v);
                 State::After
             }
@@ -570,7 +584,7 @@ impl<'a> Parser<'a> {
     fn bare_words_allowed(&self) -> bool {
         match self.stack.last() {
             Some(Frame::Obj { .. }) => true,
-            Some(Frame::Arr(_)) => self.bare_words_in_arrays,
+            Some(Frame::Arr(_) | Frame::Tuple { .. }) => self.bare_words_in_arrays,
             _ => false,
         }
     }
@@ -619,6 +633,15 @@ impl<'a> Parser<'a> {
                 self.pos += 1;
                 Ok(State::ArrElem { after_comma: None })
             }
+            b'(' => {
+                self.note(RepairKind::PythonTuple, start);
+                self.push(Frame::Tuple {
+                    items: Vec::new(),
+                    comma: false,
+                })?;
+                self.pos += 1;
+                Ok(State::ArrElem { after_comma: None })
+            }
             b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start).into()),
             b'/' if !self.stack.is_empty() => {
                 let v = self.regex_literal(start)?;
@@ -635,7 +658,9 @@ impl<'a> Parser<'a> {
                     if !self.stack.is_empty()
                         && self.peek().is_some_and(|c| {
                             c.is_ascii_alphanumeric()
-                                || matches!(c, b'.' | b'-' | b'_' | b':' | b'/')
+                                || matches!(c, b'.' | b'-' | b'_' | b':')
+                                || (c == b'/'
+                                    && !matches!(self.at(self.pos + 1), Some(b'/' | b'*')))
                         }) =>
                 {
                     // `2024-01-01`, `0.0.1`, `0x1F`: not a number; keep the text.
@@ -884,7 +909,7 @@ impl<'a> Parser<'a> {
             // The word runs to the end of the input: it may have been cut.
             self.cut_off(Cut::Literal)?;
         }
-        if !self.salvage && text.contains(['{', '[', '(', ')']) {
+        if !self.salvage && (text.contains(['{', '[', '(', ')']) || self.at(i) == Some(b'"')) {
             // `{text: words{in brackets}}`: where the bare text ends is a guess.
             return Err(self.err(start, "brackets inside an unquoted value"));
         }
@@ -909,6 +934,9 @@ impl<'a> Parser<'a> {
                         .into());
                 }
                 self.pos += 1;
+                if let Some(Frame::Tuple { comma, .. }) = self.stack.last_mut() {
+                    *comma = true;
+                }
                 Ok(if self.in_object() {
                     State::ObjKey {
                         after_comma: Some(at),
@@ -956,7 +984,7 @@ impl<'a> Parser<'a> {
         let want = match self.stack.last() {
             Some(Frame::Arr(_)) => b']',
             Some(Frame::Obj { .. }) => b'}',
-            Some(Frame::Call(_)) => b')',
+            Some(Frame::Call(_) | Frame::Tuple { .. }) => b')',
             None => return Err(self.err(at, "closing bracket outside any value").into()),
         };
         self.pos += 1;
@@ -975,11 +1003,22 @@ impl<'a> Parser<'a> {
                 let kind = match self.stack.last() {
                     Some(Frame::Arr(_)) => b']',
                     Some(Frame::Obj { .. }) => b'}',
-                    Some(Frame::Call(_)) => b')',
+                    Some(Frame::Call(_) | Frame::Tuple { .. }) => b')',
                     None => return Err(self.err(at, "closing bracket outside any value").into()),
                 };
                 if kind == c {
                     return Ok(self.closed_one());
+                }
+                let empty = match self.stack.last() {
+                    Some(Frame::Arr(items) | Frame::Tuple { items, .. }) => items.is_empty(),
+                    Some(Frame::Obj { map, key }) => map.is_empty() && key.is_none(),
+                    _ => false,
+                };
+                if empty && !self.salvage {
+                    // `[{]`: an opening bracket with nothing in it, closed by another kind.
+                    return Err(self
+                        .err(at, "a bracket closes a value that was opened but never written")
+                        .into());
                 }
                 let v = self.pop().flatten();
                 self.attach(v);
@@ -1345,12 +1384,28 @@ impl<'a> Parser<'a> {
     /// Parses a quoted string at `pos`. Returns the text and whether it was closed (false
     /// when the input ended inside it).
     ///
+    /// A string with an odd number of unescaped quotes inside is refused too: `"say "hi"
+    /// now"` is clear, `"v"alue"` is not.
+    ///
     /// A raw line break right before the closing quote is refused: the quote on the next
     /// line may close this string or belong to something else (`"a\n",` where `"a` lost
     /// its quote), and the two readings give different values.
     fn parse_string(&mut self, ctx: Ctx) -> Result<(String, bool), RepairError> {
         let start = self.pos;
+        let noted = self.repairs.len();
         let (text, closed) = self.parse_string_body(ctx)?;
+        let inner_quotes = self
+            .repairs
+            .get(noted..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.kind == RepairKind::UnescapedQuote)
+            .count();
+        if !self.salvage && inner_quotes % 2 == 1 {
+            // `"v"alue"`, `"a" b", "c"`: one stray quote. Whether it is text, a missing
+            // closing quote or a missing opening quote gives three different values.
+            return Err(self.err(start, "an unpaired quote inside a string"));
+        }
         if closed
             && !self.salvage
             && matches!(self.at(self.pos.wrapping_sub(1)), Some(b'"' | b'\''))
@@ -1665,7 +1720,7 @@ impl<'a> Parser<'a> {
                 .map(|f| match f {
                     Frame::Arr(_) => b']',
                     Frame::Obj { .. } => b'}',
-                    Frame::Call(_) => b')',
+                    Frame::Call(_) | Frame::Tuple { .. } => b')',
                 });
             if !closers.is_empty() && closers.iter().rev().copied().eq(expected) {
                 let cut = raw.len() - j;

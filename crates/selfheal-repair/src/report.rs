@@ -106,6 +106,8 @@ pub enum RepairKind {
     /// An object's opening `{` was missing (`"a": 1}`): added only when the rest is exactly
     /// one valid object's members and its closing brace.
     MissingOpeningBrace,
+    /// A Python tuple `(1, 2)` was read as an array; `(x)` without a comma as `x`.
+    PythonTuple,
 }
 
 impl RepairKind {
@@ -150,6 +152,7 @@ impl RepairKind {
             Self::NumberFormat => "normalised a number",
             Self::LeadingZeroString => "kept a number with leading zeros as a string",
             Self::MissingOpeningBrace => "added a missing opening brace",
+            Self::PythonTuple => "read a Python tuple as an array",
         }
     }
 }

@@ -941,11 +941,15 @@ fn keeps_unescaped_quotes_before_a_closing_quote() {
         json!({"k": "apple \"bitter\" ", "b": 1}),
         RepairKind::UnescapedQuote,
     );
-    ok(
+    // One unpaired quote could be text, a missing closing quote or a missing opening one.
+    for input in [
         "\"The TV has a 24\" screen\"",
-        json!("The TV has a 24\" screen"),
-        RepairKind::UnescapedQuote,
-    );
+        "{\"key\": \"v\"alue\"}",
+        "[\"value1\" value2\", \"value3\"]",
+        "{\"key\": \"\"value\"}",
+    ] {
+        refused(input);
+    }
 }
 
 #[test]
