@@ -1140,6 +1140,12 @@ impl<'a> Parser<'a> {
                         }
                         break (k, at);
                     }
+                    if let Some(end) = self.marker_word_at(at) {
+                        // `{"a": 1, COMMENT "b": 2}`: an upper-case marker word, not data.
+                        self.note(RepairKind::Comment, at);
+                        self.pos = end;
+                        continue;
+                    }
                     if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
                         break (self.unquoted_key(), at);
                     }
@@ -1180,6 +1186,28 @@ impl<'a> Parser<'a> {
                 .err(at, format!("missing value for key {key:?}"))
                 .into()),
         }
+    }
+
+    /// An upper-case marker word such as `COMMENT` or `TODO` at `i`, where a key is due,
+    /// followed on the same line by a quoted key or the closing brace: where it ends.
+    fn marker_word_at(&self, i: usize) -> Option<usize> {
+        let mut e = i;
+        while self
+            .at(e)
+            .is_some_and(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
+        {
+            e += 1;
+        }
+        let word = self.s(i, e);
+        let upper = word.bytes().filter(u8::is_ascii_uppercase).count();
+        if upper < 2 || LITERALS.contains(&word) || matches!(word, "NULL") {
+            return None;
+        }
+        let mut n = e;
+        while matches!(self.at(n), Some(b' ' | b'\t')) {
+            n += 1;
+        }
+        (n > e && (self.at(n) == Some(b'"') || self.at(n) == Some(b'}'))).then_some(n)
     }
 
     fn set_key(&mut self, k: String) {
