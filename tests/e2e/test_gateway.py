@@ -91,7 +91,7 @@ def test_bad_requests_get_openai_errors(gateway):
 
 
 def test_malformed_tool_arguments_are_repaired(gateway, upstream):
-    upstream.script([{"kind": "tool", "name": "search", "arguments": "{'query': 'rust', limit: '3',"}])
+    upstream.script([{"kind": "tool", "name": "search", "arguments": "{'query': 'rust', limit: '3',}"}])
     r = client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
     call = r.choices[0].message.tool_calls[0]
     assert json.loads(call.function.arguments) == {"query": "rust", "limit": 3}
@@ -139,15 +139,43 @@ def test_stream_reasks_an_unusable_tool_call_before_the_client_sees_it(gateway, 
     assert "delete_everything" in log[1]["messages"][-1]["content"]
 
 
-def test_stream_passes_an_unusable_call_on_as_partial_when_the_reask_fails_too(gateway, upstream):
+def test_stream_never_passes_an_unusable_call_on_when_the_reask_fails_too(gateway, upstream):
     upstream.script([{"kind": "tool", "name": "delete_everything", "arguments": "{}"},
                      {"kind": "tool", "name": "drop_tables", "arguments": "{}"}])
     chunks = list(client(gateway).chat.completions.create(
         model="stub", messages=ask(), tools=TOOLS, stream=True))
-    assert [c.function.name for c in stream_calls(chunks)] == ["delete_everything"]
+    assert stream_calls(chunks) == [], "an unusable call is never forwarded"
+    assert chunks[-1].choices[0].finish_reason == "stop"
     report = chunks[-1].model_extra["selfheal"]
     assert report["status"] == "partial"
     assert "delete_everything" in report["reason"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_the_length_limit_is_reasked_not_repaired(gateway, upstream, stream):
+    upstream.script([
+        {"kind": "tool", "name": "search", "arguments": "{\"query\": \"rust\", \"limit\": 3", "finish": "length"},
+        {"kind": "tool", "name": "search", "arguments": "{\"query\": \"rust lang\"}"},
+    ])
+    r = client(gateway).chat.completions.create(
+        model="stub", messages=ask(), tools=TOOLS, stream=stream)
+    if stream:
+        chunks = list(r)
+        calls, report = stream_calls(chunks), chunks[-1].model_extra["selfheal"]
+    else:
+        calls, report = r.choices[0].message.tool_calls, r.model_extra["selfheal"]
+    assert [json.loads(c.function.arguments) for c in calls] == [{"query": "rust lang"}]
+    assert report["status"] == "complete" and "reask" in report["actions"]
+    log = upstream.log()
+    assert len(log) == 2 and "cut off" in log[1]["messages"][-1]["content"]
+
+
+def test_a_cut_call_is_never_forwarded_when_the_reask_is_cut_too(gateway, upstream):
+    cut = {"kind": "tool", "name": "search", "arguments": "{\"query\": \"ru", "finish": "length"}
+    upstream.script([cut, cut])
+    r = client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+    assert not r.choices[0].message.tool_calls
+    assert r.model_extra["selfheal"]["status"] == "partial"
 
 
 def test_cut_stream_is_never_a_clean_finish(gateway, upstream):

@@ -125,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
             message = tool_message(step["name"], step["arguments"])
         else:
             message = auto_reply(body)
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        finish = step.get("finish") or ("tool_calls" if message.get("tool_calls") else "stop")
         if body.get("stream"):
             self.stream(message, finish, cut=(kind == "cut"))
         else:

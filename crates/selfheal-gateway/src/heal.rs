@@ -548,4 +548,63 @@ mod tests {
                 .contains("does not exist")
         );
     }
+
+    /// Issue 14: a call cut off by the length limit is re-asked, never repaired into a call;
+    /// a call cut inside a string is refused even without the finish reason.
+    #[test]
+    fn truncated_calls_are_never_repaired() {
+        let bytes = request(json!([{"role": "user", "content": "hi"}]));
+        let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
+        let cut = r#"{"q": "rust", "n": 3"#;
+        let mut call = json!({"function": {"name": "search", "arguments": cut}});
+        let err = check_call(&mut call, &idx, &GuideCache::default(), true).unwrap_err();
+        assert!(err.contains("cut off"), "{err}");
+        assert_eq!(
+            call["function"]["arguments"], cut,
+            "left as the model wrote it"
+        );
+        let mut call = json!({"function": {"name": "search", "arguments": r#"{"q": "ru"#}});
+        let err = check_call(&mut call, &idx, &GuideCache::default(), false).unwrap_err();
+        assert!(err.contains("cut off inside a string"), "{err}");
+    }
+
+    /// Issue 14: a valid call is forwarded byte for byte, with no default added.
+    #[test]
+    fn valid_calls_are_left_as_written() {
+        let mut body = tools();
+        body["tools"][0]["function"]["parameters"]["properties"]["n"]["default"] =
+            json!("dontcare");
+        body["model"] = json!("m");
+        body["messages"] = json!([{"role": "user", "content": "hi"}]);
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+        let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
+        let raw = "{\"q\":   \"0789\"}";
+        let mut call = json!({"function": {"name": "search", "arguments": raw}});
+        assert_eq!(
+            check_call(&mut call, &idx, &GuideCache::default(), false),
+            Ok(false)
+        );
+        assert_eq!(call["function"]["arguments"], raw);
+    }
+
+    /// Issue 14: a call that cannot be used is taken out of the message, never forwarded.
+    #[test]
+    fn unusable_calls_are_taken_out_of_the_message() {
+        let bytes = request(json!([{"role": "user", "content": "hi"}]));
+        let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
+        let mut message = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"x\"}"}},
+            {"id": "b", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"y"}}
+        ]});
+        let check = check_message(&mut message, &idx, &GuideCache::default(), false);
+        assert_eq!(check.invalid.len(), 1);
+        assert_eq!(message["tool_calls"].as_array().map(Vec::len), Some(1));
+        assert_eq!(message["tool_calls"][0]["id"], "a");
+        let mut only_bad = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "b", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"y"}}
+        ]});
+        check_message(&mut only_bad, &idx, &GuideCache::default(), false);
+        assert!(only_bad.get("tool_calls").is_none());
+        assert_eq!(only_bad["content"], "");
+    }
 }

@@ -1017,7 +1017,10 @@ impl<'a> Parser<'a> {
                 if empty && !self.salvage {
                     // `[{]`: an opening bracket with nothing in it, closed by another kind.
                     return Err(self
-                        .err(at, "a bracket closes a value that was opened but never written")
+                        .err(
+                            at,
+                            "a bracket closes a value that was opened but never written",
+                        )
                         .into());
                 }
                 let v = self.pop().flatten();
