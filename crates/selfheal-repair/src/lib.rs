@@ -314,12 +314,22 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
         };
         (out, None)
     } else {
-        let found = extract::parse_document(input, options)?;
-        let out = Repaired {
-            value: found.value,
-            repairs: found.repairs,
-        };
-        (out, found.root_string)
+        match extract::parse_document(input, options) {
+            Ok(found) => {
+                let out = Repaired {
+                    value: found.value,
+                    repairs: found.repairs,
+                };
+                (out, found.root_string)
+            }
+            Err(RepairError::MultipleValues { offset }) => {
+                match object_closed_early(input, offset, options) {
+                    Some(out) => (out, None),
+                    None => return Err(RepairError::MultipleValues { offset }),
+                }
+            }
+            Err(e) => return Err(e),
+        }
     };
     if options.decode_strings {
         decode_layers(&mut out, input, first, literal, options);
@@ -341,6 +351,65 @@ fn missing_opening_brace(input: &str) -> Option<Value> {
     serde_json::from_str::<Value>(&text)
         .ok()
         .filter(Value::is_object)
+}
+
+/// `{"a": 1}, "b": 2}`: an object closed one brace too early, its members going on after
+/// a comma up to the real closing brace. Read as one object when the text before `second`
+/// (where the second "value" starts) is an object, the text after it is exactly the members
+/// and closing brace of another, and no key is written twice.
+fn object_closed_early(input: &str, second: usize, options: &RepairOptions) -> Option<Repaired> {
+    let head = input.get(..second)?.trim_end();
+    let tail = input.get(second..)?.trim_start();
+    let tail = tail.strip_prefix(',').unwrap_or(tail).trim_start();
+    let t = tail.trim_end();
+    if !head.trim_start().starts_with('{')
+        || !head.ends_with('}')
+        || !(t.starts_with('"') || t.starts_with('\''))
+        || !t.ends_with('}')
+    {
+        return None;
+    }
+    let first = extract::parse_document(head, options).ok()?;
+    let mut rest_text = String::with_capacity(t.len() + 1);
+    rest_text.push('{');
+    rest_text.push_str(t);
+    let rest = extract::parse_document(&rest_text, options).ok()?;
+    let garbage = |r: &Repair| {
+        matches!(
+            r.kind,
+            RepairKind::ExtractedFromProse
+                | RepairKind::TrailingGarbage
+                | RepairKind::LeadingGarbage
+                | RepairKind::ClosedTruncated
+        )
+    };
+    if first.repairs.iter().any(garbage) || rest.repairs.iter().any(garbage) {
+        return None;
+    }
+    let (Value::Object(mut map), Value::Object(more)) = (first.value, rest.value) else {
+        return None;
+    };
+    for (k, v) in more {
+        if map.contains_key(&k) {
+            return None;
+        }
+        map.insert(k, v);
+    }
+    let mut repairs = first.repairs;
+    repairs.push(Repair {
+        kind: RepairKind::RedundantClosing,
+        offset: head.len() - 1,
+    });
+    // `rest_text` is `{` followed by `tail`, which ends the input.
+    let tail_at = input.len() - tail.len();
+    repairs.extend(rest.repairs.into_iter().map(|r| Repair {
+        offset: (tail_at + r.offset).saturating_sub(1).min(input.len()),
+        ..r
+    }));
+    Some(Repaired {
+        value: Value::Object(map),
+        repairs,
+    })
 }
 
 /// A constant-time check that rules out input `serde_json` would reject only at its end

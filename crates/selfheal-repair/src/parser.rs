@@ -921,6 +921,12 @@ impl<'a> Parser<'a> {
     fn after_state(&mut self) -> Result<State, Box<RepairError>> {
         self.skip_ws();
         let at = self.pos;
+        if self.s(at, self.end).starts_with("```") && !self.stack.is_empty() {
+            // `{"a": "x"```: the closing fence of a code block ends the JSON, whose closing
+            // brackets were left off after a complete value.
+            self.note(RepairKind::TrailingGarbage, at);
+            self.end = at;
+        }
         let Some(c) = self.peek() else {
             let v = self.finish_truncated()?;
             return Ok(self.done_with(v));

@@ -693,7 +693,7 @@ fn collects_newline_delimited_values_only_when_asked() {
     // Issue 14: by default separate values are never wrapped into an array.
     for (input, at) in [
         ("{\"a\":2}{}", 7),
-        ("{\"key\": \"value\"}, \"key2\": \"value2\"}", 16),
+        ("{\"key\": \"value\"}, {}", 16),
         ("[1]\n[2]", 4),
     ] {
         assert_eq!(
@@ -719,6 +719,29 @@ fn refuses_where_the_reading_is_a_guess() {
         "{text:words{words in brackets}}",
         // The opening brace is missing and the rest is not a clean object.
         "\"a\": 1,}",
+    ] {
+        refused(input);
+    }
+}
+
+/// An object closed one brace early whose members go on to the real closing brace is one
+/// object; a key written twice, or a tail that is not members, is refused.
+#[test]
+fn reads_an_object_closed_one_brace_early() {
+    ok(
+        "{\"key\": \"value\"}, \"key2\": \"value2\"}",
+        json!({"key": "value", "key2": "value2"}),
+        RepairKind::RedundantClosing,
+    );
+    ok(
+        "{\"k1\": [\"v1\", \"v2\"}, \"k2\": [\"v3\"]}",
+        json!({"k1": ["v1", "v2"], "k2": ["v3"]}),
+        RepairKind::RedundantClosing,
+    );
+    for input in [
+        "{\"a\": 1}, \"a\": 2}",
+        "{\"key\": \"value\"}, \"key2\": }",
+        "{\"key\": \"value\"}, \"key2\": \"v",
     ] {
         refused(input);
     }
