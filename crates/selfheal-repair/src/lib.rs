@@ -101,15 +101,22 @@
 //! value, no value cut short, no fragment, no digits dropped. Valid JSON comes back exactly
 //! as written. The parser refuses, with a [`RepairError`] that says where and why, when
 //!
-//! - the input was cut off inside a string, key, number, literal or escape, or after a comma
-//!   or an opening bracket ([`RepairError::Truncated`], at the byte where it stops). Closing
-//!   brackets left off after a *complete* last value (`{"a": "x"`) are still repaired;
+//! - the input was cut off inside a string, key, literal or escape, inside a number that
+//!   cannot end there (`1.`, `1e`, `-`), or after a comma or an opening bracket
+//!   ([`RepairError::Truncated`], at the byte where it stops). Closing brackets left off after
+//!   a *complete* last value (`{"a": "x"`) are still repaired; a number that ends where the
+//!   input ends counts as complete, since nothing in the text says otherwise (a caller that
+//!   knows the output was cut, from `finish_reason: "length"`, must refuse it);
 //! - a key has no value (`{"a": }`, `{"a": , "b": 1}`, `{"a":` at the end:
 //!   [`RepairError::MissingValue`]);
 //! - several top-level values follow each other ([`RepairError::MultipleValues`]) — an
 //!   array is built only with [`RepairOptions::multiple`];
 //! - a number has leading zeros ([`RepairError::LeadingZeros`]);
 //! - a bracketed value fails part-way: nothing later in it is taken in its place;
+//! - the reading is a guess: an unpaired quote inside a string (`"v"alue"`), a raw line break
+//!   right before a closing quote, a line comment that would swallow the rest of an open
+//!   value, an exponent without digits (`1e }`), brackets inside a bare value, an empty
+//!   bracket closed by another kind (`[{]`), a string open up to the closing brace;
 //! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
 //! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);
 //! - a wrapper call has several arguments (`Date(2024, 1, 2)`);
