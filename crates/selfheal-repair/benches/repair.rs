@@ -1,4 +1,5 @@
-//! Throughput of `repair` on a ~10 MB document that needs a few repairs.
+//! Throughput of `repair` on ~10 MB documents: one that needs a few repairs, one cut at the
+//! end (refused, and salvaged), one valid.
 //!
 //! The document is generated (no files, no randomness): an array of tool-call-like objects
 //! with one single-quoted key, one trailing comma, one comment, and truncation at the end,
@@ -8,7 +9,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use selfheal_repair::repair;
+use selfheal_repair::{RepairOptions, repair, repair_with};
 
 const TARGET_BYTES: usize = 10 * 1024 * 1024;
 
@@ -76,9 +77,14 @@ fn bench(c: &mut Criterion) {
         // measurement (glibc's free of a million small nodes otherwise dominates).
         b.iter_with_large_drop(|| repair(black_box(&broken)).expect("repairable"));
     });
+    assert!(repair(&truncated).is_err(), "a cut document is refused");
     group.throughput(Throughput::Bytes(truncated.len() as u64));
-    group.bench_function("10MB_truncated_at_end", |b| {
-        b.iter_with_large_drop(|| repair(black_box(&truncated)).expect("repairable"));
+    group.bench_function("10MB_truncated_at_end_refused", |b| {
+        b.iter_with_large_drop(|| repair(black_box(&truncated)).expect_err("refused"));
+    });
+    let salvage = RepairOptions::salvage();
+    group.bench_function("10MB_truncated_at_end_salvaged", |b| {
+        b.iter_with_large_drop(|| repair_with(black_box(&truncated), &salvage).expect("salvaged"));
     });
     group.throughput(Throughput::Bytes(valid.len() as u64));
     group.bench_function("10MB_valid_fast_path", |b| {
