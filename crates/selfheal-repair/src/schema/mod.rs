@@ -26,7 +26,8 @@ use serde_json::Value;
 /// The schema could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchemaError {
-    /// A `type` name that is neither standard nor a known alias (`dict`, `float`, …).
+    /// A `type` that is neither a name nor a list of names (`"type": 5`). Names that are not
+    /// standard or a known alias (`dict`, `HashMap`, a class name) leave the value unchecked.
     #[error("unknown type {name:?} at {pointer}")]
     UnknownType {
         /// JSON pointer to the `type` keyword in the schema.

@@ -3,7 +3,8 @@
 //! Tool schemas are often written by hand or generated from Python type hints: `"type":
 //! "dict"`, `"float"`, `"tuple"`, `"any"`, `"String"`, or lists of those. A strict validator
 //! rejects them, and then nothing is checked at all. This module rewrites them to standard
-//! JSON Schema before compiling, and refuses only names it cannot map.
+//! JSON Schema before compiling. A name it cannot map (a class name such as `Vehicle`) leaves
+//! the value unchecked there: refusing the schema would refuse every valid call to the tool.
 
 use serde_json::{Map, Value};
 
@@ -43,11 +44,13 @@ pub(crate) const LISTS: [&str; 5] = ["allOf", "anyOf", "oneOf", "prefixItems", "
 /// The standard type for a type name, `Some(None)` for "any", `None` when unknown.
 fn canonical(name: &str) -> Option<Option<&'static str>> {
     let t = match name.trim().to_ascii_lowercase().as_str() {
-        "object" | "dict" | "map" | "mapping" | "hash" | "record" | "struct" => "object",
-        "array" | "list" | "tuple" | "set" | "sequence" | "vec" => "array",
-        "string" | "str" | "text" => "string",
-        "integer" | "int" | "long" | "i64" | "u64" => "integer",
-        "number" | "float" | "double" | "decimal" | "numeric" | "f64" => "number",
+        "object" | "dict" | "map" | "mapping" | "hash" | "record" | "struct" | "hashmap"
+        | "treemap" | "linkedhashmap" | "jsonobject" => "object",
+        "array" | "list" | "tuple" | "set" | "sequence" | "vec" | "arraylist" | "linkedlist"
+        | "hashset" | "treeset" | "collection" | "jsonarray" => "array",
+        "string" | "str" | "text" | "char" | "character" => "string",
+        "integer" | "int" | "long" | "short" | "byte" | "i64" | "u64" | "biginteger" => "integer",
+        "number" | "float" | "double" | "decimal" | "numeric" | "f64" | "bigdecimal" => "number",
         "boolean" | "bool" => "boolean",
         "null" | "none" | "nil" => "null",
         "any" | "mixed" => return Some(None),
@@ -203,11 +206,11 @@ fn normalise_type(obj: &mut Map<String, Value>, pointer: &str) -> Result<(), Sch
                 obj.remove("type");
                 return Ok(());
             }
+            // A class name (`Vehicle`, `EventRequest`) or a type we do not know: the value
+            // is not checked there. Refusing the schema would refuse valid calls.
             None => {
-                return Err(SchemaError::UnknownType {
-                    pointer: format!("{pointer}/type"),
-                    name: name.to_owned(),
-                });
+                obj.remove("type");
+                return Ok(());
             }
         }
     }
@@ -276,16 +279,16 @@ mod tests {
         assert_eq!(s["items"], json!([{"type": "integer"}]));
     }
 
+    /// Issue 14: a type name we do not know (a class name) leaves the value unchecked
+    /// rather than refusing the schema, and so every call to the tool.
     #[test]
-    fn refuses_unknown_type_names_with_their_place() {
-        let err = normalise(&json!({"properties": {"a": {"type": "widget"}}})).unwrap_err();
-        assert_eq!(
-            err,
-            SchemaError::UnknownType {
-                pointer: "/properties/a/type".into(),
-                name: "widget".into()
-            }
-        );
+    fn unknown_type_names_leave_the_value_unchecked() {
+        let s = normalise(&json!({"properties": {"a": {"type": "Vehicle"}, "b": {"type": "HashMap"}, "c": {"type": "ArrayList"}}})).unwrap();
+        assert_eq!(s["properties"]["a"], json!({}));
+        assert_eq!(s["properties"]["b"], json!({"type": "object"}));
+        assert_eq!(s["properties"]["c"], json!({"type": "array"}));
+        let err = normalise(&json!({"properties": {"a": {"type": 5}}})).unwrap_err();
+        assert!(matches!(err, SchemaError::UnknownType { .. }));
     }
 
     #[test]
