@@ -63,6 +63,33 @@ fn parse_window(
             }
         }
     }
+    // A bracket before the first fence or tag may open a value whose strings hold the
+    // fence: read the plain text first then, so that a fence inside a value is never taken
+    // for a wrapper.
+    let window = src.get(start..end).unwrap_or_default();
+    let first_bracket = window.find(['{', '[']);
+    let first_wrapper = [window.find("```"), window.find('<')]
+        .into_iter()
+        .flatten()
+        .min();
+    if let (Some(b), Some(w)) = (first_bracket, first_wrapper)
+        && b < w
+    {
+        match parse_plain(src, start, end, opts) {
+            Ok(found) => return Ok(found),
+            Err(e) if e.is_final() => return Err(e),
+            Err(e) => {
+                // Only a wrapper after that bracketed text is not a fragment of it.
+                let Some(after) = balanced_end(src, start + b, end) else {
+                    return Err(e);
+                };
+                return match try_wrappers(src, after, end, opts, allow_fence, allow_tag) {
+                    Some(Ok(found)) => Ok(found),
+                    _ => Err(e),
+                };
+            }
+        }
+    }
     let mut wrapper_err = None;
     match try_wrappers(src, start, end, opts, allow_fence, allow_tag) {
         Some(Ok(found)) => return Ok(found),
