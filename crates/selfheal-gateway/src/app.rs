@@ -531,12 +531,13 @@ fn check_completion(
     tools: &ToolIndex,
     guides: &heal::GuideCache,
 ) -> heal::CallCheck {
-    let cut_off = completion
-        .pointer("/choices/0/finish_reason")
-        .and_then(Value::as_str)
-        == Some("length");
+    let ending = selfheal_repair::Ending::from_finish_reason(
+        completion
+            .pointer("/choices/0/finish_reason")
+            .and_then(Value::as_str),
+    );
     let check = match completion.pointer_mut("/choices/0/message") {
-        Some(m) => heal::check_message(m, tools, guides, cut_off),
+        Some(m) => heal::check_message(m, tools, guides, ending),
         None => heal::CallCheck::default(),
     };
     // Every call was taken out: the choice no longer ends in tool calls.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use selfheal_core::monitor::{Monitor, ToolCall, Verdict};
-use selfheal_repair::{SchemaGuide, repair_arguments};
+use selfheal_repair::{Ending, SchemaGuide, repair_arguments};
 
 use crate::request::{ChatRequest, Edits, Message};
 use crate::runs::RunState;
@@ -329,14 +329,14 @@ impl GuideCache {
 /// Checks one tool call `{id, type, function: {name, arguments}}` and repairs its arguments in
 /// place, through [`selfheal_repair::repair_arguments`] — the one non-corrupting path the MCP
 /// proxy and the runtime use too: valid arguments are left byte for byte, a cut-off call is
-/// refused, no default is written. `cut_off` says the choice ended with `finish_reason:
-/// "length"`: then arguments that are not JSON as written are refused, never repaired into a
+/// refused, no default is written. `ending` is how the choice ended (its `finish_reason`):
+/// after `length`, arguments that are not JSON as written are refused, never repaired into a
 /// call. Returns `Ok(true)` when repaired, `Err(reask text)` when it cannot be used.
 pub fn check_call(
     call: &mut Value,
     tools: &ToolIndex,
     guides: &GuideCache,
-    cut_off: bool,
+    ending: Ending,
 ) -> Result<bool, String> {
     let name = call
         .pointer("/function/name")
@@ -355,19 +355,13 @@ pub fn check_call(
         .pointer("/function/arguments")
         .and_then(Value::as_str)
         .unwrap_or("");
-    if cut_off && serde_json::from_str::<serde::de::IgnoredAny>(raw).is_err() {
-        return Err(format!(
-            "Your call to `{name}` was cut off by the output length limit, so it was not run. \
-             Call `{name}` again with the complete arguments as one JSON object, and keep it short."
-        ));
-    }
     let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
         // A schema we cannot compile is the client's business: the value is passed on.
         guides.get(&spec.schema_key, &spec.parameters)
     } else {
         None
     };
-    let args = match repair_arguments(raw, guide.as_deref()) {
+    let args = match repair_arguments(raw, guide.as_deref(), ending) {
         Ok(a) => a,
         Err(e) => return Err(e.reask_message(raw, &name)),
     };
@@ -384,7 +378,7 @@ pub fn check_message(
     message: &mut Value,
     tools: &ToolIndex,
     guides: &GuideCache,
-    cut_off: bool,
+    ending: Ending,
 ) -> CallCheck {
     let mut out = CallCheck::default();
     let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
@@ -398,7 +392,7 @@ pub fn check_message(
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned();
-        match check_call(c, tools, guides, cut_off) {
+        match check_call(c, tools, guides, ending) {
             Ok(true) => {
                 out.repaired.push(name);
                 true
@@ -533,17 +527,17 @@ mod tests {
         let mut call = json!({"id": "1", "type": "function",
             "function": {"name": "search", "arguments": "{'q': 'rust', n: \"3\",}"}});
         assert_eq!(
-            check_call(&mut call, &idx, &GuideCache::default(), false),
+            check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown),
             Ok(true)
         );
         let args: Value =
             serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"q": "rust", "n": 3}));
         let mut missing = json!({"function": {"name": "search", "arguments": "{}"}});
-        assert!(check_call(&mut missing, &idx, &GuideCache::default(), false).is_err());
+        assert!(check_call(&mut missing, &idx, &GuideCache::default(), Ending::Unknown).is_err());
         let mut unknown = json!({"function": {"name": "nope", "arguments": "{}"}});
         assert!(
-            check_call(&mut unknown, &idx, &GuideCache::default(), false)
+            check_call(&mut unknown, &idx, &GuideCache::default(), Ending::Unknown)
                 .unwrap_err()
                 .contains("does not exist")
         );
@@ -557,15 +551,26 @@ mod tests {
         let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
         let cut = r#"{"q": "rust", "n": 3"#;
         let mut call = json!({"function": {"name": "search", "arguments": cut}});
-        let err = check_call(&mut call, &idx, &GuideCache::default(), true).unwrap_err();
+        let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::CutOff).unwrap_err();
         assert!(err.contains("cut off"), "{err}");
         assert_eq!(
             call["function"]["arguments"], cut,
             "left as the model wrote it"
         );
         let mut call = json!({"function": {"name": "search", "arguments": r#"{"q": "ru"#}});
-        let err = check_call(&mut call, &idx, &GuideCache::default(), false).unwrap_err();
+        let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown).unwrap_err();
         assert!(err.contains("cut off inside a string"), "{err}");
+        // A model that finished on its own and left off the brace after a number: repaired.
+        let mut call = json!({"function": {"name": "search", "arguments": cut}});
+        assert_eq!(
+            check_call(&mut call, &idx, &GuideCache::default(), Ending::Finished),
+            Ok(true)
+        );
+        assert_eq!(call["function"]["arguments"], r#"{"n":3,"q":"rust"}"#);
+        // Without the finish reason, the same text may be a cut number: refused.
+        let mut call = json!({"function": {"name": "search", "arguments": cut}});
+        let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown).unwrap_err();
+        assert!(err.contains("cut off inside a number"), "{err}");
     }
 
     /// Issue 14: a valid call is forwarded byte for byte, with no default added.
@@ -581,7 +586,7 @@ mod tests {
         let raw = "{\"q\":   \"0789\"}";
         let mut call = json!({"function": {"name": "search", "arguments": raw}});
         assert_eq!(
-            check_call(&mut call, &idx, &GuideCache::default(), false),
+            check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown),
             Ok(false)
         );
         assert_eq!(call["function"]["arguments"], raw);
@@ -596,14 +601,14 @@ mod tests {
             {"id": "a", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"x\"}"}},
             {"id": "b", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"y"}}
         ]});
-        let check = check_message(&mut message, &idx, &GuideCache::default(), false);
+        let check = check_message(&mut message, &idx, &GuideCache::default(), Ending::Unknown);
         assert_eq!(check.invalid.len(), 1);
         assert_eq!(message["tool_calls"].as_array().map(Vec::len), Some(1));
         assert_eq!(message["tool_calls"][0]["id"], "a");
         let mut only_bad = json!({"role": "assistant", "content": null, "tool_calls": [
             {"id": "b", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"y"}}
         ]});
-        check_message(&mut only_bad, &idx, &GuideCache::default(), false);
+        check_message(&mut only_bad, &idx, &GuideCache::default(), Ending::Unknown);
         assert!(only_bad.get("tool_calls").is_none());
         assert_eq!(only_bad["content"], "");
     }

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 
 use crate::heal::{GuideCache, ToolIndex, check_call};
+use selfheal_repair::Ending;
 
 /// A second answer to an assistant turn whose tool calls could not be used.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,9 +142,9 @@ pub async fn relay(
                 }
                 if let Some(mut finish) = finish {
                     if !pending.is_empty() {
-                        let cut_off = finish.as_str() == Some("length");
+                        let ending = Ending::from_finish_reason(finish.as_str());
                         let (mut calls, invalid) =
-                            complete_calls(&mut pending, &tools, &guides, cut_off, &mut report);
+                            complete_calls(&mut pending, &tools, &guides, ending, &mut report);
                         if !invalid.is_empty() {
                             let again = match reask.take() {
                                 Some(f) => f(invalid.clone()).await,
@@ -239,7 +240,7 @@ fn complete_calls(
     pending: &mut BTreeMap<u64, PendingCall>,
     tools: &ToolIndex,
     guides: &GuideCache,
-    cut_off: bool,
+    ending: Ending,
     report: &mut StreamReport,
 ) -> (Vec<Value>, Vec<String>) {
     let mut out = Vec::new();
@@ -249,7 +250,7 @@ fn complete_calls(
             "index": idx, "id": p.id, "type": "function",
             "function": {"name": p.name, "arguments": p.arguments}
         });
-        match check_call(&mut call, tools, guides, cut_off) {
+        match check_call(&mut call, tools, guides, ending) {
             Ok(true) => report.repaired.push(p.name),
             Ok(false) => {}
             // Never forwarded: re-asked, or left out with the stream marked `partial`.

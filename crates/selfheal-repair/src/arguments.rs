@@ -20,6 +20,32 @@ use crate::{
     repair_with,
 };
 
+/// How the model's answer ended, when the caller knows (an OpenAI-style `finish_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Not known (a CLI, a log): a number where the text stops inside an unclosed value is
+    /// refused, since more digits may have followed.
+    Unknown,
+    /// The model finished on its own (`stop`, `tool_calls`): text that stops inside an
+    /// unclosed value only lacks its closing brackets.
+    Finished,
+    /// The answer was cut by the output limit (`length`): only arguments that are JSON as
+    /// written are taken; anything else is refused, never repaired into a call.
+    CutOff,
+}
+
+impl Ending {
+    /// The ending an OpenAI-style `finish_reason` says.
+    #[must_use]
+    pub fn from_finish_reason(reason: Option<&str>) -> Self {
+        match reason {
+            Some("length") => Self::CutOff,
+            Some("stop" | "tool_calls" | "function_call") => Self::Finished,
+            _ => Self::Unknown,
+        }
+    }
+}
+
 /// Arguments that can be passed to the tool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Arguments {
@@ -42,6 +68,9 @@ pub enum ArgumentsError {
     /// The value does not fit the tool's schema.
     #[error("{} schema violation(s)", .0.len())]
     Invalid(Vec<Violation>),
+    /// The answer was cut by the output limit and the arguments are not JSON as written.
+    #[error("the arguments were cut off by the output length limit")]
+    CutOff,
 }
 
 impl ArgumentsError {
@@ -51,12 +80,17 @@ impl ArgumentsError {
         match self {
             Self::Unreadable(e) => e.reask_message(raw, tool_name),
             Self::Invalid(violations) => reask_message(violations, tool_name),
+            Self::CutOff => format!(
+                "Your call to `{tool_name}` was cut off by the output length limit, so it was not run. \
+                 Call `{tool_name}` again with the complete arguments as one JSON object, and keep it short."
+            ),
         }
     }
 }
 
 /// Checks and, where safe, repairs the arguments text `raw` a model wrote for a tool whose
 /// schema is `guide` (none: any JSON value is accepted). Empty text stands for `{}`.
+/// `ending` is how the model's answer ended, when known.
 ///
 /// # Errors
 ///
@@ -64,14 +98,18 @@ impl ArgumentsError {
 pub fn repair_arguments(
     raw: &str,
     guide: Option<&SchemaGuide>,
+    ending: Ending,
 ) -> Result<Arguments, ArgumentsError> {
-    let (value, repairs, parsed) = if raw.trim().is_empty() {
-        (Value::Object(serde_json::Map::new()), Vec::new(), false)
-    } else if let Ok(v) = serde_json::from_str::<Value>(raw) {
+    let (value, repairs, parsed) = if let Ok(v) = serde_json::from_str::<Value>(raw) {
         (v, Vec::new(), true)
+    } else if ending == Ending::CutOff {
+        return Err(ArgumentsError::CutOff);
+    } else if raw.trim().is_empty() {
+        (Value::Object(serde_json::Map::new()), Vec::new(), false)
     } else {
         let options = RepairOptions::default()
             .with_leading_zero_strings(guide.is_some())
+            .with_input_complete(ending == Ending::Finished)
             .with_decode_strings(guide.is_some_and(SchemaGuide::wants_container));
         let r = repair_with(raw, &options)?;
         (r.value, r.repairs, false)

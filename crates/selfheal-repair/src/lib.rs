@@ -160,7 +160,7 @@ mod parser;
 mod report;
 pub mod schema;
 
-pub use arguments::{Arguments, ArgumentsError, check_arguments, repair_arguments};
+pub use arguments::{Arguments, ArgumentsError, Ending, check_arguments, repair_arguments};
 pub use error::{Cut, RepairError};
 pub use report::{Repair, RepairKind};
 pub use schema::{
@@ -203,6 +203,11 @@ pub struct RepairOptions {
     /// Decode a top-level string that holds a JSON object or array (`"{\"a\": 1}"`).
     /// Schema-guided repair sets it when the schema wants an object or array there.
     pub decode_strings: bool,
+    /// The caller knows the input is the model's whole answer (`finish_reason: "stop"`): a
+    /// number that ends where the input ends, inside an unclosed value, is complete
+    /// (`{"days": 3` lacks only its brace). Off, such a number is refused as
+    /// [`RepairError::Truncated`]: `{"year": 20` may have been `2018`.
+    pub input_complete: bool,
 }
 
 impl Default for RepairOptions {
@@ -213,6 +218,7 @@ impl Default for RepairOptions {
             multiple: false,
             leading_zero_strings: false,
             decode_strings: false,
+            input_complete: false,
         }
     }
 }
@@ -252,6 +258,13 @@ impl RepairOptions {
     #[must_use]
     pub fn with_decode_strings(mut self, on: bool) -> Self {
         self.decode_strings = on;
+        self
+    }
+
+    /// Sets [`RepairOptions::input_complete`].
+    #[must_use]
+    pub fn with_input_complete(mut self, on: bool) -> Self {
+        self.input_complete = on;
         self
     }
 

@@ -142,6 +142,9 @@ pub(crate) struct Parser<'a> {
     pub(crate) salvage: bool,
     /// Read a number with leading zeros as the string it spells instead of refusing it.
     pub(crate) leading_zero_strings: bool,
+    /// The input is the model's whole answer: a number that ends where the input ends is
+    /// complete ([`crate::RepairOptions::input_complete`]).
+    pub(crate) input_complete: bool,
     /// The first loss found where the caller could not return an error at once; the parse
     /// is refused with it when it ends.
     loss: Option<RepairError>,
@@ -169,6 +172,7 @@ impl<'a> Parser<'a> {
             root_string: None,
             salvage: false,
             leading_zero_strings: false,
+            input_complete: false,
             loss: None,
         }
     }
@@ -216,6 +220,7 @@ impl<'a> Parser<'a> {
         let mut p = Self::new(src, pos, end, opts.max_depth);
         p.salvage = opts.salvage;
         p.leading_zero_strings = opts.leading_zero_strings;
+        p.input_complete = opts.input_complete;
         p
     }
 
@@ -1359,10 +1364,10 @@ impl<'a> Parser<'a> {
             }
         }
         self.pos = i;
-        if at_eof_fix {
-            // `1.`, `1e`: the input stops where digits had to follow. (A number that merely
-            // ends where the input ends is taken as complete: nothing in the text says
-            // otherwise, and callers that know the output was cut must refuse it.)
+        if at_eof_fix || (i >= self.end && !self.stack.is_empty() && !self.input_complete) {
+            // `1.`, `1e`: the input stops where digits had to follow. `{"year": 20`: the
+            // input stops inside a value that was never closed, and more digits may have
+            // followed — unless the caller knows the model finished its answer.
             self.cut_off(Cut::Number)?;
         }
         let text: std::borrow::Cow<'_, str> = if fixed {
@@ -1412,6 +1417,9 @@ impl<'a> Parser<'a> {
                 offset: start,
                 text: text.to_owned(),
             });
+        }
+        if i >= self.end && !self.stack.is_empty() && !self.input_complete {
+            self.cut_off(Cut::Number)?;
         }
         self.note(RepairKind::LeadingZeroString, start);
         self.pos = i;

@@ -253,12 +253,10 @@ proptest! {
         };
         let boundaries: Vec<usize> = (1..text.len()).filter(|&i| text.is_char_boundary(i)).collect();
         prop_assume!(!boundaries.is_empty());
+        // A prefix of a lone number is a valid number: it is returned as it is.
+        prop_assume!(!v.is_number());
         let at = boundaries[cut.index(boundaries.len())];
         let prefix = &text[..at];
-        // A number cut between two of its digits reads as a whole number: nothing in the
-        // text says otherwise (callers that know the output was cut refuse it).
-        let b = text.as_bytes();
-        prop_assume!(!(b[at - 1].is_ascii_digit() && b.get(at).is_some_and(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'E'))));
         if let Ok(r) = repair(prefix) {
             prop_assert!(
                 structural_prefix(&r.value, &v),

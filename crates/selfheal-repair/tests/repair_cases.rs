@@ -315,6 +315,8 @@ fn refuses_truncation_that_lost_data() {
         ("{\"a\": \"x\\", Cut::Escape),
         ("{\"a\": \"\\u00", Cut::Escape),
         ("{\"a\": 1.", Cut::Number),
+        ("{\"year\": 20", Cut::Number),
+        ("[1, 2", Cut::Number),
         ("{\"a\": 1e", Cut::Number),
         ("{\"a\": -", Cut::Number),
         ("{\"a\": 1, \"b\": tr", Cut::Literal),
@@ -353,9 +355,10 @@ fn closes_brackets_left_off_after_a_complete_value() {
         RepairKind::ClosedTruncated,
     );
     ok("[1, true", json!([1, true]), RepairKind::ClosedTruncated);
-    // A number that ends where the input ends is taken as complete (nothing says it is not;
-    // a caller that knows the output was cut refuses it, as the gateway does).
-    ok(
+    // A number that ends where the input ends is complete only when the caller knows the
+    // model finished its answer (`finish_reason: "stop"`).
+    ok_with(
+        &RepairOptions::default().with_input_complete(true),
         "{\"days\": 12",
         json!({"days": 12}),
         RepairKind::ClosedTruncated,

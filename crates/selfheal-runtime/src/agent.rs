@@ -40,7 +40,7 @@ use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryActio
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, Subject, Verifier};
-use selfheal_repair::{ArgumentsError, SchemaGuide};
+use selfheal_repair::{ArgumentsError, Ending, SchemaGuide};
 
 use crate::client::{ClientError, ModelClient};
 use crate::tool::{Effect, Tool, ToolError};
@@ -414,8 +414,8 @@ impl Loop<'_> {
                         self.messages.push(json!({"role": "user", "content": "Please do the task with the tools offered."}));
                         continue;
                     }
-                    let cut_off = c.finish_reason() == Some("length");
-                    self.tool_turn(&offered, &content, &calls, cut_off, step, usage)
+                    let ending = Ending::from_finish_reason(c.finish_reason());
+                    self.tool_turn(&offered, &content, &calls, ending, step, usage)
                         .await?;
                 }
             }
@@ -627,7 +627,7 @@ impl Loop<'_> {
         offered: &[Arc<dyn Tool>],
         content: &str,
         calls: &[Value],
-        cut_off: bool,
+        ending: Ending,
         step: Option<u32>,
         usage: Amounts,
     ) -> Result<(), Stop> {
@@ -682,26 +682,19 @@ impl Loop<'_> {
                 Some(Some(g)) => Some(g),
                 _ => None,
             };
-            let checked_args = if cut_off && serde_json::from_str::<Value>(&raw_text).is_err() {
-                let text = format!(
-                    "Your call to `{tname}` was cut off by the output length limit, so it was not run. \
-                     Call `{tname}` again with the complete arguments as one JSON object."
-                );
-                Err((
-                    text,
-                    vec!["at (root): the arguments were cut off".to_owned()],
-                ))
-            } else {
-                selfheal_repair::repair_arguments(&raw_text, guide).map_err(|e| {
+            let checked_args =
+                selfheal_repair::repair_arguments(&raw_text, guide, ending).map_err(|e| {
                     let errors = match &e {
                         ArgumentsError::Invalid(v) => v.iter().map(ToString::to_string).collect(),
                         ArgumentsError::Unreadable(r) => {
                             vec![format!("at (root): arguments are not valid JSON: {r}")]
                         }
+                        ArgumentsError::CutOff => {
+                            vec!["at (root): the arguments were cut off".to_owned()]
+                        }
                     };
                     (e.reask_message(&raw_text, &tname), errors)
-                })
-            };
+                });
             let args = match checked_args {
                 Ok(a) => a,
                 Err((text, errors)) => {
