@@ -7,6 +7,11 @@ receives is logged (GET /_log) so tests can check what the gateway forwarded.
 Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments": str}
 | {"kind": "status", "status": int, "retry_after": str?, "message": str?}
 | {"kind": "hang", "seconds": float} | {"kind": "empty"} | {"kind": "cut"}
+| {"kind": "json", "content": str} (JSON even when a stream was asked for)
+| {"kind": "empty_stream"} (200 text/event-stream with no event)
+| {"kind": "role_then_cut"} (only the role delta, then the connection closes)
+| {"kind": "stream_error", "message": str} (some text, then an SSE error event)
+The credential headers of every request are logged too (GET /_headers).
 """
 
 import json
@@ -21,6 +26,7 @@ class State:
         self.lock = threading.Lock()
         self.script = []
         self.log = []
+        self.headers = []
 
 
 STATE = State()
@@ -87,6 +93,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_log":
             with STATE.lock:
                 self.send_json(200, STATE.log)
+        elif self.path == "/_headers":
+            with STATE.lock:
+                self.send_json(200, STATE.headers)
         elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
         else:
@@ -99,10 +108,14 @@ class Handler(BaseHTTPRequestHandler):
             with STATE.lock:
                 STATE.script = list(body)
                 STATE.log = []
+                STATE.headers = []
             self.send_json(200, {"ok": True})
             return
         with STATE.lock:
             STATE.log.append(body)
+            STATE.headers.append({k.lower(): v for k, v in self.headers.items()
+                                  if k.lower() in ("authorization", "api-key", "openai-organization",
+                                                   "openai-project", "x-selfheal-key")})
             step = STATE.script.pop(0) if STATE.script else {"kind": "auto"}
         kind = step["kind"]
         if kind == "status":
@@ -118,6 +131,40 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("content-type", "application/json")
             self.send_header("content-length", "0")
             self.end_headers()
+            return
+        if kind == "json":
+            self.send_json(200, completion({"role": "assistant", "content": step.get("content", "hello")}, "stop"))
+            return
+        if kind == "role_then_cut":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            c = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if kind == "empty_stream":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            return
+        if kind == "stream_error":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            c = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Partial "}, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            err = {"error": {"message": step.get("message", "overloaded"), "type": "server_error"}}
+            self.wfile.write(f"data: {json.dumps(err)}\n\n".encode())
+            self.wfile.flush()
+            self.close_connection = True
             return
         if kind == "ok":
             message = {"role": "assistant", "content": step.get("content", "hello")}

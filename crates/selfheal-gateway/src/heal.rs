@@ -17,7 +17,7 @@ use selfheal_core::monitor::{Monitor, ToolCall, Verdict};
 use selfheal_repair::{SchemaGuide, reask_message, repair};
 
 use crate::request::{ChatRequest, Edits, Message};
-use crate::runs::RunState;
+use crate::runs::{RunState, SeenResults};
 
 /// One tool the request offers.
 #[derive(Debug, Clone)]
@@ -161,86 +161,95 @@ pub struct Replayed {
     pub outcome: &'static str,
 }
 
-/// Feeds the tool results the run's monitor has not seen yet. A conversation with fewer tool
-/// results than already seen is a new run under a reused id: the state is reset first. Only the
+/// Feeds the tool results the run's monitor has not seen yet, by `tool_call_id` (and content):
+/// the results after the last one the run has seen (see [`crate::runs::SeenResults`]). A
+/// history trimmed from the front feeds only its new results; nothing is reset. Only the
 /// arguments of calls whose results are new are parsed.
 pub fn replay(
     state: &mut RunState,
     messages: &[Message<'_>],
     tools: &ToolIndex,
-    fresh: impl FnOnce() -> RunState,
     now_ms: u64,
 ) -> Vec<Replayed> {
-    let total = messages.iter().filter(|m| m.role() == "tool").count();
-    if total < state.tool_results_seen {
-        *state = fresh();
-    }
+    let results: Vec<(usize, String, u64)> = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role() == "tool")
+        .map(|(i, m)| {
+            let text = m.content_text();
+            let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
+            let fp = SeenResults::fingerprint(id, &text);
+            (i, text, fp)
+        })
+        .collect();
+    let start = results
+        .iter()
+        .rposition(|(_, _, fp)| state.seen.contains(*fp))
+        .map_or(0, |p| p + 1);
     let mut out = Vec::new();
-    if total == state.tool_results_seen {
+    let Some(&(first_new, _, _)) = results.get(start) else {
         return out;
-    }
+    };
     // The call each new result answers: the last assistant call with its id before it.
     let mut calls: HashMap<String, (String, Option<String>)> = HashMap::new();
-    let mut seen = 0usize;
-    for m in messages {
-        match m.role() {
-            "assistant" if m.tool_calls.is_some() => {
-                for c in m.calls() {
-                    let (Some(id), Some(f)) = (c.id, c.function) else {
-                        continue;
-                    };
-                    let Some(name) = f.name else { continue };
-                    calls.insert(
-                        id.0.into_owned(),
-                        (name.0.into_owned(), f.arguments.map(|a| a.0.into_owned())),
-                    );
-                }
-            }
-            "tool" => {
-                seen += 1;
-                if seen <= state.tool_results_seen {
+    let mut new_results = results[start..].iter().peekable();
+    for (i, m) in messages.iter().enumerate() {
+        if m.role() == "assistant" && m.tool_calls.is_some() {
+            for c in m.calls() {
+                let (Some(id), Some(f)) = (c.id, c.function) else {
                     continue;
-                }
-                let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
-                let (name, args) = match calls.get(id) {
-                    Some((n, a)) => {
-                        let raw = a.as_deref().unwrap_or("{}");
-                        let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
-                        (n.as_str(), args)
-                    }
-                    None => ("unknown", Value::Null),
                 };
-                let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
-                let text = m.content_text();
-                let outcome = if is_hard_failure_text(&text) {
-                    state.monitor.record(
-                        &ToolCall::failed(name, &args, &text).with_required(required),
-                        now_ms,
-                    );
-                    "hard"
-                } else {
-                    let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-                    let soft = Monitor::is_soft_failure(&value);
-                    state.monitor.record(
-                        &ToolCall::returned(name, &args, &value).with_required(required),
-                        now_ms,
-                    );
-                    if soft { "soft" } else { "ok" }
-                };
-                if outcome == "ok" {
-                    state.successes += 1;
-                } else {
-                    state.failures += 1;
-                }
-                out.push(Replayed {
-                    tool: name.to_owned(),
-                    outcome,
-                });
+                let Some(name) = f.name else { continue };
+                calls.insert(
+                    id.0.into_owned(),
+                    (name.0.into_owned(), f.arguments.map(|a| a.0.into_owned())),
+                );
             }
-            _ => {}
+            continue;
         }
+        if i < first_new {
+            continue;
+        }
+        let Some((_, text, fp)) = new_results.next_if(|(j, _, _)| *j == i) else {
+            continue;
+        };
+        let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
+        let (name, args) = match calls.get(id) {
+            Some((n, a)) => {
+                let raw = a.as_deref().unwrap_or("{}");
+                let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
+                (n.as_str(), args)
+            }
+            None => ("unknown", Value::Null),
+        };
+        let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
+        let outcome = if is_hard_failure_text(text) {
+            state.monitor.record(
+                &ToolCall::failed(name, &args, text).with_required(required),
+                now_ms,
+            );
+            "hard"
+        } else {
+            let value: Value =
+                serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()));
+            let soft = Monitor::is_soft_failure(&value);
+            state.monitor.record(
+                &ToolCall::returned(name, &args, &value).with_required(required),
+                now_ms,
+            );
+            if soft { "soft" } else { "ok" }
+        };
+        if outcome == "ok" {
+            state.successes += 1;
+        } else {
+            state.failures += 1;
+        }
+        state.seen.insert(*fp);
+        out.push(Replayed {
+            tool: name.to_owned(),
+            outcome,
+        });
     }
-    state.tool_results_seen = total;
     out
 }
 
@@ -448,13 +457,12 @@ mod tests {
         let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
         let req = ChatRequest::parse(&bytes).unwrap();
         let idx = tool_index(&req);
-        let fresh = || RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
-        let mut state = fresh();
-        let replayed = replay(&mut state, &req.messages, &idx, fresh, 0);
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+        let replayed = replay(&mut state, &req.messages, &idx, 0);
         assert_eq!(replayed.len(), 5);
         assert!(replayed.iter().all(|r| r.outcome == "hard"));
         // Replaying the same conversation again feeds nothing new.
-        assert!(replay(&mut state, &req.messages, &idx, fresh, 0).is_empty());
+        assert!(replay(&mut state, &req.messages, &idx, 0).is_empty());
         let verdict = state.monitor.check(0);
         assert_eq!(verdict.hidden_tools, vec!["search".to_string()]);
         let applied = apply_verdict(&req, &verdict);
@@ -462,6 +470,35 @@ mod tests {
         let out: Value = serde_json::from_slice(&req.encode(&applied.edits(), &bytes)).unwrap();
         assert_eq!(out["tools"].as_array().unwrap().len(), 1);
         assert_eq!(out["tool_choice"], json!("auto"));
+    }
+
+    /// A conversation trimmed from the front, with one new result: only that result is fed,
+    /// and the run keeps what it had (issue 13: counting results reset or skipped them).
+    #[test]
+    fn issue_13_a_trimmed_history_neither_resets_nor_skips() {
+        let idx = tool_index(
+            &ChatRequest::parse(&request(json!([{"role": "user", "content": "x"}]))).unwrap(),
+        );
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+        let full = failing_conversation(4);
+        let bytes = request(json!(full));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), 4);
+        // The agent keeps the user turn and the last two exchanges, then adds a fifth.
+        let mut trimmed = vec![full[0].clone()];
+        trimmed.extend_from_slice(&full[5..]);
+        let five = failing_conversation(5);
+        trimmed.extend_from_slice(&five[9..]);
+        assert_eq!(trimmed.len(), 7);
+        let bytes = request(json!(trimmed));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let fed = replay(&mut state, &req.messages, &idx, 0);
+        assert_eq!(fed.len(), 1, "only the new result is fed: {fed:?}");
+        assert_eq!(state.failures, 5, "nothing was reset");
+        assert_eq!(
+            state.monitor.check(0).hidden_tools,
+            vec!["search".to_string()]
+        );
     }
 
     #[test]

@@ -5,16 +5,87 @@
 //! spent on retries and re-asks, what the gateway already did — lives here, keyed by run id.
 //! The store holds at most `capacity` runs; idle runs expire after a TTL and, when full, the
 //! least recently used run is dropped. Both are counted.
+//!
+//! A run belongs to a tenant (see `auth`): its id is an HMAC-SHA256, under a per-deployment
+//! secret, of the tenant and either the client's `x-selfheal-run` label or the conversation's
+//! opening (first system and first user message). Two tenants whose conversations open alike —
+//! or who pick the same label — get different runs, so one's tool errors never become the
+//! other's guidance, and nobody can name another tenant's run. The secret makes ids
+//! unguessable and, unlike `DefaultHasher`, the construction is stable across Rust releases.
 
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hmac::{Hmac, Mac};
 use selfheal_core::budget::{BudgetLedger, BudgetLimits};
 use selfheal_core::monitor::{Monitor, MonitorConfig};
+use sha2::{Digest, Sha256};
 
 use crate::request::Message;
+
+/// Most tool results remembered per run (see [`SeenResults`]).
+pub const SEEN_CAPACITY: usize = 1_024;
+
+/// The tool results a run's monitor has been fed, by fingerprint (SHA-256 of `tool_call_id` and
+/// content, 8 bytes), at most [`SEEN_CAPACITY`]: the oldest is forgotten first. Replay feeds
+/// only results after the last one seen, so a result forgotten here but still in the history
+/// (older than any remembered one) is not fed twice, and an agent that trims its history from
+/// the front neither resets the run nor has its newest results skipped.
+#[derive(Debug, Default, Clone)]
+pub struct SeenResults {
+    set: HashSet<u64>,
+    order: VecDeque<u64>,
+    forgotten: u64,
+}
+
+impl SeenResults {
+    /// The fingerprint of a tool result.
+    pub fn fingerprint(tool_call_id: &str, content: &str) -> u64 {
+        let mut h = Sha256::new();
+        h.update(tool_call_id.as_bytes());
+        h.update([0]);
+        h.update(content.as_bytes());
+        let d = h.finalize();
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&d[..8]);
+        u64::from_le_bytes(b)
+    }
+
+    /// Whether `fp` was seen (and not forgotten).
+    pub fn contains(&self, fp: u64) -> bool {
+        self.set.contains(&fp)
+    }
+
+    /// Remembers `fp`, forgetting the oldest past the capacity.
+    pub fn insert(&mut self, fp: u64) {
+        if !self.set.insert(fp) {
+            return;
+        }
+        self.order.push_back(fp);
+        if self.order.len() > SEEN_CAPACITY
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+            self.forgotten += 1;
+        }
+    }
+
+    /// Results remembered now.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether nothing was seen.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Results forgotten for capacity.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+}
 
 /// Most action names remembered per run (the trace keeps them all).
 const MAX_ACTIONS: usize = 32;
@@ -24,8 +95,8 @@ const MAX_ACTIONS: usize = 32;
 pub struct RunState {
     /// The run's tool-health monitor.
     pub monitor: Monitor,
-    /// How many tool results of the conversation were already fed to the monitor.
-    pub tool_results_seen: usize,
+    /// The tool results already fed to the monitor.
+    pub seen: SeenResults,
     /// The run's one budget ledger.
     pub ledger: BudgetLedger,
     /// Tool failures seen so far.
@@ -43,7 +114,7 @@ impl RunState {
     pub fn new(monitor: MonitorConfig, budget: BudgetLimits) -> RunState {
         RunState {
             monitor: Monitor::new(monitor).unwrap_or_default(),
-            tool_results_seen: 0,
+            seen: SeenResults::default(),
             ledger: BudgetLedger::new(budget),
             failures: 0,
             successes: 0,
@@ -156,20 +227,66 @@ impl RunStore {
     }
 }
 
-/// The run id: the `x-selfheal-run` header, or a hash of the conversation's first system and
-/// first user message (stable across the requests of one run, different between runs).
-pub fn run_id(header: Option<&str>, messages: &[Message<'_>]) -> String {
-    if let Some(h) = header.map(str::trim).filter(|h| !h.is_empty()) {
-        return h.chars().take(128).collect();
+/// The per-deployment secret that keys run ids.
+#[derive(Clone)]
+pub struct RunKey([u8; 32]);
+
+impl std::fmt::Debug for RunKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunKey(..)")
     }
-    let mut hasher = std::hash::DefaultHasher::new();
-    for role in ["system", "user"] {
-        if let Some(m) = messages.iter().find(|m| m.role() == role) {
-            role.hash(&mut hasher);
-            m.content.map(|c| c.get()).hash(&mut hasher);
+}
+
+impl RunKey {
+    /// A key derived from a configured secret (stable across restarts).
+    pub fn from_secret(secret: &str) -> RunKey {
+        RunKey(Sha256::digest(secret.as_bytes()).into())
+    }
+
+    /// A random key (run ids do not survive a restart).
+    pub fn random() -> Result<RunKey, getrandom::Error> {
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k)?;
+        Ok(RunKey(k))
+    }
+}
+
+/// The run id within `tenant`: keyed by the `x-selfheal-run` label when the client sent one,
+/// else by the conversation's first system and first user message (stable across the requests
+/// of one run, different between runs and between tenants).
+pub fn run_id(
+    key: &RunKey,
+    tenant: &str,
+    header: Option<&str>,
+    messages: &[Message<'_>],
+) -> String {
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&key.0) else {
+        return "r-unkeyed".to_owned();
+    };
+    let mut field = |tag: &[u8], bytes: &[u8]| {
+        mac.update(tag);
+        mac.update(&(bytes.len() as u64).to_le_bytes());
+        mac.update(bytes);
+    };
+    field(b"tenant", tenant.as_bytes());
+    match header.map(str::trim).filter(|h| !h.is_empty()) {
+        Some(h) => {
+            let label: String = h.chars().take(128).collect();
+            field(b"label", label.as_bytes());
+        }
+        None => {
+            for role in ["system", "user"] {
+                if let Some(m) = messages.iter().find(|m| m.role() == role) {
+                    field(
+                        role.as_bytes(),
+                        m.content.map_or(b"", |c| c.get().as_bytes()),
+                    );
+                }
+            }
         }
     }
-    format!("r-{:016x}", hasher.finish())
+    let tag = mac.finalize().into_bytes();
+    format!("r-{}", crate::auth::hex(&tag[..12]))
 }
 
 #[cfg(test)]
@@ -178,26 +295,57 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn run_id_is_stable_over_a_growing_conversation() {
-        let id = |messages: serde_json::Value| {
+    fn run_id_is_stable_over_a_growing_conversation_and_scoped_to_the_tenant() {
+        let key = RunKey::from_secret("s");
+        let id = |tenant: &str, header: Option<&str>, messages: serde_json::Value| {
             let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
             let req = crate::request::ChatRequest::parse(&body).unwrap();
-            (
-                run_id(None, &req.messages),
-                run_id(Some("mine"), &req.messages),
-            )
+            run_id(&key, tenant, header, &req.messages)
         };
         let a = json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]);
         let mut b = a.clone();
         b.as_array_mut()
             .unwrap()
             .push(json!({"role": "assistant", "content": "x"}));
-        assert_eq!(id(a.clone()).0, id(b).0);
+        assert_eq!(id("t", None, a.clone()), id("t", None, b));
         assert_ne!(
-            id(a.clone()).0,
-            id(json!([{"role": "user", "content": "other"}])).0
+            id("t", None, a.clone()),
+            id("t", None, json!([{"role": "user", "content": "other"}]))
         );
-        assert_eq!(id(a).1, "mine");
+        assert_ne!(id("t", None, a.clone()), id("u", None, a.clone()));
+        assert_eq!(
+            id("t", Some("mine"), a.clone()),
+            id("t", Some("mine"), json!([{"role": "user", "content": "z"}]))
+        );
+        assert_ne!(
+            id("t", Some("mine"), a.clone()),
+            id("u", Some("mine"), a.clone())
+        );
+        let other = RunKey::from_secret("other");
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": a})).unwrap();
+        let req = crate::request::ChatRequest::parse(&body).unwrap();
+        assert_ne!(
+            run_id(&other, "t", None, &req.messages),
+            id(
+                "t",
+                None,
+                json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+            )
+        );
+        // Fixed key and input, fixed id: the construction is stable across releases.
+        assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
+    }
+
+    #[test]
+    fn seen_results_are_bounded_and_count_what_they_forget() {
+        let mut s = SeenResults::default();
+        for i in 0..(SEEN_CAPACITY + 10) {
+            s.insert(SeenResults::fingerprint(&format!("c{i}"), "ok"));
+        }
+        assert_eq!(s.len(), SEEN_CAPACITY);
+        assert_eq!(s.forgotten(), 10);
+        assert!(!s.contains(SeenResults::fingerprint("c0", "ok")));
+        assert!(s.contains(SeenResults::fingerprint("c20", "ok")));
     }
 
     #[test]

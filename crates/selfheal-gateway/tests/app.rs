@@ -155,9 +155,8 @@ async fn unknown_model_is_a_404() {
     c.upstreams.insert(
         "a".into(),
         UpstreamConfig {
-            base_url: "http://127.0.0.1:9/v1".into(),
-            api_key_env: None,
-            timeout_ms: 1000,
+            first_byte_timeout_ms: 1000,
+            ..UpstreamConfig::new("http://127.0.0.1:9/v1")
         },
     );
     c.models.insert(
@@ -319,9 +318,8 @@ async fn fallback_chain_moves_to_the_next_model() {
         c.upstreams.insert(
             name.into(),
             UpstreamConfig {
-                base_url: url,
-                api_key_env: None,
-                timeout_ms: 2000,
+                first_byte_timeout_ms: 2000,
+                ..UpstreamConfig::new(url)
             },
         );
     }

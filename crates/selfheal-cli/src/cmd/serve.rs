@@ -35,8 +35,21 @@ pub struct ServeArgs {
     pub threads: Option<usize>,
 }
 
+/// Logs go to stderr, one line per request at `info` (`RUST_LOG` overrides: `warn` for none,
+/// `selfheal::upstream=debug` for every upstream attempt).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
 /// Runs `selfheal serve`; returns the process exit code.
 pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
+    init_logging();
     let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -55,6 +68,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     config.passthrough |= args.passthrough;
     config.validate()?;
+    let missing = config.missing_env(|v| std::env::var(v).ok());
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "the config names environment variables that are unset or empty: {}",
+            missing.join(", ")
+        );
+    }
     let trace = super::open_trace(args.no_trace, args.trace_db.as_deref())?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all();
