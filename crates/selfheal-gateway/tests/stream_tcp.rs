@@ -1,0 +1,197 @@
+//! Stream behaviour over TCP: the real server (`serve` on port 0) and a real client (reqwest),
+//! in front of an upstream that answers canned bytes. In-process tests read the body stream
+//! directly and cannot see what hyper does on a socket — a final frame dropped when the body
+//! errors — so these read what a client reads.
+
+// Test helpers outside `#[test]` functions may panic: a panic is a test failure here.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use selfheal_gateway::{GatewayConfig, TraceWriter, serve};
+
+/// An upstream that answers each request with the next canned response, then closes.
+async fn canned_upstream(responses: Vec<String>) -> (String, Arc<Mutex<Vec<String>>>) {
+    let queue = Arc::new(Mutex::new(VecDeque::from(responses)));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let queue = queue.clone();
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Read the head, then the body by content-length.
+                loop {
+                    let n = tcp.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            seen.lock().unwrap().push(text[end + 4..].to_string());
+                            break;
+                        }
+                    }
+                }
+                let resp = queue.lock().unwrap().pop_front().unwrap_or_default();
+                let _ = tcp.write_all(resp.as_bytes()).await;
+                let _ = tcp.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}/v1"), seen)
+}
+
+fn sse(events: &[&str]) -> String {
+    let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{body}")
+}
+
+fn json_answer(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+async fn start_gateway(upstream: String) -> String {
+    let mut config = GatewayConfig::for_upstream(upstream);
+    config.retry.base_ms = 1;
+    config.retry.max_ms = 2;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        config,
+        listener,
+        TraceWriter::disabled(),
+        std::future::pending(),
+    ));
+    format!("http://{addr}/v1/chat/completions")
+}
+
+/// POSTs a streaming request and reads the whole body as a client does: an `Err` here is a
+/// connection the server broke.
+async fn stream_body(url: &str) -> Result<String, reqwest::Error> {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .header("authorization", "Bearer sk-test-client-key")
+        .json(&serde_json::json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    resp.text().await
+}
+
+fn data_events(body: &str) -> Vec<&str> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .collect()
+}
+
+/// Issue 13: the error event went out and an `Err` right after it; hyper aborted the
+/// connection without flushing the event, so SDKs saw a connection error.
+#[tokio::test]
+async fn issue_13_the_error_event_arrives_before_a_clean_close() {
+    let (up, _) = canned_upstream(vec![sse(&[
+        r#"{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Half an "},"finish_reason":null}]}"#,
+        r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+    ])])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url)
+        .await
+        .expect("the body ends cleanly, not with a broken connection");
+    let events = data_events(&body);
+    assert!(events[0].contains("Half an "), "{body}");
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "stream_broken");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("overloaded")
+    );
+}
+
+/// Issue 13: `choices` sent as an object made the relay panic on `IndexMut`.
+#[tokio::test]
+async fn issue_13_choices_as_an_object_does_not_panic() {
+    let (up, _) = canned_upstream(vec![sse(&[
+        r#"{"id":"c","choices":{"0":{"delta":{"content":"odd"},"finish_reason":"stop"}}}"#,
+        "[DONE]",
+    ])])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert_eq!(events.last(), Some(&"[DONE]"), "{body}");
+    assert!(
+        events.iter().any(|e| e.contains("\"selfheal\"")),
+        "the finish chunk carries the report: {body}"
+    );
+}
+
+#[tokio::test]
+async fn a_json_answer_to_a_stream_request_is_sent_as_sse() {
+    let (up, _) = canned_upstream(vec![json_answer(
+        r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"as json"},"finish_reason":"stop"}]}"#,
+    )])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert!(events[0].contains("as json"), "{body}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("\"finish_reason\":\"stop\""))
+    );
+    assert_eq!(events.last(), Some(&"[DONE]"));
+}
+
+/// An empty 200 stream (llama-cpp-python with automatic tool choice) is re-issued without
+/// streaming and the answer re-emitted as SSE: never an empty 200.
+#[tokio::test]
+async fn an_empty_stream_is_reissued_and_re_emitted() {
+    let (up, seen) = canned_upstream(vec![
+        sse(&[]),
+        json_answer(
+            r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"second try"},"finish_reason":"stop"}]}"#,
+        ),
+    ])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert!(events[0].contains("second try"), "{body}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("\"selfheal\"") && e.contains("\"finish_reason\":\"stop\""))
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert!(seen[1].contains("\"stream\":false"), "{}", seen[1]);
+}
