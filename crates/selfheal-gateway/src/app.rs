@@ -504,7 +504,13 @@ fn answer_abort(t: &Turn, model: &str, streaming: bool, reason: &str) -> Respons
     } else {
         axum::Json(completion).into_response()
     };
-    add_headers(&mut resp, &t.run, status, &actions, Some(reason));
+    add_headers(
+        &mut resp,
+        &t.run,
+        status,
+        &actions,
+        Some(&t.caller.redactor.text(reason)),
+    );
     resp
 }
 
@@ -714,6 +720,7 @@ async fn answer_complete(
     t.caller.redactor.value(&mut completion);
     t.finish(status);
     let mut resp = axum::Json(completion).into_response();
+    let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
 }

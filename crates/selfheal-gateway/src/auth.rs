@@ -172,10 +172,10 @@ impl Redactor {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
+    if needle.is_empty() {
         return None;
     }
-    hay.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(hay, needle)
 }
 
 fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {

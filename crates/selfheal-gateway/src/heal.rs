@@ -171,28 +171,29 @@ pub fn replay(
     tools: &ToolIndex,
     now_ms: u64,
 ) -> Vec<Replayed> {
-    let results: Vec<(usize, String, u64)> = messages
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.role() == "tool")
-        .map(|(i, m)| {
-            let text = m.content_text();
-            let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
-            let fp = SeenResults::fingerprint(id, &text);
-            (i, text, fp)
-        })
-        .collect();
-    let start = results
-        .iter()
-        .rposition(|(_, _, fp)| state.seen.contains(*fp))
-        .map_or(0, |p| p + 1);
+    // From the newest result back to the last one the run has seen: only new results (and
+    // that one) are read and hashed, however long the history.
+    let mut results: Vec<(usize, String, u64)> = Vec::new();
+    for (i, m) in messages.iter().enumerate().rev() {
+        if m.role() != "tool" {
+            continue;
+        }
+        let text = m.content_text();
+        let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
+        let fp = SeenResults::fingerprint(id, &text);
+        if state.seen.contains(fp) {
+            break;
+        }
+        results.push((i, text, fp));
+    }
+    results.reverse();
     let mut out = Vec::new();
-    let Some(&(first_new, _, _)) = results.get(start) else {
+    let Some(&(first_new, _, _)) = results.first() else {
         return out;
     };
     // The call each new result answers: the last assistant call with its id before it.
     let mut calls: HashMap<String, (String, Option<String>)> = HashMap::new();
-    let mut new_results = results[start..].iter().peekable();
+    let mut new_results = results.iter().peekable();
     for (i, m) in messages.iter().enumerate() {
         if m.role() == "assistant" && m.tool_calls.is_some() {
             for c in m.calls() {

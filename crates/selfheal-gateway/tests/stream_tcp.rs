@@ -16,6 +16,12 @@ use selfheal_gateway::{GatewayConfig, TraceWriter, serve};
 
 /// An upstream that answers each request with the next canned response, then closes.
 async fn canned_upstream(responses: Vec<String>) -> (String, Arc<Mutex<Vec<String>>>) {
+    paced_upstream(responses.into_iter().map(|r| vec![(0, r)]).collect()).await
+}
+
+/// An upstream that answers each request with the next response, written in parts, each after
+/// its pause in milliseconds.
+async fn paced_upstream(responses: Vec<Vec<(u64, String)>>) -> (String, Arc<Mutex<Vec<String>>>) {
     let queue = Arc::new(Mutex::new(VecDeque::from(responses)));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -55,7 +61,12 @@ async fn canned_upstream(responses: Vec<String>) -> (String, Arc<Mutex<Vec<Strin
                     }
                 }
                 let resp = queue.lock().unwrap().pop_front().unwrap_or_default();
-                let _ = tcp.write_all(resp.as_bytes()).await;
+                for (pause, part) in resp {
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                    if tcp.write_all(part.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
                 let _ = tcp.shutdown().await;
             });
         }
@@ -76,7 +87,10 @@ fn json_answer(body: &str) -> String {
 }
 
 async fn start_gateway(upstream: String) -> String {
-    let mut config = GatewayConfig::for_upstream(upstream);
+    start_gateway_with(GatewayConfig::for_upstream(upstream)).await
+}
+
+async fn start_gateway_with(mut config: GatewayConfig) -> String {
     config.retry.base_ms = 1;
     config.retry.max_ms = 2;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -194,4 +208,68 @@ async fn an_empty_stream_is_reissued_and_re_emitted() {
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2);
     assert!(seen[1].contains("\"stream\":false"), "{}", seen[1]);
+}
+
+fn chunk(text: &str) -> String {
+    format!(
+        "data: {}\n\n",
+        serde_json::json!({"id": "c", "choices": [{"index": 0, "delta": {"content": text},
+                           "finish_reason": null}]})
+    )
+}
+
+/// Issue 13: `timeout_ms` was a total deadline that cut healthy streams longer than it. The
+/// first byte comes at once and a piece every 100 ms for 1.2 s: longer than the first-byte
+/// timeout (300 ms), each gap far inside the idle timeout (5 s). The stream arrives whole.
+#[tokio::test]
+async fn issue_13_a_healthy_stream_longer_than_the_first_byte_timeout_is_not_cut() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let mut parts = vec![(0, head.to_string())];
+    for i in 0..12 {
+        parts.push((100, chunk(&format!("w{i} "))));
+    }
+    parts.push((
+        0,
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+            .to_string(),
+    ));
+    let (up, _) = paced_upstream(vec![parts]).await;
+    let mut config = GatewayConfig::for_upstream(up);
+    if let Some(u) = config.upstreams.get_mut("default") {
+        u.first_byte_timeout_ms = 300;
+        u.idle_timeout_ms = 5_000;
+    }
+    let url = start_gateway_with(config).await;
+    let body = stream_body(&url).await.unwrap();
+    assert!(body.contains("w11 "), "{body}");
+    assert_eq!(data_events(&body).last(), Some(&"[DONE]"));
+}
+
+/// A stream that stalls after content went out ends in an error event that names the stall.
+#[tokio::test]
+async fn a_stream_stalled_past_the_idle_timeout_ends_in_an_error_event() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let parts = vec![
+        (0, head.to_string()),
+        (0, chunk("started ")),
+        (30_000, chunk("never")),
+    ];
+    let (up, _) = paced_upstream(vec![parts]).await;
+    let mut config = GatewayConfig::for_upstream(up);
+    if let Some(u) = config.upstreams.get_mut("default") {
+        u.idle_timeout_ms = 200;
+    }
+    let url = start_gateway_with(config).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert!(events[0].contains("started "));
+    assert!(!body.contains("never"));
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("idle timeout"),
+        "{last}"
+    );
 }
