@@ -65,7 +65,7 @@ class Gateway:
 
 
 def start_gateway(upstream, tmp_path, extra=(), top="", upstream_extra="", env=None,
-                  listen="127.0.0.1:0", stderr=None):
+                  listen="127.0.0.1:0", stderr=None, timeout_ms=1500):
     """The real binary on port 0; `top` adds top-level config keys, `upstream_extra` keys of the
     default upstream (`auth`, `api_key_env`, ...)."""
     config = tmp_path / "selfheal.toml"
@@ -75,7 +75,7 @@ max_body_bytes = 262144
 {top}
 [upstreams.default]
 base_url = "{upstream.url}/v1"
-timeout_ms = 1500
+timeout_ms = {timeout_ms}
 {upstream_extra}
 [retry]
 base_ms = 50

@@ -265,3 +265,47 @@ def test_a_half_sent_head_is_closed_and_does_not_block_shutdown(upstream, tmp_pa
     slow2.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n")
     assert gw.stop() == 0, "SIGTERM is not held up by a half-sent request"
     slow2.close()
+
+
+def test_a_body_that_does_not_arrive_is_a_408(upstream, tmp_path):
+    gw = start_gateway(upstream, tmp_path, top="[server]\nbody_read_timeout_ms = 200")
+    u = urllib.parse.urlsplit(gw.url)
+    s = socket.create_connection((u.hostname, u.port), timeout=10)
+    try:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 100\r\n\r\n{\"model\":")
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            piece = s.recv(4096)
+            if not piece:
+                break
+            answer += piece
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+    finally:
+        s.close()
+        gw.stop()
+
+
+def test_sigterm_stops_within_the_drain_deadline_even_with_a_request_in_flight(upstream, tmp_path):
+    gw = start_gateway(upstream, tmp_path, top="[server]\ndrain_timeout_ms = 300", timeout_ms=60000)
+    upstream.script([{"kind": "hang", "seconds": 40}])
+    result = {}
+
+    def slow():
+        try:
+            result["r"] = client(gw).chat.completions.create(model="stub", messages=ask())
+        except Exception as e:  # the connection is closed at the deadline
+            result["e"] = e
+
+    import threading
+    t = threading.Thread(target=slow)
+    t.start()
+    for _ in range(100):  # wait until the upstream holds the request
+        if upstream.log():
+            break
+        threading.Event().wait(0.05)
+    assert upstream.log(), "the request reached the upstream"
+    assert gw.stop() == 0, "exits (stop() waits 20 s; the upstream hangs 40 s)"
+    t.join(timeout=20)
+    assert "e" in result
