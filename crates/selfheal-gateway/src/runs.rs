@@ -135,11 +135,47 @@ impl RunState {
 struct Entry {
     state: Arc<Mutex<RunState>>,
     last_seen: Instant,
+    /// The stamp of this run's newest entry in the recency queue.
+    stamp: u64,
+}
+
+/// The runs and their recency queue. Each use of a run pushes `(id, stamp)`; entries whose
+/// stamp is no longer the run's are stale and skipped. The front's first live entry is the least
+/// recently used run, so eviction pops from the front — amortised O(1), where a scan for the
+/// oldest run cost O(capacity) under the lock on every new run once the store was full. The
+/// queue is compacted when it grows past twice the capacity, which amortises to O(1) per use.
+#[derive(Default)]
+struct Inner {
+    map: HashMap<Arc<str>, Entry>,
+    queue: VecDeque<(Arc<str>, u64)>,
+    next: u64,
+}
+
+impl Inner {
+    fn is_live(&self, id: &str, stamp: u64) -> bool {
+        self.map.get(id).is_some_and(|e| e.stamp == stamp)
+    }
+
+    fn touch(&mut self, id: Arc<str>) -> u64 {
+        self.next += 1;
+        self.queue.push_back((id, self.next));
+        self.next
+    }
+
+    fn compact(&mut self, capacity: usize) {
+        if self.queue.len() > 2 * capacity + 16 {
+            let queue = std::mem::take(&mut self.queue);
+            self.queue = queue
+                .into_iter()
+                .filter(|(id, stamp)| self.is_live(id, *stamp))
+                .collect();
+        }
+    }
 }
 
 /// The bounded, expiring store of runs.
 pub struct RunStore {
-    inner: Mutex<HashMap<String, Entry>>,
+    inner: Mutex<Inner>,
     capacity: usize,
     ttl: Duration,
     monitor: MonitorConfig,
@@ -165,7 +201,7 @@ impl RunStore {
         budget: BudgetLimits,
     ) -> RunStore {
         RunStore {
-            inner: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Inner::default()),
             capacity: capacity.max(1),
             ttl,
             monitor,
@@ -174,46 +210,65 @@ impl RunStore {
         }
     }
 
-    /// The run's state, created if new or expired.
+    /// The run's state, created if new or expired. Creating a run first drops expired runs at
+    /// the front of the recency queue, then the least recently used while the store is full.
     pub fn get(&self, id: &str, now: Instant) -> Arc<Mutex<RunState>> {
-        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = map.get_mut(id)
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *inner;
+        if let Some((key, e)) = inner.map.get_key_value(id)
             && now.duration_since(e.last_seen) < self.ttl
         {
-            e.last_seen = now;
-            return e.state.clone();
-        }
-        if map.len() >= self.capacity && !map.contains_key(id) {
-            let before = map.len();
-            let ttl = self.ttl;
-            map.retain(|_, e| now.duration_since(e.last_seen) < ttl);
-            if map.len() >= self.capacity
-                && let Some(oldest) = map
-                    .iter()
-                    .min_by_key(|(_, e)| e.last_seen)
-                    .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
+            let (key, state) = (key.clone(), e.state.clone());
+            let stamp = inner.touch(key.clone());
+            if let Some(e) = inner.map.get_mut(&key) {
+                e.stamp = stamp;
+                e.last_seen = now;
             }
-            self.evicted.fetch_add(
-                (before - map.len()) as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            inner.compact(self.capacity);
+            return state;
+        }
+        let mut dropped = 0u64;
+        while let Some((front, stamp)) = inner.queue.front().cloned() {
+            if !inner.is_live(&front, stamp) {
+                inner.queue.pop_front();
+                continue;
+            }
+            let expired = inner
+                .map
+                .get(&front)
+                .is_some_and(|e| now.duration_since(e.last_seen) >= self.ttl);
+            let full = inner.map.len() >= self.capacity && !inner.map.contains_key(id);
+            if !(expired || full) {
+                break;
+            }
+            inner.queue.pop_front();
+            inner.map.remove(&front);
+            if &*front != id {
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            self.evicted
+                .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         }
         let state = Arc::new(Mutex::new(RunState::new(self.monitor.clone(), self.budget)));
-        map.insert(
-            id.to_owned(),
+        let key: Arc<str> = Arc::from(id);
+        let stamp = inner.touch(key.clone());
+        inner.map.insert(
+            key,
             Entry {
                 state: state.clone(),
                 last_seen: now,
+                stamp,
             },
         );
+        inner.compact(self.capacity);
         state
     }
 
     /// Runs held now.
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|m| m.len()).unwrap_or(0)
+        self.inner.lock().map(|m| m.map.len()).unwrap_or(0)
     }
 
     /// Whether no run is held.
@@ -362,5 +417,36 @@ mod tests {
         }
         assert_eq!(s.len(), 3);
         assert_eq!(s.evicted(), 7);
+    }
+
+    #[test]
+    fn the_least_recently_used_run_goes_first_and_the_queue_stays_bounded() {
+        let ttl = Duration::from_secs(60);
+        let s = RunStore::new(3, ttl, MonitorConfig::default(), BudgetLimits::defaults());
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let a = s.get("a", at(0));
+        s.get("b", at(1));
+        s.get("c", at(2));
+        // Using `a` again makes `b` the least recently used.
+        for i in 0..1_000 {
+            assert!(Arc::ptr_eq(&a, &s.get("a", at(3 + i))));
+        }
+        s.get("d", at(2_000));
+        assert_eq!(s.evicted(), 1);
+        assert!(Arc::ptr_eq(&a, &s.get("a", at(2_001))), "a was kept");
+        let c = s.get("c", at(2_002));
+        let b = s.get("b", at(2_003));
+        assert_eq!(
+            s.evicted(),
+            2,
+            "b was gone and came back new, pushing d out"
+        );
+        assert!(!Arc::ptr_eq(&c, &b));
+        assert!(s.inner.lock().unwrap().queue.len() <= 2 * 3 + 16 + 1);
+        // Runs idle past the TTL are dropped when a new run comes in.
+        s.get("e", at(2_003) + ttl);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.evicted(), 5);
     }
 }
