@@ -59,11 +59,54 @@ pub fn tool_index(req: &ChatRequest<'_>) -> ToolIndex {
 
 /// Tool indexes by the text of the request's `tools` array. Agents send the same tools with
 /// every request; indexing them (parsing every schema) each time would cost more than the rest
-/// of the request's healing. Holds at most [`ToolIndexCache::CAPACITY`] entries and starts over
-/// when full.
+/// of the request's healing. Bounded by count ([`ToolIndexCache::CAPACITY`]) and by the bytes of
+/// its keys ([`CACHE_MAX_BYTES`]; a tool set larger than [`CACHE_MAX_ENTRY_BYTES`] is indexed
+/// but not kept), it starts over when full.
 #[derive(Debug, Default)]
 pub struct ToolIndexCache {
-    map: Mutex<HashMap<String, Arc<ToolIndex>>>,
+    map: Mutex<Sized<Arc<ToolIndex>>>,
+}
+
+/// Most key bytes a cache holds (tool-set or schema text; the values are of the same order).
+pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// Largest key a cache keeps.
+pub const CACHE_MAX_ENTRY_BYTES: usize = 1024 * 1024;
+
+/// A map that knows the bytes of its keys.
+#[derive(Debug)]
+struct Sized<V> {
+    map: HashMap<String, V>,
+    bytes: usize,
+}
+
+impl<V> Default for Sized<V> {
+    fn default() -> Self {
+        Sized {
+            map: HashMap::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<V: Clone> Sized<V> {
+    fn get(&self, key: &str) -> Option<V> {
+        self.map.get(key).cloned()
+    }
+
+    /// Keeps `value` under `key` unless the key is too large; starts over when full.
+    fn insert(&mut self, key: &str, value: V, capacity: usize) {
+        if key.len() > CACHE_MAX_ENTRY_BYTES {
+            return;
+        }
+        if self.map.len() >= capacity || self.bytes + key.len() > CACHE_MAX_BYTES {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        if self.map.insert(key.to_owned(), value).is_none() {
+            self.bytes += key.len();
+        }
+    }
 }
 
 impl ToolIndexCache {
@@ -77,15 +120,20 @@ impl ToolIndexCache {
         };
         let key = raw.get();
         if let Some(i) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
-            return i.clone();
+            return i;
         }
         let index = Arc::new(tool_index(req));
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= Self::CAPACITY {
-            map.clear();
-        }
-        map.insert(key.to_owned(), index.clone());
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            key,
+            index.clone(),
+            Self::CAPACITY,
+        );
         index
+    }
+
+    /// Key bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.map.lock().map_or(0, |m| m.bytes)
     }
 }
 
@@ -311,10 +359,11 @@ pub struct CallCheck {
 
 /// Compiled schema guides by schema text. Agents send the same tools with every request, and
 /// compiling a JSON Schema costs far more than the rest of a request's healing; the cache holds
-/// at most [`GuideCache::CAPACITY`] schemas and starts over when full.
+/// at most [`GuideCache::CAPACITY`] schemas and [`CACHE_MAX_BYTES`] of schema text, and starts
+/// over when full.
 #[derive(Debug, Default)]
 pub struct GuideCache {
-    map: Mutex<HashMap<String, Arc<SchemaGuide>>>,
+    map: Mutex<Sized<Arc<SchemaGuide>>>,
 }
 
 impl GuideCache {
@@ -324,14 +373,13 @@ impl GuideCache {
     /// The compiled guide of `schema`, whose text is `key` (`None` if it does not compile).
     pub fn get(&self, key: &str, schema: &Value) -> Option<Arc<SchemaGuide>> {
         if let Some(g) = self.map.lock().ok()?.get(key) {
-            return Some(g.clone());
+            return Some(g);
         }
         let guide = Arc::new(SchemaGuide::new(schema).ok()?);
-        let mut map = self.map.lock().ok()?;
-        if map.len() >= Self::CAPACITY {
-            map.clear();
-        }
-        map.insert(key.to_owned(), guide.clone());
+        self.map
+            .lock()
+            .ok()?
+            .insert(key, guide.clone(), Self::CAPACITY);
         Some(guide)
     }
 }
@@ -515,6 +563,31 @@ mod tests {
         let bytes2 = bytes::Bytes::from(serde_json::to_vec(&fewer).unwrap());
         let other = cache.get(&ChatRequest::parse(&bytes2).unwrap());
         assert_eq!(other.len(), 1);
+        assert_eq!(cache.bytes(), a_len(&bytes) + a_len(&bytes2));
+    }
+
+    fn a_len(body: &[u8]) -> usize {
+        ChatRequest::parse(body)
+            .unwrap()
+            .tools_raw
+            .unwrap()
+            .get()
+            .len()
+    }
+
+    /// Issue 13: the caches were bounded by count only, keyed by up to 8 MiB of text each.
+    #[test]
+    fn issue_13_caches_are_bounded_by_bytes() {
+        let mut m: Sized<u8> = Sized::default();
+        let big = "x".repeat(CACHE_MAX_ENTRY_BYTES + 1);
+        m.insert(&big, 1, 10);
+        assert!(m.map.is_empty(), "an oversize key is not kept");
+        let key = |i: usize| format!("{}{i:08}", "y".repeat(CACHE_MAX_ENTRY_BYTES - 8));
+        for i in 0..40 {
+            m.insert(&key(i), 1, 1_000);
+            assert!(m.bytes <= CACHE_MAX_BYTES);
+        }
+        assert!(m.map.len() <= CACHE_MAX_BYTES / CACHE_MAX_ENTRY_BYTES);
     }
 
     #[test]
