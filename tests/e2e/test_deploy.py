@@ -309,3 +309,11 @@ def test_sigterm_stops_within_the_drain_deadline_even_with_a_request_in_flight(u
     assert gw.stop() == 0, "exits (stop() waits 20 s; the upstream hangs 40 s)"
     t.join(timeout=20)
     assert "e" in result
+
+
+def test_embeddings_pass_through_with_the_clients_key(gateway, upstream):
+    upstream.script([])
+    r = client(gateway).embeddings.create(model="stub", input="hello", encoding_format="float")
+    assert r.data[0].embedding == [0.25, -0.5]
+    assert upstream.log() == [{"model": "stub", "input": "hello", "encoding_format": "float"}]
+    assert upstream.headers() == [{"authorization": f"Bearer {CLIENT_KEY}"}]

@@ -111,6 +111,14 @@ class Handler(BaseHTTPRequestHandler):
                 STATE.headers = []
             self.send_json(200, {"ok": True})
             return
+        if self.path == "/v1/embeddings":
+            with STATE.lock:
+                STATE.log.append(body)
+                STATE.headers.append({"authorization": self.headers.get("authorization")})
+            self.send_json(200, {"object": "list", "model": body.get("model"),
+                                 "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
+                                 "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+            return
         with STATE.lock:
             STATE.log.append(body)
             STATE.headers.append({k.lower(): v for k, v in self.headers.items()

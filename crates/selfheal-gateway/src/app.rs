@@ -150,6 +150,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/embeddings", post(embeddings))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -312,6 +313,75 @@ fn log_request(resp: &Response, tenant: &str, started: Instant) {
     );
 }
 
+/// `POST /v1/embeddings`, passed through: the caller admitted, the model routed (an alias's
+/// first target, its model name written in), one attempt, the answer bounded and redacted.
+async fn embeddings(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    let (result, tenant) = match s.gate.admit(&headers) {
+        Ok(caller) => {
+            let tenant = caller.tenant.clone();
+            let r = embeddings_inner(&s, &caller, &headers, body).await;
+            (r.map_err(|e| caller.redactor.error(e)), tenant)
+        }
+        Err(e) => (Err(e), "-".to_owned()),
+    };
+    let resp = result.unwrap_or_else(IntoResponse::into_response);
+    log_request(&resp, &tenant, started);
+    resp
+}
+
+async fn embeddings_inner(
+    s: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(s, headers, body).await?;
+    let mut req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
+    let model = req
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("`model` must be a string"))?
+        .to_owned();
+    let chain = s
+        .config
+        .route(&model)
+        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let first = &chain[..1.min(chain.len())];
+    let body = match first.first() {
+        Some(t) if t.model != model => {
+            req.insert("model".into(), Value::from(t.model.as_str()));
+            Bytes::from(serde_json::to_vec(&req).map_err(|e| ApiError::bad_request(e.to_string()))?)
+        }
+        _ => bytes,
+    };
+    let encode = |_m: &str| body.clone();
+    let never = |_k: ActionKind| false;
+    let mut log = CallLog::default();
+    let upstream = s
+        .upstreams
+        .call(
+            first,
+            &encode,
+            &embed_op,
+            &never,
+            true,
+            &caller.credentials,
+            &mut log,
+        )
+        .await?;
+    let out = crate::upstream::read_bounded(upstream, s.config.max_upstream_body_bytes)
+        .await
+        .map_err(|e| ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")]))?;
+    let mut resp = Response::new(Body::from(caller.redactor.bytes(out)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
 /// Reads the body within the body-read timeout: 413 when too large, 408 when too slow.
 /// [`ChatRequest::parse`] then checks it is a chat request.
 async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
@@ -351,6 +421,14 @@ fn send_op<'c>(
     cr: &'c Credentials,
 ) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
     Box::pin(c.send("chat/completions", b, cr))
+}
+
+fn embed_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
+    Box::pin(c.send("embeddings", b, cr))
 }
 
 fn lock(m: &Mutex<RunState>) -> std::sync::MutexGuard<'_, RunState> {
