@@ -63,7 +63,43 @@ pub struct AppState {
     run_key: RunKey,
     guides: Arc<heal::GuideCache>,
     tool_indexes: heal::ToolIndexCache,
+    /// Targets learned not to stream tool calls (see [`NoStream`]).
+    pub no_stream: NoStream,
     started: Instant,
+}
+
+/// Upstream targets (upstream and model) that answered a streaming request offering tools with
+/// an empty or broken stream that a non-streaming re-issue then healed — llama-cpp-python's
+/// server cannot stream an automatic tool choice. Such requests to them are asked without
+/// streaming from then on and the answer is sent as SSE. Holds at most
+/// [`NoStream::CAPACITY`] targets and starts over when full.
+#[derive(Debug, Default)]
+pub struct NoStream {
+    set: Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+impl NoStream {
+    /// Most targets remembered.
+    pub const CAPACITY: usize = 256;
+
+    /// Whether `target` is known not to stream tool calls.
+    pub fn contains(&self, target: &crate::config::Target) -> bool {
+        self.set
+            .lock()
+            .map(|s| s.contains(&(target.upstream.clone(), target.model.clone())))
+            .unwrap_or(false)
+    }
+
+    /// Remembers `target`; whether it is new.
+    pub fn learn(&self, target: &crate::config::Target) -> bool {
+        let Ok(mut s) = self.set.lock() else {
+            return false;
+        };
+        if s.len() >= Self::CAPACITY {
+            s.clear();
+        }
+        s.insert((target.upstream.clone(), target.model.clone()))
+    }
 }
 
 impl AppState {
@@ -109,6 +145,7 @@ impl AppState {
             run_key,
             guides: Arc::new(heal::GuideCache::default()),
             tool_indexes: heal::ToolIndexCache::default(),
+            no_stream: NoStream::default(),
             started: Instant::now(),
         })
     }
@@ -501,7 +538,9 @@ async fn chat_inner(
         applied,
         tools: tools_fwd,
     };
-    if req.stream {
+    let learned =
+        !ctx.tools.is_empty() && ctx.chain.first().is_some_and(|c| s.no_stream.contains(c));
+    if req.stream && !learned {
         answer_stream(&t, &req, ctx, actions).await
     } else {
         answer_complete(&t, &req, &ctx, actions).await
@@ -658,6 +697,7 @@ async fn answer_stream(
             return Err(e);
         }
     };
+    let served = log.served.clone();
     let report = selfheal_report(&t.state, "complete", None, &actions);
     let hooks = stream::Hooks {
         reask: Some(stream_reask(t, &ctx)),
@@ -684,6 +724,15 @@ async fn answer_stream(
         }
         if let Some(why) = &r.reissued {
             t2.event("reissue", json!({"reason": why}));
+            if !ctx.tools.is_empty()
+                && let Some(target) = &served
+                && t2.s.no_stream.learn(target)
+            {
+                t2.event(
+                    "learn_no_stream",
+                    json!({"upstream": target.upstream, "model": target.model}),
+                );
+            }
         }
         let status = if let Some(b) = &r.broken {
             Metrics::inc(&t2.s.metrics.streams_broken_total);
@@ -708,7 +757,8 @@ async fn answer_stream(
 }
 
 /// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
-/// re-asked once within the budget), the answer with its `selfheal` report.
+/// re-asked once within the budget), the answer with its `selfheal` report — as SSE when the
+/// client asked for a stream from a target learned not to stream tool calls ([`NoStream`]).
 async fn answer_complete(
     t: &Turn,
     req: &ChatRequest<'_>,
@@ -716,7 +766,10 @@ async fn answer_complete(
     mut actions: Vec<String>,
 ) -> Result<Response, ApiError> {
     let s = &t.s;
-    let edits = ctx.applied.edits();
+    let edits = Edits {
+        stream: req.stream.then_some(false),
+        ..ctx.applied.edits()
+    };
     let bytes = &ctx.bytes;
     let encode = |m: &str| {
         req.encode(
@@ -797,7 +850,13 @@ async fn answer_complete(
     }
     t.caller.redactor.value(&mut completion);
     t.finish(status);
-    let mut resp = axum::Json(completion).into_response();
+    let mut resp = if req.stream {
+        sse_response(Body::from_stream(futures_util::stream::iter(
+            stream::answer_frames(&completion),
+        )))
+    } else {
+        axum::Json(completion).into_response()
+    };
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)

@@ -120,6 +120,9 @@ async fn accept_loop(
     let mut shutdown = shutdown;
     loop {
         let tcp = tokio::select! {
+            // Shutdown first: a flood of connections must not starve it.
+            biased;
+            () = &mut shutdown => break,
             r = listener.accept() => match r {
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
@@ -129,7 +132,6 @@ async fn accept_loop(
                     continue;
                 }
             },
-            () = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
         while conns.try_join_next().is_some() {}

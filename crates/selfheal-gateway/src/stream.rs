@@ -277,30 +277,14 @@ impl Relay<'_> {
     /// Sends a complete assistant message as stream chunks, then the finish and `[DONE]`.
     async fn emit_message(&mut self, message: &Value, finish: Value) -> Result<(), Gone> {
         let base = self.template.clone();
-        let text = message
-            .get("content")
-            .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()))
-            .cloned();
-        let mut first = Map::new();
-        first.insert("role".into(), json!("assistant"));
-        if let Some(text) = text {
-            first.insert("content".into(), text);
-        }
-        self.send(&chunk(base.as_ref(), Value::Object(first), Value::Null))
-            .await?;
-        let calls = indexed_calls(message);
-        if !calls.is_empty() {
-            self.send(&chunk(
-                base.as_ref(),
-                json!({"tool_calls": calls}),
-                Value::Null,
-            ))
-            .await?;
-        }
-        let mut last = chunk(base.as_ref(), json!({}), finish);
-        self.attach_selfheal(&mut last);
         self.report.finished = true;
-        self.send(&last).await?;
+        let selfheal = self.selfheal.as_mut().map(|s| {
+            note_outcome(s, &self.report);
+            s.clone()
+        });
+        for c in message_chunks(base.as_ref(), message, finish, selfheal.as_ref()) {
+            self.send(&c).await?;
+        }
         self.tx
             .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
             .await
@@ -562,25 +546,58 @@ fn find_event_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
     None
 }
 
-/// Frames of a complete answer sent as a stream (used when the gateway answers by itself).
-pub fn answer_frames(completion: &Value) -> Vec<Frame> {
-    let base = json!({
-        "id": completion["id"], "object": "chat.completion.chunk",
-        "created": completion["created"], "model": completion["model"],
-    });
-    let mut first = base.clone();
-    first["choices"] = json!([{"index": 0, "delta": {
-        "role": "assistant",
-        "content": completion.pointer("/choices/0/message/content").cloned().unwrap_or(Value::Null)
-    }, "finish_reason": null}]);
-    let mut last = base;
-    last["choices"] = json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]);
-    if let Some(s) = completion.get("selfheal") {
-        last["selfheal"] = s.clone();
+/// The chunks of a complete assistant message as a stream, `[DONE]` excluded: the role with the
+/// text, the tool calls (each with its `index`), then the finish with `selfheal` when given.
+/// `base` lends its `id`, `created` and `model`.
+pub fn message_chunks(
+    base: Option<&Value>,
+    message: &Value,
+    finish: Value,
+    selfheal: Option<&Value>,
+) -> Vec<Value> {
+    let text = message
+        .get("content")
+        .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()))
+        .cloned();
+    let mut first = Map::new();
+    first.insert("role".into(), json!("assistant"));
+    if let Some(text) = text {
+        first.insert("content".into(), text);
     }
-    vec![
-        data(&first),
-        data(&last),
-        Ok(Bytes::from_static(b"data: [DONE]\n\n")),
-    ]
+    let mut out = vec![chunk(base, Value::Object(first), Value::Null)];
+    let calls = indexed_calls(message);
+    if !calls.is_empty() {
+        out.push(chunk(base, json!({"tool_calls": calls}), Value::Null));
+    }
+    let mut last = chunk(base, json!({}), finish);
+    if let (Some(s), Some(o)) = (selfheal, last.as_object_mut()) {
+        o.insert("selfheal".into(), s.clone());
+    }
+    out.push(last);
+    out
+}
+
+/// Frames of a complete answer sent as a stream: when the gateway answers by itself, or asked
+/// the upstream without streaming (see [`message_chunks`]).
+pub fn answer_frames(completion: &Value) -> Vec<Frame> {
+    let message = completion
+        .pointer("/choices/0/message")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let finish = completion
+        .pointer("/choices/0/finish_reason")
+        .cloned()
+        .filter(|f| !f.is_null())
+        .unwrap_or_else(|| json!("stop"));
+    let mut frames: Vec<Frame> = message_chunks(
+        Some(completion),
+        &message,
+        finish,
+        completion.get("selfheal"),
+    )
+    .iter()
+    .map(data)
+    .collect();
+    frames.push(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+    frames
 }

@@ -322,6 +322,8 @@ pub struct Upstream {
 pub struct CallLog {
     /// `retry` / `fallback` / `cooldown_skip` entries, with the reason.
     pub events: Vec<(&'static str, String)>,
+    /// The target that answered, when one did.
+    pub served: Option<Target>,
 }
 
 /// All upstreams by name.
@@ -450,6 +452,7 @@ impl Upstreams {
                 let err = match result {
                     Ok(v) => {
                         self.record(up, true);
+                        log.served = Some(target.clone());
                         return Ok(v);
                     }
                     Err(e) => e,

@@ -107,11 +107,19 @@ async fn start_gateway_with(mut config: GatewayConfig) -> String {
 /// POSTs a streaming request and reads the whole body as a client does: an `Err` here is a
 /// connection the server broke.
 async fn stream_body(url: &str) -> Result<String, reqwest::Error> {
+    stream_request(
+        url,
+        serde_json::json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await
+}
+
+async fn stream_request(url: &str, body: serde_json::Value) -> Result<String, reqwest::Error> {
     let resp = reqwest::Client::new()
         .post(url)
         .header("authorization", "Bearer sk-test-client-key")
-        .json(&serde_json::json!({"model": "m", "stream": true,
-            "messages": [{"role": "user", "content": "hi"}]}))
+        .json(&body)
         .send()
         .await?;
     assert_eq!(resp.status(), 200);
@@ -272,4 +280,31 @@ async fn a_stream_stalled_past_the_idle_timeout_ends_in_an_error_event() {
             .contains("idle timeout"),
         "{last}"
     );
+}
+
+/// A target that answered a streaming request with tools by an empty stream (then healed by a
+/// non-streaming re-issue) is asked without streaming from then on; the client still gets SSE.
+#[tokio::test]
+async fn a_target_that_cannot_stream_tool_calls_is_asked_without_streaming_next_time() {
+    let answer = |text: &str| {
+        json_answer(&format!(
+            r#"{{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"stop"}}]}}"#
+        ))
+    };
+    let (up, seen) = canned_upstream(vec![sse(&[]), answer("first"), answer("second")]).await;
+    let url = start_gateway(up).await;
+    let body = |n: u32| {
+        serde_json::json!({"model": "m", "stream": true, "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": format!("q{n}")}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
+    };
+    let one = stream_request(&url, body(1)).await.unwrap();
+    assert!(one.contains("first"), "{one}");
+    let two = stream_request(&url, body(2)).await.unwrap();
+    assert!(two.contains("second"), "{two}");
+    assert_eq!(data_events(&two).last(), Some(&"[DONE]"));
+    let seen = seen.lock().unwrap();
+    let streamed: Vec<bool> = seen.iter().map(|b| b.contains("\"stream\":true")).collect();
+    assert_eq!(streamed, vec![true, false, false], "{seen:?}");
+    assert!(!seen[2].contains("stream_options"));
 }

@@ -83,36 +83,40 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     let rt = rt.build()?;
     rt.block_on(async move {
+        let shutdown = shutdown_signal()?;
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
         println!("listening on http://{addr}");
         std::io::stdout().flush()?;
-        selfheal_gateway::serve(config, listener, trace, shutdown_signal()).await?;
+        selfheal_gateway::serve(config, listener, trace, shutdown).await?;
         eprintln!("selfheal: drained and stopped");
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(0)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers the SIGINT and SIGTERM handlers now — before the address is printed, so a signal
+/// sent as soon as the gateway is up is never the default kill — and returns the future that
+/// resolves on the first of them.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
