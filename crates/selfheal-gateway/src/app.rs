@@ -1084,9 +1084,8 @@ async fn passthrough(
         .await?;
     let red = caller.redactor.clone();
     if req.stream {
-        let body = upstream
-            .bytes_stream()
-            .map(move |b| b.map(|b| red.bytes(b)));
+        let body = crate::upstream::body_stream(upstream)
+            .map(move |b| b.map(|b| red.bytes(b)).map_err(std::io::Error::other));
         return Ok(sse_response(Body::from_stream(body)));
     }
     let content_type = upstream

@@ -194,16 +194,12 @@ impl Relay<'_> {
     async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let mut buf: Vec<u8> = Vec::new();
         let mut scanned = 0usize;
-        let mut body = upstream.bytes_stream();
+        let mut body = crate::upstream::body_stream(upstream);
         while let Some(piece) = body.next().await {
             let piece = match piece {
                 Ok(c) => c,
                 Err(e) => {
-                    self.report.broken = Some(if e.is_timeout() {
-                        "upstream stream stalled past the idle timeout".to_owned()
-                    } else {
-                        format!("upstream stream failed: {e}")
-                    });
+                    self.report.broken = Some(e.to_string());
                     return Ok(());
                 }
             };

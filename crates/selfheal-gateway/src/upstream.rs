@@ -81,6 +81,7 @@ pub struct UpstreamClient {
     auth: Auth,
     operator_key: Option<axum::http::HeaderValue>,
     first_byte: Duration,
+    idle: Duration,
     max_body: usize,
 }
 
@@ -120,10 +121,12 @@ impl UpstreamClient {
             }
             _ => None,
         };
+        // No reqwest `read_timeout`: its clock also runs while the answer's head is awaited, so
+        // it would cap the first-byte timeout. The idle timeout is applied to the body instead
+        // ([`body_stream`]).
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .read_timeout(Duration::from_millis(config.idle_timeout_ms))
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| UpstreamError::Client {
@@ -137,6 +140,7 @@ impl UpstreamClient {
             auth,
             operator_key,
             first_byte: Duration::from_millis(config.first_byte_timeout_ms),
+            idle: Duration::from_millis(config.idle_timeout_ms),
             max_body,
         })
     }
@@ -180,10 +184,11 @@ impl UpstreamClient {
     /// Sends `req` and waits for the answer's head within the first-byte timeout; a non-success
     /// status becomes [`ClientError::Status`].
     async fn head(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
-        let resp = tokio::time::timeout(self.first_byte, req.send())
+        let mut resp = tokio::time::timeout(self.first_byte, req.send())
             .await
             .map_err(|_| ClientError::Timeout)?
             .map_err(map_reqwest)?;
+        resp.extensions_mut().insert(IdleTimeout(self.idle));
         check_status(resp).await
     }
 
@@ -237,6 +242,55 @@ impl UpstreamClient {
     }
 }
 
+/// The longest silence allowed between two pieces of an upstream answer's body, carried in the
+/// response's extensions from [`UpstreamClient`] to whoever reads the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdleTimeout(pub Duration);
+
+/// Why an upstream body stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Nothing arrived for the idle timeout.
+    #[error("upstream stream stalled past the idle timeout ({} ms)", .0.as_millis())]
+    Idle(Duration),
+    /// The connection failed.
+    #[error("upstream stream failed: {0}")]
+    Read(reqwest::Error),
+}
+
+impl From<BodyError> for ClientError {
+    fn from(e: BodyError) -> ClientError {
+        match e {
+            BodyError::Idle(_) => ClientError::Timeout,
+            BodyError::Read(e) => map_reqwest(e),
+        }
+    }
+}
+
+/// The body of an upstream answer, piece by piece, each within the answer's [`IdleTimeout`]
+/// (none when it has none). The stream ends after the first error.
+pub fn body_stream(
+    resp: reqwest::Response,
+) -> futures_util::stream::BoxStream<'static, Result<Bytes, BodyError>> {
+    let idle = resp.extensions().get::<IdleTimeout>().map(|i| i.0);
+    let inner = Box::pin(resp.bytes_stream());
+    futures_util::stream::unfold(Some(inner), move |state| async move {
+        let mut body = state?;
+        let next = match idle {
+            Some(d) => match tokio::time::timeout(d, body.next()).await {
+                Ok(n) => n,
+                Err(_) => return Some((Err(BodyError::Idle(d)), None)),
+            },
+            None => body.next().await,
+        };
+        match next? {
+            Ok(b) => Some((Ok(b), Some(body))),
+            Err(e) => Some((Err(BodyError::Read(e)), None)),
+        }
+    })
+    .boxed()
+}
+
 /// Reads a body of at most `limit` bytes; past it, [`ClientError::Decode`].
 pub async fn read_bounded(resp: reqwest::Response, limit: usize) -> Result<Bytes, ClientError> {
     if resp.content_length().is_some_and(|n| n > limit as u64) {
@@ -245,9 +299,9 @@ pub async fn read_bounded(resp: reqwest::Response, limit: usize) -> Result<Bytes
         )));
     }
     let mut out = BytesMut::new();
-    let mut body = resp.bytes_stream();
+    let mut body = body_stream(resp);
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(map_reqwest)?;
+        let chunk = chunk?;
         if out.len() + chunk.len() > limit {
             return Err(ClientError::Decode(format!(
                 "the upstream answer exceeds {limit} bytes"

@@ -308,3 +308,33 @@ async fn a_target_that_cannot_stream_tool_calls_is_asked_without_streaming_next_
     assert_eq!(streamed, vec![true, false, false], "{seen:?}");
     assert!(!seen[2].contains("stream_options"));
 }
+
+/// The idle timeout is a gap *inside* a body: a slow non-streaming answer whose head comes
+/// after longer than the idle timeout (but within the first-byte timeout) is not cut or
+/// retried. (reqwest's own `read_timeout` also runs while the head is awaited.)
+#[tokio::test]
+async fn issue_13_a_slow_answer_head_is_bounded_by_the_first_byte_timeout_not_the_idle_one() {
+    let body = r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"slow but fine"},"finish_reason":"stop"}]}"#;
+    let (up, seen) = paced_upstream(vec![vec![(600, json_answer(body))]]).await;
+    let mut config = GatewayConfig::for_upstream(up);
+    if let Some(u) = config.upstreams.get_mut("default") {
+        u.first_byte_timeout_ms = 10_000;
+        u.idle_timeout_ms = 100;
+    }
+    let url = start_gateway_with(config).await;
+    let resp: serde_json::Value = reqwest::Client::new()
+        .post(&url)
+        .json(&serde_json::json!({"model": "m",
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp["choices"][0]["message"]["content"], "slow but fine",
+        "{resp}"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1, "no retry");
+}
