@@ -317,3 +317,64 @@ def test_embeddings_pass_through_with_the_clients_key(gateway, upstream):
     assert r.data[0].embedding == [0.25, -0.5]
     assert upstream.log() == [{"model": "stub", "input": "hello", "encoding_format": "float"}]
     assert upstream.headers() == [{"authorization": f"Bearer {CLIENT_KEY}"}]
+
+
+def test_chaos_small_no_failures_while_a_healthy_fallback_exists(upstream, tmp_path):
+    """The CI-sized chaos run: 20 % healable faults (5xx, 429, empty 200s, empty and cut-before-
+    content streams, JSON answers to stream requests) on the primary, a healthy fallback, 160
+    requests from 8 threads, half streaming. Every answer is whole, none is a 502, none hangs,
+    and every fault was healed by an action the client can read."""
+    import concurrent.futures
+    import sys
+    import threading
+
+    proc = subprocess.Popen([sys.executable, str(pathlib.Path(__file__).with_name("upstream.py"))],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        from conftest import read_address, Upstream
+        faulty = Upstream(read_address(proc))
+        kinds = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
+                 {"kind": "status", "status": 429, "retry_after": "0"}, {"kind": "empty"},
+                 {"kind": "empty_stream"}, {"kind": "role_then_cut"}, {"kind": "json", "content": "The answer is 42."}]
+        req = urllib.request.Request(faulty.url + "/_chaos", method="POST",
+                                     data=json.dumps({"rate": 0.2, "seed": 13, "kinds": kinds}).encode(),
+                                     headers={"content-type": "application/json"})
+        urllib.request.urlopen(req, timeout=5).read()
+        upstream.script([])
+        gw = start_gateway(faulty, tmp_path, top=f"""
+[upstreams.healthy]
+base_url = "{upstream.url}/v1"
+[models.chaos]
+chain = [{{upstream = "default", model = "stub"}}, {{upstream = "healthy", model = "stub"}}]
+""")
+    except Exception:
+        proc.kill()
+        raise
+    local = threading.local()
+
+    def one(i):
+        c = getattr(local, "c", None) or client(gw, timeout=30)
+        local.c = c
+        messages = [{"role": "user", "content": f"chaos {i} {uuid.uuid4()}"}]
+        if i % 2:
+            chunks = list(c.chat.completions.create(model="chaos", messages=messages, stream=True))
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            return text, chunks[-1].choices[0].finish_reason, chunks[-1].model_extra["selfheal"]
+        r = c.chat.completions.create(model="chaos", messages=messages)
+        return r.choices[0].message.content, r.choices[0].finish_reason, r.model_extra["selfheal"]
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(160)))
+        faults = json.loads(urllib.request.urlopen(faulty.url + "/_chaos", timeout=5).read())["faults"]
+    finally:
+        gw.stop()
+        proc.kill()
+        proc.wait()
+    assert faults >= 16, f"the run injected faults: {faults}"
+    assert all(text.strip() == "The answer is 42." and fin == "stop" for text, fin, _ in results), results
+    healed = sum(1 for _, _, report in results
+                 if set(report["actions"]) & {"retry", "fallback", "reissue", "cooldown_skip"})
+    print(f"chaos: {len(results)} requests, {faults} faults injected, {healed} answers healed")
+    assert 0 < healed <= faults, (healed, faults)
+    assert all(r["status"] == "complete" for _, _, r in results)

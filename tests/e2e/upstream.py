@@ -12,9 +12,14 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
 | {"kind": "role_then_cut"} (only the role delta, then the connection closes)
 | {"kind": "stream_error", "message": str} (some text, then an SSE error event)
 The credential headers of every request are logged too (GET /_headers).
+
+Chaos: POST /_chaos {"rate": float, "seed": int, "kinds": [step, ...]} makes each request
+without a scripted step a random fault from `kinds` with probability `rate` (seeded);
+GET /_chaos says how many faults were injected.
 """
 
 import json
+import random
 import sys
 import threading
 import time
@@ -27,6 +32,8 @@ class State:
         self.script = []
         self.log = []
         self.headers = []
+        self.chaos = None  # (random.Random, rate, kinds) when faults are injected at random
+        self.faults = 0
 
 
 STATE = State()
@@ -93,6 +100,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_log":
             with STATE.lock:
                 self.send_json(200, STATE.log)
+        elif self.path == "/_chaos":
+            with STATE.lock:
+                self.send_json(200, {"faults": STATE.faults})
         elif self.path == "/_headers":
             with STATE.lock:
                 self.send_json(200, STATE.headers)
@@ -111,6 +121,13 @@ class Handler(BaseHTTPRequestHandler):
                 STATE.headers = []
             self.send_json(200, {"ok": True})
             return
+        if self.path == "/_chaos":
+            with STATE.lock:
+                STATE.chaos = (random.Random(body["seed"]), body["rate"], body["kinds"])
+                STATE.faults = 0
+                STATE.log = []
+            self.send_json(200, {"ok": True})
+            return
         if self.path == "/v1/embeddings":
             with STATE.lock:
                 STATE.log.append(body)
@@ -125,6 +142,11 @@ class Handler(BaseHTTPRequestHandler):
                                   if k.lower() in ("authorization", "api-key", "openai-organization",
                                                    "openai-project", "x-selfheal-key")})
             step = STATE.script.pop(0) if STATE.script else {"kind": "auto"}
+            if step["kind"] == "auto" and STATE.chaos:
+                rng, rate, kinds = STATE.chaos
+                if rng.random() < rate:
+                    step = dict(rng.choice(kinds))
+                    STATE.faults += 1
         kind = step["kind"]
         if kind == "status":
             headers = {"retry-after": step["retry_after"]} if "retry_after" in step else {}

@@ -445,6 +445,7 @@ impl Relay<'_> {
             self.pending.clear();
             if let Some(again) = f(Vec::new()).await {
                 self.report.reissued = Some(why);
+                self.report.broken = None;
                 self.report.repaired.extend(again.repaired);
                 let _ = self.emit_message(&again.message, again.finish_reason).await;
                 return;
@@ -514,6 +515,7 @@ fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
         for (did, name) in [
             (!report.repaired.is_empty(), "repair"),
             (!report.reasked.is_empty(), "reask"),
+            (report.reissued.is_some(), "reissue"),
         ] {
             if did && !actions.iter().any(|a| a == name) {
                 actions.push(json!(name));

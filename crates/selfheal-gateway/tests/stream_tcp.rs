@@ -208,10 +208,14 @@ async fn an_empty_stream_is_reissued_and_re_emitted() {
     let body = stream_body(&url).await.unwrap();
     let events = data_events(&body);
     assert!(events[0].contains("second try"), "{body}");
+    let last: serde_json::Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop");
     assert!(
-        events
-            .iter()
-            .any(|e| e.contains("\"selfheal\"") && e.contains("\"finish_reason\":\"stop\""))
+        last["selfheal"]["actions"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("reissue")),
+        "the client can read that the stream was healed: {last}"
     );
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2);
