@@ -1,10 +1,12 @@
 //! Gateway configuration: upstreams, model aliases with fallback chains, policy and budgets.
 //!
 //! `selfheal serve --upstream URL` needs no file at all: the one upstream becomes the default and
-//! the client's model name is forwarded as is. A `selfheal.toml` adds named upstreams (keys come
-//! from named environment variables, so no key is ever written in the file or logged), aliases
-//! whose chain is walked on persistent or model errors, and the monitor's thresholds and the
-//! per-run budget.
+//! the client's model name is forwarded as is. A `selfheal.toml` adds named upstreams with whose
+//! credentials go to each (`auth`: the client's by default, or the operator's key from a named
+//! environment variable, so no key is ever written in the file or logged), optional inbound
+//! keys (only their SHA-256), aliases whose chain is walked on persistent or model errors, the
+//! monitor's thresholds, the per-run budget, and the inbound bounds (`[server]`). Validation
+//! checks names, URLs and numbers; [`GatewayConfig::missing_env`] the variables it names.
 
 use std::collections::BTreeMap;
 

@@ -7,6 +7,12 @@
 //! next model of the chain; client errors (400, 401, ...) are the client's and go straight back.
 //! An upstream that keeps failing opens its breaker and is skipped for a cooldown while another
 //! model of the chain is available.
+//!
+//! Each upstream has its own HTTP client ([`UpstreamClient`]) that decides whose credentials go
+//! to it (`auth`: the client's, the operator's key read once at startup, or none) and bounds
+//! every answer: a connect timeout, a first-byte timeout until the answer's head, an idle
+//! timeout between two pieces of its body ([`body_stream`]) — never a total deadline, which cut
+//! healthy long streams — and a maximum body size ([`read_bounded`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
