@@ -378,3 +378,11 @@ chain = [{{upstream = "default", model = "stub"}}, {{upstream = "healthy", model
     print(f"chaos: {len(results)} requests, {faults} faults injected, {healed} answers healed")
     assert 0 < healed <= faults, (healed, faults)
     assert all(r["status"] == "complete" for _, _, r in results)
+
+
+def test_responses_are_passed_through_with_the_clients_key(gateway, upstream):
+    upstream.script([])
+    r = client(gateway).responses.create(model="stub", input="hello")
+    assert r.output_text == "hi from responses"
+    assert upstream.log() == [{"model": "stub", "input": "hello"}]
+    assert upstream.headers() == [{"authorization": f"Bearer {CLIENT_KEY}"}]

@@ -128,6 +128,16 @@ class Handler(BaseHTTPRequestHandler):
                 STATE.log = []
             self.send_json(200, {"ok": True})
             return
+        if self.path == "/v1/responses":
+            with STATE.lock:
+                STATE.log.append(body)
+                STATE.headers.append({"authorization": self.headers.get("authorization")})
+            self.send_json(200, {
+                "id": "resp_stub", "object": "response", "created_at": 0, "model": body.get("model"),
+                "status": "completed", "output": [{
+                    "type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "hi from responses", "annotations": []}]}]})
+            return
         if self.path == "/v1/embeddings":
             with STATE.lock:
                 STATE.log.append(body)

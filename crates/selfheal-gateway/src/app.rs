@@ -188,6 +188,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/responses", post(responses))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -350,14 +351,48 @@ fn log_request(resp: &Response, tenant: &str, started: Instant) {
     );
 }
 
-/// `POST /v1/embeddings`, passed through: the caller admitted, the model routed (an alias's
-/// first target, its model name written in), one attempt, the answer bounded and redacted.
+/// `POST /v1/embeddings`, passed through (see [`forward`]).
 async fn embeddings(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    forward(&s, &headers, body, Forwarded::Embeddings).await
+}
+
+/// `POST /v1/responses`, passed through (see [`forward`]); not healed yet.
+async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    forward(&s, &headers, body, Forwarded::Responses).await
+}
+
+/// The endpoints the gateway forwards without healing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Forwarded {
+    Embeddings,
+    Responses,
+}
+
+fn embed_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
+    Box::pin(c.send("embeddings", b, cr))
+}
+
+fn responses_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
+    Box::pin(c.send("responses", b, cr))
+}
+
+/// Forwards a request as is: the caller admitted, the model routed (an alias's first target,
+/// its model name written in), one attempt, the answer — a stream when `stream` is true — read
+/// bounded and redacted.
+async fn forward(s: &AppState, headers: &HeaderMap, body: Body, what: Forwarded) -> Response {
     let started = Instant::now();
-    let (result, tenant) = match s.gate.admit(&headers) {
+    let (result, tenant) = match s.gate.admit(headers) {
         Ok(caller) => {
             let tenant = caller.tenant.clone();
-            let r = embeddings_inner(&s, &caller, &headers, body).await;
+            let r = forward_inner(s, &caller, headers, body, what).await;
             (r.map_err(|e| caller.redactor.error(e)), tenant)
         }
         Err(e) => (Err(e), "-".to_owned()),
@@ -367,11 +402,12 @@ async fn embeddings(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bo
     resp
 }
 
-async fn embeddings_inner(
+async fn forward_inner(
     s: &AppState,
     caller: &Caller,
     headers: &HeaderMap,
     body: Body,
+    what: Forwarded,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(s, headers, body).await?;
     let mut req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
@@ -381,6 +417,7 @@ async fn embeddings_inner(
         .and_then(Value::as_str)
         .ok_or_else(|| ApiError::bad_request("`model` must be a string"))?
         .to_owned();
+    let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
     let chain = s
         .config
         .route(&model)
@@ -394,6 +431,10 @@ async fn embeddings_inner(
         _ => bytes,
     };
     let encode = |_m: &str| body.clone();
+    let op = match what {
+        Forwarded::Embeddings => &embed_op as crate::upstream::Op<'_, reqwest::Response>,
+        Forwarded::Responses => &responses_op,
+    };
     let never = |_k: ActionKind| false;
     let mut log = CallLog::default();
     let upstream = s
@@ -401,17 +442,23 @@ async fn embeddings_inner(
         .call(
             first,
             &encode,
-            &embed_op,
+            op,
             &never,
             true,
             &caller.credentials,
             &mut log,
         )
         .await?;
+    let red = caller.redactor.clone();
+    if streaming {
+        let body = crate::upstream::body_stream(upstream)
+            .map(move |b| b.map(|b| red.bytes(b)).map_err(std::io::Error::other));
+        return Ok(sse_response(Body::from_stream(body)));
+    }
     let out = crate::upstream::read_bounded(upstream, s.config.max_upstream_body_bytes)
         .await
         .map_err(|e| ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")]))?;
-    let mut resp = Response::new(Body::from(caller.redactor.bytes(out)));
+    let mut resp = Response::new(Body::from(red.bytes(out)));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -458,14 +505,6 @@ fn send_op<'c>(
     cr: &'c Credentials,
 ) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
     Box::pin(c.send("chat/completions", b, cr))
-}
-
-fn embed_op<'c>(
-    c: &'c UpstreamClient,
-    b: Bytes,
-    cr: &'c Credentials,
-) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
-    Box::pin(c.send("embeddings", b, cr))
 }
 
 fn lock(m: &Mutex<RunState>) -> std::sync::MutexGuard<'_, RunState> {
