@@ -233,12 +233,16 @@ async fn healthz() -> impl IntoResponse {
     axum::Json(json!({"status": "ok"}))
 }
 
-/// Ready when at least one upstream answers (any HTTP status: it is reachable).
+/// How long `/readyz` waits for an upstream (probes time out in seconds).
+const READY_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Ready when at least one upstream answers within [`READY_PROBE`] (any HTTP status: it is
+/// reachable). The upstreams are asked at once.
 async fn readyz(State(s): State<Arc<AppState>>) -> Response {
     let checks = s
         .upstreams
         .iter()
-        .map(|(name, u)| async move { (name.clone(), u.client.reachable().await) });
+        .map(|(name, u)| async move { (name.clone(), u.client.reachable(READY_PROBE).await) });
     let results = futures_util::future::join_all(checks).await;
     let up: Vec<&String> = results.iter().filter(|r| r.1).map(|r| &r.0).collect();
     if up.is_empty() {

@@ -238,11 +238,12 @@ impl UpstreamClient {
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
-    /// Whether the upstream answers at all (any HTTP status counts: it is reachable).
-    pub async fn reachable(&self) -> bool {
+    /// Whether the upstream answers `GET models` at all within `within` (any HTTP status
+    /// counts: it is reachable).
+    pub async fn reachable(&self, within: Duration) -> bool {
         let req = self.http.get(format!("{}/models", self.base));
         matches!(
-            tokio::time::timeout(self.first_byte, req.send()).await,
+            tokio::time::timeout(within.min(self.first_byte), req.send()).await,
             Ok(Ok(_))
         )
     }
