@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// Record no trace.
     #[arg(long)]
     pub no_trace: bool,
+    /// Days the trace keeps events and runs (0: for ever); older ones are deleted at start and
+    /// every hour.
+    #[arg(long, default_value_t = 30)]
+    pub trace_retention_days: u64,
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -75,7 +79,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
             missing.join(", ")
         );
     }
-    let trace = super::open_trace(args.no_trace, args.trace_db.as_deref())?;
+    let retention = (args.trace_retention_days > 0)
+        .then(|| std::time::Duration::from_secs(args.trace_retention_days.saturating_mul(86_400)));
+    let trace = super::open_trace_kept(args.no_trace, args.trace_db.as_deref(), retention)?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all();
     if let Some(n) = args.threads {
