@@ -550,6 +550,34 @@ mod tests {
         );
     }
 
+    /// A run longer than the seen-set: the oldest results are forgotten, yet a request that
+    /// still carries them feeds only its new result.
+    #[test]
+    fn a_run_longer_than_the_seen_set_feeds_only_new_results() {
+        let n = crate::runs::SEEN_CAPACITY + 20;
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for i in 0..n {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": format!("c{i}"), "type": "function",
+                 "function": {"name": "lookup", "arguments": "{}"}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                                 "content": format!("ok {i}")}));
+        }
+        let bytes = request(json!(messages));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let idx = tool_index(&req);
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), n);
+        assert_eq!(state.seen.forgotten(), 20);
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "last", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": "last", "content": "ok last"}));
+        let bytes = request(json!(messages));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), 1);
+        assert_eq!(state.successes as usize, n + 1);
+    }
+
     #[test]
     fn the_tool_index_is_cached_by_the_tools_text() {
         let bytes = request(json!([{"role": "user", "content": "hi"}]));

@@ -24,8 +24,10 @@ use sha2::{Digest, Sha256};
 
 use crate::request::Message;
 
-/// Most tool results remembered per run (see [`SeenResults`]).
-pub const SEEN_CAPACITY: usize = 1_024;
+/// Most tool results remembered per run (see [`SeenResults`]). Replay only needs the newest
+/// result it has seen to still be remembered, so this bounds memory (8 bytes a result, a few KB
+/// a run) rather than how long a run may be.
+pub const SEEN_CAPACITY: usize = 256;
 
 /// The tool results a run's monitor has been fed, by fingerprint (SHA-256 of `tool_call_id` and
 /// content, 8 bytes), at most [`SEEN_CAPACITY`]: the oldest is forgotten first. Replay feeds
