@@ -233,6 +233,22 @@ impl Relay<'_> {
                 return Ok(());
             }
         }
+        // The body ended: a last event without its blank line (some servers omit it) still
+        // counts.
+        let rest = String::from_utf8_lossy(&buf).into_owned();
+        for line in rest.lines() {
+            let Some(payload) = line.strip_prefix("data:") else {
+                continue;
+            };
+            match self.event(payload.trim()).await? {
+                Flow::Continue => {}
+                Flow::Done => return Ok(()),
+                Flow::Broken(why) => {
+                    self.report.broken = Some(why);
+                    return Ok(());
+                }
+            }
+        }
         Ok(())
     }
 

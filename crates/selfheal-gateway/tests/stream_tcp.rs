@@ -342,3 +342,20 @@ async fn issue_13_a_slow_answer_head_is_bounded_by_the_first_byte_timeout_not_th
     );
     assert_eq!(seen.lock().unwrap().len(), 1, "no retry");
 }
+
+/// A last event without its blank line (some servers end the body right after it) still
+/// counts: the answer finishes cleanly.
+#[tokio::test]
+async fn a_last_event_without_its_blank_line_still_counts() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let body = format!(
+        "{head}{}data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n",
+        chunk("all here")
+    );
+    let (up, _) = canned_upstream(vec![body]).await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    assert!(body.contains("all here"), "{body}");
+    assert_eq!(data_events(&body).last(), Some(&"[DONE]"), "{body}");
+    assert!(!body.contains("stream_broken"));
+}
