@@ -553,10 +553,16 @@ async fn chat_inner(
     if s.config.passthrough {
         return passthrough(s, &caller, &chain, &req, &bytes).await;
     }
+    // A label names a run within the caller's tenant: the id this tenant was answered (sent
+    // back as is), else a keyed hash of tenant and label (or opening).
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
-    let run = run_id(&s.run_key, &caller.tenant, label, &req.messages);
+    let now = Instant::now();
+    let run = match label {
+        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
+        _ => run_id(&s.run_key, &caller.tenant, label, &req.messages),
+    };
     let t = Turn {
-        state: s.runs.get(&run, Instant::now()),
+        state: s.runs.get_for(&run, &caller.tenant, now),
         s: s.clone(),
         caller,
         run,

@@ -136,6 +136,8 @@ impl RunState {
 
 struct Entry {
     state: Arc<Mutex<RunState>>,
+    /// The tenant the run was created for.
+    tenant: Arc<str>,
     last_seen: Instant,
     /// The stamp of this run's newest entry in the recency queue.
     stamp: u64,
@@ -212,9 +214,25 @@ impl RunStore {
         }
     }
 
-    /// The run's state, created if new or expired. Creating a run first drops expired runs at
-    /// the front of the recency queue, then the least recently used while the store is full.
+    /// The run's state, created if new or expired (for no tenant; see [`RunStore::get_for`]).
     pub fn get(&self, id: &str, now: Instant) -> Arc<Mutex<RunState>> {
+        self.get_for(id, "", now)
+    }
+
+    /// Whether `id` is a live run created for `tenant`: a client that sends back the
+    /// `x-selfheal-run` it was answered continues that run, and no other tenant can.
+    pub fn owned_by(&self, id: &str, tenant: &str, now: Instant) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .map
+            .get(id)
+            .is_some_and(|e| &*e.tenant == tenant && now.duration_since(e.last_seen) < self.ttl)
+    }
+
+    /// The run's state, created for `tenant` if new or expired. Creating a run first drops
+    /// expired runs at the front of the recency queue, then the least recently used while the
+    /// store is full.
+    pub fn get_for(&self, id: &str, tenant: &str, now: Instant) -> Arc<Mutex<RunState>> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let inner = &mut *inner;
         if let Some((key, e)) = inner.map.get_key_value(id)
@@ -260,6 +278,7 @@ impl RunStore {
             key,
             Entry {
                 state: state.clone(),
+                tenant: Arc::from(tenant),
                 last_seen: now,
                 stamp,
             },
@@ -391,6 +410,22 @@ mod tests {
         );
         // Fixed key and input, fixed id: the construction is stable across releases.
         assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
+    }
+
+    #[test]
+    fn a_run_is_owned_by_the_tenant_it_was_created_for() {
+        let s = RunStore::new(
+            3,
+            Duration::from_secs(60),
+            MonitorConfig::default(),
+            BudgetLimits::defaults(),
+        );
+        let now = Instant::now();
+        s.get_for("r-1", "key:alice", now);
+        assert!(s.owned_by("r-1", "key:alice", now));
+        assert!(!s.owned_by("r-1", "key:bob", now));
+        assert!(!s.owned_by("r-2", "key:alice", now));
+        assert!(!s.owned_by("r-1", "key:alice", now + Duration::from_secs(61)));
     }
 
     #[test]

@@ -458,6 +458,28 @@ async fn issue_13_tenants_with_the_same_opening_do_not_share_a_run() {
     );
     assert_ne!(a["x-selfheal-run"], b["x-selfheal-run"]);
     assert_eq!(a["x-selfheal-run"], a2["x-selfheal-run"]);
+    // Sending back the run id it was answered continues the run, for that tenant only.
+    let id = a["x-selfheal-run"].to_str().unwrap().to_owned();
+    let other = json!({"model": "m", "tools": tools(),
+        "messages": [{"role": "user", "content": "an unrelated opening"}]});
+    let echo = |key: &'static str| {
+        let app = app.clone();
+        let (id, other) = (id.clone(), other.clone());
+        async move {
+            let req = Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {key}"))
+                .header("x-selfheal-run", id)
+                .body(Body::from(other.to_string()))
+                .unwrap();
+            app.oneshot(req).await.unwrap().headers()["x-selfheal-run"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    assert_eq!(echo("sk-tenant-aaaa").await, id);
+    assert_ne!(echo("sk-tenant-bbbb").await, id, "B cannot join A's run");
 }
 
 #[tokio::test]
