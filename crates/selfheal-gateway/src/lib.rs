@@ -6,13 +6,19 @@
 //!
 //! ```text
 //!  agent ──POST /v1/chat/completions──► gateway ─────────────────────────────► upstream
-//!            (whole conversation)        │ 1 replay new tool results → Monitor    (retries,
-//!                                        │ 2 verdict: guidance / hide / abort      fallback
-//!                                        │ 3 edit request (or answer: abort)       chain,
-//!                                        │ 4 upstream call ───────────────────────► breaker)
-//!        ◄──── answer + `selfheal` ──────│ 5 check tool calls: repair / re-ask
-//!                                        └ every decision → SQLite trace
+//!            (whole conversation)        │ 0 admit: inbound key, tenant, creds    (its key or
+//!                                        │ 1 replay new tool results → Monitor     the agent's;
+//!                                        │ 2 verdict: guidance / hide / abort      retries,
+//!                                        │ 3 edit request (or answer: abort)       fallback
+//!                                        │ 4 upstream call ───────────────────────► chain,
+//!        ◄──── answer + `selfheal` ──────│ 5 check tool calls: repair / re-ask      breaker)
+//!                                        └ every decision → SQLite trace (keys redacted)
 //! ```
+//!
+//! Runs are scoped to the caller's tenant ([`auth`], [`runs`]); streams are relayed with tool
+//! calls held back and re-issued when they break before any content ([`stream`]); every
+//! upstream answer and every client connection is bounded in time and size ([`upstream`],
+//! [`serve`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
