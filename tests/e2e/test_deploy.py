@@ -101,8 +101,9 @@ def test_inbound_keys_are_required_and_never_forwarded(upstream, tmp_path):
 
 
 def test_no_key_appears_in_answers_logs_or_trace(upstream, tmp_path):
+    # Logs at debug: every upstream attempt is logged too.
     gw = start_gateway(upstream, tmp_path, upstream_extra='auth = "env"\napi_key_env = "SH_TEST_KEY"',
-                       env={"SH_TEST_KEY": OPERATOR_KEY}, stderr=subprocess.PIPE)
+                       env={"SH_TEST_KEY": OPERATOR_KEY, "RUST_LOG": "debug"}, stderr=subprocess.PIPE)
     seen = []
     try:
         leak = f"Incorrect API key provided: {OPERATOR_KEY}; you sent {CLIENT_KEY}"
@@ -124,6 +125,7 @@ def test_no_key_appears_in_answers_logs_or_trace(upstream, tmp_path):
     finally:
         gw.stop()
         logs = gw.proc.stderr.read()
+    assert "upstream attempt" in logs and "http_503" in logs
     for text in seen + [logs, trace_bytes(gw).decode("latin-1")]:
         assert OPERATOR_KEY not in text and CLIENT_KEY not in text
 

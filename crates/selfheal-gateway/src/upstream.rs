@@ -510,6 +510,17 @@ impl Upstreams {
                 let started = Instant::now();
                 let result = op(&up.client, encoded.clone(), creds).await;
                 self.attempt_seconds.observe(started.elapsed());
+                // Every attempt at debug: the outcome's kind, never the upstream's message
+                // (providers quote keys in it; the redacted message goes to the trace).
+                tracing::debug!(
+                    target: "selfheal::upstream",
+                    upstream = %target.upstream,
+                    model = %target.model,
+                    attempt,
+                    outcome = %attempt_outcome(&result),
+                    elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    "upstream attempt"
+                );
                 let err = match result {
                     Ok(v) => {
                         self.record(up, true);
@@ -571,6 +582,19 @@ impl Upstreams {
             }
         }
         Err(ApiError::exhausted(reasons))
+    }
+}
+
+/// What an attempt came to, without the upstream's words: `ok`, `http_503`, `timeout`, ...
+fn attempt_outcome<T>(r: &Result<T, ClientError>) -> std::borrow::Cow<'static, str> {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(ClientError::Status { status, .. }) => format!("http_{status}").into(),
+        Err(ClientError::Timeout) => "timeout".into(),
+        Err(ClientError::Connect(_)) => "connect".into(),
+        Err(ClientError::Decode(_)) => "unreadable".into(),
+        Err(ClientError::EmptyResponse) => "empty".into(),
+        Err(ClientError::Invalid(_)) => "invalid".into(),
     }
 }
 
