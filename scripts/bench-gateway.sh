@@ -12,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+# The gateway logs one line per request at info on stderr; the benchmark measures healing, not
+# a terminal: RUST_LOG=info scripts/bench-gateway.sh to include the log line.
+export RUST_LOG=${RUST_LOG:-warn}
 cargo build -q --release -p selfheal-cli
 cargo build -q --release -p selfheal-gateway --example stub_upstream
 BIN=$CARGO_TARGET_DIR/release/selfheal

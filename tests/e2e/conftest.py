@@ -33,6 +33,9 @@ class Upstream:
     def log(self):
         return json.loads(urllib.request.urlopen(self.url + "/_log", timeout=5).read())
 
+    def headers(self):
+        return json.loads(urllib.request.urlopen(self.url + "/_headers", timeout=5).read())
+
 
 @pytest.fixture(scope="session")
 def upstream():
@@ -61,22 +64,28 @@ class Gateway:
         return json.loads(out.stdout)
 
 
-def start_gateway(upstream, tmp_path, extra=()):
+def start_gateway(upstream, tmp_path, extra=(), top="", upstream_extra="", env=None,
+                  listen="127.0.0.1:0", stderr=None, timeout_ms=1500):
+    """The real binary on port 0; `top` adds top-level config keys, `upstream_extra` keys of the
+    default upstream (`auth`, `api_key_env`, ...)."""
     config = tmp_path / "selfheal.toml"
     config.write_text(f"""
 default_upstream = "default"
 max_body_bytes = 262144
+{top}
 [upstreams.default]
 base_url = "{upstream.url}/v1"
-timeout_ms = 1500
+timeout_ms = {timeout_ms}
+{upstream_extra}
 [retry]
 base_ms = 50
 max_ms = 200
 """)
     trace_db = tmp_path / "trace.db"
-    proc = subprocess.Popen([BIN, "serve", "--listen", "127.0.0.1:0", "--config", str(config),
+    proc = subprocess.Popen([BIN, "serve", "--listen", listen, "--config", str(config),
                              "--trace-db", str(trace_db), *extra],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            env={**os.environ, **(env or {})})
     return Gateway(proc, read_address(proc), trace_db)
 
 

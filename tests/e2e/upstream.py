@@ -7,9 +7,19 @@ receives is logged (GET /_log) so tests can check what the gateway forwarded.
 Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments": str}
 | {"kind": "status", "status": int, "retry_after": str?, "message": str?}
 | {"kind": "hang", "seconds": float} | {"kind": "empty"} | {"kind": "cut"}
+| {"kind": "json", "content": str} (JSON even when a stream was asked for)
+| {"kind": "empty_stream"} (200 text/event-stream with no event)
+| {"kind": "role_then_cut"} (only the role delta, then the connection closes)
+| {"kind": "stream_error", "message": str} (some text, then an SSE error event)
+The credential headers of every request are logged too (GET /_headers).
+
+Chaos: POST /_chaos {"rate": float, "seed": int, "kinds": [step, ...]} makes each request
+without a scripted step a random fault from `kinds` with probability `rate` (seeded);
+GET /_chaos says how many faults were injected.
 """
 
 import json
+import random
 import sys
 import threading
 import time
@@ -21,6 +31,9 @@ class State:
         self.lock = threading.Lock()
         self.script = []
         self.log = []
+        self.headers = []
+        self.chaos = None  # (random.Random, rate, kinds) when faults are injected at random
+        self.faults = 0
 
 
 STATE = State()
@@ -87,6 +100,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_log":
             with STATE.lock:
                 self.send_json(200, STATE.log)
+        elif self.path == "/_chaos":
+            with STATE.lock:
+                self.send_json(200, {"faults": STATE.faults})
+        elif self.path == "/_headers":
+            with STATE.lock:
+                self.send_json(200, STATE.headers)
         elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
         else:
@@ -99,11 +118,45 @@ class Handler(BaseHTTPRequestHandler):
             with STATE.lock:
                 STATE.script = list(body)
                 STATE.log = []
+                STATE.headers = []
             self.send_json(200, {"ok": True})
+            return
+        if self.path == "/_chaos":
+            with STATE.lock:
+                STATE.chaos = (random.Random(body["seed"]), body["rate"], body["kinds"])
+                STATE.faults = 0
+                STATE.log = []
+            self.send_json(200, {"ok": True})
+            return
+        if self.path == "/v1/responses":
+            with STATE.lock:
+                STATE.log.append(body)
+                STATE.headers.append({"authorization": self.headers.get("authorization")})
+            self.send_json(200, {
+                "id": "resp_stub", "object": "response", "created_at": 0, "model": body.get("model"),
+                "status": "completed", "output": [{
+                    "type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "hi from responses", "annotations": []}]}]})
+            return
+        if self.path == "/v1/embeddings":
+            with STATE.lock:
+                STATE.log.append(body)
+                STATE.headers.append({"authorization": self.headers.get("authorization")})
+            self.send_json(200, {"object": "list", "model": body.get("model"),
+                                 "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
+                                 "usage": {"prompt_tokens": 1, "total_tokens": 1}})
             return
         with STATE.lock:
             STATE.log.append(body)
+            STATE.headers.append({k.lower(): v for k, v in self.headers.items()
+                                  if k.lower() in ("authorization", "api-key", "openai-organization",
+                                                   "openai-project", "x-selfheal-key")})
             step = STATE.script.pop(0) if STATE.script else {"kind": "auto"}
+            if step["kind"] == "auto" and STATE.chaos:
+                rng, rate, kinds = STATE.chaos
+                if rng.random() < rate:
+                    step = dict(rng.choice(kinds))
+                    STATE.faults += 1
         kind = step["kind"]
         if kind == "status":
             headers = {"retry-after": step["retry_after"]} if "retry_after" in step else {}
@@ -118,6 +171,40 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("content-type", "application/json")
             self.send_header("content-length", "0")
             self.end_headers()
+            return
+        if kind == "json":
+            self.send_json(200, completion({"role": "assistant", "content": step.get("content", "hello")}, "stop"))
+            return
+        if kind == "role_then_cut":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            c = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if kind == "empty_stream":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            return
+        if kind == "stream_error":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            c = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Partial "}, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            err = {"error": {"message": step.get("message", "overloaded"), "type": "server_error"}}
+            self.wfile.write(f"data: {json.dumps(err)}\n\n".encode())
+            self.wfile.flush()
+            self.close_connection = True
             return
         if kind == "ok":
             message = {"role": "assistant", "content": step.get("content", "hello")}

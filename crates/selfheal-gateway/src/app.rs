@@ -1,5 +1,6 @@
 //! The axum application: routes, and the per-request healing pipeline that ties the modules
-//! together (replay → verdict → edit request → upstream → check tool calls → answer).
+//! together (admit → read → rebuild the run → verdict → edit request → upstream → check tool
+//! calls → answer).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -11,22 +12,38 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
+use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use selfheal_core::policy::ActionKind;
-use selfheal_runtime::client::{ClientError, Completion, ModelClient};
+use selfheal_runtime::client::{ClientError, Completion};
 
+use crate::auth::{Caller, Credentials, Gatekeeper, Redactor};
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::heal::{self, ToolIndex};
 use crate::metrics::Metrics;
 use crate::request::{ChatRequest, Edits};
-use crate::runs::{RunState, RunStore, run_id};
+use crate::runs::{RunKey, RunState, RunStore, run_id};
 use crate::store::{RunSummary, TraceEvent, TraceWriter};
 use crate::stream;
-use crate::upstream::{CallLog, Upstreams};
+use crate::upstream::{CallLog, UpstreamClient, UpstreamError, Upstreams};
+
+/// Why the gateway's state could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// An upstream could not be set up (bad URL, unset key variable).
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// `run_secret_env` names an unset or empty variable.
+    #[error("the run secret variable `{0}` is unset or empty")]
+    RunSecret(String),
+    /// No randomness for the run-id secret.
+    #[error("cannot draw a random run-id secret: {0}")]
+    Random(String),
+}
 
 /// Everything the handlers share.
 #[derive(Debug)]
@@ -41,15 +58,77 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The trace writer.
     pub trace: TraceWriter,
+    /// Inbound keys and the operator's secrets.
+    pub gate: Gatekeeper,
+    run_key: RunKey,
     guides: Arc<heal::GuideCache>,
     tool_indexes: heal::ToolIndexCache,
+    /// Targets learned not to stream tool calls (see [`NoStream`]).
+    pub no_stream: NoStream,
     started: Instant,
 }
 
+/// Upstream targets (upstream and model) that answered a streaming request offering tools with
+/// an empty or broken stream that a non-streaming re-issue then healed — llama-cpp-python's
+/// server cannot stream an automatic tool choice. Such requests to them are asked without
+/// streaming from then on and the answer is sent as SSE. Holds at most
+/// [`NoStream::CAPACITY`] targets and starts over when full.
+#[derive(Debug, Default)]
+pub struct NoStream {
+    set: Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+impl NoStream {
+    /// Most targets remembered.
+    pub const CAPACITY: usize = 256;
+
+    /// Whether `target` is known not to stream tool calls.
+    pub fn contains(&self, target: &crate::config::Target) -> bool {
+        self.set
+            .lock()
+            .map(|s| s.contains(&(target.upstream.clone(), target.model.clone())))
+            .unwrap_or(false)
+    }
+
+    /// Remembers `target`; whether it is new.
+    pub fn learn(&self, target: &crate::config::Target) -> bool {
+        let Ok(mut s) = self.set.lock() else {
+            return false;
+        };
+        if s.len() >= Self::CAPACITY {
+            s.clear();
+        }
+        s.insert((target.upstream.clone(), target.model.clone()))
+    }
+}
+
 impl AppState {
-    /// Builds the state from a validated config.
-    pub fn new(config: GatewayConfig, trace: TraceWriter) -> Result<AppState, ClientError> {
-        let upstreams = Upstreams::new(&config)?;
+    /// Builds the state from a validated config, reading key variables from the environment.
+    pub fn new(config: GatewayConfig, trace: TraceWriter) -> Result<AppState, StateError> {
+        AppState::with_env(config, trace, |v| std::env::var(v).ok())
+    }
+
+    /// Builds the state, reading key variables through `env`.
+    pub fn with_env(
+        config: GatewayConfig,
+        trace: TraceWriter,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<AppState, StateError> {
+        let upstreams = Upstreams::new(&config, &env)?;
+        let run_key = match &config.run_secret_env {
+            Some(var) => RunKey::from_secret(
+                &env(var)
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| StateError::RunSecret(var.clone()))?,
+            ),
+            None => RunKey::random().map_err(|e| StateError::Random(e.to_string()))?,
+        };
+        let secrets: Vec<String> = upstreams
+            .iter()
+            .filter_map(|(_, u)| u.client.operator_key())
+            .chain(config.run_secret_env.as_deref().and_then(&env))
+            .collect();
+        let gate = Gatekeeper::new(&config.inbound_keys, secrets);
         let runs = RunStore::new(
             config.max_runs,
             std::time::Duration::from_secs(config.run_ttl_secs),
@@ -62,8 +141,11 @@ impl AppState {
             runs,
             metrics: Metrics::default(),
             trace,
+            gate,
+            run_key,
             guides: Arc::new(heal::GuideCache::default()),
             tool_indexes: heal::ToolIndexCache::default(),
+            no_stream: NoStream::default(),
             started: Instant::now(),
         })
     }
@@ -72,7 +154,15 @@ impl AppState {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn event(&self, run: &str, kind: &'static str, detail: Value, summary: Option<RunSummary>) {
+    fn event(
+        &self,
+        redact: &Redactor,
+        run: &str,
+        kind: &'static str,
+        mut detail: Value,
+        summary: Option<RunSummary>,
+    ) {
+        redact.value(&mut detail);
         self.trace.send(TraceEvent {
             run: run.to_owned(),
             t_ms: unix_ms(),
@@ -93,15 +183,87 @@ fn unix_ms() -> u64 {
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/responses", post(responses))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard_head,
+        ))
         .with_state(state)
+}
+
+/// Most header lines a request may carry (more is a 431).
+pub const MAX_HEADERS: usize = 100;
+
+/// 431 in OpenAI's shape for a head with too many or too large headers (hyper's own limit,
+/// set well above this one by `serve`, answers a bare 431 only past it).
+async fn guard_head(
+    State(s): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let head_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum::<usize>()
+        + req.uri().to_string().len();
+    if req.headers().len() > MAX_HEADERS || head_bytes > s.config.server.max_header_bytes {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "invalid_request_error",
+            "headers_too_large",
+            format!(
+                "the request head exceeds {} bytes or {MAX_HEADERS} headers",
+                s.config.server.max_header_bytes
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn healthz() -> impl IntoResponse {
     axum::Json(json!({"status": "ok"}))
+}
+
+/// How long `/readyz` waits for an upstream (probes time out in seconds).
+const READY_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Ready when at least one upstream answers within [`READY_PROBE`] (any HTTP status: it is
+/// reachable). The upstreams are asked at once.
+async fn readyz(State(s): State<Arc<AppState>>) -> Response {
+    let checks = s
+        .upstreams
+        .iter()
+        .map(|(name, u)| async move { (name.clone(), u.client.reachable(READY_PROBE).await) });
+    let results = futures_util::future::join_all(checks).await;
+    let up: Vec<&String> = results.iter().filter(|r| r.1).map(|r| &r.0).collect();
+    if up.is_empty() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "upstream_error",
+            "not_ready",
+            "no upstream is reachable",
+        )
+        .into_response();
+    }
+    axum::Json(json!({"status": "ready", "reachable": up})).into_response()
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        "this endpoint does not accept that method",
+    )
 }
 
 async fn not_found() -> ApiError {
@@ -125,14 +287,18 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     )
 }
 
-async fn models(State(s): State<Arc<AppState>>) -> Response {
+async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let caller = match s.gate.admit(&headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
     let mut data: Vec<Value> = Vec::new();
     if let Some(u) = s
         .config
         .default_upstream
         .as_ref()
         .and_then(|d| s.upstreams.get(d))
-        && let Ok(v) = u.client.get_json("models").await
+        && let Ok(v) = u.client.get_json("models", &caller.credentials).await
         && let Some(list) = v.get("data").and_then(Value::as_array)
     {
         data.extend(list.iter().cloned());
@@ -140,13 +306,24 @@ async fn models(State(s): State<Arc<AppState>>) -> Response {
     for alias in s.config.models.keys() {
         data.push(json!({"id": alias, "object": "model", "owned_by": "selfheal"}));
     }
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    let mut list = json!({"object": "list", "data": data});
+    caller.redactor.value(&mut list);
+    axum::Json(list).into_response()
 }
 
 async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
     Metrics::inc(&s.metrics.requests_total);
-    let resp = match chat_inner(&s, &headers, body).await {
+    let (result, tenant) = match s.gate.admit(&headers) {
+        Ok(caller) => {
+            let tenant = caller.tenant.clone();
+            let redactor = caller.redactor.clone();
+            let r = chat_inner(&s, caller, &headers, body).await;
+            (r.map_err(|e| redactor.error(e)), tenant)
+        }
+        Err(e) => (Err(e), "-".to_owned()),
+    };
+    let resp = match result {
         Ok(r) => r,
         Err(e) => {
             if e.status == StatusCode::BAD_GATEWAY {
@@ -158,10 +335,143 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
         }
     };
     s.metrics.request_seconds.observe(started.elapsed());
+    log_request(&resp, &tenant, started);
     resp
 }
 
-/// Reads the body: 413 when too large. [`ChatRequest::parse`] then checks it is a chat request.
+/// One structured line per request at `info` (what a log pipeline needs to find a run).
+fn log_request(resp: &Response, tenant: &str, started: Instant) {
+    let h = resp.headers();
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("-");
+    tracing::info!(
+        target: "selfheal::request",
+        run = get("x-selfheal-run"),
+        tenant,
+        http_status = resp.status().as_u16(),
+        heal_status = get("x-selfheal-status"),
+        actions = get("x-selfheal-actions"),
+        latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "request"
+    );
+}
+
+/// `POST /v1/embeddings`, passed through (see [`forward`]).
+async fn embeddings(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    forward(&s, &headers, body, Forwarded::Embeddings).await
+}
+
+/// `POST /v1/responses`, passed through (see [`forward`]); not healed yet.
+async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    forward(&s, &headers, body, Forwarded::Responses).await
+}
+
+/// The endpoints the gateway forwards without healing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Forwarded {
+    Embeddings,
+    Responses,
+}
+
+fn embed_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
+    Box::pin(c.send("embeddings", b, cr))
+}
+
+fn responses_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
+    Box::pin(c.send("responses", b, cr))
+}
+
+/// Forwards a request as is: the caller admitted, the model routed (an alias's first target,
+/// its model name written in), one attempt, the answer — a stream when `stream` is true — read
+/// bounded and redacted.
+async fn forward(s: &AppState, headers: &HeaderMap, body: Body, what: Forwarded) -> Response {
+    let started = Instant::now();
+    let (result, tenant) = match s.gate.admit(headers) {
+        Ok(caller) => {
+            let tenant = caller.tenant.clone();
+            let r = forward_inner(s, &caller, headers, body, what).await;
+            (r.map_err(|e| caller.redactor.error(e)), tenant)
+        }
+        Err(e) => (Err(e), "-".to_owned()),
+    };
+    let resp = result.unwrap_or_else(IntoResponse::into_response);
+    log_request(&resp, &tenant, started);
+    resp
+}
+
+async fn forward_inner(
+    s: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Body,
+    what: Forwarded,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(s, headers, body).await?;
+    let mut req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
+    let model = req
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("`model` must be a string"))?
+        .to_owned();
+    let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
+    let chain = s
+        .config
+        .route(&model)
+        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let first = &chain[..1.min(chain.len())];
+    let body = match first.first() {
+        Some(t) if t.model != model => {
+            req.insert("model".into(), Value::from(t.model.as_str()));
+            Bytes::from(serde_json::to_vec(&req).map_err(|e| ApiError::bad_request(e.to_string()))?)
+        }
+        _ => bytes,
+    };
+    let encode = |_m: &str| body.clone();
+    let op = match what {
+        Forwarded::Embeddings => &embed_op as crate::upstream::Op<'_, reqwest::Response>,
+        Forwarded::Responses => &responses_op,
+    };
+    let never = |_k: ActionKind| false;
+    let mut log = CallLog::default();
+    let upstream = s
+        .upstreams
+        .call(
+            first,
+            &encode,
+            op,
+            &never,
+            true,
+            &caller.credentials,
+            &mut log,
+        )
+        .await?;
+    let red = caller.redactor.clone();
+    if streaming {
+        let body = crate::upstream::body_stream(upstream)
+            .map(move |b| b.map(|b| red.bytes(b)).map_err(std::io::Error::other));
+        return Ok(sse_response(Body::from_stream(body)));
+    }
+    let out = crate::upstream::read_bounded(upstream, s.config.max_upstream_body_bytes)
+        .await
+        .map_err(|e| ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")]))?;
+    let mut resp = Response::new(Body::from(red.bytes(out)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// Reads the body within the body-read timeout: 413 when too large, 408 when too slow.
+/// [`ChatRequest::parse`] then checks it is a chat request.
 async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let limit = s.config.max_body_bytes;
     if headers
@@ -172,25 +482,64 @@ async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Byte
     {
         return Err(ApiError::too_large(limit));
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::too_large(limit))
+    let timeout = std::time::Duration::from_millis(s.config.server.body_read_timeout_ms);
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(ApiError::too_large(limit)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            "the request body did not arrive in time",
+        )),
+    }
 }
 
-fn chat_op(c: &ModelClient, b: Bytes) -> BoxFuture<'_, Result<Completion, ClientError>> {
-    Box::pin(c.chat_raw(b))
+fn chat_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<Completion, ClientError>> {
+    Box::pin(c.chat(b, cr))
 }
 
-fn send_op(c: &ModelClient, b: Bytes) -> BoxFuture<'_, Result<reqwest::Response, ClientError>> {
-    Box::pin(c.send_raw("chat/completions", b))
+fn send_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<reqwest::Response, ClientError>> {
+    Box::pin(c.send("chat/completions", b, cr))
 }
 
 fn lock(m: &Mutex<RunState>) -> std::sync::MutexGuard<'_, RunState> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// One request's context once its run is known: the state, the caller, the run.
+#[derive(Clone)]
+struct Turn {
+    s: Arc<AppState>,
+    caller: Caller,
+    run: String,
+    state: Arc<Mutex<RunState>>,
+}
+
+impl Turn {
+    /// Records an event of this run, secrets redacted.
+    fn event(&self, kind: &'static str, detail: Value) {
+        self.s
+            .event(&self.caller.redactor, &self.run, kind, detail, None);
+    }
+
+    /// Records the run's `response` event with its summary.
+    fn finish(&self, status: &str) {
+        finish_trace(self, status);
+    }
+}
+
 async fn chat_inner(
     s: &Arc<AppState>,
+    caller: Caller,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -201,198 +550,311 @@ async fn chat_inner(
         .config
         .route(&model)
         .ok_or_else(|| ApiError::unknown_model(&model))?;
-    let streaming = req.stream;
     if s.config.passthrough {
-        return passthrough(s, &chain, &req, &bytes).await;
+        return passthrough(s, &caller, &chain, &req, &bytes).await;
     }
-
-    // 1. Rebuild the run from the conversation and ask the monitor.
-    let run = run_id(
-        headers.get("x-selfheal-run").and_then(|v| v.to_str().ok()),
-        &req.messages,
-    );
+    // A label names a run within the caller's tenant: the id this tenant was answered (sent
+    // back as is), else a keyed hash of tenant and label (or opening).
+    let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
+    let now = Instant::now();
+    let run = match label {
+        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
+        _ => run_id(&s.run_key, &caller.tenant, label, &req.messages),
+    };
+    let t = Turn {
+        state: s.runs.get_for(&run, &caller.tenant, now),
+        s: s.clone(),
+        caller,
+        run,
+    };
     let tools = s.tool_indexes.get(&req);
-    let state = s.runs.get(&run, Instant::now());
-    let now_ms = s.now_ms();
+    let verdict = rebuild_run(&t, &req, &tools, &model);
+    if let Some(reason) = verdict.abort.clone() {
+        return Ok(answer_abort(&t, &model, req.stream, &reason));
+    }
+    let mut actions = Vec::new();
+    let applied = edit_request(&t, &req, &verdict, &mut actions);
+    let tools_fwd = if applied.hidden.is_empty() {
+        tools
+    } else {
+        let mut idx = (*tools).clone();
+        idx.retain(|name, _| !applied.hidden.contains(name));
+        Arc::new(idx)
+    };
+    let ctx = Call {
+        chain,
+        bytes: bytes.clone(),
+        applied,
+        tools: tools_fwd,
+    };
+    let learned =
+        !ctx.tools.is_empty() && ctx.chain.first().is_some_and(|c| s.no_stream.contains(c));
+    if req.stream && !learned {
+        answer_stream(&t, &req, ctx, actions).await
+    } else {
+        answer_complete(&t, &req, &ctx, actions).await
+    }
+}
+
+/// What the upstream call of one request needs: the chain, the client's body, the edits and
+/// the tools the request offers after hiding.
+#[derive(Clone)]
+struct Call {
+    chain: Vec<crate::config::Target>,
+    bytes: Bytes,
+    applied: heal::Applied,
+    tools: Arc<ToolIndex>,
+}
+
+/// Stage 1: feeds the conversation's new tool results to the run's monitor; its verdict.
+fn rebuild_run(
+    t: &Turn,
+    req: &ChatRequest<'_>,
+    tools: &ToolIndex,
+    model: &str,
+) -> selfheal_core::monitor::Verdict {
+    let now_ms = t.s.now_ms();
     let (verdict, replayed) = {
-        let mut st = lock(&state);
+        let mut st = lock(&t.state);
         st.requests += 1;
-        let fresh = || RunState::new(s.config.monitor.clone(), s.config.budget);
-        let replayed = heal::replay(&mut st, &req.messages, &tools, fresh, now_ms);
+        let replayed = heal::replay(&mut st, &req.messages, tools, now_ms);
         (st.monitor.check(now_ms), replayed)
     };
-    s.event(
-        &run,
+    t.event(
         "request",
-        json!({"model": model, "messages": req.messages.len(), "stream": streaming}),
-        None,
+        json!({"model": model, "messages": req.messages.len(), "stream": req.stream,
+               "tenant": t.caller.tenant}),
     );
     for r in &replayed {
-        s.event(
-            &run,
-            "tool_result",
-            json!({"tool": r.tool, "outcome": r.outcome}),
-            None,
-        );
+        t.event("tool_result", json!({"tool": r.tool, "outcome": r.outcome}));
     }
-    let mut actions: Vec<String> = Vec::new();
+    verdict
+}
 
-    // 2. Abort: the run ends here, with a final answer that says why.
-    if let Some(reason) = verdict.abort.clone() {
-        Metrics::inc(&s.metrics.aborts_total);
-        Metrics::inc(&s.metrics.healed_total);
-        let status = {
-            let mut st = lock(&state);
-            st.act("terminate");
-            if st.successes > 0 {
-                "partial"
-            } else {
-                "failed"
-            }
-        };
-        actions.push("terminate".into());
-        s.event(&run, "abort", json!({"reason": reason}), None);
-        let report = selfheal_report(&state, status, Some(&reason), &actions);
-        let content = format!(
-            "I have to stop here: {reason}. The work so far is in the conversation above; \
-             the remaining steps could not be completed."
-        );
-        let completion = json!({
-            "id": format!("selfheal-{run}"),
-            "object": "chat.completion",
-            "created": unix_ms() / 1000,
-            "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            "selfheal": report,
-        });
-        finish_trace(s, &run, &state, status);
-        let mut resp = if streaming {
-            let frames = stream::answer_frames(&completion);
-            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
+/// Stage 2 (abort): the run ends here, with a final answer that says why.
+fn answer_abort(t: &Turn, model: &str, streaming: bool, reason: &str) -> Response {
+    let s = &t.s;
+    Metrics::inc(&s.metrics.aborts_total);
+    Metrics::inc(&s.metrics.healed_total);
+    let status = {
+        let mut st = lock(&t.state);
+        st.act("terminate");
+        if st.successes > 0 {
+            "partial"
         } else {
-            axum::Json(completion).into_response()
-        };
-        add_headers(&mut resp, &run, status, &actions, Some(&reason));
-        return Ok(resp);
-    }
+            "failed"
+        }
+    };
+    let actions = vec!["terminate".to_owned()];
+    t.event("abort", json!({"reason": reason}));
+    let report = selfheal_report(&t.state, status, Some(reason), &actions);
+    let content = format!(
+        "I have to stop here: {reason}. The work so far is in the conversation above; \
+         the remaining steps could not be completed."
+    );
+    let mut completion = json!({
+        "id": format!("selfheal-{}", t.run),
+        "object": "chat.completion",
+        "created": unix_ms() / 1000,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "selfheal": report,
+    });
+    t.caller.redactor.value(&mut completion);
+    t.finish(status);
+    let mut resp = if streaming {
+        let frames = stream::answer_frames(&completion);
+        sse_response(Body::from_stream(futures_util::stream::iter(frames)))
+    } else {
+        axum::Json(completion).into_response()
+    };
+    add_headers(
+        &mut resp,
+        &t.run,
+        status,
+        &actions,
+        Some(&t.caller.redactor.text(reason)),
+    );
+    resp
+}
 
-    // 3. Edit the request per the verdict.
-    let applied = heal::apply_verdict(&req, &verdict);
+/// Stage 3: what the verdict changes in the request (guidance, hidden tools), recorded.
+fn edit_request(
+    t: &Turn,
+    req: &ChatRequest<'_>,
+    verdict: &selfheal_core::monitor::Verdict,
+    actions: &mut Vec<String>,
+) -> heal::Applied {
+    let s = &t.s;
+    let applied = heal::apply_verdict(req, verdict);
     if !applied.guidance.is_empty() {
         Metrics::inc(&s.metrics.guidance_total);
         actions.push("guidance".into());
-        s.event(&run, "guidance", json!({"text": applied.guidance}), None);
+        t.event("guidance", json!({"text": applied.guidance}));
     }
     if !applied.hidden.is_empty() {
         Metrics::inc(&s.metrics.tools_hidden_total);
         actions.push("hide".into());
-        s.event(&run, "hide", json!({"tools": applied.hidden}), None);
+        t.event("hide", json!({"tools": applied.hidden}));
     }
     if !actions.is_empty() {
         Metrics::inc(&s.metrics.healed_total);
     }
-    let edits = applied.edits();
+    applied
+}
+
+/// Stage 4 (streaming): the upstream stream relayed, tool calls held and checked.
+async fn answer_stream(
+    t: &Turn,
+    req: &ChatRequest<'_>,
+    ctx: Call,
+    mut actions: Vec<String>,
+) -> Result<Response, ApiError> {
+    let s = &t.s;
+    let edits = ctx.applied.edits();
     let encode = |m: &str| {
         req.encode(
             &Edits {
                 model: Some(m),
                 ..edits
             },
-            &bytes,
+            &ctx.bytes,
         )
     };
-    let tools_fwd = if applied.hidden.is_empty() {
-        tools
-    } else {
-        let mut t = (*tools).clone();
-        t.retain(|name, _| !applied.hidden.contains(name));
-        Arc::new(t)
-    };
-    let charge = charger(state.clone());
-
-    // 4. Upstream.
+    let charge = charger(t.state.clone());
     let mut log = CallLog::default();
-    if streaming {
-        let result = s
-            .upstreams
-            .call(&chain, &encode, &send_op, &charge, false, &mut log)
-            .await;
-        log_calls(s, &run, &log, &mut actions);
-        let upstream = match result {
-            Ok(r) => r,
-            Err(e) => {
-                s.event(&run, "upstream_error", json!({"reasons": e.reasons}), None);
-                finish_trace(s, &run, &state, "failed");
-                return Err(e);
-            }
-        };
-        let report = selfheal_report(&state, "complete", None, &actions);
-        let reask = stream_reask(s, &run, &state, chain, bytes.clone(), &applied, &tools_fwd);
-        let (tx, rx) = mpsc::channel(64);
-        let s2 = s.clone();
-        let run2 = run.clone();
-        let state2 = state.clone();
-        tokio::spawn(async move {
-            let r = stream::relay(
-                upstream,
-                tools_fwd,
-                s2.guides.clone(),
-                Some(report),
-                Some(reask),
-                &tx,
-            )
-            .await;
-            for t in &r.repaired {
-                Metrics::inc(&s2.metrics.repairs_total);
-                s2.event(&run2, "repair", json!({"tool": t}), None);
-            }
-            for t in &r.invalid {
-                s2.event(&run2, "invalid_call", json!({"problems": [t]}), None);
-            }
-            let status = if let Some(b) = &r.broken {
-                Metrics::inc(&s2.metrics.streams_broken_total);
-                s2.event(&run2, "stream_broken", json!({"reason": b}), None);
-                "failed"
-            } else if r.invalid.is_empty() {
-                "complete"
-            } else {
-                "partial"
-            };
-            finish_trace(&s2, &run2, &state2, status);
-            drop(tx);
-        });
-        let body =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|f| (f, rx)) },
-            );
-        let mut resp = sse_response(Body::from_stream(body));
-        add_headers(&mut resp, &run, "complete", &actions, None);
-        return Ok(resp);
-    }
-
     let result = s
         .upstreams
-        .call(&chain, &encode, &chat_op, &charge, false, &mut log)
+        .call(
+            &ctx.chain,
+            &encode,
+            &send_op,
+            &charge,
+            false,
+            &t.caller.credentials,
+            &mut log,
+        )
+        .await;
+    log_calls(t, &log, &mut actions);
+    let upstream = match result {
+        Ok(r) => r,
+        Err(e) => {
+            t.event("upstream_error", json!({"reasons": e.reasons}));
+            t.finish("failed");
+            return Err(e);
+        }
+    };
+    let served = log.served.clone();
+    let report = selfheal_report(&t.state, "complete", None, &actions);
+    let hooks = stream::Hooks {
+        reask: Some(stream_reask(t, &ctx)),
+        reissue: Some(stream_reask(t, &ctx)),
+    };
+    let (tx, rx) = mpsc::channel(64);
+    let t2 = t.clone();
+    tokio::spawn(async move {
+        let r = stream::relay(
+            upstream,
+            ctx.tools.clone(),
+            t2.s.guides.clone(),
+            Some(report),
+            hooks,
+            &tx,
+        )
+        .await;
+        for name in &r.repaired {
+            Metrics::inc(&t2.s.metrics.repairs_total);
+            t2.event("repair", json!({"tool": name}));
+        }
+        for p in &r.invalid {
+            t2.event("invalid_call", json!({"problems": [p]}));
+        }
+        if let Some(why) = &r.reissued {
+            t2.event("reissue", json!({"reason": why}));
+            if !ctx.tools.is_empty()
+                && let Some(target) = &served
+                && t2.s.no_stream.learn(target)
+            {
+                t2.event(
+                    "learn_no_stream",
+                    json!({"upstream": target.upstream, "model": target.model}),
+                );
+            }
+        }
+        let status = if let Some(b) = &r.broken {
+            Metrics::inc(&t2.s.metrics.streams_broken_total);
+            t2.event("stream_broken", json!({"reason": b}));
+            "failed"
+        } else if r.invalid.is_empty() {
+            "complete"
+        } else {
+            "partial"
+        };
+        t2.finish(status);
+        drop(tx);
+    });
+    let redactor = t.caller.redactor.clone();
+    let body = futures_util::stream::unfold((rx, redactor), |(mut rx, red)| async move {
+        let frame = rx.recv().await?;
+        Some((frame.map(|b| red.bytes(b)), (rx, red)))
+    });
+    let mut resp = sse_response(Body::from_stream(body));
+    add_headers(&mut resp, &t.run, "complete", &actions, None);
+    Ok(resp)
+}
+
+/// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
+/// re-asked once within the budget), the answer with its `selfheal` report — as SSE when the
+/// client asked for a stream from a target learned not to stream tool calls ([`NoStream`]).
+async fn answer_complete(
+    t: &Turn,
+    req: &ChatRequest<'_>,
+    ctx: &Call,
+    mut actions: Vec<String>,
+) -> Result<Response, ApiError> {
+    let s = &t.s;
+    let edits = Edits {
+        stream: req.stream.then_some(false),
+        ..ctx.applied.edits()
+    };
+    let bytes = &ctx.bytes;
+    let encode = |m: &str| {
+        req.encode(
+            &Edits {
+                model: Some(m),
+                ..edits
+            },
+            bytes,
+        )
+    };
+    let charge = charger(t.state.clone());
+    let creds = &t.caller.credentials;
+    let mut log = CallLog::default();
+    let result = s
+        .upstreams
+        .call(
+            &ctx.chain, &encode, &chat_op, &charge, false, creds, &mut log,
+        )
         .await;
     let mut completion = match result {
         Ok(c) => c.body,
         Err(e) => {
-            log_calls(s, &run, &log, &mut actions);
-            s.event(&run, "upstream_error", json!({"reasons": e.reasons}), None);
-            finish_trace(s, &run, &state, "failed");
+            log_calls(t, &log, &mut actions);
+            t.event("upstream_error", json!({"reasons": e.reasons}));
+            t.finish("failed");
             return Err(e);
         }
     };
 
-    // 5. Tool calls: repair in place, or re-ask once within the budget.
-    let mut check = check_completion(&mut completion, &tools_fwd, &s.guides);
+    // Tool calls: repair in place, or re-ask once within the budget.
+    let tools_fwd = &ctx.tools;
+    let mut check = check_completion(&mut completion, tools_fwd, &s.guides);
     if !check.invalid.is_empty() && charge(ActionKind::Retry) {
         Metrics::inc(&s.metrics.reasks_total);
         actions.push("reask".into());
-        s.event(&run, "reask", json!({"problems": check.invalid}), None);
+        t.event("reask", json!({"problems": check.invalid}));
         let extra = reask_turn(&check.invalid);
         let again = |m: &str| {
             req.encode(
@@ -401,22 +863,24 @@ async fn chat_inner(
                     append: Some(&extra),
                     ..edits
                 },
-                &bytes,
+                bytes,
             )
         };
         if let Ok(c) = s
             .upstreams
-            .call(&chain, &again, &chat_op, &charge, false, &mut log)
+            .call(
+                &ctx.chain, &again, &chat_op, &charge, false, creds, &mut log,
+            )
             .await
         {
             completion = c.body;
-            check = check_completion(&mut completion, &tools_fwd, &s.guides);
+            check = check_completion(&mut completion, tools_fwd, &s.guides);
         }
     }
-    log_calls(s, &run, &log, &mut actions);
-    for t in &check.repaired {
+    log_calls(t, &log, &mut actions);
+    for name in &check.repaired {
         Metrics::inc(&s.metrics.repairs_total);
-        s.event(&run, "repair", json!({"tool": t}), None);
+        t.event("repair", json!({"tool": name}));
     }
     if !check.repaired.is_empty() {
         actions.push("repair".into());
@@ -424,23 +888,26 @@ async fn chat_inner(
     let (status, reason) = if check.invalid.is_empty() {
         ("complete", None)
     } else {
-        s.event(
-            &run,
-            "invalid_call",
-            json!({"problems": check.invalid}),
-            None,
-        );
+        t.event("invalid_call", json!({"problems": check.invalid}));
         ("partial", Some(check.invalid.join(" ")))
     };
     if let Some(o) = completion.as_object_mut() {
         o.insert(
             "selfheal".into(),
-            selfheal_report(&state, status, reason.as_deref(), &actions),
+            selfheal_report(&t.state, status, reason.as_deref(), &actions),
         );
     }
-    finish_trace(s, &run, &state, status);
-    let mut resp = axum::Json(completion).into_response();
-    add_headers(&mut resp, &run, status, &actions, reason.as_deref());
+    t.caller.redactor.value(&mut completion);
+    t.finish(status);
+    let mut resp = if req.stream {
+        sse_response(Body::from_stream(futures_util::stream::iter(
+            stream::answer_frames(&completion),
+        )))
+    } else {
+        axum::Json(completion).into_response()
+    };
+    let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
+    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
 }
 
@@ -464,53 +931,54 @@ fn charger(state: Arc<Mutex<RunState>>) -> impl Fn(ActionKind) -> bool + Send + 
     }
 }
 
-/// The streaming relay's re-ask: one non-streaming call with the problems appended, charged to
-/// the run's budget like the non-streaming re-ask, its answer checked the same way.
-fn stream_reask(
-    s: &Arc<AppState>,
-    run: &str,
-    state: &Arc<Mutex<RunState>>,
-    chain: Vec<crate::config::Target>,
-    bytes: Bytes,
-    applied: &heal::Applied,
-    tools: &Arc<ToolIndex>,
-) -> stream::Reask {
-    let (s, run, state, applied, tools) = (
-        s.clone(),
-        run.to_owned(),
-        state.clone(),
-        applied.clone(),
-        tools.clone(),
-    );
+/// The streaming relay's second asking: one non-streaming call through the chain, charged to
+/// the run's budget like the non-streaming re-ask, its answer checked the same way. With
+/// problems, they are appended as a user turn (a re-ask of unusable tool calls); without, the
+/// same request is asked again (a re-issue of a stream that broke before any content).
+fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
+    let (t, ctx) = (t.clone(), ctx.clone());
     Box::new(move |problems: Vec<String>| {
         Box::pin(async move {
-            let charge = charger(state);
+            let charge = charger(t.state.clone());
             if !charge(ActionKind::Retry) {
                 return None;
             }
-            Metrics::inc(&s.metrics.reasks_total);
-            s.event(&run, "reask", json!({"problems": problems}), None);
-            let req = ChatRequest::parse(&bytes).ok()?;
-            let extra = reask_turn(&problems);
+            let s = &t.s;
+            if problems.is_empty() {
+                t.event("reissue", json!({"stream": false}));
+            } else {
+                Metrics::inc(&s.metrics.reasks_total);
+                t.event("reask", json!({"problems": problems}));
+            }
+            let req = ChatRequest::parse(&ctx.bytes).ok()?;
+            let extra = (!problems.is_empty()).then(|| reask_turn(&problems));
             let encode = |m: &str| {
                 req.encode(
                     &Edits {
                         model: Some(m),
-                        append: Some(&extra),
+                        append: extra.as_ref(),
                         stream: Some(false),
-                        ..applied.edits()
+                        ..ctx.applied.edits()
                     },
-                    &bytes,
+                    &ctx.bytes,
                 )
             };
             let mut log = CallLog::default();
             let result = s
                 .upstreams
-                .call(&chain, &encode, &chat_op, &charge, false, &mut log)
+                .call(
+                    &ctx.chain,
+                    &encode,
+                    &chat_op,
+                    &charge,
+                    false,
+                    &t.caller.credentials,
+                    &mut log,
+                )
                 .await;
-            log_calls(&s, &run, &log, &mut Vec::new());
+            log_calls(&t, &log, &mut Vec::new());
             let mut body = result.ok()?.body;
-            let check = check_completion(&mut body, &tools, &s.guides);
+            let check = check_completion(&mut body, &ctx.tools, &s.guides);
             if !check.invalid.is_empty() {
                 return None;
             }
@@ -554,7 +1022,8 @@ fn check_completion(
     check
 }
 
-fn log_calls(s: &AppState, run: &str, log: &CallLog, actions: &mut Vec<String>) {
+fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
+    let s = &t.s;
     for (kind, detail) in &log.events {
         match *kind {
             "retry" => Metrics::inc(&s.metrics.retries_total),
@@ -564,7 +1033,8 @@ fn log_calls(s: &AppState, run: &str, log: &CallLog, actions: &mut Vec<String>) 
         if !actions.iter().any(|a| a == kind) {
             actions.push((*kind).to_owned());
         }
-        s.event(run, kind, json!({"detail": detail}), None);
+        tracing::debug!(target: "selfheal::upstream", run = t.run, kind, detail = %t.caller.redactor.text(detail));
+        t.event(kind, json!({"detail": detail}));
     }
 }
 
@@ -584,13 +1054,14 @@ fn selfheal_report(
     })
 }
 
-fn finish_trace(s: &AppState, run: &str, state: &Mutex<RunState>, status: &str) {
+fn finish_trace(t: &Turn, status: &str) {
     let (failures, actions) = {
-        let st = lock(state);
+        let st = lock(&t.state);
         (st.failures, st.ledger.spent().recoveries)
     };
-    s.event(
-        run,
+    t.s.event(
+        &t.caller.redactor,
+        &t.run,
         "response",
         json!({"status": status}),
         Some(RunSummary {
@@ -648,6 +1119,7 @@ fn sse_response(body: Body) -> Response {
 /// normalised (a shape fix, not healing); the answer goes back byte for byte.
 async fn passthrough(
     s: &AppState,
+    caller: &Caller,
     chain: &[crate::config::Target],
     req: &ChatRequest<'_>,
     bytes: &Bytes,
@@ -666,21 +1138,31 @@ async fn passthrough(
     };
     let upstream = s
         .upstreams
-        .call(chain, &encode, &send_op, &never, true, &mut log)
+        .call(
+            chain,
+            &encode,
+            &send_op,
+            &never,
+            true,
+            &caller.credentials,
+            &mut log,
+        )
         .await?;
+    let red = caller.redactor.clone();
     if req.stream {
-        return Ok(sse_response(Body::from_stream(upstream.bytes_stream())));
+        let body = crate::upstream::body_stream(upstream)
+            .map(move |b| b.map(|b| red.bytes(b)).map_err(std::io::Error::other));
+        return Ok(sse_response(Body::from_stream(body)));
     }
     let content_type = upstream
         .headers()
         .get(header::CONTENT_TYPE)
         .cloned()
         .unwrap_or(HeaderValue::from_static("application/json"));
-    let bytes = upstream
-        .bytes()
+    let bytes = crate::upstream::read_bounded(upstream, s.config.max_upstream_body_bytes)
         .await
         .map_err(|e| ApiError::exhausted(vec![format!("the upstream answer broke off: {e}")]))?;
-    let mut resp = Response::new(Body::from(bytes));
+    let mut resp = Response::new(Body::from(red.bytes(bytes)));
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, content_type);
     Ok(resp)

@@ -1,10 +1,12 @@
 //! Gateway configuration: upstreams, model aliases with fallback chains, policy and budgets.
 //!
 //! `selfheal serve --upstream URL` needs no file at all: the one upstream becomes the default and
-//! the client's model name is forwarded as is. A `selfheal.toml` adds named upstreams (keys come
-//! from named environment variables, so no key is ever written in the file or logged), aliases
-//! whose chain is walked on persistent or model errors, and the monitor's thresholds and the
-//! per-run budget.
+//! the client's model name is forwarded as is. A `selfheal.toml` adds named upstreams with whose
+//! credentials go to each (`auth`: the client's by default, or the operator's key from a named
+//! environment variable, so no key is ever written in the file or logged), optional inbound
+//! keys (only their SHA-256), aliases whose chain is walked on persistent or model errors, the
+//! monitor's thresholds, the per-run budget, and the inbound bounds (`[server]`). Validation
+//! checks names, URLs and numbers; [`GatewayConfig::missing_env`] the variables it names.
 
 use std::collections::BTreeMap;
 
@@ -15,22 +17,108 @@ use selfheal_core::budget::BudgetLimits;
 use selfheal_core::monitor::MonitorConfig;
 use selfheal_core::policy::RetryConfig;
 
+/// Whose credentials go to an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Auth {
+    /// The client's own `Authorization` or `api-key` header and its `OpenAI-Organization` and
+    /// `OpenAI-Project` headers are forwarded (the default without `api_key_env`).
+    Client,
+    /// The operator's key, read at startup from `api_key_env`, is sent as a bearer token; the
+    /// client's credentials are not forwarded (the default with `api_key_env`).
+    Env,
+    /// No credentials at all (a local model server).
+    None,
+}
+
 /// One OpenAI-compatible upstream.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Base URL up to and including `/v1`.
     pub base_url: String,
-    /// Name of the environment variable holding the API key.
+    /// Name of the environment variable holding the operator's API key (`auth = "env"`).
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// Request timeout in milliseconds (default 60 s).
-    #[serde(default = "default_timeout_ms")]
-    pub timeout_ms: u64,
+    /// Whose credentials are sent; left out: `env` when `api_key_env` is set, else `client`.
+    #[serde(default)]
+    pub auth: Option<Auth>,
+    /// How long to wait for the answer's head (status and headers), in milliseconds (default
+    /// 60 s; `timeout_ms` is the old name). Never a total deadline: a stream or a long body that
+    /// keeps arriving is not cut.
+    #[serde(default = "default_timeout_ms", alias = "timeout_ms")]
+    pub first_byte_timeout_ms: u64,
+    /// How long to wait for a connection, in milliseconds (default 5 s).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Longest silence between two pieces of the answer's body, in milliseconds (default 30 s).
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+}
+
+impl UpstreamConfig {
+    /// An upstream at `base_url` with the default timeouts and `auth`.
+    pub fn new(base_url: impl Into<String>) -> UpstreamConfig {
+        UpstreamConfig {
+            base_url: base_url.into(),
+            api_key_env: None,
+            auth: None,
+            first_byte_timeout_ms: default_timeout_ms(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+        }
+    }
+
+    /// The effective credential mode (see [`UpstreamConfig::auth`]).
+    pub fn auth(&self) -> Auth {
+        self.auth.unwrap_or(if self.api_key_env.is_some() {
+            Auth::Env
+        } else {
+            Auth::Client
+        })
+    }
 }
 
 fn default_timeout_ms() -> u64 {
     60_000
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    5_000
+}
+
+fn default_idle_timeout_ms() -> u64 {
+    30_000
+}
+
+/// Limits of the inbound side: how long a client may take and how many may connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Time a client has to send a request head, and the longest a kept-alive connection may
+    /// sit idle, in milliseconds (default 10 s).
+    pub header_read_timeout_ms: u64,
+    /// Time a client has to send a request body, in milliseconds (default 30 s).
+    pub body_read_timeout_ms: u64,
+    /// Largest request head, in bytes (default 64 KiB): larger is a 431.
+    pub max_header_bytes: usize,
+    /// Most open client connections (default 1,024); past it a connection is answered 503 and
+    /// closed.
+    pub max_connections: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish, in milliseconds (default 10 s).
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            max_header_bytes: 64 * 1024,
+            max_connections: 1_024,
+            drain_timeout_ms: 10_000,
+        }
+    }
 }
 
 /// One step of a fallback chain: which upstream, under which model name.
@@ -80,6 +168,17 @@ pub struct GatewayConfig {
     pub max_runs: usize,
     /// Seconds after which an idle run is forgotten.
     pub run_ttl_secs: u64,
+    /// Largest upstream answer read, in bytes (default 32 MiB).
+    pub max_upstream_body_bytes: usize,
+    /// Keys a client must present (`Authorization: Bearer KEY`, `api-key: KEY` or
+    /// `x-selfheal-key: KEY`), by key id: the lowercase hex SHA-256 of each key, never the key.
+    /// Empty: the gateway asks for no key.
+    pub inbound_keys: BTreeMap<String, String>,
+    /// Name of the environment variable holding the secret that keys run ids (unset: a random
+    /// secret per start, so run ids do not survive a restart).
+    pub run_secret_env: Option<String>,
+    /// Inbound limits.
+    pub server: ServerConfig,
 }
 
 impl Default for GatewayConfig {
@@ -97,6 +196,10 @@ impl Default for GatewayConfig {
             max_body_bytes: 8 * 1024 * 1024,
             max_runs: 10_000,
             run_ttl_secs: 3_600,
+            max_upstream_body_bytes: 32 * 1024 * 1024,
+            inbound_keys: BTreeMap::new(),
+            run_secret_env: None,
+            server: ServerConfig::default(),
         }
     }
 }
@@ -143,14 +246,8 @@ impl GatewayConfig {
     /// A config with one upstream, `default`, serving every model name.
     pub fn for_upstream(base_url: impl Into<String>) -> GatewayConfig {
         let mut c = GatewayConfig::default();
-        c.upstreams.insert(
-            "default".into(),
-            UpstreamConfig {
-                base_url: base_url.into(),
-                api_key_env: None,
-                timeout_ms: default_timeout_ms(),
-            },
-        );
+        c.upstreams
+            .insert("default".into(), UpstreamConfig::new(base_url));
         c.default_upstream = Some("default".into());
         c
     }
@@ -186,6 +283,32 @@ impl GatewayConfig {
                 }
             }
         }
+        for (name, u) in &self.upstreams {
+            validate_base_url(name, &u.base_url)?;
+            if u.auth() == Auth::Env && u.api_key_env.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream `{name}` has auth = \"env\" but no api_key_env"
+                )));
+            }
+            if u.first_byte_timeout_ms == 0 || u.idle_timeout_ms == 0 || u.connect_timeout_ms == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream `{name}`: timeouts must be at least 1 ms"
+                )));
+            }
+        }
+        for (id, hash) in &self.inbound_keys {
+            if hash.len() != 64 || !hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return Err(ConfigError::Invalid(format!(
+                    "inbound key `{id}` must be the lowercase hex SHA-256 of the key \
+                     (`printf %s KEY | sha256sum`), not the key"
+                )));
+            }
+        }
+        if self.server.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_connections must be at least 1".into(),
+            ));
+        }
         if self.max_runs == 0 {
             return Err(ConfigError::Invalid("max_runs must be at least 1".into()));
         }
@@ -193,6 +316,25 @@ impl GatewayConfig {
             .validate()
             .map_err(|e| ConfigError::Invalid(e.0))?;
         Ok(())
+    }
+
+    /// The environment variables the config names that are unset or empty: every upstream with
+    /// `auth = "env"` needs its key, and `run_secret_env` its secret. Checked at startup, so a
+    /// missing key is reported once instead of as a 401 per request.
+    pub fn missing_env(&self, get: impl Fn(&str) -> Option<String>) -> Vec<String> {
+        let mut out = Vec::new();
+        let wanted = self
+            .upstreams
+            .values()
+            .filter(|u| u.auth() == Auth::Env)
+            .filter_map(|u| u.api_key_env.as_deref())
+            .chain(self.run_secret_env.as_deref());
+        for var in wanted {
+            if get(var).is_none_or(|v| v.is_empty()) && !out.iter().any(|o| o == var) {
+                out.push(var.to_owned());
+            }
+        }
+        out
     }
 
     /// The fallback chain for a client's model name, or `None` when the name is unknown.
@@ -206,6 +348,20 @@ impl GatewayConfig {
                 model: model.to_owned(),
             }]
         })
+    }
+}
+
+/// An upstream base URL must be absolute `http` or `https` with a host.
+fn validate_base_url(name: &str, url: &str) -> Result<(), ConfigError> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
+        Ok(u) => Err(ConfigError::Invalid(format!(
+            "upstream `{name}`: base_url `{url}` must be http or https with a host, not `{}:`",
+            u.scheme()
+        ))),
+        Err(e) => Err(ConfigError::Invalid(format!(
+            "upstream `{name}`: base_url `{url}` is not a URL ({e})"
+        ))),
     }
 }
 
@@ -243,6 +399,49 @@ mod tests {
         let c = GatewayConfig::from_toml_str(&readme[start..end]).unwrap();
         assert_eq!(c.route("smart").unwrap().len(), 2);
         assert_eq!(c.budget.recoveries, 5);
+    }
+
+    #[test]
+    fn auth_defaults_follow_api_key_env_and_old_timeout_name_is_read() {
+        let c = GatewayConfig::from_toml_str(
+            r#"
+            [upstreams.a]
+            base_url = "http://127.0.0.1:1/v1"
+            api_key_env = "A_KEY"
+            timeout_ms = 1500
+            [upstreams.b]
+            base_url = "http://127.0.0.1:2/v1"
+            [upstreams.c]
+            base_url = "http://127.0.0.1:3/v1"
+            auth = "none"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.upstreams["a"].auth(), Auth::Env);
+        assert_eq!(c.upstreams["a"].first_byte_timeout_ms, 1500);
+        assert_eq!(c.upstreams["b"].auth(), Auth::Client);
+        assert_eq!(c.upstreams["c"].auth(), Auth::None);
+        assert_eq!(c.missing_env(|_| None), vec!["A_KEY".to_string()]);
+        assert!(c.missing_env(|_| Some("k".into())).is_empty());
+    }
+
+    #[test]
+    fn bad_urls_env_without_key_and_plain_inbound_keys_are_refused() {
+        for (toml, needle) in [
+            ("[upstreams.a]\nbase_url = \"not-a-url\"\n", "not a URL"),
+            (
+                "[upstreams.a]\nbase_url = \"ftp://h/v1\"\n",
+                "http or https",
+            ),
+            (
+                "[upstreams.a]\nbase_url = \"http://h/v1\"\nauth = \"env\"\n",
+                "no api_key_env",
+            ),
+            ("[inbound_keys]\nalice = \"sk-plain-key\"\n", "SHA-256"),
+        ] {
+            let e = GatewayConfig::from_toml_str(toml).unwrap_err().to_string();
+            assert!(e.contains(needle), "{toml:?}: {e}");
+        }
     }
 
     #[test]

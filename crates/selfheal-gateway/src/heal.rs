@@ -17,7 +17,7 @@ use selfheal_core::monitor::{Monitor, ToolCall, Verdict};
 use selfheal_repair::{Ending, SchemaGuide, repair_arguments};
 
 use crate::request::{ChatRequest, Edits, Message};
-use crate::runs::RunState;
+use crate::runs::{RunState, SeenResults};
 
 /// One tool the request offers.
 #[derive(Debug, Clone)]
@@ -59,11 +59,54 @@ pub fn tool_index(req: &ChatRequest<'_>) -> ToolIndex {
 
 /// Tool indexes by the text of the request's `tools` array. Agents send the same tools with
 /// every request; indexing them (parsing every schema) each time would cost more than the rest
-/// of the request's healing. Holds at most [`ToolIndexCache::CAPACITY`] entries and starts over
-/// when full.
+/// of the request's healing. Bounded by count ([`ToolIndexCache::CAPACITY`]) and by the bytes of
+/// its keys ([`CACHE_MAX_BYTES`]; a tool set larger than [`CACHE_MAX_ENTRY_BYTES`] is indexed
+/// but not kept), it starts over when full.
 #[derive(Debug, Default)]
 pub struct ToolIndexCache {
-    map: Mutex<HashMap<String, Arc<ToolIndex>>>,
+    map: Mutex<Sized<Arc<ToolIndex>>>,
+}
+
+/// Most key bytes a cache holds (tool-set or schema text; the values are of the same order).
+pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// Largest key a cache keeps.
+pub const CACHE_MAX_ENTRY_BYTES: usize = 1024 * 1024;
+
+/// A map that knows the bytes of its keys.
+#[derive(Debug)]
+struct Sized<V> {
+    map: HashMap<String, V>,
+    bytes: usize,
+}
+
+impl<V> Default for Sized<V> {
+    fn default() -> Self {
+        Sized {
+            map: HashMap::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<V: Clone> Sized<V> {
+    fn get(&self, key: &str) -> Option<V> {
+        self.map.get(key).cloned()
+    }
+
+    /// Keeps `value` under `key` unless the key is too large; starts over when full.
+    fn insert(&mut self, key: &str, value: V, capacity: usize) {
+        if key.len() > CACHE_MAX_ENTRY_BYTES {
+            return;
+        }
+        if self.map.len() >= capacity || self.bytes + key.len() > CACHE_MAX_BYTES {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        if self.map.insert(key.to_owned(), value).is_none() {
+            self.bytes += key.len();
+        }
+    }
 }
 
 impl ToolIndexCache {
@@ -77,15 +120,20 @@ impl ToolIndexCache {
         };
         let key = raw.get();
         if let Some(i) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
-            return i.clone();
+            return i;
         }
         let index = Arc::new(tool_index(req));
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= Self::CAPACITY {
-            map.clear();
-        }
-        map.insert(key.to_owned(), index.clone());
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            key,
+            index.clone(),
+            Self::CAPACITY,
+        );
         index
+    }
+
+    /// Key bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.map.lock().map_or(0, |m| m.bytes)
     }
 }
 
@@ -161,86 +209,96 @@ pub struct Replayed {
     pub outcome: &'static str,
 }
 
-/// Feeds the tool results the run's monitor has not seen yet. A conversation with fewer tool
-/// results than already seen is a new run under a reused id: the state is reset first. Only the
+/// Feeds the tool results the run's monitor has not seen yet, by `tool_call_id` (and content):
+/// the results after the last one the run has seen (see [`crate::runs::SeenResults`]). A
+/// history trimmed from the front feeds only its new results; nothing is reset. Only the
 /// arguments of calls whose results are new are parsed.
 pub fn replay(
     state: &mut RunState,
     messages: &[Message<'_>],
     tools: &ToolIndex,
-    fresh: impl FnOnce() -> RunState,
     now_ms: u64,
 ) -> Vec<Replayed> {
-    let total = messages.iter().filter(|m| m.role() == "tool").count();
-    if total < state.tool_results_seen {
-        *state = fresh();
+    // From the newest result back to the last one the run has seen: only new results (and
+    // that one) are read and hashed, however long the history.
+    let mut results: Vec<(usize, String, u64)> = Vec::new();
+    for (i, m) in messages.iter().enumerate().rev() {
+        if m.role() != "tool" {
+            continue;
+        }
+        let text = m.content_text();
+        let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
+        let fp = SeenResults::fingerprint(id, &text);
+        if state.seen.contains(fp) {
+            break;
+        }
+        results.push((i, text, fp));
     }
+    results.reverse();
     let mut out = Vec::new();
-    if total == state.tool_results_seen {
+    let Some(&(first_new, _, _)) = results.first() else {
         return out;
-    }
+    };
     // The call each new result answers: the last assistant call with its id before it.
     let mut calls: HashMap<String, (String, Option<String>)> = HashMap::new();
-    let mut seen = 0usize;
-    for m in messages {
-        match m.role() {
-            "assistant" if m.tool_calls.is_some() => {
-                for c in m.calls() {
-                    let (Some(id), Some(f)) = (c.id, c.function) else {
-                        continue;
-                    };
-                    let Some(name) = f.name else { continue };
-                    calls.insert(
-                        id.0.into_owned(),
-                        (name.0.into_owned(), f.arguments.map(|a| a.0.into_owned())),
-                    );
-                }
-            }
-            "tool" => {
-                seen += 1;
-                if seen <= state.tool_results_seen {
+    let mut new_results = results.iter().peekable();
+    for (i, m) in messages.iter().enumerate() {
+        if m.role() == "assistant" && m.tool_calls.is_some() {
+            for c in m.calls() {
+                let (Some(id), Some(f)) = (c.id, c.function) else {
                     continue;
-                }
-                let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
-                let (name, args) = match calls.get(id) {
-                    Some((n, a)) => {
-                        let raw = a.as_deref().unwrap_or("{}");
-                        let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
-                        (n.as_str(), args)
-                    }
-                    None => ("unknown", Value::Null),
                 };
-                let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
-                let text = m.content_text();
-                let outcome = if is_hard_failure_text(&text) {
-                    state.monitor.record(
-                        &ToolCall::failed(name, &args, &text).with_required(required),
-                        now_ms,
-                    );
-                    "hard"
-                } else {
-                    let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-                    let soft = Monitor::is_soft_failure(&value);
-                    state.monitor.record(
-                        &ToolCall::returned(name, &args, &value).with_required(required),
-                        now_ms,
-                    );
-                    if soft { "soft" } else { "ok" }
-                };
-                if outcome == "ok" {
-                    state.successes += 1;
-                } else {
-                    state.failures += 1;
-                }
-                out.push(Replayed {
-                    tool: name.to_owned(),
-                    outcome,
-                });
+                let Some(name) = f.name else { continue };
+                calls.insert(
+                    id.0.into_owned(),
+                    (name.0.into_owned(), f.arguments.map(|a| a.0.into_owned())),
+                );
             }
-            _ => {}
+            continue;
         }
+        if i < first_new {
+            continue;
+        }
+        let Some((_, text, fp)) = new_results.next_if(|(j, _, _)| *j == i) else {
+            continue;
+        };
+        let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
+        let (name, args) = match calls.get(id) {
+            Some((n, a)) => {
+                let raw = a.as_deref().unwrap_or("{}");
+                let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
+                (n.as_str(), args)
+            }
+            None => ("unknown", Value::Null),
+        };
+        let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
+        let outcome = if is_hard_failure_text(text) {
+            state.monitor.record(
+                &ToolCall::failed(name, &args, text).with_required(required),
+                now_ms,
+            );
+            "hard"
+        } else {
+            let value: Value =
+                serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()));
+            let soft = Monitor::is_soft_failure(&value);
+            state.monitor.record(
+                &ToolCall::returned(name, &args, &value).with_required(required),
+                now_ms,
+            );
+            if soft { "soft" } else { "ok" }
+        };
+        if outcome == "ok" {
+            state.successes += 1;
+        } else {
+            state.failures += 1;
+        }
+        state.seen.insert(*fp);
+        out.push(Replayed {
+            tool: name.to_owned(),
+            outcome,
+        });
     }
-    state.tool_results_seen = total;
     out
 }
 
@@ -301,10 +359,11 @@ pub struct CallCheck {
 
 /// Compiled schema guides by schema text. Agents send the same tools with every request, and
 /// compiling a JSON Schema costs far more than the rest of a request's healing; the cache holds
-/// at most [`GuideCache::CAPACITY`] schemas and starts over when full.
+/// at most [`GuideCache::CAPACITY`] schemas and [`CACHE_MAX_BYTES`] of schema text, and starts
+/// over when full.
 #[derive(Debug, Default)]
 pub struct GuideCache {
-    map: Mutex<HashMap<String, Arc<SchemaGuide>>>,
+    map: Mutex<Sized<Arc<SchemaGuide>>>,
 }
 
 impl GuideCache {
@@ -314,14 +373,13 @@ impl GuideCache {
     /// The compiled guide of `schema`, whose text is `key` (`None` if it does not compile).
     pub fn get(&self, key: &str, schema: &Value) -> Option<Arc<SchemaGuide>> {
         if let Some(g) = self.map.lock().ok()?.get(key) {
-            return Some(g.clone());
+            return Some(g);
         }
         let guide = Arc::new(SchemaGuide::new(schema).ok()?);
-        let mut map = self.map.lock().ok()?;
-        if map.len() >= Self::CAPACITY {
-            map.clear();
-        }
-        map.insert(key.to_owned(), guide.clone());
+        self.map
+            .lock()
+            .ok()?
+            .insert(key, guide.clone(), Self::CAPACITY);
         Some(guide)
     }
 }
@@ -458,13 +516,12 @@ mod tests {
         let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
         let req = ChatRequest::parse(&bytes).unwrap();
         let idx = tool_index(&req);
-        let fresh = || RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
-        let mut state = fresh();
-        let replayed = replay(&mut state, &req.messages, &idx, fresh, 0);
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+        let replayed = replay(&mut state, &req.messages, &idx, 0);
         assert_eq!(replayed.len(), 5);
         assert!(replayed.iter().all(|r| r.outcome == "hard"));
         // Replaying the same conversation again feeds nothing new.
-        assert!(replay(&mut state, &req.messages, &idx, fresh, 0).is_empty());
+        assert!(replay(&mut state, &req.messages, &idx, 0).is_empty());
         let verdict = state.monitor.check(0);
         assert_eq!(verdict.hidden_tools, vec!["search".to_string()]);
         let applied = apply_verdict(&req, &verdict);
@@ -472,6 +529,63 @@ mod tests {
         let out: Value = serde_json::from_slice(&req.encode(&applied.edits(), &bytes)).unwrap();
         assert_eq!(out["tools"].as_array().unwrap().len(), 1);
         assert_eq!(out["tool_choice"], json!("auto"));
+    }
+
+    /// A conversation trimmed from the front, with one new result: only that result is fed,
+    /// and the run keeps what it had (issue 13: counting results reset or skipped them).
+    #[test]
+    fn issue_13_a_trimmed_history_neither_resets_nor_skips() {
+        let idx = tool_index(
+            &ChatRequest::parse(&request(json!([{"role": "user", "content": "x"}]))).unwrap(),
+        );
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+        let full = failing_conversation(4);
+        let bytes = request(json!(full));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), 4);
+        // The agent keeps the user turn and the last two exchanges, then adds a fifth.
+        let mut trimmed = vec![full[0].clone()];
+        trimmed.extend_from_slice(&full[5..]);
+        let five = failing_conversation(5);
+        trimmed.extend_from_slice(&five[9..]);
+        assert_eq!(trimmed.len(), 7);
+        let bytes = request(json!(trimmed));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let fed = replay(&mut state, &req.messages, &idx, 0);
+        assert_eq!(fed.len(), 1, "only the new result is fed: {fed:?}");
+        assert_eq!(state.failures, 5, "nothing was reset");
+        assert_eq!(
+            state.monitor.check(0).hidden_tools,
+            vec!["search".to_string()]
+        );
+    }
+
+    /// A run longer than the seen-set: the oldest results are forgotten, yet a request that
+    /// still carries them feeds only its new result.
+    #[test]
+    fn a_run_longer_than_the_seen_set_feeds_only_new_results() {
+        let n = crate::runs::SEEN_CAPACITY + 20;
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for i in 0..n {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": format!("c{i}"), "type": "function",
+                 "function": {"name": "lookup", "arguments": "{}"}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                                 "content": format!("ok {i}")}));
+        }
+        let bytes = request(json!(messages));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let idx = tool_index(&req);
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), n);
+        assert_eq!(state.seen.forgotten(), 20);
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "last", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": "last", "content": "ok last"}));
+        let bytes = request(json!(messages));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), 1);
+        assert_eq!(state.successes as usize, n + 1);
     }
 
     #[test]
@@ -487,6 +601,31 @@ mod tests {
         let bytes2 = bytes::Bytes::from(serde_json::to_vec(&fewer).unwrap());
         let other = cache.get(&ChatRequest::parse(&bytes2).unwrap());
         assert_eq!(other.len(), 1);
+        assert_eq!(cache.bytes(), a_len(&bytes) + a_len(&bytes2));
+    }
+
+    fn a_len(body: &[u8]) -> usize {
+        ChatRequest::parse(body)
+            .unwrap()
+            .tools_raw
+            .unwrap()
+            .get()
+            .len()
+    }
+
+    /// Issue 13: the caches were bounded by count only, keyed by up to 8 MiB of text each.
+    #[test]
+    fn issue_13_caches_are_bounded_by_bytes() {
+        let mut m: Sized<u8> = Sized::default();
+        let big = "x".repeat(CACHE_MAX_ENTRY_BYTES + 1);
+        m.insert(&big, 1, 10);
+        assert!(m.map.is_empty(), "an oversize key is not kept");
+        let key = |i: usize| format!("{}{i:08}", "y".repeat(CACHE_MAX_ENTRY_BYTES - 8));
+        for i in 0..40 {
+            m.insert(&key(i), 1, 1_000);
+            assert!(m.bytes <= CACHE_MAX_BYTES);
+        }
+        assert!(m.map.len() <= CACHE_MAX_BYTES / CACHE_MAX_ENTRY_BYTES);
     }
 
     #[test]

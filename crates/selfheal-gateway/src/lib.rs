@@ -6,13 +6,19 @@
 //!
 //! ```text
 //!  agent ──POST /v1/chat/completions──► gateway ─────────────────────────────► upstream
-//!            (whole conversation)        │ 1 replay new tool results → Monitor    (retries,
-//!                                        │ 2 verdict: guidance / hide / abort      fallback
-//!                                        │ 3 edit request (or answer: abort)       chain,
-//!                                        │ 4 upstream call ───────────────────────► breaker)
-//!        ◄──── answer + `selfheal` ──────│ 5 check tool calls: repair / re-ask
-//!                                        └ every decision → SQLite trace
+//!            (whole conversation)        │ 0 admit: inbound key, tenant, creds    (its key or
+//!                                        │ 1 replay new tool results → Monitor     the agent's;
+//!                                        │ 2 verdict: guidance / hide / abort      retries,
+//!                                        │ 3 edit request (or answer: abort)       fallback
+//!                                        │ 4 upstream call ───────────────────────► chain,
+//!        ◄──── answer + `selfheal` ──────│ 5 check tool calls: repair / re-ask      breaker)
+//!                                        └ every decision → SQLite trace (keys redacted)
 //! ```
+//!
+//! Runs are scoped to the caller's tenant ([`auth`], [`runs`]); streams are relayed with tool
+//! calls held back and re-issued when they break before any content ([`stream`]); every
+//! upstream answer and every client connection is bounded in time and size ([`upstream`],
+//! [`serve`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,6 +30,7 @@
 //! ```
 
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod heal;
@@ -36,42 +43,138 @@ pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use thiserror::Error;
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::{Semaphore, watch};
 
 pub use app::{AppState, router};
 pub use config::GatewayConfig;
 pub use error::ApiError;
 pub use store::{TraceReader, TraceWriter};
 
+use config::ServerConfig;
+
 /// Why the gateway could not run.
 #[derive(Debug, Error)]
 pub enum ServeError {
-    /// An upstream client could not be built.
+    /// The state could not be built (an upstream's URL or key, the run secret).
     #[error(transparent)]
-    Client(#[from] selfheal_runtime::ClientError),
+    State(#[from] app::StateError),
     /// The listener failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 
-/// Serves the gateway on `listener` (with `TCP_NODELAY` on every accepted connection) until
-/// `shutdown` resolves, then drains in-flight requests and flushes the trace.
+/// Serves the gateway on `listener` until `shutdown` resolves, then drains in-flight requests
+/// (for at most `server.drain_timeout_ms`) and flushes the trace.
+///
+/// Inbound connections are bounded (see [`ServerConfig`]): a request head must arrive within
+/// the header-read timeout — which also closes kept-alive connections left idle that long — a
+/// body within the body-read timeout, and past `max_connections` a new connection is answered
+/// 503 in OpenAI's shape and closed, so a slow or idle client cannot hold the process or its
+/// file descriptors. Every accepted connection gets `TCP_NODELAY`.
 pub async fn serve(
     config: GatewayConfig,
     listener: tokio::net::TcpListener,
     trace: TraceWriter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let server = config.server;
     let state = Arc::new(AppState::new(config, trace)?);
+    if let Ok(addr) = listener.local_addr()
+        && !addr.ip().is_loopback()
+        && !state.gate.requires_key()
+    {
+        tracing::warn!(
+            %addr,
+            "listening on a non-loopback address without inbound_keys: anyone who reaches \
+             this port can use the gateway (and, with auth = \"env\", the operator's key)"
+        );
+    }
     let app = router(state.clone());
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let result = accept_loop(listener, app, server, shutdown).await;
     state.trace.flush_and_close();
-    Ok(result?)
+    result
+}
+
+/// The 503 a connection past the cap gets before it is closed.
+const SHED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+connection: close\r\ncontent-length: 127\r\n\r\n\
+{\"error\":{\"message\":\"the gateway is at its connection limit\",\"type\":\"server_error\",\
+\"param\":null,\"code\":\"too_many_connections\"}}";
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    server: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let permits = Arc::new(Semaphore::new(server.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(server.header_read_timeout_ms))
+        // hyper's own limits sit above the gateway's, which answer 431 in OpenAI's shape.
+        .max_headers(app::MAX_HEADERS * 2)
+        .max_buf_size((server.max_header_bytes * 2).max(8 * 1024));
+    let shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = shutdown;
+    loop {
+        let tcp = tokio::select! {
+            // Shutdown first: a flood of connections must not starve it.
+            biased;
+            () = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a moment, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        while conns.try_join_next().is_some() {}
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tokio::spawn(async move {
+                let mut tcp = tcp;
+                let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(SHED)).await;
+            });
+            continue;
+        };
+        let conn = http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let mut stop = stop_rx.clone();
+        conns.spawn(async move {
+            let _permit = permit;
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let deadline = Duration::from_millis(server.drain_timeout_ms);
+    let drained = tokio::time::timeout(deadline, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = conns.len(),
+            "drain deadline passed: closing the connections still open"
+        );
+        conns.abort_all();
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@
 //! buffer untouched when there is nothing to change.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 
 use bytes::Bytes;
@@ -532,20 +533,18 @@ impl<'a> ChatRequest<'a> {
         };
         out.push(b'{');
         let mut stream_written = false;
-        let mut seen: Vec<&str> = Vec::with_capacity(self.fields.len());
+        // A repeated key: JSON parsers keep the last one, and so does this view — written at
+        // the place of the first. One pass to find each key's last value, one to write: linear
+        // in the number of keys, however many a client repeats.
+        let mut last: HashMap<&str, Slot<'_>> = HashMap::with_capacity(self.fields.len());
         for (k, v) in &self.fields {
+            last.insert(k.as_str(), *v);
+        }
+        for (k, _) in &self.fields {
             let k = k.as_str();
-            // A repeated key: JSON parsers keep the last one, and so did this view.
-            if seen.contains(&k) {
+            let Some(v) = last.remove(k) else {
                 continue;
-            }
-            seen.push(k);
-            let v = self
-                .fields
-                .iter()
-                .rev()
-                .find(|(k2, _)| k2.as_str() == k)
-                .map_or(*v, |(_, v)| *v);
+            };
             let v = match v {
                 Slot::Raw(v) => v,
                 Slot::Messages => {
@@ -749,6 +748,31 @@ mod tests {
         assert_eq!(r.tool_choice_name().unwrap().as_str(), "search");
         assert!(r.messages[2].needs_content() && r.messages[4].needs_content());
         assert!(!r.messages[3].needs_content());
+    }
+
+    /// Issue 13: repeated top-level keys were deduplicated in O(k²); now one pass. The last
+    /// value wins, written where the key first appeared, however many repeats a client sends.
+    #[test]
+    fn issue_13_repeated_top_level_keys_keep_the_last_value_in_first_place() {
+        let mut body = String::from(r#"{"temperature": 0, "model": "m""#);
+        for i in 0..20_000 {
+            body.push_str(&format!(r#", "x": {i}"#));
+        }
+        body.push_str(r#", "messages": [{"role": "user", "content": "hi"}], "temperature": 1}"#);
+        let bytes = Bytes::from(body);
+        let r = ChatRequest::parse(&bytes).unwrap();
+        let out = r.encode(
+            &Edits {
+                model: Some("other"),
+                ..Edits::default()
+            },
+            &bytes,
+        );
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            text.starts_with(r#"{"temperature":1,"model":"other","x":19999,"messages""#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -5,16 +5,89 @@
 //! spent on retries and re-asks, what the gateway already did — lives here, keyed by run id.
 //! The store holds at most `capacity` runs; idle runs expire after a TTL and, when full, the
 //! least recently used run is dropped. Both are counted.
+//!
+//! A run belongs to a tenant (see `auth`): its id is an HMAC-SHA256, under a per-deployment
+//! secret, of the tenant and either the client's `x-selfheal-run` label or the conversation's
+//! opening (first system and first user message). Two tenants whose conversations open alike —
+//! or who pick the same label — get different runs, so one's tool errors never become the
+//! other's guidance, and nobody can name another tenant's run. The secret makes ids
+//! unguessable and, unlike `DefaultHasher`, the construction is stable across Rust releases.
 
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hmac::{Hmac, Mac};
 use selfheal_core::budget::{BudgetLedger, BudgetLimits};
 use selfheal_core::monitor::{Monitor, MonitorConfig};
+use sha2::{Digest, Sha256};
 
 use crate::request::Message;
+
+/// Most tool results remembered per run (see [`SeenResults`]). Replay only needs the newest
+/// result it has seen to still be remembered, so this bounds memory (8 bytes a result, a few KB
+/// a run) rather than how long a run may be.
+pub const SEEN_CAPACITY: usize = 256;
+
+/// The tool results a run's monitor has been fed, by fingerprint (SHA-256 of `tool_call_id` and
+/// content, 8 bytes), at most [`SEEN_CAPACITY`]: the oldest is forgotten first. Replay feeds
+/// only results after the last one seen, so a result forgotten here but still in the history
+/// (older than any remembered one) is not fed twice, and an agent that trims its history from
+/// the front neither resets the run nor has its newest results skipped.
+#[derive(Debug, Default, Clone)]
+pub struct SeenResults {
+    set: HashSet<u64>,
+    order: VecDeque<u64>,
+    forgotten: u64,
+}
+
+impl SeenResults {
+    /// The fingerprint of a tool result.
+    pub fn fingerprint(tool_call_id: &str, content: &str) -> u64 {
+        let mut h = Sha256::new();
+        h.update(tool_call_id.as_bytes());
+        h.update([0]);
+        h.update(content.as_bytes());
+        let d = h.finalize();
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&d[..8]);
+        u64::from_le_bytes(b)
+    }
+
+    /// Whether `fp` was seen (and not forgotten).
+    pub fn contains(&self, fp: u64) -> bool {
+        self.set.contains(&fp)
+    }
+
+    /// Remembers `fp`, forgetting the oldest past the capacity.
+    pub fn insert(&mut self, fp: u64) {
+        if !self.set.insert(fp) {
+            return;
+        }
+        self.order.push_back(fp);
+        if self.order.len() > SEEN_CAPACITY
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+            self.forgotten += 1;
+        }
+    }
+
+    /// Results remembered now.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether nothing was seen.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Results forgotten for capacity.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+}
 
 /// Most action names remembered per run (the trace keeps them all).
 const MAX_ACTIONS: usize = 32;
@@ -24,8 +97,8 @@ const MAX_ACTIONS: usize = 32;
 pub struct RunState {
     /// The run's tool-health monitor.
     pub monitor: Monitor,
-    /// How many tool results of the conversation were already fed to the monitor.
-    pub tool_results_seen: usize,
+    /// The tool results already fed to the monitor.
+    pub seen: SeenResults,
     /// The run's one budget ledger.
     pub ledger: BudgetLedger,
     /// Tool failures seen so far.
@@ -43,7 +116,7 @@ impl RunState {
     pub fn new(monitor: MonitorConfig, budget: BudgetLimits) -> RunState {
         RunState {
             monitor: Monitor::new(monitor).unwrap_or_default(),
-            tool_results_seen: 0,
+            seen: SeenResults::default(),
             ledger: BudgetLedger::new(budget),
             failures: 0,
             successes: 0,
@@ -63,12 +136,50 @@ impl RunState {
 
 struct Entry {
     state: Arc<Mutex<RunState>>,
+    /// The tenant the run was created for.
+    tenant: Arc<str>,
     last_seen: Instant,
+    /// The stamp of this run's newest entry in the recency queue.
+    stamp: u64,
+}
+
+/// The runs and their recency queue. Each use of a run pushes `(id, stamp)`; entries whose
+/// stamp is no longer the run's are stale and skipped. The front's first live entry is the least
+/// recently used run, so eviction pops from the front — amortised O(1), where a scan for the
+/// oldest run cost O(capacity) under the lock on every new run once the store was full. The
+/// queue is compacted when it grows past twice the capacity, which amortises to O(1) per use.
+#[derive(Default)]
+struct Inner {
+    map: HashMap<Arc<str>, Entry>,
+    queue: VecDeque<(Arc<str>, u64)>,
+    next: u64,
+}
+
+impl Inner {
+    fn is_live(&self, id: &str, stamp: u64) -> bool {
+        self.map.get(id).is_some_and(|e| e.stamp == stamp)
+    }
+
+    fn touch(&mut self, id: Arc<str>) -> u64 {
+        self.next += 1;
+        self.queue.push_back((id, self.next));
+        self.next
+    }
+
+    fn compact(&mut self, capacity: usize) {
+        if self.queue.len() > 2 * capacity + 16 {
+            let queue = std::mem::take(&mut self.queue);
+            self.queue = queue
+                .into_iter()
+                .filter(|(id, stamp)| self.is_live(id, *stamp))
+                .collect();
+        }
+    }
 }
 
 /// The bounded, expiring store of runs.
 pub struct RunStore {
-    inner: Mutex<HashMap<String, Entry>>,
+    inner: Mutex<Inner>,
     capacity: usize,
     ttl: Duration,
     monitor: MonitorConfig,
@@ -94,7 +205,7 @@ impl RunStore {
         budget: BudgetLimits,
     ) -> RunStore {
         RunStore {
-            inner: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Inner::default()),
             capacity: capacity.max(1),
             ttl,
             monitor,
@@ -103,46 +214,82 @@ impl RunStore {
         }
     }
 
-    /// The run's state, created if new or expired.
+    /// The run's state, created if new or expired (for no tenant; see [`RunStore::get_for`]).
     pub fn get(&self, id: &str, now: Instant) -> Arc<Mutex<RunState>> {
-        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = map.get_mut(id)
+        self.get_for(id, "", now)
+    }
+
+    /// Whether `id` is a live run created for `tenant`: a client that sends back the
+    /// `x-selfheal-run` it was answered continues that run, and no other tenant can.
+    pub fn owned_by(&self, id: &str, tenant: &str, now: Instant) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .map
+            .get(id)
+            .is_some_and(|e| &*e.tenant == tenant && now.duration_since(e.last_seen) < self.ttl)
+    }
+
+    /// The run's state, created for `tenant` if new or expired. Creating a run first drops
+    /// expired runs at the front of the recency queue, then the least recently used while the
+    /// store is full.
+    pub fn get_for(&self, id: &str, tenant: &str, now: Instant) -> Arc<Mutex<RunState>> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *inner;
+        if let Some((key, e)) = inner.map.get_key_value(id)
             && now.duration_since(e.last_seen) < self.ttl
         {
-            e.last_seen = now;
-            return e.state.clone();
-        }
-        if map.len() >= self.capacity && !map.contains_key(id) {
-            let before = map.len();
-            let ttl = self.ttl;
-            map.retain(|_, e| now.duration_since(e.last_seen) < ttl);
-            if map.len() >= self.capacity
-                && let Some(oldest) = map
-                    .iter()
-                    .min_by_key(|(_, e)| e.last_seen)
-                    .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
+            let (key, state) = (key.clone(), e.state.clone());
+            let stamp = inner.touch(key.clone());
+            if let Some(e) = inner.map.get_mut(&key) {
+                e.stamp = stamp;
+                e.last_seen = now;
             }
-            self.evicted.fetch_add(
-                (before - map.len()) as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            inner.compact(self.capacity);
+            return state;
+        }
+        let mut dropped = 0u64;
+        while let Some((front, stamp)) = inner.queue.front().cloned() {
+            if !inner.is_live(&front, stamp) {
+                inner.queue.pop_front();
+                continue;
+            }
+            let expired = inner
+                .map
+                .get(&front)
+                .is_some_and(|e| now.duration_since(e.last_seen) >= self.ttl);
+            let full = inner.map.len() >= self.capacity && !inner.map.contains_key(id);
+            if !(expired || full) {
+                break;
+            }
+            inner.queue.pop_front();
+            inner.map.remove(&front);
+            if &*front != id {
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            self.evicted
+                .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         }
         let state = Arc::new(Mutex::new(RunState::new(self.monitor.clone(), self.budget)));
-        map.insert(
-            id.to_owned(),
+        let key: Arc<str> = Arc::from(id);
+        let stamp = inner.touch(key.clone());
+        inner.map.insert(
+            key,
             Entry {
                 state: state.clone(),
+                tenant: Arc::from(tenant),
                 last_seen: now,
+                stamp,
             },
         );
+        inner.compact(self.capacity);
         state
     }
 
     /// Runs held now.
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|m| m.len()).unwrap_or(0)
+        self.inner.lock().map(|m| m.map.len()).unwrap_or(0)
     }
 
     /// Whether no run is held.
@@ -156,20 +303,66 @@ impl RunStore {
     }
 }
 
-/// The run id: the `x-selfheal-run` header, or a hash of the conversation's first system and
-/// first user message (stable across the requests of one run, different between runs).
-pub fn run_id(header: Option<&str>, messages: &[Message<'_>]) -> String {
-    if let Some(h) = header.map(str::trim).filter(|h| !h.is_empty()) {
-        return h.chars().take(128).collect();
+/// The per-deployment secret that keys run ids.
+#[derive(Clone)]
+pub struct RunKey([u8; 32]);
+
+impl std::fmt::Debug for RunKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunKey(..)")
     }
-    let mut hasher = std::hash::DefaultHasher::new();
-    for role in ["system", "user"] {
-        if let Some(m) = messages.iter().find(|m| m.role() == role) {
-            role.hash(&mut hasher);
-            m.content.map(|c| c.get()).hash(&mut hasher);
+}
+
+impl RunKey {
+    /// A key derived from a configured secret (stable across restarts).
+    pub fn from_secret(secret: &str) -> RunKey {
+        RunKey(Sha256::digest(secret.as_bytes()).into())
+    }
+
+    /// A random key (run ids do not survive a restart).
+    pub fn random() -> Result<RunKey, getrandom::Error> {
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k)?;
+        Ok(RunKey(k))
+    }
+}
+
+/// The run id within `tenant`: keyed by the `x-selfheal-run` label when the client sent one,
+/// else by the conversation's first system and first user message (stable across the requests
+/// of one run, different between runs and between tenants).
+pub fn run_id(
+    key: &RunKey,
+    tenant: &str,
+    header: Option<&str>,
+    messages: &[Message<'_>],
+) -> String {
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&key.0) else {
+        return "r-unkeyed".to_owned();
+    };
+    let mut field = |tag: &[u8], bytes: &[u8]| {
+        mac.update(tag);
+        mac.update(&(bytes.len() as u64).to_le_bytes());
+        mac.update(bytes);
+    };
+    field(b"tenant", tenant.as_bytes());
+    match header.map(str::trim).filter(|h| !h.is_empty()) {
+        Some(h) => {
+            let label: String = h.chars().take(128).collect();
+            field(b"label", label.as_bytes());
+        }
+        None => {
+            for role in ["system", "user"] {
+                if let Some(m) = messages.iter().find(|m| m.role() == role) {
+                    field(
+                        role.as_bytes(),
+                        m.content.map_or(b"", |c| c.get().as_bytes()),
+                    );
+                }
+            }
         }
     }
-    format!("r-{:016x}", hasher.finish())
+    let tag = mac.finalize().into_bytes();
+    format!("r-{}", crate::auth::hex(&tag[..12]))
 }
 
 #[cfg(test)]
@@ -178,26 +371,73 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn run_id_is_stable_over_a_growing_conversation() {
-        let id = |messages: serde_json::Value| {
+    fn run_id_is_stable_over_a_growing_conversation_and_scoped_to_the_tenant() {
+        let key = RunKey::from_secret("s");
+        let id = |tenant: &str, header: Option<&str>, messages: serde_json::Value| {
             let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
             let req = crate::request::ChatRequest::parse(&body).unwrap();
-            (
-                run_id(None, &req.messages),
-                run_id(Some("mine"), &req.messages),
-            )
+            run_id(&key, tenant, header, &req.messages)
         };
         let a = json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]);
         let mut b = a.clone();
         b.as_array_mut()
             .unwrap()
             .push(json!({"role": "assistant", "content": "x"}));
-        assert_eq!(id(a.clone()).0, id(b).0);
+        assert_eq!(id("t", None, a.clone()), id("t", None, b));
         assert_ne!(
-            id(a.clone()).0,
-            id(json!([{"role": "user", "content": "other"}])).0
+            id("t", None, a.clone()),
+            id("t", None, json!([{"role": "user", "content": "other"}]))
         );
-        assert_eq!(id(a).1, "mine");
+        assert_ne!(id("t", None, a.clone()), id("u", None, a.clone()));
+        assert_eq!(
+            id("t", Some("mine"), a.clone()),
+            id("t", Some("mine"), json!([{"role": "user", "content": "z"}]))
+        );
+        assert_ne!(
+            id("t", Some("mine"), a.clone()),
+            id("u", Some("mine"), a.clone())
+        );
+        let other = RunKey::from_secret("other");
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": a})).unwrap();
+        let req = crate::request::ChatRequest::parse(&body).unwrap();
+        assert_ne!(
+            run_id(&other, "t", None, &req.messages),
+            id(
+                "t",
+                None,
+                json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+            )
+        );
+        // Fixed key and input, fixed id: the construction is stable across releases.
+        assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
+    }
+
+    #[test]
+    fn a_run_is_owned_by_the_tenant_it_was_created_for() {
+        let s = RunStore::new(
+            3,
+            Duration::from_secs(60),
+            MonitorConfig::default(),
+            BudgetLimits::defaults(),
+        );
+        let now = Instant::now();
+        s.get_for("r-1", "key:alice", now);
+        assert!(s.owned_by("r-1", "key:alice", now));
+        assert!(!s.owned_by("r-1", "key:bob", now));
+        assert!(!s.owned_by("r-2", "key:alice", now));
+        assert!(!s.owned_by("r-1", "key:alice", now + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn seen_results_are_bounded_and_count_what_they_forget() {
+        let mut s = SeenResults::default();
+        for i in 0..(SEEN_CAPACITY + 10) {
+            s.insert(SeenResults::fingerprint(&format!("c{i}"), "ok"));
+        }
+        assert_eq!(s.len(), SEEN_CAPACITY);
+        assert_eq!(s.forgotten(), 10);
+        assert!(!s.contains(SeenResults::fingerprint("c0", "ok")));
+        assert!(s.contains(SeenResults::fingerprint("c20", "ok")));
     }
 
     #[test]
@@ -214,5 +454,36 @@ mod tests {
         }
         assert_eq!(s.len(), 3);
         assert_eq!(s.evicted(), 7);
+    }
+
+    #[test]
+    fn the_least_recently_used_run_goes_first_and_the_queue_stays_bounded() {
+        let ttl = Duration::from_secs(60);
+        let s = RunStore::new(3, ttl, MonitorConfig::default(), BudgetLimits::defaults());
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let a = s.get("a", at(0));
+        s.get("b", at(1));
+        s.get("c", at(2));
+        // Using `a` again makes `b` the least recently used.
+        for i in 0..1_000 {
+            assert!(Arc::ptr_eq(&a, &s.get("a", at(3 + i))));
+        }
+        s.get("d", at(2_000));
+        assert_eq!(s.evicted(), 1);
+        assert!(Arc::ptr_eq(&a, &s.get("a", at(2_001))), "a was kept");
+        let c = s.get("c", at(2_002));
+        let b = s.get("b", at(2_003));
+        assert_eq!(
+            s.evicted(),
+            2,
+            "b was gone and came back new, pushing d out"
+        );
+        assert!(!Arc::ptr_eq(&c, &b));
+        assert!(s.inner.lock().unwrap().queue.len() <= 2 * 3 + 16 + 1);
+        // Runs idle past the TTL are dropped when a new run comes in.
+        s.get("e", at(2_003) + ttl);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.evicted(), 5);
     }
 }

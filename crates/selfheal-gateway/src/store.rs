@@ -8,6 +8,10 @@
 //! the channel and joins the writer, so every event sent before a response went out is on disk
 //! when the process exits. If the channel is ever full the event is dropped and counted rather
 //! than blocking a request.
+//!
+//! The trace is best-effort (see the README for what a `kill -9` loses) and expires: events and
+//! runs older than the retention (30 days by default) are deleted when the writer starts and
+//! every hour after.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -26,6 +30,11 @@ const QUEUE: usize = 65_536;
 const BATCH: usize = 1_024;
 /// How long the writer lets events gather after the first one of a batch.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+/// How long events and runs are kept by default.
+pub const DEFAULT_RETENTION: std::time::Duration =
+    std::time::Duration::from_secs(30 * 24 * 60 * 60);
+/// How often the writer deletes what is past the retention.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 /// A trace store that cannot be opened or read.
 #[derive(Debug, Error)]
@@ -106,13 +115,24 @@ pub struct TraceWriter {
 }
 
 impl TraceWriter {
-    /// Opens (creating) the database at `path` and starts the writer thread.
+    /// Opens (creating) the database at `path` and starts the writer thread, keeping events
+    /// for [`DEFAULT_RETENTION`].
     pub fn open(path: &Path) -> Result<TraceWriter, StoreError> {
+        TraceWriter::open_with_retention(path, Some(DEFAULT_RETENTION))
+    }
+
+    /// Opens (creating) the database at `path` and starts the writer thread, which deletes
+    /// events and runs older than `retention` when it starts and every hour (`None`: keeps
+    /// everything).
+    pub fn open_with_retention(
+        path: &Path,
+        retention: Option<std::time::Duration>,
+    ) -> Result<TraceWriter, StoreError> {
         let conn = open(path)?;
         let (tx, rx) = sync_channel(QUEUE);
         let handle = std::thread::Builder::new()
             .name("selfheal-trace".into())
-            .spawn(move || write_loop(conn, rx))?;
+            .spawn(move || write_loop(conn, rx, retention))?;
         Ok(TraceWriter {
             tx: Mutex::new(Some(tx)),
             handle: Mutex::new(Some(handle)),
@@ -165,9 +185,39 @@ impl Drop for TraceWriter {
     }
 }
 
-fn write_loop(mut conn: Connection, rx: Receiver<TraceEvent>) {
+/// Deletes events and runs last seen before `now - retention`.
+fn prune(conn: &Connection, retention: std::time::Duration) -> Result<usize, rusqlite::Error> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let cutoff = i64::try_from(now.saturating_sub(retention.as_millis())).unwrap_or(i64::MAX);
+    let events = conn.execute("DELETE FROM events WHERE t_ms < ?1", params![cutoff])?;
+    let runs = conn.execute("DELETE FROM runs WHERE last_ms < ?1", params![cutoff])?;
+    Ok(events + runs)
+}
+
+fn write_loop(
+    mut conn: Connection,
+    rx: Receiver<TraceEvent>,
+    retention: Option<std::time::Duration>,
+) {
+    use std::sync::mpsc::RecvTimeoutError;
     let mut batch = Vec::with_capacity(BATCH);
-    while let Ok(first) = rx.recv() {
+    let mut pruned_at: Option<std::time::Instant> = None;
+    loop {
+        if let Some(r) = retention
+            && pruned_at.is_none_or(|t| t.elapsed() >= PRUNE_EVERY)
+        {
+            if let Err(e) = prune(&conn, r) {
+                eprintln!("selfheal: trace expiry failed: {e}");
+            }
+            pruned_at = Some(std::time::Instant::now());
+        }
+        let first = match rx.recv_timeout(PRUNE_EVERY) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         batch.push(first);
         std::thread::sleep(LINGER);
         while batch.len() < BATCH
@@ -365,6 +415,37 @@ mod tests {
         assert_eq!(runs[0].requests, 1);
         assert_eq!(runs[0].status.as_deref(), Some("complete"));
         assert_eq!(r.events("r1").unwrap().len(), 3);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn events_past_the_retention_are_deleted_when_the_writer_starts() {
+        let dir = std::env::temp_dir().join(format!("selfheal-retention-{}", std::process::id()));
+        let path = dir.join("t.db");
+        let _ = std::fs::remove_file(&path);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let day = 24 * 60 * 60 * 1000;
+        let w = TraceWriter::open_with_retention(&path, None).unwrap();
+        for (run, t_ms) in [("old", now - 40 * day), ("new", now - day)] {
+            w.send(TraceEvent {
+                run: run.into(),
+                t_ms,
+                kind: "request",
+                detail: json!({}),
+                summary: None,
+            });
+        }
+        w.flush_and_close();
+        let w = TraceWriter::open_with_retention(&path, Some(DEFAULT_RETENTION)).unwrap();
+        w.flush_and_close();
+        let r = TraceReader::open(&path).unwrap();
+        let runs: Vec<String> = r.runs(10).unwrap().into_iter().map(|r| r.run).collect();
+        assert_eq!(runs, vec!["new".to_string()]);
+        assert!(r.events("old").unwrap().is_empty());
+        assert_eq!(r.events("new").unwrap().len(), 1);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

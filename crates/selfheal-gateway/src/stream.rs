@@ -7,16 +7,26 @@
 //! and the run's budget allows, the gateway asks the upstream once more — the text already sent
 //! stays sent — and passes on the new answer's calls instead; only if that fails too do the
 //! original calls go out, with a `partial` status. Text deltas are forwarded the moment they
-//! arrive. A stream that ends without
-//! a finish (the upstream broke mid-answer) is never passed on as a clean finish: the client gets
-//! an error event and the connection is cut, so its SDK raises instead of returning half an
-//! answer as if it were whole.
+//! arrive; a first delta that carries only the role is held until something follows it.
+//!
+//! A stream that breaks (cut, stalled past the idle timeout, unreadable chunk, error event,
+//! ended without a finish) is healed while nothing but the role has gone out: the request is
+//! asked again without streaming, within the run's budget, and the answer re-emitted as SSE —
+//! the client never sees the break. So is an upstream that answers a streaming request with
+//! plain JSON or an empty 200 (llama-cpp-python's server does, for automatic tool choice). Once
+//! content went out, the break is never passed on as a clean finish: the client gets an
+//! OpenAI-shaped error event and then a clean end of the body — so the event is flushed and the
+//! SDK raises `APIError` with the upstream's message, not a connection error.
+//!
+//! Upstream data is never indexed with `IndexMut` (`choices` as an object must not panic), one
+//! event is at most [`MAX_EVENT_BYTES`], held tool-call arguments at most [`MAX_HELD_BYTES`], and
+//! the event buffer is scanned once, from where the last scan stopped.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use std::sync::Arc;
@@ -25,6 +35,12 @@ use futures_util::future::BoxFuture;
 
 use crate::heal::{GuideCache, ToolIndex, check_call};
 use selfheal_repair::Ending;
+
+/// Largest SSE event accepted from an upstream (and largest non-SSE answer to a stream request).
+pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most bytes of tool-call arguments and names held back per stream.
+pub const MAX_HELD_BYTES: usize = 4 * 1024 * 1024;
 
 /// A second answer to an assistant turn whose tool calls could not be used.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,9 +53,19 @@ pub struct Reasked {
     pub repaired: Vec<String>,
 }
 
-/// Asks the upstream again, once, given the problems with the held tool calls. `None` when the
-/// budget refuses, the upstream fails, or the new answer's calls cannot be used either.
+/// Asks the upstream again, once, without streaming: with the problems of the held tool calls
+/// appended (a re-ask), or with none (a re-issue of a stream that broke before any content).
+/// `None` when the budget refuses, the upstream fails, or the new answer's calls cannot be used.
 pub type Reask = Box<dyn FnOnce(Vec<String>) -> BoxFuture<'static, Option<Reasked>> + Send>;
+
+/// What the relay may ask of the pipeline.
+#[derive(Default)]
+pub struct Hooks {
+    /// Re-asks unusable tool calls.
+    pub reask: Option<Reask>,
+    /// Re-issues a request whose stream broke before any content.
+    pub reissue: Option<Reask>,
+}
 
 /// What happened to a stream, reported when it ends.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -52,8 +78,10 @@ pub struct StreamReport {
     pub invalid: Vec<String>,
     /// The problems of the calls that were re-asked and replaced by a usable answer.
     pub reasked: Vec<String>,
-    /// Why the stream broke, when it did.
+    /// Why the stream broke, when it did and could not be healed.
     pub broken: Option<String>,
+    /// Why the stream was re-issued without streaming and re-emitted, when it was.
+    pub reissued: Option<String>,
 }
 
 #[derive(Default)]
@@ -70,168 +98,392 @@ fn data(v: &Value) -> Frame {
     Ok(Bytes::from(format!("data: {v}\n\n")))
 }
 
+/// The client went away: stop relaying.
+struct Gone;
+
+/// What one upstream event meant.
+enum Flow {
+    Continue,
+    Done,
+    Broken(String),
+}
+
+/// Sets `key` of the first choice, whether `choices` is an array or (from a broken upstream) an
+/// object; does nothing when there is no first choice.
+fn set_choice(v: &mut Value, key: &str, value: Value) {
+    if let Some(c) = v.pointer_mut("/choices/0").and_then(Value::as_object_mut) {
+        c.insert(key.to_owned(), value);
+    }
+}
+
+/// A chunk like `base` (its id, created, model) with one choice.
+fn chunk(base: Option<&Value>, delta: Value, finish: Value) -> Value {
+    let field = |k: &str| base.and_then(|b| b.get(k)).cloned().unwrap_or(Value::Null);
+    json!({
+        "id": field("id"), "object": "chat.completion.chunk",
+        "created": field("created"), "model": field("model"),
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    })
+}
+
+struct Relay<'t> {
+    tools: Arc<ToolIndex>,
+    guides: Arc<GuideCache>,
+    selfheal: Option<Value>,
+    hooks: Hooks,
+    tx: &'t mpsc::Sender<Frame>,
+    report: StreamReport,
+    pending: BTreeMap<u64, PendingCall>,
+    held_bytes: usize,
+    template: Option<Value>,
+    /// A role-only first delta, sent just before whatever follows it.
+    held_role: Option<Value>,
+    /// Whether anything went to the client.
+    sent: bool,
+}
+
 /// Relays an upstream SSE response to `tx`. `selfheal` is added to the final chunk, updated with
-/// what the relay did (`repair`, `reask`, a `partial` status for calls passed on unusable).
+/// what the relay did (`repair`, `reask`, `reissue`, a `partial` status for calls passed on
+/// unusable).
 pub async fn relay(
     upstream: reqwest::Response,
     tools: Arc<ToolIndex>,
     guides: Arc<GuideCache>,
-    mut selfheal: Option<Value>,
-    mut reask: Option<Reask>,
+    selfheal: Option<Value>,
+    hooks: Hooks,
     tx: &mpsc::Sender<Frame>,
 ) -> StreamReport {
-    let mut report = StreamReport::default();
-    let mut pending: BTreeMap<u64, PendingCall> = BTreeMap::new();
-    let mut buf: Vec<u8> = Vec::new();
-    let mut body = upstream.bytes_stream();
-    let mut template: Option<Value> = None;
-    let mut done = false;
-    'outer: while let Some(chunk) = body.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                report.broken = Some(format!("upstream stream failed: {e}"));
-                break;
+    let mut r = Relay {
+        tools,
+        guides,
+        selfheal,
+        hooks,
+        tx,
+        report: StreamReport::default(),
+        pending: BTreeMap::new(),
+        held_bytes: 0,
+        template: None,
+        held_role: None,
+        sent: false,
+    };
+    let is_sse = upstream
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let outcome = if is_sse {
+        r.pump(upstream).await
+    } else {
+        r.convert(upstream).await
+    };
+    if outcome.is_ok() {
+        r.end().await;
+    }
+    r.report
+}
+
+impl Relay<'_> {
+    async fn send(&mut self, v: &Value) -> Result<(), Gone> {
+        if let Some(role) = self.held_role.take() {
+            self.tx.send(data(&role)).await.map_err(|_| Gone)?;
+        }
+        self.sent = true;
+        self.tx.send(data(v)).await.map_err(|_| Gone)
+    }
+
+    /// Reads the upstream's SSE events and handles each.
+    async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut scanned = 0usize;
+        let mut body = crate::upstream::body_stream(upstream);
+        while let Some(piece) = body.next().await {
+            let piece = match piece {
+                Ok(c) => c,
+                Err(e) => {
+                    self.report.broken = Some(e.to_string());
+                    return Ok(());
+                }
+            };
+            buf.extend_from_slice(&piece);
+            let mut start = 0usize;
+            while let Some((end, sep)) = find_event_end(&buf[start..], scanned) {
+                let event = &buf[start..start + end];
+                let text = String::from_utf8_lossy(event).into_owned();
+                start += end + sep;
+                scanned = 0;
+                for line in text.lines() {
+                    let Some(payload) = line.strip_prefix("data:") else {
+                        continue;
+                    };
+                    match self.event(payload.trim()).await? {
+                        Flow::Continue => {}
+                        Flow::Done => return Ok(()),
+                        Flow::Broken(why) => {
+                            self.report.broken = Some(why);
+                            return Ok(());
+                        }
+                    }
+                }
             }
-        };
-        buf.extend_from_slice(&chunk);
-        while let Some(pos) = find_event_end(&buf) {
-            let event: Vec<u8> = buf.drain(..pos.0 + pos.1).collect();
-            let text = String::from_utf8_lossy(&event[..pos.0]);
-            for line in text.lines() {
-                let Some(payload) = line.strip_prefix("data:") else {
-                    continue;
-                };
-                let payload = payload.trim();
-                if payload == "[DONE]" {
-                    done = true;
-                    break 'outer;
-                }
-                let Ok(mut v) = serde_json::from_str::<Value>(payload) else {
-                    report.broken = Some("upstream sent an unreadable stream chunk".into());
-                    break 'outer;
-                };
-                if v.get("error").is_some() {
-                    report.broken = Some(format!("upstream stream error: {}", v["error"]));
-                    break 'outer;
-                }
-                if template.is_none() {
-                    template = Some(v.clone());
-                }
-                let finish = v
-                    .pointer("/choices/0/finish_reason")
-                    .filter(|f| !f.is_null())
-                    .cloned();
-                if let Some(delta) = v.pointer_mut("/choices/0/delta")
-                    && let Some(obj) = delta.as_object_mut()
-                    && let Some(calls) = obj.remove("tool_calls")
-                {
-                    for c in calls.as_array().into_iter().flatten() {
-                        let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
-                        let p = pending.entry(idx).or_default();
-                        if let Some(id) = c.get("id").and_then(Value::as_str) {
-                            p.id = id.to_owned();
-                        }
-                        if let Some(n) = c.pointer("/function/name").and_then(Value::as_str) {
-                            p.name.push_str(n);
-                        }
-                        if let Some(a) = c.pointer("/function/arguments").and_then(Value::as_str) {
-                            p.arguments.push_str(a);
-                        }
-                    }
-                }
-                if let Some(mut finish) = finish {
-                    if !pending.is_empty() {
-                        let ending = Ending::from_finish_reason(finish.as_str());
-                        let (mut calls, invalid) =
-                            complete_calls(&mut pending, &tools, &guides, ending, &mut report);
-                        if !invalid.is_empty() {
-                            let again = match reask.take() {
-                                Some(f) => f(invalid.clone()).await,
-                                None => None,
-                            };
-                            match again {
-                                Some(r) => {
-                                    report.reasked = invalid;
-                                    report.repaired.extend(r.repaired);
-                                    finish = r.finish_reason;
-                                    calls = indexed_calls(&r.message);
-                                    let text = r
-                                        .message
-                                        .get("content")
-                                        .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()));
-                                    if calls.is_empty()
-                                        && let Some(text) = text
-                                    {
-                                        let mut c = v.clone();
-                                        c["choices"][0]["delta"] = json!({"content": text});
-                                        c["choices"][0]["finish_reason"] = Value::Null;
-                                        if tx.send(data(&c)).await.is_err() {
-                                            return report;
-                                        }
-                                    }
-                                }
-                                None => report.invalid = invalid,
-                            }
-                        }
-                        if !calls.is_empty() {
-                            let mut c = v.clone();
-                            c["choices"][0]["delta"] = json!({"tool_calls": calls});
-                            c["choices"][0]["finish_reason"] = Value::Null;
-                            if tx.send(data(&c)).await.is_err() {
-                                return report;
-                            }
-                        } else if finish.as_str() == Some("tool_calls") {
-                            // Every call was left out: the answer no longer ends in calls.
-                            finish = json!("stop");
-                        }
-                    }
-                    v["choices"][0]["finish_reason"] = finish;
-                    if let Some(s) = &mut selfheal {
-                        note_outcome(s, &report);
-                        v["selfheal"] = s.clone();
-                    }
-                    report.finished = true;
-                    if tx.send(data(&v)).await.is_err() {
-                        return report;
-                    }
-                    continue;
-                }
-                let has_payload = v
-                    .pointer("/choices/0/delta")
-                    .and_then(Value::as_object)
-                    .is_some_and(|d| {
-                        d.iter()
-                            .any(|(k, x)| !x.is_null() && (k != "content" || x != ""))
-                    })
-                    || v.get("usage").is_some_and(|u| !u.is_null());
-                if (has_payload || v.pointer("/choices/0").is_none())
-                    && tx.send(data(&v)).await.is_err()
-                {
-                    return report;
+            buf.drain(..start);
+            scanned = buf.len().saturating_sub(3);
+            if buf.len() > MAX_EVENT_BYTES {
+                self.report.broken = Some(format!(
+                    "upstream sent a stream event larger than {MAX_EVENT_BYTES} bytes"
+                ));
+                return Ok(());
+            }
+        }
+        // The body ended: a last event without its blank line (some servers omit it) still
+        // counts.
+        let rest = String::from_utf8_lossy(&buf).into_owned();
+        for line in rest.lines() {
+            let Some(payload) = line.strip_prefix("data:") else {
+                continue;
+            };
+            match self.event(payload.trim()).await? {
+                Flow::Continue => {}
+                Flow::Done => return Ok(()),
+                Flow::Broken(why) => {
+                    self.report.broken = Some(why);
+                    return Ok(());
                 }
             }
         }
+        Ok(())
     }
-    if report.finished && (done || report.broken.is_none()) {
-        report.broken = None;
-        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
-        return report;
+
+    /// A non-SSE answer to a streaming request: checked and sent as a stream, or broken.
+    async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
+        let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
+            .await
+            .and_then(|b| selfheal_runtime::client::parse_completion(&b));
+        let mut body = match parsed {
+            Ok(c) => c.body,
+            Err(e) => {
+                self.report.broken = Some(format!(
+                    "upstream answered a streaming request without a usable stream: {e}"
+                ));
+                return Ok(());
+            }
+        };
+        self.template = Some(body.clone());
+        let finish = body
+            .pointer("/choices/0/finish_reason")
+            .cloned()
+            .unwrap_or_else(|| json!("stop"));
+        let Some(message) = body.pointer_mut("/choices/0/message") else {
+            self.report.broken = Some("upstream answered without a message".into());
+            return Ok(());
+        };
+        let ending = Ending::from_finish_reason(finish.as_str());
+        let check = crate::heal::check_message(message, &self.tools, &self.guides, ending);
+        if !check.invalid.is_empty() {
+            // Unusable calls in a converted answer: ask again as for a held stream.
+            self.report.broken = Some(check.invalid.join(" "));
+            return Ok(());
+        }
+        self.report.repaired.extend(check.repaired);
+        let message = message.clone();
+        self.emit_message(&message, finish).await
     }
-    let why = report
-        .broken
-        .clone()
-        .unwrap_or_else(|| "upstream stream ended before the answer was finished".into());
-    report.broken = Some(why.clone());
-    let _ = tx
-        .send(data(&json!({"error": {
-            "message": why, "type": "upstream_error", "param": null, "code": "stream_broken"
-        }})))
-        .await;
-    let _ = tx
-        .send(Err(std::io::Error::other("upstream stream broke")))
-        .await;
-    report
+
+    /// Sends a complete assistant message as stream chunks, then the finish and `[DONE]`.
+    async fn emit_message(&mut self, message: &Value, finish: Value) -> Result<(), Gone> {
+        let base = self.template.clone();
+        self.report.finished = true;
+        let selfheal = self.selfheal.as_mut().map(|s| {
+            note_outcome(s, &self.report);
+            s.clone()
+        });
+        for c in message_chunks(base.as_ref(), message, finish, selfheal.as_ref()) {
+            self.send(&c).await?;
+        }
+        self.tx
+            .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
+            .await
+            .map_err(|_| Gone)?;
+        self.report.broken = None;
+        Ok(())
+    }
+
+    fn attach_selfheal(&mut self, v: &mut Value) {
+        if let Some(s) = &mut self.selfheal {
+            note_outcome(s, &self.report);
+            if let Some(o) = v.as_object_mut() {
+                o.insert("selfheal".into(), s.clone());
+            }
+        }
+    }
+
+    /// Handles one `data:` payload.
+    async fn event(&mut self, payload: &str) -> Result<Flow, Gone> {
+        if payload == "[DONE]" {
+            return Ok(Flow::Done);
+        }
+        let Ok(mut v) = serde_json::from_str::<Value>(payload) else {
+            return Ok(Flow::Broken(
+                "upstream sent an unreadable stream chunk".into(),
+            ));
+        };
+        if let Some(e) = v.get("error") {
+            let message = e
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| e.to_string(), str::to_owned);
+            return Ok(Flow::Broken(format!("upstream stream error: {message}")));
+        }
+        if self.template.is_none() {
+            self.template = Some(v.clone());
+        }
+        let finish = v
+            .pointer("/choices/0/finish_reason")
+            .filter(|f| !f.is_null())
+            .cloned();
+        if let Some(calls) = v
+            .pointer_mut("/choices/0/delta")
+            .and_then(Value::as_object_mut)
+            .and_then(|d| d.remove("tool_calls"))
+        {
+            for c in calls.as_array().into_iter().flatten() {
+                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let p = self.pending.entry(idx).or_default();
+                if let Some(id) = c.get("id").and_then(Value::as_str) {
+                    p.id = id.to_owned();
+                }
+                if let Some(n) = c.pointer("/function/name").and_then(Value::as_str) {
+                    p.name.push_str(n);
+                    self.held_bytes += n.len();
+                }
+                if let Some(a) = c.pointer("/function/arguments").and_then(Value::as_str) {
+                    p.arguments.push_str(a);
+                    self.held_bytes += a.len();
+                }
+            }
+            if self.held_bytes > MAX_HELD_BYTES {
+                return Ok(Flow::Broken(format!(
+                    "upstream tool calls exceed {MAX_HELD_BYTES} bytes"
+                )));
+            }
+        }
+        if let Some(finish) = finish {
+            self.finish(v, finish).await?;
+            return Ok(Flow::Continue);
+        }
+        let delta = v.pointer("/choices/0/delta").and_then(Value::as_object);
+        let has_payload = delta.is_some_and(|d| {
+            d.iter()
+                .any(|(k, x)| !x.is_null() && (k != "content" || x != ""))
+        }) || v.get("usage").is_some_and(|u| !u.is_null());
+        let role_only = delta.is_some_and(|d| {
+            d.iter()
+                .all(|(k, x)| k == "role" || x.is_null() || (k == "content" && x == ""))
+        }) && v.get("usage").is_none_or(Value::is_null);
+        if has_payload && role_only && !self.sent {
+            self.held_role = Some(v);
+        } else if has_payload || v.pointer("/choices/0").is_none() {
+            self.send(&v).await?;
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// The chunk with the `finish_reason`: the held calls go out first, checked (re-asked once
+    /// if unusable), then the chunk with the `selfheal` report.
+    async fn finish(&mut self, mut v: Value, mut finish: Value) -> Result<(), Gone> {
+        if !self.pending.is_empty() {
+            let ending = Ending::from_finish_reason(finish.as_str());
+            let (mut calls, invalid) = complete_calls(
+                &mut self.pending,
+                &self.tools,
+                &self.guides,
+                ending,
+                &mut self.report,
+            );
+            if !invalid.is_empty() {
+                let again = match self.hooks.reask.take() {
+                    Some(f) => f(invalid.clone()).await,
+                    None => None,
+                };
+                match again {
+                    Some(r) => {
+                        self.report.reasked = invalid;
+                        self.report.repaired.extend(r.repaired);
+                        finish = r.finish_reason;
+                        calls = indexed_calls(&r.message);
+                        let text = r
+                            .message
+                            .get("content")
+                            .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()));
+                        if calls.is_empty()
+                            && let Some(text) = text
+                        {
+                            let c = chunk(Some(&v), json!({"content": text}), Value::Null);
+                            self.send(&c).await?;
+                        }
+                    }
+                    None => self.report.invalid = invalid,
+                }
+            }
+            if !calls.is_empty() {
+                let c = chunk(Some(&v), json!({"tool_calls": calls}), Value::Null);
+                self.send(&c).await?;
+            } else if finish.as_str() == Some("tool_calls") {
+                // Every call was left out: the answer no longer ends in calls.
+                finish = json!("stop");
+            }
+        }
+        set_choice(&mut v, "finish_reason", finish);
+        self.attach_selfheal(&mut v);
+        self.report.finished = true;
+        self.send(&v).await
+    }
+
+    /// After the upstream ended: `[DONE]` after a clean finish; a re-issue when nothing but
+    /// the role went out; else an error event, flushed, then a clean end.
+    async fn end(&mut self) {
+        if self.report.finished && self.report.broken.is_none() {
+            let _ = self
+                .tx
+                .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
+                .await;
+            return;
+        }
+        if self.report.finished {
+            // A finish went out and the stream broke after it: the answer is whole.
+            self.report.broken = None;
+            let _ = self
+                .tx
+                .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
+                .await;
+            return;
+        }
+        let why = self
+            .report
+            .broken
+            .clone()
+            .unwrap_or_else(|| "upstream stream ended before the answer was finished".into());
+        if !self.sent
+            && let Some(f) = self.hooks.reissue.take()
+        {
+            self.pending.clear();
+            if let Some(again) = f(Vec::new()).await {
+                self.report.reissued = Some(why);
+                self.report.broken = None;
+                self.report.repaired.extend(again.repaired);
+                let _ = self.emit_message(&again.message, again.finish_reason).await;
+                return;
+            }
+        }
+        self.report.broken = Some(why.clone());
+        // The error event, then a clean end of the body: an `Err` right after it would make
+        // hyper abort the connection before the event is flushed.
+        let _ = self
+            .tx
+            .send(data(&json!({"error": {
+                "message": why, "type": "upstream_error", "param": null, "code": "stream_broken"
+            }})))
+            .await;
+    }
 }
 
 /// Assembles the held calls, checks and repairs them. Returns the calls and the problems of
@@ -291,6 +543,7 @@ fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
         for (did, name) in [
             (!report.repaired.is_empty(), "repair"),
             (!report.reasked.is_empty(), "reask"),
+            (report.reissued.is_some(), "reissue"),
         ] {
             if did && !actions.iter().any(|a| a == name) {
                 actions.push(json!(name));
@@ -303,9 +556,10 @@ fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
     }
 }
 
-/// Finds the end of the first SSE event: (position of the blank line, its length).
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let mut i = 0;
+/// Finds the end of the first SSE event, scanning from `from` (where an earlier scan of the
+/// same bytes stopped): (position of the blank line, its length).
+fn find_event_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
+    let mut i = from;
     while i + 1 < buf.len() {
         if buf[i] == b'\n' && buf[i + 1] == b'\n' {
             return Some((i, 2));
@@ -318,25 +572,58 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
-/// Frames of a complete answer sent as a stream (used when the gateway answers by itself).
-pub fn answer_frames(completion: &Value) -> Vec<Frame> {
-    let base = json!({
-        "id": completion["id"], "object": "chat.completion.chunk",
-        "created": completion["created"], "model": completion["model"],
-    });
-    let mut first = base.clone();
-    first["choices"] = json!([{"index": 0, "delta": {
-        "role": "assistant",
-        "content": completion.pointer("/choices/0/message/content").cloned().unwrap_or(Value::Null)
-    }, "finish_reason": null}]);
-    let mut last = base;
-    last["choices"] = json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]);
-    if let Some(s) = completion.get("selfheal") {
-        last["selfheal"] = s.clone();
+/// The chunks of a complete assistant message as a stream, `[DONE]` excluded: the role with the
+/// text, the tool calls (each with its `index`), then the finish with `selfheal` when given.
+/// `base` lends its `id`, `created` and `model`.
+pub fn message_chunks(
+    base: Option<&Value>,
+    message: &Value,
+    finish: Value,
+    selfheal: Option<&Value>,
+) -> Vec<Value> {
+    let text = message
+        .get("content")
+        .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()))
+        .cloned();
+    let mut first = Map::new();
+    first.insert("role".into(), json!("assistant"));
+    if let Some(text) = text {
+        first.insert("content".into(), text);
     }
-    vec![
-        data(&first),
-        data(&last),
-        Ok(Bytes::from_static(b"data: [DONE]\n\n")),
-    ]
+    let mut out = vec![chunk(base, Value::Object(first), Value::Null)];
+    let calls = indexed_calls(message);
+    if !calls.is_empty() {
+        out.push(chunk(base, json!({"tool_calls": calls}), Value::Null));
+    }
+    let mut last = chunk(base, json!({}), finish);
+    if let (Some(s), Some(o)) = (selfheal, last.as_object_mut()) {
+        o.insert("selfheal".into(), s.clone());
+    }
+    out.push(last);
+    out
+}
+
+/// Frames of a complete answer sent as a stream: when the gateway answers by itself, or asked
+/// the upstream without streaming (see [`message_chunks`]).
+pub fn answer_frames(completion: &Value) -> Vec<Frame> {
+    let message = completion
+        .pointer("/choices/0/message")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let finish = completion
+        .pointer("/choices/0/finish_reason")
+        .cloned()
+        .filter(|f| !f.is_null())
+        .unwrap_or_else(|| json!("stop"));
+    let mut frames: Vec<Frame> = message_chunks(
+        Some(completion),
+        &message,
+        finish,
+        completion.get("selfheal"),
+    )
+    .iter()
+    .map(data)
+    .collect();
+    frames.push(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+    frames
 }

@@ -7,25 +7,37 @@
 //! next model of the chain; client errors (400, 401, ...) are the client's and go straight back.
 //! An upstream that keeps failing opens its breaker and is skipped for a cooldown while another
 //! model of the chain is available.
+//!
+//! Each upstream has its own HTTP client ([`UpstreamClient`]) that decides whose credentials go
+//! to it (`auth`: the client's, the operator's key read once at startup, or none) and bounds
+//! every answer: a connect timeout, a first-byte timeout until the answer's head, an idle
+//! timeout between two pieces of its body ([`body_stream`]) — never a total deadline, which cut
+//! healthy long streams — and a maximum body size ([`read_bounded`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
+use serde_json::Value;
 
 use selfheal_core::policy::{ActionKind, RetryConfig};
 use selfheal_core::rng::SplitMix64;
-use selfheal_runtime::client::{ClientConfig, ClientError, ModelClient};
+use selfheal_runtime::client::{ClientError, Completion, parse_completion};
 
-use crate::config::{GatewayConfig, Target};
+use crate::auth::Credentials;
+use crate::config::{Auth, GatewayConfig, Target, UpstreamConfig};
 use crate::error::ApiError;
 use crate::metrics::Histogram;
 
 /// Retries of one upstream within one request, at most (the run's ledger may allow fewer).
 const MAX_RETRIES_PER_TARGET: u32 = 3;
+
+/// Most bytes of an upstream error body read (the message is cut to 500 characters anyway).
+const MAX_ERROR_BODY: usize = 64 * 1024;
 
 #[derive(Debug, Default)]
 struct BreakerState {
@@ -33,11 +45,336 @@ struct BreakerState {
     open_until: Option<Instant>,
 }
 
+/// Why an upstream could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The base URL does not parse.
+    #[error("upstream `{name}`: bad base_url: {detail}")]
+    BadUrl {
+        /// The upstream's name.
+        name: String,
+        /// The parser's complaint.
+        detail: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("upstream `{name}`: cannot build the HTTP client: {detail}")]
+    Client {
+        /// The upstream's name.
+        name: String,
+        /// reqwest's complaint.
+        detail: String,
+    },
+    /// `auth = "env"` and the variable is unset, empty or not a header value.
+    #[error("upstream `{name}`: the key variable `{var}` is unset, empty or unusable")]
+    MissingKey {
+        /// The upstream's name.
+        name: String,
+        /// The variable.
+        var: String,
+    },
+}
+
+/// One upstream's HTTP client: its credentials mode, its timeouts and its body bound.
+///
+/// Timeouts follow the shape of an answer, not a total deadline: a connect timeout, a
+/// first-byte timeout (until the status line and headers arrive) and an idle timeout between
+/// two pieces of the body. A stream that keeps arriving — a long generation — is never cut.
+#[derive(Debug)]
+pub struct UpstreamClient {
+    http: reqwest::Client,
+    base: String,
+    chat_url: reqwest::Url,
+    auth: Auth,
+    operator_key: Option<axum::http::HeaderValue>,
+    first_byte: Duration,
+    idle: Duration,
+    max_body: usize,
+}
+
+impl UpstreamClient {
+    /// Builds the client of upstream `name`; `env` reads the operator's key (once).
+    pub fn new(
+        name: &str,
+        config: &UpstreamConfig,
+        max_body: usize,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<UpstreamClient, UpstreamError> {
+        let base = config.base_url.trim_end_matches('/').to_owned();
+        let chat_url = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
+            UpstreamError::BadUrl {
+                name: name.to_owned(),
+                detail: e.to_string(),
+            }
+        })?;
+        let auth = config.auth();
+        let operator_key = match (auth, &config.api_key_env) {
+            (Auth::Env, Some(var)) => {
+                let missing = || UpstreamError::MissingKey {
+                    name: name.to_owned(),
+                    var: var.clone(),
+                };
+                let key = env(var).filter(|k| !k.is_empty()).ok_or_else(missing)?;
+                let mut v = axum::http::HeaderValue::from_str(&format!("Bearer {key}"))
+                    .map_err(|_| missing())?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            (Auth::Env, None) => {
+                return Err(UpstreamError::MissingKey {
+                    name: name.to_owned(),
+                    var: "(api_key_env)".into(),
+                });
+            }
+            _ => None,
+        };
+        // No reqwest `read_timeout`: its clock also runs while the answer's head is awaited, so
+        // it would cap the first-byte timeout. The idle timeout is applied to the body instead
+        // ([`body_stream`]).
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| UpstreamError::Client {
+                name: name.to_owned(),
+                detail: e.to_string(),
+            })?;
+        Ok(UpstreamClient {
+            http,
+            base,
+            chat_url,
+            auth,
+            operator_key,
+            first_byte: Duration::from_millis(config.first_byte_timeout_ms),
+            idle: Duration::from_millis(config.idle_timeout_ms),
+            max_body,
+        })
+    }
+
+    /// The operator's key, when this upstream uses one (for redaction).
+    pub fn operator_key(&self) -> Option<String> {
+        self.operator_key
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_owned)
+    }
+
+    fn authorize(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        creds: &Credentials,
+    ) -> reqwest::RequestBuilder {
+        match self.auth {
+            Auth::Client => {
+                for (name, v) in [
+                    ("authorization", &creds.authorization),
+                    ("api-key", &creds.api_key),
+                    ("openai-organization", &creds.organization),
+                    ("openai-project", &creds.project),
+                ] {
+                    if let Some(v) = v {
+                        req = req.header(name, v.clone());
+                    }
+                }
+                req
+            }
+            Auth::Env => match &self.operator_key {
+                Some(k) => req.header("authorization", k.clone()),
+                None => req,
+            },
+            Auth::None => req,
+        }
+    }
+
+    /// Sends `req` and waits for the answer's head within the first-byte timeout; a non-success
+    /// status becomes [`ClientError::Status`].
+    async fn head(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let mut resp = tokio::time::timeout(self.first_byte, req.send())
+            .await
+            .map_err(|_| ClientError::Timeout)?
+            .map_err(map_reqwest)?;
+        resp.extensions_mut().insert(IdleTimeout(self.idle));
+        check_status(resp).await
+    }
+
+    /// POSTs an encoded JSON body to `path` (e.g. `chat/completions`) and returns the answer once
+    /// its head arrived (for streaming).
+    pub async fn send(
+        &self,
+        path: &str,
+        body: Bytes,
+        creds: &Credentials,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = if path == "chat/completions" {
+            self.chat_url.clone()
+        } else {
+            reqwest::Url::parse(&format!("{}/{}", self.base, path.trim_start_matches('/')))
+                .map_err(|e| ClientError::Invalid(format!("bad upstream URL: {e}")))?
+        };
+        let req = self
+            .http
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        self.head(self.authorize(req, creds)).await
+    }
+
+    /// One non-streaming chat completion of an encoded body; an empty or unreadable 200 is an
+    /// error, a body past the bound too.
+    pub async fn chat(&self, body: Bytes, creds: &Credentials) -> Result<Completion, ClientError> {
+        let resp = self.send("chat/completions", body, creds).await?;
+        let bytes = read_bounded(resp, self.max_body).await?;
+        parse_completion(&bytes)
+    }
+
+    /// `GET path` (e.g. `models`), decoded as JSON.
+    pub async fn get_json(&self, path: &str, creds: &Credentials) -> Result<Value, ClientError> {
+        let req = self
+            .http
+            .get(format!("{}/{}", self.base, path.trim_start_matches('/')));
+        let resp = self.head(self.authorize(req, creds)).await?;
+        let bytes = read_bounded(resp, self.max_body).await?;
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Whether the upstream answers `GET models` at all within `within` (any HTTP status
+    /// counts: it is reachable).
+    pub async fn reachable(&self, within: Duration) -> bool {
+        let req = self.http.get(format!("{}/models", self.base));
+        matches!(
+            tokio::time::timeout(within.min(self.first_byte), req.send()).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+/// The longest silence allowed between two pieces of an upstream answer's body, carried in the
+/// response's extensions from [`UpstreamClient`] to whoever reads the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdleTimeout(pub Duration);
+
+/// Why an upstream body stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Nothing arrived for the idle timeout.
+    #[error("upstream stream stalled past the idle timeout ({} ms)", .0.as_millis())]
+    Idle(Duration),
+    /// The connection failed.
+    #[error("upstream stream failed: {0}")]
+    Read(reqwest::Error),
+}
+
+impl From<BodyError> for ClientError {
+    fn from(e: BodyError) -> ClientError {
+        match e {
+            BodyError::Idle(_) => ClientError::Timeout,
+            BodyError::Read(e) => map_reqwest(e),
+        }
+    }
+}
+
+/// The body of an upstream answer, piece by piece, each within the answer's [`IdleTimeout`]
+/// (none when it has none). The stream ends after the first error.
+pub fn body_stream(
+    resp: reqwest::Response,
+) -> futures_util::stream::BoxStream<'static, Result<Bytes, BodyError>> {
+    let idle = resp.extensions().get::<IdleTimeout>().map(|i| i.0);
+    let inner = Box::pin(resp.bytes_stream());
+    futures_util::stream::unfold(Some(inner), move |state| async move {
+        let mut body = state?;
+        let next = match idle {
+            Some(d) => match tokio::time::timeout(d, body.next()).await {
+                Ok(n) => n,
+                Err(_) => return Some((Err(BodyError::Idle(d)), None)),
+            },
+            None => body.next().await,
+        };
+        match next? {
+            Ok(b) => Some((Ok(b), Some(body))),
+            Err(e) => Some((Err(BodyError::Read(e)), None)),
+        }
+    })
+    .boxed()
+}
+
+/// Reads a body of at most `limit` bytes; past it, [`ClientError::Decode`].
+pub async fn read_bounded(resp: reqwest::Response, limit: usize) -> Result<Bytes, ClientError> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(ClientError::Decode(format!(
+            "the upstream answer exceeds {limit} bytes"
+        )));
+    }
+    let mut out = BytesMut::new();
+    let mut body = body_stream(resp);
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        if out.len() + chunk.len() > limit {
+            return Err(ClientError::Decode(format!(
+                "the upstream answer exceeds {limit} bytes"
+            )));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out.freeze())
+}
+
+fn map_reqwest(e: reqwest::Error) -> ClientError {
+    if e.is_timeout() {
+        ClientError::Timeout
+    } else if e.is_builder() {
+        ClientError::Invalid(e.to_string())
+    } else if e.is_decode() {
+        ClientError::Decode(e.to_string())
+    } else {
+        ClientError::Connect(e.to_string())
+    }
+}
+
+async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, ClientError> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let retry_after_ms = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| (s * 1000.0) as u64);
+    let text = match read_bounded(resp, MAX_ERROR_BODY).await {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(_) => String::new(),
+    };
+    let mut message = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("detail"))
+                .or_else(|| v.get("error"))
+                .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
+        })
+        .unwrap_or(text);
+    if message.len() > 500 {
+        let mut end = 500;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    Err(ClientError::Status {
+        status: status.as_u16(),
+        retry_after_ms,
+        message,
+    })
+}
+
 /// One upstream and its breaker.
 #[derive(Debug)]
 pub struct Upstream {
     /// The client.
-    pub client: ModelClient,
+    pub client: UpstreamClient,
     breaker: Mutex<BreakerState>,
 }
 
@@ -46,6 +383,8 @@ pub struct Upstream {
 pub struct CallLog {
     /// `retry` / `fallback` / `cooldown_skip` entries, with the reason.
     pub events: Vec<(&'static str, String)>,
+    /// The target that answered, when one did.
+    pub served: Option<Target>,
 }
 
 /// All upstreams by name.
@@ -59,25 +398,30 @@ pub struct Upstreams {
     cooldown: Duration,
 }
 
-/// A boxed operation on one upstream (`chat_raw` or `send_raw`) given the encoded body.
+/// A boxed operation on one upstream (`chat` or `send`) given the encoded body and the
+/// client's credentials.
 pub type Op<'o, T> = &'o (
-        dyn for<'c> Fn(&'c ModelClient, Bytes) -> BoxFuture<'c, Result<T, ClientError>>
+        dyn for<'c> Fn(
+    &'c UpstreamClient,
+    Bytes,
+    &'c Credentials,
+) -> BoxFuture<'c, Result<T, ClientError>>
             + Send
             + Sync
     );
 
 impl Upstreams {
-    /// Builds the clients of every configured upstream.
-    pub fn new(config: &GatewayConfig) -> Result<Upstreams, ClientError> {
+    /// Builds the clients of every configured upstream; `env` reads the operators' keys.
+    pub fn new(
+        config: &GatewayConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Upstreams, UpstreamError> {
         let mut map = HashMap::new();
         for (name, u) in &config.upstreams {
-            let mut cc = ClientConfig::new(u.base_url.clone());
-            cc.api_key_env = u.api_key_env.clone();
-            cc.timeout = Duration::from_millis(u.timeout_ms);
             map.insert(
                 name.clone(),
                 Upstream {
-                    client: ModelClient::new(cc)?,
+                    client: UpstreamClient::new(name, u, config.max_upstream_body_bytes, &env)?,
                     breaker: Mutex::new(BreakerState::default()),
                 },
             );
@@ -94,6 +438,11 @@ impl Upstreams {
     /// The upstream called `name`.
     pub fn get(&self, name: &str) -> Option<&Upstream> {
         self.map.get(name)
+    }
+
+    /// Every upstream.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Upstream)> {
+        self.map.iter()
     }
 
     fn is_open(&self, u: &Upstream, now: Instant) -> bool {
@@ -118,6 +467,9 @@ impl Upstreams {
     /// recovery action and says whether it was granted. `passthrough` makes one attempt only.
     /// `encode` writes the request for a target's model, once per target; every retry sends the
     /// same buffer.
+    // The chain, the body, the operation, the ledger, the mode, the caller and the log: each is
+    // needed, and a struct bundling them would only move the list.
+    #[allow(clippy::too_many_arguments)]
     pub async fn call<T>(
         &self,
         chain: &[Target],
@@ -125,6 +477,7 @@ impl Upstreams {
         op: Op<'_, T>,
         charge: &(dyn Fn(ActionKind) -> bool + Send + Sync),
         passthrough: bool,
+        creds: &Credentials,
         log: &mut CallLog,
     ) -> Result<T, ApiError> {
         let mut reasons = Vec::new();
@@ -155,11 +508,23 @@ impl Upstreams {
             let mut attempt = 0u32;
             loop {
                 let started = Instant::now();
-                let result = op(&up.client, encoded.clone()).await;
+                let result = op(&up.client, encoded.clone(), creds).await;
                 self.attempt_seconds.observe(started.elapsed());
+                // Every attempt at debug: the outcome's kind, never the upstream's message
+                // (providers quote keys in it; the redacted message goes to the trace).
+                tracing::debug!(
+                    target: "selfheal::upstream",
+                    upstream = %target.upstream,
+                    model = %target.model,
+                    attempt,
+                    outcome = %attempt_outcome(&result),
+                    elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    "upstream attempt"
+                );
                 let err = match result {
                     Ok(v) => {
                         self.record(up, true);
+                        log.served = Some(target.clone());
                         return Ok(v);
                     }
                     Err(e) => e,
@@ -217,6 +582,19 @@ impl Upstreams {
             }
         }
         Err(ApiError::exhausted(reasons))
+    }
+}
+
+/// What an attempt came to, without the upstream's words: `ok`, `http_503`, `timeout`, ...
+fn attempt_outcome<T>(r: &Result<T, ClientError>) -> std::borrow::Cow<'static, str> {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(ClientError::Status { status, .. }) => format!("http_{status}").into(),
+        Err(ClientError::Timeout) => "timeout".into(),
+        Err(ClientError::Connect(_)) => "connect".into(),
+        Err(ClientError::Decode(_)) => "unreadable".into(),
+        Err(ClientError::EmptyResponse) => "empty".into(),
+        Err(ClientError::Invalid(_)) => "invalid".into(),
     }
 }
 

@@ -155,9 +155,8 @@ async fn unknown_model_is_a_404() {
     c.upstreams.insert(
         "a".into(),
         UpstreamConfig {
-            base_url: "http://127.0.0.1:9/v1".into(),
-            api_key_env: None,
-            timeout_ms: 1000,
+            first_byte_timeout_ms: 1000,
+            ..UpstreamConfig::new("http://127.0.0.1:9/v1")
         },
     );
     c.models.insert(
@@ -319,9 +318,8 @@ async fn fallback_chain_moves_to_the_next_model() {
         c.upstreams.insert(
             name.into(),
             UpstreamConfig {
-                base_url: url,
-                api_key_env: None,
-                timeout_ms: 2000,
+                first_byte_timeout_ms: 2000,
+                ..UpstreamConfig::new(url)
             },
         );
     }
@@ -402,4 +400,102 @@ async fn metrics_show_request_and_upstream_latency_histograms() {
         .collect();
     assert_eq!(buckets.len(), 19);
     assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+}
+
+async fn post_as(
+    app: &Router,
+    key: &str,
+    body: Value,
+) -> (StatusCode, Value, axum::http::HeaderMap) {
+    let req = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        headers,
+    )
+}
+
+fn offered(seen: &Value) -> Vec<String> {
+    seen["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Issue 13: runs were keyed by the conversation's opening alone, so another user whose
+/// conversation opened alike inherited the first one's open breaker (and guidance text).
+#[tokio::test]
+async fn issue_13_tenants_with_the_same_opening_do_not_share_a_run() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let failing = conversation(5, 0);
+    let mut fine = conversation(0, 6);
+    fine[0] = failing[0].clone();
+    let body = |m: &Value| json!({"model": "m", "messages": m, "tools": tools()});
+    let (_, _, a) = post_as(&app, "sk-tenant-aaaa", body(&failing)).await;
+    let (_, _, b) = post_as(&app, "sk-tenant-bbbb", body(&fine)).await;
+    let (_, _, a2) = post_as(&app, "sk-tenant-aaaa", body(&fine)).await;
+    let seen = shared.lock().unwrap().seen.clone();
+    assert!(!offered(&seen[0]).contains(&"search".to_string()));
+    assert!(
+        offered(&seen[1]).contains(&"search".to_string()),
+        "B's run is its own"
+    );
+    assert!(!seen[1]["messages"].to_string().contains("[selfheal]"));
+    assert!(
+        !offered(&seen[2]).contains(&"search".to_string()),
+        "within A's tenant the run carries on"
+    );
+    assert_ne!(a["x-selfheal-run"], b["x-selfheal-run"]);
+    assert_eq!(a["x-selfheal-run"], a2["x-selfheal-run"]);
+    // Sending back the run id it was answered continues the run, for that tenant only.
+    let id = a["x-selfheal-run"].to_str().unwrap().to_owned();
+    let other = json!({"model": "m", "tools": tools(),
+        "messages": [{"role": "user", "content": "an unrelated opening"}]});
+    let echo = |key: &'static str| {
+        let app = app.clone();
+        let (id, other) = (id.clone(), other.clone());
+        async move {
+            let req = Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {key}"))
+                .header("x-selfheal-run", id)
+                .body(Body::from(other.to_string()))
+                .unwrap();
+            app.oneshot(req).await.unwrap().headers()["x-selfheal-run"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    assert_eq!(echo("sk-tenant-aaaa").await, id);
+    assert_ne!(echo("sk-tenant-bbbb").await, id, "B cannot join A's run");
+}
+
+#[tokio::test]
+async fn a_required_inbound_key_is_a_401_in_openai_shape() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let mut c = GatewayConfig::for_upstream(url);
+    c.inbound_keys.insert(
+        "alice".into(),
+        selfheal_gateway::auth::key_hash("sk-gateway-alice"),
+    );
+    let app = gateway(c);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, err, _) = post_as(&app, "sk-gateway-mallory", body.clone()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(err["error"]["code"], "invalid_api_key");
+    assert!(shared.lock().unwrap().seen.is_empty());
+    let (status, _, _) = post_as(&app, "sk-gateway-alice", body).await;
+    assert_eq!(status, StatusCode::OK);
 }

@@ -14,6 +14,19 @@ pub fn open_trace(
     no_trace: bool,
     path: Option<&std::path::Path>,
 ) -> anyhow::Result<selfheal_gateway::TraceWriter> {
+    open_trace_kept(
+        no_trace,
+        path,
+        Some(selfheal_gateway::store::DEFAULT_RETENTION),
+    )
+}
+
+/// [`open_trace`] keeping events for `retention` (`None`: for ever).
+pub fn open_trace_kept(
+    no_trace: bool,
+    path: Option<&std::path::Path>,
+    retention: Option<std::time::Duration>,
+) -> anyhow::Result<selfheal_gateway::TraceWriter> {
     use anyhow::Context as _;
     if no_trace {
         return Ok(selfheal_gateway::TraceWriter::disabled());
@@ -22,6 +35,6 @@ pub fn open_trace(
         selfheal_gateway::store::default_path,
         std::path::Path::to_path_buf,
     );
-    selfheal_gateway::TraceWriter::open(&path)
+    selfheal_gateway::TraceWriter::open_with_retention(&path, retention)
         .with_context(|| format!("cannot open the trace at {}", path.display()))
 }

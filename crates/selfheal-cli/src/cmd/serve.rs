@@ -30,13 +30,30 @@ pub struct ServeArgs {
     /// Record no trace.
     #[arg(long)]
     pub no_trace: bool,
+    /// Days the trace keeps events and runs (0: for ever); older ones are deleted at start and
+    /// every hour.
+    #[arg(long, default_value_t = 30)]
+    pub trace_retention_days: u64,
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
 }
 
+/// Logs go to stderr, one line per request at `info` (`RUST_LOG` overrides: `warn` for none,
+/// `selfheal::upstream=debug` for every upstream attempt).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
 /// Runs `selfheal serve`; returns the process exit code.
 pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
+    init_logging();
     let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -55,7 +72,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     config.passthrough |= args.passthrough;
     config.validate()?;
-    let trace = super::open_trace(args.no_trace, args.trace_db.as_deref())?;
+    let missing = config.missing_env(|v| std::env::var(v).ok());
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "the config names environment variables that are unset or empty: {}",
+            missing.join(", ")
+        );
+    }
+    let retention = (args.trace_retention_days > 0)
+        .then(|| std::time::Duration::from_secs(args.trace_retention_days.saturating_mul(86_400)));
+    let trace = super::open_trace_kept(args.no_trace, args.trace_db.as_deref(), retention)?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all();
     if let Some(n) = args.threads {
@@ -63,36 +89,40 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     let rt = rt.build()?;
     rt.block_on(async move {
+        let shutdown = shutdown_signal()?;
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
         println!("listening on http://{addr}");
         std::io::stdout().flush()?;
-        selfheal_gateway::serve(config, listener, trace, shutdown_signal()).await?;
+        selfheal_gateway::serve(config, listener, trace, shutdown).await?;
         eprintln!("selfheal: drained and stopped");
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(0)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers the SIGINT and SIGTERM handlers now — before the address is printed, so a signal
+/// sent as soon as the gateway is up is never the default kill — and returns the future that
+/// resolves on the first of them.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }

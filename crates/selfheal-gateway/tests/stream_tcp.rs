@@ -1,0 +1,361 @@
+//! Stream behaviour over TCP: the real server (`serve` on port 0) and a real client (reqwest),
+//! in front of an upstream that answers canned bytes. In-process tests read the body stream
+//! directly and cannot see what hyper does on a socket — a final frame dropped when the body
+//! errors — so these read what a client reads.
+
+// Test helpers outside `#[test]` functions may panic: a panic is a test failure here.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use selfheal_gateway::{GatewayConfig, TraceWriter, serve};
+
+/// An upstream that answers each request with the next canned response, then closes.
+async fn canned_upstream(responses: Vec<String>) -> (String, Arc<Mutex<Vec<String>>>) {
+    paced_upstream(responses.into_iter().map(|r| vec![(0, r)]).collect()).await
+}
+
+/// An upstream that answers each request with the next response, written in parts, each after
+/// its pause in milliseconds.
+async fn paced_upstream(responses: Vec<Vec<(u64, String)>>) -> (String, Arc<Mutex<Vec<String>>>) {
+    let queue = Arc::new(Mutex::new(VecDeque::from(responses)));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let queue = queue.clone();
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Read the head, then the body by content-length.
+                loop {
+                    let n = tcp.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            seen.lock().unwrap().push(text[end + 4..].to_string());
+                            break;
+                        }
+                    }
+                }
+                let resp = queue.lock().unwrap().pop_front().unwrap_or_default();
+                for (pause, part) in resp {
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                    if tcp.write_all(part.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = tcp.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}/v1"), seen)
+}
+
+fn sse(events: &[&str]) -> String {
+    let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{body}")
+}
+
+fn json_answer(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+async fn start_gateway(upstream: String) -> String {
+    start_gateway_with(GatewayConfig::for_upstream(upstream)).await
+}
+
+async fn start_gateway_with(mut config: GatewayConfig) -> String {
+    config.retry.base_ms = 1;
+    config.retry.max_ms = 2;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        config,
+        listener,
+        TraceWriter::disabled(),
+        std::future::pending(),
+    ));
+    format!("http://{addr}/v1/chat/completions")
+}
+
+/// POSTs a streaming request and reads the whole body as a client does: an `Err` here is a
+/// connection the server broke.
+async fn stream_body(url: &str) -> Result<String, reqwest::Error> {
+    stream_request(
+        url,
+        serde_json::json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await
+}
+
+async fn stream_request(url: &str, body: serde_json::Value) -> Result<String, reqwest::Error> {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .header("authorization", "Bearer sk-test-client-key")
+        .json(&body)
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    resp.text().await
+}
+
+fn data_events(body: &str) -> Vec<&str> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .collect()
+}
+
+/// Issue 13: the error event went out and an `Err` right after it; hyper aborted the
+/// connection without flushing the event, so SDKs saw a connection error.
+#[tokio::test]
+async fn issue_13_the_error_event_arrives_before_a_clean_close() {
+    let (up, _) = canned_upstream(vec![sse(&[
+        r#"{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Half an "},"finish_reason":null}]}"#,
+        r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+    ])])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url)
+        .await
+        .expect("the body ends cleanly, not with a broken connection");
+    let events = data_events(&body);
+    assert!(events[0].contains("Half an "), "{body}");
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "stream_broken");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("overloaded")
+    );
+}
+
+/// Issue 13: `choices` sent as an object made the relay panic on `IndexMut`.
+#[tokio::test]
+async fn issue_13_choices_as_an_object_does_not_panic() {
+    let (up, _) = canned_upstream(vec![sse(&[
+        r#"{"id":"c","choices":{"0":{"delta":{"content":"odd"},"finish_reason":"stop"}}}"#,
+        "[DONE]",
+    ])])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert_eq!(events.last(), Some(&"[DONE]"), "{body}");
+    assert!(
+        events.iter().any(|e| e.contains("\"selfheal\"")),
+        "the finish chunk carries the report: {body}"
+    );
+}
+
+#[tokio::test]
+async fn a_json_answer_to_a_stream_request_is_sent_as_sse() {
+    let (up, _) = canned_upstream(vec![json_answer(
+        r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"as json"},"finish_reason":"stop"}]}"#,
+    )])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert!(events[0].contains("as json"), "{body}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("\"finish_reason\":\"stop\""))
+    );
+    assert_eq!(events.last(), Some(&"[DONE]"));
+}
+
+/// An empty 200 stream (llama-cpp-python with automatic tool choice) is re-issued without
+/// streaming and the answer re-emitted as SSE: never an empty 200.
+#[tokio::test]
+async fn an_empty_stream_is_reissued_and_re_emitted() {
+    let (up, seen) = canned_upstream(vec![
+        sse(&[]),
+        json_answer(
+            r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"second try"},"finish_reason":"stop"}]}"#,
+        ),
+    ])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert!(events[0].contains("second try"), "{body}");
+    let last: serde_json::Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop");
+    assert!(
+        last["selfheal"]["actions"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("reissue")),
+        "the client can read that the stream was healed: {last}"
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert!(seen[1].contains("\"stream\":false"), "{}", seen[1]);
+}
+
+fn chunk(text: &str) -> String {
+    format!(
+        "data: {}\n\n",
+        serde_json::json!({"id": "c", "choices": [{"index": 0, "delta": {"content": text},
+                           "finish_reason": null}]})
+    )
+}
+
+/// Issue 13: `timeout_ms` was a total deadline that cut healthy streams longer than it. The
+/// first byte comes at once and a piece every 100 ms for 1.2 s: longer than the first-byte
+/// timeout (300 ms), each gap far inside the idle timeout (5 s). The stream arrives whole.
+#[tokio::test]
+async fn issue_13_a_healthy_stream_longer_than_the_first_byte_timeout_is_not_cut() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let mut parts = vec![(0, head.to_string())];
+    for i in 0..12 {
+        parts.push((100, chunk(&format!("w{i} "))));
+    }
+    parts.push((
+        0,
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+            .to_string(),
+    ));
+    let (up, _) = paced_upstream(vec![parts]).await;
+    let mut config = GatewayConfig::for_upstream(up);
+    if let Some(u) = config.upstreams.get_mut("default") {
+        u.first_byte_timeout_ms = 300;
+        u.idle_timeout_ms = 5_000;
+    }
+    let url = start_gateway_with(config).await;
+    let body = stream_body(&url).await.unwrap();
+    assert!(body.contains("w11 "), "{body}");
+    assert_eq!(data_events(&body).last(), Some(&"[DONE]"));
+}
+
+/// A stream that stalls after content went out ends in an error event that names the stall.
+#[tokio::test]
+async fn a_stream_stalled_past_the_idle_timeout_ends_in_an_error_event() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let parts = vec![
+        (0, head.to_string()),
+        (0, chunk("started ")),
+        (30_000, chunk("never")),
+    ];
+    let (up, _) = paced_upstream(vec![parts]).await;
+    let mut config = GatewayConfig::for_upstream(up);
+    if let Some(u) = config.upstreams.get_mut("default") {
+        u.idle_timeout_ms = 200;
+    }
+    let url = start_gateway_with(config).await;
+    let body = stream_body(&url).await.unwrap();
+    let events = data_events(&body);
+    assert!(events[0].contains("started "));
+    assert!(!body.contains("never"));
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("idle timeout"),
+        "{last}"
+    );
+}
+
+/// A target that answered a streaming request with tools by an empty stream (then healed by a
+/// non-streaming re-issue) is asked without streaming from then on; the client still gets SSE.
+#[tokio::test]
+async fn a_target_that_cannot_stream_tool_calls_is_asked_without_streaming_next_time() {
+    let answer = |text: &str| {
+        json_answer(&format!(
+            r#"{{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"stop"}}]}}"#
+        ))
+    };
+    let (up, seen) = canned_upstream(vec![sse(&[]), answer("first"), answer("second")]).await;
+    let url = start_gateway(up).await;
+    let body = |n: u32| {
+        serde_json::json!({"model": "m", "stream": true, "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": format!("q{n}")}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
+    };
+    let one = stream_request(&url, body(1)).await.unwrap();
+    assert!(one.contains("first"), "{one}");
+    let two = stream_request(&url, body(2)).await.unwrap();
+    assert!(two.contains("second"), "{two}");
+    assert_eq!(data_events(&two).last(), Some(&"[DONE]"));
+    let seen = seen.lock().unwrap();
+    let streamed: Vec<bool> = seen.iter().map(|b| b.contains("\"stream\":true")).collect();
+    assert_eq!(streamed, vec![true, false, false], "{seen:?}");
+    assert!(!seen[2].contains("stream_options"));
+}
+
+/// The idle timeout is a gap *inside* a body: a slow non-streaming answer whose head comes
+/// after longer than the idle timeout (but within the first-byte timeout) is not cut or
+/// retried. (reqwest's own `read_timeout` also runs while the head is awaited.)
+#[tokio::test]
+async fn issue_13_a_slow_answer_head_is_bounded_by_the_first_byte_timeout_not_the_idle_one() {
+    let body = r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"slow but fine"},"finish_reason":"stop"}]}"#;
+    let (up, seen) = paced_upstream(vec![vec![(600, json_answer(body))]]).await;
+    let mut config = GatewayConfig::for_upstream(up);
+    if let Some(u) = config.upstreams.get_mut("default") {
+        u.first_byte_timeout_ms = 10_000;
+        u.idle_timeout_ms = 100;
+    }
+    let url = start_gateway_with(config).await;
+    let resp: serde_json::Value = reqwest::Client::new()
+        .post(&url)
+        .json(&serde_json::json!({"model": "m",
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp["choices"][0]["message"]["content"], "slow but fine",
+        "{resp}"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1, "no retry");
+}
+
+/// A last event without its blank line (some servers end the body right after it) still
+/// counts: the answer finishes cleanly.
+#[tokio::test]
+async fn a_last_event_without_its_blank_line_still_counts() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let body = format!(
+        "{head}{}data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n",
+        chunk("all here")
+    );
+    let (up, _) = canned_upstream(vec![body]).await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    assert!(body.contains("all here"), "{body}");
+    assert_eq!(data_events(&body).last(), Some(&"[DONE]"), "{body}");
+    assert!(!body.contains("stream_broken"));
+}
