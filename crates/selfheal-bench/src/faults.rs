@@ -322,7 +322,8 @@ impl Mix {
         Ok(m)
     }
 
-    fn weight(&self, f: Family) -> f64 {
+    /// The weight of family `f`.
+    pub fn weight(&self, f: Family) -> f64 {
         match f {
             Family::Runtime => self.runtime,
             Family::Output => self.output,

@@ -48,7 +48,7 @@ fn bench_json_has_the_documented_shape() {
     let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert!(v["config"].is_object());
     let results = v["results"].as_array().unwrap();
-    assert_eq!(results.len(), 5);
+    assert_eq!(results.len(), 8);
     let mut names: Vec<&str> = Vec::new();
     for r in results {
         let mut keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
@@ -79,7 +79,10 @@ fn bench_json_has_the_documented_shape() {
             "static",
             "retry-only",
             "react",
+            "react+verify",
             "full-replan",
+            "full-replan+verify",
+            "class-agnostic",
             "self-healing"
         ]
     );
@@ -185,7 +188,7 @@ fn bench_trace_writes_parseable_json_lines() {
         assert!(v["strategy"].is_string(), "{l}");
         episodes += usize::from(v["event"] == "episode");
     }
-    assert_eq!(episodes, 5 * 20, "one episode line per strategy and task");
+    assert_eq!(episodes, 8 * 20, "one episode line per strategy and task");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
