@@ -659,7 +659,9 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
             Some(Value::String(x)) if p.required && x.trim().is_empty() => {
                 return Err(format!("argument `{}` is empty", p.name));
             }
-            Some(v) if !(v.is_null() || p.ty.accepts(v)) => {
+            // Synthesised tools (imported specs) are lenient about types, as most real APIs
+            // that take query strings are.
+            Some(v) if spec.behaviour != Behaviour::Synth && !(v.is_null() || p.ty.accepts(v)) => {
                 return Err(format!("argument `{}` must be a {}", p.name, p.ty.as_str()));
             }
             _ => {}
