@@ -850,12 +850,7 @@ fn add_noise(body: &mut Value, spec: &ToolSpec, args: &Map<String, Value>) {
 
 fn wrong_args(args: &Value, op: ArgsOp) -> Value {
     match op {
-        ArgsOp::BrokenJson => {
-            // Python-style quotes and a trailing comma: broken, but with all its data.
-            let text = args.to_string().replace('"', "'");
-            let cut = text.len().saturating_sub(1);
-            Value::String(format!("{}, }}", &text[..cut]))
-        }
+        ArgsOp::BrokenJson => Value::String(garble(&args.to_string())),
         ArgsOp::WrongValue => {
             let mut a = args.clone();
             if let Some(o) = a.as_object_mut()
@@ -890,7 +885,7 @@ fn malform(text: &str, op: MalformOp, keep: f64) -> String {
             }
             text[..end].to_owned()
         }
-        MalformOp::Garble => text.replace('"', "'").replacen(':', " ", 1),
+        MalformOp::Garble => garble(text),
         MalformOp::Prose => format!("Sure! Here is the result you asked for: {text} Let me know if you need anything else."),
         MalformOp::Fence => format!("```json\n{text}\n```"),
         MalformOp::Html => "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>".to_owned(),
@@ -903,5 +898,14 @@ fn raised(message: String, status: Option<u16>) -> Response {
         status,
         retry_after_ms: None,
         timeout: false,
+    }
+}
+
+/// Python-style quotes and a trailing comma: broken JSON that still holds all its data.
+fn garble(text: &str) -> String {
+    let t = text.replace('"', "'");
+    match t.strip_suffix('}') {
+        Some(head) => format!("{head},}}"),
+        None => t,
     }
 }
