@@ -758,9 +758,9 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
                     format!("the other source disagrees: {reason}"),
                 ),
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
-                    written[s] = Some(Written::Call {
-                        tool: String::new(),
-                        args: Value::Null,
+                    written[s] = ep.plan().steps.get(s).map(|st| Written::Call {
+                        tool: st.tool.clone(),
+                        args: resolve_args(ep.plan(), s, &outputs).unwrap_or(Value::Null),
                     });
                     outputs[s] = Some(v);
                     s += 1;
@@ -1001,6 +1001,15 @@ pub fn run_self_healing(
                     latency_ms: st.ep.now() - since,
                     ..Amounts::default()
                 };
+                // The cross-check runs before the call is reported: two sources that disagree
+                // are the monitor's contradiction signal on this call, not a later verdict.
+                let judgement = cross_check(st.ep, s, how[s], &v, &outputs);
+                let signal = match &judgement {
+                    Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
+                        detail: reason.clone(),
+                    }),
+                    Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => None,
+                };
                 let now = st.ep.now();
                 let d = st.ctl.observe(
                     Observation::ToolFinished {
@@ -1012,45 +1021,43 @@ pub fn run_self_healing(
                             required: &required,
                             repaired: how[s].fix_args,
                         },
-                        signal: None,
+                        signal,
                         options,
                         usage,
                     },
                     now,
                     &mut st.rng,
                 );
-                match d {
-                    Directive::Continue { .. } => match cross_check(st.ep, s, how[s], &v, &outputs)
-                    {
-                        None => {
+                match (d, judgement) {
+                    (Directive::Continue { .. }, None) => {
+                        written[s] = Some(Written::Call { tool, args });
+                        outputs[s] = Some(v);
+                        s += 1;
+                        continue;
+                    }
+                    (Directive::Continue { .. }, Some(judgement)) => {
+                        // Recorded in the trace; an acceptance settles the step's failures.
+                        let options = st.options(s, how[s], None, &outputs);
+                        let now = st.ep.now();
+                        let d = st.ctl.observe(
+                            Observation::Verified {
+                                step: Some(s as u32),
+                                verifier: "cross_check",
+                                judgement,
+                                options,
+                            },
+                            now,
+                            &mut st.rng,
+                        );
+                        if matches!(d, Directive::Continue { .. }) {
                             written[s] = Some(Written::Call { tool, args });
                             outputs[s] = Some(v);
                             s += 1;
                             continue;
                         }
-                        Some(judgement) => {
-                            let options = st.options(s, how[s], None, &outputs);
-                            let now = st.ep.now();
-                            let d = st.ctl.observe(
-                                Observation::Verified {
-                                    step: Some(s as u32),
-                                    verifier: "cross_check",
-                                    judgement,
-                                    options,
-                                },
-                                now,
-                                &mut st.rng,
-                            );
-                            if matches!(d, Directive::Continue { .. }) {
-                                written[s] = Some(Written::Call { tool, args });
-                                outputs[s] = Some(v);
-                                s += 1;
-                                continue;
-                            }
-                            d
-                        }
-                    },
-                    other => other,
+                        d
+                    }
+                    (other, _) => other,
                 }
             }
             Attempt::Failed(f) => {
