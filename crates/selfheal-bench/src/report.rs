@@ -291,7 +291,7 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             pct(*k as f64 / total.max(1) as f64)
         );
     }
-    out.push_str("\n## Truth table by fault\n\nSuccess rate of each strategy on the episodes that drew the fault (silent failures in brackets). `*` marks 0 % or 100 %.\n\n");
+    out.push_str("\n## Truth table by fault\n\nSuccess rate of each strategy on the episodes that drew the fault (silent failures in brackets). `*` marks 0 % or 100 %. Some are so by construction: `static` has no recovery, so any fault that stops or corrupts its path is 0 %; a fault that takes down both sources, or gives both the same wrong value, or corrupts a tool with no substitute has no fix for anyone; a slow-but-correct tool is no failure. The rest are measurements.\n\n");
     out.push_str(&truth_table(report));
     out.push_str("\n## Recovery by failure class\n\nShare of episodes that met the (injected) class and still succeeded.\n\n");
     out.push_str(&class_table(report));
