@@ -909,3 +909,102 @@ fn garble(text: &str) -> String {
         None => t,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::task::builtin;
+
+    #[test]
+    fn malformed_operators_produce_what_their_names_say() {
+        let body = r#"{"rate":1.2345,"as_of":5}"#;
+        let cut = malform(body, MalformOp::Cut, 0.5);
+        assert!(body.starts_with(&cut) && cut.len() < body.len());
+        let garbled = malform(body, MalformOp::Garble, 0.0);
+        assert!(serde_json::from_str::<Value>(&garbled).is_err());
+        assert_eq!(
+            selfheal_repair::repair(&garbled).unwrap().value,
+            serde_json::from_str::<Value>(body).unwrap()
+        );
+        assert!(malform(body, MalformOp::Fence, 0.0).starts_with("```json"));
+        assert!(malform(body, MalformOp::Prose, 0.0).contains(body));
+        assert!(selfheal_repair::repair(&malform(body, MalformOp::Html, 0.0)).is_err());
+    }
+
+    #[test]
+    fn substitute_noise_is_deterministic_and_within_the_documented_spread() {
+        let fx = crate::task::builtin_tool(crate::catalogue::Group::Fx);
+        let (mut outliers, mut n) = (0, 0);
+        for a in [
+            "EUR", "GBP", "JPY", "CHF", "AUD", "CAD", "NOK", "SEK", "PLN", "INR",
+        ] {
+            for b in [
+                "USD", "MXN", "BRL", "ZAR", "KRW", "TRY", "NZD", "SGD", "HKD", "CNY",
+            ] {
+                let args = json!({"from": a, "to": b});
+                let obj = args.as_object().unwrap();
+                let clean = truth(&fx, obj).unwrap();
+                let mut one = clean.clone();
+                let mut two = clean.clone();
+                add_noise(&mut one, &fx, obj);
+                add_noise(&mut two, &fx, obj);
+                assert_eq!(one, two, "same call, same reading");
+                let (x, y) = (
+                    clean["rate"].as_f64().unwrap(),
+                    one["rate"].as_f64().unwrap(),
+                );
+                let rel = ((y - x) / x).abs();
+                n += 1;
+                if rel > fx.noise.rel + 1e-4 {
+                    outliers += 1;
+                    assert!(
+                        rel <= fx.noise.rel * fx.noise.outlier + 1e-4,
+                        "{a}/{b}: {rel}"
+                    );
+                }
+            }
+        }
+        // About 3.3 % of pairs are outliers; 100 pairs should show a handful, not dozens.
+        assert!(outliers <= 10, "{outliers} of {n}");
+    }
+
+    #[test]
+    fn only_the_faulted_attempts_fail_and_permanent_faults_stay() {
+        let task = &builtin(1)[0];
+        let model = FaultModel::default_model().unwrap();
+        let spec = model
+            .faults
+            .iter()
+            .position(|f| f.name == "http_500")
+            .unwrap();
+        let transient = Injected {
+            step: 1,
+            spec,
+            permanent: false,
+            k: 2,
+            skew: 0.0,
+        };
+        let outputs = vec![Some(json!({"city": format!("{} City", "x")}))];
+        let mut ep = Episode::new(task, &[transient], &model, 1);
+        let args = resolve_args(ep.plan(), 1, &outputs).unwrap();
+        let tool = ep.plan().steps[1].tool.clone();
+        let raised = |r: &ToolResponse| matches!(r.response, Response::Raised { .. });
+        let r: Vec<bool> = (0..3)
+            .map(|_| raised(&ep.call(1, &tool, &args, Purpose::Step, false)))
+            .collect();
+        assert_eq!(r, [true, true, false]);
+        let permanent = Injected {
+            permanent: true,
+            ..transient
+        };
+        let mut ep = Episode::new(task, &[permanent], &model, 1);
+        assert!((0..5).all(|_| raised(&ep.call(1, &tool, &args, Purpose::Step, false))));
+        // The substitute is not hit by a primary fault, and a verifier call is charged as V.
+        let sub = ep.plan().steps[1].tool.clone();
+        let sub = ep.plan().tool(&sub).unwrap().substitute.clone().unwrap();
+        assert!(!raised(&ep.call(1, &sub, &args, Purpose::Verify, false)));
+        assert_eq!(ep.costs().verifier_calls, 1);
+        assert_eq!(ep.costs().tool_calls, 5);
+    }
+}
