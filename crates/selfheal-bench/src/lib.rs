@@ -314,8 +314,9 @@ pub struct Detail {
     pub verifier_calls: f64,
     /// Mean recovery actions per episode.
     pub recovery_actions: f64,
-    /// Total K over successful episodes' count: what one success costs.
-    pub cost_per_success: f64,
+    /// Total K over the number of successful episodes: what one success costs (`None`: no
+    /// success to pay for).
+    pub cost_per_success: Option<f64>,
     /// The verifier's record against the truth.
     pub verifier: VerifierRecord,
     /// Recovery by ground-truth failure class.
@@ -706,11 +707,8 @@ pub fn run(
                 tool_calls: round4(costs.tool_calls as f64 / nf),
                 verifier_calls: round4(costs.verifier_calls as f64 / nf),
                 recovery_actions: round4(costs.recoveries as f64 / nf),
-                cost_per_success: if successes == 0 {
-                    0.0
-                } else {
-                    (k_total / successes as f64 * 100.0).round() / 100.0
-                },
+                cost_per_success: (successes > 0)
+                    .then(|| (k_total / successes as f64 * 100.0).round() / 100.0),
                 verifier: VerifierRecord {
                     on_faithful: tally.verdicts_on_faithful,
                     false_alarms: tally.false_alarms,

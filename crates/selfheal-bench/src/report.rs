@@ -18,6 +18,10 @@ fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
 
+fn per_success(x: Option<f64>) -> String {
+    x.map_or_else(|| "—".to_owned(), |k| format!("{k:.2}"))
+}
+
 fn signed_pct(x: f64) -> String {
     format!("{:+.1}", x * 100.0)
 }
@@ -66,7 +70,7 @@ pub fn table(report: &Report) -> String {
     for (r, d) in report.results.iter().zip(&report.details) {
         let _ = writeln!(
             out,
-            "{:<19} {:>2} {:>6} {:>7} [{:>4.1}–{:>5.1}] {:>7} {:>7} {:>7.2} {:>8.2} {:>9.0}",
+            "{:<19} {:>2} {:>6} {:>7} [{:>4.1}–{:>5.1}] {:>7} {:>7} {:>7.2} {:>8} {:>9.0}",
             r.strategy,
             r.budget,
             r.episodes,
@@ -76,7 +80,7 @@ pub fn table(report: &Report) -> String {
             pct(r.tsr),
             pct(r.sfr),
             r.cost,
-            d.cost_per_success,
+            per_success(d.cost_per_success),
             r.latency_ms
         );
     }
@@ -235,7 +239,7 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
     for (r, d) in report.results.iter().zip(&report.details) {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.1}–{:.1} | {} | {} | {:.2} | {:.2} | {:.0} |",
+            "| {} | {} | {} | {} | {:.1}–{:.1} | {} | {} | {:.2} | {} | {:.0} |",
             r.strategy,
             r.budget,
             r.episodes,
@@ -245,7 +249,7 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             pct(r.tsr),
             pct(r.sfr),
             r.cost,
-            d.cost_per_success,
+            per_success(d.cost_per_success),
             r.latency_ms
         );
     }
