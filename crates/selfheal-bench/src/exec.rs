@@ -163,6 +163,9 @@ pub struct Episode<'t> {
     written: Vec<Option<Written>>,
     /// Per step: the injected class of the last fault met there (for the confusion matrix).
     last_fault: Vec<Option<Option<FailureClass>>>,
+    /// Steps the model skipped because of a fault, with its class: a later step finds its
+    /// input missing, and the cause is here, not at that step.
+    skipped: Vec<Option<FailureClass>>,
     /// Per step: whether the last body the step returned was unfaithful to the call.
     last_wrong: Vec<bool>,
     tally: Tally,
@@ -192,6 +195,7 @@ impl<'t> Episode<'t> {
             successes: 0,
             written: vec![None; n],
             last_fault: vec![None; n],
+            skipped: vec![None; n],
             last_wrong: vec![false; n],
             tally: Tally::default(),
         }
@@ -327,6 +331,7 @@ impl<'t> Episode<'t> {
             tool: step.tool.clone(),
             args: args.clone(),
         };
+        let active_class = active.as_ref().and_then(|(_, c)| *c);
         if let Some((effect, class)) = active {
             self.last_fault[s] = Some(class);
             written = match effect {
@@ -368,6 +373,10 @@ impl<'t> Episode<'t> {
                 args: wrong_args(args, ArgsOp::BrokenJson),
             };
         }
+        self.skipped[s] = match written {
+            Written::Skipped => active_class,
+            Written::Call { .. } => None,
+        };
         self.written[s] = Some(written.clone());
         written
     }
@@ -595,7 +604,10 @@ impl<'t> Episode<'t> {
     /// The classifier inferred `class` for a failure at step `s`. Counted against the class of
     /// the fault last met there (none: a false detection).
     pub fn report_class(&mut self, s: usize, class: FailureClass) {
-        let injected = self.last_fault.get(s).copied().flatten().flatten();
+        let here = self.last_fault.get(s).copied().flatten().flatten();
+        // A failure at a step with no fault of its own, while an earlier step was skipped by a
+        // fault: that skip is the cause.
+        let injected = here.or_else(|| self.skipped.iter().take(s).rev().find_map(|c| *c));
         *self
             .tally
             .confusion

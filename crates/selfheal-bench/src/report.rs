@@ -322,7 +322,7 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
     for c in &report.confusion {
         let _ = writeln!(
             out,
-            "\n### Classifier confusion matrix ({}, R = {budget})\n\nRows: the class of the fault last met at the step (`none`: no fault there, e.g. a verifier false alarm). Columns: the class the classifier inferred. {} of {} inferences on faulted steps match ({}).\n",
+            "\n### Classifier confusion matrix ({}, R = {budget})\n\nRows: the class of the fault last met at the step, or of the earlier step the model skipped when the failure is a missing input (`none`: no fault there, e.g. a verifier false alarm). Columns: the class the classifier inferred. {} of {} inferences on faulted steps match ({}).\n",
             c.strategy,
             c.correct,
             c.total,
