@@ -591,7 +591,17 @@ pub fn draw(task: &TaskSpec, seed: u64, fault_rate: f64, model: &FaultModel) -> 
             let range = match &f.effect {
                 Effect::Stale { skew, .. } => Some((*skew, -1.0)),
                 Effect::Skew { range } => Some((*range, if d[3] < 0.5 { -1.0 } else { 1.0 })),
-                _ => None,
+                Effect::Http { .. }
+                | Effect::Timeout { .. }
+                | Effect::Slow { .. }
+                | Effect::Empty { .. }
+                | Effect::ErrorBody { .. }
+                | Effect::Malformed { .. }
+                | Effect::SchemaDrift { .. }
+                | Effect::WrongArgs { .. }
+                | Effect::WrongTool { .. }
+                | Effect::MissingStep
+                | Effect::Repetition => None,
             };
             let skew = range.map_or(0.0, |([a, b], sign)| {
                 sign * (a + (b - a) * ((d[3] * 2.0).fract()))
