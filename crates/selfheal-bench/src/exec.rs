@@ -135,6 +135,8 @@ pub struct Tally {
     pub verdicts_on_wrong: u64,
     /// Of those, accepted (misses).
     pub misses: u64,
+    /// Cross-checks that could not tell (the other source failed): the value went on unverified.
+    pub uncertain: u64,
     /// Injected class (`None`: no fault) → inferred class → count.
     pub confusion: BTreeMap<Option<FailureClass>, BTreeMap<FailureClass, u64>>,
 }
@@ -588,9 +590,14 @@ impl<'t> Episode<'t> {
         Response::Returned { body: text }
     }
 
-    /// A verifier accepted (`true`) or rejected the last response of step `s`. Counted against
-    /// the truth for the false-alarm and miss rates; changes nothing in the world.
-    pub fn report_verdict(&mut self, s: usize, accepted: bool) {
+    /// A verifier accepted (`Some(true)`), rejected (`Some(false)`) or could not judge (`None`)
+    /// the last response of step `s`. Counted against the truth for the false-alarm and miss
+    /// rates; changes nothing in the world.
+    pub fn report_verdict(&mut self, s: usize, verdict: Option<bool>) {
+        let Some(accepted) = verdict else {
+            self.tally.uncertain += 1;
+            return;
+        };
         let wrong = self.last_wrong.get(s).copied().unwrap_or(false);
         if wrong {
             self.tally.verdicts_on_wrong += 1;

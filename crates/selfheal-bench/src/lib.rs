@@ -338,6 +338,8 @@ pub struct VerifierRecord {
     pub on_wrong: u64,
     /// Of those, acceptances.
     pub misses: u64,
+    /// Checks that could not tell (the other source failed); the value went on unverified.
+    pub uncertain: u64,
 }
 
 impl VerifierRecord {
@@ -654,6 +656,7 @@ pub fn run(
                     tally.false_alarms += rec.tally.false_alarms;
                     tally.verdicts_on_wrong += rec.tally.verdicts_on_wrong;
                     tally.misses += rec.tally.misses;
+                    tally.uncertain += rec.tally.uncertain;
                     for (inj, row) in rec.tally.confusion {
                         let r = tally.confusion.entry(inj).or_default();
                         for (c, k) in row {
@@ -714,6 +717,7 @@ pub fn run(
                     false_alarms: tally.false_alarms,
                     on_wrong: tally.verdicts_on_wrong,
                     misses: tally.misses,
+                    uncertain: tally.uncertain,
                 },
                 by_class,
                 by_family,

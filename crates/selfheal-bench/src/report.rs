@@ -101,13 +101,14 @@ pub fn table(report: &Report) -> String {
         if d.verifier.on_faithful + d.verifier.on_wrong > 0 && d.strategy == "self-healing" {
             let _ = writeln!(
                 out,
-                "verifier (self-healing, R = {top}): false alarms {} of {} faithful ({}), misses {} of {} wrong ({})",
+                "verifier (self-healing, R = {top}): false alarms {} of {} faithful ({}), misses {} of {} wrong ({}), could not tell {}",
                 d.verifier.false_alarms,
                 d.verifier.on_faithful,
                 pct(d.verifier.false_alarm_rate()),
                 d.verifier.misses,
                 d.verifier.on_wrong,
-                pct(d.verifier.miss_rate())
+                pct(d.verifier.miss_rate()),
+                d.verifier.uncertain
             );
         }
     }
@@ -302,13 +303,13 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
     let (budget, details) = top_details(report);
     let _ = writeln!(
         out,
-        "\n## Detectors against the truth (R = {budget})\n\nThe cross-check verifier calls the equivalent source; equivalent sources differ by documented noise, so it can reject a faithful value (false alarm) or accept a wrong one (miss).\n\n| strategy | verdicts on faithful | false alarms | rate | verdicts on wrong | misses | rate | fallback-model calls / episode |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+        "\n## Detectors against the truth (R = {budget})\n\nThe cross-check verifier calls the equivalent source; equivalent sources differ by documented noise, so it can reject a faithful value (false alarm) or accept a wrong one (miss).\n\n| strategy | verdicts on faithful | false alarms | rate | verdicts on wrong | misses | rate | could not tell | fallback-model calls / episode |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for d in &details {
         let v = &d.verifier;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.3} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
             d.strategy,
             v.on_faithful,
             v.false_alarms,
@@ -316,6 +317,7 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             v.on_wrong,
             v.misses,
             pct(v.miss_rate()),
+            v.uncertain,
             d.escalated_calls
         );
     }

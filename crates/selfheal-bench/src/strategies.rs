@@ -669,9 +669,9 @@ fn cross_check(
         },
     };
     match &judgement {
-        Judgement::Accept => ep.report_verdict(s, true),
-        Judgement::Reject { .. } => ep.report_verdict(s, false),
-        Judgement::Uncertain { .. } => {}
+        Judgement::Accept => ep.report_verdict(s, Some(true)),
+        Judgement::Reject { .. } => ep.report_verdict(s, Some(false)),
+        Judgement::Uncertain { .. } => ep.report_verdict(s, None),
     }
     Some(judgement)
 }
