@@ -4,8 +4,12 @@
 //! and their oracle answers are the same for every run; only the fault schedule varies. Tools come
 //! in *groups* of equivalent sources (a primary and a substitute that return the same data), so
 //! that substitution and cross-checking mean something, and some tools report an `as_of`
-//! timestamp so that staleness can be detected. Two local calculators have no substitute and no
-//! external faults: they can only be misused by the agent.
+//! timestamp so that staleness can be detected. Two local calculators have no substitute.
+//!
+//! The simulated benchmark converts these tasks to [`crate::task::TaskSpec`] and runs them in
+//! [`crate::exec`], whose substitutes are *not* identical to the primaries (documented noise per
+//! group, see `docs/bench/faults.md`). [`truth`] is public for the live bench; strategies never
+//! call it (a test checks their source).
 
 use serde_json::{Value, json};
 

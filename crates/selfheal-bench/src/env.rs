@@ -1,5 +1,9 @@
-//! The simulated data plane of one episode: tools that misbehave as the schedule says, a
-//! simulated clock, and the cost counters every strategy is charged on.
+//! The data plane of the live-model bench (`selfheal bench --live`): the catalogue's tools
+//! misbehaving as a [`crate::faults`] schedule says, a simulated clock and cost counters.
+//!
+//! The simulated benchmark no longer runs on this module: it runs on [`crate::exec`], whose
+//! truth and schedule are private. This one stays for the live runner in `selfheal-runtime`,
+//! where the model under test, not a simulated strategy, makes the calls.
 //!
 //! Every strategy talks to the world only through [`Env`], so they all meet the same faults and
 //! pay the same prices. What a strategy can *see* is what a real client sees: an error raised by
@@ -503,54 +507,6 @@ impl<'a> Env<'a> {
         }
     }
 
-    /// What a repairing client does: JSON repair of the body, then schema-guided mapping of a
-    /// renamed field. Succeeds only when the damage left the data intact.
-    pub fn repair_parse(&self, step: usize, outcome: &Outcome) -> Result<Got, String> {
-        if let Ok(g) = self.client_parse(step, outcome) {
-            return Ok(g);
-        }
-        let Outcome::Returned { .. } = outcome else {
-            return Err("nothing to repair: the tool raised".into());
-        };
-        let group = self.task.steps[step].group;
-        let fault = self.faults[step].as_ref().map(|f| f.fault);
-        match fault {
-            Some(f)
-                if matches!(
-                    f.kind,
-                    FaultKind::Malformed | FaultKind::Truncated | FaultKind::SchemaDrift
-                ) && f.repairable =>
-            {
-                let args = resolve_present(&self.task.steps[step], &self.values)?;
-                let body = truth(group, &args)?;
-                Ok(Got {
-                    value: extract(group, &body)?,
-                    as_of_ms: Some(self.now_data_ms - 60_000),
-                    body,
-                })
-            }
-            _ => Err("the body cannot be repaired without inventing data".into()),
-        }
-    }
-
-    /// Asks the step's equivalent source for the same value (a cross-check). `None` when the
-    /// group has no substitute or the substitute is down.
-    pub fn cross_check(&mut self, step: usize) -> Option<Value> {
-        let s = &self.task.steps[step];
-        s.group.substitute()?;
-        if let Some(st) = self.faults[step].as_mut()
-            && st.fault.correlated
-        {
-            st.substitute_attempts += 1;
-            if st.active_after(st.substitute_attempts) {
-                return None;
-            }
-        }
-        let args = resolve_present(s, &self.values).ok()?;
-        let body = truth(s.group, &args).ok()?;
-        extract(s.group, &body).ok()
-    }
-
     /// Whether an `as_of` is too old.
     pub fn is_stale(&self, as_of_ms: Option<u64>) -> bool {
         as_of_ms.is_some_and(|t| self.now_data_ms.saturating_sub(t) > MAX_AGE_MS)
@@ -610,12 +566,6 @@ impl<'a> Env<'a> {
             self.values[step] = Some(got.value);
         }
         out
-    }
-
-    /// Whether a final answer equals the task's oracle answer (ground truth; used only for
-    /// scoring, never by strategies).
-    pub fn answer_is_correct(&self, answer: &Value) -> bool {
-        values_equal(answer, &self.task.oracle)
     }
 }
 

@@ -1,4 +1,9 @@
-//! The fault model and the seeded schedule.
+//! The live bench's fault kinds and schedule, and the fault families every report uses.
+//!
+//! The simulated benchmark draws its faults from a data file ([`crate::faultmodel`]); this
+//! module keeps the fixed fault kinds that the live-model bench (`selfheal bench --live`, in
+//! `selfheal-runtime`) schedules through [`crate::env`], plus [`Family`] and [`Mix`], which both
+//! use.
 //!
 //! A schedule is a pure function of `(task, seed, fault rate, mix)`: every strategy meets exactly
 //! the same faults. Each step of a task is faulted with probability `fault_rate`; the family is
@@ -322,7 +327,8 @@ impl Mix {
         Ok(m)
     }
 
-    fn weight(&self, f: Family) -> f64 {
+    /// The weight of family `f`.
+    pub fn weight(&self, f: Family) -> f64 {
         match f {
             Family::Runtime => self.runtime,
             Family::Output => self.output,

@@ -1,26 +1,34 @@
 //! # selfheal-bench — a seeded fault-injection benchmark for tool-using agents
 //!
-//! The paper behind selfheal (SPEC §3) reports 98.8 % task success for self-healing against
-//! 94.5 % for retry-only and 93.8 % for full replanning, but its benchmark is not public. This one
-//! is: 100 tasks over a catalogue of deterministic local tools ([`catalogue`]), a fault model with
-//! five families, transient/permanent and explicit/implicit variants ([`faults`]), a simulated data
-//! plane that every strategy talks to ([`env`]), and five honestly implemented strategies
-//! ([`strategies`]). A result is a pure function of `(config, seed)`: the same inputs give
-//! byte-identical JSON.
+//! Tasks ([`task`]: the built-in catalogue of 100, or a JSONL file such as the imported NESTFUL
+//! set), a fault model read from TOML ([`faultmodel`], default `faults/default.toml`), one
+//! simulated world per episode ([`exec`], the only code that reads the truth and the schedule),
+//! and eight strategies that see only what a client sees ([`strategies`]). A result is a pure
+//! function of `(config, seed)`: the same inputs give byte-identical JSON.
+//!
+//! The benchmark is built so that it can show the winner losing: the cross-check verifier is a
+//! real, faultable, charged call that can be wrong both ways; repair runs on the bytes returned;
+//! escalation is a fallible, priced model; some faults have no fix. The report leads with RSR,
+//! pairs every baseline with self-healing on the same episodes, and reports the fault census, a
+//! per-fault truth table, cost per success and the classifier's confusion matrix.
 //!
 //! ```
 //! use selfheal_bench::{BenchConfig, run};
 //! let config = BenchConfig { seeds: 1, tasks: 20, ..BenchConfig::default() };
 //! let report = run(&config, &mut |_, _| {}, None);
-//! let sh = report.results.iter().find(|r| r.strategy == "self-healing");
-//! assert!(sh.is_some_and(|r| r.tsr >= 0.9));
+//! assert_eq!(report.results.len(), 8);
+//! assert!(report.results.iter().all(|r| (0.0..=1.0).contains(&r.tsr)));
 //! ```
 
 pub mod catalogue;
 pub mod env;
+pub mod exec;
+pub mod faultmodel;
 pub mod faults;
 pub mod report;
+pub mod stats;
 pub mod strategies;
+pub mod task;
 
 use std::collections::BTreeMap;
 
@@ -28,24 +36,26 @@ use serde::Serialize;
 
 use selfheal_core::FailureClass;
 use selfheal_core::policy::Policy;
-use selfheal_core::rng::SplitMix64;
 
-use crate::catalogue::tasks;
-use crate::env::Env;
-use crate::faults::{Family, Mix, Persistence, Signalling, schedule};
+use crate::exec::{Episode, Tally};
+use crate::faultmodel::{FaultModel, Injected, draw};
+use crate::faults::{Family, Mix};
 use crate::strategies::Strategy;
+use crate::task::TaskSpec;
 
-/// The weights of the cost model `K = a·M + b·U + c·V + d·R`.
+/// The weights of the cost model `K = a·M + b·U + c·V + d·R + e·E`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostWeights {
-    /// Per model call.
+    /// Per call of the agent's model (M).
     pub model: f64,
-    /// Per tool call.
+    /// Per tool call (U).
     pub tool: f64,
-    /// Per verifier call.
+    /// Per verifier call (V).
     pub verifier: f64,
-    /// Per recovery action.
+    /// Per recovery action (R).
     pub recovery: f64,
+    /// Per call of the fallback model (E): a stronger model costs more.
+    pub escalation: f64,
 }
 
 impl Default for CostWeights {
@@ -55,12 +65,13 @@ impl Default for CostWeights {
             tool: 1.0,
             verifier: 1.0,
             recovery: 1.0,
+            escalation: 5.0,
         }
     }
 }
 
 impl CostWeights {
-    /// Parses `a,b,c,d`.
+    /// Parses `a,b,c,d` or `a,b,c,d,e` (the escalation weight defaults to 5).
     pub fn parse(s: &str) -> Result<CostWeights, String> {
         let xs: Vec<f64> = s
             .split(',')
@@ -70,18 +81,56 @@ impl CostWeights {
                     .map_err(|_| format!("not a number: {x:?}"))
             })
             .collect::<Result<_, _>>()?;
+        if !xs.iter().all(|x| x.is_finite() && *x >= 0.0) {
+            return Err("cost weights must be ≥ 0".into());
+        }
         match xs.as_slice() {
-            [a, b, c, d] if xs.iter().all(|x| x.is_finite() && *x >= 0.0) => Ok(CostWeights {
+            [a, b, c, d] => Ok(CostWeights {
                 model: *a,
                 tool: *b,
                 verifier: *c,
                 recovery: *d,
+                escalation: 5.0,
             }),
-            [_, _, _, _] => Err("cost weights must be ≥ 0".into()),
+            [a, b, c, d, e] => Ok(CostWeights {
+                model: *a,
+                tool: *b,
+                verifier: *c,
+                recovery: *d,
+                escalation: *e,
+            }),
             _ => Err(format!(
-                "expected four weights a,b,c,d (model, tool, verifier, recovery), got {}",
+                "expected weights a,b,c,d[,e] (model, tool, verifier, recovery, escalation), got {}",
                 xs.len()
             )),
+        }
+    }
+
+    fn k(&self, c: &exec::Costs) -> f64 {
+        self.model * c.model_calls as f64
+            + self.tool * c.tool_calls as f64
+            + self.verifier * c.verifier_calls as f64
+            + self.recovery * c.recoveries as f64
+            + self.escalation * c.escalated_calls as f64
+    }
+}
+
+/// Which tasks to run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskSet {
+    /// A name for the report (`builtin` or the file name).
+    pub name: String,
+    /// The tasks.
+    #[serde(skip)]
+    pub tasks: Vec<TaskSpec>,
+}
+
+impl TaskSet {
+    /// The built-in catalogue.
+    pub fn builtin() -> TaskSet {
+        TaskSet {
+            name: "builtin".into(),
+            tasks: task::builtin(100),
         }
     }
 }
@@ -93,24 +142,31 @@ pub struct BenchConfig {
     pub seed: u64,
     /// How many consecutive seeds.
     pub seeds: u32,
-    /// How many of the 100 tasks (the first N).
+    /// How many of the task set's tasks (the first N).
     pub tasks: usize,
+    /// The task set.
+    pub task_set: TaskSet,
     /// Probability that a step is faulted.
     pub fault_rate: f64,
-    /// Weights of the fault families.
-    pub mix: Mix,
+    /// The fault model's name (`default` or the file name).
+    pub fault_model_name: String,
+    /// The fault model.
+    #[serde(skip)]
+    pub fault_model: FaultModel,
+    /// Family weights that rescale the model (`None`: the model's own weights).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mix: Option<Mix>,
     /// Recovery actions allowed per failure (`R`), when not sweeping.
     pub budget: u32,
     /// Run `R = 1..=5`.
     pub sweep: bool,
-    /// The semantic silent-failure setting (only plausible-but-wrong faults).
+    /// The semantic silent-failure setting (only the model's semantic faults).
     pub silent: bool,
     /// Cost weights.
     pub weights: CostWeights,
     /// Strategies to run.
     pub strategies: Vec<Strategy>,
-    /// The policy `self-healing` runs with (`None`: the default policy). `R` still caps the
-    /// actions per failure. Left out of the JSON when `None`, so default runs are unchanged.
+    /// The policy `self-healing` runs with (`None`: the default policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<Policy>,
 }
@@ -121,8 +177,15 @@ impl Default for BenchConfig {
             seed: 1,
             seeds: 10,
             tasks: 100,
+            task_set: TaskSet::builtin(),
             fault_rate: 0.1,
-            mix: Mix::default(),
+            fault_model_name: "default".into(),
+            fault_model: FaultModel::default_model().unwrap_or_else(|_| FaultModel {
+                extra_fault: 0.0,
+                escalation: faultmodel::Escalation::default(),
+                faults: Vec::new(),
+            }),
+            mix: None,
             budget: 5,
             sweep: false,
             silent: false,
@@ -145,8 +208,12 @@ impl BenchConfig {
         if self.seeds == 0 {
             return Err("--seeds must be at least 1".into());
         }
-        if self.tasks == 0 || self.tasks > 100 {
-            return Err(format!("--tasks must be in 1..=100, got {}", self.tasks));
+        let n = self.task_set.tasks.len();
+        if self.tasks == 0 || self.tasks > n {
+            return Err(format!(
+                "--tasks must be in 1..={n} for task set `{}`, got {}",
+                self.task_set.name, self.tasks
+            ));
         }
         if self.budget == 0 || self.budget > 20 {
             return Err(format!("--budget must be in 1..=20, got {}", self.budget));
@@ -154,7 +221,7 @@ impl BenchConfig {
         if self.strategies.is_empty() {
             return Err("no strategy selected".into());
         }
-        Ok(())
+        self.effective_model().validate().map_err(|e| e.to_string())
     }
 
     /// The budgets this configuration runs.
@@ -166,9 +233,13 @@ impl BenchConfig {
         }
     }
 
-    /// The fault mix in effect (the silent setting overrides `mix`).
-    pub fn effective_mix(&self) -> Mix {
-        if self.silent { Mix::silent() } else { self.mix }
+    /// The fault model in effect (`--silent` and `--mix` applied).
+    pub fn effective_model(&self) -> FaultModel {
+        let m = match &self.mix {
+            Some(mix) => self.fault_model.with_mix(mix),
+            None => self.fault_model.clone(),
+        };
+        if self.silent { m.silent() } else { m }
     }
 
     /// Episodes the configuration will run.
@@ -180,7 +251,7 @@ impl BenchConfig {
     }
 }
 
-/// One row of the results, exactly the documented JSON shape.
+/// One row of the results.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ResultRow {
     /// Strategy name.
@@ -191,9 +262,9 @@ pub struct ResultRow {
     pub episodes: u64,
     /// Task success rate.
     pub tsr: f64,
-    /// Recovery success rate.
+    /// Recovery success rate (faulted episodes that succeeded / faulted episodes).
     pub rsr: f64,
-    /// Silent failure rate.
+    /// Silent failure rate (wrong answers returned as correct / all episodes).
     pub sfr: f64,
     /// Mean cost K per episode.
     pub cost: f64,
@@ -210,7 +281,7 @@ pub struct Recovered {
     pub succeeded: u64,
 }
 
-/// Everything else about one row: intervals, counts, breakdowns.
+/// Everything else about one row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Detail {
     /// Strategy name.
@@ -225,6 +296,8 @@ pub struct Detail {
     pub recovered: u64,
     /// Wrong answers returned as correct.
     pub silent_failures: u64,
+    /// Of the faulted episodes: wrong answers returned as correct.
+    pub silent_faulted: u64,
     /// Wilson 95 % interval of TSR.
     pub tsr_ci: [f64; 2],
     /// Wilson 95 % interval of RSR.
@@ -233,22 +306,70 @@ pub struct Detail {
     pub sfr_ci: [f64; 2],
     /// Mean model calls per episode.
     pub model_calls: f64,
+    /// Mean fallback-model calls per episode.
+    pub escalated_calls: f64,
     /// Mean tool calls per episode.
     pub tool_calls: f64,
     /// Mean verifier calls per episode.
     pub verifier_calls: f64,
     /// Mean recovery actions per episode.
     pub recovery_actions: f64,
+    /// Total K over the number of successful episodes: what one success costs (`None`: no
+    /// success to pay for).
+    pub cost_per_success: Option<f64>,
+    /// The verifier's record against the truth.
+    pub verifier: VerifierRecord,
     /// Recovery by ground-truth failure class.
     pub by_class: BTreeMap<FailureClass, Recovered>,
     /// Recovery by fault family.
     pub by_family: BTreeMap<Family, Recovered>,
+    /// Outcome by fault name: met, succeeded, silent.
+    pub by_fault: BTreeMap<String, KindOutcome>,
 }
 
-/// A fault-schedule census, to show what the workload contains.
+/// How the cross-check verifier fared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct VerifierRecord {
+    /// Verdicts on faithful responses.
+    pub on_faithful: u64,
+    /// Of those, rejections.
+    pub false_alarms: u64,
+    /// Verdicts on wrong responses.
+    pub on_wrong: u64,
+    /// Of those, acceptances.
+    pub misses: u64,
+    /// Checks that could not tell (the other source failed); the value went on unverified.
+    pub uncertain: u64,
+}
+
+impl VerifierRecord {
+    /// False alarms / verdicts on faithful responses.
+    pub fn false_alarm_rate(&self) -> f64 {
+        ratio(self.false_alarms, self.on_faithful)
+    }
+    /// Misses / verdicts on wrong responses.
+    pub fn miss_rate(&self) -> f64 {
+        ratio(self.misses, self.on_wrong)
+    }
+}
+
+/// Outcomes of episodes that drew one fault kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct KindOutcome {
+    /// Episodes that drew it.
+    pub met: u64,
+    /// Of those, successes.
+    pub succeeded: u64,
+    /// Of those, wrong answers returned as correct.
+    pub silent: u64,
+}
+
+/// The drawn schedule: what the workload really contained.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Census {
-    /// Faults by family.
+    /// Faults drawn by name.
+    pub by_fault: BTreeMap<String, u64>,
+    /// Faults drawn by family.
     pub by_family: BTreeMap<Family, u64>,
     /// Transient faults.
     pub transient: u64,
@@ -258,10 +379,52 @@ pub struct Census {
     pub explicit: u64,
     /// Implicit faults.
     pub implicit: u64,
+    /// Steps with more than one fault.
+    pub multi_fault_steps: u64,
     /// Episodes (task × seed) with at least one fault.
     pub faulted_episodes: u64,
     /// Episodes (task × seed).
     pub episodes: u64,
+}
+
+/// Self-healing against one other strategy on the same episodes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Paired {
+    /// The other strategy.
+    pub against: &'static str,
+    /// Budget.
+    pub budget: u32,
+    /// RSR(self-healing) − RSR(other), on the faulted episodes.
+    pub rsr_diff: f64,
+    /// Its 95 % interval (paired bootstrap, clustered by task).
+    pub rsr_ci: [f64; 2],
+    /// TSR difference.
+    pub tsr_diff: f64,
+    /// Its 95 % interval.
+    pub tsr_ci: [f64; 2],
+    /// SFR difference (negative: self-healing has fewer silent failures).
+    pub sfr_diff: f64,
+    /// Its 95 % interval.
+    pub sfr_ci: [f64; 2],
+    /// Episodes only self-healing solved.
+    pub only_self_healing: u64,
+    /// Episodes only the other solved.
+    pub only_other: u64,
+    /// Exact McNemar two-sided p-value on success.
+    pub mcnemar_p: f64,
+}
+
+/// The classifier's record: injected class (or none) against inferred class.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Confusion {
+    /// Strategy.
+    pub strategy: &'static str,
+    /// Rows: injected class (`"none"`: no fault at that step); columns: inferred class.
+    pub matrix: BTreeMap<String, BTreeMap<FailureClass, u64>>,
+    /// Inferences whose class equals the injected one.
+    pub correct: u64,
+    /// Inferences at a step with an injected class.
+    pub total: u64,
 }
 
 /// The whole report.
@@ -273,6 +436,10 @@ pub struct Report {
     pub results: Vec<ResultRow>,
     /// Intervals and breakdowns per row.
     pub details: Vec<Detail>,
+    /// Self-healing against each other strategy, per budget.
+    pub paired: Vec<Paired>,
+    /// The classifier's confusion matrix at the largest budget (controller strategies).
+    pub confusion: Vec<Confusion>,
     /// What the schedule contained.
     pub census: Census,
 }
@@ -306,7 +473,6 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-/// One trace line for `--trace`: which episode, then the control-plane record.
 fn trace_lines(
     strategy: Strategy,
     budget: u32,
@@ -325,103 +491,130 @@ fn trace_lines(
     }
 }
 
+/// One episode's outcome, kept for the paired comparisons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Outcome {
+    task: usize,
+    faulted: bool,
+    success: bool,
+    silent: bool,
+}
+
+/// Draws every schedule of the run: per seed, per task. Identical for every strategy and budget.
+pub fn schedules(config: &BenchConfig) -> Vec<Vec<Vec<Injected>>> {
+    let model = config.effective_model();
+    let tasks = &config.task_set.tasks[..config.tasks.min(config.task_set.tasks.len())];
+    (0..u64::from(config.seeds))
+        .map(|i| {
+            tasks
+                .iter()
+                .map(|t| draw(t, config.seed + i, config.fault_rate, &model))
+                .collect()
+        })
+        .collect()
+}
+
+fn census_of(model: &FaultModel, schedules: &[Vec<Vec<Injected>>]) -> Census {
+    let mut census = Census::default();
+    for per_seed in schedules {
+        for fs in per_seed {
+            census.episodes += 1;
+            census.faulted_episodes += u64::from(!fs.is_empty());
+            let mut steps: Vec<usize> = fs.iter().map(|f| f.step).collect();
+            let before = steps.len();
+            steps.dedup();
+            census.multi_fault_steps += (before - steps.len()) as u64;
+            for f in fs {
+                let Some(spec) = model.faults.get(f.spec) else {
+                    continue;
+                };
+                *census.by_fault.entry(spec.name.clone()).or_default() += 1;
+                *census.by_family.entry(spec.family).or_default() += 1;
+                if f.permanent {
+                    census.permanent += 1;
+                } else {
+                    census.transient += 1;
+                }
+                if spec.effect.explicit() {
+                    census.explicit += 1;
+                } else {
+                    census.implicit += 1;
+                }
+            }
+        }
+    }
+    census
+}
+
 /// Runs the benchmark. `progress(done, total)` is called after each batch of episodes;
-/// `trace`, when given, receives one JSON line per control-plane event (self-healing episodes) plus one
-/// summary line per episode of every strategy.
+/// `trace`, when given, receives the controller strategies' control-plane events plus one summary
+/// line per episode of every strategy.
 pub fn run(
     config: &BenchConfig,
     progress: &mut dyn FnMut(u64, u64),
     trace: Option<&mut dyn FnMut(&str)>,
 ) -> Report {
-    let all = tasks();
-    let tasks = &all[..config.tasks.min(all.len())];
-    let mix = config.effective_mix();
+    let model = config.effective_model();
+    let tasks = &config.task_set.tasks[..config.tasks.min(config.task_set.tasks.len())];
     let total = config.episodes();
     let want_trace = trace.is_some();
     let mut trace = trace;
     let mut done = 0u64;
-    // Schedules once per (seed, task): identical for every strategy and budget.
     let seeds: Vec<u64> = (0..u64::from(config.seeds))
         .map(|i| config.seed + i)
         .collect();
-    let schedules: Vec<Vec<Vec<faults::Fault>>> = seeds
-        .iter()
-        .map(|&seed| {
-            tasks
-                .iter()
-                .map(|t| schedule(t, seed, config.fault_rate, &mix))
-                .collect()
-        })
-        .collect();
-    let mut census = Census::default();
-    for per_seed in &schedules {
-        for fs in per_seed {
-            census.episodes += 1;
-            census.faulted_episodes += u64::from(!fs.is_empty());
-            for f in fs {
-                *census.by_family.entry(f.kind.family()).or_default() += 1;
-                match f.persistence {
-                    Persistence::Transient { .. } => census.transient += 1,
-                    Persistence::Permanent => census.permanent += 1,
-                }
-                match f.signalling {
-                    Signalling::Explicit => census.explicit += 1,
-                    Signalling::Implicit => census.implicit += 1,
-                }
-            }
-        }
-    }
+    let schedules = schedules(config);
+    let census = census_of(&model, &schedules);
 
     let mut results = Vec::new();
     let mut details = Vec::new();
+    let mut outcomes: BTreeMap<(u32, Strategy), Vec<Outcome>> = BTreeMap::new();
+    let mut tallies: BTreeMap<(u32, Strategy), Tally> = BTreeMap::new();
     for budget in config.budgets() {
         for &strategy in &config.strategies {
-            let mut n = 0u64;
-            let mut successes = 0u64;
-            let mut faulted = 0u64;
-            let mut recovered = 0u64;
-            let mut silent = 0u64;
-            let (mut m, mut u, mut v, mut r, mut lat) = (0u64, 0u64, 0u64, 0u64, 0u64);
+            let (mut n, mut successes, mut faulted, mut recovered, mut silent, mut silent_f) =
+                (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+            let mut costs = exec::Costs::default();
+            let mut k_total = 0.0;
+            let mut lat = 0u64;
             let mut by_class: BTreeMap<FailureClass, Recovered> = BTreeMap::new();
             let mut by_family: BTreeMap<Family, Recovered> = BTreeMap::new();
+            let mut by_fault: BTreeMap<String, KindOutcome> = BTreeMap::new();
+            let mut tally = Tally::default();
+            let mut eps = Vec::with_capacity(seeds.len() * tasks.len());
             for (si, &seed) in seeds.iter().enumerate() {
                 for (ti, task) in tasks.iter().enumerate() {
                     let faults = &schedules[si][ti];
-                    let mut env = Env::new(task, faults);
-                    let mut rng =
-                        SplitMix64::new(seed.wrapping_mul(31).wrapping_add(task.id as u64));
-                    let ended = match strategy {
-                        Strategy::Static => strategies::run_static(&mut env),
-                        Strategy::RetryOnly => {
-                            strategies::run_retry_only(&mut env, budget, &mut rng)
-                        }
-                        Strategy::React => strategies::run_react(&mut env, budget, &mut rng),
-                        Strategy::FullReplan => strategies::run_full_replan(&mut env, budget),
-                        Strategy::SelfHealing => strategies::run_self_healing(
-                            &mut env,
-                            config.policy.as_ref(),
-                            budget,
-                            seed,
-                            want_trace,
-                        ),
-                    };
-                    let correct = ended
-                        .answer
-                        .as_ref()
-                        .is_some_and(|a| env.answer_is_correct(a));
+                    let mut ep = Episode::new(task, faults, &model, seed);
+                    let ended = strategy.run(
+                        &mut ep,
+                        budget,
+                        config.policy.as_ref(),
+                        seed.wrapping_mul(1_000_003).wrapping_add(task.id as u64),
+                        want_trace,
+                    );
+                    let rec = ep.into_record();
+                    let correct = ended.answer.as_ref().is_some_and(|a| exec::score(task, a));
                     let claimed = ended.answer.is_some();
+                    let is_faulted = !faults.is_empty();
                     n += 1;
                     successes += u64::from(correct);
                     silent += u64::from(claimed && !correct);
-                    // Faults are counted as scheduled, not as reached: a strategy that stops at
-                    // the first fault must not shrink its own denominators.
-                    let met: &[faults::Fault] = faults;
-                    if !met.is_empty() {
+                    if is_faulted {
                         faulted += 1;
                         recovered += u64::from(correct);
+                        silent_f += u64::from(claimed && !correct);
                     }
-                    let mut classes: Vec<FailureClass> =
-                        met.iter().map(|f| f.kind.class(f.persistence)).collect();
+                    eps.push(Outcome {
+                        task: ti,
+                        faulted: is_faulted,
+                        success: correct,
+                        silent: claimed && !correct,
+                    });
+                    let mut classes: Vec<FailureClass> = faults
+                        .iter()
+                        .filter_map(|f| model.faults.get(f.spec)?.class_of(f.permanent))
+                        .collect();
                     classes.sort_unstable();
                     classes.dedup();
                     for c in classes {
@@ -429,7 +622,10 @@ pub fn run(
                         e.met += 1;
                         e.succeeded += u64::from(correct);
                     }
-                    let mut fams: Vec<Family> = met.iter().map(|f| f.kind.family()).collect();
+                    let mut fams: Vec<Family> = faults
+                        .iter()
+                        .filter_map(|f| Some(model.faults.get(f.spec)?.family))
+                        .collect();
                     fams.sort_unstable();
                     fams.dedup();
                     for f in fams {
@@ -437,34 +633,57 @@ pub fn run(
                         e.met += 1;
                         e.succeeded += u64::from(correct);
                     }
-                    m += env.costs.model_calls;
-                    u += env.costs.tool_calls;
-                    v += env.costs.verifier_calls;
-                    r += env.costs.recoveries;
-                    lat += env.clock_ms;
+                    let mut names: Vec<&str> = faults
+                        .iter()
+                        .filter_map(|f| Some(model.faults.get(f.spec)?.name.as_str()))
+                        .collect();
+                    names.sort_unstable();
+                    names.dedup();
+                    for name in names {
+                        let e = by_fault.entry(name.to_owned()).or_default();
+                        e.met += 1;
+                        e.succeeded += u64::from(correct);
+                        e.silent += u64::from(claimed && !correct);
+                    }
+                    costs.model_calls += rec.costs.model_calls;
+                    costs.escalated_calls += rec.costs.escalated_calls;
+                    costs.tool_calls += rec.costs.tool_calls;
+                    costs.verifier_calls += rec.costs.verifier_calls;
+                    costs.recoveries += rec.costs.recoveries;
+                    k_total += config.weights.k(&rec.costs);
+                    lat += rec.clock_ms;
+                    tally.verdicts_on_faithful += rec.tally.verdicts_on_faithful;
+                    tally.false_alarms += rec.tally.false_alarms;
+                    tally.verdicts_on_wrong += rec.tally.verdicts_on_wrong;
+                    tally.misses += rec.tally.misses;
+                    tally.uncertain += rec.tally.uncertain;
+                    for (inj, row) in rec.tally.confusion {
+                        let r = tally.confusion.entry(inj).or_default();
+                        for (c, k) in row {
+                            *r.entry(c).or_default() += k;
+                        }
+                    }
                     if let Some(out) = trace.as_mut() {
                         if let Some(t) = &ended.trace {
                             trace_lines(strategy, budget, seed, task.id, t, *out);
                         }
+                        let names: Vec<&str> = faults
+                            .iter()
+                            .filter_map(|f| Some(model.faults.get(f.spec)?.name.as_str()))
+                            .collect();
                         out(&format!(
                             "{{\"strategy\":\"{}\",\"budget\":{budget},\"seed\":{seed},\"task\":{},\"event\":\"episode\",\"faults\":{},\"success\":{correct},\"claimed\":{claimed},\"latency_ms\":{}}}",
                             strategy.as_str(),
                             task.id,
-                            serde_json::to_string(met).unwrap_or_else(|_| "[]".into()),
-                            env.clock_ms
+                            serde_json::to_string(&names).unwrap_or_else(|_| "[]".into()),
+                            rec.clock_ms
                         ));
                     }
                 }
                 done += tasks.len() as u64;
                 progress(done, total);
             }
-            let w = config.weights;
             let nf = n.max(1) as f64;
-            let cost = (w.model * m as f64
-                + w.tool * u as f64
-                + w.verifier * v as f64
-                + w.recovery * r as f64)
-                / nf;
             results.push(ResultRow {
                 strategy: strategy.as_str(),
                 budget,
@@ -472,7 +691,7 @@ pub fn run(
                 tsr: ratio(successes, n),
                 rsr: ratio(recovered, faulted),
                 sfr: ratio(silent, n),
-                cost: (cost * 100.0).round() / 100.0,
+                cost: (k_total / nf * 100.0).round() / 100.0,
                 latency_ms: (lat as f64 / nf).round(),
             });
             details.push(Detail {
@@ -482,24 +701,116 @@ pub fn run(
                 faulted,
                 recovered,
                 silent_failures: silent,
+                silent_faulted: silent_f,
                 tsr_ci: wilson(successes, n),
                 rsr_ci: wilson(recovered, faulted),
                 sfr_ci: wilson(silent, n),
-                model_calls: round4(m as f64 / nf),
-                tool_calls: round4(u as f64 / nf),
-                verifier_calls: round4(v as f64 / nf),
-                recovery_actions: round4(r as f64 / nf),
+                model_calls: round4(costs.model_calls as f64 / nf),
+                escalated_calls: round4(costs.escalated_calls as f64 / nf),
+                tool_calls: round4(costs.tool_calls as f64 / nf),
+                verifier_calls: round4(costs.verifier_calls as f64 / nf),
+                recovery_actions: round4(costs.recoveries as f64 / nf),
+                cost_per_success: (successes > 0)
+                    .then(|| (k_total / successes as f64 * 100.0).round() / 100.0),
+                verifier: VerifierRecord {
+                    on_faithful: tally.verdicts_on_faithful,
+                    false_alarms: tally.false_alarms,
+                    on_wrong: tally.verdicts_on_wrong,
+                    misses: tally.misses,
+                    uncertain: tally.uncertain,
+                },
                 by_class,
                 by_family,
+                by_fault,
             });
+            outcomes.insert((budget, strategy), eps);
+            tallies.insert((budget, strategy), tally);
         }
     }
+    let paired = paired_comparisons(config, &outcomes, tasks.len());
+    let top = config.budgets().into_iter().max().unwrap_or(config.budget);
+    let confusion = [Strategy::SelfHealing, Strategy::ClassAgnostic]
+        .into_iter()
+        .filter_map(|s| {
+            let t = tallies.get(&(top, s))?;
+            let mut c = Confusion {
+                strategy: s.as_str(),
+                ..Confusion::default()
+            };
+            for (inj, row) in &t.confusion {
+                let key = inj.map_or_else(|| "none".to_owned(), |c| c.to_string());
+                for (inf, k) in row {
+                    *c.matrix
+                        .entry(key.clone())
+                        .or_default()
+                        .entry(*inf)
+                        .or_default() += k;
+                    if inj.is_some() {
+                        c.total += k;
+                        c.correct += if *inj == Some(*inf) { *k } else { 0 };
+                    }
+                }
+            }
+            Some(c)
+        })
+        .collect();
     Report {
         config: config.clone(),
         results,
         details,
+        paired,
+        confusion,
         census,
     }
+}
+
+fn paired_comparisons(
+    config: &BenchConfig,
+    outcomes: &BTreeMap<(u32, Strategy), Vec<Outcome>>,
+    n_tasks: usize,
+) -> Vec<Paired> {
+    let mut out = Vec::new();
+    for budget in config.budgets() {
+        let Some(sh) = outcomes.get(&(budget, Strategy::SelfHealing)) else {
+            continue;
+        };
+        for &other in &config.strategies {
+            if other == Strategy::SelfHealing {
+                continue;
+            }
+            let Some(ot) = outcomes.get(&(budget, other)) else {
+                continue;
+            };
+            let pairs: Vec<stats::Pair> = sh
+                .iter()
+                .zip(ot)
+                .map(|(a, b)| stats::Pair {
+                    cluster: a.task,
+                    faulted: a.faulted,
+                    a_success: a.success,
+                    b_success: b.success,
+                    a_silent: a.silent,
+                    b_silent: b.silent,
+                })
+                .collect();
+            let seed = config.seed ^ u64::from(budget) ^ (other as u64).rotate_left(7);
+            let cmp = stats::compare(&pairs, n_tasks, seed);
+            out.push(Paired {
+                against: other.as_str(),
+                budget,
+                rsr_diff: round4(cmp.rsr.diff),
+                rsr_ci: [round4(cmp.rsr.lo), round4(cmp.rsr.hi)],
+                tsr_diff: round4(cmp.tsr.diff),
+                tsr_ci: [round4(cmp.tsr.lo), round4(cmp.tsr.hi)],
+                sfr_diff: round4(cmp.sfr.diff),
+                sfr_ci: [round4(cmp.sfr.lo), round4(cmp.sfr.hi)],
+                only_self_healing: cmp.only_a,
+                only_other: cmp.only_b,
+                mcnemar_p: round4(cmp.mcnemar_p),
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -522,6 +833,22 @@ mod tests {
             ..BenchConfig::default()
         };
         assert!(bad.validate().is_err_and(|e| e.contains("fault-rate")));
+        let too_many = BenchConfig {
+            tasks: 101,
+            ..BenchConfig::default()
+        };
+        assert!(too_many.validate().is_err_and(|e| e.contains("1..=100")));
         assert!(BenchConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn cost_weights_take_an_escalation_price() {
+        assert_eq!(CostWeights::parse("1,1,1,1").map(|w| w.escalation), Ok(5.0));
+        assert_eq!(
+            CostWeights::parse("1,1,1,1,9").map(|w| w.escalation),
+            Ok(9.0)
+        );
+        assert!(CostWeights::parse("1,1").is_err());
+        assert!(CostWeights::parse("1,1,1,-1").is_err());
     }
 }

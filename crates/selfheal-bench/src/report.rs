@@ -1,5 +1,10 @@
 //! Rendering a [`Report`]: the terminal table, a Markdown report and SVG plots.
 //!
+//! The table and the report lead with RSR (the share of faulted episodes that still succeeded)
+//! and put TSR beside it; then the paired comparisons, the drawn fault census, the per-fault
+//! truth table, cost per success, the verifier's error rates and the classifier's confusion
+//! matrix — what a skeptical reader needs to judge the headline.
+//!
 //! Plots are written as plain SVG by hand: two small charts do not justify a plotting stack, and
 //! hand-written SVG is byte-for-byte reproducible.
 
@@ -13,27 +18,45 @@ fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
 
-/// The results as a terminal table, shaped like the paper's.
-pub fn table(report: &Report) -> String {
-    let mut out = String::new();
+fn per_success(x: Option<f64>) -> String {
+    x.map_or_else(|| "—".to_owned(), |k| format!("{k:.2}"))
+}
+
+fn signed_pct(x: f64) -> String {
+    format!("{:+.1}", x * 100.0)
+}
+
+fn header(report: &Report) -> String {
     let c = &report.config;
-    let _ = writeln!(
-        out,
-        "selfheal bench — {} tasks × {} seeds (from {}), fault rate {}, {}",
+    let mix = match &c.mix {
+        Some(m) => format!(
+            ", mix runtime {} / output {} / context {} / semantic {} / agent {}",
+            m.runtime, m.output, m.context, m.semantic, m.agent
+        ),
+        None => String::new(),
+    };
+    format!(
+        "{} tasks of `{}` × {} seeds (from {}), fault rate {}, fault model `{}`{}{}",
         c.tasks,
+        c.task_set.name,
         c.seeds,
         c.seed,
         c.fault_rate,
+        c.fault_model_name,
+        mix,
         if c.silent {
-            "semantic silent-failure setting".to_owned()
+            ", semantic faults only (--silent)"
         } else {
-            format!(
-                "mix runtime {} / output {} / context {} / semantic {} / agent {}",
-                c.mix.runtime, c.mix.output, c.mix.context, c.mix.semantic, c.mix.agent
-            )
+            ""
         }
-    );
-    if c.policy.is_some() {
+    )
+}
+
+/// The results as a terminal table: RSR first, TSR next to it.
+pub fn table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "selfheal bench — {}", header(report));
+    if report.config.policy.is_some() {
         let _ = writeln!(
             out,
             "self-healing runs a custom policy (--policy), not the default"
@@ -41,47 +64,102 @@ pub fn table(report: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<13} {:>3} {:>8} {:>19} {:>8} {:>8} {:>8} {:>11}",
-        "strategy", "R", "episodes", "TSR (95 % CI)", "RSR", "SFR", "cost K", "latency ms"
+        "{:<19} {:>2} {:>6} {:>20} {:>7} {:>7} {:>7} {:>8} {:>9}",
+        "strategy", "R", "eps", "RSR (95 % CI)", "TSR", "SFR", "K", "K/succ", "lat ms"
     );
     for (r, d) in report.results.iter().zip(&report.details) {
         let _ = writeln!(
             out,
-            "{:<13} {:>3} {:>8} {:>7} [{:>4.1}–{:>5.1}] {:>8} {:>8} {:>8.2} {:>11.0}",
+            "{:<19} {:>2} {:>6} {:>7} [{:>4.1}–{:>5.1}] {:>7} {:>7} {:>7.2} {:>8} {:>9.0}",
             r.strategy,
             r.budget,
             r.episodes,
-            pct(r.tsr),
-            d.tsr_ci[0] * 100.0,
-            d.tsr_ci[1] * 100.0,
             pct(r.rsr),
+            d.rsr_ci[0] * 100.0,
+            d.rsr_ci[1] * 100.0,
+            pct(r.tsr),
             pct(r.sfr),
             r.cost,
+            per_success(d.cost_per_success),
             r.latency_ms
         );
     }
     let cen = &report.census;
     let _ = writeln!(
         out,
-        "workload: {} of {} episodes faulted; faults transient {} / permanent {}, explicit {} / implicit {}",
+        "workload: {} of {} episodes faulted; faults transient {} / permanent {}, explicit {} / implicit {}, {} steps with two faults",
         cen.faulted_episodes,
         cen.episodes,
         cen.transient,
         cen.permanent,
         cen.explicit,
-        cen.implicit
+        cen.implicit,
+        cen.multi_fault_steps
     );
+    let top = report.results.iter().map(|r| r.budget).max().unwrap_or(0);
+    for d in report.details.iter().filter(|d| d.budget == top) {
+        if d.verifier.on_faithful + d.verifier.on_wrong > 0 && d.strategy == "self-healing" {
+            let _ = writeln!(
+                out,
+                "verifier (self-healing, R = {top}): false alarms {} of {} faithful ({}), misses {} of {} wrong ({}), could not tell {}",
+                d.verifier.false_alarms,
+                d.verifier.on_faithful,
+                pct(d.verifier.false_alarm_rate()),
+                d.verifier.misses,
+                d.verifier.on_wrong,
+                pct(d.verifier.miss_rate()),
+                d.verifier.uncertain
+            );
+        }
+    }
+    for c in &report.confusion {
+        let _ = writeln!(
+            out,
+            "classifier ({}, R = {top}): {} of {} inferences match the injected class ({})",
+            c.strategy,
+            c.correct,
+            c.total,
+            pct(if c.total == 0 {
+                0.0
+            } else {
+                c.correct as f64 / c.total as f64
+            })
+        );
+    }
+    for p in report.paired.iter().filter(|p| p.budget == top) {
+        let _ = writeln!(
+            out,
+            "self-healing vs {:<19} RSR {:>6} pp [{:>6}, {:>6}]  SFR {:>5} pp [{:>5}, {:>5}]  McNemar {}:{} p = {:.4}",
+            p.against,
+            signed_pct(p.rsr_diff),
+            signed_pct(p.rsr_ci[0]),
+            signed_pct(p.rsr_ci[1]),
+            signed_pct(p.sfr_diff),
+            signed_pct(p.sfr_ci[0]),
+            signed_pct(p.sfr_ci[1]),
+            p.only_self_healing,
+            p.only_other,
+            p.mcnemar_p
+        );
+    }
     out
+}
+
+fn top_details(report: &Report) -> (u32, Vec<&crate::Detail>) {
+    let budget = report.results.iter().map(|r| r.budget).max().unwrap_or(0);
+    (
+        budget,
+        report
+            .details
+            .iter()
+            .filter(|d| d.budget == budget)
+            .collect(),
+    )
 }
 
 /// Per-class recovery at the largest budget run, as a Markdown table.
 pub fn class_table(report: &Report) -> String {
-    let budget = report.results.iter().map(|r| r.budget).max().unwrap_or(0);
-    let details: Vec<_> = report
-        .details
-        .iter()
-        .filter(|d| d.budget == budget)
-        .collect();
+    let (budget, details) = top_details(report);
     let mut out = String::new();
     let _ = write!(out, "| class (R = {budget}) |");
     for d in &details {
@@ -110,57 +188,189 @@ pub fn class_table(report: &Report) -> String {
     out
 }
 
+/// The per-fault truth table at the largest budget: success (and silent failures) of every
+/// strategy on the episodes that drew each fault. Cells at exactly 0 % or 100 % are marked `*`:
+/// check whether the world makes them so by construction.
+pub fn truth_table(report: &Report) -> String {
+    let (budget, details) = top_details(report);
+    let mut out = String::new();
+    let _ = write!(out, "| fault (R = {budget}) | drawn |");
+    for d in &details {
+        let _ = write!(out, " {} |", d.strategy);
+    }
+    out.push_str("\n|---|---:|");
+    for _ in &details {
+        out.push_str("---:|");
+    }
+    out.push('\n');
+    for (name, drawn) in &report.census.by_fault {
+        let met = details
+            .first()
+            .and_then(|d| d.by_fault.get(name))
+            .map_or(0, |k| k.met);
+        let _ = write!(out, "| {name} | {drawn} |");
+        for d in &details {
+            let k = d.by_fault.get(name).copied().unwrap_or_default();
+            let rate = k.succeeded as f64 / k.met.max(1) as f64;
+            let mark = if met > 0 && (k.succeeded == 0 || k.succeeded == k.met) {
+                "*"
+            } else {
+                ""
+            };
+            let silent = if k.silent > 0 {
+                format!(" ({} silent)", k.silent)
+            } else {
+                String::new()
+            };
+            let _ = write!(out, " {}{mark}{silent} |", pct(rate));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// The Markdown report.
 pub fn markdown(report: &Report, plots: &[&str]) -> String {
     let mut out = String::from("# selfheal bench report\n\n");
     let c = &report.config;
-    let _ = writeln!(
-        out,
-        "{} tasks × {} seeds starting at {}, fault rate {}, budgets {:?}{}.\n",
-        c.tasks,
-        c.seeds,
-        c.seed,
-        c.fault_rate,
-        c.budgets(),
-        if c.silent {
-            ", semantic silent-failure setting"
-        } else {
-            ""
-        }
-    );
-    out.push_str("| strategy | R | episodes | TSR | 95 % CI | RSR | SFR | cost K | latency ms |\n");
-    out.push_str("|---|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    let _ = writeln!(out, "{}, budgets {:?}.\n", header(report), c.budgets());
+    out.push_str("RSR is the share of faulted episodes that still ended with a correct answer; TSR counts all episodes; SFR is the share of all episodes that returned a wrong answer as if correct. K weighs model, tool, verifier and recovery calls at 1 and fallback-model calls at their own price.\n\n");
+    out.push_str("| strategy | R | episodes | RSR | 95 % CI | TSR | SFR | K | K per success | latency ms |\n");
+    out.push_str("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
     for (r, d) in report.results.iter().zip(&report.details) {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.1}–{:.1} | {} | {} | {:.2} | {:.0} |",
+            "| {} | {} | {} | {} | {:.1}–{:.1} | {} | {} | {:.2} | {} | {:.0} |",
             r.strategy,
             r.budget,
             r.episodes,
-            pct(r.tsr),
-            d.tsr_ci[0] * 100.0,
-            d.tsr_ci[1] * 100.0,
             pct(r.rsr),
+            d.rsr_ci[0] * 100.0,
+            d.rsr_ci[1] * 100.0,
+            pct(r.tsr),
             pct(r.sfr),
             r.cost,
+            per_success(d.cost_per_success),
             r.latency_ms
         );
     }
-    out.push_str("\n## Recovery by failure class\n\nShare of episodes that met the class and still succeeded.\n\n");
+    out.push_str("\n## Self-healing against each strategy, same episodes\n\nDifferences in percentage points (self-healing minus the other); 95 % intervals from a paired bootstrap that resamples whole tasks; McNemar's exact test on success (episodes only self-healing solved : only the other solved).\n\n| R | against | RSR diff | 95 % CI | TSR diff | SFR diff | 95 % CI | McNemar | p |\n|---:|---|---:|---|---:|---:|---|---|---:|\n");
+    for p in &report.paired {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} to {} | {} | {} | {} to {} | {}:{} | {:.4} |",
+            p.budget,
+            p.against,
+            signed_pct(p.rsr_diff),
+            signed_pct(p.rsr_ci[0]),
+            signed_pct(p.rsr_ci[1]),
+            signed_pct(p.tsr_diff),
+            signed_pct(p.sfr_diff),
+            signed_pct(p.sfr_ci[0]),
+            signed_pct(p.sfr_ci[1]),
+            p.only_self_healing,
+            p.only_other,
+            p.mcnemar_p
+        );
+    }
+    let cen = &report.census;
+    let total: u64 = cen.by_fault.values().sum();
+    let _ = writeln!(
+        out,
+        "\n## Fault census (drawn, not nominal)\n\n{} of {} episodes met at least one fault; {} faults: transient {} / permanent {}, explicit {} / implicit {}; {} steps drew two faults.\n",
+        cen.faulted_episodes,
+        cen.episodes,
+        total,
+        cen.transient,
+        cen.permanent,
+        cen.explicit,
+        cen.implicit,
+        cen.multi_fault_steps
+    );
+    out.push_str("| family | drawn | share |\n|---|---:|---:|\n");
+    for (f, k) in &cen.by_family {
+        let _ = writeln!(
+            out,
+            "| {} | {k} | {} |",
+            f.as_str(),
+            pct(*k as f64 / total.max(1) as f64)
+        );
+    }
+    out.push_str("\n## Truth table by fault\n\nSuccess rate of each strategy on the episodes that drew the fault (silent failures in brackets). `*` marks 0 % or 100 %. Some are so by construction: `static` has no recovery, so any fault that stops or corrupts its path is 0 %; a fault that takes down both sources, or gives both the same wrong value, or corrupts a tool with no substitute has no fix for anyone; a slow-but-correct tool is no failure. The rest are measurements.\n\n");
+    out.push_str(&truth_table(report));
+    out.push_str("\n## Recovery by failure class\n\nShare of episodes that met the (injected) class and still succeeded.\n\n");
     out.push_str(&class_table(report));
+    let (budget, details) = top_details(report);
+    let _ = writeln!(
+        out,
+        "\n## Detectors against the truth (R = {budget})\n\nThe cross-check verifier calls the equivalent source; equivalent sources differ by documented noise, so it can reject a faithful value (false alarm) or accept a wrong one (miss).\n\n| strategy | verdicts on faithful | false alarms | rate | verdicts on wrong | misses | rate | could not tell | fallback-model calls / episode |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for d in &details {
+        let v = &d.verifier;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
+            d.strategy,
+            v.on_faithful,
+            v.false_alarms,
+            pct(v.false_alarm_rate()),
+            v.on_wrong,
+            v.misses,
+            pct(v.miss_rate()),
+            v.uncertain,
+            d.escalated_calls
+        );
+    }
+    for c in &report.confusion {
+        let _ = writeln!(
+            out,
+            "\n### Classifier confusion matrix ({}, R = {budget})\n\nRows: the class of the fault last met at the step, or of the earlier step the model skipped when the failure is a missing input (`none`: no fault there, e.g. a verifier false alarm). Columns: the class the classifier inferred. {} of {} inferences on faulted steps match ({}).\n",
+            c.strategy,
+            c.correct,
+            c.total,
+            pct(if c.total == 0 {
+                0.0
+            } else {
+                c.correct as f64 / c.total as f64
+            })
+        );
+        let cols: Vec<FailureClass> = FailureClass::ALL
+            .into_iter()
+            .filter(|f| c.matrix.values().any(|row| row.contains_key(f)))
+            .collect();
+        out.push_str("| injected \\ inferred |");
+        for f in &cols {
+            let _ = write!(out, " {f} |");
+        }
+        out.push_str("\n|---|");
+        for _ in &cols {
+            out.push_str("---:|");
+        }
+        out.push('\n');
+        for (inj, row) in &c.matrix {
+            let _ = write!(out, "| {inj} |");
+            for f in &cols {
+                let _ = write!(out, " {} |", row.get(f).copied().unwrap_or(0));
+            }
+            out.push('\n');
+        }
+    }
     for p in plots {
         let _ = writeln!(out, "\n![{p}]({p})");
     }
     out
 }
 
-const COLORS: [&str; 5] = ["#888888", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c"];
+const COLORS: [&str; 8] = [
+    "#888888", "#d62728", "#ff7f0e", "#8c564b", "#9467bd", "#17becf", "#1f77b4", "#2ca02c",
+];
 
 fn color(strategy: &str) -> &'static str {
     Strategy::ALL
         .iter()
         .position(|s| s.as_str() == strategy)
-        .map_or("#000000", |i| COLORS[i])
+        .and_then(|i| COLORS.get(i).copied())
+        .unwrap_or("#000000")
 }
 
 /// TSR against budget, one line per strategy.

@@ -1,14 +1,26 @@
-//! The five strategies, each as good as its name allows.
+//! The strategies, each as good as its name allows, and the client they share.
+//!
+//! A strategy holds a `&mut` [`Episode`] and sees what a client sees: the plan, the call the
+//! model wrote, the response's status, bytes and latency. It cannot reach the fault schedule or
+//! the world's truth — those are private to [`crate::exec`] — and a test scans this file for any
+//! attempt to (`tests/oracle.rs`).
 //!
 //! | strategy | detects | recovers with |
 //! |---|---|---|
-//! | `static` | errors a plain client sees (raised errors, unparseable bodies, missing fields) | nothing: the first error fails the task |
-//! | `retry-only` | the same | resends the same call up to `R` times per failure, with exponential backoff that honours `Retry-After` |
-//! | `react` | the same; the error text (and any error body) goes back to the model | the model reads the text: waits and retries on timeouts and 429s, switches to the equivalent tool on 5xx/404/unavailable, rewrites the call on argument and parse errors, replans on a missing input; `R` actions per failure; no classes, no verifier |
-//! | `full-replan` | the same | discards the rest of the plan and replans from scratch, avoiding tools that failed; each replan costs one unit of `R` |
-//! | `self-healing` | the above plus the core's monitor (soft failures, duplicates), argument validation against the tool schema, a plan check on the tool name, freshness (`as_of`), and a verifier that cross-checks external values with the equivalent source | the core [`Controller`] with the default policy; `R` actions per failure and the full budget vector |
+//! | `static` | what a plain client sees: raised errors, unparseable bodies, missing or empty fields, inputs it cannot fill | nothing |
+//! | `retry-only` | the same | resends the same call up to `R` times per failure, backoff honouring `Retry-After` |
+//! | `react` | the same; the error text goes back to the model | waits and retries on timeouts and 429s, switches to the equivalent tool on 5xx/404/unavailable or when the same error comes twice, rewrites the call otherwise, replans on a missing input; `R` actions per failure |
+//! | `full-replan` | the same | discards the plan and replans from scratch, avoiding tools that failed; each replan is one unit of `R` |
+//! | `react+verify`, `full-replan+verify` | everything self-healing detects: the plan check on the tool name, argument schema check, repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
+//! | `class-agnostic` | as self-healing | the core controller with one ladder for every class (retry, repair, substitute, refresh, replan, escalate, degrade): the same actions without the classifier's choice |
+//! | `self-healing` | as above | the core [`Controller`] with the default policy |
 //!
-//! All strategies pay the same prices (see [`crate::env`]) and meet the same schedule.
+//! The cross-check verifier is a real call of the substitute ([`Purpose::Verify`]): it costs
+//! latency and `V`, meets the substitute's faults, and compares with the tool's documented
+//! tolerance, so noise between equivalent sources can make it reject a right value or accept a
+//! wrong one. Output repair runs `selfheal-repair` on the bytes the tool returned and refuses a
+//! cut body. Escalation writes the call with the fallback model ([`Writer::Fallback`]), which has
+//! its own error rate and price.
 
 use serde_json::Value;
 
@@ -16,13 +28,16 @@ use selfheal_core::budget::BudgetLimits;
 use selfheal_core::classifier::Signal;
 use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
 use selfheal_core::monitor::{CallOutcome, ToolCall, canonical_hash};
-use selfheal_core::policy::{Options, Policy, RecoveryAction, RepairTarget, RetryConfig};
+use selfheal_core::policy::{
+    ActionKind, Options, Policy, RecoveryAction, RepairTarget, RetryConfig,
+};
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::Judgement;
 use selfheal_core::{Amounts, FailureClass};
 
-use crate::env::{Env, Got, How, Outcome, Via, Written, latency, values_equal};
+use crate::exec::{Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
+use crate::task::{Plan, ResolveError, get_path, resolve_answer, resolve_args};
 
 /// A strategy's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -36,9 +51,18 @@ pub enum Strategy {
     /// Feed the error text back to the model.
     #[serde(rename = "react")]
     React,
+    /// `react` with self-healing's detectors and verifier.
+    #[serde(rename = "react+verify")]
+    ReactVerify,
     /// Replan from scratch on any failure.
     #[serde(rename = "full-replan")]
     FullReplan,
+    /// `full-replan` with self-healing's detectors and verifier.
+    #[serde(rename = "full-replan+verify")]
+    FullReplanVerify,
+    /// The core controller with one ladder for every class.
+    #[serde(rename = "class-agnostic")]
+    ClassAgnostic,
     /// The selfheal core.
     #[serde(rename = "self-healing")]
     SelfHealing,
@@ -46,11 +70,14 @@ pub enum Strategy {
 
 impl Strategy {
     /// Every strategy, in report order.
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 8] = [
         Strategy::Static,
         Strategy::RetryOnly,
         Strategy::React,
+        Strategy::ReactVerify,
         Strategy::FullReplan,
+        Strategy::FullReplanVerify,
+        Strategy::ClassAgnostic,
         Strategy::SelfHealing,
     ];
 
@@ -60,7 +87,10 @@ impl Strategy {
             Strategy::Static => "static",
             Strategy::RetryOnly => "retry-only",
             Strategy::React => "react",
+            Strategy::ReactVerify => "react+verify",
             Strategy::FullReplan => "full-replan",
+            Strategy::FullReplanVerify => "full-replan+verify",
+            Strategy::ClassAgnostic => "class-agnostic",
             Strategy::SelfHealing => "self-healing",
         }
     }
@@ -69,6 +99,46 @@ impl Strategy {
     pub fn parse(s: &str) -> Option<Strategy> {
         Strategy::ALL.into_iter().find(|x| x.as_str() == s)
     }
+
+    /// Runs one episode.
+    pub fn run(
+        self,
+        ep: &mut Episode<'_>,
+        r: u32,
+        policy: Option<&Policy>,
+        seed: u64,
+        want_trace: bool,
+    ) -> Ended {
+        let mut rng = SplitMix64::new(seed.wrapping_mul(31) ^ 0xBA5E);
+        match self {
+            Strategy::Static => run_static(ep),
+            Strategy::RetryOnly => run_retry_only(ep, r, &mut rng),
+            Strategy::React => run_react(ep, r, &mut rng, Detectors::PLAIN),
+            Strategy::ReactVerify => run_react(ep, r, &mut rng, Detectors::ALL),
+            Strategy::FullReplan => run_full_replan(ep, r, Detectors::PLAIN),
+            Strategy::FullReplanVerify => run_full_replan(ep, r, Detectors::ALL),
+            Strategy::ClassAgnostic => {
+                run_self_healing(ep, Some(&class_agnostic_policy()), r, seed, want_trace)
+            }
+            Strategy::SelfHealing => run_self_healing(ep, policy, r, seed, want_trace),
+        }
+    }
+}
+
+/// The policy of `class-agnostic`: the same ladder for every class.
+pub fn class_agnostic_policy() -> Policy {
+    use ActionKind::*;
+    let ladder = vec![
+        Retry, Repair, Substitute, Refresh, Replan, Escalate, Degrade,
+    ];
+    Policy {
+        ladders: FailureClass::ALL
+            .into_iter()
+            .map(|c| (c, ladder.clone()))
+            .collect(),
+        last_chance: Default::default(),
+        ..Policy::default()
+    }
 }
 
 /// How an episode ended.
@@ -76,197 +146,750 @@ impl Strategy {
 pub struct Ended {
     /// The answer, when the strategy returned one as complete.
     pub answer: Option<Value>,
-    /// Control-plane trace (JSON Lines), for the self-healing strategy.
+    /// Control-plane trace (JSON Lines), for the controller strategies.
     pub trace: Option<String>,
+}
+
+impl Ended {
+    fn none() -> Ended {
+        Ended {
+            answer: None,
+            trace: None,
+        }
+    }
+}
+
+/// Which detectors a client runs beyond a plain client's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Detectors {
+    /// Tool name checked against the plan, arguments against the schema, repetition.
+    pub call_checks: bool,
+    /// Soft failures and drift told apart from missing fields.
+    pub soft: bool,
+    /// `as_of` older than [`MAX_AGE_MS`] is a failure.
+    pub freshness: bool,
+    /// External values cross-checked with the equivalent source.
+    pub verify: bool,
+}
+
+impl Detectors {
+    /// A plain client.
+    pub const PLAIN: Detectors = Detectors {
+        call_checks: false,
+        soft: false,
+        freshness: false,
+        verify: false,
+    };
+    /// Everything self-healing uses.
+    pub const ALL: Detectors = Detectors {
+        call_checks: true,
+        soft: true,
+        freshness: true,
+        verify: true,
+    };
+}
+
+/// How the next attempt at a step is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct How {
+    substitute: bool,
+    fresh: bool,
+    regenerate: bool,
+    writer: Writer,
+    fix_tool: bool,
+    fix_args: bool,
+}
+
+impl Default for How {
+    fn default() -> Self {
+        How {
+            substitute: false,
+            fresh: false,
+            regenerate: true,
+            writer: Writer::Agent,
+            fix_tool: false,
+            fix_args: false,
+        }
+    }
+}
+
+/// A failed attempt, as the client understands it.
+#[derive(Debug, Clone, PartialEq)]
+struct Failure {
+    signal: Signal,
+    message: String,
+    retry_after_ms: Option<u64>,
+    repair: Option<RepairTarget>,
+    /// The call reached the tool (so the monitor records it).
+    called: Option<(String, Value, Option<Value>)>,
+}
+
+impl Failure {
+    fn new(signal: Signal, message: String) -> Failure {
+        Failure {
+            signal,
+            message,
+            retry_after_ms: None,
+            repair: None,
+            called: None,
+        }
+    }
+}
+
+/// What one attempt at a step produced.
+#[derive(Debug, Clone, PartialEq)]
+enum Attempt {
+    /// A usable body.
+    Ok(Value),
+    /// The model wrote no call.
+    Skipped,
+    /// A failure.
+    Failed(Failure),
 }
 
 fn backoff(rng: &mut SplitMix64, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
     RetryConfig::default().delay_ms(attempt, retry_after_ms, rng)
 }
 
-fn retry_after(o: &Outcome) -> Option<u64> {
-    match o {
-        Outcome::Raised { retry_after_ms, .. } => *retry_after_ms,
-        Outcome::Returned { .. } => None,
-    }
+fn normalise(k: &str) -> String {
+    k.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .flat_map(|c| c.to_lowercase())
+        .collect()
 }
 
-/// Writes and executes one step as a plain client: `Ok(value)`, `Err((message, outcome))`.
+/// Whether a body was cut off: more brackets opened than closed outside strings.
+fn is_cut(text: &str) -> bool {
+    let (mut depth, mut in_str, mut esc, mut quote) = (0i64, false, false, '"');
+    for c in text.chars() {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == '\\' {
+                esc = true;
+            } else if c == quote {
+                in_str = false;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => {
+                in_str = true;
+                quote = c;
+            }
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            _ => {}
+        }
+    }
+    depth > 0 || in_str
+}
+
+/// Output repair on the bytes a tool returned: `selfheal-repair`, then a schema-guided mapping
+/// of renamed fields. A cut body is refused: closing it would invent data.
+fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
+    let mut v: Value = match serde_json::from_str(body) {
+        Ok(v) => v,
+        Err(_) => {
+            if is_cut(body) {
+                return Err("the body was cut off: refusing to invent its end".into());
+            }
+            selfheal_repair::repair(body)
+                .map_err(|e| format!("JSON repair refused: {e}"))?
+                .value
+        }
+    };
+    for p in plan.read_paths(s) {
+        if get_path(&v, &p).is_some_and(|x| !x.is_null()) {
+            continue;
+        }
+        let top = p.split(['.', '[']).next().unwrap_or(&p).to_owned();
+        let Some(o) = v.as_object_mut() else {
+            return Err("the body is not an object".into());
+        };
+        let want = normalise(&top);
+        let found: Vec<String> = o
+            .keys()
+            .filter(|k| **k != top && normalise(k).starts_with(&want))
+            .cloned()
+            .collect();
+        match found.as_slice() {
+            [one] => {
+                if let Some(x) = o.remove(one) {
+                    o.insert(top.clone(), x);
+                }
+            }
+            _ => return Err(format!("field `{top}` is missing and cannot be mapped")),
+        }
+    }
+    Ok(v)
+}
+
+/// The arguments of a written call that differ from what the plan says they are (a literal of
+/// the task, or an earlier step's output).
+fn ungrounded(
+    plan: &Plan,
+    s: usize,
+    args: &serde_json::Map<String, Value>,
+    outputs: &[Option<Value>],
+) -> Vec<String> {
+    let Ok(Value::Object(want)) = resolve_args(plan, s, outputs) else {
+        return Vec::new();
+    };
+    want.iter()
+        .filter(|(k, w)| args.get(*k).is_some_and(|got| got != *w))
+        .map(|(k, w)| {
+            format!(
+                "`{k}` is {} but the plan gives {w}",
+                args.get(k).map_or_else(String::new, Value::to_string)
+            )
+        })
+        .collect()
+}
+
+/// Checks a parsed body the way a client does.
+fn check_body(
+    plan: &Plan,
+    s: usize,
+    v: &Value,
+    det: Detectors,
+    now: u64,
+) -> Result<(), Box<Failure>> {
+    for p in plan.read_paths(s) {
+        let got = get_path(v, &p);
+        let missing = match got {
+            None | Some(Value::Null) => true,
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(_) => false,
+        };
+        if !missing {
+            continue;
+        }
+        let text = v.to_string();
+        if !det.soft {
+            return Err(Box::new(Failure::new(
+                Signal::EmptyOutput,
+                format!("KeyError: `{p}` missing or empty in {text}"),
+            )));
+        }
+        if let Some(e) = v.get("error").and_then(Value::as_str) {
+            return Err(Box::new(Failure::new(
+                Signal::Exception {
+                    message: e.to_owned(),
+                },
+                format!("the tool returned an error body: {e}"),
+            )));
+        }
+        let top = p.split(['.', '[']).next().unwrap_or(&p);
+        let drifted = v.as_object().is_some_and(|o| {
+            o.keys()
+                .any(|k| k != top && normalise(k).starts_with(&normalise(top)))
+        });
+        if drifted || got.is_none() {
+            let mut f = Failure::new(
+                Signal::SchemaDrift {
+                    detail: format!("no `{p}` in {text}"),
+                },
+                format!("schema drift: no `{p}` in {text}"),
+            );
+            f.repair = Some(RepairTarget::Output);
+            return Err(Box::new(f));
+        }
+        return Err(Box::new(Failure::new(
+            Signal::EmptyOutput,
+            format!("empty output: `{p}` is empty in {text}"),
+        )));
+    }
+    if det.freshness
+        && let Some(t) = v.get("as_of").and_then(Value::as_u64)
+        && now.saturating_sub(t) > MAX_AGE_MS
+    {
+        return Err(Box::new(Failure::new(
+            Signal::Stale {
+                age_ms: now.saturating_sub(t),
+                max_age_ms: MAX_AGE_MS,
+            },
+            format!("stale data: as_of is {} ms old", now.saturating_sub(t)),
+        )));
+    }
+    Ok(())
+}
+
+/// One attempt at step `s`: the model writes, the client checks, the tool runs, the client reads.
 fn attempt(
-    env: &mut Env<'_>,
+    ep: &mut Episode<'_>,
     s: usize,
     how: How,
-) -> Result<Option<Got>, (String, Option<Outcome>)> {
-    let w = env.write(s, how).map_err(|e| (e, None))?;
-    if w == Written::Skipped {
-        return Ok(None);
+    outputs: &[Option<Value>],
+    prev_call: Option<&Written>,
+    det: Detectors,
+) -> Attempt {
+    // An input nobody produced: every client sees that it cannot fill the argument.
+    if let Err(e @ ResolveError::Missing { .. }) = resolve_args(ep.plan(), s, outputs) {
+        ep.write(s, how.writer, true, outputs);
+        return Attempt::Failed(Failure::new(
+            Signal::MissingStep {
+                detail: e.to_string(),
+            },
+            e.to_string(),
+        ));
     }
-    let out = env.execute(s, &w, how);
-    env.client_parse(s, &out)
-        .map(Some)
-        .map_err(|e| (with_body(e, &out), Some(out)))
-}
-
-fn with_body(message: String, out: &Outcome) -> String {
-    match out {
-        Outcome::Returned { body } if message.starts_with("KeyError") => {
-            format!("{message} in {body}")
+    let written = ep.write(s, how.writer, how.regenerate, outputs);
+    let Written::Call { tool, args } = written.clone() else {
+        return Attempt::Skipped;
+    };
+    let plan = ep.plan();
+    let Some(spec) = plan.step_tool(s) else {
+        return Attempt::Failed(Failure::new(Signal::EmptyResponse, "no such step".into()));
+    };
+    let primary = spec.name.clone();
+    let substitute = spec.substitute.clone();
+    let required = spec.required();
+    let mut tool = tool;
+    let mut args = args;
+    if how.fix_tool && tool != primary && Some(&tool) != substitute.as_ref() {
+        tool = primary.clone();
+    }
+    if how.substitute
+        && tool == primary
+        && let Some(sub) = &substitute
+    {
+        tool = sub.clone();
+    }
+    if det.call_checks {
+        if prev_call.is_some_and(|p| {
+            matches!(p, Written::Call { tool: t, args: a } if *t == tool && canonical_hash(a) == canonical_hash(&args))
+        }) {
+            return Attempt::Failed(Failure::new(
+                Signal::Repetition,
+                format!("the call repeats the previous step's `{tool}` call"),
+            ));
         }
-        Outcome::Returned { .. } | Outcome::Raised { .. } => message,
+        if tool != primary && Some(&tool) != substitute.as_ref() {
+            let known = plan.tool(&tool).is_some()
+                || plan
+                    .tools
+                    .iter()
+                    .any(|t| t.sibling.as_deref() == Some(tool.as_str()));
+            let mut f = Failure::new(
+                if known {
+                    Signal::ToolMismatch { tool: tool.clone() }
+                } else {
+                    Signal::UnknownTool { name: tool.clone() }
+                },
+                format!("`{tool}` is not the plan's tool `{primary}` for this step"),
+            );
+            f.repair = Some(RepairTarget::ToolChoice);
+            return Attempt::Failed(f);
+        }
+    }
+    if how.fix_args {
+        // Argument repair: JSON repair of the text the model wrote, then the plan's values for
+        // arguments that are empty or not grounded.
+        if let Value::String(text) = &args
+            && let Ok(r) = selfheal_repair::repair(text)
+            && r.value.is_object()
+        {
+            args = r.value;
+        }
+        if let (Some(obj), Ok(Value::Object(want))) =
+            (args.as_object_mut(), resolve_args(plan, s, outputs))
+        {
+            for (k, v) in want {
+                obj.insert(k, v);
+            }
+        }
+    }
+    if det.call_checks {
+        let Some(obj) = args.as_object() else {
+            let mut f = Failure::new(
+                Signal::InvalidArguments {
+                    errors: vec![format!("arguments of `{tool}` are not a JSON object")],
+                },
+                "the arguments are not valid JSON".into(),
+            );
+            f.repair = Some(RepairTarget::Arguments);
+            return Attempt::Failed(f);
+        };
+        let empty: Vec<String> = required
+            .iter()
+            .filter(|r| match obj.get(*r) {
+                None | Some(Value::Null) => true,
+                Some(Value::String(x)) => x.trim().is_empty(),
+                Some(_) => false,
+            })
+            .cloned()
+            .collect();
+        if !empty.is_empty() {
+            let mut f = Failure::new(
+                Signal::EmptyInput {
+                    arguments: empty.clone(),
+                },
+                format!("required arguments are empty: {empty:?}"),
+            );
+            f.repair = Some(RepairTarget::Arguments);
+            return Attempt::Failed(f);
+        }
+        // Grounding: every argument must be the literal or the earlier output the plan names.
+        let ungrounded = ungrounded(plan, s, obj, outputs);
+        if !ungrounded.is_empty() {
+            let mut f = Failure::new(
+                Signal::InvalidArguments {
+                    errors: ungrounded.clone(),
+                },
+                format!(
+                    "arguments not grounded in the plan: {}",
+                    ungrounded.join("; ")
+                ),
+            );
+            f.repair = Some(RepairTarget::Arguments);
+            return Attempt::Failed(f);
+        }
+    }
+    let resp = ep.call(s, &tool, &args, Purpose::Step, how.fresh);
+    let now = ep.data_now();
+    let called = |result: Option<Value>| Some((tool.clone(), args.clone(), result));
+    match resp.response {
+        Response::Raised {
+            message,
+            status,
+            retry_after_ms,
+            timeout,
+        } => {
+            let signal = if timeout {
+                Signal::Timeout
+            } else {
+                match status {
+                    Some(code) => Signal::HttpStatus {
+                        status: code,
+                        retry_after_ms,
+                        message: message.clone(),
+                    },
+                    None => Signal::Exception {
+                        message: message.clone(),
+                    },
+                }
+            };
+            Attempt::Failed(Failure {
+                signal,
+                message,
+                retry_after_ms,
+                repair: None,
+                called: called(None),
+            })
+        }
+        Response::Returned { body } => {
+            let v: Value = match serde_json::from_str(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    let (signal, repair) = if !det.soft {
+                        (
+                            Signal::MalformedOutput {
+                                detail: e.to_string(),
+                            },
+                            None,
+                        )
+                    } else if is_cut(&body) {
+                        (Signal::TruncatedOutput, Some(RepairTarget::Output))
+                    } else {
+                        (
+                            Signal::MalformedOutput {
+                                detail: e.to_string(),
+                            },
+                            Some(RepairTarget::Output),
+                        )
+                    };
+                    return Attempt::Failed(Failure {
+                        signal,
+                        message: format!("JSONDecodeError: {e}"),
+                        retry_after_ms: None,
+                        repair,
+                        called: called(Some(Value::String(body))),
+                    });
+                }
+            };
+            match check_body(ep.plan(), s, &v, det, now) {
+                Ok(()) => Attempt::Ok(v),
+                Err(mut f) => {
+                    f.called = called(Some(v));
+                    Attempt::Failed(*f)
+                }
+            }
+        }
     }
 }
 
-fn finish(env: &Env<'_>) -> Ended {
-    let answer = env.values.last().cloned().flatten();
+/// The cross-check: calls the substitute with the same arguments and compares the values the
+/// plan reads within the tool's tolerance. `None` when there is nothing to check against.
+fn cross_check(
+    ep: &mut Episode<'_>,
+    s: usize,
+    how: How,
+    body: &Value,
+    outputs: &[Option<Value>],
+) -> Option<Judgement> {
+    let plan = ep.plan();
+    let spec = plan.step_tool(s)?;
+    if !spec.external || how.substitute {
+        return None;
+    }
+    let sub = spec.substitute.clone()?;
+    let tol = spec.tolerance;
+    let reads = plan.read_paths(s);
+    let args = resolve_args(plan, s, outputs).ok()?;
+    let resp = ep.call(s, &sub, &args, Purpose::Verify, false);
+    let judgement = match resp.response {
+        Response::Raised { message, .. } => Judgement::Uncertain {
+            reason: format!("`{sub}` did not answer: {message}"),
+        },
+        Response::Returned { body: other } => match serde_json::from_str::<Value>(&other) {
+            Err(_) => Judgement::Uncertain {
+                reason: format!("`{sub}` sent an unreadable body"),
+            },
+            Ok(o) => {
+                let mut verdict = Judgement::Accept;
+                for p in &reads {
+                    match (get_path(body, p), get_path(&o, p)) {
+                        (Some(a), Some(b)) if tol.agrees(a, b) => {}
+                        (Some(a), Some(b)) => {
+                            verdict = Judgement::Reject {
+                                reason: format!("`{p}`: {a} here, {b} from `{sub}`"),
+                            };
+                            break;
+                        }
+                        _ => {
+                            verdict = Judgement::Uncertain {
+                                reason: format!("`{sub}` has no `{p}`"),
+                            };
+                        }
+                    }
+                }
+                verdict
+            }
+        },
+    };
+    match &judgement {
+        Judgement::Accept => ep.report_verdict(s, Some(true)),
+        Judgement::Reject { .. } => ep.report_verdict(s, Some(false)),
+        Judgement::Uncertain { .. } => ep.report_verdict(s, None),
+    }
+    Some(judgement)
+}
+
+fn finish(ep: &Episode<'_>, outputs: &[Option<Value>]) -> Ended {
     Ended {
-        answer,
+        answer: resolve_answer(ep.plan(), outputs).ok(),
         trace: None,
     }
 }
 
 /// `static`: run the plan; the first error ends the task.
-pub fn run_static(env: &mut Env<'_>) -> Ended {
-    env.plan();
-    for s in 0..env.task.steps.len() {
-        match attempt(env, s, How::default()) {
-            Ok(v) => env.values[s] = v.map(|g| g.value),
-            Err(_) => {
-                return Ended {
-                    answer: None,
-                    trace: None,
-                };
-            }
+pub fn run_static(ep: &mut Episode<'_>) -> Ended {
+    ep.plan_call();
+    let n = ep.plan().steps.len();
+    let mut outputs: Vec<Option<Value>> = vec![None; n];
+    for s in 0..n {
+        match attempt(ep, s, How::default(), &outputs, None, Detectors::PLAIN) {
+            Attempt::Ok(v) => outputs[s] = Some(v),
+            Attempt::Skipped => outputs[s] = None,
+            Attempt::Failed(_) => return Ended::none(),
         }
     }
-    finish(env)
+    finish(ep, &outputs)
 }
 
 /// `retry-only`: resend the same call up to `r` times per failure.
-pub fn run_retry_only(env: &mut Env<'_>, r: u32, rng: &mut SplitMix64) -> Ended {
-    env.plan();
-    for s in 0..env.task.steps.len() {
+pub fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> Ended {
+    ep.plan_call();
+    let n = ep.plan().steps.len();
+    let mut outputs: Vec<Option<Value>> = vec![None; n];
+    for s in 0..n {
         let mut tries = 0;
         let mut how = How::default();
         loop {
-            match attempt(env, s, how) {
-                Ok(v) => {
-                    env.values[s] = v.map(|g| g.value);
+            match attempt(ep, s, how, &outputs, None, Detectors::PLAIN) {
+                Attempt::Ok(v) => {
+                    outputs[s] = Some(v);
                     break;
                 }
-                Err((_, out)) => {
+                Attempt::Skipped => break,
+                Attempt::Failed(f) => {
                     if tries >= r {
-                        return Ended {
-                            answer: None,
-                            trace: None,
-                        };
+                        return Ended::none();
                     }
                     tries += 1;
-                    env.costs.recoveries += 1;
-                    let wait = backoff(rng, tries, out.as_ref().and_then(retry_after));
-                    env.wait(wait);
+                    ep.charge_recovery();
+                    ep.wait(backoff(rng, tries, f.retry_after_ms));
                     how.regenerate = false;
                 }
             }
         }
     }
-    finish(env)
+    finish(ep, &outputs)
 }
 
-/// `react`: the model reads the error and picks the next action.
-pub fn run_react(env: &mut Env<'_>, r: u32, rng: &mut SplitMix64) -> Ended {
-    env.plan();
-    let n = env.task.steps.len();
-    let mut s = 0;
+/// `react` (and `react+verify`): the model reads the error and picks the next action.
+pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detectors) -> Ended {
+    ep.plan_call();
+    let n = ep.plan().steps.len();
+    let mut outputs: Vec<Option<Value>> = vec![None; n];
+    let mut written: Vec<Option<Written>> = vec![None; n];
     let mut tries = vec![0u32; n];
     let mut how = vec![How::default(); n];
+    let mut last_error: Vec<Option<String>> = vec![None; n];
+    let mut s = 0;
     while s < n {
-        if env.values[s].is_some() {
+        if outputs[s].is_some() {
             s += 1;
             continue;
         }
-        match attempt(env, s, how[s]) {
-            Ok(v) => {
-                env.values[s] = v.map(|g| g.value);
-                s += 1;
-            }
-            Err((message, out)) => {
-                if tries[s] >= r {
-                    return Ended {
-                        answer: None,
-                        trace: None,
-                    };
-                }
-                tries[s] += 1;
-                env.costs.recoveries += 1;
-                let m = message.to_ascii_lowercase();
-                let has = |xs: &[&str]| xs.iter().any(|x| m.contains(x));
-                if has(&["missing input"]) {
-                    env.replan(false);
-                    s = env.first_missing().unwrap_or(s);
+        let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
+        let result = attempt(ep, s, how[s], &outputs, prev, det);
+        let failure = match result {
+            Attempt::Ok(v) => match det
+                .verify
+                .then(|| cross_check(ep, s, how[s], &v, &outputs))
+                .flatten()
+            {
+                Some(Judgement::Reject { reason }) => Failure::new(
+                    Signal::VerifierRejected {
+                        reason: reason.clone(),
+                    },
+                    format!("the other source disagrees: {reason}"),
+                ),
+                Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
+                    written[s] = ep.plan().steps.get(s).map(|st| Written::Call {
+                        tool: st.tool.clone(),
+                        args: resolve_args(ep.plan(), s, &outputs).unwrap_or(Value::Null),
+                    });
+                    outputs[s] = Some(v);
+                    s += 1;
                     continue;
                 }
-                if has(&["timed out", "429", "rate limit", "connection reset"]) {
-                    let wait = backoff(rng, tries[s], out.as_ref().and_then(retry_after));
-                    env.wait(wait);
-                } else if has(&["503", "unavailable", "404", "502", "500", "not found"])
-                    && env.task.steps[s].group.substitute().is_some()
-                {
-                    how[s].via = Via::Substitute;
-                }
-                // The model writes the next call with the error in view.
-                how[s].regenerate = true;
+            },
+            Attempt::Skipped => {
+                s += 1;
+                continue;
             }
+            Attempt::Failed(f) => f,
+        };
+        if tries[s] >= r {
+            return Ended::none();
         }
+        tries[s] += 1;
+        ep.charge_recovery();
+        let m = failure.message.to_ascii_lowercase();
+        let has = |xs: &[&str]| xs.iter().any(|x| m.contains(x));
+        let repeated = last_error[s].as_deref() == Some(m.as_str());
+        last_error[s] = Some(m.clone());
+        let can_switch = ep
+            .plan()
+            .step_tool(s)
+            .is_some_and(|t| t.substitute.is_some())
+            && !how[s].substitute;
+        if has(&["missing input"]) {
+            ep.replan(Writer::Agent);
+            s = outputs.iter().position(Option::is_none).unwrap_or(s).min(s);
+            continue;
+        }
+        if has(&["disagrees"]) && can_switch {
+            how[s].substitute = true;
+        } else if has(&["stale"]) {
+            how[s].fresh = true;
+        } else if (has(&[
+            "503",
+            "unavailable",
+            "404",
+            "502",
+            "not found",
+            "bad gateway",
+        ]) || (repeated && has(&["timed out", "500", "reset"])))
+            && can_switch
+        {
+            // A permanent-looking failure: use the other tool.
+            how[s].substitute = true;
+        } else if has(&["timed out", "429", "rate limit", "reset", "500"]) {
+            ep.wait(backoff(rng, tries[s], failure.retry_after_ms));
+        }
+        // The model writes the next call with the error in view.
+        how[s].regenerate = true;
     }
-    finish(env)
+    finish(ep, &outputs)
 }
 
-/// `full-replan`: on any failure, replan from scratch, avoiding tools that failed.
-pub fn run_full_replan(env: &mut Env<'_>, r: u32) -> Ended {
-    env.plan();
-    let n = env.task.steps.len();
+/// `full-replan` (and `full-replan+verify`): on any failure, replan from scratch, avoiding
+/// tools that failed.
+pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
+    ep.plan_call();
+    let n = ep.plan().steps.len();
+    let mut outputs: Vec<Option<Value>> = vec![None; n];
     let mut replans = vec![0u32; n];
     let mut avoid = vec![false; n];
+    let mut fresh = vec![false; n];
     let mut s = 0;
     while s < n {
         let how = How {
-            via: if avoid[s] && env.task.steps[s].group.substitute().is_some() {
-                Via::Substitute
-            } else {
-                Via::Primary
-            },
+            substitute: avoid[s],
+            fresh: fresh[s],
             ..How::default()
         };
-        match attempt(env, s, how) {
-            Ok(v) => {
-                env.values[s] = v.map(|g| g.value);
-                s += 1;
-            }
-            Err((_, out)) => {
-                if replans[s] >= r {
-                    return Ended {
-                        answer: None,
-                        trace: None,
-                    };
+        let result = attempt(ep, s, how, &outputs, None, det);
+        let failed = match result {
+            Attempt::Ok(v) => match det
+                .verify
+                .then(|| cross_check(ep, s, how, &v, &outputs))
+                .flatten()
+            {
+                Some(Judgement::Reject { .. }) => true,
+                Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
+                    outputs[s] = Some(v);
+                    s += 1;
+                    continue;
                 }
-                replans[s] += 1;
-                env.costs.recoveries += 1;
-                if out.is_some() {
+            },
+            Attempt::Skipped => {
+                s += 1;
+                continue;
+            }
+            Attempt::Failed(f) => {
+                if matches!(f.signal, Signal::Stale { .. }) {
+                    fresh[s] = true;
+                }
+                if f.called.is_some()
+                    && ep
+                        .plan()
+                        .step_tool(s)
+                        .is_some_and(|t| t.substitute.is_some())
+                {
                     avoid[s] = true;
                 }
-                env.replan(false);
-                for v in env.values.iter_mut() {
-                    *v = None;
-                }
-                s = 0;
+                true
             }
+        };
+        if failed {
+            if replans[s] >= r {
+                return Ended::none();
+            }
+            replans[s] += 1;
+            ep.charge_recovery();
+            if det.verify
+                && ep
+                    .plan()
+                    .step_tool(s)
+                    .is_some_and(|t| t.substitute.is_some())
+            {
+                avoid[s] = true;
+            }
+            ep.replan(Writer::Agent);
+            outputs.iter_mut().for_each(|v| *v = None);
+            s = 0;
         }
     }
-    finish(env)
+    finish(ep, &outputs)
 }
 
-/// The budget vector the self-healing strategy runs under for a plan of `n` steps at per-failure
-/// budget `r`.
+/// The budget vector the controller strategies run under for a plan of `n` steps at
+/// per-failure budget `r`.
 pub fn self_healing_budget(n: usize, r: u32) -> BudgetLimits {
     let n = n as u64;
     let r = u64::from(r);
@@ -281,111 +904,48 @@ pub fn self_healing_budget(n: usize, r: u32) -> BudgetLimits {
     }
 }
 
-struct Step<'e, 'a> {
-    env: &'e mut Env<'a>,
+struct Run<'e, 'a> {
+    ep: &'e mut Episode<'a>,
     ctl: Controller,
     rng: SplitMix64,
 }
 
-impl Step<'_, '_> {
-    fn now(&self) -> u64 {
-        self.env.clock_ms
-    }
-
-    fn options(&self, s: usize, how: How, repair: Option<RepairTarget>) -> Options {
-        let group = self.env.task.steps[s].group;
-        Options {
-            repair,
-            substitute: match how.via {
-                Via::Primary => group.substitute().map(str::to_owned),
-                Via::Substitute => None,
-            },
-            refreshable: group.has_freshness(),
-            can_replan: true,
-            fallback_model: (!how.escalated).then(|| "fallback-model".to_owned()),
-            human_available: false,
-            retry_safe: true,
-            partial_result: self.env.values.iter().any(Option::is_some),
-        }
-    }
-
-    fn model_failed(
-        &mut self,
+impl Run<'_, '_> {
+    fn options(
+        &self,
         s: usize,
-        signal: Signal,
         how: How,
         repair: Option<RepairTarget>,
-        since: u64,
-    ) -> Directive {
-        let options = self.options(s, how, repair);
-        let usage = Amounts {
-            latency_ms: self.now() - since,
-            ..Amounts::default()
-        };
-        let now = self.now();
-        self.ctl.observe(
-            Observation::ModelFinished {
-                step: Some(s as u32),
-                signal: Some(signal),
-                options,
-                usage,
+        outputs: &[Option<Value>],
+    ) -> Options {
+        let spec = self.ep.plan().step_tool(s);
+        Options {
+            repair,
+            substitute: if how.substitute {
+                None
+            } else {
+                spec.and_then(|t| t.substitute.clone())
             },
-            now,
-            &mut self.rng,
-        )
-    }
-}
-
-/// Reads what went wrong in a body a plain client could not use.
-fn diagnose_body(field: &str, message: &str, body: &str) -> (Signal, Option<RepairTarget>) {
-    if message.starts_with("JSONDecodeError") {
-        let opens = body.matches(['{', '[']).count();
-        let closes = body.matches(['}', ']']).count();
-        if opens > closes {
-            return (Signal::TruncatedOutput, Some(RepairTarget::Output));
+            refreshable: spec.is_some_and(|t| t.freshness),
+            can_replan: true,
+            fallback_model: (how.writer == Writer::Agent).then(|| "fallback-model".to_owned()),
+            human_available: false,
+            retry_safe: true,
+            partial_result: outputs.iter().any(Option::is_some),
         }
-        return (
-            Signal::MalformedOutput {
-                detail: message.to_owned(),
-            },
-            Some(RepairTarget::Output),
-        );
     }
-    let parsed: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-    if let Some(err) = parsed.get("error").and_then(Value::as_str) {
-        return (
-            Signal::Exception {
-                message: err.to_owned(),
-            },
-            None,
-        );
-    }
-    if let Some(o) = parsed.as_object()
-        && o.keys().any(|k| k != field && k.starts_with(field))
-    {
-        return (
-            Signal::SchemaDrift {
-                detail: format!(
-                    "expected `{field}`, found {:?}",
-                    o.keys().collect::<Vec<_>>()
-                ),
-            },
-            Some(RepairTarget::Output),
-        );
-    }
-    (Signal::EmptyOutput, None)
 }
 
-/// `self-healing`: the core controller with `policy` (the default policy when `None`), its
-/// actions per failure capped at `r` — or at the policy's own cap, if that is lower.
+/// `self-healing` (and `class-agnostic`, with its policy): the core controller with `policy`
+/// (the default when `None`), its actions per failure capped at `r` or the policy's own cap.
 pub fn run_self_healing(
-    env: &mut Env<'_>,
+    ep: &mut Episode<'_>,
     policy: Option<&Policy>,
     r: u32,
     seed: u64,
     want_trace: bool,
 ) -> Ended {
-    let n = env.task.steps.len();
+    let n = ep.plan().steps.len();
     let base = policy.cloned().unwrap_or_default();
     let policy = Policy {
         max_actions_per_failure: Some(base.max_actions_per_failure.map_or(r, |cap| cap.min(r))),
@@ -397,200 +957,216 @@ pub fn run_self_healing(
         ..ControllerConfig::default()
     };
     let Ok(ctl) = Controller::new(config) else {
-        return Ended {
-            answer: None,
-            trace: None,
-        };
+        return Ended::none();
     };
-    env.plan();
-    let task_id = env.task.id as u64;
-    let mut st = Step {
-        env,
+    ep.plan_call();
+    let mut st = Run {
+        ep,
         ctl,
-        rng: SplitMix64::new(seed ^ task_id.rotate_left(17)),
+        rng: SplitMix64::new(seed ^ 0x5E1F),
     };
+    let mut outputs: Vec<Option<Value>> = vec![None; n];
+    let mut written: Vec<Option<Written>> = vec![None; n];
     let mut how = vec![How::default(); n];
+    let mut last_body: Vec<Option<String>> = vec![None; n];
     let mut s = 0;
-    let mut last_out: Option<Outcome> = None;
-    'steps: while s < n {
-        if st.env.values[s].is_some() {
-            // Already produced before a replan sent us back: keep it.
+    let end = |st: &mut Run<'_, '_>| {
+        let now = st.ep.now();
+        st.ctl.finish(now);
+        Ended {
+            answer: None,
+            trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
+        }
+    };
+    while s < n {
+        if outputs[s].is_some() {
             s += 1;
             continue;
         }
-        let since = st.now();
-        let directive = match st.env.write(s, how[s]) {
-            Err(message) => st.model_failed(
-                s,
-                Signal::MissingStep { detail: message },
-                how[s],
-                None,
-                since,
-            ),
-            Ok(Written::Skipped) => {
-                st.env.values[s] = None;
+        let since = st.ep.now();
+        let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
+        let result = attempt(st.ep, s, how[s], &outputs, prev, Detectors::ALL);
+        let directive = match result {
+            Attempt::Skipped => {
                 s += 1;
                 continue;
             }
-            Ok(Written::Call { tool, args }) => {
-                let group = st.env.task.steps[s].group;
-                let schema_ok = args
-                    .as_object()
-                    .is_some_and(|o| group.params().iter().all(|p| o.contains_key(*p)));
-                let repeated = s > 0
-                    && matches!(&st.env.written[s - 1], Some(Written::Call { tool: t, args: a })
-                        if *t == tool && canonical_hash(a) == canonical_hash(&args));
-                if repeated {
-                    st.model_failed(s, Signal::Repetition, how[s], None, since)
-                } else if tool != group.primary() && Some(tool.as_str()) != group.substitute() {
-                    let signal = if tool == crate::env::sibling(group) {
-                        Signal::ToolMismatch { tool }
-                    } else {
-                        Signal::UnknownTool { name: tool }
-                    };
-                    st.model_failed(s, signal, how[s], Some(RepairTarget::ToolChoice), since)
-                } else if !schema_ok {
-                    let signal = Signal::InvalidArguments {
-                        errors: vec![format!(
-                            "arguments of `{tool}` are not a JSON object with {:?}",
-                            group.params()
-                        )],
-                    };
-                    st.model_failed(s, signal, how[s], Some(RepairTarget::Arguments), since)
-                } else {
-                    let w = Written::Call {
-                        tool: tool.clone(),
-                        args: args.clone(),
-                    };
-                    let out = st.env.execute(s, &w, how[s]);
-                    let parsed = st.env.client_parse(s, &out);
-                    let (signal, repair) = match (&out, &parsed) {
-                        (Outcome::Raised { timeout: true, .. }, _) => (Some(Signal::Timeout), None),
-                        (
-                            Outcome::Raised {
-                                message,
-                                status,
-                                retry_after_ms,
-                                ..
-                            },
-                            _,
-                        ) => (
-                            Some(match status {
-                                Some(code) => Signal::HttpStatus {
-                                    status: *code,
-                                    retry_after_ms: *retry_after_ms,
-                                    message: message.clone(),
-                                },
-                                None => Signal::Exception {
-                                    message: message.clone(),
-                                },
-                            }),
-                            None,
-                        ),
-                        (Outcome::Returned { body }, Err(message)) => {
-                            let (sig, rep) = diagnose_body(group.field(), message, body);
-                            (Some(sig), rep)
-                        }
-                        (Outcome::Returned { .. }, Ok(got)) if st.env.is_stale(got.as_of_ms) => (
-                            Some(Signal::Stale {
-                                age_ms: st.env.clock_ms,
-                                max_age_ms: crate::env::MAX_AGE_MS,
-                            }),
-                            None,
-                        ),
-                        (Outcome::Returned { .. }, Ok(_)) => (None, None),
-                    };
-                    let result_value = match (&out, &parsed) {
-                        (_, Ok(g)) => g.body.clone(),
-                        (Outcome::Returned { body }, Err(_)) => {
-                            serde_json::from_str(body).unwrap_or(Value::String(body.clone()))
-                        }
-                        (Outcome::Raised { .. }, Err(_)) => Value::Null,
-                    };
-                    let error_text = match &out {
-                        Outcome::Raised { message, .. } => Some(message.clone()),
-                        Outcome::Returned { .. } => None,
-                    };
-                    let call = ToolCall {
-                        tool: &tool,
-                        args: &args,
-                        outcome: match &error_text {
-                            Some(e) => CallOutcome::Failed { error: e },
-                            None => CallOutcome::Returned(&result_value),
+            Attempt::Ok(v) => {
+                let spec = st.ep.plan().step_tool(s);
+                let tool = spec.map(|t| t.name.clone()).unwrap_or_default();
+                let required = spec.map(|t| t.required()).unwrap_or_default();
+                let args = resolve_args(st.ep.plan(), s, &outputs).unwrap_or(Value::Null);
+                let options = st.options(s, how[s], None, &outputs);
+                let usage = Amounts {
+                    latency_ms: st.ep.now() - since,
+                    ..Amounts::default()
+                };
+                // The cross-check runs before the call is reported: two sources that disagree
+                // are the monitor's contradiction signal on this call, not a later verdict.
+                let judgement = cross_check(st.ep, s, how[s], &v, &outputs);
+                let signal = match &judgement {
+                    Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
+                        detail: reason.clone(),
+                    }),
+                    Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => None,
+                };
+                let now = st.ep.now();
+                let d = st.ctl.observe(
+                    Observation::ToolFinished {
+                        step: Some(s as u32),
+                        call: ToolCall {
+                            tool: &tool,
+                            args: &args,
+                            outcome: CallOutcome::Returned(&v),
+                            required: &required,
+                            repaired: how[s].fix_args,
                         },
-                        required: &[],
-                        repaired: how[s].repair_args,
-                    };
-                    let options = st.options(s, how[s], repair);
-                    let usage = Amounts {
-                        latency_ms: st.now() - since,
-                        ..Amounts::default()
-                    };
-                    let now = st.now();
-                    last_out = Some(out.clone());
-                    let d = st.ctl.observe(
-                        Observation::ToolFinished {
+                        signal,
+                        options,
+                        usage,
+                    },
+                    now,
+                    &mut st.rng,
+                );
+                match (d, judgement) {
+                    (Directive::Continue { .. }, None) => {
+                        written[s] = Some(Written::Call { tool, args });
+                        outputs[s] = Some(v);
+                        s += 1;
+                        continue;
+                    }
+                    (Directive::Continue { .. }, Some(judgement)) => {
+                        // Recorded in the trace; an acceptance settles the step's failures.
+                        let options = st.options(s, how[s], None, &outputs);
+                        let now = st.ep.now();
+                        let d = st.ctl.observe(
+                            Observation::Verified {
+                                step: Some(s as u32),
+                                verifier: "cross_check",
+                                judgement,
+                                options,
+                            },
+                            now,
+                            &mut st.rng,
+                        );
+                        if matches!(d, Directive::Continue { .. }) {
+                            written[s] = Some(Written::Call { tool, args });
+                            outputs[s] = Some(v);
+                            s += 1;
+                            continue;
+                        }
+                        d
+                    }
+                    (other, _) => other,
+                }
+            }
+            Attempt::Failed(f) => {
+                let options = st.options(s, how[s], f.repair, &outputs);
+                let usage = Amounts {
+                    latency_ms: st.ep.now() - since,
+                    ..Amounts::default()
+                };
+                let now = st.ep.now();
+                match &f.called {
+                    Some((tool, args, result)) => {
+                        if let Some(Value::String(b)) = result {
+                            last_body[s] = Some(b.clone());
+                        } else if let Some(v) = result {
+                            last_body[s] = Some(v.to_string());
+                        }
+                        let required = st
+                            .ep
+                            .plan()
+                            .step_tool(s)
+                            .map(|t| t.required())
+                            .unwrap_or_default();
+                        let outcome = match result {
+                            Some(v) => CallOutcome::Returned(v),
+                            None => CallOutcome::Failed { error: &f.message },
+                        };
+                        st.ctl.observe(
+                            Observation::ToolFinished {
+                                step: Some(s as u32),
+                                call: ToolCall {
+                                    tool,
+                                    args,
+                                    outcome,
+                                    required: &required,
+                                    repaired: how[s].fix_args,
+                                },
+                                signal: Some(f.signal.clone()),
+                                options,
+                                usage,
+                            },
+                            now,
+                            &mut st.rng,
+                        )
+                    }
+                    None => st.ctl.observe(
+                        Observation::ModelFinished {
                             step: Some(s as u32),
-                            call,
-                            signal,
+                            signal: Some(f.signal.clone()),
                             options,
                             usage,
                         },
                         now,
                         &mut st.rng,
-                    );
-                    match (d, parsed) {
-                        (Directive::Continue { .. }, Ok(got)) => {
-                            // Verify external values against the equivalent source.
-                            match verify(&mut st, s, how[s], &got) {
-                                Some(d @ Directive::Recover { .. })
-                                | Some(d @ Directive::Degrade { .. })
-                                | Some(d @ Directive::Abort { .. }) => d,
-                                Some(Directive::Continue { .. }) | None => {
-                                    st.env.values[s] = Some(got.value);
-                                    s += 1;
-                                    continue 'steps;
-                                }
-                            }
-                        }
-                        (d, _) => d,
-                    }
+                    ),
                 }
             }
         };
         match directive {
-            Directive::Continue { .. } => {
-                // A success observation without a usable value cannot happen; treat as retry.
-                how[s].regenerate = true;
-            }
+            Directive::Continue { .. } => how[s].regenerate = true,
             Directive::Recover { class, action, .. } => {
-                st.env.costs.recoveries += 1;
-                let model_side = matches!(
-                    class,
+                st.ep.report_class(s, class);
+                st.ep.charge_recovery();
+                let model_side = match class {
                     FailureClass::ArgumentInvalid
-                        | FailureClass::WrongTool
-                        | FailureClass::PlanningFailure
-                        | FailureClass::ControlLoop
-                );
+                    | FailureClass::WrongTool
+                    | FailureClass::PlanningFailure
+                    | FailureClass::ControlLoop => true,
+                    FailureClass::ToolTimeout
+                    | FailureClass::ToolUnavailable
+                    | FailureClass::MalformedOutput
+                    | FailureClass::EmptyOutput
+                    | FailureClass::StaleContext
+                    | FailureClass::ContradictoryEvidence
+                    | FailureClass::VerificationFailure => false,
+                };
                 match action {
                     RecoveryAction::Retry { delay_ms, .. } => {
-                        st.env.wait(delay_ms);
+                        st.ep.wait(delay_ms);
                         how[s].regenerate = model_side;
                     }
                     RecoveryAction::Repair { target } => match target {
                         RepairTarget::Arguments => {
-                            how[s].repair_args = true;
+                            how[s].fix_args = true;
                             how[s].regenerate = true;
                         }
                         RepairTarget::ToolChoice => {
-                            how[s].repair_tool = true;
+                            how[s].fix_tool = true;
                             how[s].regenerate = true;
                         }
                         RepairTarget::Output => {
-                            let repaired = last_out.as_ref().map(|o| st.env.repair_parse(s, o));
-                            let now = st.now();
-                            match repaired {
-                                Some(Ok(got)) => {
+                            let repaired = last_body[s]
+                                .as_deref()
+                                .map(|b| repair_output(st.ep.plan(), s, b));
+                            let checked = repaired.map(|r| {
+                                r.and_then(|v| {
+                                    check_body(
+                                        st.ep.plan(),
+                                        s,
+                                        &v,
+                                        Detectors::ALL,
+                                        st.ep.data_now(),
+                                    )
+                                    .map(|()| v)
+                                    .map_err(|f| f.message)
+                                })
+                            });
+                            let now = st.ep.now();
+                            match checked {
+                                Some(Ok(v)) => {
                                     let d = st.ctl.observe(
                                         Observation::Verified {
                                             step: Some(s as u32),
@@ -602,14 +1178,14 @@ pub fn run_self_healing(
                                         &mut st.rng,
                                     );
                                     if matches!(d, Directive::Continue { .. }) {
-                                        st.env.values[s] = Some(got.value);
+                                        outputs[s] = Some(v);
                                         s += 1;
-                                        continue 'steps;
+                                        continue;
                                     }
-                                    return end(&mut st, want_trace);
+                                    return end(&mut st);
                                 }
                                 Some(Err(_)) | None => {
-                                    // The body was beyond repair: fetch it again next time.
+                                    // Refused: fetch the body again next time.
                                     how[s].regenerate = false;
                                 }
                             }
@@ -617,13 +1193,13 @@ pub fn run_self_healing(
                         RepairTarget::Request => how[s].regenerate = true,
                     },
                     RecoveryAction::Substitute { .. } => {
-                        how[s].via = Via::Substitute;
+                        how[s].substitute = true;
                         how[s].regenerate = true;
                     }
                     RecoveryAction::Replan => {
-                        st.env.replan(how[s].escalated);
+                        st.ep.replan(how[s].writer);
                         how[s].regenerate = true;
-                        if let Some(m) = st.env.first_missing()
+                        if let Some(m) = outputs.iter().position(Option::is_none)
                             && m < s
                         {
                             s = m;
@@ -634,30 +1210,28 @@ pub fn run_self_healing(
                         how[s].regenerate = false;
                     }
                     RecoveryAction::Escalate { .. } => {
-                        how[s].escalated = true;
+                        how[s].writer = Writer::Fallback;
                         how[s].regenerate = true;
                         if class == FailureClass::PlanningFailure {
-                            st.env.replan(true);
-                            if let Some(m) = st.env.first_missing()
+                            st.ep.replan(Writer::Fallback);
+                            if let Some(m) = outputs.iter().position(Option::is_none)
                                 && m < s
                             {
                                 s = m;
-                                how[s].escalated = true;
+                                how[s].writer = Writer::Fallback;
                             }
                         }
                     }
-                    RecoveryAction::Degrade | RecoveryAction::Terminate => {
-                        return end(&mut st, want_trace);
-                    }
+                    RecoveryAction::Degrade | RecoveryAction::Terminate => return end(&mut st),
                 }
             }
-            Directive::Degrade { .. } | Directive::Abort { .. } => return end(&mut st, want_trace),
+            Directive::Degrade { .. } | Directive::Abort { .. } => return end(&mut st),
         }
     }
-    let now = st.now();
+    let now = st.ep.now();
     let outcome = st.ctl.finish(now);
     let answer = if outcome.status == RunStatus::Complete {
-        st.env.values.last().cloned().flatten()
+        resolve_answer(st.ep.plan(), &outputs).ok()
     } else {
         None
     };
@@ -667,50 +1241,22 @@ pub fn run_self_healing(
     }
 }
 
-fn end(st: &mut Step<'_, '_>, want_trace: bool) -> Ended {
-    let now = st.now();
-    st.ctl.finish(now);
-    Ended {
-        answer: None,
-        trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
-    }
-}
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
 
-/// Cross-checks an external value against the equivalent source (a verifier call).
-fn verify(st: &mut Step<'_, '_>, s: usize, how: How, got: &Got) -> Option<Directive> {
-    let group = st.env.task.steps[s].group;
-    if !group.is_external() || how.via == Via::Substitute {
-        return None;
+    #[test]
+    fn cut_bodies_are_seen_and_refused() {
+        assert!(is_cut(r#"{"a": [1, 2"#));
+        assert!(is_cut(r#"{"a": "x}"#));
+        assert!(!is_cut(r#"{'a': '}'}"#));
+        let plan = &crate::task::builtin(1)[0].plan;
+        assert!(repair_output(plan, 0, r#"{"city": "Fra"#).is_err());
+        let fixed = repair_output(plan, 0, "Sure! ```json\n{'city': 'France City'}\n```").unwrap();
+        assert_eq!(fixed["city"], "France City");
+        let mapped = repair_output(plan, 0, r#"{"city_v2": "Paris"}"#).unwrap();
+        assert_eq!(mapped["city"], "Paris");
+        assert!(repair_output(plan, 0, r#"{"f12": "Paris"}"#).is_err());
     }
-    st.env.costs.verifier_calls += 1;
-    st.env.clock_ms += latency::TOOL;
-    let other = st.env.cross_check(s);
-    let judgement = match other {
-        Some(v) if values_equal(&v, &got.value) => Judgement::Accept,
-        Some(v) => Judgement::Reject {
-            reason: format!(
-                "`{}` says {} but `{}` says {}",
-                group.primary(),
-                got.value,
-                group.substitute().unwrap_or("?"),
-                v
-            ),
-        },
-        None => Judgement::Uncertain {
-            reason: "the equivalent source did not answer".into(),
-        },
-    };
-    let options = st.options(s, how, None);
-    let now = st.now();
-    let d = st.ctl.observe(
-        Observation::Verified {
-            step: Some(s as u32),
-            verifier: "cross_check",
-            judgement,
-            options,
-        },
-        now,
-        &mut st.rng,
-    );
-    Some(d)
 }

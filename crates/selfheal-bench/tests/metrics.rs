@@ -1,5 +1,5 @@
-//! The metrics: TSR, RSR and SFR recounted from the per-episode trace, and the headline claim
-//! that self-healing at full budget succeeds without silent failures.
+//! The metrics: TSR, RSR and SFR recounted from the per-episode trace. No test pins any
+//! strategy's score: the benchmark must be able to show the winner losing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use selfheal_bench::strategies::Strategy;
@@ -70,12 +70,7 @@ fn sfr_counts_only_wrong_answers_returned_as_correct() {
 
 #[test]
 fn metrics_recount_for_every_strategy() {
-    for s in [
-        Strategy::RetryOnly,
-        Strategy::React,
-        Strategy::FullReplan,
-        Strategy::SelfHealing,
-    ] {
+    for s in Strategy::ALL {
         check_recount(s, 0.3);
     }
 }
@@ -96,26 +91,4 @@ fn rsr_uses_only_faulted_episodes() {
     assert_eq!(row.tsr, 1.0);
     assert_eq!(row.rsr, 0.0);
     assert_eq!(row.sfr, 0.0);
-}
-
-#[test]
-fn self_healing_at_full_budget_succeeds_without_silent_failures() {
-    for fault_rate in [0.1, 0.3] {
-        let config = BenchConfig {
-            seed: 1,
-            seeds: 3,
-            tasks: 100,
-            fault_rate,
-            strategies: vec![Strategy::SelfHealing],
-            ..BenchConfig::default()
-        };
-        let report = run(&config, &mut |_, _| {}, None);
-        let row = &report.results[0];
-        assert_eq!(row.budget, 5);
-        assert_eq!(row.episodes, 300);
-        assert!(row.tsr >= 0.99, "rate {fault_rate}: TSR {}", row.tsr);
-        assert_eq!(row.sfr, 0.0, "rate {fault_rate}: SFR {}", row.sfr);
-        assert_eq!(report.details[0].silent_failures, 0);
-        assert!(report.details[0].faulted > 0);
-    }
 }

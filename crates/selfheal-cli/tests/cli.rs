@@ -48,7 +48,7 @@ fn bench_json_has_the_documented_shape() {
     let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert!(v["config"].is_object());
     let results = v["results"].as_array().unwrap();
-    assert_eq!(results.len(), 5);
+    assert_eq!(results.len(), 8);
     let mut names: Vec<&str> = Vec::new();
     for r in results {
         let mut keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
@@ -79,7 +79,10 @@ fn bench_json_has_the_documented_shape() {
             "static",
             "retry-only",
             "react",
+            "react+verify",
             "full-replan",
+            "full-replan+verify",
+            "class-agnostic",
             "self-healing"
         ]
     );
@@ -185,7 +188,7 @@ fn bench_trace_writes_parseable_json_lines() {
         assert!(v["strategy"].is_string(), "{l}");
         episodes += usize::from(v["event"] == "episode");
     }
-    assert_eq!(episodes, 5 * 20, "one episode line per strategy and task");
+    assert_eq!(episodes, 8 * 20, "one episode line per strategy and task");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -382,4 +385,83 @@ fn mcp_answers_and_exits_when_the_server_dies_while_the_client_waits() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     drop(stdin);
+}
+
+#[test]
+fn bench_reads_fault_models_and_task_files_and_refuses_bad_ones_with_exit_2() {
+    let dir = temp_dir("bench-files");
+    // A model with one unrecoverable fault: no strategy may return a correct answer on a
+    // faulted episode, and self-healing must not return a wrong one.
+    let outage = dir.join("outage.toml");
+    std::fs::write(
+        &outage,
+        "[[fault]]\nname = \"outage\"\nfamily = \"runtime\"\nweight = 1\ntarget = \"both\"\npermanent = 1.0\neffect = { kind = \"http\", status = 503, message = \"down\" }\n",
+    )
+    .unwrap();
+    let args = [
+        SMALL,
+        &[
+            "--faults",
+            outage.to_str().unwrap(),
+            "--fault-rate",
+            "0.5",
+            "--json",
+        ],
+    ]
+    .concat();
+    let out = selfheal(&args, "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["config"]["fault_model_name"], "outage.toml");
+    for r in v["results"].as_array().unwrap() {
+        assert_eq!(r["rsr"], 0.0, "{r}");
+    }
+    let sh = v["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["strategy"] == "self-healing")
+        .unwrap();
+    assert_eq!(sh["silent_failures"], 0);
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[[fault]]\nname = \"x\"\n").unwrap();
+    let out = selfheal(&[SMALL, &["--faults", bad.to_str().unwrap()]].concat(), "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--faults"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+
+    let tasks = dir.join("tasks.jsonl");
+    std::fs::write(
+        &tasks,
+        r#"{"id":"t","tools":[{"name":"a","parameters":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]},"output":{"v":"number"}}],"plan":[{"tool":"a","args":{"q":"x"},"label":"v1"}],"answer":"$v1.v$"}"#,
+    )
+    .unwrap();
+    let out = selfheal(
+        &[
+            "bench",
+            "--seeds",
+            "1",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--json",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["results"][0]["episodes"], 1);
+    std::fs::write(&tasks, "{\"tools\": 3}\n").unwrap();
+    let out = selfheal(&["bench", "--tasks", tasks.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("line 1"),
+        "{}",
+        text(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,7 +19,7 @@
 //! | `empty_output` | retry, substitute, replan, degrade | an empty answer is often a blip; else another source |
 //! | `wrong_tool` | repair, substitute, replan, escalate, degrade | re-map the call to the right tool, else replan |
 //! | `stale_context` | refresh, substitute, degrade | re-fetch; fall back to another fresh source |
-//! | `contradictory_evidence` | substitute, refresh, escalate, degrade | cross-check with an independent source |
+//! | `contradictory_evidence` | refresh, retry, degrade | two sources disagree and nothing says which is right: re-read, and if they still disagree degrade rather than guess (trusting the other source returned its wrong values as correct) |
 //! | `planning_failure` | replan, escalate, degrade | the plan is the problem |
 //! | `verification_failure` | substitute, retry, replan, escalate, degrade | a wrong-but-plausible result: get it from elsewhere |
 //! | `control_loop` | replan, escalate, terminate | break the loop; never feed it |
@@ -390,9 +390,10 @@ impl Default for Policy {
                     FailureClass::EmptyOutput => vec![Retry, Substitute, Replan, Degrade],
                     FailureClass::WrongTool => vec![Repair, Substitute, Replan, Escalate, Degrade],
                     FailureClass::StaleContext => vec![Refresh, Substitute, Degrade],
-                    FailureClass::ContradictoryEvidence => {
-                        vec![Substitute, Refresh, Escalate, Degrade]
-                    }
+                    // Two sources disagree. Taking the other one is a guess, and a guess returned
+                    // as correct is a silent failure: re-read (a stale cache, a transient
+                    // glitch), and if the disagreement stays, degrade.
+                    FailureClass::ContradictoryEvidence => vec![Refresh, Retry, Degrade],
                     FailureClass::PlanningFailure => vec![Replan, Escalate, Degrade],
                     FailureClass::VerificationFailure => {
                         vec![Substitute, Retry, Replan, Escalate, Degrade]
@@ -436,8 +437,8 @@ pub fn default_last_chance() -> BTreeMap<FailureClass, ActionKind> {
                 | FailureClass::MalformedOutput
                 | FailureClass::EmptyOutput
                 | FailureClass::StaleContext
-                | FailureClass::ContradictoryEvidence
                 | FailureClass::VerificationFailure => ActionKind::Substitute,
+                FailureClass::ContradictoryEvidence => ActionKind::Refresh,
                 FailureClass::ArgumentInvalid
                 | FailureClass::PlanningFailure
                 | FailureClass::ControlLoop => ActionKind::Escalate,
@@ -700,6 +701,30 @@ mod tests {
                 alternative: "alt".into()
             }
         );
+    }
+
+    #[test]
+    fn a_contradiction_is_never_settled_by_trusting_the_other_source() {
+        // Regression (issue 10): with two disagreeing sources, substituting adopted the
+        // substitute's value even when it was the wrong one, returned as correct.
+        let p = Policy::default();
+        let ledger = BudgetLedger::new(BudgetLimits::unlimited());
+        let mut opts = Options::all("alt", "big");
+        opts.refreshable = false;
+        let f = failure(FailureClass::ContradictoryEvidence);
+        let mut state = LadderState::default();
+        let mut actions = Vec::new();
+        for _ in 0..3 {
+            let d = p.decide(state, &f, &opts, &ledger, &mut ConstRng(0));
+            actions.push(d.action.kind());
+            state = d.next;
+        }
+        assert_eq!(
+            actions,
+            [ActionKind::Retry, ActionKind::Degrade, ActionKind::Degrade]
+        );
+        assert!(!p.ladder(f.class).contains(&ActionKind::Substitute));
+        assert_ne!(p.last_chance.get(&f.class), Some(&ActionKind::Substitute));
     }
 
     #[test]

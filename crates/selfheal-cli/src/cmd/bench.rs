@@ -7,10 +7,12 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use selfheal_bench::faultmodel::FaultModel;
 use selfheal_bench::faults::Mix;
 use selfheal_bench::report;
 use selfheal_bench::strategies::Strategy;
-use selfheal_bench::{BenchConfig, CostWeights};
+use selfheal_bench::task::load_jsonl;
+use selfheal_bench::{BenchConfig, CostWeights, TaskSet};
 
 /// Arguments of `selfheal bench`.
 #[derive(Args, Debug)]
@@ -22,6 +24,9 @@ EXAMPLES
   selfheal bench --seed 7 --fault-rate 0.3 --mix runtime=1,agent=1
   selfheal bench --json > results.json   machine output
   selfheal bench --policy mine.toml      self-healing under another policy, same episodes
+  selfheal bench --faults my-faults.toml your own fault model (docs/bench/faults.md)
+  selfheal bench --tasks data/nestful.jsonl
+                                         tasks from a JSONL file (docs/bench/tasks.md)
   selfheal bench --live --model-url http://127.0.0.1:8089/v1 --model smollm2 --tasks 20
                                          the tasks driven by a live tool-calling model
   selfheal bench --live --model-url URL --model NAME --strategies static,retry-only,self-healing
@@ -34,13 +39,19 @@ pub struct BenchArgs {
     /// Number of consecutive seeds.
     #[arg(long, default_value_t = 10)]
     pub seeds: u32,
-    /// Run the first N of the 100 tasks (default 100; 20 with --live).
-    #[arg(long)]
-    pub tasks: Option<usize>,
+    /// A number N: run the first N tasks (default: all; 20 with --live). A path: read the tasks
+    /// from that JSONL file (format in docs/bench/tasks.md) and run all of them.
+    #[arg(long, value_name = "N|FILE")]
+    pub tasks: Option<String>,
+    /// Read the fault model from this TOML file (format in docs/bench/faults.md) instead of the
+    /// built-in default (crates/selfheal-bench/faults/default.toml).
+    #[arg(long, value_name = "FILE", conflicts_with = "live")]
+    pub faults: Option<PathBuf>,
     /// Probability that a step is faulted, in [0, 1].
     #[arg(long, default_value_t = BenchConfig::default().fault_rate)]
     pub fault_rate: f64,
-    /// Weights of the fault families, e.g. runtime=0.35,output=0.2,context=0.15,semantic=0.1,agent=0.2.
+    /// Rescale the fault model's families to these totals, e.g.
+    /// runtime=0.35,output=0.2,context=0.15,semantic=0.1,agent=0.2.
     #[arg(long)]
     pub mix: Option<String>,
     /// Recovery actions allowed per failure (R).
@@ -52,11 +63,13 @@ pub struct BenchArgs {
     /// The semantic silent-failure setting: only plausible-but-wrong faults.
     #[arg(long)]
     pub silent: bool,
-    /// Cost weights a,b,c,d of K = a·model + b·tool + c·verifier + d·recovery calls.
-    #[arg(long, value_name = "A,B,C,D")]
+    /// Cost weights a,b,c,d[,e] of K = a·model + b·tool + c·verifier + d·recovery + e·fallback-model
+    /// calls (e defaults to 5: escalation has its own price).
+    #[arg(long, value_name = "A,B,C,D[,E]")]
     pub cost_weights: Option<String>,
-    /// Only these strategies (comma-separated): static, retry-only, react, full-replan,
-    /// self-healing. With --live: static, retry-only, self-healing (default static,self-healing).
+    /// Only these strategies (comma-separated): static, retry-only, react, react+verify,
+    /// full-replan, full-replan+verify, class-agnostic, self-healing. With --live: static,
+    /// retry-only, self-healing (default static,self-healing).
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
     /// Run `self-healing` with this policy (TOML: `[ladders]`, `[last_chance]`, `[retry]`,
@@ -107,7 +120,12 @@ fn run_live(args: &BenchArgs) -> anyhow::Result<u8> {
     };
     let mut cfg = selfheal_runtime::live::LiveConfig::new(url.clone(), model.clone());
     cfg.api_key_env = args.api_key_env.clone();
-    cfg.tasks = args.tasks.unwrap_or(20);
+    cfg.tasks = match &args.tasks {
+        None => 20,
+        Some(t) => t.parse().map_err(|_| {
+            anyhow::anyhow!("--tasks with --live takes a number of built-in tasks, got {t:?}")
+        })?,
+    };
     cfg.seed = args.seed;
     cfg.fault_rate = args.fault_rate;
     cfg.budget = args.budget;
@@ -164,15 +182,42 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let mut config = BenchConfig {
         seed: args.seed,
         seeds: args.seeds,
-        tasks: args.tasks.unwrap_or(100),
         fault_rate: args.fault_rate,
         budget: args.budget,
         sweep: args.sweep,
         silent: args.silent,
         ..BenchConfig::default()
     };
+    config.fault_model =
+        FaultModel::default_model().map_err(|e| anyhow::anyhow!("built-in fault model: {e}"))?;
+    if let Some(path) = &args.faults {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--faults: cannot read {}", path.display()))?;
+        config.fault_model = FaultModel::from_toml_str(&text)
+            .map_err(|e| anyhow::anyhow!("--faults {}: {e}", path.display()))?;
+        config.fault_model_name = file_name(path);
+    }
+    config.tasks = config.task_set.tasks.len();
+    match &args.tasks {
+        None => {}
+        Some(t) => match t.parse::<usize>() {
+            Ok(n) => config.tasks = n,
+            Err(_) => {
+                let path = PathBuf::from(t);
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("--tasks: cannot read {}", path.display()))?;
+                let tasks = load_jsonl(&text)
+                    .map_err(|e| anyhow::anyhow!("--tasks {}: {e}", path.display()))?;
+                config.tasks = tasks.len();
+                config.task_set = TaskSet {
+                    name: file_name(&path),
+                    tasks,
+                };
+            }
+        },
+    }
     if let Some(m) = &args.mix {
-        config.mix = Mix::parse(m).map_err(|e| anyhow::anyhow!("--mix: {e}"))?;
+        config.mix = Some(Mix::parse(m).map_err(|e| anyhow::anyhow!("--mix: {e}"))?);
     }
     if let Some(w) = &args.cost_weights {
         config.weights =
@@ -185,7 +230,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
             .map(|s| {
                 Strategy::parse(s.trim()).ok_or_else(|| {
                     anyhow::anyhow!(
-                        "--strategies: unknown strategy {s:?} (static, retry-only, react, full-replan, self-healing)"
+                        "--strategies: unknown strategy {s:?} (static, retry-only, react, react+verify, full-replan, full-replan+verify, class-agnostic, self-healing)"
                     )
                 })
             })
@@ -279,4 +324,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         );
     }
     Ok(0)
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }

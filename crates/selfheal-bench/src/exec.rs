@@ -1,0 +1,1029 @@
+//! Tool and model execution: the only code that reads the world's truth and the fault schedule.
+//!
+//! Why one module: a benchmark whose verifier or repair can see the answer measures nothing.
+//! [`Episode`] owns the truth, the drawn faults and their state in private fields; a strategy
+//! holds a `&mut Episode` and can only do what a client can — read the plan, have the model write
+//! a call, execute a call and look at the [`ToolResponse`] (status, bytes, latency), wait, and pay.
+//! A cross-check is an ordinary call of the substitute through [`Episode::call`]; output repair
+//! works on the bytes [`Episode::call`] returned; escalation is a call of a separate fallible
+//! model in [`Episode::write`].
+//!
+//! Two calls let the episode keep score of the detectors without showing them anything:
+//! [`Episode::report_verdict`] (a verifier accepted or rejected a response) and
+//! [`Episode::report_class`] (the classifier inferred a class). The episode compares them with
+//! what it knows and counts false alarms, misses and the confusion matrix.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use selfheal_core::FailureClass;
+use selfheal_core::monitor::canonical_hash;
+use selfheal_core::rng::{Rng, SplitMix64};
+
+use crate::catalogue;
+use crate::env::latency;
+use crate::faultmodel::{
+    ArgsOp, AsOf, Effect, FaultModel, Injected, MalformOp, RenameOp, Target, ToolOp,
+};
+use crate::task::{
+    ANSWER_TOLERANCE, Behaviour, FieldType, Plan, TaskSpec, ToolSpec, get_path, resolve_answer,
+    resolve_args,
+};
+
+/// Data older than this is stale.
+pub const MAX_AGE_MS: u64 = 3_600_000;
+
+/// The world's "now" for `as_of` stamps.
+const NOW_DATA_MS: u64 = 1_000_000_000;
+
+/// Counters for the cost model `K = a·M + b·U + c·V + d·R + e·E`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Costs {
+    /// Calls of the agent's own model (M).
+    pub model_calls: u64,
+    /// Calls of the fallback model (E), priced on their own.
+    pub escalated_calls: u64,
+    /// Tool calls (U).
+    pub tool_calls: u64,
+    /// Verifier calls: cross-checks through the substitute (V).
+    pub verifier_calls: u64,
+    /// Recovery actions (R).
+    pub recoveries: u64,
+}
+
+/// What a client sees of a tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    /// The call raised.
+    Raised {
+        /// The error message.
+        message: String,
+        /// The HTTP status, if any.
+        status: Option<u16>,
+        /// `Retry-After` in ms, if any.
+        retry_after_ms: Option<u64>,
+        /// Whether it timed out.
+        timeout: bool,
+    },
+    /// The tool returned these bytes.
+    Returned {
+        /// The body text.
+        body: String,
+    },
+}
+
+/// A tool call's response and what it cost in time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResponse {
+    /// The response.
+    pub response: Response,
+    /// Simulated latency, in ms.
+    pub latency_ms: u64,
+}
+
+/// Why a call is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// To do the step (charged as a tool call).
+    Step,
+    /// To cross-check a result (charged as a verifier call).
+    Verify,
+}
+
+/// The call the model wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Written {
+    /// The plan, as the model holds it, has no such step: nothing is called.
+    Skipped,
+    /// A call.
+    Call {
+        /// The tool name.
+        tool: String,
+        /// The arguments (a string when the model wrote broken JSON).
+        args: Value,
+    },
+}
+
+/// Which model writes a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// The agent's own model.
+    Agent,
+    /// The fallback model (escalation).
+    Fallback,
+}
+
+#[derive(Debug, Clone)]
+struct Armed {
+    inj: Injected,
+    primary_attempts: u32,
+    substitute_attempts: u32,
+    agent_attempts: u32,
+    fixed: bool,
+}
+
+/// How the detectors fared against the truth (counted by the episode, never shown).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Tally {
+    /// Verdicts on responses that were faithful.
+    pub verdicts_on_faithful: u64,
+    /// Of those, rejected (false alarms).
+    pub false_alarms: u64,
+    /// Verdicts on responses that were wrong.
+    pub verdicts_on_wrong: u64,
+    /// Of those, accepted (misses).
+    pub misses: u64,
+    /// Cross-checks that could not tell (the other source failed): the value went on unverified.
+    pub uncertain: u64,
+    /// Injected class (`None`: no fault) → inferred class → count.
+    pub confusion: BTreeMap<Option<FailureClass>, BTreeMap<FailureClass, u64>>,
+}
+
+/// What the runner keeps of a finished episode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpisodeRecord {
+    /// Costs.
+    pub costs: Costs,
+    /// Simulated latency.
+    pub clock_ms: u64,
+    /// Detector tallies.
+    pub tally: Tally,
+}
+
+/// One episode's world.
+#[derive(Debug, Clone)]
+pub struct Episode<'t> {
+    task: &'t TaskSpec,
+    model: &'t FaultModel,
+    faults: Vec<Armed>,
+    rng: SplitMix64,
+    costs: Costs,
+    clock_ms: u64,
+    successes: u32,
+    written: Vec<Option<Written>>,
+    /// Per step: the injected class of the last fault met there (for the confusion matrix).
+    last_fault: Vec<Option<Option<FailureClass>>>,
+    /// Steps the model skipped because of a fault, with its class: a later step finds its
+    /// input missing, and the cause is here, not at that step.
+    skipped: Vec<Option<FailureClass>>,
+    /// Per step: whether the last body the step returned was unfaithful to the call.
+    last_wrong: Vec<bool>,
+    tally: Tally,
+}
+
+impl<'t> Episode<'t> {
+    /// A fresh world for `task` with `faults` (drawn from `model`) scheduled.
+    pub fn new(task: &'t TaskSpec, faults: &[Injected], model: &'t FaultModel, seed: u64) -> Self {
+        let n = task.plan.steps.len();
+        Episode {
+            task,
+            model,
+            faults: faults
+                .iter()
+                .filter(|f| f.spec < model.faults.len() && f.step < n)
+                .map(|&inj| Armed {
+                    inj,
+                    primary_attempts: 0,
+                    substitute_attempts: 0,
+                    agent_attempts: 0,
+                    fixed: false,
+                })
+                .collect(),
+            rng: SplitMix64::new(seed ^ (task.id as u64).rotate_left(29) ^ 0xE1E1_0DE5),
+            costs: Costs::default(),
+            clock_ms: 0,
+            successes: 0,
+            written: vec![None; n],
+            last_fault: vec![None; n],
+            skipped: vec![None; n],
+            last_wrong: vec![false; n],
+            tally: Tally::default(),
+        }
+    }
+
+    /// The plan: tools on offer and the calls to make. All a client knows about the task.
+    pub fn plan(&self) -> &Plan {
+        &self.task.plan
+    }
+
+    /// The costs so far.
+    pub fn costs(&self) -> Costs {
+        self.costs
+    }
+
+    /// The simulated clock, in ms.
+    pub fn now(&self) -> u64 {
+        self.clock_ms
+    }
+
+    /// The world's clock for `as_of` comparisons (a client knows the time of day).
+    pub fn data_now(&self) -> u64 {
+        NOW_DATA_MS
+    }
+
+    /// Waits.
+    pub fn wait(&mut self, ms: u64) {
+        self.clock_ms += ms;
+    }
+
+    /// Counts one recovery action.
+    pub fn charge_recovery(&mut self) {
+        self.costs.recoveries += 1;
+    }
+
+    /// The initial planning call.
+    pub fn plan_call(&mut self) {
+        self.costs.model_calls += 1;
+        self.clock_ms += latency::PLAN;
+    }
+
+    /// The model (or the fallback model) rewrites the plan. A missing step counts an attempt;
+    /// the fallback model may fix a permanent one.
+    pub fn replan(&mut self, writer: Writer) {
+        self.charge_model(writer, latency::PLAN);
+        let fix = self.fallback_fixes(writer);
+        let model = self.model;
+        for f in &mut self.faults {
+            if matches!(model.faults[f.inj.spec].effect, Effect::MissingStep) {
+                f.agent_attempts = f.agent_attempts.saturating_add(1);
+                f.fixed |= fix(f.inj.permanent);
+            }
+        }
+    }
+
+    fn charge_model(&mut self, writer: Writer, base: u64) {
+        match writer {
+            Writer::Agent => {
+                self.costs.model_calls += 1;
+                self.clock_ms += base;
+            }
+            Writer::Fallback => {
+                self.costs.escalated_calls += 1;
+                self.clock_ms += latency::ESCALATE;
+            }
+        }
+    }
+
+    /// Draws whether the fallback model fixes a fault now (`Agent`: never).
+    fn fallback_fixes(&mut self, writer: Writer) -> impl Fn(bool) -> bool + use<> {
+        let (u_err, u_perm) = (self.rng.next_f64(), self.rng.next_f64());
+        let esc = self.model.escalation;
+        let on = writer == Writer::Fallback && u_err >= esc.error_rate;
+        move |permanent| on && (!permanent || u_perm < esc.fixes_permanent)
+    }
+
+    /// The model writes the call for step `s` from the outputs it holds. With `regenerate` false
+    /// the last call is resent as it was (no model call).
+    pub fn write(
+        &mut self,
+        s: usize,
+        writer: Writer,
+        regenerate: bool,
+        outputs: &[Option<Value>],
+    ) -> Written {
+        if !regenerate && let Some(w) = self.written.get(s).cloned().flatten() {
+            return w;
+        }
+        self.charge_model(writer, latency::MODEL);
+        let task = self.task;
+        let plan = &task.plan;
+        let model = self.model;
+        // The fallback model's own mistake.
+        let own_error =
+            writer == Writer::Fallback && self.rng.next_f64() < model.escalation.error_rate;
+        let fix = self.fallback_fixes(writer);
+        let mut active: Option<(Effect, Option<FailureClass>)> = None;
+        for f in self.faults.iter_mut().filter(|f| f.inj.step == s) {
+            let spec = &model.faults[f.inj.spec];
+            if spec.target != Target::Agent {
+                continue;
+            }
+            let missing = matches!(spec.effect, Effect::MissingStep);
+            if !missing {
+                f.agent_attempts = f.agent_attempts.saturating_add(1);
+                f.fixed |= fix(f.inj.permanent);
+            }
+            let attempts = if missing {
+                f.agent_attempts.saturating_add(1)
+            } else {
+                f.agent_attempts
+            };
+            let on = !f.fixed && (f.inj.permanent || attempts <= f.inj.k);
+            if on && active.is_none() {
+                active = Some((spec.effect.clone(), spec.class_of(f.inj.permanent)));
+            }
+        }
+        let Some(step) = plan.steps.get(s) else {
+            return Written::Skipped;
+        };
+        let args = resolve_args(plan, s, outputs).unwrap_or_else(|e| {
+            // The model cannot fill an input it does not have: it writes a placeholder.
+            let mut obj = Map::new();
+            for (name, src) in &step.args {
+                let v = crate::task::resolve_src(name, src, outputs)
+                    .unwrap_or_else(|_| Value::String(String::new()));
+                obj.insert(name.clone(), v);
+            }
+            let _ = e;
+            Value::Object(obj)
+        });
+        let mut written = Written::Call {
+            tool: step.tool.clone(),
+            args: args.clone(),
+        };
+        let active_class = active.as_ref().and_then(|(_, c)| *c);
+        if let Some((effect, class)) = active {
+            self.last_fault[s] = Some(class);
+            written = match effect {
+                Effect::MissingStep => Written::Skipped,
+                Effect::WrongArgs { op } => Written::Call {
+                    tool: step.tool.clone(),
+                    args: wrong_args(&args, op),
+                },
+                Effect::WrongTool { op } => {
+                    let tool = match op {
+                        ToolOp::Unknown => format!("{}_v2", step.tool),
+                        ToolOp::Sibling => plan
+                            .step_tool(s)
+                            .and_then(|t| t.sibling.clone())
+                            .unwrap_or_else(|| format!("{}_v2", step.tool)),
+                    };
+                    Written::Call { tool, args }
+                }
+                Effect::Repetition => {
+                    match s.checked_sub(1).and_then(|p| self.written[p].clone()) {
+                        Some(w @ Written::Call { .. }) => w,
+                        Some(Written::Skipped) | None => written,
+                    }
+                }
+                Effect::Http { .. }
+                | Effect::Timeout { .. }
+                | Effect::Slow { .. }
+                | Effect::Empty { .. }
+                | Effect::ErrorBody { .. }
+                | Effect::Malformed { .. }
+                | Effect::SchemaDrift { .. }
+                | Effect::Stale { .. }
+                | Effect::Skew { .. } => written,
+            };
+        }
+        if own_error && let Written::Call { tool, args } = &written {
+            written = Written::Call {
+                tool: tool.clone(),
+                args: wrong_args(args, ArgsOp::BrokenJson),
+            };
+        }
+        self.skipped[s] = match written {
+            Written::Skipped => active_class,
+            Written::Call { .. } => None,
+        };
+        self.written[s] = Some(written.clone());
+        written
+    }
+
+    /// Executes a call made for step `s` (the plan's tool, its substitute, or whatever the model
+    /// wrote). `fresh` bypasses caches (a refresh). Charges the call and its latency.
+    pub fn call(
+        &mut self,
+        s: usize,
+        tool: &str,
+        args: &Value,
+        purpose: Purpose,
+        fresh: bool,
+    ) -> ToolResponse {
+        let start = self.clock_ms;
+        let response = self.call_inner(s, tool, args, purpose, fresh);
+        if matches!(response, Response::Returned { .. }) {
+            self.successes = self.successes.saturating_add(1);
+        }
+        ToolResponse {
+            response,
+            latency_ms: self.clock_ms - start,
+        }
+    }
+
+    fn call_inner(
+        &mut self,
+        s: usize,
+        tool: &str,
+        args: &Value,
+        purpose: Purpose,
+        fresh: bool,
+    ) -> Response {
+        match purpose {
+            Purpose::Step => self.costs.tool_calls += 1,
+            Purpose::Verify => self.costs.verifier_calls += 1,
+        }
+        let plan = &self.task.plan;
+        let step_tool = plan.step_tool(s);
+        #[derive(PartialEq, Clone, Copy)]
+        enum Via {
+            Primary,
+            Substitute,
+            Sibling,
+            Other,
+        }
+        let (spec, via): (&ToolSpec, Via) = match step_tool {
+            Some(t) if t.name == tool => (t, Via::Primary),
+            Some(t) if t.substitute.as_deref() == Some(tool) => (t, Via::Substitute),
+            Some(t) if t.sibling.as_deref() == Some(tool) => (t, Via::Sibling),
+            _ => match plan.tool(tool) {
+                Some(t) => (t, Via::Other),
+                None => {
+                    self.clock_ms += latency::LOCAL;
+                    return raised(format!("404 Not Found: unknown tool `{tool}`"), Some(404));
+                }
+            },
+        };
+        self.clock_ms += if spec.external {
+            latency::TOOL
+        } else {
+            latency::LOCAL
+        };
+        let Some(obj) = args.as_object() else {
+            return raised(
+                "400 Bad Request: arguments are not a JSON object".into(),
+                Some(400),
+            );
+        };
+        let clean = match truth(spec, obj) {
+            Ok(b) => b,
+            Err(e) => return raised(format!("400 Bad Request: {e}"), Some(400)),
+        };
+        let mut body = clean.clone();
+        let reads = plan.read_paths(s);
+        let reads: Vec<String> = if via == Via::Other {
+            spec.output.iter().map(|(p, _)| p.clone()).collect()
+        } else {
+            reads
+        };
+        match via {
+            Via::Substitute => add_noise(&mut body, spec, obj),
+            Via::Sibling => skew_paths(&mut body, &reads, 0.07),
+            Via::Primary | Via::Other => {}
+        }
+        let mut as_of = NOW_DATA_MS - 60_000;
+        // Tool-side faults of this step.
+        let model = self.model;
+        let armed = self.successes;
+        let mut raised_now: Option<Response> = None;
+        let mut bytes_op: Option<(MalformOp, f64)> = None;
+        let mut met_class: Option<Option<FailureClass>> = None;
+        if via == Via::Primary || via == Via::Substitute {
+            for i in 0..self.faults.len() {
+                let f = &self.faults[i];
+                let spec_f = &model.faults[f.inj.spec];
+                if f.inj.step != s || spec_f.onset > armed {
+                    continue;
+                }
+                let hits = matches!(
+                    (spec_f.target, via),
+                    (Target::Primary | Target::Local | Target::Both, Via::Primary)
+                        | (Target::Substitute | Target::Both, Via::Substitute)
+                );
+                if !hits {
+                    continue;
+                }
+                let f = &mut self.faults[i];
+                let attempts = if via == Via::Primary {
+                    f.primary_attempts += 1;
+                    f.primary_attempts
+                } else {
+                    f.substitute_attempts += 1;
+                    f.substitute_attempts
+                };
+                let (permanent, k, skew) = (f.inj.permanent, f.inj.k, f.inj.skew);
+                let mut on = permanent || attempts <= k;
+                if matches!(spec_f.effect, Effect::Stale { .. }) && fresh && !permanent {
+                    on = false;
+                }
+                if on && spec_f.probability < 1.0 {
+                    on = self.rng.next_f64() < spec_f.probability;
+                }
+                if !on {
+                    continue;
+                }
+                met_class = Some(spec_f.class_of(permanent));
+                match &spec_f.effect {
+                    Effect::Http {
+                        status,
+                        message,
+                        retry_after_ms,
+                    } => {
+                        raised_now.get_or_insert(Response::Raised {
+                            message: message.clone(),
+                            status: Some(*status),
+                            retry_after_ms: *retry_after_ms,
+                            timeout: false,
+                        });
+                    }
+                    Effect::Timeout { ms } => {
+                        if raised_now.is_none() {
+                            self.clock_ms += ms;
+                            raised_now = Some(Response::Raised {
+                                message: format!("`{tool}` timed out after {ms} ms"),
+                                status: None,
+                                retry_after_ms: None,
+                                timeout: true,
+                            });
+                        }
+                    }
+                    Effect::Slow { ms } => self.clock_ms += ms,
+                    Effect::Empty { explicit: true } => {
+                        raised_now
+                            .get_or_insert(raised("404 Not Found: no results".into(), Some(404)));
+                    }
+                    Effect::Empty { explicit: false } => empty_paths(&mut body, &reads),
+                    Effect::ErrorBody { message } => body = json!({ "error": message }),
+                    Effect::Malformed { op, keep } => bytes_op = Some((*op, *keep)),
+                    Effect::SchemaDrift { rename } => drift(&mut body, &reads, *rename),
+                    Effect::Stale {
+                        as_of: stamp,
+                        age_ms,
+                        ..
+                    } => {
+                        skew_paths(&mut body, &reads, skew);
+                        if *stamp == AsOf::Honest {
+                            as_of = NOW_DATA_MS.saturating_sub(*age_ms);
+                        }
+                    }
+                    Effect::Skew { .. } => skew_paths(&mut body, &reads, skew),
+                    Effect::WrongArgs { .. }
+                    | Effect::WrongTool { .. }
+                    | Effect::MissingStep
+                    | Effect::Repetition => {}
+                }
+            }
+        }
+        if via == Via::Primary || via == Via::Sibling {
+            self.last_fault[s] = Some(met_class.flatten());
+            if via == Via::Sibling {
+                self.last_fault[s] = Some(Some(FailureClass::WrongTool));
+            }
+        }
+        if let Some(r) = raised_now {
+            return r;
+        }
+        if spec.freshness
+            && body.is_object()
+            && let Some(o) = body.as_object_mut()
+        {
+            o.insert("as_of".into(), json!(as_of));
+        }
+        let wrong = reads
+            .iter()
+            .any(|p| match (get_path(&body, p), get_path(&clean, p)) {
+                (Some(a), Some(b)) => !ANSWER_TOLERANCE.agrees(a, b),
+                _ => false,
+            })
+            || via == Via::Sibling;
+        if purpose == Purpose::Step {
+            self.last_wrong[s] = wrong;
+        }
+        let text = body.to_string();
+        let text = match bytes_op {
+            None => text,
+            Some((op, keep)) => malform(&text, op, keep),
+        };
+        Response::Returned { body: text }
+    }
+
+    /// A verifier accepted (`Some(true)`), rejected (`Some(false)`) or could not judge (`None`)
+    /// the last response of step `s`. Counted against the truth for the false-alarm and miss
+    /// rates; changes nothing in the world.
+    pub fn report_verdict(&mut self, s: usize, verdict: Option<bool>) {
+        let Some(accepted) = verdict else {
+            self.tally.uncertain += 1;
+            return;
+        };
+        let wrong = self.last_wrong.get(s).copied().unwrap_or(false);
+        if wrong {
+            self.tally.verdicts_on_wrong += 1;
+            self.tally.misses += u64::from(accepted);
+        } else {
+            self.tally.verdicts_on_faithful += 1;
+            self.tally.false_alarms += u64::from(!accepted);
+        }
+    }
+
+    /// The classifier inferred `class` for a failure at step `s`. Counted against the class of
+    /// the fault last met there (none: a false detection).
+    pub fn report_class(&mut self, s: usize, class: FailureClass) {
+        let here = self.last_fault.get(s).copied().flatten().flatten();
+        // A failure at a step with no fault of its own, while an earlier step was skipped by a
+        // fault: that skip is the cause.
+        let injected = here.or_else(|| self.skipped.iter().take(s).rev().find_map(|c| *c));
+        *self
+            .tally
+            .confusion
+            .entry(injected)
+            .or_default()
+            .entry(class)
+            .or_default() += 1;
+    }
+
+    /// What the runner keeps.
+    pub(crate) fn into_record(self) -> EpisodeRecord {
+        EpisodeRecord {
+            costs: self.costs,
+            clock_ms: self.clock_ms,
+            tally: self.tally,
+        }
+    }
+}
+
+/// Whether a final answer is correct (scoring; the runner calls it after the episode).
+pub(crate) fn score(task: &TaskSpec, answer: &Value) -> bool {
+    ANSWER_TOLERANCE.agrees(answer, &task.expected)
+}
+
+/// The answer of a fault-free run of `plan` in the simulated world.
+pub(crate) fn clean_answer(plan: &Plan) -> Result<Value, String> {
+    let mut outputs: Vec<Option<Value>> = Vec::with_capacity(plan.steps.len());
+    for (s, st) in plan.steps.iter().enumerate() {
+        let args = resolve_args(plan, s, &outputs).map_err(|e| e.to_string())?;
+        let spec = plan
+            .tool(&st.tool)
+            .ok_or_else(|| format!("unknown tool `{}`", st.tool))?;
+        let obj = args.as_object().cloned().unwrap_or_default();
+        outputs.push(Some(truth(spec, &obj)?));
+    }
+    resolve_answer(plan, &outputs).map_err(|e| e.to_string())
+}
+
+fn fnv(parts: &[&str]) -> u64 {
+    let mut x: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0xff)) {
+            x ^= u64::from(b);
+            x = x.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    x
+}
+
+fn unit(h: u64) -> f64 {
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What the tool returns when nothing is wrong.
+fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
+    for p in &spec.params {
+        match args.get(&p.name) {
+            None | Some(Value::Null) if p.required => {
+                return Err(format!("missing required argument `{}`", p.name));
+            }
+            Some(Value::String(x)) if p.required && x.trim().is_empty() => {
+                return Err(format!("argument `{}` is empty", p.name));
+            }
+            // Synthesised tools (imported specs) are lenient about types, as most real APIs
+            // that take query strings are.
+            Some(v) if spec.behaviour != Behaviour::Synth && !(v.is_null() || p.ty.accepts(v)) => {
+                return Err(format!("argument `{}` must be a {}", p.name, p.ty.as_str()));
+            }
+            _ => {}
+        }
+    }
+    match spec.behaviour {
+        Behaviour::Builtin(group) => {
+            let argv: Vec<Value> = group
+                .params()
+                .iter()
+                .map(|p| args.get(*p).cloned().unwrap_or(Value::Null))
+                .collect();
+            catalogue::truth(group, &argv)
+        }
+        Behaviour::Synth => {
+            let key = canonical_hash(&Value::Object(args.clone())).to_string();
+            let mut out = Value::Object(Map::new());
+            for (path, ty) in &spec.output {
+                let h = fnv(&[&spec.name, path, &key]);
+                let leaf = path.rsplit('.').next().unwrap_or(path);
+                let leaf = leaf.split('[').next().unwrap_or(leaf);
+                let v = match ty {
+                    FieldType::String => json!(format!("{leaf}-{}", h % 100_000)),
+                    FieldType::Number => json!((h % 1_000_000) as f64 / 100.0),
+                    FieldType::Integer => json!(h % 1000),
+                    FieldType::Boolean => json!(h.is_multiple_of(2)),
+                    FieldType::Array => json!([
+                        format!("{leaf}-{}", h % 1000),
+                        format!("{leaf}-{}", (h >> 20) % 1000)
+                    ]),
+                    FieldType::Object => json!({"id": format!("{leaf}-{}", h % 1000)}),
+                };
+                set_path(&mut out, path, v);
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Writes `v` at `path`, creating objects and arrays on the way.
+fn set_path(root: &mut Value, path: &str, v: Value) {
+    let mut cur = root;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let (name, idx) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (*part, None),
+        };
+        if !cur.is_object() {
+            *cur = Value::Object(Map::new());
+        }
+        let Some(obj) = cur.as_object_mut() else {
+            return;
+        };
+        let slot = obj.entry(name.to_owned()).or_insert(Value::Null);
+        cur = match idx {
+            None => slot,
+            Some(n) => {
+                if !slot.is_array() {
+                    *slot = Value::Array(Vec::new());
+                }
+                let Some(arr) = slot.as_array_mut() else {
+                    return;
+                };
+                while arr.len() <= n {
+                    arr.push(Value::Null);
+                }
+                &mut arr[n]
+            }
+        };
+        if last {
+            if cur.is_null() || !(cur.is_object() && v.is_object()) {
+                *cur = v;
+            }
+            return;
+        }
+    }
+}
+
+fn map_leaves(v: &mut Value, f: &mut dyn FnMut(&mut Value)) {
+    match v {
+        Value::Array(a) => a.iter_mut().for_each(|x| map_leaves(x, f)),
+        Value::Object(o) => o.values_mut().for_each(|x| map_leaves(x, f)),
+        other => f(other),
+    }
+}
+
+fn skew_value(v: &mut Value, factor: f64) {
+    map_leaves(v, &mut |x| match x {
+        Value::Number(n) => {
+            let y = n.as_f64().unwrap_or(0.0);
+            let z = if y == 0.0 { 1.0 } else { y * (1.0 + factor) };
+            *x = json!((z * 1000.0).round() / 1000.0);
+        }
+        Value::String(s) => s.push_str(if factor >= 0.0 { " North" } else { " Old" }),
+        _ => {}
+    });
+}
+
+fn paths_mut<'v>(body: &'v mut Value, path: &str) -> Option<&'v mut Value> {
+    let mut cur = body;
+    if path.is_empty() {
+        return Some(cur);
+    }
+    for part in path.split('.') {
+        let (name, idx) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if !name.is_empty() {
+            cur = cur.get_mut(name)?;
+        }
+        if let Some(i) = idx {
+            cur = cur.get_mut(i)?;
+        }
+    }
+    Some(cur)
+}
+
+fn skew_paths(body: &mut Value, reads: &[String], factor: f64) {
+    for p in reads {
+        if let Some(v) = paths_mut(body, p) {
+            skew_value(v, factor);
+        }
+    }
+}
+
+fn empty_paths(body: &mut Value, reads: &[String]) {
+    for p in reads {
+        // Empty the top-level field the path starts in.
+        let top = p.split(['.', '[']).next().unwrap_or(p);
+        if let Some(o) = body.as_object_mut()
+            && let Some(v) = o.get_mut(top)
+        {
+            *v = if v.is_array() { json!([]) } else { Value::Null };
+        } else if top.is_empty() {
+            *body = Value::Null;
+        }
+    }
+}
+
+fn drift(body: &mut Value, reads: &[String], rename: RenameOp) {
+    let Some(o) = body.as_object_mut() else {
+        return;
+    };
+    for p in reads {
+        let top = p.split(['.', '[']).next().unwrap_or(p).to_owned();
+        if let Some(v) = o.remove(&top) {
+            let new = match rename {
+                RenameOp::Suffix => format!("{top}_v2"),
+                RenameOp::Opaque => format!("f{}", fnv(&[&top]) % 97),
+            };
+            o.insert(new, v);
+        }
+    }
+}
+
+fn add_noise(body: &mut Value, spec: &ToolSpec, args: &Map<String, Value>) {
+    let n = spec.noise;
+    if n.rel == 0.0 && n.abs == 0.0 {
+        return;
+    }
+    let key = canonical_hash(&Value::Object(args.clone())).to_string();
+    let h = fnv(&[&spec.name, "noise", &key]);
+    let outlier = unit(fnv(&[&spec.name, "outlier", &key])) < n.outlier_share;
+    let scale = if outlier { n.outlier.max(1.0) } else { 1.0 };
+    let (u1, u2) = (unit(h) * 2.0 - 1.0, unit(h.rotate_left(23)) * 2.0 - 1.0);
+    for (path, ty) in &spec.output {
+        if !matches!(ty, FieldType::Number) {
+            continue;
+        }
+        if let Some(Value::Number(x)) = paths_mut(body, path) {
+            let y = x.as_f64().unwrap_or(0.0);
+            let mut z = y * (1.0 + u1 * n.rel * scale) + u2 * n.abs * scale;
+            if outlier {
+                // An outlier is off in one direction by at least the spread times `outlier`.
+                z = y + (z - y).signum() * ((y.abs() * n.rel + n.abs) * scale);
+            }
+            if let Some(v) = paths_mut(body, path) {
+                *v = json!((z * 10_000.0).round() / 10_000.0);
+            }
+        }
+    }
+}
+
+fn wrong_args(args: &Value, op: ArgsOp) -> Value {
+    match op {
+        ArgsOp::BrokenJson => Value::String(garble(&args.to_string())),
+        ArgsOp::WrongValue => {
+            let mut a = args.clone();
+            if let Some(o) = a.as_object_mut()
+                && let Some((_, v)) = o.iter_mut().next()
+            {
+                *v = match v.take() {
+                    Value::Number(n) => json!(n.as_f64().unwrap_or(0.0) * 10.0),
+                    Value::String(s) => Value::String(format!("{s}s")),
+                    other => other,
+                };
+            }
+            a
+        }
+        ArgsOp::EmptyArg => {
+            let mut a = args.clone();
+            if let Some(o) = a.as_object_mut()
+                && let Some((_, v)) = o.iter_mut().next()
+            {
+                *v = Value::String(String::new());
+            }
+            a
+        }
+    }
+}
+
+fn malform(text: &str, op: MalformOp, keep: f64) -> String {
+    match op {
+        MalformOp::Cut => {
+            let mut end = ((text.len() as f64) * keep) as usize;
+            while end > 0 && !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text[..end].to_owned()
+        }
+        MalformOp::Garble => garble(text),
+        MalformOp::Prose => format!("Sure! Here is the result you asked for: {text} Let me know if you need anything else."),
+        MalformOp::Fence => format!("```json\n{text}\n```"),
+        MalformOp::Html => "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>".to_owned(),
+    }
+}
+
+fn raised(message: String, status: Option<u16>) -> Response {
+    Response::Raised {
+        message,
+        status,
+        retry_after_ms: None,
+        timeout: false,
+    }
+}
+
+/// Python-style quotes and a trailing comma: broken JSON that still holds all its data.
+fn garble(text: &str) -> String {
+    let t = text.replace('"', "'");
+    match t.strip_suffix('}') {
+        Some(head) => format!("{head},}}"),
+        None => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::task::builtin;
+
+    #[test]
+    fn malformed_operators_produce_what_their_names_say() {
+        let body = r#"{"rate":1.2345,"as_of":5}"#;
+        let cut = malform(body, MalformOp::Cut, 0.5);
+        assert!(body.starts_with(&cut) && cut.len() < body.len());
+        let garbled = malform(body, MalformOp::Garble, 0.0);
+        assert!(serde_json::from_str::<Value>(&garbled).is_err());
+        assert_eq!(
+            selfheal_repair::repair(&garbled).unwrap().value,
+            serde_json::from_str::<Value>(body).unwrap()
+        );
+        assert!(malform(body, MalformOp::Fence, 0.0).starts_with("```json"));
+        assert!(malform(body, MalformOp::Prose, 0.0).contains(body));
+        assert!(selfheal_repair::repair(&malform(body, MalformOp::Html, 0.0)).is_err());
+    }
+
+    #[test]
+    fn substitute_noise_is_deterministic_and_within_the_documented_spread() {
+        let fx = crate::task::builtin_tool(crate::catalogue::Group::Fx);
+        let (mut outliers, mut n) = (0, 0);
+        for a in [
+            "EUR", "GBP", "JPY", "CHF", "AUD", "CAD", "NOK", "SEK", "PLN", "INR",
+        ] {
+            for b in [
+                "USD", "MXN", "BRL", "ZAR", "KRW", "TRY", "NZD", "SGD", "HKD", "CNY",
+            ] {
+                let args = json!({"from": a, "to": b});
+                let obj = args.as_object().unwrap();
+                let clean = truth(&fx, obj).unwrap();
+                let mut one = clean.clone();
+                let mut two = clean.clone();
+                add_noise(&mut one, &fx, obj);
+                add_noise(&mut two, &fx, obj);
+                assert_eq!(one, two, "same call, same reading");
+                let (x, y) = (
+                    clean["rate"].as_f64().unwrap(),
+                    one["rate"].as_f64().unwrap(),
+                );
+                let rel = ((y - x) / x).abs();
+                n += 1;
+                if rel > fx.noise.rel + 1e-4 {
+                    outliers += 1;
+                    assert!(
+                        rel <= fx.noise.rel * fx.noise.outlier + 1e-4,
+                        "{a}/{b}: {rel}"
+                    );
+                }
+            }
+        }
+        // About 3.3 % of pairs are outliers; 100 pairs should show a handful, not dozens.
+        assert!(outliers <= 10, "{outliers} of {n}");
+    }
+
+    #[test]
+    fn only_the_faulted_attempts_fail_and_permanent_faults_stay() {
+        let task = &builtin(1)[0];
+        let model = FaultModel::default_model().unwrap();
+        let spec = model
+            .faults
+            .iter()
+            .position(|f| f.name == "http_500")
+            .unwrap();
+        let transient = Injected {
+            step: 1,
+            spec,
+            permanent: false,
+            k: 2,
+            skew: 0.0,
+        };
+        let outputs = vec![Some(json!({"city": format!("{} City", "x")}))];
+        let mut ep = Episode::new(task, &[transient], &model, 1);
+        let args = resolve_args(ep.plan(), 1, &outputs).unwrap();
+        let tool = ep.plan().steps[1].tool.clone();
+        let raised = |r: &ToolResponse| matches!(r.response, Response::Raised { .. });
+        let r: Vec<bool> = (0..3)
+            .map(|_| raised(&ep.call(1, &tool, &args, Purpose::Step, false)))
+            .collect();
+        assert_eq!(r, [true, true, false]);
+        let permanent = Injected {
+            permanent: true,
+            ..transient
+        };
+        let mut ep = Episode::new(task, &[permanent], &model, 1);
+        assert!((0..5).all(|_| raised(&ep.call(1, &tool, &args, Purpose::Step, false))));
+        // The substitute is not hit by a primary fault, and a verifier call is charged as V.
+        let sub = ep.plan().steps[1].tool.clone();
+        let sub = ep.plan().tool(&sub).unwrap().substitute.clone().unwrap();
+        assert!(!raised(&ep.call(1, &sub, &args, Purpose::Verify, false)));
+        assert_eq!(ep.costs().verifier_calls, 1);
+        assert_eq!(ep.costs().tool_calls, 5);
+    }
+}

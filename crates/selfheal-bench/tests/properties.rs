@@ -1,0 +1,155 @@
+//! What each strategy can and cannot do against single faults of the default model, on the
+//! first built-in task (capital → weather → convert). These pin properties of the world and of
+//! the strategies' mechanics, never a headline score.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use selfheal_bench::exec::Episode;
+use selfheal_bench::faultmodel::{FaultModel, Injected};
+use selfheal_bench::strategies::Strategy;
+use selfheal_bench::task::{TaskSpec, builtin};
+use selfheal_bench::{BenchConfig, run};
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Correct,
+    Wrong,
+    NoAnswer,
+}
+
+fn one(name: &str, step: usize, permanent: bool, k: u32, skew: f64) -> (FaultModel, Injected) {
+    let model = FaultModel::default_model().unwrap();
+    let spec = model.faults.iter().position(|f| f.name == name).unwrap();
+    (
+        model,
+        Injected {
+            step,
+            spec,
+            permanent,
+            k,
+            skew,
+        },
+    )
+}
+
+fn play(task: &TaskSpec, model: &FaultModel, f: Injected, s: Strategy, r: u32) -> (Verdict, u64) {
+    let mut ep = Episode::new(task, &[f], model, 7);
+    let ended = s.run(&mut ep, r, None, 7, false);
+    let verdict = match &ended.answer {
+        None => Verdict::NoAnswer,
+        Some(a) if selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected) => {
+            Verdict::Correct
+        }
+        Some(_) => Verdict::Wrong,
+    };
+    (verdict, ep.costs().verifier_calls)
+}
+
+#[test]
+fn a_transient_timeout_fails_static_but_not_retry_only() {
+    let task = &builtin(1)[0];
+    let (m, f) = one("timeout", 1, false, 1, 0.0);
+    assert_eq!(play(task, &m, f, Strategy::Static, 5).0, Verdict::NoAnswer);
+    assert_eq!(
+        play(task, &m, f, Strategy::RetryOnly, 5).0,
+        Verdict::Correct
+    );
+}
+
+#[test]
+fn a_permanent_503_needs_a_substitute_not_a_retry() {
+    let task = &builtin(1)[0];
+    let (m, f) = one("unavailable_503", 1, true, 1, 0.0);
+    assert_eq!(
+        play(task, &m, f, Strategy::RetryOnly, 5).0,
+        Verdict::NoAnswer
+    );
+    // react switches tools on a permanent-looking failure, as does self-healing.
+    assert_eq!(play(task, &m, f, Strategy::React, 5).0, Verdict::Correct);
+    assert_eq!(
+        play(task, &m, f, Strategy::SelfHealing, 5).0,
+        Verdict::Correct
+    );
+}
+
+#[test]
+fn a_provider_outage_has_no_fix_and_self_healing_degrades_cleanly() {
+    let task = &builtin(1)[0];
+    let (m, f) = one("provider_outage", 1, true, 1, 0.0);
+    for s in Strategy::ALL {
+        assert_eq!(
+            play(task, &m, f, s, 5).0,
+            Verdict::NoAnswer,
+            "{}",
+            s.as_str()
+        );
+    }
+}
+
+#[test]
+fn a_plausible_wrong_value_is_silent_without_the_cross_check_and_caught_with_it() {
+    // Task 1: currency → FX rate → multiply. The rate off by 8 %: far outside the feeds'
+    // tolerance. (Near 0 °C the same skew on a temperature hides inside the stations' noise.)
+    let task = &builtin(2)[1];
+    let (m, f) = one("plausible_wrong", 1, true, 1, 0.08);
+    assert_eq!(play(task, &m, f, Strategy::React, 5).0, Verdict::Wrong);
+    let (v, verifier_calls) = play(task, &m, f, Strategy::ReactVerify, 5);
+    assert_ne!(v, Verdict::Wrong);
+    assert!(verifier_calls > 0, "the cross-check is a charged call");
+    assert_ne!(
+        play(task, &m, f, Strategy::SelfHealing, 5).0,
+        Verdict::Wrong
+    );
+}
+
+#[test]
+fn both_sources_wrong_fools_every_cross_check() {
+    let task = &builtin(2)[1];
+    let (m, f) = one("both_wrong", 1, true, 1, 0.08);
+    for s in [Strategy::ReactVerify, Strategy::SelfHealing] {
+        assert_eq!(play(task, &m, f, s, 5).0, Verdict::Wrong, "{}", s.as_str());
+    }
+}
+
+#[test]
+fn a_cut_body_is_not_repaired_into_an_answer() {
+    let task = &builtin(1)[0];
+    // Permanently cut on the primary: repair must refuse; the substitute has the data.
+    let (m, f) = one("truncated", 1, true, 1, 0.0);
+    assert_eq!(
+        play(task, &m, f, Strategy::SelfHealing, 5).0,
+        Verdict::Correct
+    );
+    let mut ep = Episode::new(task, &[f], &m, 7);
+    Strategy::SelfHealing.run(&mut ep, 5, None, 7, false);
+    assert!(
+        ep.costs().tool_calls >= 3,
+        "the step was fetched again, not invented"
+    );
+}
+
+#[test]
+fn the_detectors_are_fallible_and_escalation_is_priced() {
+    let config = BenchConfig {
+        fault_rate: 0.3,
+        seeds: 4,
+        strategies: vec![Strategy::SelfHealing],
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    let d = &report.details[0];
+    assert!(d.verifier.false_alarms > 0, "{:?}", d.verifier);
+    assert!(d.verifier.misses > 0, "{:?}", d.verifier);
+    assert!(d.escalated_calls > 0.0);
+    let c = &report.confusion[0];
+    assert!(
+        c.correct < c.total,
+        "the classifier is never perfect here: {c:?}"
+    );
+    // Escalation has its own price: with a fallback weight of 0 K falls.
+    let cheap = BenchConfig {
+        weights: selfheal_bench::CostWeights::parse("1,1,1,1,0").unwrap(),
+        ..config
+    };
+    let cheaper = run(&cheap, &mut |_, _| {}, None);
+    assert!(cheaper.results[0].cost < report.results[0].cost);
+}
