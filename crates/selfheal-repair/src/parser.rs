@@ -624,6 +624,14 @@ impl<'a> Parser<'a> {
             let v = self.finish_truncated()?;
             return Ok(self.done_with(v));
         };
+        if matches!(c, b'-' | b'0'..=b'9')
+            && let Some((v, end)) = self.separated_number(start)
+        {
+            // `82_461_110`: digit groups, as Python and JavaScript write them.
+            self.note(RepairKind::NumberFormat, start);
+            self.pos = end;
+            return Ok(self.deliver(v));
+        }
         match c {
             b'{' => {
                 self.push(Frame::Obj {
@@ -650,12 +658,6 @@ impl<'a> Parser<'a> {
             b'.' if self.ellipsis_at(start).is_some() => Err(self.missing_value(start).into()),
             b'/' if !self.stack.is_empty() => {
                 let v = self.regex_literal(start)?;
-                Ok(self.deliver(v))
-            }
-            b'-' | b'0'..=b'9' if self.separated_number(start).is_some() => {
-                let (v, end) = self.separated_number(start).unwrap_or((Value::Null, start));
-                self.note(RepairKind::NumberFormat, start);
-                self.pos = end;
                 Ok(self.deliver(v))
             }
             b'-' | b'+' | b'.' | b'0'..=b'9' => match self.parse_number()? {
@@ -747,6 +749,14 @@ impl<'a> Parser<'a> {
         let mut i = start;
         if self.at(i) == Some(b'-') {
             i += 1;
+        }
+        // Most numbers have no separator: find that out before building anything.
+        let mut j = i;
+        while self.at(j).is_some_and(|c| c.is_ascii_digit()) {
+            j += 1;
+        }
+        if self.at(j) != Some(b'_') {
+            return None;
         }
         let mut digits = String::new();
         let mut seen_sep = false;
