@@ -161,6 +161,18 @@ fn leading_zeros_follow_the_schema() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// A number where unclosed input ends may have been cut: refused unless `--complete` says
+/// the model finished its answer.
+#[test]
+fn a_number_at_the_end_needs_complete() {
+    let out = run(&[], "{\"days\": 3");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cut off inside a number"));
+    let out = run(&["--complete"], "{\"days\": 3");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "{\"days\":3}\n");
+}
+
 /// Issue 14: separate values are an array only with --multiple.
 #[test]
 fn multiple_values_need_the_flag() {

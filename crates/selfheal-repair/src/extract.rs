@@ -74,6 +74,7 @@ fn parse_window(
         .min();
     if let (Some(b), Some(w)) = (first_bracket, first_wrapper)
         && b < w
+        && balanced_end(src, start + b, end).is_none_or(|close| close > start + w)
     {
         match parse_plain(src, start, end, opts) {
             Ok(found) => return Ok(found),
@@ -145,6 +146,7 @@ fn try_fences(
     let window = src.get(start..end)?;
     let mut from = 0;
     let mut first_err = None;
+    let mut values = Vec::new();
     for _ in 0..MAX_WRAPPERS {
         let Some(open) = window
             .get(from..)
@@ -179,16 +181,7 @@ fn try_fences(
                     kind: RepairKind::CodeFence,
                     offset: start + open,
                 });
-                // A second fence holding JSON: two values, and which one is meant is a guess.
-                if let Some(c) = close
-                    && !opts.multiple
-                    && let Some(Ok(_)) = try_fences(src, start + c + 3, end, opts)
-                {
-                    return Some(Err(RepairError::MultipleValues {
-                        offset: start + c + 3,
-                    }));
-                }
-                return Some(Ok(found));
+                values.push((found, start + open));
             }
             Err(e) if e.is_final() => return Some(Err(e)),
             Err(e) => {
@@ -200,7 +193,44 @@ fn try_fences(
             None => break,
         }
     }
-    first_err.map(Err)
+    match gather(values, opts) {
+        Some(r) => Some(r),
+        None => first_err.map(Err),
+    }
+}
+
+/// The values found in several wrappers: one is the value; several are an array only when
+/// asked ([`RepairOptions::multiple`]), else refused — which one is meant would be a guess.
+fn gather(
+    mut values: Vec<(Found, usize)>,
+    opts: &RepairOptions,
+) -> Option<Result<Found, RepairError>> {
+    match values.len() {
+        0 => None,
+        1 => values.pop().map(|(f, _)| Ok(f)),
+        _ if !opts.multiple => {
+            let offset = values.get(1).map_or(0, |(_, at)| *at);
+            Some(Err(RepairError::MultipleValues { offset }))
+        }
+        _ => {
+            let mut repairs = Vec::new();
+            let mut items = Vec::new();
+            let second = values.get(1).map_or(0, |(_, at)| *at);
+            for (f, _) in values {
+                repairs.extend(f.repairs);
+                items.push(f.value);
+            }
+            repairs.push(Repair {
+                kind: RepairKind::NdjsonToArray,
+                offset: second,
+            });
+            Some(Ok(Found {
+                value: Value::Array(items),
+                repairs,
+                root_string: None,
+            }))
+        }
+    }
 }
 
 /// Tries the content of tag wrappers such as `<tool_call>` whose content starts with `{`
@@ -216,6 +246,7 @@ fn try_tags(
     let mut from = 0;
     let mut tried = 0;
     let mut first_err = None;
+    let mut values = Vec::new();
     while tried < MAX_WRAPPERS {
         let Some(lt) = window
             .get(from..)
@@ -257,7 +288,7 @@ fn try_tags(
                     kind: RepairKind::TagWrapper,
                     offset: start + lt,
                 });
-                return Some(Ok(found));
+                values.push((found, start + lt));
             }
             Err(e) if e.is_final() => return Some(Err(e)),
             Err(e) => {
@@ -266,7 +297,10 @@ fn try_tags(
         }
         from = content_end.max(from);
     }
-    first_err.map(Err)
+    match gather(values, opts) {
+        Some(r) => Some(r),
+        None => first_err.map(Err),
+    }
 }
 
 /// An opening tag `<name attr…>` at `lt`: its name and the position after `>`.
@@ -317,6 +351,7 @@ fn parse_plain(
             Ok((found, None)) => return Ok(with_lead(found, lead_repairs)),
             Ok((mut found, Some(garbage))) => {
                 if found.value.is_object() || found.value.is_array() {
+                    second_value_after(src, garbage, end, opts)?;
                     found.repairs.push(Repair {
                         kind: RepairKind::TrailingGarbage,
                         offset: garbage,
@@ -326,7 +361,7 @@ fn parse_plain(
                 // A scalar followed by text is prose ("1. First, …"), not JSON.
                 cand_from = garbage.max(first + 1);
             }
-            Err(e) if e.is_final() => return Err(e),
+            Err(e) if e.is_final() || json_like(src, first, end) => return Err(e),
             Err(e) => {
                 // Whatever follows inside a bracketed value that failed is a fragment of it.
                 let resume = if matches!(src.as_bytes().get(first), Some(b'{' | b'[')) {
@@ -364,6 +399,7 @@ fn parse_plain(
                     offset: first,
                 });
                 if let Some(g) = garbage {
+                    second_value_after(src, g, end, opts)?;
                     found.repairs.push(Repair {
                         kind: RepairKind::TrailingGarbage,
                         offset: g,
@@ -371,7 +407,9 @@ fn parse_plain(
                 }
                 return Ok(with_lead(found, lead_repairs));
             }
-            Err(e) if e.is_final() => return Err(e),
+            // A failed value that looked like JSON is the answer, broken: nothing later is
+            // taken in its place.
+            Err(e) if e.is_final() || json_like(src, c, end) => return Err(first_err.unwrap_or(e)),
             Err(e) => {
                 let Some(close) = balanced_end(src, c, end) else {
                     return Err(first_err.unwrap_or(e));
@@ -382,6 +420,48 @@ fn parse_plain(
         }
     }
     Err(first_err.unwrap_or(RepairError::NoJson))
+}
+
+/// Whether the bracket at `at` opens what looks like JSON (`{"`, `['`, `[{`, `[1`) rather than
+/// a bracketed phrase (`{name}`, `[see below]`).
+fn json_like(src: &str, at: usize, end: usize) -> bool {
+    let Some(rest) = src.get(at..end) else {
+        return false;
+    };
+    let mut it = rest.bytes();
+    let open = it.next();
+    match (open, it.find(|c| !c.is_ascii_whitespace())) {
+        (Some(b'{'), Some(c)) => matches!(c, b'"' | b'\''),
+        (Some(b'['), Some(c)) => matches!(c, b'"' | b'\'' | b'{' | b'[') || c.is_ascii_digit(),
+        _ => false,
+    }
+}
+
+/// After a value found in prose, the text from `at` on: refused with
+/// [`RepairError::MultipleValues`] when it holds another value that looks like JSON and
+/// parses (`Example: {..}. Actually use {..}`), since which one is meant is a guess.
+fn second_value_after(
+    src: &str,
+    at: usize,
+    end: usize,
+    opts: &RepairOptions,
+) -> Result<(), RepairError> {
+    let bytes = src.as_bytes();
+    let mut from = at;
+    while let Some(c) = bytes
+        .get(from..end)
+        .and_then(|w| w.iter().position(|&b| b == b'{' || b == b'['))
+        .map(|o| from + o)
+    {
+        if json_like(src, c, end) {
+            return match attempt(src, c, end, opts, false) {
+                Ok(_) => Err(RepairError::MultipleValues { offset: c }),
+                Err(_) => Ok(()),
+            };
+        }
+        from = c + 1;
+    }
+    Ok(())
 }
 
 /// Where the bracketed text opened at `at` closes: the position after the bracket that
@@ -454,7 +534,7 @@ fn attempt(
                 p.note(RepairKind::RedundantClosing, p.pos);
                 p.pos += 1;
             }
-            _ if c == b',' || p.is_clear_value_start(p.pos) => {
+            _ if c == b',' || (c != b'(' && p.is_clear_value_start(p.pos)) => {
                 let (save_pos, save_len) = (p.pos, p.repairs.len());
                 loop {
                     p.skip_ws();

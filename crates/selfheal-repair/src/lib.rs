@@ -101,22 +101,26 @@
 //! value, no value cut short, no fragment, no digits dropped. Valid JSON comes back exactly
 //! as written. The parser refuses, with a [`RepairError`] that says where and why, when
 //!
-//! - the input was cut off inside a string, key, literal or escape, inside a number that
-//!   cannot end there (`1.`, `1e`, `-`), or after a comma or an opening bracket
-//!   ([`RepairError::Truncated`], at the byte where it stops). Closing brackets left off after
-//!   a *complete* last value (`{"a": "x"`) are still repaired; a number that ends where the
-//!   input ends counts as complete, since nothing in the text says otherwise (a caller that
-//!   knows the output was cut, from `finish_reason: "length"`, must refuse it);
+//! - the input was cut off inside a string, key, literal, escape or number, or after a comma
+//!   or an opening bracket ([`RepairError::Truncated`], at the byte where it stops). Closing
+//!   brackets left off after a *complete* last value (`{"a": "x"`) are still repaired; a
+//!   number where unclosed input ends (`{"year": 20`) counts as complete only with
+//!   [`RepairOptions::input_complete`], which a caller sets when it knows the model finished
+//!   its answer;
 //! - a key has no value (`{"a": }`, `{"a": , "b": 1}`, `{"a":` at the end:
 //!   [`RepairError::MissingValue`]);
 //! - several top-level values follow each other ([`RepairError::MultipleValues`]) — an
 //!   array is built only with [`RepairOptions::multiple`];
 //! - a number has leading zeros ([`RepairError::LeadingZeros`]);
-//! - a bracketed value fails part-way: nothing later in it is taken in its place;
+//! - a value that looks like JSON fails part-way: nothing later is taken in its place, and
+//!   two values found in prose, fences or tags are refused unless
+//!   [`RepairOptions::multiple`] asks for an array;
 //! - the reading is a guess: an unpaired quote inside a string (`"v"alue"`), a raw line break
 //!   right before a closing quote, a line comment that would swallow the rest of an open
-//!   value, an exponent without digits (`1e }`), brackets inside a bare value, an empty
-//!   bracket closed by another kind (`[{]`), a string open up to the closing brace;
+//!   value (or holds a closing bracket), a block comment never closed, an exponent without
+//!   digits (`1e }`), brackets inside a bare value, an empty bracket closed by another kind
+//!   (`[{]`), a parenthesis closed by another bracket, a value string closed by a quote of
+//!   another kind, a string open up to the closing brace;
 //! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
 //! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);
 //! - a wrapper call has several arguments (`Date(2024, 1, 2)`);

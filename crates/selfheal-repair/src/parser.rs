@@ -321,7 +321,19 @@ impl<'a> Parser<'a> {
                     self.note(RepairKind::Comment, self.pos);
                     let rest = self.s(self.pos, self.end);
                     self.pos = match rest.find('\n') {
-                        Some(n) => self.pos + n + 1,
+                        Some(n) => {
+                            let text = rest.get(..n).unwrap_or_default();
+                            if !self.stack.is_empty() && !self.salvage && text.contains(['}', ']'])
+                            {
+                                // `{"a": 1 # note }, "b": 2}`: the comment holds a closing
+                                // bracket, and what it swallowed may be data.
+                                self.loss.get_or_insert(RepairError::Unrepairable {
+                                    offset: self.pos,
+                                    reason: "a line comment holds a closing bracket, inside an open value".into(),
+                                });
+                            }
+                            self.pos + n + 1
+                        }
                         None => {
                             if !self.stack.is_empty() && !self.salvage {
                                 // `{"a": 1 # note }, "b": 2}` on one line: the comment would
@@ -340,7 +352,16 @@ impl<'a> Parser<'a> {
                     let rest = self.s(self.pos + 2, self.end);
                     self.pos = match rest.find("*/") {
                         Some(n) => self.pos + 2 + n + 2,
-                        None => self.end,
+                        None => {
+                            if !self.salvage {
+                                // `{"a": 1 /* note, "b": 2}`: never closed, it takes the rest.
+                                self.loss.get_or_insert(RepairError::Unrepairable {
+                                    offset: self.pos,
+                                    reason: "a block comment that is never closed".into(),
+                                });
+                            }
+                            self.end
+                        }
                     };
                 }
                 (Some(0xEF), Some(0xBB)) if self.at(self.pos + 2) == Some(0xBF) => {
@@ -627,6 +648,9 @@ impl<'a> Parser<'a> {
         if matches!(c, b'-' | b'0'..=b'9')
             && let Some((v, end)) = self.separated_number(start)
         {
+            if self.skip_plain_ws_from(end) >= self.end && !self.input_complete {
+                self.cut_off(Cut::Number)?;
+            }
             // `82_461_110`: digit groups, as Python and JavaScript write them.
             self.note(RepairKind::NumberFormat, start);
             self.pos = end;
@@ -882,7 +906,7 @@ impl<'a> Parser<'a> {
             }
             return Ok(State::Value);
         }
-        if end >= self.end
+        if self.skip_plain_ws_from(end) >= self.end
             && LITERALS
                 .iter()
                 .any(|l| l.len() > word.len() && l.starts_with(word))
@@ -920,7 +944,7 @@ impl<'a> Parser<'a> {
         if text.is_empty() {
             return Err(self.missing_value(start));
         }
-        if i >= self.end {
+        if self.skip_plain_ws_from(i) >= self.end {
             // The word runs to the end of the input: it may have been cut.
             self.cut_off(Cut::Literal)?;
         }
@@ -1011,6 +1035,12 @@ impl<'a> Parser<'a> {
         self.pos += 1;
         if c == want {
             return Ok(self.closed_one());
+        }
+        if !self.salvage && (c == b')' || want == b')') {
+            // `(1]`, `[1)`: a tuple or a wrapper call mixed with another bracket.
+            return Err(self
+                .err(at, "a parenthesis closed by another kind of bracket")
+                .into());
         }
         let open_of_kind = match c {
             b']' => self.open_arr,
@@ -1212,8 +1242,9 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// An upper-case marker word such as `COMMENT` or `TODO` at `i`, where a key is due,
-    /// followed on the same line by a quoted key or the closing brace: where it ends.
+    /// An upper-case marker word of four letters or more, such as `COMMENT` or `TODO`, at
+    /// `i` where a key is due and followed on the same line by a quoted key: where it ends.
+    /// (`USD "amount"` or `AB }` are not markers: they are refused.)
     fn marker_word_at(&self, i: usize) -> Option<usize> {
         let mut e = i;
         while self
@@ -1224,14 +1255,14 @@ impl<'a> Parser<'a> {
         }
         let word = self.s(i, e);
         let upper = word.bytes().filter(u8::is_ascii_uppercase).count();
-        if upper < 2 || LITERALS.contains(&word) || matches!(word, "NULL") {
+        if upper < 4 || LITERALS.contains(&word) || matches!(word, "NULL") {
             return None;
         }
         let mut n = e;
         while matches!(self.at(n), Some(b' ' | b'\t')) {
             n += 1;
         }
-        (n > e && (self.at(n) == Some(b'"') || self.at(n) == Some(b'}'))).then_some(n)
+        (n > e && self.at(n) == Some(b'"')).then_some(n)
     }
 
     fn set_key(&mut self, k: String) {
@@ -1374,7 +1405,11 @@ impl<'a> Parser<'a> {
             }
         }
         self.pos = i;
-        if at_eof_fix || (i >= self.end && !self.stack.is_empty() && !self.input_complete) {
+        if at_eof_fix
+            || (self.skip_plain_ws_from(i) >= self.end
+                && !self.stack.is_empty()
+                && !self.input_complete)
+        {
             // `1.`, `1e`: the input stops where digits had to follow. `{"year": 20`: the
             // input stops inside a value that was never closed, and more digits may have
             // followed — unless the caller knows the model finished its answer.
@@ -1428,7 +1463,8 @@ impl<'a> Parser<'a> {
                 text: text.to_owned(),
             });
         }
-        if i >= self.end && !self.stack.is_empty() && !self.input_complete {
+        if self.skip_plain_ws_from(i) >= self.end && !self.stack.is_empty() && !self.input_complete
+        {
             self.cut_off(Cut::Number)?;
         }
         self.note(RepairKind::LeadingZeroString, start);
@@ -1571,7 +1607,10 @@ impl<'a> Parser<'a> {
                 && open != Quote::TypoDoubleOpen
             {
                 false
-            } else if fallback.is_none() && self.strict_delim_follows(after, ctx) {
+            } else if fallback.is_none()
+                && (ctx == Ctx::Key || self.salvage)
+                && self.strict_delim_follows(after, ctx)
+            {
                 fallback = Some(Fallback {
                     quote: i,
                     after,

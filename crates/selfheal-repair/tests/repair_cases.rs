@@ -155,11 +155,9 @@ fn repairs_quotes() {
         RepairKind::TypographicQuotes,
     );
     ok("{\"a': 1}", json!({"a": 1}), RepairKind::MismatchedQuote);
-    ok(
-        "{\"a\": 'b\"}",
-        json!({"a": "b"}),
-        RepairKind::MismatchedQuote,
-    );
+    // A value closed by a quote of another kind could as well be cut off with a quote in
+    // its text: refused.
+    refused("{\"a\": 'b\"}");
     ok(
         "{\"a\": \"b, \"c\": 1}",
         json!({"a": "b", "c": 1}),
@@ -748,6 +746,74 @@ fn reads_an_object_closed_one_brace_early() {
     ] {
         refused(input);
     }
+}
+
+/// Review findings: inputs that once came back with a value they do not hold.
+#[test]
+fn review_findings_are_refused_or_read_right() {
+    // A bracket in the prose does not beat the fenced or tagged JSON.
+    ok(
+        "Step [1]: here is the call\n```json\n{\"a\": 1}\n```",
+        json!({"a": 1}),
+        RepairKind::CodeFence,
+    );
+    ok(
+        "Use x[0] then <tool_call>{\"a\": 1}</tool_call>",
+        json!({"a": 1}),
+        RepairKind::TagWrapper,
+    );
+    for input in [
+        // Nothing from inside a failed value is returned.
+        "{\"a\": }, \"c\": {\"d\": 1}}",
+        "{'a': '}', 'b': @, 'c': {\"d\": 1}}",
+        "{\"a\": \"x\" /* } */, \"b\": @, \"c\": {\"d\": 1}}",
+        "[{\"a\": \"b\" \"c\" ]}, {\"d\": 1}]",
+        "I tried {\"a\": } and then {\"a\": 2}",
+        // Two values in prose, or in two tags, or three fences.
+        "Example: {\"city\": \"Paris\"}. Actually use {\"city\": \"Rome\"}",
+        "<tool_call>{\"a\":1}</tool_call><tool_call>{\"a\":2}</tool_call>",
+        "```json\n{\"a\":1}\n```\n```json\n{\"a\":2}\n```\n```json\n{\"a\":3}\n```",
+        // Comments that swallow members.
+        "{\"a\": 1 /* note, \"b\": 2}",
+        "{\"a\": 1 # note }, \"b\": 2}\n",
+        "{\"a\": 1, \"b\": 2 // c, \"d\": 4}\n",
+        // Cuts hidden behind a separator or a trailing newline.
+        "{\"n\": 1_000",
+        "{\"a\": nul\n",
+        "{\"a\": \"x\", \"b\": tr\n",
+        "{\"year\": 20\n",
+        // Short upper-case words are data, not markers.
+        "{USD \"amount\": 5}",
+        "{\"a\": 1, AB }",
+        // A parenthesis closed by another bracket.
+        "{\"a\": (1]}",
+        "{\"a\": [1)}",
+    ] {
+        refused(input);
+    }
+    // Three fences with --multiple are all kept.
+    let r = repair_with(
+        "```json\n{\"a\":1}\n```\n```json\n{\"a\":2}\n```\n```json\n{\"a\":3}\n```",
+        &RepairOptions::default().with_multiple(true),
+    )
+    .unwrap();
+    assert_eq!(r.value, json!([{"a": 1}, {"a": 2}, {"a": 3}]));
+    // A note in parentheses after the JSON is prose.
+    ok(
+        "{\"a\": 1} (see above).",
+        json!({"a": 1}),
+        RepairKind::TrailingGarbage,
+    );
+}
+
+/// Review finding: 20,000 fences once overflowed the stack.
+#[test]
+fn many_fences_do_not_overflow() {
+    let input = "```json\n{}\n```\n".repeat(20_000);
+    assert!(matches!(
+        repair(&input),
+        Err(RepairError::MultipleValues { .. })
+    ));
 }
 
 /// Issue 14: the extractor never returns a later fragment of a value that failed.

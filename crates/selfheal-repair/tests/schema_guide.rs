@@ -135,6 +135,23 @@ fn valid_values_are_never_changed() {
     assert!(o.coercions.is_empty());
 }
 
+/// Review finding: a float is never turned into a string, whose digits it no longer has
+/// (`1.10` parses as 1.1).
+#[test]
+fn floats_are_not_turned_into_strings() {
+    let o = apply(
+        json!({"type": "object", "properties": {"v": {"type": "string"}}}),
+        json!({"v": 1.10}),
+    );
+    assert_eq!(o.value, json!({"v": 1.1}));
+    assert_eq!(o.violations.len(), 1);
+    let o = apply(
+        json!({"type": "object", "properties": {"v": {"type": "string"}}}),
+        json!({"v": 12}),
+    );
+    assert_eq!(o.value, json!({"v": "12"}));
+}
+
 /// Issue 14: text with leading zeros is never read as a number.
 #[test]
 fn leading_zero_strings_are_not_numbers() {

@@ -54,6 +54,11 @@ pub struct RepairArgs {
     /// refusing.
     #[arg(long)]
     pub multiple: bool,
+    /// The input is the model's whole answer (it finished on its own, `finish_reason:
+    /// "stop"`): a number where unclosed input ends is complete (`{"days": 3` lacks only its
+    /// brace). Without it such a number is refused: `{"year": 20` may have been 2018.
+    #[arg(long)]
+    pub complete: bool,
 }
 
 /// Runs `selfheal repair`; returns the process exit code.
@@ -82,6 +87,7 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
     let options = RepairOptions::default()
         .with_salvage(args.salvage)
         .with_multiple(args.multiple)
+        .with_input_complete(args.complete)
         .with_leading_zero_strings(guide.is_some())
         .with_decode_strings(guide.as_ref().is_some_and(SchemaGuide::wants_container));
     let repaired = match repair_with(&input, &options) {

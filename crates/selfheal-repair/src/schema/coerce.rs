@@ -311,7 +311,8 @@ impl<'s> Walker<'s> {
                 }
             }
             Value::Number(n) => {
-                if has("string") {
+                // Only an integer reads back as the digits written: `1.10` parsed is `1.1`.
+                if has("string") && (n.is_i64() || n.is_u64()) {
                     (Value::String(n.to_string()), CoercionKind::NumberToString)
                 } else if has("array") {
                     (Value::Array(vec![v.clone()]), CoercionKind::WrappedInArray)
