@@ -19,6 +19,7 @@
 pub mod catalogue;
 pub mod env;
 pub mod faults;
+pub mod plot;
 pub mod report;
 pub mod strategies;
 

@@ -15,6 +15,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use selfheal_core::budget::{BudgetLimits, Dimension};
 use selfheal_core::policy::ActionKind;
 use selfheal_runtime::client::{ClientError, Completion, ModelClient};
 
@@ -240,7 +241,6 @@ async fn chat_inner(
     // 2. Abort: the run ends here, with a final answer that says why.
     if let Some(reason) = verdict.abort.clone() {
         Metrics::inc(&s.metrics.aborts_total);
-        Metrics::inc(&s.metrics.healed_total);
         let status = {
             let mut st = lock(&state);
             st.act("terminate");
@@ -289,9 +289,6 @@ async fn chat_inner(
         Metrics::inc(&s.metrics.tools_hidden_total);
         actions.push("hide".into());
         s.event(&run, "hide", json!({"tools": applied.hidden}), None);
-    }
-    if !actions.is_empty() {
-        Metrics::inc(&s.metrics.healed_total);
     }
     let edits = applied.edits();
     let encode = |m: &str| {
@@ -563,8 +560,22 @@ fn selfheal_report(
         "reason": reason,
         "failures": st.failures,
         "actions": actions,
-        "budget": {"spent": st.ledger.spent(), "limits": st.ledger.limits()},
+        "budget": {"spent": st.ledger.spent(), "limits": limits_json(st.ledger.limits())},
     })
+}
+
+/// Budget limits for clients: an unlimited dimension is `null`, not `u64::MAX`, which
+/// JavaScript cannot even read exactly.
+fn limits_json(limits: &BudgetLimits) -> Value {
+    Value::Object(
+        Dimension::ALL
+            .into_iter()
+            .map(|d| {
+                let v = limits.get(d);
+                (d.to_string(), (v != u64::MAX).then_some(v).into())
+            })
+            .collect(),
+    )
 }
 
 fn finish_trace(s: &AppState, run: &str, state: &Mutex<RunState>, status: &str) {

@@ -3,8 +3,6 @@
 //! retries a failing model call R times where `static` gives up at once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -14,8 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use common::serve;
-use selfheal_runtime::live::{LiveConfig, LiveStrategy, run};
+use selfheal_live::{LiveConfig, LiveStrategy, run};
 
 #[derive(Clone)]
 enum Model {
@@ -49,6 +46,16 @@ async fn handler(State(s): State<Shared>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// Serves `app` on 127.0.0.1:0 and returns its base URL (up to `/v1`).
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}/v1")
 }
 
 async fn server(model: Model) -> (String, Shared) {
