@@ -149,3 +149,29 @@ async fn retry_only_stays_within_the_model_call_limit() {
     assert_eq!(shared.lock().unwrap().requests, 3);
     assert_eq!(e.outcome, "model_error");
 }
+
+/// Issue 12: `bench --live --out` wrote only JSON; it now writes the simulated benchmark's
+/// Markdown report and chart, built from the live rows.
+#[tokio::test]
+async fn issue12_the_live_report_has_the_results_table_and_the_chart() {
+    let oracle = selfheal_bench::catalogue::tasks()[0].oracle.clone();
+    let (url, _) = server(Model::Answer(format!("The answer is {oracle}."))).await;
+    let report = run(&config(url), &mut |_| {}).await.unwrap();
+    let md = selfheal_live::markdown(&report, &["tsr-by-budget.svg"]);
+    for strategy in ["static", "retry-only", "self-healing"] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {strategy} | 2 | 1 |")))
+            .unwrap_or_else(|| panic!("no row for {strategy} in\n{md}"));
+        assert!(row.contains("| 100.0 % |"), "{row}");
+    }
+    assert!(
+        md.contains("![tsr-by-budget.svg](tsr-by-budget.svg)"),
+        "{md}"
+    );
+    let svg = selfheal_live::svg_tsr(&report);
+    assert!(svg.starts_with("<svg"), "{svg}");
+    // TSR, RSR and SFR for each of the three strategies; RSR has no faulted episode here.
+    assert_eq!(svg.matches("class=\"bar\"").count(), 9, "{svg}");
+    assert!(svg.contains("self-healing: 100.0 % (n = 1)"), "{svg}");
+}
