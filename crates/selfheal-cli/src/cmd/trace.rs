@@ -77,7 +77,8 @@ pub fn run(command: TraceCommand) -> anyhow::Result<u8> {
         TraceCommand::List { db, limit } => {
             let runs = match open(&db)? {
                 Some(reader) => reader.runs(limit)?,
-                None => Vec::new(),
+                None if db.json => Vec::new(),
+                None => return Ok(0),
             };
             if db.json {
                 println!("{}", serde_json::to_string_pretty(&runs)?);
