@@ -5,27 +5,57 @@
 #  - MCP proxy: between the real Python `mcp` SDK and a real MCP server from npm,
 #    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py).
 #
-#   scripts/test-e2e.sh --setup   # once: venv + pinned packages from PyPI and npm (the only downloads)
-#   scripts/test-e2e.sh           # build the binary and run the tests (no network but loopback)
+#   scripts/test-e2e.sh           # run the tests (sets up the test environment on first use)
+#   scripts/test-e2e.sh --setup   # only (re)create the test environment
+#
+# The test environment — a Python venv with tests/e2e/requirements.txt from PyPI and the MCP
+# server from npm, the only downloads — lives in .cache/e2e/ (gitignored; `cargo clean` leaves it
+# alone) and is rebuilt when tests/e2e/requirements.txt or the npm package changes. The tests run
+# the binary that `cargo test --workspace` builds (same profile, same features), so after
+# `cargo test --workspace` nothing is compiled again. No network at test time but loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${SELFHEAL_E2E_VENV:-target/venv-e2e}
-NPM_DIR=${SELFHEAL_E2E_NPM:-target/npm-e2e}
+E2E=${SELFHEAL_E2E_DIR:-.cache/e2e}
+VENV=$E2E/venv
+NPM_DIR=$E2E/npm
+NPM_PACKAGE=@modelcontextprotocol/server-filesystem@2026.8.31
+# What the environment was built from: rebuilt when this changes.
+WANT="$(cat tests/e2e/requirements.txt) $NPM_PACKAGE $(python3 --version 2>&1)"
+STAMP=$E2E/ready
+
+setup() {
+  echo "e2e: setting up the test environment in $E2E (once; PyPI and npm)" >&2
+  rm -rf "$VENV" "$NPM_DIR" "$STAMP"
+  mkdir -p "$E2E"
+  echo "e2e: [1/3] python venv at $VENV" >&2
+  python3 -m venv "$VENV"
+  echo "e2e: [2/3] pip install -r tests/e2e/requirements.txt" >&2
+  "$VENV/bin/pip" install --disable-pip-version-check --progress-bar off \
+    -r tests/e2e/requirements.txt | grep -E '^(Collecting|Successfully)' >&2 || true
+  "$VENV/bin/python" -c 'import openai, agents, mcp, pytest' \
+    || { echo "e2e: the Python packages did not install" >&2; exit 1; }
+  echo "e2e: [3/3] npm install $NPM_PACKAGE" >&2
+  mkdir -p "$NPM_DIR"
+  npm install --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error "$NPM_PACKAGE" >&2
+  printf '%s' "$WANT" > "$STAMP"
+  echo "e2e: test environment ready" >&2
+}
 
 if [[ "${1:-}" == "--setup" ]]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r tests/e2e/requirements.txt
-  mkdir -p "$NPM_DIR"
-  npm install --prefix "$NPM_DIR" --no-audit --no-fund --silent \
-    @modelcontextprotocol/server-filesystem@2026.8.31
+  setup
   exit 0
 fi
-if [[ ! -x "$VENV/bin/python" ]]; then
-  echo "no test venv at $VENV: run 'scripts/test-e2e.sh --setup' once (installs tests/e2e/requirements.txt)" >&2
-  exit 1
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" || ! -x "$VENV/bin/python" ]]; then
+  setup
 fi
 
-cargo build -q -p selfheal-cli
+# The binary of `cargo test --workspace`: the same command, so when the tests were just built
+# this compiles nothing, and otherwise builds exactly what they would.
+cargo test -q --workspace --no-run
 export SELFHEAL_BIN="${CARGO_TARGET_DIR:-target}/debug/selfheal"
+if [[ ! -x "$SELFHEAL_BIN" ]]; then
+  echo "e2e: no binary at $SELFHEAL_BIN after 'cargo test --workspace --no-run'" >&2
+  exit 1
+fi
 export SELFHEAL_MCP_FILESYSTEM="$PWD/$NPM_DIR/node_modules/.bin/mcp-server-filesystem"
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e

@@ -18,8 +18,8 @@ SERVER = os.environ.get("SELFHEAL_MCP_FILESYSTEM", "")
 @pytest.fixture(autouse=True)
 def server_installed():
     assert os.path.exists(SERVER), (
-        "no MCP server: run these tests through scripts/test-e2e.sh after "
-        "`scripts/test-e2e.sh --setup`, which installs it from npm")
+        "no MCP server: run these tests through scripts/test-e2e.sh, which installs "
+        "it from npm into .cache/e2e/ on first use")
 
 
 def session(tmp_path, body, extra=()):

@@ -25,6 +25,7 @@ pub mod env;
 pub mod exec;
 pub mod faultmodel;
 pub mod faults;
+pub mod plot;
 pub mod report;
 pub mod stats;
 pub mod strategies;

@@ -1,4 +1,4 @@
-//! End-to-end tests of `selfheal bench`, `monitor`, `demo` and `mcp`: the real binary.
+//! End-to-end tests of `selfheal bench`, `monitor`, `demo`, `mcp` and `trace`: the real binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Write;
@@ -334,6 +334,7 @@ fn bench_policy_runs_self_healing_under_another_policy_on_the_same_episodes() {
     );
 }
 
+#[cfg(feature = "mcp")]
 #[test]
 fn mcp_answers_and_exits_when_the_server_dies_while_the_client_waits() {
     use std::io::{BufRead, BufReader};
@@ -464,4 +465,131 @@ fn bench_reads_fault_models_and_task_files_and_refuses_bad_ones_with_exit_2() {
         text(&out.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12: `"result": null` was rejected as a missing result, though any JSON is a result.
+#[test]
+fn issue12_monitor_accepts_a_null_result() {
+    let input = concat!(
+        r#"{"tool":"lookup","args":{"key":"k"},"result":null}"#,
+        "\n",
+        r#"{"tool":"lookup","args":{"key":"k"}}"#,
+        "\n"
+    );
+    let out = selfheal(&["monitor"], input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let ls = lines(&out);
+    assert_eq!(ls.len(), 2);
+    assert_eq!(ls[0]["call"], 1, "{}", ls[0]);
+    assert!(ls[0].get("error").is_none(), "{}", ls[0]);
+    // A line with neither key is still refused.
+    assert_eq!(ls[1]["line"], 2, "{}", ls[1]);
+    assert!(
+        ls[1]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("missing"))
+    );
+}
+
+/// Issue 12: the top-level help described an older binary (no gateway, MCP proxy or trace).
+#[test]
+fn issue12_top_level_help_lists_every_command() {
+    let out = selfheal(&["--help"], "");
+    assert_eq!(out.status.code(), Some(0));
+    let help = text(&out.stdout);
+    let about = help.lines().next().unwrap_or("");
+    for word in [
+        "benchmark",
+        "monitor",
+        "repair",
+        "gateway",
+        "MCP proxy",
+        "trace",
+    ] {
+        assert!(
+            about.contains(word),
+            "`{word}` not in the about line: {about}"
+        );
+    }
+    for command in [
+        "bench", "demo", "monitor", "repair", "serve", "mcp", "trace",
+    ] {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{command} "))),
+            "`{command}` not listed in\n{help}"
+        );
+    }
+}
+
+/// Issue 12: `trace list --trace-db TYPO` created an empty database at the typo.
+#[cfg(any(feature = "gateway", feature = "mcp"))]
+#[test]
+fn issue12_trace_refuses_a_path_that_does_not_exist() {
+    let dir = temp_dir("trace-missing");
+    let path = dir.join("typo.db");
+    for args in [
+        ["trace", "list"].as_slice(),
+        ["trace", "show", "r1"].as_slice(),
+    ] {
+        let mut args = args.to_vec();
+        args.extend(["--trace-db", path.to_str().unwrap()]);
+        let out = selfheal(&args, "");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("no trace at"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(!path.exists(), "{args:?} created {}", path.display());
+    }
+}
+
+/// Issue 12: `trace list` printed raw Unix milliseconds and counted 0 actions for a run whose
+/// `trace show` listed a repair and a re-ask.
+#[cfg(any(feature = "gateway", feature = "mcp"))]
+#[test]
+fn issue12_trace_list_prints_local_times_and_counts_actions_like_show() {
+    use selfheal_gateway::store::{RunSummary, TraceEvent, TraceWriter};
+    let dir = temp_dir("trace-list");
+    let path = dir.join("trace.db");
+    let writer = TraceWriter::open(&path).unwrap();
+    // 2025-11-30T08:00:00.123Z
+    for kind in ["request", "repair", "reask", "response"] {
+        writer.send(TraceEvent {
+            run: "run-1".into(),
+            t_ms: 1_764_489_600_123,
+            kind,
+            detail: serde_json::json!({}),
+            summary: (kind == "response").then(|| RunSummary {
+                status: "complete".into(),
+                failures: 0,
+                actions: 0,
+            }),
+        });
+    }
+    writer.flush_and_close();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_selfheal"))
+            .args(args)
+            .args(["--trace-db", path.to_str().unwrap()])
+            .env("TZ", "XST-2")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let list = run(&["trace", "list"]);
+    let row = list
+        .lines()
+        .find(|l| l.starts_with("run-1"))
+        .unwrap_or_else(|| panic!("no run-1 in\n{list}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    // run, requests, events, failures, actions, status, last seen
+    assert_eq!(cols[4], "2", "{row}");
+    assert_eq!(cols[6], "2025-11-30T10:00:00.123+02:00", "{row}");
+    let show = run(&["trace", "show", "run-1"]);
+    let marked = show.lines().filter(|l| l.contains(" * ")).count();
+    assert_eq!(marked, 2, "{show}");
+    assert!(show.starts_with("2025-11-30T10:00:00.123+02:00"), "{show}");
 }

@@ -17,6 +17,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use selfheal_core::budget::{BudgetLimits, Dimension};
 use selfheal_core::policy::ActionKind;
 use selfheal_runtime::client::{ClientError, Completion};
 
@@ -635,7 +636,6 @@ fn rebuild_run(
 fn answer_abort(t: &Turn, model: &str, streaming: bool, reason: &str) -> Response {
     let s = &t.s;
     Metrics::inc(&s.metrics.aborts_total);
-    Metrics::inc(&s.metrics.healed_total);
     let status = {
         let mut st = lock(&t.state);
         st.act("terminate");
@@ -698,9 +698,6 @@ fn edit_request(
         Metrics::inc(&s.metrics.tools_hidden_total);
         actions.push("hide".into());
         t.event("hide", json!({"tools": applied.hidden}));
-    }
-    if !actions.is_empty() {
-        Metrics::inc(&s.metrics.healed_total);
     }
     applied
 }
@@ -1050,8 +1047,22 @@ fn selfheal_report(
         "reason": reason,
         "failures": st.failures,
         "actions": actions,
-        "budget": {"spent": st.ledger.spent(), "limits": st.ledger.limits()},
+        "budget": {"spent": st.ledger.spent(), "limits": limits_json(st.ledger.limits())},
     })
+}
+
+/// Budget limits for clients: an unlimited dimension is `null`, not `u64::MAX`, which
+/// JavaScript cannot even read exactly.
+fn limits_json(limits: &BudgetLimits) -> Value {
+    Value::Object(
+        Dimension::ALL
+            .into_iter()
+            .map(|d| {
+                let v = limits.get(d);
+                (d.to_string(), (v != u64::MAX).then_some(v).into())
+            })
+            .collect(),
+    )
 }
 
 fn finish_trace(t: &Turn, status: &str) {

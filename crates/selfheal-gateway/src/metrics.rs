@@ -79,6 +79,23 @@ macro_rules! counters {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
 
+            /// Every healing action taken (`selfheal_healed_total`): the sum of the counters of
+            /// each kind of action, so that no kind can be left out of it.
+            pub fn healed_total(&self) -> u64 {
+                [
+                    &self.guidance_total,
+                    &self.tools_hidden_total,
+                    &self.aborts_total,
+                    &self.repairs_total,
+                    &self.reasks_total,
+                    &self.retries_total,
+                    &self.fallbacks_total,
+                ]
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum()
+            }
+
             /// The Prometheus text exposition, with the live-run gauges and the upstream
             /// attempts' histogram appended.
             pub fn render(
@@ -94,6 +111,7 @@ macro_rules! counters {
                     let _ = writeln!(out, "# TYPE selfheal_{} counter", stringify!($name));
                     let _ = writeln!(out, "selfheal_{} {}", stringify!($name), self.$name.load(Ordering::Relaxed));
                 )*
+                let _ = writeln!(out, "# HELP selfheal_healed_total Healing actions taken: guidance, hidden tools, aborts, repairs, re-asks, retries and fallbacks.\n# TYPE selfheal_healed_total counter\nselfheal_healed_total {}", self.healed_total());
                 let _ = writeln!(out, "# HELP selfheal_runs_live Runs held in memory.\n# TYPE selfheal_runs_live gauge\nselfheal_runs_live {runs_live}");
                 let _ = writeln!(out, "# HELP selfheal_runs_evicted_total Runs dropped for capacity or expiry.\n# TYPE selfheal_runs_evicted_total counter\nselfheal_runs_evicted_total {runs_evicted}");
                 let _ = writeln!(out, "# HELP selfheal_trace_dropped_total Trace events dropped on a full queue.\n# TYPE selfheal_trace_dropped_total counter\nselfheal_trace_dropped_total {trace_dropped}");
@@ -115,7 +133,6 @@ macro_rules! counters {
 
 counters! {
     requests_total => "Chat-completion requests received.",
-    healed_total => "Requests the gateway changed or answered to heal the run.",
     guidance_total => "Requests that got monitor guidance.",
     tools_hidden_total => "Requests with circuit-broken tools removed.",
     aborts_total => "Runs ended by the monitor.",

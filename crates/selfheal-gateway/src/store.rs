@@ -45,6 +45,31 @@ pub enum StoreError {
     /// The directory could not be created.
     #[error("trace store: {0}")]
     Io(#[from] std::io::Error),
+    /// A trace to read does not exist (reading never creates one).
+    #[error("no trace at {}", .0.display())]
+    NotFound(PathBuf),
+}
+
+/// Event kinds that are healing actions: what the gateway (`guidance`, `hide`, `abort`, `repair`,
+/// `reask`, `retry`, `fallback`) and the MCP proxy (`blocked`, `repair`, `invalid_arguments`,
+/// `retry`, `guidance`, `paused`) did to a run. `selfheal trace list` counts these events, so its
+/// count matches what `selfheal trace show` lists.
+pub const ACTION_KINDS: [&str; 10] = [
+    "guidance",
+    "hide",
+    "abort",
+    "repair",
+    "reask",
+    "retry",
+    "fallback",
+    "blocked",
+    "invalid_arguments",
+    "paused",
+];
+
+/// Whether an event of this kind is a healing action (see [`ACTION_KINDS`]).
+pub fn is_action(kind: &str) -> bool {
+    ACTION_KINDS.contains(&kind)
 }
 
 /// A summary of the run, written with the event that ends a request.
@@ -319,7 +344,7 @@ pub struct RunRow {
     pub status: Option<String>,
     /// Tool failures.
     pub failures: i64,
-    /// Recovery actions.
+    /// Healing actions: the run's events whose kind is in [`ACTION_KINDS`].
     pub actions: i64,
 }
 
@@ -341,17 +366,27 @@ pub struct TraceReader {
 }
 
 impl TraceReader {
-    /// Opens the database at `path`.
+    /// Opens the database at `path`; [`StoreError::NotFound`] if there is none (a mistyped path
+    /// must not leave an empty database behind).
     pub fn open(path: &Path) -> Result<TraceReader, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::NotFound(path.to_path_buf()));
+        }
         Ok(TraceReader { conn: open(path)? })
     }
 
     /// Runs, most recent first.
     pub fn runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
-        let mut st = self.conn.prepare(
-            "SELECT run, first_ms, last_ms, requests, events, status, failures, actions
-             FROM runs ORDER BY last_ms DESC LIMIT ?1",
-        )?;
+        let kinds = ACTION_KINDS
+            .iter()
+            .map(|k| format!("'{k}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut st = self.conn.prepare(&format!(
+            "SELECT run, first_ms, last_ms, requests, events, status, failures,
+               (SELECT COUNT(*) FROM events e WHERE e.run = runs.run AND e.kind IN ({kinds}))
+             FROM runs ORDER BY last_ms DESC LIMIT ?1"
+        ))?;
         let rows = st.query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
             Ok(RunRow {
                 run: r.get(0)?,
@@ -447,5 +482,61 @@ mod tests {
         assert!(r.events("old").unwrap().is_empty());
         assert_eq!(r.events("new").unwrap().len(), 1);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Issue 12: `trace list` said 0 actions for a run whose `show` listed a repair and a
+    /// re-ask, because it printed the ledger's recovery count.
+    #[test]
+    fn issue12_runs_count_every_healing_event_as_an_action() {
+        let dir = std::env::temp_dir().join(format!("selfheal-store-act-{}", std::process::id()));
+        let path = dir.join("t.db");
+        let _ = std::fs::remove_file(&path);
+        let w = TraceWriter::open(&path).unwrap();
+        for kind in [
+            "request",
+            "reask",
+            "repair",
+            "retry",
+            "tool_result",
+            "response",
+        ] {
+            w.send(TraceEvent {
+                run: "r1".into(),
+                t_ms: 1,
+                kind,
+                detail: json!({}),
+                summary: (kind == "response").then(|| RunSummary {
+                    status: "complete".into(),
+                    failures: 0,
+                    actions: 0,
+                }),
+            });
+        }
+        w.flush_and_close();
+        let r = TraceReader::open(&path).unwrap();
+        let runs = r.runs(10).unwrap();
+        let listed = r
+            .events("r1")
+            .unwrap()
+            .iter()
+            .filter(|e| is_action(&e.kind))
+            .count();
+        assert_eq!(listed, 3);
+        assert_eq!(runs[0].actions, 3);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Issue 12: reading a mistyped path created an empty database there.
+    #[test]
+    fn issue12_reading_a_missing_trace_fails_and_creates_nothing() {
+        let dir = std::env::temp_dir().join(format!("selfheal-store-none-{}", std::process::id()));
+        let path = dir.join("typo.db");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(matches!(
+            TraceReader::open(&path),
+            Err(StoreError::NotFound(p)) if p == path
+        ));
+        assert!(!path.exists());
+        assert!(!dir.exists());
     }
 }

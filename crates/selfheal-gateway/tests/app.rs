@@ -499,3 +499,64 @@ async fn a_required_inbound_key_is_a_401_in_openai_shape() {
     let (status, _, _) = post_as(&app, "sk-gateway-alice", body).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+async fn metrics_text(app: &Router) -> String {
+    let resp = app
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// Issue 12: `selfheal_healed_total` stayed 0 after a repair and a re-ask.
+#[tokio::test]
+async fn issue12_healed_total_counts_every_healing_action() {
+    let (url, _) = start_upstream(vec![
+        (200, tool_call("search", "{'query': 'rust', limit: \"3\",}")),
+        (200, tool_call("no_such_tool", "{}")),
+        (200, tool_call("lookup", "{\"key\": \"k\"}")),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    for content in ["repair", "reask"] {
+        let (status, _, _) = post_chat(
+            &app,
+            json!({"model": "m", "messages": [{"role": "user", "content": content}], "tools": tools()}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let text = metrics_text(&app).await;
+    for line in [
+        "selfheal_repairs_total 1",
+        "selfheal_reasks_total 1",
+        "selfheal_healed_total 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+    }
+}
+
+/// Issue 12: every answer carried `"cost": 18446744073709551615` (u64::MAX, which JavaScript
+/// cannot read exactly) for the unlimited cost budget.
+#[tokio::test]
+async fn issue12_unlimited_budgets_are_null_not_u64_max() {
+    let (url, _) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let req = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(
+            json!({"model": "m", "messages": [{"role": "user", "content": "cost"}]}).to_string(),
+        ))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let raw = resp.into_body().collect().await.unwrap().to_bytes();
+    let raw = String::from_utf8(raw.to_vec()).unwrap();
+    assert!(!raw.contains(&u64::MAX.to_string()), "{raw}");
+    let body: Value = serde_json::from_str(&raw).unwrap();
+    let limits = &body["selfheal"]["budget"]["limits"];
+    assert_eq!(limits["cost"], Value::Null, "{limits}");
+    assert_eq!(limits["retries"], 3, "{limits}");
+}

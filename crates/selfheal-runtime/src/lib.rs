@@ -3,12 +3,11 @@
 //! Real I/O for the control plane: an OpenAI-compatible model client ([`client`]) whose failures
 //! map onto the core's signals, async tools with declared effects ([`tool`]), the agent loop
 //! that obeys the controller's directives and verifies tool outputs and final answers
-//! ([`agent`]), and the live-model benchmark ([`live`])
-//! that drives the simulated benchmark's tasks with a real tool-calling model.
+//! ([`agent`]). The live-model benchmark that drives the simulated benchmark's tasks with a real
+//! tool-calling model is built on this crate, in `selfheal-live`.
 
 pub mod agent;
 pub mod client;
-pub mod live;
 pub mod tool;
 
 pub use agent::{Agent, MAX_EVIDENCE, RunResult};

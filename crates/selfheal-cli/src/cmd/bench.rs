@@ -114,11 +114,22 @@ pub struct BenchArgs {
     pub max_model_calls: u32,
 }
 
+/// `--live` in a binary built without the `live` feature.
+#[cfg(not(feature = "live"))]
+fn run_live(_args: &BenchArgs) -> anyhow::Result<u8> {
+    anyhow::bail!(
+        "`selfheal bench --live` is not in this build: it was built without the `live` feature \
+         (e.g. with --no-default-features). Build the full binary with \
+         `cargo install --path crates/selfheal-cli --locked`."
+    )
+}
+
+#[cfg(feature = "live")]
 fn run_live(args: &BenchArgs) -> anyhow::Result<u8> {
     let (Some(url), Some(model)) = (&args.model_url, &args.model) else {
         anyhow::bail!("--live needs --model-url and --model");
     };
-    let mut cfg = selfheal_runtime::live::LiveConfig::new(url.clone(), model.clone());
+    let mut cfg = selfheal_live::LiveConfig::new(url.clone(), model.clone());
     cfg.api_key_env = args.api_key_env.clone();
     cfg.tasks = match &args.tasks {
         None => 20,
@@ -137,7 +148,7 @@ fn run_live(args: &BenchArgs) -> anyhow::Result<u8> {
             .strategies
             .iter()
             .map(|s| {
-                selfheal_runtime::live::LiveStrategy::parse(s.trim()).ok_or_else(|| {
+                selfheal_live::LiveStrategy::parse(s.trim()).ok_or_else(|| {
                     anyhow::anyhow!(
                         "--strategies with --live: {s:?} is not a live strategy (static, retry-only, self-healing)"
                     )
@@ -157,19 +168,29 @@ fn run_live(args: &BenchArgs) -> anyhow::Result<u8> {
         .context("cannot start the async runtime")?;
     let mut progress = |line: &str| eprintln!("{line}");
     let report = rt
-        .block_on(selfheal_runtime::live::run(&cfg, &mut progress))
+        .block_on(selfheal_live::run(&cfg, &mut progress))
         .map_err(anyhow::Error::msg)?;
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create directory {}", dir.display()))?;
-        let path = dir.join("live-results.json");
-        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        let write = |name: &str, body: String| {
+            std::fs::write(dir.join(name), body)
+                .with_context(|| format!("cannot write {}", dir.join(name).display()))
+        };
+        write("tsr-by-budget.svg", selfheal_live::svg_tsr(&report))?;
+        write(
+            "report.md",
+            selfheal_live::markdown(&report, &["tsr-by-budget.svg"]),
+        )?;
+        write("live-results.json", serde_json::to_string_pretty(&report)?)?;
     }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        print!("{}", selfheal_runtime::live::table(&report));
+        print!("{}", selfheal_live::table(&report));
+        if let Some(dir) = &args.out {
+            println!("report written to {}", dir.join("report.md").display());
+        }
     }
     Ok(0)
 }

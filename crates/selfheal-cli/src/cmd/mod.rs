@@ -2,14 +2,18 @@
 
 pub mod bench;
 pub mod demo;
+#[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod monitor;
 pub mod repair;
+#[cfg(feature = "gateway")]
 pub mod serve;
+#[cfg(any(feature = "gateway", feature = "mcp"))]
 pub mod trace;
 
 /// The trace writer `serve` and `mcp` record into: none with `--no-trace`, else the SQLite file
 /// at `path` (default: `$XDG_DATA_HOME/selfheal/trace.db`).
+#[cfg(any(feature = "gateway", feature = "mcp"))]
 pub fn open_trace(
     no_trace: bool,
     path: Option<&std::path::Path>,

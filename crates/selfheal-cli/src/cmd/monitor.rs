@@ -46,11 +46,20 @@ struct InputLine {
     tool: String,
     #[serde(default)]
     args: Value,
+    /// Any JSON, `null` included: `Some(Value::Null)` is a call that returned null, `None` a line
+    /// without the key.
+    #[serde(default, deserialize_with = "present")]
     result: Option<Value>,
     error: Option<String>,
     #[serde(default)]
     required: Vec<String>,
     t_ms: Option<u64>,
+}
+
+/// A key that is present, whatever its value: serde maps a `null` to `None` for an
+/// `Option<Value>`, which would make `"result": null` look like a missing result.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Serialize)]

@@ -1,4 +1,10 @@
-//! The live-model benchmark: the simulated benchmark's tasks, driven by a real tool-calling model.
+//! # selfheal-live — the simulated benchmark's tasks, driven by a real tool-calling model
+//!
+//! This is `selfheal bench --live`. It lives in its own crate, between the benchmark
+//! (`selfheal-bench`: tasks, tools, fault schedules) and the runtime (`selfheal-runtime`: the model
+//! client and the agent loop), so that neither depends on the other: the gateway, built on the
+//! runtime, does not carry the benchmark, and the simulated benchmark builds without an HTTP stack.
+//!
 //!
 //! Why: the simulated benchmark scripts the agent's mistakes; a live model makes its own. Here
 //! the model chooses the tools, writes the arguments and composes the answer, while the tools
@@ -36,9 +42,7 @@ use selfheal_core::controller::ControllerConfig;
 use selfheal_core::policy::ActionKind;
 use selfheal_core::trace::RunStatus;
 
-use crate::agent::Agent;
-use crate::client::{ClientConfig, ModelClient};
-use crate::tool::{FnTool, Tool, ToolError, ToolSpec};
+use selfheal_runtime::{Agent, ClientConfig, FnTool, ModelClient, Tool, ToolError, ToolSpec};
 
 /// A strategy the live benchmark can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -752,6 +756,131 @@ pub fn table(report: &LiveReport) -> String {
             .collect();
         let _ = writeln!(out, "{}: {}", r.row.strategy, kinds.join(", "));
     }
+    out
+}
+
+/// Correct answers, faulted episodes, faulted episodes answered correctly and silent failures
+/// of one strategy, counted from its episodes.
+fn counts(report: &LiveReport, strategy: &str) -> (u64, u64, u64, u64) {
+    let mut c = (0, 0, 0, 0);
+    for e in report.episodes.iter().filter(|e| e.strategy == strategy) {
+        c.0 += u64::from(e.correct);
+        c.1 += u64::from(!e.faults.is_empty());
+        c.2 += u64::from(e.correct && !e.faults.is_empty());
+    }
+    if let Some(r) = report.results.iter().find(|r| r.row.strategy == strategy) {
+        c.3 = (r.row.sfr * r.row.episodes as f64).round() as u64;
+    }
+    c
+}
+
+/// The live run's main figure, drawn like the simulated benchmark's at one budget: TSR, RSR and
+/// SFR of every strategy as grouped bars with Wilson 95 % whiskers.
+pub fn svg_tsr(report: &LiveReport) -> String {
+    use selfheal_bench::plot::{Chart, Rate, Series, grouped_bars, strategy_color};
+    let c = &report.config;
+    let series = report
+        .results
+        .iter()
+        .map(|r| {
+            let n = r.row.episodes;
+            let (ok, faulted, recovered, silent) = counts(report, r.row.strategy);
+            Series {
+                name: r.row.strategy.to_owned(),
+                color: strategy_color(r.row.strategy),
+                rates: vec![
+                    Some(Rate::of(ok, n)),
+                    Some(Rate::of(recovered, faulted)),
+                    Some(Rate::of(silent, n)),
+                ],
+            }
+        })
+        .collect();
+    grouped_bars(&Chart {
+        title: format!(
+            "Live model {}: outcomes by strategy at R = {}",
+            c.model, c.budget
+        ),
+        subtitle: format!(
+            "{} tasks, seed {}, fault rate {}; n = {} episodes per strategy (RSR: the faulted ones); whiskers: Wilson 95 % intervals",
+            c.tasks,
+            c.seed,
+            c.fault_rate,
+            report.results.first().map_or(0, |r| r.row.episodes)
+        ),
+        axis: "share of episodes".into(),
+        category_axis: String::new(),
+        categories: vec![
+            "TSR: task success".into(),
+            "RSR: recovered when faulted".into(),
+            "SFR: silent failure".into(),
+        ],
+        series,
+    })
+}
+
+/// The live run as a Markdown report, shaped like the simulated benchmark's: the settings, the
+/// results table with Wilson intervals, the live measurements, how episodes ended, and `plots`.
+pub fn markdown(report: &LiveReport, plots: &[&str]) -> String {
+    use std::fmt::Write as _;
+    let c = &report.config;
+    let mut out = String::from("# selfheal bench --live report\n\n");
+    let _ = writeln!(
+        out,
+        "Model `{}` at `{}`: {} tasks, seed {}, fault rate {}, R = {}, `max_tokens` {}, {} s per call, {} model calls per episode.\n",
+        c.model,
+        c.model_url,
+        c.tasks,
+        c.seed,
+        c.fault_rate,
+        c.budget,
+        c.max_tokens,
+        c.timeout_ms / 1000,
+        c.max_model_calls
+    );
+    out.push_str("| strategy | R | episodes | TSR | 95 % CI | RSR | SFR | cost K | latency ms |\n");
+    out.push_str("|---|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    for r in &report.results {
+        let (ok, _, _, _) = counts(report, r.row.strategy);
+        let ci = selfheal_bench::wilson(ok, r.row.episodes);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.1} % | {:.1}–{:.1} | {:.1} % | {:.1} % | {:.2} | {:.0} |",
+            r.row.strategy,
+            r.row.budget,
+            r.row.episodes,
+            r.row.tsr * 100.0,
+            ci[0] * 100.0,
+            ci[1] * 100.0,
+            r.row.rsr * 100.0,
+            r.row.sfr * 100.0,
+            r.row.cost,
+            r.row.latency_ms
+        );
+    }
+    out.push_str("\n## Live measurements\n\n| strategy | tokens / episode | model calls / episode | tool calls / episode | wall time | how episodes ended |\n|---|---:|---:|---:|---:|---|\n");
+    for r in &report.results {
+        let ended: Vec<String> = r
+            .live
+            .outcomes
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.2} | {:.2} | {:.1} s | {} |",
+            r.row.strategy,
+            r.live.tokens,
+            r.live.model_calls,
+            r.live.tool_calls,
+            r.live.wall_ms as f64 / 1000.0,
+            ended.join(", ")
+        );
+    }
+    for p in plots {
+        let _ = writeln!(out, "\n![{p}]({p})");
+    }
+    out.push_str("\nEvery episode, with its transcript: `live-results.json`.\n");
     out
 }
 

@@ -3,8 +3,6 @@
 //! retries a failing model call R times where `static` gives up at once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -14,8 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use common::serve;
-use selfheal_runtime::live::{LiveConfig, LiveStrategy, run};
+use selfheal_live::{LiveConfig, LiveStrategy, run};
 
 #[derive(Clone)]
 enum Model {
@@ -49,6 +46,16 @@ async fn handler(State(s): State<Shared>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// Serves `app` on 127.0.0.1:0 and returns its base URL (up to `/v1`).
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}/v1")
 }
 
 async fn server(model: Model) -> (String, Shared) {
@@ -141,4 +148,30 @@ async fn retry_only_stays_within_the_model_call_limit() {
     assert_eq!(e.model_calls, 3, "R = 5 retries, but only 3 calls allowed");
     assert_eq!(shared.lock().unwrap().requests, 3);
     assert_eq!(e.outcome, "model_error");
+}
+
+/// Issue 12: `bench --live --out` wrote only JSON; it now writes the simulated benchmark's
+/// Markdown report and chart, built from the live rows.
+#[tokio::test]
+async fn issue12_the_live_report_has_the_results_table_and_the_chart() {
+    let oracle = selfheal_bench::catalogue::tasks()[0].oracle.clone();
+    let (url, _) = server(Model::Answer(format!("The answer is {oracle}."))).await;
+    let report = run(&config(url), &mut |_| {}).await.unwrap();
+    let md = selfheal_live::markdown(&report, &["tsr-by-budget.svg"]);
+    for strategy in ["static", "retry-only", "self-healing"] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {strategy} | 2 | 1 |")))
+            .unwrap_or_else(|| panic!("no row for {strategy} in\n{md}"));
+        assert!(row.contains("| 100.0 % |"), "{row}");
+    }
+    assert!(
+        md.contains("![tsr-by-budget.svg](tsr-by-budget.svg)"),
+        "{md}"
+    );
+    let svg = selfheal_live::svg_tsr(&report);
+    assert!(svg.starts_with("<svg"), "{svg}");
+    // TSR, RSR and SFR for each of the three strategies; RSR has no faulted episode here.
+    assert_eq!(svg.matches("class=\"bar\"").count(), 9, "{svg}");
+    assert!(svg.contains("self-healing: 100.0 % (n = 1)"), "{svg}");
 }
