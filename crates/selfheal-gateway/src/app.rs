@@ -160,13 +160,26 @@ impl AppState {
         redact: &Redactor,
         run: &str,
         kind: &'static str,
+        detail: Value,
+        summary: Option<RunSummary>,
+    ) {
+        self.event_at(redact, run, kind, detail, summary, unix_ms());
+    }
+
+    /// As [`AppState::event`], for something that happened at `t_ms`.
+    fn event_at(
+        &self,
+        redact: &Redactor,
+        run: &str,
+        kind: &'static str,
         mut detail: Value,
         summary: Option<RunSummary>,
+        t_ms: u64,
     ) {
         redact.value(&mut detail);
         self.trace.send(TraceEvent {
             run: run.to_owned(),
-            t_ms: unix_ms(),
+            t_ms,
             kind,
             detail,
             summary,
@@ -1021,7 +1034,8 @@ fn check_completion(
 
 fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
     let s = &t.s;
-    for (kind, detail) in &log.events {
+    for e in &log.events {
+        let (kind, detail) = (&e.kind, &e.detail);
         match *kind {
             "retry" => Metrics::inc(&s.metrics.retries_total),
             "fallback" => Metrics::inc(&s.metrics.fallbacks_total),
@@ -1031,7 +1045,14 @@ fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
             actions.push((*kind).to_owned());
         }
         tracing::debug!(target: "selfheal::upstream", run = t.run, kind, detail = %t.caller.redactor.text(detail));
-        t.event(kind, json!({"detail": detail}));
+        s.event_at(
+            &t.caller.redactor,
+            &t.run,
+            kind,
+            json!({"detail": detail}),
+            None,
+            e.t_ms,
+        );
     }
 }
 

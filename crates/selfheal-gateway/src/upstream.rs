@@ -381,10 +381,32 @@ pub struct Upstream {
 /// What one call through the chain did, besides its result.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct CallLog {
-    /// `retry` / `fallback` / `cooldown_skip` entries, with the reason.
-    pub events: Vec<(&'static str, String)>,
+    /// `retry` / `fallback` / `cooldown_skip` entries, with the reason and when they happened.
+    pub events: Vec<CallEvent>,
     /// The target that answered, when one did.
     pub served: Option<Target>,
+}
+
+/// One entry of a [`CallLog`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallEvent {
+    /// `retry`, `fallback` or `cooldown_skip`.
+    pub kind: &'static str,
+    /// The reason.
+    pub detail: String,
+    /// Unix time in ms when it happened (not when the log was written to the trace, so that
+    /// retries of one request keep their own times).
+    pub t_ms: u64,
+}
+
+impl CallLog {
+    /// Records an entry, stamped with the current time.
+    pub fn push(&mut self, kind: &'static str, detail: String) {
+        let t_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.events.push(CallEvent { kind, detail, t_ms });
+    }
 }
 
 /// All upstreams by name.
@@ -497,11 +519,11 @@ impl Upstreams {
                     reasons.push("fallback refused: escalation budget spent".into());
                     break;
                 }
-                log.events.push(("fallback", target.model.clone()));
+                log.push("fallback", target.model.clone());
             }
             if !last && self.is_open(up, Instant::now()) {
                 reasons.push(format!("{}: breaker open", target.upstream));
-                log.events.push(("cooldown_skip", target.upstream.clone()));
+                log.push("cooldown_skip", target.upstream.clone());
                 continue;
             }
             let encoded = encode(&target.model);
@@ -573,8 +595,7 @@ impl Upstreams {
                     _ => None,
                 };
                 let delay = self.retry.delay_ms(attempt, retry_after, &mut rng);
-                log.events
-                    .push(("retry", format!("{label} (waiting {delay} ms)")));
+                log.push("retry", format!("{label} (waiting {delay} ms)"));
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
             if passthrough {
@@ -600,4 +621,18 @@ fn attempt_outcome<T>(r: &Result<T, ClientError>) -> std::borrow::Cow<'static, s
 
 fn is_client_error(status: u16) -> bool {
     (400..500).contains(&status) && !matches!(status, 408 | 429)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Issue 12: three retries of one request were stamped with the same millisecond, because
+    /// the log was stamped when written to the trace. Each entry now keeps its own time.
+    #[test]
+    fn issue12_call_log_entries_keep_their_own_times() {
+        let mut log = super::CallLog::default();
+        log.push("retry", "first".into());
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        log.push("retry", "second".into());
+        assert!(log.events[1].t_ms > log.events[0].t_ms, "{:?}", log.events);
+    }
 }
