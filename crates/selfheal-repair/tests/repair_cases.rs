@@ -7,17 +7,7 @@ use serde_json::{Value, json};
 /// Repairs `input`, checks the value and that `kind` was reported.
 #[track_caller]
 fn ok(input: &str, expected: Value, kind: RepairKind) {
-    let r = repair(input).unwrap_or_else(|e| panic!("{input:?} was refused: {e}"));
-    assert_eq!(
-        r.value, expected,
-        "value for {input:?}; repairs {:?}",
-        r.repairs
-    );
-    assert!(
-        r.repairs.iter().any(|x| x.kind == kind),
-        "{kind:?} not reported for {input:?}: {:?}",
-        r.repairs
-    );
+    ok_with(&RepairOptions::default(), input, expected, kind);
 }
 
 /// As [`ok`], under `opts`.
