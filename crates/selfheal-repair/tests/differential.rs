@@ -252,9 +252,10 @@ proptest! {
             serde_json::to_string(&v).unwrap()
         };
         let boundaries: Vec<usize> = (1..text.len()).filter(|&i| text.is_char_boundary(i)).collect();
-        prop_assume!(!boundaries.is_empty());
         // A prefix of a lone number is a valid number: it is returned as it is.
-        prop_assume!(!v.is_number());
+        if boundaries.is_empty() || v.is_number() {
+            return Ok(());
+        }
         let at = boundaries[cut.index(boundaries.len())];
         let prefix = &text[..at];
         if let Ok(r) = repair(prefix) {

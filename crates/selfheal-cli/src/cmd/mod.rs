@@ -13,7 +13,7 @@ pub mod trace;
 
 /// The trace writer `serve` and `mcp` record into: none with `--no-trace`, else the SQLite file
 /// at `path` (default: `$XDG_DATA_HOME/selfheal/trace.db`).
-#[cfg(any(feature = "gateway", feature = "mcp"))]
+#[cfg(feature = "mcp")]
 pub fn open_trace(
     no_trace: bool,
     path: Option<&std::path::Path>,
@@ -26,6 +26,7 @@ pub fn open_trace(
 }
 
 /// [`open_trace`] keeping events for `retention` (`None`: for ever).
+#[cfg(any(feature = "gateway", feature = "mcp"))]
 pub fn open_trace_kept(
     no_trace: bool,
     path: Option<&std::path::Path>,
