@@ -2,7 +2,7 @@
 //! end (refused, and salvaged), one valid.
 //!
 //! The document is generated (no files, no randomness): an array of tool-call-like objects
-//! with one single-quoted key, one trailing comma, one comment, and truncation at the end,
+//! with one single-quoted key, one trailing comma, one comment, and its closing bracket left off,
 //! so the whole input goes through the lenient parser rather than the serde_json fast path.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -23,7 +23,7 @@ fn element(i: usize) -> String {
     )
 }
 
-/// A ~10 MB JSON array needing a few repairs.
+/// A ~10 MB JSON array in prose needing a few repairs, its closing bracket left off.
 fn broken_document() -> String {
     let mut s = String::with_capacity(TARGET_BYTES + 1024);
     s.push_str("Here are the results:\n[\n");
@@ -40,8 +40,7 @@ fn broken_document() -> String {
         }
         i += 1;
     }
-    // Truncated mid-object.
-    s.push_str(",\n{\"id\": 99999, \"name\": \"cut off her");
+    // The closing bracket left off after a complete element (a cut inside one is refused).
     s
 }
 
