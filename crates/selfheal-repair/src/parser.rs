@@ -300,6 +300,16 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// Whether only whitespace follows `i` to the end of the window (cheap when it does not:
+    /// most values are followed by a delimiter).
+    fn ends_input(&self, i: usize) -> bool {
+        match self.at(i) {
+            None => true,
+            Some(c) if is_plain_ws(c) => self.skip_plain_ws_from(i) >= self.end,
+            Some(_) => false,
+        }
+    }
+
     /// Skips whitespace only; returns the position after it.
     fn skip_plain_ws_from(&self, mut i: usize) -> usize {
         while let Some(c) = self.at(i) {
@@ -645,17 +655,6 @@ impl<'a> Parser<'a> {
             let v = self.finish_truncated()?;
             return Ok(self.done_with(v));
         };
-        if matches!(c, b'-' | b'0'..=b'9')
-            && let Some((v, end)) = self.separated_number(start)
-        {
-            if self.skip_plain_ws_from(end) >= self.end && !self.input_complete {
-                self.cut_off(Cut::Number)?;
-            }
-            // `82_461_110`: digit groups, as Python and JavaScript write them.
-            self.note(RepairKind::NumberFormat, start);
-            self.pos = end;
-            return Ok(self.deliver(v));
-        }
         match c {
             b'{' => {
                 self.push(Frame::Obj {
@@ -694,6 +693,15 @@ impl<'a> Parser<'a> {
                                     && !matches!(self.at(self.pos + 1), Some(b'/' | b'*')))
                         }) =>
                 {
+                    if let Some((v, end)) = self.separated_number(start) {
+                        if self.ends_input(end) && !self.input_complete {
+                            self.cut_off(Cut::Number)?;
+                        }
+                        // `82_461_110`: digit groups, as Python and JavaScript write them.
+                        self.note(RepairKind::NumberFormat, start);
+                        self.pos = end;
+                        return Ok(self.deliver(v));
+                    }
                     // `2024-01-01`, `0.0.1`, `0x1F`: not a number; keep the text.
                     self.pos = start;
                     {
@@ -906,7 +914,7 @@ impl<'a> Parser<'a> {
             }
             return Ok(State::Value);
         }
-        if self.skip_plain_ws_from(end) >= self.end
+        if self.ends_input(end)
             && LITERALS
                 .iter()
                 .any(|l| l.len() > word.len() && l.starts_with(word))
@@ -944,7 +952,7 @@ impl<'a> Parser<'a> {
         if text.is_empty() {
             return Err(self.missing_value(start));
         }
-        if self.skip_plain_ws_from(i) >= self.end {
+        if self.ends_input(i) {
             // The word runs to the end of the input: it may have been cut.
             self.cut_off(Cut::Literal)?;
         }
@@ -960,7 +968,10 @@ impl<'a> Parser<'a> {
     fn after_state(&mut self) -> Result<State, Box<RepairError>> {
         self.skip_ws();
         let at = self.pos;
-        if self.s(at, self.end).starts_with("```") && !self.stack.is_empty() {
+        if self.at(at) == Some(b'`')
+            && self.s(at, self.end).starts_with("```")
+            && !self.stack.is_empty()
+        {
             // `{"a": "x"```: the closing fence of a code block ends the JSON, whose closing
             // brackets were left off after a complete value.
             self.note(RepairKind::TrailingGarbage, at);
@@ -1405,11 +1416,7 @@ impl<'a> Parser<'a> {
             }
         }
         self.pos = i;
-        if at_eof_fix
-            || (self.skip_plain_ws_from(i) >= self.end
-                && !self.stack.is_empty()
-                && !self.input_complete)
-        {
+        if at_eof_fix || (!self.input_complete && !self.stack.is_empty() && self.ends_input(i)) {
             // `1.`, `1e`: the input stops where digits had to follow. `{"year": 20`: the
             // input stops inside a value that was never closed, and more digits may have
             // followed — unless the caller knows the model finished its answer.
@@ -1463,8 +1470,7 @@ impl<'a> Parser<'a> {
                 text: text.to_owned(),
             });
         }
-        if self.skip_plain_ws_from(i) >= self.end && !self.stack.is_empty() && !self.input_complete
-        {
+        if !self.input_complete && !self.stack.is_empty() && self.ends_input(i) {
             self.cut_off(Cut::Number)?;
         }
         self.note(RepairKind::LeadingZeroString, start);
