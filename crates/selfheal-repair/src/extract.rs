@@ -43,52 +43,37 @@ fn parse_window(
         .get(start..end)
         .and_then(|w| w.trim_start().bytes().next())
         .is_some_and(|b| b == b'{' || b == b'[');
+    let window = src.get(start..end).unwrap_or_default();
     if starts_with_json {
         // The input is the JSON: fences or tags inside its strings are text, not wrappers.
-        match parse_plain(src, start, end, opts) {
-            Ok(found) => return Ok(found),
-            Err(e) if e.is_final() => return Err(e),
-            Err(e) => {
-                // Only a wrapper after the failed value is not a fragment of it.
-                let json_at = src
-                    .get(start..end)
-                    .map_or(start, |w| start + (w.len() - w.trim_start().len()));
-                let Some(after) = balanced_end(src, json_at, end) else {
-                    return Err(e);
-                };
-                return match try_wrappers(src, after, end, opts, allow_fence, allow_tag) {
-                    Some(Ok(found)) => Ok(found),
-                    _ => Err(e),
-                };
-            }
-        }
+        let json_at = start + (window.len() - window.trim_start().len());
+        let wrap = Wrap {
+            allow_fence,
+            allow_tag,
+        };
+        return plain_first(src, start, end, opts, wrap, json_at, None);
     }
-    // A bracket before the first fence or tag may open a value whose strings hold the
-    // fence: read the plain text first then, so that a fence inside a value is never taken
-    // for a wrapper.
-    let window = src.get(start..end).unwrap_or_default();
-    let first_bracket = window.find(['{', '[']);
     let first_wrapper = [window.find("```"), window.find('<')]
         .into_iter()
         .flatten()
         .min();
-    if let (Some(b), Some(w)) = (first_bracket, first_wrapper)
+    let Some(w) = first_wrapper else {
+        // No fence and no tag: the plain text is all there is.
+        return parse_plain(src, start, end, opts);
+    };
+    // A bracket before the first fence or tag may open a value whose strings hold the
+    // fence: read the plain text first then, so that a fence inside a value is never taken
+    // for a wrapper.
+    if let Some(b) = window.find(['{', '['])
         && b < w
-        && balanced_end(src, start + b, end).is_none_or(|close| close > start + w)
     {
-        match parse_plain(src, start, end, opts) {
-            Ok(found) => return Ok(found),
-            Err(e) if e.is_final() => return Err(e),
-            Err(e) => {
-                // Only a wrapper after that bracketed text is not a fragment of it.
-                let Some(after) = balanced_end(src, start + b, end) else {
-                    return Err(e);
-                };
-                return match try_wrappers(src, after, end, opts, allow_fence, allow_tag) {
-                    Some(Ok(found)) => Ok(found),
-                    _ => Err(e),
-                };
-            }
+        let close = balanced_end(src, start + b, end);
+        if close.is_none_or(|close| close > start + w) {
+            let wrap = Wrap {
+                allow_fence,
+                allow_tag,
+            };
+            return plain_first(src, start, end, opts, wrap, start + b, Some(close));
         }
     }
     let mut wrapper_err = None;
@@ -102,6 +87,40 @@ fn parse_window(
         Ok(found) => Ok(found),
         Err(e) if e.is_final() => Err(e),
         Err(e) => Err(wrapper_err.unwrap_or(e)),
+    }
+}
+
+/// Which wrappers a window may be read from.
+#[derive(Clone, Copy)]
+struct Wrap {
+    allow_fence: bool,
+    allow_tag: bool,
+}
+
+/// Reads the plain text of a window whose value opens at `at` (where it closes, when
+/// already known: `close`). If that fails, only a fence or tag after the failed value may
+/// stand in — one inside it would be a fragment of it.
+fn plain_first(
+    src: &str,
+    start: usize,
+    end: usize,
+    opts: &RepairOptions,
+    wrap: Wrap,
+    at: usize,
+    close: Option<Option<usize>>,
+) -> Result<Found, RepairError> {
+    match parse_plain(src, start, end, opts) {
+        Ok(found) => Ok(found),
+        Err(e) if e.is_final() => Err(e),
+        Err(e) => {
+            let Some(after) = close.unwrap_or_else(|| balanced_end(src, at, end)) else {
+                return Err(e);
+            };
+            match try_wrappers(src, after, end, opts, wrap.allow_fence, wrap.allow_tag) {
+                Some(Ok(found)) => Ok(found),
+                _ => Err(e),
+            }
+        }
     }
 }
 
@@ -193,10 +212,7 @@ fn try_fences(
             None => break,
         }
     }
-    match gather(values, opts) {
-        Some(r) => Some(r),
-        None => first_err.map(Err),
-    }
+    gather(values, opts).or_else(|| first_err.map(Err))
 }
 
 /// The values found in several wrappers: one is the value; several are an array only when
@@ -297,10 +313,7 @@ fn try_tags(
         }
         from = content_end.max(from);
     }
-    match gather(values, opts) {
-        Some(r) => Some(r),
-        None => first_err.map(Err),
-    }
+    gather(values, opts).or_else(|| first_err.map(Err))
 }
 
 /// An opening tag `<name attr…>` at `lt`: its name and the position after `>`.
