@@ -198,18 +198,6 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// A key with no value: refused unless salvaging.
-    fn key_without_value(&self, offset: usize) -> Result<(), RepairError> {
-        if self.salvage {
-            return Ok(());
-        }
-        let key = match self.stack.last() {
-            Some(Frame::Obj { key, .. }) => key.clone(),
-            _ => None,
-        };
-        Err(RepairError::MissingValue { offset, key })
-    }
-
     /// A parser over `src[pos..end]` configured by `opts`.
     pub(crate) fn with_options(
         src: &'a str,
@@ -647,7 +635,9 @@ impl<'a> Parser<'a> {
                 return Err(self.err(start, "input ends before any value").into());
             }
             if matches!(self.stack.last(), Some(Frame::Obj { key: Some(_), .. })) {
-                self.key_without_value(start)?;
+                if !self.salvage {
+                    return Err(self.missing_value(start).into());
+                }
             } else {
                 self.cut_off(Cut::Element)?;
             }
