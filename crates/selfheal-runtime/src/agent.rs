@@ -703,15 +703,9 @@ impl Loop<'_> {
                     continue;
                 }
             };
-            let outcome = selfheal_repair::schema::Outcome {
-                value: args.value,
-                coercions: args.coercions,
-                violations: Vec::new(),
-            };
-            let json_repaired = !args.repairs.is_empty();
-            let args_text = outcome.value.to_string();
+            let args_text = args.value.to_string();
             history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
-            let repaired = renamed || json_repaired || !outcome.coercions.is_empty();
+            let repaired = renamed || !args.repairs.is_empty() || !args.coercions.is_empty();
             if repaired {
                 self.log.push(format!(
                     "repaired call to {tname} locally (no model call): {name} {raw_text} -> {args_text}"
@@ -720,7 +714,7 @@ impl Loop<'_> {
             checked.push(CheckedCall {
                 id,
                 tool,
-                args: outcome.value,
+                args: args.value,
                 repaired,
             });
         }
