@@ -36,7 +36,9 @@
 //! assert!(verdict.abort.is_none());
 //! ```
 
+pub mod breaker;
 pub mod budget;
+pub mod call;
 pub mod classifier;
 pub mod controller;
 pub mod monitor;

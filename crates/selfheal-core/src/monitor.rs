@@ -397,22 +397,8 @@ pub struct Verdict {
     pub abort: Option<String>,
 }
 
-/// The state of a tool's circuit breaker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum CircuitState {
-    /// Calls flow.
-    Closed,
-    /// The tool is hidden until the cooldown passes.
-    Open {
-        /// The call index at which it opened.
-        since_call: u64,
-        /// The time at which it opened.
-        since_ms: u64,
-    },
-    /// One probe call is allowed: success closes, failure re-opens.
-    HalfOpen,
-}
+pub use crate::breaker::CircuitState;
+use crate::breaker::{Breaker, BreakerConfig};
 
 const MAX_NAME: usize = 128;
 const MAX_ERROR: usize = 240;
@@ -420,9 +406,8 @@ const MAX_ERROR: usize = 240;
 #[derive(Debug, Clone)]
 struct ToolState {
     name: Box<str>,
-    streak: u32,
+    breaker: Breaker,
     last_errors: [Option<Box<str>>; 2],
-    circuit: CircuitState,
     last_seen: u64,
 }
 
@@ -430,15 +415,15 @@ impl ToolState {
     fn new(name: &str, now_call: u64) -> Self {
         ToolState {
             name: truncate(name, MAX_NAME).into(),
-            streak: 0,
+            breaker: Breaker::default(),
             last_errors: [None, None],
-            circuit: CircuitState::Closed,
             last_seen: now_call,
         }
     }
 
     fn notable(&self, warn_after: u32) -> bool {
-        self.streak >= warn_after || !matches!(self.circuit, CircuitState::Closed)
+        self.breaker.streak() >= warn_after
+            || !matches!(self.breaker.circuit(), CircuitState::Closed)
     }
 }
 
@@ -603,7 +588,7 @@ impl Monitor {
     pub fn circuit(&self, tool: &str) -> CircuitState {
         self.index
             .get(truncate(tool, MAX_NAME))
-            .map(|&i| self.tools[i].circuit)
+            .map(|&i| self.tools[i].breaker.circuit())
             .unwrap_or(CircuitState::Closed)
     }
 
@@ -611,7 +596,7 @@ impl Monitor {
     pub fn streak(&self, tool: &str) -> u32 {
         self.index
             .get(truncate(tool, MAX_NAME))
-            .map(|&i| self.tools[i].streak)
+            .map(|&i| self.tools[i].breaker.streak())
             .unwrap_or(0)
     }
 
@@ -762,37 +747,25 @@ impl Monitor {
         };
 
         let warn = self.config.warn_after;
-        let circuit_after = self.config.circuit_after;
+        let breaker = self.breaker_config();
         let idx = self.tool_index(call.tool);
         let t = &mut self.tools[idx];
         let was_notable = t.notable(warn);
-        let was_open = matches!(t.circuit, CircuitState::Open { .. });
+        let was_open = t.breaker.is_open();
         t.last_seen = call_no;
         if counts {
-            t.streak = t.streak.saturating_add(1);
+            t.breaker.failure(&breaker, call_no, now_ms);
             let text = error_text.map_or_else(
                 || "returned an empty or error result".to_owned(),
                 |e| truncate(e, MAX_ERROR).to_owned(),
             );
             t.last_errors = [t.last_errors[1].take(), Some(text.into())];
-            t.circuit = match t.circuit {
-                CircuitState::HalfOpen => CircuitState::Open {
-                    since_call: call_no,
-                    since_ms: now_ms,
-                },
-                CircuitState::Closed if t.streak >= circuit_after => CircuitState::Open {
-                    since_call: call_no,
-                    since_ms: now_ms,
-                },
-                other => other,
-            };
         } else if failure.is_none() {
-            t.streak = 0;
+            t.breaker.success();
             t.last_errors = [None, None];
-            t.circuit = CircuitState::Closed;
         }
-        let streak = t.streak;
-        let open_now = matches!(t.circuit, CircuitState::Open { .. });
+        let streak = t.breaker.streak();
+        let open_now = t.breaker.is_open();
         let is_notable = t.notable(warn);
         match (was_notable, is_notable) {
             (false, true) => self.notable_tools += 1,
@@ -895,7 +868,7 @@ impl Monitor {
         let open: Vec<u64> = if skip_open {
             self.tools
                 .iter()
-                .filter(|t| matches!(t.circuit, CircuitState::Open { .. }))
+                .filter(|t| t.breaker.is_open())
                 .map(|t| hash_str(&t.name))
                 .collect()
         } else {
@@ -975,20 +948,18 @@ impl Monitor {
         if self.notable_tools == 0 {
             return;
         }
-        let (calls, ms) = (self.config.cooldown_calls, self.config.cooldown_ms);
+        let config = self.breaker_config();
         for t in &mut self.tools {
-            if let CircuitState::Open {
-                since_call,
-                since_ms,
-            } = t.circuit
-            {
-                let by_calls =
-                    calls > 0 && self.calls.saturating_sub(since_call) > u64::from(calls);
-                let by_time = ms > 0 && now_ms.saturating_sub(since_ms) >= ms;
-                if by_calls || by_time {
-                    t.circuit = CircuitState::HalfOpen;
-                }
-            }
+            t.breaker.cool(&config, self.calls, now_ms);
+        }
+    }
+
+    /// The per-tool breaker's thresholds, from the monitor's.
+    fn breaker_config(&self) -> BreakerConfig {
+        BreakerConfig {
+            after: self.config.circuit_after,
+            cooldown_calls: self.config.cooldown_calls,
+            cooldown_ms: self.config.cooldown_ms,
         }
     }
 
@@ -1005,7 +976,8 @@ impl Monitor {
                     continue;
                 }
                 let name = t.name.to_string();
-                match t.circuit {
+                let streak = t.breaker.streak();
+                match t.breaker.circuit() {
                     CircuitState::Open { .. } => {
                         if autonomous {
                             v.hidden_tools.push(name.clone());
@@ -1013,7 +985,7 @@ impl Monitor {
                                 kind: GuidanceKind::CircuitOpen,
                                 text: format!(
                                     "The tool `{name}` failed {} times in a row and has been disabled for now. Use a different tool or approach.",
-                                    t.streak
+                                    streak
                                 ),
                                 tool: Some(name),
                             });
@@ -1022,7 +994,7 @@ impl Monitor {
                                 kind: GuidanceKind::CircuitOpen,
                                 text: format!(
                                     "The tool `{name}` failed {} times in a row and looks broken. Avoid it; use a different tool or ask the user.",
-                                    t.streak
+                                    streak
                                 ),
                                 tool: Some(name),
                             });
@@ -1035,14 +1007,14 @@ impl Monitor {
                         ),
                         tool: Some(name),
                     }),
-                    CircuitState::Closed if t.streak >= self.config.warn_after => {
+                    CircuitState::Closed if streak >= self.config.warn_after => {
                         let errors: Vec<&str> =
                             t.last_errors.iter().flatten().map(|e| &**e).collect();
                         v.guidance.push(Guidance {
                             kind: GuidanceKind::Warning,
                             text: format!(
                                 "The tool `{name}` has failed {} times in a row (last errors: {}). Try a different approach.",
-                                t.streak,
+                                streak,
                                 errors.join("; ")
                             ),
                             tool: Some(name),

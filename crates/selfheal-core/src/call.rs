@@ -1,0 +1,780 @@
+//! One logical call across its attempts: the decision surface every front-end shares.
+//!
+//! A front-end sees a call go wrong on the wire — an upstream answers 503, a model's stream
+//! breaks, an MCP server's tool times out, a model writes tool arguments that cannot be used.
+//! What to do next (wait and send again, fall back to the next model, re-ask, give up and hand
+//! the error back) is the same question whoever asks it, so it is answered here, once, by the
+//! classifier and the policy ladders, and charged to the run's one [`BudgetLedger`]:
+//!
+//! ```text
+//!   front-end (gateway, MCP proxy, runtime)        this module
+//!   ───────────────────────────────────────        ───────────
+//!   wire failure ──parse──▶ Signal ──▶ CallPlan::failed ─▶ classify ─▶ policy ladder ─▶ charge
+//!        ▲                                                                               │
+//!        └──────── Step: Send / Wait-then-send / Stop (rejected | exhausted) ◀───────────┘
+//! ```
+//!
+//! A front-end keeps no retry cap, breaker, fallback rule or "is this retryable?" check of its
+//! own: it turns what it read off the wire into a [`Signal`] (the one place per protocol where
+//! error text is parsed), carries out the [`Step`] it gets back and records the [`CallEvent`]s.
+//! A `--policy` file therefore changes the gateway, the MCP proxy and the benchmark alike.
+//!
+//! # The rules that are not the ladder's
+//! - **A request the upstream refused as the caller's** (HTTP 4xx other than 404, 408, 409, 425
+//!   and 429) goes back as it came: no action of any ladder changes the caller's request, so
+//!   retrying or falling back would spend budget to get the same refusal. Context-length errors
+//!   arrive as [`Signal::ContextLength`], not as a refusal: a larger model may take them.
+//! - **Upstream health is not the agent's budget.** A fall-back the ladder wanted but the run's
+//!   escalation budget refused is taken anyway (and recorded as usage, so it shows): the budget
+//!   governs what the agent spends on its own failures, and a provider outage is not one. A
+//!   target whose breaker is open is skipped without a charge, unless it is the last one left.
+//! - **Each target gets its own ladder.** Falling back starts the new target's failure at the
+//!   ladder's first rung; every attempt on every target is still charged to the one ledger.
+//! - **Only health failures move a breaker**: transient and persistent unavailability
+//!   ([`FailureClass::ToolTimeout`], [`FailureClass::ToolUnavailable`]). A malformed answer or
+//!   the caller's own bad request says nothing about whether the upstream is up.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::breaker::{Breaker, BreakerConfig, CircuitState};
+use crate::budget::BudgetLedger;
+use crate::classifier::{
+    Classification, Classifier, ClassifierConfig, ClassifyContext, FailureClass, Signal,
+};
+use crate::policy::{
+    ActionKind, EscalationTarget, LadderState, Options, Policy, PolicyError, RecoveryAction,
+    RepairTarget, SkipReason,
+};
+use crate::rng::Rng;
+
+/// The read-only part of the control plane a front-end decides with: the recovery policy and
+/// the classifier. Shared by every run of a front-end (an `Arc` in the gateway).
+#[derive(Debug, Clone, Default)]
+pub struct Plane {
+    policy: Policy,
+    classifier: Classifier,
+}
+
+impl Plane {
+    /// A plane from a policy (validated) and the classifier's thresholds.
+    pub fn new(policy: Policy, classifier: ClassifierConfig) -> Result<Plane, PolicyError> {
+        policy.validate()?;
+        Ok(Plane {
+            policy,
+            classifier: Classifier::new(classifier),
+        })
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The classifier.
+    pub fn classifier(&self) -> &Classifier {
+        &self.classifier
+    }
+}
+
+/// The breakers of named targets (upstreams, tools), one [`Breaker`] each.
+///
+/// Only the names given at construction are tracked, so the map is bounded by configuration,
+/// not by traffic; a name it does not know is always allowed and never recorded.
+#[derive(Debug, Clone)]
+pub struct Breakers {
+    config: BreakerConfig,
+    map: HashMap<String, Breaker>,
+    /// Attempts recorded, the clock of cooldowns counted in calls.
+    calls: u64,
+}
+
+impl Breakers {
+    /// Breakers for `names`, all closed.
+    pub fn new(config: BreakerConfig, names: impl IntoIterator<Item = String>) -> Breakers {
+        Breakers {
+            config,
+            map: names.into_iter().map(|n| (n, Breaker::default())).collect(),
+            calls: 0,
+        }
+    }
+
+    /// Whether `name` may be called now (its circuit is not open after cooling to `now_ms`).
+    pub fn allows(&mut self, name: &str, now_ms: u64) -> bool {
+        let (config, calls) = (self.config, self.calls);
+        match self.map.get_mut(name) {
+            Some(b) => {
+                b.cool(&config, calls, now_ms);
+                !b.is_open()
+            }
+            None => true,
+        }
+    }
+
+    /// The circuit of `name` (closed when unknown).
+    pub fn state(&self, name: &str) -> CircuitState {
+        self.map
+            .get(name)
+            .map_or(CircuitState::Closed, Breaker::circuit)
+    }
+
+    /// Consecutive health failures of `name`.
+    pub fn streak(&self, name: &str) -> u32 {
+        self.map.get(name).map_or(0, Breaker::streak)
+    }
+
+    fn success(&mut self, name: &str) {
+        self.calls += 1;
+        if let Some(b) = self.map.get_mut(name) {
+            b.success();
+        }
+    }
+
+    fn failure(&mut self, name: &str, now_ms: u64) {
+        self.calls += 1;
+        let (config, calls) = (self.config, self.calls);
+        if let Some(b) = self.map.get_mut(name) {
+            b.failure(&config, calls, now_ms);
+        }
+    }
+}
+
+/// Healing, or one attempt and nothing else (the gateway's `--passthrough`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Retries and fall-backs as the policy decides.
+    Heal,
+    /// One attempt on the first target; its failure is the answer.
+    Passthrough,
+}
+
+/// What the front-end does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Send the call to target `target` (an index into the plan's targets) now.
+    Send {
+        /// The target.
+        target: usize,
+    },
+    /// Wait `delay_ms`, then send the call to `target` again.
+    Wait {
+        /// The target (the same as the failed attempt's).
+        target: usize,
+        /// How long to wait first.
+        delay_ms: u64,
+    },
+    /// Stop trying.
+    Stop(Stop),
+}
+
+/// Why a plan stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The upstream refused the caller's own request (see the module's rules): hand its answer
+    /// back as it came.
+    Rejected {
+        /// The upstream's status.
+        status: u16,
+    },
+    /// The policy gave up (its ladder ran out, or the budget did) or no target was left.
+    Exhausted {
+        /// The class of the last failure, when there was one.
+        class: Option<FailureClass>,
+        /// The ladder's last word: degrade or terminate.
+        action: ActionKind,
+    },
+}
+
+/// Something the plan did, for the front-end's trace and headers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum CallEvent {
+    /// A failed attempt will be repeated on the same target.
+    Retry {
+        /// The target.
+        target: usize,
+        /// The failure's class.
+        class: FailureClass,
+        /// The retry's number on this target.
+        attempt: u32,
+        /// The wait before it.
+        delay_ms: u64,
+    },
+    /// The call moves on to the next target.
+    Fallback {
+        /// The target given up.
+        from: usize,
+        /// The target tried next.
+        to: usize,
+        /// The failure's class.
+        class: FailureClass,
+        /// Taken although the run's escalation budget was spent (upstream health is not the
+        /// agent's budget).
+        forced: bool,
+    },
+    /// A target was passed over because its breaker is open.
+    Skip {
+        /// The target.
+        target: usize,
+    },
+}
+
+/// One logical call through a chain of targets, as decided by the policy.
+///
+/// ```
+/// use selfheal_core::call::{Breakers, CallPlan, Mode, Plane, Step};
+/// use selfheal_core::breaker::BreakerConfig;
+/// use selfheal_core::{BudgetLedger, BudgetLimits, Signal};
+/// use selfheal_core::rng::SplitMix64;
+///
+/// let plane = Plane::default();
+/// let cfg = BreakerConfig { after: 5, cooldown_calls: 0, cooldown_ms: 30_000 };
+/// let mut breakers = Breakers::new(cfg, ["main".to_string(), "backup".to_string()]);
+/// let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+/// let mut rng = SplitMix64::new(7);
+/// let mut plan = CallPlan::new(vec!["main".into(), "backup".into()], Mode::Heal, true);
+/// assert_eq!(plan.begin(&mut breakers, 0), Step::Send { target: 0 });
+/// let busy = Signal::HttpStatus { status: 503, retry_after_ms: Some(100), message: String::new() };
+/// // The default ladder for a transient failure retries first, honouring Retry-After ...
+/// assert!(matches!(
+///     plan.failed(&busy, &plane, &mut breakers, &mut ledger, 0, &mut rng),
+///     Step::Wait { target: 0, .. }
+/// ));
+/// // ... and the retry is charged to the run's ledger.
+/// assert_eq!(ledger.spent().retries, 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct CallPlan {
+    targets: Vec<String>,
+    at: usize,
+    ladder: LadderState,
+    mode: Mode,
+    retry_safe: bool,
+    events: Vec<CallEvent>,
+}
+
+impl CallPlan {
+    /// A plan over `targets` (breaker names, in the order to try them). `retry_safe` says
+    /// whether sending the same call twice does no harm (a model request: yes; a tool that may
+    /// have run: only if it says it is read-only or idempotent).
+    pub fn new(targets: Vec<String>, mode: Mode, retry_safe: bool) -> CallPlan {
+        CallPlan {
+            targets,
+            at: 0,
+            ladder: LadderState::default(),
+            mode,
+            retry_safe,
+            events: Vec::new(),
+        }
+    }
+
+    /// The target tried now.
+    pub fn current(&self) -> usize {
+        self.at
+    }
+
+    /// What happened so far (retries, fall-backs, skips), oldest first; drains the list.
+    pub fn take_events(&mut self) -> Vec<CallEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The first step: the first target whose breaker allows a call; the last target is tried
+    /// whatever its breaker says, since there is nothing else.
+    pub fn begin(&mut self, breakers: &mut Breakers, now_ms: u64) -> Step {
+        if self.targets.is_empty() {
+            return Step::Stop(Stop::Exhausted {
+                class: None,
+                action: ActionKind::Terminate,
+            });
+        }
+        self.at = 0;
+        self.at = self.next_allowed(0, breakers, now_ms);
+        Step::Send { target: self.at }
+    }
+
+    /// The current attempt succeeded: its target's breaker closes.
+    pub fn succeeded(&mut self, breakers: &mut Breakers) {
+        if let Some(name) = self.targets.get(self.at) {
+            breakers.success(name);
+        }
+    }
+
+    /// The current attempt failed with `signal`: classifies it, updates the target's breaker,
+    /// asks the policy and charges the ledger for the action taken. Returns the next step.
+    pub fn failed(
+        &mut self,
+        signal: &Signal,
+        plane: &Plane,
+        breakers: &mut Breakers,
+        ledger: &mut BudgetLedger,
+        now_ms: u64,
+        rng: &mut dyn Rng,
+    ) -> Step {
+        let Some(name) = self.targets.get(self.at).cloned() else {
+            return Step::Stop(Stop::Exhausted {
+                class: None,
+                action: ActionKind::Terminate,
+            });
+        };
+        if let Some(status) = caller_error(signal) {
+            return Step::Stop(Stop::Rejected { status });
+        }
+        let failure = plane.classifier.classify(
+            signal,
+            ClassifyContext {
+                consecutive_failures: breakers.streak(&name).saturating_add(1),
+            },
+        );
+        if counts_against_health(failure.class) {
+            breakers.failure(&name, now_ms);
+        }
+        let exhausted = |action| {
+            Step::Stop(Stop::Exhausted {
+                class: Some(failure.class),
+                action,
+            })
+        };
+        if self.mode == Mode::Passthrough {
+            return exhausted(ActionKind::Terminate);
+        }
+        let next = self.peek_next(breakers, now_ms);
+        let options = self.options(&failure, next);
+        let decision = plane
+            .policy
+            .decide(self.ladder, &failure, &options, ledger, rng);
+        match decision.action {
+            RecoveryAction::Retry { delay_ms, attempt } => {
+                if ledger.charge(&decision.charge).is_err() {
+                    return exhausted(ActionKind::Degrade);
+                }
+                self.ladder = decision.next;
+                self.events.push(CallEvent::Retry {
+                    target: self.at,
+                    class: failure.class,
+                    attempt,
+                    delay_ms,
+                });
+                Step::Wait {
+                    target: self.at,
+                    delay_ms,
+                }
+            }
+            RecoveryAction::Escalate {
+                target: EscalationTarget::FallbackModel { .. },
+            } => {
+                if ledger.charge(&decision.charge).is_err() {
+                    return exhausted(ActionKind::Degrade);
+                }
+                self.fall_back(failure.class, false, breakers, now_ms)
+            }
+            RecoveryAction::Degrade | RecoveryAction::Terminate => {
+                let budget_refused_fallback = decision
+                    .skipped
+                    .contains(&(ActionKind::Escalate, SkipReason::BudgetSpent));
+                if budget_refused_fallback && next.is_some() {
+                    ledger.record_usage(&ActionKind::Escalate.charge());
+                    return self.fall_back(failure.class, true, breakers, now_ms);
+                }
+                exhausted(decision.action.kind())
+            }
+            // The options offer none of these, so the policy cannot pick them; should a future
+            // policy do so, stopping is the safe reading.
+            RecoveryAction::Escalate {
+                target: EscalationTarget::Human,
+            }
+            | RecoveryAction::Repair { .. }
+            | RecoveryAction::Substitute { .. }
+            | RecoveryAction::Replan
+            | RecoveryAction::Refresh => exhausted(ActionKind::Degrade),
+        }
+    }
+
+    /// What recovery is possible for `failure` on the current target.
+    fn options(&self, failure: &Classification, next: Option<usize>) -> Options {
+        Options {
+            fallback_model: next.and_then(|i| self.targets.get(i).cloned()),
+            // The same bytes are refused again when the request itself is the problem.
+            retry_safe: self.retry_safe && failure.class != FailureClass::ArgumentInvalid,
+            ..Options::default()
+        }
+    }
+
+    /// The index of the next target after the current one, without moving or skipping.
+    fn peek_next(&self, breakers: &mut Breakers, now_ms: u64) -> Option<usize> {
+        let from = self.at + 1;
+        (from < self.targets.len()).then(|| self.first_allowed(from, breakers, now_ms))
+    }
+
+    fn first_allowed(&self, from: usize, breakers: &mut Breakers, now_ms: u64) -> usize {
+        let last = self.targets.len().saturating_sub(1);
+        (from..last)
+            .find(|&i| breakers.allows(&self.targets[i], now_ms))
+            .unwrap_or(last)
+    }
+
+    /// Moves to the first allowed target from `from`, recording the ones skipped.
+    fn next_allowed(&mut self, from: usize, breakers: &mut Breakers, now_ms: u64) -> usize {
+        let to = self.first_allowed(from, breakers, now_ms);
+        for target in from..to {
+            self.events.push(CallEvent::Skip { target });
+        }
+        to
+    }
+
+    fn fall_back(
+        &mut self,
+        class: FailureClass,
+        forced: bool,
+        breakers: &mut Breakers,
+        now_ms: u64,
+    ) -> Step {
+        let from = self.at;
+        let to = self.next_allowed(from + 1, breakers, now_ms);
+        self.at = to;
+        self.ladder = LadderState::default();
+        self.events.push(CallEvent::Fallback {
+            from,
+            to,
+            class,
+            forced,
+        });
+        Step::Send { target: to }
+    }
+}
+
+/// The status of a refusal that is the caller's own request's fault, if `signal` is one.
+fn caller_error(signal: &Signal) -> Option<u16> {
+    match signal {
+        Signal::HttpStatus { status, .. }
+            if (400..500).contains(status) && !matches!(status, 404 | 408 | 409 | 425 | 429) =>
+        {
+            Some(*status)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a failure of this class says the target is unhealthy.
+fn counts_against_health(class: FailureClass) -> bool {
+    match class {
+        FailureClass::ToolTimeout | FailureClass::ToolUnavailable => true,
+        FailureClass::ArgumentInvalid
+        | FailureClass::MalformedOutput
+        | FailureClass::EmptyOutput
+        | FailureClass::WrongTool
+        | FailureClass::StaleContext
+        | FailureClass::ContradictoryEvidence
+        | FailureClass::PlanningFailure
+        | FailureClass::VerificationFailure
+        | FailureClass::ControlLoop => false,
+    }
+}
+
+/// What a front-end does about tool calls a model wrote that cannot be used (their problems
+/// already turned into re-ask text by the repair layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reask {
+    /// Ask the model again with the problems appended; charged.
+    Ask,
+    /// Do not ask again: answer with what there is, flagged `partial`.
+    Partial,
+}
+
+/// Decides, through the policy's ladder for [`FailureClass::ArgumentInvalid`], whether unusable
+/// tool calls are re-asked, and charges the ledger when they are. `state` is the failure's place
+/// on its ladder (pass [`LadderState::default`] for a first failure and the returned state on
+/// the next).
+///
+/// Repair by re-asking, or a plain retry of the model call, both become [`Reask::Ask`]; anything
+/// else the ladder offers first that a front-end cannot do for a model answer is passed over.
+pub fn reask(
+    problems: &[String],
+    plane: &Plane,
+    ledger: &mut BudgetLedger,
+    state: LadderState,
+    rng: &mut dyn Rng,
+) -> (Reask, LadderState) {
+    let failure = plane.classifier.classify(
+        &Signal::InvalidArguments {
+            errors: problems.to_vec(),
+        },
+        ClassifyContext::default(),
+    );
+    let options = Options {
+        repair: Some(RepairTarget::Arguments),
+        retry_safe: true,
+        ..Options::default()
+    };
+    let decision = plane
+        .policy
+        .decide(state, &failure, &options, ledger, rng);
+    match decision.action {
+        RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. } => {
+            if ledger.charge(&decision.charge).is_ok() {
+                (Reask::Ask, decision.next)
+            } else {
+                (Reask::Partial, decision.next)
+            }
+        }
+        RecoveryAction::Substitute { .. }
+        | RecoveryAction::Replan
+        | RecoveryAction::Refresh
+        | RecoveryAction::Escalate { .. }
+        | RecoveryAction::Degrade
+        | RecoveryAction::Terminate => (Reask::Partial, decision.next),
+    }
+}
+
+/// What a front-end does when a model's stream broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamBreak {
+    /// Nothing but the role went out: ask again (without streaming), invisibly; charged.
+    Reissue,
+    /// Content already reached the client (or the policy says no): end the stream with an
+    /// error event the client can see.
+    Fail,
+}
+
+/// Decides, through the ladder of [`FailureClass::MalformedOutput`] (a cut answer), whether a
+/// broken stream is re-issued. Once content went out a re-issue is not safe — the client would
+/// see the answer twice — so only a stream broken before any content can be healed.
+pub fn stream_broke(
+    content_sent: bool,
+    plane: &Plane,
+    ledger: &mut BudgetLedger,
+    rng: &mut dyn Rng,
+) -> StreamBreak {
+    let failure = plane
+        .classifier
+        .classify(&Signal::TruncatedOutput, ClassifyContext::default());
+    let options = Options {
+        retry_safe: !content_sent,
+        ..Options::default()
+    };
+    let decision = plane
+        .policy
+        .decide(LadderState::default(), &failure, &options, ledger, rng);
+    match decision.action {
+        RecoveryAction::Retry { .. } if ledger.charge(&decision.charge).is_ok() => {
+            StreamBreak::Reissue
+        }
+        RecoveryAction::Retry { .. }
+        | RecoveryAction::Repair { .. }
+        | RecoveryAction::Substitute { .. }
+        | RecoveryAction::Replan
+        | RecoveryAction::Refresh
+        | RecoveryAction::Escalate { .. }
+        | RecoveryAction::Degrade
+        | RecoveryAction::Terminate => StreamBreak::Fail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::BudgetLimits;
+    use crate::rng::ConstRng;
+
+    const CFG: BreakerConfig = BreakerConfig {
+        after: 2,
+        cooldown_calls: 0,
+        cooldown_ms: 1000,
+    };
+
+    fn status(s: u16) -> Signal {
+        Signal::HttpStatus {
+            status: s,
+            retry_after_ms: None,
+            message: String::new(),
+        }
+    }
+
+    fn setup(n: usize) -> (CallPlan, Breakers, BudgetLedger) {
+        let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+        (
+            CallPlan::new(names.clone(), Mode::Heal, true),
+            Breakers::new(CFG, names),
+            BudgetLedger::new(BudgetLimits::defaults()),
+        )
+    }
+
+    fn policy(toml: &str) -> Plane {
+        Plane::new(
+            Policy::from_toml_str(toml).expect("policy"),
+            ClassifierConfig::default(),
+        )
+        .expect("plane")
+    }
+
+    #[test]
+    fn default_ladder_retries_twice_then_falls_back_then_gives_up() {
+        let plane = Plane::default();
+        let (mut plan, mut br, mut ledger) = setup(2);
+        let mut rng = ConstRng(0);
+        assert_eq!(plan.begin(&mut br, 0), Step::Send { target: 0 });
+        let mut steps = Vec::new();
+        for _ in 0..8 {
+            let s = plan.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 0, &mut rng);
+            let stop = matches!(s, Step::Stop(_));
+            steps.push(s);
+            if stop {
+                break;
+            }
+        }
+        let kinds: Vec<&str> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Send { .. } => "send",
+                Step::Wait { .. } => "wait",
+                Step::Stop(_) => "stop",
+            })
+            .collect();
+        // Two retries on t0 (tool_timeout: retry, retry); the third failure in a row reads as
+        // persistent (tool_unavailable), whose next rung is the fall-back. On t1 one retry is
+        // left in the default budget (3); after it nothing is, and no target either.
+        assert_eq!(kinds, ["wait", "wait", "send", "wait", "stop"]);
+        let events = plan.take_events();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, CallEvent::Fallback { from: 0, to: 1, .. })),
+            "{events:?}"
+        );
+        assert_eq!(ledger.spent().retries, 3);
+        assert_eq!(ledger.spent().escalations, 1);
+    }
+
+    #[test]
+    fn a_policy_that_falls_back_first_never_retries() {
+        let plane = policy("[ladders]\ntool_timeout = [\"escalate\", \"retry\", \"degrade\"]\n");
+        let (mut plan, mut br, mut ledger) = setup(2);
+        let mut rng = ConstRng(0);
+        plan.begin(&mut br, 0);
+        let s = plan.failed(&status(503), &plane, &mut br, &mut ledger, 0, &mut rng);
+        assert_eq!(s, Step::Send { target: 1 });
+        assert_eq!(ledger.spent().retries, 0);
+    }
+
+    #[test]
+    fn the_callers_own_bad_request_goes_back_uncharged() {
+        let plane = Plane::default();
+        let (mut plan, mut br, mut ledger) = setup(2);
+        let mut rng = ConstRng(0);
+        plan.begin(&mut br, 0);
+        for s in [400, 401, 403, 413, 422] {
+            assert_eq!(
+                plan.failed(&status(s), &plane, &mut br, &mut ledger, 0, &mut rng),
+                Step::Stop(Stop::Rejected { status: s })
+            );
+        }
+        assert_eq!(ledger.spent().recoveries, 0);
+        assert_eq!(br.streak("t0"), 0, "a refusal says nothing about health");
+        // A missing model, a context too long for this model: the next target may serve them.
+        assert_eq!(
+            plan.failed(&status(404), &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Send { target: 1 }
+        );
+    }
+
+    #[test]
+    fn an_open_breaker_is_skipped_unless_last_and_health_is_not_the_budget() {
+        let plane = Plane::default();
+        let (mut plan, mut br, _) = setup(3);
+        let mut rng = ConstRng(0);
+        let mut ledger = BudgetLedger::new(Amounts {
+            escalations: 0,
+            ..BudgetLimits::defaults()
+        });
+        // Open t0's breaker.
+        plan.begin(&mut br, 0);
+        for _ in 0..2 {
+            plan.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 0, &mut rng);
+        }
+        assert!(matches!(br.state("t0"), CircuitState::Open { .. }));
+        let mut p2 = CallPlan::new(vec!["t0".into(), "t1".into(), "t2".into()], Mode::Heal, true);
+        assert_eq!(p2.begin(&mut br, 10), Step::Send { target: 1 });
+        assert_eq!(p2.take_events(), vec![CallEvent::Skip { target: 0 }]);
+        // t1 fails for good: with no escalation budget the fall-back is still taken.
+        let mut last = Step::Send { target: 1 };
+        for _ in 0..6 {
+            last = p2.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 10, &mut rng);
+            if last == (Step::Send { target: 2 }) {
+                break;
+            }
+        }
+        assert_eq!(last, Step::Send { target: 2 });
+        assert!(
+            p2.take_events()
+                .iter()
+                .any(|e| matches!(e, CallEvent::Fallback { forced: true, .. }))
+        );
+        assert!(ledger.spent().escalations >= 1, "recorded as usage");
+        // After the cooldown t0 is allowed again (half-open).
+        assert!(br.allows("t0", 2000));
+    }
+
+    #[test]
+    fn passthrough_makes_one_attempt() {
+        let plane = Plane::default();
+        let names = vec!["a".to_string(), "b".to_string()];
+        let mut plan = CallPlan::new(names.clone(), Mode::Passthrough, true);
+        let mut br = Breakers::new(CFG, names);
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        plan.begin(&mut br, 0);
+        assert!(matches!(
+            plan.failed(&status(503), &plane, &mut br, &mut ledger, 0, &mut ConstRng(0)),
+            Step::Stop(Stop::Exhausted { .. })
+        ));
+    }
+
+    #[test]
+    fn not_retry_safe_means_no_retry() {
+        let plane = Plane::default();
+        let names = vec!["tool".to_string()];
+        let mut plan = CallPlan::new(names.clone(), Mode::Heal, false);
+        let mut br = Breakers::new(CFG, names);
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        plan.begin(&mut br, 0);
+        assert!(matches!(
+            plan.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 0, &mut ConstRng(0)),
+            Step::Stop(_)
+        ));
+        assert_eq!(ledger.spent().retries, 0);
+    }
+
+    #[test]
+    fn reask_follows_the_ladder_and_the_budget() {
+        let plane = Plane::default();
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults().with_recoveries(1));
+        let mut rng = ConstRng(0);
+        let p = vec!["bad".to_string()];
+        let (r, next) = reask(&p, &plane, &mut ledger, LadderState::default(), &mut rng);
+        assert_eq!(r, Reask::Ask);
+        assert_eq!(ledger.spent().recoveries, 1);
+        let (r, _) = reask(&p, &plane, &mut ledger, next, &mut rng);
+        assert_eq!(r, Reask::Partial, "the budget is spent");
+        let no_repair = policy("[ladders]\nargument_invalid = [\"degrade\"]\n");
+        let mut fresh = BudgetLedger::new(BudgetLimits::defaults());
+        let (r, _) = reask(&p, &no_repair, &mut fresh, LadderState::default(), &mut rng);
+        assert_eq!(r, Reask::Partial);
+    }
+
+    #[test]
+    fn a_stream_is_reissued_only_before_content() {
+        let plane = Plane::default();
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let mut rng = ConstRng(0);
+        assert_eq!(
+            stream_broke(false, &plane, &mut ledger, &mut rng),
+            StreamBreak::Reissue
+        );
+        assert_eq!(ledger.spent().retries, 1);
+        assert_eq!(
+            stream_broke(true, &plane, &mut ledger, &mut rng),
+            StreamBreak::Fail
+        );
+    }
+
+    use crate::budget::Amounts;
+}
