@@ -339,7 +339,7 @@ impl CallPlan {
             return exhausted(ActionKind::Terminate);
         }
         let next = self.peek_next(breakers, now_ms);
-        let options = self.options(&failure, next);
+        let options = self.options(&failure, signal, next);
         let decision = plane
             .policy
             .decide(self.ladder, &failure, &options, ledger, rng);
@@ -391,11 +391,13 @@ impl CallPlan {
     }
 
     /// What recovery is possible for `failure` on the current target.
-    fn options(&self, failure: &Classification, next: Option<usize>) -> Options {
+    fn options(&self, failure: &Classification, signal: &Signal, next: Option<usize>) -> Options {
         Options {
             fallback_model: next.and_then(|i| self.targets.get(i).cloned()),
             // The same bytes are refused again when the request itself is the problem.
-            retry_safe: self.retry_safe && failure.class != FailureClass::ArgumentInvalid,
+            retry_safe: self.retry_safe
+                && failure.class != FailureClass::ArgumentInvalid
+                && !resend_futile(signal),
             ..Options::default()
         }
     }
@@ -443,12 +445,41 @@ impl CallPlan {
     }
 }
 
-/// The status of a refusal that is the caller's own request's fault, if `signal` is one.
+/// Whether sending the same request again is futile: the receiver refused the request itself
+/// (HTTP 4xx other than 408 timeout, 409 conflict, 425 too early and 429 rate limit) or it
+/// failed validation before it was sent. A retry of it can only get the same answer; the model
+/// has to rewrite it, or another target has to take it.
+pub fn resend_futile(signal: &Signal) -> bool {
+    match signal {
+        Signal::HttpStatus { status, .. } => {
+            (400..500).contains(status) && !matches!(status, 408 | 409 | 425 | 429)
+        }
+        Signal::InvalidArguments { .. } | Signal::EmptyInput { .. } | Signal::ContextLength => true,
+        Signal::ToolError { message } => !crate::classifier::transient_text(message),
+        Signal::Timeout
+        | Signal::Exception { .. }
+        | Signal::Unavailable { .. }
+        | Signal::UnknownTool { .. }
+        | Signal::Refusal
+        | Signal::EmptyResponse
+        | Signal::MalformedOutput { .. }
+        | Signal::TruncatedOutput
+        | Signal::SchemaDrift { .. }
+        | Signal::EmptyOutput
+        | Signal::Stale { .. }
+        | Signal::Contradiction { .. }
+        | Signal::MissingStep { .. }
+        | Signal::ToolMismatch { .. }
+        | Signal::Repetition
+        | Signal::VerifierRejected { .. } => false,
+    }
+}
+
+/// The status of a refusal that is the caller's own request's fault, if `signal` is one: a
+/// futile resend that another target would refuse too (a missing model, 404, is the target's).
 fn caller_error(signal: &Signal) -> Option<u16> {
     match signal {
-        Signal::HttpStatus { status, .. }
-            if (400..500).contains(status) && !matches!(status, 404 | 408 | 409 | 425 | 429) =>
-        {
+        Signal::HttpStatus { status, .. } if *status != 404 && resend_futile(signal) => {
             Some(*status)
         }
         _ => None,
@@ -506,9 +537,7 @@ pub fn reask(
         retry_safe: true,
         ..Options::default()
     };
-    let decision = plane
-        .policy
-        .decide(state, &failure, &options, ledger, rng);
+    let decision = plane.policy.decide(state, &failure, &options, ledger, rng);
     match decision.action {
         RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. } => {
             if ledger.charge(&decision.charge).is_ok() {
@@ -692,7 +721,11 @@ mod tests {
             plan.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 0, &mut rng);
         }
         assert!(matches!(br.state("t0"), CircuitState::Open { .. }));
-        let mut p2 = CallPlan::new(vec!["t0".into(), "t1".into(), "t2".into()], Mode::Heal, true);
+        let mut p2 = CallPlan::new(
+            vec!["t0".into(), "t1".into(), "t2".into()],
+            Mode::Heal,
+            true,
+        );
         assert_eq!(p2.begin(&mut br, 10), Step::Send { target: 1 });
         assert_eq!(p2.take_events(), vec![CallEvent::Skip { target: 0 }]);
         // t1 fails for good: with no escalation budget the fall-back is still taken.
@@ -723,7 +756,14 @@ mod tests {
         let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
         plan.begin(&mut br, 0);
         assert!(matches!(
-            plan.failed(&status(503), &plane, &mut br, &mut ledger, 0, &mut ConstRng(0)),
+            plan.failed(
+                &status(503),
+                &plane,
+                &mut br,
+                &mut ledger,
+                0,
+                &mut ConstRng(0)
+            ),
             Step::Stop(Stop::Exhausted { .. })
         ));
     }
@@ -737,7 +777,14 @@ mod tests {
         let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
         plan.begin(&mut br, 0);
         assert!(matches!(
-            plan.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 0, &mut ConstRng(0)),
+            plan.failed(
+                &Signal::Timeout,
+                &plane,
+                &mut br,
+                &mut ledger,
+                0,
+                &mut ConstRng(0)
+            ),
             Step::Stop(_)
         ));
         assert_eq!(ledger.spent().retries, 0);

@@ -186,6 +186,12 @@ pub enum Signal {
     },
     /// The output was null, empty or an error object (a soft failure).
     EmptyOutput,
+    /// The tool ran and reported that it failed (MCP `isError: true`), with its text. Unless the
+    /// text says the failure is transient, the same call gets the same answer.
+    ToolError {
+        /// What the tool said.
+        message: String,
+    },
     /// The data is older than allowed.
     Stale {
         /// Age of the data in milliseconds.
@@ -235,6 +241,7 @@ impl Signal {
             Signal::TruncatedOutput => "truncated_output",
             Signal::SchemaDrift { .. } => "schema_drift",
             Signal::EmptyOutput => "empty_output",
+            Signal::ToolError { .. } => "tool_error",
             Signal::Stale { .. } => "stale",
             Signal::Contradiction { .. } => "contradiction",
             Signal::MissingStep { .. } => "missing_step",
@@ -356,6 +363,16 @@ impl Classifier {
                 of(FailureClass::MalformedOutput, ErrorType::Structural)
             }
             Signal::EmptyOutput => of(FailureClass::EmptyOutput, ErrorType::Structural),
+            Signal::ToolError { message } => match classify_message(message) {
+                MessageHint::Transient => runtime(None),
+                MessageHint::Unavailable => {
+                    of(FailureClass::ToolUnavailable, ErrorType::Unrecoverable)
+                }
+                MessageHint::Arguments | MessageHint::ContextLength => {
+                    of(FailureClass::ArgumentInvalid, ErrorType::Structural)
+                }
+                MessageHint::Unknown => of(FailureClass::EmptyOutput, ErrorType::Structural),
+            },
             Signal::Stale { .. } => of(FailureClass::StaleContext, ErrorType::Structural),
             Signal::Contradiction { .. } => {
                 of(FailureClass::ContradictoryEvidence, ErrorType::Structural)
@@ -425,6 +442,12 @@ enum MessageHint {
     Arguments,
     ContextLength,
     Unknown,
+}
+
+/// Whether an error text reads as a transient failure (a timeout, a rate limit, a reset
+/// connection, an overloaded server): one that sending the same call again may clear.
+pub fn transient_text(message: &str) -> bool {
+    classify_message(message) == MessageHint::Transient
 }
 
 /// A coarse reading of free-text error messages. Used only to refine a signal that carries no

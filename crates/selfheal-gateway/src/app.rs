@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use selfheal_core::budget::{BudgetLimits, Dimension};
-use selfheal_core::policy::ActionKind;
+use selfheal_core::policy::LadderState;
 use selfheal_runtime::client::{ClientError, Completion};
 
 use crate::auth::{Caller, Credentials, Gatekeeper, Redactor};
@@ -453,19 +453,10 @@ async fn forward_inner(
         Forwarded::Embeddings => &embed_op as crate::upstream::Op<'_, reqwest::Response>,
         Forwarded::Responses => &responses_op,
     };
-    let never = |_k: ActionKind| false;
     let mut log = CallLog::default();
     let upstream = s
         .upstreams
-        .call(
-            first,
-            &encode,
-            op,
-            &never,
-            true,
-            &caller.credentials,
-            &mut log,
-        )
+        .call(first, &encode, op, None, &caller.credentials, &mut log)
         .await?;
     let red = caller.redactor.clone();
     if streaming {
@@ -733,7 +724,6 @@ async fn answer_stream(
             &ctx.bytes,
         )
     };
-    let charge = charger(t.state.clone());
     let mut log = CallLog::default();
     let result = s
         .upstreams
@@ -741,8 +731,7 @@ async fn answer_stream(
             &ctx.chain,
             &encode,
             &send_op,
-            &charge,
-            false,
+            Some(&t.state),
             &t.caller.credentials,
             &mut log,
         )
@@ -839,13 +828,17 @@ async fn answer_complete(
             bytes,
         )
     };
-    let charge = charger(t.state.clone());
     let creds = &t.caller.credentials;
     let mut log = CallLog::default();
     let result = s
         .upstreams
         .call(
-            &ctx.chain, &encode, &chat_op, &charge, false, creds, &mut log,
+            &ctx.chain,
+            &encode,
+            &chat_op,
+            Some(&t.state),
+            creds,
+            &mut log,
         )
         .await;
     let mut completion = match result {
@@ -861,7 +854,7 @@ async fn answer_complete(
     // Tool calls: repair in place, or re-ask once within the budget.
     let tools_fwd = &ctx.tools;
     let mut check = check_completion(&mut completion, tools_fwd, &s.guides);
-    if !check.invalid.is_empty() && charge(ActionKind::Retry) {
+    if !check.invalid.is_empty() && reask_granted(t, &check.invalid) {
         Metrics::inc(&s.metrics.reasks_total);
         actions.push("reask".into());
         t.event("reask", json!({"problems": check.invalid}));
@@ -879,7 +872,12 @@ async fn answer_complete(
         if let Ok(c) = s
             .upstreams
             .call(
-                &ctx.chain, &again, &chat_op, &charge, false, creds, &mut log,
+                &ctx.chain,
+                &again,
+                &chat_op,
+                Some(&t.state),
+                creds,
+                &mut log,
             )
             .await
         {
@@ -929,16 +927,49 @@ fn reask_turn(problems: &[String]) -> Value {
     )})
 }
 
-/// Charges one recovery action to the run's ledger; says whether it was granted.
-fn charger(state: Arc<Mutex<RunState>>) -> impl Fn(ActionKind) -> bool + Send + Sync {
-    move |k: ActionKind| {
-        let mut st = lock(&state);
-        let ok = st.ledger.charge(&k.charge()).is_ok();
-        if ok {
-            st.act(k.as_str());
-        }
-        ok
+/// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
+/// run's ledger when it does): the core's [`selfheal_core::call::reask`].
+fn reask_granted(t: &Turn, problems: &[String]) -> bool {
+    let mut st = lock(&t.state);
+    let (decision, _) = selfheal_core::call::reask(
+        problems,
+        t.s.upstreams.plane(),
+        &mut st.ledger,
+        LadderState::default(),
+        &mut time_rng(),
+    );
+    let granted = decision == selfheal_core::call::Reask::Ask;
+    if granted {
+        st.act("reask");
     }
+    granted
+}
+
+/// Whether the policy re-issues a stream that broke before any content (charged when it does):
+/// the core's [`selfheal_core::call::stream_broke`].
+fn reissue_granted(t: &Turn) -> bool {
+    let mut st = lock(&t.state);
+    let decision = selfheal_core::call::stream_broke(
+        false,
+        t.s.upstreams.plane(),
+        &mut st.ledger,
+        &mut time_rng(),
+    );
+    let granted = decision == selfheal_core::call::StreamBreak::Reissue;
+    if granted {
+        st.act("reissue");
+    }
+    granted
+}
+
+/// Jitter for backoffs, seeded from the clock (the core's decisions stay reproducible from
+/// their inputs; the gateway's inputs include the time).
+fn time_rng() -> selfheal_core::rng::SplitMix64 {
+    selfheal_core::rng::SplitMix64::new(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    )
 }
 
 /// The streaming relay's second asking: one non-streaming call through the chain, charged to
@@ -949,8 +980,12 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
     let (t, ctx) = (t.clone(), ctx.clone());
     Box::new(move |problems: Vec<String>| {
         Box::pin(async move {
-            let charge = charger(t.state.clone());
-            if !charge(ActionKind::Retry) {
+            let granted = if problems.is_empty() {
+                reissue_granted(&t)
+            } else {
+                reask_granted(&t, &problems)
+            };
+            if !granted {
                 return None;
             }
             let s = &t.s;
@@ -980,8 +1015,7 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                     &ctx.chain,
                     &encode,
                     &chat_op,
-                    &charge,
-                    false,
+                    Some(&t.state),
                     &t.caller.credentials,
                     &mut log,
                 )
@@ -1156,7 +1190,6 @@ async fn passthrough(
     req: &ChatRequest<'_>,
     bytes: &Bytes,
 ) -> Result<Response, ApiError> {
-    let never = |_k: ActionKind| false;
     let mut log = CallLog::default();
     let encode = |m: &str| {
         req.encode(
@@ -1174,8 +1207,7 @@ async fn passthrough(
             chain,
             &encode,
             &send_op,
-            &never,
-            true,
+            None,
             &caller.credentials,
             &mut log,
         )

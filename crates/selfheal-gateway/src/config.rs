@@ -4,7 +4,8 @@
 //! the client's model name is forwarded as is. A `selfheal.toml` adds named upstreams with whose
 //! credentials go to each (`auth`: the client's by default, or the operator's key from a named
 //! environment variable, so no key is ever written in the file or logged), optional inbound
-//! keys (only their SHA-256), aliases whose chain is walked on persistent or model errors, the
+//! keys (only their SHA-256), aliases whose chain is walked as the recovery policy decides, the
+//! policy itself (`[policy]`, the same format as `selfheal bench --policy`'s file), the
 //! monitor's thresholds, the per-run budget, and the inbound bounds (`[server]`). Validation
 //! checks names, URLs and numbers; [`GatewayConfig::missing_env`] the variables it names.
 
@@ -15,7 +16,7 @@ use thiserror::Error;
 
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::monitor::MonitorConfig;
-use selfheal_core::policy::RetryConfig;
+use selfheal_core::policy::{Policy, RetryConfig};
 
 /// Whose credentials go to an upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -156,8 +157,15 @@ pub struct GatewayConfig {
     /// The budget of one run; keys left out keep their defaults (not zero).
     #[serde(deserialize_with = "budget_over_defaults")]
     pub budget: BudgetLimits,
-    /// Backoff between retries of one upstream.
-    pub retry: RetryConfig,
+    /// The recovery policy: which action each failure class gets, in which order, and the
+    /// backoff of retries. `[policy]` takes the policy file's format (`[policy.ladders]`,
+    /// `[policy.last_chance]`, `[policy.retry]`, `max_actions_per_failure`); classes left out
+    /// keep the default ladders.
+    #[serde(deserialize_with = "policy_table")]
+    pub policy: Policy,
+    /// Shorthand for `[policy.retry]`, kept for configs written before the gateway took a
+    /// policy; folded into `policy` when the file is read.
+    pub retry: Option<RetryConfig>,
     /// Consecutive transient failures that open an upstream's breaker.
     pub breaker_failures: u32,
     /// How long an open upstream breaker stays open, in milliseconds.
@@ -190,7 +198,8 @@ impl Default for GatewayConfig {
             passthrough: false,
             monitor: MonitorConfig::default(),
             budget: BudgetLimits::defaults(),
-            retry: RetryConfig::default(),
+            policy: Policy::default(),
+            retry: None,
             breaker_failures: 5,
             breaker_cooldown_ms: 30_000,
             max_body_bytes: 8 * 1024 * 1024,
@@ -231,6 +240,13 @@ fn budget_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Budget
     })
 }
 
+/// `[policy]` in the policy file's format, over the default policy.
+fn policy_table<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
+    let table = toml::Table::deserialize(d)?;
+    let text = toml::to_string(&table).map_err(serde::de::Error::custom)?;
+    Policy::from_toml_str(&text).map_err(serde::de::Error::custom)
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -254,13 +270,19 @@ impl GatewayConfig {
 
     /// Parses and validates a TOML config.
     pub fn from_toml_str(s: &str) -> Result<GatewayConfig, ConfigError> {
-        let c: GatewayConfig = toml::from_str(s)?;
+        let mut c: GatewayConfig = toml::from_str(s)?;
+        if let Some(retry) = c.retry.take() {
+            c.policy.retry = retry;
+        }
         c.validate()?;
         Ok(c)
     }
 
     /// Checks that every name resolves and every number makes sense.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.policy
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if let Some(d) = &self.default_upstream
             && !self.upstreams.contains_key(d)
         {

@@ -1,12 +1,13 @@
-//! Upstream calls: retries with backoff, the fallback chain, a cooldown breaker per upstream.
+//! Upstream calls: the HTTP clients, and the loop that carries out the core's call plan.
 //!
-//! All retries go through [`Upstreams::call`], and each one is charged to the run's budget
-//! ledger first (through the `charge` callback), so no layer retries behind the ledger's back.
-//! Transient errors (429 honouring `Retry-After`, 5xx, timeouts, broken connections, empty or
-//! unreadable 200s) are retried on the same upstream; persistent or model errors move to the
-//! next model of the chain; client errors (400, 401, ...) are the client's and go straight back.
-//! An upstream that keeps failing opens its breaker and is skipped for a cooldown while another
-//! model of the chain is available.
+//! What to do after a failed attempt — wait and send again, fall back to the next model of the
+//! chain, skip an upstream whose breaker is open, give up, hand the caller's own bad request
+//! back — is not decided here: [`Upstreams::call`] turns each failure into the core's
+//! [`Signal`](selfheal_core::Signal) (the OpenAI wire is parsed in one place, `ClientError`),
+//! hands it to a [`CallPlan`] and does what the plan says. The plan charges every attempt to the
+//! run's one ledger and keeps one [`Breaker`](selfheal_core::breaker::Breaker) per upstream, the
+//! same breaker the monitor keeps per tool. A `--policy` file therefore changes what the gateway
+//! does exactly as it changes the benchmark.
 //!
 //! Each upstream has its own HTTP client ([`UpstreamClient`]) that decides whose credentials go
 //! to it (`auth`: the client's, the operator's key read once at startup, or none) and bounds
@@ -15,7 +16,7 @@
 //! healthy long streams — and a maximum body size ([`read_bounded`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -24,7 +25,10 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
-use selfheal_core::policy::{ActionKind, RetryConfig};
+use selfheal_core::breaker::BreakerConfig;
+use selfheal_core::budget::{BudgetLedger, BudgetLimits};
+use selfheal_core::call::{self, Breakers, CallPlan, Mode, Plane, Step, Stop};
+use selfheal_core::classifier::Signal;
 use selfheal_core::rng::SplitMix64;
 use selfheal_runtime::client::{ClientError, Completion, parse_completion};
 
@@ -32,18 +36,10 @@ use crate::auth::Credentials;
 use crate::config::{Auth, GatewayConfig, Target, UpstreamConfig};
 use crate::error::ApiError;
 use crate::metrics::Histogram;
-
-/// Retries of one upstream within one request, at most (the run's ledger may allow fewer).
-const MAX_RETRIES_PER_TARGET: u32 = 3;
+use crate::runs::RunState;
 
 /// Most bytes of an upstream error body read (the message is cut to 500 characters anyway).
 const MAX_ERROR_BODY: usize = 64 * 1024;
-
-#[derive(Debug, Default)]
-struct BreakerState {
-    consecutive: u32,
-    open_until: Option<Instant>,
-}
 
 /// Why an upstream could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +58,12 @@ pub enum UpstreamError {
         /// The upstream's name.
         name: String,
         /// reqwest's complaint.
+        detail: String,
+    },
+    /// The recovery policy is not valid.
+    #[error("invalid policy: {detail}")]
+    Policy {
+        /// What is wrong.
         detail: String,
     },
     /// `auth = "env"` and the variable is unset, empty or not a header value.
@@ -370,12 +372,11 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Clie
     })
 }
 
-/// One upstream and its breaker.
+/// One upstream (its breaker lives in [`Upstreams`], with the others').
 #[derive(Debug)]
 pub struct Upstream {
     /// The client.
     pub client: UpstreamClient,
-    breaker: Mutex<BreakerState>,
 }
 
 /// What one call through the chain did, besides its result.
@@ -409,15 +410,15 @@ impl CallLog {
     }
 }
 
-/// All upstreams by name.
+/// All upstreams by name, the plane that decides about their failures and their breakers.
 #[derive(Debug)]
 pub struct Upstreams {
     /// How long each attempt took (every retry and fallback on its own).
     pub attempt_seconds: Histogram,
     map: HashMap<String, Upstream>,
-    retry: RetryConfig,
-    breaker_failures: u32,
-    cooldown: Duration,
+    plane: Arc<Plane>,
+    breakers: Mutex<Breakers>,
+    started: Instant,
 }
 
 /// A boxed operation on one upstream (`chat` or `send`) given the encoded body and the
@@ -444,16 +445,25 @@ impl Upstreams {
                 name.clone(),
                 Upstream {
                     client: UpstreamClient::new(name, u, config.max_upstream_body_bytes, &env)?,
-                    breaker: Mutex::new(BreakerState::default()),
                 },
             );
         }
+        let breaker = BreakerConfig {
+            after: config.breaker_failures.max(1),
+            cooldown_calls: 0,
+            cooldown_ms: config.breaker_cooldown_ms,
+        };
+        let plane = Plane::new(config.policy.clone(), Default::default()).map_err(|e| {
+            UpstreamError::Policy {
+                detail: e.to_string(),
+            }
+        })?;
         Ok(Upstreams {
             attempt_seconds: Histogram::default(),
+            breakers: Mutex::new(Breakers::new(breaker, map.keys().cloned())),
             map,
-            retry: config.retry,
-            breaker_failures: config.breaker_failures.max(1),
-            cooldown: Duration::from_millis(config.breaker_cooldown_ms),
+            plane: Arc::new(plane),
+            started: Instant::now(),
         })
     }
 
@@ -467,38 +477,29 @@ impl Upstreams {
         self.map.iter()
     }
 
-    fn is_open(&self, u: &Upstream, now: Instant) -> bool {
-        let b = u.breaker.lock().unwrap_or_else(|p| p.into_inner());
-        b.open_until.is_some_and(|t| now < t)
+    /// The control plane the gateway decides with (policy and classifier).
+    pub fn plane(&self) -> &Plane {
+        &self.plane
     }
 
-    fn record(&self, u: &Upstream, ok: bool) {
-        let mut b = u.breaker.lock().unwrap_or_else(|p| p.into_inner());
-        if ok {
-            b.consecutive = 0;
-            b.open_until = None;
-        } else {
-            b.consecutive += 1;
-            if b.consecutive >= self.breaker_failures {
-                b.open_until = Some(Instant::now() + self.cooldown);
-            }
-        }
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Calls `op` along `chain` with retries and fallbacks. `charge` asks the run's ledger for a
-    /// recovery action and says whether it was granted. `passthrough` makes one attempt only.
-    /// `encode` writes the request for a target's model, once per target; every retry sends the
-    /// same buffer.
-    // The chain, the body, the operation, the ledger, the mode, the caller and the log: each is
-    // needed, and a struct bundling them would only move the list.
-    #[allow(clippy::too_many_arguments)]
+    fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {
+        self.breakers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Calls `op` along `chain` as the core's [`CallPlan`] decides: retries, fall-backs and
+    /// breaker skips, each charged to `run`'s ledger. Without a run (passthrough, forwarded
+    /// endpoints) the plan makes one attempt. `encode` writes the request for a target's model,
+    /// once per target; every retry sends the same buffer.
     pub async fn call<T>(
         &self,
         chain: &[Target],
         encode: &(dyn Fn(&str) -> Bytes + Send + Sync),
         op: Op<'_, T>,
-        charge: &(dyn Fn(ActionKind) -> bool + Send + Sync),
-        passthrough: bool,
+        run: Option<&Mutex<RunState>>,
         creds: &Credentials,
         log: &mut CallLog,
     ) -> Result<T, ApiError> {
@@ -508,101 +509,171 @@ impl Upstreams {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
         );
-        for (i, target) in chain.iter().enumerate() {
-            let last = i + 1 == chain.len();
-            let Some(up) = self.map.get(&target.upstream) else {
-                reasons.push(format!("{}: not configured", target.upstream));
-                continue;
+        let names = chain.iter().map(|t| t.upstream.clone()).collect();
+        let mode = if run.is_some() {
+            Mode::Heal
+        } else {
+            Mode::Passthrough
+        };
+        let mut plan = CallPlan::new(names, mode, true);
+        let mut step = plan.begin(&mut self.breakers(), self.now_ms());
+        let mut encoded: Option<(usize, Bytes)> = None;
+        let mut last_err: Option<ClientError> = None;
+        // Unused without a run: a passthrough plan stops at its first failure.
+        let mut spare = BudgetLedger::new(BudgetLimits::unlimited());
+        loop {
+            self.log_events(&mut plan, chain, last_err.as_ref(), run, log);
+            let at = match step {
+                Step::Send { target } => target,
+                Step::Wait { target, delay_ms } => {
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    target
+                }
+                Step::Stop(stop) => return Err(give_up(stop, last_err, reasons)),
             };
-            if i > 0 {
-                if !passthrough && !charge(ActionKind::Escalate) {
-                    reasons.push("fallback refused: escalation budget spent".into());
-                    break;
-                }
-                log.push("fallback", target.model.clone());
-            }
-            if !last && self.is_open(up, Instant::now()) {
-                reasons.push(format!("{}: breaker open", target.upstream));
-                log.push("cooldown_skip", target.upstream.clone());
-                continue;
-            }
-            let encoded = encode(&target.model);
-            let mut attempt = 0u32;
-            loop {
-                let started = Instant::now();
-                let result = op(&up.client, encoded.clone(), creds).await;
-                self.attempt_seconds.observe(started.elapsed());
-                // Every attempt at debug: the outcome's kind, never the upstream's message
-                // (providers quote keys in it; the redacted message goes to the trace).
-                tracing::debug!(
-                    target: "selfheal::upstream",
-                    upstream = %target.upstream,
-                    model = %target.model,
-                    attempt,
-                    outcome = %attempt_outcome(&result),
-                    elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-                    "upstream attempt"
-                );
-                let err = match result {
-                    Ok(v) => {
-                        self.record(up, true);
-                        log.served = Some(target.clone());
-                        return Ok(v);
-                    }
-                    Err(e) => e,
-                };
-                let label = format!("{}/{}: {err}", target.upstream, target.model);
-                if let ClientError::Status {
-                    status, message, ..
-                } = &err
-                    && is_client_error(*status)
-                    && !err.is_rejected_shape()
-                {
-                    if *status == 404 && !last {
-                        reasons.push(label);
-                        break;
-                    }
-                    let code = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST);
-                    let mut e = ApiError::new(
-                        code,
-                        "invalid_request_error",
-                        if *status == 404 {
-                            "model_not_found"
-                        } else {
-                            "upstream_rejected"
-                        },
-                        message.clone(),
+            let Some(target) = chain.get(at) else {
+                return Err(ApiError::exhausted(reasons));
+            };
+            let result = match self.map.get(&target.upstream) {
+                Some(up) => {
+                    let body = match &encoded {
+                        Some((i, b)) if *i == at => b.clone(),
+                        _ => {
+                            let b = encode(&target.model);
+                            encoded = Some((at, b.clone()));
+                            b
+                        }
+                    };
+                    let started = Instant::now();
+                    let result = op(&up.client, body, creds).await;
+                    self.attempt_seconds.observe(started.elapsed());
+                    // Every attempt at debug: the outcome's kind, never the upstream's message
+                    // (providers quote keys in it; the redacted message goes to the trace).
+                    tracing::debug!(
+                        target: "selfheal::upstream",
+                        upstream = %target.upstream,
+                        model = %target.model,
+                        outcome = %attempt_outcome(&result),
+                        elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                        "upstream attempt"
                     );
-                    e.reasons = vec![label];
-                    return Err(e);
+                    result
                 }
-                let retryable = err.is_transient()
-                    || matches!(err, ClientError::EmptyResponse | ClientError::Decode(_));
-                if err.is_transient() {
-                    self.record(up, false);
+                None => Err(ClientError::Invalid(format!(
+                    "upstream `{}` is not configured",
+                    target.upstream
+                ))),
+            };
+            let err = match result {
+                Ok(v) => {
+                    plan.succeeded(&mut self.breakers());
+                    log.served = Some(target.clone());
+                    return Ok(v);
                 }
-                if passthrough
-                    || !retryable
-                    || attempt >= MAX_RETRIES_PER_TARGET
-                    || !charge(ActionKind::Retry)
-                {
-                    reasons.push(label);
-                    break;
+                Err(e) => e,
+            };
+            reasons.push(format!("{}/{}: {err}", target.upstream, target.model));
+            let signal = match &err {
+                // Not the upstream's failure but ours: nothing on this target can work.
+                ClientError::Invalid(_) => Signal::Unavailable {
+                    consecutive: u32::MAX,
+                },
+                e => e.signal(),
+            };
+            let now = self.now_ms();
+            step = match run {
+                Some(run) => {
+                    let mut st = run.lock().unwrap_or_else(|p| p.into_inner());
+                    plan.failed(
+                        &signal,
+                        &self.plane,
+                        &mut self.breakers(),
+                        &mut st.ledger,
+                        now,
+                        &mut rng,
+                    )
                 }
-                attempt += 1;
-                let retry_after = match &err {
-                    ClientError::Status { retry_after_ms, .. } => *retry_after_ms,
-                    _ => None,
-                };
-                let delay = self.retry.delay_ms(attempt, retry_after, &mut rng);
-                log.push("retry", format!("{label} (waiting {delay} ms)"));
-                tokio::time::sleep(Duration::from_millis(delay)).await;
-            }
-            if passthrough {
-                break;
-            }
+                None => plan.failed(
+                    &signal,
+                    &self.plane,
+                    &mut self.breakers(),
+                    &mut spare,
+                    now,
+                    &mut rng,
+                ),
+            };
+            last_err = Some(err);
         }
-        Err(ApiError::exhausted(reasons))
+    }
+
+    /// Writes what the plan did (retries, fall-backs, skips) to the call's log and the run.
+    fn log_events(
+        &self,
+        plan: &mut CallPlan,
+        chain: &[Target],
+        last_err: Option<&ClientError>,
+        run: Option<&Mutex<RunState>>,
+        log: &mut CallLog,
+    ) {
+        let name = |i: usize| chain.get(i);
+        for e in plan.take_events() {
+            let (kind, detail) = match e {
+                call::CallEvent::Retry {
+                    target, delay_ms, ..
+                } => {
+                    let label = name(target)
+                        .map_or_else(String::new, |t| format!("{}/{}", t.upstream, t.model));
+                    let err = last_err.map_or_else(String::new, |e| format!(": {e}"));
+                    ("retry", format!("{label}{err} (waiting {delay_ms} ms)"))
+                }
+                call::CallEvent::Fallback { to, forced, .. } => {
+                    let model = name(to).map_or_else(String::new, |t| t.model.clone());
+                    let why = if forced {
+                        " (upstream health, not charged to the run)"
+                    } else {
+                        ""
+                    };
+                    ("fallback", format!("{model}{why}"))
+                }
+                call::CallEvent::Skip { target } => (
+                    "cooldown_skip",
+                    name(target).map_or_else(String::new, |t| t.upstream.clone()),
+                ),
+            };
+            if let Some(run) = run
+                && kind != "cooldown_skip"
+            {
+                let mut st = run.lock().unwrap_or_else(|p| p.into_inner());
+                st.act(if kind == "retry" { "retry" } else { "escalate" });
+            }
+            log.push(kind, detail);
+        }
+    }
+}
+
+/// The client's answer when the plan stopped: the upstream's own refusal of the caller's
+/// request as it came (status and message), a missing model as 404, anything else a 502 with
+/// every attempt's reason.
+fn give_up(stop: Stop, last: Option<ClientError>, reasons: Vec<String>) -> ApiError {
+    let refusal = |status: u16, message: String, code: &'static str| {
+        let http = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+        let mut e = ApiError::new(http, "invalid_request_error", code, message);
+        e.reasons = reasons.clone();
+        e
+    };
+    match (stop, last) {
+        (Stop::Rejected { status }, Some(ClientError::Status { message, .. })) => {
+            refusal(status, message, "upstream_rejected")
+        }
+        (
+            Stop::Exhausted { .. },
+            Some(ClientError::Status {
+                status: 404,
+                message,
+                ..
+            }),
+        ) => refusal(404, message, "model_not_found"),
+        (Stop::Rejected { .. } | Stop::Exhausted { .. }, _) => ApiError::exhausted(reasons),
     }
 }
 
@@ -617,10 +688,6 @@ fn attempt_outcome<T>(r: &Result<T, ClientError>) -> std::borrow::Cow<'static, s
         Err(ClientError::EmptyResponse) => "empty".into(),
         Err(ClientError::Invalid(_)) => "invalid".into(),
     }
-}
-
-fn is_client_error(status: u16) -> bool {
-    (400..500).contains(&status) && !matches!(status, 408 | 429)
 }
 
 #[cfg(test)]

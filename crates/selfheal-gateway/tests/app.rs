@@ -77,8 +77,8 @@ fn gateway(config: GatewayConfig) -> Router {
 }
 
 fn fast(mut c: GatewayConfig) -> GatewayConfig {
-    c.retry.base_ms = 1;
-    c.retry.max_ms = 5;
+    c.policy.retry.base_ms = 1;
+    c.policy.retry.max_ms = 5;
     c
 }
 

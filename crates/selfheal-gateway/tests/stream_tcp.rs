@@ -91,8 +91,8 @@ async fn start_gateway(upstream: String) -> String {
 }
 
 async fn start_gateway_with(mut config: GatewayConfig) -> String {
-    config.retry.base_ms = 1;
-    config.retry.max_ms = 2;
+    config.policy.retry.base_ms = 1;
+    config.policy.retry.max_ms = 2;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(

@@ -11,9 +11,11 @@
 //!   that says why and what to do) without reaching the server; arguments are checked against the
 //!   tool's input schema, safe mismatches coerced, and arguments that cannot be used are answered
 //!   with the precise schema errors, so the model can fix them;
-//! - `tools/call` answers: every outcome is fed to the core's tool-health [`Monitor`]; a timeout
-//!   or internal error of a tool the server declares read-only or idempotent is retried with the
-//!   core's backoff, within a per-call limit; the monitor's guidance is added to the result the
+//! - `tools/call` answers: every outcome is fed to the core's tool-health [`Monitor`]; a failure
+//!   is read off the wire into the core's [`Signal`] ([`rpc_signal`] is the one place JSON-RPC
+//!   errors are parsed) and the core's call plan decides whether to retry — the policy's ladder
+//!   for the failure's class, charged to the session's budget ledger, and only for a tool the
+//!   server declares read-only or idempotent; the monitor's guidance is added to the result the
 //!   model reads; when the set of paused tools changes the client is told
 //!   (`notifications/tools/list_changed`) so it lists the tools again;
 //! - `notifications/progress` for a call pushes its deadline back (up to ten call timeouts), and
@@ -32,8 +34,12 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use selfheal_core::breaker::BreakerConfig;
+use selfheal_core::budget::{BudgetLedger, BudgetLimits};
+use selfheal_core::call::{Breakers, CallPlan, Mode, Plane, Step};
+use selfheal_core::classifier::Signal;
 use selfheal_core::monitor::{Monitor, MonitorConfig, ToolCall};
-use selfheal_core::policy::RetryConfig;
+use selfheal_core::policy::Policy;
 use selfheal_core::rng::Rng;
 use selfheal_repair::{SchemaGuide, check_arguments};
 
@@ -44,10 +50,13 @@ pub struct McpConfig {
     pub monitor: MonitorConfig,
     /// A `tools/call` the server has not answered after this long is cancelled and failed.
     pub call_timeout_ms: u64,
-    /// Retries of one call, at most, when the tool is read-only or idempotent.
-    pub max_retries: u32,
-    /// Backoff between retries.
-    pub retry: RetryConfig,
+    /// The recovery policy (the same file as `selfheal bench --policy`): its ladders decide
+    /// whether a failed call is retried, its `retry` section the backoff.
+    pub policy: Policy,
+    /// The session's budget. A proxy session has no natural end, so by default only the ladders
+    /// bound retries (two for a timed-out call under the default policy); `retries` caps them
+    /// over the whole session.
+    pub budget: BudgetLimits,
 }
 
 impl Default for McpConfig {
@@ -55,8 +64,8 @@ impl Default for McpConfig {
         McpConfig {
             monitor: MonitorConfig::default(),
             call_timeout_ms: 60_000,
-            max_retries: 2,
-            retry: RetryConfig::default(),
+            policy: Policy::default(),
+            budget: BudgetLimits::unlimited(),
         }
     }
 }
@@ -113,6 +122,8 @@ struct Pending {
     /// The request as sent to the server, with its internal id.
     request: Value,
     attempt: u32,
+    /// The core's plan for this call's attempts (one target: the tool).
+    plan: CallPlan,
     deadline_ms: u64,
     /// When this attempt was sent: progress pushes the deadline back, up to
     /// [`MAX_PROGRESS_EXTENSION`] call timeouts after it.
@@ -140,13 +151,23 @@ const INTERNAL_PREFIX: &str = "selfheal-";
 /// How often a paused tool's cooldown is looked at when nothing else happens.
 const PAUSED_POLL_MS: u64 = 1_000;
 
-/// JSON-RPC "internal error" and the implementation-defined server error range: the server
-/// failed, not the request, so a retry may help.
-fn transient_rpc_error(error: &Value) -> bool {
-    error
-        .get("code")
-        .and_then(Value::as_i64)
-        .is_some_and(|c| c == -32603 || (-32099..=-32000).contains(&c))
+/// A JSON-RPC error read into the core's terms — the one place the proxy parses them. "Invalid
+/// params" and malformed requests are the call's own fault (the model must rewrite it), an
+/// unknown method is a wrong tool; "internal error", the implementation-defined server range and
+/// anything else are the server failing, whose text the classifier reads.
+pub fn rpc_signal(error: &Value) -> Signal {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("server error")
+        .to_owned();
+    match error.get("code").and_then(Value::as_i64) {
+        Some(-32602 | -32600 | -32700) => Signal::InvalidArguments {
+            errors: vec![message],
+        },
+        Some(-32601) => Signal::UnknownTool { name: message },
+        _ => Signal::Exception { message },
+    }
 }
 
 /// The text of a tool result's `content` items, joined.
@@ -173,6 +194,11 @@ fn error_result(text: String) -> Value {
 #[derive(Debug)]
 pub struct Proxy {
     config: McpConfig,
+    plane: Plane,
+    ledger: BudgetLedger,
+    /// The call plans' breakers: none tracked, the monitor is the tools' breaker (a paused tool
+    /// reaches the plan as unavailable).
+    breakers: Breakers,
     monitor: Monitor,
     tools: HashMap<String, ToolInfo>,
     /// Forwarded `tools/call` requests by internal id.
@@ -193,7 +219,19 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy for a new session.
     pub fn new(config: McpConfig) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
+        let plane = Plane::new(config.policy.clone(), Default::default())
+            .map_err(|e| selfheal_core::monitor::ConfigError(e.to_string()))?;
         Ok(Proxy {
+            plane,
+            ledger: BudgetLedger::new(config.budget),
+            breakers: Breakers::new(
+                BreakerConfig {
+                    after: config.monitor.circuit_after,
+                    cooldown_calls: config.monitor.cooldown_calls,
+                    cooldown_ms: config.monitor.cooldown_ms,
+                },
+                [],
+            ),
             monitor: Monitor::new(config.monitor.clone())?,
             config,
             tools: HashMap::new(),
@@ -344,12 +382,16 @@ impl Proxy {
         let internal = format!("{INTERNAL_PREFIX}{}", self.next_id);
         msg["id"] = Value::String(internal.clone());
         let progress_token = msg.pointer("/params/_meta/progressToken").cloned();
+        let retry_safe = self.tools.get(&tool).is_some_and(|t| t.retry_safe);
+        let mut plan = CallPlan::new(vec![tool.clone()], Mode::Heal, retry_safe);
+        plan.begin(&mut self.breakers, now_ms);
         let pending = Pending {
             client_id,
             tool,
             args,
             request: msg.clone(),
             attempt: 0,
+            plan,
             deadline_ms: now_ms.saturating_add(self.config.call_timeout_ms),
             sent_ms: now_ms,
             progress_token,
@@ -578,17 +620,36 @@ impl Proxy {
             self.stats.failures += 1;
             let call = ToolCall::failed(&p.tool, &p.args, text).with_required(&required);
             self.monitor.record(&call, now_ms);
-            let transient = match &attempt {
-                Attempt::Timeout => true,
-                Attempt::RpcError(e) => transient_rpc_error(e),
-                Attempt::Ok(_) | Attempt::ToolError(_) => false,
-            };
-            let safe = self.tools.get(&p.tool).is_some_and(|t| t.retry_safe);
             changed = self.update_paused(now_ms);
-            let paused = self.paused.contains(&p.tool);
-            if transient && safe && !paused && p.attempt < self.config.max_retries {
+            let signal = if self.paused.contains(&p.tool) {
+                // The monitor opened the tool's circuit: the tool is down, not slow.
+                Signal::Unavailable {
+                    consecutive: self.monitor.streak(&p.tool),
+                }
+            } else {
+                match &attempt {
+                    Attempt::Timeout => Signal::Timeout,
+                    Attempt::RpcError(e) => rpc_signal(e),
+                    Attempt::ToolError(_) | Attempt::Ok(_) => Signal::ToolError {
+                        message: text.clone(),
+                    },
+                }
+            };
+            let step = p.plan.failed(
+                &signal,
+                &self.plane,
+                &mut self.breakers,
+                &mut self.ledger,
+                now_ms,
+                rng,
+            );
+            let delay = match step {
+                Step::Wait { delay_ms, .. } => Some(delay_ms),
+                Step::Send { .. } => Some(0),
+                Step::Stop(_) => None,
+            };
+            if let Some(delay) = delay {
                 p.attempt += 1;
-                let delay = self.config.retry.delay_ms(p.attempt, None, rng);
                 self.stats.retries += 1;
                 self.decide(
                     "retry",

@@ -95,8 +95,8 @@ fn config() -> McpConfig {
         call_timeout_ms: 150,
         ..McpConfig::default()
     };
-    c.retry.base_ms = 20;
-    c.retry.jitter = 0.0;
+    c.policy.retry.base_ms = 20;
+    c.policy.retry.jitter = 0.0;
     c
 }
 

@@ -15,7 +15,7 @@ use selfheal_mcp::{Decision, McpConfig, Out, Proxy, Stats};
 /// The default configuration without retry jitter, so backoffs are exact: 500 ms, then 1000 ms.
 fn config() -> McpConfig {
     let mut c = McpConfig::default();
-    c.retry.jitter = 0.0;
+    c.policy.retry.jitter = 0.0;
     c
 }
 
@@ -802,10 +802,10 @@ fn timeout_of_a_tool_without_hints_is_not_retried() {
 }
 
 #[test]
-fn retries_are_bounded_by_max_retries() {
+fn retries_are_bounded_by_the_session_budget() {
     let mut cfg = config();
     cfg.call_timeout_ms = 1_000;
-    cfg.max_retries = 2;
+    cfg.budget.retries = 2;
     let mut p = Proxy::new(cfg).unwrap();
     let mut rng = ConstRng(0);
     list(&mut p, 1, 0);
@@ -850,10 +850,10 @@ fn retries_are_bounded_by_max_retries() {
 }
 
 #[test]
-fn no_retries_when_max_retries_is_zero() {
+fn no_retries_when_the_retry_budget_is_zero() {
     let mut cfg = config();
     cfg.call_timeout_ms = 10;
-    cfg.max_retries = 0;
+    cfg.budget.retries = 0;
     let mut p = Proxy::new(cfg).unwrap();
     list(&mut p, 1, 0);
     forward(&mut p, json!(1), "search", json!({"query": "x"}), 0);
@@ -1307,4 +1307,62 @@ fn when_the_server_exits_waiting_calls_and_retries_are_answered() {
             .all(|m| m["error"]["code"] == json!(-32603))
     );
     assert_eq!(p.next_deadline(), None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The core decides (issue 11): the policy's ladders, the shared reading of tool errors
+// ---------------------------------------------------------------------------------------------
+
+/// The first attempt of a `search` call (read-only) answered with `answer`; returns the
+/// decisions taken.
+fn first_answer(cfg: McpConfig, answer: impl FnOnce(&str) -> Value) -> Vec<Decision> {
+    let mut p = Proxy::new(cfg).unwrap();
+    list(&mut p, 1, 0);
+    let internal = forward(&mut p, json!(1), "search", json!({"query": "x"}), 0);
+    p.from_server(answer(&internal), 5, &mut ConstRng(0));
+    p.take_decisions()
+}
+
+#[test]
+fn a_tool_error_is_retried_only_when_its_text_says_it_is_transient() {
+    let transient = first_answer(config(), |id| {
+        response(id, text_result("upstream timed out, try again", true))
+    });
+    assert!(has_decision(&transient, "retry", "search"), "{transient:?}");
+    let lasting = first_answer(config(), |id| {
+        response(id, text_result("ENOENT: no such file or directory", true))
+    });
+    assert!(!has_decision(&lasting, "retry", "search"), "{lasting:?}");
+}
+
+#[test]
+fn a_policy_without_retries_for_the_class_makes_the_proxy_stop_retrying() {
+    let mut cfg = config();
+    cfg.policy =
+        selfheal_core::policy::Policy::from_toml_str("[ladders]\ntool_timeout = [\"degrade\"]\n")
+            .unwrap();
+    let d = first_answer(cfg, |id| rpc_error(id, -32603, "db connection reset"));
+    assert!(!has_decision(&d, "retry", "search"), "{d:?}");
+    assert!(has_decision(&d, "tool_result", "search"), "{d:?}");
+    // The same failure under the default policy is retried.
+    let d = first_answer(config(), |id| rpc_error(id, -32603, "db connection reset"));
+    assert!(has_decision(&d, "retry", "search"), "{d:?}");
+}
+
+#[test]
+fn json_rpc_errors_are_read_into_the_cores_signals() {
+    use selfheal_core::classifier::Signal;
+    use selfheal_mcp::proxy::rpc_signal;
+    assert!(matches!(
+        rpc_signal(&json!({"code": -32602, "message": "bad"})),
+        Signal::InvalidArguments { .. }
+    ));
+    assert!(matches!(
+        rpc_signal(&json!({"code": -32601, "message": "no such method"})),
+        Signal::UnknownTool { .. }
+    ));
+    assert!(matches!(
+        rpc_signal(&json!({"code": -32603, "message": "boom"})),
+        Signal::Exception { .. }
+    ));
 }

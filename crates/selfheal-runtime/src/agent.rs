@@ -576,7 +576,8 @@ impl Loop<'_> {
         latency_ms: u64,
     ) -> Result<(), Stop> {
         let signal = e.signal();
-        let repair = if e.is_rejected_shape() || signal == Signal::ContextLength {
+        let rejected = selfheal_core::call::resend_futile(&signal);
+        let repair = if rejected {
             Some(RepairTarget::Request)
         } else if matches!(e, ClientError::EmptyResponse | ClientError::Decode(_)) {
             Some(RepairTarget::Output)
@@ -587,7 +588,7 @@ impl Loop<'_> {
             repair,
             fallback_model: self.fallback(),
             // A request the server rejects for its shape must never be resent as it was.
-            retry_safe: !e.is_rejected_shape(),
+            retry_safe: !rejected,
             partial_result: self.tool_results > 0,
             ..Options::default()
         };
@@ -832,13 +833,11 @@ impl Loop<'_> {
                     true,
                 ),
             };
-            // A 4xx other than 408/429 says the request itself is wrong: resending it unchanged
-            // cannot help, so the model is asked to rewrite it instead.
-            let request_rejected = matches!(
-                &signal,
-                Some(Signal::HttpStatus { status, .. })
-                    if (400..500).contains(status) && *status != 408 && *status != 429
-            );
+            // A refused request cannot be helped by resending it unchanged, so the model is
+            // asked to rewrite it instead (the core's rule, shared with the gateway and MCP).
+            let request_rejected = signal
+                .as_ref()
+                .is_some_and(selfheal_core::call::resend_futile);
             let retry_safe = !request_rejected
                 && (!may_have_run
                     || spec.effect != Effect::Destructive

@@ -85,7 +85,11 @@ impl ClientError {
                 message,
             } => {
                 let m = message.to_ascii_lowercase();
-                if *status == 400
+                if self.is_rejected_shape() {
+                    Signal::InvalidArguments {
+                        errors: vec![message.clone()],
+                    }
+                } else if *status == 400
                     && (m.contains("context length")
                         || m.contains("context_length")
                         || m.contains("maximum context"))
@@ -111,22 +115,10 @@ impl ClientError {
         }
     }
 
-    /// Whether waiting and retrying may help (rate limits, 5xx other than a rejected shape,
-    /// timeouts, broken connections).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            ClientError::Status { status, .. } => {
-                matches!(status, 408 | 429 | 502 | 503 | 504)
-                    || (*status == 500 && !self.is_rejected_shape())
-            }
-            ClientError::Timeout | ClientError::Connect(_) => true,
-            ClientError::Decode(_) | ClientError::EmptyResponse | ClientError::Invalid(_) => false,
-        }
-    }
-
     /// Whether this is a 500 that some servers send for a request shape they reject (a
-    /// structural error: retrying the same request cannot help).
-    pub fn is_rejected_shape(&self) -> bool {
+    /// structural error: retrying the same request cannot help). Part of reading the wire:
+    /// [`ClientError::signal`] turns it into [`Signal::InvalidArguments`].
+    fn is_rejected_shape(&self) -> bool {
         match self {
             ClientError::Status {
                 status: 500,
@@ -407,7 +399,6 @@ mod tests {
             retry_after_ms: Some(2000),
             message: "slow down".into(),
         };
-        assert!(rate.is_transient());
         assert!(matches!(
             rate.signal(),
             Signal::HttpStatus {
@@ -421,8 +412,7 @@ mod tests {
             retry_after_ms: None,
             message: "'content' must be a string, got None".into(),
         };
-        assert!(shape.is_rejected_shape());
-        assert!(!shape.is_transient());
+        assert!(matches!(shape.signal(), Signal::InvalidArguments { .. }));
         let ctx = ClientError::Status {
             status: 400,
             retry_after_ms: None,
@@ -430,6 +420,5 @@ mod tests {
         };
         assert_eq!(ctx.signal(), Signal::ContextLength);
         assert_eq!(ClientError::EmptyResponse.signal(), Signal::EmptyResponse);
-        assert!(ClientError::Timeout.is_transient());
     }
 }

@@ -258,12 +258,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
             .collect::<anyhow::Result<_>>()?;
     }
     if let Some(path) = &args.policy {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--policy: cannot read {}", path.display()))?;
-        config.policy = Some(
-            selfheal_core::policy::Policy::from_toml_str(&text)
-                .map_err(|e| anyhow::anyhow!("--policy {}: {e}", path.display()))?,
-        );
+        config.policy = Some(super::read_policy(path)?);
     }
     config.validate().map_err(anyhow::Error::msg)?;
 

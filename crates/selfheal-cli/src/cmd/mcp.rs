@@ -17,7 +17,8 @@ use selfheal_mcp::{McpConfig, Proxy};
 #[command(after_help = "\
 EXAMPLES
   selfheal mcp -- npx -y @modelcontextprotocol/server-filesystem /srv/data
-  selfheal mcp --call-timeout 10 --retries 3 -- python my_server.py
+  selfheal mcp --call-timeout 10 --retries 20 -- python my_server.py
+  selfheal mcp --policy no-retry.toml -- python my_server.py
 
 In an MCP client's configuration, put `selfheal` as the command and `mcp -- <the server's command>`
 in front of the server's arguments. The proxy speaks MCP on its stdin/stdout; the server's stderr
@@ -26,10 +27,15 @@ pub struct McpArgs {
     /// Seconds a tool call may take before it is cancelled and failed.
     #[arg(long, default_value_t = 60)]
     pub call_timeout: u64,
-    /// Retries of a timed-out or internally failing call, for tools the server marks read-only
-    /// or idempotent.
-    #[arg(long, default_value_t = 2)]
-    pub retries: u32,
+    /// Retries over the whole session, at most (default: no cap beyond the policy's ladders,
+    /// which allow two retries of a timed-out call). Only tools the server marks read-only or
+    /// idempotent are ever retried.
+    #[arg(long, value_name = "N")]
+    pub retries: Option<u64>,
+    /// A recovery-policy file, the same format as `selfheal bench --policy` and `selfheal serve
+    /// --policy`: its ladders decide whether a failed call is retried, `[retry]` the backoff.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
     /// A TOML file with the monitor's thresholds (the keys of `[monitor]` in selfheal.toml,
     /// e.g. `circuit_after = 5`).
     #[arg(long, value_name = "FILE")]
@@ -56,12 +62,17 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
         }
         None => MonitorConfig::default(),
     };
-    let config = McpConfig {
+    let mut config = McpConfig {
         monitor,
         call_timeout_ms: args.call_timeout.saturating_mul(1000),
-        max_retries: args.retries,
         ..McpConfig::default()
     };
+    if let Some(n) = args.retries {
+        config.budget.retries = n;
+    }
+    if let Some(path) = &args.policy {
+        config.policy = super::read_policy(path)?;
+    }
     let proxy = Proxy::new(config).map_err(|e| anyhow::anyhow!("monitor config: {e}"))?;
     let trace = super::open_trace(args.no_trace, args.trace_db.as_deref())?;
     let (program, rest) = args

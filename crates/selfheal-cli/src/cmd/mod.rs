@@ -11,6 +11,17 @@ pub mod serve;
 #[cfg(any(feature = "gateway", feature = "mcp"))]
 pub mod trace;
 
+/// Reads a recovery-policy file (`[ladders]`, `[last_chance]`, `[retry]`,
+/// `max_actions_per_failure`; classes left out keep the default ladders): the one format
+/// `bench`, `serve` and `mcp` take with `--policy`.
+pub fn read_policy(path: &std::path::Path) -> anyhow::Result<selfheal_core::policy::Policy> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--policy: cannot read {}", path.display()))?;
+    selfheal_core::policy::Policy::from_toml_str(&text)
+        .map_err(|e| anyhow::anyhow!("--policy {}: {e}", path.display()))
+}
+
 /// The trace writer `serve` and `mcp` record into: none with `--no-trace`, else the SQLite file
 /// at `path` (default: `$XDG_DATA_HOME/selfheal/trace.db`).
 #[cfg(feature = "mcp")]

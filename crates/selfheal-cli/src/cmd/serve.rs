@@ -24,6 +24,12 @@ pub struct ServeArgs {
     /// Forward only: no healing, no run state (the floor of the load benchmark).
     #[arg(long)]
     pub passthrough: bool,
+    /// A recovery-policy file, the same format as `selfheal bench --policy` (`[ladders]`,
+    /// `[last_chance]`, `[retry]`): which action each failure class gets, e.g.
+    /// `tool_timeout = ["escalate", "retry", "degrade"]` falls back to the next model of a chain
+    /// at the first 5xx instead of retrying. Replaces the config's `[policy]`.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
     /// Where the trace is stored (default: `$XDG_DATA_HOME/selfheal/trace.db`).
     #[arg(long)]
     pub trace_db: Option<PathBuf>,
@@ -71,6 +77,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
         anyhow::bail!("no upstream: pass --upstream URL or --config FILE");
     }
     config.passthrough |= args.passthrough;
+    if let Some(path) = &args.policy {
+        config.policy = super::read_policy(path)?;
+    }
     config.validate()?;
     let missing = config.missing_env(|v| std::env::var(v).ok());
     if !missing.is_empty() {
