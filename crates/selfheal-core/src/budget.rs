@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// One dimension of the budget vector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::EnumCount)]
 #[serde(rename_all = "snake_case")]
 pub enum Dimension {
     /// Repeated attempts of the same call.
@@ -34,6 +34,9 @@ pub enum Dimension {
     /// Cost in the caller's unit (tokens, or micro-dollars).
     Cost,
 }
+
+// A dimension added to the enum and not to `ALL` fails to compile here.
+const _: () = assert!(Dimension::ALL.len() == <Dimension as strum::EnumCount>::COUNT);
 
 impl Dimension {
     /// Every dimension, in declaration order.

@@ -20,7 +20,19 @@ use serde::{Deserialize, Serialize};
 
 /// The inferred root cause of a failed step. Exhaustive by design: policy tables and matches list
 /// every variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::EnumCount,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureClass {
     /// A tool or model call timed out or failed transiently (timeout, rate limit, HTTP 5xx,
@@ -52,6 +64,9 @@ pub enum FailureClass {
     /// error again and again, no progress.
     ControlLoop,
 }
+
+// A class added to the enum and not to `ALL` fails to compile here.
+const _: () = assert!(FailureClass::ALL.len() == <FailureClass as strum::EnumCount>::COUNT);
 
 impl FailureClass {
     /// Every class, in declaration order.

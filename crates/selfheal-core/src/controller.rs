@@ -183,7 +183,9 @@ pub struct Controller {
     just_resolved: Option<OpenFailure>,
     unresolved: Vec<Unresolved>,
     unresolved_dropped: u64,
-    actions: [u64; 8],
+    /// Recovery actions taken, by kind (a map, not an array indexed by `as usize`: a new kind
+    /// needs no slot).
+    actions: std::collections::BTreeMap<ActionKind, u64>,
     stopped: Option<(RunStatus, String)>,
 }
 
@@ -208,7 +210,7 @@ impl Controller {
             just_resolved: None,
             unresolved: Vec::new(),
             unresolved_dropped: 0,
-            actions: [0; 8],
+            actions: std::collections::BTreeMap::new(),
             stopped: None,
         })
     }
@@ -479,7 +481,7 @@ impl Controller {
         }
         let after = self.ledger.remaining();
         let kind = decision.action.kind();
-        self.actions[kind as usize] += 1;
+        *self.actions.entry(kind).or_insert(0) += 1;
         self.trace.push(
             now_ms,
             step,
@@ -618,10 +620,11 @@ impl Controller {
             status,
             reason,
             unresolved: self.unresolved.clone(),
-            actions: ActionKind::ALL
-                .into_iter()
-                .map(|k| (k, self.actions[k as usize]))
-                .filter(|(_, n)| *n > 0)
+            actions: self
+                .actions
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(k, n)| (*k, *n))
                 .collect(),
             spent: *self.ledger.spent(),
         }

@@ -37,7 +37,19 @@ use crate::classifier::{Classification, FailureClass};
 use crate::rng::Rng;
 
 /// The kind of a recovery action, without parameters: what a policy ladder is made of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::EnumCount,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     /// Repeat the same call after a backoff.
@@ -57,6 +69,9 @@ pub enum ActionKind {
     /// Stop with no result.
     Terminate,
 }
+
+// A kind added to the enum and not to `ALL` fails to compile here.
+const _: () = assert!(ActionKind::ALL.len() == <ActionKind as strum::EnumCount>::COUNT);
 
 impl ActionKind {
     /// Every kind, in declaration order.

@@ -42,7 +42,9 @@ use selfheal_core::controller::ControllerConfig;
 use selfheal_core::policy::ActionKind;
 use selfheal_core::trace::RunStatus;
 
-use selfheal_runtime::{Agent, ClientConfig, FnTool, ModelClient, Tool, ToolError, ToolSpec};
+use selfheal_runtime::{
+    Agent, ClientConfig, Effect, FnTool, ModelClient, Tool, ToolError, ToolSpec,
+};
 
 /// A strategy the live benchmark can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -320,7 +322,9 @@ pub fn task_tools(
                 },
                 g.schema(),
             )
-            .with_timeout(Duration::from_secs(10));
+            .with_timeout(Duration::from_secs(10))
+            // Lookups of the simulated world: reading twice is harmless.
+            .with_effect(Effect::ReadOnly);
             if i == 0
                 && let Some(s) = g.substitute()
             {

@@ -513,7 +513,12 @@ impl Loop<'_> {
                         "needs a person ({class}: the answer was rejected)"
                     )));
                 }
-                other => self.log.push(format!(
+                other @ (RecoveryAction::Repair { .. }
+                | RecoveryAction::Substitute { .. }
+                | RecoveryAction::Replan
+                | RecoveryAction::Refresh
+                | RecoveryAction::Degrade
+                | RecoveryAction::Terminate) => self.log.push(format!(
                     "{}: hand the rejection of the answer back to the model ({class})",
                     other.kind().as_str()
                 )),
@@ -557,7 +562,12 @@ impl Loop<'_> {
                             "repair request shape ({n} message(s) changed; {class}: {what})"
                         ));
                     }
-                    other => {
+                    other @ (RecoveryAction::Repair { .. }
+                    | RecoveryAction::Substitute { .. }
+                    | RecoveryAction::Replan
+                    | RecoveryAction::Refresh
+                    | RecoveryAction::Degrade
+                    | RecoveryAction::Terminate) => {
                         self.log.push(format!(
                             "{} on model call ({class}: {what})",
                             other.kind().as_str()
@@ -761,7 +771,15 @@ impl Loop<'_> {
                             .push(format!("re-ask after {delay_ms} ms ({class}: {what})"));
                         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                     }
-                    other => self.log.push(format!(
+                    other @ (RecoveryAction::Repair { .. }
+                    | RecoveryAction::Escalate {
+                        target: EscalationTarget::Human,
+                    }
+                    | RecoveryAction::Substitute { .. }
+                    | RecoveryAction::Replan
+                    | RecoveryAction::Refresh
+                    | RecoveryAction::Degrade
+                    | RecoveryAction::Terminate) => self.log.push(format!(
                         "{}: re-ask with the precise error ({class}: {what})",
                         other.kind().as_str()
                     )),
@@ -1012,7 +1030,14 @@ impl Loop<'_> {
                         }
                         return Ok(format!("{shown}\nTry a different approach."));
                     }
-                    other => {
+                    other @ (RecoveryAction::Repair { .. }
+                    | RecoveryAction::Escalate {
+                        target: EscalationTarget::Human,
+                    }
+                    | RecoveryAction::Replan
+                    | RecoveryAction::Refresh
+                    | RecoveryAction::Degrade
+                    | RecoveryAction::Terminate) => {
                         self.log.push(format!(
                             "{}: hand the error of {} back to the model ({class})",
                             other.kind().as_str(),

@@ -26,15 +26,19 @@ use serde_json::Value;
 use thiserror::Error;
 
 /// What calling a tool does to the world.
+///
+/// The default is the conservative [`Effect::Destructive`]: a tool that does not say it only
+/// reads, or that a repeat is harmless, is never retried after it may have run — as the MCP
+/// proxy treats a tool without `readOnlyHint` or `idempotentHint`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Effect {
     /// Reads only: retrying is always safe.
-    #[default]
     ReadOnly,
     /// Writes, but the same call twice has the effect of one: retrying is safe.
     Idempotent,
-    /// Writes, and a repeat may do it twice: never retried after it may have run, unless the
-    /// agent allows it.
+    /// Writes, and a repeat may do it twice (or nobody said otherwise): never retried after it
+    /// may have run, unless the agent allows it.
+    #[default]
     Destructive,
 }
 
@@ -124,14 +128,16 @@ pub struct OutputSchemaError {
 }
 
 impl ToolSpec {
-    /// A read-only tool with a 30 s timeout and no substitute.
+    /// A tool with a 30 s timeout, no substitute, and the conservative effect
+    /// ([`Effect::Destructive`]: not retried after it may have run) until
+    /// [`ToolSpec::with_effect`] says otherwise.
     pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Self {
         ToolSpec {
             name: name.into(),
             description: description.into(),
             parameters,
             timeout: Duration::from_secs(30),
-            effect: Effect::ReadOnly,
+            effect: Effect::Destructive,
             substitute: None,
             output_schema: None,
         }
@@ -268,5 +274,18 @@ impl Tool for FnTool {
 
     fn call(&self, args: Value) -> BoxFuture<'static, Result<Value, ToolError>> {
         (self.f)(args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 11: a tool that declares nothing is never retried after it may have run.
+    #[test]
+    fn an_undeclared_tool_is_treated_as_destructive() {
+        let spec = ToolSpec::new("send", "Sends.", serde_json::json!({"type": "object"}));
+        assert_eq!(spec.effect, Effect::Destructive);
+        assert_eq!(Effect::default(), Effect::Destructive);
     }
 }

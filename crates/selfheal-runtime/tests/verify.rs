@@ -17,7 +17,7 @@ use selfheal_core::policy::{ActionKind, Policy};
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{EvidenceVerifier, Judgement, Subject, Verifier};
 use selfheal_runtime::tool::OutputSchema;
-use selfheal_runtime::{Agent, FnTool, RunResult, Tool, ToolSpec};
+use selfheal_runtime::{Agent, Effect, FnTool, RunResult, Tool, ToolSpec};
 
 fn user(text: &str) -> Vec<Value> {
     vec![json!({"role": "user", "content": text})]
@@ -60,6 +60,7 @@ fn weather(name: &str) -> ToolSpec {
         json!({"type": "object", "properties": {"city": {"type": "string"}},
                "required": ["city"]}),
     )
+    .with_effect(Effect::ReadOnly)
     .with_output_schema(serde_json::from_str(TEMP_SCHEMA).unwrap())
     .unwrap()
 }
@@ -260,7 +261,8 @@ fn capital_tool(calls: &Arc<AtomicUsize>) -> Arc<dyn Tool> {
             "The capital of a country.",
             json!({"type": "object", "properties": {"country": {"type": "string"}},
                    "required": ["country"]}),
-        ),
+        )
+        .with_effect(Effect::ReadOnly),
         vec![json!({"country": "France", "capital": "Paris"})],
         calls,
     )
