@@ -502,6 +502,14 @@ fn counts_against_health(class: FailureClass) -> bool {
     }
 }
 
+/// The monitor's failure-rate abort as every front-end applies it: only when the newest tool
+/// result failed. A success is progress — a run that has just made some must not be stopped
+/// for the failures before it — and the next failure is judged on its own. The controller
+/// applies the same rule to the observations it routes.
+pub fn abort_now(verdict_abort: Option<String>, newest_failed: bool) -> Option<String> {
+    verdict_abort.filter(|_| newest_failed)
+}
+
 /// What a front-end does about tool calls a model wrote that cannot be used (their problems
 /// already turned into re-ask text by the repair layer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -805,6 +813,14 @@ mod tests {
         let mut fresh = BudgetLedger::new(BudgetLimits::defaults());
         let (r, _) = reask(&p, &no_repair, &mut fresh, LadderState::default(), &mut rng);
         assert_eq!(r, Reask::Partial);
+    }
+
+    #[test]
+    fn abort_follows_a_failure_never_a_success() {
+        let why = Some("80 % of the last calls failed".to_string());
+        assert_eq!(abort_now(why.clone(), true), why);
+        assert_eq!(abort_now(why, false), None);
+        assert_eq!(abort_now(None, true), None);
     }
 
     #[test]

@@ -573,8 +573,8 @@ async fn chat_inner(
         run,
     };
     let tools = s.tool_indexes.get(&req);
-    let verdict = rebuild_run(&t, &req, &tools, &model);
-    if let Some(reason) = verdict.abort.clone() {
+    let (verdict, newest_failed) = rebuild_run(&t, &req, &tools, &model);
+    if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
         return Ok(answer_abort(&t, &model, req.stream, &reason));
     }
     let mut actions = Vec::new();
@@ -611,13 +611,14 @@ struct Call {
     tools: Arc<ToolIndex>,
 }
 
-/// Stage 1: feeds the conversation's new tool results to the run's monitor; its verdict.
+/// Stage 1: feeds the conversation's new tool results to the run's monitor; its verdict, and
+/// whether the newest of those results failed (the abort rule's condition).
 fn rebuild_run(
     t: &Turn,
     req: &ChatRequest<'_>,
     tools: &ToolIndex,
     model: &str,
-) -> selfheal_core::monitor::Verdict {
+) -> (selfheal_core::monitor::Verdict, bool) {
     let now_ms = t.s.now_ms();
     let (verdict, replayed) = {
         let mut st = lock(&t.state);
@@ -633,7 +634,8 @@ fn rebuild_run(
     for r in &replayed {
         t.event("tool_result", json!({"tool": r.tool, "outcome": r.outcome}));
     }
-    verdict
+    let newest_failed = replayed.last().is_some_and(|r| r.outcome != "ok");
+    (verdict, newest_failed)
 }
 
 /// Stage 2 (abort): the run ends here, with a final answer that says why.

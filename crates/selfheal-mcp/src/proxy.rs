@@ -687,7 +687,9 @@ impl Proxy {
         };
         let verdict = self.monitor.check(now_ms);
         let mut texts: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
-        if let Some(reason) = &verdict.abort {
+        if let Some(reason) =
+            selfheal_core::call::abort_now(verdict.abort.clone(), failure.is_some())
+        {
             texts.push(format!(
                 "This run is failing ({reason}): stop calling tools and report what you have."
             ));
