@@ -43,7 +43,13 @@ def ask_pair(gw):
     c = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
     raw = c.chat.completions.with_raw_response.create(
         model="pair", messages=[{"role": "user", "content": f"policy {uuid.uuid4()}"}])
-    return raw.parse()
+    return raw.parse(), raw.headers["x-selfheal-run"]
+
+
+def replay(args):
+    """`selfheal trace replay ... --json`: (exit status, parsed output)."""
+    out = subprocess.run([BIN, "trace", "replay", *args, "--json"], capture_output=True, text=True)
+    return out.returncode, (json.loads(out.stdout) if out.stdout.strip() else None)
 
 
 @pytest.mark.parametrize("policy", [None, FALL_BACK_FIRST], ids=["default", "fall-back-first"])
@@ -58,10 +64,19 @@ def test_a_policy_file_changes_what_the_gateway_does_at_the_first_5xx(upstream, 
         upstream.script([{"kind": "status", "status": 503, "message": "overloaded"},
                          {"kind": "ok", "content": "served"}])
         before = len(upstream.log())
-        r = ask_pair(gw)
+        r, run = ask_pair(gw)
         models = [entry["model"] for entry in upstream.log()[before:]]
     finally:
         gw.stop()
+    # The run's decision is in the trace with what it was made from: replayed under the policy
+    # it ran with nothing differs, under the other one the first decision does.
+    other = tmp_path / "other.toml"
+    other.write_text(FALL_BACK_FIRST if policy is None else "")
+    own = ["--policy", str(tmp_path / "policy.toml")] if policy else []
+    code, same = replay([run, "--trace-db", str(gw.trace_db), *own])
+    assert code == 0 and same["decisions"] == 1 and same["differing"] == 0, (code, same)
+    code, diff = replay([run, "--trace-db", str(gw.trace_db), "--policy", str(other)])
+    assert code == 3 and diff["differing"] == 1, (code, diff)
     assert r.choices[0].message.content == "served"
     actions = r.model_extra["selfheal"]["actions"]
     if policy is None:
@@ -102,6 +117,7 @@ def mcp_retries(tmp_path, extra):
 
     result = asyncio.run(asyncio.wait_for(go(), 60))
     assert result.is_error, "a call that never answers in time fails"
+    mcp_retries.last_trace = trace_db
     runs = json.loads(subprocess.run([BIN, "trace", "list", "--trace-db", str(trace_db), "--json"],
                                      check=True, capture_output=True, text=True).stdout)
     [run] = [r for r in runs if r["run"].startswith("mcp-")]
@@ -117,4 +133,14 @@ def test_a_policy_file_changes_what_the_mcp_proxy_retries(tmp_path):
     assert len(default) == 2, default
     path = tmp_path / "never.toml"
     path.write_text(NEVER_RETRY)
+    # The session's decisions replay: the same under the default policy, the retries differ
+    # under the file's.
+    db = mcp_retries.last_trace
+    runs = json.loads(subprocess.run([BIN, "trace", "list", "--trace-db", str(db), "--json"],
+                                     check=True, capture_output=True, text=True).stdout)
+    [run] = [r["run"] for r in runs if r["run"].startswith("mcp-")]
+    code, same = replay([run, "--trace-db", str(db)])
+    assert code == 0 and same["decisions"] == 3, (code, same)
+    code, diff = replay([run, "--trace-db", str(db), "--policy", str(path)])
+    assert code == 3 and diff["differing"] >= 1, (code, diff)
     assert mcp_retries(tmp_path, ["--policy", str(path)]) == []

@@ -593,3 +593,79 @@ fn issue12_trace_list_prints_local_times_and_counts_actions_like_show() {
     assert_eq!(marked, 2, "{show}");
     assert!(show.starts_with("2025-11-30T10:00:00.123+02:00"), "{show}");
 }
+
+/// Issue 11: `trace replay` makes a `bench --trace` run's decisions again. Under the policy the
+/// run used nothing differs (exit 0); under one that only degrades, every recovery does (exit 3).
+#[cfg(any(feature = "gateway", feature = "mcp"))]
+#[test]
+fn trace_replay_remakes_bench_decisions_and_finds_a_policy_change() {
+    let dir = temp_dir("trace-replay");
+    let path = dir.join("trace.jsonl");
+    let out = selfheal(
+        &[
+            SMALL,
+            &[
+                "--strategies",
+                "self-healing",
+                "--fault-rate",
+                "0.3",
+                "--trace",
+                path.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let replay = |extra: &[&str]| {
+        selfheal(
+            &[
+                &[
+                    "trace",
+                    "replay",
+                    "--json",
+                    "--jsonl",
+                    path.to_str().unwrap(),
+                ],
+                extra,
+            ]
+            .concat(),
+            "",
+        )
+    };
+    let same = replay(&[]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stderr));
+    let v: Value = serde_json::from_slice(&same.stdout).unwrap();
+    assert!(v["decisions"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["differing"], 0, "{v}");
+
+    let degrade = dir.join("degrade.toml");
+    let classes = [
+        "tool_timeout",
+        "tool_unavailable",
+        "argument_invalid",
+        "malformed_output",
+        "empty_output",
+        "wrong_tool",
+        "stale_context",
+        "contradictory_evidence",
+        "planning_failure",
+        "verification_failure",
+        "control_loop",
+    ];
+    let ladders: String = classes
+        .iter()
+        .map(|c| format!("{c} = [\"degrade\"]\n"))
+        .collect();
+    std::fs::write(&degrade, format!("[ladders]\n{ladders}")).unwrap();
+    let other = replay(&["--policy", degrade.to_str().unwrap()]);
+    assert_eq!(other.status.code(), Some(3), "{}", text(&other.stderr));
+    let v: Value = serde_json::from_slice(&other.stdout).unwrap();
+    // Degrade, or terminate where nothing partial was produced yet.
+    let first = &v["runs"][0]["decisions"][0];
+    let stop = first["replayed"]["action"].as_str().unwrap();
+    assert!(matches!(stop, "degrade" | "terminate"), "{first}");
+    assert_eq!(first["differs"], first["recorded"]["action"] != stop);
+    assert!(v["differing"].as_u64().unwrap() > 0, "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -48,6 +48,7 @@ use crate::policy::{
     RepairTarget, SkipReason,
 };
 use crate::rng::Rng;
+use crate::trace::{DecisionInput, Event, Surface};
 
 /// The read-only part of the control plane a front-end decides with: the recovery policy and
 /// the classifier. Shared by every run of a front-end (an `Arc` in the gateway).
@@ -252,6 +253,7 @@ pub struct CallPlan {
     mode: Mode,
     retry_safe: bool,
     events: Vec<CallEvent>,
+    records: Vec<Event>,
 }
 
 impl CallPlan {
@@ -266,6 +268,7 @@ impl CallPlan {
             mode,
             retry_safe,
             events: Vec::new(),
+            records: Vec::new(),
         }
     }
 
@@ -320,10 +323,11 @@ impl CallPlan {
         if let Some(status) = caller_error(signal) {
             return Step::Stop(Stop::Rejected { status });
         }
+        let consecutive = breakers.streak(&name).saturating_add(1);
         let failure = plane.classifier.classify(
             signal,
             ClassifyContext {
-                consecutive_failures: breakers.streak(&name).saturating_add(1),
+                consecutive_failures: consecutive,
             },
         );
         if counts_against_health(failure.class) {
@@ -340,14 +344,45 @@ impl CallPlan {
         }
         let next = self.peek_next(breakers, now_ms);
         let options = self.options(&failure, signal, next);
-        let decision = plane
-            .policy
-            .decide(self.ladder, &failure, &options, ledger, rng);
+        let input = DecisionInput {
+            surface: Surface::Call,
+            signal: signal.clone(),
+            consecutive,
+            ladder: self.ladder,
+            options: options.clone(),
+            limits: *ledger.limits(),
+            spent: *ledger.spent(),
+        };
+        let decision = decide_call(plane, &failure, &options, self.ladder, ledger, rng);
+        let before = ledger.remaining();
+        let charged = if decision.forced {
+            ledger.record_usage(&decision.charge);
+            true
+        } else {
+            ledger.charge(&decision.charge).is_ok()
+        };
+        self.records.push(Event::Signal {
+            tool: Some(name),
+            signal: signal.clone(),
+        });
+        self.records.push(Event::Classified {
+            class: failure.class,
+            error_type: failure.error_type,
+            retry_after_ms: failure.retry_after_ms,
+        });
+        self.records.push(Event::Action {
+            class: failure.class,
+            action: decision.action.clone(),
+            rung: decision.rung,
+            budget_before: before,
+            budget_after: ledger.remaining(),
+            input: Some(Box::new(input)),
+        });
+        if !charged {
+            return exhausted(ActionKind::Degrade);
+        }
         match decision.action {
             RecoveryAction::Retry { delay_ms, attempt } => {
-                if ledger.charge(&decision.charge).is_err() {
-                    return exhausted(ActionKind::Degrade);
-                }
                 self.ladder = decision.next;
                 self.events.push(CallEvent::Retry {
                     target: self.at,
@@ -362,20 +397,8 @@ impl CallPlan {
             }
             RecoveryAction::Escalate {
                 target: EscalationTarget::FallbackModel { .. },
-            } => {
-                if ledger.charge(&decision.charge).is_err() {
-                    return exhausted(ActionKind::Degrade);
-                }
-                self.fall_back(failure.class, false, breakers, now_ms)
-            }
+            } => self.fall_back(failure.class, decision.forced, breakers, now_ms),
             RecoveryAction::Degrade | RecoveryAction::Terminate => {
-                let budget_refused_fallback = decision
-                    .skipped
-                    .contains(&(ActionKind::Escalate, SkipReason::BudgetSpent));
-                if budget_refused_fallback && next.is_some() {
-                    ledger.record_usage(&ActionKind::Escalate.charge());
-                    return self.fall_back(failure.class, true, breakers, now_ms);
-                }
                 exhausted(decision.action.kind())
             }
             // The options offer none of these, so the policy cannot pick them; should a future
@@ -388,6 +411,13 @@ impl CallPlan {
             | RecoveryAction::Replan
             | RecoveryAction::Refresh => exhausted(ActionKind::Degrade),
         }
+    }
+
+    /// The core's typed trace events of the decisions so far (signal, classified, action with
+    /// its [`DecisionInput`]), oldest first; drains the list. Front-ends write them to their
+    /// trace so `selfheal trace replay` can re-decide them.
+    pub fn take_records(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.records)
     }
 
     /// What recovery is possible for `failure` on the current target.
@@ -442,6 +472,63 @@ impl CallPlan {
             forced,
         });
         Step::Send { target: to }
+    }
+}
+
+/// The call plan's decision for one classified failure: the policy's, plus the call rule that
+/// upstream health is not the agent's budget (a fall-back the ladder wanted but the budget
+/// refused is taken anyway, `forced`, and recorded as usage rather than charged).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallDecision {
+    /// The action.
+    pub action: RecoveryAction,
+    /// Its ladder rung (`None` for a forced fall-back or the end of the ladder).
+    pub rung: Option<usize>,
+    /// What it costs.
+    pub charge: crate::budget::Amounts,
+    /// The failure's ladder state after it.
+    pub next: LadderState,
+    /// A fall-back taken although the escalation budget was spent.
+    pub forced: bool,
+}
+
+/// Decides one failure of a call plan (see [`CallDecision`]); pure, so a replay makes the same
+/// decision from the same [`DecisionInput`].
+pub fn decide_call(
+    plane: &Plane,
+    failure: &Classification,
+    options: &Options,
+    ladder: LadderState,
+    ledger: &BudgetLedger,
+    rng: &mut dyn Rng,
+) -> CallDecision {
+    let decision = plane.policy.decide(ladder, failure, options, ledger, rng);
+    let budget_refused_fallback = decision
+        .skipped
+        .contains(&(ActionKind::Escalate, SkipReason::BudgetSpent));
+    match (&decision.action, &options.fallback_model) {
+        (RecoveryAction::Degrade | RecoveryAction::Terminate, Some(model))
+            if budget_refused_fallback =>
+        {
+            CallDecision {
+                action: RecoveryAction::Escalate {
+                    target: EscalationTarget::FallbackModel {
+                        model: model.clone(),
+                    },
+                },
+                rung: None,
+                charge: ActionKind::Escalate.charge(),
+                next: decision.next,
+                forced: true,
+            }
+        }
+        _ => CallDecision {
+            action: decision.action,
+            rung: decision.rung,
+            charge: decision.charge,
+            next: decision.next,
+            forced: false,
+        },
     }
 }
 

@@ -27,7 +27,7 @@ use crate::monitor::{
 };
 use crate::policy::{ActionKind, LadderState, Options, Policy, RecoveryAction};
 use crate::rng::Rng;
-use crate::trace::{Event, RunStatus, Trace};
+use crate::trace::{DecisionInput, Event, RunStatus, Surface, Trace};
 use crate::verifier::Judgement;
 
 /// Everything a controller is built from.
@@ -462,6 +462,15 @@ impl Controller {
         {
             self.push_unresolved(o.step, o.class, o.tool);
         }
+        let input = DecisionInput {
+            surface: Surface::Controller,
+            signal: signal.clone(),
+            consecutive,
+            ladder,
+            options: options.clone(),
+            limits: *self.ledger.limits(),
+            spent: *self.ledger.spent(),
+        };
         let decision = self
             .policy
             .decide(ladder, &classification, &options, &self.ledger, rng);
@@ -491,6 +500,7 @@ impl Controller {
                 rung: decision.rung,
                 budget_before: before,
                 budget_after: after,
+                input: Some(Box::new(input)),
             },
         );
         match decision.action {

@@ -21,6 +21,9 @@
 //! | [`verifier`] | accept / reject / uncertain; rejection is a recoverable failure |
 //! | [`trace`] | typed, bounded, versioned JSON Lines trace; healing rate |
 //! | [`controller`] | routes observations to directives; owns no policy |
+//! | [`call`] | one call across retries and a fallback chain: the front-ends' decision surface |
+//! | [`breaker`] | the one circuit breaker, per tool (monitor) and per upstream (gateway) |
+//! | [`replay`] | recorded decisions made again under another policy (`selfheal trace replay`) |
 //!
 //! ```
 //! use selfheal_core::monitor::{Monitor, ToolCall};
@@ -43,6 +46,7 @@ pub mod classifier;
 pub mod controller;
 pub mod monitor;
 pub mod policy;
+pub mod replay;
 pub mod rng;
 pub mod trace;
 pub mod verifier;

@@ -215,7 +215,8 @@ impl RecoveryAction {
 
 /// What is possible for this failure right now. The executor knows its world; the policy only
 /// reads these facts.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Options {
     /// A repair of the given target is possible (a repairer exists for it).
     pub repair: Option<RepairTarget>,

@@ -13,14 +13,14 @@
 //! |---|---|
 //! | `signal` | `tool`, `signal` (a [`Signal`], tagged by `signal`) |
 //! | `classified` | `class`, `error_type`, `retry_after_ms` |
-//! | `action` | `class`, `action` (a [`RecoveryAction`], tagged by `action`), `rung`, `budget_before`, `budget_after` |
+//! | `action` | `class`, `action` (a [`RecoveryAction`], tagged by `action`), `rung`, `budget_before`, `budget_after`, and `input` (a [`DecisionInput`]: what the decision was made from, so `selfheal trace replay` can make it again under another policy) |
 //! | `budget_exhausted` | `dimension` |
 //! | `verdict` | `verifier`, `judgement` (tagged by `verdict`: `accept`, `reject` + `reason`, `uncertain` + `reason`) |
 //! | `monitor` | `tool`, `badge`, `signals` |
 //! | `cost` | `model_calls`, `tool_calls`, `verifier_calls`, `tokens` |
 //! | `finished` | `status` (`complete`, `partial`, `failed`), `reason` |
 //!
-//! New fields may be added within a version; removing or renaming one bumps `v`.
+//! New fields and new events may be added within a version; removing or renaming one bumps `v`.
 
 use std::collections::VecDeque;
 
@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::{Amounts, Dimension};
 use crate::classifier::{ErrorType, FailureClass, Signal};
 use crate::monitor::Badge;
-use crate::policy::RecoveryAction;
+use crate::policy::{LadderState, Options, RecoveryAction};
 use crate::verifier::Judgement;
 
 /// The version of the trace's JSON Lines schema.
@@ -45,6 +45,37 @@ pub enum RunStatus {
     Partial,
     /// Nothing usable was produced.
     Failed,
+}
+
+/// Which decision function made a decision, so a replay makes it the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Surface {
+    /// [`crate::policy::Policy::decide`] through the [`crate::controller::Controller`].
+    Controller,
+    /// [`crate::call::CallPlan`]: the policy plus the call rules (forced fall-backs).
+    Call,
+}
+
+/// Everything a recovery decision was made from: replaying it under another policy needs
+/// nothing else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionInput {
+    /// The decision function.
+    pub surface: Surface,
+    /// What was observed.
+    pub signal: Signal,
+    /// Consecutive failures of the same tool or target, this one included (the classifier's
+    /// context).
+    pub consecutive: u32,
+    /// The failure's place on its ladder before the decision.
+    pub ladder: LadderState,
+    /// What recovery was possible.
+    pub options: Options,
+    /// The run's budget limits.
+    pub limits: Amounts,
+    /// What the run had spent before the decision.
+    pub spent: Amounts,
 }
 
 /// One event of a trace.
@@ -79,6 +110,9 @@ pub enum Event {
         budget_before: Amounts,
         /// Budget remaining after the charge.
         budget_after: Amounts,
+        /// What the decision was made from (absent in traces written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input: Option<Box<DecisionInput>>,
     },
     /// A budget dimension ran out.
     BudgetExhausted {
@@ -119,6 +153,22 @@ pub enum Event {
         /// Why, when not complete.
         reason: Option<String>,
     },
+}
+
+impl Event {
+    /// The event's name, as its `event` tag in JSON (`signal`, `action`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Signal { .. } => "signal",
+            Event::Classified { .. } => "classified",
+            Event::Action { .. } => "action",
+            Event::BudgetExhausted { .. } => "budget_exhausted",
+            Event::Verdict { .. } => "verdict",
+            Event::Monitor { .. } => "monitor",
+            Event::Cost { .. } => "cost",
+            Event::Finished { .. } => "finished",
+        }
+    }
 }
 
 /// An event with its envelope.

@@ -1070,6 +1070,11 @@ fn check_completion(
 
 fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
     let s = &t.s;
+    // The core's typed decision events: the schema `selfheal trace replay` reads.
+    for (t_ms, e) in &log.decisions {
+        let detail = serde_json::to_value(e).unwrap_or(Value::Null);
+        s.event_at(&t.caller.redactor, &t.run, e.kind(), detail, None, *t_ms);
+    }
     for e in &log.events {
         let (kind, detail) = (&e.kind, &e.detail);
         match *kind {

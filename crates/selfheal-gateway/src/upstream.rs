@@ -384,6 +384,9 @@ pub struct Upstream {
 pub struct CallLog {
     /// `retry` / `fallback` / `cooldown_skip` entries, with the reason and when they happened.
     pub events: Vec<CallEvent>,
+    /// The core's typed events of every decision (signal, classified, action with its input),
+    /// with the Unix time in ms they were made at.
+    pub decisions: Vec<(u64, selfheal_core::trace::Event)>,
     /// The target that answered, when one did.
     pub served: Option<Target>,
 }
@@ -403,11 +406,15 @@ pub struct CallEvent {
 impl CallLog {
     /// Records an entry, stamped with the current time.
     pub fn push(&mut self, kind: &'static str, detail: String) {
-        let t_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let t_ms = unix_ms();
         self.events.push(CallEvent { kind, detail, t_ms });
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// All upstreams by name, the plane that decides about their failures and their breakers.
@@ -602,6 +609,9 @@ impl Upstreams {
                     &mut rng,
                 ),
             };
+            let t_ms = unix_ms();
+            log.decisions
+                .extend(plan.take_records().into_iter().map(|e| (t_ms, e)));
             last_err = Some(err);
         }
     }

@@ -83,7 +83,8 @@ pub enum Out {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     /// What kind: `blocked`, `repair`, `invalid_arguments`, `retry`, `timeout`, `tool_result`,
-    /// `guidance`, `paused`, `resumed`, `server_closed`.
+    /// `guidance`, `paused`, `resumed`, `server_closed`, or one of the core's trace events
+    /// (`signal`, `classified`, `action`: the detail is the event itself).
     pub kind: &'static str,
     /// The tool concerned.
     pub tool: String,
@@ -643,6 +644,11 @@ impl Proxy {
                 now_ms,
                 rng,
             );
+            // The core's typed decision events, for `selfheal trace replay`.
+            for e in p.plan.take_records() {
+                let detail = serde_json::to_value(&e).unwrap_or(Value::Null);
+                self.decide(e.kind(), &p.tool, detail);
+            }
             let delay = match step {
                 Step::Wait { delay_ms, .. } => Some(delay_ms),
                 Step::Send { .. } => Some(0),

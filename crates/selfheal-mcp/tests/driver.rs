@@ -209,6 +209,22 @@ async fn a_session_through_the_real_driver() {
             retries: 1,
         }
     );
+    // The core's trace events of each failure's decision go to the trace too.
+    let core: Vec<(&str, &str)> = decisions
+        .iter()
+        .filter(|d| d.kind == "action")
+        .map(|d| {
+            (
+                d.tool.as_str(),
+                d.detail["action"]["action"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(core, [("hang", "terminate"), ("flaky", "retry")]);
+    let decisions: Vec<_> = decisions
+        .into_iter()
+        .filter(|d| !matches!(d.kind, "signal" | "classified" | "action"))
+        .collect();
     let kinds: Vec<(&str, &str)> = decisions
         .iter()
         .map(|d| (d.kind, d.tool.as_str()))
