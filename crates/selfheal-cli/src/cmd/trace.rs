@@ -201,8 +201,8 @@ fn replay(
         for (run, comparisons) in &results {
             println!("run {run}");
             println!(
-                "  {:>3}  {:<17} {:<24} {:<24} {}",
-                "#", "signal", "recorded", "replayed", ""
+                "  {:>3}  {:<17} {:<24} {:<24}",
+                "#", "signal", "recorded", "replayed"
             );
             for c in comparisons {
                 let mark = match (c.differs, c.after_difference) {
