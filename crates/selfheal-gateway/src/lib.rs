@@ -37,7 +37,7 @@ pub mod heal;
 pub mod metrics;
 pub mod request;
 pub mod runs;
-pub mod store;
+pub use selfheal_trace::store;
 pub mod stream;
 pub mod upstream;
 

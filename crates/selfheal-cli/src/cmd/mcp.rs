@@ -9,8 +9,8 @@ use clap::Args;
 use serde_json::json;
 
 use selfheal_core::monitor::MonitorConfig;
-use selfheal_gateway::store::{RunSummary, TraceEvent};
 use selfheal_mcp::{McpConfig, Proxy};
+use selfheal_trace::store::{RunSummary, TraceEvent};
 
 /// Arguments of `selfheal mcp`.
 #[derive(Args, Debug)]

@@ -28,11 +28,11 @@ pub fn read_policy(path: &std::path::Path) -> anyhow::Result<selfheal_core::poli
 pub fn open_trace(
     no_trace: bool,
     path: Option<&std::path::Path>,
-) -> anyhow::Result<selfheal_gateway::TraceWriter> {
+) -> anyhow::Result<selfheal_trace::TraceWriter> {
     open_trace_kept(
         no_trace,
         path,
-        Some(selfheal_gateway::store::DEFAULT_RETENTION),
+        Some(selfheal_trace::store::DEFAULT_RETENTION),
     )
 }
 
@@ -42,15 +42,15 @@ pub fn open_trace_kept(
     no_trace: bool,
     path: Option<&std::path::Path>,
     retention: Option<std::time::Duration>,
-) -> anyhow::Result<selfheal_gateway::TraceWriter> {
+) -> anyhow::Result<selfheal_trace::TraceWriter> {
     use anyhow::Context as _;
     if no_trace {
-        return Ok(selfheal_gateway::TraceWriter::disabled());
+        return Ok(selfheal_trace::TraceWriter::disabled());
     }
     let path = path.map_or_else(
-        selfheal_gateway::store::default_path,
+        selfheal_trace::store::default_path,
         std::path::Path::to_path_buf,
     );
-    selfheal_gateway::TraceWriter::open_with_retention(&path, retention)
+    selfheal_trace::TraceWriter::open_with_retention(&path, retention)
         .with_context(|| format!("cannot open the trace at {}", path.display()))
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use selfheal_gateway::TraceReader;
-use selfheal_gateway::store::{StoreError, is_action};
+use selfheal_trace::TraceReader;
+use selfheal_trace::store::{StoreError, is_action};
 
 /// Where the trace is.
 #[derive(Args, Debug)]
@@ -74,7 +74,7 @@ fn open(db: &TraceDb) -> anyhow::Result<Option<TraceReader>> {
     let path = db
         .trace_db
         .clone()
-        .unwrap_or_else(selfheal_gateway::store::default_path);
+        .unwrap_or_else(selfheal_trace::store::default_path);
     match TraceReader::open(&path) {
         Err(StoreError::NotFound(p)) if db.trace_db.is_none() => {
             eprintln!(

@@ -1,4 +1,4 @@
-//! The trace store: every decision of the gateway, in SQLite.
+//! The trace store: every decision of the gateway and the MCP proxy, in SQLite.
 //!
 //! Requests must not wait on the disk, so handlers hand events to a bounded channel and one
 //! writer thread commits them in batches (WAL mode, one transaction per batch). After the first
