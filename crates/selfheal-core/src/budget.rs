@@ -119,6 +119,14 @@ impl Amounts {
         a
     }
 
+    /// Subtracts `other` from this amount, stopping at zero.
+    pub fn saturating_sub_of(&mut self, other: &Amounts) {
+        for d in Dimension::ALL {
+            let v = self.get_mut(d);
+            *v = v.saturating_sub(other.get(d));
+        }
+    }
+
     /// Adds `other` to this amount, saturating at `u64::MAX`.
     pub fn saturating_add(&mut self, other: &Amounts) {
         for d in Dimension::ALL {

@@ -597,6 +597,44 @@ pub fn abort_now(verdict_abort: Option<String>, newest_failed: bool) -> Option<S
     verdict_abort.filter(|_| newest_failed)
 }
 
+/// Decides `signal` with the plain policy (the controller's surface) and returns the decision
+/// with its traced `action` event (input included, so a replay can make it again).
+fn decide_traced(
+    signal: Signal,
+    options: Options,
+    state: LadderState,
+    plane: &Plane,
+    ledger: &BudgetLedger,
+    rng: &mut dyn Rng,
+) -> (crate::policy::Decision, Event) {
+    let failure = plane
+        .classifier
+        .classify(&signal, ClassifyContext::default());
+    let input = DecisionInput {
+        surface: Surface::Controller,
+        signal,
+        consecutive: 0,
+        ladder: state,
+        options,
+        limits: *ledger.limits(),
+        spent: *ledger.spent(),
+    };
+    let decision = plane
+        .policy
+        .decide(state, &failure, &input.options, ledger, rng);
+    let mut after = ledger.remaining();
+    after.saturating_sub_of(&decision.charge);
+    let event = Event::Action {
+        class: failure.class,
+        action: decision.action.clone(),
+        rung: decision.rung,
+        budget_before: ledger.remaining(),
+        budget_after: after,
+        input: Some(Box::new(input)),
+    };
+    (decision, event)
+}
+
 /// What a front-end does about tool calls a model wrote that cannot be used (their problems
 /// already turned into re-ask text by the repair layer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -620,34 +658,32 @@ pub fn reask(
     ledger: &mut BudgetLedger,
     state: LadderState,
     rng: &mut dyn Rng,
-) -> (Reask, LadderState) {
-    let failure = plane.classifier.classify(
-        &Signal::InvalidArguments {
-            errors: problems.to_vec(),
-        },
-        ClassifyContext::default(),
-    );
+) -> (Reask, LadderState, Event) {
     let options = Options {
         repair: Some(RepairTarget::Arguments),
         retry_safe: true,
         ..Options::default()
     };
-    let decision = plane.policy.decide(state, &failure, &options, ledger, rng);
-    match decision.action {
-        RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. } => {
-            if ledger.charge(&decision.charge).is_ok() {
-                (Reask::Ask, decision.next)
-            } else {
-                (Reask::Partial, decision.next)
-            }
+    let signal = Signal::InvalidArguments {
+        errors: problems.to_vec(),
+    };
+    let (decision, event) = decide_traced(signal, options, state, plane, ledger, rng);
+    let outcome = match decision.action {
+        RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. }
+            if ledger.charge(&decision.charge).is_ok() =>
+        {
+            Reask::Ask
         }
-        RecoveryAction::Substitute { .. }
+        RecoveryAction::Repair { .. }
+        | RecoveryAction::Retry { .. }
+        | RecoveryAction::Substitute { .. }
         | RecoveryAction::Replan
         | RecoveryAction::Refresh
         | RecoveryAction::Escalate { .. }
         | RecoveryAction::Degrade
-        | RecoveryAction::Terminate => (Reask::Partial, decision.next),
-    }
+        | RecoveryAction::Terminate => Reask::Partial,
+    };
+    (outcome, decision.next, event)
 }
 
 /// What a front-end does when a model's stream broke.
@@ -668,18 +704,20 @@ pub fn stream_broke(
     plane: &Plane,
     ledger: &mut BudgetLedger,
     rng: &mut dyn Rng,
-) -> StreamBreak {
-    let failure = plane
-        .classifier
-        .classify(&Signal::TruncatedOutput, ClassifyContext::default());
+) -> (StreamBreak, Event) {
     let options = Options {
         retry_safe: !content_sent,
         ..Options::default()
     };
-    let decision = plane
-        .policy
-        .decide(LadderState::default(), &failure, &options, ledger, rng);
-    match decision.action {
+    let (decision, event) = decide_traced(
+        Signal::TruncatedOutput,
+        options,
+        LadderState::default(),
+        plane,
+        ledger,
+        rng,
+    );
+    let outcome = match decision.action {
         RecoveryAction::Retry { .. } if ledger.charge(&decision.charge).is_ok() => {
             StreamBreak::Reissue
         }
@@ -691,7 +729,8 @@ pub fn stream_broke(
         | RecoveryAction::Escalate { .. }
         | RecoveryAction::Degrade
         | RecoveryAction::Terminate => StreamBreak::Fail,
-    }
+    };
+    (outcome, event)
 }
 
 #[cfg(test)]
@@ -891,14 +930,17 @@ mod tests {
         let mut ledger = BudgetLedger::new(BudgetLimits::defaults().with_recoveries(1));
         let mut rng = ConstRng(0);
         let p = vec!["bad".to_string()];
-        let (r, next) = reask(&p, &plane, &mut ledger, LadderState::default(), &mut rng);
+        let (r, next, event) = reask(&p, &plane, &mut ledger, LadderState::default(), &mut rng);
         assert_eq!(r, Reask::Ask);
         assert_eq!(ledger.spent().recoveries, 1);
-        let (r, _) = reask(&p, &plane, &mut ledger, next, &mut rng);
+        // The decision is traced with its input: a replay under the same policy agrees.
+        let again = crate::replay::replay([&event], &plane);
+        assert_eq!((again.len(), again[0].differs), (1, false));
+        let (r, _, _) = reask(&p, &plane, &mut ledger, next, &mut rng);
         assert_eq!(r, Reask::Partial, "the budget is spent");
         let no_repair = policy("[ladders]\nargument_invalid = [\"degrade\"]\n");
         let mut fresh = BudgetLedger::new(BudgetLimits::defaults());
-        let (r, _) = reask(&p, &no_repair, &mut fresh, LadderState::default(), &mut rng);
+        let (r, _, _) = reask(&p, &no_repair, &mut fresh, LadderState::default(), &mut rng);
         assert_eq!(r, Reask::Partial);
     }
 
@@ -916,12 +958,12 @@ mod tests {
         let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
         let mut rng = ConstRng(0);
         assert_eq!(
-            stream_broke(false, &plane, &mut ledger, &mut rng),
+            stream_broke(false, &plane, &mut ledger, &mut rng).0,
             StreamBreak::Reissue
         );
         assert_eq!(ledger.spent().retries, 1);
         assert_eq!(
-            stream_broke(true, &plane, &mut ledger, &mut rng),
+            stream_broke(true, &plane, &mut ledger, &mut rng).0,
             StreamBreak::Fail
         );
     }

@@ -932,35 +932,49 @@ fn reask_turn(problems: &[String]) -> Value {
 /// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
 /// run's ledger when it does): the core's [`selfheal_core::call::reask`].
 fn reask_granted(t: &Turn, problems: &[String]) -> bool {
-    let mut st = lock(&t.state);
-    let (decision, _) = selfheal_core::call::reask(
-        problems,
-        t.s.upstreams.plane(),
-        &mut st.ledger,
-        LadderState::default(),
-        &mut time_rng(),
+    let (granted, event) = {
+        let mut st = lock(&t.state);
+        let (decision, _, event) = selfheal_core::call::reask(
+            problems,
+            t.s.upstreams.plane(),
+            &mut st.ledger,
+            LadderState::default(),
+            &mut time_rng(),
+        );
+        let granted = decision == selfheal_core::call::Reask::Ask;
+        if granted {
+            st.act("reask");
+        }
+        (granted, event)
+    };
+    t.event(
+        event.kind(),
+        serde_json::to_value(&event).unwrap_or(Value::Null),
     );
-    let granted = decision == selfheal_core::call::Reask::Ask;
-    if granted {
-        st.act("reask");
-    }
     granted
 }
 
 /// Whether the policy re-issues a stream that broke before any content (charged when it does):
 /// the core's [`selfheal_core::call::stream_broke`].
 fn reissue_granted(t: &Turn) -> bool {
-    let mut st = lock(&t.state);
-    let decision = selfheal_core::call::stream_broke(
-        false,
-        t.s.upstreams.plane(),
-        &mut st.ledger,
-        &mut time_rng(),
+    let (granted, event) = {
+        let mut st = lock(&t.state);
+        let (decision, event) = selfheal_core::call::stream_broke(
+            false,
+            t.s.upstreams.plane(),
+            &mut st.ledger,
+            &mut time_rng(),
+        );
+        let granted = decision == selfheal_core::call::StreamBreak::Reissue;
+        if granted {
+            st.act("reissue");
+        }
+        (granted, event)
+    };
+    t.event(
+        event.kind(),
+        serde_json::to_value(&event).unwrap_or(Value::Null),
     );
-    let granted = decision == selfheal_core::call::StreamBreak::Reissue;
-    if granted {
-        st.act("reissue");
-    }
     granted
 }
 
