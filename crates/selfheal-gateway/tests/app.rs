@@ -560,3 +560,61 @@ async fn issue12_unlimited_budgets_are_null_not_u64_max() {
     assert_eq!(limits["cost"], Value::Null, "{limits}");
     assert_eq!(limits["retries"], 3, "{limits}");
 }
+
+/// Issue 13 item 3 (decided in the core, issue 11): during a provider outage every request of
+/// one run is served by the healthy fallback — the run's escalation budget (1 by default) does
+/// not ration fall-backs forced by upstream health — and once the primary's breaker is open it
+/// is skipped without being tried.
+#[tokio::test]
+async fn an_outage_never_spends_the_runs_budget_into_502s() {
+    let down = vec![(503, json!({"error": {"message": "overloaded"}})); 64];
+    let (bad, bad_seen) = start_upstream(down).await;
+    let (good, _) = start_upstream(vec![]).await;
+    let mut c = fast(GatewayConfig::default());
+    c.breaker_failures = 3;
+    for (name, url) in [("bad", bad), ("good", good)] {
+        c.upstreams.insert(
+            name.into(),
+            UpstreamConfig {
+                first_byte_timeout_ms: 2000,
+                ..UpstreamConfig::new(url)
+            },
+        );
+    }
+    c.models.insert(
+        "smart".into(),
+        ModelRoute {
+            chain: vec![
+                Target {
+                    upstream: "bad".into(),
+                    model: "m1".into(),
+                },
+                Target {
+                    upstream: "good".into(),
+                    model: "m2".into(),
+                },
+            ],
+        },
+    );
+    let app = gateway(c);
+    let mut actions = Vec::new();
+    for _ in 0..6 {
+        // The same opening: one run.
+        let (status, body, _) = post_chat(
+            &app,
+            json!({"model": "smart", "messages": [{"role": "user", "content": "outage"}]}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["choices"][0]["message"]["content"], "fine");
+        actions.push(body["selfheal"]["actions"].to_string());
+    }
+    // The first requests try the primary (and retry it); once its breaker opened it is skipped.
+    assert!(actions[0].contains("fallback"), "{actions:?}");
+    assert!(actions[5].contains("cooldown_skip"), "{actions:?}");
+    let tried = bad_seen.lock().unwrap().seen.len();
+    assert!(
+        tried <= 4,
+        "the open breaker spares the primary: {tried} attempts"
+    );
+}
