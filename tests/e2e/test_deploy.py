@@ -388,3 +388,41 @@ def test_responses_are_passed_through_with_the_clients_key(gateway, upstream):
     assert r.output_text == "hi from responses"
     assert upstream.log() == [{"model": "stub", "input": "hello"}]
     assert upstream.headers() == [{"authorization": f"Bearer {CLIENT_KEY}"}]
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["query"]}}]
+
+
+def test_responses_are_healed_retried_and_repaired(gateway, upstream):
+    """Issue 13: `/v1/responses` goes through the core's call plan (a 503 is retried) and its
+    function calls through the repair path (a trailing comma is repaired in place)."""
+    upstream.script([{"kind": "status", "status": 503},
+                     {"kind": "tool", "name": "search", "arguments": '{"query": "rust",}'}])
+    r = client(gateway).responses.create(model="stub", input=f"find {uuid.uuid4()}",
+                                          tools=RESPONSES_TOOLS)
+    [call] = [o for o in r.output if o.type == "function_call"]
+    assert json.loads(call.arguments) == {"query": "rust"}
+    report = r.model_extra["selfheal"]
+    assert report["status"] == "complete" and {"retry", "repair"} <= set(report["actions"]), report
+    assert len(upstream.log()) == 2
+
+
+def test_responses_unusable_calls_are_reasked_never_forwarded(gateway, upstream):
+    upstream.script([{"kind": "tool", "name": "search", "arguments": '{"limit": 3}'},
+                     {"kind": "tool", "name": "search", "arguments": '{"query": "fixed"}'}])
+    r = client(gateway).responses.create(model="stub", input=f"find {uuid.uuid4()}",
+                                          tools=RESPONSES_TOOLS)
+    [call] = [o for o in r.output if o.type == "function_call"]
+    assert json.loads(call.arguments) == {"query": "fixed"}
+    assert "reask" in r.model_extra["selfheal"]["actions"]
+    second = upstream.log()[1]["input"]
+    assert "could not be used" in json.dumps(second[-1]), second
+    # When the re-ask is unusable too, the call is taken out and the answer is partial.
+    upstream.script([{"kind": "tool", "name": "search", "arguments": '{"limit": 3}'},
+                     {"kind": "tool", "name": "search", "arguments": '{"limit": 4}'}])
+    r = client(gateway).responses.create(model="stub", input=f"find {uuid.uuid4()}",
+                                          tools=RESPONSES_TOOLS)
+    assert not [o for o in r.output if o.type == "function_call"]
+    assert r.model_extra["selfheal"]["status"] == "partial"

@@ -11,7 +11,8 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
 | {"kind": "empty_stream"} (200 text/event-stream with no event)
 | {"kind": "role_then_cut"} (only the role delta, then the connection closes)
 | {"kind": "stream_error", "message": str} (some text, then an SSE error event)
-The credential headers of every request are logged too (GET /_headers).
+The credential headers of every request are logged too (GET /_headers). `/v1/responses` takes
+the "status", "tool" (answered as a `function_call` item) and "ok" steps.
 
 Chaos: POST /_chaos {"rate": float, "seed": int, "kinds": [step, ...]} makes each request
 without a scripted step a random fault from `kinds` with probability `rate` (seeded);
@@ -129,14 +130,27 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"ok": True})
             return
         if self.path == "/v1/responses":
+            # Scripted steps apply here too: "status", "tool" (a function_call item), "ok".
             with STATE.lock:
                 STATE.log.append(body)
                 STATE.headers.append({"authorization": self.headers.get("authorization")})
+                step = STATE.script.pop(0) if STATE.script else {"kind": "ok"}
+            if step["kind"] == "status":
+                self.send_json(step["status"], {"error": {"message": step.get("message", "boom")}})
+                return
+            if step["kind"] == "tool":
+                output = [{"type": "function_call", "id": "fc_stub", "call_id": "call_stub",
+                           "name": step["name"], "arguments": step["arguments"],
+                           "status": "completed"}]
+            else:
+                output = [{
+                    "type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text",
+                                 "text": step.get("content", "hi from responses"),
+                                 "annotations": []}]}]
             self.send_json(200, {
                 "id": "resp_stub", "object": "response", "created_at": 0, "model": body.get("model"),
-                "status": "completed", "output": [{
-                    "type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": "hi from responses", "annotations": []}]}]})
+                "status": "completed", "output": output})
             return
         if self.path == "/v1/embeddings":
             with STATE.lock:

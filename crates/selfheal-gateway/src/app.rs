@@ -374,9 +374,291 @@ async fn embeddings(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bo
     forward(&s, &headers, body, Forwarded::Embeddings).await
 }
 
-/// `POST /v1/responses`, passed through (see [`forward`]); not healed yet.
+/// `POST /v1/responses` (OpenAI's Responses API), healed like chat completions where the wire
+/// allows: the run's upstream attempts go through the core's call plan (retries, the fallback
+/// chain, breakers, the run's ledger); a non-streaming answer's `function_call` items are checked
+/// against the request's `tools` through the same non-corrupting repair path, an unusable call is
+/// re-asked when the policy allows it and is never forwarded, and the answer carries the
+/// `selfheal` report. A streamed answer is relayed as it comes once its head arrived.
 async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    forward(&s, &headers, body, Forwarded::Responses).await
+    if s.config.passthrough {
+        return forward(&s, &headers, body, Forwarded::Responses).await;
+    }
+    let started = Instant::now();
+    let (result, tenant) = match s.gate.admit(&headers) {
+        Ok(caller) => {
+            let tenant = caller.tenant.clone();
+            let redactor = caller.redactor.clone();
+            let r = responses_inner(&s, caller, &headers, body).await;
+            (r.map_err(|e| redactor.error(e)), tenant)
+        }
+        Err(e) => (Err(e), "-".to_owned()),
+    };
+    let resp = result.unwrap_or_else(IntoResponse::into_response);
+    log_request(&resp, &tenant, started);
+    resp
+}
+
+/// The tools of a Responses request (`[{"type": "function", "name", "parameters"}]`).
+fn responses_tools(req: &serde_json::Map<String, Value>) -> ToolIndex {
+    let mut out = ToolIndex::new();
+    for t in req
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            continue;
+        }
+        let Some(name) = t.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let parameters = t.get("parameters").cloned().unwrap_or_else(|| json!({}));
+        out.insert(
+            name.to_owned(),
+            heal::ToolSpec {
+                schema_key: parameters.to_string(),
+                required: selfheal_repair::required_properties(&parameters),
+                parameters,
+            },
+        );
+    }
+    out
+}
+
+/// Checks the `function_call` items of a Responses answer in place: repaired arguments are
+/// written back, unusable calls removed. Returns (repaired tool names, re-ask texts).
+fn check_response_calls(
+    answer: &mut Value,
+    tools: &ToolIndex,
+    guides: &heal::GuideCache,
+) -> (Vec<String>, Vec<String>) {
+    // An answer cut by its token limit: only arguments that are JSON as written are taken.
+    let ending = if answer.get("status").and_then(Value::as_str) == Some("incomplete") {
+        selfheal_repair::Ending::CutOff
+    } else {
+        selfheal_repair::Ending::Finished
+    };
+    let (mut repaired, mut invalid) = (Vec::new(), Vec::new());
+    let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut) else {
+        return (repaired, invalid);
+    };
+    items.retain_mut(|item| {
+        if item.get("type").and_then(Value::as_str) != Some("function_call") {
+            return true;
+        }
+        let name = item
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let mut call = json!({"function": {
+            "name": name,
+            "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
+        }});
+        match heal::check_call(&mut call, tools, guides, ending) {
+            Ok(changed) => {
+                if changed {
+                    item["arguments"] = call["function"]["arguments"].clone();
+                    repaired.push(name);
+                }
+                true
+            }
+            Err(reask) => {
+                invalid.push(reask);
+                false
+            }
+        }
+    });
+    (repaired, invalid)
+}
+
+/// A Responses request for model `m`, with `extra` appended to its `input` (a re-ask turn).
+fn encode_responses(req: &serde_json::Map<String, Value>, m: &str, extra: Option<&Value>) -> Bytes {
+    let mut r = req.clone();
+    r.insert("model".into(), Value::from(m));
+    if let Some(turn) = extra {
+        let mut input = match r.remove("input") {
+            Some(Value::Array(items)) => items,
+            Some(Value::String(text)) => vec![json!({"role": "user", "content": text})],
+            Some(other) => vec![other],
+            None => Vec::new(),
+        };
+        input.push(turn.clone());
+        r.insert("input".into(), Value::Array(input));
+    }
+    Bytes::from(serde_json::to_vec(&r).unwrap_or_default())
+}
+
+fn responses_json_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<Value, ClientError>> {
+    Box::pin(async move {
+        let resp = c.send("responses", b, cr).await?;
+        let bytes = crate::upstream::read_bounded(resp, c.max_body()).await?;
+        let v: Value =
+            serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
+        if v.get("output").is_some_and(Value::is_array) {
+            Ok(v)
+        } else {
+            Err(ClientError::Decode("a response without `output`".into()))
+        }
+    })
+}
+
+async fn responses_inner(
+    s: &Arc<AppState>,
+    caller: Caller,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(s, headers, body).await?;
+    let req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
+    let model = req
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("`model` must be a string"))?
+        .to_owned();
+    let chain = s
+        .config
+        .route(&model)
+        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
+    let now = Instant::now();
+    let run = match label {
+        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
+        _ => {
+            let first_input = match req.get("input") {
+                Some(Value::Array(items)) => items.first().map(Value::to_string),
+                Some(v) => Some(v.to_string()),
+                None => None,
+            };
+            let instructions = req.get("instructions").map(Value::to_string);
+            let opening: Vec<(&str, &[u8])> = [
+                ("instructions", instructions.as_deref()),
+                ("input", first_input.as_deref()),
+            ]
+            .into_iter()
+            .filter_map(|(tag, v)| v.map(|v| (tag, v.as_bytes())))
+            .collect();
+            crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening)
+        }
+    };
+    let t = Turn {
+        state: s.runs.get_for(&run, &caller.tenant, now),
+        s: s.clone(),
+        caller,
+        run,
+    };
+    t.event(
+        "request",
+        json!({"model": model, "api": "responses", "tenant": t.caller.tenant}),
+    );
+    let mut actions = Vec::new();
+    let mut log = CallLog::default();
+    let creds = &t.caller.credentials;
+    if req.get("stream").and_then(Value::as_bool) == Some(true) {
+        let encode = |m: &str| encode_responses(&req, m, None);
+        let result = s
+            .upstreams
+            .call(
+                &chain,
+                &encode,
+                &responses_op,
+                Some(&t.state),
+                creds,
+                &mut log,
+            )
+            .await;
+        log_calls(&t, &log, &mut actions);
+        let upstream = result.inspect_err(|_| t.finish("failed"))?;
+        t.finish("complete");
+        let red = t.caller.redactor.clone();
+        let body = crate::upstream::body_stream(upstream)
+            .map(move |b| b.map(|b| red.bytes(b)).map_err(std::io::Error::other));
+        let mut resp = sse_response(Body::from_stream(body));
+        add_headers(&mut resp, &t.run, "complete", &actions, None);
+        return Ok(resp);
+    }
+    let encode = |m: &str| encode_responses(&req, m, None);
+    let result = s
+        .upstreams
+        .call(
+            &chain,
+            &encode,
+            &responses_json_op,
+            Some(&t.state),
+            creds,
+            &mut log,
+        )
+        .await;
+    let mut answer = match result {
+        Ok(v) => v,
+        Err(e) => {
+            log_calls(&t, &log, &mut actions);
+            t.event("upstream_error", json!({"reasons": e.reasons}));
+            t.finish("failed");
+            return Err(e);
+        }
+    };
+    let tools = responses_tools(&req);
+    let (mut repaired, mut invalid) = check_response_calls(&mut answer, &tools, &s.guides);
+    if !invalid.is_empty() && reask_granted(&t, &invalid) {
+        Metrics::inc(&s.metrics.reasks_total);
+        actions.push("reask".into());
+        t.event("reask", json!({"problems": invalid}));
+        let turn = reask_turn(&invalid);
+        let again = |m: &str| encode_responses(&req, m, Some(&turn));
+        if let Ok(mut second) = s
+            .upstreams
+            .call(
+                &chain,
+                &again,
+                &responses_json_op,
+                Some(&t.state),
+                creds,
+                &mut log,
+            )
+            .await
+        {
+            let (r2, i2) = check_response_calls(&mut second, &tools, &s.guides);
+            if i2.is_empty() {
+                answer = second;
+                repaired = r2;
+                invalid = Vec::new();
+            }
+        }
+    }
+    log_calls(&t, &log, &mut actions);
+    for name in &repaired {
+        Metrics::inc(&s.metrics.repairs_total);
+        t.event("repair", json!({"tool": name}));
+    }
+    if !repaired.is_empty() {
+        actions.push("repair".into());
+    }
+    let (status, reason) = if invalid.is_empty() {
+        ("complete", None)
+    } else {
+        t.event("invalid_call", json!({"problems": invalid}));
+        ("partial", Some(invalid.join(" ")))
+    };
+    if let Some(o) = answer.as_object_mut() {
+        o.insert(
+            "selfheal".into(),
+            selfheal_report(&t.state, status, reason.as_deref(), &actions),
+        );
+    }
+    t.caller.redactor.value(&mut answer);
+    t.finish(status);
+    let mut resp = axum::Json(answer).into_response();
+    let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
+    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
+    Ok(resp)
 }
 
 /// The endpoints the gateway forwards without healing.

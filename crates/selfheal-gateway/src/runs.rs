@@ -336,6 +336,24 @@ pub fn run_id(
     header: Option<&str>,
     messages: &[Message<'_>],
 ) -> String {
+    let opening: Vec<(&str, &[u8])> = ["system", "user"]
+        .into_iter()
+        .filter_map(|role| {
+            let m = messages.iter().find(|m| m.role() == role)?;
+            Some((role, m.content.map_or(&b""[..], |c| c.get().as_bytes())))
+        })
+        .collect();
+    run_id_of(key, tenant, header, &opening)
+}
+
+/// [`run_id`] from an opening given as `(tag, bytes)` pairs — for requests that are not chat
+/// completions (`/v1/responses`: its `instructions` and first input).
+pub fn run_id_of(
+    key: &RunKey,
+    tenant: &str,
+    header: Option<&str>,
+    opening: &[(&str, &[u8])],
+) -> String {
     let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&key.0) else {
         return "r-unkeyed".to_owned();
     };
@@ -351,13 +369,8 @@ pub fn run_id(
             field(b"label", label.as_bytes());
         }
         None => {
-            for role in ["system", "user"] {
-                if let Some(m) = messages.iter().find(|m| m.role() == role) {
-                    field(
-                        role.as_bytes(),
-                        m.content.map_or(b"", |c| c.get().as_bytes()),
-                    );
-                }
+            for (tag, bytes) in opening {
+                field(tag.as_bytes(), bytes);
             }
         }
     }

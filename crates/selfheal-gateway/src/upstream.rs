@@ -153,6 +153,11 @@ impl UpstreamClient {
         })
     }
 
+    /// The largest answer read from this upstream, in bytes.
+    pub fn max_body(&self) -> usize {
+        self.max_body
+    }
+
     /// The operator's key, when this upstream uses one (for redaction).
     pub fn operator_key(&self) -> Option<String> {
         self.operator_key
