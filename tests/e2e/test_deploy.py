@@ -426,3 +426,22 @@ def test_responses_unusable_calls_are_reasked_never_forwarded(gateway, upstream)
                                           tools=RESPONSES_TOOLS)
     assert not [o for o in r.output if o.type == "function_call"]
     assert r.model_extra["selfheal"]["status"] == "partial"
+
+
+def test_responses_tool_results_feed_the_monitor(gateway, upstream):
+    """A Responses agent whose `search` failed five times: the gateway hides the tool and tells
+    the model why, in `instructions`, as it does for chat completions."""
+    tools = RESPONSES_TOOLS + [{"type": "function", "name": "lookup", "parameters": {
+        "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}]
+    items = [{"role": "user", "content": f"find {uuid.uuid4()}"}]
+    for i in range(5):
+        items.append({"type": "function_call", "call_id": f"c{i}", "name": "search",
+                      "arguments": json.dumps({"query": f"q{i}"})})
+        items.append({"type": "function_call_output", "call_id": f"c{i}",
+                      "output": "Error: search backend is down"})
+    upstream.script([{"kind": "ok", "content": "trying lookup"}])
+    r = client(gateway).responses.create(model="stub", input=items, tools=tools)
+    sent = upstream.log()[0]
+    assert [t["name"] for t in sent["tools"]] == ["lookup"], sent["tools"]
+    assert "[selfheal]" in sent["instructions"] and "search" in sent["instructions"]
+    assert {"guidance", "hide"} <= set(r.model_extra["selfheal"]["actions"])

@@ -558,7 +558,90 @@ async fn responses_inner(
         "request",
         json!({"model": model, "api": "responses", "tenant": t.caller.tenant}),
     );
-    let mut actions = Vec::new();
+    // The tool results in `input` go to the run's monitor, as a chat history's do; its verdict
+    // edits the request (guidance in `instructions`, hidden tools out of `tools`) or ends the run.
+    let tools = responses_tools(&req);
+    let mut req = req;
+    let now_ms = s.now_ms();
+    let (verdict, replayed) = {
+        let mut st = lock(&t.state);
+        st.requests += 1;
+        let items = req
+            .get("input")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        let replayed = heal::replay_items(&mut st, items, &tools, now_ms);
+        (st.monitor.check(now_ms), replayed)
+    };
+    for r in &replayed {
+        t.event("tool_result", json!({"tool": r.tool, "outcome": r.outcome}));
+    }
+    let newest_failed = replayed.last().is_some_and(|r| r.outcome != "ok");
+    if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
+        Metrics::inc(&s.metrics.aborts_total);
+        t.event("abort", json!({"reason": reason}));
+        t.finish("failed");
+        let actions = vec!["abort".to_owned()];
+        let text = format!("selfheal stopped this run: {reason}");
+        let mut answer = json!({"id": format!("resp_selfheal_{}", t.run), "object": "response",
+            "created_at": unix_ms() / 1000, "model": model, "status": "completed",
+            "output": [{"type": "message", "id": "msg_selfheal", "role": "assistant",
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]});
+        if let Some(o) = answer.as_object_mut() {
+            o.insert(
+                "selfheal".into(),
+                selfheal_report(&t.state, "failed", Some(&reason), &actions),
+            );
+        }
+        t.caller.redactor.value(&mut answer);
+        let mut resp = axum::Json(answer).into_response();
+        let reason = t.caller.redactor.text(&reason).into_owned();
+        add_headers(&mut resp, &t.run, "failed", &actions, Some(&reason));
+        return Ok(resp);
+    }
+    let mut edited = Vec::new();
+    if !verdict.guidance.is_empty() {
+        let text: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+        let note = format!("[selfheal] {}", text.join("\n"));
+        let instructions = match req.get("instructions").and_then(Value::as_str) {
+            Some(i) if !i.is_empty() => format!("{i}\n\n{note}"),
+            _ => note,
+        };
+        req.insert("instructions".into(), Value::String(instructions));
+        Metrics::inc(&s.metrics.guidance_total);
+        edited.push("guidance".to_owned());
+        t.event("guidance", json!({"text": text}));
+    }
+    let hidden: Vec<String> = verdict
+        .hidden_tools
+        .iter()
+        .filter(|h| tools.contains_key(h.as_str()))
+        .cloned()
+        .collect();
+    if !hidden.is_empty() {
+        if let Some(list) = req.get_mut("tools").and_then(Value::as_array_mut) {
+            list.retain(|t| {
+                t.get("name")
+                    .and_then(Value::as_str)
+                    .is_none_or(|n| !hidden.iter().any(|h| h == n))
+            });
+        }
+        let names_hidden = req
+            .get("tool_choice")
+            .and_then(|c| c.get("name"))
+            .and_then(Value::as_str)
+            .is_some_and(|n| hidden.iter().any(|h| h == n));
+        if names_hidden {
+            req.insert("tool_choice".into(), Value::from("auto"));
+        }
+        Metrics::inc(&s.metrics.tools_hidden_total);
+        edited.push("hide".to_owned());
+        t.event("hide", json!({"tools": hidden}));
+    }
+    let mut tools = tools;
+    tools.retain(|name, _| !hidden.contains(name));
+    let mut actions = edited;
     let mut log = CallLog::default();
     let creds = &t.caller.credentials;
     if req.get("stream").and_then(Value::as_bool) == Some(true) {
@@ -605,7 +688,6 @@ async fn responses_inner(
             return Err(e);
         }
     };
-    let tools = responses_tools(&req);
     let (mut repaired, mut invalid) = check_response_calls(&mut answer, &tools, &s.guides);
     if !invalid.is_empty() && reask_granted(&t, &invalid) {
         Metrics::inc(&s.metrics.reasks_total);

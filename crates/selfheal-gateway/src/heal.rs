@@ -271,33 +271,94 @@ pub fn replay(
             }
             None => ("unknown", Value::Null),
         };
-        let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
-        let outcome = if is_hard_failure_text(text) {
-            state.monitor.record(
-                &ToolCall::failed(name, &args, text).with_required(required),
-                now_ms,
-            );
-            "hard"
-        } else {
-            let value: Value =
-                serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()));
-            let soft = Monitor::is_soft_failure(&value);
-            state.monitor.record(
-                &ToolCall::returned(name, &args, &value).with_required(required),
-                now_ms,
-            );
-            if soft { "soft" } else { "ok" }
-        };
-        if outcome == "ok" {
-            state.successes += 1;
-        } else {
-            state.failures += 1;
+        out.push(feed(state, name, &args, text, *fp, tools, now_ms));
+    }
+    out
+}
+
+/// Records one new tool result in the run's monitor and its counters; remembers it as seen.
+fn feed(
+    state: &mut RunState,
+    name: &str,
+    args: &Value,
+    text: &str,
+    fp: u64,
+    tools: &ToolIndex,
+    now_ms: u64,
+) -> Replayed {
+    let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
+    let outcome = if is_hard_failure_text(text) {
+        state.monitor.record(
+            &ToolCall::failed(name, args, text).with_required(required),
+            now_ms,
+        );
+        "hard"
+    } else {
+        let value: Value =
+            serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()));
+        let soft = Monitor::is_soft_failure(&value);
+        state.monitor.record(
+            &ToolCall::returned(name, args, &value).with_required(required),
+            now_ms,
+        );
+        if soft { "soft" } else { "ok" }
+    };
+    if outcome == "ok" {
+        state.successes += 1;
+    } else {
+        state.failures += 1;
+    }
+    state.seen.insert(fp);
+    Replayed {
+        tool: name.to_owned(),
+        outcome,
+    }
+}
+
+/// [`replay`] for a Responses API `input`: its `function_call_output` items (by `call_id`),
+/// each matched to the `function_call` item that asked for it.
+pub fn replay_items(
+    state: &mut RunState,
+    items: &[Value],
+    tools: &ToolIndex,
+    now_ms: u64,
+) -> Vec<Replayed> {
+    let text_of = |v: Option<&Value>| match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let mut results: Vec<(String, String, u64)> = Vec::new();
+    for item in items.iter().rev() {
+        if item.get("type").and_then(Value::as_str) != Some("function_call_output") {
+            continue;
         }
-        state.seen.insert(*fp);
-        out.push(Replayed {
-            tool: name.to_owned(),
-            outcome,
+        let id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
+        let text = text_of(item.get("output"));
+        let fp = SeenResults::fingerprint(id, &text);
+        if state.seen.contains(fp) {
+            break;
+        }
+        results.push((id.to_owned(), text, fp));
+    }
+    results.reverse();
+    let mut out = Vec::new();
+    for (id, text, fp) in &results {
+        let call = items.iter().find(|i| {
+            i.get("type").and_then(Value::as_str) == Some("function_call")
+                && i.get("call_id").and_then(Value::as_str) == Some(id.as_str())
         });
+        let (name, args) = match call {
+            Some(c) => {
+                let raw = c.get("arguments").and_then(Value::as_str).unwrap_or("{}");
+                (
+                    c.get("name").and_then(Value::as_str).unwrap_or("unknown"),
+                    serde_json::from_str(raw).unwrap_or_else(|_| json!(raw)),
+                )
+            }
+            None => ("unknown", Value::Null),
+        };
+        out.push(feed(state, name, &args, text, *fp, tools, now_ms));
     }
     out
 }
