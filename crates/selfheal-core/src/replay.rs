@@ -134,6 +134,20 @@ mod tests {
     use crate::monitor::ToolCall;
     use crate::policy::{Options, Policy};
 
+    /// A started plan over `names`, their breakers and a default ledger.
+    fn plan_over(names: &[&str]) -> (CallPlan, Breakers, BudgetLedger) {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let config = crate::breaker::BreakerConfig {
+            after: 5,
+            cooldown_calls: 0,
+            cooldown_ms: 1000,
+        };
+        let mut br = Breakers::new(config, names.clone());
+        let mut plan = CallPlan::new(names, Mode::Heal, true);
+        plan.begin(&mut br, 0);
+        (plan, br, BudgetLedger::new(BudgetLimits::defaults()))
+    }
+
     fn plane(toml: &str) -> Plane {
         Plane::new(
             Policy::from_toml_str(toml).expect("policy"),
@@ -145,18 +159,7 @@ mod tests {
     #[test]
     fn the_same_policy_replays_every_call_decision_identically() {
         let p = Plane::default();
-        let names = vec!["a".to_string(), "b".to_string()];
-        let mut br = Breakers::new(
-            crate::breaker::BreakerConfig {
-                after: 5,
-                cooldown_calls: 0,
-                cooldown_ms: 1000,
-            },
-            names.clone(),
-        );
-        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
-        let mut plan = CallPlan::new(names, Mode::Heal, true);
-        plan.begin(&mut br, 0);
+        let (mut plan, mut br, mut ledger) = plan_over(&["a", "b"]);
         let mut rng = ConstRng(7);
         for _ in 0..6 {
             let step = plan.failed(&Signal::Timeout, &p, &mut br, &mut ledger, 0, &mut rng);
@@ -213,18 +216,7 @@ mod tests {
     #[test]
     fn events_round_trip_through_json_with_their_input() {
         let p = Plane::default();
-        let names = vec!["a".to_string()];
-        let mut br = Breakers::new(
-            crate::breaker::BreakerConfig {
-                after: 5,
-                cooldown_calls: 0,
-                cooldown_ms: 1000,
-            },
-            names.clone(),
-        );
-        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
-        let mut plan = CallPlan::new(names, Mode::Heal, true);
-        plan.begin(&mut br, 0);
+        let (mut plan, mut br, mut ledger) = plan_over(&["a"]);
         plan.failed(
             &Signal::Timeout,
             &p,

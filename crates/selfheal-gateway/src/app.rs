@@ -1293,21 +1293,21 @@ fn reask_turn(problems: &[String]) -> Value {
     )})
 }
 
-/// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
-/// run's ledger when it does): the core's [`selfheal_core::call::reask`].
-fn reask_granted(t: &Turn, problems: &[String]) -> bool {
+/// Makes a core decision on the run's ledger (`decide` says whether it grants the action and
+/// returns its traced event), records the event and, when granted, the action.
+fn decided(
+    t: &Turn,
+    action: &'static str,
+    decide: impl FnOnce(
+        &selfheal_core::call::Plane,
+        &mut selfheal_core::BudgetLedger,
+    ) -> (bool, selfheal_core::trace::Event),
+) -> bool {
     let (granted, event) = {
         let mut st = lock(&t.state);
-        let (decision, _, event) = selfheal_core::call::reask(
-            problems,
-            t.s.upstreams.plane(),
-            &mut st.ledger,
-            LadderState::default(),
-            &mut time_rng(),
-        );
-        let granted = decision == selfheal_core::call::Reask::Ask;
+        let (granted, event) = decide(t.s.upstreams.plane(), &mut st.ledger);
         if granted {
-            st.act("reask");
+            st.act(action);
         }
         (granted, event)
     };
@@ -1318,28 +1318,29 @@ fn reask_granted(t: &Turn, problems: &[String]) -> bool {
     granted
 }
 
+/// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
+/// run's ledger when it does): the core's [`selfheal_core::call::reask`].
+fn reask_granted(t: &Turn, problems: &[String]) -> bool {
+    decided(t, "reask", |plane, ledger| {
+        let (decision, _, event) = selfheal_core::call::reask(
+            problems,
+            plane,
+            ledger,
+            LadderState::default(),
+            &mut time_rng(),
+        );
+        (decision == selfheal_core::call::Reask::Ask, event)
+    })
+}
+
 /// Whether the policy re-issues a stream that broke before any content (charged when it does):
 /// the core's [`selfheal_core::call::stream_broke`].
 fn reissue_granted(t: &Turn) -> bool {
-    let (granted, event) = {
-        let mut st = lock(&t.state);
-        let (decision, event) = selfheal_core::call::stream_broke(
-            false,
-            t.s.upstreams.plane(),
-            &mut st.ledger,
-            &mut time_rng(),
-        );
-        let granted = decision == selfheal_core::call::StreamBreak::Reissue;
-        if granted {
-            st.act("reissue");
-        }
-        (granted, event)
-    };
-    t.event(
-        event.kind(),
-        serde_json::to_value(&event).unwrap_or(Value::Null),
-    );
-    granted
+    decided(t, "reissue", |plane, ledger| {
+        let (decision, event) =
+            selfheal_core::call::stream_broke(false, plane, ledger, &mut time_rng());
+        (decision == selfheal_core::call::StreamBreak::Reissue, event)
+    })
 }
 
 /// Jitter for backoffs, seeded from the clock (the core's decisions stay reproducible from
