@@ -102,26 +102,9 @@ pub enum Written {
     },
 }
 
-/// What a tool call produced, as a client sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// The tool raised.
-    Raised {
-        /// The error message.
-        message: String,
-        /// The HTTP-like status, if any.
-        status: Option<u16>,
-        /// `Retry-After` in ms, if any.
-        retry_after_ms: Option<u64>,
-        /// Whether it timed out.
-        timeout: bool,
-    },
-    /// The tool returned a body.
-    Returned {
-        /// The raw body text.
-        body: String,
-    },
-}
+/// What a tool call produced, as a client sees it: the same response type as [`crate::exec`]'s.
+pub use crate::exec::Response as Outcome;
+use crate::exec::raised;
 
 /// A parsed, usable step result.
 #[derive(Debug, Clone, PartialEq)]
@@ -597,15 +580,6 @@ pub fn sibling(group: Group) -> &'static str {
         Group::Fetch => "docs.summary",
         Group::Convert => "calc.convert_approx",
         Group::Multiply => "calc.multiply_rounded",
-    }
-}
-
-fn raised(message: String, status: Option<u16>) -> Outcome {
-    Outcome::Raised {
-        message,
-        status,
-        retry_after_ms: None,
-        timeout: false,
     }
 }
 

@@ -783,14 +783,7 @@ fn skew_value(v: &mut Value, factor: f64) {
 
 fn paths_mut<'v>(body: &'v mut Value, path: &str) -> Option<&'v mut Value> {
     let mut cur = body;
-    if path.is_empty() {
-        return Some(cur);
-    }
-    for part in path.split('.') {
-        let (name, idx) = match part.split_once('[') {
-            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (part, None),
-        };
+    for (name, idx) in crate::task::path_parts(path) {
         if !name.is_empty() {
             cur = cur.get_mut(name)?;
         }
@@ -911,7 +904,8 @@ fn malform(text: &str, op: MalformOp, keep: f64) -> String {
     }
 }
 
-fn raised(message: String, status: Option<u16>) -> Response {
+/// A raised response with this message and status.
+pub(crate) fn raised(message: String, status: Option<u16>) -> Response {
     Response::Raised {
         message,
         status,

@@ -331,17 +331,21 @@ pub struct TaskSpec {
     pub expected: Value,
 }
 
+/// The parts of `path` (`a.b[0].c`): each a field name (empty for a bare index) and an optional
+/// index. `""` has none: it is the whole value.
+pub(crate) fn path_parts(path: &str) -> impl Iterator<Item = (&str, Option<usize>)> {
+    path.split('.')
+        .filter(|_| !path.is_empty())
+        .map(|part| match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        })
+}
+
 /// Reads `path` (`a.b[0].c`; `""` is the whole value) in `v`.
 pub fn get_path<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
     let mut cur = v;
-    if path.is_empty() {
-        return Some(cur);
-    }
-    for part in path.split('.') {
-        let (name, idx) = match part.split_once('[') {
-            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (part, None),
-        };
+    for (name, idx) in path_parts(path) {
         if !name.is_empty() {
             cur = cur.get(name)?;
         }
