@@ -21,7 +21,6 @@
 //! ```
 
 pub mod catalogue;
-pub mod env;
 pub mod exec;
 pub mod faultmodel;
 pub mod faults;

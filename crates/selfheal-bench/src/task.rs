@@ -527,7 +527,7 @@ pub fn builtin_tool(group: Group) -> ToolSpec {
         external: group.is_external(),
         freshness: group.has_freshness(),
         substitute: group.substitute().map(str::to_owned),
-        sibling: Some(crate::env::sibling(group).to_owned()),
+        sibling: Some(sibling(group).to_owned()),
         noise,
         tolerance,
         behaviour: Behaviour::Builtin(group),
@@ -858,6 +858,22 @@ pub fn load_jsonl(text: &str) -> Result<Vec<TaskSpec>, TaskFileError> {
         });
     }
     Ok(out)
+}
+
+/// A real tool of the wrong kind that accepts the same arguments (the implicit wrong tool).
+pub fn sibling(group: Group) -> &'static str {
+    match group {
+        Group::Capital => "geo.largest_city",
+        Group::Currency => "geo.old_currency",
+        Group::Weather => "weather.forecast",
+        Group::Fx => "fx.rate_yesterday",
+        Group::Ticker => "company.parent_ticker",
+        Group::Price => "stock.open_price",
+        Group::Search => "search.news",
+        Group::Fetch => "docs.summary",
+        Group::Convert => "calc.convert_approx",
+        Group::Multiply => "calc.multiply_rounded",
+    }
 }
 
 #[cfg(test)]

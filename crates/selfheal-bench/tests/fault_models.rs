@@ -17,13 +17,18 @@ fn every_shipped_fault_model_parses_and_every_fault_applies_somewhere() {
         }
         files += 1;
         let text = std::fs::read_to_string(&path).unwrap();
-        let model = FaultModel::from_toml_str(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let model =
+            FaultModel::from_toml_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for f in &model.faults {
             let somewhere = tasks
                 .iter()
                 .any(|t| (0..t.plan.steps.len()).any(|s| f.applies(t, s)));
-            assert!(somewhere, "{}: `{}` applies nowhere", path.display(), f.name);
+            assert!(
+                somewhere,
+                "{}: `{}` applies nowhere",
+                path.display(),
+                f.name
+            );
         }
     }
     assert!(files >= 2, "the default and at least one other model ship");

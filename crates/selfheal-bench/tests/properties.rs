@@ -55,14 +55,20 @@ fn play_with(
 ) -> (Verdict, u64) {
     let mut ep = Episode::new(task, &[f], model, 7);
     let ended = s.run(&mut ep, r, policy, 7, false);
-    let verdict = match &ended.answer {
+    (
+        verdict(task, ended.answer.as_ref()),
+        ep.costs().verifier_calls,
+    )
+}
+
+fn verdict(task: &TaskSpec, answer: Option<&serde_json::Value>) -> Verdict {
+    match answer {
         None => Verdict::NoAnswer,
         Some(a) if selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected) => {
             Verdict::Correct
         }
         Some(_) => Verdict::Wrong,
-    };
-    (verdict, ep.costs().verifier_calls)
+    }
 }
 
 #[test]
@@ -121,20 +127,14 @@ fn a_wrong_substitute_behind_a_dead_primary_is_not_claimed() {
             skew: 0.08,
         },
     ];
-    let verdict = |s: Strategy, policy: Option<&Policy>| {
+    let run = |s: Strategy, policy: Option<&Policy>| {
         let mut ep = Episode::new(task, &faults, &model, 7);
-        match s.run(&mut ep, 5, policy, 7, false).answer {
-            None => Verdict::NoAnswer,
-            Some(a) if selfheal_bench::task::ANSWER_TOLERANCE.agrees(&a, &task.expected) => {
-                Verdict::Correct
-            }
-            Some(_) => Verdict::Wrong,
-        }
+        verdict(task, s.run(&mut ep, 5, policy, 7, false).answer.as_ref())
     };
-    assert_eq!(verdict(Strategy::React, None), Verdict::Wrong);
-    assert_eq!(verdict(Strategy::SelfHealing, None), Verdict::NoAnswer);
+    assert_eq!(run(Strategy::React, None), Verdict::Wrong);
+    assert_eq!(run(Strategy::SelfHealing, None), Verdict::NoAnswer);
     assert_eq!(
-        verdict(Strategy::SelfHealing, Some(&accepting())),
+        run(Strategy::SelfHealing, Some(&accepting())),
         Verdict::Wrong
     );
 }
