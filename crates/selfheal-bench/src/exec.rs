@@ -23,7 +23,6 @@ use selfheal_core::monitor::canonical_hash;
 use selfheal_core::rng::{Rng, SplitMix64};
 
 use crate::catalogue;
-use crate::env::latency;
 use crate::faultmodel::{
     ArgsOp, AsOf, Effect, FaultModel, Injected, MalformOp, RenameOp, Target, ToolOp,
 };
@@ -31,6 +30,20 @@ use crate::task::{
     ANSWER_TOLERANCE, Behaviour, FieldType, Plan, TaskSpec, ToolSpec, get_path, resolve_answer,
     resolve_args,
 };
+
+/// Simulated latencies, in milliseconds.
+pub mod latency {
+    /// An external tool call.
+    pub const TOOL: u64 = 150;
+    /// A local calculator call.
+    pub const LOCAL: u64 = 2;
+    /// A model call that writes one tool call.
+    pub const MODEL: u64 = 600;
+    /// A planning model call.
+    pub const PLAN: u64 = 900;
+    /// A call to the stronger fallback model.
+    pub const ESCALATE: u64 = 2_000;
+}
 
 /// Data older than this is stale.
 pub const MAX_AGE_MS: u64 = 3_600_000;
@@ -170,6 +183,8 @@ pub struct Episode<'t> {
     skipped: Vec<Option<FailureClass>>,
     /// Per step: whether the last body the step returned was unfaithful to the call.
     last_wrong: Vec<bool>,
+    /// Per step: whether a call by name ([`Episode::execute_named`]) has answered it readably.
+    answered: Vec<bool>,
     tally: Tally,
 }
 
@@ -199,8 +214,44 @@ impl<'t> Episode<'t> {
             last_fault: vec![None; n],
             skipped: vec![None; n],
             last_wrong: vec![false; n],
+            answered: vec![false; n],
             tally: Tally::default(),
         }
+    }
+
+    /// Executes a call of `tool` made by a client that has no plan of its own (a live model that
+    /// picks tools by name): the call is taken for the first step whose tool, or its substitute,
+    /// is `tool` and that has not been answered readably yet (the last such step once all are).
+    /// That step's tool-side faults apply exactly as for [`Episode::call`]; a tool of the task
+    /// that no step uses answers faithfully, and an unknown one with a 404.
+    pub fn execute_named(&mut self, tool: &str, args: &Value) -> ToolResponse {
+        let plan = &self.task.plan;
+        let steps: Vec<usize> = (0..plan.steps.len())
+            .filter(|&i| {
+                plan.step_tool(i)
+                    .is_some_and(|t| t.name == tool || t.substitute.as_deref() == Some(tool))
+            })
+            .collect();
+        let step = steps
+            .iter()
+            .copied()
+            .find(|&i| !self.answered[i])
+            .or_else(|| steps.last().copied());
+        let Some(step) = step else {
+            // No step uses it: step 0 only anchors the call (its faults strike its own tools).
+            return self.call(0, tool, args, Purpose::Step, false);
+        };
+        let out = self.call(step, tool, args, Purpose::Step, false);
+        if let Response::Returned { body } = &out.response
+            && let Ok(v) = serde_json::from_str::<Value>(body)
+            && plan
+                .read_paths(step)
+                .iter()
+                .all(|p| get_path(&v, p).is_some_and(|x| !x.is_null()))
+        {
+            self.answered[step] = true;
+        }
+        out
     }
 
     /// The plan: tools on offer and the calls to make. All a client knows about the task.
@@ -783,14 +834,7 @@ fn skew_value(v: &mut Value, factor: f64) {
 
 fn paths_mut<'v>(body: &'v mut Value, path: &str) -> Option<&'v mut Value> {
     let mut cur = body;
-    if path.is_empty() {
-        return Some(cur);
-    }
-    for part in path.split('.') {
-        let (name, idx) = match part.split_once('[') {
-            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (part, None),
-        };
+    for (name, idx) in crate::task::path_parts(path) {
         if !name.is_empty() {
             cur = cur.get_mut(name)?;
         }
@@ -911,7 +955,8 @@ fn malform(text: &str, op: MalformOp, keep: f64) -> String {
     }
 }
 
-fn raised(message: String, status: Option<u16>) -> Response {
+/// A raised response with this message and status.
+pub(crate) fn raised(message: String, status: Option<u16>) -> Response {
     Response::Raised {
         message,
         status,

@@ -21,7 +21,6 @@
 //! ```
 
 pub mod catalogue;
-pub mod env;
 pub mod exec;
 pub mod faultmodel;
 pub mod faults;
@@ -413,6 +412,16 @@ pub struct Paired {
     pub only_other: u64,
     /// Exact McNemar two-sided p-value on success.
     pub mcnemar_p: f64,
+    /// Episodes where self-healing returned a wrong answer as correct and the other the right
+    /// answer: a value self-healing accepted that the other did not.
+    pub self_wrong_other_right: u64,
+    /// Episodes where self-healing returned a wrong answer as correct and the other returned no
+    /// answer (it gave up or degraded before it could meet the wrong value, or instead of it).
+    pub self_wrong_other_none: u64,
+    /// Episodes where the other returned a wrong answer as correct and self-healing the right one.
+    pub other_wrong_self_right: u64,
+    /// Episodes where the other returned a wrong answer as correct and self-healing no answer.
+    pub other_wrong_self_none: u64,
 }
 
 /// The classifier's record: injected class (or none) against inferred class.
@@ -796,6 +805,8 @@ fn paired_comparisons(
                 .collect();
             let seed = config.seed ^ u64::from(budget) ^ (other as u64).rotate_left(7);
             let cmp = stats::compare(&pairs, n_tasks, seed);
+            let count = |f: &dyn Fn(&stats::Pair) -> bool| pairs.iter().filter(|p| f(p)).count();
+            let none = |success: bool, silent: bool| !success && !silent;
             out.push(Paired {
                 against: other.as_str(),
                 budget,
@@ -808,6 +819,12 @@ fn paired_comparisons(
                 only_self_healing: cmp.only_a,
                 only_other: cmp.only_b,
                 mcnemar_p: round4(cmp.mcnemar_p),
+                self_wrong_other_right: count(&|p| p.a_silent && p.b_success) as u64,
+                self_wrong_other_none: count(&|p| p.a_silent && none(p.b_success, p.b_silent))
+                    as u64,
+                other_wrong_self_right: count(&|p| p.b_silent && p.a_success) as u64,
+                other_wrong_self_none: count(&|p| p.b_silent && none(p.a_success, p.a_silent))
+                    as u64,
             });
         }
     }

@@ -128,7 +128,7 @@ pub fn table(report: &Report) -> String {
     for p in report.paired.iter().filter(|p| p.budget == top) {
         let _ = writeln!(
             out,
-            "self-healing vs {:<19} RSR {:>6} pp [{:>6}, {:>6}]  SFR {:>5} pp [{:>5}, {:>5}]  McNemar {}:{} p = {:.4}",
+            "self-healing vs {:<19} RSR {:>6} pp [{:>6}, {:>6}]  SFR {:>5} pp [{:>5}, {:>5}]  McNemar {}:{} p = {:.4}  wrong only here {}+{}, only there {}+{}",
             p.against,
             signed_pct(p.rsr_diff),
             signed_pct(p.rsr_ci[0]),
@@ -138,7 +138,11 @@ pub fn table(report: &Report) -> String {
             signed_pct(p.sfr_ci[1]),
             p.only_self_healing,
             p.only_other,
-            p.mcnemar_p
+            p.mcnemar_p,
+            p.self_wrong_other_right,
+            p.self_wrong_other_none,
+            p.other_wrong_self_right,
+            p.other_wrong_self_none
         );
     }
     out
@@ -253,11 +257,11 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             r.latency_ms
         );
     }
-    out.push_str("\n## Self-healing against each strategy, same episodes\n\nDifferences in percentage points (self-healing minus the other); 95 % intervals from a paired bootstrap that resamples whole tasks; McNemar's exact test on success (episodes only self-healing solved : only the other solved).\n\n| R | against | RSR diff | 95 % CI | TSR diff | SFR diff | 95 % CI | McNemar | p |\n|---:|---|---:|---|---:|---:|---|---|---:|\n");
+    out.push_str("\n## Self-healing against each strategy, same episodes\n\nDifferences in percentage points (self-healing minus the other); 95 % intervals from a paired bootstrap that resamples whole tasks; McNemar's exact test on success (episodes only self-healing solved : only the other solved). *Wrong only here* counts the episodes where self-healing returned a wrong answer as correct and the other did not, split by what the other returned (the right answer / none); *wrong only there* the reverse. A silent failure of self-healing where the other returned nothing is a wrong value met after a recovery the other did not make.\n\n| R | against | RSR diff | 95 % CI | TSR diff | SFR diff | 95 % CI | McNemar | p | wrong only here (other right / none) | wrong only there (here right / none) |\n|---:|---|---:|---|---:|---:|---|---|---:|---|---|\n");
     for p in &report.paired {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} to {} | {} | {} | {} to {} | {}:{} | {:.4} |",
+            "| {} | {} | {} | {} to {} | {} | {} | {} to {} | {}:{} | {:.4} | {} / {} | {} / {} |",
             p.budget,
             p.against,
             signed_pct(p.rsr_diff),
@@ -269,7 +273,11 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             signed_pct(p.sfr_ci[1]),
             p.only_self_healing,
             p.only_other,
-            p.mcnemar_p
+            p.mcnemar_p,
+            p.self_wrong_other_right,
+            p.self_wrong_other_none,
+            p.other_wrong_self_right,
+            p.other_wrong_self_none
         );
     }
     let cen = &report.census;

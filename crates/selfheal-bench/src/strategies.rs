@@ -193,6 +193,9 @@ impl Detectors {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct How {
     substitute: bool,
+    /// The client switched to the substitute because the two sources disagreed: it has chosen
+    /// to trust the other source, so checking it back against the one it distrusts is moot.
+    trust_substitute: bool,
     fresh: bool,
     regenerate: bool,
     writer: Writer,
@@ -204,6 +207,7 @@ impl Default for How {
     fn default() -> Self {
         How {
             substitute: false,
+            trust_substitute: false,
             fresh: false,
             regenerate: true,
             writer: Writer::Agent,
@@ -619,8 +623,10 @@ fn attempt(
     }
 }
 
-/// The cross-check: calls the substitute with the same arguments and compares the values the
-/// plan reads within the tool's tolerance. `None` when there is nothing to check against.
+/// The cross-check: calls the equivalent source with the same arguments and compares the values
+/// the plan reads within the tool's tolerance — the substitute for the primary's values, the
+/// primary for the substitute's (a substitute's value is otherwise unchecked). `None` when there
+/// is nothing to check against, or when the client switched sources because they disagreed.
 fn cross_check(
     ep: &mut Episode<'_>,
     s: usize,
@@ -630,10 +636,15 @@ fn cross_check(
 ) -> Option<Judgement> {
     let plan = ep.plan();
     let spec = plan.step_tool(s)?;
-    if !spec.external || how.substitute {
+    if !spec.external || how.trust_substitute {
         return None;
     }
-    let sub = spec.substitute.clone()?;
+    let sub = if how.substitute {
+        spec.substitute.as_ref()?;
+        spec.name.clone()
+    } else {
+        spec.substitute.clone()?
+    };
     let tol = spec.tolerance;
     let reads = plan.read_paths(s);
     let args = resolve_args(plan, s, outputs).ok()?;
@@ -674,6 +685,13 @@ fn cross_check(
         Judgement::Uncertain { .. } => ep.report_verdict(s, None),
     }
     Some(judgement)
+}
+
+/// Whether step `s`'s tool has an equivalent source.
+fn has_substitute(ep: &Episode<'_>, s: usize) -> bool {
+    ep.plan()
+        .step_tool(s)
+        .is_some_and(|t| t.substitute.is_some())
 }
 
 fn finish(ep: &Episode<'_>, outputs: &[Option<Value>]) -> Ended {
@@ -782,11 +800,7 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
         let has = |xs: &[&str]| xs.iter().any(|x| m.contains(x));
         let repeated = last_error[s].as_deref() == Some(m.as_str());
         last_error[s] = Some(m.clone());
-        let can_switch = ep
-            .plan()
-            .step_tool(s)
-            .is_some_and(|t| t.substitute.is_some())
-            && !how[s].substitute;
+        let can_switch = has_substitute(ep, s) && !how[s].substitute;
         if has(&["missing input"]) {
             ep.replan(Writer::Agent);
             s = outputs.iter().position(Option::is_none).unwrap_or(s).min(s);
@@ -794,6 +808,7 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
         }
         if has(&["disagrees"]) && can_switch {
             how[s].substitute = true;
+            how[s].trust_substitute = true;
         } else if has(&["stale"]) {
             how[s].fresh = true;
         } else if (has(&[
@@ -825,11 +840,13 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
     let mut outputs: Vec<Option<Value>> = vec![None; n];
     let mut replans = vec![0u32; n];
     let mut avoid = vec![false; n];
+    let mut trusted = vec![false; n];
     let mut fresh = vec![false; n];
     let mut s = 0;
     while s < n {
         let how = How {
             substitute: avoid[s],
+            trust_substitute: trusted[s],
             fresh: fresh[s],
             ..How::default()
         };
@@ -840,7 +857,12 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
                 .then(|| cross_check(ep, s, how, &v, &outputs))
                 .flatten()
             {
-                Some(Judgement::Reject { .. }) => true,
+                Some(Judgement::Reject { .. }) => {
+                    // Replanning away from a source that disagreed: the new plan trusts the
+                    // other one.
+                    trusted[s] = !avoid[s];
+                    true
+                }
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
                     outputs[s] = Some(v);
                     s += 1;
@@ -853,14 +875,12 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             }
             Attempt::Failed(f) => {
                 if matches!(f.signal, Signal::Stale { .. }) {
+                    // The primary's data is old: a new plan that avoids it trusts the other
+                    // source rather than checking it back against the old data.
                     fresh[s] = true;
+                    trusted[s] = true;
                 }
-                if f.called.is_some()
-                    && ep
-                        .plan()
-                        .step_tool(s)
-                        .is_some_and(|t| t.substitute.is_some())
-                {
+                if f.called.is_some() && has_substitute(ep, s) {
                     avoid[s] = true;
                 }
                 true
@@ -872,12 +892,7 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             }
             replans[s] += 1;
             ep.charge_recovery();
-            if det.verify
-                && ep
-                    .plan()
-                    .step_tool(s)
-                    .is_some_and(|t| t.substitute.is_some())
-            {
+            if det.verify && has_substitute(ep, s) {
                 avoid[s] = true;
             }
             ep.replan(Writer::Agent);
@@ -978,7 +993,7 @@ pub fn run_self_healing(
             trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
         }
     };
-    while s < n {
+    'steps: while s < n {
         if outputs[s].is_some() {
             s += 1;
             continue;
@@ -1115,117 +1130,141 @@ pub fn run_self_healing(
                 }
             }
         };
-        match directive {
-            Directive::Continue { .. } => how[s].regenerate = true,
-            Directive::Recover { class, action, .. } => {
-                st.ep.report_class(s, class);
-                st.ep.charge_recovery();
-                let model_side = match class {
-                    FailureClass::ArgumentInvalid
-                    | FailureClass::WrongTool
-                    | FailureClass::PlanningFailure
-                    | FailureClass::ControlLoop => true,
-                    FailureClass::ToolTimeout
-                    | FailureClass::ToolUnavailable
-                    | FailureClass::MalformedOutput
-                    | FailureClass::EmptyOutput
-                    | FailureClass::StaleContext
-                    | FailureClass::ContradictoryEvidence
-                    | FailureClass::VerificationFailure => false,
-                };
-                match action {
-                    RecoveryAction::Retry { delay_ms, .. } => {
-                        st.ep.wait(delay_ms);
-                        how[s].regenerate = model_side;
-                    }
-                    RecoveryAction::Repair { target } => match target {
-                        RepairTarget::Arguments => {
-                            how[s].fix_args = true;
-                            how[s].regenerate = true;
+        // A directive may bring another (a repaired body the cross-check rejects): each is
+        // carried out in turn.
+        let mut next = Some(directive);
+        while let Some(directive) = next.take() {
+            match directive {
+                Directive::Continue { .. } => how[s].regenerate = true,
+                Directive::Recover { class, action, .. } => {
+                    st.ep.report_class(s, class);
+                    st.ep.charge_recovery();
+                    let model_side = match class {
+                        FailureClass::ArgumentInvalid
+                        | FailureClass::WrongTool
+                        | FailureClass::PlanningFailure
+                        | FailureClass::ControlLoop => true,
+                        FailureClass::ToolTimeout
+                        | FailureClass::ToolUnavailable
+                        | FailureClass::MalformedOutput
+                        | FailureClass::EmptyOutput
+                        | FailureClass::StaleContext
+                        | FailureClass::ContradictoryEvidence
+                        | FailureClass::VerificationFailure => false,
+                    };
+                    match action {
+                        RecoveryAction::Retry { delay_ms, .. } => {
+                            st.ep.wait(delay_ms);
+                            how[s].regenerate = model_side;
                         }
-                        RepairTarget::ToolChoice => {
-                            how[s].fix_tool = true;
-                            how[s].regenerate = true;
-                        }
-                        RepairTarget::Output => {
-                            let repaired = last_body[s]
-                                .as_deref()
-                                .map(|b| repair_output(st.ep.plan(), s, b));
-                            let checked = repaired.map(|r| {
-                                r.and_then(|v| {
-                                    check_body(
-                                        st.ep.plan(),
-                                        s,
-                                        &v,
-                                        Detectors::ALL,
-                                        st.ep.data_now(),
-                                    )
-                                    .map(|()| v)
-                                    .map_err(|f| f.message)
-                                })
-                            });
-                            let now = st.ep.now();
-                            match checked {
-                                Some(Ok(v)) => {
-                                    let d = st.ctl.observe(
-                                        Observation::Verified {
-                                            step: Some(s as u32),
-                                            verifier: "repair",
-                                            judgement: Judgement::Accept,
-                                            options: Options::default(),
-                                        },
-                                        now,
-                                        &mut st.rng,
-                                    );
-                                    if matches!(d, Directive::Continue { .. }) {
-                                        outputs[s] = Some(v);
-                                        s += 1;
-                                        continue;
+                        RecoveryAction::Repair { target } => match target {
+                            RepairTarget::Arguments => {
+                                how[s].fix_args = true;
+                                how[s].regenerate = true;
+                            }
+                            RepairTarget::ToolChoice => {
+                                how[s].fix_tool = true;
+                                how[s].regenerate = true;
+                            }
+                            RepairTarget::Output => {
+                                let repaired = last_body[s]
+                                    .as_deref()
+                                    .map(|b| repair_output(st.ep.plan(), s, b));
+                                let checked = repaired.map(|r| {
+                                    r.and_then(|v| {
+                                        check_body(
+                                            st.ep.plan(),
+                                            s,
+                                            &v,
+                                            Detectors::ALL,
+                                            st.ep.data_now(),
+                                        )
+                                        .map(|()| v)
+                                        .map_err(|f| f.message)
+                                    })
+                                });
+                                match checked {
+                                    Some(Ok(v)) => {
+                                        // A repaired body is an output like any other: its values
+                                        // are cross-checked before they are used. Without a second
+                                        // source the repair's own check (it parsed, the plan's
+                                        // fields are there) is all there is.
+                                        let (verifier, judgement) =
+                                            match cross_check(st.ep, s, how[s], &v, &outputs) {
+                                                Some(j) => ("cross_check", j),
+                                                None => ("repair", Judgement::Accept),
+                                            };
+                                        let options = st.options(s, how[s], None, &outputs);
+                                        let now = st.ep.now();
+                                        let d = st.ctl.observe(
+                                            Observation::Verified {
+                                                step: Some(s as u32),
+                                                verifier,
+                                                judgement,
+                                                options,
+                                            },
+                                            now,
+                                            &mut st.rng,
+                                        );
+                                        match d {
+                                            Directive::Continue { .. } => {
+                                                outputs[s] = Some(v);
+                                                s += 1;
+                                                continue 'steps;
+                                            }
+                                            Directive::Recover { .. } => next = Some(d),
+                                            Directive::Degrade { .. } | Directive::Abort { .. } => {
+                                                return end(&mut st);
+                                            }
+                                        }
                                     }
-                                    return end(&mut st);
-                                }
-                                Some(Err(_)) | None => {
-                                    // Refused: fetch the body again next time.
-                                    how[s].regenerate = false;
+                                    Some(Err(_)) | None => {
+                                        // Refused: fetch the body again next time.
+                                        how[s].regenerate = false;
+                                    }
                                 }
                             }
+                            RepairTarget::Request => how[s].regenerate = true,
+                        },
+                        RecoveryAction::Substitute { .. } => {
+                            how[s].substitute = true;
+                            how[s].regenerate = true;
+                            // The primary's data is known to be old: checking the substitute
+                            // back against it says nothing. Every other cause leaves the primary
+                            // as the one source to check the substitute against.
+                            how[s].trust_substitute = class == FailureClass::StaleContext;
                         }
-                        RepairTarget::Request => how[s].regenerate = true,
-                    },
-                    RecoveryAction::Substitute { .. } => {
-                        how[s].substitute = true;
-                        how[s].regenerate = true;
-                    }
-                    RecoveryAction::Replan => {
-                        st.ep.replan(how[s].writer);
-                        how[s].regenerate = true;
-                        if let Some(m) = outputs.iter().position(Option::is_none)
-                            && m < s
-                        {
-                            s = m;
-                        }
-                    }
-                    RecoveryAction::Refresh => {
-                        how[s].fresh = true;
-                        how[s].regenerate = false;
-                    }
-                    RecoveryAction::Escalate { .. } => {
-                        how[s].writer = Writer::Fallback;
-                        how[s].regenerate = true;
-                        if class == FailureClass::PlanningFailure {
-                            st.ep.replan(Writer::Fallback);
+                        RecoveryAction::Replan => {
+                            st.ep.replan(how[s].writer);
+                            how[s].regenerate = true;
                             if let Some(m) = outputs.iter().position(Option::is_none)
                                 && m < s
                             {
                                 s = m;
-                                how[s].writer = Writer::Fallback;
                             }
                         }
+                        RecoveryAction::Refresh => {
+                            how[s].fresh = true;
+                            how[s].regenerate = false;
+                        }
+                        RecoveryAction::Escalate { .. } => {
+                            how[s].writer = Writer::Fallback;
+                            how[s].regenerate = true;
+                            if class == FailureClass::PlanningFailure {
+                                st.ep.replan(Writer::Fallback);
+                                if let Some(m) = outputs.iter().position(Option::is_none)
+                                    && m < s
+                                {
+                                    s = m;
+                                    how[s].writer = Writer::Fallback;
+                                }
+                            }
+                        }
+                        RecoveryAction::Degrade | RecoveryAction::Terminate => return end(&mut st),
                     }
-                    RecoveryAction::Degrade | RecoveryAction::Terminate => return end(&mut st),
                 }
+                Directive::Degrade { .. } | Directive::Abort { .. } => return end(&mut st),
             }
-            Directive::Degrade { .. } | Directive::Abort { .. } => return end(&mut st),
         }
     }
     let now = st.ep.now();

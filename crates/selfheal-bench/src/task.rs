@@ -331,17 +331,21 @@ pub struct TaskSpec {
     pub expected: Value,
 }
 
+/// The parts of `path` (`a.b[0].c`): each a field name (empty for a bare index) and an optional
+/// index. `""` has none: it is the whole value.
+pub(crate) fn path_parts(path: &str) -> impl Iterator<Item = (&str, Option<usize>)> {
+    path.split('.')
+        .filter(|_| !path.is_empty())
+        .map(|part| match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        })
+}
+
 /// Reads `path` (`a.b[0].c`; `""` is the whole value) in `v`.
 pub fn get_path<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
     let mut cur = v;
-    if path.is_empty() {
-        return Some(cur);
-    }
-    for part in path.split('.') {
-        let (name, idx) = match part.split_once('[') {
-            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (part, None),
-        };
+    for (name, idx) in path_parts(path) {
         if !name.is_empty() {
             cur = cur.get(name)?;
         }
@@ -523,7 +527,7 @@ pub fn builtin_tool(group: Group) -> ToolSpec {
         external: group.is_external(),
         freshness: group.has_freshness(),
         substitute: group.substitute().map(str::to_owned),
-        sibling: Some(crate::env::sibling(group).to_owned()),
+        sibling: Some(sibling(group).to_owned()),
         noise,
         tolerance,
         behaviour: Behaviour::Builtin(group),
@@ -854,6 +858,22 @@ pub fn load_jsonl(text: &str) -> Result<Vec<TaskSpec>, TaskFileError> {
         });
     }
     Ok(out)
+}
+
+/// A real tool of the wrong kind that accepts the same arguments (the implicit wrong tool).
+pub fn sibling(group: Group) -> &'static str {
+    match group {
+        Group::Capital => "geo.largest_city",
+        Group::Currency => "geo.old_currency",
+        Group::Weather => "weather.forecast",
+        Group::Fx => "fx.rate_yesterday",
+        Group::Ticker => "company.parent_ticker",
+        Group::Price => "stock.open_price",
+        Group::Search => "search.news",
+        Group::Fetch => "docs.summary",
+        Group::Convert => "calc.convert_approx",
+        Group::Multiply => "calc.multiply_rounded",
+    }
 }
 
 #[cfg(test)]

@@ -73,6 +73,8 @@ fn the_episode_exposes_no_truth_or_schedule() {
         public,
         [
             "new",
+            // A call by tool name, for a live model that has no plan: a client operation.
+            "execute_named",
             "plan",
             "costs",
             "now",

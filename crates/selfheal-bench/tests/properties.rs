@@ -8,6 +8,16 @@ use selfheal_bench::faultmodel::{FaultModel, Injected};
 use selfheal_bench::strategies::Strategy;
 use selfheal_bench::task::{TaskSpec, builtin};
 use selfheal_bench::{BenchConfig, run};
+use selfheal_core::policy::Policy;
+
+/// The default policy, but taking a value a recovery put in doubt when the verifier cannot judge
+/// it (a substitute's answer while the primary is down).
+fn accepting() -> Policy {
+    Policy {
+        accept_unverified_recovery: true,
+        ..Policy::default()
+    }
+}
 
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
@@ -32,16 +42,33 @@ fn one(name: &str, step: usize, permanent: bool, k: u32, skew: f64) -> (FaultMod
 }
 
 fn play(task: &TaskSpec, model: &FaultModel, f: Injected, s: Strategy, r: u32) -> (Verdict, u64) {
+    play_with(task, model, f, s, r, None)
+}
+
+fn play_with(
+    task: &TaskSpec,
+    model: &FaultModel,
+    f: Injected,
+    s: Strategy,
+    r: u32,
+    policy: Option<&Policy>,
+) -> (Verdict, u64) {
     let mut ep = Episode::new(task, &[f], model, 7);
-    let ended = s.run(&mut ep, r, None, 7, false);
-    let verdict = match &ended.answer {
+    let ended = s.run(&mut ep, r, policy, 7, false);
+    (
+        verdict(task, ended.answer.as_ref()),
+        ep.costs().verifier_calls,
+    )
+}
+
+fn verdict(task: &TaskSpec, answer: Option<&serde_json::Value>) -> Verdict {
+    match answer {
         None => Verdict::NoAnswer,
         Some(a) if selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected) => {
             Verdict::Correct
         }
         Some(_) => Verdict::Wrong,
-    };
-    (verdict, ep.costs().verifier_calls)
+    }
 }
 
 #[test]
@@ -65,9 +92,50 @@ fn a_permanent_503_needs_a_substitute_not_a_retry() {
     );
     // react switches tools on a permanent-looking failure, as does self-healing.
     assert_eq!(play(task, &m, f, Strategy::React, 5).0, Verdict::Correct);
+    // The substitute's answer cannot be checked against a primary that is down: the default
+    // policy does not claim it; a policy that accepts unverified recoveries does.
     assert_eq!(
         play(task, &m, f, Strategy::SelfHealing, 5).0,
+        Verdict::NoAnswer
+    );
+    assert_eq!(
+        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&accepting())).0,
         Verdict::Correct
+    );
+}
+
+#[test]
+fn a_wrong_substitute_behind_a_dead_primary_is_not_claimed() {
+    // The primary is down for good and the substitute is wrong: whoever takes the substitute's
+    // answer unchecked returns a wrong one.
+    let task = &builtin(2)[1];
+    let model = FaultModel::default_model().unwrap();
+    let at = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
+    let faults = [
+        Injected {
+            step: 1,
+            spec: at("unavailable_503"),
+            permanent: true,
+            k: 1,
+            skew: 0.0,
+        },
+        Injected {
+            step: 1,
+            spec: at("substitute_wrong"),
+            permanent: true,
+            k: 1,
+            skew: 0.08,
+        },
+    ];
+    let run = |s: Strategy, policy: Option<&Policy>| {
+        let mut ep = Episode::new(task, &faults, &model, 7);
+        verdict(task, s.run(&mut ep, 5, policy, 7, false).answer.as_ref())
+    };
+    assert_eq!(run(Strategy::React, None), Verdict::Wrong);
+    assert_eq!(run(Strategy::SelfHealing, None), Verdict::NoAnswer);
+    assert_eq!(
+        run(Strategy::SelfHealing, Some(&accepting())),
+        Verdict::Wrong
     );
 }
 
@@ -113,10 +181,15 @@ fn both_sources_wrong_fools_every_cross_check() {
 #[test]
 fn a_cut_body_is_not_repaired_into_an_answer() {
     let task = &builtin(1)[0];
-    // Permanently cut on the primary: repair must refuse; the substitute has the data.
+    // Permanently cut on the primary: repair must refuse; the substitute has the data, but the
+    // cut primary cannot confirm it, so only a policy that accepts unverified recoveries takes it.
     let (m, f) = one("truncated", 1, true, 1, 0.0);
     assert_eq!(
         play(task, &m, f, Strategy::SelfHealing, 5).0,
+        Verdict::NoAnswer
+    );
+    assert_eq!(
+        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&accepting())).0,
         Verdict::Correct
     );
     let mut ep = Episode::new(task, &[f], &m, 7);

@@ -165,6 +165,11 @@ struct OpenFailure {
     class: FailureClass,
     tool: Option<String>,
     ladder: LadderState,
+    /// The last recovery action taken for it: a success after a substitution is in doubt until
+    /// verified ([`Policy::in_doubt`]).
+    last_action: Option<ActionKind>,
+    /// The tool the last action substituted for the failing one: its output is the recovery's.
+    alternative: Option<String>,
 }
 
 const MAX_UNRESOLVED: usize = 64;
@@ -246,7 +251,10 @@ impl Controller {
     /// verifier rejecting that step's output, the success was not one: the failure is reopened and
     /// the rejection climbs its ladder (keeping its retry and action counts), so a call whose
     /// retries keep returning output that fails verification stays bounded by the per-failure cap
-    /// instead of starting a fresh ladder with every retry.
+    /// instead of starting a fresh ladder with every retry. When it is a verifier that could not
+    /// judge an output the recovery put in doubt ([`Policy::in_doubt`]: a substitute's, or one
+    /// answering a disagreement), the run degrades unless the policy
+    /// [accepts unverified recoveries](Policy::accept_unverified_recovery).
     pub fn observe(&mut self, obs: Observation<'_>, now_ms: u64, rng: &mut dyn Rng) -> Directive {
         if let Some(d) = self.stopped_directive() {
             return d;
@@ -327,6 +335,25 @@ impl Controller {
                         !(u.step == step && u.class == FailureClass::VerificationFailure)
                     });
                 }
+                // A verifier that could not judge a value the recovery put in doubt (a
+                // substitute's, or one that answers a disagreement) has not settled it: unless the
+                // policy accepts unverified recoveries, the failure stays unresolved and the run
+                // degrades instead of returning a guess as correct.
+                if let Judgement::Uncertain { reason } = &judgement
+                    && !self.policy.accept_unverified_recovery
+                    && self.open.is_none()
+                    && let Some(o) = just_resolved
+                        .as_ref()
+                        .filter(|o| o.step == step && Policy::in_doubt(o.class, o.last_action))
+                {
+                    let why = format!(
+                        "the value recovered from {} at step {} could not be verified ({verifier}: {reason})",
+                        o.class,
+                        step.map_or_else(|| "-".to_owned(), |s| s.to_string())
+                    );
+                    self.push_unresolved(step, FailureClass::VerificationFailure, o.tool.clone());
+                    return self.stop(now_ms, RunStatus::Partial, why, true);
+                }
                 let signal = match judgement {
                     Judgement::Reject { reason } => Some(Signal::VerifierRejected { reason }),
                     Judgement::Accept | Judgement::Uncertain { .. } => None,
@@ -397,12 +424,14 @@ impl Controller {
             // Success: whatever was open on this step is resolved. A success is progress, so the
             // failure-rate abort is not applied here; the next failure is judged on its own.
             if self.open.as_ref().is_some_and(|o| o.step == step) {
-                // Only a success of the failing tool itself may be taken back by a verifier:
-                // another tool's output on the same step is a new attempt with its own ladder.
-                self.just_resolved = self
-                    .open
-                    .take()
-                    .filter(|o| o.tool.is_none() || o.tool.as_deref() == tool);
+                // Only a success of the failing tool itself, or of the substitute the recovery
+                // chose, may be taken back by a verifier: another tool's output on the same step
+                // is a new attempt with its own ladder.
+                self.just_resolved = self.open.take().filter(|o| {
+                    o.tool.is_none()
+                        || o.tool.as_deref() == tool
+                        || (tool.is_some() && o.alternative.as_deref() == tool)
+                });
             }
             let verdict = self.monitor.check(now_ms);
             return Directive::Continue {
@@ -520,11 +549,18 @@ impl Controller {
             }
             action => {
                 self.trace.healing.healed += 1;
+                let alternative = if let RecoveryAction::Substitute { alternative } = &action {
+                    Some(alternative.clone())
+                } else {
+                    None
+                };
                 self.open = Some(OpenFailure {
                     step,
                     class: classification.class,
                     tool: tool.map(str::to_owned),
                     ladder: decision.next,
+                    last_action: Some(kind),
+                    alternative,
                 });
                 Directive::Recover {
                     step,

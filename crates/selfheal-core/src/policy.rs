@@ -13,7 +13,7 @@
 //! | class | ladder | why |
 //! |---|---|---|
 //! | `tool_timeout` | retry, retry, substitute, replan, escalate, degrade | transient: waiting fixes it; if not, route around |
-//! | `tool_unavailable` | substitute, replan, escalate, degrade | persistent: retrying is waste |
+//! | `tool_unavailable` | retry, substitute, replan, escalate, degrade | persistent, or so it looks after one failure: one retry first, because a substitute's answer is in doubt until the primary confirms it (see *Values in doubt*), while a retry's can be cross-checked |
 //! | `argument_invalid` | repair, retry, escalate, replan, degrade | repair is free; a re-ask with the precise error next |
 //! | `malformed_output` | repair, retry, substitute, escalate, degrade | parse what came back before asking again |
 //! | `empty_output` | retry, substitute, replan, degrade | an empty answer is often a blip; else another source |
@@ -26,6 +26,16 @@
 //!
 //! The table is loadable from TOML (see [`Policy::from_toml_str`]); classes a file leaves out keep
 //! their default ladder.
+//!
+//! # Values in doubt
+//!
+//! A recovery can end in a value that is checked less than the plan's own tool would have been:
+//! a substitute's answer cannot be cross-checked against the tool that just failed, and a re-read
+//! after two sources disagreed settles nothing if the second source cannot answer. Such a value
+//! is *in doubt* ([`Policy::in_doubt`]) until a verifier accepts it; when the verifier runs and
+//! cannot tell, the default policy does not claim it as correct but degrades
+//! ([`Policy::accept_unverified_recovery`]). This trades recoveries for silent failures: without
+//! it a wrong substitute, or the other side of a disagreement, is returned as if it were right.
 
 use std::collections::BTreeMap;
 
@@ -352,6 +362,10 @@ pub enum SkipReason {
     NotApplicable,
     /// The budget dimension it needs is spent.
     BudgetSpent,
+    /// A retry rung, when the failure has already had as many retries as the ladder holds up to
+    /// this rung: a failure whose class changed on the way (a timeout that turned out to be an
+    /// outage) does not retry again what it already retried.
+    AlreadyTaken,
 }
 
 /// The policy's decision for one failure.
@@ -376,6 +390,15 @@ pub struct Policy {
     /// ladder and the budget limit it). The benchmark's per-failure budget `R`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_actions_per_failure: Option<u32>,
+    /// Whether a value is taken as correct when a verifier could not judge it although a recovery
+    /// put it in doubt: it came from a substitute, or it answers a disagreement or a rejection
+    /// (see [`Policy::in_doubt`]). `false`, the default: such a value is not claimed as correct;
+    /// the failure stays unresolved and the run degrades with a partial result. A recovery must
+    /// not leave a value checked less than the plan's own tool would have been: when the verifier
+    /// can run, a value it could not confirm is a guess, and a guess returned as correct is a
+    /// silent failure. (With no verifier at all, nothing is held back.)
+    #[serde(default)]
+    pub accept_unverified_recovery: bool,
     /// The action to take when only one is left for a failure (see `max_actions_per_failure`):
     /// not the cheapest rung but the one that fixes the most causes of the class. A last retry of
     /// a tool that may be down is a coin toss; a substitute is not. Used only when feasible;
@@ -398,7 +421,12 @@ impl Default for Policy {
                     FailureClass::ToolTimeout => {
                         vec![Retry, Retry, Substitute, Replan, Escalate, Degrade]
                     }
-                    FailureClass::ToolUnavailable => vec![Substitute, Replan, Escalate, Degrade],
+                    // One retry before the substitute: a substitute's answer counts only once the
+                    // tool that failed confirms it, a retry's answer can be cross-checked, and a
+                    // 503 on the first call is as often transient as not.
+                    FailureClass::ToolUnavailable => {
+                        vec![Retry, Substitute, Replan, Escalate, Degrade]
+                    }
                     FailureClass::ArgumentInvalid => vec![Repair, Retry, Escalate, Replan, Degrade],
                     FailureClass::MalformedOutput => {
                         vec![Repair, Retry, Substitute, Escalate, Degrade]
@@ -424,6 +452,7 @@ impl Default for Policy {
             ladders,
             max_actions_per_failure: None,
             last_chance: default_last_chance(),
+            accept_unverified_recovery: false,
         }
     }
 }
@@ -439,6 +468,8 @@ struct PolicyFile {
     max_actions_per_failure: Option<u32>,
     #[serde(default)]
     last_chance: BTreeMap<FailureClass, ActionKind>,
+    #[serde(default)]
+    accept_unverified_recovery: bool,
 }
 
 /// The default last-chance actions: substitute for tool and data failures, escalate for the
@@ -482,6 +513,7 @@ impl Policy {
         let mut policy = Policy {
             retry: file.retry,
             max_actions_per_failure: file.max_actions_per_failure,
+            accept_unverified_recovery: file.accept_unverified_recovery,
             ..Policy::default()
         };
         for (class, action) in file.last_chance {
@@ -520,6 +552,26 @@ impl Policy {
         } else {
             Err(PolicyError::Invalid(problems.join("; ")))
         }
+    }
+
+    /// Whether a value that recovering from a `class` failure by `last_action` produced is in
+    /// doubt until a verifier accepts it: it came from another source than the plan's tool (a
+    /// substitute), or the failure was itself about the value (two sources disagreed, a verifier
+    /// rejected it). See [`Policy::accept_unverified_recovery`].
+    pub fn in_doubt(class: FailureClass, last_action: Option<ActionKind>) -> bool {
+        let about_the_value = match class {
+            FailureClass::ContradictoryEvidence | FailureClass::VerificationFailure => true,
+            FailureClass::ToolTimeout
+            | FailureClass::ToolUnavailable
+            | FailureClass::ArgumentInvalid
+            | FailureClass::MalformedOutput
+            | FailureClass::EmptyOutput
+            | FailureClass::WrongTool
+            | FailureClass::StaleContext
+            | FailureClass::PlanningFailure
+            | FailureClass::ControlLoop => false,
+        };
+        about_the_value || last_action == Some(ActionKind::Substitute)
     }
 
     /// The ladder for a class (empty if the class has none: it degrades at once).
@@ -635,6 +687,16 @@ impl Policy {
             if ended || !budget.can_afford(&charge) {
                 skipped.push((kind, SkipReason::BudgetSpent));
                 continue;
+            }
+            if kind == ActionKind::Retry {
+                let asked = ladder[..=rung]
+                    .iter()
+                    .filter(|&&k| k == ActionKind::Retry)
+                    .count();
+                if state.retries as usize >= asked {
+                    skipped.push((kind, SkipReason::AlreadyTaken));
+                    continue;
+                }
             }
             let mut next = LadderState {
                 rung: rung + 1,

@@ -824,3 +824,147 @@ fn another_tools_rejected_output_on_a_reused_step_starts_its_own_ladder() {
         "weather's own ladder has rungs left: {d:?}"
     );
 }
+
+fn uncertain(step: u32) -> Observation<'static> {
+    verified(
+        step,
+        "cross_check",
+        Judgement::Uncertain {
+            reason: "the other source did not answer".into(),
+        },
+    )
+}
+
+/// Drives a 503 on step 1 until the controller substitutes, then reports the substitute's answer.
+fn substituted(c: &mut Controller, rng: &mut ConstRng) {
+    let a = json!({"q": "rust"});
+    let result = json!({"hits": [1]});
+    for t in 0..4 {
+        let d = c.observe(tool_failed(1, "search", &a, "HTTP 503", http(503)), t, rng);
+        let Directive::Recover { action, .. } = d else {
+            panic!("expected a recovery, got {d:?}");
+        };
+        if matches!(action, RecoveryAction::Substitute { .. }) {
+            let d = c.observe(tool_ok(1, "backup_search", &a, &result), 10, rng);
+            assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+            return;
+        }
+    }
+    panic!("no substitution within four failures");
+}
+
+#[test]
+fn a_substitute_the_verifier_could_not_judge_degrades() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    substituted(&mut c, &mut rng);
+    let d = c.observe(uncertain(1), 11, &mut rng);
+    assert!(
+        matches!(d, Directive::Degrade { ref reason } if reason.contains("could not be verified")),
+        "{d:?}"
+    );
+    let out = c.finish(12);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert!(
+        out.unresolved
+            .iter()
+            .any(|u| u.step == Some(1) && u.class == FailureClass::VerificationFailure)
+    );
+}
+
+#[test]
+fn a_substitute_the_verifier_accepts_completes() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    substituted(&mut c, &mut rng);
+    let d = c.observe(verified(1, "cross_check", Judgement::Accept), 11, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(12).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_substitute_with_no_verifier_completes() {
+    // Nothing to check it against: nothing is held back.
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    substituted(&mut c, &mut rng);
+    assert_eq!(c.finish(12).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_policy_may_accept_unverified_recoveries() {
+    let mut cfg = ControllerConfig {
+        budget: BudgetLimits::defaults(),
+        ..ControllerConfig::default()
+    };
+    cfg.policy.accept_unverified_recovery = true;
+    let mut c = Controller::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    substituted(&mut c, &mut rng);
+    let d = c.observe(uncertain(1), 11, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(12).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_retried_value_the_verifier_could_not_judge_stands() {
+    // A retry's answer comes from the plan's own tool: an uncertain verdict leaves it checked as
+    // well as an answer that never failed.
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let d = c.observe(timed_out(1, "search", &a), 0, &mut rng);
+    assert!(
+        matches!(
+            d,
+            Directive::Recover {
+                action: RecoveryAction::Retry { .. },
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    let result = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "search", &a, &result), 1, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(uncertain(1), 2, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(3).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_disagreement_left_unsettled_degrades() {
+    // Two sources disagreed; the re-read comes back, but the other source cannot answer now.
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let a = json!({"city": "Oslo"});
+    let result = json!({"temp_c": 4.0});
+    let d = c.observe(
+        Observation::ToolFinished {
+            step: Some(2),
+            call: ToolCall::returned("weather", &a, &result),
+            signal: Some(Signal::Contradiction {
+                detail: "4.0 here, 9.0 there".into(),
+            }),
+            options: opts(),
+            usage: Amounts::default(),
+        },
+        0,
+        &mut rng,
+    );
+    assert!(
+        matches!(
+            d,
+            Directive::Recover {
+                class: FailureClass::ContradictoryEvidence,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    let d = c.observe(tool_ok(2, "weather", &a, &result), 1, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(uncertain(2), 2, &mut rng);
+    assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
+    assert_eq!(c.finish(3).status, RunStatus::Partial);
+}

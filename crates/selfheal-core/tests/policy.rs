@@ -243,3 +243,65 @@ fn retry_delay_honours_retry_after() {
         }
     );
 }
+
+#[test]
+fn an_outage_on_the_first_call_is_retried_once_before_the_substitute() {
+    let p = Policy::default();
+    let ledger = BudgetLedger::new(BudgetLimits::unlimited());
+    let opts = Options::all("alt", "big");
+    let mut rng = ConstRng(0);
+    let f = Classification {
+        class: FailureClass::ToolUnavailable,
+        error_type: FailureClass::ToolUnavailable.default_error_type(),
+        retry_after_ms: None,
+    };
+    let d1 = p.decide(LadderState::default(), &f, &opts, &ledger, &mut rng);
+    assert!(
+        matches!(d1.action, RecoveryAction::Retry { attempt: 1, .. }),
+        "{d1:?}"
+    );
+    let d2 = p.decide(d1.next, &f, &opts, &ledger, &mut rng);
+    assert!(
+        matches!(d2.action, RecoveryAction::Substitute { .. }),
+        "{d2:?}"
+    );
+    // A failure that was retried twice as a timeout before it looked like an outage is not
+    // retried a third time.
+    let retried = LadderState {
+        rung: 0,
+        retries: 2,
+        actions: 2,
+    };
+    let d = p.decide(retried, &f, &opts, &ledger, &mut rng);
+    assert!(
+        matches!(d.action, RecoveryAction::Substitute { .. }),
+        "{d:?}"
+    );
+    assert_eq!(
+        d.skipped,
+        vec![(ActionKind::Retry, SkipReason::AlreadyTaken)]
+    );
+}
+
+#[test]
+fn values_in_doubt_are_those_from_another_source_or_about_the_value() {
+    for class in FailureClass::ALL {
+        let about_the_value = matches!(
+            class,
+            FailureClass::ContradictoryEvidence | FailureClass::VerificationFailure
+        );
+        assert_eq!(Policy::in_doubt(class, None), about_the_value, "{class}");
+        assert_eq!(
+            Policy::in_doubt(class, Some(ActionKind::Retry)),
+            about_the_value,
+            "{class}"
+        );
+        assert!(
+            Policy::in_doubt(class, Some(ActionKind::Substitute)),
+            "{class}"
+        );
+    }
+    assert!(!Policy::default().accept_unverified_recovery);
+    let p = Policy::from_toml_str("accept_unverified_recovery = true").unwrap();
+    assert!(p.accept_unverified_recovery);
+}

@@ -8,8 +8,9 @@
 //!
 //! Why: the simulated benchmark scripts the agent's mistakes; a live model makes its own. Here
 //! the model chooses the tools, writes the arguments and composes the answer, while the tools
-//! are the benchmark's catalogue executed through [`selfheal_bench::env::Env`] with the same
-//! seeded fault schedules. Up to three strategies are compared on the same episodes (by default
+//! are the benchmark's built-in tasks executed through [`selfheal_bench::exec::Episode`] with the
+//! same seeded fault schedules drawn from the default fault model (its tool-side faults: the live
+//! model makes its own mistakes). Up to three strategies are compared on the same episodes (by default
 //! `static` and `self-healing`; [`LiveConfig::strategies`] chooses):
 //!
 //! - `static`: one naive tool loop — tool results (or error texts) go back to the model, but
@@ -32,9 +33,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use selfheal_bench::catalogue::{Arg, Group, Task, tasks};
-use selfheal_bench::env::{Env, Outcome};
-use selfheal_bench::faults::{Mix, schedule};
+use selfheal_bench::catalogue::Group;
+use selfheal_bench::exec::{Episode as World, Response};
+use selfheal_bench::faultmodel::{FaultModel, Injected, Target, draw};
+use selfheal_bench::task::{ArgSrc, Behaviour, TaskSpec, builtin};
 use selfheal_bench::{CostWeights, ResultRow};
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::classifier::FailureClass;
@@ -166,7 +168,7 @@ pub struct Episode {
     pub strategy: &'static str,
     /// Task id.
     pub task: usize,
-    /// Scheduled faults, as `kind@step`.
+    /// Scheduled faults, as `name@step` (names from the default fault model).
     pub faults: Vec<String>,
     /// The final answer text.
     pub answer: Option<String>,
@@ -225,17 +227,17 @@ fn describe_group(g: Group) -> &'static str {
     }
 }
 
-fn lit(task: &Task, step: usize, arg: usize) -> String {
-    match task.steps.get(step).and_then(|s| s.args.get(arg)) {
-        Some(Arg::Lit(Value::String(s))) => s.clone(),
-        Some(Arg::Lit(v)) => v.to_string(),
+fn lit(task: &TaskSpec, step: usize, arg: usize) -> String {
+    match task.plan.steps.get(step).and_then(|s| s.args.get(arg)) {
+        Some((_, ArgSrc::Lit(Value::String(s)))) => s.clone(),
+        Some((_, ArgSrc::Lit(v))) => v.to_string(),
         _ => String::new(),
     }
 }
 
 /// The task in words, with the steps spelled out (the model is small).
-pub fn prompt(task: &Task) -> String {
-    let q = match task.template {
+pub fn prompt(task: &TaskSpec) -> String {
+    let q = match task.name.as_str() {
         "capital-weather-f" => format!(
             "What is the current temperature, in degrees Fahrenheit, in the capital of {}? Steps: get the capital, get its weather in Celsius, convert with unit c_to_f.",
             lit(task, 0, 0)
@@ -297,45 +299,54 @@ pub fn answer_matches(answer: &str, oracle: &Value) -> bool {
     }
 }
 
-/// The catalogue tools one task uses (primary and substitute of each group), executing against
-/// `env`. With `repair_output`, a body that is not valid JSON goes through JSON repair and one
+/// The tools one task's plan uses (each step's tool and its substitute), executing against
+/// `world`. With `repair_output`, a body that is not valid JSON goes through JSON repair and one
 /// that cannot be repaired is an error (what a repairing client does); without it, the raw
 /// text is handed to the model.
 pub fn task_tools(
-    task: &Task,
-    env: &Arc<Mutex<Env<'static>>>,
+    task: &'static TaskSpec,
+    world: &Arc<Mutex<World<'static>>>,
     repair_output: bool,
 ) -> Vec<Arc<dyn Tool>> {
-    let mut groups: Vec<Group> = task.steps.iter().map(|s| s.group).collect();
-    groups.sort();
-    groups.dedup();
     let mut out: Vec<Arc<dyn Tool>> = Vec::new();
-    for g in groups {
-        let names: Vec<&'static str> = std::iter::once(g.primary()).chain(g.substitute()).collect();
-        for (i, name) in names.iter().enumerate() {
+    let mut seen: Vec<&str> = Vec::new();
+    for step in 0..task.plan.steps.len() {
+        let Some(t) = task.plan.step_tool(step) else {
+            continue;
+        };
+        if seen.contains(&t.name.as_str()) {
+            continue;
+        }
+        seen.push(&t.name);
+        let describe = if let Behaviour::Builtin(g) = &t.behaviour {
+            describe_group(*g).to_owned()
+        } else {
+            t.description.clone()
+        };
+        let names = std::iter::once(t.name.as_str()).chain(t.substitute.as_deref());
+        for (i, name) in names.enumerate() {
             let mut spec = ToolSpec::new(
                 wire_name(name),
                 if i == 0 {
-                    describe_group(g).to_owned()
+                    describe.clone()
                 } else {
-                    format!("Backup source. {}", describe_group(g))
+                    format!("Backup source. {describe}")
                 },
-                g.schema(),
+                t.schema(),
             )
             .with_timeout(Duration::from_secs(10))
             // Lookups of the simulated world: reading twice is harmless.
             .with_effect(Effect::ReadOnly);
             if i == 0
-                && let Some(s) = g.substitute()
+                && let Some(s) = &t.substitute
             {
                 spec = spec.with_substitute(wire_name(s));
             }
-            let env = env.clone();
-            let name: &'static str = name;
+            let world = world.clone();
             out.push(
                 FnTool::new(spec, move |args: Value| {
-                    let env = env.clone();
-                    async move { call_env(&env, name, &args, repair_output) }
+                    let world = world.clone();
+                    async move { call_world(&world, name, &args, repair_output) }
                 })
                 .shared(),
             );
@@ -344,18 +355,19 @@ pub fn task_tools(
     out
 }
 
-fn call_env(
-    env: &Mutex<Env<'static>>,
+fn call_world(
+    world: &Mutex<World<'static>>,
     name: &str,
     args: &Value,
     repair_output: bool,
 ) -> Result<Value, ToolError> {
-    let out = env
+    let out = world
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .execute_named(name, args);
+        .execute_named(name, args)
+        .response;
     match out {
-        Outcome::Raised {
+        Response::Raised {
             message,
             status,
             retry_after_ms,
@@ -369,7 +381,7 @@ fn call_env(
             status,
             retry_after_ms,
         }),
-        Outcome::Returned { body } => match serde_json::from_str::<Value>(&body) {
+        Response::Returned { body } => match serde_json::from_str::<Value>(&body) {
             Ok(v) => Ok(v),
             Err(_) if repair_output => selfheal_repair::repair(&body)
                 .map(|r| r.value)
@@ -398,7 +410,7 @@ async fn run_static(
     cfg: &LiveConfig,
     client: &ModelClient,
     tools: &[Arc<dyn Tool>],
-    task: &Task,
+    task: &TaskSpec,
     retries: u32,
 ) -> Ran {
     let mut messages = vec![
@@ -521,7 +533,7 @@ async fn run_healing(
     cfg: &LiveConfig,
     client: &ModelClient,
     tools: Vec<Arc<dyn Tool>>,
-    task: &Task,
+    task: &TaskSpec,
 ) -> Ran {
     let mut config = ControllerConfig {
         budget: BudgetLimits {
@@ -579,17 +591,38 @@ async fn run_healing(
     }
 }
 
+/// The tool-side faults of `task`'s schedule under the default model: the same draw as the
+/// simulated benchmark's, without the faults of the agent side (the live model makes its own).
+pub fn tool_faults(
+    task: &TaskSpec,
+    seed: u64,
+    fault_rate: f64,
+    model: &FaultModel,
+) -> Vec<Injected> {
+    draw(task, seed, fault_rate, model)
+        .into_iter()
+        .filter(|f| {
+            model
+                .faults
+                .get(f.spec)
+                .is_some_and(|s| s.target != Target::Agent)
+        })
+        .collect()
+}
+
 /// Runs the live benchmark; `progress(line)` is called after every episode.
 pub async fn run(cfg: &LiveConfig, progress: &mut dyn FnMut(&str)) -> Result<LiveReport, String> {
     let mut cc = ClientConfig::new(cfg.model_url.clone());
     cc.api_key_env = cfg.api_key_env.clone();
     cc.timeout = Duration::from_millis(cfg.timeout_ms);
     let client = ModelClient::new(cc).map_err(|e| e.to_string())?;
-    // The tools borrow their task for the lifetime of their 'static futures: leak the
-    // catalogue once per run (100 small tasks).
-    let all: &'static [Task] = Box::leak(tasks().into_boxed_slice());
+    // The tools borrow their task and the fault model for the lifetime of their 'static futures:
+    // leak both once per run (100 small tasks).
+    let all: &'static [TaskSpec] = Box::leak(builtin(100).into_boxed_slice());
     let chosen = &all[..cfg.tasks.min(all.len())];
-    let mix = Mix::default();
+    let model: &'static FaultModel = Box::leak(Box::new(
+        FaultModel::default_model().map_err(|e| e.to_string())?,
+    ));
     let mut results = Vec::new();
     let mut episodes = Vec::new();
     for &which in &cfg.strategies {
@@ -599,8 +632,8 @@ pub async fn run(cfg: &LiveConfig, progress: &mut dyn FnMut(&str)) -> Result<Liv
         let (mut m, mut u, mut r, mut tok) = (0u64, 0u64, 0u64, 0u64);
         let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
         for (i, task) in chosen.iter().enumerate() {
-            let faults = schedule(task, cfg.seed, cfg.fault_rate, &mix);
-            let env = Arc::new(Mutex::new(Env::new(task, &faults)));
+            let faults = tool_faults(task, cfg.seed, cfg.fault_rate, model);
+            let env = Arc::new(Mutex::new(World::new(task, &faults, model, cfg.seed)));
             let t0 = Instant::now();
             let ran = match which {
                 LiveStrategy::Static => {
@@ -618,7 +651,7 @@ pub async fn run(cfg: &LiveConfig, progress: &mut dyn FnMut(&str)) -> Result<Liv
             let correct = ran
                 .answer
                 .as_deref()
-                .is_some_and(|a| answer_matches(a, &task.oracle));
+                .is_some_and(|a| answer_matches(a, &task.expected));
             let claimed = ran.answer.is_some() && ran.status == RunStatus::Complete;
             let outcome = if correct {
                 "correct"
@@ -647,7 +680,7 @@ pub async fn run(cfg: &LiveConfig, progress: &mut dyn FnMut(&str)) -> Result<Liv
                 i + 1,
                 chosen.len(),
                 task.id,
-                task.template,
+                task.name,
                 wall_ms as f64 / 1000.0,
                 ran.model_calls,
                 ran.tool_calls,
@@ -661,10 +694,13 @@ pub async fn run(cfg: &LiveConfig, progress: &mut dyn FnMut(&str)) -> Result<Liv
                 task: task.id,
                 faults: faults
                     .iter()
-                    .map(|f| format!("{:?}@{}", f.kind, f.step))
+                    .map(|f| {
+                        let name = model.faults.get(f.spec).map_or("?", |s| s.name.as_str());
+                        format!("{name}@{}", f.step)
+                    })
                     .collect(),
                 answer: ran.answer,
-                oracle: task.oracle.clone(),
+                oracle: task.expected.clone(),
                 correct,
                 outcome: outcome.to_owned(),
                 status: ran.status,
@@ -889,6 +925,7 @@ pub fn markdown(report: &LiveReport, plots: &[&str]) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -902,12 +939,41 @@ mod tests {
 
     #[test]
     fn every_task_has_a_prompt_and_tools() {
-        let all: &'static [Task] = Box::leak(tasks().into_boxed_slice());
+        let all: &'static [TaskSpec] = Box::leak(builtin(100).into_boxed_slice());
+        let model: &'static FaultModel = Box::leak(Box::new(FaultModel::default_model().unwrap()));
         for t in &all[..5] {
             assert!(prompt(t).contains("Use the tools"));
-            let env = Arc::new(Mutex::new(Env::new(t, &[])));
-            let tools = task_tools(t, &env, true);
+            assert!(
+                !prompt(t).contains("  "),
+                "every literal is filled in: {}",
+                prompt(t)
+            );
+            let world = Arc::new(Mutex::new(World::new(t, &[], model, 1)));
+            let tools = task_tools(t, &world, true);
             assert!(tools.iter().all(|x| !x.spec().name.contains('.')));
+            // Primary and substitute of every external step.
+            assert!(tools.len() > t.plan.steps.len());
         }
+    }
+
+    #[test]
+    fn a_tool_called_by_name_answers_its_step_then_the_next_one() {
+        let all: &'static [TaskSpec] = Box::leak(builtin(100).into_boxed_slice());
+        let model: &'static FaultModel = Box::leak(Box::new(FaultModel::default_model().unwrap()));
+        let t = &all[0];
+        let world = Arc::new(Mutex::new(World::new(t, &[], model, 1)));
+        let first = t.plan.step_tool(0).unwrap();
+        let args = selfheal_bench::task::resolve_args(&t.plan, 0, &[]).unwrap();
+        let got = call_world(&world, &first.name, &args, true).unwrap();
+        assert!(got.is_object(), "{got}");
+        let nope = call_world(&world, "no.such_tool", &json!({}), true);
+        assert!(nope.is_err());
+        // Only tool-side faults are kept for a live run.
+        let faults = tool_faults(t, 3, 1.0, model);
+        assert!(
+            faults
+                .iter()
+                .all(|f| model.faults[f.spec].target != Target::Agent)
+        );
     }
 }
