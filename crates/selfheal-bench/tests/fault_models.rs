@@ -33,3 +33,33 @@ fn every_shipped_fault_model_parses_and_every_fault_applies_somewhere() {
     }
     assert!(files >= 2, "the default and at least one other model ship");
 }
+
+#[test]
+fn on_faults_nothing_can_fix_no_strategy_recovers_or_answers_wrongly() {
+    // A property of `unrecoverable.toml`, not of any strategy: every fault there is permanent and
+    // takes away the data on every source that has it, so a faulted episode has no right answer
+    // to reach and no wrong value to return.
+    use selfheal_bench::{BenchConfig, run};
+    let text = include_str!("../faults/unrecoverable.toml");
+    let config = BenchConfig {
+        seeds: 2,
+        fault_rate: 0.3,
+        fault_model_name: "unrecoverable.toml".into(),
+        fault_model: FaultModel::from_toml_str(text).unwrap(),
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    for d in &report.details {
+        assert!(d.faulted > 0);
+        assert_eq!(
+            d.recovered, 0,
+            "{} recovered a fault with no fix",
+            d.strategy
+        );
+        assert_eq!(
+            d.silent_faulted, 0,
+            "{} returned a wrong answer",
+            d.strategy
+        );
+    }
+}

@@ -422,8 +422,9 @@ impl Default for Policy {
                         vec![Retry, Retry, Substitute, Replan, Escalate, Degrade]
                     }
                     // One retry before the substitute: a substitute's answer counts only once the
-                    // tool that failed confirms it, a retry's answer can be cross-checked, and a
-                    // 503 on the first call is as often transient as not.
+                    // tool that failed confirms it, a retry's answer can be cross-checked, and an
+                    // "unavailable" on the first call is often transient. (Repeated 5xx reach this
+                    // class after the timeout ladder's two retries, which count: no third.)
                     FailureClass::ToolUnavailable => {
                         vec![Retry, Substitute, Replan, Escalate, Degrade]
                     }
