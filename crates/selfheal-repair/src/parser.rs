@@ -28,6 +28,9 @@ const SPECIAL: [bool; 256] = {
     t
 };
 
+/// How far a key is looked for after a quote that may end a string early (bytes).
+const KEY_LOOKAHEAD: usize = 256;
+
 /// Words that may be the start of a literal cut off by truncation.
 const LITERALS: [&str; 11] = [
     "true",
@@ -333,9 +336,10 @@ impl<'a> Parser<'a> {
                             self.pos + n + 1
                         }
                         None => {
-                            if !self.stack.is_empty() && !self.salvage {
+                            if !self.stack.is_empty() && !self.salvage && holds_data(rest) {
                                 // `{"a": 1 # note }, "b": 2}` on one line: the comment would
-                                // take the rest of the value with it.
+                                // take the rest of the value with it. A comment of plain
+                                // words at the end (`{"a": 1 // done`) takes nothing.
                                 self.loss.get_or_insert(RepairError::Unrepairable {
                                     offset: self.pos,
                                     reason: "a line comment runs to the end of the input, inside an open value".into(),
@@ -351,8 +355,9 @@ impl<'a> Parser<'a> {
                     self.pos = match rest.find("*/") {
                         Some(n) => self.pos + 2 + n + 2,
                         None => {
-                            if !self.salvage {
-                                // `{"a": 1 /* note, "b": 2}`: never closed, it takes the rest.
+                            if !self.salvage && holds_data(rest) {
+                                // `{"a": 1 /* note, "b": 2}`: never closed, it takes the rest
+                                // (a comment of plain words at the end takes nothing).
                                 self.loss.get_or_insert(RepairError::Unrepairable {
                                     offset: self.pos,
                                     reason: "a block comment that is never closed".into(),
@@ -839,11 +844,25 @@ impl<'a> Parser<'a> {
             return Ok((s, literal_end));
         }
         loop {
-            let p = self.skip_plain_ws_from(self.pos);
+            let mut p = self.skip_plain_ws_from(self.pos);
+            if self.at(p) == Some(b'/') && self.at(p + 1) == Some(b'*') {
+                // `"a" /* c */ + "b"`: a comment before the `+`.
+                let (save, noted) = (self.pos, self.repairs.len());
+                self.skip_ws();
+                if self.peek() != Some(b'+') {
+                    self.pos = save;
+                    self.repairs.truncate(noted);
+                    return Ok((s, literal_end));
+                }
+                p = self.pos;
+            }
             if self.at(p) != Some(b'+') {
                 return Ok((s, literal_end));
             }
-            let q = self.skip_plain_ws_from(p + 1);
+            // `"a" + /* c */ "b"`: comments after the `+` go too.
+            self.pos = p + 1;
+            self.skip_ws();
+            let q = self.pos;
             if q >= self.end {
                 self.cut_off(Cut::String)?;
                 self.pos = q;
@@ -928,15 +947,13 @@ impl<'a> Parser<'a> {
     }
 
     /// A bare string value after a colon, up to the next delimiter on the same line.
+    /// Brackets inside it are text when they pair up before that delimiter
+    /// (`{text: words{in brackets}}`, `[This is F(3)]`); a quote right after it closes it
+    /// when the JSON goes on after that quote (`{"a": foo", "b": 1}`), and a quoted key
+    /// after it starts the next member (`{"a": foo "b": 1}`).
     fn unquoted_string(&mut self) -> Result<Value, RepairError> {
         let start = self.pos;
-        let mut i = start;
-        while let Some(c) = self.at(i) {
-            if matches!(c, b',' | b'}' | b']' | b'\n' | b'\r' | b'"') {
-                break;
-            }
-            i += 1;
-        }
+        let (i, balanced) = self.bare_text_end(start);
         // `i` stops on an ASCII byte or at the end, so it is a char boundary.
         let text = self.s(start, i).trim_end();
         if text.is_empty() {
@@ -946,13 +963,71 @@ impl<'a> Parser<'a> {
             // The word runs to the end of the input: it may have been cut.
             self.cut_off(Cut::Literal)?;
         }
-        if !self.salvage && (text.contains(['{', '[', '(', ')']) || self.at(i) == Some(b'"')) {
-            // `{text: words{in brackets}}`: where the bare text ends is a guess.
+        let text_end = start + text.len();
+        let mut next = text_end;
+        if self.at(i) == Some(b'"') {
+            // `world\"`: an escaped quote (JSON copied out of a string) is no closing one.
+            let plain = balanced && !text.ends_with('\\');
+            if plain
+                && i == text_end
+                && matches!(
+                    self.at(self.skip_plain_ws_from(i + 1)),
+                    Some(b',' | b'}' | b']')
+                )
+            {
+                // `{"a": foo", "b": 1}`: the value lost its opening quote.
+                self.note(RepairKind::MissingQuote, start);
+                next = i + 1;
+            } else if plain && self.in_object() && self.key_at(i) {
+                // `{"a": foo "b": 1}`: a bare value, then the next member without its comma.
+                self.note(RepairKind::MissingComma, i);
+            } else if !self.salvage {
+                return Err(self.err(start, "a quote after an unquoted value"));
+            }
+        } else if !balanced && !self.salvage {
+            // `{text: words{in brackets}`: where the bare text ends is a guess.
             return Err(self.err(start, "brackets inside an unquoted value"));
         }
         self.note(RepairKind::UnquotedString, start);
-        self.pos = start + text.len();
+        self.pos = next;
         Ok(Value::String(text.to_owned()))
+    }
+
+    /// Where bare text starting at `start` ends: at a comma, closing bracket, quote or line
+    /// break outside any bracket it opened itself. `false` when its brackets do not pair up
+    /// (then the end is the first bracket that breaks the pairing, or a quote or line break
+    /// inside an open bracket).
+    fn bare_text_end(&self, start: usize) -> (usize, bool) {
+        let mut open = [0u8; 8];
+        let mut depth = 0usize;
+        let mut i = start;
+        while let Some(c) = self.at(i) {
+            match c {
+                b'{' | b'[' | b'(' => {
+                    let Some(slot) = open.get_mut(depth) else {
+                        return (i, false);
+                    };
+                    *slot = match c {
+                        b'{' => b'}',
+                        b'[' => b']',
+                        _ => b')',
+                    };
+                    depth += 1;
+                }
+                b'}' | b']' | b')' if depth > 0 => {
+                    depth -= 1;
+                    if open.get(depth) != Some(&c) {
+                        return (i, false);
+                    }
+                }
+                b',' | b'}' | b']' if depth == 0 => return (i, true),
+                b')' => return (i, self.open_call > 0),
+                b'\n' | b'\r' | b'"' => return (i, depth == 0),
+                _ => {}
+            }
+            i += 1;
+        }
+        (i, depth == 0)
     }
 
     fn after_state(&mut self) -> Result<State, Box<RepairError>> {
@@ -1232,7 +1307,8 @@ impl<'a> Parser<'a> {
                 self.set_key(key);
                 Ok(State::Value)
             }
-            Some(_) if self.is_clear_value_start(at) => {
+            // `{"" "x"}` is no key and value: an empty key before a string is stray quotes.
+            Some(_) if !key.is_empty() && self.is_clear_value_start(at) => {
                 self.note(RepairKind::MissingColon, at);
                 self.set_key(key);
                 Ok(State::Value)
@@ -1299,8 +1375,14 @@ impl<'a> Parser<'a> {
         if j > i && self.at(j) == Some(b':') {
             i = start + self.s(start, j).trim_end().len();
         }
+        let key = self.s(start, i).to_owned();
         self.pos = i;
-        self.s(start, i).to_owned()
+        if self.at(i) == Some(b'"') && self.at(self.skip_plain_ws_from(i + 1)) == Some(b':') {
+            // `{a": 1}`: the key lost its opening quote; this one closes it.
+            self.note(RepairKind::MissingQuote, start);
+            self.pos = i + 1;
+        }
+        key
     }
 
     /// Parses a number; `None` when truncation left only a sign.
@@ -1714,7 +1796,7 @@ impl<'a> Parser<'a> {
         let raw = self.s(content_start, q);
         match ctx {
             Ctx::Key => {
-                if nx != Some(b':')
+                if nx.is_some_and(|c| c != b':')
                     && !raw.contains('\\')
                     && let Some(colon) = raw.find(':')
                 {
@@ -1725,13 +1807,9 @@ impl<'a> Parser<'a> {
                 }
             }
             Ctx::Value => {
-                let delim = matches!(
-                    nx,
-                    None | Some(b',' | b'}' | b']' | b')' | b':' | b'+' | b'/' | b'#')
-                );
-                if !delim {
+                if !self.value_delim_at(nx_pos) {
                     let t = raw.trim_end();
-                    if t.ends_with(',') {
+                    if t.ends_with(',') && self.next_item_string_at(q) {
                         // `"a, "b"`: the quote closing `a` is missing; this one opens `b`.
                         out.push_str(self.s(seg, q));
                         let cut = raw.len() - (t.len() - 1);
@@ -1742,19 +1820,168 @@ impl<'a> Parser<'a> {
                         return Some((std::mem::take(out), true));
                     }
                     let same_line = !self.s(after, nx_pos).contains('\n');
-                    if same_line && nx.is_some_and(|c| c.is_ascii_alphabetic()) {
+                    // `"say "hi" now"`, `"<b id="x">"`, `"a "b": c"` in an object: what
+                    // follows the quote on its line is more text, not the next token.
+                    if same_line && nx.is_some_and(|c| self.text_follows_quote(c)) {
                         return None;
                     }
                     // `"a "b" ",`: this quote is text; the next one closes the string.
                     if same_line && nx == Some(b'"') && self.delim_follows(nx_pos + 1) {
                         return None;
                     }
+                } else if self.inner_quote_since(content_start) && !self.continuation_fits(nx_pos) {
+                    // `"a "b", c."` in an object: a string that already holds a quote of
+                    // its own closes only where the JSON can go on, so `, c."` is text.
+                    return None;
                 }
             }
         }
         out.push_str(self.s(seg, q));
         self.pos = after;
         Some((std::mem::take(out), true))
+    }
+
+    /// Whether the byte at `p` (after a `"` that may close a value string and the blanks
+    /// after it) is what can follow a value here: a comma, a closer of an open value, the
+    /// end, a `+` joining strings, a comment. `)` counts only inside a call or tuple and
+    /// `:` only outside an object (`["key": 1]`), where each can be read.
+    fn value_delim_at(&self, p: usize) -> bool {
+        match self.at(p) {
+            None | Some(b',' | b'}' | b']' | b'+' | b'#') => true,
+            Some(b')') => self.open_call > 0,
+            Some(b':') => !self.in_object(),
+            Some(b'/') => matches!(self.at(p + 1), Some(b'/' | b'*')),
+            Some(_) => false,
+        }
+    }
+
+    /// Whether `c`, right after a `"` on the same line, is more text of the string (a
+    /// letter, sentence or markup punctuation, `)` outside any call, `:` inside an
+    /// object) rather than the start of the next token.
+    fn text_follows_quote(&self, c: u8) -> bool {
+        c.is_ascii_alphabetic()
+            || matches!(
+                c,
+                b'.' | b'?'
+                    | b'!'
+                    | b';'
+                    | b'<'
+                    | b'>'
+                    | b'='
+                    | b'&'
+                    | b'%'
+                    | b'*'
+                    | b'@'
+                    | b'~'
+                    | b'|'
+                    | b'^'
+                    | b'_'
+            )
+            || (c == b')' && self.open_call == 0)
+            || (c == b':' && self.in_object())
+            || (c >= 0x80 && c != 0xE2)
+    }
+
+    /// Whether an unescaped quote was already taken as text in the string whose content
+    /// starts at `content_start`.
+    fn inner_quote_since(&self, content_start: usize) -> bool {
+        self.repairs
+            .iter()
+            .rev()
+            .take_while(|r| r.offset >= content_start)
+            .any(|r| r.kind == RepairKind::UnescapedQuote)
+    }
+
+    /// After a quote that would close a string holding quotes of its own, at `p` (the next
+    /// non-blank byte): whether the JSON can go on from there — the end, another member
+    /// or element after a comma, or a closer followed by what may follow it.
+    fn continuation_fits(&self, p: usize) -> bool {
+        let depth = self.stack.len();
+        match self.at(p) {
+            Some(b',') => self.item_follows(p + 1, depth),
+            Some(b'}' | b']') => {
+                let q = self.skip_plain_ws_from(p + 1);
+                match self.at(q) {
+                    None | Some(b'}' | b']') => true,
+                    Some(b',') => depth >= 2 && self.item_follows(q + 1, depth - 1),
+                    // Text after the root value is trailing garbage; inside, nothing fits.
+                    Some(_) => depth <= 1,
+                }
+            }
+            _ => true,
+        }
+    }
+
+    /// After a comma at `p` inside the frame at `depth` (1 is the outermost): whether a
+    /// member (a key and its colon) or an element starts there, or the frame closes.
+    fn item_follows(&self, p: usize, depth: usize) -> bool {
+        let p = self.skip_plain_ws_from(p);
+        let in_object = depth
+            .checked_sub(1)
+            .and_then(|d| self.stack.get(d))
+            .is_some_and(|f| matches!(f, Frame::Obj { .. }));
+        if in_object {
+            matches!(self.at(p), None | Some(b'}')) || self.key_at(p)
+        } else {
+            matches!(self.at(p), None | Some(b']' | b')')) || self.is_clear_value_start(p)
+        }
+    }
+
+    /// Whether a key and its colon start at `p`: a quoted key closed on the same line, or
+    /// a bare word, then `:`. The look-ahead is bounded, so it adds constant work.
+    fn key_at(&self, p: usize) -> bool {
+        let mut i = p;
+        match self.quote_at(p) {
+            Some((q, len)) => {
+                i += len;
+                let limit = (p + KEY_LOOKAHEAD).min(self.end);
+                loop {
+                    if i >= limit {
+                        return false;
+                    }
+                    match self.at(i) {
+                        Some(b'\\') => i += 2,
+                        Some(b'\n') | None => return false,
+                        Some(_) => match self.quote_at(i) {
+                            Some((c, clen))
+                                if c == q || (q != Quote::Double && q != Quote::Single) =>
+                            {
+                                i += clen;
+                                break;
+                            }
+                            _ => i += 1,
+                        },
+                    }
+                }
+            }
+            None => {
+                if !self.at(p).is_some_and(is_ident_start) {
+                    return false;
+                }
+                i = self.ident_end(p);
+            }
+        }
+        self.at(self.skip_plain_ws_from(i)) == Some(b':')
+    }
+
+    /// At a `"` at `q` after `"a, ` in a value string: whether it opens the next item — a
+    /// key followed by its colon in an object, a string followed by a delimiter in an
+    /// array — so that the string before lost its closing quote (`{"a": "b, "c": 1}`).
+    fn next_item_string_at(&self, q: usize) -> bool {
+        if self.in_object() {
+            return self.key_at(q);
+        }
+        let limit = (q + KEY_LOOKAHEAD).min(self.end);
+        let mut i = q + 1;
+        while i < limit {
+            match self.at(i) {
+                Some(b'\\') => i += 2,
+                Some(b'\n') | None => return false,
+                Some(b'"') => return self.value_delim_at(self.skip_plain_ws_from(i + 1)),
+                Some(_) => i += 1,
+            }
+        }
+        false
     }
 
     /// After a possible closing quote: is the next thing a delimiter?
@@ -1885,7 +2112,8 @@ impl<'a> Parser<'a> {
                 self.note_truncated();
                 return self.end;
             }
-            self.note(RepairKind::InvalidEscape, i);
+            // `\uZ000`, `\u26"`: the character meant is unknown.
+            self.invalid_unicode(i);
             out.push_str("\\u");
             return i + 2;
         };
@@ -1901,11 +2129,24 @@ impl<'a> Parser<'a> {
         match char::from_u32(cu) {
             Some(c) => out.push(c),
             None => {
-                self.note(RepairKind::InvalidEscape, i);
+                // A lone surrogate (`\ud800`): no character; U+FFFD would replace data.
+                self.invalid_unicode(i);
                 out.push('\u{FFFD}');
             }
         }
         i + 6
+    }
+
+    /// A `\u` escape at `i` that names no character: refused, or kept as text when
+    /// salvaging.
+    fn invalid_unicode(&mut self, i: usize) {
+        self.note(RepairKind::InvalidEscape, i);
+        if !self.salvage {
+            self.loss.get_or_insert(RepairError::Unrepairable {
+                offset: i,
+                reason: "a \\u escape that names no character".into(),
+            });
+        }
     }
 }
 
@@ -1918,6 +2159,12 @@ struct Fallback {
     after: usize,
     /// The length of the decoded text up to it.
     out_len: usize,
+}
+
+/// Whether comment text could hold data a comment running to the end would swallow.
+fn holds_data(text: &str) -> bool {
+    text.bytes()
+        .any(|b| matches!(b, b'"' | b'\'' | b':' | b',' | b'{' | b'}' | b'[' | b']'))
 }
 
 /// Converts normalised number text to a JSON number; `None` when out of range.
