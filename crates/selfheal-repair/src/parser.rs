@@ -28,6 +28,19 @@ const SPECIAL: [bool; 256] = {
     t
 };
 
+/// First bytes of what [`Parser::skip_ws`] skips besides plain blanks: comments, a byte
+/// order mark and non-ASCII spaces.
+const MAY_START_SKIP: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'/' as usize] = true;
+    t[b'#' as usize] = true;
+    t[0xEF] = true;
+    t[0xC2] = true;
+    t[0xE2] = true;
+    t[0xE3] = true;
+    t
+};
+
 /// How far a key is looked for after a quote that may end a string early (bytes).
 const KEY_LOOKAHEAD: usize = 256;
 
@@ -119,6 +132,7 @@ fn is_plain_ws(b: u8) -> bool {
 /// The lenient parser over one window `[pos, end)` of the input.
 pub(crate) struct Parser<'a> {
     src: &'a str,
+    /// The bytes of the window, `src[..end]`: one bounds check per byte read.
     b: &'a [u8],
     pub(crate) pos: usize,
     end: usize,
@@ -156,11 +170,12 @@ pub(crate) struct Parser<'a> {
 impl<'a> Parser<'a> {
     /// A parser over `src[pos..end]`.
     pub(crate) fn new(src: &'a str, pos: usize, end: usize, max_depth: usize) -> Self {
+        let end = end.min(src.len());
         Self {
             src,
-            b: src.as_bytes(),
+            b: src.as_bytes().get(..end).unwrap_or_default(),
             pos,
-            end: end.min(src.len()),
+            end,
             max_depth,
             repairs: Vec::new(),
             stack: Vec::new(),
@@ -224,12 +239,9 @@ impl<'a> Parser<'a> {
         self.src.get(a..b).unwrap_or_default()
     }
 
+    #[inline]
     fn at(&self, i: usize) -> Option<u8> {
-        if i < self.end {
-            self.b.get(i).copied()
-        } else {
-            None
-        }
+        self.b.get(i).copied()
     }
 
     pub(crate) fn peek(&self) -> Option<u8> {
@@ -273,6 +285,7 @@ impl<'a> Parser<'a> {
     }
 
     /// `...` or `…` at `i`: returns its length.
+    #[inline]
     fn ellipsis_at(&self, i: usize) -> Option<usize> {
         if self.at(i) == Some(b'.') && self.at(i + 1) == Some(b'.') && self.at(i + 2) == Some(b'.')
         {
@@ -302,19 +315,35 @@ impl<'a> Parser<'a> {
     }
 
     /// Skips whitespace only; returns the position after it.
-    fn skip_plain_ws_from(&self, mut i: usize) -> usize {
-        while let Some(c) = self.at(i) {
-            if is_plain_ws(c) {
-                i += 1;
-            } else {
-                break;
-            }
-        }
-        i
+    fn skip_plain_ws_from(&self, i: usize) -> usize {
+        let window = self.b.get(i..).unwrap_or_default();
+        i + window.iter().take_while(|&&c| is_plain_ws(c)).count()
     }
 
     /// Skips whitespace and comments, recording each comment.
+    #[inline]
     pub(crate) fn skip_ws(&mut self) {
+        // Most tokens follow a delimiter directly or after one blank: decide that with a
+        // table look-up or two, inline, before the out-of-line loop over comments and
+        // special spaces.
+        let mut i = self.pos;
+        loop {
+            match self.b.get(i) {
+                Some(&c) if is_plain_ws(c) => i += 1,
+                Some(&c) if MAY_START_SKIP[usize::from(c)] => break,
+                _ => {
+                    self.pos = i;
+                    return;
+                }
+            }
+        }
+        self.pos = i;
+        self.skip_ws_and_comments();
+    }
+
+    /// The general case of [`Self::skip_ws`].
+    #[inline(never)]
+    fn skip_ws_and_comments(&mut self) {
         loop {
             self.pos = self.skip_plain_ws_from(self.pos);
             match (self.peek(), self.at(self.pos + 1)) {
@@ -1041,6 +1070,7 @@ impl<'a> Parser<'a> {
             // brackets were left off after a complete value.
             self.note(RepairKind::TrailingGarbage, at);
             self.end = at;
+            self.b = self.b.get(..at).unwrap_or_default();
         }
         let Some(c) = self.peek() else {
             let v = self.finish_truncated()?;
@@ -1580,8 +1610,11 @@ impl<'a> Parser<'a> {
             && matches!(self.at(self.pos.wrapping_sub(1)), Some(b'"' | b'\''))
         {
             let quote = self.pos - 1;
-            let before = self.s(start, quote).trim_end_matches([' ', '\t']);
-            if quote > start + 1 && (before.ends_with('\n') || before.ends_with('\r')) {
+            let mut k = quote;
+            while k > start + 1 && matches!(self.b.get(k - 1), Some(b' ' | b'\t')) {
+                k -= 1;
+            }
+            if quote > start + 1 && matches!(self.b.get(k.wrapping_sub(1)), Some(b'\n' | b'\r')) {
                 return Err(self.err(
                     quote,
                     "a line break right before the closing quote: which string it closes is unclear",
@@ -1616,9 +1649,7 @@ impl<'a> Parser<'a> {
         // kind never closes it (`{"a': 1}`), so valid strings such as `"':"` stay intact.
         let mut fallback: Option<Fallback> = None;
         loop {
-            while i < self.end && !SPECIAL[usize::from(self.b[i])] {
-                i += 1;
-            }
+            i = self.scan_plain(i);
             let Some(c) = self.at(i) else {
                 out.push_str(self.s(seg, self.end));
                 // A quote of the wrong kind right at the end may just as well be text of a
@@ -1631,6 +1662,11 @@ impl<'a> Parser<'a> {
                 return Ok(self.unterminated(out, content_start, ctx));
             };
             if c == b'\\' {
+                if out.capacity() == 0 {
+                    // A string with escapes is built piece by piece: one allocation that
+                    // will usually hold it, instead of doubling from the first piece.
+                    out.reserve(2 * (i - content_start) + 32);
+                }
                 out.push_str(self.s(seg, i));
                 i = self.escape(i, open, &mut out);
                 seg = i;
@@ -1705,6 +1741,39 @@ impl<'a> Parser<'a> {
             }
             i = after;
         }
+    }
+
+    /// The first byte at or after `i` that may end the plain run of a string body (a
+    /// quote, a backslash, a control character or the lead byte of a typographic quote),
+    /// or the end of the window. Eight bytes are tested at a time.
+    fn scan_plain(&self, mut i: usize) -> usize {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGHS: u64 = 0x8080_8080_8080_8080;
+        // Bytes of `w` equal to zero get their high bit set (no false negatives; a false
+        // positive only sends the byte-wise loop below to look).
+        let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
+        while let Some(chunk) = self.b.get(i..i + 8) {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(chunk);
+            let w = u64::from_le_bytes(bytes);
+            let hit = zero(w ^ (ONES * u64::from(b'"')))
+                | zero(w ^ (ONES * u64::from(b'\'')))
+                | zero(w ^ (ONES * u64::from(b'\\')))
+                | zero(w ^ (ONES * 0xE2))
+                // bytes below 0x20
+                | (w.wrapping_sub(ONES * 0x20) & !w & HIGHS);
+            if hit != 0 {
+                break;
+            }
+            i += 8;
+        }
+        while let Some(&c) = self.b.get(i) {
+            if SPECIAL[usize::from(c)] {
+                break;
+            }
+            i += 1;
+        }
+        i
     }
 
     /// A string in backticks (a JavaScript template literal), read up to the next unescaped
@@ -1836,7 +1905,12 @@ impl<'a> Parser<'a> {
                 }
             }
         }
-        out.push_str(self.s(seg, q));
+        if out.is_empty() {
+            // The common case, a string with no escapes: one exact allocation.
+            *out = self.s(seg, q).to_owned();
+        } else {
+            out.push_str(self.s(seg, q));
+        }
         self.pos = after;
         Some((std::mem::take(out), true))
     }

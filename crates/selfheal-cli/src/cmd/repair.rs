@@ -115,7 +115,9 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
         }
         None => (repaired.value, Vec::new(), Vec::new()),
     };
-    let mut out = std::io::stdout().lock();
+    // Buffered: stdout's own line buffering looks for a newline in every small write the
+    // serialiser makes, which costs more than the repair on a large document.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     serde_json::to_writer(&mut out, &value)?;
     writeln!(out)?;
     out.flush()?;
