@@ -1717,6 +1717,11 @@ impl<'a> Parser<'a> {
             let closes = if exact {
                 matches!(open, Quote::TypoDoubleOpen | Quote::TypoDoubleClose)
                     || self.delim_follows(after)
+                    // `{'a' 'b'}`: a key, a blank, then the value without its colon.
+                    || (ctx == Ctx::Key
+                        && open == Quote::Single
+                        && self.skip_plain_ws_from(after) > after
+                        && self.quote_at(self.skip_plain_ws_from(after)).is_some())
             } else if matches!(q, Quote::TypoDoubleOpen | Quote::TypoSingleOpen)
                 && open != Quote::TypoDoubleOpen
             {
@@ -1873,6 +1878,14 @@ impl<'a> Parser<'a> {
                     self.note(RepairKind::MissingQuote, content_start + colon);
                     self.pos = content_start + colon;
                     return Some((raw[..colon].trim_end().to_owned(), true));
+                }
+                // `{"k"e"y": 1}`: a quote with a letter or digit right after it, and a later
+                // quote on the line followed by the colon: this one is text of the key.
+                if nx_pos == after
+                    && nx.is_some_and(|c| c.is_ascii_alphanumeric())
+                    && self.colon_quote_ahead(after)
+                {
+                    return None;
                 }
             }
             Ctx::Value => {
@@ -2036,6 +2049,20 @@ impl<'a> Parser<'a> {
             }
         }
         self.at(self.skip_plain_ws_from(i)) == Some(b':')
+    }
+
+    /// Whether a `"` followed by a colon comes later on the line from `i` (bounded look-ahead).
+    fn colon_quote_ahead(&self, mut i: usize) -> bool {
+        let limit = (i + KEY_LOOKAHEAD).min(self.end);
+        while i < limit {
+            match self.at(i) {
+                Some(b'\\') => i += 2,
+                Some(b'\n') | None => return false,
+                Some(b'"') if self.at(self.skip_plain_ws_from(i + 1)) == Some(b':') => return true,
+                Some(_) => i += 1,
+            }
+        }
+        false
     }
 
     /// At a `"` at `q` after `"a, ` in a value string: whether it opens the next item — a

@@ -1234,3 +1234,15 @@ fn an_empty_key_before_a_string_is_not_a_member() {
     refused(r#"{"" "x"}"#);
     refused(r#"[{"a": 1}, """" "b": 2]"#);
 }
+
+#[test]
+fn keys_with_quotes_inside_and_single_quoted_pairs_without_colon() {
+    ok(
+        r#"{"k"e"y": 1}"#,
+        json!({"k\"e\"y": 1}),
+        RepairKind::UnescapedQuote,
+    );
+    ok("{'a' 'b'}", json!({"a": "b"}), RepairKind::MissingColon);
+    // One stray quote in a key is a guess.
+    refused(r#"{"a"b": 1}"#);
+}
