@@ -69,6 +69,8 @@
 //! | `MismatchedQuote` | `{"a': 1}` | `{"a":1}` |
 //! | `MissingQuote` | `{"a": "b, "c": 1}` | `{"a":"b","c":1}` |
 //! | `UnescapedQuote` | `{"a": "say "hi" now"}` | `{"a":"say \"hi\" now"}` |
+//! | `UnescapedQuote` (markup) | `{"a": "<b id="x">"}` | `{"a":"<b id=\"x\">"}` |
+//! | `MissingQuote` (opening) | `{name": "Ann"}` | `{"name":"Ann"}` |
 //! | `UnquotedKey` | `{a: 1}` | `{"a":1}` |
 //! | `UnquotedString` | `{"unit": celsius}` | `{"unit":"celsius"}` |
 //! | `Comment` | `{"a": 1 /* c */} // c` | `{"a":1}` |
@@ -117,8 +119,11 @@
 //!   [`RepairOptions::multiple`] asks for an array;
 //! - the reading is a guess: an unpaired quote inside a string (`"v"alue"`), a raw line break
 //!   right before a closing quote, a line comment that would swallow the rest of an open
-//!   value (or holds a closing bracket), a block comment never closed, an exponent without
-//!   digits (`1e }`), brackets inside a bare value, an empty bracket closed by another kind
+//!   value (or holds a closing bracket), a block comment never closed that could hold data
+//!   (a comment of plain words where the input ends takes nothing), an exponent without
+//!   digits (`1e }`), brackets inside a bare value that do not pair up (`{"a": b(c]}`), a
+//!   `\u` escape that names no character (`\uZ000`, a lone surrogate), an empty bracket
+//!   closed by another kind
 //!   (`[{]`), a parenthesis closed by another bracket, a value string closed by a quote of
 //!   another kind, a string open up to the closing brace;
 //! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;

@@ -1079,6 +1079,8 @@ fn documented_examples_hold() {
         (r#"{"a': 1}"#, r#"{"a":1}"#),
         (r#"{"a": "b, "c": 1}"#, r#"{"a":"b","c":1}"#),
         (r#"{"a": "say "hi" now"}"#, r#"{"a":"say \"hi\" now"}"#),
+        (r#"{"a": "<b id="x">"}"#, r#"{"a":"<b id=\"x\">"}"#),
+        (r#"{name": "Ann"}"#, r#"{"name":"Ann"}"#),
         ("{a: 1}", r#"{"a":1}"#),
         (r#"{"unit": celsius}"#, r#"{"unit":"celsius"}"#),
         (r#"{"a": 1 /* c */} // c"#, r#"{"a":1}"#),
