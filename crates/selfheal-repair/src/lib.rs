@@ -108,7 +108,8 @@
 //!   brackets left off after a *complete* last value (`{"a": "x"`) are still repaired; a
 //!   number where unclosed input ends (`{"year": 20`) counts as complete only with
 //!   [`RepairOptions::input_complete`], which a caller sets when it knows the model finished
-//!   its answer;
+//!   its answer, or when a space or tab follows its digits (`{"year": 2018 `: whoever wrote
+//!   the space had finished the number; a final line break alone proves nothing);
 //! - a key has no value (`{"a": }`, `{"a": , "b": 1}`, `{"a":` at the end:
 //!   [`RepairError::MissingValue`]);
 //! - several top-level values follow each other ([`RepairError::MultipleValues`]) — an
@@ -215,7 +216,8 @@ pub struct RepairOptions {
     /// The caller knows the input is the model's whole answer (`finish_reason: "stop"`): a
     /// number that ends where the input ends, inside an unclosed value, is complete
     /// (`{"days": 3` lacks only its brace). Off, such a number is refused as
-    /// [`RepairError::Truncated`]: `{"year": 20` may have been `2018`.
+    /// [`RepairError::Truncated`] (`{"year": 20` may have been `2018`) unless a space or
+    /// tab follows its digits.
     pub input_complete: bool,
 }
 

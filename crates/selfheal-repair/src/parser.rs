@@ -314,6 +314,20 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// Whether a number ending at `i` may have been cut: nothing but blanks follows it to the
+    /// end of the input, and none of them is a space or tab. Digits followed by a space were
+    /// finished by whoever wrote them (`{"year": 2018 ` lacks only its brace); a final line
+    /// break proves nothing, since `echo` or a file adds one to a cut answer.
+    fn number_may_be_cut(&self, i: usize) -> bool {
+        self.ends_input(i)
+            && !self
+                .b
+                .get(i..)
+                .unwrap_or_default()
+                .iter()
+                .any(|&c| c == b' ' || c == b'\t')
+    }
+
     /// Skips whitespace only; returns the position after it.
     fn skip_plain_ws_from(&self, i: usize) -> usize {
         let window = self.b.get(i..).unwrap_or_default();
@@ -718,7 +732,7 @@ impl<'a> Parser<'a> {
                         }) =>
                 {
                     if let Some((v, end)) = self.separated_number(start) {
-                        if self.ends_input(end) && !self.input_complete {
+                        if self.number_may_be_cut(end) && !self.input_complete {
                             self.cut_off(Cut::Number)?;
                         }
                         // `82_461_110`: digit groups, as Python and JavaScript write them.
@@ -1518,10 +1532,12 @@ impl<'a> Parser<'a> {
             }
         }
         self.pos = i;
-        if at_eof_fix || (!self.input_complete && !self.stack.is_empty() && self.ends_input(i)) {
+        if at_eof_fix
+            || (!self.input_complete && !self.stack.is_empty() && self.number_may_be_cut(i))
+        {
             // `1.`, `1e`: the input stops where digits had to follow. `{"year": 20`: the
             // input stops inside a value that was never closed, and more digits may have
-            // followed — unless the caller knows the model finished its answer.
+            // followed — unless a space after it or the caller says the number was finished.
             self.cut_off(Cut::Number)?;
         }
         let text: std::borrow::Cow<'_, str> = if fixed {
@@ -1572,7 +1588,7 @@ impl<'a> Parser<'a> {
                 text: text.to_owned(),
             });
         }
-        if !self.input_complete && !self.stack.is_empty() && self.ends_input(i) {
+        if !self.input_complete && !self.stack.is_empty() && self.number_may_be_cut(i) {
             self.cut_off(Cut::Number)?;
         }
         self.note(RepairKind::LeadingZeroString, start);

@@ -56,7 +56,8 @@ pub struct RepairArgs {
     pub multiple: bool,
     /// The input is the model's whole answer (it finished on its own, `finish_reason:
     /// "stop"`): a number where unclosed input ends is complete (`{"days": 3` lacks only its
-    /// brace). Without it such a number is refused: `{"year": 20` may have been 2018.
+    /// brace). Without it such a number is refused, unless a space or tab follows it:
+    /// `{"year": 20` may have been 2018.
     #[arg(long)]
     pub complete: bool,
 }
