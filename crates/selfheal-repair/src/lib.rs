@@ -69,6 +69,8 @@
 //! | `MismatchedQuote` | `{"a': 1}` | `{"a":1}` |
 //! | `MissingQuote` | `{"a": "b, "c": 1}` | `{"a":"b","c":1}` |
 //! | `UnescapedQuote` | `{"a": "say "hi" now"}` | `{"a":"say \"hi\" now"}` |
+//! | `UnescapedQuote` (markup) | `{"a": "<b id="x">"}` | `{"a":"<b id=\"x\">"}` |
+//! | `MissingQuote` (opening) | `{name": "Ann"}` | `{"name":"Ann"}` |
 //! | `UnquotedKey` | `{a: 1}` | `{"a":1}` |
 //! | `UnquotedString` | `{"unit": celsius}` | `{"unit":"celsius"}` |
 //! | `Comment` | `{"a": 1 /* c */} // c` | `{"a":1}` |
@@ -106,7 +108,8 @@
 //!   brackets left off after a *complete* last value (`{"a": "x"`) are still repaired; a
 //!   number where unclosed input ends (`{"year": 20`) counts as complete only with
 //!   [`RepairOptions::input_complete`], which a caller sets when it knows the model finished
-//!   its answer;
+//!   its answer, or when a space or tab follows its digits (`{"year": 2018 `: whoever wrote
+//!   the space had finished the number; a final line break alone proves nothing);
 //! - a key has no value (`{"a": }`, `{"a": , "b": 1}`, `{"a":` at the end:
 //!   [`RepairError::MissingValue`]);
 //! - several top-level values follow each other ([`RepairError::MultipleValues`]) — an
@@ -117,8 +120,11 @@
 //!   [`RepairOptions::multiple`] asks for an array;
 //! - the reading is a guess: an unpaired quote inside a string (`"v"alue"`), a raw line break
 //!   right before a closing quote, a line comment that would swallow the rest of an open
-//!   value (or holds a closing bracket), a block comment never closed, an exponent without
-//!   digits (`1e }`), brackets inside a bare value, an empty bracket closed by another kind
+//!   value (or holds a closing bracket), a block comment never closed that could hold data
+//!   (a comment of plain words where the input ends takes nothing), an exponent without
+//!   digits (`1e }`), brackets inside a bare value that do not pair up (`{"a": b(c]}`), a
+//!   `\u` escape that names no character (`\uZ000`, a lone surrogate), an empty bracket
+//!   closed by another kind
 //!   (`[{]`), a parenthesis closed by another bracket, a value string closed by a quote of
 //!   another kind, a string open up to the closing brace;
 //! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
@@ -210,7 +216,8 @@ pub struct RepairOptions {
     /// The caller knows the input is the model's whole answer (`finish_reason: "stop"`): a
     /// number that ends where the input ends, inside an unclosed value, is complete
     /// (`{"days": 3` lacks only its brace). Off, such a number is refused as
-    /// [`RepairError::Truncated`]: `{"year": 20` may have been `2018`.
+    /// [`RepairError::Truncated`] (`{"year": 20` may have been `2018`) unless a space or
+    /// tab follows its digits.
     pub input_complete: bool,
 }
 

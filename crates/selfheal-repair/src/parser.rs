@@ -28,6 +28,22 @@ const SPECIAL: [bool; 256] = {
     t
 };
 
+/// First bytes of what [`Parser::skip_ws`] skips besides plain blanks: comments, a byte
+/// order mark and non-ASCII spaces.
+const MAY_START_SKIP: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'/' as usize] = true;
+    t[b'#' as usize] = true;
+    t[0xEF] = true;
+    t[0xC2] = true;
+    t[0xE2] = true;
+    t[0xE3] = true;
+    t
+};
+
+/// How far a key is looked for after a quote that may end a string early (bytes).
+const KEY_LOOKAHEAD: usize = 256;
+
 /// Words that may be the start of a literal cut off by truncation.
 const LITERALS: [&str; 11] = [
     "true",
@@ -116,6 +132,7 @@ fn is_plain_ws(b: u8) -> bool {
 /// The lenient parser over one window `[pos, end)` of the input.
 pub(crate) struct Parser<'a> {
     src: &'a str,
+    /// The bytes of the window, `src[..end]`: one bounds check per byte read.
     b: &'a [u8],
     pub(crate) pos: usize,
     end: usize,
@@ -153,11 +170,12 @@ pub(crate) struct Parser<'a> {
 impl<'a> Parser<'a> {
     /// A parser over `src[pos..end]`.
     pub(crate) fn new(src: &'a str, pos: usize, end: usize, max_depth: usize) -> Self {
+        let end = end.min(src.len());
         Self {
             src,
-            b: src.as_bytes(),
+            b: src.as_bytes().get(..end).unwrap_or_default(),
             pos,
-            end: end.min(src.len()),
+            end,
             max_depth,
             repairs: Vec::new(),
             stack: Vec::new(),
@@ -221,12 +239,9 @@ impl<'a> Parser<'a> {
         self.src.get(a..b).unwrap_or_default()
     }
 
+    #[inline]
     fn at(&self, i: usize) -> Option<u8> {
-        if i < self.end {
-            self.b.get(i).copied()
-        } else {
-            None
-        }
+        self.b.get(i).copied()
     }
 
     pub(crate) fn peek(&self) -> Option<u8> {
@@ -270,6 +285,7 @@ impl<'a> Parser<'a> {
     }
 
     /// `...` or `…` at `i`: returns its length.
+    #[inline]
     fn ellipsis_at(&self, i: usize) -> Option<usize> {
         if self.at(i) == Some(b'.') && self.at(i + 1) == Some(b'.') && self.at(i + 2) == Some(b'.')
         {
@@ -298,20 +314,50 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// Whether a number ending at `i` may have been cut: nothing but blanks follows it to the
+    /// end of the input, and none of them is a space or tab. Digits followed by a space were
+    /// finished by whoever wrote them (`{"year": 2018 ` lacks only its brace); a final line
+    /// break proves nothing, since `echo` or a file adds one to a cut answer.
+    fn number_may_be_cut(&self, i: usize) -> bool {
+        self.ends_input(i)
+            && !self
+                .b
+                .get(i..)
+                .unwrap_or_default()
+                .iter()
+                .any(|&c| c == b' ' || c == b'\t')
+    }
+
     /// Skips whitespace only; returns the position after it.
-    fn skip_plain_ws_from(&self, mut i: usize) -> usize {
-        while let Some(c) = self.at(i) {
-            if is_plain_ws(c) {
-                i += 1;
-            } else {
-                break;
-            }
-        }
-        i
+    fn skip_plain_ws_from(&self, i: usize) -> usize {
+        let window = self.b.get(i..).unwrap_or_default();
+        i + window.iter().take_while(|&&c| is_plain_ws(c)).count()
     }
 
     /// Skips whitespace and comments, recording each comment.
+    #[inline]
     pub(crate) fn skip_ws(&mut self) {
+        // Most tokens follow a delimiter directly or after one blank: decide that with a
+        // table look-up or two, inline, before the out-of-line loop over comments and
+        // special spaces.
+        let mut i = self.pos;
+        loop {
+            match self.b.get(i) {
+                Some(&c) if is_plain_ws(c) => i += 1,
+                Some(&c) if MAY_START_SKIP[usize::from(c)] => break,
+                _ => {
+                    self.pos = i;
+                    return;
+                }
+            }
+        }
+        self.pos = i;
+        self.skip_ws_and_comments();
+    }
+
+    /// The general case of [`Self::skip_ws`].
+    #[inline(never)]
+    fn skip_ws_and_comments(&mut self) {
         loop {
             self.pos = self.skip_plain_ws_from(self.pos);
             match (self.peek(), self.at(self.pos + 1)) {
@@ -333,9 +379,10 @@ impl<'a> Parser<'a> {
                             self.pos + n + 1
                         }
                         None => {
-                            if !self.stack.is_empty() && !self.salvage {
+                            if !self.stack.is_empty() && !self.salvage && holds_data(rest) {
                                 // `{"a": 1 # note }, "b": 2}` on one line: the comment would
-                                // take the rest of the value with it.
+                                // take the rest of the value with it. A comment of plain
+                                // words at the end (`{"a": 1 // done`) takes nothing.
                                 self.loss.get_or_insert(RepairError::Unrepairable {
                                     offset: self.pos,
                                     reason: "a line comment runs to the end of the input, inside an open value".into(),
@@ -351,8 +398,9 @@ impl<'a> Parser<'a> {
                     self.pos = match rest.find("*/") {
                         Some(n) => self.pos + 2 + n + 2,
                         None => {
-                            if !self.salvage {
-                                // `{"a": 1 /* note, "b": 2}`: never closed, it takes the rest.
+                            if !self.salvage && holds_data(rest) {
+                                // `{"a": 1 /* note, "b": 2}`: never closed, it takes the rest
+                                // (a comment of plain words at the end takes nothing).
                                 self.loss.get_or_insert(RepairError::Unrepairable {
                                     offset: self.pos,
                                     reason: "a block comment that is never closed".into(),
@@ -684,7 +732,7 @@ impl<'a> Parser<'a> {
                         }) =>
                 {
                     if let Some((v, end)) = self.separated_number(start) {
-                        if self.ends_input(end) && !self.input_complete {
+                        if self.number_may_be_cut(end) && !self.input_complete {
                             self.cut_off(Cut::Number)?;
                         }
                         // `82_461_110`: digit groups, as Python and JavaScript write them.
@@ -839,11 +887,25 @@ impl<'a> Parser<'a> {
             return Ok((s, literal_end));
         }
         loop {
-            let p = self.skip_plain_ws_from(self.pos);
+            let mut p = self.skip_plain_ws_from(self.pos);
+            if self.at(p) == Some(b'/') && self.at(p + 1) == Some(b'*') {
+                // `"a" /* c */ + "b"`: a comment before the `+`.
+                let (save, noted) = (self.pos, self.repairs.len());
+                self.skip_ws();
+                if self.peek() != Some(b'+') {
+                    self.pos = save;
+                    self.repairs.truncate(noted);
+                    return Ok((s, literal_end));
+                }
+                p = self.pos;
+            }
             if self.at(p) != Some(b'+') {
                 return Ok((s, literal_end));
             }
-            let q = self.skip_plain_ws_from(p + 1);
+            // `"a" + /* c */ "b"`: comments after the `+` go too.
+            self.pos = p + 1;
+            self.skip_ws();
+            let q = self.pos;
             if q >= self.end {
                 self.cut_off(Cut::String)?;
                 self.pos = q;
@@ -928,15 +990,13 @@ impl<'a> Parser<'a> {
     }
 
     /// A bare string value after a colon, up to the next delimiter on the same line.
+    /// Brackets inside it are text when they pair up before that delimiter
+    /// (`{text: words{in brackets}}`, `[This is F(3)]`); a quote right after it closes it
+    /// when the JSON goes on after that quote (`{"a": foo", "b": 1}`), and a quoted key
+    /// after it starts the next member (`{"a": foo "b": 1}`).
     fn unquoted_string(&mut self) -> Result<Value, RepairError> {
         let start = self.pos;
-        let mut i = start;
-        while let Some(c) = self.at(i) {
-            if matches!(c, b',' | b'}' | b']' | b'\n' | b'\r' | b'"') {
-                break;
-            }
-            i += 1;
-        }
+        let (i, balanced) = self.bare_text_end(start);
         // `i` stops on an ASCII byte or at the end, so it is a char boundary.
         let text = self.s(start, i).trim_end();
         if text.is_empty() {
@@ -946,13 +1006,71 @@ impl<'a> Parser<'a> {
             // The word runs to the end of the input: it may have been cut.
             self.cut_off(Cut::Literal)?;
         }
-        if !self.salvage && (text.contains(['{', '[', '(', ')']) || self.at(i) == Some(b'"')) {
-            // `{text: words{in brackets}}`: where the bare text ends is a guess.
+        let text_end = start + text.len();
+        let mut next = text_end;
+        if self.at(i) == Some(b'"') {
+            // `world\"`: an escaped quote (JSON copied out of a string) is no closing one.
+            let plain = balanced && !text.ends_with('\\');
+            if plain
+                && i == text_end
+                && matches!(
+                    self.at(self.skip_plain_ws_from(i + 1)),
+                    Some(b',' | b'}' | b']')
+                )
+            {
+                // `{"a": foo", "b": 1}`: the value lost its opening quote.
+                self.note(RepairKind::MissingQuote, start);
+                next = i + 1;
+            } else if plain && self.in_object() && self.key_at(i) {
+                // `{"a": foo "b": 1}`: a bare value, then the next member without its comma.
+                self.note(RepairKind::MissingComma, i);
+            } else if !self.salvage {
+                return Err(self.err(start, "a quote after an unquoted value"));
+            }
+        } else if !balanced && !self.salvage {
+            // `{text: words{in brackets}`: where the bare text ends is a guess.
             return Err(self.err(start, "brackets inside an unquoted value"));
         }
         self.note(RepairKind::UnquotedString, start);
-        self.pos = start + text.len();
+        self.pos = next;
         Ok(Value::String(text.to_owned()))
+    }
+
+    /// Where bare text starting at `start` ends: at a comma, closing bracket, quote or line
+    /// break outside any bracket it opened itself. `false` when its brackets do not pair up
+    /// (then the end is the first bracket that breaks the pairing, or a quote or line break
+    /// inside an open bracket).
+    fn bare_text_end(&self, start: usize) -> (usize, bool) {
+        let mut open = [0u8; 8];
+        let mut depth = 0usize;
+        let mut i = start;
+        while let Some(c) = self.at(i) {
+            match c {
+                b'{' | b'[' | b'(' => {
+                    let Some(slot) = open.get_mut(depth) else {
+                        return (i, false);
+                    };
+                    *slot = match c {
+                        b'{' => b'}',
+                        b'[' => b']',
+                        _ => b')',
+                    };
+                    depth += 1;
+                }
+                b'}' | b']' | b')' if depth > 0 => {
+                    depth -= 1;
+                    if open.get(depth) != Some(&c) {
+                        return (i, false);
+                    }
+                }
+                b',' | b'}' | b']' if depth == 0 => return (i, true),
+                b')' => return (i, self.open_call > 0),
+                b'\n' | b'\r' | b'"' => return (i, depth == 0),
+                _ => {}
+            }
+            i += 1;
+        }
+        (i, depth == 0)
     }
 
     fn after_state(&mut self) -> Result<State, Box<RepairError>> {
@@ -966,6 +1084,7 @@ impl<'a> Parser<'a> {
             // brackets were left off after a complete value.
             self.note(RepairKind::TrailingGarbage, at);
             self.end = at;
+            self.b = self.b.get(..at).unwrap_or_default();
         }
         let Some(c) = self.peek() else {
             let v = self.finish_truncated()?;
@@ -1232,7 +1351,8 @@ impl<'a> Parser<'a> {
                 self.set_key(key);
                 Ok(State::Value)
             }
-            Some(_) if self.is_clear_value_start(at) => {
+            // `{"" "x"}` is no key and value: an empty key before a string is stray quotes.
+            Some(_) if !key.is_empty() && self.is_clear_value_start(at) => {
                 self.note(RepairKind::MissingColon, at);
                 self.set_key(key);
                 Ok(State::Value)
@@ -1299,8 +1419,14 @@ impl<'a> Parser<'a> {
         if j > i && self.at(j) == Some(b':') {
             i = start + self.s(start, j).trim_end().len();
         }
+        let key = self.s(start, i).to_owned();
         self.pos = i;
-        self.s(start, i).to_owned()
+        if self.at(i) == Some(b'"') && self.at(self.skip_plain_ws_from(i + 1)) == Some(b':') {
+            // `{a": 1}`: the key lost its opening quote; this one closes it.
+            self.note(RepairKind::MissingQuote, start);
+            self.pos = i + 1;
+        }
+        key
     }
 
     /// Parses a number; `None` when truncation left only a sign.
@@ -1406,10 +1532,12 @@ impl<'a> Parser<'a> {
             }
         }
         self.pos = i;
-        if at_eof_fix || (!self.input_complete && !self.stack.is_empty() && self.ends_input(i)) {
+        if at_eof_fix
+            || (!self.input_complete && !self.stack.is_empty() && self.number_may_be_cut(i))
+        {
             // `1.`, `1e`: the input stops where digits had to follow. `{"year": 20`: the
             // input stops inside a value that was never closed, and more digits may have
-            // followed — unless the caller knows the model finished its answer.
+            // followed — unless a space after it or the caller says the number was finished.
             self.cut_off(Cut::Number)?;
         }
         let text: std::borrow::Cow<'_, str> = if fixed {
@@ -1460,7 +1588,7 @@ impl<'a> Parser<'a> {
                 text: text.to_owned(),
             });
         }
-        if !self.input_complete && !self.stack.is_empty() && self.ends_input(i) {
+        if !self.input_complete && !self.stack.is_empty() && self.number_may_be_cut(i) {
             self.cut_off(Cut::Number)?;
         }
         self.note(RepairKind::LeadingZeroString, start);
@@ -1498,8 +1626,11 @@ impl<'a> Parser<'a> {
             && matches!(self.at(self.pos.wrapping_sub(1)), Some(b'"' | b'\''))
         {
             let quote = self.pos - 1;
-            let before = self.s(start, quote).trim_end_matches([' ', '\t']);
-            if quote > start + 1 && (before.ends_with('\n') || before.ends_with('\r')) {
+            let mut k = quote;
+            while k > start + 1 && matches!(self.b.get(k - 1), Some(b' ' | b'\t')) {
+                k -= 1;
+            }
+            if quote > start + 1 && matches!(self.b.get(k.wrapping_sub(1)), Some(b'\n' | b'\r')) {
                 return Err(self.err(
                     quote,
                     "a line break right before the closing quote: which string it closes is unclear",
@@ -1534,9 +1665,7 @@ impl<'a> Parser<'a> {
         // kind never closes it (`{"a': 1}`), so valid strings such as `"':"` stay intact.
         let mut fallback: Option<Fallback> = None;
         loop {
-            while i < self.end && !SPECIAL[usize::from(self.b[i])] {
-                i += 1;
-            }
+            i = self.scan_plain(i);
             let Some(c) = self.at(i) else {
                 out.push_str(self.s(seg, self.end));
                 // A quote of the wrong kind right at the end may just as well be text of a
@@ -1549,6 +1678,11 @@ impl<'a> Parser<'a> {
                 return Ok(self.unterminated(out, content_start, ctx));
             };
             if c == b'\\' {
+                if out.capacity() == 0 {
+                    // A string with escapes is built piece by piece: one allocation that
+                    // will usually hold it, instead of doubling from the first piece.
+                    out.reserve(2 * (i - content_start) + 32);
+                }
                 out.push_str(self.s(seg, i));
                 i = self.escape(i, open, &mut out);
                 seg = i;
@@ -1599,6 +1733,11 @@ impl<'a> Parser<'a> {
             let closes = if exact {
                 matches!(open, Quote::TypoDoubleOpen | Quote::TypoDoubleClose)
                     || self.delim_follows(after)
+                    // `{'a' 'b'}`: a key, a blank, then the value without its colon.
+                    || (ctx == Ctx::Key
+                        && open == Quote::Single
+                        && self.skip_plain_ws_from(after) > after
+                        && self.quote_at(self.skip_plain_ws_from(after)).is_some())
             } else if matches!(q, Quote::TypoDoubleOpen | Quote::TypoSingleOpen)
                 && open != Quote::TypoDoubleOpen
             {
@@ -1623,6 +1762,39 @@ impl<'a> Parser<'a> {
             }
             i = after;
         }
+    }
+
+    /// The first byte at or after `i` that may end the plain run of a string body (a
+    /// quote, a backslash, a control character or the lead byte of a typographic quote),
+    /// or the end of the window. Eight bytes are tested at a time.
+    fn scan_plain(&self, mut i: usize) -> usize {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGHS: u64 = 0x8080_8080_8080_8080;
+        // Bytes of `w` equal to zero get their high bit set (no false negatives; a false
+        // positive only sends the byte-wise loop below to look).
+        let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
+        while let Some(chunk) = self.b.get(i..i + 8) {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(chunk);
+            let w = u64::from_le_bytes(bytes);
+            let hit = zero(w ^ (ONES * u64::from(b'"')))
+                | zero(w ^ (ONES * u64::from(b'\'')))
+                | zero(w ^ (ONES * u64::from(b'\\')))
+                | zero(w ^ (ONES * 0xE2))
+                // bytes below 0x20
+                | (w.wrapping_sub(ONES * 0x20) & !w & HIGHS);
+            if hit != 0 {
+                break;
+            }
+            i += 8;
+        }
+        while let Some(&c) = self.b.get(i) {
+            if SPECIAL[usize::from(c)] {
+                break;
+            }
+            i += 1;
+        }
+        i
     }
 
     /// A string in backticks (a JavaScript template literal), read up to the next unescaped
@@ -1714,7 +1886,7 @@ impl<'a> Parser<'a> {
         let raw = self.s(content_start, q);
         match ctx {
             Ctx::Key => {
-                if nx != Some(b':')
+                if nx.is_some_and(|c| c != b':')
                     && !raw.contains('\\')
                     && let Some(colon) = raw.find(':')
                 {
@@ -1723,15 +1895,19 @@ impl<'a> Parser<'a> {
                     self.pos = content_start + colon;
                     return Some((raw[..colon].trim_end().to_owned(), true));
                 }
+                // `{"k"e"y": 1}`: a quote with a letter or digit right after it, and a later
+                // quote on the line followed by the colon: this one is text of the key.
+                if nx_pos == after
+                    && nx.is_some_and(|c| c.is_ascii_alphanumeric())
+                    && self.colon_quote_ahead(after)
+                {
+                    return None;
+                }
             }
             Ctx::Value => {
-                let delim = matches!(
-                    nx,
-                    None | Some(b',' | b'}' | b']' | b')' | b':' | b'+' | b'/' | b'#')
-                );
-                if !delim {
+                if !self.value_delim_at(nx_pos) {
                     let t = raw.trim_end();
-                    if t.ends_with(',') {
+                    if t.ends_with(',') && self.next_item_string_at(q) {
                         // `"a, "b"`: the quote closing `a` is missing; this one opens `b`.
                         out.push_str(self.s(seg, q));
                         let cut = raw.len() - (t.len() - 1);
@@ -1742,19 +1918,187 @@ impl<'a> Parser<'a> {
                         return Some((std::mem::take(out), true));
                     }
                     let same_line = !self.s(after, nx_pos).contains('\n');
-                    if same_line && nx.is_some_and(|c| c.is_ascii_alphabetic()) {
+                    // `"say "hi" now"`, `"<b id="x">"`, `"a "b": c"` in an object: what
+                    // follows the quote on its line is more text, not the next token.
+                    if same_line && nx.is_some_and(|c| self.text_follows_quote(c)) {
                         return None;
                     }
                     // `"a "b" ",`: this quote is text; the next one closes the string.
                     if same_line && nx == Some(b'"') && self.delim_follows(nx_pos + 1) {
                         return None;
                     }
+                } else if self.inner_quote_since(content_start) && !self.continuation_fits(nx_pos) {
+                    // `"a "b", c."` in an object: a string that already holds a quote of
+                    // its own closes only where the JSON can go on, so `, c."` is text.
+                    return None;
                 }
             }
         }
-        out.push_str(self.s(seg, q));
+        if out.is_empty() {
+            // The common case, a string with no escapes: one exact allocation.
+            *out = self.s(seg, q).to_owned();
+        } else {
+            out.push_str(self.s(seg, q));
+        }
         self.pos = after;
         Some((std::mem::take(out), true))
+    }
+
+    /// Whether the byte at `p` (after a `"` that may close a value string and the blanks
+    /// after it) is what can follow a value here: a comma, a closer of an open value, the
+    /// end, a `+` joining strings, a comment. `)` counts only inside a call or tuple and
+    /// `:` only outside an object (`["key": 1]`), where each can be read.
+    fn value_delim_at(&self, p: usize) -> bool {
+        match self.at(p) {
+            None | Some(b',' | b'}' | b']' | b'+' | b'#') => true,
+            Some(b')') => self.open_call > 0,
+            Some(b':') => !self.in_object(),
+            Some(b'/') => matches!(self.at(p + 1), Some(b'/' | b'*')),
+            Some(_) => false,
+        }
+    }
+
+    /// Whether `c`, right after a `"` on the same line, is more text of the string (a
+    /// letter, sentence or markup punctuation, `)` outside any call, `:` inside an
+    /// object) rather than the start of the next token.
+    fn text_follows_quote(&self, c: u8) -> bool {
+        c.is_ascii_alphabetic()
+            || matches!(
+                c,
+                b'.' | b'?'
+                    | b'!'
+                    | b';'
+                    | b'<'
+                    | b'>'
+                    | b'='
+                    | b'&'
+                    | b'%'
+                    | b'*'
+                    | b'@'
+                    | b'~'
+                    | b'|'
+                    | b'^'
+                    | b'_'
+            )
+            || (c == b')' && self.open_call == 0)
+            || (c == b':' && self.in_object())
+            || (c >= 0x80 && c != 0xE2)
+    }
+
+    /// Whether an unescaped quote was already taken as text in the string whose content
+    /// starts at `content_start`.
+    fn inner_quote_since(&self, content_start: usize) -> bool {
+        self.repairs
+            .iter()
+            .rev()
+            .take_while(|r| r.offset >= content_start)
+            .any(|r| r.kind == RepairKind::UnescapedQuote)
+    }
+
+    /// After a quote that would close a string holding quotes of its own, at `p` (the next
+    /// non-blank byte): whether the JSON can go on from there — the end, another member
+    /// or element after a comma, or a closer followed by what may follow it.
+    fn continuation_fits(&self, p: usize) -> bool {
+        let depth = self.stack.len();
+        match self.at(p) {
+            Some(b',') => self.item_follows(p + 1, depth),
+            Some(b'}' | b']') => {
+                let q = self.skip_plain_ws_from(p + 1);
+                match self.at(q) {
+                    None | Some(b'}' | b']') => true,
+                    Some(b',') => depth >= 2 && self.item_follows(q + 1, depth - 1),
+                    // Text after the root value is trailing garbage; inside, nothing fits.
+                    Some(_) => depth <= 1,
+                }
+            }
+            _ => true,
+        }
+    }
+
+    /// After a comma at `p` inside the frame at `depth` (1 is the outermost): whether a
+    /// member (a key and its colon) or an element starts there, or the frame closes.
+    fn item_follows(&self, p: usize, depth: usize) -> bool {
+        let p = self.skip_plain_ws_from(p);
+        let in_object = depth
+            .checked_sub(1)
+            .and_then(|d| self.stack.get(d))
+            .is_some_and(|f| matches!(f, Frame::Obj { .. }));
+        if in_object {
+            matches!(self.at(p), None | Some(b'}')) || self.key_at(p)
+        } else {
+            matches!(self.at(p), None | Some(b']' | b')')) || self.is_clear_value_start(p)
+        }
+    }
+
+    /// Whether a key and its colon start at `p`: a quoted key closed on the same line, or
+    /// a bare word, then `:`. The look-ahead is bounded, so it adds constant work.
+    fn key_at(&self, p: usize) -> bool {
+        let mut i = p;
+        match self.quote_at(p) {
+            Some((q, len)) => {
+                i += len;
+                let limit = (p + KEY_LOOKAHEAD).min(self.end);
+                loop {
+                    if i >= limit {
+                        return false;
+                    }
+                    match self.at(i) {
+                        Some(b'\\') => i += 2,
+                        Some(b'\n') | None => return false,
+                        Some(_) => match self.quote_at(i) {
+                            Some((c, clen))
+                                if c == q || (q != Quote::Double && q != Quote::Single) =>
+                            {
+                                i += clen;
+                                break;
+                            }
+                            _ => i += 1,
+                        },
+                    }
+                }
+            }
+            None => {
+                if !self.at(p).is_some_and(is_ident_start) {
+                    return false;
+                }
+                i = self.ident_end(p);
+            }
+        }
+        self.at(self.skip_plain_ws_from(i)) == Some(b':')
+    }
+
+    /// Whether a `"` followed by a colon comes later on the line from `i` (bounded look-ahead).
+    fn colon_quote_ahead(&self, mut i: usize) -> bool {
+        let limit = (i + KEY_LOOKAHEAD).min(self.end);
+        while i < limit {
+            match self.at(i) {
+                Some(b'\\') => i += 2,
+                Some(b'\n') | None => return false,
+                Some(b'"') if self.at(self.skip_plain_ws_from(i + 1)) == Some(b':') => return true,
+                Some(_) => i += 1,
+            }
+        }
+        false
+    }
+
+    /// At a `"` at `q` after `"a, ` in a value string: whether it opens the next item — a
+    /// key followed by its colon in an object, a string followed by a delimiter in an
+    /// array — so that the string before lost its closing quote (`{"a": "b, "c": 1}`).
+    fn next_item_string_at(&self, q: usize) -> bool {
+        if self.in_object() {
+            return self.key_at(q);
+        }
+        let limit = (q + KEY_LOOKAHEAD).min(self.end);
+        let mut i = q + 1;
+        while i < limit {
+            match self.at(i) {
+                Some(b'\\') => i += 2,
+                Some(b'\n') | None => return false,
+                Some(b'"') => return self.value_delim_at(self.skip_plain_ws_from(i + 1)),
+                Some(_) => i += 1,
+            }
+        }
+        false
     }
 
     /// After a possible closing quote: is the next thing a delimiter?
@@ -1885,7 +2229,8 @@ impl<'a> Parser<'a> {
                 self.note_truncated();
                 return self.end;
             }
-            self.note(RepairKind::InvalidEscape, i);
+            // `\uZ000`, `\u26"`: the character meant is unknown.
+            self.invalid_unicode(i);
             out.push_str("\\u");
             return i + 2;
         };
@@ -1901,11 +2246,24 @@ impl<'a> Parser<'a> {
         match char::from_u32(cu) {
             Some(c) => out.push(c),
             None => {
-                self.note(RepairKind::InvalidEscape, i);
+                // A lone surrogate (`\ud800`): no character; U+FFFD would replace data.
+                self.invalid_unicode(i);
                 out.push('\u{FFFD}');
             }
         }
         i + 6
+    }
+
+    /// A `\u` escape at `i` that names no character: refused, or kept as text when
+    /// salvaging.
+    fn invalid_unicode(&mut self, i: usize) {
+        self.note(RepairKind::InvalidEscape, i);
+        if !self.salvage {
+            self.loss.get_or_insert(RepairError::Unrepairable {
+                offset: i,
+                reason: "a \\u escape that names no character".into(),
+            });
+        }
     }
 }
 
@@ -1918,6 +2276,12 @@ struct Fallback {
     after: usize,
     /// The length of the decoded text up to it.
     out_len: usize,
+}
+
+/// Whether comment text could hold data a comment running to the end would swallow.
+fn holds_data(text: &str) -> bool {
+    text.bytes()
+        .any(|b| matches!(b, b'"' | b'\'' | b':' | b',' | b'{' | b'}' | b'[' | b']'))
 }
 
 /// Converts normalised number text to a JSON number; `None` when out of range.

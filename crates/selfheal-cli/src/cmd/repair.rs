@@ -56,7 +56,8 @@ pub struct RepairArgs {
     pub multiple: bool,
     /// The input is the model's whole answer (it finished on its own, `finish_reason:
     /// "stop"`): a number where unclosed input ends is complete (`{"days": 3` lacks only its
-    /// brace). Without it such a number is refused: `{"year": 20` may have been 2018.
+    /// brace). Without it such a number is refused, unless a space or tab follows it:
+    /// `{"year": 20` may have been 2018.
     #[arg(long)]
     pub complete: bool,
 }
@@ -115,7 +116,9 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
         }
         None => (repaired.value, Vec::new(), Vec::new()),
     };
-    let mut out = std::io::stdout().lock();
+    // Buffered: stdout's own line buffering looks for a newline in every small write the
+    // serialiser makes, which costs more than the repair on a large document.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     serde_json::to_writer(&mut out, &value)?;
     writeln!(out)?;
     out.flush()?;
