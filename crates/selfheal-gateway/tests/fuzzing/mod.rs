@@ -15,14 +15,14 @@
 // Each user of this module (two fuzz targets, two tests) takes what it needs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use selfheal_gateway::heal::{GuideCache, tool_index};
+use selfheal_gateway::heal::{GuideCache, ToolIndex, tool_index};
 use selfheal_gateway::request::{ChatRequest, Edits};
 use selfheal_gateway::stream::{Frame, Hooks, Reask, Reasked, relay};
 
@@ -270,6 +270,20 @@ const TOOLS_REQUEST: &str = r#"{"model": "m", "messages": [{"role": "user", "con
     "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}, "required": ["q"]}}},
   {"type": "function", "function": {"name": "g"}}]}"#;
 
+/// The index of [`TOOLS_REQUEST`]'s tools, and a schema cache shared by every input (warm, as
+/// in the gateway); one runtime per thread, built once.
+static TOOLS: LazyLock<Arc<ToolIndex>> = LazyLock::new(|| {
+    let request = ChatRequest::parse(TOOLS_REQUEST.as_bytes()).expect("the tools request reads");
+    Arc::new(tool_index(&request))
+});
+static GUIDES: LazyLock<Arc<GuideCache>> = LazyLock::new(Arc::default);
+thread_local! {
+    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+}
+
 /// A hook that answers with a fixed, usable message.
 fn answering(message: Value, finish: &'static str) -> Reask {
     Box::new(move |_problems| {
@@ -334,44 +348,41 @@ pub fn sse(data: &[u8]) {
             )),
         },
     };
-    let request = ChatRequest::parse(TOOLS_REQUEST.as_bytes()).expect("the tools request reads");
-    let tools = Arc::new(tool_index(&request));
-
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (frames, finished) = rt.block_on(async move {
-        let http = axum::http::Response::builder()
-            .header("content-type", content_type)
-            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-                pieces,
-            )))
-            .expect("a response");
-        let upstream = reqwest::Response::from(http);
-        let (tx, mut rx) = mpsc::channel::<Frame>(16);
-        let relayed = async move {
-            let report = relay(
-                upstream,
-                tools,
-                Arc::new(GuideCache::default()),
-                Some(json!({"status": "complete", "actions": []})),
-                hooks,
-                &tx,
-            )
-            .await;
-            drop(tx);
-            report
-        };
-        let received = async {
-            let mut frames = Vec::new();
-            while let Some(f) = rx.recv().await {
-                frames.push(f.expect("the relay never sends an error frame"));
-            }
-            frames
-        };
-        let (report, frames) = tokio::join!(relayed, received);
-        (frames, report.finished)
+    let tools = TOOLS.clone();
+    let guides = GUIDES.clone();
+    let (frames, finished) = RUNTIME.with(|rt| {
+        rt.block_on(async move {
+            let http = axum::http::Response::builder()
+                .header("content-type", content_type)
+                .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                    pieces,
+                )))
+                .expect("a response");
+            let upstream = reqwest::Response::from(http);
+            let (tx, mut rx) = mpsc::channel::<Frame>(16);
+            let relayed = async move {
+                let report = relay(
+                    upstream,
+                    tools,
+                    guides,
+                    Some(json!({"status": "complete", "actions": []})),
+                    hooks,
+                    &tx,
+                )
+                .await;
+                drop(tx);
+                report
+            };
+            let received = async {
+                let mut frames = Vec::new();
+                while let Some(f) = rx.recv().await {
+                    frames.push(f.expect("the relay never sends an error frame"));
+                }
+                frames
+            };
+            let (report, frames) = tokio::join!(relayed, received);
+            (frames, report.finished)
+        })
     });
 
     let mut done = 0;
