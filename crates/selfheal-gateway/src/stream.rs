@@ -288,7 +288,8 @@ impl Relay<'_> {
         self.emit_message(&message, finish).await
     }
 
-    /// Sends a complete assistant message as stream chunks, then the finish and `[DONE]`.
+    /// Sends a complete assistant message as stream chunks, up to the finish; `[DONE]` is
+    /// [`Relay::end`]'s to send, once.
     async fn emit_message(&mut self, message: &Value, finish: Value) -> Result<(), Gone> {
         let base = self.template.clone();
         self.report.finished = true;
@@ -299,10 +300,6 @@ impl Relay<'_> {
         for c in message_chunks(base.as_ref(), message, finish, selfheal.as_ref()) {
             self.send(&c).await?;
         }
-        self.tx
-            .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
-            .await
-            .map_err(|_| Gone)?;
         self.report.broken = None;
         Ok(())
     }
@@ -470,7 +467,16 @@ impl Relay<'_> {
                 self.report.reissued = Some(why);
                 self.report.broken = None;
                 self.report.repaired.extend(again.repaired);
-                let _ = self.emit_message(&again.message, again.finish_reason).await;
+                if self
+                    .emit_message(&again.message, again.finish_reason)
+                    .await
+                    .is_ok()
+                {
+                    let _ = self
+                        .tx
+                        .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
+                        .await;
+                }
                 return;
             }
         }

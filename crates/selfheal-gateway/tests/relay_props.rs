@@ -50,6 +50,12 @@ fn event() -> impl Strategy<Value = String> {
 }
 
 fn run(body: Vec<u8>, cuts: Vec<usize>) -> (Vec<String>, bool) {
+    run_as("text/event-stream", body, cuts)
+}
+
+/// The frames the client gets for an upstream answer of `content_type` whose body is `body`,
+/// cut into pieces at `cuts`; and whether the relay saw a finish.
+fn run_as(content_type: &str, body: Vec<u8>, cuts: Vec<usize>) -> (Vec<String>, bool) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -67,7 +73,7 @@ fn run(body: Vec<u8>, cuts: Vec<usize>) -> (Vec<String>, bool) {
         }
         pieces.push(Ok(Bytes::copy_from_slice(&body[last..])));
         let http = axum::http::Response::builder()
-            .header("content-type", "text/event-stream")
+            .header("content-type", content_type)
             .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
                 pieces,
             )))
@@ -90,6 +96,23 @@ fn run(body: Vec<u8>, cuts: Vec<usize>) -> (Vec<String>, bool) {
         }
         (frames, report.finished)
     })
+}
+
+/// Issue 13, found by the `sse` fuzz target: a plain-JSON answer to a streaming request was
+/// re-emitted as SSE ending in `[DONE]` twice.
+#[test]
+fn issue13_a_json_answer_to_a_stream_request_ends_in_one_done() {
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]});
+    let (frames, finished) = run_as("application/json", answer.to_string().into_bytes(), vec![]);
+    assert!(finished);
+    let done = frames
+        .iter()
+        .filter(|f| f.as_str() == "data: [DONE]\n\n")
+        .count();
+    assert_eq!(done, 1, "{frames:?}");
+    assert_eq!(frames.last().map(String::as_str), Some("data: [DONE]\n\n"));
+    assert!(frames[0].contains("\"hi\""), "{frames:?}");
 }
 
 proptest! {

@@ -10,6 +10,9 @@ use serde_json::{Map, Value, json};
 
 use selfheal_gateway::request::{ChatRequest, Edits};
 
+mod fuzzing;
+use fuzzing::reference;
+
 fn arb_text() -> impl Strategy<Value = String> {
     prop_oneof![
         "[a-z ]{0,12}",
@@ -120,89 +123,6 @@ fn arb_request() -> impl Strategy<Value = Value> {
             }
             r
         })
-}
-
-/// The edits applied to a `Value`, as the gateway did before it had views.
-fn reference(mut v: Value, e: &Edits<'_>) -> Value {
-    let o = v.as_object_mut().unwrap();
-    if let Some(m) = e.model {
-        o.insert("model".into(), json!(m));
-    }
-    if let Some(s) = e.stream {
-        o.insert("stream".into(), json!(s));
-        if !s {
-            o.remove("stream_options");
-        }
-    }
-    let offered: Vec<String> = o
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
-    let hides = offered.iter().any(|n| e.hidden.contains(n));
-    if hides {
-        let tools = o.get_mut("tools").and_then(Value::as_array_mut).unwrap();
-        tools.retain(|t| {
-            !t.pointer("/function/name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| e.hidden.iter().any(|h| h == n))
-        });
-        let hidden = |t: &Value| {
-            t.pointer("/function/name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| e.hidden.iter().any(|h| h == n))
-        };
-        if tools.is_empty() {
-            o.remove("tools");
-            o.remove("tool_choice");
-            o.remove("parallel_tool_calls");
-        } else if let Some(choice) = o.get_mut("tool_choice") {
-            if hidden(choice) {
-                *choice = json!("auto");
-            } else if let Some(allowed) = choice
-                .pointer_mut("/allowed_tools/tools")
-                .and_then(Value::as_array_mut)
-            {
-                allowed.retain(|t| !hidden(t));
-                if allowed.is_empty() {
-                    *choice = json!("auto");
-                }
-            }
-        }
-    }
-    let messages = o.get_mut("messages").and_then(Value::as_array_mut).unwrap();
-    if e.normalize {
-        for m in messages.iter_mut() {
-            let Some(m) = m.as_object_mut() else { continue };
-            if m.get("role").and_then(Value::as_str) == Some("assistant")
-                && m.get("tool_calls").is_some_and(|c| !c.is_null())
-                && m.get("content").is_none_or(Value::is_null)
-            {
-                m.insert("content".into(), json!(""));
-            }
-        }
-    }
-    if let Some(text) = e.system {
-        let at = messages
-            .iter()
-            .take_while(|m| {
-                matches!(
-                    m.get("role").and_then(Value::as_str),
-                    Some("system" | "developer")
-                )
-            })
-            .count();
-        messages.insert(at, json!({"role": "system", "content": text}));
-    }
-    if let Some(extra) = e.append {
-        messages.push(extra.clone());
-    }
-    v
 }
 
 proptest! {

@@ -18,8 +18,10 @@
 //! [`proxy::Proxy`] makes the decisions without I/O; [`run::run`] drives it over any byte
 //! streams.
 
+pub mod lines;
 pub mod proxy;
 pub mod run;
 
+pub use lines::DEFAULT_MAX_LINE_BYTES;
 pub use proxy::{Decision, McpConfig, Out, Proxy, Stats};
-pub use run::{RunError, run};
+pub use run::{RunError, RunOptions, run};

@@ -5,17 +5,40 @@
 //! process's pipes, and tests wire it to in-memory pipes. Lines are read as bytes: a line that is
 //! not UTF-8 or not a JSON object (a batch, say) is passed on untouched, and a message the proxy
 //! does not change is forwarded as the bytes it arrived as (key order, number spelling and all).
-//! The proxy heals what it understands and never breaks what it does not.
+//! The proxy heals what it understands and never breaks what it does not. Lines are bounded
+//! ([`RunOptions::max_line_bytes`], see [`crate::lines`]): a longer one is refused with a
+//! JSON-RPC error, never forwarded in part.
 
 use std::time::Instant;
 
 use serde_json::Value;
 use thiserror::Error;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use selfheal_core::rng::SplitMix64;
 
+use crate::lines::{DEFAULT_MAX_LINE_BYTES, Head, LineReader, Read, refusal};
 use crate::proxy::{Decision, Out, Proxy, Stats};
+
+/// How a session is driven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Seeds the retry backoff's jitter.
+    pub seed: u64,
+    /// Longest line (one JSON-RPC message) accepted from either side, in bytes without its
+    /// newline; a longer one is refused with a JSON-RPC error (see [`crate::lines`]).
+    pub max_line_bytes: usize,
+}
+
+impl RunOptions {
+    /// Options with `seed` and the default line limit ([`DEFAULT_MAX_LINE_BYTES`]).
+    pub fn new(seed: u64) -> Self {
+        RunOptions {
+            seed,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+        }
+    }
+}
 
 /// Why a session ended badly.
 #[derive(Debug, Error)]
@@ -70,10 +93,45 @@ async fn deliver(
     Ok(())
 }
 
-/// A line without its end (`\n` or `\r\n`).
-fn trim_line(buf: &[u8]) -> &[u8] {
-    let b = buf.strip_suffix(b"\n").unwrap_or(buf);
-    b.strip_suffix(b"\r").unwrap_or(b)
+/// What to do with a line longer than the limit, of `len` bytes, whose first bytes are `head`,
+/// from `from`: a response the other side waits for is replaced by an error response to the
+/// same id (for the server's, through the proxy, which maps the id back and settles the call);
+/// anything else is answered to its sender with an error (`id: null` when its id is unknown).
+/// The decision goes to the trace.
+async fn refuse(
+    from: Side,
+    head: &[u8],
+    len: usize,
+    max: usize,
+    ctx: &mut Ctx<'_>,
+    client: &mut (impl AsyncWrite + Unpin),
+    server: &mut (impl AsyncWrite + Unpin),
+) -> std::io::Result<()> {
+    let h = Head::read(head);
+    let error = refusal(h.id.as_ref(), len, max);
+    (ctx.on_decision)(Decision {
+        kind: "line_too_long",
+        tool: String::new(),
+        detail: serde_json::json!({
+            "from": match from { Side::Client => "client", Side::Server => "server" },
+            "bytes": len, "limit": max, "id": h.id,
+        }),
+    });
+    let outs = match (from, h.answers()) {
+        (Side::Server, true) => ctx.proxy.from_server(error, (ctx.now)(), ctx.rng),
+        (Side::Client, true) => vec![Out::ToServer(error)],
+        (Side::Server, false) => vec![Out::ToServer(error)],
+        (Side::Client, false) => vec![Out::ToClient(error)],
+    };
+    deliver(outs, None, client, server).await
+}
+
+/// What [`refuse`] needs of the session.
+struct Ctx<'a> {
+    proxy: &'a mut Proxy,
+    now: &'a dyn Fn() -> u64,
+    rng: &'a mut SplitMix64,
+    on_decision: &'a mut (dyn FnMut(Decision) + Send),
 }
 
 /// Relays one session until the client or the server closes its side; returns what the proxy
@@ -85,17 +143,17 @@ pub async fn run(
     mut client_out: impl AsyncWrite + Unpin,
     server_in: impl AsyncRead + Unpin,
     mut server_out: impl AsyncWrite + Unpin,
-    seed: u64,
+    options: RunOptions,
     on_decision: &mut (dyn FnMut(Decision) + Send),
 ) -> Result<Stats, RunError> {
     let started = Instant::now();
     let now = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let mut rng = SplitMix64::new(seed);
-    let mut from_client = BufReader::new(client_in);
-    let mut from_server = BufReader::new(server_in);
-    // `read_until` keeps what it read in these buffers if the other branch of the select wins,
-    // so a line is never lost half-read; each is cleared only once its line is handled.
-    let (mut cbuf, mut sbuf) = (Vec::new(), Vec::new());
+    let mut rng = SplitMix64::new(options.seed);
+    let max = options.max_line_bytes;
+    // The readers keep what they read if the other branch of the select wins, so a line is
+    // never lost half-read.
+    let mut from_client = LineReader::new(BufReader::new(client_in), max);
+    let mut from_server = LineReader::new(BufReader::new(server_in), max);
     loop {
         let wait = proxy
             .next_deadline()
@@ -107,38 +165,50 @@ pub async fn run(
             }
         };
         tokio::select! {
-            n = from_client.read_until(b'\n', &mut cbuf) => {
-                if n? == 0 {
-                    break;
-                }
-                let line = trim_line(&cbuf);
-                match serde_json::from_slice::<Value>(line) {
-                    Ok(v) if v.is_object() => {
-                        let outs = proxy.from_client(v.clone(), now());
-                        deliver(outs, Some((Side::Client, &v, line)), &mut client_out, &mut server_out).await?;
+            read = from_client.next() => {
+                match read? {
+                    Read::Eof => break,
+                    Read::TooLong { len } => {
+                        let mut ctx = Ctx { proxy: &mut proxy, now: &now, rng: &mut rng, on_decision: &mut *on_decision };
+                        refuse(Side::Client, from_client.line(), len, max, &mut ctx, &mut client_out, &mut server_out).await?;
                     }
-                    _ => send(&mut server_out, line).await?,
+                    Read::Line => {
+                        let line = from_client.line();
+                        match serde_json::from_slice::<Value>(line) {
+                            Ok(v) if v.is_object() => {
+                                let outs = proxy.from_client(v.clone(), now());
+                                deliver(outs, Some((Side::Client, &v, line)), &mut client_out, &mut server_out).await?;
+                            }
+                            _ => send(&mut server_out, line).await?,
+                        }
+                    }
                 }
-                cbuf.clear();
             },
-            n = from_server.read_until(b'\n', &mut sbuf) => {
-                if n? == 0 {
-                    let outs = proxy.server_closed();
-                    deliver(outs, None, &mut client_out, &mut server_out).await?;
-                    for d in proxy.take_decisions() {
-                        on_decision(d);
+            read = from_server.next() => {
+                match read? {
+                    Read::Eof => {
+                        let outs = proxy.server_closed();
+                        deliver(outs, None, &mut client_out, &mut server_out).await?;
+                        for d in proxy.take_decisions() {
+                            on_decision(d);
+                        }
+                        break;
                     }
-                    break;
-                }
-                let line = trim_line(&sbuf);
-                match serde_json::from_slice::<Value>(line) {
-                    Ok(v) if v.is_object() => {
-                        let outs = proxy.from_server(v.clone(), now(), &mut rng);
-                        deliver(outs, Some((Side::Server, &v, line)), &mut client_out, &mut server_out).await?;
+                    Read::TooLong { len } => {
+                        let mut ctx = Ctx { proxy: &mut proxy, now: &now, rng: &mut rng, on_decision: &mut *on_decision };
+                        refuse(Side::Server, from_server.line(), len, max, &mut ctx, &mut client_out, &mut server_out).await?;
                     }
-                    _ => send(&mut client_out, line).await?,
+                    Read::Line => {
+                        let line = from_server.line();
+                        match serde_json::from_slice::<Value>(line) {
+                            Ok(v) if v.is_object() => {
+                                let outs = proxy.from_server(v.clone(), now(), &mut rng);
+                                deliver(outs, Some((Side::Server, &v, line)), &mut client_out, &mut server_out).await?;
+                            }
+                            _ => send(&mut client_out, line).await?,
+                        }
+                    }
                 }
-                sbuf.clear();
             },
             () = sleep => {
                 let outs = proxy.tick(now(), &mut rng);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, duplex};
 
-use selfheal_mcp::{Decision, McpConfig, Proxy, Stats, run};
+use selfheal_mcp::{Decision, McpConfig, Proxy, RunOptions, Stats, run};
 
 const NOT_JSON_FROM_CLIENT: &str = "hello server, this is not JSON {";
 const NOT_JSON_FROM_SERVER: &str = "server log: starting up (not JSON either)";
@@ -184,7 +184,7 @@ async fn a_session_through_the_real_driver() {
         proxy_client_out,
         proxy_server_in,
         proxy_server_out,
-        7,
+        RunOptions::new(7),
         &mut on_decision,
     );
     let (stats, mut rx) = tokio::time::timeout(Duration::from_secs(20), async {
@@ -314,7 +314,7 @@ async fn the_session_ends_when_the_server_closes_its_side() {
         proxy_client_out,
         proxy_server_in,
         proxy_server_out,
-        1,
+        RunOptions::new(1),
         &mut on_decision,
     );
     let (stats, _server_in) = tokio::time::timeout(Duration::from_secs(10), async {
@@ -341,6 +341,19 @@ where
     F: FnOnce(DuplexStream, DuplexStream) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    session_limited(client_lines, RunOptions::new(1), server).await
+}
+
+/// [`session_with`] with `options`.
+async fn session_limited<F, Fut>(
+    client_lines: &[&[u8]],
+    options: RunOptions,
+    server: F,
+) -> (Vec<Vec<u8>>, Vec<Decision>)
+where
+    F: FnOnce(DuplexStream, DuplexStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let (mut client_w, proxy_client_in) = duplex(1 << 16);
     let (proxy_client_out, client_r) = duplex(1 << 16);
     let (proxy_server_out, server_in) = duplex(1 << 16);
@@ -360,7 +373,7 @@ where
             proxy_client_out,
             proxy_server_in,
             proxy_server_out,
-            1,
+            options,
             &mut on,
         ),
     )
@@ -431,4 +444,92 @@ async fn unchanged_messages_and_non_utf8_lines_pass_byte_for_byte() {
     assert_eq!(saw[0], [from_client, b"\n"].concat());
     assert_eq!(saw[1], [latin1, b"\n"].concat());
     assert_eq!(read, [from_server.to_vec(), latin1.to_vec()]);
+}
+
+/// Issue 13: lines are bounded. A message longer than `max_line_bytes` is never forwarded, in
+/// part or whole: its sender gets a JSON-RPC error (with its id when the first bytes give it),
+/// a response the other side waits for becomes an error response, and the session goes on.
+#[tokio::test]
+async fn issue13_an_over_long_line_is_refused_with_a_json_rpc_error_and_the_session_goes_on() {
+    let limit = 1000;
+    let big = "x".repeat(5000);
+    let long_call = format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{big}"}}}}}}"#
+    );
+    let call = br#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    let call2 = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    let server_saw = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let saw = server_saw.clone();
+    let options = RunOptions {
+        seed: 1,
+        max_line_bytes: limit,
+    };
+    let (read, decisions) = session_limited(
+        &[long_call.as_bytes(), call, call2],
+        options,
+        move |input, mut output| async move {
+            let mut lines = BufReader::new(input).lines();
+            // A notification too long to pass: the server is told, with `id: null`.
+            let note = format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{big}"}}}}"#);
+            output.write_all(note.as_bytes()).await.unwrap();
+            output.write_all(b"\n").await.unwrap();
+            // The calls that reach the server (6, then 7; the first answer is too long) and the
+            // refusal of the notification, in whatever order they come.
+            let mut answers = [big.as_str(), "short"].into_iter();
+            for _ in 0..3 {
+                let line = lines.next_line().await.unwrap().unwrap();
+                let msg: Value = serde_json::from_str(&line).unwrap();
+                saw.lock().unwrap().push(msg.clone());
+                if msg.get("method").is_none() {
+                    continue;
+                }
+                let text = answers.next().unwrap();
+                let answer = json!({"jsonrpc": "2.0", "id": msg["id"],
+                    "result": {"content": [{"type": "text", "text": text}]}});
+                output.write_all(answer.to_string().as_bytes()).await.unwrap();
+                output.write_all(b"\n").await.unwrap();
+            }
+        },
+    )
+    .await;
+    let read: Vec<Value> = read
+        .iter()
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    let by_id = |id: u64| {
+        read.iter()
+            .filter(|m| m["id"] == json!(id))
+            .collect::<Vec<_>>()
+    };
+    // The long call never reached the server; its sender got the error.
+    let refused = by_id(5);
+    assert_eq!(refused.len(), 1, "{read:?}");
+    assert_eq!(refused[0]["error"]["code"], json!(-32600));
+    let message = refused[0]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("limit is 1000 bytes"), "{message}");
+    // The long answer to 6 became an error answer to 6, exactly one.
+    let six = by_id(6);
+    assert_eq!(six.len(), 1, "{read:?}");
+    assert_eq!(six[0]["error"]["code"], json!(-32600));
+    // And the session went on: 7 was answered in full.
+    let seven = by_id(7);
+    assert_eq!(seven.len(), 1, "{read:?}");
+    assert_eq!(seven[0]["result"]["content"][0]["text"], "short");
+    // Nothing longer than the limit was written to the client.
+    assert!(read.iter().all(|m| m.to_string().len() <= limit));
+
+    let saw = server_saw.lock().unwrap().clone();
+    assert_eq!(saw.len(), 3, "{saw:?}");
+    assert!(saw.iter().all(|m| m.to_string().len() <= limit));
+    let calls = saw.iter().filter(|m| m["method"] == "tools/call").count();
+    assert_eq!(calls, 2, "the long call never reached the server: {saw:?}");
+    let told: Vec<_> = saw.iter().filter(|m| m.get("error").is_some()).collect();
+    assert_eq!(told.len(), 1, "{saw:?}");
+    assert_eq!(told[0]["id"], Value::Null);
+    assert_eq!(told[0]["error"]["code"], json!(-32600));
+    let refusals = decisions
+        .iter()
+        .filter(|d| d.kind == "line_too_long")
+        .count();
+    assert_eq!(refusals, 3, "{decisions:?}");
 }

@@ -46,6 +46,10 @@ pub struct McpArgs {
     /// Record no trace.
     #[arg(long)]
     pub no_trace: bool,
+    /// Longest JSON-RPC message (one line) accepted from the client or the server, in bytes;
+    /// a longer one is refused with a JSON-RPC error, never forwarded in part.
+    #[arg(long, value_name = "BYTES", default_value_t = selfheal_mcp::DEFAULT_MAX_LINE_BYTES)]
+    pub max_line_bytes: usize,
     /// The MCP server to start, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -111,7 +115,10 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
             tokio::io::stdout(),
             server_out,
             server_in,
-            now(),
+            selfheal_mcp::RunOptions {
+                seed: now(),
+                max_line_bytes: args.max_line_bytes,
+            },
             &mut on_decision,
         )
         .await?;
