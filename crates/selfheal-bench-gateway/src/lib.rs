@@ -106,6 +106,8 @@ pub struct EpisodeRow {
     pub task: usize,
     /// The drawn faults, by name.
     pub faults: Vec<String>,
+    /// Of those, the ones drawn permanent.
+    pub permanent: Vec<String>,
     /// The in-process self-healing strategy.
     pub in_process: Side,
     /// The gateway arm.
@@ -421,10 +423,18 @@ pub async fn run(
             stats.errors += u64::from(end.error.is_some());
             stats.turns += f64::from(end.turns);
             stats.model_requests += world.model.asks() as f64;
+            let mut permanent: Vec<String> = faults
+                .iter()
+                .filter(|f| f.permanent)
+                .filter_map(|f| Some(model.faults.get(f.spec)?.name.clone()))
+                .collect();
+            permanent.sort_unstable();
+            permanent.dedup();
             episodes.push(EpisodeRow {
                 seed,
                 task: task.id,
                 faults: names,
+                permanent,
                 in_process,
                 gateway: gateway_side,
                 status: end.status,
