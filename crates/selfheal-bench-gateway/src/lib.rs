@@ -75,6 +75,9 @@ pub enum ArmError {
     /// The gateway could not be built.
     #[error("the gateway did not start: {0}")]
     Gateway(#[from] selfheal_gateway::app::StateError),
+    /// The agent client could not be built.
+    #[error("the agent client did not start: {0}")]
+    ClientSetup(agent::ClientError),
     /// A request of the agent client failed (a client-visible failure: a hang, a dropped
     /// connection, an unreadable answer).
     #[error("seed {seed}, task {task}: {source}")]
@@ -312,11 +315,7 @@ pub async fn run(
             let _ = gw_stopped.await;
         },
     ));
-    let client = Client::new(&gw_url, REQUEST_TIMEOUT).map_err(|source| ArmError::Client {
-        seed: config.seed,
-        task: 0,
-        source,
-    })?;
+    let client = Client::new(&gw_url, REQUEST_TIMEOUT).map_err(ArmError::ClientSetup)?;
 
     let total = u64::from(config.seeds) * tasks.len() as u64;
     let (mut ip, mut gw) = (Acc::default(), Acc::default());
