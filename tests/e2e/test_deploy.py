@@ -420,8 +420,10 @@ def test_responses_unusable_calls_are_reasked_never_forwarded(gateway, upstream)
     second = upstream.log()[1]["input"]
     assert "could not be used" in json.dumps(second[-1]), second
     # When the re-ask is unusable too, the call is taken out and the answer is partial.
+    # (The default ladder re-asks twice: repair, then retry.)
     upstream.script([{"kind": "tool", "name": "search", "arguments": '{"limit": 3}'},
-                     {"kind": "tool", "name": "search", "arguments": '{"limit": 4}'}])
+                     {"kind": "tool", "name": "search", "arguments": '{"limit": 4}'},
+                     {"kind": "tool", "name": "search", "arguments": '{"limit": 5}'}])
     r = client(gateway).responses.create(model="stub", input=f"find {uuid.uuid4()}",
                                           tools=RESPONSES_TOOLS)
     assert not [o for o in r.output if o.type == "function_call"]

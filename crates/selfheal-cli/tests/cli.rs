@@ -334,6 +334,27 @@ fn bench_policy_runs_self_healing_under_another_policy_on_the_same_episodes() {
     );
 }
 
+/// `bench --gateway`: both rows on the same episodes, as a table and as JSON, and the options
+/// it does not take refused.
+#[cfg(feature = "gateway")]
+#[test]
+fn bench_gateway_prints_both_rows_on_the_same_episodes() {
+    let args = ["bench", "--gateway", "--seeds", "1", "--tasks", "8"];
+    let out = selfheal(&args, "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.contains("| self-healing |"), "{table}");
+    assert!(table.contains("| self-healing via gateway |"), "{table}");
+    let out = selfheal(&[&args[..], &["--json"]].concat(), "");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r["episodes"] == 8));
+    assert_eq!(v["episodes"].as_array().map(Vec::len), Some(8));
+    let out = selfheal(&[&args[..], &["--sweep"]].concat(), "");
+    assert_eq!(out.status.code(), Some(2), "--sweep is not taken");
+}
+
 #[cfg(feature = "mcp")]
 #[test]
 fn mcp_answers_and_exits_when_the_server_dies_while_the_client_waits() {

@@ -688,14 +688,23 @@ async fn responses_inner(
             return Err(e);
         }
     };
+    // Unusable calls: re-asked as long as the policy's argument_invalid ladder says so, within
+    // the budget; the last usable answer stands, an unusable call is never forwarded.
     let (mut repaired, mut invalid) = check_response_calls(&mut answer, &tools, &s.guides);
-    if !invalid.is_empty() && reask_granted(&t, &invalid) {
+    let mut ladder = LadderState::default();
+    while !invalid.is_empty() {
+        let Some(next) = reask_granted(&t, &invalid, ladder) else {
+            break;
+        };
+        ladder = next;
         Metrics::inc(&s.metrics.reasks_total);
-        actions.push("reask".into());
+        if !actions.iter().any(|a| a == "reask") {
+            actions.push("reask".into());
+        }
         t.event("reask", json!({"problems": invalid}));
         let turn = reask_turn(&invalid);
         let again = |m: &str| encode_responses(&req, m, Some(&turn));
-        if let Ok(mut second) = s
+        match s
             .upstreams
             .call(
                 &chain,
@@ -707,12 +716,13 @@ async fn responses_inner(
             )
             .await
         {
-            let (r2, i2) = check_response_calls(&mut second, &tools, &s.guides);
-            if i2.is_empty() {
+            Ok(mut second) => {
+                let (r2, i2) = check_response_calls(&mut second, &tools, &s.guides);
                 answer = second;
                 repaired = r2;
-                invalid = Vec::new();
+                invalid = i2;
             }
+            Err(_) => break,
         }
     }
     log_calls(&t, &log, &mut actions);
@@ -1217,12 +1227,20 @@ async fn answer_complete(
         }
     };
 
-    // Tool calls: repair in place, or re-ask once within the budget.
+    // Tool calls: repair in place, or re-ask as long as the policy's ladder says so, within
+    // the budget (each re-ask climbs the ladder of the one failure: unusable calls).
     let tools_fwd = &ctx.tools;
     let mut check = check_completion(&mut completion, tools_fwd, &s.guides);
-    if !check.invalid.is_empty() && reask_granted(t, &check.invalid) {
+    let mut ladder = LadderState::default();
+    while !check.invalid.is_empty() {
+        let Some(next) = reask_granted(t, &check.invalid, ladder) else {
+            break;
+        };
+        ladder = next;
         Metrics::inc(&s.metrics.reasks_total);
-        actions.push("reask".into());
+        if !actions.iter().any(|a| a == "reask") {
+            actions.push("reask".into());
+        }
         t.event("reask", json!({"problems": check.invalid}));
         let extra = reask_turn(&check.invalid);
         let again = |m: &str| {
@@ -1235,7 +1253,7 @@ async fn answer_complete(
                 bytes,
             )
         };
-        if let Ok(c) = s
+        match s
             .upstreams
             .call(
                 &ctx.chain,
@@ -1247,8 +1265,11 @@ async fn answer_complete(
             )
             .await
         {
-            completion = c.body;
-            check = check_completion(&mut completion, tools_fwd, &s.guides);
+            Ok(c) => {
+                completion = c.body;
+                check = check_completion(&mut completion, tools_fwd, &s.guides);
+            }
+            Err(_) => break,
         }
     }
     log_calls(t, &log, &mut actions);
@@ -1319,18 +1340,18 @@ fn decided(
 }
 
 /// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
-/// run's ledger when it does): the core's [`selfheal_core::call::reask`].
-fn reask_granted(t: &Turn, problems: &[String]) -> bool {
-    decided(t, "reask", |plane, ledger| {
-        let (decision, _, event) = selfheal_core::call::reask(
-            problems,
-            plane,
-            ledger,
-            LadderState::default(),
-            &mut time_rng(),
-        );
+/// run's ledger when it does): the core's [`selfheal_core::call::reask`] at `state`, the
+/// failure's place on its ladder. `Some(next state)` when it does: the caller passes it on if
+/// the new answer cannot be used either, so the ladder, not the gateway, says when to stop.
+fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<LadderState> {
+    let mut next = state;
+    let granted = decided(t, "reask", |plane, ledger| {
+        let (decision, n, event) =
+            selfheal_core::call::reask(problems, plane, ledger, state, &mut time_rng());
+        next = n;
         (decision == selfheal_core::call::Reask::Ask, event)
-    })
+    });
+    granted.then_some(next)
 }
 
 /// Whether the policy re-issues a stream that broke before any content (charged when it does):
@@ -1353,68 +1374,70 @@ fn time_rng() -> selfheal_core::rng::SplitMix64 {
     )
 }
 
-/// The streaming relay's second asking: one non-streaming call through the chain, charged to
-/// the run's budget like the non-streaming re-ask, its answer checked the same way. With
-/// problems, they are appended as a user turn (a re-ask of unusable tool calls); without, the
-/// same request is asked again (a re-issue of a stream that broke before any content).
+/// The streaming relay's second asking: non-streaming calls through the chain, charged to the
+/// run's budget like the non-streaming re-ask, each answer checked the same way. With problems,
+/// they are appended as a user turn (a re-ask of unusable tool calls, repeated while the
+/// policy's ladder allows); without, the same request is asked again (a re-issue of a stream
+/// that broke before any content), and unusable calls in that answer are re-asked in turn.
 fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
     let (t, ctx) = (t.clone(), ctx.clone());
     Box::new(move |problems: Vec<String>| {
         Box::pin(async move {
-            let granted = if problems.is_empty() {
-                reissue_granted(&t)
-            } else {
-                reask_granted(&t, &problems)
-            };
-            if !granted {
-                return None;
-            }
             let s = &t.s;
-            if problems.is_empty() {
-                t.event("reissue", json!({"stream": false}));
-            } else {
-                Metrics::inc(&s.metrics.reasks_total);
-                t.event("reask", json!({"problems": problems}));
-            }
             let req = ChatRequest::parse(&ctx.bytes).ok()?;
-            let extra = (!problems.is_empty()).then(|| reask_turn(&problems));
-            let encode = |m: &str| {
-                req.encode(
-                    &Edits {
-                        model: Some(m),
-                        append: extra.as_ref(),
-                        stream: Some(false),
-                        ..ctx.applied.edits()
-                    },
-                    &ctx.bytes,
-                )
-            };
-            let mut log = CallLog::default();
-            let result = s
-                .upstreams
-                .call(
-                    &ctx.chain,
-                    &encode,
-                    &chat_op,
-                    Some(&t.state),
-                    &t.caller.credentials,
-                    &mut log,
-                )
-                .await;
-            log_calls(&t, &log, &mut Vec::new());
-            let mut body = result.ok()?.body;
-            let check = check_completion(&mut body, &ctx.tools, &s.guides);
-            if !check.invalid.is_empty() {
-                return None;
+            let mut problems = problems;
+            let mut ladder = LadderState::default();
+            loop {
+                if problems.is_empty() {
+                    if !reissue_granted(&t) {
+                        return None;
+                    }
+                    t.event("reissue", json!({"stream": false}));
+                } else {
+                    ladder = reask_granted(&t, &problems, ladder)?;
+                    Metrics::inc(&s.metrics.reasks_total);
+                    t.event("reask", json!({"problems": problems}));
+                }
+                let extra = (!problems.is_empty()).then(|| reask_turn(&problems));
+                let encode = |m: &str| {
+                    req.encode(
+                        &Edits {
+                            model: Some(m),
+                            append: extra.as_ref(),
+                            stream: Some(false),
+                            ..ctx.applied.edits()
+                        },
+                        &ctx.bytes,
+                    )
+                };
+                let mut log = CallLog::default();
+                let result = s
+                    .upstreams
+                    .call(
+                        &ctx.chain,
+                        &encode,
+                        &chat_op,
+                        Some(&t.state),
+                        &t.caller.credentials,
+                        &mut log,
+                    )
+                    .await;
+                log_calls(&t, &log, &mut Vec::new());
+                let mut body = result.ok()?.body;
+                let check = check_completion(&mut body, &ctx.tools, &s.guides);
+                if !check.invalid.is_empty() {
+                    problems = check.invalid;
+                    continue;
+                }
+                return Some(stream::Reasked {
+                    message: body.pointer("/choices/0/message").cloned()?,
+                    finish_reason: body
+                        .pointer("/choices/0/finish_reason")
+                        .cloned()
+                        .unwrap_or_else(|| json!("stop")),
+                    repaired: check.repaired,
+                });
             }
-            Some(stream::Reasked {
-                message: body.pointer("/choices/0/message").cloned()?,
-                finish_reason: body
-                    .pointer("/choices/0/finish_reason")
-                    .cloned()
-                    .unwrap_or_else(|| json!("stop")),
-                repaired: check.repaired,
-            })
         })
     })
 }

@@ -307,6 +307,46 @@ async fn broken_tool_arguments_are_repaired_and_unknown_tools_reasked() {
     assert!(body["selfheal"]["actions"].to_string().contains("reask"));
 }
 
+/// Issue 11: the gateway re-asked once per request whatever the policy said — a cap of its own
+/// beside the ladder. Under the default `argument_invalid` ladder (repair, retry, ...) a model
+/// that writes an unknown tool twice is asked twice more and its third answer goes through; a
+/// ladder of one re-ask stops after one.
+#[tokio::test]
+async fn issue_11_reasks_climb_the_policys_ladder() {
+    let answers = || {
+        vec![
+            (200, tool_call("no_such_tool", "{}")),
+            (200, tool_call("still_no_tool", "{}")),
+            (200, tool_call("lookup", "{\"key\": \"k\"}")),
+        ]
+    };
+    let ask =
+        json!({"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": tools()});
+    let (url, shared) = start_upstream(answers()).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (_, body, _) = post_chat(&app, ask.clone()).await;
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "lookup"
+    );
+    assert_eq!(body["selfheal"]["status"], "complete");
+    assert_eq!(shared.lock().unwrap().seen.len(), 3);
+
+    let (url, shared) = start_upstream(answers()).await;
+    let mut one = GatewayConfig::for_upstream(url);
+    one.policy = selfheal_core::policy::Policy::from_toml_str(
+        "[ladders]\nargument_invalid = [\"repair\", \"degrade\"]",
+    )
+    .unwrap();
+    let (_, body, _) = post_chat(&gateway(one), ask).await;
+    assert_eq!(body["selfheal"]["status"], "partial");
+    assert_eq!(
+        shared.lock().unwrap().seen.len(),
+        2,
+        "one re-ask, then partial"
+    );
+}
+
 #[tokio::test]
 async fn fallback_chain_moves_to_the_next_model() {
     // 404 from the first model: the chain moves on.

@@ -30,6 +30,8 @@ EXAMPLES
   selfheal bench --live --model-url http://127.0.0.1:8089/v1 --model smollm2 --tasks 20
                                          the tasks driven by a live tool-calling model
   selfheal bench --live --model-url URL --model NAME --strategies static,retry-only,self-healing
+  selfheal bench --gateway --seeds 2    the episodes through `selfheal serve` over HTTP, next to
+                                         in-process self-healing on the same seeds
 
 Every result is a pure function of the options: the same options give byte-identical JSON.")]
 pub struct BenchArgs {
@@ -112,6 +114,60 @@ pub struct BenchArgs {
     /// Model calls allowed per live episode.
     #[arg(long, default_value_t = 8)]
     pub max_model_calls: u32,
+    /// Run the episodes through `selfheal serve` over real HTTP on 127.0.0.1 — a scripted
+    /// model endpoint (the benchmark's model) behind the gateway, a plain agent client in front
+    /// — and print that row next to in-process self-healing on the same seeds. Takes the seed,
+    /// task, fault and policy options; not --sweep, --out, --trace or --strategies.
+    #[arg(long, conflicts_with_all = ["live", "sweep", "out", "trace", "strategies"])]
+    pub gateway: bool,
+}
+
+/// `--gateway` in a binary built without the `gateway` feature.
+#[cfg(not(feature = "gateway"))]
+fn run_gateway(_args: &BenchArgs, _config: &BenchConfig) -> anyhow::Result<u8> {
+    anyhow::bail!(
+        "`selfheal bench --gateway` is not in this build: it was built without the `gateway` \
+         feature (e.g. with --no-default-features). Build the full binary with \
+         `cargo install --path crates/selfheal-cli --locked`."
+    )
+}
+
+#[cfg(feature = "gateway")]
+fn run_gateway(args: &BenchArgs, config: &BenchConfig) -> anyhow::Result<u8> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let started = Instant::now();
+    let bar = ProgressBar::hidden();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:40}] {pos}/{len} episodes ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut progress = |done: u64, total: u64| {
+        if bar.is_hidden() && started.elapsed().as_millis() > 1000 {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let report = rt.block_on(selfheal_bench_gateway::run(config, &mut progress))?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", selfheal_bench_gateway::table(&report));
+    }
+    if args.timings {
+        eprintln!(
+            "timings: {} episodes on each side in {:.3} s",
+            report.episodes.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(0)
 }
 
 /// `--live` in a binary built without the `live` feature.
@@ -261,6 +317,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         config.policy = Some(super::read_policy(path)?);
     }
     config.validate().map_err(anyhow::Error::msg)?;
+    if args.gateway {
+        return run_gateway(&args, &config);
+    }
 
     let mut trace_file = match &args.trace {
         Some(path) => Some(std::io::BufWriter::new(

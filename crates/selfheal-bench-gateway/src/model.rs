@@ -1,0 +1,482 @@
+//! The scripted model: the benchmark's model, answering chat completions.
+//!
+//! Why it exists: to run the benchmark through `selfheal serve`, something has to sit behind the
+//! gateway as its upstream and write the episode's tool calls. That is the benchmark's model — the
+//! same [`Episode::write`] the in-process strategies call, so the scheduled agent-side faults
+//! (broken or wrong arguments, wrong tools, skipped steps, repetitions) come out the same way and
+//! a transient one clears after the same number of writes.
+//!
+//! The model knows the plan (as the benchmark's model does) and reads only what is in the
+//! request it is sent: the tool results in the conversation, the tools on offer, the gateway's
+//! guidance (a `[selfheal] ...` system message) and its re-ask turns. It makes no recovery
+//! decision of its own; what it does after a failure is what the gateway told it, as the
+//! benchmark's model does what the controller tells it in-process:
+//!
+//! | the gateway, on the wire | the model | in-process equivalent |
+//! |---|---|---|
+//! | a re-ask turn (the call it wrote could not be used) | writes the step's call again | repair of arguments / tool choice |
+//! | a re-ask of a call that left a required argument empty | replans and goes back to the first step it has no output for | replan on a missing input |
+//! | the step's tool left out of `tools` (circuit open) | calls the step's substitute | substitute |
+//! | guidance that the step's tool keeps failing | calls the step's substitute | substitute |
+//! | guidance that the last call repeated an earlier one, when it repeated an earlier step's call | drops that result, writes the step again | repetition detected |
+//! | the same guidance when it repeated its own call of this step, or guidance about a loop | calls the step's substitute | substitute |
+//! | guidance about empty inputs or a loop, when its last call had an empty required argument | replans and goes back to the first step it has no output for | replan on a missing input |
+//! | nothing (a tool failed) | writes the step's call again | retry |
+//!
+//! It reads a tool result the way a plain client does ([`usable`]): JSON, with every field the
+//! plan reads from that step present and not empty. When no tool of a step is left on offer it
+//! gives up in prose; when every step has an output it answers with the plan's answer as JSON.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use selfheal_bench::exec::{Episode, Writer, Written};
+use selfheal_bench::task::{Plan, get_path, resolve_answer};
+use selfheal_core::monitor::canonical_hash;
+
+/// The text the gateway opens a re-ask turn with (`selfheal_gateway::app`'s re-ask).
+pub const REASK_PREFIX: &str = "Your last answer's tool calls could not be used.";
+
+/// The prefix of the gateway's guidance system message.
+pub const GUIDANCE_PREFIX: &str = "[selfheal] ";
+
+/// What the model makes of one line of the gateway's guidance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// The tool keeps failing or has been disabled.
+    Failing(String),
+    /// The last call repeated an earlier one of this tool.
+    Duplicate(String),
+    /// Recent calls had empty or placeholder inputs.
+    EmptyInput,
+    /// The run is looping.
+    Loop,
+}
+
+/// Reads the gateway's guidance out of a request's messages. The wire carries text only; these
+/// are the sentences of `selfheal_core::monitor`'s guidance a model acts on (a half-open tool and
+/// the failure-rate note need no action).
+pub fn heard(messages: &[Value]) -> Vec<Heard> {
+    let mut out = Vec::new();
+    for m in messages {
+        if m.get("role").and_then(Value::as_str) != Some("system") {
+            continue;
+        }
+        let Some(text) = m.get("content").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(body) = text.strip_prefix(GUIDANCE_PREFIX) else {
+            continue;
+        };
+        for line in body.lines() {
+            let named = || {
+                line.split('`')
+                    .nth(1)
+                    .map(str::to_owned)
+                    .unwrap_or_default()
+            };
+            if line.starts_with("The tool `")
+                && (line.contains("` has failed ") || line.contains("` failed "))
+            {
+                out.push(Heard::Failing(named()));
+            } else if line.starts_with("You already called `") {
+                out.push(Heard::Duplicate(named()));
+            } else if line.starts_with("Several recent tool calls had empty") {
+                out.push(Heard::EmptyInput);
+            } else if line.starts_with("You appear to be in a loop") {
+                out.push(Heard::Loop);
+            }
+        }
+    }
+    out
+}
+
+/// Whether a tool result is usable for step `s`: JSON, with every path the plan reads from the
+/// step present, not null and not an empty array (what the benchmark's plain client checks).
+pub fn usable(plan: &Plan, s: usize, text: &str) -> Option<Value> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    let ok = plan.read_paths(s).iter().all(|p| match get_path(&v, p) {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    });
+    ok.then_some(v)
+}
+
+/// What the model answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// One tool call.
+    Call {
+        /// The call's id.
+        id: String,
+        /// The tool's name.
+        tool: String,
+        /// The arguments as the model wrote them (broken JSON stays broken).
+        arguments: String,
+    },
+    /// The final answer: the plan's answer as JSON text.
+    Answer(String),
+    /// No answer: why, in prose.
+    GiveUp(String),
+}
+
+impl Reply {
+    /// The chat completion that carries this reply.
+    pub fn completion(&self, n: u64) -> Value {
+        let (message, finish) = match self {
+            Reply::Call {
+                id,
+                tool,
+                arguments,
+            } => (
+                json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": id, "type": "function",
+                     "function": {"name": tool, "arguments": arguments}}]}),
+                "tool_calls",
+            ),
+            Reply::Answer(text) | Reply::GiveUp(text) => {
+                (json!({"role": "assistant", "content": text}), "stop")
+            }
+        };
+        json!({
+            "id": format!("chatcmpl-bench-{n}"),
+            "object": "chat.completion",
+            "created": 0,
+            "model": "bench-model",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        })
+    }
+}
+
+/// The call the model is waiting on.
+#[derive(Debug, Clone, PartialEq)]
+struct Pending {
+    id: String,
+    step: usize,
+    tool: String,
+    args: Value,
+}
+
+/// The scripted model of one episode.
+#[derive(Debug, Clone)]
+pub struct Script<'t> {
+    plan: &'t Plan,
+    /// The step it works on.
+    s: usize,
+    outputs: Vec<Option<Value>>,
+    substitute: Vec<bool>,
+    /// The call whose result became each step's output: tool and canonical arguments.
+    made: Vec<Option<(String, u64)>>,
+    pending: Option<Pending>,
+    /// The step each call id was written for.
+    issued: HashMap<String, usize>,
+    asks: u64,
+}
+
+impl<'t> Script<'t> {
+    /// The model at the start of an episode of `plan`.
+    pub fn new(plan: &'t Plan) -> Script<'t> {
+        let n = plan.steps.len();
+        Script {
+            plan,
+            s: 0,
+            outputs: vec![None; n],
+            substitute: vec![false; n],
+            made: vec![None; n],
+            pending: None,
+            issued: HashMap::new(),
+            asks: 0,
+        }
+    }
+
+    /// The step the call `id` was written for (the world executes it there).
+    pub fn step_of(&self, id: &str) -> Option<usize> {
+        self.issued.get(id).copied()
+    }
+
+    /// Requests answered so far.
+    pub fn asks(&self) -> u64 {
+        self.asks
+    }
+
+    /// Answers one chat-completions request body.
+    pub fn answer(&mut self, ep: &mut Episode<'_>, request: &Value) -> Reply {
+        self.asks += 1;
+        let empty = Vec::new();
+        let messages = request
+            .get("messages")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty);
+        let offered: Vec<&str> = request
+            .get("tools")
+            .and_then(Value::as_array)
+            .map(|ts| {
+                ts.iter()
+                    .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let heard = heard(messages);
+        let reasked = messages.last().is_some_and(|m| {
+            m.get("role").and_then(Value::as_str) == Some("user")
+                && m.get("content")
+                    .and_then(Value::as_str)
+                    .is_some_and(|c| c.starts_with(REASK_PREFIX))
+        });
+        if reasked {
+            // The call was not forwarded. If it had to leave an input empty, the model has
+            // skipped a step: it replans, as after the gateway's empty-input guidance.
+            if let Some(p) = self.pending.take()
+                && self.empty_input(p.step, &p.args)
+            {
+                self.replan(ep);
+            }
+        } else {
+            self.read_result(ep, messages, &heard);
+        }
+        self.next_call(ep, &offered, &heard)
+    }
+
+    /// Whether `args` leave a required argument of step `s`'s tool empty.
+    fn empty_input(&self, s: usize, args: &Value) -> bool {
+        self.plan.step_tool(s).is_some_and(|t| {
+            t.required().iter().any(|r| match args.get(r) {
+                None | Some(Value::Null) => true,
+                Some(Value::String(x)) => x.trim().is_empty(),
+                Some(_) => false,
+            })
+        })
+    }
+
+    /// Rethinks the plan and goes back to the first step without an output.
+    fn replan(&mut self, ep: &mut Episode<'_>) {
+        ep.replan(Writer::Agent);
+        if let Some(m) = self.outputs.iter().position(Option::is_none) {
+            self.s = self.s.min(m);
+        }
+    }
+
+    /// Takes in the result of the pending call, if the conversation carries it.
+    fn read_result(&mut self, ep: &mut Episode<'_>, messages: &[Value], heard: &[Heard]) {
+        let Some(p) = &self.pending else { return };
+        let Some(text) = messages.iter().rev().find_map(|m| {
+            (m.get("role").and_then(Value::as_str) == Some("tool")
+                && m.get("tool_call_id").and_then(Value::as_str) == Some(p.id.as_str()))
+            .then(|| m.get("content").and_then(Value::as_str).unwrap_or(""))
+        }) else {
+            return;
+        };
+        let Some(p) = self.pending.take() else { return };
+        let key = (p.tool.clone(), canonical_hash(&p.args));
+        // Told it repeated a call, it checks its own calls: an earlier step's call (whose result
+        // this is, not this step's), or its own retry of this step (a change of approach).
+        let duplicate = heard.contains(&Heard::Duplicate(p.tool.clone()));
+        let other_step = duplicate
+            && self
+                .made
+                .iter()
+                .enumerate()
+                .any(|(i, m)| i != p.step && m.as_ref() == Some(&key));
+        if let Some(v) = usable(self.plan, p.step, text)
+            && !other_step
+            && let Some(slot) = self.outputs.get_mut(p.step)
+        {
+            *slot = Some(v);
+            self.made[p.step] = Some(key);
+        }
+        let empty_input = self.empty_input(p.step, &p.args);
+        let looping = heard.contains(&Heard::Loop);
+        if empty_input && (looping || heard.contains(&Heard::EmptyInput)) {
+            // Its input is missing: it rethinks the plan from the first step without an output.
+            self.replan(ep);
+        } else if (looping || (duplicate && !other_step))
+            && let Some(slot) = self.substitute.get_mut(p.step)
+        {
+            // Going round in circles on this step: another source.
+            *slot = true;
+        }
+    }
+
+    /// Writes the next call, the answer, or gives up.
+    fn next_call(&mut self, ep: &mut Episode<'_>, offered: &[&str], heard: &[Heard]) -> Reply {
+        let n = self.plan.steps.len();
+        loop {
+            while self.s < n && self.outputs[self.s].is_some() {
+                self.s += 1;
+            }
+            let s = self.s;
+            let Some(step) = self.plan.steps.get(s) else {
+                return match resolve_answer(self.plan, &self.outputs) {
+                    Ok(v) => Reply::Answer(v.to_string()),
+                    Err(e) => Reply::GiveUp(format!("I could not work out the answer: {e}.")),
+                };
+            };
+            let primary = step.tool.as_str();
+            let sub = self
+                .plan
+                .step_tool(s)
+                .and_then(|t| t.substitute.as_deref())
+                .filter(|x| offered.contains(x));
+            if heard.contains(&Heard::Failing(primary.to_owned())) || !offered.contains(&primary) {
+                self.substitute[s] = true;
+            }
+            let use_sub = match sub {
+                Some(x) if self.substitute[s] => Some(x.to_owned()),
+                Some(_) | None => None,
+            };
+            if use_sub.is_none() && !offered.contains(&primary) {
+                return Reply::GiveUp(format!(
+                    "I cannot complete the task: no tool for step {} (`{primary}`) is available.",
+                    s + 1
+                ));
+            }
+            match ep.write(s, Writer::Agent, true, &self.outputs) {
+                Written::Skipped => {
+                    self.s += 1;
+                }
+                Written::Call { tool, args } => {
+                    let tool = match use_sub {
+                        Some(x) if tool == primary => x,
+                        Some(_) | None => tool,
+                    };
+                    let arguments = match &args {
+                        Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    };
+                    let id = format!("call_{}", self.issued.len() + 1);
+                    self.issued.insert(id.clone(), s);
+                    self.pending = Some(Pending {
+                        id: id.clone(),
+                        step: s,
+                        tool: tool.clone(),
+                        args,
+                    });
+                    return Reply::Call {
+                        id,
+                        tool,
+                        arguments,
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_gateways_guidance_is_heard() {
+        let messages = vec![
+            json!({"role": "system", "content": "be brief"}),
+            json!({"role": "system", "content": "[selfheal] The tool `fx.rate` has failed 3 times in a row (last errors: 503). Try a different approach.\nYou already called `geo.capital` with these exact arguments. Repeating it will not give a different result: change the arguments or your approach.\nThe tool `stock.quote` was disabled after repeated failures and is available again on trial: one more failure disables it again."}),
+            json!({"role": "user", "content": "The tool `x` has failed 9 times"}),
+        ];
+        assert_eq!(
+            heard(&messages),
+            vec![
+                Heard::Failing("fx.rate".into()),
+                Heard::Duplicate("geo.capital".into())
+            ]
+        );
+    }
+
+    use selfheal_bench::faultmodel::{FaultModel, Injected};
+
+    fn fault(model: &FaultModel, name: &str, k: u32) -> Injected {
+        Injected {
+            step: 0,
+            spec: model.faults.iter().position(|f| f.name == name).unwrap(),
+            permanent: false,
+            k,
+            skew: 0.0,
+        }
+    }
+
+    fn request(task: &selfheal_bench::task::TaskSpec, messages: Vec<Value>) -> Value {
+        json!({"messages": messages, "tools": crate::agent::offered_tools(task)})
+    }
+
+    fn tool_of(r: &Reply) -> &str {
+        match r {
+            Reply::Call { tool, .. } => tool,
+            Reply::Answer(_) | Reply::GiveUp(_) => "",
+        }
+    }
+
+    #[test]
+    fn a_transient_wrong_tool_is_written_again_after_a_reask() {
+        let task = &selfheal_bench::task::builtin(1)[0];
+        let model = FaultModel::default_model().unwrap();
+        let faults = [fault(&model, "wrong_tool_unknown", 1)];
+        let mut ep = Episode::new(task, &faults, &model, 1);
+        let mut script = Script::new(&task.plan);
+        let first = script.answer(
+            &mut ep,
+            &request(task, vec![json!({"role": "user", "content": "go"})]),
+        );
+        let primary = task.plan.steps[0].tool.clone();
+        assert_eq!(
+            tool_of(&first),
+            format!("{primary}_v2"),
+            "the fault writes a wrong tool"
+        );
+        let reask =
+            json!({"role": "user", "content": format!("{REASK_PREFIX} The tool does not exist.")});
+        let again = script.answer(
+            &mut ep,
+            &request(task, vec![json!({"role": "user", "content": "go"}), reask]),
+        );
+        assert_eq!(
+            tool_of(&again),
+            primary,
+            "after one write the transient fault is gone"
+        );
+        assert_eq!(ep.costs().model_calls, 2, "each write is a model call");
+    }
+
+    #[test]
+    fn a_hidden_or_failing_tool_sends_the_model_to_the_substitute() {
+        let task = &selfheal_bench::task::builtin(1)[0];
+        let model = FaultModel::default_model().unwrap();
+        let primary = task.plan.steps[0].tool.clone();
+        let sub = task.plan.step_tool(0).unwrap().substitute.clone().unwrap();
+        let mut ep = Episode::new(task, &[], &model, 1);
+        let mut script = Script::new(&task.plan);
+        let mut req = request(task, vec![json!({"role": "user", "content": "go"})]);
+        req["tools"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|t| t["function"]["name"] != primary.as_str());
+        assert_eq!(tool_of(&script.answer(&mut ep, &req)), sub);
+
+        let mut ep = Episode::new(task, &[], &model, 1);
+        let mut script = Script::new(&task.plan);
+        let warned = json!({"role": "system", "content": format!(
+            "[selfheal] The tool `{primary}` has failed 3 times in a row (last errors: x). Try a different approach.")});
+        let req = request(task, vec![warned, json!({"role": "user", "content": "go"})]);
+        assert_eq!(tool_of(&script.answer(&mut ep, &req)), sub);
+        // With neither on offer, it gives up rather than call a tool it was not given.
+        let mut ep = Episode::new(task, &[], &model, 1);
+        let mut script = Script::new(&task.plan);
+        let bare = json!({"messages": [{"role": "user", "content": "go"}], "tools": []});
+        assert!(matches!(script.answer(&mut ep, &bare), Reply::GiveUp(_)));
+    }
+
+    #[test]
+    fn a_result_is_usable_only_with_the_fields_the_plan_reads() {
+        let task = &selfheal_bench::task::builtin(1)[0];
+        let plan = &task.plan;
+        let path = plan.read_paths(0)[0].clone();
+        let good = json!({ path.clone(): "France City" }).to_string();
+        assert!(usable(plan, 0, &good).is_some());
+        assert!(usable(plan, 0, &json!({ path: null }).to_string()).is_none());
+        assert!(usable(plan, 0, "Error: 503 Service Unavailable").is_none());
+        assert!(usable(plan, 0, "{\"other\": 1}").is_none());
+    }
+}

@@ -1,0 +1,60 @@
+//! One episode's world on both sides of the gateway: the benchmark's [`Episode`] and the
+//! scripted model that writes its calls.
+//!
+//! Why one owner: the model's writes and the tools' executions change the same fault state
+//! (a transient fault clears after k attempts, whoever made them), so both go through one
+//! `&mut` [`World`]. The driver owns it and lends it, one request at a time, to the model
+//! endpoint ([`World::answer`]) and to the agent client's tools ([`World::execute`]); nothing
+//! else reads the schedule or the truth, which stay private to `selfheal_bench::exec`.
+
+use serde_json::Value;
+
+use selfheal_bench::exec::{Episode, Purpose, Response};
+use selfheal_bench::task::TaskSpec;
+
+use crate::model::{Reply, Script};
+
+/// An episode and its scripted model.
+#[derive(Debug)]
+pub struct World<'t> {
+    /// The benchmark's episode.
+    pub ep: Episode<'t>,
+    /// The scripted model.
+    pub model: Script<'t>,
+}
+
+impl<'t> World<'t> {
+    /// A world for `task` around the episode `ep` (built from the same task). The model plans
+    /// first, as the benchmark's model does for every strategy.
+    pub fn new(task: &'t TaskSpec, mut ep: Episode<'t>) -> World<'t> {
+        ep.plan_call();
+        World {
+            ep,
+            model: Script::new(&task.plan),
+        }
+    }
+
+    /// The model answers one chat-completions request body.
+    pub fn answer(&mut self, request: &Value) -> Reply {
+        self.model.answer(&mut self.ep, request)
+    }
+
+    /// Executes one tool call as the agent client received it, at the step the model wrote it
+    /// for, and returns the tool message's text: the body the tool returned, or `Error: ...`
+    /// when it raised (what agent frameworks send back).
+    pub fn execute(&mut self, id: &str, tool: &str, arguments: &str) -> String {
+        let Some(step) = self.model.step_of(id) else {
+            return format!("Error: no call `{id}` was made");
+        };
+        let args: Value =
+            serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.into()));
+        match self
+            .ep
+            .call(step, tool, &args, Purpose::Step, false)
+            .response
+        {
+            Response::Raised { message, .. } => format!("Error: {message}"),
+            Response::Returned { body } => body,
+        }
+    }
+}

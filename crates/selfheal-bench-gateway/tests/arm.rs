@@ -1,0 +1,92 @@
+//! The gateway arm end to end: the real gateway on 127.0.0.1:0 between the plain agent client
+//! and the scripted model endpoint, on a few seeded episodes. Properties only — that every
+//! episode completes over HTTP, on the same schedule as in-process — never the arm's numbers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use selfheal_bench::strategies::Strategy;
+use selfheal_bench::{BenchConfig, schedules};
+
+fn small(seed: u64, tasks: usize, fault_rate: f64) -> BenchConfig {
+    BenchConfig {
+        seed,
+        seeds: 1,
+        tasks,
+        fault_rate,
+        strategies: vec![Strategy::SelfHealing],
+        ..BenchConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_episode_completes_over_http_on_the_in_process_schedule() {
+    let config = small(3, 25, 0.3);
+    let started = Instant::now();
+    let mut calls = 0;
+    let report = selfheal_bench_gateway::run(&config, &mut |_, _| calls += 1)
+        .await
+        .expect("every request came back");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "no client-visible hang: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(calls, 25, "progress after every episode");
+    assert_eq!(report.episodes.len(), 25);
+    assert_eq!(report.results.len(), 2);
+    assert!(report.results.iter().all(|r| r.episodes == 25));
+    assert_eq!(report.gateway.errors, 0, "{:?}", report.gateway.statuses);
+    assert!(
+        report
+            .episodes
+            .iter()
+            .all(|e| e.turns >= 1 && e.model_requests >= 1),
+        "every episode went through the gateway to the model"
+    );
+
+    // The same drawn schedule, episode by episode, as the benchmark's own runner.
+    let model = config.effective_model();
+    let drawn = &schedules(&config)[0];
+    for (e, faults) in report.episodes.iter().zip(drawn) {
+        let mut names: Vec<String> = faults
+            .iter()
+            .map(|f| model.faults[f.spec].name.clone())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(e.faults, names, "task {}", e.task);
+    }
+    assert!(
+        report.episodes.iter().any(|e| !e.faults.is_empty()),
+        "the run meets faults at this rate"
+    );
+
+    // The in-process row is the benchmark's own self-healing row on these episodes.
+    let bench = selfheal_bench::run(&config, &mut |_, _| {}, None);
+    assert_eq!(bench.results[0], report.results[0]);
+    let a = report.agreement;
+    assert_eq!(a.both + a.only_in_process + a.only_gateway + a.neither, 25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_faults_both_sides_solve_everything_and_the_gateway_does_nothing() {
+    let report = selfheal_bench_gateway::run(&small(1, 10, 0.0), &mut |_, _| {})
+        .await
+        .expect("every request came back");
+    assert_eq!(report.agreement.both, 10, "{:?}", report.episodes);
+    assert!(report.results.iter().all(|r| r.sfr == 0.0));
+    assert_eq!(report.gateway.statuses.get("complete"), Some(&10));
+    assert!(
+        report.gateway.actions.is_empty(),
+        "no healing without faults: {:?}",
+        report.gateway.actions
+    );
+    // One model request per step: the benchmark's plans have 3 to 6 steps, plus the answer.
+    assert!(
+        report
+            .episodes
+            .iter()
+            .all(|e| (4..=7).contains(&e.model_requests))
+    );
+}
