@@ -232,7 +232,14 @@ impl Acc {
     }
 
     fn row(&self, strategy: &'static str, budget: u32) -> ResultRow {
-        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        // Rounded to four places, as the benchmark's own rows are.
+        let ratio = |a: u64, b: u64| {
+            if b == 0 {
+                0.0
+            } else {
+                (a as f64 / b as f64 * 10_000.0).round() / 10_000.0
+            }
+        };
         let nf = self.n.max(1) as f64;
         ResultRow {
             strategy,
