@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # Load benchmark of the gateway, side by side in one run: a direct connection to the upstream
 # stub, the gateway in --passthrough mode (forward only: the floor), and the healing gateway.
-# Requests: non-streaming, 20 messages (a run with 9 tool calls), 3 tools; the stub answers
-# with a tool call, so the gateway validates it against the request's schema every time.
+# The stub answers every request with a tool call, so the gateway validates it against the
+# request's schema every time. Two patterns:
+#
+# - repeated: one identical body, non-streaming, 20 messages (a run with 9 tool calls), 3 tools.
+#   After the first request nothing is new: the floor of healing's cost.
+# - realistic: what a fleet of agents sends. CONVERSATIONS (256) conversations in flight, each
+#   TURNS (20) turns long and then replaced by a new one; every request is the next turn of one
+#   of them, so it carries one tool result the gateway has not seen (2 to 42 messages, 22 on
+#   average). New conversations keep arriving, so the run store fills: the healing gateway is
+#   measured while it fills and again once it is full past its capacity (max_runs, 10,000),
+#   every new run evicting an old one. The trace is on.
 #
 # The gateway is pinned to core 0 with one worker thread; wrk, oha and the stub share core 1.
 # Needs wrk (Debian: apt-get install wrk) and, for the fixed-rate run, oha (cargo install oha).
 #
 #   scripts/bench-gateway.sh [seconds per run, default 10]
+#   PATTERNS=realistic scripts/bench-gateway.sh 5     # one pattern only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
+PATTERNS=${PATTERNS:-repeated realistic}
+CONVERSATIONS=${CONVERSATIONS:-256}
+TURNS=${TURNS:-20}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 # The gateway logs one line per request at info on stderr; the benchmark measures healing, not
 # a terminal: RUST_LOG=info scripts/bench-gateway.sh to include the log line.
@@ -78,6 +91,7 @@ start HEAL 0 "$BIN" serve --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 --trace
 wrk_run() { # url threads conns
   taskset -c 1 wrk -t"$2" -c"$3" -d"${SECS}s" -s "$WORK/post.lua" "$1/v1/chat/completions" | grep RESULT
 }
+if [[ " $PATTERNS " == *" repeated "* ]]; then
 echo "## sequential, one kept-alive connection (wrk -t1 -c1, ${SECS}s)"
 for name in direct passthrough healing; do
   case $name in direct) u=$STUB_URL;; passthrough) u=$PASS_URL;; healing) u=$HEAL_URL;; esac
@@ -127,3 +141,99 @@ for i in range(1000):
     r = c.getresponse(); r.read(); assert r.status == 200
 PY
 echo "rss_kib_after_1000_runs=$(rss "$HEAL_PID") runs_live=$(python3 -c "import urllib.request,sys; print([l.split()[1] for l in urllib.request.urlopen('$HEAL_URL/metrics').read().decode().splitlines() if l.startswith('selfheal_runs_live ')][0])")"
+fi
+
+# The realistic pattern: a new healing gateway with an empty run store and its own trace.
+if [[ " $PATTERNS " == *" realistic "* ]]; then
+python3 - "$WORK/tools.json" "$WORK/turns.lua" "$TURNS" <<'PY'
+import json, sys
+tools = [{"type": "function", "function": {"name": n, "description": f"{n} things",
+          "parameters": {"type": "object", "properties": {"query": {"type": "string"},
+          "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
+         for n in ("search", "lookup", "fetch")]
+json.dump(tools, open(sys.argv[1], "w"))
+# history[t]: the t assistant calls and tool results of turn t, as JSON text after the user turn.
+turns = int(sys.argv[3])
+with open(sys.argv[2], "w") as f:
+    f.write("return {\n")
+    h = ""
+    for i in range(turns):
+        h += "," + json.dumps({"role": "assistant", "content": None, "tool_calls": [{
+            "id": f"call_{i}", "type": "function", "function": {"name": "search",
+            "arguments": json.dumps({"query": f"city {i} population"})}}]})
+        h += "," + json.dumps({"role": "tool", "tool_call_id": f"call_{i}",
+            "content": json.dumps({"results": [{"city": f"c{i}", "population": 1000000 + i}]})})
+        f.write("  %s,\n" % json.dumps(h))
+    f.write("}\n")
+PY
+cat > "$WORK/realistic.lua" <<'LUA'
+-- Every request the next turn of one of K conversations in flight, each T turns long, then a
+-- new one: one new tool result per request. RUN_TAG keeps each wrk run's conversations new.
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local K = tonumber(os.getenv("CONVERSATIONS"))
+local f = io.open(os.getenv("TOOLS_FILE"), "r"); local tools = f:read("*a"); f:close()
+local history = dofile(os.getenv("TURNS_FILE"))
+local T = #history
+local tag = os.getenv("RUN_TAG")
+local head = '{"model":"stub","tools":' .. tools .. ',"messages":[{"role":"system","content":'
+  .. '"You are a research agent. Use the tools."},{"role":"user","content":"Task ' .. tag .. '-'
+local slots, n, conversations = {}, 0, 0
+request = function()
+  n = n + 1
+  local s = n % K + 1
+  local c = slots[s]
+  if c == nil or c.turn >= T then
+    conversations = conversations + 1
+    c = {id = conversations, turn = 0}
+    slots[s] = c
+  end
+  c.turn = c.turn + 1
+  return wrk.format(nil, nil, nil, head .. c.id .. ': find the ten largest cities and sum."}'
+    .. history[c.turn] .. ']}')
+end
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT rps=%.0f p50_us=%d p99_us=%d errors=%d\n",
+    summary.requests / (summary.duration / 1e6), latency:percentile(50), latency:percentile(99),
+    summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.timeout))
+end
+LUA
+export TOOLS_FILE=$WORK/tools.json TURNS_FILE=$WORK/turns.lua CONVERSATIONS
+# TRACE=off runs the realistic healing gateway without its trace, to tell the trace's share.
+trace_args=(--trace-db "$WORK/real-trace.db")
+[[ ${TRACE:-on} == off ]] && trace_args=(--no-trace)
+start REAL 0 "$BIN" serve --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 "${trace_args[@]}" --threads 1
+metric() { # url name
+  python3 -c "import urllib.request,sys; print(next((l.split()[1] for l in urllib.request.urlopen(sys.argv[1] + '/metrics').read().decode().splitlines() if l.startswith(sys.argv[2] + ' ')), '?'))" "$1" "$2"
+}
+store() { echo "runs_live=$(metric "$REAL_URL" selfheal_runs_live) runs_evicted=$(metric "$REAL_URL" selfheal_runs_evicted_total)"; }
+TAGN=0
+real_run() { # name url pid conns: one wrk run of the realistic pattern; CPU per request from /proc
+  local name=$1 u=$2 pid=$3 conns=$4 before after line rps cpu_us
+  TAGN=$((TAGN + 1))
+  before=$(cpu_ticks "$pid")
+  line=$(RUN_TAG="$name-$TAGN-$RANDOM" taskset -c 1 wrk -t1 -c"$conns" -d"${SECS}s" -s "$WORK/realistic.lua" "$u/v1/chat/completions" | grep RESULT)
+  after=$(cpu_ticks "$pid")
+  rps=$(sed -E 's/.*rps=([0-9]+).*/\1/' <<<"$line")
+  cpu_us=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
+  echo "$name $line cpu_us_per_req=$cpu_us"
+}
+echo "## realistic: $CONVERSATIONS conversations in flight x $TURNS turns, one new tool result per request, trace ${TRACE:-on} (${SECS}s runs)"
+echo "# healing, run store filling: $(store)"
+real_run passthrough "$PASS_URL" "$PASS_PID" 1
+real_run healing "$REAL_URL" "$REAL_PID" 1
+real_run passthrough "$PASS_URL" "$PASS_PID" 32
+real_run healing "$REAL_URL" "$REAL_PID" 32
+echo "# after the filling runs: $(store)"
+echo "## filling the run store past its capacity"
+for _ in $(seq 30); do
+  [[ $(metric "$REAL_URL" selfheal_runs_evicted_total) != 0 ]] && break
+  RUN_TAG="fill-$RANDOM" taskset -c 1 wrk -t1 -c32 -d5s -s "$WORK/realistic.lua" "$REAL_URL/v1/chat/completions" > /dev/null
+done
+echo "# full: $(store)"
+real_run passthrough "$PASS_URL" "$PASS_PID" 1
+real_run healing "$REAL_URL" "$REAL_PID" 1
+real_run passthrough "$PASS_URL" "$PASS_PID" 32
+real_run healing "$REAL_URL" "$REAL_PID" 32
+echo "# after the full runs: $(store) rss_kib=$(awk '/VmRSS/ {print $2}' "/proc/$REAL_PID/status")"
+fi
