@@ -27,7 +27,7 @@
 //! dropped.
 //!
 //! Time comes in as `now_ms` and randomness through the core's [`Rng`], so every decision is
-//! reproducible; the async driver in [`crate::run`] does the reading, writing and waiting.
+//! reproducible; the async driver in [`crate::run()`] does the reading, writing and waiting.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
