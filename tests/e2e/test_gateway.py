@@ -140,11 +140,14 @@ def test_stream_reasks_an_unusable_tool_call_before_the_client_sees_it(gateway, 
 
 
 def test_stream_never_passes_an_unusable_call_on_when_the_reask_fails_too(gateway, upstream):
+    # The default policy's argument_invalid ladder re-asks twice (repair, then retry).
     upstream.script([{"kind": "tool", "name": "delete_everything", "arguments": "{}"},
+                     {"kind": "tool", "name": "drop_tables", "arguments": "{}"},
                      {"kind": "tool", "name": "drop_tables", "arguments": "{}"}])
     chunks = list(client(gateway).chat.completions.create(
         model="stub", messages=ask(), tools=TOOLS, stream=True))
     assert stream_calls(chunks) == [], "an unusable call is never forwarded"
+    assert len(upstream.log()) == 3, "the ladder, not a cap of the gateway's, ends the re-asks"
     assert chunks[-1].choices[0].finish_reason == "stop"
     report = chunks[-1].model_extra["selfheal"]
     assert report["status"] == "partial"
@@ -172,8 +175,9 @@ def test_a_call_cut_by_the_length_limit_is_reasked_not_repaired(gateway, upstrea
 
 def test_a_cut_call_is_never_forwarded_when_the_reask_is_cut_too(gateway, upstream):
     cut = {"kind": "tool", "name": "search", "arguments": "{\"query\": \"ru", "finish": "length"}
-    upstream.script([cut, cut])
+    upstream.script([cut, cut, cut])
     r = client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+    assert len(upstream.log()) == 3
     assert not r.choices[0].message.tool_calls
     assert r.model_extra["selfheal"]["status"] == "partial"
 

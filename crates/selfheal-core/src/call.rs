@@ -30,6 +30,9 @@
 //!   target whose breaker is open is skipped without a charge, unless it is the last one left.
 //! - **Each target gets its own ladder.** Falling back starts the new target's failure at the
 //!   ladder's first rung; every attempt on every target is still charged to the one ledger.
+//! - **An open circuit is not retried**: when a target's breaker (the plan's own, or one the
+//!   caller keeps, see [`CallPlan::circuit_opened`]) is open, the ladder's retries are passed
+//!   over; falling back is still possible.
 //! - **Only health failures move a breaker**: transient and persistent unavailability
 //!   ([`FailureClass::ToolTimeout`], [`FailureClass::ToolUnavailable`]). A malformed answer or
 //!   the caller's own bad request says nothing about whether the upstream is up.
@@ -252,6 +255,9 @@ pub struct CallPlan {
     ladder: LadderState,
     mode: Mode,
     retry_safe: bool,
+    /// The caller's own breaker (the monitor's, for a tool) has the current target's circuit
+    /// open.
+    circuit_open: bool,
     events: Vec<CallEvent>,
     records: Vec<Event>,
 }
@@ -267,6 +273,7 @@ impl CallPlan {
             ladder: LadderState::default(),
             mode,
             retry_safe,
+            circuit_open: false,
             events: Vec::new(),
             records: Vec::new(),
         }
@@ -294,6 +301,13 @@ impl CallPlan {
         self.at = 0;
         self.at = self.next_allowed(0, breakers, now_ms);
         Step::Send { target: self.at }
+    }
+
+    /// Says that a breaker the caller keeps itself (the monitor's, for a tool) has opened the
+    /// current target's circuit: like an open circuit of the plan's own breakers, it is not
+    /// retried. Falling back to another target is still possible.
+    pub fn circuit_opened(&mut self) {
+        self.circuit_open = true;
     }
 
     /// The current attempt succeeded: its target's breaker closes.
@@ -343,7 +357,10 @@ impl CallPlan {
             return exhausted(ActionKind::Terminate);
         }
         let next = self.peek_next(breakers, now_ms);
-        let options = self.options(&failure, signal, next);
+        let open = self.circuit_open || matches!(breakers.state(&name), CircuitState::Open { .. });
+        let mut options = self.options(&failure, signal, next);
+        // A target whose circuit is open is never retried: that is what the circuit is for.
+        options.retry_safe &= !open;
         let input = DecisionInput {
             surface: Surface::Call,
             signal: signal.clone(),
@@ -465,6 +482,7 @@ impl CallPlan {
         let to = self.next_allowed(from + 1, breakers, now_ms);
         self.at = to;
         self.ladder = LadderState::default();
+        self.circuit_open = false;
         self.events.push(CallEvent::Fallback {
             from,
             to,
@@ -793,10 +811,10 @@ mod tests {
                 Step::Stop(_) => "stop",
             })
             .collect();
-        // Two retries on t0 (tool_timeout: retry, retry); the third failure in a row reads as
-        // persistent (tool_unavailable), whose next rung is the fall-back. On t1 one retry is
-        // left in the default budget (3); after it nothing is, and no target either.
-        assert_eq!(kinds, ["wait", "wait", "send", "wait", "stop"]);
+        // One retry on t0 (tool_timeout: retry, retry); the second failure opens its breaker
+        // (after = 2), and an open circuit is not retried: the plan falls back to t1, which goes
+        // the same way, and with no target left the plan stops.
+        assert_eq!(kinds, ["wait", "send", "wait", "stop"]);
         let events = plan.take_events();
         assert!(
             events
@@ -804,7 +822,7 @@ mod tests {
                 .any(|e| matches!(e, CallEvent::Fallback { from: 0, to: 1, .. })),
             "{events:?}"
         );
-        assert_eq!(ledger.spent().retries, 3);
+        assert_eq!(ledger.spent().retries, 2);
         assert_eq!(ledger.spent().escalations, 1);
     }
 
@@ -879,6 +897,31 @@ mod tests {
         assert!(ledger.spent().escalations >= 1, "recorded as usage");
         // After the cooldown t0 is allowed again (half-open).
         assert!(br.allows("t0", 2000));
+    }
+
+    #[test]
+    fn an_open_circuit_is_not_retried() {
+        let plane = Plane::default();
+        let names = vec!["tool".to_string()];
+        let mut br = Breakers::new(CFG, Vec::<String>::new());
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let mut rng = ConstRng(0);
+        // A retryable failure is retried...
+        let mut plan = CallPlan::new(names.clone(), Mode::Heal, true);
+        plan.begin(&mut br, 0);
+        assert!(matches!(
+            plan.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Wait { .. }
+        ));
+        // ...but not once the caller's breaker opened the tool's circuit.
+        let mut plan = CallPlan::new(names, Mode::Heal, true);
+        plan.begin(&mut br, 0);
+        plan.circuit_opened();
+        let unavailable = Signal::Unavailable { consecutive: 5 };
+        assert!(matches!(
+            plan.failed(&unavailable, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Stop(_)
+        ));
     }
 
     #[test]

@@ -623,7 +623,9 @@ impl Proxy {
             self.monitor.record(&call, now_ms);
             changed = self.update_paused(now_ms);
             let signal = if self.paused.contains(&p.tool) {
-                // The monitor opened the tool's circuit: the tool is down, not slow.
+                // The monitor opened the tool's circuit: the tool is down, not slow, and an open
+                // circuit is not retried.
+                p.plan.circuit_opened();
                 Signal::Unavailable {
                     consecutive: self.monitor.streak(&p.tool),
                 }
