@@ -211,18 +211,8 @@ impl Relay<'_> {
                 let text = String::from_utf8_lossy(event).into_owned();
                 start += end + sep;
                 scanned = 0;
-                for line in text.lines() {
-                    let Some(payload) = line.strip_prefix("data:") else {
-                        continue;
-                    };
-                    match self.event(payload.trim()).await? {
-                        Flow::Continue => {}
-                        Flow::Done => return Ok(()),
-                        Flow::Broken(why) => {
-                            self.report.broken = Some(why);
-                            return Ok(());
-                        }
-                    }
+                if self.data_lines(&text).await? {
+                    return Ok(());
                 }
             }
             buf.drain(..start);
@@ -237,23 +227,32 @@ impl Relay<'_> {
         // The body ended: a last event without its blank line (some servers omit it) still
         // counts.
         let rest = String::from_utf8_lossy(&buf).into_owned();
-        for line in rest.lines() {
-            let Some(payload) = line.strip_prefix("data:") else {
-                continue;
-            };
-            match self.event(payload.trim()).await? {
-                Flow::Continue => {}
-                Flow::Done => return Ok(()),
-                Flow::Broken(why) => {
-                    self.report.broken = Some(why);
-                    return Ok(());
-                }
-            }
+        if self.data_lines(&rest).await? {
+            return Ok(());
         }
         Ok(())
     }
 
     /// A non-SSE answer to a streaming request: checked and sent as a stream, or broken.
+    /// Feeds the `data:` lines of one event's text to [`Relay::event`]; `true` once the
+    /// stream is over (done, or broken: recorded in the report).
+    async fn data_lines(&mut self, text: &str) -> Result<bool, Gone> {
+        for line in text.lines() {
+            let Some(payload) = line.strip_prefix("data:") else {
+                continue;
+            };
+            match self.event(payload.trim()).await? {
+                Flow::Continue => {}
+                Flow::Done => return Ok(true),
+                Flow::Broken(why) => {
+                    self.report.broken = Some(why);
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
             .await

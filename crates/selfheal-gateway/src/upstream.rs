@@ -30,7 +30,9 @@ use selfheal_core::budget::{BudgetLedger, BudgetLimits};
 use selfheal_core::call::{self, Breakers, CallPlan, Mode, Plane, Step, Stop};
 use selfheal_core::classifier::Signal;
 use selfheal_core::rng::SplitMix64;
-use selfheal_runtime::client::{ClientError, Completion, parse_completion};
+use selfheal_runtime::client::{
+    ClientError, Completion, map_reqwest, parse_completion, retry_after_ms, status_error,
+};
 
 use crate::auth::Credentials;
 use crate::config::{Auth, GatewayConfig, Target, UpstreamConfig};
@@ -326,55 +328,19 @@ pub async fn read_bounded(resp: reqwest::Response, limit: usize) -> Result<Bytes
     Ok(out.freeze())
 }
 
-fn map_reqwest(e: reqwest::Error) -> ClientError {
-    if e.is_timeout() {
-        ClientError::Timeout
-    } else if e.is_builder() {
-        ClientError::Invalid(e.to_string())
-    } else if e.is_decode() {
-        ClientError::Decode(e.to_string())
-    } else {
-        ClientError::Connect(e.to_string())
-    }
-}
-
+/// A non-success answer as the runtime's client reads it, its body read within
+/// [`MAX_ERROR_BODY`].
 async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, ClientError> {
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);
     }
-    let retry_after_ms = resp
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| (s * 1000.0) as u64);
+    let retry_after = retry_after_ms(resp.headers());
     let text = match read_bounded(resp, MAX_ERROR_BODY).await {
         Ok(b) => String::from_utf8_lossy(&b).into_owned(),
         Err(_) => String::new(),
     };
-    let mut message = serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| {
-            v.pointer("/error/message")
-                .or_else(|| v.get("detail"))
-                .or_else(|| v.get("error"))
-                .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
-        })
-        .unwrap_or(text);
-    if message.len() > 500 {
-        let mut end = 500;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-    }
-    Err(ClientError::Status {
-        status: status.as_u16(),
-        retry_after_ms,
-        message,
-    })
+    Err(status_error(status.as_u16(), retry_after, &text))
 }
 
 /// One upstream (its breaker lives in [`Upstreams`], with the others').

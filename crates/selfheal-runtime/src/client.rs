@@ -324,7 +324,9 @@ pub fn parse_completion(bytes: &[u8]) -> Result<Completion, ClientError> {
     Ok(Completion { body, tokens })
 }
 
-fn map_reqwest(e: reqwest::Error) -> ClientError {
+/// A transport error of reqwest as a [`ClientError`]. Public so the gateway reads the wire
+/// the same way: this module is the one place an OpenAI-compatible answer is parsed.
+pub fn map_reqwest(e: reqwest::Error) -> ClientError {
     if e.is_timeout() {
         ClientError::Timeout
     } else if e.is_builder() {
@@ -336,20 +338,20 @@ fn map_reqwest(e: reqwest::Error) -> ClientError {
     }
 }
 
-async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, ClientError> {
-    let status = resp.status();
-    if status.is_success() {
-        return Ok(resp);
-    }
-    let retry_after_ms = resp
-        .headers()
+/// `Retry-After` in milliseconds, when the header holds a number of seconds.
+pub fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    headers
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| (s * 1000.0) as u64);
-    let text = resp.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<Value>(&text)
+        .map(|s| (s * 1000.0) as u64)
+}
+
+/// The error of a non-success answer: the provider's message (OpenAI's `error.message`, else
+/// `detail` or `error`, else the body), cut to 500 bytes.
+pub fn status_error(status: u16, retry_after_ms: Option<u64>, body: &str) -> ClientError {
+    let mut message = serde_json::from_str::<Value>(body)
         .ok()
         .and_then(|v| {
             v.pointer("/error/message")
@@ -357,8 +359,7 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Clie
                 .or_else(|| v.get("error"))
                 .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
         })
-        .unwrap_or(text);
-    let mut message = message;
+        .unwrap_or_else(|| body.to_owned());
     if message.len() > 500 {
         let mut end = 500;
         while !message.is_char_boundary(end) {
@@ -366,11 +367,21 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Clie
         }
         message.truncate(end);
     }
-    Err(ClientError::Status {
-        status: status.as_u16(),
+    ClientError::Status {
+        status,
         retry_after_ms,
         message,
-    })
+    }
+}
+
+async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, ClientError> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let retry_after = retry_after_ms(resp.headers());
+    let text = resp.text().await.unwrap_or_default();
+    Err(status_error(status.as_u16(), retry_after, &text))
 }
 
 #[cfg(test)]
