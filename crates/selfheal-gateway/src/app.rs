@@ -643,20 +643,9 @@ async fn responses_inner(
     tools.retain(|name, _| !hidden.contains(name));
     let mut actions = edited;
     let mut log = CallLog::default();
-    let creds = &t.caller.credentials;
     if req.get("stream").and_then(Value::as_bool) == Some(true) {
         let encode = |m: &str| encode_responses(&req, m, None);
-        let result = s
-            .upstreams
-            .call(
-                &chain,
-                &encode,
-                &responses_op,
-                Some(&t.state),
-                creds,
-                &mut log,
-            )
-            .await;
+        let result = t.call(&chain, &encode, &responses_op, &mut log).await;
         log_calls(&t, &log, &mut actions);
         let upstream = result.inspect_err(|_| t.finish("failed"))?;
         t.finish("complete");
@@ -668,17 +657,7 @@ async fn responses_inner(
         return Ok(resp);
     }
     let encode = |m: &str| encode_responses(&req, m, None);
-    let result = s
-        .upstreams
-        .call(
-            &chain,
-            &encode,
-            &responses_json_op,
-            Some(&t.state),
-            creds,
-            &mut log,
-        )
-        .await;
+    let result = t.call(&chain, &encode, &responses_json_op, &mut log).await;
     let mut answer = match result {
         Ok(v) => v,
         Err(e) => {
@@ -704,18 +683,7 @@ async fn responses_inner(
         t.event("reask", json!({"problems": invalid}));
         let turn = reask_turn(&invalid);
         let again = |m: &str| encode_responses(&req, m, Some(&turn));
-        match s
-            .upstreams
-            .call(
-                &chain,
-                &again,
-                &responses_json_op,
-                Some(&t.state),
-                creds,
-                &mut log,
-            )
-            .await
-        {
+        match t.call(&chain, &again, &responses_json_op, &mut log).await {
             Ok(mut second) => {
                 let (r2, i2) = check_response_calls(&mut second, &tools, &s.guides);
                 answer = second;
@@ -904,6 +872,28 @@ struct Turn {
 }
 
 impl Turn {
+    /// Calls `op` along `chain` within this run (its ledger, the caller's credentials): the
+    /// core's call plan decides the retries and fall-backs (see [`Upstreams::call`]).
+    async fn call<T>(
+        &self,
+        chain: &[crate::config::Target],
+        encode: &(dyn Fn(&str) -> Bytes + Send + Sync),
+        op: crate::upstream::Op<'_, T>,
+        log: &mut CallLog,
+    ) -> Result<T, ApiError> {
+        self.s
+            .upstreams
+            .call(
+                chain,
+                encode,
+                op,
+                Some(&self.state),
+                &self.caller.credentials,
+                log,
+            )
+            .await
+    }
+
     /// Records an event of this run, secrets redacted.
     fn event(&self, kind: &'static str, detail: Value) {
         self.s
@@ -1089,7 +1079,6 @@ async fn answer_stream(
     ctx: Call,
     mut actions: Vec<String>,
 ) -> Result<Response, ApiError> {
-    let s = &t.s;
     let edits = ctx.applied.edits();
     let encode = |m: &str| {
         req.encode(
@@ -1101,17 +1090,7 @@ async fn answer_stream(
         )
     };
     let mut log = CallLog::default();
-    let result = s
-        .upstreams
-        .call(
-            &ctx.chain,
-            &encode,
-            &send_op,
-            Some(&t.state),
-            &t.caller.credentials,
-            &mut log,
-        )
-        .await;
+    let result = t.call(&ctx.chain, &encode, &send_op, &mut log).await;
     log_calls(t, &log, &mut actions);
     let upstream = match result {
         Ok(r) => r,
@@ -1204,19 +1183,8 @@ async fn answer_complete(
             bytes,
         )
     };
-    let creds = &t.caller.credentials;
     let mut log = CallLog::default();
-    let result = s
-        .upstreams
-        .call(
-            &ctx.chain,
-            &encode,
-            &chat_op,
-            Some(&t.state),
-            creds,
-            &mut log,
-        )
-        .await;
+    let result = t.call(&ctx.chain, &encode, &chat_op, &mut log).await;
     let mut completion = match result {
         Ok(c) => c.body,
         Err(e) => {
@@ -1253,18 +1221,7 @@ async fn answer_complete(
                 bytes,
             )
         };
-        match s
-            .upstreams
-            .call(
-                &ctx.chain,
-                &again,
-                &chat_op,
-                Some(&t.state),
-                creds,
-                &mut log,
-            )
-            .await
-        {
+        match t.call(&ctx.chain, &again, &chat_op, &mut log).await {
             Ok(c) => {
                 completion = c.body;
                 check = check_completion(&mut completion, tools_fwd, &s.guides);
@@ -1411,17 +1368,7 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                     )
                 };
                 let mut log = CallLog::default();
-                let result = s
-                    .upstreams
-                    .call(
-                        &ctx.chain,
-                        &encode,
-                        &chat_op,
-                        Some(&t.state),
-                        &t.caller.credentials,
-                        &mut log,
-                    )
-                    .await;
+                let result = t.call(&ctx.chain, &encode, &chat_op, &mut log).await;
                 log_calls(&t, &log, &mut Vec::new());
                 let mut body = result.ok()?.body;
                 let check = check_completion(&mut body, &ctx.tools, &s.guides);
