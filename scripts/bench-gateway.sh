@@ -83,6 +83,14 @@ start() { # NAME core command... ; sets NAME_PID and NAME_URL
   printf -v "${name}_URL" '%s' "$(grep -o 'http://[0-9.:]*' "$f")"
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# CPU ticks of the trace writer thread (named selfheal-trace), 0 without one.
+trace_ticks() {
+  local t
+  for t in /proc/"$1"/task/*; do
+    if [[ $(cat "$t/comm" 2>/dev/null) == selfheal-trace ]]; then awk '{print $14 + $15}' "$t/stat"; return; fi
+  done
+  echo 0
+}
 
 start STUB 1 "$STUB" 127.0.0.1:0
 start PASS 0 "$BIN" serve --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 --passthrough --no-trace --threads 1
@@ -209,14 +217,17 @@ metric() { # url name
 store() { echo "runs_live=$(metric "$REAL_URL" selfheal_runs_live) runs_evicted=$(metric "$REAL_URL" selfheal_runs_evicted_total)"; }
 TAGN=0
 real_run() { # name url pid conns: one wrk run of the realistic pattern; CPU per request from /proc
-  local name=$1 u=$2 pid=$3 conns=$4 before after line rps cpu_us
+  local name=$1 u=$2 pid=$3 conns=$4 before after tbefore tafter line rps cpu_us trace_us
   TAGN=$((TAGN + 1))
   before=$(cpu_ticks "$pid")
+  tbefore=$(trace_ticks "$pid")
   line=$(RUN_TAG="$name-$TAGN-$RANDOM" taskset -c 1 wrk -t1 -c"$conns" -d"${SECS}s" -s "$WORK/realistic.lua" "$u/v1/chat/completions" | grep RESULT)
   after=$(cpu_ticks "$pid")
+  tafter=$(trace_ticks "$pid")
   rps=$(sed -E 's/.*rps=([0-9]+).*/\1/' <<<"$line")
   cpu_us=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
-  echo "$name $line cpu_us_per_req=$cpu_us"
+  trace_us=$(python3 -c "print(f'{($tafter-$tbefore)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
+  echo "$name $line cpu_us_per_req=$cpu_us of_which_trace_writer=$trace_us"
 }
 echo "## realistic: $CONVERSATIONS conversations in flight x $TURNS turns, one new tool result per request, trace ${TRACE:-on} (${SECS}s runs)"
 echo "# healing, run store filling: $(store)"

@@ -71,7 +71,8 @@ def one_round(binary, seconds, threads):
         up.kill()
         up.wait()
         c = sqlite3.connect(db)
-        logged = {r for (r,) in c.execute("SELECT run FROM events WHERE kind = 'response'")}
+        logged = {r for (r,) in c.execute(
+            "SELECT r.run FROM events e JOIN runs r ON r.id = e.run_id WHERE e.kind = 'response'")}
         c.close()
         missing = [r for r in done if r not in logged]
         return len(done), len(missing)
