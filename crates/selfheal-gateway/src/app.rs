@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use selfheal_core::budget::{BudgetLimits, Dimension};
 use selfheal_core::policy::LadderState;
+use selfheal_runtime::at::At;
 use selfheal_runtime::client::{ClientError, Completion};
 
 use crate::auth::{Caller, Credentials, Gatekeeper, Redactor};
@@ -1377,9 +1378,9 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                     continue;
                 }
                 return Some(stream::Reasked {
-                    message: body.pointer("/choices/0/message").cloned()?,
+                    message: body.at("/choices/0/message").cloned()?,
                     finish_reason: body
-                        .pointer("/choices/0/finish_reason")
+                        .at("/choices/0/finish_reason")
                         .cloned()
                         .unwrap_or_else(|| json!("stop")),
                     repaired: check.repaired,
@@ -1396,20 +1397,18 @@ fn check_completion(
 ) -> heal::CallCheck {
     let ending = selfheal_repair::Ending::from_finish_reason(
         completion
-            .pointer("/choices/0/finish_reason")
+            .at("/choices/0/finish_reason")
             .and_then(Value::as_str),
     );
-    let check = match completion.pointer_mut("/choices/0/message") {
+    let check = match completion.at_mut("/choices/0/message") {
         Some(m) => heal::check_message(m, tools, guides, ending),
         None => heal::CallCheck::default(),
     };
     // Every call was taken out: the choice no longer ends in tool calls.
-    let no_calls = completion
-        .pointer("/choices/0/message/tool_calls")
-        .is_none();
+    let no_calls = completion.at("/choices/0/message/tool_calls").is_none();
     if !check.invalid.is_empty()
         && no_calls
-        && let Some(f) = completion.pointer_mut("/choices/0/finish_reason")
+        && let Some(f) = completion.at_mut("/choices/0/finish_reason")
         && f.as_str() == Some("tool_calls")
     {
         *f = Value::String("stop".into());

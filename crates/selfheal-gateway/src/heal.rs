@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use selfheal_core::monitor::{Monitor, ToolCall, Verdict};
 use selfheal_repair::{Ending, SchemaGuide, repair_arguments};
+use selfheal_runtime::at::At;
 
 use crate::request::{ChatRequest, Edits, Message};
 use crate::runs::{RunState, SeenResults};
@@ -235,15 +236,24 @@ pub fn replay(
         results.push((i, text, fp));
     }
     results.reverse();
-    let mut out = Vec::new();
     let Some(&(first_new, _, _)) = results.first() else {
-        return out;
+        return Vec::new();
     };
-    // The call each new result answers: the last assistant call with its id before it.
-    let mut calls: HashMap<String, (String, Option<String>)> = HashMap::new();
+    // The call each new result answers: the last assistant call with its id before it. A few
+    // new results (every request of a running conversation) look back from themselves, which
+    // is one message away when the history is well formed; many (a run seen for the first
+    // time) read the history once.
+    let mut out = Vec::with_capacity(results.len());
+    let mut calls: Option<HashMap<String, (String, Option<String>)>> = None;
+    if results.len() > LOOK_BACK_RESULTS {
+        calls = Some(HashMap::new());
+    }
     let mut new_results = results.iter().peekable();
     for (i, m) in messages.iter().enumerate() {
-        if m.role() == "assistant" && m.tool_calls.is_some() {
+        if let Some(calls) = calls.as_mut()
+            && m.role() == "assistant"
+            && m.tool_calls.is_some()
+        {
             for c in m.calls() {
                 let (Some(id), Some(f)) = (c.id, c.function) else {
                     continue;
@@ -263,7 +273,11 @@ pub fn replay(
             continue;
         };
         let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
-        let (name, args) = match calls.get(id) {
+        let call = match &calls {
+            Some(calls) => calls.get(id).cloned(),
+            None => answered_call(&messages[..i], id),
+        };
+        let (name, args) = match &call {
             Some((n, a)) => {
                 let raw = a.as_deref().unwrap_or("{}");
                 let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
@@ -274,6 +288,27 @@ pub fn replay(
         out.push(feed(state, name, &args, text, *fp, tools, now_ms));
     }
     out
+}
+
+/// New results at most that look back for their calls one by one (see [`replay`]).
+const LOOK_BACK_RESULTS: usize = 8;
+
+/// The name and arguments of the last assistant call with this id in `before`.
+fn answered_call(before: &[Message<'_>], id: &str) -> Option<(String, Option<String>)> {
+    before
+        .iter()
+        .rev()
+        .filter(|m| m.role() == "assistant" && m.tool_calls.is_some())
+        .find_map(|m| {
+            m.calls().into_iter().rev().find_map(|c| {
+                let f = c.function?;
+                (c.id?.as_str() == id).then_some(())?;
+                Some((
+                    f.name?.0.into_owned(),
+                    f.arguments.map(|a| a.0.into_owned()),
+                ))
+            })
+        })
 }
 
 /// Records one new tool result in the run's monitor and its counters; remembers it as seen.
@@ -458,7 +493,7 @@ pub fn check_call(
     ending: Ending,
 ) -> Result<bool, String> {
     let name = call
-        .pointer("/function/name")
+        .at("/function/name")
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_owned();
@@ -471,7 +506,7 @@ pub fn check_call(
         ));
     };
     let raw = call
-        .pointer("/function/arguments")
+        .at("/function/arguments")
         .and_then(Value::as_str)
         .unwrap_or("");
     let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
@@ -507,7 +542,7 @@ pub fn check_message(
     // caller re-asks, or answers `partial` with the reasons).
     calls.retain_mut(|c| {
         let name = c
-            .pointer("/function/name")
+            .at("/function/name")
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned();
@@ -590,6 +625,38 @@ mod tests {
         let out: Value = serde_json::from_slice(&req.encode(&applied.edits(), &bytes)).unwrap();
         assert_eq!(out["tools"].as_array().unwrap().len(), 1);
         assert_eq!(out["tool_choice"], json!("auto"));
+    }
+
+    /// Each new result is credited to the last call with its id before it, whether the results
+    /// look back one by one (a few new ones) or the history is indexed once (many): ids that a
+    /// client reuses, calls without a name and results nobody asked for included.
+    #[test]
+    fn a_result_answers_the_last_call_with_its_id_before_it() {
+        let idx = tool_index(
+            &ChatRequest::parse(&request(json!([{"role": "user", "content": "x"}]))).unwrap(),
+        );
+        for pairs in [1usize, 2, LOOK_BACK_RESULTS + 2] {
+            let mut m = vec![json!({"role": "user", "content": "go"})];
+            let mut expected = Vec::new();
+            for i in 0..pairs {
+                let name = ["search", "lookup"][i % 2];
+                m.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "dup", "type": "function", "function": {"name": name, "arguments": "{}"}},
+                    {"id": "dup", "type": "function", "function": {"arguments": "{}"}}]}));
+                m.push(json!({"role": "tool", "tool_call_id": "dup", "content": format!("r{i}")}));
+                expected.push(name);
+            }
+            m.push(json!({"role": "tool", "tool_call_id": "nobody", "content": "late"}));
+            expected.push("unknown");
+            let bytes = request(json!(m));
+            let req = ChatRequest::parse(&bytes).unwrap();
+            let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+            let tools: Vec<String> = replay(&mut state, &req.messages, &idx, 0)
+                .into_iter()
+                .map(|r| r.tool)
+                .collect();
+            assert_eq!(tools, expected, "{pairs} pairs");
+        }
     }
 
     /// A conversation trimmed from the front, with one new result: only that result is fed,

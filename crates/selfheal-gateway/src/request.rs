@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use bytes::Bytes;
+use selfheal_runtime::at::At;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
@@ -647,7 +648,7 @@ impl<'a> ChatRequest<'a> {
 /// `"auto"`; an `allowed_tools` choice keeps the others, or becomes `"auto"` when none is left.
 fn without_hidden(mut choice: Value, hidden: &[String]) -> Value {
     let is_hidden = |t: &Value| {
-        t.pointer("/function/name")
+        t.at("/function/name")
             .or_else(|| t.get("name"))
             .and_then(Value::as_str)
             .is_some_and(|n| hidden.iter().any(|h| h == n))
@@ -656,7 +657,7 @@ fn without_hidden(mut choice: Value, hidden: &[String]) -> Value {
         return Value::String("auto".into());
     }
     if let Some(tools) = choice
-        .pointer_mut("/allowed_tools/tools")
+        .at_mut("/allowed_tools/tools")
         .and_then(Value::as_array_mut)
     {
         tools.retain(|t| !is_hidden(t));

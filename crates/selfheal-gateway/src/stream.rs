@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use selfheal_runtime::at::At;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
@@ -111,7 +112,7 @@ enum Flow {
 /// Sets `key` of the first choice, whether `choices` is an array or (from a broken upstream) an
 /// object; does nothing when there is no first choice.
 fn set_choice(v: &mut Value, key: &str, value: Value) {
-    if let Some(c) = v.pointer_mut("/choices/0").and_then(Value::as_object_mut) {
+    if let Some(c) = v.at_mut("/choices/0").and_then(Value::as_object_mut) {
         c.insert(key.to_owned(), value);
     }
 }
@@ -268,10 +269,10 @@ impl Relay<'_> {
         };
         self.template = Some(body.clone());
         let finish = body
-            .pointer("/choices/0/finish_reason")
+            .at("/choices/0/finish_reason")
             .cloned()
             .unwrap_or_else(|| json!("stop"));
-        let Some(message) = body.pointer_mut("/choices/0/message") else {
+        let Some(message) = body.at_mut("/choices/0/message") else {
             self.report.broken = Some("upstream answered without a message".into());
             return Ok(());
         };
@@ -333,11 +334,11 @@ impl Relay<'_> {
             self.template = Some(v.clone());
         }
         let finish = v
-            .pointer("/choices/0/finish_reason")
+            .at("/choices/0/finish_reason")
             .filter(|f| !f.is_null())
             .cloned();
         if let Some(calls) = v
-            .pointer_mut("/choices/0/delta")
+            .at_mut("/choices/0/delta")
             .and_then(Value::as_object_mut)
             .and_then(|d| d.remove("tool_calls"))
         {
@@ -347,11 +348,11 @@ impl Relay<'_> {
                 if let Some(id) = c.get("id").and_then(Value::as_str) {
                     p.id = id.to_owned();
                 }
-                if let Some(n) = c.pointer("/function/name").and_then(Value::as_str) {
+                if let Some(n) = c.at("/function/name").and_then(Value::as_str) {
                     p.name.push_str(n);
                     self.held_bytes += n.len();
                 }
-                if let Some(a) = c.pointer("/function/arguments").and_then(Value::as_str) {
+                if let Some(a) = c.at("/function/arguments").and_then(Value::as_str) {
                     p.arguments.push_str(a);
                     self.held_bytes += a.len();
                 }
@@ -366,7 +367,7 @@ impl Relay<'_> {
             self.finish(v, finish).await?;
             return Ok(Flow::Continue);
         }
-        let delta = v.pointer("/choices/0/delta").and_then(Value::as_object);
+        let delta = v.at("/choices/0/delta").and_then(Value::as_object);
         let has_payload = delta.is_some_and(|d| {
             d.iter()
                 .any(|(k, x)| !x.is_null() && (k != "content" || x != ""))
@@ -377,7 +378,7 @@ impl Relay<'_> {
         }) && v.get("usage").is_none_or(Value::is_null);
         if has_payload && role_only && !self.sent {
             self.held_role = Some(v);
-        } else if has_payload || v.pointer("/choices/0").is_none() {
+        } else if has_payload || v.at("/choices/0").is_none() {
             self.send(&v).await?;
         }
         Ok(Flow::Continue)
@@ -612,11 +613,11 @@ pub fn message_chunks(
 /// the upstream without streaming (see [`message_chunks`]).
 pub fn answer_frames(completion: &Value) -> Vec<Frame> {
     let message = completion
-        .pointer("/choices/0/message")
+        .at("/choices/0/message")
         .cloned()
         .unwrap_or_else(|| json!({}));
     let finish = completion
-        .pointer("/choices/0/finish_reason")
+        .at("/choices/0/finish_reason")
         .cloned()
         .filter(|f| !f.is_null())
         .unwrap_or_else(|| json!("stop"));

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
+
+use crate::at::At;
 use thiserror::Error;
 
 use selfheal_core::classifier::Signal;
@@ -146,13 +148,13 @@ pub struct Completion {
 impl Completion {
     /// The first choice's message.
     pub fn message(&self) -> Option<&Value> {
-        self.body.pointer("/choices/0/message")
+        self.body.at("/choices/0/message")
     }
 
     /// The first choice's `finish_reason`.
     pub fn finish_reason(&self) -> Option<&str> {
         self.body
-            .pointer("/choices/0/finish_reason")
+            .at("/choices/0/finish_reason")
             .and_then(Value::as_str)
     }
 }
@@ -305,7 +307,7 @@ pub fn parse_completion(bytes: &[u8]) -> Result<Completion, ClientError> {
     }
     let body: Value =
         serde_json::from_slice(bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
-    let message = body.pointer("/choices/0/message");
+    let message = body.at("/choices/0/message");
     let has_content = message
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
@@ -318,7 +320,7 @@ pub fn parse_completion(bytes: &[u8]) -> Result<Completion, ClientError> {
         return Err(ClientError::EmptyResponse);
     }
     let tokens = body
-        .pointer("/usage/total_tokens")
+        .at("/usage/total_tokens")
         .and_then(Value::as_u64)
         .unwrap_or(0);
     Ok(Completion { body, tokens })
@@ -354,7 +356,7 @@ pub fn status_error(status: u16, retry_after_ms: Option<u64>, body: &str) -> Cli
     let mut message = serde_json::from_str::<Value>(body)
         .ok()
         .and_then(|v| {
-            v.pointer("/error/message")
+            v.at("/error/message")
                 .or_else(|| v.get("detail"))
                 .or_else(|| v.get("error"))
                 .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))

@@ -7,6 +7,7 @@
 //! tool-calling model is built on this crate, in `selfheal-live`.
 
 pub mod agent;
+pub mod at;
 pub mod client;
 pub mod tool;
 

@@ -32,7 +32,7 @@ const QUEUE: usize = 65_536;
 /// Events committed per transaction at most.
 const BATCH: usize = 1_024;
 /// How long the writer lets events gather after the first one of a batch.
-const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+const LINGER: std::time::Duration = std::time::Duration::from_millis(10);
 /// How long events and runs are kept by default.
 pub const DEFAULT_RETENTION: std::time::Duration =
     std::time::Duration::from_secs(30 * 24 * 60 * 60);
