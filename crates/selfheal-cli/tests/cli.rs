@@ -571,18 +571,18 @@ fn issue12_trace_refuses_a_path_that_does_not_exist() {
 #[cfg(any(feature = "gateway", feature = "mcp"))]
 #[test]
 fn issue12_trace_list_prints_local_times_and_counts_actions_like_show() {
-    use selfheal_trace::store::{RunSummary, TraceEvent, TraceWriter};
+    use selfheal_trace::store::{Kind, RunSummary, TraceEvent, TraceWriter};
     let dir = temp_dir("trace-list");
     let path = dir.join("trace.db");
     let writer = TraceWriter::open(&path).unwrap();
     // 2025-11-30T08:00:00.123Z
-    for kind in ["request", "repair", "reask", "response"] {
+    for kind in [Kind::Request, Kind::Repair, Kind::Reask, Kind::Response] {
         writer.send(TraceEvent {
             run: "run-1".into(),
             t_ms: 1_764_489_600_123,
             kind,
             detail: serde_json::json!({}),
-            summary: (kind == "response").then(|| RunSummary {
+            summary: (kind == Kind::Response).then(|| RunSummary {
                 status: "complete".into(),
                 failures: 0,
                 actions: 0,

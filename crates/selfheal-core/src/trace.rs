@@ -158,15 +158,159 @@ pub enum Event {
 impl Event {
     /// The event's name, as its `event` tag in JSON (`signal`, `action`, ...).
     pub fn kind(&self) -> &'static str {
+        Kind::from(self).as_str()
+    }
+}
+
+/// The kind of every event a front-end records: the core's own events (their detail is the
+/// [`Event`] itself) and the front-ends' observations and the actions they carried out.
+///
+/// One closed set, so a front-end cannot write a kind nobody reads, and [`Kind::is_action`]
+/// (what `selfheal trace list` counts) is decided by a `match` that a new kind must pass.
+/// Written as the snake-case name (`tool_result`, `invalid_arguments`, ...).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::EnumIter,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum Kind {
+    /// The core's [`Event::Signal`].
+    Signal,
+    /// The core's [`Event::Classified`].
+    Classified,
+    /// The core's [`Event::Action`]: a decision with its input.
+    Action,
+    /// The core's [`Event::BudgetExhausted`].
+    BudgetExhausted,
+    /// The core's [`Event::Verdict`].
+    Verdict,
+    /// The core's [`Event::Monitor`].
+    Monitor,
+    /// The core's [`Event::Cost`].
+    Cost,
+    /// The core's [`Event::Finished`].
+    Finished,
+    /// A model request reached the gateway.
+    Request,
+    /// A tool's result was read (from the history, or from an MCP server).
+    ToolResult,
+    /// The gateway answered a request (with the run's summary).
+    Response,
+    /// An MCP proxy session started or ended.
+    Session,
+    /// An upstream attempt failed.
+    UpstreamError,
+    /// An upstream stream broke.
+    StreamBroken,
+    /// A model's tool call could not be used.
+    InvalidCall,
+    /// An MCP line was longer than the proxy reads.
+    LineTooLong,
+    /// The MCP server exited.
+    ServerClosed,
+    /// A paused MCP tool was offered again.
+    Resumed,
+    /// An MCP call ran past its deadline.
+    Timeout,
+    /// An upstream was skipped while its circuit is open.
+    CooldownSkip,
+    /// The gateway learned that an upstream model cannot stream tool calls.
+    LearnNoStream,
+    /// Guidance was added to the conversation.
+    Guidance,
+    /// Tools were hidden from the model.
+    Hide,
+    /// The run was stopped.
+    Abort,
+    /// A tool call's arguments were repaired.
+    Repair,
+    /// The model was asked again.
+    Reask,
+    /// A call was sent again.
+    Retry,
+    /// A call moved to the next target.
+    Fallback,
+    /// A broken stream was asked again.
+    Reissue,
+    /// An MCP call was refused before it reached the server.
+    Blocked,
+    /// An MCP call's arguments were refused with a re-ask.
+    InvalidArguments,
+    /// An MCP tool was paused.
+    Paused,
+}
+
+impl Kind {
+    /// The name it is written as.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// Whether this is a healing action a front-end carried out (what `selfheal trace list`
+    /// counts): the decisions' effects, not the observations or the core's decision records.
+    pub fn is_action(self) -> bool {
         match self {
-            Event::Signal { .. } => "signal",
-            Event::Classified { .. } => "classified",
-            Event::Action { .. } => "action",
-            Event::BudgetExhausted { .. } => "budget_exhausted",
-            Event::Verdict { .. } => "verdict",
-            Event::Monitor { .. } => "monitor",
-            Event::Cost { .. } => "cost",
-            Event::Finished { .. } => "finished",
+            Kind::Guidance
+            | Kind::Hide
+            | Kind::Abort
+            | Kind::Repair
+            | Kind::Reask
+            | Kind::Retry
+            | Kind::Fallback
+            | Kind::Blocked
+            | Kind::InvalidArguments
+            | Kind::Paused => true,
+            Kind::Signal
+            | Kind::Classified
+            | Kind::Action
+            | Kind::BudgetExhausted
+            | Kind::Verdict
+            | Kind::Monitor
+            | Kind::Cost
+            | Kind::Finished
+            | Kind::Request
+            | Kind::ToolResult
+            | Kind::Response
+            | Kind::Session
+            | Kind::UpstreamError
+            | Kind::StreamBroken
+            | Kind::InvalidCall
+            | Kind::LineTooLong
+            | Kind::ServerClosed
+            | Kind::Resumed
+            | Kind::Timeout
+            | Kind::CooldownSkip
+            | Kind::LearnNoStream
+            | Kind::Reissue => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&Event> for Kind {
+    fn from(e: &Event) -> Kind {
+        match e {
+            Event::Signal { .. } => Kind::Signal,
+            Event::Classified { .. } => Kind::Classified,
+            Event::Action { .. } => Kind::Action,
+            Event::BudgetExhausted { .. } => Kind::BudgetExhausted,
+            Event::Verdict { .. } => Kind::Verdict,
+            Event::Monitor { .. } => Kind::Monitor,
+            Event::Cost { .. } => Kind::Cost,
+            Event::Finished { .. } => Kind::Finished,
         }
     }
 }
@@ -371,6 +515,65 @@ mod tests {
             let r: Result<Record, _> = serde_json::from_str(line);
             assert!(r.is_ok(), "{line}");
         }
+    }
+
+    /// Each event's JSON tag is its [`Kind`]'s name, and every kind reads back from its name.
+    #[test]
+    fn an_events_kind_is_its_json_tag() {
+        use strum::IntoEnumIterator;
+        let events = [
+            Event::Signal {
+                tool: None,
+                signal: Signal::Timeout,
+            },
+            Event::Classified {
+                class: FailureClass::ToolTimeout,
+                error_type: ErrorType::Transient,
+                retry_after_ms: None,
+            },
+            Event::Action {
+                class: FailureClass::ToolTimeout,
+                action: RecoveryAction::Retry {
+                    delay_ms: 1,
+                    attempt: 1,
+                },
+                rung: Some(0),
+                budget_before: Amounts::default(),
+                budget_after: Amounts::default(),
+                input: None,
+            },
+            Event::BudgetExhausted {
+                dimension: Dimension::Retries,
+            },
+            Event::Verdict {
+                verifier: "schema".into(),
+                judgement: Judgement::Accept,
+            },
+            Event::Monitor {
+                tool: "t".into(),
+                badge: Badge::Ok,
+                signals: vec![],
+            },
+            Event::Cost {
+                model_calls: 1,
+                tool_calls: 0,
+                verifier_calls: 0,
+                tokens: 0,
+            },
+            Event::Finished {
+                status: RunStatus::Complete,
+                reason: None,
+            },
+        ];
+        for e in &events {
+            let json = serde_json::to_value(e).unwrap();
+            assert_eq!(json["event"], e.kind());
+            assert_eq!(Kind::from(e).as_str(), e.kind());
+        }
+        for k in Kind::iter() {
+            assert_eq!(k.as_str().parse::<Kind>().ok(), Some(k));
+        }
+        assert!(Kind::Retry.is_action() && !Kind::Action.is_action());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::heal::{self, ToolIndex};
 use crate::metrics::Metrics;
 use crate::request::{ChatRequest, Edits};
 use crate::runs::{RunKey, RunState, RunStore, run_id};
-use crate::store::{RunSummary, TraceEvent, TraceWriter};
+use crate::store::{Kind, RunSummary, TraceEvent, TraceWriter};
 use crate::stream;
 use crate::upstream::{CallLog, UpstreamClient, UpstreamError, Upstreams};
 
@@ -160,7 +160,7 @@ impl AppState {
         &self,
         redact: &Redactor,
         run: &str,
-        kind: &'static str,
+        kind: Kind,
         detail: Value,
         summary: Option<RunSummary>,
     ) {
@@ -172,7 +172,7 @@ impl AppState {
         &self,
         redact: &Redactor,
         run: &str,
-        kind: &'static str,
+        kind: Kind,
         mut detail: Value,
         summary: Option<RunSummary>,
         t_ms: u64,
@@ -556,7 +556,7 @@ async fn responses_inner(
         run,
     };
     t.event(
-        "request",
+        Kind::Request,
         json!({"model": model, "api": "responses", "tenant": t.caller.tenant}),
     );
     // The tool results in `input` go to the run's monitor, as a chat history's do; its verdict
@@ -575,12 +575,15 @@ async fn responses_inner(
         (st.monitor.check(now_ms), replayed)
     };
     for r in &replayed {
-        t.event("tool_result", json!({"tool": r.tool, "outcome": r.outcome}));
+        t.event(
+            Kind::ToolResult,
+            json!({"tool": r.tool, "outcome": r.outcome}),
+        );
     }
     let newest_failed = replayed.last().is_some_and(|r| r.outcome != "ok");
     if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
         Metrics::inc(&s.metrics.aborts_total);
-        t.event("abort", json!({"reason": reason}));
+        t.event(Kind::Abort, json!({"reason": reason}));
         t.finish("failed");
         let actions = vec!["abort".to_owned()];
         let text = format!("selfheal stopped this run: {reason}");
@@ -612,7 +615,7 @@ async fn responses_inner(
         req.insert("instructions".into(), Value::String(instructions));
         Metrics::inc(&s.metrics.guidance_total);
         edited.push("guidance".to_owned());
-        t.event("guidance", json!({"text": text}));
+        t.event(Kind::Guidance, json!({"text": text}));
     }
     let hidden: Vec<String> = verdict
         .hidden_tools
@@ -638,7 +641,7 @@ async fn responses_inner(
         }
         Metrics::inc(&s.metrics.tools_hidden_total);
         edited.push("hide".to_owned());
-        t.event("hide", json!({"tools": hidden}));
+        t.event(Kind::Hide, json!({"tools": hidden}));
     }
     let mut tools = tools;
     tools.retain(|name, _| !hidden.contains(name));
@@ -663,7 +666,7 @@ async fn responses_inner(
         Ok(v) => v,
         Err(e) => {
             log_calls(&t, &log, &mut actions);
-            t.event("upstream_error", json!({"reasons": e.reasons}));
+            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
             t.finish("failed");
             return Err(e);
         }
@@ -681,7 +684,7 @@ async fn responses_inner(
         if !actions.iter().any(|a| a == "reask") {
             actions.push("reask".into());
         }
-        t.event("reask", json!({"problems": invalid}));
+        t.event(Kind::Reask, json!({"problems": invalid}));
         let turn = reask_turn(&invalid);
         let again = |m: &str| encode_responses(&req, m, Some(&turn));
         match t.call(&chain, &again, &responses_json_op, &mut log).await {
@@ -697,7 +700,7 @@ async fn responses_inner(
     log_calls(&t, &log, &mut actions);
     for name in &repaired {
         Metrics::inc(&s.metrics.repairs_total);
-        t.event("repair", json!({"tool": name}));
+        t.event(Kind::Repair, json!({"tool": name}));
     }
     if !repaired.is_empty() {
         actions.push("repair".into());
@@ -705,7 +708,7 @@ async fn responses_inner(
     let (status, reason) = if invalid.is_empty() {
         ("complete", None)
     } else {
-        t.event("invalid_call", json!({"problems": invalid}));
+        t.event(Kind::InvalidCall, json!({"problems": invalid}));
         ("partial", Some(invalid.join(" ")))
     };
     if let Some(o) = answer.as_object_mut() {
@@ -896,7 +899,7 @@ impl Turn {
     }
 
     /// Records an event of this run, secrets redacted.
-    fn event(&self, kind: &'static str, detail: Value) {
+    fn event(&self, kind: Kind, detail: Value) {
         self.s
             .event(&self.caller.redactor, &self.run, kind, detail, None);
     }
@@ -992,12 +995,15 @@ fn rebuild_run(
         (st.monitor.check(now_ms), replayed)
     };
     t.event(
-        "request",
+        Kind::Request,
         json!({"model": model, "messages": req.messages.len(), "stream": req.stream,
                "tenant": t.caller.tenant}),
     );
     for r in &replayed {
-        t.event("tool_result", json!({"tool": r.tool, "outcome": r.outcome}));
+        t.event(
+            Kind::ToolResult,
+            json!({"tool": r.tool, "outcome": r.outcome}),
+        );
     }
     let newest_failed = replayed.last().is_some_and(|r| r.outcome != "ok");
     (verdict, newest_failed)
@@ -1017,7 +1023,7 @@ fn answer_abort(t: &Turn, model: &str, streaming: bool, reason: &str) -> Respons
         }
     };
     let actions = vec!["terminate".to_owned()];
-    t.event("abort", json!({"reason": reason}));
+    t.event(Kind::Abort, json!({"reason": reason}));
     let report = selfheal_report(&t.state, status, Some(reason), &actions);
     let content = format!(
         "I have to stop here: {reason}. The work so far is in the conversation above; \
@@ -1063,12 +1069,12 @@ fn edit_request(
     if !applied.guidance.is_empty() {
         Metrics::inc(&s.metrics.guidance_total);
         actions.push("guidance".into());
-        t.event("guidance", json!({"text": applied.guidance}));
+        t.event(Kind::Guidance, json!({"text": applied.guidance}));
     }
     if !applied.hidden.is_empty() {
         Metrics::inc(&s.metrics.tools_hidden_total);
         actions.push("hide".into());
-        t.event("hide", json!({"tools": applied.hidden}));
+        t.event(Kind::Hide, json!({"tools": applied.hidden}));
     }
     applied
 }
@@ -1096,7 +1102,7 @@ async fn answer_stream(
     let upstream = match result {
         Ok(r) => r,
         Err(e) => {
-            t.event("upstream_error", json!({"reasons": e.reasons}));
+            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
             t.finish("failed");
             return Err(e);
         }
@@ -1121,26 +1127,26 @@ async fn answer_stream(
         .await;
         for name in &r.repaired {
             Metrics::inc(&t2.s.metrics.repairs_total);
-            t2.event("repair", json!({"tool": name}));
+            t2.event(Kind::Repair, json!({"tool": name}));
         }
         for p in &r.invalid {
-            t2.event("invalid_call", json!({"problems": [p]}));
+            t2.event(Kind::InvalidCall, json!({"problems": [p]}));
         }
         if let Some(why) = &r.reissued {
-            t2.event("reissue", json!({"reason": why}));
+            t2.event(Kind::Reissue, json!({"reason": why}));
             if !ctx.tools.is_empty()
                 && let Some(target) = &served
                 && t2.s.no_stream.learn(target)
             {
                 t2.event(
-                    "learn_no_stream",
+                    Kind::LearnNoStream,
                     json!({"upstream": target.upstream, "model": target.model}),
                 );
             }
         }
         let status = if let Some(b) = &r.broken {
             Metrics::inc(&t2.s.metrics.streams_broken_total);
-            t2.event("stream_broken", json!({"reason": b}));
+            t2.event(Kind::StreamBroken, json!({"reason": b}));
             "failed"
         } else if r.invalid.is_empty() {
             "complete"
@@ -1190,7 +1196,7 @@ async fn answer_complete(
         Ok(c) => c.body,
         Err(e) => {
             log_calls(t, &log, &mut actions);
-            t.event("upstream_error", json!({"reasons": e.reasons}));
+            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
             t.finish("failed");
             return Err(e);
         }
@@ -1210,7 +1216,7 @@ async fn answer_complete(
         if !actions.iter().any(|a| a == "reask") {
             actions.push("reask".into());
         }
-        t.event("reask", json!({"problems": check.invalid}));
+        t.event(Kind::Reask, json!({"problems": check.invalid}));
         let extra = reask_turn(&check.invalid);
         let again = |m: &str| {
             req.encode(
@@ -1233,7 +1239,7 @@ async fn answer_complete(
     log_calls(t, &log, &mut actions);
     for name in &check.repaired {
         Metrics::inc(&s.metrics.repairs_total);
-        t.event("repair", json!({"tool": name}));
+        t.event(Kind::Repair, json!({"tool": name}));
     }
     if !check.repaired.is_empty() {
         actions.push("repair".into());
@@ -1241,7 +1247,7 @@ async fn answer_complete(
     let (status, reason) = if check.invalid.is_empty() {
         ("complete", None)
     } else {
-        t.event("invalid_call", json!({"problems": check.invalid}));
+        t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
         ("partial", Some(check.invalid.join(" ")))
     };
     if let Some(o) = completion.as_object_mut() {
@@ -1291,7 +1297,7 @@ fn decided(
         (granted, event)
     };
     t.event(
-        event.kind(),
+        Kind::from(&event),
         serde_json::to_value(&event).unwrap_or(Value::Null),
     );
     granted
@@ -1350,11 +1356,11 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                     if !reissue_granted(&t) {
                         return None;
                     }
-                    t.event("reissue", json!({"stream": false}));
+                    t.event(Kind::Reissue, json!({"stream": false}));
                 } else {
                     ladder = reask_granted(&t, &problems, ladder)?;
                     Metrics::inc(&s.metrics.reasks_total);
-                    t.event("reask", json!({"problems": problems}));
+                    t.event(Kind::Reask, json!({"problems": problems}));
                 }
                 let extra = (!problems.is_empty()).then(|| reask_turn(&problems));
                 let encode = |m: &str| {
@@ -1421,19 +1427,26 @@ fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
     // The core's typed decision events: the schema `selfheal trace replay` reads.
     for (t_ms, e) in &log.decisions {
         let detail = serde_json::to_value(e).unwrap_or(Value::Null);
-        s.event_at(&t.caller.redactor, &t.run, e.kind(), detail, None, *t_ms);
+        s.event_at(
+            &t.caller.redactor,
+            &t.run,
+            Kind::from(e),
+            detail,
+            None,
+            *t_ms,
+        );
     }
     for e in &log.events {
-        let (kind, detail) = (&e.kind, &e.detail);
-        match *kind {
-            "retry" => Metrics::inc(&s.metrics.retries_total),
-            "fallback" => Metrics::inc(&s.metrics.fallbacks_total),
-            _ => {}
+        let (kind, detail) = (e.kind, &e.detail);
+        if kind == Kind::Retry {
+            Metrics::inc(&s.metrics.retries_total);
+        } else if kind == Kind::Fallback {
+            Metrics::inc(&s.metrics.fallbacks_total);
         }
-        if !actions.iter().any(|a| a == kind) {
-            actions.push((*kind).to_owned());
+        if !actions.iter().any(|a| a == kind.as_str()) {
+            actions.push(kind.as_str().to_owned());
         }
-        tracing::debug!(target: "selfheal::upstream", run = t.run, kind, detail = %t.caller.redactor.text(detail));
+        tracing::debug!(target: "selfheal::upstream", run = t.run, kind = kind.as_str(), detail = %t.caller.redactor.text(detail));
         s.event_at(
             &t.caller.redactor,
             &t.run,
@@ -1483,7 +1496,7 @@ fn finish_trace(t: &Turn, status: &str) {
     t.s.event(
         &t.caller.redactor,
         &t.run,
-        "response",
+        Kind::Response,
         json!({"status": status}),
         Some(RunSummary {
             status: status.to_owned(),

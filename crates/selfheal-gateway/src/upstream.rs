@@ -30,6 +30,7 @@ use selfheal_core::budget::{BudgetLedger, BudgetLimits};
 use selfheal_core::call::{self, Breakers, CallPlan, Mode, Plane, Step, Stop};
 use selfheal_core::classifier::Signal;
 use selfheal_core::rng::SplitMix64;
+use selfheal_core::trace::Kind;
 use selfheal_runtime::client::{
     ClientError, Completion, map_reqwest, parse_completion, retry_after_ms, status_error,
 };
@@ -365,8 +366,8 @@ pub struct CallLog {
 /// One entry of a [`CallLog`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallEvent {
-    /// `retry`, `fallback` or `cooldown_skip`.
-    pub kind: &'static str,
+    /// [`Kind::Retry`], [`Kind::Fallback`] or [`Kind::CooldownSkip`].
+    pub kind: Kind,
     /// The reason.
     pub detail: String,
     /// Unix time in ms when it happened (not when the log was written to the trace, so that
@@ -376,7 +377,7 @@ pub struct CallEvent {
 
 impl CallLog {
     /// Records an entry, stamped with the current time.
-    pub fn push(&mut self, kind: &'static str, detail: String) {
+    pub fn push(&mut self, kind: Kind, detail: String) {
         let t_ms = unix_ms();
         self.events.push(CallEvent { kind, detail, t_ms });
     }
@@ -598,14 +599,19 @@ impl Upstreams {
     ) {
         let name = |i: usize| chain.get(i);
         for e in plan.take_events() {
-            let (kind, detail) = match e {
+            // What the run's report lists for it (a skip is not an action of the run's).
+            let (kind, detail, act) = match e {
                 call::CallEvent::Retry {
                     target, delay_ms, ..
                 } => {
                     let label = name(target)
                         .map_or_else(String::new, |t| format!("{}/{}", t.upstream, t.model));
                     let err = last_err.map_or_else(String::new, |e| format!(": {e}"));
-                    ("retry", format!("{label}{err} (waiting {delay_ms} ms)"))
+                    (
+                        Kind::Retry,
+                        format!("{label}{err} (waiting {delay_ms} ms)"),
+                        Some("retry"),
+                    )
                 }
                 call::CallEvent::Fallback { to, forced, .. } => {
                     let model = name(to).map_or_else(String::new, |t| t.model.clone());
@@ -614,18 +620,19 @@ impl Upstreams {
                     } else {
                         ""
                     };
-                    ("fallback", format!("{model}{why}"))
+                    (Kind::Fallback, format!("{model}{why}"), Some("escalate"))
                 }
                 call::CallEvent::Skip { target } => (
-                    "cooldown_skip",
+                    Kind::CooldownSkip,
                     name(target).map_or_else(String::new, |t| t.upstream.clone()),
+                    None,
                 ),
             };
             if let Some(run) = run
-                && kind != "cooldown_skip"
+                && let Some(act) = act
             {
                 let mut st = run.lock().unwrap_or_else(|p| p.into_inner());
-                st.act(if kind == "retry" { "retry" } else { "escalate" });
+                st.act(act);
             }
             log.push(kind, detail);
         }
@@ -678,9 +685,9 @@ mod tests {
     #[test]
     fn issue12_call_log_entries_keep_their_own_times() {
         let mut log = super::CallLog::default();
-        log.push("retry", "first".into());
+        log.push(super::Kind::Retry, "first".into());
         std::thread::sleep(std::time::Duration::from_millis(3));
-        log.push("retry", "second".into());
+        log.push(super::Kind::Retry, "second".into());
         assert!(log.events[1].t_ms > log.events[0].t_ms, "{:?}", log.events);
     }
 }

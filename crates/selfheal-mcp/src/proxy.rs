@@ -41,6 +41,7 @@ use selfheal_core::classifier::Signal;
 use selfheal_core::monitor::{Monitor, MonitorConfig, ToolCall};
 use selfheal_core::policy::Policy;
 use selfheal_core::rng::Rng;
+use selfheal_core::trace::Kind;
 use selfheal_repair::{SchemaGuide, check_arguments};
 
 /// How the proxy behaves.
@@ -85,7 +86,7 @@ pub struct Decision {
     /// What kind: `blocked`, `repair`, `invalid_arguments`, `retry`, `timeout`, `tool_result`,
     /// `guidance`, `paused`, `resumed`, `server_closed`, or one of the core's trace events
     /// (`signal`, `classified`, `action`: the detail is the event itself).
-    pub kind: &'static str,
+    pub kind: Kind,
     /// The tool concerned.
     pub tool: String,
     /// Details.
@@ -276,7 +277,7 @@ impl Proxy {
         calls.chain(retries).chain(resume).min()
     }
 
-    fn decide(&mut self, kind: &'static str, tool: &str, detail: Value) {
+    fn decide(&mut self, kind: Kind, tool: &str, detail: Value) {
         self.decisions.push(Decision {
             kind,
             tool: tool.to_owned(),
@@ -342,7 +343,7 @@ impl Proxy {
         // A paused tool is answered here: calling it again would fail again and cost the wait.
         if self.paused.contains(&tool) {
             self.stats.answered += 1;
-            self.decide("blocked", &tool, json!({}));
+            self.decide(Kind::Blocked, &tool, json!({}));
             let text = format!(
                 "selfheal: the tool `{tool}` failed {} times in a row and is paused for a cooldown, \
                  so this call was not sent. Use another tool, or continue without it.",
@@ -361,7 +362,7 @@ impl Proxy {
                 Err(e) => {
                     self.stats.answered += 1;
                     let text = e.reask_message("", &tool);
-                    self.decide("invalid_arguments", &tool, json!({"reask": text}));
+                    self.decide(Kind::InvalidArguments, &tool, json!({"reask": text}));
                     out.push(Out::ToClient(reply(&client_id, error_result(text))));
                     return out;
                 }
@@ -369,7 +370,7 @@ impl Proxy {
             if outcome.changed {
                 self.stats.repaired += 1;
                 self.decide(
-                    "repair",
+                    Kind::Repair,
                     &tool,
                     json!({"coercions": outcome.coercions.len()}),
                 );
@@ -528,7 +529,7 @@ impl Proxy {
             .into_iter()
             .map(|p| {
                 self.decisions.push(Decision {
-                    kind: "server_closed",
+                    kind: Kind::ServerClosed,
                     tool: p.tool.clone(),
                     detail: json!({}),
                 });
@@ -554,7 +555,7 @@ impl Proxy {
         for k in late {
             if let Some(p) = self.pending.remove(&k) {
                 self.decide(
-                    "timeout",
+                    Kind::Timeout,
                     &p.tool,
                     json!({"after_ms": self.config.call_timeout_ms, "attempt": p.attempt + 1}),
                 );
@@ -649,7 +650,7 @@ impl Proxy {
             // The core's typed decision events, for `selfheal trace replay`.
             for e in p.plan.take_records() {
                 let detail = serde_json::to_value(&e).unwrap_or(Value::Null);
-                self.decide(e.kind(), &p.tool, detail);
+                self.decide(Kind::from(&e), &p.tool, detail);
             }
             let delay = match step {
                 Step::Wait { delay_ms, .. } => Some(delay_ms),
@@ -660,7 +661,7 @@ impl Proxy {
                 p.attempt += 1;
                 self.stats.retries += 1;
                 self.decide(
-                    "retry",
+                    Kind::Retry,
                     &p.tool,
                     json!({"attempt": p.attempt, "after": text, "wait_ms": delay}),
                 );
@@ -673,7 +674,7 @@ impl Proxy {
             }
         }
         self.decide(
-            "tool_result",
+            Kind::ToolResult,
             &p.tool,
             json!({"ok": failure.is_none(), "attempts": p.attempt + 1}),
         );
@@ -703,7 +704,7 @@ impl Proxy {
             ));
         }
         if !texts.is_empty() {
-            self.decide("guidance", &p.tool, json!({"text": texts}));
+            self.decide(Kind::Guidance, &p.tool, json!({"text": texts}));
             if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {
                 content.push(
                     json!({"type": "text", "text": format!("[selfheal] {}", texts.join(" "))}),
@@ -725,14 +726,14 @@ impl Proxy {
         }
         for t in now.iter().filter(|t| !self.paused.contains(t)) {
             self.decisions.push(Decision {
-                kind: "paused",
+                kind: Kind::Paused,
                 tool: t.clone(),
                 detail: json!({}),
             });
         }
         for t in self.paused.iter().filter(|t| !now.contains(t)) {
             self.decisions.push(Decision {
-                kind: "resumed",
+                kind: Kind::Resumed,
                 tool: t.clone(),
                 detail: json!({}),
             });

@@ -212,7 +212,7 @@ async fn a_session_through_the_real_driver() {
     // The core's trace events of each failure's decision go to the trace too.
     let core: Vec<(&str, &str)> = decisions
         .iter()
-        .filter(|d| d.kind == "action")
+        .filter(|d| d.kind.as_str() == "action")
         .map(|d| {
             (
                 d.tool.as_str(),
@@ -223,11 +223,11 @@ async fn a_session_through_the_real_driver() {
     assert_eq!(core, [("hang", "terminate"), ("flaky", "retry")]);
     let decisions: Vec<_> = decisions
         .into_iter()
-        .filter(|d| !matches!(d.kind, "signal" | "classified" | "action"))
+        .filter(|d| !matches!(d.kind.as_str(), "signal" | "classified" | "action"))
         .collect();
     let kinds: Vec<(&str, &str)> = decisions
         .iter()
-        .map(|d| (d.kind, d.tool.as_str()))
+        .map(|d| (d.kind.as_str(), d.tool.as_str()))
         .collect();
     assert_eq!(
         kinds,
@@ -412,7 +412,7 @@ async fn when_the_server_exits_every_waiting_call_gets_an_error_and_the_session_
             .unwrap()
             .contains("exited")
     );
-    assert!(decisions.iter().any(|d| d.kind == "server_closed"));
+    assert!(decisions.iter().any(|d| d.kind.as_str() == "server_closed"));
 }
 
 #[tokio::test]
@@ -529,7 +529,7 @@ async fn issue13_an_over_long_line_is_refused_with_a_json_rpc_error_and_the_sess
     assert_eq!(told[0]["error"]["code"], json!(-32600));
     let refusals = decisions
         .iter()
-        .filter(|d| d.kind == "line_too_long")
+        .filter(|d| d.kind.as_str() == "line_too_long")
         .count();
     assert_eq!(refusals, 3, "{decisions:?}");
 }

@@ -156,16 +156,21 @@ fn round_trip(
 fn own(decisions: Vec<Decision>) -> Vec<Decision> {
     decisions
         .into_iter()
-        .filter(|d| !matches!(d.kind, "signal" | "classified" | "action"))
+        .filter(|d| !matches!(d.kind.as_str(), "signal" | "classified" | "action"))
         .collect()
 }
 
 fn kinds(decisions: &[Decision]) -> Vec<(&'static str, String)> {
-    decisions.iter().map(|d| (d.kind, d.tool.clone())).collect()
+    decisions
+        .iter()
+        .map(|d| (d.kind.as_str(), d.tool.clone()))
+        .collect()
 }
 
 fn has_decision(decisions: &[Decision], kind: &str, tool: &str) -> bool {
-    decisions.iter().any(|d| d.kind == kind && d.tool == tool)
+    decisions
+        .iter()
+        .any(|d| d.kind.as_str() == kind && d.tool == tool)
 }
 
 fn texts(result: &Value) -> Vec<String> {
@@ -470,7 +475,7 @@ fn five_failures_pause_a_tool_until_its_cooldown_then_it_is_offered_again() {
     fail_send_five_times(&mut p);
     let d = p.take_decisions();
     assert!(has_decision(&d, "paused", "send"), "{:?}", kinds(&d));
-    assert_eq!(d.iter().filter(|d| d.kind == "paused").count(), 1);
+    assert_eq!(d.iter().filter(|d| d.kind.as_str() == "paused").count(), 1);
 
     // The next list leaves it out.
     assert_eq!(list(&mut p, 101, 6), ["search", "put"]);
@@ -714,7 +719,7 @@ fn timeout_of_a_read_only_tool_is_cancelled_and_retried_and_answered_once() {
     // The core's decision is traced with what it was made from, for `selfheal trace replay`.
     let action = all
         .iter()
-        .find(|d| d.kind == "action")
+        .find(|d| d.kind.as_str() == "action")
         .expect("an action event");
     assert_eq!(action.detail["action"]["action"], "retry");
     assert_eq!(action.detail["input"]["signal"]["signal"], "timeout");
@@ -815,7 +820,11 @@ fn timeout_of_a_tool_without_hints_is_not_retried() {
     assert!(p.tick(100_000, &mut rng).is_empty());
     let s = p.stats();
     assert_eq!((s.failures, s.retries), (1, 0));
-    assert!(!p.take_decisions().iter().any(|d| d.kind == "retry"));
+    assert!(
+        !p.take_decisions()
+            .iter()
+            .any(|d| d.kind.as_str() == "retry")
+    );
 }
 
 #[test]
@@ -858,11 +867,14 @@ fn retries_are_bounded_by_the_session_budget() {
     let d = p.take_decisions();
     let retries: Vec<&Value> = d
         .iter()
-        .filter(|d| d.kind == "retry")
+        .filter(|d| d.kind.as_str() == "retry")
         .map(|d| &d.detail["attempt"])
         .collect();
     assert_eq!(retries, [&json!(1), &json!(2)]);
-    let last = d.iter().rfind(|d| d.kind == "tool_result").unwrap();
+    let last = d
+        .iter()
+        .rfind(|d| d.kind.as_str() == "tool_result")
+        .unwrap();
     assert_eq!(last.detail, json!({"ok": false, "attempts": 3}));
 }
 
@@ -1027,7 +1039,11 @@ fn client_cancel_is_rewritten_to_the_internal_id_and_the_late_answer_is_dropped(
 
     // Cancelled calls are neither failures nor results.
     assert_eq!(p.stats().failures, 0);
-    assert!(!p.take_decisions().iter().any(|d| d.kind == "tool_result"));
+    assert!(
+        !p.take_decisions()
+            .iter()
+            .any(|d| d.kind.as_str() == "tool_result")
+    );
 }
 
 #[test]
@@ -1089,7 +1105,11 @@ fn monitor_guidance_is_appended_to_the_result_the_client_sees() {
         0,
     );
     assert_eq!(outs, vec![Out::ToClient(response(1, r.clone()))]);
-    assert!(p.take_decisions().iter().all(|d| d.kind != "guidance"));
+    assert!(
+        p.take_decisions()
+            .iter()
+            .all(|d| d.kind.as_str() != "guidance")
+    );
 
     // The identical call again (keys in another order): a duplicate.
     let args: Value = serde_json::from_str(r#"{"limit": 5, "query": "a"}"#).unwrap();
@@ -1109,7 +1129,7 @@ fn monitor_guidance_is_appended_to_the_result_the_client_sees() {
     let d = p.take_decisions();
     let g = d
         .iter()
-        .find(|d| d.kind == "guidance")
+        .find(|d| d.kind.as_str() == "guidance")
         .expect("a guidance decision");
     assert_eq!(g.tool, "search");
     assert!(

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use selfheal_trace::store::{RunSummary, TraceEvent, TraceWriter};
+use selfheal_trace::store::{Kind, RunSummary, TraceEvent, TraceWriter};
 use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,21 +41,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         writer.send(TraceEvent {
             run: run.clone(),
             t_ms,
-            kind: "request",
+            kind: Kind::Request,
             detail: json!({"messages": 2 + 2 * slot.1, "model": "stub", "stream": false, "tenant": "anonymous"}),
             summary: None,
         });
         writer.send(TraceEvent {
             run: run.clone(),
             t_ms,
-            kind: "tool_result",
+            kind: Kind::ToolResult,
             detail: json!({"outcome": "ok", "tool": "search"}),
             summary: None,
         });
         writer.send(TraceEvent {
             run,
             t_ms,
-            kind: "response",
+            kind: Kind::Response,
             detail: json!({"status": "complete"}),
             summary: Some(RunSummary {
                 status: "complete".into(),

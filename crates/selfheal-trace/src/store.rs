@@ -53,26 +53,13 @@ pub enum StoreError {
     NotFound(PathBuf),
 }
 
-/// Event kinds that are healing actions: what the gateway (`guidance`, `hide`, `abort`, `repair`,
-/// `reask`, `retry`, `fallback`) and the MCP proxy (`blocked`, `repair`, `invalid_arguments`,
-/// `retry`, `guidance`, `paused`) did to a run. `selfheal trace list` counts these events, so its
-/// count matches what `selfheal trace show` lists.
-pub const ACTION_KINDS: [&str; 10] = [
-    "guidance",
-    "hide",
-    "abort",
-    "repair",
-    "reask",
-    "retry",
-    "fallback",
-    "blocked",
-    "invalid_arguments",
-    "paused",
-];
+pub use selfheal_core::trace::Kind;
 
-/// Whether an event of this kind is a healing action (see [`ACTION_KINDS`]).
+/// Whether an event of this kind (as read back: a trace may hold kinds this version does not
+/// know) is a healing action (see [`Kind::is_action`]). `selfheal trace list` counts these, so
+/// its count matches what `selfheal trace show` marks.
 pub fn is_action(kind: &str) -> bool {
-    ACTION_KINDS.contains(&kind)
+    kind.parse::<Kind>().is_ok_and(Kind::is_action)
 }
 
 /// A summary of the run, written with the event that ends a request.
@@ -93,8 +80,8 @@ pub struct TraceEvent {
     pub run: String,
     /// Unix time in milliseconds.
     pub t_ms: u64,
-    /// What kind of event (`request`, `tool_result`, `guidance`, `hide`, `retry`, ...).
-    pub kind: &'static str,
+    /// What kind of event.
+    pub kind: Kind,
     /// Details.
     pub detail: Value,
     /// Set on the event that ends a request.
@@ -403,7 +390,7 @@ fn write_batch(
         d.first_ms = d.first_ms.min(t);
         d.last_ms = d.last_ms.max(t);
         d.events += 1;
-        d.requests += i64::from(e.kind == "request");
+        d.requests += i64::from(e.kind == Kind::Request);
         if let Some(s) = &e.summary {
             d.summary = Some(s);
         }
@@ -441,7 +428,12 @@ fn write_batch(
         )?;
         for (e, &i) in batch.iter().zip(&of_event) {
             let t = i64::try_from(e.t_ms).unwrap_or(i64::MAX);
-            ins.execute(params![runs[i].1.id, t, e.kind, e.detail.to_string()])?;
+            ins.execute(params![
+                runs[i].1.id,
+                t,
+                e.kind.as_str(),
+                e.detail.to_string()
+            ])?;
         }
     }
     tx.commit()
@@ -464,7 +456,7 @@ pub struct RunRow {
     pub status: Option<String>,
     /// Tool failures.
     pub failures: i64,
-    /// Healing actions: the run's events whose kind is in [`ACTION_KINDS`].
+    /// Healing actions: the run's events whose kind [`Kind::is_action`].
     pub actions: i64,
 }
 
@@ -497,8 +489,9 @@ impl TraceReader {
 
     /// Runs, most recent first.
     pub fn runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
-        let kinds = ACTION_KINDS
-            .iter()
+        use strum::IntoEnumIterator;
+        let kinds = Kind::iter()
+            .filter(|k| k.is_action())
             .map(|k| format!("'{k}'"))
             .collect::<Vec<_>>()
             .join(", ");
@@ -551,13 +544,13 @@ mod tests {
         let path = dir.join("t.db");
         let _ = std::fs::remove_file(&path);
         let w = TraceWriter::open(&path).unwrap();
-        for kind in ["request", "retry", "response"] {
+        for kind in [Kind::Request, Kind::Retry, Kind::Response] {
             w.send(TraceEvent {
                 run: "r1".into(),
                 t_ms: 1,
                 kind,
-                detail: json!({"k": kind}),
-                summary: (kind == "response").then(|| RunSummary {
+                detail: json!({"k": kind.as_str()}),
+                summary: (kind == Kind::Response).then(|| RunSummary {
                     status: "complete".into(),
                     failures: 0,
                     actions: 1,
@@ -589,7 +582,7 @@ mod tests {
             w.send(TraceEvent {
                 run: run.into(),
                 t_ms,
-                kind: "request",
+                kind: Kind::Request,
                 detail: json!({}),
                 summary: None,
             });
@@ -614,19 +607,19 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let w = TraceWriter::open(&path).unwrap();
         for kind in [
-            "request",
-            "reask",
-            "repair",
-            "retry",
-            "tool_result",
-            "response",
+            Kind::Request,
+            Kind::Reask,
+            Kind::Repair,
+            Kind::Retry,
+            Kind::ToolResult,
+            Kind::Response,
         ] {
             w.send(TraceEvent {
                 run: "r1".into(),
                 t_ms: 1,
                 kind,
                 detail: json!({}),
-                summary: (kind == "response").then(|| RunSummary {
+                summary: (kind == Kind::Response).then(|| RunSummary {
                     status: "complete".into(),
                     failures: 0,
                     actions: 0,
@@ -677,7 +670,7 @@ mod tests {
         w.send(TraceEvent {
             run: "old".into(),
             t_ms: 30,
-            kind: "response",
+            kind: Kind::Response,
             detail: json!({"status": "complete"}),
             summary: Some(RunSummary {
                 status: "complete".into(),
@@ -726,10 +719,10 @@ mod tests {
             detail: json!({}),
             summary: None,
         };
-        write_batch(&mut conn, &mut ids, &[event("request")]).unwrap();
+        write_batch(&mut conn, &mut ids, &[event(Kind::Request)]).unwrap();
         conn.execute_batch("DELETE FROM runs; DELETE FROM events;")
             .unwrap();
-        write_batch(&mut conn, &mut ids, &[event("tool_result")]).unwrap();
+        write_batch(&mut conn, &mut ids, &[event(Kind::ToolResult)]).unwrap();
         drop(conn);
         let r = TraceReader::open(&path).unwrap();
         assert_eq!(r.runs(10).unwrap().len(), 1);

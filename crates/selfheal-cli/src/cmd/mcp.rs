@@ -9,6 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use selfheal_core::monitor::MonitorConfig;
+use selfheal_core::trace::Kind;
 use selfheal_mcp::{McpConfig, Proxy};
 use selfheal_trace::store::{RunSummary, TraceEvent};
 
@@ -141,7 +142,7 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
     trace.send(TraceEvent {
         run: run_id,
         t_ms: unix_ms(),
-        kind: "session",
+        kind: Kind::Session,
         detail: serde_json::to_value(stats)?,
         summary: Some(RunSummary {
             status: status.into(),
