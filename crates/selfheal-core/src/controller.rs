@@ -170,6 +170,10 @@ struct OpenFailure {
     last_action: Option<ActionKind>,
     /// The tool the last action substituted for the failing one: its output is the recovery's.
     alternative: Option<String>,
+    /// The signal that opened it and the streak it came with: a value rebuilt from the failed
+    /// answer that no verifier confirms sends the failure up its ladder again as this signal.
+    signal: Signal,
+    consecutive: u32,
 }
 
 const MAX_UNRESOLVED: usize = 64;
@@ -356,8 +360,26 @@ impl Controller {
                         step.map_or_else(|| "-".to_owned(), |s| s.to_string())
                     );
                     let tool = o.tool.clone();
-                    if self.open.as_ref().is_some_and(|o| o.step == step) {
-                        self.open = None;
+                    // A value rebuilt from the very answer that failed (its failure still open: a
+                    // repaired body) carries whatever else was wrong with that answer. It is set
+                    // aside and the failure climbs its ladder, where a retry may bring an answer
+                    // that passes on its own; the ladder's end degrades.
+                    let reopened = self
+                        .open
+                        .as_ref()
+                        .filter(|o| o.step == step)
+                        .map(|o| (o.signal.clone(), o.consecutive));
+                    if let Some((signal, consecutive)) = reopened {
+                        return self.after(
+                            now_ms,
+                            step,
+                            tool.as_deref(),
+                            Some(signal),
+                            consecutive,
+                            options,
+                            Amounts::default(),
+                            rng,
+                        );
                     }
                     self.push_unresolved(step, FailureClass::VerificationFailure, tool);
                     return self.stop(now_ms, RunStatus::Partial, why, true);
@@ -569,6 +591,8 @@ impl Controller {
                     ladder: decision.next,
                     last_action: Some(kind),
                     alternative,
+                    signal,
+                    consecutive,
                 });
                 Directive::Recover {
                     step,

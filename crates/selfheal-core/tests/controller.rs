@@ -950,13 +950,8 @@ fn a_value_that_never_failed_stands_when_the_verifier_cannot_judge_it() {
     assert_eq!(c.finish(2).status, RunStatus::Complete);
 }
 
-#[test]
-fn a_repaired_output_the_verifier_could_not_judge_degrades() {
-    // Regression (issue 10): a repaired output is verified while its failure is still open (no
-    // call came between). An uncertain verdict used to resolve that failure as if it were an
-    // acceptance, so a re-mapped drifted body whose other source had drifted too was claimed.
-    let mut c = controller(BudgetLimits::defaults());
-    let mut rng = ConstRng(0);
+/// A schema-drift failure on step 1 whose output the controller repairs.
+fn drifted_and_repaired(c: &mut Controller, rng: &mut ConstRng) {
     let a = json!({"q": "rust"});
     let body = json!({"hits_v2": [1]});
     let d = c.observe(
@@ -973,7 +968,7 @@ fn a_repaired_output_the_verifier_could_not_judge_degrades() {
             usage: Amounts::default(),
         },
         0,
-        &mut rng,
+        rng,
     );
     assert!(
         matches!(
@@ -987,29 +982,72 @@ fn a_repaired_output_the_verifier_could_not_judge_degrades() {
         ),
         "{d:?}"
     );
-    let d = c.observe(uncertain(1), 1, &mut rng);
-    assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
-    assert_eq!(c.finish(2).status, RunStatus::Partial);
+}
 
-    // The same repaired output, accepted by its check, completes.
+#[test]
+fn a_repaired_output_the_verifier_could_not_judge_is_set_aside() {
+    // Regression (issue 10): a repaired output is verified while its failure is still open (no
+    // call came between). An uncertain verdict used to resolve that failure as if it were an
+    // acceptance, so a re-mapped drifted body whose other source had drifted too was claimed.
+    // Now the rebuilt value is set aside and the failure climbs its ladder: the next rung asks
+    // for a fresh answer, which counts once it passes on its own.
     let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    drifted_and_repaired(&mut c, &mut rng);
+    let d = c.observe(uncertain(1), 1, &mut rng);
+    assert!(
+        matches!(
+            d,
+            Directive::Recover {
+                class: FailureClass::MalformedOutput,
+                action: RecoveryAction::Retry { .. },
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    let a = json!({"q": "rust"});
+    let clean = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "search", &a, &clean), 2, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(verified(1, "cross_check", Judgement::Accept), 3, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(4).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_repaired_output_the_verifier_could_not_judge_degrades_at_the_ladders_end() {
+    // Nothing else can be tried (no retry, substitute, fallback model or planner): the rebuilt
+    // value is not claimed, the run degrades.
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    drifted_and_repaired(&mut c, &mut rng);
     let d = c.observe(
-        Observation::ToolFinished {
+        Observation::Verified {
             step: Some(1),
-            call: ToolCall::returned("search", &a, &body),
-            signal: Some(Signal::SchemaDrift {
-                detail: "no `hits`".into(),
-            }),
-            options: Options {
-                repair: Some(RepairTarget::Output),
-                ..opts()
+            verifier: "repair",
+            judgement: Judgement::Uncertain {
+                reason: "no second source".into(),
             },
-            usage: Amounts::default(),
+            options: Options {
+                partial_result: true,
+                ..Options::default()
+            },
         },
-        0,
+        1,
         &mut rng,
     );
-    assert!(matches!(d, Directive::Recover { .. }), "{d:?}");
+    assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
+    let out = c.finish(2);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert_eq!(out.unresolved[0].class, FailureClass::MalformedOutput);
+}
+
+#[test]
+fn a_repaired_output_its_verifier_accepts_completes() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    drifted_and_repaired(&mut c, &mut rng);
     let d = c.observe(verified(1, "cross_check", Judgement::Accept), 1, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
     assert_eq!(c.finish(2).status, RunStatus::Complete);
