@@ -681,11 +681,13 @@ pub fn run(
                             .iter()
                             .filter_map(|f| Some(model.faults.get(f.spec)?.name.as_str()))
                             .collect();
+                        let steps: Vec<usize> = faults.iter().map(|f| f.step).collect();
                         out(&format!(
-                            "{{\"strategy\":\"{}\",\"budget\":{budget},\"seed\":{seed},\"task\":{},\"event\":\"episode\",\"faults\":{},\"success\":{correct},\"claimed\":{claimed},\"latency_ms\":{}}}",
+                            "{{\"strategy\":\"{}\",\"budget\":{budget},\"seed\":{seed},\"task\":{},\"event\":\"episode\",\"faults\":{},\"fault_steps\":{},\"success\":{correct},\"claimed\":{claimed},\"latency_ms\":{}}}",
                             strategy.as_str(),
                             task.id,
                             serde_json::to_string(&names).unwrap_or_else(|_| "[]".into()),
+                            serde_json::to_string(&steps).unwrap_or_else(|_| "[]".into()),
                             rec.clock_ms
                         ));
                     }

@@ -1188,11 +1188,20 @@ pub fn run_self_healing(
                                         // A repaired body is an output like any other: its values
                                         // are cross-checked before they are used. Without a second
                                         // source the repair's own check (it parsed, the plan's
-                                        // fields are there) is all there is.
+                                        // fields are there) reads the shape, not the values: it
+                                        // cannot tell whether they are right.
                                         let (verifier, judgement) =
                                             match cross_check(st.ep, s, how[s], &v, &outputs) {
                                                 Some(j) => ("cross_check", j),
-                                                None => ("repair", Judgement::Accept),
+                                                None => (
+                                                    "repair",
+                                                    Judgement::Uncertain {
+                                                        reason: "no second source: the repair's \
+                                                                 check reads the shape, not the \
+                                                                 values"
+                                                            .into(),
+                                                    },
+                                                ),
                                             };
                                         let options = st.options(s, how[s], None, &outputs);
                                         let now = st.ep.now();

@@ -165,11 +165,15 @@ struct OpenFailure {
     class: FailureClass,
     tool: Option<String>,
     ladder: LadderState,
-    /// The last recovery action taken for it: a success after a substitution is in doubt until
-    /// verified ([`Policy::in_doubt`]).
+    /// The last recovery action taken for it: the value it recovers is in doubt until verified
+    /// ([`Policy::in_doubt`]).
     last_action: Option<ActionKind>,
     /// The tool the last action substituted for the failing one: its output is the recovery's.
     alternative: Option<String>,
+    /// The signal that opened it and the streak it came with: a value rebuilt from the failed
+    /// answer that no verifier confirms sends the failure up its ladder again as this signal.
+    signal: Signal,
+    consecutive: u32,
 }
 
 const MAX_UNRESOLVED: usize = 64;
@@ -252,9 +256,9 @@ impl Controller {
     /// the rejection climbs its ladder (keeping its retry and action counts), so a call whose
     /// retries keep returning output that fails verification stays bounded by the per-failure cap
     /// instead of starting a fresh ladder with every retry. When it is a verifier that could not
-    /// judge an output the recovery put in doubt ([`Policy::in_doubt`]: a substitute's, or one
-    /// answering a disagreement), the run degrades unless the policy
-    /// [accepts unverified recoveries](Policy::accept_unverified_recovery).
+    /// judge a recovered output ([`Policy::in_doubt`]) — the recovered call's, or one the recovery
+    /// produced with no call while its failure is still open (a repaired body) — the run degrades
+    /// unless the policy [accepts unverified recoveries](Policy::accept_unverified_recovery).
     pub fn observe(&mut self, obs: Observation<'_>, now_ms: u64, rng: &mut dyn Rng) -> Directive {
         if let Some(d) = self.stopped_directive() {
             return d;
@@ -335,23 +339,49 @@ impl Controller {
                         !(u.step == step && u.class == FailureClass::VerificationFailure)
                     });
                 }
-                // A verifier that could not judge a value the recovery put in doubt (a
-                // substitute's, or one that answers a disagreement) has not settled it: unless the
+                // A verifier that could not judge a recovered value has not settled it: unless the
                 // policy accepts unverified recoveries, the failure stays unresolved and the run
                 // degrades instead of returning a guess as correct.
+                // The value judged is the recovery's either when the recovered call succeeded just
+                // before (`just_resolved`) or when the recovery produced it with no call at all (a
+                // repaired output is verified while its failure is still open).
+                let recovered = match &self.open {
+                    Some(o) if o.step == step => Some(o),
+                    Some(_) => None,
+                    None => just_resolved.as_ref().filter(|o| o.step == step),
+                };
                 if let Judgement::Uncertain { reason } = &judgement
                     && !self.policy.accept_unverified_recovery
-                    && self.open.is_none()
-                    && let Some(o) = just_resolved
-                        .as_ref()
-                        .filter(|o| o.step == step && Policy::in_doubt(o.class, o.last_action))
+                    && let Some(o) = recovered.filter(|o| Policy::in_doubt(o.class, o.last_action))
                 {
                     let why = format!(
                         "the value recovered from {} at step {} could not be verified ({verifier}: {reason})",
                         o.class,
                         step.map_or_else(|| "-".to_owned(), |s| s.to_string())
                     );
-                    self.push_unresolved(step, FailureClass::VerificationFailure, o.tool.clone());
+                    let tool = o.tool.clone();
+                    // A value rebuilt from the very answer that failed (its failure still open: a
+                    // repaired body) carries whatever else was wrong with that answer. It is set
+                    // aside and the failure climbs its ladder, where a retry may bring an answer
+                    // that passes on its own; the ladder's end degrades.
+                    let reopened = self
+                        .open
+                        .as_ref()
+                        .filter(|o| o.step == step)
+                        .map(|o| (o.signal.clone(), o.consecutive));
+                    if let Some((signal, consecutive)) = reopened {
+                        return self.after(
+                            now_ms,
+                            step,
+                            tool.as_deref(),
+                            Some(signal),
+                            consecutive,
+                            options,
+                            Amounts::default(),
+                            rng,
+                        );
+                    }
+                    self.push_unresolved(step, FailureClass::VerificationFailure, tool);
                     return self.stop(now_ms, RunStatus::Partial, why, true);
                 }
                 let signal = match judgement {
@@ -561,6 +591,8 @@ impl Controller {
                     ladder: decision.next,
                     last_action: Some(kind),
                     alternative,
+                    signal,
+                    consecutive,
                 });
                 Directive::Recover {
                     step,

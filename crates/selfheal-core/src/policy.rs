@@ -31,11 +31,16 @@
 //!
 //! A recovery can end in a value that is checked less than the plan's own tool would have been:
 //! a substitute's answer cannot be cross-checked against the tool that just failed, and a re-read
-//! after two sources disagreed settles nothing if the second source cannot answer. Such a value
-//! is *in doubt* ([`Policy::in_doubt`]) until a verifier accepts it; when the verifier runs and
-//! cannot tell, the default policy does not claim it as correct but degrades
+//! after two sources disagreed settles nothing if the second source cannot answer. Nor is a value
+//! the plan's tool gave after failing as trustworthy as one it gave at once: faults come together,
+//! so a source that just timed out or sent broken bytes is likelier to be wrong in a second way on
+//! the same answer, and a repair rebuilds the value from what it was given. Every recovered value
+//! is therefore *in doubt* ([`Policy::in_doubt`]) until a verifier accepts it; when the verifier
+//! runs and cannot tell, the default policy does not claim it as correct but degrades
 //! ([`Policy::accept_unverified_recovery`]). This trades recoveries for silent failures: without
-//! it a wrong substitute, or the other side of a disagreement, is returned as if it were right.
+//! it a wrong substitute, the other side of a disagreement, or a re-mapped body whose other
+//! source cannot be read either, is returned as if it were right. With no verifier at all
+//! nothing is held back: a value nothing can check is claimed whether or not it was recovered.
 
 use std::collections::BTreeMap;
 
@@ -391,8 +396,7 @@ pub struct Policy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_actions_per_failure: Option<u32>,
     /// Whether a value is taken as correct when a verifier could not judge it although a recovery
-    /// put it in doubt: it came from a substitute, or it answers a disagreement or a rejection
-    /// (see [`Policy::in_doubt`]). `false`, the default: such a value is not claimed as correct;
+    /// put it in doubt: every recovered value is (see [`Policy::in_doubt`]). `false`, the default: such a value is not claimed as correct;
     /// the failure stays unresolved and the run degrades with a partial result. A recovery must
     /// not leave a value checked less than the plan's own tool would have been: when the verifier
     /// can run, a value it could not confirm is a guess, and a guess returned as correct is a
@@ -556,9 +560,17 @@ impl Policy {
     }
 
     /// Whether a value that recovering from a `class` failure by `last_action` produced is in
-    /// doubt until a verifier accepts it: it came from another source than the plan's tool (a
-    /// substitute), or the failure was itself about the value (two sources disagreed, a verifier
-    /// rejected it). See [`Policy::accept_unverified_recovery`].
+    /// doubt until a verifier accepts it. See [`Policy::accept_unverified_recovery`].
+    ///
+    /// Every recovered value is: one from another source than the plan's tool (a substitute), one
+    /// answering a failure that was itself about the value (two sources disagreed, a verifier
+    /// rejected it), and also one the plan's own tool gave on a later attempt (a retry, a repaired
+    /// call or output, a re-fetch, a re-plan, an escalation). Faults come together: a source that
+    /// just timed out, failed or sent broken bytes is likelier than one that answered cleanly to
+    /// be wrong in a second way on the same answer, and a repair rebuilds the value from what it
+    /// was given. So the check a first-try value would get must confirm a recovered one; a check
+    /// that ran and could not tell does not. With no action taken (`None`) only a failure about
+    /// the value puts it in doubt.
     pub fn in_doubt(class: FailureClass, last_action: Option<ActionKind>) -> bool {
         let about_the_value = match class {
             FailureClass::ContradictoryEvidence | FailureClass::VerificationFailure => true,
@@ -572,7 +584,18 @@ impl Policy {
             | FailureClass::PlanningFailure
             | FailureClass::ControlLoop => false,
         };
-        about_the_value || last_action == Some(ActionKind::Substitute)
+        let recovered = match last_action {
+            Some(
+                ActionKind::Retry
+                | ActionKind::Repair
+                | ActionKind::Substitute
+                | ActionKind::Replan
+                | ActionKind::Refresh
+                | ActionKind::Escalate,
+            ) => true,
+            Some(ActionKind::Degrade | ActionKind::Terminate) | None => false,
+        };
+        about_the_value || recovered
     }
 
     /// The ladder for a class (empty if the class has none: it degrades at once).

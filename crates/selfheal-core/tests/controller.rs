@@ -5,7 +5,7 @@ use selfheal_core::budget::{Amounts, BudgetLimits};
 use selfheal_core::classifier::{FailureClass, Signal};
 use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
 use selfheal_core::monitor::{Mode, MonitorConfig, ToolCall};
-use selfheal_core::policy::{ActionKind, Options, Policy, RecoveryAction};
+use selfheal_core::policy::{ActionKind, Options, Policy, RecoveryAction, RepairTarget};
 use selfheal_core::rng::{ConstRng, SplitMix64};
 use selfheal_core::trace::{Event, Record, RunStatus};
 use selfheal_core::verifier::Judgement;
@@ -907,9 +907,10 @@ fn a_policy_may_accept_unverified_recoveries() {
 }
 
 #[test]
-fn a_retried_value_the_verifier_could_not_judge_stands() {
-    // A retry's answer comes from the plan's own tool: an uncertain verdict leaves it checked as
-    // well as an answer that never failed.
+fn a_retried_value_the_verifier_could_not_judge_degrades() {
+    // Issue 10: a step that just failed is likelier than a healthy one to be wrong in a second
+    // way on the same answer, so a retried value is in doubt like a substitute's: when its check
+    // runs and cannot tell, it is not claimed.
     let mut c = controller(BudgetLimits::defaults());
     let mut rng = ConstRng(0);
     let a = json!({"q": "rust"});
@@ -928,8 +929,128 @@ fn a_retried_value_the_verifier_could_not_judge_stands() {
     let d = c.observe(tool_ok(1, "search", &a, &result), 1, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
     let d = c.observe(uncertain(1), 2, &mut rng);
+    assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
+    let out = c.finish(3);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert_eq!(out.unresolved[0].class, FailureClass::VerificationFailure);
+}
+
+#[test]
+fn a_value_that_never_failed_stands_when_the_verifier_cannot_judge_it() {
+    // The doubt rule is about recovered values only: a first-try answer whose check could not
+    // answer is claimed as before.
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let result = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "search", &a, &result), 0, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
-    assert_eq!(c.finish(3).status, RunStatus::Complete);
+    let d = c.observe(uncertain(1), 1, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(2).status, RunStatus::Complete);
+}
+
+/// A schema-drift failure on step 1 whose output the controller repairs.
+fn drifted_and_repaired(c: &mut Controller, rng: &mut ConstRng) {
+    let a = json!({"q": "rust"});
+    let body = json!({"hits_v2": [1]});
+    let d = c.observe(
+        Observation::ToolFinished {
+            step: Some(1),
+            call: ToolCall::returned("search", &a, &body),
+            signal: Some(Signal::SchemaDrift {
+                detail: "no `hits`".into(),
+            }),
+            options: Options {
+                repair: Some(RepairTarget::Output),
+                ..opts()
+            },
+            usage: Amounts::default(),
+        },
+        0,
+        rng,
+    );
+    assert!(
+        matches!(
+            d,
+            Directive::Recover {
+                action: RecoveryAction::Repair {
+                    target: RepairTarget::Output
+                },
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn a_repaired_output_the_verifier_could_not_judge_is_set_aside() {
+    // Regression (issue 10): a repaired output is verified while its failure is still open (no
+    // call came between). An uncertain verdict used to resolve that failure as if it were an
+    // acceptance, so a re-mapped drifted body whose other source had drifted too was claimed.
+    // Now the rebuilt value is set aside and the failure climbs its ladder: the next rung asks
+    // for a fresh answer, which counts once it passes on its own.
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    drifted_and_repaired(&mut c, &mut rng);
+    let d = c.observe(uncertain(1), 1, &mut rng);
+    assert!(
+        matches!(
+            d,
+            Directive::Recover {
+                class: FailureClass::MalformedOutput,
+                action: RecoveryAction::Retry { .. },
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    let a = json!({"q": "rust"});
+    let clean = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "search", &a, &clean), 2, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(verified(1, "cross_check", Judgement::Accept), 3, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(4).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_repaired_output_the_verifier_could_not_judge_degrades_at_the_ladders_end() {
+    // Nothing else can be tried (no retry, substitute, fallback model or planner): the rebuilt
+    // value is not claimed, the run degrades.
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    drifted_and_repaired(&mut c, &mut rng);
+    let d = c.observe(
+        Observation::Verified {
+            step: Some(1),
+            verifier: "repair",
+            judgement: Judgement::Uncertain {
+                reason: "no second source".into(),
+            },
+            options: Options {
+                partial_result: true,
+                ..Options::default()
+            },
+        },
+        1,
+        &mut rng,
+    );
+    assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
+    let out = c.finish(2);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert_eq!(out.unresolved[0].class, FailureClass::MalformedOutput);
+}
+
+#[test]
+fn a_repaired_output_its_verifier_accepts_completes() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    drifted_and_repaired(&mut c, &mut rng);
+    let d = c.observe(verified(1, "cross_check", Judgement::Accept), 1, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(2).status, RunStatus::Complete);
 }
 
 #[test]
