@@ -70,6 +70,7 @@
 //! | `MissingQuote` | `{"a": "b, "c": 1}` | `{"a":"b","c":1}` |
 //! | `UnescapedQuote` | `{"a": "say "hi" now"}` | `{"a":"say \"hi\" now"}` |
 //! | `UnescapedQuote` (markup) | `{"a": "<b id="x">"}` | `{"a":"<b id=\"x\">"}` |
+//! | `UnescapedQuote` (one, proven by the next key) | `{"a": "v"alue", "b": 1}` | `{"a":"v\"alue","b":1}` |
 //! | `MissingQuote` (opening) | `{name": "Ann"}` | `{"name":"Ann"}` |
 //! | `UnquotedKey` | `{a: 1}` | `{"a":1}` |
 //! | `UnquotedString` | `{"unit": celsius}` | `{"unit":"celsius"}` |
@@ -85,6 +86,7 @@
 //! | `Ellipsis` | `[1, 2, ...]` | `[1,2]` |
 //! | `RedundantClosing` | `{"a": 1}}` | `{"a":1}` |
 //! | `MismatchedBracket` | `{"a": [1, 2}` | `{"a":[1,2]}` |
+//! | `MismatchedBracket` (brace before the next element) | `[{"i": 1 {"i": 2}]` | `[{"i":1},{"i":2}]` |
 //! | `NumberFormat` | `[1., .5, +3, 1_000]` | `[1.0,0.5,3,1000]` |
 //! | `MissingOpeningBrace` | `"a": 1}` | `{"a":1}` |
 //! | `DoubleEncoded` (escaped quotes) | `{\"a\": \"b\"}` | `{"a":"b"}` |
@@ -118,14 +120,17 @@
 //! - a value that looks like JSON fails part-way: nothing later is taken in its place, and
 //!   two values found in prose, fences or tags are refused unless
 //!   [`RepairOptions::multiple`] asks for an array;
-//! - the reading is a guess: an unpaired quote inside a string (`"v"alue"`), a raw line break
+//! - the reading is a guess: an unpaired quote inside a string (`"v"alue"` before a closing
+//!   brace, `["a" b", "c"]`; it is kept as text only where what follows proves the string
+//!   ends at the next quote — the next member's key and colon, `{"a": "v"alue", "b": 1}`, or
+//!   the end of the input after a root string), a raw line break
 //!   right before a closing quote, a line comment that would swallow the rest of an open
 //!   value (or holds a closing bracket), a block comment never closed that could hold data
 //!   (a comment of plain words where the input ends takes nothing), an exponent without
 //!   digits (`1e }`), brackets inside a bare value that do not pair up (`{"a": b(c]}`), a
 //!   `\u` escape that names no character (`\uZ000`, a lone surrogate), an empty bracket
-//!   closed by another kind
-//!   (`[{]`), a parenthesis closed by another bracket, a value string closed by a quote of
+//!   closed by another kind (`[{]`; `{"a": [}` has one reading, `{"a":[]}`), a parenthesis
+//!   closed by another bracket, a value string closed by a quote of
 //!   another kind, a string open up to the closing brace;
 //! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
 //! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);

@@ -165,6 +165,9 @@ pub(crate) struct Parser<'a> {
     /// The first loss found where the caller could not return an error at once; the parse
     /// is refused with it when it ends.
     loss: Option<RepairError>,
+    /// A missing `}` was supplied before the next element of an array
+    /// (`[{"i": 1 {"i": 2}]`); a closer left over later then refuses the parse.
+    brace_supplied: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -192,6 +195,7 @@ impl<'a> Parser<'a> {
             leading_zero_strings: false,
             input_complete: false,
             loss: None,
+            brace_supplied: false,
         }
     }
 
@@ -604,6 +608,7 @@ impl<'a> Parser<'a> {
         self.done = None;
         self.root_string = None;
         self.loss = None;
+        self.brace_supplied = false;
         let mut state = State::Value;
         loop {
             let next = match state {
@@ -1115,6 +1120,9 @@ impl<'a> Parser<'a> {
             b']' | b'}' | b')' => self.close(c),
             _ if top_is_call => Err(self.err(at, "expected ')' after the wrapped value").into()),
             _ if self.in_object() => {
+                if let Some(state) = self.object_ends_before_next(at, None) {
+                    return Ok(state);
+                }
                 if self.is_key_start(at) {
                     self.note(RepairKind::MissingComma, at);
                     Ok(State::ObjKey { after_comma: None })
@@ -1156,6 +1164,14 @@ impl<'a> Parser<'a> {
         if c == want {
             return Ok(self.closed_one());
         }
+        if self.brace_supplied {
+            return Err(self
+                .err(
+                    at,
+                    "a closing bracket that does not fit after a brace supplied before the next element",
+                )
+                .into());
+        }
         if !self.salvage && (c == b')' || want == b')') {
             // `(1]`, `[1)`: a tuple or a wrapper call mixed with another bracket.
             return Err(self
@@ -1180,13 +1196,17 @@ impl<'a> Parser<'a> {
                 if kind == c {
                     return Ok(self.closed_one());
                 }
+                // `{"a": [}` is `{"a": []}` whether the `}` stands for the `]` or the `[`
+                // was never closed, and both reference libraries read it so.
                 let empty = match self.stack.last() {
-                    Some(Frame::Arr(items) | Frame::Tuple { items, .. }) => items.is_empty(),
+                    Some(Frame::Arr(items)) => items.is_empty() && c != b'}',
+                    Some(Frame::Tuple { items, .. }) => items.is_empty(),
                     Some(Frame::Obj { map, key }) => map.is_empty() && key.is_none(),
                     _ => false,
                 };
                 if empty && !self.salvage {
-                    // `[{]`: an opening bracket with nothing in it, closed by another kind.
+                    // `[{]`: an opening bracket with nothing in it, closed by another kind
+                    // (read as `[{}]` or as `[]` by the two reference libraries).
                     return Err(self
                         .err(
                             at,
@@ -1207,6 +1227,31 @@ impl<'a> Parser<'a> {
         }
         self.note(RepairKind::MismatchedBracket, at);
         Ok(self.closed_one())
+    }
+
+    /// `[{"i": 1 {"i": 2}]`, `[{"i": 1, {"i": 2}]`: a `{` at `at` where the next member of
+    /// an object inside an array is due. The object lost its closing brace and the `{` opens
+    /// the array's next element; the other reading, a member whose key is missing, would
+    /// invent the key. Taken only for an object with members and no pending key, and only if
+    /// the brackets that follow fit: a closer left over later (`[{"a": 1, {"b": 2}}]`, where
+    /// the `{` more likely lost its key) refuses the parse.
+    fn object_ends_before_next(&mut self, at: usize, after_comma: Option<usize>) -> Option<State> {
+        let n = self.stack.len();
+        let closable = self.at(at) == Some(b'{')
+            && n >= 2
+            && matches!(self.stack.get(n - 2), Some(Frame::Arr(_)))
+            && matches!(self.stack.last(), Some(Frame::Obj { map, key: None }) if !map.is_empty());
+        if !closable || self.salvage {
+            return None;
+        }
+        self.note(RepairKind::MismatchedBracket, at);
+        self.brace_supplied = true;
+        let v = self.pop().flatten();
+        self.attach(v);
+        if after_comma.is_none() {
+            self.note(RepairKind::MissingComma, at);
+        }
+        Some(State::ArrElem { after_comma })
     }
 
     fn closed_one(&mut self) -> State {
@@ -1313,6 +1358,9 @@ impl<'a> Parser<'a> {
                             };
                         }
                         break (k, at);
+                    }
+                    if let Some(state) = self.object_ends_before_next(at, after_comma) {
+                        return Ok(state);
                     }
                     if let Some(end) = self.marker_word_at(at) {
                         // `{"a": 1, COMMENT "b": 2}`: an upper-case marker word, not data.
@@ -1616,7 +1664,13 @@ impl<'a> Parser<'a> {
             .iter()
             .filter(|r| r.kind == RepairKind::UnescapedQuote)
             .count();
-        if !self.salvage && inner_quotes % 2 == 1 {
+        if !self.salvage
+            && inner_quotes % 2 == 1
+            && !(closed
+                && ctx == Ctx::Value
+                && !self.s(start, self.pos).contains('\n')
+                && self.close_confirmed())
+        {
             // `"v"alue"`, `"a" b", "c"`: one stray quote. Whether it is text, a missing
             // closing quote or a missing opening quote gives three different values.
             return Err(self.err(start, "an unpaired quote inside a string"));
@@ -1843,15 +1897,43 @@ impl<'a> Parser<'a> {
             self.note(RepairKind::DoubleEncoded, start);
         }
         let content_start = start + 2;
-        let rest = self.s(content_start, self.end);
-        let Some(close) = rest.find("\\\"") else {
-            self.remember_cut(Cut::String);
-            self.note_truncated();
-            self.pos = self.end;
-            return (rest.to_owned(), false);
-        };
-        self.pos = content_start + close + 2;
-        (rest[..close].to_owned(), true)
+        let mut out = String::new();
+        let mut seg = content_start;
+        let mut i = content_start;
+        // `\\\"` and `\\"` are a quote escaped inside the escaped text (`\"say \\\"hi\\\"\"`,
+        // or written sloppily `\"say \\"hi\\"\"`); the first `\"` not preceded by another
+        // backslash closes the string. Other escapes are kept as written.
+        while let Some(c) = self.at(i) {
+            if c != b'\\' {
+                i += 1;
+                continue;
+            }
+            match (self.at(i + 1), self.at(i + 2), self.at(i + 3)) {
+                (Some(b'"'), _, _) => {
+                    out.push_str(self.s(seg, i));
+                    self.pos = i + 2;
+                    return (out, true);
+                }
+                (Some(b'\\'), Some(b'"'), _) => {
+                    out.push_str(self.s(seg, i));
+                    out.push('"');
+                    i += 3;
+                    seg = i;
+                }
+                (Some(b'\\'), Some(b'\\'), Some(b'"')) => {
+                    out.push_str(self.s(seg, i));
+                    out.push('"');
+                    i += 4;
+                    seg = i;
+                }
+                _ => i += 2,
+            }
+        }
+        out.push_str(self.s(seg, self.end.min(i)));
+        self.remember_cut(Cut::String);
+        self.note_truncated();
+        self.pos = self.end;
+        (out, false)
     }
 
     /// Whether a `"` closing a `"`-string is followed by what its context expects.
@@ -1983,6 +2065,22 @@ impl<'a> Parser<'a> {
             || (c == b')' && self.open_call == 0)
             || (c == b':' && self.in_object())
             || (c >= 0x80 && c != 0xE2)
+    }
+
+    /// After the closing quote of a value string that holds one stray quote (`"v"alue"`):
+    /// whether what follows proves that this quote ends the string, so the stray one is
+    /// text — a comma and the next member's key and colon inside an object, or the end of
+    /// the input after a root string (`"a 24" screen"`). The caller asks only for a string on
+    /// one line: across a line break the stray quote may open another string (`"a +\n "b"`).
+    /// Before a closing brace (`{"a":
+    /// "v"alue"}`) the last quote may as well be text of a string whose own closing quote is
+    /// missing, and in an array `"a" b"` may be two strings: both are refused.
+    fn close_confirmed(&self) -> bool {
+        let p = self.skip_plain_ws_from(self.pos);
+        if self.stack.is_empty() {
+            return p >= self.end;
+        }
+        self.in_object() && self.at(p) == Some(b',') && self.key_at(self.skip_plain_ws_from(p + 1))
     }
 
     /// Whether an unescaped quote was already taken as text in the string whose content

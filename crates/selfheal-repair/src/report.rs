@@ -94,7 +94,7 @@ pub enum RepairKind {
     /// A closing bracket with no matching opening bracket was removed.
     RedundantClosing,
     /// A closing bracket of the wrong kind was taken as the right one, or a missing closing
-    /// bracket was inserted before an outer one.
+    /// bracket was inserted before an outer one or before the next object of an array.
     MismatchedBracket,
     /// A number with a leading `+`, or a leading or trailing dot, was normalised (`+3`,
     /// `.5`, `1.`); salvage also strips leading zeros.

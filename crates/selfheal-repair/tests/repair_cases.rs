@@ -1036,9 +1036,15 @@ fn keeps_unescaped_quotes_before_a_closing_quote() {
         json!({"k": "apple \"bitter\" ", "b": 1}),
         RepairKind::UnescapedQuote,
     );
-    // One unpaired quote could be text, a missing closing quote or a missing opening one.
-    for input in [
+    // One unpaired quote in a root string that ends the input: no reading but text fits.
+    ok(
         "\"The TV has a 24\" screen\"",
+        json!("The TV has a 24\" screen"),
+        RepairKind::UnescapedQuote,
+    );
+    // One unpaired quote before a closing brace could be text, a missing closing quote or a
+    // missing opening one; in an array, `"a" b"` may be two strings.
+    for input in [
         "{\"key\": \"v\"alue\"}",
         "[\"value1\" value2\", \"value3\"]",
         "{\"key\": \"\"value\"}",
@@ -1094,6 +1100,7 @@ fn documented_examples_hold() {
         (r#"{"a": "b, "c": 1}"#, r#"{"a":"b","c":1}"#),
         (r#"{"a": "say "hi" now"}"#, r#"{"a":"say \"hi\" now"}"#),
         (r#"{"a": "<b id="x">"}"#, r#"{"a":"<b id=\"x\">"}"#),
+        (r#"{"a": "v"alue", "b": 1}"#, r#"{"a":"v\"alue","b":1}"#),
         (r#"{name": "Ann"}"#, r#"{"name":"Ann"}"#),
         ("{a: 1}", r#"{"a":1}"#),
         (r#"{"unit": celsius}"#, r#"{"unit":"celsius"}"#),
@@ -1109,6 +1116,7 @@ fn documented_examples_hold() {
         ("[1, 2, ...]", "[1,2]"),
         (r#"{"a": 1}}"#, r#"{"a":1}"#),
         (r#"{"a": [1, 2}"#, r#"{"a":[1,2]}"#),
+        (r#"[{"i": 1 {"i": 2}]"#, r#"[{"i":1},{"i":2}]"#),
         ("[1., .5, +3, 1_000]", "[1.0,0.5,3,1000]"),
         (r#""a": 1}"#, r#"{"a":1}"#),
         (r#"{"re": /a+b/i}"#, r#"{"re":"/a+b/i"}"#),
@@ -1165,10 +1173,17 @@ fn reads_unescaped_quotes_by_what_follows_them() {
         json!({"a": "x, {\"k\": 2}", "b": 1}),
         RepairKind::MissingQuote,
     );
-    // One stray quote is still a guess, wherever the string ends.
-    for input in [
+    // One stray quote is text when the next member's key and colon prove where the string
+    // ends (both reference libraries read it so); anywhere else it is still a guess.
+    ok(
         r#"{"a": "x "y", "b": 1}"#,
+        json!({"a": "x \"y", "b": 1}),
+        RepairKind::UnescapedQuote,
+    );
+    for input in [
         r#"{"a": "5" tall"}"#,
+        // The stray quote starts a line: it may open a string whose line lost its start.
+        "{\"a\": \"x\n\"y\", \"b\": 1}",
         r#"["a "b", "c"]"#,
     ] {
         refused(input);
@@ -1261,4 +1276,50 @@ fn keys_with_quotes_inside_and_single_quoted_pairs_without_colon() {
     ok("{'a' 'b'}", json!({"a": "b"}), RepairKind::MissingColon);
     // One stray quote in a key is a guess.
     refused(r#"{"a"b": 1}"#);
+}
+
+/// Issue 14: an object inside an array that lost its closing brace before the next object.
+#[test]
+fn issue_14_supplies_the_brace_an_array_element_lost() {
+    ok(
+        r#"[{"i": 1 {"i": 2}]"#,
+        json!([{"i": 1}, {"i": 2}]),
+        RepairKind::MismatchedBracket,
+    );
+    ok(
+        r#"[{"i": 1, {"i": 2}]"#,
+        json!([{"i": 1}, {"i": 2}]),
+        RepairKind::MismatchedBracket,
+    );
+    // Not inside an array, or with a closer left over, the `{` may have lost its key.
+    for input in [r#"{"a": 1 {"b": 2}}"#, r#"[{"a": 1, {"b": 2}}]"#] {
+        refused(input);
+    }
+}
+
+/// Issue 14: escaped JSON whose strings hold a quote escaped once more.
+#[test]
+fn issue_14_reads_quotes_escaped_twice_in_escaped_json() {
+    for input in [
+        r#"{\"s\": \"hello \\"world\\"\"}"#,
+        r#"{\"s\": \"hello \\\"world\\\"\"}"#,
+    ] {
+        ok(
+            input,
+            json!({"s": "hello \"world\""}),
+            RepairKind::DoubleEncoded,
+        );
+    }
+}
+
+/// Issue 14: an empty array closed by its object's brace has one reading; an empty object
+/// closed by its array's bracket is read two ways by the reference libraries.
+#[test]
+fn issue_14_empty_array_closed_by_a_brace() {
+    ok(
+        r#"{"a": [}"#,
+        json!({"a": []}),
+        RepairKind::MismatchedBracket,
+    );
+    refused("[{]");
 }
