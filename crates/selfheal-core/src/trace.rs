@@ -176,6 +176,7 @@ impl Event {
     Eq,
     Hash,
     strum::IntoStaticStr,
+    strum::Display,
     strum::EnumString,
     strum::EnumIter,
     strum::EnumCount,
@@ -291,12 +292,6 @@ impl Kind {
             | Kind::LearnNoStream
             | Kind::Reissue => false,
         }
-    }
-}
-
-impl std::fmt::Display for Kind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -572,6 +567,7 @@ mod tests {
         }
         for k in Kind::iter() {
             assert_eq!(k.as_str().parse::<Kind>().ok(), Some(k));
+            assert_eq!(k.to_string(), k.as_str());
         }
         assert!(Kind::Retry.is_action() && !Kind::Action.is_action());
     }
