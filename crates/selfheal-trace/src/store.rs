@@ -395,7 +395,9 @@ fn write_batch(
             d.summary = Some(s);
         }
     }
-    let tx = conn.transaction()?;
+    // Immediate: the batch reads run keys before it writes, and a read snapshot that another
+    // process (an MCP proxy sharing the file) wrote past could not be upgraded to a write.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     {
         let mut up = tx.prepare_cached(
             "UPDATE runs SET first_ms = MIN(first_ms, ?2), last_ms = MAX(last_ms, ?3),
@@ -728,6 +730,43 @@ mod tests {
         assert_eq!(r.runs(10).unwrap().len(), 1);
         let kinds: Vec<String> = r.events("r").unwrap().into_iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["tool_result"]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Two processes' writers on one file (the gateway and an MCP proxy on the default path)
+    /// each learning run keys: no batch is lost to the other's commits.
+    #[test]
+    fn two_writers_on_one_file_lose_nothing() {
+        let dir = std::env::temp_dir().join(format!("selfheal-store-two-{}", std::process::id()));
+        let path = dir.join("t.db");
+        let _ = std::fs::remove_dir_all(&dir);
+        let writers = [
+            TraceWriter::open(&path).unwrap(),
+            TraceWriter::open(&path).unwrap(),
+        ];
+        for i in 0..300u64 {
+            for (w, writer) in writers.iter().enumerate() {
+                writer.send(TraceEvent {
+                    run: format!("w{w}-r{}", i % 37),
+                    t_ms: i,
+                    kind: Kind::ToolResult,
+                    detail: json!({"i": i}),
+                    summary: None,
+                });
+            }
+            if i % 50 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(12));
+            }
+        }
+        for w in &writers {
+            w.flush_and_close();
+        }
+        let r = TraceReader::open(&path).unwrap();
+        let runs = r.runs(1_000).unwrap();
+        assert_eq!(runs.len(), 74);
+        assert_eq!(runs.iter().map(|r| r.events).sum::<i64>(), 600);
+        let stored: usize = runs.iter().map(|x| r.events(&x.run).unwrap().len()).sum();
+        assert_eq!(stored, 600);
         let _ = std::fs::remove_dir_all(dir);
     }
 
