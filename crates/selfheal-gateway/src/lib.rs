@@ -36,6 +36,7 @@ pub mod error;
 pub mod heal;
 pub mod metrics;
 pub mod request;
+pub mod responses_stream;
 pub mod runs;
 pub use selfheal_trace::store;
 pub mod stream;
