@@ -8,7 +8,8 @@ Four scenarios, one after the other, each on a fresh gateway:
 - faults:  20 % of the primary's answers are a fault (500, 503, 429 with Retry-After, an empty
            200, an empty stream, a stream cut after the role, a JSON answer to a stream request,
            a stall past the first-byte timeout; seeded), half the requests streaming, every
-           request a new conversation.
+           request a new conversation; one conversation in four speaks the Responses API
+           (`/v1/responses`, streaming or not), the rest chat completions.
 - outage:  the primary answers nothing but 503 (a full provider outage); the agents are
            conversations of TURNS turns each (one run per conversation), half streaming.
 - kill9:   load as in "faults" (a new conversation per request, half streaming), then SIGKILL
@@ -94,15 +95,18 @@ class Client:
         self.conn = None
         self.last_run = None
 
-    def ask(self, messages, stream):
+    def ask(self, messages, stream, api="chat"):
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, int(self.port), timeout=self.timeout)
-        body = {"model": "chaos", "messages": messages}
+        if api == "responses":
+            path, body = "/v1/responses", {"model": "chaos", "input": messages}
+        else:
+            path, body = "/v1/chat/completions", {"model": "chaos", "messages": messages}
         if stream:
             body["stream"] = True
         started = time.monotonic()
         try:
-            self.conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+            self.conn.request("POST", path, body=json.dumps(body),
                               headers={"content-type": "application/json"})
             resp = self.conn.getresponse()
             data = resp.read()
@@ -122,6 +126,8 @@ class Client:
             self.conn = None
         if status != 200:
             return "failed", None, elapsed, f"HTTP {status}: {data[:200]!r}"
+        if api == "responses":
+            return (*judge_responses(data, stream), elapsed, data[:300])
         return (*judge(data, stream), elapsed, data[:300])
 
 
@@ -161,6 +167,41 @@ def judge(data, stream):
     if error is not None or status not in (None, "complete"):
         return "flagged", text
     ok = done and finish == "stop" and status == "complete" and text.strip() == EXPECTED
+    return ("ok" if ok else "silent_bad"), text
+
+
+def judge_responses(data, stream):
+    """Sorts a 200 answer of `/v1/responses`, as [`judge`] does chat's."""
+    if not stream:
+        try:
+            b = json.loads(data)
+            text = "".join(p.get("text", "") for o in b["output"] if o.get("type") == "message"
+                           for p in o.get("content") or [])
+            status, state = b["selfheal"]["status"], b["status"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "silent_bad", None
+        if status != "complete":
+            return "flagged", text
+        return ("ok" if text == EXPECTED and state == "completed" else "silent_bad"), text
+    text, last, error = "", None, None
+    for line in data.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data:"):
+            continue
+        try:
+            e = json.loads(line[5:].strip())
+        except ValueError:
+            return "silent_bad", text
+        if e.get("type") == "error" or "error" in e:
+            error = e
+        elif e.get("type") == "response.output_text.delta":
+            text += e.get("delta") or ""
+        elif e.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+            last = e
+    status = ((last or {}).get("response") or {}).get("selfheal", {}).get("status")
+    if error is not None or status not in (None, "complete"):
+        return "flagged", text
+    ok = last is not None and last["type"] == "response.completed" and status == "complete" \
+        and text == EXPECTED
     return ("ok" if ok else "silent_bad"), text
 
 
@@ -204,11 +245,13 @@ def run(name, url, requests, turns, threads, timeout):
         c = getattr(local, "c", None) or Client(url, timeout)
         local.c = c
         stream = i % 2 == 1
+        # One conversation in four speaks the Responses API (streaming or not, as the others).
+        api = "responses" if (i // 2) % 4 == 3 else "chat"
         messages = [{"role": "user", "content": f"{name} {i} {uuid.uuid4()}"}]
         out = []
         for t in range(turns):
-            verdict, text, elapsed, detail = c.ask(messages, stream)
-            out.append((verdict, stream, elapsed, detail))
+            verdict, text, elapsed, detail = c.ask(messages, stream, api)
+            out.append((verdict, stream, elapsed, detail, api))
             messages = messages + [{"role": "assistant", "content": text or ""},
                                    {"role": "user", "content": f"and turn {t + 1}?"}]
         return out
@@ -221,22 +264,26 @@ def run(name, url, requests, turns, threads, timeout):
 
 def report(name, results, wall, faults):
     by = {}
-    for verdict, stream, _, _ in results:
+    for verdict, stream, _, _, _ in results:
         by.setdefault(verdict, [0, 0])[int(stream)] += 1
-    lat = sorted(e for _, _, e, _ in results)
+    lat = sorted(r[2] for r in results)
+    responses = [r for r in results if r[4] == "responses"]
     line = {"scenario": name, "requests": len(results),
             "streaming": sum(1 for r in results if r[1]), "faults_injected": faults,
             **{k: by.get(k, [0, 0])[0] + by.get(k, [0, 0])[1]
                for k in ("ok", "flagged", "failed", "silent_bad", "hung")},
             "failed_streaming": by.get("failed", [0, 0])[1],
             "flagged_streaming": by.get("flagged", [0, 0])[1],
+            "responses_api": len(responses),
+            "responses_streaming": sum(1 for r in responses if r[1]),
+            "responses_ok": sum(1 for r in responses if r[0] == "ok"),
             "p50_ms": round(statistics.median(lat) * 1000, 1),
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 1),
             "wall_s": round(wall, 1)}
     print(json.dumps(line), flush=True)
     bad = [r for r in results if r[0] != "ok"]
-    for verdict, stream, _, detail in bad[:5]:
-        print(f"  e.g. {verdict} ({'stream' if stream else 'plain'}): {detail!r}", flush=True)
+    for verdict, stream, _, detail, api in bad[:5]:
+        print(f"  e.g. {verdict} ({api}, {'stream' if stream else 'plain'}): {detail!r}", flush=True)
     return line
 
 
@@ -244,7 +291,7 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
     """Load, then SIGKILL: (report line). See the module docs."""
     trace = pathlib.Path(tmp) / f"kill9-{uuid.uuid4()}.db"
     gw_p, url = gateway(binary, faulty, healthy, tmp, trace=trace)
-    stop = threading.Event()
+    stop, killed = threading.Event(), threading.Event()
     lock = threading.Lock()
     delivered, verdicts = [], {}
 
@@ -256,17 +303,20 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
             i += 1
             verdict, _, _, _ = c.ask([{"role": "user", "content": f"kill9 {w} {i} {uuid.uuid4()}"}],
                                      stream)
+            after = killed.is_set() and verdict in ("failed", "hung")
             with lock:
-                verdicts[verdict] = verdicts.get(verdict, 0) + 1
+                key = "cut_by_kill" if after else verdict
+                verdicts[key] = verdicts.get(key, 0) + 1
                 if verdict == "ok":
                     delivered.append(c.last_run)
-            if verdict in ("failed", "hung") and gw_p.poll() is not None:
+            if after:
                 return
 
     ts = [threading.Thread(target=worker, args=(w,)) for w in range(threads)]
     for t in ts:
         t.start()
     time.sleep(seconds)
+    killed.set()
     gw_p.send_signal(signal.SIGKILL)
     gw_p.wait()
     stop.set()
@@ -288,7 +338,10 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
     line = {"scenario": "kill9", "seconds_before_kill": seconds, "delivered_whole": len(delivered),
             "without_response_event": missing,
             "loss_pct": round(100 * missing / max(len(delivered), 1), 2),
-            "silent_bad": verdicts.get("silent_bad", 0), "cut_by_kill": verdicts.get("failed", 0),
+            "silent_bad": verdicts.get("silent_bad", 0),
+            "failed_before_kill": verdicts.get("failed", 0) + verdicts.get("hung", 0)
+            + verdicts.get("flagged", 0),
+            "cut_by_kill": verdicts.get("cut_by_kill", 0),
             "restart_ok": verdict == "ok"}
     print(json.dumps(line), flush=True)
     if verdict != "ok":
@@ -426,6 +479,7 @@ def main():
         healthy_p, healthy = start([sys.executable, str(UPSTREAM)], quiet=True)
         procs += [faulty_p, healthy_p]
         post(healthy, "/_script", [])
+        post(healthy, "/_chaos", {"rate": 0, "seed": 0, "kinds": []})  # healthy: the chaos answers
         lines = []
         with tempfile.TemporaryDirectory() as tmp:
             for name, count, turns, rate, kinds in (
@@ -446,7 +500,7 @@ def main():
             post(faulty, "/_chaos", {"rate": args.rate, "seed": args.seed, "kinds": FAULTS})
             if "kill9" in only:
                 k = kill9(args.bin, faulty, healthy, tmp, args.kill_after, args.threads, args.timeout)
-                bad_extra.append(k["silent_bad"] + (not k["restart_ok"]))
+                bad_extra.append(k["silent_bad"] + k["failed_before_kill"] + (not k["restart_ok"]))
             if "slowloris" in only:
                 sl = slowloris(args.bin, faulty, healthy, tmp, args.slow_connections,
                                args.slow_seconds, args.threads, args.nofile, args.timeout)

@@ -26,6 +26,7 @@ def upstreams():
     try:
         faulty, healthy = (read_address(p) for p in procs)
         chaos.post(healthy, "/_script", [])
+        chaos.post(healthy, "/_chaos", {"rate": 0, "seed": 0, "kinds": []})
         chaos.post(faulty, "/_chaos", {"rate": 0.2, "seed": 13, "kinds": chaos.FAULTS})
         yield faulty, healthy
     finally:
@@ -39,6 +40,8 @@ def test_kill9_under_load_loses_at_most_the_last_batch_and_the_trace_survives(up
     line = chaos.kill9(BIN, faulty, healthy, tmp_path, seconds=2.0, threads=8, timeout=15)
     assert line["delivered_whole"] > 0, line
     assert line["silent_bad"] == 0, "a stream cut by the kill must not look whole"
+    assert line["failed_before_kill"] == 0, line
+    assert line["cut_by_kill"] <= 8, "one request per client thread at most"
     assert line["restart_ok"], "the trace file opens after a kill -9 and the gateway serves"
     # Best-effort, as the README says: only the last batches, never most of the trace.
     assert line["without_response_event"] <= max(25, line["delivered_whole"] // 4), line
@@ -51,3 +54,20 @@ def test_slowloris_with_few_file_descriptors_still_serves_and_stops_in_time(upst
     assert line["ok"] > 0 and line["failed"] == 0 and line["silent_bad"] == 0, line
     assert line["hung"] == 0, line
     assert line["sigterm_exit_s"] is not None and line["sigterm_exit_s"] <= 1.0 + 2.0, line
+
+
+def test_faults_small_chat_and_responses_streams_are_all_healed(upstreams, tmp_path):
+    """scripts/chaos.py's faults scenario at CI size: 160 requests from 8 threads, half
+    streaming, a quarter through `/v1/responses`; every answer whole, none flagged or hung."""
+    faulty, healthy = upstreams
+    gw_p, url = chaos.gateway(BIN, faulty, healthy, tmp_path)
+    try:
+        results, wall = chaos.run("faults", url, 160, 1, 8, 15)
+        faults = json.loads(urllib.request.urlopen(faulty + "/_chaos", timeout=5).read())["faults"]
+        line = chaos.report("faults", results, wall, faults)
+    finally:
+        gw_p.terminate()
+        gw_p.wait(timeout=30)
+    assert line["faults_injected"] >= 16, line
+    assert line["ok"] == line["requests"] == 160, line
+    assert line["responses_streaming"] == 20 and line["responses_ok"] == 40, line

@@ -17,7 +17,7 @@ and, for `stream: true` (answered as Responses events), "empty_stream", "role_th
 preamble: created, in_progress, an empty message item), "cut", "stream_error" (some text, then an
 `error` event), "failed" (a `response.failed` before any content) and "incomplete" (a
 `function_call` cut inside its arguments by max_output_tokens: `response.incomplete`). Without a
-step it answers "hi from responses" (or, under /_chaos, a random fault).
+step it answers "hi from responses" (under /_chaos: "The answer is 42.", or a random fault).
 
 Chaos: POST /_chaos {"rate": float, "seed": int, "kinds": [step, ...]} makes each request
 without a scripted step a random fault from `kinds` with probability `rate` (seeded);
@@ -146,6 +146,8 @@ class Handler(BaseHTTPRequestHandler):
                         if rng.random() < rate:
                             step = dict(rng.choice(kinds))
                             STATE.faults += 1
+                        # Under chaos the answer is the chat auto model's (after a stall too).
+                        step.setdefault("content", "The answer is 42.")
             self.answer_responses(body, step)
             return
         if self.path == "/v1/embeddings":
