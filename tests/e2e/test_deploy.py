@@ -264,7 +264,11 @@ def test_at_the_cap_a_half_sent_head_gives_its_slot_to_a_real_client(upstream, t
         for _ in range(3):
             status, body = raw_request(gw.url, "GET", "/healthz")
             assert status == 200, body
-        assert slow[0].recv(4096) == b"", "the oldest half-sent head was closed for them"
+        try:  # closed: an end of stream, or a reset (its unread head is dropped)
+            closed = slow[0].recv(4096) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed, "the oldest half-sent head was closed for them"
     finally:
         for s in slow:
             s.close()

@@ -381,7 +381,9 @@ async fn embeddings(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bo
 /// chain, breakers, the run's ledger); a non-streaming answer's `function_call` items are checked
 /// against the request's `tools` through the same non-corrupting repair path, an unusable call is
 /// re-asked when the policy allows it and is never forwarded, and the answer carries the
-/// `selfheal` report. A streamed answer is relayed as it comes once its head arrived.
+/// `selfheal` report. A streamed answer is healed as a chat stream is
+/// ([`responses_stream`]): re-issued invisibly when it breaks before any content, its function
+/// calls held until the end and checked, an error event after content.
 async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     if s.config.passthrough {
         return forward(&s, &headers, body, Forwarded::Responses).await;
