@@ -144,3 +144,23 @@ def test_streamed_requests_feed_the_monitor_with_their_tool_outputs(gateway, ups
     assert "[selfheal]" in sent["instructions"] and "search" in sent["instructions"]
     assert {"guidance", "hide"} <= set(report(evs)["actions"])
     assert text_of(evs) == "trying lookup"
+
+
+@pytest.mark.parametrize("script", [
+    [{"kind": "tool", "name": "search", "arguments": '{"query": "rust",}'}],
+    [{"kind": "role_then_cut"}, {"kind": "tool", "name": "search", "arguments": '{"query": "rust"}'}],
+    [{"kind": "tool", "name": "search", "arguments": '{"limit": 3}'},
+     {"kind": "tool", "name": "search", "arguments": '{"query": "rust"}'}],
+], ids=["repaired", "reissued", "reasked"])
+def test_the_sdks_stream_helper_accumulates_the_healed_events(gateway, upstream, script):
+    """`responses.stream()` rebuilds the response from the events (items by `output_index`,
+    arguments from their deltas): what the gateway re-indexes and re-emits must add up."""
+    upstream.script(script)
+    with client(gateway).responses.stream(model="stub", input=f"find {uuid.uuid4()}",
+                                          tools=RESPONSES_TOOLS) as s:
+        for _ in s:
+            pass
+        final = s.get_final_response()
+    [call] = [o for o in final.output if o.type == "function_call"]
+    assert json.loads(call.arguments) == {"query": "rust"}
+    assert final.model_extra["selfheal"]["status"] == "complete"
