@@ -355,11 +355,12 @@ impl Relay<'_> {
                 "upstream sent an unreadable stream event".into(),
             ));
         };
-        let ty = v
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
+        // Every Responses event is an object with a `type`: anything else is not passed on.
+        let Some(ty) = v.get("type").and_then(Value::as_str).map(str::to_owned) else {
+            return Ok(Flow::Broken(
+                "upstream sent a stream event without a `type`".into(),
+            ));
+        };
         let upstream_index = v.get("output_index").and_then(Value::as_u64);
         match ty.as_str() {
             "error" => {
@@ -386,12 +387,20 @@ impl Relay<'_> {
                 message_of(e)
             )));
         }
-        // Function calls: held whole until the response ends.
-        let is_call_item = v.pointer("/item/type").and_then(Value::as_str) == Some("function_call");
-        if let Some(i) = upstream_index
-            && (self.calls.contains_key(&i) || (ty == "response.output_item.added" && is_call_item))
-        {
-            return Ok(self.hold_call(i, &ty, v));
+        // Function calls: held whole until the response ends — every event of one, whatever
+        // order they come in; none is passed on as it came.
+        let of_call = v.pointer("/item/type").and_then(Value::as_str) == Some("function_call")
+            || ty.starts_with("response.function_call_arguments.");
+        match upstream_index {
+            Some(i) if of_call || self.calls.contains_key(&i) => {
+                return Ok(self.hold_call(i, &ty, v));
+            }
+            None if of_call => {
+                return Ok(Flow::Broken(
+                    "upstream sent a function call event without `output_index`".into(),
+                ));
+            }
+            _ => {}
         }
         if is_preamble(&v) && !self.sent {
             if let Some(i) = upstream_index {
@@ -1029,6 +1038,44 @@ mod tests {
         );
         assert!(report.broken.is_some());
         assert_eq!(out[2]["error"]["code"], "stream_broken");
+    }
+
+    /// Found by `responses_relay_props`: a `function_call` item's `done` (or an arguments
+    /// delta) without its `added` event was passed on unchecked.
+    #[tokio::test]
+    async fn issue13_call_events_without_their_added_event_are_held_and_checked() {
+        let events = vec![
+            created(),
+            json!({"type": "response.function_call_arguments.delta", "output_index": 3,
+                   "delta": "{\"query\": "}),
+            json!({"type": "response.output_item.done", "output_index": 4,
+                   "item": {"type": "function_call", "id": "fc", "name": "nope",
+                            "arguments": "{}", "status": "completed"}}),
+            json!({"type": "response.completed", "response": {"status": "completed",
+                   "output": []}}),
+        ];
+        let (out, report) = run(sse(&events), Hooks::default()).await;
+        assert_eq!(
+            types(&out),
+            vec!["response.created", "response.completed"],
+            "{out:?}"
+        );
+        assert_eq!(report.invalid.len(), 2, "{report:?}");
+        assert_eq!(out[1]["response"]["selfheal"]["status"], "partial");
+    }
+
+    /// Found by `responses_relay_props`: an event that is not an object with a `type` was
+    /// passed on to the client.
+    #[tokio::test]
+    async fn issue13_an_event_without_a_type_breaks_the_stream() {
+        let events = vec![created(), json!([1, 2])];
+        let (out, report) = run(sse(&events), Hooks::default()).await;
+        assert_eq!(types(&out), vec!["error"], "{out:?}");
+        assert!(
+            report
+                .broken
+                .is_some_and(|b| b.contains("without a `type`"))
+        );
     }
 
     #[tokio::test]
