@@ -3,14 +3,25 @@
 (tests/e2e/upstream.py), with a healthy fallback. The CI-sized run of the same idea is
 `test_chaos_small_no_failures_while_a_healthy_fallback_exists` in tests/e2e/test_deploy.py.
 
-Two scenarios, one after the other, each on a fresh gateway:
+Four scenarios, one after the other, each on a fresh gateway:
 
 - faults:  20 % of the primary's answers are a fault (500, 503, 429 with Retry-After, an empty
            200, an empty stream, a stream cut after the role, a JSON answer to a stream request,
            a stall past the first-byte timeout; seeded), half the requests streaming, every
-           request a new conversation.
+           request a new conversation; one conversation in four speaks the Responses API
+           (`/v1/responses`, streaming or not), the rest chat completions.
 - outage:  the primary answers nothing but 503 (a full provider outage); the agents are
            conversations of TURNS turns each (one run per conversation), half streaming.
+- kill9:   load as in "faults" (a new conversation per request, half streaming), then SIGKILL
+           of the gateway after --kill-after seconds: counts the answers a client received
+           whole whose run has no `response` event in the trace (the README states the loss
+           window), checks that no cut stream looked whole, and restarts the gateway on the
+           same trace file (it must open and serve).
+- slowloris: the gateway under a low file-descriptor limit (--nofile, `ulimit -n`) with
+           --slow-connections connections that dribble a request head one header line at a
+           time and reconnect when cut, while THREADS real clients (kept-alive, a 503 retried
+           after 0.2 s up to 5 times, as SDKs do) send requests; then SIGTERM during the attack,
+           which must end the process within the drain deadline.
 
 Every answer is read as a client on a socket sees it (stdlib HTTP, no SDK retries) and sorted:
   ok               200, the expected answer, finish_reason "stop", selfheal status "complete"
@@ -23,8 +34,11 @@ Every answer is read as a client on a socket sees it (stdlib HTTP, no SDK retrie
 Only loopback; the two upstreams are Python and share the machine with the gateway, so the
 figures are about correctness, not speed.
 
-  scripts/chaos.py                        # 10,000 + 2,000 requests (release binary)
+  scripts/chaos.py                        # 10,000 + 2,000 requests, kill9, slowloris (release)
   scripts/chaos.py --requests 400 --outage-requests 100 --bin target/debug/selfheal
+  scripts/chaos.py --only kill9,slowloris  # some scenarios only
+
+The e2e suite (tests/e2e/test_chaos.py) runs kill9 and slowloris at a small size in CI.
 """
 
 import argparse
@@ -32,6 +46,9 @@ import concurrent.futures
 import http.client
 import json
 import os
+import resource
+import signal
+import sqlite3
 import pathlib
 import socket
 import statistics
@@ -53,8 +70,8 @@ FAULTS = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
           {"kind": "json", "content": EXPECTED}, {"kind": "hang", "seconds": 2.0}]
 
 
-def start(cmd, env=None, quiet=False):
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env,
+def start(cmd, env=None, quiet=False, preexec=None):
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=preexec,
                             stderr=subprocess.DEVNULL if quiet else None)
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
@@ -76,20 +93,25 @@ class Client:
         self.host, self.port = url.split("//", 1)[1].split(":")
         self.timeout = timeout
         self.conn = None
+        self.last_run = None
 
-    def ask(self, messages, stream):
+    def ask(self, messages, stream, api="chat"):
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, int(self.port), timeout=self.timeout)
-        body = {"model": "chaos", "messages": messages}
+        if api == "responses":
+            path, body = "/v1/responses", {"model": "chaos", "input": messages}
+        else:
+            path, body = "/v1/chat/completions", {"model": "chaos", "messages": messages}
         if stream:
             body["stream"] = True
         started = time.monotonic()
         try:
-            self.conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+            self.conn.request("POST", path, body=json.dumps(body),
                               headers={"content-type": "application/json"})
             resp = self.conn.getresponse()
             data = resp.read()
             status = resp.status
+            self.last_run = resp.getheader("x-selfheal-run")
         except (socket.timeout, TimeoutError):
             self.conn.close()
             self.conn = None
@@ -104,6 +126,8 @@ class Client:
             self.conn = None
         if status != 200:
             return "failed", None, elapsed, f"HTTP {status}: {data[:200]!r}"
+        if api == "responses":
+            return (*judge_responses(data, stream), elapsed, data[:300])
         return (*judge(data, stream), elapsed, data[:300])
 
 
@@ -146,8 +170,45 @@ def judge(data, stream):
     return ("ok" if ok else "silent_bad"), text
 
 
-def gateway(binary, faulty, healthy, tmp):
-    config = pathlib.Path(tmp) / "selfheal.toml"
+def judge_responses(data, stream):
+    """Sorts a 200 answer of `/v1/responses`, as [`judge`] does chat's."""
+    if not stream:
+        try:
+            b = json.loads(data)
+            text = "".join(p.get("text", "") for o in b["output"] if o.get("type") == "message"
+                           for p in o.get("content") or [])
+            status, state = b["selfheal"]["status"], b["status"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "silent_bad", None
+        if status != "complete":
+            return "flagged", text
+        return ("ok" if text == EXPECTED and state == "completed" else "silent_bad"), text
+    text, last, error = "", None, None
+    for line in data.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data:"):
+            continue
+        try:
+            e = json.loads(line[5:].strip())
+        except ValueError:
+            return "silent_bad", text
+        if e.get("type") == "error" or "error" in e:
+            error = e
+        elif e.get("type") == "response.output_text.delta":
+            text += e.get("delta") or ""
+        elif e.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+            last = e
+    status = ((last or {}).get("response") or {}).get("selfheal", {}).get("status")
+    if error is not None or status not in (None, "complete"):
+        return "flagged", text
+    ok = last is not None and last["type"] == "response.completed" and status == "complete" \
+        and text == EXPECTED
+    return ("ok" if ok else "silent_bad"), text
+
+
+def gateway(binary, faulty, healthy, tmp, trace=None, server="", nofile=None):
+    """The gateway between `faulty` (primary) and `healthy` (fallback); `server` adds keys of
+    `[server]`, `nofile` lowers its file-descriptor limit. Returns (process, url)."""
+    config = pathlib.Path(tmp) / f"selfheal-{uuid.uuid4()}.toml"
     config.write_text(f"""
 default_upstream = "primary"
 [upstreams.primary]
@@ -160,10 +221,19 @@ chain = [{{upstream = "primary", model = "stub"}}, {{upstream = "healthy", model
 [retry]
 base_ms = 50
 max_ms = 200
+[server]
+{server}
 """)
+    trace = trace or pathlib.Path(tmp) / f"trace-{uuid.uuid4()}.db"
+
+    def limit():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     return start([binary, "serve", "--listen", "127.0.0.1:0", "--config", str(config),
-                  "--trace-db", str(pathlib.Path(tmp) / f"trace-{uuid.uuid4()}.db")],
-                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+                  "--trace-db", str(trace)],
+                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+                 preexec=limit)
 
 
 def run(name, url, requests, turns, threads, timeout):
@@ -175,11 +245,13 @@ def run(name, url, requests, turns, threads, timeout):
         c = getattr(local, "c", None) or Client(url, timeout)
         local.c = c
         stream = i % 2 == 1
+        # One conversation in four speaks the Responses API (streaming or not, as the others).
+        api = "responses" if (i // 2) % 4 == 3 else "chat"
         messages = [{"role": "user", "content": f"{name} {i} {uuid.uuid4()}"}]
         out = []
         for t in range(turns):
-            verdict, text, elapsed, detail = c.ask(messages, stream)
-            out.append((verdict, stream, elapsed, detail))
+            verdict, text, elapsed, detail = c.ask(messages, stream, api)
+            out.append((verdict, stream, elapsed, detail, api))
             messages = messages + [{"role": "assistant", "content": text or ""},
                                    {"role": "user", "content": f"and turn {t + 1}?"}]
         return out
@@ -192,22 +264,190 @@ def run(name, url, requests, turns, threads, timeout):
 
 def report(name, results, wall, faults):
     by = {}
-    for verdict, stream, _, _ in results:
+    for verdict, stream, _, _, _ in results:
         by.setdefault(verdict, [0, 0])[int(stream)] += 1
-    lat = sorted(e for _, _, e, _ in results)
+    lat = sorted(r[2] for r in results)
+    responses = [r for r in results if r[4] == "responses"]
     line = {"scenario": name, "requests": len(results),
             "streaming": sum(1 for r in results if r[1]), "faults_injected": faults,
             **{k: by.get(k, [0, 0])[0] + by.get(k, [0, 0])[1]
                for k in ("ok", "flagged", "failed", "silent_bad", "hung")},
             "failed_streaming": by.get("failed", [0, 0])[1],
             "flagged_streaming": by.get("flagged", [0, 0])[1],
+            "responses_api": len(responses),
+            "responses_streaming": sum(1 for r in responses if r[1]),
+            "responses_ok": sum(1 for r in responses if r[0] == "ok"),
             "p50_ms": round(statistics.median(lat) * 1000, 1),
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 1),
             "wall_s": round(wall, 1)}
     print(json.dumps(line), flush=True)
     bad = [r for r in results if r[0] != "ok"]
-    for verdict, stream, _, detail in bad[:5]:
-        print(f"  e.g. {verdict} ({'stream' if stream else 'plain'}): {detail!r}", flush=True)
+    for verdict, stream, _, detail, api in bad[:5]:
+        print(f"  e.g. {verdict} ({api}, {'stream' if stream else 'plain'}): {detail!r}", flush=True)
+    return line
+
+
+def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
+    """Load, then SIGKILL: (report line). See the module docs."""
+    trace = pathlib.Path(tmp) / f"kill9-{uuid.uuid4()}.db"
+    gw_p, url = gateway(binary, faulty, healthy, tmp, trace=trace)
+    stop, killed = threading.Event(), threading.Event()
+    lock = threading.Lock()
+    delivered, verdicts = [], {}
+
+    def worker(w):
+        c = Client(url, timeout)
+        i = 0
+        while not stop.is_set():
+            stream = (w + i) % 2 == 1
+            i += 1
+            verdict, _, _, _ = c.ask([{"role": "user", "content": f"kill9 {w} {i} {uuid.uuid4()}"}],
+                                     stream)
+            after = killed.is_set() and verdict in ("failed", "hung")
+            with lock:
+                key = "cut_by_kill" if after else verdict
+                verdicts[key] = verdicts.get(key, 0) + 1
+                if verdict == "ok":
+                    delivered.append(c.last_run)
+            if after:
+                return
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in range(threads)]
+    for t in ts:
+        t.start()
+    time.sleep(seconds)
+    killed.set()
+    gw_p.send_signal(signal.SIGKILL)
+    gw_p.wait()
+    stop.set()
+    for t in ts:
+        t.join()
+    con = sqlite3.connect(trace)
+    logged = {r for (r,) in con.execute(
+        "SELECT r.run FROM events e JOIN runs r ON r.id = e.run_id WHERE e.kind = 'response'")}
+    con.close()
+    missing = sum(1 for r in delivered if r not in logged)
+    # The trace file must survive the kill: a new gateway opens it and serves.
+    gw2_p, url2 = gateway(binary, faulty, healthy, tmp, trace=trace)
+    try:
+        verdict, _, _, detail = Client(url2, timeout).ask(
+            [{"role": "user", "content": f"after the kill {uuid.uuid4()}"}], False)
+    finally:
+        gw2_p.terminate()
+        gw2_p.wait(timeout=30)
+    line = {"scenario": "kill9", "seconds_before_kill": seconds, "delivered_whole": len(delivered),
+            "without_response_event": missing,
+            "loss_pct": round(100 * missing / max(len(delivered), 1), 2),
+            "silent_bad": verdicts.get("silent_bad", 0),
+            "failed_before_kill": verdicts.get("failed", 0) + verdicts.get("hung", 0)
+            + verdicts.get("flagged", 0),
+            "cut_by_kill": verdicts.get("cut_by_kill", 0),
+            "restart_ok": verdict == "ok"}
+    print(json.dumps(line), flush=True)
+    if verdict != "ok":
+        print(f"  restart: {verdict} {detail!r}", flush=True)
+    return line
+
+
+def slowloris(binary, faulty, healthy, tmp, attackers, seconds, threads, nofile, timeout,
+              drain_ms=2000, max_connections=None):
+    """Slow heads under a low fd limit while real clients are served; then SIGTERM."""
+    cap = max_connections or nofile // 2
+    gw_p, url = gateway(binary, faulty, healthy, tmp, nofile=nofile,
+                        server=f"max_connections = {cap}\nheader_read_timeout_ms = 2000\n"
+                               f"drain_timeout_ms = {drain_ms}", )
+    host, port = url.split("//", 1)[1].split(":")
+    stop = threading.Event()
+    attack = {"opened": 0, "cut": 0}
+
+    def attacker():
+        socks = []
+        while not stop.is_set():
+            while len(socks) < attackers and not stop.is_set():
+                try:
+                    s = socket.create_connection((host, int(port)), timeout=1)
+                    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                    socks.append(s)
+                    attack["opened"] += 1
+                except OSError:
+                    break
+            for s in list(socks):
+                try:
+                    s.sendall(b"x-dribble: 1\r\n")
+                except OSError:
+                    attack["cut"] += 1
+                    s.close()
+                    socks.remove(s)
+            stop.wait(0.25)
+        for s in socks:
+            s.close()
+
+    at = threading.Thread(target=attacker)
+    at.start()
+    time.sleep(1.0)  # the attack is on before the clients come
+    lock = threading.Lock()
+    tally = {"ok": 0, "shed_503": 0, "shed_reset": 0, "failed": 0, "silent_bad": 0, "hung": 0, "flagged": 0}
+    lat, examples = [], []
+    deadline = time.monotonic() + seconds
+
+    def client(w):
+        c = Client(url, timeout)
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            stream = (w + i) % 2 == 1
+            msgs = [{"role": "user", "content": f"slow {w} {i} {uuid.uuid4()}"}]
+            started = time.monotonic()
+            for attempt in range(6):
+                verdict, _, _, detail = c.ask(msgs, stream)
+                # Shed at the connection cap: a 503, or (the gateway closes a shed connection at
+                # once) a reset before the request went out. Retried on a new connection after
+                # 0.2 s, as the SDKs retry both (5 retries: the SDKs' default is 2, with longer
+                # backoff).
+                shed = "HTTP 503" in str(detail) or (
+                    verdict == "failed" and any(w in str(detail) for w in
+                                                ("BrokenPipe", "ConnectionReset", "RemoteDisconnected")))
+                if shed and attempt < 5:
+                    with lock:
+                        tally["shed_503" if "503" in str(detail) else "shed_reset"] += 1
+                    time.sleep(0.2)
+                    continue
+                break
+            with lock:
+                tally[verdict] = tally.get(verdict, 0) + 1
+                lat.append(time.monotonic() - started)
+                if verdict != "ok" and len(examples) < 5:
+                    examples.append((verdict, detail))
+
+    ts = [threading.Thread(target=client, args=(w,)) for w in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    # SIGTERM while the slow connections are still open.
+    t0 = time.monotonic()
+    gw_p.send_signal(signal.SIGTERM)
+    try:
+        gw_p.wait(timeout=drain_ms / 1000 + 20)
+        exit_s = time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        exit_s = None
+        gw_p.kill()
+        gw_p.wait()
+    stop.set()
+    at.join()
+    lat.sort()
+    line = {"scenario": "slowloris", "nofile": nofile, "max_connections": cap,
+            "slow_connections": attackers, "slow_heads_opened": attack["opened"],
+            "slow_heads_cut": attack["cut"], "requests": sum(tally[k] for k in tally if not k.startswith("shed")),
+            **tally,
+            "p50_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
+            "p99_ms": round(lat[max(int(len(lat) * 0.99) - 1, 0)] * 1000, 1) if lat else None,
+            "sigterm_exit_s": None if exit_s is None else round(exit_s, 2),
+            "drain_deadline_s": drain_ms / 1000}
+    print(json.dumps(line), flush=True)
+    for verdict, detail in examples:
+        print(f"  e.g. {verdict}: {detail!r}", flush=True)
     return line
 
 
@@ -221,9 +461,17 @@ def main():
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--only", default="faults,outage,kill9,slowloris",
+                    help="comma-separated scenarios to run")
+    ap.add_argument("--kill-after", type=float, default=5.0, help="seconds of load before SIGKILL")
+    ap.add_argument("--slow-connections", type=int, default=1000)
+    ap.add_argument("--slow-seconds", type=float, default=10.0)
+    ap.add_argument("--nofile", type=int, default=256, help="the gateway's `ulimit -n`")
     args = ap.parse_args()
+    only = set(args.only.split(","))
 
     procs = []
+    bad_extra = []
     try:
         # The upstreams' stderr is dropped: a stalled answer the gateway gave up on ends in a
         # broken pipe there, by design.
@@ -231,6 +479,7 @@ def main():
         healthy_p, healthy = start([sys.executable, str(UPSTREAM)], quiet=True)
         procs += [faulty_p, healthy_p]
         post(healthy, "/_script", [])
+        post(healthy, "/_chaos", {"rate": 0, "seed": 0, "kinds": []})  # healthy: the chaos answers
         lines = []
         with tempfile.TemporaryDirectory() as tmp:
             for name, count, turns, rate, kinds in (
@@ -238,6 +487,8 @@ def main():
                 ("outage", args.outage_requests, args.turns, 1.0,
                  [{"kind": "status", "status": 503, "message": "provider down"}]),
             ):
+                if name not in only:
+                    continue
                 post(faulty, "/_chaos", {"rate": rate, "seed": args.seed, "kinds": kinds})
                 gw_p, gw = gateway(args.bin, faulty, healthy, tmp)
                 procs.append(gw_p)
@@ -246,12 +497,21 @@ def main():
                 lines.append(report(name, results, wall, faults))
                 gw_p.terminate()
                 gw_p.wait(timeout=30)
+            post(faulty, "/_chaos", {"rate": args.rate, "seed": args.seed, "kinds": FAULTS})
+            if "kill9" in only:
+                k = kill9(args.bin, faulty, healthy, tmp, args.kill_after, args.threads, args.timeout)
+                bad_extra.append(k["silent_bad"] + k["failed_before_kill"] + (not k["restart_ok"]))
+            if "slowloris" in only:
+                sl = slowloris(args.bin, faulty, healthy, tmp, args.slow_connections,
+                               args.slow_seconds, args.threads, args.nofile, args.timeout)
+                stuck = sl["sigterm_exit_s"] is None or sl["sigterm_exit_s"] > sl["drain_deadline_s"] + 1
+                bad_extra.append(sl["failed"] + sl["silent_bad"] + sl["hung"] + stuck + (sl["ok"] == 0))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    bad = sum(l["failed"] + l["silent_bad"] + l["hung"] + l["flagged"] for l in lines)
+    bad = sum(l["failed"] + l["silent_bad"] + l["hung"] + l["flagged"] for l in lines) + sum(bad_extra)
     sys.exit(1 if bad else 0)
 
 

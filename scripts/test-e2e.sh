@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end tests: the real `selfheal` binary
 #  - gateway: on port 0, between the real `openai` SDK / openai-agents and a scripted
-#    fault-injecting upstream (tests/e2e/test_gateway.py);
+#    fault-injecting upstream (tests/e2e/test_gateway.py; deployment, test_deploy.py; streaming
+#    Responses API, test_responses_stream.py);
+#  - chaos at CI size: scripts/chaos.py's faults, kill -9 and slowloris scenarios, about 15 s
+#    (tests/e2e/test_chaos.py);
 #  - MCP proxy: between the real Python `mcp` SDK and a real MCP server from npm,
 #    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py).
 #

@@ -253,6 +253,28 @@ def test_connections_past_the_cap_get_a_503(upstream, tmp_path):
         gw.stop()
 
 
+def test_at_the_cap_a_half_sent_head_gives_its_slot_to_a_real_client(upstream, tmp_path):
+    """Slowloris: connections that never finish their head must not lock real clients out."""
+    gw = start_gateway(upstream, tmp_path, top="[server]\nmax_connections = 2\nheader_read_timeout_ms = 60000")
+    u = urllib.parse.urlsplit(gw.url)
+    slow = [socket.create_connection((u.hostname, u.port), timeout=10) for _ in range(2)]
+    try:
+        for s in slow:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        for _ in range(3):
+            status, body = raw_request(gw.url, "GET", "/healthz")
+            assert status == 200, body
+        try:  # closed: an end of stream, or a reset (its unread head is dropped)
+            closed = slow[0].recv(4096) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed, "the oldest half-sent head was closed for them"
+    finally:
+        for s in slow:
+            s.close()
+        gw.stop()
+
+
 def test_a_half_sent_head_is_closed_and_does_not_block_shutdown(upstream, tmp_path):
     gw = start_gateway(upstream, tmp_path, top="[server]\nheader_read_timeout_ms = 200")
     u = urllib.parse.urlsplit(gw.url)

@@ -12,7 +12,12 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
 | {"kind": "role_then_cut"} (only the role delta, then the connection closes)
 | {"kind": "stream_error", "message": str} (some text, then an SSE error event)
 The credential headers of every request are logged too (GET /_headers). `/v1/responses` takes
-the "status", "tool" (answered as a `function_call` item) and "ok" steps.
+the "status", "tool" (answered as a `function_call` item), "ok", "json", "empty", "hang" steps
+and, for `stream: true` (answered as Responses events), "empty_stream", "role_then_cut" (only the
+preamble: created, in_progress, an empty message item), "cut", "stream_error" (some text, then an
+`error` event), "failed" (a `response.failed` before any content) and "incomplete" (a
+`function_call` cut inside its arguments by max_output_tokens: `response.incomplete`). Without a
+step it answers "hi from responses" (under /_chaos: "The answer is 42.", or a random fault).
 
 Chaos: POST /_chaos {"rate": float, "seed": int, "kinds": [step, ...]} makes each request
 without a scripted step a random fault from `kinds` with probability `rate` (seeded);
@@ -130,27 +135,20 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"ok": True})
             return
         if self.path == "/v1/responses":
-            # Scripted steps apply here too: "status", "tool" (a function_call item), "ok".
             with STATE.lock:
                 STATE.log.append(body)
                 STATE.headers.append({"authorization": self.headers.get("authorization")})
-                step = STATE.script.pop(0) if STATE.script else {"kind": "ok"}
-            if step["kind"] == "status":
-                self.send_json(step["status"], {"error": {"message": step.get("message", "boom")}})
-                return
-            if step["kind"] == "tool":
-                output = [{"type": "function_call", "id": "fc_stub", "call_id": "call_stub",
-                           "name": step["name"], "arguments": step["arguments"],
-                           "status": "completed"}]
-            else:
-                output = [{
-                    "type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text",
-                                 "text": step.get("content", "hi from responses"),
-                                 "annotations": []}]}]
-            self.send_json(200, {
-                "id": "resp_stub", "object": "response", "created_at": 0, "model": body.get("model"),
-                "status": "completed", "output": output})
+                step = STATE.script.pop(0) if STATE.script else {"kind": "auto"}
+                if step["kind"] == "auto":
+                    step = {"kind": "ok"}
+                    if STATE.chaos:
+                        rng, rate, kinds = STATE.chaos
+                        if rng.random() < rate:
+                            step = dict(rng.choice(kinds))
+                            STATE.faults += 1
+                        # Under chaos the answer is the chat auto model's (after a stall too).
+                        step.setdefault("content", "The answer is 42.")
+            self.answer_responses(body, step)
             return
         if self.path == "/v1/embeddings":
             with STATE.lock:
@@ -231,6 +229,101 @@ class Handler(BaseHTTPRequestHandler):
             self.stream(message, finish, cut=(kind == "cut"))
         else:
             self.send_json(200, completion(message, finish))
+
+    def answer_responses(self, body, step):
+        """One `/v1/responses` answer: JSON, or (with `stream: true`) a Responses event stream."""
+        kind = step["kind"]
+        if kind == "status":
+            self.send_json(step["status"], {"error": {"message": step.get("message", "boom")}})
+            return
+        if kind == "hang":
+            time.sleep(step["seconds"])
+            kind = "ok"
+        if kind == "empty":
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        status, details = "completed", None
+        text = step.get("content", "hi from responses")
+        if kind in ("tool", "incomplete"):
+            item = {"type": "function_call", "id": "fc_stub", "call_id": "call_stub",
+                    "name": step["name"], "arguments": step["arguments"], "status": "completed"}
+            if kind == "incomplete":
+                item["status"] = "incomplete"
+                status, details = "incomplete", {"reason": "max_output_tokens"}
+        else:
+            item = {"type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        whole = {"id": "resp_stub", "object": "response", "created_at": 0, "model": body.get("model"),
+                 "status": status, "incomplete_details": details, "output": [item]}
+        if not body.get("stream") or kind == "json":
+            self.send_json(200, whole)
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        seq = [0]
+
+        def event(e):
+            e["sequence_number"] = seq[0]
+            seq[0] += 1
+            self.wfile.write(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode())
+            self.wfile.flush()
+
+        if kind == "empty_stream":
+            return
+        head = dict(whole, status="in_progress", output=[], incomplete_details=None)
+        event({"type": "response.created", "response": head})
+        event({"type": "response.in_progress", "response": head})
+        if kind == "failed":
+            event({"type": "response.failed", "response": dict(head, status="failed", error={
+                "code": "server_error", "message": step.get("message", "the model failed")})})
+            return
+        if item["type"] == "function_call":
+            event({"type": "response.output_item.added", "output_index": 0,
+                   "item": dict(item, arguments="", status="in_progress")})
+            args = item["arguments"]
+            for part in (args[:len(args) // 2], args[len(args) // 2:]):
+                event({"type": "response.function_call_arguments.delta", "item_id": "fc_stub",
+                       "output_index": 0, "delta": part})
+            if kind == "incomplete":  # cut by max_output_tokens inside the arguments
+                event({"type": "response.incomplete", "response": whole})
+                return
+            event({"type": "response.function_call_arguments.done", "item_id": "fc_stub",
+                   "output_index": 0, "arguments": args})
+            event({"type": "response.output_item.done", "output_index": 0, "item": item})
+            event({"type": "response.completed", "response": whole})
+            return
+        event({"type": "response.output_item.added", "output_index": 0,
+               "item": dict(item, content=[], status="in_progress")})
+        part = {"type": "output_text", "text": "", "annotations": []}
+        event({"type": "response.content_part.added", "item_id": "msg_stub", "output_index": 0,
+               "content_index": 0, "part": part})
+        if kind == "role_then_cut":  # only the preamble, then the connection closes
+            return
+        words = ["This answer is cut ", "in the mid"] if kind == "cut" else [
+            w + " " for w in text.split(" ")[:-1]] + [text.split(" ")[-1]]
+        if kind == "stream_error":
+            words = ["Partial "]
+        for w in words:
+            event({"type": "response.output_text.delta", "item_id": "msg_stub", "output_index": 0,
+                   "content_index": 0, "delta": w, "logprobs": []})
+        if kind == "cut":
+            return
+        if kind == "stream_error":
+            event({"type": "error", "code": "server_error", "message": step.get("message", "overloaded"),
+                   "param": None})
+            return
+        event({"type": "response.output_text.done", "item_id": "msg_stub", "output_index": 0,
+               "content_index": 0, "text": text, "logprobs": []})
+        event({"type": "response.content_part.done", "item_id": "msg_stub", "output_index": 0,
+               "content_index": 0, "part": dict(part, text=text)})
+        event({"type": "response.output_item.done", "output_index": 0, "item": item})
+        event({"type": "response.completed", "response": whole})
 
     def stream(self, message, finish, cut):
         self.send_response(200)

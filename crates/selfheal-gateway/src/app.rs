@@ -28,6 +28,7 @@ use crate::error::ApiError;
 use crate::heal::{self, ToolIndex};
 use crate::metrics::Metrics;
 use crate::request::{ChatRequest, Edits};
+use crate::responses_stream;
 use crate::runs::{RunKey, RunState, RunStore, run_id};
 use crate::store::{Kind, RunSummary, TraceEvent, TraceWriter};
 use crate::stream;
@@ -380,7 +381,9 @@ async fn embeddings(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bo
 /// chain, breakers, the run's ledger); a non-streaming answer's `function_call` items are checked
 /// against the request's `tools` through the same non-corrupting repair path, an unusable call is
 /// re-asked when the policy allows it and is never forwarded, and the answer carries the
-/// `selfheal` report. A streamed answer is relayed as it comes once its head arrived.
+/// `selfheal` report. A streamed answer is healed as a chat stream is
+/// ([`responses_stream`]): re-issued invisibly when it breaks before any content, its function
+/// calls held until the end and checked, an error event after content.
 async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     if s.config.passthrough {
         return forward(&s, &headers, body, Forwarded::Responses).await;
@@ -426,53 +429,6 @@ fn responses_tools(req: &serde_json::Map<String, Value>) -> ToolIndex {
         );
     }
     out
-}
-
-/// Checks the `function_call` items of a Responses answer in place: repaired arguments are
-/// written back, unusable calls removed. Returns (repaired tool names, re-ask texts).
-fn check_response_calls(
-    answer: &mut Value,
-    tools: &ToolIndex,
-    guides: &heal::GuideCache,
-) -> (Vec<String>, Vec<String>) {
-    // An answer cut by its token limit: only arguments that are JSON as written are taken.
-    let ending = if answer.get("status").and_then(Value::as_str) == Some("incomplete") {
-        selfheal_repair::Ending::CutOff
-    } else {
-        selfheal_repair::Ending::Finished
-    };
-    let (mut repaired, mut invalid) = (Vec::new(), Vec::new());
-    let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut) else {
-        return (repaired, invalid);
-    };
-    items.retain_mut(|item| {
-        if item.get("type").and_then(Value::as_str) != Some("function_call") {
-            return true;
-        }
-        let name = item
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        let mut call = json!({"function": {
-            "name": name,
-            "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
-        }});
-        match heal::check_call(&mut call, tools, guides, ending) {
-            Ok(changed) => {
-                if changed {
-                    item["arguments"] = call["function"]["arguments"].clone();
-                    repaired.push(name);
-                }
-                true
-            }
-            Err(reask) => {
-                invalid.push(reask);
-                false
-            }
-        }
-    });
-    (repaired, invalid)
 }
 
 /// A Responses request for model `m`, with `extra` appended to its `input` (a re-ask turn).
@@ -599,7 +555,12 @@ async fn responses_inner(
             );
         }
         t.caller.redactor.value(&mut answer);
-        let mut resp = axum::Json(answer).into_response();
+        let mut resp = if req.get("stream").and_then(Value::as_bool) == Some(true) {
+            let frames = responses_stream::answer_frames(&answer);
+            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
+        } else {
+            axum::Json(answer).into_response()
+        };
         let reason = t.caller.redactor.text(&reason).into_owned();
         add_headers(&mut resp, &t.run, "failed", &actions, Some(&reason));
         return Ok(resp);
@@ -648,17 +609,7 @@ async fn responses_inner(
     let mut actions = edited;
     let mut log = CallLog::default();
     if req.get("stream").and_then(Value::as_bool) == Some(true) {
-        let encode = |m: &str| encode_responses(&req, m, None);
-        let result = t.call(&chain, &encode, &responses_op, &mut log).await;
-        log_calls(&t, &log, &mut actions);
-        let upstream = result.inspect_err(|_| t.finish("failed"))?;
-        t.finish("complete");
-        let red = t.caller.redactor.clone();
-        let body = crate::upstream::body_stream(upstream)
-            .map(move |b| b.map(|b| red.bytes(b)).map_err(std::io::Error::other));
-        let mut resp = sse_response(Body::from_stream(body));
-        add_headers(&mut resp, &t.run, "complete", &actions, None);
-        return Ok(resp);
+        return answer_responses_stream(&t, req, chain, tools, actions).await;
     }
     let encode = |m: &str| encode_responses(&req, m, None);
     let result = t.call(&chain, &encode, &responses_json_op, &mut log).await;
@@ -673,7 +624,8 @@ async fn responses_inner(
     };
     // Unusable calls: re-asked as long as the policy's argument_invalid ladder says so, within
     // the budget; the last usable answer stands, an unusable call is never forwarded.
-    let (mut repaired, mut invalid) = check_response_calls(&mut answer, &tools, &s.guides);
+    let check = responses_stream::check_response(&mut answer, &tools, &s.guides);
+    let (mut repaired, mut invalid) = (check.repaired, check.invalid);
     let mut ladder = LadderState::default();
     while !invalid.is_empty() {
         let Some(next) = reask_granted(&t, &invalid, ladder) else {
@@ -689,10 +641,10 @@ async fn responses_inner(
         let again = |m: &str| encode_responses(&req, m, Some(&turn));
         match t.call(&chain, &again, &responses_json_op, &mut log).await {
             Ok(mut second) => {
-                let (r2, i2) = check_response_calls(&mut second, &tools, &s.guides);
+                let check = responses_stream::check_response(&mut second, &tools, &s.guides);
                 answer = second;
-                repaired = r2;
-                invalid = i2;
+                repaired = check.repaired;
+                invalid = check.invalid;
             }
             Err(_) => break,
         }
@@ -723,6 +675,147 @@ async fn responses_inner(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// `POST /v1/responses` with `stream: true`: the upstream stream relayed and healed by
+/// [`responses_stream::relay`] — preamble and function calls held, a stream broken before any
+/// content re-issued, unusable calls re-asked along the ladder, an error event after content.
+async fn answer_responses_stream(
+    t: &Turn,
+    req: serde_json::Map<String, Value>,
+    chain: Vec<crate::config::Target>,
+    tools: ToolIndex,
+    mut actions: Vec<String>,
+) -> Result<Response, ApiError> {
+    let encode = |m: &str| encode_responses(&req, m, None);
+    let mut log = CallLog::default();
+    let result = t.call(&chain, &encode, &responses_op, &mut log).await;
+    log_calls(t, &log, &mut actions);
+    let upstream = match result {
+        Ok(r) => r,
+        Err(e) => {
+            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
+            t.finish("failed");
+            return Err(e);
+        }
+    };
+    let report = selfheal_report(&t.state, "complete", None, &actions);
+    let again = ResponsesAgain {
+        t: t.clone(),
+        req: Arc::new(req),
+        chain: Arc::new(chain),
+        tools: Arc::new(tools),
+    };
+    let hooks = responses_stream::Hooks {
+        reask: Some(again.hook()),
+        reissue: Some(again.hook()),
+    };
+    let (tx, rx) = mpsc::channel(64);
+    let t2 = t.clone();
+    tokio::spawn(async move {
+        let r = responses_stream::relay(
+            upstream,
+            again.tools.clone(),
+            t2.s.guides.clone(),
+            Some(report),
+            hooks,
+            &tx,
+        )
+        .await;
+        finish_stream(&t2, &r);
+        drop(tx);
+    });
+    let redactor = t.caller.redactor.clone();
+    let body = futures_util::stream::unfold((rx, redactor), |(mut rx, red)| async move {
+        let frame = rx.recv().await?;
+        Some((frame.map(|b| red.bytes(b)), (rx, red)))
+    });
+    let mut resp = sse_response(Body::from_stream(body));
+    add_headers(&mut resp, &t.run, "complete", &actions, None);
+    Ok(resp)
+}
+
+/// Records how a relayed stream ended (repairs, unusable calls, a re-issue, a break) and the
+/// run's `response` event.
+fn finish_stream(t: &Turn, r: &stream::StreamReport) {
+    for name in &r.repaired {
+        Metrics::inc(&t.s.metrics.repairs_total);
+        t.event(Kind::Repair, json!({"tool": name}));
+    }
+    for p in &r.invalid {
+        t.event(Kind::InvalidCall, json!({"problems": [p]}));
+    }
+    if let Some(why) = &r.reissued {
+        t.event(Kind::Reissue, json!({"reason": why}));
+    }
+    let status = if let Some(b) = &r.broken {
+        Metrics::inc(&t.s.metrics.streams_broken_total);
+        t.event(Kind::StreamBroken, json!({"reason": b}));
+        "failed"
+    } else if r.invalid.is_empty() {
+        "complete"
+    } else {
+        "partial"
+    };
+    t.finish(status);
+}
+
+/// What a Responses stream's second asking needs (owned: it runs in the relay's task).
+#[derive(Clone)]
+struct ResponsesAgain {
+    t: Turn,
+    req: Arc<serde_json::Map<String, Value>>,
+    chain: Arc<Vec<crate::config::Target>>,
+    tools: Arc<ToolIndex>,
+}
+
+impl ResponsesAgain {
+    /// Non-streaming calls through the chain, charged to the run like the chat stream's
+    /// ([`stream_reask`]): with problems, a re-ask along the `argument_invalid` ladder; without,
+    /// a re-issue decided by the core's `stream_broke`; each answer checked, and unusable calls
+    /// in it re-asked in turn.
+    fn hook(&self) -> responses_stream::Reask {
+        let me = self.clone();
+        Box::new(move |problems: Vec<String>| {
+            Box::pin(async move {
+                let t = &me.t;
+                let mut problems = problems;
+                let mut ladder = LadderState::default();
+                loop {
+                    if problems.is_empty() {
+                        if !reissue_granted(t) {
+                            return None;
+                        }
+                        t.event(Kind::Reissue, json!({"stream": false}));
+                    } else {
+                        ladder = reask_granted(t, &problems, ladder)?;
+                        Metrics::inc(&t.s.metrics.reasks_total);
+                        t.event(Kind::Reask, json!({"problems": problems}));
+                    }
+                    let mut req = (*me.req).clone();
+                    req.insert("stream".into(), Value::Bool(false));
+                    let extra = (!problems.is_empty()).then(|| reask_turn(&problems));
+                    let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
+                    let mut log = CallLog::default();
+                    let result = t
+                        .call(&me.chain, &encode, &responses_json_op, &mut log)
+                        .await;
+                    log_calls(t, &log, &mut Vec::new());
+                    let mut response = result.ok()?;
+                    let check =
+                        responses_stream::check_response(&mut response, &me.tools, &t.s.guides);
+                    if !check.invalid.is_empty() {
+                        problems = check.invalid;
+                        continue;
+                    }
+                    return Some(responses_stream::Reanswered {
+                        response,
+                        repaired: check.repaired,
+                    });
+                }
+            })
+        })
+    }
 }
 
 /// The endpoints the gateway forwards without healing.

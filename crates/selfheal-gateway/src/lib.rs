@@ -16,7 +16,8 @@
 //! ```
 //!
 //! Runs are scoped to the caller's tenant ([`auth`], [`runs`]); streams are relayed with tool
-//! calls held back and re-issued when they break before any content ([`stream`]); every
+//! calls held back and re-issued when they break before any content ([`stream`]; the
+//! Responses API's event streams likewise, [`responses_stream`]); every
 //! upstream answer and every client connection is bounded in time and size ([`upstream`],
 //! [`serve`]).
 //!
@@ -36,6 +37,7 @@ pub mod error;
 pub mod heal;
 pub mod metrics;
 pub mod request;
+pub mod responses_stream;
 pub mod runs;
 pub use selfheal_trace::store;
 pub mod stream;
@@ -43,12 +45,12 @@ pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use thiserror::Error;
-use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{Semaphore, watch};
 
 pub use app::{AppState, router};
@@ -107,6 +109,68 @@ connection: close\r\ncontent-length: 127\r\n\r\n\
 {\"error\":{\"message\":\"the gateway is at its connection limit\",\"type\":\"server_error\",\
 \"param\":null,\"code\":\"too_many_connections\"}}";
 
+/// Open connections that have not sent a whole request head yet, oldest first.
+///
+/// Slowloris holds connections open by dribbling a request head. The header-read timeout cuts
+/// each one, but an attacker that reconnects at once keeps every slot busy, and a fixed cap then
+/// sheds the real clients, which lose the race for the slots that come free. So at the cap a
+/// new connection takes the slot of the oldest connection still waiting for its first head — a
+/// client that sends its request at once is never the oldest, and a connection that has sent a
+/// head (being served, or kept alive between requests) is never evicted. Entries are dropped
+/// once their connection sent a head or ended; the queue holds at most twice the cap.
+#[derive(Default)]
+struct Waiting {
+    queue: std::collections::VecDeque<(Arc<AtomicBool>, tokio::task::AbortHandle)>,
+}
+
+impl Waiting {
+    fn stale(e: &(Arc<AtomicBool>, tokio::task::AbortHandle)) -> bool {
+        e.0.load(Ordering::Relaxed) || e.1.is_finished()
+    }
+
+    fn push(&mut self, headed: Arc<AtomicBool>, handle: tokio::task::AbortHandle, cap: usize) {
+        while self.queue.front().is_some_and(Self::stale) {
+            self.queue.pop_front();
+        }
+        if self.queue.len() >= cap.saturating_mul(2) {
+            self.queue.retain(|e| !Self::stale(e));
+        }
+        self.queue.push_back((headed, handle));
+    }
+
+    /// Aborts every connection still waiting for its first head.
+    fn abort_all(&mut self) {
+        for e in self.queue.drain(..) {
+            if !Self::stale(&e) {
+                e.1.abort();
+            }
+        }
+    }
+
+    /// Aborts the oldest connection still waiting for its first head; whether there was one.
+    fn evict_oldest(&mut self) -> bool {
+        while let Some(e) = self.queue.pop_front() {
+            if !Self::stale(&e) {
+                e.1.abort();
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Answers a connection past the cap with [`SHED`] and closes it at once, in the accept loop.
+/// A task per shed connection let a flood of them hold file descriptors faster than the tasks
+/// closed them: under slowloris at `ulimit -n 128` the process ran out of descriptors and its
+/// own upstream connections failed (`scripts/chaos.py`, scenario slowloris). The write is one
+/// non-blocking `write(2)` into a fresh socket's empty send buffer.
+fn shed(tcp: tokio::net::TcpStream) {
+    if let Ok(std) = tcp.into_std() {
+        use std::io::Write as _;
+        let _ = (&std).write(SHED);
+    }
+}
+
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -114,6 +178,7 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let permits = Arc::new(Semaphore::new(server.max_connections));
+    let mut waiting = Waiting::default();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -141,16 +206,32 @@ async fn accept_loop(
         };
         let _ = tcp.set_nodelay(true);
         while conns.try_join_next().is_some() {}
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tokio::spawn(async move {
-                let mut tcp = tcp;
-                let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(SHED)).await;
-            });
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            // At the cap: the slot of the oldest connection that never sent a whole request
+            // head goes to the new one (see [`Waiting`]).
+            Err(_) if waiting.evict_oldest() => {
+                tokio::time::timeout(Duration::from_millis(100), permits.clone().acquire_owned())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            Err(_) => None,
+        };
+        let Some(permit) = permit else {
+            shed(tcp);
             continue;
         };
-        let conn = http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let headed = Arc::new(AtomicBool::new(false));
+        let flag = headed.clone();
+        let svc =
+            tower::ServiceExt::map_request(app.clone(), move |req: axum::extract::Request<_>| {
+                flag.store(true, Ordering::Relaxed);
+                req
+            });
+        let conn = http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(svc));
         let mut stop = stop_rx.clone();
-        conns.spawn(async move {
+        let handle = conns.spawn(async move {
             let _permit = permit;
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
@@ -161,9 +242,13 @@ async fn accept_loop(
                 }
             }
         });
+        waiting.push(headed, handle, server.max_connections);
     }
     drop(listener);
     let _ = stop_tx.send(true);
+    // A connection that never sent a whole head has no request to finish: it does not hold the
+    // drain up to its deadline.
+    waiting.abort_all();
     let deadline = Duration::from_millis(server.drain_timeout_ms);
     let drained = tokio::time::timeout(deadline, async {
         while conns.join_next().await.is_some() {}

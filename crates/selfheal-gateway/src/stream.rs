@@ -541,7 +541,7 @@ fn indexed_calls(message: &Value) -> Vec<Value> {
 }
 
 /// Records in the `selfheal` object what the relay did.
-fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
+pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
     let Some(o) = selfheal.as_object_mut() else {
         return;
     };
@@ -564,7 +564,7 @@ fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
 
 /// Finds the end of the first SSE event, scanning from `from` (where an earlier scan of the
 /// same bytes stopped): (position of the blank line, its length).
-fn find_event_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
+pub(crate) fn find_event_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
     let mut i = from;
     while i + 1 < buf.len() {
         if buf[i] == b'\n' && buf[i + 1] == b'\n' {

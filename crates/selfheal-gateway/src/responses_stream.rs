@@ -1,0 +1,1117 @@
+//! Streaming for OpenAI's Responses API (`POST /v1/responses` with `stream: true`), healed as
+//! chat streams are (see [`crate::stream`]).
+//!
+//! A Responses stream is a sequence of typed events (`response.created`, `response.in_progress`,
+//! `response.output_item.added`, `response.output_text.delta`, ...,
+//! `response.function_call_arguments.delta`, `response.output_item.done`, and one terminal
+//! event: `response.completed` or `response.incomplete`). The relay:
+//!
+//! - **holds the preamble** — `response.created`, `response.in_progress`, `response.queued`, and
+//!   a message item or content part announced before any of its text — until the first event that
+//!   carries content. While nothing else has gone out, a broken stream (cut, stalled past the idle
+//!   timeout, unreadable event, `error` or `response.failed` event, ended without a terminal
+//!   event, an empty 200) is re-issued without streaming, within the run's budget, through the
+//!   core's [`stream_broke`](selfheal_core::call::stream_broke), and the new answer is re-emitted
+//!   as a complete event stream: the client never sees the break.
+//! - **holds every `function_call` item** until the terminal event, then checks and repairs its
+//!   arguments against the request's tools (the same non-corrupting path as chat). An unusable
+//!   call is never forwarded: it is re-asked while the policy's `argument_invalid` ladder allows,
+//!   else left out and the answer flagged `partial`. A call of a response that ended
+//!   `incomplete` (the output token limit) that is not JSON as written, or whose item never
+//!   finished, is never repaired into a call.
+//! - after content went out, ends a broken stream with an `error` event — the Responses shape
+//!   (`type`, `code`, `message`, `param`, `sequence_number`) plus an `error` object, which makes
+//!   the `openai` SDKs raise `APIError` with the message — and then a clean end of the body, so
+//!   the event is flushed (an `Err` right after it would make hyper drop it).
+//!
+//! Events are renumbered (`sequence_number`) and output items re-indexed (`output_index`) as
+//! they go out, since held calls go out after the text and dropped calls leave no gap. The
+//! terminal event's `response.output` lists exactly the items the client got, and carries the
+//! `selfheal` report.
+//!
+//! Held bytes (preamble and calls) are bounded by [`MAX_HELD_BYTES`], one event by
+//! [`MAX_EVENT_BYTES`]; the event buffer is scanned once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::heal::{CallCheck, GuideCache, ToolIndex, check_call};
+use crate::stream::{Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, StreamReport, find_event_end};
+use selfheal_repair::{ArgumentsError, Ending};
+
+/// A new, checked answer from a non-streaming call: a whole Responses object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reanswered {
+    /// The response object (its `function_call` items checked and repaired).
+    pub response: Value,
+    /// Calls of the new answer whose arguments were repaired.
+    pub repaired: Vec<String>,
+}
+
+/// Asks the upstream again without streaming: with the problems of unusable calls appended (a
+/// re-ask), or with none (a re-issue of a stream that broke before any content). `None` when the
+/// policy or the budget refuses, the upstream fails, or the new answer's calls cannot be used.
+pub type Reask = Box<dyn FnOnce(Vec<String>) -> BoxFuture<'static, Option<Reanswered>> + Send>;
+
+/// What the relay may ask of the pipeline.
+#[derive(Default)]
+pub struct Hooks {
+    /// Re-asks unusable function calls.
+    pub reask: Option<Reask>,
+    /// Re-issues a request whose stream broke before any content.
+    pub reissue: Option<Reask>,
+}
+
+/// The ending of a Responses answer: `incomplete` (the token limit) is a cut-off.
+fn ending_of(response: &Value) -> Ending {
+    if response.get("status").and_then(Value::as_str) == Some("incomplete") {
+        Ending::CutOff
+    } else {
+        Ending::Finished
+    }
+}
+
+/// Checks one `function_call` item in place (repaired arguments written back). `finished`:
+/// whether the item was seen whole (its `output_item.done`, status not `incomplete`); a call
+/// that is not is refused as cut off, whatever its arguments look like.
+fn check_item(
+    item: &mut Value,
+    finished: bool,
+    ending: Ending,
+    tools: &ToolIndex,
+    guides: &GuideCache,
+) -> Result<bool, String> {
+    let name = item
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let cut = !finished || item.get("status").and_then(Value::as_str) == Some("incomplete");
+    if cut {
+        return Err(ArgumentsError::CutOff.reask_message("", &name));
+    }
+    let mut call = json!({"function": {
+        "name": name,
+        "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
+    }});
+    let changed = check_call(&mut call, tools, guides, ending)?;
+    if changed
+        && let (Some(o), Some(a)) = (item.as_object_mut(), call.pointer("/function/arguments"))
+    {
+        o.insert("arguments".into(), a.clone());
+    }
+    Ok(changed)
+}
+
+/// Checks the `function_call` items of a whole Responses answer in place: repaired arguments are
+/// written back, unusable calls taken out (never forwarded). After `status: "incomplete"` only
+/// arguments that are JSON as written are taken, and an item marked `incomplete` is refused.
+pub fn check_response(answer: &mut Value, tools: &ToolIndex, guides: &GuideCache) -> CallCheck {
+    let ending = ending_of(answer);
+    let mut out = CallCheck::default();
+    let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut) else {
+        return out;
+    };
+    items.retain_mut(|item| {
+        if item.get("type").and_then(Value::as_str) != Some("function_call") {
+            return true;
+        }
+        let name = item.get("name").and_then(Value::as_str).unwrap_or("");
+        let name = name.to_owned();
+        match check_item(item, true, ending, tools, guides) {
+            Ok(changed) => {
+                if changed {
+                    out.repaired.push(name);
+                }
+                true
+            }
+            Err(reask) => {
+                out.invalid.push(reask);
+                false
+            }
+        }
+    });
+    out
+}
+
+/// A `function_call` item held until the response ends.
+struct HeldCall {
+    item: Value,
+    /// Its arguments as streamed so far (the `done` events replace them).
+    arguments: String,
+    /// Whether its `response.output_item.done` arrived.
+    done: bool,
+}
+
+/// What one upstream event meant.
+enum Flow {
+    Continue,
+    Done,
+    Broken(String),
+}
+
+/// The client went away: stop relaying.
+struct Gone;
+
+struct Relay<'t> {
+    tools: Arc<ToolIndex>,
+    guides: Arc<GuideCache>,
+    selfheal: Option<Value>,
+    hooks: Hooks,
+    tx: &'t mpsc::Sender<Frame>,
+    report: StreamReport,
+    /// Preamble events not sent yet (sent before the first content).
+    held: Vec<Value>,
+    held_bytes: usize,
+    /// `function_call` items by their upstream `output_index`.
+    calls: BTreeMap<u64, HeldCall>,
+    /// Upstream `output_index` → the client's, for the items passed on.
+    index: HashMap<u64, u64>,
+    /// The output items the client got whole, by the client's `output_index`.
+    items: BTreeMap<u64, Value>,
+    next_index: u64,
+    seq: u64,
+    /// Whether anything but held preamble went to the client.
+    sent: bool,
+}
+
+/// Relays an upstream Responses stream to `tx` (see the module docs). `selfheal` is added to the
+/// terminal event's `response`, updated with what the relay did.
+pub async fn relay(
+    upstream: reqwest::Response,
+    tools: Arc<ToolIndex>,
+    guides: Arc<GuideCache>,
+    selfheal: Option<Value>,
+    hooks: Hooks,
+    tx: &mpsc::Sender<Frame>,
+) -> StreamReport {
+    let mut r = Relay {
+        tools,
+        guides,
+        selfheal,
+        hooks,
+        tx,
+        report: StreamReport::default(),
+        held: Vec::new(),
+        held_bytes: 0,
+        calls: BTreeMap::new(),
+        index: HashMap::new(),
+        items: BTreeMap::new(),
+        next_index: 0,
+        seq: 0,
+        sent: false,
+    };
+    let is_sse = upstream
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let outcome = if is_sse {
+        r.pump(upstream).await
+    } else {
+        r.convert(upstream).await
+    };
+    if outcome.is_ok() {
+        r.end().await;
+    }
+    r.report
+}
+
+/// The SSE frame of one event: `event: <type>` (when it is a plain name) and its data.
+fn frame(v: &Value) -> Frame {
+    let ty = v
+        .get("type")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty() && !t.contains(['\r', '\n']));
+    Ok(Bytes::from(match ty {
+        Some(t) => format!("event: {t}\ndata: {v}\n\n"),
+        None => format!("data: {v}\n\n"),
+    }))
+}
+
+/// Whether an event carries no content: what may be held and dropped on a re-issue.
+fn is_preamble(v: &Value) -> bool {
+    let empty_message = |item: Option<&Value>| {
+        item.is_some_and(|i| {
+            i.get("type").and_then(Value::as_str) == Some("message")
+                && i.get("content")
+                    .and_then(Value::as_array)
+                    .is_none_or(Vec::is_empty)
+        })
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("response.created" | "response.in_progress" | "response.queued") => true,
+        Some("response.output_item.added") => empty_message(v.get("item")),
+        Some("response.content_part.added") => v
+            .pointer("/part/text")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty),
+        _ => false,
+    }
+}
+
+impl Relay<'_> {
+    /// Sends one event (renumbered), after the held preamble.
+    async fn send(&mut self, mut v: Value) -> Result<(), Gone> {
+        for mut h in std::mem::take(&mut self.held) {
+            self.stamp(&mut h);
+            self.tx.send(frame(&h)).await.map_err(|_| Gone)?;
+        }
+        self.held_bytes = 0;
+        self.sent = true;
+        self.stamp(&mut v);
+        self.tx.send(frame(&v)).await.map_err(|_| Gone)
+    }
+
+    fn stamp(&mut self, v: &mut Value) {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("sequence_number".into(), json!(self.seq));
+        }
+        self.seq += 1;
+    }
+
+    /// The client's `output_index` for upstream index `i` (a new one on first sight).
+    fn client_index(&mut self, i: u64) -> u64 {
+        if let Some(c) = self.index.get(&i) {
+            return *c;
+        }
+        let c = self.next_index;
+        self.next_index += 1;
+        self.index.insert(i, c);
+        c
+    }
+
+    /// Reads the upstream's SSE events and handles each.
+    async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut scanned = 0usize;
+        let mut body = crate::upstream::body_stream(upstream);
+        while let Some(piece) = body.next().await {
+            let piece = match piece {
+                Ok(c) => c,
+                Err(e) => {
+                    self.report.broken = Some(e.to_string());
+                    return Ok(());
+                }
+            };
+            buf.extend_from_slice(&piece);
+            let mut start = 0usize;
+            while let Some((end, sep)) = find_event_end(&buf[start..], scanned) {
+                let text = String::from_utf8_lossy(&buf[start..start + end]).into_owned();
+                start += end + sep;
+                scanned = 0;
+                if self.sse_event(&text).await? {
+                    return Ok(());
+                }
+            }
+            buf.drain(..start);
+            scanned = buf.len().saturating_sub(3);
+            if buf.len() > MAX_EVENT_BYTES {
+                self.report.broken = Some(format!(
+                    "upstream sent a stream event larger than {MAX_EVENT_BYTES} bytes"
+                ));
+                return Ok(());
+            }
+        }
+        // A last event without its blank line still counts.
+        let rest = String::from_utf8_lossy(&buf).into_owned();
+        self.sse_event(&rest).await?;
+        Ok(())
+    }
+
+    /// One SSE event's text: its `data:` lines joined, handled; `true` once the stream is over.
+    async fn sse_event(&mut self, text: &str) -> Result<bool, Gone> {
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if data.is_empty() {
+            return Ok(false);
+        }
+        match self.event(&data.join("\n")).await? {
+            Flow::Continue => Ok(false),
+            Flow::Done => Ok(true),
+            Flow::Broken(why) => {
+                self.report.broken = Some(why);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Handles one event's data.
+    async fn event(&mut self, payload: &str) -> Result<Flow, Gone> {
+        if payload.trim() == "[DONE]" {
+            return Ok(Flow::Done);
+        }
+        let Ok(mut v) = serde_json::from_str::<Value>(payload) else {
+            return Ok(Flow::Broken(
+                "upstream sent an unreadable stream event".into(),
+            ));
+        };
+        // Every Responses event is an object with a `type`: anything else is not passed on.
+        let Some(ty) = v.get("type").and_then(Value::as_str).map(str::to_owned) else {
+            return Ok(Flow::Broken(
+                "upstream sent a stream event without a `type`".into(),
+            ));
+        };
+        let upstream_index = v.get("output_index").and_then(Value::as_u64);
+        match ty.as_str() {
+            "error" => {
+                return Ok(Flow::Broken(format!(
+                    "upstream stream error: {}",
+                    message_of(&v)
+                )));
+            }
+            "response.failed" => {
+                let m = v
+                    .pointer("/response/error")
+                    .map_or_else(|| "the response failed".to_owned(), message_of);
+                return Ok(Flow::Broken(format!("upstream stream error: {m}")));
+            }
+            "response.completed" | "response.incomplete" => {
+                self.finish(v).await?;
+                return Ok(Flow::Done);
+            }
+            _ => {}
+        }
+        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+            return Ok(Flow::Broken(format!(
+                "upstream stream error: {}",
+                message_of(e)
+            )));
+        }
+        // Function calls: held whole until the response ends — every event of one, whatever
+        // order they come in; none is passed on as it came.
+        let of_call = v.pointer("/item/type").and_then(Value::as_str) == Some("function_call")
+            || ty.starts_with("response.function_call_arguments.");
+        match upstream_index {
+            Some(i) if of_call || self.calls.contains_key(&i) => {
+                return Ok(self.hold_call(i, &ty, v));
+            }
+            None if of_call => {
+                return Ok(Flow::Broken(
+                    "upstream sent a function call event without `output_index`".into(),
+                ));
+            }
+            _ => {}
+        }
+        if is_preamble(&v) && !self.sent {
+            if let Some(i) = upstream_index {
+                let c = self.client_index(i);
+                v["output_index"] = json!(c);
+            }
+            self.held_bytes += payload.len();
+            if self.held_bytes > MAX_HELD_BYTES {
+                return Ok(Flow::Broken(format!(
+                    "upstream preamble exceeds {MAX_HELD_BYTES} bytes"
+                )));
+            }
+            self.held.push(v);
+            return Ok(Flow::Continue);
+        }
+        if let Some(i) = upstream_index {
+            let c = self.client_index(i);
+            v["output_index"] = json!(c);
+            if ty == "response.output_item.done"
+                && let Some(item) = v.get("item")
+            {
+                self.items.insert(c, item.clone());
+            }
+        }
+        self.send(v).await?;
+        Ok(Flow::Continue)
+    }
+
+    /// One event of a held `function_call` item.
+    fn hold_call(&mut self, i: u64, ty: &str, v: Value) -> Flow {
+        let call = self.calls.entry(i).or_insert_with(|| HeldCall {
+            item: json!({"type": "function_call"}),
+            arguments: String::new(),
+            done: false,
+        });
+        match ty {
+            "response.output_item.added" => {
+                if let Some(item) = v.get("item") {
+                    call.item = item.clone();
+                }
+            }
+            "response.function_call_arguments.delta" => {
+                let d = v.get("delta").and_then(Value::as_str).unwrap_or("");
+                call.arguments.push_str(d);
+                self.held_bytes += d.len();
+            }
+            "response.function_call_arguments.done" => {
+                if let Some(a) = v.get("arguments").and_then(Value::as_str) {
+                    self.held_bytes += a.len();
+                    call.arguments = a.to_owned();
+                }
+            }
+            "response.output_item.done" => {
+                if let Some(item) = v.get("item") {
+                    call.item = item.clone();
+                    if let Some(a) = item.get("arguments").and_then(Value::as_str) {
+                        call.arguments = a.to_owned();
+                    }
+                    call.done = true;
+                }
+            }
+            _ => {}
+        }
+        if self.held_bytes > MAX_HELD_BYTES {
+            return Flow::Broken(format!(
+                "upstream function calls exceed {MAX_HELD_BYTES} bytes"
+            ));
+        }
+        Flow::Continue
+    }
+
+    /// The terminal event: the held calls checked (re-asked while the ladder allows), sent, then
+    /// the terminal event with the output the client got and the `selfheal` report.
+    async fn finish(&mut self, mut v: Value) -> Result<(), Gone> {
+        let mut ty = v
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("response.completed")
+            .to_owned();
+        let ending = if ty == "response.incomplete" {
+            Ending::CutOff
+        } else {
+            v.get("response").map_or(Ending::Finished, ending_of)
+        };
+        let mut ready = Vec::new();
+        let mut invalid = Vec::new();
+        for (_, mut c) in std::mem::take(&mut self.calls) {
+            if let Some(o) = c.item.as_object_mut() {
+                o.insert("arguments".into(), Value::String(c.arguments.clone()));
+            }
+            let name = c.item.get("name").and_then(Value::as_str).unwrap_or("");
+            let name = name.to_owned();
+            match check_item(&mut c.item, c.done, ending, &self.tools, &self.guides) {
+                Ok(changed) => {
+                    if changed {
+                        self.report.repaired.push(name);
+                    }
+                    ready.push(c.item);
+                }
+                Err(e) => invalid.push(e),
+            }
+        }
+        let mut replacement = Vec::new();
+        if !invalid.is_empty() {
+            let again = match self.hooks.reask.take() {
+                Some(f) => f(invalid.clone()).await,
+                None => None,
+            };
+            match again {
+                Some(r) => {
+                    self.report.reasked = invalid;
+                    self.report.repaired.extend(r.repaired);
+                    replacement = new_items(&r.response);
+                    // The answer is now the new one's: its status, its reason if incomplete.
+                    if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
+                        for key in ["status", "incomplete_details"] {
+                            if let Some(x) = r.response.get(key) {
+                                resp.insert(key.into(), x.clone());
+                            }
+                        }
+                    }
+                    ty = match r.response.get("status").and_then(Value::as_str) {
+                        Some("incomplete") => "response.incomplete".into(),
+                        _ => "response.completed".into(),
+                    };
+                }
+                None => self.report.invalid = invalid,
+            }
+        }
+        for item in ready.into_iter().chain(replacement) {
+            self.emit_item(item).await?;
+        }
+        if let Some(o) = v.as_object_mut() {
+            o.insert("type".into(), Value::String(ty));
+        }
+        let output: Vec<Value> = self.items.values().cloned().collect();
+        if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
+            resp.insert("output".into(), Value::Array(output));
+        }
+        self.attach_selfheal(&mut v);
+        self.report.finished = true;
+        self.send(v).await
+    }
+
+    fn attach_selfheal(&mut self, v: &mut Value) {
+        if let Some(s) = &mut self.selfheal {
+            crate::stream::note_outcome(s, &self.report);
+            if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
+                resp.insert("selfheal".into(), s.clone());
+            }
+        }
+    }
+
+    /// Sends a whole output item as the events that announce, fill and close it.
+    async fn emit_item(&mut self, item: Value) -> Result<(), Gone> {
+        let c = self.next_index;
+        self.next_index += 1;
+        for e in item_events(&item, c) {
+            self.send(e).await?;
+        }
+        self.items.insert(c, item);
+        Ok(())
+    }
+
+    /// A non-SSE answer to a streaming request: checked (re-asked if its calls cannot be used)
+    /// and sent as a stream, or broken.
+    async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
+        let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
+            .and_then(|v| {
+                if v.get("output").is_some_and(Value::is_array) {
+                    Ok(v)
+                } else {
+                    Err("a response without `output`".to_owned())
+                }
+            });
+        let mut response = match parsed {
+            Ok(v) => v,
+            Err(e) => {
+                self.report.broken = Some(format!(
+                    "upstream answered a streaming request without a usable stream: {e}"
+                ));
+                return Ok(());
+            }
+        };
+        let check = check_response(&mut response, &self.tools, &self.guides);
+        self.report.repaired.extend(check.repaired);
+        if !check.invalid.is_empty() {
+            let again = match self.hooks.reask.take() {
+                Some(f) => f(check.invalid.clone()).await,
+                None => None,
+            };
+            match again {
+                Some(r) => {
+                    self.report.reasked = check.invalid;
+                    self.report.repaired.extend(r.repaired);
+                    response = r.response;
+                }
+                None => self.report.invalid = check.invalid,
+            }
+        }
+        self.emit_response(response).await
+    }
+
+    /// Sends a whole (checked) response as a complete event stream.
+    async fn emit_response(&mut self, response: Value) -> Result<(), Gone> {
+        let mut head = response.clone();
+        if let Some(o) = head.as_object_mut() {
+            o.insert("status".into(), json!("in_progress"));
+            o.insert("output".into(), json!([]));
+            o.remove("usage");
+            o.remove("selfheal");
+        }
+        self.send(json!({"type": "response.created", "response": head.clone()}))
+            .await?;
+        self.send(json!({"type": "response.in_progress", "response": head}))
+            .await?;
+        let items: Vec<Value> = response
+            .get("output")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for item in items {
+            self.emit_item(item).await?;
+        }
+        let ty = match response.get("status").and_then(Value::as_str) {
+            Some("incomplete") => "response.incomplete",
+            _ => "response.completed",
+        };
+        let mut last = json!({"type": ty, "response": response});
+        let output: Vec<Value> = self.items.values().cloned().collect();
+        if let Some(resp) = last.get_mut("response").and_then(Value::as_object_mut) {
+            resp.insert("output".into(), Value::Array(output));
+        }
+        self.attach_selfheal(&mut last);
+        self.report.finished = true;
+        self.report.broken = None;
+        self.send(last).await
+    }
+
+    /// After the upstream ended: nothing more after a terminal event; a re-issue when nothing
+    /// but preamble went out; else an error event, flushed, then a clean end.
+    async fn end(&mut self) {
+        if self.report.finished {
+            // A terminal event went out (a break after it cannot change the answer).
+            self.report.broken = None;
+            return;
+        }
+        let why = self
+            .report
+            .broken
+            .clone()
+            .unwrap_or_else(|| "upstream stream ended before the response was finished".into());
+        if !self.sent
+            && let Some(f) = self.hooks.reissue.take()
+        {
+            self.calls.clear();
+            self.held.clear();
+            self.held_bytes = 0;
+            self.index.clear();
+            self.items.clear();
+            self.next_index = 0;
+            if let Some(again) = f(Vec::new()).await {
+                self.report.reissued = Some(why);
+                self.report.broken = None;
+                self.report.repaired.extend(again.repaired);
+                let _ = self.emit_response(again.response).await;
+                return;
+            }
+        }
+        self.report.broken = Some(why.clone());
+        let mut e = json!({
+            "type": "error", "code": "stream_broken", "message": why, "param": null,
+            // The SDKs raise `APIError` for an event with an `error` object.
+            "error": {"message": why, "type": "upstream_error", "param": null,
+                      "code": "stream_broken"},
+        });
+        if !self.sent {
+            // Nothing went out and nothing could be re-issued: the preamble is not sent either.
+            self.held.clear();
+        }
+        self.stamp(&mut e);
+        let _ = self.tx.send(frame(&e)).await;
+    }
+}
+
+/// The message text of an error object (or its JSON).
+fn message_of(e: &Value) -> String {
+    e.get("message")
+        .and_then(Value::as_str)
+        .map_or_else(|| e.to_string(), str::to_owned)
+}
+
+/// The items of a new answer that replace unusable calls: its `function_call` items, or, when it
+/// has none, its messages.
+fn new_items(response: &Value) -> Vec<Value> {
+    let items = response
+        .get("output")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let of = |kind: &str| -> Vec<Value> {
+        items
+            .iter()
+            .filter(|i| i.get("type").and_then(Value::as_str) == Some(kind))
+            .cloned()
+            .collect()
+    };
+    let calls = of("function_call");
+    if calls.is_empty() {
+        of("message")
+    } else {
+        calls
+    }
+}
+
+/// The events of one whole output item at client index `index` (sequence numbers are stamped
+/// when sent): `output_item.added`, its content or arguments, `output_item.done`.
+pub fn item_events(item: &Value, index: u64) -> Vec<Value> {
+    let id = item.get("id").cloned().unwrap_or(Value::Null);
+    let mut added = item.clone();
+    let mut out = Vec::new();
+    match item.get("type").and_then(Value::as_str) {
+        Some("function_call") => {
+            let args = item.get("arguments").and_then(Value::as_str).unwrap_or("");
+            if let Some(o) = added.as_object_mut() {
+                o.insert("arguments".into(), json!(""));
+                o.insert("status".into(), json!("in_progress"));
+            }
+            out.push(
+                json!({"type": "response.output_item.added", "output_index": index,
+                            "item": added}),
+            );
+            out.push(
+                json!({"type": "response.function_call_arguments.delta", "item_id": id,
+                            "output_index": index, "delta": args}),
+            );
+            out.push(
+                json!({"type": "response.function_call_arguments.done", "item_id": id,
+                            "output_index": index, "arguments": args}),
+            );
+        }
+        Some("message") => {
+            if let Some(o) = added.as_object_mut() {
+                o.insert("content".into(), json!([]));
+                o.insert("status".into(), json!("in_progress"));
+            }
+            out.push(
+                json!({"type": "response.output_item.added", "output_index": index,
+                            "item": added}),
+            );
+            let parts = item
+                .get("content")
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice);
+            for (ci, part) in parts.iter().enumerate() {
+                let text = part.get("text").and_then(Value::as_str);
+                let mut empty = part.clone();
+                if text.is_some() {
+                    empty["text"] = json!("");
+                }
+                out.push(json!({"type": "response.content_part.added", "item_id": id,
+                                "output_index": index, "content_index": ci, "part": empty}));
+                if let (Some(text), Some("output_text")) =
+                    (text, part.get("type").and_then(Value::as_str))
+                {
+                    out.push(json!({"type": "response.output_text.delta", "item_id": id,
+                                    "output_index": index, "content_index": ci,
+                                    "delta": text, "logprobs": []}));
+                    out.push(json!({"type": "response.output_text.done", "item_id": id,
+                                    "output_index": index, "content_index": ci,
+                                    "text": text, "logprobs": []}));
+                }
+                out.push(json!({"type": "response.content_part.done", "item_id": id,
+                                "output_index": index, "content_index": ci, "part": part}));
+            }
+        }
+        _ => out.push(
+            json!({"type": "response.output_item.added", "output_index": index,
+                             "item": item}),
+        ),
+    }
+    out.push(json!({"type": "response.output_item.done", "output_index": index, "item": item}));
+    out
+}
+
+/// Frames of a whole Responses answer sent as a stream (the gateway answering by itself).
+pub fn answer_frames(response: &Value) -> Vec<Frame> {
+    let mut out = Vec::new();
+    let mut seq = 0u64;
+    let mut push = |mut v: Value| {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("sequence_number".into(), json!(seq));
+        }
+        seq += 1;
+        out.push(frame(&v));
+    };
+    let mut head = response.clone();
+    if let Some(o) = head.as_object_mut() {
+        o.insert("status".into(), json!("in_progress"));
+        o.insert("output".into(), json!([]));
+        o.remove("selfheal");
+    }
+    push(json!({"type": "response.created", "response": head}));
+    for (i, item) in response
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for e in item_events(item, i as u64) {
+            push(e);
+        }
+    }
+    push(json!({"type": "response.completed", "response": response}));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn tools() -> ToolIndex {
+        let parameters = json!({"type": "object", "properties": {"query": {"type": "string"}},
+                                "required": ["query"]});
+        let mut t = ToolIndex::new();
+        t.insert(
+            "search".into(),
+            crate::heal::ToolSpec {
+                schema_key: parameters.to_string(),
+                required: selfheal_repair::required_properties(&parameters),
+                parameters,
+            },
+        );
+        t
+    }
+
+    fn sse(events: &[Value]) -> reqwest::Response {
+        let body: String = events
+            .iter()
+            .map(|e| format!("event: x\ndata: {e}\n\n"))
+            .collect();
+        let http = axum::http::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(body)
+            .unwrap();
+        reqwest::Response::from(http)
+    }
+
+    fn created() -> Value {
+        json!({"type": "response.created", "response": {"id": "resp_1", "object": "response",
+               "status": "in_progress", "output": []}})
+    }
+
+    fn call_events(args: &str, done: bool) -> Vec<Value> {
+        let item = json!({"type": "function_call", "id": "fc_1", "call_id": "call_1",
+                          "name": "search", "arguments": "", "status": "in_progress"});
+        let mut out = vec![
+            json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+            json!({"type": "response.function_call_arguments.delta", "output_index": 0,
+                   "item_id": "fc_1", "delta": args}),
+        ];
+        if done {
+            let mut whole = item;
+            whole["arguments"] = json!(args);
+            whole["status"] = json!("completed");
+            out.push(
+                json!({"type": "response.output_item.done", "output_index": 0,
+                            "item": whole}),
+            );
+        }
+        out
+    }
+
+    async fn run(upstream: reqwest::Response, hooks: Hooks) -> (Vec<Value>, StreamReport) {
+        let (tx, mut rx) = mpsc::channel(256);
+        let report = relay(
+            upstream,
+            Arc::new(tools()),
+            Arc::new(GuideCache::default()),
+            Some(json!({"status": "complete", "actions": []})),
+            hooks,
+            &tx,
+        )
+        .await;
+        drop(tx);
+        let mut events = Vec::new();
+        while let Some(f) = rx.recv().await {
+            let text = String::from_utf8(f.unwrap().to_vec()).unwrap();
+            let data = text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+            events.push(serde_json::from_str(data).unwrap());
+        }
+        (events, report)
+    }
+
+    fn types(events: &[Value]) -> Vec<&str> {
+        events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_call_is_held_repaired_and_sent_whole_before_the_end() {
+        let mut events = vec![created()];
+        events.extend(call_events(r#"{"query": "rust",}"#, true));
+        events.push(
+            json!({"type": "response.completed", "response": {"id": "resp_1",
+                          "status": "completed", "output": []}}),
+        );
+        let (out, report) = run(sse(&events), Hooks::default()).await;
+        assert_eq!(report.repaired, vec!["search".to_owned()]);
+        let done = out
+            .iter()
+            .find(|e| e["type"] == "response.output_item.done")
+            .unwrap();
+        assert_eq!(done["item"]["arguments"], json!(r#"{"query":"rust"}"#));
+        let last = out.last().unwrap();
+        assert_eq!(last["type"], "response.completed");
+        assert_eq!(
+            last["response"]["output"][0]["arguments"],
+            done["item"]["arguments"]
+        );
+        assert_eq!(last["response"]["selfheal"]["actions"], json!(["repair"]));
+        let seq: Vec<u64> = out
+            .iter()
+            .map(|e| e["sequence_number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seq, (0..out.len() as u64).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn a_call_cut_by_the_token_limit_is_never_sent() {
+        let mut events = vec![created()];
+        events.extend(call_events(r#"{"query": "ru"#, false));
+        events.push(
+            json!({"type": "response.incomplete", "response": {"id": "resp_1",
+                          "status": "incomplete",
+                          "incomplete_details": {"reason": "max_output_tokens"}, "output": []}}),
+        );
+        let (out, report) = run(sse(&events), Hooks::default()).await;
+        assert!(
+            out.iter()
+                .all(|e| e["type"] != "response.output_item.added"),
+            "{out:?}"
+        );
+        assert_eq!(report.invalid.len(), 1);
+        assert!(report.invalid[0].contains("cut off"), "{report:?}");
+        let last = out.last().unwrap();
+        assert_eq!(last["type"], "response.incomplete");
+        assert_eq!(last["response"]["selfheal"]["status"], "partial");
+        assert_eq!(last["response"]["output"], json!([]));
+    }
+
+    #[tokio::test]
+    async fn a_complete_json_call_in_an_item_left_unfinished_is_refused() {
+        // The arguments happen to parse, but the item never finished: not a call.
+        let mut events = vec![created()];
+        events.extend(call_events(r#"{"query": "ru"}"#, false));
+        events.push(
+            json!({"type": "response.incomplete", "response": {"status": "incomplete",
+                          "output": []}}),
+        );
+        let (out, report) = run(sse(&events), Hooks::default()).await;
+        assert_eq!(report.invalid.len(), 1);
+        assert!(
+            out.iter()
+                .all(|e| e["type"] != "response.output_item.added")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_break_after_the_preamble_only_is_reissued() {
+        let events = vec![
+            created(),
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"type": "message", "id": "m", "role": "assistant", "content": []}}),
+        ];
+        let hooks = Hooks {
+            reask: None,
+            reissue: Some(Box::new(|problems: Vec<String>| {
+                assert!(problems.is_empty());
+                Box::pin(async {
+                    Some(Reanswered {
+                        response: json!({"id": "resp_2", "status": "completed", "output": [
+                            {"type": "message", "id": "m2", "role": "assistant",
+                             "status": "completed",
+                             "content": [{"type": "output_text", "text": "again",
+                                          "annotations": []}]}]}),
+                        repaired: Vec::new(),
+                    })
+                })
+            })),
+        };
+        let (out, report) = run(sse(&events), hooks).await;
+        assert!(
+            report.reissued.is_some() && report.broken.is_none(),
+            "{report:?}"
+        );
+        assert_eq!(
+            types(&out)
+                .iter()
+                .filter(|t| **t == "response.created")
+                .count(),
+            1,
+            "the broken preamble is not sent: {out:?}"
+        );
+        let text: String = out
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "again");
+        assert_eq!(
+            out.last().unwrap()["response"]["selfheal"]["actions"],
+            json!(["reissue"])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_break_after_content_ends_in_one_error_event() {
+        let events = vec![
+            created(),
+            json!({"type": "response.output_text.delta", "output_index": 0, "delta": "Half"}),
+        ];
+        let hooks = Hooks {
+            reask: None,
+            reissue: Some(Box::new(|_| panic!("content went out: no re-issue"))),
+        };
+        let (out, report) = run(sse(&events), hooks).await;
+        assert_eq!(
+            types(&out),
+            vec!["response.created", "response.output_text.delta", "error"]
+        );
+        assert!(report.broken.is_some());
+        assert_eq!(out[2]["error"]["code"], "stream_broken");
+    }
+
+    /// Found by `responses_relay_props`: a `function_call` item's `done` (or an arguments
+    /// delta) without its `added` event was passed on unchecked.
+    #[tokio::test]
+    async fn issue13_call_events_without_their_added_event_are_held_and_checked() {
+        let events = vec![
+            created(),
+            json!({"type": "response.function_call_arguments.delta", "output_index": 3,
+                   "delta": "{\"query\": "}),
+            json!({"type": "response.output_item.done", "output_index": 4,
+                   "item": {"type": "function_call", "id": "fc", "name": "nope",
+                            "arguments": "{}", "status": "completed"}}),
+            json!({"type": "response.completed", "response": {"status": "completed",
+                   "output": []}}),
+        ];
+        let (out, report) = run(sse(&events), Hooks::default()).await;
+        assert_eq!(
+            types(&out),
+            vec!["response.created", "response.completed"],
+            "{out:?}"
+        );
+        assert_eq!(report.invalid.len(), 2, "{report:?}");
+        assert_eq!(out[1]["response"]["selfheal"]["status"], "partial");
+    }
+
+    /// Found by `responses_relay_props`: an event that is not an object with a `type` was
+    /// passed on to the client.
+    #[tokio::test]
+    async fn issue13_an_event_without_a_type_breaks_the_stream() {
+        let events = vec![created(), json!([1, 2])];
+        let (out, report) = run(sse(&events), Hooks::default()).await;
+        assert_eq!(types(&out), vec!["error"], "{out:?}");
+        assert!(
+            report
+                .broken
+                .is_some_and(|b| b.contains("without a `type`"))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unusable_call_is_reasked_and_replaced() {
+        let mut events = vec![created()];
+        events.extend(call_events(r#"{"limit": 3}"#, true));
+        events.push(
+            json!({"type": "response.completed", "response": {"status": "completed",
+                          "output": []}}),
+        );
+        let hooks = Hooks {
+            reask: Some(Box::new(|problems: Vec<String>| {
+                assert_eq!(problems.len(), 1);
+                Box::pin(async {
+                    Some(Reanswered {
+                        response: json!({"status": "completed", "output": [
+                            {"type": "function_call", "id": "fc_2", "call_id": "call_2",
+                             "name": "search", "arguments": "{\"query\":\"x\"}",
+                             "status": "completed"}]}),
+                        repaired: Vec::new(),
+                    })
+                })
+            })),
+            reissue: None,
+        };
+        let (out, report) = run(sse(&events), hooks).await;
+        assert_eq!(report.reasked.len(), 1);
+        let args: Vec<&Value> = out
+            .iter()
+            .filter(|e| e["type"] == "response.function_call_arguments.done")
+            .map(|e| &e["arguments"])
+            .collect();
+        assert_eq!(args, vec![&json!("{\"query\":\"x\"}")]);
+        assert!(
+            !out.iter().any(|e| e.to_string().contains("limit")),
+            "{out:?}"
+        );
+    }
+}
