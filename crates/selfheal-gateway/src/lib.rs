@@ -35,6 +35,7 @@ pub mod config;
 pub mod error;
 pub mod heal;
 pub mod metrics;
+pub mod recover;
 pub mod request;
 pub mod runs;
 pub use selfheal_trace::store;
