@@ -275,10 +275,53 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 }
 
 /// The gateway both sides are compared through: `selfheal serve` in front of the scripted
-/// model at `model_url`, with the benchmark's policy and no trace.
+/// model at `model_url`, with the benchmark's policy, no trace, and what an operator would
+/// configure for these tools and models:
+///
+/// - `[tools]`: each tool's equivalent source (the in-process client's substitute) and, for the
+///   external ones, a cross-check against it with the tool's documented tolerance — what the
+///   in-process client knows from the same task file;
+/// - the model's chain: the scripted model, then the fallback model
+///   ([`model::FALLBACK_MODEL`]) the ladder's escalation goes to;
+/// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
+///   task set's longest plan (a deployment has one budget for every run).
 pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
+    use selfheal_gateway::config::{ModelRoute, Target, ToolConfig};
     let mut g = GatewayConfig::for_upstream(model_url);
     g.policy = capped_policy(config);
+    // The in-process run's budget vector; the gateway's is one per deployment, so it is sized
+    // for the longest plan of the task set.
+    let longest = config
+        .task_set
+        .tasks
+        .iter()
+        .map(|t| t.plan.steps.len())
+        .max()
+        .unwrap_or(1);
+    g.budget = selfheal_bench::strategies::self_healing_budget(longest, config.budget);
+    let target = |model: &str| Target {
+        upstream: "default".into(),
+        model: model.into(),
+    };
+    g.models.insert(
+        agent::MODEL.into(),
+        ModelRoute {
+            chain: vec![target(agent::MODEL), target(model::FALLBACK_MODEL)],
+        },
+    );
+    for task in &config.task_set.tasks {
+        for t in &task.plan.tools {
+            let Some(sub) = &t.substitute else { continue };
+            g.tools.entry(t.name.clone()).or_insert_with(|| ToolConfig {
+                substitute: Some(sub.clone()),
+                cross_check: t.external,
+                tolerance: selfheal_core::verifier::Tolerance {
+                    rel: t.tolerance.rel,
+                    abs: t.tolerance.abs,
+                },
+            });
+        }
+    }
     g
 }
 
