@@ -248,7 +248,7 @@ pub enum Read {
 /// - JSON with a string `error` field is the tool's error;
 /// - text that does not parse but from which `selfheal-repair` reads an object or an array is
 ///   malformed output that can be repaired — unless it was cut off (brackets or a string left
-///   open): closing it would invent data;
+///   open: closing it would invent data) or what it reads has an empty field;
 /// - text that opens like JSON (`{`, `[`) and cannot be read is malformed (cut, when brackets
 ///   or a string are left open);
 /// - other JSON or text is a value (the monitor still judges empty and null answers soft).
@@ -277,11 +277,17 @@ pub fn read_result(text: &str) -> Read {
             let signal = Signal::MalformedOutput {
                 detail: e.to_string(),
             };
+            // A repair is refused when it would invent data (the JSON inside was cut) or when
+            // what it reads has holes (a null or empty field): fetching again is the better bet.
             match selfheal_repair::repair(t) {
-                Ok(r) if (r.value.is_object() || r.value.is_array()) && !is_cut_inside(t) => {
-                    Read::Repairable {
-                        signal,
-                        value: r.value,
+                Ok(r) if r.value.is_object() || r.value.is_array() => {
+                    if is_cut_inside(t) || has_hole(&r.value) {
+                        Read::Failed(Some(signal))
+                    } else {
+                        Read::Repairable {
+                            signal,
+                            value: r.value,
+                        }
                     }
                 }
                 Ok(_) | Err(_) if json_like => Read::Failed(Some(signal)),
@@ -289,6 +295,22 @@ pub fn read_result(text: &str) -> Read {
                 Ok(_) | Err(_) => Read::Value(Value::String(text.to_owned())),
             }
         }
+    }
+}
+
+/// Whether a value is empty or has an empty field at the top (null, an empty array).
+fn has_hole(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => o.is_empty() || o.values().any(is_empty),
+        other => is_empty(other),
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(x) => x.is_empty(),
+        Value::Object(_) | Value::Bool(_) | Value::Number(_) | Value::String(_) => false,
     }
 }
 
@@ -367,13 +389,16 @@ pub fn observe(
     let (id, tool, args) = call;
     if let Some(p) = st.wire.pending.take() {
         if p.against == tool && canonical_hash(&p.args) == canonical_hash(args) {
+            // The second source's answer is read as it came: one that does not parse is no
+            // evidence (the verifier does not repair what it checks against).
             let verdict = match read_result(text) {
-                Read::Value(other) | Read::Repairable { value: other, .. } => {
-                    match holes(&p.value, &other) {
-                        Some(signal) => Verdict::Hole(signal),
-                        None => Verdict::Judged(cross_check(&p.value, &other, p.tolerance)),
-                    }
-                }
+                Read::Value(other) => match holes(&p.value, &other) {
+                    Some(signal) => Verdict::Hole(signal),
+                    None => Verdict::Judged(cross_check(&p.value, &other, p.tolerance)),
+                },
+                Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
+                    reason: format!("`{}` sent an unreadable body", p.against),
+                }),
                 Read::Failed(_) => Verdict::Judged(Judgement::Uncertain {
                     reason: format!("`{}` did not answer: {}", p.against, clip(text)),
                 }),
@@ -528,11 +553,7 @@ fn holes(value: &Value, other: &Value) -> Option<Signal> {
     let (Value::Object(a), Value::Object(b)) = (value, other) else {
         return None;
     };
-    let empty = |v: &Value| match v {
-        Value::Null => true,
-        Value::Array(x) => x.is_empty(),
-        _ => false,
-    };
+    let empty = is_empty;
     b.iter().find_map(|(k, theirs)| {
         let ours = a.get(k)?;
         if empty(ours) && !empty(theirs) {
@@ -827,6 +848,14 @@ mod tests {
             Read::Failed(Some(Signal::Exception { .. }))
         ));
         assert_eq!(read_result("null"), Read::Failed(None));
+        assert!(matches!(
+            read_result("```json\n{\"temp\": 21}\n```"),
+            Read::Repairable { value, .. } if value == json!({"temp": 21})
+        ));
+        assert!(matches!(
+            read_result("```json\n{\"temp\": null}\n```"),
+            Read::Failed(Some(Signal::MalformedOutput { .. }))
+        ));
         assert_eq!(
             read_result(r#"{"temp": 2}"#),
             Read::Value(json!({"temp": 2}))
