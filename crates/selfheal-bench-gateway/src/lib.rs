@@ -17,12 +17,15 @@
 //!
 //! Per episode ([`run`]): the same task, seed and drawn fault schedule as
 //! `selfheal_bench::run`; the in-process `self-healing` strategy runs it once, the gateway arm
-//! once, each on a fresh [`Episode`]. The gateway heals what crosses it — tool-call arguments
-//! (repaired or re-asked), unknown tools (re-asked), tool failures it reads in the history
-//! (guidance, hidden tools, the failure-rate abort) — and the scripted model reacts to those
-//! ([`model`]). It executes no tool, so recoveries that only a tool-side client can make (resend
-//! without the model, refresh, output repair, cross-checks, the fallback model) happen only as
-//! far as the model's reactions reach.
+//! once, each on a fresh [`Episode`]. The gateway decides with the same core controller: the
+//! tool results it reads in the history are its observations, and it carries out the
+//! directives on the wire — tool-call arguments repaired or re-asked, the class ladder's retry,
+//! substitute and replan as guidance, escalation as a request to the fallback model, an output
+//! repair in place of the tool result, cross-checks as calls the agent makes, degrade as a
+//! `partial` answer — and the scripted model reacts to those ([`model`]). It executes no tool
+//! and knows no plan, so what only a plan-aware, tool-calling client can do (map a wrong tool
+//! back to the plan's, put the plan's values into arguments, refresh past a cache, read `as_of`)
+//! stays a difference by construction (see the README).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), selfheal_bench_gateway::ArmError> {
@@ -431,8 +434,8 @@ pub async fn run(
                 .collect();
             names.sort_unstable();
             names.dedup();
-            // Per fault and persistence: a permanent agent fault is one only the fallback model
-            // fixes, which the gateway does not call for a model's own mistakes.
+            // Per fault and persistence: a permanent agent fault is one only a plan lookup or
+            // the (fallible) fallback model fixes.
             let mut kinds: Vec<String> = faults
                 .iter()
                 .filter_map(|f| {

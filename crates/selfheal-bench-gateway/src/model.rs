@@ -500,6 +500,81 @@ mod tests {
         );
     }
 
+    /// The controller's guidance, as `selfheal_gateway::recover` writes it, is heard.
+    #[test]
+    fn the_controllers_guidance_is_heard() {
+        use selfheal_core::FailureClass;
+        use selfheal_gateway::recover;
+        let lines = [
+            recover::retry_text("fx.rate", FailureClass::ToolTimeout),
+            recover::replan_text("fx.rate", FailureClass::PlanningFailure),
+            recover::cross_check_text("fx.rate", "fx.mirror"),
+            recover::substitute_text("fx.rate", FailureClass::ToolUnavailable, "fx.mirror"),
+        ];
+        let messages = vec![json!({"role": "system",
+            "content": format!("[selfheal] {}", lines.join("\n"))})];
+        assert_eq!(
+            heard(&messages),
+            vec![
+                Heard::Retry("fx.rate".into()),
+                Heard::Replan,
+                Heard::CrossCheck {
+                    of: "fx.rate".into(),
+                    with: "fx.mirror".into()
+                },
+                Heard::Failing("fx.rate".into()),
+            ]
+        );
+    }
+
+    /// Asked for a cross-check, the model calls the other tool with the arguments of its last
+    /// call of the checked one, and the world charges that call as a verifier's.
+    #[test]
+    fn a_cross_check_is_the_same_arguments_charged_as_a_verifier_call() {
+        let task = &selfheal_bench::task::builtin(1)[0];
+        let model = FaultModel::default_model().unwrap();
+        let primary = task.plan.steps[0].tool.clone();
+        let sub = task.plan.step_tool(0).unwrap().substitute.clone().unwrap();
+        let mut world = crate::world::World::new(task, Episode::new(task, &[], &model, 1));
+        let first = world.answer(&request(
+            task,
+            vec![json!({"role": "user", "content": "go"})],
+        ));
+        let Reply::Call { id, arguments, .. } = first.clone() else {
+            panic!("{first:?}")
+        };
+        let out = world.execute(&id, &primary, &arguments);
+        let check = json!({"role": "system", "content": format!(
+            "[selfheal] {}", selfheal_gateway::recover::cross_check_text(&primary, &sub))});
+        let req = request(
+            task,
+            vec![
+                json!({"role": "user", "content": "go"}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+                "function": {"name": primary, "arguments": arguments}}]}),
+                json!({"role": "tool", "tool_call_id": id, "content": out}),
+                check,
+            ],
+        );
+        let Reply::Call {
+            id: cid,
+            tool,
+            arguments: cargs,
+        } = world.answer(&req)
+        else {
+            panic!("a call")
+        };
+        assert_eq!(
+            (tool.as_str(), cargs.as_str()),
+            (sub.as_str(), arguments.as_str())
+        );
+        let before = world.ep.costs();
+        world.execute(&cid, &tool, &cargs);
+        let after = world.ep.costs();
+        assert_eq!(after.verifier_calls, before.verifier_calls + 1);
+        assert_eq!(after.tool_calls, before.tool_calls);
+    }
+
     use selfheal_bench::faultmodel::{FaultModel, Injected};
 
     fn fault(model: &FaultModel, name: &str, k: u32) -> Injected {
