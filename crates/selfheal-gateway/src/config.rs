@@ -457,6 +457,19 @@ mod tests {
         let c = GatewayConfig::from_toml_str(&readme[start..end]).unwrap();
         assert_eq!(c.route("smart").unwrap().len(), 2);
         assert_eq!(c.budget.recoveries, 5);
+        let weather = &c.tools["weather.current"];
+        assert_eq!(weather.substitute.as_deref(), Some("weather.backup"));
+        assert!(weather.cross_check);
+    }
+
+    #[test]
+    fn a_tool_needs_another_tool_to_substitute_or_check_against() {
+        let own = GatewayConfig::from_toml_str("[tools.a]\nsubstitute = \"a\"\n");
+        assert!(matches!(own, Err(ConfigError::Invalid(m)) if m.contains("its own substitute")));
+        let lone = GatewayConfig::from_toml_str("[tools.a]\ncross_check = true\n");
+        assert!(matches!(lone, Err(ConfigError::Invalid(m)) if m.contains("needs a substitute")));
+        let typo = GatewayConfig::from_toml_str("[tools.a]\nsubstitue = \"b\"\n");
+        assert!(typo.is_err(), "unknown keys are refused");
     }
 
     #[test]
