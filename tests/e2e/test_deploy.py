@@ -17,6 +17,18 @@ import pytest
 
 from conftest import BIN, start_gateway
 
+# The gateway's run decides with the core's ladders: with the defaults a tool that keeps failing
+# ends the run `partial` at the end of its ladder. Tests of the monitor's breaker (hidden at five
+# failures) run under ladders that keep retrying.
+PATIENT = """
+[policy.ladders]
+tool_timeout = ["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]
+tool_unavailable = ["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]
+[budget]
+retries = 1000
+recoveries = 1000
+"""
+
 CLIENT_KEY = "sk-client-" + "a1b2c3d4e5f6"
 OTHER_KEY = "sk-client-" + "z9y8x7w6v5u4"
 OPERATOR_KEY = "sk-operator-" + "0p3r4t0r5ecret"
@@ -130,7 +142,15 @@ def test_no_key_appears_in_answers_logs_or_trace(upstream, tmp_path):
         assert OPERATOR_KEY not in text and CLIENT_KEY not in text
 
 
-def test_two_tenants_with_the_same_opening_do_not_share_a_run(gateway, upstream):
+def test_two_tenants_with_the_same_opening_do_not_share_a_run(upstream, tmp_path):
+    gateway = start_gateway(upstream, tmp_path, top=PATIENT)
+    try:
+        tenants_do_not_share_a_run(gateway, upstream)
+    finally:
+        gateway.stop()
+
+
+def tenants_do_not_share_a_run(gateway, upstream):
     opening = [{"role": "system", "content": "You are a helper."},
                {"role": "user", "content": f"Find the answer {uuid.uuid4()}"}]
 
@@ -442,17 +462,26 @@ def test_responses_unusable_calls_are_reasked_never_forwarded(gateway, upstream)
     second = upstream.log()[1]["input"]
     assert "could not be used" in json.dumps(second[-1]), second
     # When the re-ask is unusable too, the call is taken out and the answer is partial.
-    # (The default ladder re-asks twice: repair, then retry.)
+    # (The default ladder re-asks three times: repair, retry, replan.)
     upstream.script([{"kind": "tool", "name": "search", "arguments": '{"limit": 3}'},
                      {"kind": "tool", "name": "search", "arguments": '{"limit": 4}'},
-                     {"kind": "tool", "name": "search", "arguments": '{"limit": 5}'}])
+                     {"kind": "tool", "name": "search", "arguments": '{"limit": 5}'},
+                     {"kind": "tool", "name": "search", "arguments": '{"limit": 6}'}])
     r = client(gateway).responses.create(model="stub", input=f"find {uuid.uuid4()}",
                                           tools=RESPONSES_TOOLS)
     assert not [o for o in r.output if o.type == "function_call"]
     assert r.model_extra["selfheal"]["status"] == "partial"
 
 
-def test_responses_tool_results_feed_the_monitor(gateway, upstream):
+def test_responses_tool_results_feed_the_monitor(upstream, tmp_path):
+    gateway = start_gateway(upstream, tmp_path, top=PATIENT)
+    try:
+        responses_feed_the_monitor(gateway, upstream)
+    finally:
+        gateway.stop()
+
+
+def responses_feed_the_monitor(gateway, upstream):
     """A Responses agent whose `search` failed five times: the gateway hides the tool and tells
     the model why, in `instructions`, as it does for chat completions."""
     tools = RESPONSES_TOOLS + [{"type": "function", "name": "lookup", "parameters": {

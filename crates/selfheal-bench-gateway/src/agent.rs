@@ -21,13 +21,14 @@ use crate::world::World;
 pub struct MaxTurns(pub u32);
 
 impl MaxTurns {
-    /// `(R + 2)` requests per step of a plan of `steps` steps: room for the gateway's own
-    /// recoveries at every step, never the reason an episode that heals ends early.
+    /// `2·(R + 2)` requests per step of a plan of `steps` steps: room for the gateway's own
+    /// recoveries at every step, each of which may be followed by a cross-check call — never
+    /// the reason an episode that heals ends early.
     pub fn for_plan(steps: usize, budget: u32) -> MaxTurns {
         MaxTurns(
             u32::try_from(steps)
                 .unwrap_or(u32::MAX)
-                .saturating_mul(budget.saturating_add(2)),
+                .saturating_mul(budget.saturating_add(2).saturating_mul(2)),
         )
     }
 }

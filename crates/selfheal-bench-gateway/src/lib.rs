@@ -17,12 +17,15 @@
 //!
 //! Per episode ([`run`]): the same task, seed and drawn fault schedule as
 //! `selfheal_bench::run`; the in-process `self-healing` strategy runs it once, the gateway arm
-//! once, each on a fresh [`Episode`]. The gateway heals what crosses it — tool-call arguments
-//! (repaired or re-asked), unknown tools (re-asked), tool failures it reads in the history
-//! (guidance, hidden tools, the failure-rate abort) — and the scripted model reacts to those
-//! ([`model`]). It executes no tool, so recoveries that only a tool-side client can make (resend
-//! without the model, refresh, output repair, cross-checks, the fallback model) happen only as
-//! far as the model's reactions reach.
+//! once, each on a fresh [`Episode`]. The gateway decides with the same core controller: the
+//! tool results it reads in the history are its observations, and it carries out the
+//! directives on the wire — tool-call arguments repaired or re-asked, the class ladder's retry,
+//! substitute and replan as guidance, escalation as a request to the fallback model, an output
+//! repair in place of the tool result, cross-checks as calls the agent makes, degrade as a
+//! `partial` answer — and the scripted model reacts to those ([`model`]). It executes no tool
+//! and knows no plan, so what only a plan-aware, tool-calling client can do (map a wrong tool
+//! back to the plan's, put the plan's values into arguments, refresh past a cache, read `as_of`)
+//! stays a difference by construction (see the README).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), selfheal_bench_gateway::ArmError> {
@@ -275,10 +278,53 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 }
 
 /// The gateway both sides are compared through: `selfheal serve` in front of the scripted
-/// model at `model_url`, with the benchmark's policy and no trace.
+/// model at `model_url`, with the benchmark's policy, no trace, and what an operator would
+/// configure for these tools and models:
+///
+/// - `[tools]`: each tool's equivalent source (the in-process client's substitute) and, for the
+///   external ones, a cross-check against it with the tool's documented tolerance — what the
+///   in-process client knows from the same task file;
+/// - the model's chain: the scripted model, then the fallback model
+///   ([`model::FALLBACK_MODEL`]) the ladder's escalation goes to;
+/// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
+///   task set's longest plan (a deployment has one budget for every run).
 pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
+    use selfheal_gateway::config::{ModelRoute, Target, ToolConfig};
     let mut g = GatewayConfig::for_upstream(model_url);
     g.policy = capped_policy(config);
+    // The in-process run's budget vector; the gateway's is one per deployment, so it is sized
+    // for the longest plan of the task set.
+    let longest = config
+        .task_set
+        .tasks
+        .iter()
+        .map(|t| t.plan.steps.len())
+        .max()
+        .unwrap_or(1);
+    g.budget = selfheal_bench::strategies::self_healing_budget(longest, config.budget);
+    let target = |model: &str| Target {
+        upstream: "default".into(),
+        model: model.into(),
+    };
+    g.models.insert(
+        agent::MODEL.into(),
+        ModelRoute {
+            chain: vec![target(agent::MODEL), target(model::FALLBACK_MODEL)],
+        },
+    );
+    for task in &config.task_set.tasks {
+        for t in &task.plan.tools {
+            let Some(sub) = &t.substitute else { continue };
+            g.tools.entry(t.name.clone()).or_insert_with(|| ToolConfig {
+                substitute: Some(sub.clone()),
+                cross_check: t.external,
+                tolerance: selfheal_core::verifier::Tolerance {
+                    rel: t.tolerance.rel,
+                    abs: t.tolerance.abs,
+                },
+            });
+        }
+    }
     g
 }
 
@@ -388,8 +434,8 @@ pub async fn run(
                 .collect();
             names.sort_unstable();
             names.dedup();
-            // Per fault and persistence: a permanent agent fault is one only the fallback model
-            // fixes, which the gateway does not call for a model's own mistakes.
+            // Per fault and persistence: a permanent agent fault is one only a plan lookup or
+            // the (fallible) fallback model fixes.
             let mut kinds: Vec<String> = faults
                 .iter()
                 .filter_map(|f| {

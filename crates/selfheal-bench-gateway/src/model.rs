@@ -21,6 +21,10 @@
 //! | guidance that the last call repeated an earlier one, when it repeated an earlier step's call | drops that result, writes the step again | repetition detected |
 //! | the same guidance when it repeated its own call of this step, or guidance about a loop | calls the step's substitute | substitute |
 //! | guidance about empty inputs or a loop, when its last call had an empty required argument | replans and goes back to the first step it has no output for | replan on a missing input |
+//! | the controller's retry (`` `tool` failed (class): call it again ``) | resends the step's call as it was written (no new model call); a step whose value two sources disagreed on is fetched again | retry |
+//! | the controller's replan | replans and goes back to the first step it has no output for | replan |
+//! | the controller's cross-check | calls the named equivalent tool with the arguments of its last call of the checked one (a verifier's call, charged as one) | the cross-check verifier |
+//! | a request for the fallback model (the gateway's escalation) | the fallback model writes: its own error rate, price and latency | escalate |
 //! | nothing (a tool failed) | writes the step's call again | retry |
 //!
 //! It reads a tool result the way a plain client does ([`usable`]): JSON, with every field the
@@ -38,6 +42,9 @@ use selfheal_core::monitor::canonical_hash;
 /// The text the gateway opens a re-ask turn with (`selfheal_gateway::app`'s re-ask).
 pub const REASK_PREFIX: &str = "Your last answer's tool calls could not be used.";
 
+/// The model name the gateway's escalation asks for (the second target of the arm's chain).
+pub const FALLBACK_MODEL: &str = "bench-fallback";
+
 /// The prefix of the gateway's guidance system message.
 pub const GUIDANCE_PREFIX: &str = "[selfheal] ";
 
@@ -52,6 +59,18 @@ pub enum Heard {
     EmptyInput,
     /// The run is looping.
     Loop,
+    /// The controller's retry: call the tool again with the same arguments.
+    Retry(String),
+    /// The controller's replan.
+    Replan,
+    /// The controller's cross-check: call the second tool with the arguments of the last call
+    /// of the first.
+    CrossCheck {
+        /// The tool whose result is checked.
+        of: String,
+        /// The tool to call.
+        with: String,
+    },
 }
 
 /// Reads the gateway's guidance out of a request's messages. The wire carries text only; these
@@ -86,6 +105,15 @@ pub fn heard(messages: &[Value]) -> Vec<Heard> {
                 out.push(Heard::EmptyInput);
             } else if line.starts_with("You appear to be in a loop") {
                 out.push(Heard::Loop);
+            } else if line.starts_with('`') && line.contains("): call it again") {
+                out.push(Heard::Retry(named()));
+            } else if line.starts_with('`') && line.contains("): rethink your plan") {
+                out.push(Heard::Replan);
+            } else if line.starts_with("Cross-check the last result of `") {
+                let mut ticks = line.split('`');
+                let of = ticks.nth(1).unwrap_or_default().to_owned();
+                let with = ticks.nth(1).unwrap_or_default().to_owned();
+                out.push(Heard::CrossCheck { of, with });
             }
         }
     }
@@ -158,6 +186,8 @@ struct Pending {
     step: usize,
     tool: String,
     args: Value,
+    /// A cross-check call: its result is the gateway's to judge, not a step's output.
+    verify: bool,
 }
 
 /// The scripted model of one episode.
@@ -173,6 +203,12 @@ pub struct Script<'t> {
     pending: Option<Pending>,
     /// The step each call id was written for.
     issued: HashMap<String, usize>,
+    /// The cross-check calls among them.
+    checks: std::collections::HashSet<String>,
+    /// The last call of each tool: its step and arguments.
+    last_call: HashMap<String, (usize, Value)>,
+    /// Who writes this request's calls.
+    writer: Writer,
     asks: u64,
 }
 
@@ -188,8 +224,16 @@ impl<'t> Script<'t> {
             made: vec![None; n],
             pending: None,
             issued: HashMap::new(),
+            checks: std::collections::HashSet::new(),
+            last_call: HashMap::new(),
+            writer: Writer::Agent,
             asks: 0,
         }
+    }
+
+    /// Whether the call `id` was a cross-check (the world charges it as a verifier's call).
+    pub fn is_check(&self, id: &str) -> bool {
+        self.checks.contains(id)
     }
 
     /// The step the call `id` was written for (the world executes it there).
@@ -220,6 +264,11 @@ impl<'t> Script<'t> {
             })
             .unwrap_or_default();
         let heard = heard(messages);
+        // The gateway's escalation asks the fallback model by name.
+        self.writer = match request.get("model").and_then(Value::as_str) {
+            Some(FALLBACK_MODEL) => Writer::Fallback,
+            Some(_) | None => Writer::Agent,
+        };
         let reasked = messages.last().is_some_and(|m| {
             m.get("role").and_then(Value::as_str) == Some("user")
                 && m.get("content")
@@ -237,7 +286,60 @@ impl<'t> Script<'t> {
         } else {
             self.read_result(ep, messages, &heard);
         }
-        self.next_call(ep, &offered, &heard)
+        for h in &heard {
+            match h {
+                Heard::CrossCheck { of, with } if offered.contains(&with.as_str()) => {
+                    if let Some(call) = self.cross_check(of, with) {
+                        return call;
+                    }
+                }
+                Heard::Retry(tool) => self.refetch(tool),
+                Heard::Replan => self.replan(ep),
+                Heard::CrossCheck { .. }
+                | Heard::Failing(_)
+                | Heard::Duplicate(_)
+                | Heard::EmptyInput
+                | Heard::Loop => {}
+            }
+        }
+        let resend = heard.iter().any(|h| matches!(h, Heard::Retry(_)));
+        self.next_call(ep, &offered, &heard, resend)
+    }
+
+    /// The cross-check call: `with`, with the arguments of the last call of `of`.
+    fn cross_check(&mut self, of: &str, with: &str) -> Option<Reply> {
+        let (step, args) = self.last_call.get(of)?.clone();
+        let id = format!("call_{}", self.issued.len() + 1);
+        self.issued.insert(id.clone(), step);
+        self.checks.insert(id.clone());
+        let arguments = args.to_string();
+        self.pending = Some(Pending {
+            id: id.clone(),
+            step,
+            tool: with.to_owned(),
+            args,
+            verify: true,
+        });
+        Some(Reply::Call {
+            id,
+            tool: with.to_owned(),
+            arguments,
+        })
+    }
+
+    /// Told to call `tool` again: a step whose output came from it is fetched again (the
+    /// two sources disagreed on it).
+    fn refetch(&mut self, tool: &str) {
+        let Some(&(step, _)) = self.last_call.get(tool) else {
+            return;
+        };
+        if let Some(slot) = self.outputs.get_mut(step)
+            && slot.is_some()
+        {
+            *slot = None;
+            self.made[step] = None;
+            self.s = self.s.min(step);
+        }
     }
 
     /// Whether `args` leave a required argument of step `s`'s tool empty.
@@ -253,7 +355,7 @@ impl<'t> Script<'t> {
 
     /// Rethinks the plan and goes back to the first step without an output.
     fn replan(&mut self, ep: &mut Episode<'_>) {
-        ep.replan(Writer::Agent);
+        ep.replan(self.writer);
         if let Some(m) = self.outputs.iter().position(Option::is_none) {
             self.s = self.s.min(m);
         }
@@ -270,6 +372,10 @@ impl<'t> Script<'t> {
             return;
         };
         let Some(p) = self.pending.take() else { return };
+        if p.verify {
+            // The gateway judges a cross-check; the model goes on with what it has.
+            return;
+        }
         let key = (p.tool.clone(), canonical_hash(&p.args));
         // Told it repeated a call, it checks its own calls: an earlier step's call (whose result
         // this is, not this step's), or its own retry of this step (a change of approach).
@@ -301,7 +407,13 @@ impl<'t> Script<'t> {
     }
 
     /// Writes the next call, the answer, or gives up.
-    fn next_call(&mut self, ep: &mut Episode<'_>, offered: &[&str], heard: &[Heard]) -> Reply {
+    fn next_call(
+        &mut self,
+        ep: &mut Episode<'_>,
+        offered: &[&str],
+        heard: &[Heard],
+        resend: bool,
+    ) -> Reply {
         let n = self.plan.steps.len();
         loop {
             while self.s < n && self.outputs[self.s].is_some() {
@@ -333,7 +445,7 @@ impl<'t> Script<'t> {
                     s + 1
                 ));
             }
-            match ep.write(s, Writer::Agent, true, &self.outputs) {
+            match ep.write(s, self.writer, !resend, &self.outputs) {
                 Written::Skipped => {
                     self.s += 1;
                 }
@@ -348,11 +460,13 @@ impl<'t> Script<'t> {
                     };
                     let id = format!("call_{}", self.issued.len() + 1);
                     self.issued.insert(id.clone(), s);
+                    self.last_call.insert(tool.clone(), (s, args.clone()));
                     self.pending = Some(Pending {
                         id: id.clone(),
                         step: s,
                         tool: tool.clone(),
                         args,
+                        verify: false,
                     });
                     return Reply::Call {
                         id,
@@ -384,6 +498,81 @@ mod tests {
                 Heard::Duplicate("geo.capital".into())
             ]
         );
+    }
+
+    /// The controller's guidance, as `selfheal_gateway::recover` writes it, is heard.
+    #[test]
+    fn the_controllers_guidance_is_heard() {
+        use selfheal_core::FailureClass;
+        use selfheal_gateway::recover;
+        let lines = [
+            recover::retry_text("fx.rate", FailureClass::ToolTimeout),
+            recover::replan_text("fx.rate", FailureClass::PlanningFailure),
+            recover::cross_check_text("fx.rate", "fx.mirror"),
+            recover::substitute_text("fx.rate", FailureClass::ToolUnavailable, "fx.mirror"),
+        ];
+        let messages = vec![json!({"role": "system",
+            "content": format!("[selfheal] {}", lines.join("\n"))})];
+        assert_eq!(
+            heard(&messages),
+            vec![
+                Heard::Retry("fx.rate".into()),
+                Heard::Replan,
+                Heard::CrossCheck {
+                    of: "fx.rate".into(),
+                    with: "fx.mirror".into()
+                },
+                Heard::Failing("fx.rate".into()),
+            ]
+        );
+    }
+
+    /// Asked for a cross-check, the model calls the other tool with the arguments of its last
+    /// call of the checked one, and the world charges that call as a verifier's.
+    #[test]
+    fn a_cross_check_is_the_same_arguments_charged_as_a_verifier_call() {
+        let task = &selfheal_bench::task::builtin(1)[0];
+        let model = FaultModel::default_model().unwrap();
+        let primary = task.plan.steps[0].tool.clone();
+        let sub = task.plan.step_tool(0).unwrap().substitute.clone().unwrap();
+        let mut world = crate::world::World::new(task, Episode::new(task, &[], &model, 1));
+        let first = world.answer(&request(
+            task,
+            vec![json!({"role": "user", "content": "go"})],
+        ));
+        let Reply::Call { id, arguments, .. } = first.clone() else {
+            panic!("{first:?}")
+        };
+        let out = world.execute(&id, &primary, &arguments);
+        let check = json!({"role": "system", "content": format!(
+            "[selfheal] {}", selfheal_gateway::recover::cross_check_text(&primary, &sub))});
+        let req = request(
+            task,
+            vec![
+                json!({"role": "user", "content": "go"}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+                "function": {"name": primary, "arguments": arguments}}]}),
+                json!({"role": "tool", "tool_call_id": id, "content": out}),
+                check,
+            ],
+        );
+        let Reply::Call {
+            id: cid,
+            tool,
+            arguments: cargs,
+        } = world.answer(&req)
+        else {
+            panic!("a call")
+        };
+        assert_eq!(
+            (tool.as_str(), cargs.as_str()),
+            (sub.as_str(), arguments.as_str())
+        );
+        let before = world.ep.costs();
+        world.execute(&cid, &tool, &cargs);
+        let after = world.ep.costs();
+        assert_eq!(after.verifier_calls, before.verifier_calls + 1);
+        assert_eq!(after.tool_calls, before.tool_calls);
     }
 
     use selfheal_bench::faultmodel::{FaultModel, Injected};

@@ -48,11 +48,13 @@ impl<'t> World<'t> {
         };
         let args: Value =
             serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.into()));
-        match self
-            .ep
-            .call(step, tool, &args, Purpose::Step, false)
-            .response
-        {
+        // A cross-check the gateway asked for is a verifier's call, charged as one.
+        let purpose = if self.model.is_check(id) {
+            Purpose::Verify
+        } else {
+            Purpose::Step
+        };
+        match self.ep.call(step, tool, &args, purpose, false).response {
             Response::Raised { message, .. } => format!("Error: {message}"),
             Response::Returned { body } => body,
         }

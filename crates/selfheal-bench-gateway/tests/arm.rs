@@ -77,16 +77,28 @@ async fn without_faults_both_sides_solve_everything_and_the_gateway_does_nothing
     assert_eq!(report.agreement.both, 10, "{:?}", report.episodes);
     assert!(report.results.iter().all(|r| r.sfr == 0.0));
     assert_eq!(report.gateway.statuses.get("complete"), Some(&10));
+    // Without faults the only thing the gateway adds is the cross-checks' guidance: no
+    // recovery action, nothing charged.
     assert!(
-        report.gateway.actions.is_empty(),
+        report.gateway.actions.keys().all(|a| a == "guidance"),
         "no healing without faults: {:?}",
         report.gateway.actions
     );
-    // One model request per step: the benchmark's plans have 3 to 6 steps, plus the answer.
+    // One model request per step, one more per cross-checked step, plus the answer: the
+    // benchmark's plans have 3 to 6 steps.
     assert!(
         report
             .episodes
             .iter()
-            .all(|e| (4..=7).contains(&e.model_requests))
+            .all(|e| (4..=13).contains(&e.model_requests)),
+        "{:?}",
+        report
+            .episodes
+            .iter()
+            .map(|e| e.model_requests)
+            .collect::<Vec<_>>()
     );
+    // The cross-checks are the verifier's calls, priced as in-process (V, not U): the two
+    // rows cost the same without faults.
+    assert_eq!(report.results[0].cost, report.results[1].cost);
 }

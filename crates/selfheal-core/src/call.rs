@@ -659,6 +659,8 @@ fn decide_traced(
 pub enum Reask {
     /// Ask the model again with the problems appended; charged.
     Ask,
+    /// Ask the fallback model (the policy's escalation) with the problems appended; charged.
+    Escalate,
     /// Do not ask again: answer with what there is, flagged `partial`.
     Partial,
 }
@@ -668,10 +670,14 @@ pub enum Reask {
 /// on its ladder (pass [`LadderState::default`] for a first failure and the returned state on
 /// the next).
 ///
-/// Repair by re-asking, or a plain retry of the model call, both become [`Reask::Ask`]; anything
-/// else the ladder offers first that a front-end cannot do for a model answer is passed over.
+/// Repair by re-asking, a plain retry of the model call, and a replan (the re-ask asks the
+/// model to write its calls anew from the conversation) become [`Reask::Ask`]; an escalation
+/// becomes [`Reask::Escalate`] when the front-end has a `fallback` model to ask (without one
+/// that rung is passed over); anything else the ladder offers that a front-end cannot do for a
+/// model answer ends the re-asking.
 pub fn reask(
     problems: &[String],
+    fallback: Option<&str>,
     plane: &Plane,
     ledger: &mut BudgetLedger,
     state: LadderState,
@@ -680,6 +686,8 @@ pub fn reask(
     let options = Options {
         repair: Some(RepairTarget::Arguments),
         retry_safe: true,
+        can_replan: true,
+        fallback_model: fallback.map(str::to_owned),
         ..Options::default()
     };
     let signal = Signal::InvalidArguments {
@@ -687,11 +695,14 @@ pub fn reask(
     };
     let (decision, event) = decide_traced(signal, options, state, plane, ledger, rng);
     let outcome = match decision.action {
-        RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. }
+        RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. } | RecoveryAction::Replan
             if ledger.charge(&decision.charge).is_ok() =>
         {
             Reask::Ask
         }
+        RecoveryAction::Escalate {
+            target: EscalationTarget::FallbackModel { .. },
+        } if ledger.charge(&decision.charge).is_ok() => Reask::Escalate,
         RecoveryAction::Repair { .. }
         | RecoveryAction::Retry { .. }
         | RecoveryAction::Substitute { .. }
@@ -973,18 +984,63 @@ mod tests {
         let mut ledger = BudgetLedger::new(BudgetLimits::defaults().with_recoveries(1));
         let mut rng = ConstRng(0);
         let p = vec!["bad".to_string()];
-        let (r, next, event) = reask(&p, &plane, &mut ledger, LadderState::default(), &mut rng);
+        let (r, next, event) = reask(
+            &p,
+            None,
+            &plane,
+            &mut ledger,
+            LadderState::default(),
+            &mut rng,
+        );
         assert_eq!(r, Reask::Ask);
         assert_eq!(ledger.spent().recoveries, 1);
         // The decision is traced with its input: a replay under the same policy agrees.
         let again = crate::replay::replay([&event], &plane);
         assert_eq!((again.len(), again[0].differs), (1, false));
-        let (r, _, _) = reask(&p, &plane, &mut ledger, next, &mut rng);
+        let (r, _, _) = reask(&p, None, &plane, &mut ledger, next, &mut rng);
         assert_eq!(r, Reask::Partial, "the budget is spent");
         let no_repair = policy("[ladders]\nargument_invalid = [\"degrade\"]\n");
         let mut fresh = BudgetLedger::new(BudgetLimits::defaults());
-        let (r, _, _) = reask(&p, &no_repair, &mut fresh, LadderState::default(), &mut rng);
+        let (r, _, _) = reask(
+            &p,
+            None,
+            &no_repair,
+            &mut fresh,
+            LadderState::default(),
+            &mut rng,
+        );
         assert_eq!(r, Reask::Partial);
+    }
+
+    /// The ladder's escalation rung is a re-ask of the fallback model when the front-end has
+    /// one, and passed over when it has none.
+    #[test]
+    fn reask_escalates_only_to_a_fallback_there_is() {
+        let plane = policy("[ladders]\nargument_invalid = [\"escalate\", \"degrade\"]\n");
+        let mut rng = ConstRng(0);
+        let p = vec!["bad".to_string()];
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let (r, _, _) = reask(
+            &p,
+            Some("big"),
+            &plane,
+            &mut ledger,
+            LadderState::default(),
+            &mut rng,
+        );
+        assert_eq!(r, Reask::Escalate);
+        assert_eq!(ledger.spent().escalations, 1);
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let (r, _, _) = reask(
+            &p,
+            None,
+            &plane,
+            &mut ledger,
+            LadderState::default(),
+            &mut rng,
+        );
+        assert_eq!(r, Reask::Partial);
+        assert_eq!(ledger.spent().escalations, 0);
     }
 
     #[test]

@@ -198,6 +198,13 @@ pub struct Controller {
     stopped: Option<(RunStatus, String)>,
 }
 
+impl Default for Controller {
+    /// A controller with [`ControllerConfig::default`] (valid by construction).
+    fn default() -> Self {
+        Controller::with_monitor(ControllerConfig::default(), Monitor::default())
+    }
+}
+
 impl Controller {
     /// A controller for a new run.
     pub fn new(config: ControllerConfig) -> Result<Self, ConfigError> {
@@ -205,8 +212,13 @@ impl Controller {
             .policy
             .validate()
             .map_err(|e| ConfigError(e.to_string()))?;
-        Ok(Controller {
-            monitor: Monitor::new(config.monitor)?,
+        let monitor = Monitor::new(config.monitor.clone())?;
+        Ok(Controller::with_monitor(config, monitor))
+    }
+
+    fn with_monitor(config: ControllerConfig, monitor: Monitor) -> Controller {
+        Controller {
+            monitor,
             classifier: Classifier::new(config.classifier),
             policy: config.policy,
             ledger: BudgetLedger::new(config.budget),
@@ -221,7 +233,7 @@ impl Controller {
             unresolved_dropped: 0,
             actions: std::collections::BTreeMap::new(),
             stopped: None,
-        })
+        }
     }
 
     /// The run's trace.
@@ -234,9 +246,21 @@ impl Controller {
         &self.ledger
     }
 
+    /// The run's budget ledger, for a front-end that also charges attempts the controller does
+    /// not route (the gateway's upstream call plans): one ledger per run, whoever spends it.
+    pub fn ledger_mut(&mut self) -> &mut BudgetLedger {
+        &mut self.ledger
+    }
+
     /// The run's monitor.
     pub fn monitor(&self) -> &Monitor {
         &self.monitor
+    }
+
+    /// The run's monitor, for a front-end that reads its verdict (guidance, hidden tools, the
+    /// abort rule of [`crate::call::abort_now`]) without stopping the run.
+    pub fn monitor_mut(&mut self) -> &mut Monitor {
+        &mut self.monitor
     }
 
     /// Failures still unresolved.

@@ -225,6 +225,9 @@ pub enum Kind {
     CooldownSkip,
     /// The gateway learned that an upstream model cannot stream tool calls.
     LearnNoStream,
+    /// The run's controller directed recoveries for the tool results it observed (the list;
+    /// each is recorded again as the action carried out).
+    Recover,
     /// Guidance was added to the conversation.
     Guidance,
     /// Tools were hidden from the model.
@@ -241,6 +244,8 @@ pub enum Kind {
     Fallback,
     /// A broken stream was asked again.
     Reissue,
+    /// A request went to the fallback model at the ladder's escalation.
+    Escalate,
     /// An MCP call was refused before it reached the server.
     Blocked,
     /// An MCP call's arguments were refused with a re-ask.
@@ -268,7 +273,8 @@ impl Kind {
             | Kind::Fallback
             | Kind::Blocked
             | Kind::InvalidArguments
-            | Kind::Paused => true,
+            | Kind::Paused
+            | Kind::Escalate => true,
             Kind::Signal
             | Kind::Classified
             | Kind::Action
@@ -290,6 +296,7 @@ impl Kind {
             | Kind::Timeout
             | Kind::CooldownSkip
             | Kind::LearnNoStream
+            | Kind::Recover
             | Kind::Reissue => false,
         }
     }

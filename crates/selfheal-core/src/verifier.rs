@@ -236,6 +236,107 @@ impl Verifier for AllOf {
     }
 }
 
+/// How close two numbers from equivalent sources must be to agree:
+/// `|a − b| ≤ rel·max(|a|, |b|) + abs`. Equivalent sources differ by noise (rounding, a few
+/// seconds between readings); the band is the tool owner's statement of how much.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    /// Relative part.
+    pub rel: f64,
+    /// Absolute part.
+    pub abs: f64,
+}
+
+impl Default for Tolerance {
+    /// 2 % relative plus 0.05 absolute.
+    fn default() -> Self {
+        Tolerance {
+            rel: 0.02,
+            abs: 0.05,
+        }
+    }
+}
+
+impl Tolerance {
+    fn numbers_agree(&self, x: f64, y: f64) -> bool {
+        (x - y).abs() <= self.rel * x.abs().max(y.abs()) + self.abs
+    }
+}
+
+/// The cross-check: judges `value` (one source's answer) against `other` (an equivalent
+/// source's answer to the same arguments), field by field. Every leaf of `value` that `other`
+/// also has is compared — numbers within `tol`, other scalars exactly; leaves only one side has,
+/// and values of different shapes (an object against a text), are not evidence either way. Rejects at the first disagreement (naming it), is uncertain when
+/// the two share no leaf (nothing was checked), accepts otherwise.
+///
+/// Pure: whoever asked the second source (the benchmark's client, the gateway through the
+/// agent's own tool loop) hands both answers in.
+pub fn cross_check(value: &Value, other: &Value, tol: Tolerance) -> Judgement {
+    let mut compared = 0u32;
+    match first_disagreement(value, other, tol, &mut String::new(), &mut compared) {
+        Some(reason) => Judgement::Reject { reason },
+        None if compared == 0 => Judgement::Uncertain {
+            reason: "the two answers share no field to compare".into(),
+        },
+        None => Judgement::Accept,
+    }
+}
+
+fn first_disagreement(
+    a: &Value,
+    b: &Value,
+    tol: Tolerance,
+    path: &mut String,
+    compared: &mut u32,
+) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, p) in x {
+                let Some(q) = y.get(k) else { continue };
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+                let found = first_disagreement(p, q, tol, path, compared);
+                path.truncate(len);
+                if found.is_some() {
+                    return found;
+                }
+            }
+            None
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                let found = first_disagreement(p, q, tol, path, compared);
+                path.truncate(len);
+                if found.is_some() {
+                    return found;
+                }
+            }
+            None
+        }
+        (Value::Number(x), Value::Number(y)) => {
+            *compared += 1;
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            (!tol.numbers_agree(x, y))
+                .then(|| format!("`{path}`: {a} here, {b} from the other source"))
+        }
+        // Shapes that differ (an object against a text, arrays of different lengths) are not
+        // comparable: no evidence either way.
+        (Value::Object(_) | Value::Array(_), _) | (_, Value::Object(_) | Value::Array(_)) => None,
+        _ => {
+            *compared += 1;
+            (a != b).then(|| format!("`{path}`: {a} here, {b} from the other source"))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +412,34 @@ mod tests {
             Judgement::Reject { reason } => assert!(reason.starts_with("schema:"), "{reason}"),
             other => panic!("expected reject, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_cross_check_compares_shared_fields_within_the_tolerance() {
+        let tol = Tolerance::default();
+        let a = json!({"temp": 20.0, "city": "Paris", "as_of": 5, "extra": [1, 2]});
+        let near = json!({"temp": 20.3, "city": "Paris", "as_of": 5});
+        assert_eq!(cross_check(&a, &near, tol), Judgement::Accept);
+        let far = json!({"temp": 25.0, "city": "Paris"});
+        assert!(matches!(cross_check(&a, &far, tol),
+            Judgement::Reject { reason } if reason.contains("`temp`")));
+        let other_city = json!({"city": "Lyon"});
+        assert!(matches!(
+            cross_check(&a, &other_city, tol),
+            Judgement::Reject { .. }
+        ));
+        let nothing = json!({"unrelated": 1});
+        assert!(matches!(
+            cross_check(&a, &nothing, tol),
+            Judgement::Uncertain { .. }
+        ));
+        assert!(matches!(
+            cross_check(&a, &json!("Error: down"), tol),
+            Judgement::Uncertain { .. }
+        ));
+        let nested = json!({"quote": {"price": 100.0}});
+        let off = json!({"quote": {"price": 110.0}});
+        assert!(matches!(cross_check(&nested, &off, tol),
+            Judgement::Reject { reason } if reason.contains("`quote.price`")));
     }
 }

@@ -27,6 +27,7 @@ use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::heal::{self, ToolIndex};
 use crate::metrics::Metrics;
+use crate::recover;
 use crate::request::{ChatRequest, Edits};
 use crate::responses_stream;
 use crate::runs::{RunKey, RunState, RunStore, run_id};
@@ -137,6 +138,7 @@ impl AppState {
             std::time::Duration::from_secs(config.run_ttl_secs),
             config.monitor.clone(),
             config.budget,
+            config.policy.clone(),
         );
         Ok(AppState {
             config,
@@ -520,15 +522,22 @@ async fn responses_inner(
     let tools = responses_tools(&req);
     let mut req = req;
     let now_ms = s.now_ms();
-    let (verdict, replayed) = {
+    let (verdict, replayed, stop) = {
         let mut st = lock(&t.state);
         st.requests += 1;
         let items = req
             .get("input")
             .and_then(Value::as_array)
             .map_or(&[][..], Vec::as_slice);
-        let replayed = heal::replay_items(&mut st, items, &tools, now_ms);
-        (st.monitor.check(now_ms), replayed)
+        let ctx = recover::Ctx {
+            tools: &s.config.tools,
+            offered: &tools,
+            fallback: None,
+            seed: now_ms,
+        };
+        let replayed = heal::replay_items(&mut st, items, &ctx, now_ms);
+        let stop = st.wire.take_next().stop;
+        (st.monitor().check(now_ms), replayed, stop)
     };
     for r in &replayed {
         t.event(
@@ -536,8 +545,13 @@ async fn responses_inner(
             json!({"tool": r.tool, "outcome": r.outcome}),
         );
     }
-    let newest_failed = replayed.last().is_some_and(|r| r.outcome != "ok");
-    if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
+    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
+    let stopped = stop.map(|s| match s {
+        recover::Stop::Degrade(r) | recover::Stop::Abort(r) => r,
+    });
+    if let Some(reason) =
+        stopped.or_else(|| selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed))
+    {
         Metrics::inc(&s.metrics.aborts_total);
         t.event(Kind::Abort, json!({"reason": reason}));
         t.finish("failed");
@@ -1034,12 +1048,29 @@ async fn chat_inner(
         run,
     };
     let tools = s.tool_indexes.get(&req);
-    let (verdict, newest_failed) = rebuild_run(&t, &req, &tools, &model);
-    if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
-        return Ok(answer_abort(&t, &model, req.stream, &reason));
+    let (verdict, newest_failed, next) = rebuild_run(&t, &req, &tools, &model, &chain);
+    match next.stop {
+        Some(recover::Stop::Degrade(reason)) => {
+            return Ok(answer_abort(&t, &model, req.stream, &reason, "degrade"));
+        }
+        Some(recover::Stop::Abort(reason)) => {
+            return Ok(answer_abort(&t, &model, req.stream, &reason, "terminate"));
+        }
+        None => {}
     }
-    let mut actions = Vec::new();
-    let applied = edit_request(&t, &req, &verdict, &mut actions);
+    if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
+        return Ok(answer_abort(&t, &model, req.stream, &reason, "terminate"));
+    }
+    let mut actions: Vec<String> = next.actions.iter().map(|a| (*a).to_owned()).collect();
+    let mut applied = edit_request(&t, &req, &verdict, &next.guidance, &mut actions);
+    applied.replaced = next.replaced;
+    // The controller's escalation: this request goes to the chain's next target.
+    let chain = if next.escalate && chain.len() > 1 {
+        t.event(Kind::Escalate, json!({"to": chain[1].model}));
+        chain[1..].to_vec()
+    } else {
+        chain
+    };
     let tools_fwd = if applied.hidden.is_empty() {
         tools
     } else {
@@ -1079,13 +1110,24 @@ fn rebuild_run(
     req: &ChatRequest<'_>,
     tools: &ToolIndex,
     model: &str,
-) -> (selfheal_core::monitor::Verdict, bool) {
+    chain: &[crate::config::Target],
+) -> (selfheal_core::monitor::Verdict, bool, recover::Next) {
     let now_ms = t.s.now_ms();
-    let (verdict, replayed) = {
+    let ctx = recover::Ctx {
+        tools: &t.s.config.tools,
+        offered: tools,
+        fallback: chain.get(1).map(|c| c.model.as_str()),
+        seed: now_ms,
+    };
+    let (verdict, replayed, next) = {
         let mut st = lock(&t.state);
         st.requests += 1;
-        let replayed = heal::replay(&mut st, &req.messages, tools, now_ms);
-        (st.monitor.check(now_ms), replayed)
+        let replayed = heal::replay(&mut st, &req.messages, &ctx, now_ms);
+        let next = st.wire.take_next();
+        for a in &next.actions {
+            st.act(*a);
+        }
+        (st.monitor().check(now_ms), replayed, next)
     };
     t.event(
         Kind::Request,
@@ -1098,25 +1140,39 @@ fn rebuild_run(
             json!({"tool": r.tool, "outcome": r.outcome}),
         );
     }
-    let newest_failed = replayed.last().is_some_and(|r| r.outcome != "ok");
-    (verdict, newest_failed)
+    if !next.actions.is_empty() {
+        t.event(Kind::Recover, json!({"actions": next.actions}));
+    }
+    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
+    (verdict, newest_failed, next)
+}
+
+/// Whether a replayed result's outcome is a failure (the abort rule's condition).
+fn failed(outcome: &str) -> bool {
+    matches!(outcome, "hard" | "soft")
 }
 
 /// Stage 2 (abort): the run ends here, with a final answer that says why.
-fn answer_abort(t: &Turn, model: &str, streaming: bool, reason: &str) -> Response {
+fn answer_abort(
+    t: &Turn,
+    model: &str,
+    streaming: bool,
+    reason: &str,
+    action: &'static str,
+) -> Response {
     let s = &t.s;
     Metrics::inc(&s.metrics.aborts_total);
     let status = {
         let mut st = lock(&t.state);
-        st.act("terminate");
+        st.act(action);
         if st.successes > 0 {
             "partial"
         } else {
             "failed"
         }
     };
-    let actions = vec!["terminate".to_owned()];
-    t.event(Kind::Abort, json!({"reason": reason}));
+    let actions = vec![action.to_owned()];
+    t.event(Kind::Abort, json!({"reason": reason, "action": action}));
     let report = selfheal_report(&t.state, status, Some(reason), &actions);
     let content = format!(
         "I have to stop here: {reason}. The work so far is in the conversation above; \
@@ -1155,10 +1211,11 @@ fn edit_request(
     t: &Turn,
     req: &ChatRequest<'_>,
     verdict: &selfheal_core::monitor::Verdict,
+    recovery: &[String],
     actions: &mut Vec<String>,
 ) -> heal::Applied {
     let s = &t.s;
-    let applied = heal::apply_verdict(req, verdict);
+    let applied = heal::apply_verdict(req, verdict, recovery);
     if !applied.guidance.is_empty() {
         Metrics::inc(&s.metrics.guidance_total);
         actions.push("guidance".into());
@@ -1300,11 +1357,24 @@ async fn answer_complete(
     let tools_fwd = &ctx.tools;
     let mut check = check_completion(&mut completion, tools_fwd, &s.guides);
     let mut ladder = LadderState::default();
+    let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
-        let Some(next) = reask_granted(t, &check.invalid, ladder) else {
+        let fallback = chain.get(1).map(|c| c.model.as_str());
+        let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, fallback) else {
             break;
         };
         ladder = next;
+        if escalate {
+            // The ladder's escalation: the fallback model is asked from here on.
+            chain = &chain[1..];
+            t.event(
+                Kind::Escalate,
+                json!({"to": chain.first().map(|c| &c.model)}),
+            );
+            if !actions.iter().any(|a| a == "escalate") {
+                actions.push("escalate".into());
+            }
+        }
         Metrics::inc(&s.metrics.reasks_total);
         if !actions.iter().any(|a| a == "reask") {
             actions.push("reask".into());
@@ -1321,7 +1391,7 @@ async fn answer_complete(
                 bytes,
             )
         };
-        match t.call(&ctx.chain, &again, &chat_op, &mut log).await {
+        match t.call(chain, &again, &chat_op, &mut log).await {
             Ok(c) => {
                 completion = c.body;
                 check = check_completion(&mut completion, tools_fwd, &s.guides);
@@ -1383,7 +1453,7 @@ fn decided(
 ) -> bool {
     let (granted, event) = {
         let mut st = lock(&t.state);
-        let (granted, event) = decide(t.s.upstreams.plane(), &mut st.ledger);
+        let (granted, event) = decide(t.s.upstreams.plane(), st.ledger_mut());
         if granted {
             st.act(action);
         }
@@ -1401,14 +1471,27 @@ fn decided(
 /// failure's place on its ladder. `Some(next state)` when it does: the caller passes it on if
 /// the new answer cannot be used either, so the ladder, not the gateway, says when to stop.
 fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<LadderState> {
+    reask_or_escalate(t, problems, state, None).map(|(next, _)| next)
+}
+
+/// [`reask_granted`] with a `fallback` model the ladder may escalate to: `Some((next state,
+/// escalate))`, where `escalate` says the re-ask goes to the fallback target.
+fn reask_or_escalate(
+    t: &Turn,
+    problems: &[String],
+    state: LadderState,
+    fallback: Option<&str>,
+) -> Option<(LadderState, bool)> {
     let mut next = state;
+    let mut escalate = false;
     let granted = decided(t, "reask", |plane, ledger| {
         let (decision, n, event) =
-            selfheal_core::call::reask(problems, plane, ledger, state, &mut time_rng());
+            selfheal_core::call::reask(problems, fallback, plane, ledger, state, &mut time_rng());
         next = n;
-        (decision == selfheal_core::call::Reask::Ask, event)
+        escalate = decision == selfheal_core::call::Reask::Escalate;
+        (decision != selfheal_core::call::Reask::Partial, event)
     });
-    granted.then_some(next)
+    granted.then_some((next, escalate))
 }
 
 /// Whether the policy re-issues a stream that broke before any content (charged when it does):
@@ -1563,7 +1646,7 @@ fn selfheal_report(
         "reason": reason,
         "failures": st.failures,
         "actions": actions,
-        "budget": {"spent": st.ledger.spent(), "limits": limits_json(st.ledger.limits())},
+        "budget": {"spent": st.ledger().spent(), "limits": limits_json(st.ledger().limits())},
     })
 }
 
@@ -1584,7 +1667,7 @@ fn limits_json(limits: &BudgetLimits) -> Value {
 fn finish_trace(t: &Turn, status: &str) {
     let (failures, actions) = {
         let st = lock(&t.state);
-        (st.failures, st.ledger.spent().recoveries)
+        (st.failures, st.ledger().spent().recoveries)
     };
     t.s.event(
         &t.caller.redactor,

@@ -140,6 +140,24 @@ pub struct ModelRoute {
     pub chain: Vec<Target>,
 }
 
+/// What the operator knows about one of the agents' tools (`[tools.NAME]`). The gateway never
+/// calls a tool; it uses this to name the substitute in its guidance and to ask the agent for a
+/// cross-check through the agent's own tool loop (see `recover`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// An equivalent tool that answers the same question with the same arguments: the
+    /// policy's `substitute` when this one fails, and the second source of its cross-check.
+    pub substitute: Option<String>,
+    /// Whether this tool's answers (and its substitute's) are cross-checked against the other
+    /// source before they are used (default `false`; needs `substitute`).
+    #[serde(default)]
+    pub cross_check: bool,
+    /// How far the two sources' numbers may differ and still agree.
+    #[serde(default)]
+    pub tolerance: selfheal_core::verifier::Tolerance,
+}
+
 /// The whole gateway configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -187,6 +205,8 @@ pub struct GatewayConfig {
     pub run_secret_env: Option<String>,
     /// Inbound limits.
     pub server: ServerConfig,
+    /// The agents' tools the operator describes, by name (see [`ToolConfig`]).
+    pub tools: BTreeMap<String, ToolConfig>,
 }
 
 impl Default for GatewayConfig {
@@ -209,6 +229,7 @@ impl Default for GatewayConfig {
             inbound_keys: BTreeMap::new(),
             run_secret_env: None,
             server: ServerConfig::default(),
+            tools: BTreeMap::new(),
         }
     }
 }
@@ -283,6 +304,21 @@ impl GatewayConfig {
         self.policy
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        for (name, tool) in &self.tools {
+            match &tool.substitute {
+                Some(sub) if sub == name => {
+                    return Err(ConfigError::Invalid(format!(
+                        "[tools.{name}]: a tool cannot be its own substitute"
+                    )));
+                }
+                None if tool.cross_check => {
+                    return Err(ConfigError::Invalid(format!(
+                        "[tools.{name}]: cross_check needs a substitute to check against"
+                    )));
+                }
+                Some(_) | None => {}
+            }
+        }
         if let Some(d) = &self.default_upstream
             && !self.upstreams.contains_key(d)
         {
@@ -421,6 +457,19 @@ mod tests {
         let c = GatewayConfig::from_toml_str(&readme[start..end]).unwrap();
         assert_eq!(c.route("smart").unwrap().len(), 2);
         assert_eq!(c.budget.recoveries, 5);
+        let weather = &c.tools["weather.current"];
+        assert_eq!(weather.substitute.as_deref(), Some("weather.backup"));
+        assert!(weather.cross_check);
+    }
+
+    #[test]
+    fn a_tool_needs_another_tool_to_substitute_or_check_against() {
+        let own = GatewayConfig::from_toml_str("[tools.a]\nsubstitute = \"a\"\n");
+        assert!(matches!(own, Err(ConfigError::Invalid(m)) if m.contains("its own substitute")));
+        let lone = GatewayConfig::from_toml_str("[tools.a]\ncross_check = true\n");
+        assert!(matches!(lone, Err(ConfigError::Invalid(m)) if m.contains("needs a substitute")));
+        let typo = GatewayConfig::from_toml_str("[tools.a]\nsubstitue = \"b\"\n");
+        assert!(typo.is_err(), "unknown keys are refused");
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! The gateway sees no tool being called: it sees each tool's *result* arrive as a `tool`
 //! message in the next request. So the run's tool history is replayed from the messages —
 //! assistant `tool_calls` matched to `tool` results by id, each result classified hard or soft
-//! (SPEC §1) — into the run's [`Monitor`], and only the results it has not seen yet. The
-//! monitor's verdict then edits the request: guidance as a system message, circuit-broken tools
+//! (SPEC §1) — into the run's controller ([`crate::recover`]), and only the results it has not
+//! seen yet. The monitor's verdict and the controller's directives then edit the request: guidance as a system message, circuit-broken tools
 //! removed from `tools`, `tool_choice` fixed if it named one. On the way back, tool-call
 //! arguments are checked against the request's own tool schemas and repaired in place.
 
@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use selfheal_core::monitor::{Monitor, ToolCall, Verdict};
+use selfheal_core::monitor::Verdict;
 use selfheal_repair::{Ending, SchemaGuide, repair_arguments};
 use selfheal_runtime::at::At;
 
+use crate::recover::Ctx;
 use crate::request::{ChatRequest, Edits, Message};
 use crate::runs::{RunState, SeenResults};
 
@@ -206,7 +207,8 @@ pub fn is_hard_failure_text(text: &str) -> bool {
 pub struct Replayed {
     /// The tool's name.
     pub tool: String,
-    /// `ok`, `hard` or `soft`.
+    /// `ok`, `hard` or `soft`; `held` for a value waiting for its cross-check, `check` for the
+    /// cross-check call itself (see [`crate::recover::observe`]).
     pub outcome: &'static str,
 }
 
@@ -217,7 +219,7 @@ pub struct Replayed {
 pub fn replay(
     state: &mut RunState,
     messages: &[Message<'_>],
-    tools: &ToolIndex,
+    ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Vec<Replayed> {
     // From the newest result back to the last one the run has seen: only new results (and
@@ -285,7 +287,7 @@ pub fn replay(
             }
             None => ("unknown", Value::Null),
         };
-        out.push(feed(state, name, &args, text, *fp, tools, now_ms));
+        out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
     }
     out
 }
@@ -311,38 +313,18 @@ fn answered_call(before: &[Message<'_>], id: &str) -> Option<(String, Option<Str
         })
 }
 
-/// Records one new tool result in the run's monitor and its counters; remembers it as seen.
+/// Records one new tool result: the run's controller observes it (see [`crate::recover`]), and
+/// it is remembered as seen.
 fn feed(
     state: &mut RunState,
-    name: &str,
-    args: &Value,
+    call: (&str, &str, &Value),
     text: &str,
     fp: u64,
-    tools: &ToolIndex,
+    ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Replayed {
-    let required: &[String] = tools.get(name).map_or(&[], |t| &t.required);
-    let outcome = if is_hard_failure_text(text) {
-        state.monitor.record(
-            &ToolCall::failed(name, args, text).with_required(required),
-            now_ms,
-        );
-        "hard"
-    } else {
-        let value: Value =
-            serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()));
-        let soft = Monitor::is_soft_failure(&value);
-        state.monitor.record(
-            &ToolCall::returned(name, args, &value).with_required(required),
-            now_ms,
-        );
-        if soft { "soft" } else { "ok" }
-    };
-    if outcome == "ok" {
-        state.successes += 1;
-    } else {
-        state.failures += 1;
-    }
+    let (_, name, _) = call;
+    let outcome = crate::recover::observe(state, ctx, call, text, now_ms);
     state.seen.insert(fp);
     Replayed {
         tool: name.to_owned(),
@@ -355,7 +337,7 @@ fn feed(
 pub fn replay_items(
     state: &mut RunState,
     items: &[Value],
-    tools: &ToolIndex,
+    ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Vec<Replayed> {
     let text_of = |v: Option<&Value>| match v {
@@ -379,9 +361,10 @@ pub fn replay_items(
     results.reverse();
     let mut out = Vec::new();
     for (id, text, fp) in &results {
+        let id = id.as_str();
         let call = items.iter().find(|i| {
             i.get("type").and_then(Value::as_str) == Some("function_call")
-                && i.get("call_id").and_then(Value::as_str) == Some(id.as_str())
+                && i.get("call_id").and_then(Value::as_str) == Some(id)
         });
         let (name, args) = match call {
             Some(c) => {
@@ -393,7 +376,7 @@ pub fn replay_items(
             }
             None => ("unknown", Value::Null),
         };
-        out.push(feed(state, name, &args, text, *fp, tools, now_ms));
+        out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
     }
     out
 }
@@ -407,6 +390,8 @@ pub struct Applied {
     pub system: Option<String>,
     /// Tools of the request to remove from `tools`.
     pub hidden: Vec<String>,
+    /// Tool results to replace with their repair, by `tool_call_id`.
+    pub replaced: Vec<(String, String)>,
 }
 
 impl Applied {
@@ -416,15 +401,17 @@ impl Applied {
             normalize: true,
             system: self.system.as_deref(),
             hidden: &self.hidden,
+            replaced: &self.replaced,
             ..Edits::default()
         }
     }
 }
 
-/// Decides the request edits of a verdict: guidance as a system message after the leading
+/// Decides the request edits of a verdict and the controller's recovery guidance
+/// (`recovery`, see [`crate::recover`]): guidance as a system message after the leading
 /// system messages; the hidden tools the request offers removed, `tool_choice` fixed if it named
 /// one (see [`ChatRequest::encode`]).
-pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict) -> Applied {
+pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict, recovery: &[String]) -> Applied {
     let hidden = if verdict.hidden_tools.is_empty() {
         Vec::new()
     } else {
@@ -435,12 +422,18 @@ pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict) -> Applied {
             .map(|n| n.as_str().to_owned())
             .collect()
     };
-    let guidance: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+    let guidance: Vec<String> = verdict
+        .guidance
+        .iter()
+        .map(|g| g.text.clone())
+        .chain(recovery.iter().cloned())
+        .collect();
     let system = (!guidance.is_empty()).then(|| format!("[selfheal] {}", guidance.join("\n")));
     Applied {
         guidance,
         system,
         hidden,
+        replaced: Vec::new(),
     }
 }
 
@@ -592,6 +585,29 @@ mod tests {
         bytes::Bytes::from(serde_json::to_vec(&body).unwrap())
     }
 
+    const NO_TOOLS: &std::collections::BTreeMap<String, crate::config::ToolConfig> =
+        &std::collections::BTreeMap::new();
+
+    fn ctx(idx: &ToolIndex) -> Ctx<'_> {
+        Ctx {
+            tools: NO_TOOLS,
+            offered: idx,
+            fallback: None,
+            seed: 0,
+        }
+    }
+
+    /// A run whose ladders retry a failing tool five times (the monitor's breaker is what the
+    /// tests below look at, not the default ladder's end).
+    fn patient_run() -> RunState {
+        let policy = selfheal_core::policy::Policy::from_toml_str(
+            "[ladders]\ntool_timeout = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
+             tool_unavailable = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n",
+        )
+        .unwrap_or_default();
+        RunState::with_policy(MonitorConfig::default(), BudgetLimits::unlimited(), policy)
+    }
+
     fn failing_conversation(n: usize) -> Vec<Value> {
         let mut m = vec![json!({"role": "user", "content": "find it"})];
         for i in 0..n {
@@ -612,15 +628,15 @@ mod tests {
         let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
         let req = ChatRequest::parse(&bytes).unwrap();
         let idx = tool_index(&req);
-        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
-        let replayed = replay(&mut state, &req.messages, &idx, 0);
+        let mut state = patient_run();
+        let replayed = replay(&mut state, &req.messages, &ctx(&idx), 0);
         assert_eq!(replayed.len(), 5);
         assert!(replayed.iter().all(|r| r.outcome == "hard"));
         // Replaying the same conversation again feeds nothing new.
-        assert!(replay(&mut state, &req.messages, &idx, 0).is_empty());
-        let verdict = state.monitor.check(0);
+        assert!(replay(&mut state, &req.messages, &ctx(&idx), 0).is_empty());
+        let verdict = state.monitor().check(0);
         assert_eq!(verdict.hidden_tools, vec!["search".to_string()]);
-        let applied = apply_verdict(&req, &verdict);
+        let applied = apply_verdict(&req, &verdict, &[]);
         assert_eq!(applied.hidden, vec!["search".to_string()]);
         let out: Value = serde_json::from_slice(&req.encode(&applied.edits(), &bytes)).unwrap();
         assert_eq!(out["tools"].as_array().unwrap().len(), 1);
@@ -666,11 +682,11 @@ mod tests {
         let idx = tool_index(
             &ChatRequest::parse(&request(json!([{"role": "user", "content": "x"}]))).unwrap(),
         );
-        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
+        let mut state = patient_run();
         let full = failing_conversation(4);
         let bytes = request(json!(full));
         let req = ChatRequest::parse(&bytes).unwrap();
-        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), 4);
+        assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), 4);
         // The agent keeps the user turn and the last two exchanges, then adds a fifth.
         let mut trimmed = vec![full[0].clone()];
         trimmed.extend_from_slice(&full[5..]);
@@ -679,11 +695,11 @@ mod tests {
         assert_eq!(trimmed.len(), 7);
         let bytes = request(json!(trimmed));
         let req = ChatRequest::parse(&bytes).unwrap();
-        let fed = replay(&mut state, &req.messages, &idx, 0);
+        let fed = replay(&mut state, &req.messages, &ctx(&idx), 0);
         assert_eq!(fed.len(), 1, "only the new result is fed: {fed:?}");
         assert_eq!(state.failures, 5, "nothing was reset");
         assert_eq!(
-            state.monitor.check(0).hidden_tools,
+            state.monitor().check(0).hidden_tools,
             vec!["search".to_string()]
         );
     }
@@ -705,14 +721,14 @@ mod tests {
         let req = ChatRequest::parse(&bytes).unwrap();
         let idx = tool_index(&req);
         let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
-        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), n);
+        assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), n);
         assert_eq!(state.seen.forgotten(), 20);
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
             {"id": "last", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}));
         messages.push(json!({"role": "tool", "tool_call_id": "last", "content": "ok last"}));
         let bytes = request(json!(messages));
         let req = ChatRequest::parse(&bytes).unwrap();
-        assert_eq!(replay(&mut state, &req.messages, &idx, 0).len(), 1);
+        assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), 1);
         assert_eq!(state.successes as usize, n + 1);
     }
 

@@ -36,6 +36,7 @@ pub mod config;
 pub mod error;
 pub mod heal;
 pub mod metrics;
+pub mod recover;
 pub mod request;
 pub mod responses_stream;
 pub mod runs;

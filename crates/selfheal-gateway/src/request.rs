@@ -516,6 +516,7 @@ impl<'a> ChatRequest<'a> {
             && edits.system.is_none()
             && edits.append.is_none()
             && edits.stream.is_none()
+            && edits.replaced.is_empty()
         {
             return original.clone();
         }
@@ -624,7 +625,22 @@ impl<'a> ChatRequest<'a> {
                 write_json(out, &serde_json::json!({"role": "system", "content": text}));
             }
             sep(out);
-            if normalize && m.needs_content() {
+            let replacement = (m.role() == "tool")
+                .then_some(m.tool_call_id.as_ref())
+                .flatten()
+                .and_then(|id| {
+                    edits
+                        .replaced
+                        .iter()
+                        .find(|(r, _)| r == id.as_str())
+                        .map(|(_, text)| (id.as_str(), text))
+                });
+            if let Some((id, text)) = replacement {
+                write_json(
+                    out,
+                    &serde_json::json!({"role": "tool", "tool_call_id": id, "content": text}),
+                );
+            } else if normalize && m.needs_content() {
                 m.write_with_content(out);
             } else {
                 out.extend_from_slice(m.raw.get().as_bytes());
@@ -689,6 +705,9 @@ pub struct Edits<'e> {
     pub append: Option<&'e Value>,
     /// Set `stream`.
     pub stream: Option<bool>,
+    /// Tool results whose content is replaced, by `tool_call_id` (the gateway's repair of a
+    /// tool's answer the model could not read, see `recover`).
+    pub replaced: &'e [(String, String)],
 }
 
 impl Edits<'_> {
@@ -703,6 +722,37 @@ impl Edits<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_replaced_tool_result_is_written_with_its_new_content() {
+        let b = body(&sample());
+        let r = ChatRequest::parse(&b).unwrap();
+        let replaced = vec![("c1".to_owned(), "{\"temp\":21}".to_owned())];
+        let out: Value = serde_json::from_slice(&r.encode(
+            &Edits {
+                replaced: &replaced,
+                ..Edits::default()
+            },
+            &b,
+        ))
+        .unwrap();
+        let tool = out["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool")
+            .unwrap();
+        assert_eq!(tool["content"], "{\"temp\":21}");
+        assert_eq!(tool["tool_call_id"], "c1");
+        // Nothing else changed.
+        let mut want = sample();
+        for m in want["messages"].as_array_mut().unwrap() {
+            if m["role"] == "tool" {
+                m["content"] = json!("{\"temp\":21}");
+            }
+        }
+        assert_eq!(out, want);
+    }
 
     fn body(v: &Value) -> Bytes {
         Bytes::from(serde_json::to_vec(v).unwrap())
@@ -803,6 +853,7 @@ mod tests {
                 hidden: &hidden,
                 append: Some(&extra),
                 stream: Some(false),
+                replaced: &[],
             },
             &b,
         );

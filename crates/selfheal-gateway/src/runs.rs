@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use selfheal_core::budget::{BudgetLedger, BudgetLimits};
+use selfheal_core::controller::{Controller, ControllerConfig};
 use selfheal_core::monitor::{Monitor, MonitorConfig};
+use selfheal_core::policy::Policy;
 use sha2::{Digest, Sha256};
 
 use crate::request::Message;
@@ -92,15 +94,21 @@ impl SeenResults {
 /// Most action names remembered per run (the trace keeps them all).
 const MAX_ACTIONS: usize = 32;
 
+/// Events a run's controller keeps in its own trace (the gateway's trace sink records every
+/// event as it happens; this bounds what a run holds in memory).
+pub const RUN_TRACE_EVENTS: usize = 64;
+
 /// What the gateway remembers about one run.
 #[derive(Debug)]
 pub struct RunState {
-    /// The run's tool-health monitor.
-    pub monitor: Monitor,
+    /// The run's controller: its tool-health monitor, its open failure and ladder, and the
+    /// run's one budget ledger (the upstream call plans charge it too).
+    pub controller: Controller,
+    /// What the gateway is waiting on or has to carry out next for the controller (see
+    /// [`crate::recover`]).
+    pub wire: crate::recover::Wire,
     /// The tool results already fed to the monitor.
     pub seen: SeenResults,
-    /// The run's one budget ledger.
-    pub ledger: BudgetLedger,
     /// Tool failures seen so far.
     pub failures: u64,
     /// Tool calls that succeeded so far.
@@ -112,17 +120,47 @@ pub struct RunState {
 }
 
 impl RunState {
-    /// A fresh run.
+    /// A fresh run with the default policy.
     pub fn new(monitor: MonitorConfig, budget: BudgetLimits) -> RunState {
+        RunState::with_policy(monitor, budget, Policy::default())
+    }
+
+    /// A fresh run deciding with `policy`. A configuration the controller refuses (the
+    /// gateway's config is validated when it is read, so only a hand-built one) falls back to
+    /// the default controller rather than leave the run without one.
+    pub fn with_policy(monitor: MonitorConfig, budget: BudgetLimits, policy: Policy) -> RunState {
+        let controller = Controller::new(ControllerConfig {
+            monitor,
+            policy,
+            budget,
+            trace_capacity: RUN_TRACE_EVENTS,
+            ..ControllerConfig::default()
+        })
+        .unwrap_or_default();
         RunState {
-            monitor: Monitor::new(monitor).unwrap_or_default(),
+            controller,
+            wire: crate::recover::Wire::default(),
             seen: SeenResults::default(),
-            ledger: BudgetLedger::new(budget),
             failures: 0,
             successes: 0,
             actions: Vec::new(),
             requests: 0,
         }
+    }
+
+    /// The run's one budget ledger.
+    pub fn ledger(&self) -> &BudgetLedger {
+        self.controller.ledger()
+    }
+
+    /// The run's one budget ledger, to charge.
+    pub fn ledger_mut(&mut self) -> &mut BudgetLedger {
+        self.controller.ledger_mut()
+    }
+
+    /// The run's tool-health monitor.
+    pub fn monitor(&mut self) -> &mut Monitor {
+        self.controller.monitor_mut()
     }
 
     /// Remembers an action (the oldest is dropped past the bound).
@@ -184,6 +222,7 @@ pub struct RunStore {
     ttl: Duration,
     monitor: MonitorConfig,
     budget: BudgetLimits,
+    policy: Policy,
     evicted: std::sync::atomic::AtomicU64,
 }
 
@@ -203,6 +242,7 @@ impl RunStore {
         ttl: Duration,
         monitor: MonitorConfig,
         budget: BudgetLimits,
+        policy: Policy,
     ) -> RunStore {
         RunStore {
             inner: Mutex::new(Inner::default()),
@@ -210,6 +250,7 @@ impl RunStore {
             ttl,
             monitor,
             budget,
+            policy,
             evicted: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -271,7 +312,11 @@ impl RunStore {
             self.evicted
                 .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         }
-        let state = Arc::new(Mutex::new(RunState::new(self.monitor.clone(), self.budget)));
+        let state = Arc::new(Mutex::new(RunState::with_policy(
+            self.monitor.clone(),
+            self.budget,
+            self.policy.clone(),
+        )));
         let key: Arc<str> = Arc::from(id);
         let stamp = inner.touch(key.clone());
         inner.map.insert(
@@ -437,6 +482,7 @@ mod tests {
             Duration::from_secs(60),
             MonitorConfig::default(),
             BudgetLimits::defaults(),
+            Policy::default(),
         );
         let now = Instant::now();
         s.get_for("r-1", "key:alice", now);
@@ -465,6 +511,7 @@ mod tests {
             Duration::from_secs(60),
             MonitorConfig::default(),
             BudgetLimits::defaults(),
+            Policy::default(),
         );
         let now = Instant::now();
         for i in 0..10 {
@@ -477,7 +524,13 @@ mod tests {
     #[test]
     fn the_least_recently_used_run_goes_first_and_the_queue_stays_bounded() {
         let ttl = Duration::from_secs(60);
-        let s = RunStore::new(3, ttl, MonitorConfig::default(), BudgetLimits::defaults());
+        let s = RunStore::new(
+            3,
+            ttl,
+            MonitorConfig::default(),
+            BudgetLimits::defaults(),
+            Policy::default(),
+        );
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let a = s.get("a", at(0));

@@ -567,7 +567,7 @@ impl Upstreams {
                         &signal,
                         &self.plane,
                         &mut self.breakers(),
-                        &mut st.ledger,
+                        st.ledger_mut(),
                         now,
                         &mut rng,
                     )

@@ -76,6 +76,19 @@ fn gateway(config: GatewayConfig) -> Router {
     ))
 }
 
+/// A config whose ladders keep retrying a failing tool (and an unlimited budget): for tests of
+/// the monitor's breaker, which the default ladders would degrade the run before.
+fn patient(url: String) -> GatewayConfig {
+    let mut c = GatewayConfig::for_upstream(url);
+    let retries = r#"["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]"#;
+    c.policy = selfheal_core::policy::Policy::from_toml_str(&format!(
+        "[ladders]\ntool_timeout = {retries}\ntool_unavailable = {retries}\n"
+    ))
+    .unwrap();
+    c.budget = selfheal_core::budget::BudgetLimits::unlimited();
+    c
+}
+
 fn fast(mut c: GatewayConfig) -> GatewayConfig {
     c.policy.retry.base_ms = 1;
     c.policy.retry.max_ms = 5;
@@ -213,10 +226,38 @@ async fn transient_errors_are_retried_then_exhaustion_is_a_502_with_reasons() {
     assert!(!body["error"]["reasons"].as_array().unwrap().is_empty());
 }
 
+/// Issue 11: the run's controller decides what a failing tool gets. With the default ladders
+/// and no substitute or fallback configured, a tool that keeps failing climbs its ladder to
+/// the end, and the run ends `partial` there — answered by the gateway, not the model.
+#[tokio::test]
+async fn issue_11_a_tool_failing_past_its_ladder_ends_the_run_partial() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (status, body, headers) = post_chat(
+        &app,
+        json!({"model": "m", "messages": conversation(5, 1), "tools": tools()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["selfheal"]["status"], "partial", "{body}");
+    assert!(
+        headers["x-selfheal-actions"]
+            .to_str()
+            .unwrap()
+            .contains("degrade")
+    );
+    assert!(
+        shared.lock().unwrap().seen.is_empty(),
+        "the model is not asked"
+    );
+    // Each rung the run climbed on the way was charged to its one ledger.
+    assert!(body["selfheal"]["budget"]["spent"]["recoveries"].as_u64() >= Some(1));
+}
+
 #[tokio::test]
 async fn a_tool_failing_five_times_is_hidden_and_tool_choice_fixed() {
     let (url, shared) = start_upstream(vec![]).await;
-    let app = gateway(GatewayConfig::for_upstream(url));
+    let app = gateway(patient(url));
     let (status, body, headers) = post_chat(
         &app,
         json!({"model": "m", "messages": conversation(5, 0), "tools": tools(),
@@ -477,7 +518,7 @@ fn offered(seen: &Value) -> Vec<String> {
 #[tokio::test]
 async fn issue_13_tenants_with_the_same_opening_do_not_share_a_run() {
     let (url, shared) = start_upstream(vec![]).await;
-    let app = gateway(GatewayConfig::for_upstream(url));
+    let app = gateway(patient(url));
     let failing = conversation(5, 0);
     let mut fine = conversation(0, 6);
     fine[0] = failing[0].clone();

@@ -164,6 +164,7 @@ proptest! {
             hidden: &hidden,
             append: append.then_some(&extra),
             stream,
+            replaced: &[],
         };
         let out = view.encode(&edits, &b);
         let got: Value = serde_json::from_slice(&out)

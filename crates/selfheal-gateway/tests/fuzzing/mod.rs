@@ -67,6 +67,7 @@ pub fn request(data: &[u8]) {
         hidden: &hidden,
         append: bit(5).then_some(&extra),
         stream: bit(6).then_some(bit(7)),
+        replaced: &[],
     };
     let out = view.encode(&edits, &b);
     let again = ChatRequest::parse(&out).unwrap_or_else(|e| {

@@ -1,0 +1,1005 @@
+//! Recovery through the wire: the run's controller decides, the gateway asks the agent.
+//!
+//! Why it exists: the gateway executes no tool, but every tool result comes back to it in the
+//! next request. Each new result is an observation of the run's core
+//! [`Controller`](selfheal_core::controller::Controller) — the same
+//! classifier, class ladders, per-failure cap, doubt rule and ledger the in-process runtime and
+//! the benchmark use — and the directive it returns is carried out with what a proxy has: text
+//! for the model, the model it sends the request to, and the answer it gives the client.
+//!
+//! ```text
+//!  tool result in request N ──read_result──▶ Observation::ToolFinished ──▶ Controller
+//!                                                                            │
+//!   request N, edited ◀── guidance / fallback target / partial answer ◀── Directive
+//! ```
+//!
+//! | directive | on the wire |
+//! |---|---|
+//! | `Continue` | nothing beyond the monitor's guidance |
+//! | `Recover` retry of a tool's failure (and refresh, which only the tool's caller can do) | guidance: call the tool again with the same arguments |
+//! | `Recover` repair of a tool's answer that does not parse | the gateway's repair of the bytes replaces the result in every request it forwards; the repaired value is then cross-checked like any other |
+//! | `Recover` retry of the model's own mistake | guidance: write the call again |
+//! | `Recover` substitute | guidance naming the failed tool and the equivalent one to call instead ([`ToolConfig::substitute`]) |
+//! | `Recover` replan | guidance: rethink the plan from the results there are |
+//! | `Recover` escalate | this request goes to the chain's next target (the fallback model); for a planning failure, with the replan's guidance |
+//! | `Degrade` / `Abort` | the run ends here: an answer flagged `partial` (or `failed`) with the reason |
+//!
+//! **Cross-checks.** For a tool the operator marked [`ToolConfig::cross_check`], a value is not
+//! observed when it arrives: the gateway asks the agent, through its own tool loop, to call the
+//! equivalent tool with the same arguments, and observes the value with the verdict of
+//! [`selfheal_core::verifier::cross_check`] on the two answers when the second one arrives —
+//! a disagreement as the call's contradiction signal, otherwise a [`Observation::Verified`]
+//! after it, exactly the order the benchmark's in-process client reports them in. So the core's
+//! doubt rule ([`selfheal_core::policy::Policy::in_doubt`]) applies on the wire too: a
+//! substitute's value that its primary cannot confirm ends the run `partial` instead of being
+//! returned as correct. An agent that does not make the cross-check call gets the verdict
+//! "uncertain" for it.
+//!
+//! **Steps.** The controller tracks one open failure per plan step; the gateway has no plan, so
+//! a tool and its configured substitute are one step (the question they both answer) and every
+//! other tool is its own.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde_json::Value;
+
+use selfheal_core::classifier::Signal;
+use selfheal_core::controller::{Directive, Observation};
+use selfheal_core::monitor::{CallOutcome, Monitor, ToolCall, canonical_hash};
+use selfheal_core::policy::{EscalationTarget, Options, RecoveryAction, RepairTarget};
+use selfheal_core::rng::SplitMix64;
+use selfheal_core::verifier::{Judgement, cross_check};
+use selfheal_core::{Amounts, FailureClass};
+
+use crate::config::ToolConfig;
+use crate::heal::ToolIndex;
+use crate::runs::RunState;
+
+/// Most tools a run gives a step id of its own; later ones share the last id.
+pub const MAX_STEPS: u32 = 256;
+
+/// What a request's recovery knows beyond the run: the operator's tool descriptions, the tools
+/// the request offers, and the fallback model the run can escalate to.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    /// `[tools]` of the gateway's config.
+    pub tools: &'a BTreeMap<String, ToolConfig>,
+    /// The tools the request offers.
+    pub offered: &'a ToolIndex,
+    /// The model of the chain's second target, if the chain has one (the escalation target).
+    pub fallback: Option<&'a str>,
+    /// A seed for the backoff jitter of the controller's decisions.
+    pub seed: u64,
+}
+
+impl Ctx<'_> {
+    /// The configured substitute of `tool`.
+    fn substitute_of(&self, tool: &str) -> Option<&str> {
+        self.tools.get(tool)?.substitute.as_deref()
+    }
+
+    /// The tool `tool` is the configured substitute of.
+    fn primary_of(&self, tool: &str) -> Option<&str> {
+        self.tools
+            .iter()
+            .find(|(_, c)| c.substitute.as_deref() == Some(tool))
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// The tool a value of `tool` is cross-checked against, with the tolerance, if it is.
+    fn check_against(&self, tool: &str) -> Option<(String, selfheal_core::verifier::Tolerance)> {
+        if let Some(c) = self.tools.get(tool)
+            && c.cross_check
+            && let Some(sub) = &c.substitute
+        {
+            return Some((sub.clone(), c.tolerance));
+        }
+        let primary = self.primary_of(tool)?;
+        let c = self.tools.get(primary)?;
+        c.cross_check.then(|| (primary.to_owned(), c.tolerance))
+    }
+}
+
+/// What the cross-check found.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    /// The verifier's judgement.
+    Judged(Judgement),
+    /// The other source's answer shows this one is empty or drifted (the signal).
+    Hole(Signal),
+}
+
+/// A value waiting for its cross-check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    step: u32,
+    tool: String,
+    args: Value,
+    value: Value,
+    required: Vec<String>,
+    /// The tool asked to confirm it.
+    against: String,
+    tolerance: selfheal_core::verifier::Tolerance,
+    /// The value is the gateway's repair of an answer that did not parse (observed already as
+    /// that failure): only the verdict is observed.
+    repaired: bool,
+}
+
+/// How the run ends now, when a directive ended it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// Stop with a partial result: the controller degraded.
+    Degrade(String),
+    /// Stop: the controller aborted.
+    Abort(String),
+}
+
+/// What the next request carries out for the controller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Next {
+    /// Guidance lines (the ladder's actions, a cross-check request).
+    pub guidance: Vec<String>,
+    /// Send this request to the fallback target.
+    pub escalate: bool,
+    /// The run ends here.
+    pub stop: Option<Stop>,
+    /// The recovery actions taken, by name (for the answer's `selfheal.actions`).
+    pub actions: Vec<&'static str>,
+    /// Tool results to replace with their repair, by `tool_call_id`.
+    pub replaced: Vec<(String, String)>,
+}
+
+/// The wire side of a run's recovery: step ids, the value waiting for its cross-check, the
+/// steps already escalated, and what the next request has to carry out.
+#[derive(Debug, Clone, Default)]
+pub struct Wire {
+    steps: HashMap<String, u32>,
+    pending: Option<Pending>,
+    escalated: HashSet<u32>,
+    /// Tool results the gateway repaired, by `tool_call_id`, with the text the model reads
+    /// instead (at most [`MAX_REPAIRED`], oldest first out).
+    repaired: std::collections::VecDeque<(String, String)>,
+    next: Next,
+}
+
+/// Most repaired tool results a run keeps replacing in the requests it forwards.
+pub const MAX_REPAIRED: usize = 64;
+
+impl Wire {
+    /// The step id of `tool`: its substitute's or primary's if that has one, else a new one.
+    fn step_of(&mut self, tool: &str, ctx: &Ctx<'_>) -> u32 {
+        if let Some(&s) = self.steps.get(tool) {
+            return s;
+        }
+        let shared = [ctx.substitute_of(tool), ctx.primary_of(tool)]
+            .into_iter()
+            .flatten()
+            .find_map(|t| self.steps.get(t).copied());
+        let id = shared.unwrap_or_else(|| {
+            u32::try_from(self.steps.len())
+                .unwrap_or(u32::MAX)
+                .min(MAX_STEPS - 1)
+        });
+        if self.steps.len() < MAX_STEPS as usize {
+            self.steps.insert(tool.to_owned(), id);
+        }
+        id
+    }
+
+    /// Remembers the repair of the result of call `id`.
+    fn replace(&mut self, id: &str, value: &Value) {
+        if self.repaired.len() == MAX_REPAIRED {
+            self.repaired.pop_front();
+        }
+        self.repaired.push_back((id.to_owned(), value.to_string()));
+    }
+
+    /// Takes what the next request has to carry out, adding the pending cross-check's request
+    /// and every repaired result the run keeps replacing.
+    pub fn take_next(&mut self) -> Next {
+        let mut next = std::mem::take(&mut self.next);
+        next.replaced = self.repaired.iter().cloned().collect();
+        if next.stop.is_none()
+            && let Some(p) = &self.pending
+        {
+            next.guidance.push(cross_check_text(&p.tool, &p.against));
+        }
+        next
+    }
+
+    /// Whether a cross-check is awaited.
+    pub fn awaiting_check(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
+/// The guidance that asks for a cross-check.
+pub fn cross_check_text(tool: &str, against: &str) -> String {
+    format!(
+        "Cross-check the last result of `{tool}`: call `{against}` with the same arguments \
+         before you use it."
+    )
+}
+
+/// How a tool result reads on the wire: what failed, or the value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Read {
+    /// The tool raised (the client sent back its error text), or returned an error body,
+    /// JSON it could not finish, or an empty answer: the signal, if the monitor's hard/soft
+    /// reading is not enough.
+    Failed(Option<Signal>),
+    /// The tool meant to answer JSON and the bytes do not parse, but `selfheal-repair` reads a
+    /// value out of them (a code fence, prose around it, quotes, trailing commas).
+    Repairable {
+        /// Why the bytes did not parse.
+        signal: Signal,
+        /// The value repair read.
+        value: Value,
+    },
+    /// A value.
+    Value(Value),
+}
+
+/// Reads one tool result's text (the one place the gateway parses a tool's answer):
+///
+/// - an error text ([`crate::heal::is_hard_failure_text`]) is a failure; a leading HTTP status
+///   (`Error: 503 Service Unavailable`) becomes that status, a timeout a timeout, anything else
+///   an exception with the text;
+/// - JSON with a string `error` field is the tool's error;
+/// - text that does not parse but from which `selfheal-repair` reads an object or an array is
+///   malformed output that can be repaired — unless it was cut off (brackets or a string left
+///   open: closing it would invent data) or what it reads has an empty field;
+/// - text that opens like JSON (`{`, `[`) and cannot be read is malformed (cut, when brackets
+///   or a string are left open);
+/// - other JSON or text is a value (the monitor still judges empty and null answers soft).
+pub fn read_result(text: &str) -> Read {
+    if crate::heal::is_hard_failure_text(text) {
+        return Read::Failed(Some(error_signal(text)));
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) => {
+            if let Some(e) = v.get("error").and_then(Value::as_str) {
+                return Read::Failed(Some(Signal::Exception {
+                    message: e.to_owned(),
+                }));
+            }
+            if Monitor::is_soft_failure(&v) {
+                return Read::Failed(None);
+            }
+            Read::Value(v)
+        }
+        Err(e) => {
+            let t = text.trim();
+            let json_like = t.starts_with('{') || t.starts_with('[');
+            if json_like && is_cut(t) {
+                return Read::Failed(Some(Signal::TruncatedOutput));
+            }
+            let signal = Signal::MalformedOutput {
+                detail: e.to_string(),
+            };
+            // A repair is refused when it would invent data (the JSON inside was cut) or when
+            // what it reads has holes (a null or empty field): fetching again is the better bet.
+            match selfheal_repair::repair(t) {
+                Ok(r) if r.value.is_object() || r.value.is_array() => {
+                    if is_cut_inside(t) || has_hole(&r.value) {
+                        Read::Failed(Some(signal))
+                    } else {
+                        Read::Repairable {
+                            signal,
+                            value: r.value,
+                        }
+                    }
+                }
+                Ok(_) | Err(_) if json_like => Read::Failed(Some(signal)),
+                Ok(_) | Err(_) if t.is_empty() => Read::Failed(None),
+                Ok(_) | Err(_) => Read::Value(Value::String(text.to_owned())),
+            }
+        }
+    }
+}
+
+/// Whether a value is empty or has an empty field at the top (null, an empty array).
+fn has_hole(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => o.is_empty() || o.values().any(is_empty),
+        other => is_empty(other),
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(x) => x.is_empty(),
+        Value::Object(_) | Value::Bool(_) | Value::Number(_) | Value::String(_) => false,
+    }
+}
+
+/// Whether the JSON inside prose or a fence was cut off: from its first bracket on.
+fn is_cut_inside(text: &str) -> bool {
+    text.find(['{', '['])
+        .and_then(|i| text.get(i..))
+        .is_some_and(|inner| {
+            let end = inner.rfind("```").unwrap_or(inner.len());
+            inner.get(..end).is_some_and(is_cut)
+        })
+}
+
+/// The signal of an error text: a leading HTTP status, a timeout, or the text itself.
+fn error_signal(text: &str) -> Signal {
+    let t = text.trim();
+    let body = ["Error:", "error:", "Tool error:", "Exception:"]
+        .iter()
+        .find_map(|p| t.strip_prefix(p))
+        .unwrap_or(t)
+        .trim();
+    let status: Option<u16> = body
+        .get(..3)
+        .filter(|d| d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse().ok())
+        .filter(|s| (400..600).contains(s))
+        .filter(|_| body.as_bytes().get(3).is_none_or(|b| !b.is_ascii_digit()));
+    let lower = body.to_ascii_lowercase();
+    match status {
+        Some(status) => Signal::HttpStatus {
+            status,
+            retry_after_ms: None,
+            message: body.to_owned(),
+        },
+        None if lower.contains("timed out") || lower.starts_with("timeout") => Signal::Timeout,
+        None => Signal::Exception {
+            message: body.to_owned(),
+        },
+    }
+}
+
+/// Whether JSON text was cut off: more brackets opened than closed outside strings, or a
+/// string left open.
+fn is_cut(text: &str) -> bool {
+    let (mut depth, mut in_str, mut esc) = (0i64, false, false);
+    for c in text.chars() {
+        if in_str {
+            match (esc, c) {
+                (true, _) => esc = false,
+                (false, '\\') => esc = true,
+                (false, '"') => in_str = false,
+                (false, _) => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            _ => {}
+        }
+    }
+    depth > 0 || in_str
+}
+
+/// Observes one new tool result of the run: `ok`, `hard`, `soft`, `check` (the cross-check call
+/// the gateway asked for, which is a verifier's call, not a step's) or `held` (a value waiting
+/// for its cross-check).
+pub fn observe(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    call: (&str, &str, &Value),
+    text: &str,
+    now_ms: u64,
+) -> &'static str {
+    let (id, tool, args) = call;
+    if let Some(p) = st.wire.pending.take() {
+        if p.against == tool && canonical_hash(&p.args) == canonical_hash(args) {
+            // The second source's answer is read as it came: one that does not parse is no
+            // evidence (the verifier does not repair what it checks against).
+            let verdict = match read_result(text) {
+                Read::Value(other) => match holes(&p.value, &other) {
+                    Some(signal) => Verdict::Hole(signal),
+                    None => Verdict::Judged(cross_check(&p.value, &other, p.tolerance)),
+                },
+                Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
+                    reason: format!("`{}` sent an unreadable body", p.against),
+                }),
+                Read::Failed(_) => Verdict::Judged(Judgement::Uncertain {
+                    reason: format!("`{}` did not answer: {}", p.against, clip(text)),
+                }),
+            };
+            settle(st, ctx, p, verdict, now_ms);
+            return "check";
+        }
+        let judgement = Judgement::Uncertain {
+            reason: format!("the cross-check call of `{}` was not made", p.against),
+        };
+        settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
+    }
+    let required: Vec<String> = ctx
+        .offered
+        .get(tool)
+        .map(|t| t.required.clone())
+        .unwrap_or_default();
+    let step = st.wire.step_of(tool, ctx);
+    match read_result(text) {
+        Read::Value(value) => {
+            st.successes += 1;
+            if let Some((against, tolerance)) = ctx.check_against(tool)
+                && ctx.offered.contains_key(&against)
+            {
+                st.wire.pending = Some(Pending {
+                    step,
+                    tool: tool.to_owned(),
+                    args: args.clone(),
+                    value,
+                    required,
+                    against,
+                    tolerance,
+                    repaired: false,
+                });
+                return "held";
+            }
+            let call = ToolCall::returned(tool, args, &value).with_required(&required);
+            let d = finished(st, ctx, step, call, None, None, now_ms);
+            carry(st, step, tool, d);
+            "ok"
+        }
+        Read::Repairable { signal, value } => {
+            st.failures += 1;
+            let parsed = Value::String(text.to_owned());
+            let call = ToolCall::returned(tool, args, &parsed).with_required(&required);
+            let d = finished(
+                st,
+                ctx,
+                step,
+                call,
+                Some(signal),
+                Some(RepairTarget::Output),
+                now_ms,
+            );
+            match d {
+                Directive::Recover {
+                    action:
+                        RecoveryAction::Repair {
+                            target: RepairTarget::Output,
+                        },
+                    ..
+                } => {
+                    st.wire.next.actions.push("repair");
+                    st.wire.replace(id, &value);
+                    repaired(st, ctx, step, tool, args, value, required, now_ms);
+                }
+                d => carry(st, step, tool, d),
+            }
+            "hard"
+        }
+        Read::Failed(signal) => {
+            st.failures += 1;
+            // A call that failed with a required argument left empty failed for want of an
+            // input the agent never had: a step of its plan is missing (the in-process client
+            // sees the same before calling). The tool's error text says no more than that.
+            let empty: Vec<String> = required
+                .iter()
+                .filter(|r| args.get(*r).is_none_or(|v| st.monitor().is_placeholder(v)))
+                .cloned()
+                .collect();
+            let signal = if empty.is_empty() {
+                signal
+            } else {
+                Some(Signal::MissingStep {
+                    detail: format!("required arguments left empty: {empty:?}"),
+                })
+            };
+            // The monitor records what it would have seen: an error text as a failed call,
+            // anything the tool returned as returned (it judges error bodies and empty answers
+            // soft itself); the signal says why it failed.
+            let hard = crate::heal::is_hard_failure_text(text);
+            let parsed: Value =
+                serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()));
+            let call = if hard {
+                ToolCall::failed(tool, args, text)
+            } else {
+                ToolCall::returned(tool, args, &parsed)
+            }
+            .with_required(&required);
+            let d = finished(st, ctx, step, call, signal, None, now_ms);
+            carry(st, step, tool, d);
+            if hard { "hard" } else { "soft" }
+        }
+    }
+}
+
+/// Carries out an output repair: the repaired value is an output like any other, cross-checked
+/// before it is used when its tool is; without a second source the repair's own reading is the
+/// verdict (as in-process).
+#[allow(clippy::too_many_arguments)]
+fn repaired(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    step: u32,
+    tool: &str,
+    args: &Value,
+    value: Value,
+    required: Vec<String>,
+    now_ms: u64,
+) {
+    let p = Pending {
+        step,
+        tool: tool.to_owned(),
+        args: args.clone(),
+        value,
+        required,
+        against: String::new(),
+        tolerance: selfheal_core::verifier::Tolerance::default(),
+        repaired: true,
+    };
+    match ctx.check_against(tool) {
+        Some((against, tolerance)) if ctx.offered.contains_key(&against) => {
+            st.wire.pending = Some(Pending {
+                against,
+                tolerance,
+                ..p
+            });
+        }
+        Some(_) | None => {
+            let d = verified(st, ctx, &p, Judgement::Accept, now_ms);
+            carry(st, step, tool, d);
+        }
+    }
+}
+
+/// What the other source's answer shows is missing from `value`: a field empty here (null, an
+/// empty array) that the other fills is an empty output — the signal the in-process client
+/// reads off the plan's fields. (Two answers with different field names are not read as a drift
+/// of either: without the plan, nothing says which one the agent reads; the cross-check is then
+/// uncertain.)
+fn holes(value: &Value, other: &Value) -> Option<Signal> {
+    let (Value::Object(a), Value::Object(b)) = (value, other) else {
+        return None;
+    };
+    let empty = is_empty;
+    b.iter().find_map(|(k, theirs)| {
+        let ours = a.get(k)?;
+        if empty(ours) && !empty(theirs) {
+            Some(Signal::EmptyOutput)
+        } else {
+            holes(ours, theirs)
+        }
+    })
+}
+
+/// A run that ends with a value still held is judged now (the cross-check was never made).
+pub fn settle_pending(st: &mut RunState, ctx: &Ctx<'_>, now_ms: u64) {
+    if let Some(p) = st.wire.pending.take() {
+        let judgement = Judgement::Uncertain {
+            reason: format!("the cross-check call of `{}` was not made", p.against),
+        };
+        settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
+    }
+}
+
+fn clip(text: &str) -> String {
+    text.chars().take(120).collect()
+}
+
+/// The options of a failure of `tool` at `step`, as far as the wire allows: `repair` when the
+/// gateway could read a value out of bytes that did not parse, no refresh (a proxy cannot ask
+/// a tool to bypass its cache), the configured substitute if the request offers it, the
+/// fallback model once per step.
+fn options(
+    st: &RunState,
+    ctx: &Ctx<'_>,
+    step: u32,
+    tool: &str,
+    repair: Option<RepairTarget>,
+) -> Options {
+    Options {
+        repair,
+        substitute: ctx
+            .substitute_of(tool)
+            .filter(|s| ctx.offered.contains_key(*s))
+            .map(str::to_owned),
+        refreshable: false,
+        can_replan: true,
+        fallback_model: ctx
+            .fallback
+            .filter(|_| !st.wire.escalated.contains(&step))
+            .map(str::to_owned),
+        human_available: false,
+        retry_safe: true,
+        partial_result: st.successes > 0,
+    }
+}
+
+fn finished(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    step: u32,
+    call: ToolCall<'_>,
+    signal: Option<Signal>,
+    repair: Option<RepairTarget>,
+    now_ms: u64,
+) -> Directive {
+    let options = options(st, ctx, step, call.tool, repair);
+    let mut rng = SplitMix64::new(ctx.seed ^ u64::from(step));
+    st.controller.observe(
+        Observation::ToolFinished {
+            step: Some(step),
+            call,
+            signal,
+            options,
+            usage: Amounts::default(),
+        },
+        now_ms,
+        &mut rng,
+    )
+}
+
+/// Feeds a held value with its cross-check's verdict: a disagreement is the call's
+/// contradiction signal; otherwise the call, then the verdict (so a value a recovery put in
+/// doubt that the verdict cannot confirm degrades the run).
+fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms: u64) {
+    let judgement = match verdict {
+        Verdict::Judged(j) => j,
+        // The other source fills a field this answer left empty: an empty output (what the
+        // in-process client reads off the plan's fields), not a disagreement.
+        Verdict::Hole(signal) if !p.repaired => {
+            let call = ToolCall::returned(&p.tool, &p.args, &p.value).with_required(&p.required);
+            let d = finished(st, ctx, p.step, call, Some(signal), None, now_ms);
+            carry(st, p.step, &p.tool, d);
+            return;
+        }
+        Verdict::Hole(signal) => Judgement::Reject {
+            reason: format!("the repaired answer is incomplete ({})", signal.name()),
+        },
+    };
+    if p.repaired {
+        // A repaired answer was observed as its failure already; only the verdict is new.
+        let d = verified(st, ctx, &p, judgement, now_ms);
+        carry(st, p.step, &p.tool, d);
+        return;
+    }
+    let signal = match &judgement {
+        Judgement::Reject { reason } => Some(Signal::Contradiction {
+            detail: reason.clone(),
+        }),
+        Judgement::Accept | Judgement::Uncertain { .. } => None,
+    };
+    let call = ToolCall {
+        tool: &p.tool,
+        args: &p.args,
+        outcome: CallOutcome::Returned(&p.value),
+        required: &p.required,
+        repaired: false,
+    };
+    let d = finished(st, ctx, p.step, call, signal.clone(), None, now_ms);
+    let d = match (d, signal) {
+        (Directive::Continue { .. }, None) => verified(st, ctx, &p, judgement, now_ms),
+        (d, _) => d,
+    };
+    carry(st, p.step, &p.tool, d);
+}
+
+/// Observes a cross-check's verdict on `p`.
+fn verified(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    p: &Pending,
+    judgement: Judgement,
+    now_ms: u64,
+) -> Directive {
+    let options = options(st, ctx, p.step, &p.tool, None);
+    let mut rng = SplitMix64::new(ctx.seed ^ u64::from(p.step));
+    st.controller.observe(
+        Observation::Verified {
+            step: Some(p.step),
+            verifier: "cross_check",
+            judgement,
+            options,
+        },
+        now_ms,
+        &mut rng,
+    )
+}
+
+/// Turns a directive into what the next request carries out.
+fn carry(st: &mut RunState, step: u32, tool: &str, d: Directive) {
+    let next = &mut st.wire.next;
+    match d {
+        Directive::Continue { .. } => {}
+        Directive::Recover { class, action, .. } => {
+            let kind = action.kind().as_str();
+            next.actions.push(kind);
+            match action {
+                // A retry of the model's own mistake is a new call, as in-process; of a tool's
+                // failure, the same call again.
+                RecoveryAction::Retry { .. } if model_side(class) => {
+                    next.guidance.push(rewrite_text(tool, class));
+                }
+                RecoveryAction::Repair { .. } => next.guidance.push(rewrite_text(tool, class)),
+                RecoveryAction::Retry { .. } | RecoveryAction::Refresh => {
+                    next.guidance.push(retry_text(tool, class));
+                }
+                RecoveryAction::Substitute { alternative } => {
+                    next.guidance
+                        .push(substitute_text(tool, class, &alternative));
+                }
+                RecoveryAction::Replan => next.guidance.push(replan_text(tool, class)),
+                RecoveryAction::Escalate {
+                    target: EscalationTarget::FallbackModel { .. },
+                } => {
+                    next.escalate = true;
+                    st.wire.escalated.insert(step);
+                    // A plan that is the problem is the fallback model's to rethink.
+                    if class == FailureClass::PlanningFailure {
+                        next.guidance.push(replan_text(tool, class));
+                    }
+                }
+                RecoveryAction::Escalate {
+                    target: EscalationTarget::Human,
+                }
+                | RecoveryAction::Degrade
+                | RecoveryAction::Terminate => {
+                    // Not offered on the wire (no human), and the controller ends runs with
+                    // its own directives: nothing to carry out.
+                }
+            }
+        }
+        Directive::Degrade { reason } => next.stop = Some(Stop::Degrade(reason)),
+        Directive::Abort { reason } => next.stop = Some(Stop::Abort(reason)),
+    }
+}
+
+/// The retry's guidance.
+pub fn retry_text(tool: &str, class: FailureClass) -> String {
+    format!("`{tool}` failed ({class}): call it again with the same arguments.")
+}
+
+/// Whether a class is the model's own mistake (its recovery rewrites the call).
+fn model_side(class: FailureClass) -> bool {
+    match class {
+        FailureClass::ArgumentInvalid
+        | FailureClass::WrongTool
+        | FailureClass::PlanningFailure
+        | FailureClass::ControlLoop => true,
+        FailureClass::ToolTimeout
+        | FailureClass::ToolUnavailable
+        | FailureClass::MalformedOutput
+        | FailureClass::EmptyOutput
+        | FailureClass::StaleContext
+        | FailureClass::ContradictoryEvidence
+        | FailureClass::VerificationFailure => false,
+    }
+}
+
+/// The guidance of a repair or a model-side retry: the model writes the call again.
+pub fn rewrite_text(tool: &str, class: FailureClass) -> String {
+    format!("`{tool}` failed ({class}): check its arguments and write the call again.")
+}
+
+/// The substitute's guidance.
+pub fn substitute_text(tool: &str, class: FailureClass, alternative: &str) -> String {
+    format!(
+        "The tool `{tool}` failed ({class}): call `{alternative}` instead, with the same \
+         arguments."
+    )
+}
+
+/// The replan's guidance.
+pub fn replan_text(tool: &str, class: FailureClass) -> String {
+    format!("`{tool}` failed ({class}): rethink your plan from the results you have.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use selfheal_core::budget::BudgetLimits;
+    use selfheal_core::monitor::MonitorConfig;
+    use selfheal_core::policy::Policy;
+    use serde_json::json;
+
+    fn offered(names: &[&str]) -> ToolIndex {
+        names
+            .iter()
+            .map(|n| {
+                (
+                    (*n).to_owned(),
+                    crate::heal::ToolSpec {
+                        parameters: json!({}),
+                        schema_key: "{}".into(),
+                        required: vec![],
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn tools(cross_check: bool) -> BTreeMap<String, ToolConfig> {
+        BTreeMap::from([(
+            "weather".to_owned(),
+            ToolConfig {
+                substitute: Some("weather_backup".into()),
+                cross_check,
+                tolerance: selfheal_core::verifier::Tolerance::default(),
+            },
+        )])
+    }
+
+    fn run() -> RunState {
+        RunState::with_policy(
+            MonitorConfig::default(),
+            BudgetLimits::defaults(),
+            Policy::default(),
+        )
+    }
+
+    #[test]
+    fn error_texts_become_typed_signals() {
+        assert!(matches!(
+            read_result("Error: 503 Service Unavailable"),
+            Read::Failed(Some(Signal::HttpStatus { status: 503, .. }))
+        ));
+        assert_eq!(
+            read_result("Error: `weather` timed out after 8000 ms"),
+            Read::Failed(Some(Signal::Timeout))
+        );
+        assert_eq!(
+            read_result(r#"{"temp": 2"#),
+            Read::Failed(Some(Signal::TruncatedOutput))
+        );
+        assert!(matches!(
+            read_result(r#"{"error": "quota exceeded"}"#),
+            Read::Failed(Some(Signal::Exception { .. }))
+        ));
+        assert_eq!(read_result("null"), Read::Failed(None));
+        assert!(matches!(
+            read_result("```json\n{\"temp\": 21}\n```"),
+            Read::Repairable { value, .. } if value == json!({"temp": 21})
+        ));
+        assert!(matches!(
+            read_result("```json\n{\"temp\": null}\n```"),
+            Read::Failed(Some(Signal::MalformedOutput { .. }))
+        ));
+        assert_eq!(
+            read_result(r#"{"temp": 2}"#),
+            Read::Value(json!({"temp": 2}))
+        );
+        assert_eq!(
+            read_result("Paris is sunny"),
+            Read::Value(json!("Paris is sunny"))
+        );
+    }
+
+    const DOWN: &str = "Error: 503 Service Unavailable";
+
+    /// The class ladder, not a fixed text, says what a failing tool gets: the default
+    /// `tool_timeout` ladder (a 503) retries twice, then names the configured substitute.
+    #[test]
+    fn the_ladder_drives_the_guidance() {
+        let cfg = tools(false);
+        let idx = offered(&["weather", "weather_backup"]);
+        let ctx = Ctx {
+            tools: &cfg,
+            offered: &idx,
+            fallback: None,
+            seed: 1,
+        };
+        let mut st = run();
+        let a = json!({"city": "Paris"});
+        for t in 0..2 {
+            assert_eq!(
+                observe(&mut st, &ctx, ("c", "weather", &a), DOWN, t),
+                "hard"
+            );
+            let next = st.wire.take_next();
+            assert_eq!(next.actions, vec!["retry"], "{next:?}");
+            assert!(next.guidance[0].contains("call it again"), "{next:?}");
+        }
+        observe(&mut st, &ctx, ("c", "weather", &a), DOWN, 2);
+        let third = st.wire.take_next();
+        assert_eq!(third.actions, vec!["substitute"], "{third:?}");
+        assert!(third.guidance[0].contains("`weather_backup`"));
+        assert_eq!(st.ledger().spent().substitutions, 1);
+        assert_eq!(st.ledger().spent().retries, 2);
+    }
+
+    /// A substitute's value that its primary cannot confirm is not returned as correct: the
+    /// run degrades (the core's doubt rule), as in-process.
+    #[test]
+    fn an_unconfirmed_substitute_degrades_the_run() {
+        let cfg = tools(true);
+        let idx = offered(&["weather", "weather_backup"]);
+        let ctx = Ctx {
+            tools: &cfg,
+            offered: &idx,
+            fallback: None,
+            seed: 1,
+        };
+        let mut st = run();
+        let a = json!({"city": "Paris"});
+        for t in 0..3 {
+            observe(&mut st, &ctx, ("c", "weather", &a), DOWN, t);
+        }
+        assert_eq!(
+            st.wire.take_next().actions,
+            vec!["retry", "retry", "substitute"]
+        );
+        let value = r#"{"temp": 21.0}"#;
+        assert_eq!(
+            observe(&mut st, &ctx, ("c", "weather_backup", &a), value, 2),
+            "held"
+        );
+        let ask = st.wire.take_next();
+        assert!(ask.guidance[0].starts_with("Cross-check"), "{ask:?}");
+        assert_eq!(
+            observe(&mut st, &ctx, ("c", "weather", &a), DOWN, 3),
+            "check"
+        );
+        assert!(matches!(
+            st.wire.take_next().stop,
+            Some(Stop::Degrade(reason)) if reason.contains("could not be verified")
+        ));
+    }
+
+    /// A value the other source confirms goes on; one it contradicts climbs the
+    /// contradiction ladder.
+    #[test]
+    fn a_cross_check_confirms_or_contradicts() {
+        let cfg = tools(true);
+        let idx = offered(&["weather", "weather_backup"]);
+        let ctx = Ctx {
+            tools: &cfg,
+            offered: &idx,
+            fallback: None,
+            seed: 1,
+        };
+        let a = json!({"city": "Paris"});
+        let mut st = run();
+        observe(&mut st, &ctx, ("c", "weather", &a), r#"{"temp": 21.0}"#, 0);
+        observe(
+            &mut st,
+            &ctx,
+            ("c", "weather_backup", &a),
+            r#"{"temp": 21.1}"#,
+            1,
+        );
+        let next = st.wire.take_next();
+        assert_eq!(next, Next::default(), "confirmed: nothing to do");
+
+        let mut st = run();
+        observe(&mut st, &ctx, ("c", "weather", &a), r#"{"temp": 21.0}"#, 0);
+        observe(
+            &mut st,
+            &ctx,
+            ("c", "weather_backup", &a),
+            r#"{"temp": 35.0}"#,
+            1,
+        );
+        let next = st.wire.take_next();
+        assert_eq!(next.actions, vec!["retry"], "{next:?}");
+        assert!(next.guidance[0].contains("contradictory_evidence"));
+    }
+
+    /// The escalation rung sends the next request to the fallback model, once per step.
+    #[test]
+    fn escalation_goes_to_the_fallback_once() {
+        let policy =
+            Policy::from_toml_str("[ladders]\ntool_timeout = [\"escalate\", \"degrade\"]\n")
+                .unwrap_or_default();
+        let cfg = BTreeMap::new();
+        let idx = offered(&["search"]);
+        let ctx = Ctx {
+            tools: &cfg,
+            offered: &idx,
+            fallback: Some("big"),
+            seed: 1,
+        };
+        let mut st =
+            RunState::with_policy(MonitorConfig::default(), BudgetLimits::defaults(), policy);
+        let a = json!({"q": "x"});
+        observe(&mut st, &ctx, ("c", "search", &a), "Error: timed out", 0);
+        let next = st.wire.take_next();
+        assert!(next.escalate, "{next:?}");
+        observe(&mut st, &ctx, ("c", "search", &a), "Error: timed out", 1);
+        let next = st.wire.take_next();
+        assert!(!next.escalate);
+        // Nothing was produced yet, so the ladder's degrade is a terminate.
+        assert!(matches!(next.stop, Some(Stop::Abort(_))), "{next:?}");
+    }
+}
