@@ -667,7 +667,7 @@ mod tests {
             let bytes = request(json!(m));
             let req = ChatRequest::parse(&bytes).unwrap();
             let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::defaults());
-            let tools: Vec<String> = replay(&mut state, &req.messages, &idx, 0)
+            let tools: Vec<String> = replay(&mut state, &req.messages, &ctx(&idx), 0)
                 .into_iter()
                 .map(|r| r.tool)
                 .collect();
