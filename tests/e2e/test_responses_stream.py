@@ -10,7 +10,8 @@ import uuid
 import openai
 import pytest
 
-from test_deploy import RESPONSES_TOOLS, client
+from conftest import start_gateway
+from test_deploy import PATIENT, RESPONSES_TOOLS, client
 
 
 def events(gw, **kw):
@@ -113,12 +114,12 @@ def test_a_call_cut_by_max_output_tokens_is_reasked_not_repaired(gateway, upstre
 
 def test_a_call_cut_by_max_output_tokens_every_time_ends_partial_without_a_call(gateway, upstream):
     cut = {"kind": "incomplete", "name": "search", "arguments": '{"query": "trunc'}
-    upstream.script([cut, cut, cut])
+    upstream.script([cut, cut, cut, cut])
     evs = events(gateway, tools=RESPONSES_TOOLS)
     assert calls_sent(evs) == [], "a cut call is never repaired into a call"
     assert evs[-1].type == "response.incomplete"
     assert report(evs)["status"] == "partial" and "cut off" in report(evs)["reason"]
-    assert len(upstream.log()) == 3, "the default ladder re-asks twice"
+    assert len(upstream.log()) == 4, "the default ladder re-asks three times (repair, retry, replan)"
 
 
 def test_a_json_answer_to_a_stream_request_is_streamed(gateway, upstream):
@@ -127,7 +128,17 @@ def test_a_json_answer_to_a_stream_request_is_streamed(gateway, upstream):
     assert text_of(evs) == "plain json answer" and evs[-1].type == "response.completed"
 
 
-def test_streamed_requests_feed_the_monitor_with_their_tool_outputs(gateway, upstream):
+def test_streamed_requests_feed_the_monitor_with_their_tool_outputs(upstream, tmp_path):
+    """Under ladders that keep retrying (the defaults end the run at the ladder's end, see
+    test_deploy.PATIENT), five failures of `search` hide it and tell the model why."""
+    gateway = start_gateway(upstream, tmp_path, top=PATIENT)
+    try:
+        streamed_requests_feed_the_monitor(gateway, upstream)
+    finally:
+        gateway.stop()
+
+
+def streamed_requests_feed_the_monitor(gateway, upstream):
     tools = RESPONSES_TOOLS + [{"type": "function", "name": "lookup", "parameters": {
         "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}]
     items = [{"role": "user", "content": f"find {uuid.uuid4()}"}]
