@@ -394,7 +394,8 @@ impl Trace {
     pub fn with_capacity(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Trace {
-            ring: VecDeque::with_capacity(capacity.min(1024)),
+            // Grown as events come: a run that records few (most of a gateway's) holds little.
+            ring: VecDeque::new(),
             capacity,
             next_seq: 0,
             dropped: 0,
