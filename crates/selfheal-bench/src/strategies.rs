@@ -1139,19 +1139,7 @@ pub fn run_self_healing(
                 Directive::Recover { class, action, .. } => {
                     st.ep.report_class(s, class);
                     st.ep.charge_recovery();
-                    let model_side = match class {
-                        FailureClass::ArgumentInvalid
-                        | FailureClass::WrongTool
-                        | FailureClass::PlanningFailure
-                        | FailureClass::ControlLoop => true,
-                        FailureClass::ToolTimeout
-                        | FailureClass::ToolUnavailable
-                        | FailureClass::MalformedOutput
-                        | FailureClass::EmptyOutput
-                        | FailureClass::StaleContext
-                        | FailureClass::ContradictoryEvidence
-                        | FailureClass::VerificationFailure => false,
-                    };
+                    let model_side = class.is_model_side();
                     match action {
                         RecoveryAction::Retry { delay_ms, .. } => {
                             st.ep.wait(delay_ms);

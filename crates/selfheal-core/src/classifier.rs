@@ -101,6 +101,24 @@ impl FailureClass {
         }
     }
 
+    /// Whether the class is the model's own mistake (a bad call, the wrong tool, a broken plan,
+    /// a loop): its recovery rewrites the model's call rather than repeating the tool's.
+    pub fn is_model_side(self) -> bool {
+        match self {
+            FailureClass::ArgumentInvalid
+            | FailureClass::WrongTool
+            | FailureClass::PlanningFailure
+            | FailureClass::ControlLoop => true,
+            FailureClass::ToolTimeout
+            | FailureClass::ToolUnavailable
+            | FailureClass::MalformedOutput
+            | FailureClass::EmptyOutput
+            | FailureClass::StaleContext
+            | FailureClass::ContradictoryEvidence
+            | FailureClass::VerificationFailure => false,
+        }
+    }
+
     /// The coarse error type of SPEC §2 that this class falls under when nothing more specific
     /// is known.
     pub fn default_error_type(self) -> ErrorType {

@@ -709,7 +709,7 @@ fn carry(st: &mut RunState, step: u32, tool: &str, d: Directive) {
             match action {
                 // A retry of the model's own mistake is a new call, as in-process; of a tool's
                 // failure, the same call again.
-                RecoveryAction::Retry { .. } if model_side(class) => {
+                RecoveryAction::Retry { .. } if class.is_model_side() => {
                     next.guidance.push(rewrite_text(tool, class));
                 }
                 RecoveryAction::Repair { .. } => next.guidance.push(rewrite_text(tool, class)),
@@ -749,23 +749,6 @@ fn carry(st: &mut RunState, step: u32, tool: &str, d: Directive) {
 /// The retry's guidance.
 pub fn retry_text(tool: &str, class: FailureClass) -> String {
     format!("`{tool}` failed ({class}): call it again with the same arguments.")
-}
-
-/// Whether a class is the model's own mistake (its recovery rewrites the call).
-fn model_side(class: FailureClass) -> bool {
-    match class {
-        FailureClass::ArgumentInvalid
-        | FailureClass::WrongTool
-        | FailureClass::PlanningFailure
-        | FailureClass::ControlLoop => true,
-        FailureClass::ToolTimeout
-        | FailureClass::ToolUnavailable
-        | FailureClass::MalformedOutput
-        | FailureClass::EmptyOutput
-        | FailureClass::StaleContext
-        | FailureClass::ContradictoryEvidence
-        | FailureClass::VerificationFailure => false,
-    }
 }
 
 /// The guidance of a repair or a model-side retry: the model writes the call again.
