@@ -7,6 +7,7 @@ import json
 import pathlib
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -264,12 +265,36 @@ def test_connections_past_the_cap_get_a_503(upstream, tmp_path):
     u = urllib.parse.urlsplit(gw.url)
     held = socket.create_connection((u.hostname, u.port), timeout=10)
     try:
-        held.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        assert held.recv(4096).startswith(b"HTTP/1.1 200"), "the kept-alive connection holds the slot"
+        # A request in flight (its head sent, its body still coming) holds its slot.
+        held.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n{\"model\":")
+        time.sleep(0.2)
         status, body = raw_request(gw.url, "GET", "/healthz")
         assert status == 503 and body["error"]["code"] == "too_many_connections"
     finally:
         held.close()
+        gw.stop()
+
+
+def test_at_the_cap_an_idle_kept_alive_connection_gives_its_slot_to_a_new_client(upstream, tmp_path):
+    """A client that sent one request and then sits on its kept-alive connection must not lock
+    others out until the header-read timeout."""
+    gw = start_gateway(upstream, tmp_path, top="[server]\nmax_connections = 1\nheader_read_timeout_ms = 60000")
+    u = urllib.parse.urlsplit(gw.url)
+    idle = socket.create_connection((u.hostname, u.port), timeout=10)
+    try:
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200")
+        for _ in range(3):
+            status, body = raw_request(gw.url, "GET", "/healthz")
+            assert status == 200, body
+        try:  # closed gracefully: an end of stream
+            closed = idle.recv(4096) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed, "the idle connection was closed for the new client"
+    finally:
+        idle.close()
         gw.stop()
 
 

@@ -103,8 +103,10 @@ pub struct ServerConfig {
     pub body_read_timeout_ms: u64,
     /// Largest request head, in bytes (default 64 KiB): larger is a 431.
     pub max_header_bytes: usize,
-    /// Most open client connections (default 1,024); past it a connection is answered 503 and
-    /// closed.
+    /// Most open client connections (default 1,024). At the cap a new connection takes the
+    /// slot of one that has sent no whole request head, or else of the one kept alive longest
+    /// without a request in flight (closed gracefully); when every connection has a request in
+    /// flight, it is answered 503 and closed.
     pub max_connections: usize,
     /// On SIGTERM, how long in-flight requests may take to finish, in milliseconds (default 10 s).
     pub drain_timeout_ms: u64,

@@ -33,6 +33,7 @@
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod conns;
 pub mod error;
 pub mod heal;
 pub mod metrics;
@@ -46,7 +47,6 @@ pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -77,9 +77,10 @@ pub enum ServeError {
 ///
 /// Inbound connections are bounded (see [`ServerConfig`]): a request head must arrive within
 /// the header-read timeout — which also closes kept-alive connections left idle that long — a
-/// body within the body-read timeout, and past `max_connections` a new connection is answered
-/// 503 in OpenAI's shape and closed, so a slow or idle client cannot hold the process or its
-/// file descriptors. Every accepted connection gets `TCP_NODELAY`.
+/// body within the body-read timeout, and at `max_connections` a new connection takes the slot
+/// of one that has no request in flight ([`conns`]) or, when every one has, is answered 503 in
+/// OpenAI's shape and closed, so a slow or idle client cannot hold the process, its file
+/// descriptors or the slots real clients need. Every accepted connection gets `TCP_NODELAY`.
 pub async fn serve(
     config: GatewayConfig,
     listener: tokio::net::TcpListener,
@@ -110,56 +111,6 @@ connection: close\r\ncontent-length: 127\r\n\r\n\
 {\"error\":{\"message\":\"the gateway is at its connection limit\",\"type\":\"server_error\",\
 \"param\":null,\"code\":\"too_many_connections\"}}";
 
-/// Open connections that have not sent a whole request head yet, oldest first.
-///
-/// Slowloris holds connections open by dribbling a request head. The header-read timeout cuts
-/// each one, but an attacker that reconnects at once keeps every slot busy, and a fixed cap then
-/// sheds the real clients, which lose the race for the slots that come free. So at the cap a
-/// new connection takes the slot of the oldest connection still waiting for its first head — a
-/// client that sends its request at once is never the oldest, and a connection that has sent a
-/// head (being served, or kept alive between requests) is never evicted. Entries are dropped
-/// once their connection sent a head or ended; the queue holds at most twice the cap.
-#[derive(Default)]
-struct Waiting {
-    queue: std::collections::VecDeque<(Arc<AtomicBool>, tokio::task::AbortHandle)>,
-}
-
-impl Waiting {
-    fn stale(e: &(Arc<AtomicBool>, tokio::task::AbortHandle)) -> bool {
-        e.0.load(Ordering::Relaxed) || e.1.is_finished()
-    }
-
-    fn push(&mut self, headed: Arc<AtomicBool>, handle: tokio::task::AbortHandle, cap: usize) {
-        while self.queue.front().is_some_and(Self::stale) {
-            self.queue.pop_front();
-        }
-        if self.queue.len() >= cap.saturating_mul(2) {
-            self.queue.retain(|e| !Self::stale(e));
-        }
-        self.queue.push_back((headed, handle));
-    }
-
-    /// Aborts every connection still waiting for its first head.
-    fn abort_all(&mut self) {
-        for e in self.queue.drain(..) {
-            if !Self::stale(&e) {
-                e.1.abort();
-            }
-        }
-    }
-
-    /// Aborts the oldest connection still waiting for its first head; whether there was one.
-    fn evict_oldest(&mut self) -> bool {
-        while let Some(e) = self.queue.pop_front() {
-            if !Self::stale(&e) {
-                e.1.abort();
-                return true;
-            }
-        }
-        false
-    }
-}
-
 /// Answers a connection past the cap with [`SHED`] and closes it at once, in the accept loop.
 /// A task per shed connection let a flood of them hold file descriptors faster than the tasks
 /// closed them: under slowloris at `ulimit -n 128` the process ran out of descriptors and its
@@ -179,7 +130,7 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let permits = Arc::new(Semaphore::new(server.max_connections));
-    let mut waiting = Waiting::default();
+    let mut open = conns::Registry::default();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -209,9 +160,9 @@ async fn accept_loop(
         while conns.try_join_next().is_some() {}
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => Some(p),
-            // At the cap: the slot of the oldest connection that never sent a whole request
-            // head goes to the new one (see [`Waiting`]).
-            Err(_) if waiting.evict_oldest() => {
+            // At the cap: a connection that never sent a whole request head, or else one kept
+            // alive without a request in flight, gives its slot to the new one (see [`conns`]).
+            Err(_) if open.reclaim().is_some() => {
                 tokio::time::timeout(Duration::from_millis(100), permits.clone().acquire_owned())
                     .await
                     .ok()
@@ -223,33 +174,41 @@ async fn accept_loop(
             shed(tcp);
             continue;
         };
-        let headed = Arc::new(AtomicBool::new(false));
-        let flag = headed.clone();
+        let state = open.conn();
+        let (on_head, on_answer) = (state.clone(), state.clone());
         let svc =
             tower::ServiceExt::map_request(app.clone(), move |req: axum::extract::Request<_>| {
-                flag.store(true, Ordering::Relaxed);
+                on_head.request_started();
                 req
             });
+        let svc = tower::ServiceExt::map_response(svc, move |resp: axum::response::Response| {
+            resp.map(|b| on_answer.track(b))
+        });
         let conn = http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(svc));
         let mut stop = stop_rx.clone();
+        let shared = state.clone();
         let handle = conns.spawn(async move {
             let _permit = permit;
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
+                () = shared.closing() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
                 _ = stop.changed() => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
             }
         });
-        waiting.push(headed, handle, server.max_connections);
+        open.push(state, handle, server.max_connections);
     }
     drop(listener);
     let _ = stop_tx.send(true);
     // A connection that never sent a whole head has no request to finish: it does not hold the
     // drain up to its deadline.
-    waiting.abort_all();
+    open.abort_waiting();
     let deadline = Duration::from_millis(server.drain_timeout_ms);
     let drained = tokio::time::timeout(deadline, async {
         while conns.join_next().await.is_some() {}
