@@ -215,6 +215,25 @@ def test_a_stream_broken_before_content_is_reissued_not_an_empty_200(gateway, up
     assert [bool(r.get("stream")) for r in upstream.log()] == [True, False]
 
 
+
+def test_a_target_that_broke_a_stream_offering_tools_is_asked_without_streaming_next_time(
+        gateway, upstream):
+    """Once a chat stream offering tools broke and a non-streaming re-issue healed it, that
+    target is asked without streaming (llama-cpp-python cannot stream an automatic tool choice)
+    and the client still gets a stream."""
+    upstream.script([{"kind": "empty_stream"}, {"kind": "ok", "content": "healed"}])
+    list(client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS,
+                                                 stream=True))
+    assert [bool(r.get("stream")) for r in upstream.log()] == [True, False]
+    upstream.script([{"kind": "tool", "name": "search", "arguments": '{"query": "again"}'}])
+    chunks = list(client(gateway).chat.completions.create(model="stub", messages=ask(),
+                                                          tools=TOOLS, stream=True))
+    assert [bool(r.get("stream")) for r in upstream.log()] == [False], "learned: asked whole"
+    args = "".join(tc.function.arguments or "" for c in chunks if c.choices
+                   for tc in (c.choices[0].delta.tool_calls or []))
+    assert json.loads(args) == {"query": "again"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
 def raw_request(url, method, path, headers=None):
     u = urllib.parse.urlsplit(url)
     req = urllib.request.Request(f"{url}{path}", method=method, headers=headers or {})

@@ -175,3 +175,25 @@ def test_the_sdks_stream_helper_accumulates_the_healed_events(gateway, upstream,
     [call] = [o for o in final.output if o.type == "function_call"]
     assert json.loads(call.arguments) == {"query": "rust"}
     assert final.model_extra["selfheal"]["status"] == "complete"
+
+
+def test_a_target_that_broke_a_stream_offering_tools_is_asked_without_streaming_next_time(
+        gateway, upstream):
+    """llama-cpp-python's server cannot stream an automatic tool choice: once a Responses stream
+    offering tools broke and a non-streaming re-issue healed it, the gateway asks that target
+    without streaming and sends its answer as the events a stream would have carried."""
+    upstream.script([{"kind": "empty_stream"}, {"kind": "tool", "name": "search",
+                                                "arguments": '{"query": "first"}'}])
+    first = events(gateway, tools=RESPONSES_TOOLS)
+    assert calls_sent(first)[-1] == ("final", '{"query": "first"}')
+    assert [bool(r.get("stream")) for r in upstream.log()] == [True, False]
+    upstream.script([{"kind": "tool", "name": "search", "arguments": '{"query": "second"}'}])
+    second = events(gateway, tools=RESPONSES_TOOLS)
+    assert [bool(r.get("stream")) for r in upstream.log()] == [False], "learned: asked whole"
+    assert ("item", '{"query": "second"}') in calls_sent(second)
+    assert second[0].type == "response.created" and second[-1].type == "response.completed"
+    assert [e.sequence_number for e in second] == list(range(len(second)))
+    # Without tools, the same target still streams.
+    upstream.script([{"kind": "ok", "content": "plain"}])
+    assert text_of(events(gateway)) == "plain"
+    assert [bool(r.get("stream")) for r in upstream.log()] == [True]

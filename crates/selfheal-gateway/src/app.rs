@@ -622,8 +622,16 @@ async fn responses_inner(
     tools.retain(|name, _| !hidden.contains(name));
     let mut actions = edited;
     let mut log = CallLog::default();
-    if req.get("stream").and_then(Value::as_bool) == Some(true) {
+    let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
+    // A target learned not to stream tool calls ([`NoStream`]) is asked without streaming and
+    // its answer sent as the Responses events a stream would have carried.
+    let learned =
+        wants_stream && !tools.is_empty() && chain.first().is_some_and(|c| s.no_stream.contains(c));
+    if wants_stream && !learned {
         return answer_responses_stream(&t, req, chain, tools, actions).await;
+    }
+    if learned {
+        req.insert("stream".into(), Value::Bool(false));
     }
     let encode = |m: &str| encode_responses(&req, m, None);
     let result = t.call(&chain, &encode, &responses_json_op, &mut log).await;
@@ -685,7 +693,12 @@ async fn responses_inner(
     }
     t.caller.redactor.value(&mut answer);
     t.finish(status);
-    let mut resp = axum::Json(answer).into_response();
+    let mut resp = if learned {
+        let frames = responses_stream::answer_frames(&answer);
+        sse_response(Body::from_stream(futures_util::stream::iter(frames)))
+    } else {
+        axum::Json(answer).into_response()
+    };
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
@@ -705,6 +718,7 @@ async fn answer_responses_stream(
     let mut log = CallLog::default();
     let result = t.call(&chain, &encode, &responses_op, &mut log).await;
     log_calls(t, &log, &mut actions);
+    let served = log.served.clone();
     let upstream = match result {
         Ok(r) => r,
         Err(e) => {
@@ -736,7 +750,8 @@ async fn answer_responses_stream(
             &tx,
         )
         .await;
-        finish_stream(&t2, &r);
+        let learnable = served.as_ref().filter(|_| !again.tools.is_empty());
+        finish_stream(&t2, &r, learnable);
         drop(tx);
     });
     let redactor = t.caller.redactor.clone();
@@ -750,8 +765,10 @@ async fn answer_responses_stream(
 }
 
 /// Records how a relayed stream ended (repairs, unusable calls, a re-issue, a break) and the
-/// run's `response` event.
-fn finish_stream(t: &Turn, r: &stream::StreamReport) {
+/// run's `response` event. A stream offering tools that broke and was healed by a
+/// non-streaming re-issue teaches the gateway that its target (`learnable`) cannot stream tool
+/// calls ([`NoStream`]).
+fn finish_stream(t: &Turn, r: &stream::StreamReport, learnable: Option<&crate::config::Target>) {
     for name in &r.repaired {
         Metrics::inc(&t.s.metrics.repairs_total);
         t.event(Kind::Repair, json!({"tool": name}));
@@ -761,6 +778,14 @@ fn finish_stream(t: &Turn, r: &stream::StreamReport) {
     }
     if let Some(why) = &r.reissued {
         t.event(Kind::Reissue, json!({"reason": why}));
+        if let Some(target) = learnable
+            && t.s.no_stream.learn(target)
+        {
+            t.event(
+                Kind::LearnNoStream,
+                json!({"upstream": target.upstream, "model": target.model}),
+            );
+        }
     }
     let status = if let Some(b) = &r.broken {
         Metrics::inc(&t.s.metrics.streams_broken_total);
@@ -1275,35 +1300,8 @@ async fn answer_stream(
             &tx,
         )
         .await;
-        for name in &r.repaired {
-            Metrics::inc(&t2.s.metrics.repairs_total);
-            t2.event(Kind::Repair, json!({"tool": name}));
-        }
-        for p in &r.invalid {
-            t2.event(Kind::InvalidCall, json!({"problems": [p]}));
-        }
-        if let Some(why) = &r.reissued {
-            t2.event(Kind::Reissue, json!({"reason": why}));
-            if !ctx.tools.is_empty()
-                && let Some(target) = &served
-                && t2.s.no_stream.learn(target)
-            {
-                t2.event(
-                    Kind::LearnNoStream,
-                    json!({"upstream": target.upstream, "model": target.model}),
-                );
-            }
-        }
-        let status = if let Some(b) = &r.broken {
-            Metrics::inc(&t2.s.metrics.streams_broken_total);
-            t2.event(Kind::StreamBroken, json!({"reason": b}));
-            "failed"
-        } else if r.invalid.is_empty() {
-            "complete"
-        } else {
-            "partial"
-        };
-        t2.finish(status);
+        let learnable = served.as_ref().filter(|_| !ctx.tools.is_empty());
+        finish_stream(&t2, &r, learnable);
         drop(tx);
     });
     let redactor = t.caller.redactor.clone();
