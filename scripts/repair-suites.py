@@ -4,7 +4,7 @@ libraries: PyPI `json_repair` (Python) and npm `jsonrepair` (JavaScript).
 
 usage:
   scripts/repair-suites.py run BINARY [--suite python|javascript|both] [--show wrong|refused|match]
-                                      [--limit N] [--json FILE]
+                                      [--limit N] [--groups] [--json FILE] [--flag=--complete ...]
   scripts/repair-suites.py check      # install both libraries and re-check every recorded answer
 
 `run` feeds every recorded input to `BINARY repair` on stdin and sorts the outcome:
@@ -103,10 +103,10 @@ def load(suite):
     return cases
 
 
-def run_one(binary, case):
+def run_one(binary, case, extra=()):
     data = case["input"].encode("utf-8", "surrogatepass")
     try:
-        p = subprocess.run([binary, "repair"], input=data, capture_output=True, timeout=TIMEOUT)
+        p = subprocess.run([binary, "repair", *extra], input=data, capture_output=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         return {"status": "error", "why": "timeout"}
     stderr = p.stderr.decode("utf-8", "replace").strip()
@@ -146,7 +146,7 @@ def cmd_run(args):
     for suite in suites:
         cases = load(suite)
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
-            results = list(pool.map(lambda c: run_one(args.binary, c), cases))
+            results = list(pool.map(lambda c: run_one(args.binary, c, args.flag), cases))
         total, by_cat, by_group = Counter(), defaultdict(Counter), defaultdict(Counter)
         for c, r in zip(cases, results):
             r.update(idx=c["idx"], input=c["input"], category=c["category"], group=c["group"],
@@ -238,6 +238,8 @@ def main():
     r.add_argument("--groups", action="store_true", help="also print one row per upstream test")
     r.add_argument("--json", metavar="FILE", help="write every case's outcome to FILE")
     r.add_argument("--workers", type=int, default=2)
+    r.add_argument("--flag", action="append", default=[], metavar="FLAG",
+                   help="pass FLAG to `repair` (e.g. --flag=--complete); repeatable")
     sub.add_parser("check", help="install both libraries and re-check the recorded answers")
     args = ap.parse_args()
     return cmd_run(args) if args.cmd == "run" else cmd_check(args)
