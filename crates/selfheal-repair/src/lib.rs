@@ -132,7 +132,9 @@
 //!   closed by another kind (`[{]`; `{"a": [}` has one reading, `{"a":[]}`), a parenthesis
 //!   closed by another bracket, a value string closed by a quote of
 //!   another kind, a string open up to the closing brace;
-//! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
+//! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty (with
+//!   [`RepairOptions::bare_text`], as `selfheal repair` reads, one line of bare text such as
+//!   `hello world` is the string it spells);
 //! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);
 //! - a wrapper call has several arguments (`Date(2024, 1, 2)`);
 //! - nesting exceeds [`RepairOptions::max_depth`] ([`RepairError::TooDeep`]);
