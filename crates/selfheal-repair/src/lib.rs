@@ -404,6 +404,8 @@ fn bare_text(input: &str) -> Option<Repaired> {
     const STRUCTURE: &[char] = &[
         '{', '}', '[', ']', '(', ')', '"', '\'', '`', '\u{b4}', '\u{2018}', '\u{2019}', '\u{201c}',
         '\u{201d}', ':', ',', ';', '<', '>', '#', '/', '\\', '=', '\n', '\r',
+        // Invisible marks (a byte-order mark, zero-width spaces) would end up in the string.
+        '\u{feff}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}',
     ];
     let t = input.trim();
     if t.contains(STRUCTURE)
