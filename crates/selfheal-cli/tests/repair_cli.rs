@@ -58,9 +58,23 @@ fn unrepairable_input_exits_1_with_the_reason() {
         "{}",
         text(&out.stderr)
     );
-    let out = run(&[], "no json here");
+    let out = run(&[], "Sorry, there is no JSON here.");
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no JSON value found"));
+}
+
+/// Issue 14: one line of bare text is the string it spells, as npm `jsonrepair` reads it;
+/// prose with structure in it, or two lines, is still refused.
+#[test]
+fn bare_text_is_the_string_it_spells() {
+    let out = run(&["--report"], "hello   world\n");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), r#""hello   world""#);
+    assert!(text(&out.stderr).contains("unquoted_string"));
+    for refused in ["first line\nsecond line", "a,b", "Note: none", "0789"] {
+        let out = run(&[], refused);
+        assert_eq!(out.status.code(), Some(1), "{refused:?}");
+    }
 }
 
 #[test]

@@ -132,7 +132,9 @@
 //!   closed by another kind (`[{]`; `{"a": [}` has one reading, `{"a":[]}`), a parenthesis
 //!   closed by another bracket, a value string closed by a quote of
 //!   another kind, a string open up to the closing brace;
-//! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty;
+//! - the input is prose with no JSON in it ([`RepairError::NoJson`]) or is empty (with
+//!   [`RepairOptions::bare_text`], as `selfheal repair` reads, one line of bare text such as
+//!   `hello world` is the string it spells);
 //! - a token cannot be read as any value (`{"a": @}`), a number is out of range (`1e999`);
 //! - a wrapper call has several arguments (`Date(2024, 1, 2)`);
 //! - nesting exceeds [`RepairOptions::max_depth`] ([`RepairError::TooDeep`]);
@@ -224,6 +226,14 @@ pub struct RepairOptions {
     /// [`RepairError::Truncated`] (`{"year": 20` may have been `2018`) unless a space or
     /// tab follows its digits.
     pub input_complete: bool,
+    /// Read input that is one line of bare text and nothing else (`hello world`, `ES2020`,
+    /// `0.0.1`) as the string it spells, as npm `jsonrepair` does, instead of refusing with
+    /// [`RepairError::NoJson`]. Only text with a letter or digit and none of the characters
+    /// that make JSON or prose structure (brackets, quotes, `:`, `,`, `;`, `<`, `>`, `#`,
+    /// `/`, `\`, `=`, parentheses) qualifies, so nothing is dropped or added but the quotes.
+    /// Off by default: where a tool result or an answer should be JSON (the gateway, the
+    /// runtime, the benchmark), plain text is a fault. `selfheal repair` sets it.
+    pub bare_text: bool,
 }
 
 impl Default for RepairOptions {
@@ -235,6 +245,7 @@ impl Default for RepairOptions {
             leading_zero_strings: false,
             decode_strings: false,
             input_complete: false,
+            bare_text: false,
         }
     }
 }
@@ -281,6 +292,13 @@ impl RepairOptions {
     #[must_use]
     pub fn with_input_complete(mut self, on: bool) -> Self {
         self.input_complete = on;
+        self
+    }
+
+    /// Sets [`RepairOptions::bare_text`].
+    #[must_use]
+    pub fn with_bare_text(mut self, on: bool) -> Self {
+        self.bare_text = on;
         self
     }
 
@@ -364,6 +382,10 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
                     None => return Err(RepairError::MultipleValues { offset }),
                 }
             }
+            Err(RepairError::NoJson) if options.bare_text => match bare_text(input) {
+                Some(out) => (out, None),
+                None => return Err(RepairError::NoJson),
+            },
             Err(e) => return Err(e),
         }
     };
@@ -372,6 +394,34 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
     }
     out.repairs.sort_by_key(|r| r.offset);
     Ok(out)
+}
+
+/// `hello world`: input that is one line of bare text, read as the string it spells
+/// ([`RepairOptions::bare_text`]). `None` when the text has a line break, no letter or digit,
+/// or any character that could be JSON or prose structure: then it is prose, or broken JSON
+/// that must be refused for its own reason.
+fn bare_text(input: &str) -> Option<Repaired> {
+    const STRUCTURE: &[char] = &[
+        '{', '}', '[', ']', '(', ')', '"', '\'', '`', '\u{b4}', '\u{2018}', '\u{2019}', '\u{201c}',
+        '\u{201d}', ':', ',', ';', '<', '>', '#', '/', '\\', '=', '\n', '\r',
+        // Invisible marks (a byte-order mark, zero-width spaces) would end up in the string.
+        '\u{feff}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}',
+    ];
+    let t = input.trim();
+    if t.contains(STRUCTURE)
+        || !t.chars().any(char::is_alphanumeric)
+        || t.chars().any(char::is_control)
+    {
+        return None;
+    }
+    let first = input.len() - input.trim_start().len();
+    Some(Repaired {
+        value: Value::String(t.to_owned()),
+        repairs: vec![Repair {
+            kind: RepairKind::UnquotedString,
+            offset: first,
+        }],
+    })
 }
 
 /// `"a": 1, "b": [2]}`: members of an object and its closing brace, with the opening brace

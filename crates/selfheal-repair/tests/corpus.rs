@@ -1,6 +1,8 @@
 //! Issue 14's regression corpus: our own cases, one JSON object a line in
 //! `tests/corpus/cases.jsonl` — `input`, then either `expected` (the value `repair` must
-//! return) or `"refuse": true` (it must return an error), and a `note` saying why.
+//! return) or `"refuse": true` (it must return an error), optionally `options` (the
+//! [`RepairOptions`] switched on, e.g. `{"bare_text": true}` as `selfheal repair` sets it),
+//! and a `note` saying why.
 //!
 //! The corpus holds the readings the issue settled (a stray quote proven to be text, a
 //! missing brace before an array's next object, escaped JSON) beside the refusals that
@@ -9,7 +11,7 @@
 
 #![allow(clippy::panic)]
 
-use selfheal_repair::repair;
+use selfheal_repair::{RepairOptions, repair_with};
 use serde_json::Value;
 
 const CASES: &str = include_str!("corpus/cases.jsonl");
@@ -27,7 +29,9 @@ fn issue_14_corpus_holds() {
             .unwrap_or_else(|e| panic!("cases.jsonl line {}: {e}", line_no + 1));
         let input = case["input"].as_str().unwrap_or_default();
         let note = case["note"].as_str().unwrap_or_default();
-        let got = repair(input);
+        let options = RepairOptions::default()
+            .with_bare_text(case["options"]["bare_text"].as_bool().unwrap_or(false));
+        let got = repair_with(input, &options);
         let refuse = case["refuse"].as_bool().unwrap_or(false);
         match (refuse, got) {
             (true, Err(_)) => {}

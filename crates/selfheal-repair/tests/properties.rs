@@ -77,6 +77,17 @@ proptest! {
         }
     }
 
+    /// Bare text (`RepairOptions::bare_text`, as `selfheal repair` reads) never panics, and
+    /// where the default refuses for want of JSON, what it returns is the trimmed input itself
+    /// as a string: nothing added, nothing dropped.
+    #[test]
+    fn bare_text_is_the_input_or_a_refusal(s in "\\PC{0,48}") {
+        let bare = RepairOptions::default().with_bare_text(true);
+        if let (Ok(r), Err(selfheal_repair::RepairError::NoJson)) = (repair_with(&s, &bare), repair(&s)) {
+            prop_assert_eq!(r.value, Value::String(s.trim().to_owned()));
+        }
+    }
+
     /// Backtick strings and double-encoded documents, including the offsets mapped back
     /// through the unescaping: every offset points into the input, at a character boundary.
     #[test]

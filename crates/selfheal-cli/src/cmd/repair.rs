@@ -83,12 +83,15 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
         eprintln!("error: input is not valid UTF-8");
         return Ok(EXIT_INVALID);
     };
+    // A line of bare text (`hello world`) is the string it spells here, where a person or a
+    // script asked for a repair; the gateway and the runtime, which expect JSON, refuse it.
     // With a schema, the schema decides whether `0789` may be the string it spells and
     // whether a string holding an object is that object.
     let options = RepairOptions::default()
         .with_salvage(args.salvage)
         .with_multiple(args.multiple)
         .with_input_complete(args.complete)
+        .with_bare_text(true)
         .with_leading_zero_strings(guide.is_some())
         .with_decode_strings(guide.as_ref().is_some_and(SchemaGuide::wants_container));
     let repaired = match repair_with(&input, &options) {
