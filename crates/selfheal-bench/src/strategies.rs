@@ -18,7 +18,8 @@
 //! The cross-check verifier is a real call of the substitute ([`Purpose::Verify`]): it costs
 //! latency and `V`, meets the substitute's faults, and compares with the tool's documented
 //! tolerance, so noise between equivalent sources can make it reject a right value or accept a
-//! wrong one. Output repair runs `selfheal-repair` on the bytes the tool returned and refuses a
+//! wrong one. An external tool with no substitute is read a second time instead, which catches
+//! a wrong value that does not last but never one the source repeats. Output repair runs `selfheal-repair` on the bytes the tool returned and refuses a
 //! cut body. Escalation writes the call with the fallback model ([`Writer::Fallback`]), which has
 //! its own error rate and price.
 
@@ -168,7 +169,8 @@ pub struct Detectors {
     pub soft: bool,
     /// `as_of` older than [`MAX_AGE_MS`] is a failure.
     pub freshness: bool,
-    /// External values cross-checked with the equivalent source.
+    /// External values cross-checked with the equivalent source, or with a second read where
+    /// there is none.
     pub verify: bool,
 }
 
@@ -625,8 +627,13 @@ fn attempt(
 
 /// The cross-check: calls the equivalent source with the same arguments and compares the values
 /// the plan reads within the tool's tolerance — the substitute for the primary's values, the
-/// primary for the substitute's (a substitute's value is otherwise unchecked). `None` when there
-/// is nothing to check against, or when the client switched sources because they disagreed.
+/// primary for the substitute's (a substitute's value is otherwise unchecked). An external tool
+/// with no equivalent source is read a second time instead: a source whose answer changes between
+/// two reads of the same call did not give a settled one (a flaky upstream, a bad replica), and
+/// the second read is a real call like any other — charged, slow, faultable. It cannot see a
+/// value the source gets wrong every time; only a second source can. `None` for a local tool (a
+/// second run of the same code computes the same thing), or when the client switched sources
+/// because they disagreed.
 fn cross_check(
     ep: &mut Episode<'_>,
     s: usize,
@@ -643,7 +650,12 @@ fn cross_check(
         spec.substitute.as_ref()?;
         spec.name.clone()
     } else {
-        spec.substitute.clone()?
+        spec.substitute.clone().unwrap_or_else(|| spec.name.clone())
+    };
+    let other = if sub == spec.name && !how.substitute {
+        format!("a second read of `{sub}`")
+    } else {
+        format!("`{sub}`")
     };
     let tol = spec.tolerance;
     let reads = plan.read_paths(s);
@@ -651,11 +663,11 @@ fn cross_check(
     let resp = ep.call(s, &sub, &args, Purpose::Verify, false);
     let judgement = match resp.response {
         Response::Raised { message, .. } => Judgement::Uncertain {
-            reason: format!("`{sub}` did not answer: {message}"),
+            reason: format!("{other} did not answer: {message}"),
         },
         Response::Returned { body: other } => match serde_json::from_str::<Value>(&other) {
             Err(_) => Judgement::Uncertain {
-                reason: format!("`{sub}` sent an unreadable body"),
+                reason: format!("{other} sent an unreadable body"),
             },
             Ok(o) => {
                 let mut verdict = Judgement::Accept;
@@ -664,13 +676,13 @@ fn cross_check(
                         (Some(a), Some(b)) if tol.agrees(a, b) => {}
                         (Some(a), Some(b)) => {
                             verdict = Judgement::Reject {
-                                reason: format!("`{p}`: {a} here, {b} from `{sub}`"),
+                                reason: format!("`{p}`: {a} here, {b} from {other}"),
                             };
                             break;
                         }
                         _ => {
                             verdict = Judgement::Uncertain {
-                                reason: format!("`{sub}` has no `{p}`"),
+                                reason: format!("{other} has no `{p}`"),
                             };
                         }
                     }
@@ -859,8 +871,9 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             {
                 Some(Judgement::Reject { .. }) => {
                     // Replanning away from a source that disagreed: the new plan trusts the
-                    // other one.
-                    trusted[s] = !avoid[s];
+                    // other one. A tool whose two reads disagreed has no other one: the new
+                    // plan reads it again and checks it again.
+                    trusted[s] = !avoid[s] && has_substitute(ep, s);
                     true
                 }
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
@@ -1175,22 +1188,24 @@ pub fn run_self_healing(
                                     Some(Ok(v)) => {
                                         // A repaired body is an output like any other: its values
                                         // are cross-checked before they are used. Without a second
-                                        // source the repair's own check (it parsed, the plan's
+                                        // source or read (a local tool) the repair's own check (it parsed, the plan's
                                         // fields are there) reads the shape, not the values: it
                                         // cannot tell whether they are right.
-                                        let (verifier, judgement) =
-                                            match cross_check(st.ep, s, how[s], &v, &outputs) {
-                                                Some(j) => ("cross_check", j),
-                                                None => (
-                                                    "repair",
-                                                    Judgement::Uncertain {
-                                                        reason: "no second source: the repair's \
+                                        let (verifier, judgement) = match cross_check(
+                                            st.ep, s, how[s], &v, &outputs,
+                                        ) {
+                                            Some(j) => ("cross_check", j),
+                                            None => (
+                                                "repair",
+                                                Judgement::Uncertain {
+                                                    reason:
+                                                        "no second source or read: the repair's \
                                                                  check reads the shape, not the \
                                                                  values"
                                                             .into(),
-                                                    },
-                                                ),
-                                            };
+                                                },
+                                            ),
+                                        };
                                         let options = st.options(s, how[s], None, &outputs);
                                         let now = st.ep.now();
                                         let d = st.ctl.observe(

@@ -67,3 +67,57 @@ fn bad_task_files_are_refused_with_line_and_reason() {
         assert!(e.contains(needle), "{text:?}: {e}");
     }
 }
+
+/// A tool with no equivalent source is checked by a second read (a real, charged call): a wrong
+/// value that does not last is caught by every strategy with the verifier, one the tool repeats
+/// is caught by none. Properties of the verifier, not a score.
+#[test]
+fn a_tool_without_a_substitute_is_read_twice_by_the_verifier() {
+    use selfheal_bench::exec::Episode;
+    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    let tool = r#"{"name":"a","parameters":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]},"output":{"v":"number"}}"#;
+    let file = format!(
+        r#"{{"id":"t","tools":[{tool}],"plan":[{{"tool":"a","args":{{"q":"x"}},"label":"v1"}}],"answer":"$v1.v$"}}"#
+    );
+    let task = &load_jsonl(&file).unwrap()[0];
+    let model = FaultModel::default_model().unwrap();
+    let spec = model
+        .faults
+        .iter()
+        .position(|f| f.name == "plausible_wrong")
+        .unwrap();
+    let skew = |permanent| Injected {
+        step: 0,
+        spec,
+        permanent,
+        k: 1,
+        skew: 0.05,
+    };
+    let play = |s: Strategy, f: Injected| {
+        let mut ep = Episode::new(task, &[f], &model, 7);
+        let ended = s.run(&mut ep, 5, None, 7, false);
+        let right = ended
+            .answer
+            .as_ref()
+            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected));
+        (right, ep.costs().verifier_calls)
+    };
+    for s in [
+        Strategy::ReactVerify,
+        Strategy::FullReplanVerify,
+        Strategy::SelfHealing,
+    ] {
+        let (right, checks) = play(s, skew(false));
+        assert_eq!(right, Some(true), "{s:?}: a wrong first read is caught");
+        assert!(checks >= 2, "{s:?}: {checks} second reads");
+        assert_eq!(
+            play(s, skew(true)).0,
+            Some(false),
+            "{s:?}: a repeated one is not"
+        );
+    }
+    for s in [Strategy::Static, Strategy::React, Strategy::FullReplan] {
+        let (right, checks) = play(s, skew(false));
+        assert_eq!((right, checks), (Some(false), 0), "{s:?} reads once");
+    }
+}
