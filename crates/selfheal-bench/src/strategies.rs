@@ -13,7 +13,7 @@
 //! | `full-replan` | the same | discards the plan and replans from scratch, avoiding tools that failed; each replan is one unit of `R` |
 //! | `react+verify`, `full-replan+verify` | everything self-healing detects: the plan check on the tool name, argument schema check, repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
 //! | `class-agnostic` | as self-healing | the core controller with one ladder for every class (retry, repair, substitute, refresh, replan, escalate, degrade): the same actions without the classifier's choice |
-//! | `self-healing` | as above | the core [`Controller`] with the default policy |
+//! | `self-healing` | as above; before a run that needed recovery answers, the values only a second read of their own source confirmed are read once more | the core [`Controller`] with the default policy |
 //!
 //! The cross-check verifier is a real call of the substitute ([`Purpose::Verify`]): it costs
 //! latency and `V`, meets the substitute's faults, and compares with the tool's documented
@@ -964,6 +964,51 @@ impl Run<'_, '_> {
     }
 }
 
+/// Before a run that needed recovery answers, reads once more each value that only a second
+/// read of its own source confirmed (an external tool with no equivalent source). Faults come
+/// together in time: a source that failed openly in this run may, before that, have given a value
+/// that did not last, and two reads in a row can both fall inside the same bad spell. The first
+/// value that changes is the verifier's rejection of its step, and the controller's directive for
+/// it is returned; `None` when every value held. Each read is a real call (latency, `V`, faults),
+/// made once per run, and a read that cannot tell leaves the value as it was.
+fn audit(
+    st: &mut Run<'_, '_>,
+    how: &[How],
+    outputs: &[Option<Value>],
+) -> Option<(usize, Directive)> {
+    for (m, value) in outputs.iter().enumerate() {
+        let Some(v) = value else { continue };
+        let single = st
+            .ep
+            .plan()
+            .step_tool(m)
+            .is_some_and(|t| t.external && t.substitute.is_none());
+        if !single {
+            continue;
+        }
+        let Some(judgement) = cross_check(st.ep, m, how[m], v, outputs) else {
+            continue;
+        };
+        let rejected = matches!(judgement, Judgement::Reject { .. });
+        let options = st.options(m, how[m], None, outputs);
+        let now = st.ep.now();
+        let d = st.ctl.observe(
+            Observation::Verified {
+                step: Some(m as u32),
+                verifier: "re_read",
+                judgement,
+                options,
+            },
+            now,
+            &mut st.rng,
+        );
+        if rejected || !matches!(d, Directive::Continue { .. }) {
+            return Some((m, d));
+        }
+    }
+    None
+}
+
 /// `self-healing` (and `class-agnostic`, with its policy): the core controller with `policy`
 /// (the default when `None`), its actions per failure capped at `r` or the policy's own cap.
 pub fn run_self_healing(
@@ -1006,140 +1051,154 @@ pub fn run_self_healing(
             trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
         }
     };
-    'steps: while s < n {
-        if outputs[s].is_some() {
-            s += 1;
-            continue;
-        }
-        let since = st.ep.now();
-        let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
-        let result = attempt(st.ep, s, how[s], &outputs, prev, Detectors::ALL);
-        let directive = match result {
-            Attempt::Skipped => {
+    // Whether a recovery was carried out, and whether the values were read again since.
+    let (mut troubled, mut audited) = (false, false);
+    'steps: while s < n || (troubled && !audited) {
+        let directive = if s >= n {
+            audited = true;
+            let Some((m, d)) = audit(&mut st, &how, &outputs) else {
+                break;
+            };
+            // The answer is rebuilt from the step whose value changed.
+            outputs[m..].iter_mut().for_each(|o| *o = None);
+            written[m..].iter_mut().for_each(|w| *w = None);
+            s = m;
+            d
+        } else {
+            if outputs[s].is_some() {
                 s += 1;
                 continue;
             }
-            Attempt::Ok(v) => {
-                let spec = st.ep.plan().step_tool(s);
-                let tool = spec.map(|t| t.name.clone()).unwrap_or_default();
-                let required = spec.map(|t| t.required()).unwrap_or_default();
-                let args = resolve_args(st.ep.plan(), s, &outputs).unwrap_or(Value::Null);
-                let options = st.options(s, how[s], None, &outputs);
-                let usage = Amounts {
-                    latency_ms: st.ep.now() - since,
-                    ..Amounts::default()
-                };
-                // The cross-check runs before the call is reported: two sources that disagree
-                // are the monitor's contradiction signal on this call, not a later verdict.
-                let judgement = cross_check(st.ep, s, how[s], &v, &outputs);
-                let signal = match &judgement {
-                    Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
-                        detail: reason.clone(),
-                    }),
-                    Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => None,
-                };
-                let now = st.ep.now();
-                let d = st.ctl.observe(
-                    Observation::ToolFinished {
-                        step: Some(s as u32),
-                        call: ToolCall {
-                            tool: &tool,
-                            args: &args,
-                            outcome: CallOutcome::Returned(&v),
-                            required: &required,
-                            repaired: how[s].fix_args,
-                        },
-                        signal,
-                        options,
-                        usage,
-                    },
-                    now,
-                    &mut st.rng,
-                );
-                match (d, judgement) {
-                    (Directive::Continue { .. }, None) => {
-                        written[s] = Some(Written::Call { tool, args });
-                        outputs[s] = Some(v);
-                        s += 1;
-                        continue;
-                    }
-                    (Directive::Continue { .. }, Some(judgement)) => {
-                        // Recorded in the trace; an acceptance settles the step's failures.
-                        let options = st.options(s, how[s], None, &outputs);
-                        let now = st.ep.now();
-                        let d = st.ctl.observe(
-                            Observation::Verified {
-                                step: Some(s as u32),
-                                verifier: "cross_check",
-                                judgement,
-                                options,
+            let since = st.ep.now();
+            let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
+            let result = attempt(st.ep, s, how[s], &outputs, prev, Detectors::ALL);
+            match result {
+                Attempt::Skipped => {
+                    s += 1;
+                    continue;
+                }
+                Attempt::Ok(v) => {
+                    let spec = st.ep.plan().step_tool(s);
+                    let tool = spec.map(|t| t.name.clone()).unwrap_or_default();
+                    let required = spec.map(|t| t.required()).unwrap_or_default();
+                    let args = resolve_args(st.ep.plan(), s, &outputs).unwrap_or(Value::Null);
+                    let options = st.options(s, how[s], None, &outputs);
+                    let usage = Amounts {
+                        latency_ms: st.ep.now() - since,
+                        ..Amounts::default()
+                    };
+                    // The cross-check runs before the call is reported: two sources that disagree
+                    // are the monitor's contradiction signal on this call, not a later verdict.
+                    let judgement = cross_check(st.ep, s, how[s], &v, &outputs);
+                    let signal = match &judgement {
+                        Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
+                            detail: reason.clone(),
+                        }),
+                        Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => None,
+                    };
+                    let now = st.ep.now();
+                    let d = st.ctl.observe(
+                        Observation::ToolFinished {
+                            step: Some(s as u32),
+                            call: ToolCall {
+                                tool: &tool,
+                                args: &args,
+                                outcome: CallOutcome::Returned(&v),
+                                required: &required,
+                                repaired: how[s].fix_args,
                             },
-                            now,
-                            &mut st.rng,
-                        );
-                        if matches!(d, Directive::Continue { .. }) {
+                            signal,
+                            options,
+                            usage,
+                        },
+                        now,
+                        &mut st.rng,
+                    );
+                    match (d, judgement) {
+                        (Directive::Continue { .. }, None) => {
                             written[s] = Some(Written::Call { tool, args });
                             outputs[s] = Some(v);
                             s += 1;
                             continue;
                         }
-                        d
-                    }
-                    (other, _) => other,
-                }
-            }
-            Attempt::Failed(f) => {
-                let options = st.options(s, how[s], f.repair, &outputs);
-                let usage = Amounts {
-                    latency_ms: st.ep.now() - since,
-                    ..Amounts::default()
-                };
-                let now = st.ep.now();
-                match &f.called {
-                    Some((tool, args, result)) => {
-                        if let Some(Value::String(b)) = result {
-                            last_body[s] = Some(b.clone());
-                        } else if let Some(v) = result {
-                            last_body[s] = Some(v.to_string());
-                        }
-                        let required = st
-                            .ep
-                            .plan()
-                            .step_tool(s)
-                            .map(|t| t.required())
-                            .unwrap_or_default();
-                        let outcome = match result {
-                            Some(v) => CallOutcome::Returned(v),
-                            None => CallOutcome::Failed { error: &f.message },
-                        };
-                        st.ctl.observe(
-                            Observation::ToolFinished {
-                                step: Some(s as u32),
-                                call: ToolCall {
-                                    tool,
-                                    args,
-                                    outcome,
-                                    required: &required,
-                                    repaired: how[s].fix_args,
+                        (Directive::Continue { .. }, Some(judgement)) => {
+                            // Recorded in the trace; an acceptance settles the step's failures.
+                            let options = st.options(s, how[s], None, &outputs);
+                            let now = st.ep.now();
+                            let d = st.ctl.observe(
+                                Observation::Verified {
+                                    step: Some(s as u32),
+                                    verifier: "cross_check",
+                                    judgement,
+                                    options,
                                 },
+                                now,
+                                &mut st.rng,
+                            );
+                            if matches!(d, Directive::Continue { .. }) {
+                                written[s] = Some(Written::Call { tool, args });
+                                outputs[s] = Some(v);
+                                s += 1;
+                                continue;
+                            }
+                            d
+                        }
+                        (other, _) => other,
+                    }
+                }
+                Attempt::Failed(f) => {
+                    let options = st.options(s, how[s], f.repair, &outputs);
+                    let usage = Amounts {
+                        latency_ms: st.ep.now() - since,
+                        ..Amounts::default()
+                    };
+                    let now = st.ep.now();
+                    match &f.called {
+                        Some((tool, args, result)) => {
+                            if let Some(Value::String(b)) = result {
+                                last_body[s] = Some(b.clone());
+                            } else if let Some(v) = result {
+                                last_body[s] = Some(v.to_string());
+                            }
+                            let required = st
+                                .ep
+                                .plan()
+                                .step_tool(s)
+                                .map(|t| t.required())
+                                .unwrap_or_default();
+                            let outcome = match result {
+                                Some(v) => CallOutcome::Returned(v),
+                                None => CallOutcome::Failed { error: &f.message },
+                            };
+                            st.ctl.observe(
+                                Observation::ToolFinished {
+                                    step: Some(s as u32),
+                                    call: ToolCall {
+                                        tool,
+                                        args,
+                                        outcome,
+                                        required: &required,
+                                        repaired: how[s].fix_args,
+                                    },
+                                    signal: Some(f.signal.clone()),
+                                    options,
+                                    usage,
+                                },
+                                now,
+                                &mut st.rng,
+                            )
+                        }
+                        None => st.ctl.observe(
+                            Observation::ModelFinished {
+                                step: Some(s as u32),
                                 signal: Some(f.signal.clone()),
                                 options,
                                 usage,
                             },
                             now,
                             &mut st.rng,
-                        )
+                        ),
                     }
-                    None => st.ctl.observe(
-                        Observation::ModelFinished {
-                            step: Some(s as u32),
-                            signal: Some(f.signal.clone()),
-                            options,
-                            usage,
-                        },
-                        now,
-                        &mut st.rng,
-                    ),
                 }
             }
         };
@@ -1150,6 +1209,7 @@ pub fn run_self_healing(
             match directive {
                 Directive::Continue { .. } => how[s].regenerate = true,
                 Directive::Recover { class, action, .. } => {
+                    troubled = true;
                     st.ep.report_class(s, class);
                     st.ep.charge_recovery();
                     let model_side = class.is_model_side();

@@ -121,3 +121,58 @@ fn a_tool_without_a_substitute_is_read_twice_by_the_verifier() {
         assert_eq!((right, checks), (Some(false), 0), "{s:?} reads once");
     }
 }
+
+/// Before answering a run that needed recovery, self-healing reads once more the values only a
+/// second read of their own source confirmed: a wrong value that outlasted two reads and came
+/// before a failure is caught; on a run with no failure nothing is read again.
+#[test]
+fn after_a_recovery_single_source_values_are_read_once_more() {
+    use selfheal_bench::exec::Episode;
+    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    let tool = |name: &str, arg: &str| {
+        format!(
+            r#"{{"name":"{name}","parameters":{{"type":"object","properties":{{"{arg}":{{"type":"string"}}}},"required":["{arg}"]}},"output":{{"v":"number"}}}}"#
+        )
+    };
+    let file = format!(
+        r#"{{"id":"t","tools":[{},{}],"plan":[{{"tool":"a","args":{{"q":"x"}},"label":"v1"}},{{"tool":"b","args":{{"x":"$v1.v$"}},"label":"v2"}}],"answer":"$v2.v$"}}"#,
+        tool("a", "q"),
+        tool("b", "x")
+    );
+    let task = &load_jsonl(&file).unwrap()[0];
+    let model = FaultModel::default_model().unwrap();
+    let spec = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
+    let wrong_twice = Injected {
+        step: 0,
+        spec: spec("plausible_wrong"),
+        permanent: false,
+        k: 2,
+        skew: 0.05,
+    };
+    let timeout = Injected {
+        step: 1,
+        spec: spec("timeout"),
+        permanent: false,
+        k: 1,
+        skew: 0.0,
+    };
+    let play = |s: Strategy, faults: &[Injected]| {
+        let mut ep = Episode::new(task, faults, &model, 7);
+        let ended = s.run(&mut ep, 5, None, 7, false);
+        ended
+            .answer
+            .as_ref()
+            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected))
+    };
+    assert_eq!(
+        play(Strategy::SelfHealing, &[wrong_twice, timeout]),
+        Some(true)
+    );
+    // Two reads in a row agree on the wrong value, and nothing went wrong that would call for a
+    // third: the value is returned, as by every strategy that reads twice.
+    assert_eq!(play(Strategy::SelfHealing, &[wrong_twice]), Some(false));
+    assert_eq!(
+        play(Strategy::ReactVerify, &[wrong_twice, timeout]),
+        Some(false)
+    );
+}
