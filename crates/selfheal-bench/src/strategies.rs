@@ -18,7 +18,7 @@
 //! The cross-check verifier is a real call of the substitute ([`Purpose::Verify`]): it costs
 //! latency and `V`, meets the substitute's faults, and compares with the tool's documented
 //! tolerance, so noise between equivalent sources can make it reject a right value or accept a
-//! wrong one. A tool with no substitute (a calculator, every NESTFUL tool) is read a second time
+//! wrong one. An external tool with no substitute (every NESTFUL tool) is read a second time
 //! instead, which catches a wrong value that does not last but never one the source repeats. Output repair runs `selfheal-repair` on the bytes the tool returned and refuses a
 //! cut body. Escalation writes the call with the fallback model ([`Writer::Fallback`]), which has
 //! its own error rate and price.
@@ -169,8 +169,8 @@ pub struct Detectors {
     pub soft: bool,
     /// `as_of` older than [`MAX_AGE_MS`] is a failure.
     pub freshness: bool,
-    /// Values cross-checked with the equivalent source, or with a second read where there is
-    /// none.
+    /// External values cross-checked with the equivalent source, or with a second read where
+    /// there is none.
     pub verify: bool,
 }
 
@@ -627,13 +627,16 @@ fn attempt(
 
 /// The cross-check: calls the equivalent source with the same arguments and compares the values
 /// the plan reads within the tool's tolerance — the substitute for the primary's values, the
-/// primary for the substitute's (a substitute's value is otherwise unchecked). A tool with no
-/// equivalent source — an external one, or a local one such as a calculator, which fails, garbles
-/// and errs like any service here — is read a second time instead: a source whose answer changes
-/// between two reads of the same call did not give a settled one (a flaky upstream, a bad
-/// replica), and the second read is a real call like any other — charged, faultable. It cannot
-/// see a value the source gets wrong every time; only a second source can. `None` when the client
-/// switched sources because they disagreed.
+/// primary for the substitute's (a substitute's value is otherwise unchecked). An external tool
+/// with no equivalent source is read a second time instead: a source whose answer changes between
+/// two reads of the same call did not give a settled one (a flaky upstream, a bad replica), and
+/// the second read is a real call like any other — charged, slow, faultable. It cannot see a
+/// value the source gets wrong every time; only a second source can. `None` for a local tool,
+/// or when the client switched sources because they disagreed.
+///
+/// A local tool (a calculator) is not read twice on every run: the gateway, whose operator marks
+/// the tools it cross-checks, has nothing to check one against, and a fault-free run costs the
+/// same in both. [`audit`] reads it again once a run has needed a recovery.
 fn cross_check(
     ep: &mut Episode<'_>,
     s: usize,
@@ -641,9 +644,21 @@ fn cross_check(
     body: &Value,
     outputs: &[Option<Value>],
 ) -> Option<Judgement> {
+    read_again(ep, s, how, body, outputs, false)
+}
+
+/// [`cross_check`]; with `local`, a local tool is read a second time too.
+fn read_again(
+    ep: &mut Episode<'_>,
+    s: usize,
+    how: How,
+    body: &Value,
+    outputs: &[Option<Value>],
+    local: bool,
+) -> Option<Judgement> {
     let plan = ep.plan();
     let spec = plan.step_tool(s)?;
-    if how.trust_substitute {
+    if (!spec.external && !local) || how.trust_substitute {
         return None;
     }
     let sub = if how.substitute {
@@ -965,7 +980,9 @@ impl Run<'_, '_> {
 }
 
 /// Before a run that needed recovery answers, reads once more each value that only a second
-/// read of its own source confirmed (a tool with no equivalent source). Faults come
+/// read of its own source confirmed (an external tool with no equivalent source), or nothing did
+/// (a local tool: a calculator here fails, garbles and errs like any service, and reading it
+/// again is the one check there is). Faults come
 /// together in time: a source that failed openly in this run may, before that, have given a value
 /// that did not last, and two reads in a row can both fall inside the same bad spell. The first
 /// value that changes is the verifier's rejection of its step, and the controller's directive for
@@ -986,7 +1003,7 @@ fn audit(
         if !single {
             continue;
         }
-        let Some(judgement) = cross_check(st.ep, m, how[m], v, outputs) else {
+        let Some(judgement) = read_again(st.ep, m, how[m], v, outputs, true) else {
             continue;
         };
         let rejected = matches!(judgement, Judgement::Reject { .. });
@@ -1248,7 +1265,7 @@ pub fn run_self_healing(
                                     Some(Ok(v)) => {
                                         // A repaired body is an output like any other: its values
                                         // are cross-checked before they are used. Without a second
-                                        // source or read the repair's own check (it parsed, the plan's
+                                        // source or read (a local tool) the repair's own check (it parsed, the plan's
                                         // fields are there) reads the shape, not the values: it
                                         // cannot tell whether they are right.
                                         let (verifier, judgement) = match cross_check(
