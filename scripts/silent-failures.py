@@ -10,6 +10,9 @@ as a wrong-value fault when its family is `semantic` or `context` in the fault m
     scripts/silent-failures.py [--bin target/release/selfheal] [--show 8] -- BENCH OPTIONS...
 
 e.g. `scripts/silent-failures.py -- --faults crates/selfheal-bench/faults/both-wrong.toml`.
+
+It ends with a counterfactual, re-scored from the same trace: self-healing's silent failures and
+correct answers had it claimed nothing on every run that needed a recovery, beside `static`'s.
 """
 import argparse
 import collections
@@ -53,6 +56,7 @@ def main():
             elif ev.get("event") == "action":
                 actions[key][ev["step"]].append(ev["action"]["action"])
     silent = {k: e["claimed"] and not e["success"] for k, e in episodes.items()}
+    recovered = {k for k in episodes if actions[k]}
     strategies = sorted({k[0] for k in episodes} - {"self-healing"})
     for budget in sorted({k[1] for k in episodes}):
         mine = [k for k in episodes if k[0] == "self-healing" and k[1] == budget]
@@ -76,6 +80,15 @@ def main():
                 print(f"    {n:4} wrong value {kind}; {other} answered {answer}")
             for pat, n in patterns.most_common(a.show):
                 print(f"      {n:3} x {pat}")
+        would = [k for k in mine if k not in recovered]
+        print(f"  claiming nothing after a recovery: {sum(silent[k] for k in would)} silent, "
+              f"{sum(episodes[k]['success'] for k in would)} correct "
+              f"(as run: {sum(silent[k] for k in mine)} silent, "
+              f"{sum(episodes[k]['success'] for k in mine)} correct)")
+        st = [k for k in episodes if k[0] == "static" and k[1] == budget]
+        if st:
+            print(f"  static: {sum(silent[k] for k in st)} silent, "
+                  f"{sum(episodes[k]['success'] for k in st)} correct")
     return 0
 
 

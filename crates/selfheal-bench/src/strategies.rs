@@ -13,12 +13,13 @@
 //! | `full-replan` | the same | discards the plan and replans from scratch, avoiding tools that failed; each replan is one unit of `R` |
 //! | `react+verify`, `full-replan+verify` | everything self-healing detects: the plan check on the tool name, argument schema check, repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
 //! | `class-agnostic` | as self-healing | the core controller with one ladder for every class (retry, repair, substitute, refresh, replan, escalate, degrade): the same actions without the classifier's choice |
-//! | `self-healing` | as above | the core [`Controller`] with the default policy |
+//! | `self-healing` | as above; before a run that needed recovery answers, the values only a second read of their own source confirmed are read once more | the core [`Controller`] with the default policy |
 //!
 //! The cross-check verifier is a real call of the substitute ([`Purpose::Verify`]): it costs
 //! latency and `V`, meets the substitute's faults, and compares with the tool's documented
 //! tolerance, so noise between equivalent sources can make it reject a right value or accept a
-//! wrong one. Output repair runs `selfheal-repair` on the bytes the tool returned and refuses a
+//! wrong one. An external tool with no substitute (every NESTFUL tool) is read a second time
+//! instead, which catches a wrong value that does not last but never one the source repeats. Output repair runs `selfheal-repair` on the bytes the tool returned and refuses a
 //! cut body. Escalation writes the call with the fallback model ([`Writer::Fallback`]), which has
 //! its own error rate and price.
 
@@ -168,7 +169,8 @@ pub struct Detectors {
     pub soft: bool,
     /// `as_of` older than [`MAX_AGE_MS`] is a failure.
     pub freshness: bool,
-    /// External values cross-checked with the equivalent source.
+    /// External values cross-checked with the equivalent source, or with a second read where
+    /// there is none.
     pub verify: bool,
 }
 
@@ -625,8 +627,16 @@ fn attempt(
 
 /// The cross-check: calls the equivalent source with the same arguments and compares the values
 /// the plan reads within the tool's tolerance — the substitute for the primary's values, the
-/// primary for the substitute's (a substitute's value is otherwise unchecked). `None` when there
-/// is nothing to check against, or when the client switched sources because they disagreed.
+/// primary for the substitute's (a substitute's value is otherwise unchecked). An external tool
+/// with no equivalent source is read a second time instead: a source whose answer changes between
+/// two reads of the same call did not give a settled one (a flaky upstream, a bad replica), and
+/// the second read is a real call like any other — charged, slow, faultable. It cannot see a
+/// value the source gets wrong every time; only a second source can. `None` for a local tool,
+/// or when the client switched sources because they disagreed.
+///
+/// A local tool (a calculator) is not read twice on every run: the gateway, whose operator marks
+/// the tools it cross-checks, has nothing to check one against, and a fault-free run costs the
+/// same in both. [`audit`] reads it again once a run has needed a recovery.
 fn cross_check(
     ep: &mut Episode<'_>,
     s: usize,
@@ -634,16 +644,33 @@ fn cross_check(
     body: &Value,
     outputs: &[Option<Value>],
 ) -> Option<Judgement> {
+    read_again(ep, s, how, body, outputs, false)
+}
+
+/// [`cross_check`]; with `local`, a local tool is read a second time too.
+fn read_again(
+    ep: &mut Episode<'_>,
+    s: usize,
+    how: How,
+    body: &Value,
+    outputs: &[Option<Value>],
+    local: bool,
+) -> Option<Judgement> {
     let plan = ep.plan();
     let spec = plan.step_tool(s)?;
-    if !spec.external || how.trust_substitute {
+    if (!spec.external && !local) || how.trust_substitute {
         return None;
     }
     let sub = if how.substitute {
         spec.substitute.as_ref()?;
         spec.name.clone()
     } else {
-        spec.substitute.clone()?
+        spec.substitute.clone().unwrap_or_else(|| spec.name.clone())
+    };
+    let other = if sub == spec.name && !how.substitute {
+        format!("a second read of `{sub}`")
+    } else {
+        format!("`{sub}`")
     };
     let tol = spec.tolerance;
     let reads = plan.read_paths(s);
@@ -651,11 +678,11 @@ fn cross_check(
     let resp = ep.call(s, &sub, &args, Purpose::Verify, false);
     let judgement = match resp.response {
         Response::Raised { message, .. } => Judgement::Uncertain {
-            reason: format!("`{sub}` did not answer: {message}"),
+            reason: format!("{other} did not answer: {message}"),
         },
         Response::Returned { body: other } => match serde_json::from_str::<Value>(&other) {
             Err(_) => Judgement::Uncertain {
-                reason: format!("`{sub}` sent an unreadable body"),
+                reason: format!("{other} sent an unreadable body"),
             },
             Ok(o) => {
                 let mut verdict = Judgement::Accept;
@@ -664,13 +691,13 @@ fn cross_check(
                         (Some(a), Some(b)) if tol.agrees(a, b) => {}
                         (Some(a), Some(b)) => {
                             verdict = Judgement::Reject {
-                                reason: format!("`{p}`: {a} here, {b} from `{sub}`"),
+                                reason: format!("`{p}`: {a} here, {b} from {other}"),
                             };
                             break;
                         }
                         _ => {
                             verdict = Judgement::Uncertain {
-                                reason: format!("`{sub}` has no `{p}`"),
+                                reason: format!("{other} has no `{p}`"),
                             };
                         }
                     }
@@ -859,8 +886,9 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             {
                 Some(Judgement::Reject { .. }) => {
                     // Replanning away from a source that disagreed: the new plan trusts the
-                    // other one.
-                    trusted[s] = !avoid[s];
+                    // other one. A tool whose two reads disagreed has no other one: the new
+                    // plan reads it again and checks it again.
+                    trusted[s] = !avoid[s] && has_substitute(ep, s);
                     true
                 }
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
@@ -951,6 +979,53 @@ impl Run<'_, '_> {
     }
 }
 
+/// Before a run that needed recovery answers, reads once more each value that only a second
+/// read of its own source confirmed (an external tool with no equivalent source), or nothing did
+/// (a local tool: a calculator here fails, garbles and errs like any service, and reading it
+/// again is the one check there is). Faults come
+/// together in time: a source that failed openly in this run may, before that, have given a value
+/// that did not last, and two reads in a row can both fall inside the same bad spell. The first
+/// value that changes is the verifier's rejection of its step, and the controller's directive for
+/// it is returned; `None` when every value held. Each read is a real call (latency, `V`, faults),
+/// made once per run, and a read that cannot tell leaves the value as it was.
+fn audit(
+    st: &mut Run<'_, '_>,
+    how: &[How],
+    outputs: &[Option<Value>],
+) -> Option<(usize, Directive)> {
+    for (m, value) in outputs.iter().enumerate() {
+        let Some(v) = value else { continue };
+        let single = st
+            .ep
+            .plan()
+            .step_tool(m)
+            .is_some_and(|t| t.substitute.is_none());
+        if !single {
+            continue;
+        }
+        let Some(judgement) = read_again(st.ep, m, how[m], v, outputs, true) else {
+            continue;
+        };
+        let rejected = matches!(judgement, Judgement::Reject { .. });
+        let options = st.options(m, how[m], None, outputs);
+        let now = st.ep.now();
+        let d = st.ctl.observe(
+            Observation::Verified {
+                step: Some(m as u32),
+                verifier: "re_read",
+                judgement,
+                options,
+            },
+            now,
+            &mut st.rng,
+        );
+        if rejected || !matches!(d, Directive::Continue { .. }) {
+            return Some((m, d));
+        }
+    }
+    None
+}
+
 /// `self-healing` (and `class-agnostic`, with its policy): the core controller with `policy`
 /// (the default when `None`), its actions per failure capped at `r` or the policy's own cap.
 pub fn run_self_healing(
@@ -993,140 +1068,154 @@ pub fn run_self_healing(
             trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
         }
     };
-    'steps: while s < n {
-        if outputs[s].is_some() {
-            s += 1;
-            continue;
-        }
-        let since = st.ep.now();
-        let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
-        let result = attempt(st.ep, s, how[s], &outputs, prev, Detectors::ALL);
-        let directive = match result {
-            Attempt::Skipped => {
+    // Whether a recovery was carried out, and whether the values were read again since.
+    let (mut troubled, mut audited) = (false, false);
+    'steps: while s < n || (troubled && !audited) {
+        let directive = if s >= n {
+            audited = true;
+            let Some((m, d)) = audit(&mut st, &how, &outputs) else {
+                break;
+            };
+            // The answer is rebuilt from the step whose value changed.
+            outputs[m..].iter_mut().for_each(|o| *o = None);
+            written[m..].iter_mut().for_each(|w| *w = None);
+            s = m;
+            d
+        } else {
+            if outputs[s].is_some() {
                 s += 1;
                 continue;
             }
-            Attempt::Ok(v) => {
-                let spec = st.ep.plan().step_tool(s);
-                let tool = spec.map(|t| t.name.clone()).unwrap_or_default();
-                let required = spec.map(|t| t.required()).unwrap_or_default();
-                let args = resolve_args(st.ep.plan(), s, &outputs).unwrap_or(Value::Null);
-                let options = st.options(s, how[s], None, &outputs);
-                let usage = Amounts {
-                    latency_ms: st.ep.now() - since,
-                    ..Amounts::default()
-                };
-                // The cross-check runs before the call is reported: two sources that disagree
-                // are the monitor's contradiction signal on this call, not a later verdict.
-                let judgement = cross_check(st.ep, s, how[s], &v, &outputs);
-                let signal = match &judgement {
-                    Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
-                        detail: reason.clone(),
-                    }),
-                    Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => None,
-                };
-                let now = st.ep.now();
-                let d = st.ctl.observe(
-                    Observation::ToolFinished {
-                        step: Some(s as u32),
-                        call: ToolCall {
-                            tool: &tool,
-                            args: &args,
-                            outcome: CallOutcome::Returned(&v),
-                            required: &required,
-                            repaired: how[s].fix_args,
-                        },
-                        signal,
-                        options,
-                        usage,
-                    },
-                    now,
-                    &mut st.rng,
-                );
-                match (d, judgement) {
-                    (Directive::Continue { .. }, None) => {
-                        written[s] = Some(Written::Call { tool, args });
-                        outputs[s] = Some(v);
-                        s += 1;
-                        continue;
-                    }
-                    (Directive::Continue { .. }, Some(judgement)) => {
-                        // Recorded in the trace; an acceptance settles the step's failures.
-                        let options = st.options(s, how[s], None, &outputs);
-                        let now = st.ep.now();
-                        let d = st.ctl.observe(
-                            Observation::Verified {
-                                step: Some(s as u32),
-                                verifier: "cross_check",
-                                judgement,
-                                options,
+            let since = st.ep.now();
+            let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
+            let result = attempt(st.ep, s, how[s], &outputs, prev, Detectors::ALL);
+            match result {
+                Attempt::Skipped => {
+                    s += 1;
+                    continue;
+                }
+                Attempt::Ok(v) => {
+                    let spec = st.ep.plan().step_tool(s);
+                    let tool = spec.map(|t| t.name.clone()).unwrap_or_default();
+                    let required = spec.map(|t| t.required()).unwrap_or_default();
+                    let args = resolve_args(st.ep.plan(), s, &outputs).unwrap_or(Value::Null);
+                    let options = st.options(s, how[s], None, &outputs);
+                    let usage = Amounts {
+                        latency_ms: st.ep.now() - since,
+                        ..Amounts::default()
+                    };
+                    // The cross-check runs before the call is reported: two sources that disagree
+                    // are the monitor's contradiction signal on this call, not a later verdict.
+                    let judgement = cross_check(st.ep, s, how[s], &v, &outputs);
+                    let signal = match &judgement {
+                        Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
+                            detail: reason.clone(),
+                        }),
+                        Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => None,
+                    };
+                    let now = st.ep.now();
+                    let d = st.ctl.observe(
+                        Observation::ToolFinished {
+                            step: Some(s as u32),
+                            call: ToolCall {
+                                tool: &tool,
+                                args: &args,
+                                outcome: CallOutcome::Returned(&v),
+                                required: &required,
+                                repaired: how[s].fix_args,
                             },
-                            now,
-                            &mut st.rng,
-                        );
-                        if matches!(d, Directive::Continue { .. }) {
+                            signal,
+                            options,
+                            usage,
+                        },
+                        now,
+                        &mut st.rng,
+                    );
+                    match (d, judgement) {
+                        (Directive::Continue { .. }, None) => {
                             written[s] = Some(Written::Call { tool, args });
                             outputs[s] = Some(v);
                             s += 1;
                             continue;
                         }
-                        d
-                    }
-                    (other, _) => other,
-                }
-            }
-            Attempt::Failed(f) => {
-                let options = st.options(s, how[s], f.repair, &outputs);
-                let usage = Amounts {
-                    latency_ms: st.ep.now() - since,
-                    ..Amounts::default()
-                };
-                let now = st.ep.now();
-                match &f.called {
-                    Some((tool, args, result)) => {
-                        if let Some(Value::String(b)) = result {
-                            last_body[s] = Some(b.clone());
-                        } else if let Some(v) = result {
-                            last_body[s] = Some(v.to_string());
-                        }
-                        let required = st
-                            .ep
-                            .plan()
-                            .step_tool(s)
-                            .map(|t| t.required())
-                            .unwrap_or_default();
-                        let outcome = match result {
-                            Some(v) => CallOutcome::Returned(v),
-                            None => CallOutcome::Failed { error: &f.message },
-                        };
-                        st.ctl.observe(
-                            Observation::ToolFinished {
-                                step: Some(s as u32),
-                                call: ToolCall {
-                                    tool,
-                                    args,
-                                    outcome,
-                                    required: &required,
-                                    repaired: how[s].fix_args,
+                        (Directive::Continue { .. }, Some(judgement)) => {
+                            // Recorded in the trace; an acceptance settles the step's failures.
+                            let options = st.options(s, how[s], None, &outputs);
+                            let now = st.ep.now();
+                            let d = st.ctl.observe(
+                                Observation::Verified {
+                                    step: Some(s as u32),
+                                    verifier: "cross_check",
+                                    judgement,
+                                    options,
                                 },
+                                now,
+                                &mut st.rng,
+                            );
+                            if matches!(d, Directive::Continue { .. }) {
+                                written[s] = Some(Written::Call { tool, args });
+                                outputs[s] = Some(v);
+                                s += 1;
+                                continue;
+                            }
+                            d
+                        }
+                        (other, _) => other,
+                    }
+                }
+                Attempt::Failed(f) => {
+                    let options = st.options(s, how[s], f.repair, &outputs);
+                    let usage = Amounts {
+                        latency_ms: st.ep.now() - since,
+                        ..Amounts::default()
+                    };
+                    let now = st.ep.now();
+                    match &f.called {
+                        Some((tool, args, result)) => {
+                            if let Some(Value::String(b)) = result {
+                                last_body[s] = Some(b.clone());
+                            } else if let Some(v) = result {
+                                last_body[s] = Some(v.to_string());
+                            }
+                            let required = st
+                                .ep
+                                .plan()
+                                .step_tool(s)
+                                .map(|t| t.required())
+                                .unwrap_or_default();
+                            let outcome = match result {
+                                Some(v) => CallOutcome::Returned(v),
+                                None => CallOutcome::Failed { error: &f.message },
+                            };
+                            st.ctl.observe(
+                                Observation::ToolFinished {
+                                    step: Some(s as u32),
+                                    call: ToolCall {
+                                        tool,
+                                        args,
+                                        outcome,
+                                        required: &required,
+                                        repaired: how[s].fix_args,
+                                    },
+                                    signal: Some(f.signal.clone()),
+                                    options,
+                                    usage,
+                                },
+                                now,
+                                &mut st.rng,
+                            )
+                        }
+                        None => st.ctl.observe(
+                            Observation::ModelFinished {
+                                step: Some(s as u32),
                                 signal: Some(f.signal.clone()),
                                 options,
                                 usage,
                             },
                             now,
                             &mut st.rng,
-                        )
+                        ),
                     }
-                    None => st.ctl.observe(
-                        Observation::ModelFinished {
-                            step: Some(s as u32),
-                            signal: Some(f.signal.clone()),
-                            options,
-                            usage,
-                        },
-                        now,
-                        &mut st.rng,
-                    ),
                 }
             }
         };
@@ -1137,6 +1226,7 @@ pub fn run_self_healing(
             match directive {
                 Directive::Continue { .. } => how[s].regenerate = true,
                 Directive::Recover { class, action, .. } => {
+                    troubled = true;
                     st.ep.report_class(s, class);
                     st.ep.charge_recovery();
                     let model_side = class.is_model_side();
@@ -1175,22 +1265,24 @@ pub fn run_self_healing(
                                     Some(Ok(v)) => {
                                         // A repaired body is an output like any other: its values
                                         // are cross-checked before they are used. Without a second
-                                        // source the repair's own check (it parsed, the plan's
+                                        // source or read (a local tool) the repair's own check (it parsed, the plan's
                                         // fields are there) reads the shape, not the values: it
                                         // cannot tell whether they are right.
-                                        let (verifier, judgement) =
-                                            match cross_check(st.ep, s, how[s], &v, &outputs) {
-                                                Some(j) => ("cross_check", j),
-                                                None => (
-                                                    "repair",
-                                                    Judgement::Uncertain {
-                                                        reason: "no second source: the repair's \
+                                        let (verifier, judgement) = match cross_check(
+                                            st.ep, s, how[s], &v, &outputs,
+                                        ) {
+                                            Some(j) => ("cross_check", j),
+                                            None => (
+                                                "repair",
+                                                Judgement::Uncertain {
+                                                    reason:
+                                                        "no second source or read: the repair's \
                                                                  check reads the shape, not the \
                                                                  values"
                                                             .into(),
-                                                    },
-                                                ),
-                                            };
+                                                },
+                                            ),
+                                        };
                                         let options = st.options(s, how[s], None, &outputs);
                                         let now = st.ep.now();
                                         let d = st.ctl.observe(

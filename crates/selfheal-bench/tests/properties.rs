@@ -226,3 +226,27 @@ fn the_detectors_are_fallible_and_escalation_is_priced() {
     let cheaper = run(&cheap, &mut |_, _| {}, None);
     assert!(cheaper.results[0].cost < report.results[0].cost);
 }
+
+/// A calculator has no second source: a run that went well takes its number as it comes, and a
+/// run that needed a recovery reads it again before answering, which catches a wrong number that
+/// has cleared by then. Mechanics, not a score.
+#[test]
+fn a_recovered_run_reads_the_calculator_again_before_answering() {
+    let task = &builtin(1)[0];
+    let (model, timeout) = one("timeout", 1, false, 1, 0.0);
+    let (_, glitch) = one("wrong_calculator", 2, false, 1, 0.05);
+    let answer = |faults: &[Injected], s: Strategy| {
+        let mut ep = Episode::new(task, faults, &model, 7);
+        let ended = s.run(&mut ep, 5, None, 7, false);
+        verdict(task, ended.answer.as_ref())
+    };
+    assert_eq!(
+        answer(&[timeout, glitch], Strategy::SelfHealing),
+        Verdict::Correct
+    );
+    assert_eq!(answer(&[glitch], Strategy::SelfHealing), Verdict::Wrong);
+    assert_eq!(
+        answer(&[timeout, glitch], Strategy::ReactVerify),
+        Verdict::Wrong
+    );
+}

@@ -67,3 +67,112 @@ fn bad_task_files_are_refused_with_line_and_reason() {
         assert!(e.contains(needle), "{text:?}: {e}");
     }
 }
+
+/// A tool with no equivalent source is checked by a second read (a real, charged call): a wrong
+/// value that does not last is caught by every strategy with the verifier, one the tool repeats
+/// is caught by none. Properties of the verifier, not a score.
+#[test]
+fn a_tool_without_a_substitute_is_read_twice_by_the_verifier() {
+    use selfheal_bench::exec::Episode;
+    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    let tool = r#"{"name":"a","parameters":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]},"output":{"v":"number"}}"#;
+    let file = format!(
+        r#"{{"id":"t","tools":[{tool}],"plan":[{{"tool":"a","args":{{"q":"x"}},"label":"v1"}}],"answer":"$v1.v$"}}"#
+    );
+    let task = &load_jsonl(&file).unwrap()[0];
+    let model = FaultModel::default_model().unwrap();
+    let spec = model
+        .faults
+        .iter()
+        .position(|f| f.name == "plausible_wrong")
+        .unwrap();
+    let skew = |permanent| Injected {
+        step: 0,
+        spec,
+        permanent,
+        k: 1,
+        skew: 0.05,
+    };
+    let play = |s: Strategy, f: Injected| {
+        let mut ep = Episode::new(task, &[f], &model, 7);
+        let ended = s.run(&mut ep, 5, None, 7, false);
+        let right = ended
+            .answer
+            .as_ref()
+            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected));
+        (right, ep.costs().verifier_calls)
+    };
+    for s in [
+        Strategy::ReactVerify,
+        Strategy::FullReplanVerify,
+        Strategy::SelfHealing,
+    ] {
+        let (right, checks) = play(s, skew(false));
+        assert_eq!(right, Some(true), "{s:?}: a wrong first read is caught");
+        assert!(checks >= 2, "{s:?}: {checks} second reads");
+        assert_eq!(
+            play(s, skew(true)).0,
+            Some(false),
+            "{s:?}: a repeated one is not"
+        );
+    }
+    for s in [Strategy::Static, Strategy::React, Strategy::FullReplan] {
+        let (right, checks) = play(s, skew(false));
+        assert_eq!((right, checks), (Some(false), 0), "{s:?} reads once");
+    }
+}
+
+/// Before answering a run that needed recovery, self-healing reads once more the values only a
+/// second read of their own source confirmed: a wrong value that outlasted two reads and came
+/// before a failure is caught; on a run with no failure nothing is read again.
+#[test]
+fn after_a_recovery_single_source_values_are_read_once_more() {
+    use selfheal_bench::exec::Episode;
+    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    let tool = |name: &str, arg: &str| {
+        format!(
+            r#"{{"name":"{name}","parameters":{{"type":"object","properties":{{"{arg}":{{"type":"string"}}}},"required":["{arg}"]}},"output":{{"v":"number"}}}}"#
+        )
+    };
+    let file = format!(
+        r#"{{"id":"t","tools":[{},{}],"plan":[{{"tool":"a","args":{{"q":"x"}},"label":"v1"}},{{"tool":"b","args":{{"x":"$v1.v$"}},"label":"v2"}}],"answer":"$v2.v$"}}"#,
+        tool("a", "q"),
+        tool("b", "x")
+    );
+    let task = &load_jsonl(&file).unwrap()[0];
+    let model = FaultModel::default_model().unwrap();
+    let spec = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
+    let wrong_twice = Injected {
+        step: 0,
+        spec: spec("plausible_wrong"),
+        permanent: false,
+        k: 2,
+        skew: 0.05,
+    };
+    let timeout = Injected {
+        step: 1,
+        spec: spec("timeout"),
+        permanent: false,
+        k: 1,
+        skew: 0.0,
+    };
+    let play = |s: Strategy, faults: &[Injected]| {
+        let mut ep = Episode::new(task, faults, &model, 7);
+        let ended = s.run(&mut ep, 5, None, 7, false);
+        ended
+            .answer
+            .as_ref()
+            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected))
+    };
+    assert_eq!(
+        play(Strategy::SelfHealing, &[wrong_twice, timeout]),
+        Some(true)
+    );
+    // Two reads in a row agree on the wrong value, and nothing went wrong that would call for a
+    // third: the value is returned, as by every strategy that reads twice.
+    assert_eq!(play(Strategy::SelfHealing, &[wrong_twice]), Some(false));
+    assert_eq!(
+        play(Strategy::ReactVerify, &[wrong_twice, timeout]),
+        Some(false)
+    );
+}
