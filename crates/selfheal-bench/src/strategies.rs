@@ -979,8 +979,9 @@ impl Run<'_, '_> {
     }
 }
 
-/// Before a run that needed recovery answers, reads once more each value that only a second
-/// read of its own source confirmed (an external tool with no equivalent source), or nothing did
+/// Carries out the core's re-read ([`Controller::reread_due`]): before a run that needed
+/// recovery answers, reads once more each value that only a second read of its own source
+/// confirmed (an external tool with no equivalent source), or nothing did
 /// (a local tool: a calculator here fails, garbles and errs like any service, and reading it
 /// again is the one check there is). Faults come
 /// together in time: a source that failed openly in this run may, before that, have given a value
@@ -1068,11 +1069,10 @@ pub fn run_self_healing(
             trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
         }
     };
-    // Whether a recovery was carried out, and whether the values were read again since.
-    let (mut troubled, mut audited) = (false, false);
-    'steps: while s < n || (troubled && !audited) {
+    // Past the last step, the core says whether the run reads its unconfirmed values once more
+    // before answering (the policy's `reread_after_recovery`, once, after a recovery).
+    'steps: while s < n || st.ctl.reread_due() {
         let directive = if s >= n {
-            audited = true;
             let Some((m, d)) = audit(&mut st, &how, &outputs) else {
                 break;
             };
@@ -1226,7 +1226,6 @@ pub fn run_self_healing(
             match directive {
                 Directive::Continue { .. } => how[s].regenerate = true,
                 Directive::Recover { class, action, .. } => {
-                    troubled = true;
                     st.ep.report_class(s, class);
                     st.ep.charge_recovery();
                     let model_side = class.is_model_side();

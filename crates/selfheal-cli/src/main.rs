@@ -27,7 +27,7 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the seeded fault-injection benchmark: five strategies, 100 tasks, Wilson intervals.
+    /// Run the seeded fault-injection benchmark: eight strategies, 100 tasks, Wilson intervals.
     Bench(cmd::bench::BenchArgs),
     /// Replay the three stuck agents of seed 000 without and with the tool-health monitor.
     Demo(cmd::demo::DemoArgs),

@@ -196,6 +196,8 @@ pub struct Controller {
     /// needs no slot).
     actions: std::collections::BTreeMap<ActionKind, u64>,
     stopped: Option<(RunStatus, String)>,
+    /// Whether [`Controller::reread_due`] has said yes.
+    reread: bool,
 }
 
 impl Default for Controller {
@@ -233,6 +235,7 @@ impl Controller {
             unresolved_dropped: 0,
             actions: std::collections::BTreeMap::new(),
             stopped: None,
+            reread: false,
         }
     }
 
@@ -271,6 +274,21 @@ impl Controller {
     /// Whether a failure is currently being recovered.
     pub fn recovering(&self) -> bool {
         self.open.is_some()
+    }
+
+    /// Asked once the run has its answer: whether to read once more, before answering, each
+    /// value no second source confirmed ([`Policy::reread_after_recovery`]). Yes at most once
+    /// per run, only when the policy asks for it, the run carried out a recovery and nothing
+    /// stopped it. The front-end makes the reads (real, charged calls) and reports each as an
+    /// [`Observation::Verified`]; a value that changed is a rejection of its step, whose
+    /// directive the front-end carries out as any other.
+    pub fn reread_due(&mut self) -> bool {
+        let due = self.policy.reread_after_recovery
+            && !self.reread
+            && self.stopped.is_none()
+            && self.actions.keys().any(|k| !k.is_terminal());
+        self.reread |= due;
+        due
     }
 
     /// Takes one observation and returns the next directive.

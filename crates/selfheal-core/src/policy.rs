@@ -409,10 +409,23 @@ pub struct Policy {
     /// otherwise the ladder applies.
     #[serde(default = "default_last_chance")]
     pub last_chance: BTreeMap<FailureClass, ActionKind>,
+    /// Whether a run that needed a recovery reads once more, before it answers, each value no
+    /// second source confirmed (see *Values in doubt*; asked through
+    /// [`Controller::reread_due`](crate::controller::Controller::reread_due)). `true`, the
+    /// default: faults come together in time, so a source that failed openly in this run may,
+    /// before that, have given a value that did not last; one more read of each such value,
+    /// charged like any call, is the one check there is for a value nothing else can confirm.
+    /// A run that went well is not read again.
+    #[serde(default = "yes")]
+    pub reread_after_recovery: bool,
     /// Backoff parameters for retries.
     pub retry: RetryConfig,
     /// One ladder per failure class, cheapest action first.
     pub ladders: BTreeMap<FailureClass, Vec<ActionKind>>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for Policy {
@@ -458,6 +471,7 @@ impl Default for Policy {
             max_actions_per_failure: None,
             last_chance: default_last_chance(),
             accept_unverified_recovery: false,
+            reread_after_recovery: true,
         }
     }
 }
@@ -475,6 +489,8 @@ struct PolicyFile {
     last_chance: BTreeMap<FailureClass, ActionKind>,
     #[serde(default)]
     accept_unverified_recovery: bool,
+    #[serde(default = "yes")]
+    reread_after_recovery: bool,
 }
 
 /// The default last-chance actions: substitute for tool and data failures, escalate for the
@@ -519,6 +535,7 @@ impl Policy {
             retry: file.retry,
             max_actions_per_failure: file.max_actions_per_failure,
             accept_unverified_recovery: file.accept_unverified_recovery,
+            reread_after_recovery: file.reread_after_recovery,
             ..Policy::default()
         };
         for (class, action) in file.last_chance {

@@ -1089,3 +1089,37 @@ fn a_disagreement_left_unsettled_degrades() {
     assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
     assert_eq!(c.finish(3).status, RunStatus::Partial);
 }
+
+#[test]
+fn a_run_that_needed_a_recovery_rereads_once_and_a_run_that_went_well_never() {
+    let args = json!({"q": "x"});
+    let result = json!({"v": 1});
+    let mut rng = SplitMix64::new(7);
+
+    let mut calm = controller(BudgetLimits::unlimited());
+    calm.observe(tool_ok(0, "search", &args, &result), 0, &mut rng);
+    assert!(
+        !calm.reread_due(),
+        "nothing went wrong: nothing to read again"
+    );
+
+    let mut troubled = controller(BudgetLimits::unlimited());
+    let d = troubled.observe(timed_out(0, "search", &args), 0, &mut rng);
+    assert!(matches!(d, Directive::Recover { .. }), "{d:?}");
+    troubled.observe(tool_ok(0, "search", &args, &result), 10, &mut rng);
+    assert!(
+        troubled.reread_due(),
+        "a recovered run reads its values once more"
+    );
+    assert!(!troubled.reread_due(), "once per run");
+
+    let mut off = ControllerConfig {
+        budget: BudgetLimits::unlimited(),
+        ..ControllerConfig::default()
+    };
+    off.policy = Policy::from_toml_str("reread_after_recovery = false").unwrap();
+    let mut off = Controller::new(off).unwrap();
+    off.observe(timed_out(0, "search", &args), 0, &mut rng);
+    off.observe(tool_ok(0, "search", &args, &result), 10, &mut rng);
+    assert!(!off.reread_due(), "the policy file turns it off");
+}
