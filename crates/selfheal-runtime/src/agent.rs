@@ -164,6 +164,17 @@ struct Loop<'a> {
     evidence: VecDeque<Value>,
     /// The last answer the verifier rejected and why, kept for a run that ends partial.
     rejected: Option<(String, String)>,
+    /// The run's successful calls of read-only tools, the most recent [`MAX_EVIDENCE`]: what a
+    /// re-read before answering ([`Controller::reread_due`]) reads again.
+    reads: VecDeque<Read>,
+}
+
+/// A successful call of a read-only tool, kept to be read again before the answer.
+struct Read {
+    step: Option<u32>,
+    tool: Arc<dyn Tool>,
+    args: Value,
+    value: Value,
 }
 
 /// What to do with an answer after its verification.
@@ -268,6 +279,7 @@ impl Agent {
             guides,
             evidence: VecDeque::new(),
             rejected: None,
+            reads: VecDeque::new(),
         };
         let ended = l.drive().await;
         l.finish(ended)
@@ -405,6 +417,9 @@ impl Loop<'_> {
                             // controller has marked the run partial.
                             self.messages
                                 .push(json!({"role": "assistant", "content": content}));
+                            if self.ctl.reread_due() && !self.reread().await? {
+                                continue;
+                            }
                             match self.verify_answer(&content).await? {
                                 AnswerVerdict::Stands => return Ok(content),
                                 AnswerVerdict::AskAgain => continue,
@@ -420,6 +435,70 @@ impl Loop<'_> {
                 }
             }
         }
+    }
+
+    /// The core's re-read before answering a run that needed a recovery
+    /// ([`Controller::reread_due`]): each kept call of a read-only tool is made once more with
+    /// the same arguments (a real call, counted and timed out like any other) and judged — the
+    /// same value accepts it, another rejects it, a failed read cannot tell — and the judgement
+    /// is reported to the controller as the `re_read` verifier's. Whether every value held
+    /// (`true`: the answer goes on to its own verifier); on the first that changed, the model is
+    /// shown both values and asked for a corrected answer (`false`), unless the controller
+    /// stops the run.
+    async fn reread(&mut self) -> Result<bool, Stop> {
+        let reads: Vec<Read> = self.reads.drain(..).collect();
+        for read in reads {
+            let spec = read.tool.spec().clone();
+            self.tool_calls += 1;
+            let again = tokio::time::timeout(spec.timeout, read.tool.call(read.args.clone())).await;
+            let judgement = match again {
+                Ok(Ok(v)) if v == read.value => Judgement::Accept,
+                Ok(Ok(v)) => Judgement::Reject {
+                    reason: format!(
+                        "`{}` gave {} and then {} for the same call",
+                        spec.name, read.value, v
+                    ),
+                },
+                Ok(Err(e)) => Judgement::Uncertain {
+                    reason: format!("`{}` could not be read again: {e}", spec.name),
+                },
+                Err(_) => Judgement::Uncertain {
+                    reason: format!("`{}` timed out when read again", spec.name),
+                },
+            };
+            let why = match &judgement {
+                Judgement::Reject { reason } => Some(reason.clone()),
+                Judgement::Accept | Judgement::Uncertain { .. } => None,
+            };
+            let d = self.ctl.observe(
+                Observation::Verified {
+                    step: read.step,
+                    verifier: "re_read",
+                    judgement,
+                    options: Options {
+                        can_replan: true,
+                        fallback_model: self.fallback(),
+                        retry_safe: true,
+                        partial_result: true,
+                        ..Options::default()
+                    },
+                },
+                self.now(),
+                &mut self.rng,
+            );
+            let Some(why) = why else { continue };
+            self.log.push(format!("re-read before answering: {why}"));
+            match d {
+                Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
+                Directive::Abort { reason } => return Err(Stop::Failed(reason)),
+                Directive::Continue { .. } | Directive::Recover { .. } => {}
+            }
+            self.messages.push(json!({"role": "user", "content": format!(
+                "Before your answer was accepted, the tools were read once more, and one changed: {why}. The earlier value is in doubt. Check your answer against the new value (call the tool again if you need to) and give a corrected final answer."
+            )}));
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Runs the answer verifier, if any, on `answer` (already in the history) and acts on the
@@ -988,6 +1067,17 @@ impl Loop<'_> {
                     if let Some(v) = good {
                         self.progress += 1;
                         self.tool_results += 1;
+                        if spec.effect == Effect::ReadOnly {
+                            if self.reads.len() == MAX_EVIDENCE {
+                                self.reads.pop_front();
+                            }
+                            self.reads.push_back(Read {
+                                step,
+                                tool: tool.clone(),
+                                args: args.clone(),
+                                value: v.clone(),
+                            });
+                        }
                         if self.evidence.len() == MAX_EVIDENCE {
                             self.evidence.pop_front();
                         }

@@ -403,3 +403,97 @@ async fn a_spent_ledger_stops_the_tool_retry_path() {
     assert_ne!(r.status, RunStatus::Complete);
     assert_eq!(r.spent.retries, 1);
 }
+
+/// A read-only price tool answering from `script` in turn (`None`: a 503), recording its calls.
+fn price(script: Vec<Option<u64>>, calls: &Calls) -> Arc<dyn Tool> {
+    let calls = calls.clone();
+    let script = Arc::new(Mutex::new(std::collections::VecDeque::from(script)));
+    FnTool::new(
+        ToolSpec::new(
+            "get_price",
+            "The price of an item.",
+            json!({"type": "object", "properties": {"item": {"type": "string"}},
+                   "required": ["item"]}),
+        )
+        .with_effect(Effect::ReadOnly),
+        move |args| {
+            calls.lock().unwrap().push(args);
+            let next = script.lock().unwrap().pop_front().flatten();
+            async move {
+                match next {
+                    Some(p) => Ok(json!({"price": p})),
+                    None => Err(ToolError::Failed {
+                        message: "503 Service Unavailable".into(),
+                        status: Some(503),
+                        retry_after_ms: None,
+                    }),
+                }
+            }
+        },
+    )
+    .shared()
+}
+
+#[tokio::test]
+async fn a_recovered_run_reads_its_read_only_values_again_and_a_changed_one_is_answered_anew() {
+    let (url, s) = server(
+        vec![
+            ok(call("get_price", r#"{"item": "tea"}"#)),
+            ok(answer("tea costs 100")),
+            ok(answer("tea costs 105")),
+        ],
+        None,
+    )
+    .await;
+    let calls = Calls::default();
+    // A 503, then 100 (the retry), then 105 when read again before the answer.
+    let tool = price(vec![None, Some(100), Some(105)], &calls);
+    let agent = fast(Agent::new(client(&url, 2000), "m", vec![tool]));
+    let r = agent.run(user(), 1).await;
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        3,
+        "the call, its retry, the re-read"
+    );
+    assert_eq!(r.answer.as_deref(), Some("tea costs 105"));
+    let asked = requests(&s);
+    assert_eq!(
+        asked.len(),
+        3,
+        "the model was asked again after the value changed"
+    );
+    let told = last_message(&asked[2]).to_string();
+    assert!(
+        told.contains("read once more") && told.contains("105"),
+        "{told}"
+    );
+    assert!(
+        r.trace_jsonl.contains("re_read"),
+        "the judgement is the controller's"
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_went_well_or_whose_value_held_is_not_asked_again() {
+    for script in [vec![Some(100)], vec![None, Some(100), Some(100)]] {
+        let reads = script.len();
+        let (url, s) = server(
+            vec![
+                ok(call("get_price", r#"{"item": "tea"}"#)),
+                ok(answer("tea costs 100")),
+            ],
+            None,
+        )
+        .await;
+        let calls = Calls::default();
+        let agent = fast(Agent::new(
+            client(&url, 2000),
+            "m",
+            vec![price(script, &calls)],
+        ));
+        let r = agent.run(user(), 1).await;
+        assert_eq!(r.answer.as_deref(), Some("tea costs 100"));
+        assert_eq!(calls.lock().unwrap().len(), reads);
+        assert_eq!(requests(&s).len(), 2);
+    }
+}
