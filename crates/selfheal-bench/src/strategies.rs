@@ -33,7 +33,7 @@ use selfheal_core::policy::{
 };
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::Judgement;
+use selfheal_core::verifier::{Judgement, ungrounded_arguments};
 use selfheal_core::{Amounts, FailureClass};
 
 use crate::exec::{Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
@@ -199,7 +199,6 @@ struct How {
     fresh: bool,
     regenerate: bool,
     writer: Writer,
-    fix_tool: bool,
     fix_args: bool,
 }
 
@@ -211,7 +210,6 @@ impl Default for How {
             fresh: false,
             regenerate: true,
             writer: Writer::Agent,
-            fix_tool: false,
             fix_args: false,
         }
     }
@@ -329,28 +327,6 @@ fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
     Ok(v)
 }
 
-/// The arguments of a written call that differ from what the plan says they are (a literal of
-/// the task, or an earlier step's output).
-fn ungrounded(
-    plan: &Plan,
-    s: usize,
-    args: &serde_json::Map<String, Value>,
-    outputs: &[Option<Value>],
-) -> Vec<String> {
-    let Ok(Value::Object(want)) = resolve_args(plan, s, outputs) else {
-        return Vec::new();
-    };
-    want.iter()
-        .filter(|(k, w)| args.get(*k).is_some_and(|got| got != *w))
-        .map(|(k, w)| {
-            format!(
-                "`{k}` is {} but the plan gives {w}",
-                args.get(k).map_or_else(String::new, Value::to_string)
-            )
-        })
-        .collect()
-}
-
 /// Checks a parsed body the way a client does.
 fn check_body(
     plan: &Plan,
@@ -451,9 +427,6 @@ fn attempt(
     let required = spec.required();
     let mut tool = tool;
     let mut args = args;
-    if how.fix_tool && tool != primary && Some(&tool) != substitute.as_ref() {
-        tool = primary.clone();
-    }
     if how.substitute
         && tool == primary
         && let Some(sub) = &substitute
@@ -469,39 +442,32 @@ fn attempt(
                 format!("the call repeats the previous step's `{tool}` call"),
             ));
         }
-        if tool != primary && Some(&tool) != substitute.as_ref() {
-            let known = plan.tool(&tool).is_some()
-                || plan
-                    .tools
-                    .iter()
-                    .any(|t| t.sibling.as_deref() == Some(tool.as_str()));
+        // The tools on offer are the plan's and their substitutes: a call of any other does not
+        // exist for this client. (Which offered tool a step should call is the plan's answer,
+        // not something a client checks a model against.)
+        let offered = plan.tool(&tool).is_some()
+            || plan
+                .tools
+                .iter()
+                .any(|t| t.substitute.as_deref() == Some(tool.as_str()));
+        if !offered {
             let mut f = Failure::new(
-                if known {
-                    Signal::ToolMismatch { tool: tool.clone() }
-                } else {
-                    Signal::UnknownTool { name: tool.clone() }
-                },
-                format!("`{tool}` is not the plan's tool `{primary}` for this step"),
+                Signal::UnknownTool { name: tool.clone() },
+                format!("`{tool}` is not a tool on offer (the step's is `{primary}`)"),
             );
             f.repair = Some(RepairTarget::ToolChoice);
             return Attempt::Failed(f);
         }
     }
     if how.fix_args {
-        // Argument repair: JSON repair of the text the model wrote, then the plan's values for
-        // arguments that are empty or not grounded.
+        // Argument repair: JSON repair of the text the model wrote. A value that is wrong or
+        // empty is the model's to write again (the call is regenerated); the plan's values are
+        // never put in its place — that would be the answer, not a repair.
         if let Value::String(text) = &args
             && let Ok(r) = selfheal_repair::repair(text)
             && r.value.is_object()
         {
             args = r.value;
-        }
-        if let (Some(obj), Ok(Value::Object(want))) =
-            (args.as_object_mut(), resolve_args(plan, s, outputs))
-        {
-            for (k, v) in want {
-                obj.insert(k, v);
-            }
         }
     }
     if det.call_checks {
@@ -534,15 +500,19 @@ fn attempt(
             f.repair = Some(RepairTarget::Arguments);
             return Attempt::Failed(f);
         }
-        // Grounding: every argument must be the literal or the earlier output the plan names.
-        let ungrounded = ungrounded(plan, s, obj, outputs);
+        // Grounding: every argument must appear in what the client holds — the task's inputs
+        // and the outputs so far (the core's rule, which the gateway applies to the
+        // conversation).
+        let mut evidence: Vec<Value> = plan.inputs().into_iter().map(|(_, v)| v).collect();
+        evidence.extend(outputs.iter().flatten().cloned());
+        let ungrounded = ungrounded_arguments(&args, &evidence);
         if !ungrounded.is_empty() {
             let mut f = Failure::new(
                 Signal::InvalidArguments {
                     errors: ungrounded.clone(),
                 },
                 format!(
-                    "arguments not grounded in the plan: {}",
+                    "arguments that appear nowhere in the task or the results so far: {}",
                     ungrounded.join("; ")
                 ),
             );
@@ -1151,7 +1121,8 @@ pub fn run_self_healing(
                                 how[s].regenerate = true;
                             }
                             RepairTarget::ToolChoice => {
-                                how[s].fix_tool = true;
+                                // The model writes the call again, told the tool it chose is
+                                // not on offer (a re-ask).
                                 how[s].regenerate = true;
                             }
                             RepairTarget::Output => {
