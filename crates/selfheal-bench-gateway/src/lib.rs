@@ -283,7 +283,9 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 ///
 /// - `[tools]`: each tool's equivalent source (the in-process client's substitute) and, for the
 ///   external ones, a cross-check against it with the tool's documented tolerance — what the
-///   in-process client knows from the same task file;
+///   in-process client knows from the same task file; and every tool (and substitute) as
+///   `grounded`: its arguments are copied from the task or an earlier result, the rule the
+///   in-process client checks calls with;
 /// - the model's chain: the scripted model, then the fallback model
 ///   ([`model::FALLBACK_MODEL`]) the ladder's escalation goes to;
 /// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
@@ -314,15 +316,25 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
     );
     for task in &config.task_set.tasks {
         for t in &task.plan.tools {
-            let Some(sub) = &t.substitute else { continue };
+            // Every tool of the task file takes arguments copied from the task or an earlier
+            // result (`grounded`); an external one with an equivalent source is cross-checked.
             g.tools.entry(t.name.clone()).or_insert_with(|| ToolConfig {
-                substitute: Some(sub.clone()),
-                cross_check: t.external,
+                substitute: t.substitute.clone(),
+                cross_check: t.external && t.substitute.is_some(),
                 tolerance: selfheal_core::verifier::Tolerance {
                     rel: t.tolerance.rel,
                     abs: t.tolerance.abs,
                 },
+                grounded: true,
             });
+            if let Some(sub) = &t.substitute {
+                g.tools.entry(sub.clone()).or_insert_with(|| ToolConfig {
+                    substitute: None,
+                    cross_check: false,
+                    tolerance: selfheal_core::verifier::Tolerance::default(),
+                    grounded: true,
+                });
+            }
         }
     }
     g

@@ -1355,7 +1355,11 @@ async fn answer_complete(
     // Tool calls: repair in place, or re-ask as long as the policy's ladder says so, within
     // the budget (each re-ask climbs the ladder of the one failure: unusable calls).
     let tools_fwd = &ctx.tools;
-    let mut check = check_completion(&mut completion, tools_fwd, &s.guides);
+    let grounding = recover::Grounding {
+        tools: &s.config.tools,
+        messages: &req.messages,
+    };
+    let mut check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
     let mut ladder = LadderState::default();
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
@@ -1394,7 +1398,7 @@ async fn answer_complete(
         match t.call(chain, &again, &chat_op, &mut log).await {
             Ok(c) => {
                 completion = c.body;
-                check = check_completion(&mut completion, tools_fwd, &s.guides);
+                check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
             }
             Err(_) => break,
         }
@@ -1554,7 +1558,11 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                 let result = t.call(&ctx.chain, &encode, &chat_op, &mut log).await;
                 log_calls(&t, &log, &mut Vec::new());
                 let mut body = result.ok()?.body;
-                let check = check_completion(&mut body, &ctx.tools, &s.guides);
+                let grounding = recover::Grounding {
+                    tools: &s.config.tools,
+                    messages: &req.messages,
+                };
+                let check = check_completion(&mut body, &ctx.tools, &s.guides, grounding);
                 if !check.invalid.is_empty() {
                     problems = check.invalid;
                     continue;
@@ -1576,6 +1584,7 @@ fn check_completion(
     completion: &mut Value,
     tools: &ToolIndex,
     guides: &heal::GuideCache,
+    grounding: recover::Grounding<'_>,
 ) -> heal::CallCheck {
     let ending = selfheal_repair::Ending::from_finish_reason(
         completion
@@ -1583,7 +1592,11 @@ fn check_completion(
             .and_then(Value::as_str),
     );
     let check = match completion.at_mut("/choices/0/message") {
-        Some(m) => heal::check_message(m, tools, guides, ending),
+        Some(m) => {
+            let mut check = heal::check_message(m, tools, guides, ending);
+            check.invalid.extend(grounding.check(m));
+            check
+        }
         None => heal::CallCheck::default(),
     };
     // Every call was taken out: the choice no longer ends in tool calls.
