@@ -118,6 +118,11 @@ pub struct EpisodeRow {
     pub in_process: Side,
     /// The gateway arm.
     pub gateway: Side,
+    /// What the in-process side spent (model, fallback-model, tool and verifier calls,
+    /// recoveries).
+    pub in_process_costs: Costs,
+    /// What the gateway arm spent.
+    pub gateway_costs: Costs,
     /// The gateway's `selfheal.status` on the last answer (none: an error or the turn limit).
     pub status: Option<String>,
     /// Requests the agent sent to the gateway.
@@ -501,6 +506,8 @@ pub async fn run(
                 permanent,
                 in_process,
                 gateway: gateway_side,
+                in_process_costs: ep.costs(),
+                gateway_costs: world.ep.costs(),
                 status: end.status,
                 turns: end.turns,
                 model_requests: world.model.asks(),
