@@ -11,7 +11,7 @@
 //! | `retry-only` | the same | resends the same call up to `R` times per failure, backoff honouring `Retry-After` |
 //! | `react` | the same; the error text goes back to the model | waits and retries on timeouts and 429s, switches to the equivalent tool on 5xx/404/unavailable or when the same error comes twice, rewrites the call otherwise, replans on a missing input; `R` actions per failure |
 //! | `full-replan` | the same | discards the plan and replans from scratch, avoiding tools that failed; each replan is one unit of `R` |
-//! | `react+verify`, `full-replan+verify` | everything self-healing detects: the plan check on the tool name, argument schema check, repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
+//! | `react+verify`, `full-replan+verify` | everything self-healing detects: the tool name against the tools on offer, argument schema and grounding checks (no plan values put into a call), repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
 //! | `class-agnostic` | as self-healing | the core controller with one ladder for every class (retry, repair, substitute, refresh, replan, escalate, degrade): the same actions without the classifier's choice |
 //! | `self-healing` | as above | the core [`Controller`] with the default policy |
 //!
@@ -1265,5 +1265,45 @@ mod tests {
         let mapped = repair_output(plan, 0, r#"{"city_v2": "Paris"}"#).unwrap();
         assert_eq!(mapped["city"], "Paris");
         assert!(repair_output(plan, 0, r#"{"f12": "Paris"}"#).is_err());
+    }
+    /// Issue 11: a wrong argument is never corrected with the plan's value. Asked to repair
+    /// the arguments of a call with a value copied wrong for good, the client still refuses the
+    /// call as ungrounded; it does not run it with the task's right value put in.
+    #[test]
+    fn issue_11_a_wrong_argument_is_not_replaced_by_the_plans_value() {
+        use crate::faultmodel::{FaultModel, Injected};
+        let task = &crate::task::builtin(1)[0];
+        let model = FaultModel::default_model().unwrap();
+        let spec = model
+            .faults
+            .iter()
+            .position(|f| f.name == "wrong_value_args")
+            .unwrap();
+        let faults = [Injected {
+            step: 0,
+            spec,
+            permanent: true,
+            k: 1,
+            skew: 0.0,
+        }];
+        let mut ep = Episode::new(task, &faults, &model, 1);
+        let outputs = vec![None; task.plan.steps.len()];
+        let how = How {
+            fix_args: true,
+            ..How::default()
+        };
+        let tools_before = ep.costs().tool_calls;
+        match attempt(&mut ep, 0, how, &outputs, None, Detectors::ALL) {
+            Attempt::Failed(f) => {
+                assert!(
+                    matches!(f.signal, Signal::InvalidArguments { .. }),
+                    "{:?}",
+                    f.signal
+                );
+                assert!(f.called.is_none(), "the call must not run");
+            }
+            other => panic!("the wrong value was not refused: {other:?}"),
+        }
+        assert_eq!(ep.costs().tool_calls, tools_before);
     }
 }

@@ -1090,4 +1090,51 @@ mod tests {
         // Nothing was produced yet, so the ladder's degrade is a terminate.
         assert!(matches!(next.stop, Some(Stop::Abort(_))), "{next:?}");
     }
+    /// A grounded tool's call whose argument appears nowhere in the conversation is taken out
+    /// and re-asked; one copied from a tool result (also a repaired one) or the task passes;
+    /// a tool not marked grounded is never judged.
+    #[test]
+    fn ungrounded_calls_of_grounded_tools_are_taken_out() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "user", "content": "Task 3: weather in the capital of Mexico."},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "capital", "arguments": "{\"country\": \"Mexico\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "```json\n{\"city\": \"Mexico City\", \"code\": \"MXC\"}\n```"}
+        ]})
+        .to_string();
+        let req = crate::request::ChatRequest::parse(body.as_bytes()).unwrap();
+        let mut tools = tools(false);
+        tools.insert(
+            "lookup".into(),
+            ToolConfig {
+                grounded: true,
+                substitute: None,
+                cross_check: false,
+                tolerance: selfheal_core::verifier::Tolerance::default(),
+            },
+        );
+        let g = Grounding {
+            tools: &tools,
+            messages: &req.messages,
+        };
+        let call = |name: &str, args: &str| {
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c2",
+                "type": "function", "function": {"name": name, "arguments": args}}]})
+        };
+        // Copied from the repaired result: kept.
+        let mut ok = call("lookup", "{\"code\": \"MXC\", \"country\": \"Mexico\"}");
+        assert!(g.check(&mut ok).is_empty());
+        assert!(ok.get("tool_calls").is_some());
+        // Copied wrong: taken out, with the argument named.
+        let mut bad = call("lookup", "{\"code\": \"MXCs\"}");
+        let problems = g.check(&mut bad);
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].contains("`code` = \"MXCs\""), "{problems:?}");
+        assert!(bad.get("tool_calls").is_none());
+        assert_eq!(bad["content"], "");
+        // Not grounded: the same wrong value is left to the tool.
+        let mut free = call("weather", "{\"code\": \"MXCs\"}");
+        assert!(g.check(&mut free).is_empty());
+        assert!(free.get("tool_calls").is_some());
+    }
 }
