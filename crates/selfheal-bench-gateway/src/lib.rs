@@ -22,10 +22,12 @@
 //! directives on the wire — tool-call arguments repaired or re-asked, the class ladder's retry,
 //! substitute and replan as guidance, escalation as a request to the fallback model, an output
 //! repair in place of the tool result, cross-checks as calls the agent makes, degrade as a
-//! `partial` answer — and the scripted model reacts to those ([`model`]). It executes no tool
-//! and knows no plan, so what only a plan-aware, tool-calling client can do (map a wrong tool
-//! back to the plan's, put the plan's values into arguments, refresh past a cache, read `as_of`)
-//! stays a difference by construction (see the README).
+//! `partial` answer, a call whose arguments appear nowhere in the conversation taken out and
+//! re-asked before the agent runs it (`[tools.NAME] grounded`) — and the scripted model reacts
+//! to those ([`model`]). It executes no tool and knows no plan, so what only a tool-calling
+//! client can do (refresh past a cache, read `as_of`, see a field renamed past recognition
+//! against the fields it reads) stays a difference until the gateway is told about it (see the
+//! README). Each episode row keeps both sides' costs and, where they differ, the transcript.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), selfheal_bench_gateway::ArmError> {
