@@ -100,7 +100,7 @@ impl Client {
         let tools = offered_tools(task);
         let mut messages = vec![
             json!({"role": "system", "content": "You are an agent. Use the tools to complete the task, then reply with the answer only."}),
-            json!({"role": "user", "content": format!("Task {}: {}", task.id, task.name)}),
+            json!({"role": "user", "content": task_prompt(task)}),
         ];
         let mut ended = Ended::default();
         loop {
@@ -183,6 +183,27 @@ impl Client {
                 messages.push(json!({"role": "tool", "tool_call_id": id, "content": out}));
             }
         }
+    }
+}
+
+/// The task as the user states it: its name and its inputs (the values the task gives, which
+/// the in-process client holds as well; the calls that use them are the model's to write).
+pub fn task_prompt(task: &TaskSpec) -> String {
+    let inputs: Vec<String> = task
+        .plan
+        .inputs()
+        .iter()
+        .map(|(name, v)| format!("{name} = {v}"))
+        .collect();
+    if inputs.is_empty() {
+        format!("Task {}: {}", task.id, task.name)
+    } else {
+        format!(
+            "Task {}: {}. Inputs: {}.",
+            task.id,
+            task.name,
+            inputs.join(", ")
+        )
     }
 }
 

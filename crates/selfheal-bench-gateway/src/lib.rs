@@ -22,10 +22,12 @@
 //! directives on the wire — tool-call arguments repaired or re-asked, the class ladder's retry,
 //! substitute and replan as guidance, escalation as a request to the fallback model, an output
 //! repair in place of the tool result, cross-checks as calls the agent makes, degrade as a
-//! `partial` answer — and the scripted model reacts to those ([`model`]). It executes no tool
-//! and knows no plan, so what only a plan-aware, tool-calling client can do (map a wrong tool
-//! back to the plan's, put the plan's values into arguments, refresh past a cache, read `as_of`)
-//! stays a difference by construction (see the README).
+//! `partial` answer, a call whose arguments appear nowhere in the conversation taken out and
+//! re-asked before the agent runs it (`[tools.NAME] grounded`) — and the scripted model reacts
+//! to those ([`model`]). It executes no tool and knows no plan, so what only a tool-calling
+//! client can do (refresh past a cache, read `as_of`, see a field renamed past recognition
+//! against the fields it reads) stays a difference until the gateway is told about it (see the
+//! README). Each episode row keeps both sides' costs and, where they differ, the transcript.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), selfheal_bench_gateway::ArmError> {
@@ -118,6 +120,11 @@ pub struct EpisodeRow {
     pub in_process: Side,
     /// The gateway arm.
     pub gateway: Side,
+    /// What the in-process side spent (model, fallback-model, tool and verifier calls,
+    /// recoveries).
+    pub in_process_costs: Costs,
+    /// What the gateway arm spent.
+    pub gateway_costs: Costs,
     /// The gateway's `selfheal.status` on the last answer (none: an error or the turn limit).
     pub status: Option<String>,
     /// Requests the agent sent to the gateway.
@@ -283,7 +290,9 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 ///
 /// - `[tools]`: each tool's equivalent source (the in-process client's substitute) and, for the
 ///   external ones, a cross-check against it with the tool's documented tolerance — what the
-///   in-process client knows from the same task file;
+///   in-process client knows from the same task file; and every tool (and substitute) as
+///   `grounded`: its arguments are copied from the task or an earlier result, the rule the
+///   in-process client checks calls with;
 /// - the model's chain: the scripted model, then the fallback model
 ///   ([`model::FALLBACK_MODEL`]) the ladder's escalation goes to;
 /// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
@@ -314,15 +323,25 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
     );
     for task in &config.task_set.tasks {
         for t in &task.plan.tools {
-            let Some(sub) = &t.substitute else { continue };
+            // Every tool of the task file takes arguments copied from the task or an earlier
+            // result (`grounded`); an external one with an equivalent source is cross-checked.
             g.tools.entry(t.name.clone()).or_insert_with(|| ToolConfig {
-                substitute: Some(sub.clone()),
-                cross_check: t.external,
+                substitute: t.substitute.clone(),
+                cross_check: t.external && t.substitute.is_some(),
                 tolerance: selfheal_core::verifier::Tolerance {
                     rel: t.tolerance.rel,
                     abs: t.tolerance.abs,
                 },
+                grounded: true,
             });
+            if let Some(sub) = &t.substitute {
+                g.tools.entry(sub.clone()).or_insert_with(|| ToolConfig {
+                    substitute: None,
+                    cross_check: false,
+                    tolerance: selfheal_core::verifier::Tolerance::default(),
+                    grounded: true,
+                });
+            }
         }
     }
     g
@@ -489,6 +508,8 @@ pub async fn run(
                 permanent,
                 in_process,
                 gateway: gateway_side,
+                in_process_costs: ep.costs(),
+                gateway_costs: world.ep.costs(),
                 status: end.status,
                 turns: end.turns,
                 model_requests: world.model.asks(),

@@ -27,6 +27,10 @@
 //! | a request for the fallback model (the gateway's escalation) | the fallback model writes: its own error rate, price and latency | escalate |
 //! | nothing (a tool failed) | writes the step's call again | retry |
 //!
+//! However many lines of one request call for a rethink, it replans once: the in-process client
+//! replans once per directive, and each rethink is a model call (and, for the fallback model, a
+//! draw at fixing a permanent mistake).
+//!
 //! It reads a tool result the way a plain client does ([`usable`]): JSON, with every field the
 //! plan reads from that step present and not empty. When no tool of a step is left on offer it
 //! gives up in prose; when every step has an output it answers with the plan's answer as JSON.
@@ -209,6 +213,9 @@ pub struct Script<'t> {
     last_call: HashMap<String, (usize, Value)>,
     /// Who writes this request's calls.
     writer: Writer,
+    /// This request made the model replan already: one request is one rethink, however many
+    /// of its lines call for one (the in-process client replans once per directive).
+    replanned: bool,
     asks: u64,
 }
 
@@ -227,6 +234,7 @@ impl<'t> Script<'t> {
             checks: std::collections::HashSet::new(),
             last_call: HashMap::new(),
             writer: Writer::Agent,
+            replanned: false,
             asks: 0,
         }
     }
@@ -249,6 +257,7 @@ impl<'t> Script<'t> {
     /// Answers one chat-completions request body.
     pub fn answer(&mut self, ep: &mut Episode<'_>, request: &Value) -> Reply {
         self.asks += 1;
+        self.replanned = false;
         let empty = Vec::new();
         let messages = request
             .get("messages")
@@ -355,6 +364,9 @@ impl<'t> Script<'t> {
 
     /// Rethinks the plan and goes back to the first step without an output.
     fn replan(&mut self, ep: &mut Episode<'_>) {
+        if std::mem::replace(&mut self.replanned, true) {
+            return;
+        }
         ep.replan(self.writer);
         if let Some(m) = self.outputs.iter().position(Option::is_none) {
             self.s = self.s.min(m);

@@ -11,7 +11,7 @@
 //! | `retry-only` | the same | resends the same call up to `R` times per failure, backoff honouring `Retry-After` |
 //! | `react` | the same; the error text goes back to the model | waits and retries on timeouts and 429s, switches to the equivalent tool on 5xx/404/unavailable or when the same error comes twice, rewrites the call otherwise, replans on a missing input; `R` actions per failure |
 //! | `full-replan` | the same | discards the plan and replans from scratch, avoiding tools that failed; each replan is one unit of `R` |
-//! | `react+verify`, `full-replan+verify` | everything self-healing detects: the plan check on the tool name, argument schema check, repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
+//! | `react+verify`, `full-replan+verify` | everything self-healing detects: the tool name against the tools on offer, argument schema and grounding checks (no plan values put into a call), repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
 //! | `class-agnostic` | as self-healing | the core controller with one ladder for every class (retry, repair, substitute, refresh, replan, escalate, degrade): the same actions without the classifier's choice |
 //! | `self-healing` | as above; before a run that needed recovery answers, the values only a second read of their own source confirmed are read once more | the core [`Controller`] with the default policy |
 //!
@@ -34,7 +34,7 @@ use selfheal_core::policy::{
 };
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::Judgement;
+use selfheal_core::verifier::{Judgement, ungrounded_arguments};
 use selfheal_core::{Amounts, FailureClass};
 
 use crate::exec::{Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
@@ -201,7 +201,6 @@ struct How {
     fresh: bool,
     regenerate: bool,
     writer: Writer,
-    fix_tool: bool,
     fix_args: bool,
 }
 
@@ -213,7 +212,6 @@ impl Default for How {
             fresh: false,
             regenerate: true,
             writer: Writer::Agent,
-            fix_tool: false,
             fix_args: false,
         }
     }
@@ -331,28 +329,6 @@ fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
     Ok(v)
 }
 
-/// The arguments of a written call that differ from what the plan says they are (a literal of
-/// the task, or an earlier step's output).
-fn ungrounded(
-    plan: &Plan,
-    s: usize,
-    args: &serde_json::Map<String, Value>,
-    outputs: &[Option<Value>],
-) -> Vec<String> {
-    let Ok(Value::Object(want)) = resolve_args(plan, s, outputs) else {
-        return Vec::new();
-    };
-    want.iter()
-        .filter(|(k, w)| args.get(*k).is_some_and(|got| got != *w))
-        .map(|(k, w)| {
-            format!(
-                "`{k}` is {} but the plan gives {w}",
-                args.get(k).map_or_else(String::new, Value::to_string)
-            )
-        })
-        .collect()
-}
-
 /// Checks a parsed body the way a client does.
 fn check_body(
     plan: &Plan,
@@ -453,9 +429,6 @@ fn attempt(
     let required = spec.required();
     let mut tool = tool;
     let mut args = args;
-    if how.fix_tool && tool != primary && Some(&tool) != substitute.as_ref() {
-        tool = primary.clone();
-    }
     if how.substitute
         && tool == primary
         && let Some(sub) = &substitute
@@ -471,39 +444,32 @@ fn attempt(
                 format!("the call repeats the previous step's `{tool}` call"),
             ));
         }
-        if tool != primary && Some(&tool) != substitute.as_ref() {
-            let known = plan.tool(&tool).is_some()
-                || plan
-                    .tools
-                    .iter()
-                    .any(|t| t.sibling.as_deref() == Some(tool.as_str()));
+        // The tools on offer are the plan's and their substitutes: a call of any other does not
+        // exist for this client. (Which offered tool a step should call is the plan's answer,
+        // not something a client checks a model against.)
+        let offered = plan.tool(&tool).is_some()
+            || plan
+                .tools
+                .iter()
+                .any(|t| t.substitute.as_deref() == Some(tool.as_str()));
+        if !offered {
             let mut f = Failure::new(
-                if known {
-                    Signal::ToolMismatch { tool: tool.clone() }
-                } else {
-                    Signal::UnknownTool { name: tool.clone() }
-                },
-                format!("`{tool}` is not the plan's tool `{primary}` for this step"),
+                Signal::UnknownTool { name: tool.clone() },
+                format!("`{tool}` is not a tool on offer (the step's is `{primary}`)"),
             );
             f.repair = Some(RepairTarget::ToolChoice);
             return Attempt::Failed(f);
         }
     }
     if how.fix_args {
-        // Argument repair: JSON repair of the text the model wrote, then the plan's values for
-        // arguments that are empty or not grounded.
+        // Argument repair: JSON repair of the text the model wrote. A value that is wrong or
+        // empty is the model's to write again (the call is regenerated); the plan's values are
+        // never put in its place — that would be the answer, not a repair.
         if let Value::String(text) = &args
             && let Ok(r) = selfheal_repair::repair(text)
             && r.value.is_object()
         {
             args = r.value;
-        }
-        if let (Some(obj), Ok(Value::Object(want))) =
-            (args.as_object_mut(), resolve_args(plan, s, outputs))
-        {
-            for (k, v) in want {
-                obj.insert(k, v);
-            }
         }
     }
     if det.call_checks {
@@ -536,15 +502,19 @@ fn attempt(
             f.repair = Some(RepairTarget::Arguments);
             return Attempt::Failed(f);
         }
-        // Grounding: every argument must be the literal or the earlier output the plan names.
-        let ungrounded = ungrounded(plan, s, obj, outputs);
+        // Grounding: every argument must appear in what the client holds — the task's inputs
+        // and the outputs so far (the core's rule, which the gateway applies to the
+        // conversation).
+        let mut evidence: Vec<Value> = plan.inputs().into_iter().map(|(_, v)| v).collect();
+        evidence.extend(outputs.iter().flatten().cloned());
+        let ungrounded = ungrounded_arguments(&args, &evidence);
         if !ungrounded.is_empty() {
             let mut f = Failure::new(
                 Signal::InvalidArguments {
                     errors: ungrounded.clone(),
                 },
                 format!(
-                    "arguments not grounded in the plan: {}",
+                    "arguments that appear nowhere in the task or the results so far: {}",
                     ungrounded.join("; ")
                 ),
             );
@@ -1240,7 +1210,8 @@ pub fn run_self_healing(
                                 how[s].regenerate = true;
                             }
                             RepairTarget::ToolChoice => {
-                                how[s].fix_tool = true;
+                                // The model writes the call again, told the tool it chose is
+                                // not on offer (a re-ask).
                                 how[s].regenerate = true;
                             }
                             RepairTarget::Output => {

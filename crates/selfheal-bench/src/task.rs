@@ -280,6 +280,36 @@ impl Plan {
         self.steps.get(s).and_then(|st| self.tool(&st.tool))
     }
 
+    /// What the task states: every literal argument of its calls, and the literal text of its
+    /// templates, by argument name. This is what the user's request says (a client holds it;
+    /// the gateway arm's agent writes it into its prompt), not what the calls should be.
+    pub fn inputs(&self) -> Vec<(String, Value)> {
+        let mut out: Vec<(String, Value)> = Vec::new();
+        for st in &self.steps {
+            for (name, src) in &st.args {
+                let found = match src {
+                    ArgSrc::Lit(v) => vec![v.clone()],
+                    ArgSrc::Ref { .. } => Vec::new(),
+                    ArgSrc::Template(pieces) => pieces
+                        .iter()
+                        .filter_map(|p| match p {
+                            Piece::Text(t) if !t.trim().is_empty() => {
+                                Some(Value::String(t.clone()))
+                            }
+                            Piece::Text(_) | Piece::Ref { .. } => None,
+                        })
+                        .collect(),
+                };
+                for v in found {
+                    if !out.iter().any(|(n, x)| n == name && *x == v) {
+                        out.push((name.clone(), v));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The paths of step `s`'s output that later steps or the answer read.
     pub fn read_paths(&self, s: usize) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

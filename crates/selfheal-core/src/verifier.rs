@@ -337,6 +337,114 @@ fn first_disagreement(
     }
 }
 
+/// The arguments of a tool call that appear nowhere in the evidence the caller had when the
+/// model wrote it: the task's own words and the tool results so far.
+///
+/// Why: a model that copies an identifier or a number from an earlier result into the next call
+/// can copy it wrong (`Mexicos` for `Mexico`, `11.538` for `1.1538`), and the tool then answers a
+/// question nobody asked — schema-valid, plausible, and silently wrong. For a tool whose
+/// arguments are meant to be copied, never invented (the operator says so), an argument that
+/// appears nowhere is a mistake of the model's to re-ask, before the call runs.
+///
+/// What counts as appearing, per scalar leaf of the arguments:
+/// - a number: a number of the evidence within 1e-9 relative, or a number written in its text;
+/// - a string with no whitespace (an identifier, a code, a name): a string of the evidence, or a
+///   whole word of its text (`Mexicos` is not in "capital of Mexico");
+/// - an empty string, free text (with whitespace), a boolean or null: not judged here (the
+///   empty-input check and the tool itself judge those).
+///
+/// Returns one line per ungrounded argument (`` `a` = 11.538 ``), by top-level name, in order.
+/// Pure and bounded by its inputs: whoever holds the conversation hands the evidence in.
+pub fn ungrounded_arguments(args: &Value, evidence: &[Value]) -> Vec<String> {
+    let Value::Object(args) = args else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (name, v) in args {
+        let mut missing = None;
+        for_each_leaf(v, &mut |leaf| {
+            if missing.is_none() && judged(leaf) && !grounded(leaf, evidence) {
+                missing = Some(leaf.to_string());
+            }
+        });
+        if let Some(leaf) = missing {
+            out.push(format!("`{name}` = {leaf}"));
+        }
+    }
+    out
+}
+
+/// Whether a leaf is one [`ungrounded_arguments`] judges.
+fn judged(leaf: &Value) -> bool {
+    match leaf {
+        Value::Number(_) => true,
+        Value::String(s) => !s.is_empty() && !s.chars().any(char::is_whitespace),
+        Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_) => false,
+    }
+}
+
+/// Whether a judged leaf appears in the evidence: whole, or (a string made of several words,
+/// such as `MXN/USD` or `1.1538*90`) every word of it.
+fn grounded(leaf: &Value, evidence: &[Value]) -> bool {
+    if evidence.iter().any(|e| grounds(e, leaf)) {
+        return true;
+    }
+    let Some(text) = leaf.as_str() else {
+        return false;
+    };
+    let parts: Vec<&str> = words(text).filter(|w| !w.is_empty()).collect();
+    parts.len() > 1
+        && parts.iter().all(|w| {
+            let w = Value::String((*w).to_owned());
+            evidence.iter().any(|e| grounds(e, &w))
+        })
+}
+
+/// The words of a text: runs of letters, digits and the characters identifiers and numbers are
+/// written with, a trailing full stop or colon left out.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':')))
+        .map(|w| w.trim_end_matches(['.', ':']))
+}
+
+/// Whether `evidence` holds `leaf`: as a leaf, or as a word (or number) of one of its texts.
+fn grounds(evidence: &Value, leaf: &Value) -> bool {
+    let number = match leaf {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse::<f64>().ok(),
+        Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_) => None,
+    };
+    let same = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    let mut stack = vec![evidence];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Array(a) => stack.extend(a.iter()),
+            Value::Object(o) => stack.extend(o.values()),
+            Value::Number(n) => {
+                if let (Some(a), Some(b)) = (n.as_f64(), number)
+                    && same(a, b)
+                {
+                    return true;
+                }
+            }
+            Value::String(text) => {
+                if leaf.as_str() == Some(text.as_str()) {
+                    return true;
+                }
+                let word = |w: &&str| {
+                    leaf.as_str() == Some(*w)
+                        || number.is_some_and(|b| w.parse::<f64>().is_ok_and(|a| same(a, b)))
+                };
+                if words(text).any(|w| word(&w)) {
+                    return true;
+                }
+            }
+            Value::Null | Value::Bool(_) => {}
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,5 +549,35 @@ mod tests {
         let off = json!({"quote": {"price": 110.0}});
         assert!(matches!(cross_check(&nested, &off, tol),
             Judgement::Reject { reason } if reason.contains("`quote.price`")));
+    }
+    #[test]
+    fn arguments_copied_wrong_are_ungrounded() {
+        let evidence = [
+            json!("Task 36: the price of 90 units in USD. Inputs: {\"country\": \"Mexico\"}"),
+            json!({"currency": "MXN", "rate": 1.1538}),
+        ];
+        // Copied right: a word of the task, a number of the task's text, a result's values.
+        let right = json!({"country": "Mexico", "a": 1.1538, "b": 90, "from": "MXN"});
+        assert!(ungrounded_arguments(&right, &evidence).is_empty());
+        // Copied wrong: a word that is longer than the one written, a number shifted.
+        let wrong = json!({"country": "Mexicos", "a": 11.538, "b": 90});
+        assert_eq!(
+            ungrounded_arguments(&wrong, &evidence),
+            vec![
+                "`a` = 11.538".to_owned(),
+                "`country` = \"Mexicos\"".to_owned()
+            ]
+        );
+        // Free text, empty strings and booleans are not judged here.
+        let free = json!({"q": "news about Mexicos", "e": "", "f": true});
+        assert!(ungrounded_arguments(&free, &evidence).is_empty());
+        // A string made of grounded words is grounded; one word wrong is not.
+        assert!(ungrounded_arguments(&json!({"pair": "MXN/1.1538"}), &evidence).is_empty());
+        assert_eq!(
+            ungrounded_arguments(&json!({"pair": "MXN/EUR"}), &evidence).len(),
+            1
+        );
+        // No evidence: every judged argument is ungrounded.
+        assert_eq!(ungrounded_arguments(&json!({"x": 1}), &[]).len(), 1);
     }
 }

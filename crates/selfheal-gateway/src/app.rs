@@ -532,12 +532,29 @@ async fn responses_inner(
         let ctx = recover::Ctx {
             tools: &s.config.tools,
             offered: &tools,
-            fallback: None,
+            fallback: chain.get(1).map(|c| c.model.as_str()),
             seed: now_ms,
         };
         let replayed = heal::replay_items(&mut st, items, &ctx, now_ms);
-        let stop = st.wire.take_next().stop;
-        (st.monitor().check(now_ms), replayed, stop)
+        let next = st.wire.take_next();
+        (st.monitor().check(now_ms), replayed, next)
+    };
+    // The controller's directives, carried out as the chat path does: guidance lines join the
+    // monitor's in `instructions`, repaired tool results replace their `function_call_output`,
+    // an escalation sends this request to the chain's next target; a stop ends the run below.
+    let recover::Next {
+        guidance: directed,
+        escalate,
+        stop,
+        actions: directed_actions,
+        replaced,
+    } = stop;
+    replace_outputs(&mut req, &replaced);
+    let chain = if escalate && stop.is_none() && chain.len() > 1 {
+        t.event(Kind::Escalate, json!({"to": chain[1].model}));
+        chain[1..].to_vec()
+    } else {
+        chain
     };
     for r in &replayed {
         t.event(
@@ -579,9 +596,14 @@ async fn responses_inner(
         add_headers(&mut resp, &t.run, "failed", &actions, Some(&reason));
         return Ok(resp);
     }
-    let mut edited = Vec::new();
-    if !verdict.guidance.is_empty() {
-        let text: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
+    let mut edited: Vec<String> = directed_actions.iter().map(|a| (*a).to_owned()).collect();
+    if !verdict.guidance.is_empty() || !directed.is_empty() {
+        let text: Vec<String> = verdict
+            .guidance
+            .iter()
+            .map(|g| g.text.clone())
+            .chain(directed)
+            .collect();
         let note = format!("[selfheal] {}", text.join("\n"));
         let instructions = match req.get("instructions").and_then(Value::as_str) {
             Some(i) if !i.is_empty() => format!("{i}\n\n{note}"),
@@ -1353,7 +1375,11 @@ async fn answer_complete(
     // Tool calls: repair in place, or re-ask as long as the policy's ladder says so, within
     // the budget (each re-ask climbs the ladder of the one failure: unusable calls).
     let tools_fwd = &ctx.tools;
-    let mut check = check_completion(&mut completion, tools_fwd, &s.guides);
+    let grounding = recover::Grounding {
+        tools: &s.config.tools,
+        messages: &req.messages,
+    };
+    let mut check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
     let mut ladder = LadderState::default();
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
@@ -1392,7 +1418,7 @@ async fn answer_complete(
         match t.call(chain, &again, &chat_op, &mut log).await {
             Ok(c) => {
                 completion = c.body;
-                check = check_completion(&mut completion, tools_fwd, &s.guides);
+                check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
             }
             Err(_) => break,
         }
@@ -1525,6 +1551,9 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
             let req = ChatRequest::parse(&ctx.bytes).ok()?;
             let mut problems = problems;
             let mut ladder = LadderState::default();
+            // The ladder's escalation moves the re-asks to the chain's next target, as the
+            // non-streaming re-ask does.
+            let mut chain: &[crate::config::Target] = &ctx.chain;
             loop {
                 if problems.is_empty() {
                     if !reissue_granted(&t) {
@@ -1532,7 +1561,16 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                     }
                     t.event(Kind::Reissue, json!({"stream": false}));
                 } else {
-                    ladder = reask_granted(&t, &problems, ladder)?;
+                    let fallback = chain.get(1).map(|c| c.model.as_str());
+                    let (next, escalate) = reask_or_escalate(&t, &problems, ladder, fallback)?;
+                    ladder = next;
+                    if escalate {
+                        chain = &chain[1..];
+                        t.event(
+                            Kind::Escalate,
+                            json!({"to": chain.first().map(|c| &c.model)}),
+                        );
+                    }
                     Metrics::inc(&s.metrics.reasks_total);
                     t.event(Kind::Reask, json!({"problems": problems}));
                 }
@@ -1549,10 +1587,14 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                     )
                 };
                 let mut log = CallLog::default();
-                let result = t.call(&ctx.chain, &encode, &chat_op, &mut log).await;
+                let result = t.call(chain, &encode, &chat_op, &mut log).await;
                 log_calls(&t, &log, &mut Vec::new());
                 let mut body = result.ok()?.body;
-                let check = check_completion(&mut body, &ctx.tools, &s.guides);
+                let grounding = recover::Grounding {
+                    tools: &s.config.tools,
+                    messages: &req.messages,
+                };
+                let check = check_completion(&mut body, &ctx.tools, &s.guides, grounding);
                 if !check.invalid.is_empty() {
                     problems = check.invalid;
                     continue;
@@ -1570,10 +1612,35 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
     })
 }
 
+/// Puts the gateway's repair of a tool result in place of the `output` of its
+/// `function_call_output` item (by `call_id`), as the chat path replaces a `tool` message.
+fn replace_outputs(req: &mut serde_json::Map<String, Value>, replaced: &[(String, String)]) {
+    if replaced.is_empty() {
+        return;
+    }
+    let Some(items) = req.get_mut("input").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for item in items {
+        if item.get("type").and_then(Value::as_str) != Some("function_call_output") {
+            continue;
+        }
+        let Some(id) = item.get("call_id").and_then(Value::as_str) else {
+            continue;
+        };
+        if let Some((_, text)) = replaced.iter().find(|(r, _)| r == id)
+            && let Some(o) = item.as_object_mut()
+        {
+            o.insert("output".into(), Value::String(text.clone()));
+        }
+    }
+}
+
 fn check_completion(
     completion: &mut Value,
     tools: &ToolIndex,
     guides: &heal::GuideCache,
+    grounding: recover::Grounding<'_>,
 ) -> heal::CallCheck {
     let ending = selfheal_repair::Ending::from_finish_reason(
         completion
@@ -1581,7 +1648,11 @@ fn check_completion(
             .and_then(Value::as_str),
     );
     let check = match completion.at_mut("/choices/0/message") {
-        Some(m) => heal::check_message(m, tools, guides, ending),
+        Some(m) => {
+            let mut check = heal::check_message(m, tools, guides, ending);
+            check.invalid.extend(grounding.check(m));
+            check
+        }
         None => heal::CallCheck::default(),
     };
     // Every call was taken out: the choice no longer ends in tool calls.

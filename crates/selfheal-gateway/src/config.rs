@@ -158,6 +158,13 @@ pub struct ToolConfig {
     /// How far the two sources' numbers may differ and still agree.
     #[serde(default)]
     pub tolerance: selfheal_core::verifier::Tolerance,
+    /// Whether this tool's arguments are copied from the conversation — the user's request or
+    /// an earlier tool result — and never invented (default `false`). A call whose identifiers
+    /// or numbers appear nowhere in the conversation is then the model's mistake: it is taken
+    /// out of the answer before the agent runs it and re-asked along the `argument_invalid`
+    /// ladder ([`selfheal_core::verifier::ungrounded_arguments`] is the rule).
+    #[serde(default)]
+    pub grounded: bool,
 }
 
 /// The whole gateway configuration.

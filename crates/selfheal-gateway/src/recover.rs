@@ -221,6 +221,110 @@ pub fn cross_check_text(tool: &str, against: &str) -> String {
     )
 }
 
+/// The grounding check of a request's answer: the calls of tools the operator marked
+/// [`ToolConfig::grounded`] whose arguments appear nowhere in the conversation the agent sent
+/// are taken out of the answer before the agent runs them, and re-asked like any unusable call
+/// (the core's [`selfheal_core::verifier::ungrounded_arguments`] is the rule; the ladder that
+/// re-asks is the core's too). The evidence is the request's user and system texts and its tool
+/// results; it is read only when the answer calls a grounded tool.
+#[derive(Debug, Clone, Copy)]
+pub struct Grounding<'a> {
+    /// `[tools]` of the gateway's config.
+    pub tools: &'a BTreeMap<String, ToolConfig>,
+    /// The request's messages.
+    pub messages: &'a [crate::request::Message<'a>],
+}
+
+impl Grounding<'_> {
+    /// Takes the ungrounded calls out of an assistant `message`; returns the re-ask text of each.
+    pub fn check(&self, message: &mut Value) -> Vec<String> {
+        let mut problems = Vec::new();
+        let grounded = |name: &str| self.tools.get(name).is_some_and(|c| c.grounded);
+        let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+            return problems;
+        };
+        if !calls.iter().any(|c| {
+            c.pointer("/function/name")
+                .and_then(Value::as_str)
+                .is_some_and(grounded)
+        }) {
+            return problems;
+        }
+        let evidence = self.evidence();
+        calls.retain(|c| {
+            let Some(name) = c.pointer("/function/name").and_then(Value::as_str) else {
+                return true;
+            };
+            if !grounded(name) {
+                return true;
+            }
+            let args: Value = c
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .and_then(|a| serde_json::from_str(a).ok())
+                .unwrap_or(Value::Null);
+            let missing = selfheal_core::verifier::ungrounded_arguments(&args, &evidence);
+            if missing.is_empty() {
+                return true;
+            }
+            problems.push(format!(
+                "The arguments of `{name}` must be copied from the task or an earlier tool \
+                 result, and these appear in neither: {}.",
+                missing.join(", ")
+            ));
+            false
+        });
+        if calls.is_empty()
+            && let Some(m) = message.as_object_mut()
+        {
+            m.remove("tool_calls");
+            if m.get("content").is_none_or(Value::is_null) {
+                m.insert("content".into(), Value::String(String::new()));
+            }
+        }
+        problems
+    }
+
+    /// The user and system texts and the tool results of the request, as values (a result that
+    /// is JSON as its value, any other text as a string).
+    fn evidence(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for m in self.messages {
+            let role = m.role.as_ref().map(|r| r.as_str());
+            let Some(content) = m.content else { continue };
+            let Ok(content) = serde_json::from_str::<Value>(content.get()) else {
+                continue;
+            };
+            let texts: Vec<String> = match content {
+                Value::String(t) => vec![t],
+                // Content parts: their texts.
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str).map(str::to_owned))
+                    .collect(),
+                Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_) => Vec::new(),
+            };
+            match role {
+                // A result is read as the model reads it: the value, or the gateway's repair of
+                // bytes that did not parse (which replaces the result in what it forwards).
+                Some("tool") => {
+                    for t in texts {
+                        match read_result(&t) {
+                            Read::Value(v) | Read::Repairable { value: v, .. } => out.push(v),
+                            Read::Failed(_) => out.push(Value::String(t)),
+                        }
+                    }
+                }
+                Some("user" | "system" | "developer") => {
+                    out.extend(texts.into_iter().map(Value::String));
+                }
+                Some(_) | None => {}
+            }
+        }
+        out
+    }
+}
+
 /// How a tool result reads on the wire: what failed, or the value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Read {
@@ -797,6 +901,7 @@ mod tests {
         BTreeMap::from([(
             "weather".to_owned(),
             ToolConfig {
+                grounded: false,
                 substitute: Some("weather_backup".into()),
                 cross_check,
                 tolerance: selfheal_core::verifier::Tolerance::default(),
@@ -984,5 +1089,52 @@ mod tests {
         assert!(!next.escalate);
         // Nothing was produced yet, so the ladder's degrade is a terminate.
         assert!(matches!(next.stop, Some(Stop::Abort(_))), "{next:?}");
+    }
+    /// A grounded tool's call whose argument appears nowhere in the conversation is taken out
+    /// and re-asked; one copied from a tool result (also a repaired one) or the task passes;
+    /// a tool not marked grounded is never judged.
+    #[test]
+    fn ungrounded_calls_of_grounded_tools_are_taken_out() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "user", "content": "Task 3: weather in the capital of Mexico."},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "capital", "arguments": "{\"country\": \"Mexico\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "```json\n{\"city\": \"Mexico City\", \"code\": \"MXC\"}\n```"}
+        ]})
+        .to_string();
+        let req = crate::request::ChatRequest::parse(body.as_bytes()).unwrap();
+        let mut tools = tools(false);
+        tools.insert(
+            "lookup".into(),
+            ToolConfig {
+                grounded: true,
+                substitute: None,
+                cross_check: false,
+                tolerance: selfheal_core::verifier::Tolerance::default(),
+            },
+        );
+        let g = Grounding {
+            tools: &tools,
+            messages: &req.messages,
+        };
+        let call = |name: &str, args: &str| {
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c2",
+                "type": "function", "function": {"name": name, "arguments": args}}]})
+        };
+        // Copied from the repaired result: kept.
+        let mut ok = call("lookup", "{\"code\": \"MXC\", \"country\": \"Mexico\"}");
+        assert!(g.check(&mut ok).is_empty());
+        assert!(ok.get("tool_calls").is_some());
+        // Copied wrong: taken out, with the argument named.
+        let mut bad = call("lookup", "{\"code\": \"MXCs\"}");
+        let problems = g.check(&mut bad);
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].contains("`code` = \"MXCs\""), "{problems:?}");
+        assert!(bad.get("tool_calls").is_none());
+        assert_eq!(bad["content"], "");
+        // Not grounded: the same wrong value is left to the tool.
+        let mut free = call("weather", "{\"code\": \"MXCs\"}");
+        assert!(g.check(&mut free).is_empty());
+        assert!(free.get("tool_calls").is_some());
     }
 }

@@ -699,3 +699,82 @@ async fn an_outage_never_spends_the_runs_budget_into_502s() {
         "the open breaker spares the primary: {tried} attempts"
     );
 }
+
+async fn upstream_responses(State(s): State<Shared>, body: axum::Json<Value>) -> Response {
+    s.lock().unwrap().seen.push(body.0);
+    axum::Json(json!({"id": "resp_1", "object": "response", "created_at": 0, "model": "m",
+        "status": "completed", "output": [{"type": "message", "id": "msg_1", "role": "assistant",
+        "status": "completed", "content": [{"type": "output_text", "text": "fine", "annotations": []}]}]}))
+    .into_response()
+}
+
+/// Issue 11: on the Responses API the controller's directives are carried out as on chat — its
+/// retry as guidance in `instructions`, its output repair in place of the tool's
+/// `function_call_output` — not only its stop.
+#[tokio::test]
+async fn issue_11_responses_carry_out_the_controllers_directives() {
+    let shared: Shared = Arc::new(Mutex::new(Script::default()));
+    let upstream = Router::new()
+        .route("/v1/responses", post(upstream_responses))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await });
+    let app = gateway(GatewayConfig::for_upstream(format!("http://{addr}/v1")));
+    let tools = json!([{"type": "function", "name": "search", "parameters": {"type": "object",
+        "properties": {"query": {"type": "string"}}, "required": ["query"]}}]);
+    let post = |input: Value| {
+        let body =
+            json!({"model": "m", "instructions": "be brief", "input": input, "tools": tools});
+        let app = app.clone();
+        async move {
+            let req = Request::post("/v1/responses")
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap();
+            let resp = app.oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        }
+    };
+    let call = |id: &str| {
+        json!({"type": "function_call", "call_id": id, "name": "search",
+               "arguments": "{\"query\": \"q\"}"})
+    };
+    // A tool that is down: the ladder's first rung is a retry, which the model reads.
+    let answer = post(json!([
+        {"role": "user", "content": "find q"},
+        call("c1"),
+        {"type": "function_call_output", "call_id": "c1", "output": "Error: 503 Service Unavailable"},
+    ]))
+    .await;
+    let seen = shared.lock().unwrap().seen.pop().unwrap();
+    let instructions = seen["instructions"].as_str().unwrap();
+    assert!(instructions.starts_with("be brief"), "{instructions}");
+    assert!(instructions.contains("call it again"), "{instructions}");
+    assert!(
+        answer["selfheal"]["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "retry"),
+        "{answer}"
+    );
+    // A result in a code fence: the model reads the repaired value in its place.
+    post(json!([
+        {"role": "user", "content": "find r"},
+        call("c2"),
+        {"type": "function_call_output", "call_id": "c2", "output": "```json\n{\"hits\": 3}\n```"},
+    ]))
+    .await;
+    let seen = shared.lock().unwrap().seen.pop().unwrap();
+    let output = seen["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call_output")
+        .map(|i| i["output"].clone())
+        .unwrap();
+    assert_eq!(output, json!("{\"hits\":3}"), "{seen}");
+}

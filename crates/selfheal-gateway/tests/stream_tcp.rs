@@ -359,3 +359,53 @@ async fn a_last_event_without_its_blank_line_still_counts() {
     assert_eq!(data_events(&body).last(), Some(&"[DONE]"), "{body}");
     assert!(!body.contains("stream_broken"));
 }
+
+/// Issue 11: a streaming answer whose tool calls cannot be used is re-asked along the policy's
+/// ladder, and its escalation rung sends the re-ask to the chain's fallback model — as the
+/// non-streaming re-ask does — instead of passing over it.
+#[tokio::test]
+async fn issue_11_a_streaming_reask_escalates_to_the_fallback_model() {
+    use selfheal_gateway::config::{ModelRoute, Target};
+    let unknown_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"nope","arguments":"{}"}}]},"finish_reason":null}]}"#;
+    let end_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
+    let unknown = json_answer(
+        r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c2","type":"function","function":{"name":"nope","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
+    );
+    let good = json_answer(
+        r#"{"id":"j","object":"chat.completion","created":1,"model":"fb","choices":[{"index":0,"message":{"role":"assistant","content":"from the fallback"},"finish_reason":"stop"}]}"#,
+    );
+    let (up, seen) = canned_upstream(vec![
+        sse(&[unknown_chunk, end_chunk, "[DONE]"]),
+        unknown.clone(),
+        unknown,
+        good,
+    ])
+    .await;
+    let mut config = GatewayConfig::for_upstream(up);
+    let target = |model: &str| Target {
+        upstream: "default".into(),
+        model: model.into(),
+    };
+    config.models.insert(
+        "m".into(),
+        ModelRoute {
+            chain: vec![target("m"), target("fb")],
+        },
+    );
+    let url = start_gateway_with(config).await;
+    let body = stream_request(
+        &url,
+        serde_json::json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "go"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}),
+    )
+    .await
+    .unwrap();
+    assert!(body.contains("from the fallback"), "{body}");
+    let seen = seen.lock().unwrap();
+    let models: Vec<bool> = seen
+        .iter()
+        .map(|b| b.contains("\"model\":\"fb\""))
+        .collect();
+    assert_eq!(models, vec![false, false, false, true], "{seen:?}");
+}

@@ -1,0 +1,48 @@
+//! Issue 11: the in-process client never corrects the model with the task's plan.
+//!
+//! A value the model copies wrong for good cannot be repaired by a client that holds no answer:
+//! the repair may re-parse what the model wrote, never put the plan's value in its place. With
+//! a ladder of repair then degrade, the episode must end without an answer (the old client
+//! returned the right one, read off the plan).
+
+#![allow(clippy::unwrap_used)]
+
+use selfheal_bench::exec::Episode;
+use selfheal_bench::faultmodel::{FaultModel, Injected};
+use selfheal_bench::strategies::Strategy;
+use selfheal_core::FailureClass;
+use selfheal_core::policy::{ActionKind, Policy};
+
+#[test]
+fn issue_11_a_wrong_argument_is_not_replaced_by_the_plans_value() {
+    let task = &selfheal_bench::task::builtin(1)[0];
+    let model = FaultModel::default_model().unwrap();
+    let spec = model
+        .faults
+        .iter()
+        .position(|f| f.name == "wrong_value_args")
+        .unwrap();
+    let faults = [Injected {
+        step: 0,
+        spec,
+        permanent: true,
+        k: 1,
+        skew: 0.0,
+    }];
+    let policy = Policy {
+        ladders: FailureClass::ALL
+            .into_iter()
+            .map(|c| (c, vec![ActionKind::Repair, ActionKind::Degrade]))
+            .collect(),
+        last_chance: Default::default(),
+        ..Policy::default()
+    };
+    let mut ep = Episode::new(task, &faults, &model, 1);
+    let ended = Strategy::SelfHealing.run(&mut ep, 5, Some(&policy), 1, false);
+    assert_eq!(
+        ended.answer, None,
+        "the wrong value was corrected from the plan"
+    );
+    // The call with the wrong value never ran: the client refused it before the tool.
+    assert_eq!(ep.costs().tool_calls, 0);
+}
