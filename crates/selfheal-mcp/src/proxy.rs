@@ -404,10 +404,32 @@ impl Proxy {
     }
 
     /// A message from the server.
-    pub fn from_server(&mut self, mut msg: Value, now_ms: u64, rng: &mut dyn Rng) -> Vec<Out> {
-        self.last_now = now_ms;
+    ///
+    /// Time is caught up first ([`Proxy::tick`]): whether a call missed its deadline must not
+    /// depend on whether the timer or the answer was handled first, so an answer that arrives
+    /// when its call is already past its deadline is the late answer of a call that timed out,
+    /// as it would have been a moment later.
+    pub fn from_server(&mut self, msg: Value, now_ms: u64, rng: &mut dyn Rng) -> Vec<Out> {
         let is_response = msg.get("method").is_none()
             && (msg.get("result").is_some() || msg.get("error").is_some());
+        let mut out = if is_response {
+            self.tick(now_ms, rng)
+        } else {
+            Vec::new()
+        };
+        out.extend(self.answer(msg, is_response, now_ms, rng));
+        out
+    }
+
+    /// [`Proxy::from_server`], once time has been caught up.
+    fn answer(
+        &mut self,
+        mut msg: Value,
+        is_response: bool,
+        now_ms: u64,
+        rng: &mut dyn Rng,
+    ) -> Vec<Out> {
+        self.last_now = now_ms;
         let Some(id) = msg.get("id").filter(|_| is_response).cloned() else {
             // A call that reports progress is alive: its deadline moves with it (MCP allows
             // resetting the timeout on progress), within a hard limit.

@@ -1065,6 +1065,38 @@ fn late_answer_after_a_timeout_is_dropped() {
 }
 
 #[test]
+fn an_answer_past_its_deadline_is_late_whether_or_not_the_timer_ran_first() {
+    // Whether a call timed out must not depend on which event is handled first: an answer that
+    // arrives when its call is already past its deadline, before the timer ran, is late too.
+    let mut cfg = config();
+    cfg.call_timeout_ms = 50;
+    let mut p = Proxy::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    list(&mut p, 1, 0);
+    forward(&mut p, json!(1), "send", json!({"to": "a"}), 0);
+    let outs = p.from_server(
+        response("selfheal-1", text_result("sent after all", false)),
+        50,
+        &mut rng,
+    );
+    let answers = to_client(&outs);
+    assert_eq!(answers.len(), 1, "{outs:?}");
+    assert_eq!(
+        answers[0]["result"]["isError"],
+        json!(true),
+        "the timeout answer, not the late one: {answers:?}"
+    );
+    // Within the deadline the answer is the client's.
+    forward(&mut p, json!(2), "send", json!({"to": "b"}), 100);
+    let outs = p.from_server(
+        response("selfheal-2", text_result("in time", false)),
+        149,
+        &mut rng,
+    );
+    assert_eq!(to_client(&outs)[0]["result"]["content"][0]["text"], "in time");
+}
+
+#[test]
 fn client_cancel_during_a_retry_backoff_drops_the_retry() {
     let mut cfg = config();
     cfg.call_timeout_ms = 100;
