@@ -22,6 +22,9 @@ Four scenarios, one after the other, each on a fresh gateway:
            time and reconnect when cut, while THREADS real clients (kept-alive, a 503 retried
            after 0.2 s up to 5 times, as SDKs do) send requests; then SIGTERM during the attack,
            which must end the process within the drain deadline.
+- idlers:  as slowloris, but each attacking connection sends one whole request and then sits on
+           its kept-alive connection (reconnecting when closed): at the connection cap the
+           longest-idle one must give its slot to a real client.
 
 Every answer is read as a client on a socket sees it (stdlib HTTP, no SDK retries) and sorted:
   ok               200, the expected answer, finish_reason "stop", selfheal status "complete"
@@ -350,8 +353,10 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
 
 
 def slowloris(binary, faulty, healthy, tmp, attackers, seconds, threads, nofile, timeout,
-              drain_ms=2000, max_connections=None):
-    """Slow heads under a low fd limit while real clients are served; then SIGTERM."""
+              drain_ms=2000, max_connections=None, idle=False):
+    """Slow heads under a low fd limit while real clients are served; then SIGTERM. With
+    `idle`, the attackers send one whole request each and then sit on their kept-alive
+    connections instead (reconnecting when closed)."""
     cap = max_connections or nofile // 2
     gw_p, url = gateway(binary, faulty, healthy, tmp, nofile=nofile,
                         server=f"max_connections = {cap}\nheader_read_timeout_ms = 2000\n"
@@ -366,14 +371,26 @@ def slowloris(binary, faulty, healthy, tmp, attackers, seconds, threads, nofile,
             while len(socks) < attackers and not stop.is_set():
                 try:
                     s = socket.create_connection((host, int(port)), timeout=1)
-                    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                    if idle:
+                        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                        s.recv(4096)
+                        s.setblocking(False)
+                    else:
+                        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
                     socks.append(s)
                     attack["opened"] += 1
                 except OSError:
                     break
             for s in list(socks):
                 try:
-                    s.sendall(b"x-dribble: 1\r\n")
+                    if idle:
+                        try:
+                            if s.recv(4096) == b"":
+                                raise ConnectionResetError
+                        except BlockingIOError:
+                            pass  # still open, still idle
+                    else:
+                        s.sendall(b"x-dribble: 1\r\n")
                 except OSError:
                     attack["cut"] += 1
                     s.close()
@@ -437,7 +454,7 @@ def slowloris(binary, faulty, healthy, tmp, attackers, seconds, threads, nofile,
     stop.set()
     at.join()
     lat.sort()
-    line = {"scenario": "slowloris", "nofile": nofile, "max_connections": cap,
+    line = {"scenario": "idlers" if idle else "slowloris", "nofile": nofile, "max_connections": cap,
             "slow_connections": attackers, "slow_heads_opened": attack["opened"],
             "slow_heads_cut": attack["cut"], "requests": sum(tally[k] for k in tally if not k.startswith("shed")),
             **tally,
@@ -461,7 +478,7 @@ def main():
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=30.0)
-    ap.add_argument("--only", default="faults,outage,kill9,slowloris",
+    ap.add_argument("--only", default="faults,outage,kill9,slowloris,idlers",
                     help="comma-separated scenarios to run")
     ap.add_argument("--kill-after", type=float, default=5.0, help="seconds of load before SIGKILL")
     ap.add_argument("--slow-connections", type=int, default=1000)
@@ -504,6 +521,11 @@ def main():
             if "slowloris" in only:
                 sl = slowloris(args.bin, faulty, healthy, tmp, args.slow_connections,
                                args.slow_seconds, args.threads, args.nofile, args.timeout)
+                stuck = sl["sigterm_exit_s"] is None or sl["sigterm_exit_s"] > sl["drain_deadline_s"] + 1
+                bad_extra.append(sl["failed"] + sl["silent_bad"] + sl["hung"] + stuck + (sl["ok"] == 0))
+            if "idlers" in only:
+                sl = slowloris(args.bin, faulty, healthy, tmp, args.slow_connections,
+                               args.slow_seconds, args.threads, args.nofile, args.timeout, idle=True)
                 stuck = sl["sigterm_exit_s"] is None or sl["sigterm_exit_s"] > sl["drain_deadline_s"] + 1
                 bad_extra.append(sl["failed"] + sl["silent_bad"] + sl["hung"] + stuck + (sl["ok"] == 0))
     finally:
