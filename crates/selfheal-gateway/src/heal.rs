@@ -181,8 +181,11 @@ pub fn is_hard_failure_text(text: &str) -> bool {
     {
         return true;
     }
-    if t.to_ascii_lowercase()
-        .ends_with("fix the errors and try again.")
+    const RETRY_PROMPT: &str = "fix the errors and try again.";
+    // The last bytes compared without lowering the whole text.
+    if t.as_bytes()
+        .get(t.len().wrapping_sub(RETRY_PROMPT.len())..)
+        .is_some_and(|tail| tail.eq_ignore_ascii_case(RETRY_PROMPT.as_bytes()))
     {
         return true;
     }
