@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # Instructions per request of the gateway (callgrind), passthrough and healing, on the patterns
 # of scripts/bench-gateway.sh: `repeated` (one identical body) and `realistic` (CONVERSATIONS
-# conversations in flight, each TURNS turns, one new tool result per request). The gateway runs
+# conversations in flight, each TURNS turns, one new tool result per request; 16 rather than the
+# load benchmark's 256, so that a few thousand requests cover whole conversations, 22 messages
+# on average, and not only their first turns). The gateway runs
 # under valgrind with one worker thread and no trace; the stub upstream runs natively. After
 # WARM requests the counters are zeroed, N requests are sent one after another on one kept-alive
 # connection, and the total instructions of every gateway thread are divided by N. With
 # MAX_RUNS below the number of conversations sent, the healing gateway's run store is full and
 # every new run evicts one (the pattern's "full" phase).
 #
-#   scripts/callgrind-gateway.sh                 # both patterns, N=2000
-#   PATTERNS=realistic N=1000 MAX_RUNS=50 scripts/callgrind-gateway.sh
+#   scripts/callgrind-gateway.sh                 # both patterns
+#   PATTERNS=realistic MAX_RUNS=20 scripts/callgrind-gateway.sh   # the store full, evicting
 #   KEEP=/tmp/cg scripts/callgrind-gateway.sh    # keep the profiles for callgrind_annotate
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATTERNS=${PATTERNS:-repeated realistic}
-N=${N:-2000}
-WARM=${WARM:-600}
-CONVERSATIONS=${CONVERSATIONS:-256}
+N=${N:-1000}
+WARM=${WARM:-400}
+CONVERSATIONS=${CONVERSATIONS:-16}
 TURNS=${TURNS:-20}
 MAX_RUNS=${MAX_RUNS:-10000}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
