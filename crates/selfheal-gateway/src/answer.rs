@@ -6,7 +6,7 @@
 //! it back only to add the `selfheal` report cost more instructions than the rest of healing put
 //! together. So an answer is first read in one pass over its bytes that builds no tree: it
 //! accepts exactly the documents a `Value` would (numbers in range, strings valid UTF-8 with
-//! valid escapes, nesting within serde_json's limit; see [`Checked`]) and keeps only what
+//! valid escapes, nesting within serde_json's limit; see `Checked`) and keeps only what
 //! healing needs: how the first choice ended, whether it has content, its tool calls' names
 //! and arguments ([`Plain`]). When every call is valid as written, the client gets the
 //! upstream's bytes unchanged with the report spliced in before the closing brace
