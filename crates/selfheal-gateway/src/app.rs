@@ -22,6 +22,7 @@ use selfheal_core::policy::LadderState;
 use selfheal_runtime::at::At;
 use selfheal_runtime::client::{ClientError, Completion};
 
+use crate::answer;
 use crate::auth::{Caller, Credentials, Gatekeeper, Redactor};
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
@@ -1008,6 +1009,19 @@ fn chat_op<'c>(
     Box::pin(c.chat(b, cr))
 }
 
+/// [`chat_op`] that keeps a plain answer as bytes ([`answer::read`]).
+fn answer_op<'c>(
+    c: &'c UpstreamClient,
+    b: Bytes,
+    cr: &'c Credentials,
+) -> BoxFuture<'c, Result<answer::Answer, ClientError>> {
+    Box::pin(async move {
+        let resp = c.send("chat/completions", b, cr).await?;
+        let bytes = crate::upstream::read_bounded(resp, c.max_body()).await?;
+        answer::read(bytes)
+    })
+}
+
 fn send_op<'c>(
     c: &'c UpstreamClient,
     b: Bytes,
@@ -1361,10 +1375,47 @@ async fn answer_complete(
         )
     };
     let mut log = CallLog::default();
-    let result = t.call(&ctx.chain, &encode, &chat_op, &mut log).await;
-    let mut completion = match result {
+    let result = t.call(&ctx.chain, &encode, &answer_op, &mut log).await;
+    let answer = match result {
+        Ok(a) => a,
+        Err(e) => {
+            log_calls(t, &log, &mut actions);
+            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
+            t.finish("failed");
+            return Err(e);
+        }
+    };
+    // The common case: every tool call usable as written; the upstream's bytes go back with
+    // the report spliced in (see `answer`). A call of a `grounded` tool is judged against the
+    // conversation first, on the parsed path below.
+    if let answer::Answer::Plain(plain) = &answer
+        && !req.stream
+        && plain.calls_usable(&ctx.tools, &s.guides)
+        && !plain
+            .called()
+            .any(|n| s.config.tools.get(n).is_some_and(|c| c.grounded))
+    {
+        let bytes = &plain.bytes;
+        let mut plain_actions = actions.clone();
+        call_actions(&log, &mut plain_actions);
+        let report = selfheal_report_bytes(&t.state, "complete", None, &plain_actions);
+        if let Some(body) = answer::with_report(bytes, &report, &t.caller.redactor) {
+            log_calls(t, &log, &mut actions);
+            t.finish("complete");
+            let mut resp = Response::new(Body::from(body));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            add_headers(&mut resp, &t.run, "complete", &actions, None);
+            return Ok(resp);
+        }
+    }
+    let mut completion = match answer.into_completion() {
         Ok(c) => c.body,
         Err(e) => {
+            // Not reached: a plain answer passed the checks `parse_completion` makes.
+            let e = ApiError::exhausted(vec![e.to_string()]);
             log_calls(t, &log, &mut actions);
             t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
             t.finish("failed");
@@ -1667,7 +1718,18 @@ fn check_completion(
     check
 }
 
+/// Adds the kinds of the call's events (retry, fallback, ...) to `actions`, each once.
+fn call_actions(log: &CallLog, actions: &mut Vec<String>) {
+    for e in &log.events {
+        if !actions.iter().any(|a| a == e.kind.as_str()) {
+            actions.push(e.kind.as_str().to_owned());
+        }
+    }
+}
+
+/// Records the call's decisions and events (trace, metrics) and adds their kinds to `actions`.
 fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
+    call_actions(log, actions);
     let s = &t.s;
     // The core's typed decision events: the schema `selfheal trace replay` reads.
     for (t_ms, e) in &log.decisions {
@@ -1687,9 +1749,6 @@ fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
             Metrics::inc(&s.metrics.retries_total);
         } else if kind == Kind::Fallback {
             Metrics::inc(&s.metrics.fallbacks_total);
-        }
-        if !actions.iter().any(|a| a == kind.as_str()) {
-            actions.push(kind.as_str().to_owned());
         }
         tracing::debug!(target: "selfheal::upstream", run = t.run, kind = kind.as_str(), detail = %t.caller.redactor.text(detail));
         s.event_at(
@@ -1717,6 +1776,59 @@ fn selfheal_report(
         "actions": actions,
         "budget": {"spent": st.ledger().spent(), "limits": limits_json(st.ledger().limits())},
     })
+}
+
+/// [`selfheal_report`] written as JSON text, without building a `Value`: the same keys and
+/// values.
+fn selfheal_report_bytes(
+    state: &Mutex<RunState>,
+    status: &str,
+    reason: Option<&str>,
+    actions: &[String],
+) -> Vec<u8> {
+    let st = lock(state);
+    let report = Report {
+        actions,
+        budget: BudgetReport {
+            limits: LimitsReport(st.ledger().limits()),
+            spent: st.ledger().spent(),
+        },
+        failures: st.failures,
+        reason,
+        status,
+    };
+    serde_json::to_vec(&report).unwrap_or_default()
+}
+
+/// The `selfheal` report as [`selfheal_report`] builds it, for writing straight to text.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    actions: &'a [String],
+    budget: BudgetReport<'a>,
+    failures: u64,
+    reason: Option<&'a str>,
+    status: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct BudgetReport<'a> {
+    limits: LimitsReport<'a>,
+    spent: &'a selfheal_core::budget::Amounts,
+}
+
+/// [`limits_json`] as a serializer: an unlimited dimension is `null`.
+struct LimitsReport<'a>(&'a BudgetLimits);
+
+impl serde::Serialize for LimitsReport<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(Dimension::ALL.len()))?;
+        for d in Dimension::ALL {
+            let v = self.0.get(d);
+            map.serialize_entry(&d, &(v != u64::MAX).then_some(v))?;
+        }
+        map.end()
+    }
 }
 
 /// Budget limits for clients: an unlimited dimension is `null`, not `u64::MAX`, which

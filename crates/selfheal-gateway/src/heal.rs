@@ -181,8 +181,11 @@ pub fn is_hard_failure_text(text: &str) -> bool {
     {
         return true;
     }
-    if t.to_ascii_lowercase()
-        .ends_with("fix the errors and try again.")
+    const RETRY_PROMPT: &str = "fix the errors and try again.";
+    // The last bytes compared without lowering the whole text.
+    if t.as_bytes()
+        .get(t.len().wrapping_sub(RETRY_PROMPT.len())..)
+        .is_some_and(|tail| tail.eq_ignore_ascii_case(RETRY_PROMPT.as_bytes()))
     {
         return true;
     }
@@ -488,9 +491,31 @@ pub fn check_call(
     let name = call
         .at("/function/name")
         .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    let Some(spec) = tools.get(&name) else {
+        .unwrap_or("");
+    let raw = call
+        .at("/function/arguments")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let Some(repaired) = check_arguments(name, raw, tools, guides, ending)? else {
+        return Ok(false);
+    };
+    if let Some(f) = call.get_mut("function") {
+        f["arguments"] = Value::String(repaired);
+    }
+    Ok(true)
+}
+
+/// The check of [`check_call`] on a call's tool `name` and arguments text `raw`, without the
+/// call: `Ok(None)` when the arguments are valid as written, `Ok(Some(text))` when they were
+/// repaired into `text`, `Err(reask text)` when the call cannot be used.
+pub fn check_arguments(
+    name: &str,
+    raw: &str,
+    tools: &ToolIndex,
+    guides: &GuideCache,
+    ending: Ending,
+) -> Result<Option<String>, String> {
+    let Some(spec) = tools.get(name) else {
         let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
         names.sort_unstable();
         return Err(format!(
@@ -498,10 +523,6 @@ pub fn check_call(
             names.join(", ")
         ));
     };
-    let raw = call
-        .at("/function/arguments")
-        .and_then(Value::as_str)
-        .unwrap_or("");
     let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
         // A schema we cannot compile is the client's business: the value is passed on.
         guides.get(&spec.schema_key, &spec.parameters)
@@ -510,14 +531,9 @@ pub fn check_call(
     };
     let args = match repair_arguments(raw, guide.as_deref(), ending) {
         Ok(a) => a,
-        Err(e) => return Err(e.reask_message(raw, &name)),
+        Err(e) => return Err(e.reask_message(raw, name)),
     };
-    if args.changed
-        && let Some(f) = call.get_mut("function")
-    {
-        f["arguments"] = Value::String(args.value.to_string());
-    }
-    Ok(args.changed)
+    Ok(args.changed.then(|| args.value.to_string()))
 }
 
 /// Checks every tool call of an assistant message.

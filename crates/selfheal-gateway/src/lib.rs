@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod answer;
 pub mod app;
 pub mod auth;
 pub mod config;

@@ -235,6 +235,12 @@ impl<'a> Message<'a> {
         let Some(raw) = self.content else {
             return String::new();
         };
+        // The common case, a string, decoded without a `Value` around it.
+        if raw.get().starts_with('"')
+            && let Ok(s) = serde_json::from_str::<String>(raw.get())
+        {
+            return s;
+        }
         match serde_json::from_str::<Value>(raw.get()) {
             Ok(Value::String(s)) => s,
             Ok(Value::Array(parts)) => parts

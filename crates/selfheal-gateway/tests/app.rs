@@ -778,3 +778,68 @@ async fn issue_11_responses_carry_out_the_controllers_directives() {
         .unwrap();
     assert_eq!(output, json!("{\"hits\":3}"), "{seen}");
 }
+
+/// Issue 13 (the gateway's cost): an answer whose tool calls are usable as written goes back
+/// as the upstream wrote it, the `selfheal` report added; the report is the one an answer that
+/// had to be repaired (parsed, edited, written again) gets, same keys and budget.
+#[tokio::test]
+async fn issue_13_a_usable_answer_is_forwarded_as_written_with_the_same_report() {
+    let usable = tool_call("search", "{\"query\": \"rust\"}");
+    let (url, _) = start_upstream(vec![
+        (200, usable.clone()),
+        (200, tool_call("search", "{'query': 'rust'}")),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let ask = |text: &str| json!({"model": "m", "messages": [{"role": "user", "content": text}], "tools": tools()});
+    let (status, plain, headers) = post_chat(&app, ask("plain")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(headers["x-selfheal-status"], "complete");
+    let mut rest = plain.clone();
+    let report = rest
+        .as_object_mut()
+        .and_then(|o| o.remove("selfheal"))
+        .unwrap_or(Value::Null);
+    assert_eq!(rest, usable);
+    assert_eq!(report["status"], "complete");
+    assert_eq!(report["reason"], Value::Null);
+    let (_, repaired, _) = post_chat(&app, ask("repaired")).await;
+    let other = &repaired["selfheal"];
+    assert_eq!(other["status"], "complete");
+    let keys = |v: &Value| {
+        v.as_object()
+            .map(|o| o.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    assert_eq!(keys(&report), keys(other));
+    assert_eq!(report["budget"], other["budget"]);
+    assert_eq!(keys(&report["budget"]["limits"]).len(), 7);
+}
+
+/// A usable call of a `grounded` tool is still judged against the conversation: one whose
+/// argument appears nowhere in it is never forwarded as written (the fast path of a usable
+/// answer must not skip the check), and the model is asked again.
+#[tokio::test]
+async fn a_usable_but_ungrounded_call_of_a_grounded_tool_is_reasked_not_forwarded() {
+    let (url, shared) = start_upstream(vec![
+        (200, tool_call("search", "{\"query\": \"invented\"}")),
+        (200, tool_call("search", "{\"query\": \"rust\"}")),
+    ])
+    .await;
+    let mut config = GatewayConfig::for_upstream(url);
+    config
+        .tools
+        .insert("search".into(), toml::from_str("grounded = true").unwrap());
+    let app = gateway(config);
+    let (status, answer, _) = post_chat(
+        &app,
+        json!({"model": "m", "tools": tools(),
+               "messages": [{"role": "user", "content": "search for rust"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let args = answer["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].clone();
+    assert_eq!(args, json!("{\"query\": \"rust\"}"), "{answer}");
+    assert_eq!(shared.lock().unwrap().seen.len(), 2, "asked again");
+}

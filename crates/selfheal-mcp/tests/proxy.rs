@@ -1093,7 +1093,10 @@ fn an_answer_past_its_deadline_is_late_whether_or_not_the_timer_ran_first() {
         149,
         &mut rng,
     );
-    assert_eq!(to_client(&outs)[0]["result"]["content"][0]["text"], "in time");
+    assert_eq!(
+        to_client(&outs)[0]["result"]["content"][0]["text"],
+        "in time"
+    );
 }
 
 #[test]

@@ -1,0 +1,554 @@
+//! The upstream's non-streaming answer, read without building a `serde_json::Value` when
+//! healing has nothing to change in it.
+//!
+//! Why: almost every answer is already usable — its tool calls name offered tools and their
+//! arguments fit the schemas as written. Parsing such an answer into a `Value` tree and writing
+//! it back only to add the `selfheal` report cost more instructions than the rest of healing put
+//! together. So an answer is first read in one pass over its bytes that builds no tree: it
+//! accepts exactly the documents a `Value` would (numbers in range, strings valid UTF-8 with
+//! valid escapes, nesting within serde_json's limit; see `Checked`) and keeps only what
+//! healing needs: how the first choice ended, whether it has content, its tool calls' names
+//! and arguments ([`Plain`]). When every call is valid as written, the client gets the
+//! upstream's bytes unchanged with the report spliced in before the closing brace
+//! ([`with_report`]).
+//!
+//! Anything else — a call to repair or re-ask, an odd shape (a `choices` object, a `content`
+//! that is not a string, a key given twice where healing reads), an empty answer, an upstream
+//! `selfheal` key, text that needs redacting — goes the old way: [`Answer::Parsed`] or, after
+//! [`Plain::calls_usable`] says no, a `Value` parsed from the same bytes. The fast path only
+//! ever forwards what the slow path would have forwarded, minus the re-serialisation (key
+//! order, white space and number spelling stay as the upstream wrote them).
+
+use std::fmt;
+
+use bytes::Bytes;
+use selfheal_repair::Ending;
+use selfheal_runtime::client::{ClientError, Completion, parse_completion};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::auth::Redactor;
+use crate::heal::{self, GuideCache, ToolIndex};
+
+/// A successful upstream answer: its bytes and what healing reads of them when they parse as a
+/// plain answer (see the module docs), else the parsed completion.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// A well-formed answer with content or tool calls, as the upstream sent it.
+    Plain(Plain),
+    /// Any other usable answer, parsed.
+    Parsed(Completion),
+}
+
+impl Answer {
+    /// The answer as a parsed completion (for the paths that edit it).
+    ///
+    /// # Errors
+    ///
+    /// The error [`parse_completion`] gives (never for [`Answer::Plain`], whose bytes passed the
+    /// same checks).
+    pub fn into_completion(self) -> Result<Completion, ClientError> {
+        match self {
+            Answer::Plain(p) => parse_completion(&p.bytes),
+            Answer::Parsed(c) => Ok(c),
+        }
+    }
+}
+
+/// A plain answer: the upstream's bytes and what healing reads of its first choice.
+#[derive(Debug, Clone)]
+pub struct Plain {
+    /// The answer as the upstream sent it.
+    pub bytes: Bytes,
+    ending: Ending,
+    /// `(name, arguments)` of each tool call; `None` when `tool_calls` is missing or `null`.
+    calls: Option<Vec<(String, String)>>,
+}
+
+impl Plain {
+    /// The names of the tools the answer calls, in order.
+    pub fn called(&self) -> impl Iterator<Item = &str> {
+        self.calls.iter().flatten().map(|(name, _)| name.as_str())
+    }
+
+    /// Whether every tool call can go to the client as written: each names an offered tool
+    /// and its arguments need no repair. `false` when any call needs repairing or re-asking,
+    /// or when `tool_calls` is an empty list (the slow path takes it out of the message).
+    pub fn calls_usable(&self, tools: &ToolIndex, guides: &GuideCache) -> bool {
+        let Some(calls) = &self.calls else {
+            return true;
+        };
+        !calls.is_empty()
+            && calls.iter().all(|(name, args)| {
+                matches!(
+                    heal::check_arguments(name, args, tools, guides, self.ending),
+                    Ok(None)
+                )
+            })
+    }
+}
+
+/// Reads an upstream's answer body: [`Answer::Plain`] when it is a well-formed answer whose
+/// first choice has content or tool calls, else what [`parse_completion`] makes of it (an
+/// empty or unreadable answer is its error).
+///
+/// # Errors
+///
+/// [`ClientError::EmptyResponse`] or [`ClientError::Decode`], as [`parse_completion`].
+pub fn read(bytes: Bytes) -> Result<Answer, ClientError> {
+    if let Some(first) = scan(&bytes)
+        && (first.message.has_content
+            || first.message.calls.as_ref().is_some_and(|c| !c.is_empty()))
+    {
+        return Ok(Answer::Plain(Plain {
+            ending: Ending::from_finish_reason(first.finish_reason.as_deref()),
+            calls: first.message.calls.map(|calls| {
+                calls
+                    .into_iter()
+                    .map(|c| (c.function.name, c.function.arguments))
+                    .collect()
+            }),
+            bytes,
+        }));
+    }
+    parse_completion(&bytes).map(Answer::Parsed)
+}
+
+/// The answer `bytes` (a JSON object) with `"selfheal": report` added as its last key: the
+/// upstream's bytes unchanged around it. `None` when the bytes do not end in `}`, or when
+/// `redactor` would change the result (the caller then redacts a parsed answer).
+pub fn with_report(bytes: &[u8], report: &[u8], redactor: &Redactor) -> Option<Bytes> {
+    let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if bytes.get(end) != Some(&b'}') {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() + report.len() + 16);
+    out.extend_from_slice(bytes.get(..end)?);
+    // `choices` is there, so the object is not empty: a comma always separates.
+    out.extend_from_slice(b",\"selfheal\":");
+    out.extend_from_slice(report);
+    out.push(b'}');
+    redactor.leaves_json_alone(&out).then(|| Bytes::from(out))
+}
+
+/// The first choice of `bytes` when they are a JSON document a `Value` would accept, of the
+/// plain shape: an object with a `choices` array (no `selfheal` key) whose first element has a
+/// `message` object; `content` a string or `null`; `tool_calls` `null` or an array of calls
+/// with string `function.name` and `function.arguments`; `finish_reason` a string or `null`;
+/// none of these keys twice.
+fn scan(bytes: &[u8]) -> Option<ChoiceScan> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let top = TopScan::deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    top.first
+}
+
+/// A key healing reads, or any other.
+enum Field {
+    Choices,
+    Selfheal,
+    Message,
+    FinishReason,
+    Content,
+    ToolCalls,
+    Function,
+    Name,
+    Arguments,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Field;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Field, E> {
+                Ok(match v {
+                    "choices" => Field::Choices,
+                    "selfheal" => Field::Selfheal,
+                    "message" => Field::Message,
+                    "finish_reason" => Field::FinishReason,
+                    "content" => Field::Content,
+                    "tool_calls" => Field::ToolCalls,
+                    "function" => Field::Function,
+                    "name" => Field::Name,
+                    "arguments" => Field::Arguments,
+                    _ => Field::Other,
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Sets `slot` once: a key given twice is an error (the slow path decides which one counts).
+fn once<T, E: de::Error>(slot: &mut Option<T>, value: T) -> Result<(), E> {
+    if slot.is_some() {
+        return Err(E::custom("duplicate key"));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// The top level: `choices` read, every other value checked.
+struct TopScan {
+    first: Option<ChoiceScan>,
+}
+
+impl<'de> Deserialize<'de> for TopScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TopScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an answer object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopScan, A::Error> {
+                let mut choices: Option<ChoicesScan> = None;
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Choices => once(&mut choices, map.next_value()?)?,
+                        Field::Selfheal => return Err(de::Error::custom("a selfheal key")),
+                        _ => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                let choices = choices.ok_or_else(|| de::Error::missing_field("choices"))?;
+                Ok(TopScan { first: choices.0 })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `choices`: the first element read, the others checked.
+struct ChoicesScan(Option<ChoiceScan>);
+
+impl<'de> Deserialize<'de> for ChoicesScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ChoicesScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a choices array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ChoicesScan, A::Error> {
+                let first = seq.next_element::<ChoiceScan>()?;
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(ChoicesScan(first))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// The first choice.
+struct ChoiceScan {
+    message: MessageScan,
+    finish_reason: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ChoiceScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ChoiceScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a choice object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ChoiceScan, A::Error> {
+                let mut message: Option<MessageScan> = None;
+                let mut finish: Option<Option<String>> = None;
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Message => once(&mut message, map.next_value()?)?,
+                        Field::FinishReason => once(&mut finish, map.next_value()?)?,
+                        _ => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(ChoiceScan {
+                    message: message.ok_or_else(|| de::Error::missing_field("message"))?,
+                    finish_reason: finish.flatten(),
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The first choice's message.
+struct MessageScan {
+    has_content: bool,
+    calls: Option<Vec<CallScan>>,
+}
+
+impl<'de> Deserialize<'de> for MessageScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MessageScan, A::Error> {
+                let mut content: Option<ContentScan> = None;
+                let mut calls: Option<Option<Vec<CallScan>>> = None;
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Content => once(&mut content, map.next_value()?)?,
+                        Field::ToolCalls => once(&mut calls, map.next_value()?)?,
+                        _ => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(MessageScan {
+                    has_content: content.is_some_and(|c| c.0),
+                    calls: calls.flatten(),
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `content`: a string (whether it has more than white space) or `null`.
+struct ContentScan(bool);
+
+impl<'de> Deserialize<'de> for ContentScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ContentScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or null")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ContentScan, E> {
+                Ok(ContentScan(!v.trim().is_empty()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ContentScan, E> {
+                Ok(ContentScan(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One tool call: its `function`, every other value checked.
+struct CallScan {
+    function: FunctionScan,
+}
+
+impl<'de> Deserialize<'de> for CallScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CallScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tool call object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CallScan, A::Error> {
+                let mut function: Option<FunctionScan> = None;
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Function => once(&mut function, map.next_value()?)?,
+                        _ => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(CallScan {
+                    function: function.ok_or_else(|| de::Error::missing_field("function"))?,
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A call's `function`: its string `name` and `arguments`.
+struct FunctionScan {
+    name: String,
+    arguments: String,
+}
+
+impl<'de> Deserialize<'de> for FunctionScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FunctionScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a function object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FunctionScan, A::Error> {
+                let mut name: Option<String> = None;
+                let mut arguments: Option<String> = None;
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Name => once(&mut name, map.next_value()?)?,
+                        Field::Arguments => once(&mut arguments, map.next_value()?)?,
+                        _ => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(FunctionScan {
+                    name: name.ok_or_else(|| de::Error::missing_field("name"))?,
+                    arguments: arguments.ok_or_else(|| de::Error::missing_field("arguments"))?,
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Any JSON value a `serde_json::Value` would accept, read without building it: numbers are
+/// parsed (a float out of range is an error, as for `Value`), strings decoded (invalid UTF-8,
+/// escapes or lone surrogates are errors), keys too.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_key::<Checked>()?.is_some() {
+            map.next_value::<Checked>()?;
+        }
+        Ok(Checked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn answer(message: Value, finish: &str) -> Bytes {
+        Bytes::from(
+            json!({"id": "x", "object": "chat.completion",
+                   "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                   "usage": {"total_tokens": 3}})
+            .to_string(),
+        )
+    }
+
+    #[test]
+    fn plain_answers_are_kept_as_bytes_with_what_healing_reads() {
+        let a = answer(json!({"role": "assistant", "content": "hi"}), "stop");
+        assert!(matches!(read(a), Ok(Answer::Plain(_))));
+        let calls = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "t", "arguments": "{}"}}]});
+        let Ok(Answer::Plain(p)) = read(answer(calls, "length")) else {
+            panic!("not plain");
+        };
+        assert_eq!(p.calls, Some(vec![("t".to_owned(), "{}".to_owned())]));
+        assert_eq!(p.ending, Ending::CutOff);
+    }
+
+    #[test]
+    fn anything_a_value_would_not_accept_or_odd_shapes_are_parsed() {
+        let odd = [
+            // A float out of range: `Value` refuses it.
+            r#"{"choices":[{"message":{"content":"hi"}}],"usage":{"x":1e400}}"#,
+            // A lone surrogate in a string healing does not read: `Value` refuses it.
+            r#"{"choices":[{"message":{"content":"hi"}}],"x":"\ud800"}"#,
+            // `choices` as an object.
+            r#"{"choices":{"0":{"message":{"content":"hi"}}}}"#,
+            // A key given twice where healing reads.
+            r#"{"choices":[{"message":{"content":"hi","content":""}}]}"#,
+            r#"{"choices":[{"message":{"tool_calls":[],"tool_calls":[{"function":{"name":"t","arguments":"{}"}}]}}]}"#,
+            // content not a string; a call without arguments.
+            r#"{"choices":[{"message":{"content":["hi"]}}]}"#,
+            r#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"t"}}]}}]}"#,
+            // An upstream `selfheal` key, even null.
+            r#"{"choices":[{"message":{"content":"hi"}}],"selfheal":null}"#,
+            // Trailing garbage.
+            r#"{"choices":[{"message":{"content":"hi"}}]} x"#,
+        ];
+        for body in odd {
+            assert!(
+                !matches!(read(Bytes::from(body)), Ok(Answer::Plain(_))),
+                "{body}"
+            );
+        }
+        // Invalid UTF-8 in a string healing does not read.
+        let mut bad = br#"{"choices":[{"message":{"content":"hi"}}],"x":""#.to_vec();
+        bad.extend_from_slice(&[0xff, b'"', b'}']);
+        assert!(matches!(
+            read(Bytes::from(bad)),
+            Err(ClientError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn empty_answers_are_still_errors() {
+        let a = answer(json!({"role": "assistant", "content": "  "}), "stop");
+        assert!(matches!(read(a), Err(ClientError::EmptyResponse)));
+        assert!(matches!(
+            read(Bytes::from(" \n")),
+            Err(ClientError::EmptyResponse)
+        ));
+    }
+
+    #[test]
+    fn the_report_is_spliced_in_and_the_rest_left_as_sent() {
+        let none = Redactor::default();
+        let body = br#"{"b":1,  "a":{"k":"v"} }
+"#;
+        let out = with_report(body, br#"{"status":"complete"}"#, &none).unwrap_or_default();
+        assert_eq!(
+            &out[..],
+            br#"{"b":1,  "a":{"k":"v"} ,"selfheal":{"status":"complete"}}"#
+        );
+        let v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
+        assert_eq!(v["selfheal"]["status"], "complete");
+        assert!(with_report(b"[1]", b"{}", &none).is_none());
+        // Text the redactor would change goes the slow way, escaped or not.
+        let secret = Redactor::new(["sk-secret-123".to_owned()]);
+        assert!(with_report(br#"{"a":"sk-secret-123"}"#, b"{}", &secret).is_none());
+        assert!(with_report(br#"{"a":"sk-secret\u002d123"}"#, b"{}", &secret).is_none());
+        assert!(with_report(br#"{"a":"fine"}"#, b"{}", &secret).is_some());
+    }
+}

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Instructions per request of the gateway (callgrind), passthrough and healing, on the patterns
+# of scripts/bench-gateway.sh: `repeated` (one identical body) and `realistic` (CONVERSATIONS
+# conversations in flight, each TURNS turns, one new tool result per request; 16 rather than the
+# load benchmark's 256, so that a few thousand requests cover whole conversations, 22 messages
+# on average, and not only their first turns). The gateway runs
+# under valgrind with one worker thread and no trace; the stub upstream runs natively. After
+# WARM requests the counters are zeroed, N requests are sent one after another on one kept-alive
+# connection, and the total instructions of every gateway thread are divided by N. With
+# MAX_RUNS below the number of conversations sent, the healing gateway's run store is full and
+# every new run evicts one (the pattern's "full" phase).
+#
+#   scripts/callgrind-gateway.sh                 # both patterns
+#   PATTERNS=realistic MAX_RUNS=20 scripts/callgrind-gateway.sh   # the store full, evicting
+#   KEEP=/tmp/cg scripts/callgrind-gateway.sh    # keep the profiles for callgrind_annotate
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PATTERNS=${PATTERNS:-repeated realistic}
+N=${N:-1000}
+WARM=${WARM:-400}
+CONVERSATIONS=${CONVERSATIONS:-16}
+TURNS=${TURNS:-20}
+MAX_RUNS=${MAX_RUNS:-10000}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+export RUST_LOG=${RUST_LOG:-warn}
+# BIN=path/to/selfheal compares another build (e.g. a copy of main's) with the same stub.
+if [[ -z ${BIN:-} ]]; then
+  cargo build -q --release -p selfheal-cli
+  BIN=$CARGO_TARGET_DIR/release/selfheal
+fi
+if [[ -z ${STUB:-} ]]; then
+  cargo build -q --release -p selfheal-gateway --example stub_upstream
+  STUB=$CARGO_TARGET_DIR/release/examples/stub_upstream
+fi
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+start() { # NAME command... ; sets NAME_PID and NAME_URL
+  local name=$1; shift
+  local f="$WORK/out.$name"
+  "$@" > "$f" 2> "$WORK/err.$name" &
+  local pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 600); do grep -q listening "$f" && break; sleep 0.1; done
+  printf -v "${name}_PID" '%s' "$pid"
+  printf -v "${name}_URL" '%s' "$(grep -o 'http://[0-9.:]*' "$f")"
+}
+printf 'max_runs = %s\n' "$MAX_RUNS" > "$WORK/gateway.toml"
+start STUB "$STUB" 127.0.0.1:0
+grind() { # NAME extra serve args...
+  local name=$1; shift
+  start "$name" valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$name.%p" \
+    "$BIN" serve --config "$WORK/gateway.toml" --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 \
+    --no-trace --threads 1 "$@"
+}
+drive() { # NAME PATTERN: prints instructions per request
+  local name=$1 pattern=$2 url pid
+  url=${name}_URL; url=${!url}; pid=${name}_PID; pid=${!pid}
+  python3 - "$url" "$pattern" "$WARM" "$N" "$pid" "$CONVERSATIONS" "$TURNS" "$name" <<'PY'
+import http.client, json, subprocess, sys, urllib.parse
+url, pattern, warm, n, pid, k, turns, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
+tools = [{"type": "function", "function": {"name": t, "description": f"{t} things",
+          "parameters": {"type": "object", "properties": {"query": {"type": "string"},
+          "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
+         for t in ("search", "lookup", "fetch")]
+def history(upto):
+    m = []
+    for i in range(upto):
+        m.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}",
+                  "type": "function", "function": {"name": "search",
+                  "arguments": json.dumps({"query": f"city {i} population"})}}]})
+        m.append({"role": "tool", "tool_call_id": f"call_{i}",
+                  "content": json.dumps({"results": [{"city": f"c{i}", "population": 1000000 + i}]})})
+    return m
+def opening(task):
+    return [{"role": "system", "content": "You are a research agent. Use the tools."},
+            {"role": "user", "content": f"Task {task}: find the ten largest cities and sum."}]
+repeated = json.dumps({"model": "stub", "messages": opening("r") + history(9), "tools": tools})
+slots, count, convs = {}, 0, 0
+def body():
+    global count, convs
+    if pattern == "repeated":
+        return repeated
+    count += 1
+    s = count % k
+    c = slots.get(s)
+    if c is None or c[1] >= turns:
+        convs += 1
+        c = [convs, 0]
+        slots[s] = c
+    c[1] += 1
+    return json.dumps({"model": "stub", "tools": tools,
+                       "messages": opening(f"{tag}-{c[0]}") + history(c[1])})
+u = urllib.parse.urlsplit(url)
+conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+def send(m):
+    for _ in range(m):
+        conn.request("POST", "/v1/chat/completions", body=body(), headers={"content-type": "application/json"})
+        r = conn.getresponse(); r.read()
+        if r.status != 200:
+            sys.exit(f"status {r.status}")
+send(warm)
+subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+send(n)
+subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+PY
+  local f=$WORK/cg.$name.$pid.1 total
+  total=$(awk '/^summary:/ {print $2}' "$f")
+  echo "$name $pattern instructions_per_request=$((total / N)) (N=$N, max_runs=$MAX_RUNS)"
+  if [[ -n ${KEEP:-} ]]; then cp "$f" "$KEEP/cg.$name.$pattern"; fi
+  rm -f "$f"
+}
+for pattern in $PATTERNS; do
+  grind PASS --passthrough
+  drive PASS "$pattern"
+  kill "$PASS_PID"; wait "$PASS_PID" 2>/dev/null || true
+  grind HEAL
+  drive HEAL "$pattern"
+  kill "$HEAL_PID"; wait "$HEAL_PID" 2>/dev/null || true
+done
