@@ -437,6 +437,20 @@ impl Loop<'_> {
         }
     }
 
+    /// What the controller may do about a judgement of the answer (its own, or the re-read of a
+    /// value it rests on): ask the model again, fall back, replan or degrade.
+    fn answer_options(&self) -> Options {
+        Options {
+            can_replan: true,
+            fallback_model: self.fallback(),
+            // Asking the model again has no side effect.
+            retry_safe: true,
+            // The answer itself: degrading keeps it, flagged with the reason.
+            partial_result: true,
+            ..Options::default()
+        }
+    }
+
     /// The core's re-read before answering a run that needed a recovery
     /// ([`Controller::reread_due`]): each kept call of a read-only tool is made once more with
     /// the same arguments (a real call, counted and timed out like any other) and judged — the
@@ -475,13 +489,7 @@ impl Loop<'_> {
                     step: read.step,
                     verifier: "re_read",
                     judgement,
-                    options: Options {
-                        can_replan: true,
-                        fallback_model: self.fallback(),
-                        retry_safe: true,
-                        partial_result: true,
-                        ..Options::default()
-                    },
+                    options: self.answer_options(),
                 },
                 self.now(),
                 &mut self.rng,
@@ -542,15 +550,7 @@ impl Loop<'_> {
                 step: None,
                 verifier: &name,
                 judgement,
-                options: Options {
-                    can_replan: true,
-                    fallback_model: self.fallback(),
-                    // Asking the model again has no side effect.
-                    retry_safe: true,
-                    // The answer itself: degrading keeps it, flagged with the reason.
-                    partial_result: true,
-                    ..Options::default()
-                },
+                options: self.answer_options(),
             },
             self.now(),
             &mut self.rng,
