@@ -399,31 +399,37 @@ fn write_batch(
     // process (an MCP proxy sharing the file) wrote past could not be upgraded to a write.
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     {
+        // One statement per run: its counters and, when the batch ends a request, its summary
+        // (a NULL summary leaves the stored one as it is).
         let mut up = tx.prepare_cached(
             "UPDATE runs SET first_ms = MIN(first_ms, ?2), last_ms = MAX(last_ms, ?3),
-               events = events + ?4, requests = requests + ?5 WHERE id = ?1",
-        )?;
-        let mut sum = tx.prepare_cached(
-            "UPDATE runs SET status = ?2, failures = ?3, actions = ?4 WHERE id = ?1",
+               events = events + ?4, requests = requests + ?5,
+               status = COALESCE(?6, status), failures = COALESCE(?7, failures),
+               actions = COALESCE(?8, actions) WHERE id = ?1",
         )?;
         for (run, d) in &mut runs {
             let mut id = ids.resolve(&tx, run, d.first_ms)?;
-            let delta = params![id, d.first_ms, d.last_ms, d.events, d.requests];
-            if up.execute(delta)? == 0 {
+            let (status, failures, actions) = match d.summary {
+                Some(s) => (
+                    Some(s.status.as_str()),
+                    Some(i64::try_from(s.failures).unwrap_or(i64::MAX)),
+                    Some(i64::try_from(s.actions).unwrap_or(i64::MAX)),
+                ),
+                None => (None, None, None),
+            };
+            let (first, last, events, requests) = (d.first_ms, d.last_ms, d.events, d.requests);
+            let mut update = |id: i64| {
+                up.execute(params![
+                    id, first, last, events, requests, status, failures, actions
+                ])
+            };
+            if update(id)? == 0 {
                 // Expired since it was cached: look it up (or create it) again.
                 ids.map.remove(*run);
                 id = ids.resolve(&tx, run, d.first_ms)?;
-                up.execute(params![id, d.first_ms, d.last_ms, d.events, d.requests])?;
+                update(id)?;
             }
             d.id = id;
-            if let Some(s) = d.summary {
-                sum.execute(params![
-                    id,
-                    s.status,
-                    i64::try_from(s.failures).unwrap_or(i64::MAX),
-                    i64::try_from(s.actions).unwrap_or(i64::MAX)
-                ])?;
-            }
         }
         let mut ins = tx.prepare_cached(
             "INSERT INTO events (run_id, t_ms, kind, detail) VALUES (?1, ?2, ?3, ?4)",
