@@ -13,6 +13,7 @@
 #   scripts/callgrind-gateway.sh                 # both patterns
 #   PATTERNS=realistic MAX_RUNS=20 scripts/callgrind-gateway.sh   # the store full, evicting
 #   KEEP=/tmp/cg scripts/callgrind-gateway.sh    # keep the profiles for callgrind_annotate
+#   TRACE=1 scripts/callgrind-gateway.sh         # the trace on (its writer thread counted too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATTERNS=${PATTERNS:-repeated realistic}
@@ -49,11 +50,12 @@ start() { # NAME command... ; sets NAME_PID and NAME_URL
 }
 printf 'max_runs = %s\n' "$MAX_RUNS" > "$WORK/gateway.toml"
 start STUB "$STUB" 127.0.0.1:0
+if [[ -n ${TRACE:-} ]]; then trace="--trace-db $WORK/trace.db"; else trace=--no-trace; fi
 grind() { # NAME extra serve args...
   local name=$1; shift
   start "$name" valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$name.%p" \
     "$BIN" serve --config "$WORK/gateway.toml" --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 \
-    --no-trace --threads 1 "$@"
+    $trace --threads 1 "$@"
 }
 drive() { # NAME PATTERN: prints instructions per request
   local name=$1 pattern=$2 url pid
