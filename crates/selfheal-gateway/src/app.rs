@@ -1323,6 +1323,7 @@ async fn answer_stream(
     let hooks = stream::Hooks {
         reask: Some(stream_reask(t, &ctx)),
         reissue: Some(stream_reask(t, &ctx)),
+        check: stream_grounding(t, req, &ctx.tools),
     };
     let (tx, rx) = mpsc::channel(64);
     let t2 = t.clone();
@@ -1348,6 +1349,23 @@ async fn answer_stream(
     let mut resp = sse_response(Body::from_stream(body));
     add_headers(&mut resp, &t.run, "complete", &actions, None);
     Ok(resp)
+}
+
+/// The grounding check of a stream's held calls, when the request offers a grounded tool: its
+/// evidence is read now, while the request is at hand (the relay runs after it is gone).
+fn stream_grounding(t: &Turn, req: &ChatRequest<'_>, offered: &ToolIndex) -> Option<stream::Check> {
+    let grounding = recover::Grounding {
+        tools: &t.s.config.tools,
+        messages: &req.messages,
+    };
+    if !grounding.any_grounded(offered.keys().map(String::as_str)) {
+        return None;
+    }
+    let evidence = grounding.evidence();
+    let s = t.s.clone();
+    Some(Box::new(move |calls: &mut Vec<Value>| {
+        recover::take_ungrounded(&s.config.tools, calls, &evidence)
+    }))
 }
 
 /// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or

@@ -221,6 +221,41 @@ pub fn cross_check_text(tool: &str, against: &str) -> String {
     )
 }
 
+/// Takes the calls of grounded tools whose arguments appear nowhere in `evidence` out of
+/// `calls` (each `{"function": {"name", "arguments"}}`); returns the re-ask text of each
+/// ([`Grounding`] says why).
+pub fn take_ungrounded(
+    tools: &BTreeMap<String, ToolConfig>,
+    calls: &mut Vec<Value>,
+    evidence: &[Value],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    calls.retain(|c| {
+        let Some(name) = c.pointer("/function/name").and_then(Value::as_str) else {
+            return true;
+        };
+        if !tools.get(name).is_some_and(|c| c.grounded) {
+            return true;
+        }
+        let args: Value = c
+            .pointer("/function/arguments")
+            .and_then(Value::as_str)
+            .and_then(|a| serde_json::from_str(a).ok())
+            .unwrap_or(Value::Null);
+        let missing = selfheal_core::verifier::ungrounded_arguments(&args, evidence);
+        if missing.is_empty() {
+            return true;
+        }
+        problems.push(format!(
+            "The arguments of `{name}` must be copied from the task or an earlier tool \
+             result, and these appear in neither: {}.",
+            missing.join(", ")
+        ));
+        false
+    });
+    problems
+}
+
 /// The grounding check of a request's answer: the calls of tools the operator marked
 /// [`ToolConfig::grounded`] whose arguments appear nowhere in the conversation the agent sent
 /// are taken out of the answer before the agent runs them, and re-asked like any unusable call
@@ -238,42 +273,17 @@ pub struct Grounding<'a> {
 impl Grounding<'_> {
     /// Takes the ungrounded calls out of an assistant `message`; returns the re-ask text of each.
     pub fn check(&self, message: &mut Value) -> Vec<String> {
-        let mut problems = Vec::new();
-        let grounded = |name: &str| self.tools.get(name).is_some_and(|c| c.grounded);
         let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
-            return problems;
+            return Vec::new();
         };
-        if !calls.iter().any(|c| {
-            c.pointer("/function/name")
-                .and_then(Value::as_str)
-                .is_some_and(grounded)
-        }) {
-            return problems;
+        let names = calls
+            .iter()
+            .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str));
+        if !self.any_grounded(names) {
+            return Vec::new();
         }
         let evidence = self.evidence();
-        calls.retain(|c| {
-            let Some(name) = c.pointer("/function/name").and_then(Value::as_str) else {
-                return true;
-            };
-            if !grounded(name) {
-                return true;
-            }
-            let args: Value = c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .and_then(|a| serde_json::from_str(a).ok())
-                .unwrap_or(Value::Null);
-            let missing = selfheal_core::verifier::ungrounded_arguments(&args, &evidence);
-            if missing.is_empty() {
-                return true;
-            }
-            problems.push(format!(
-                "The arguments of `{name}` must be copied from the task or an earlier tool \
-                 result, and these appear in neither: {}.",
-                missing.join(", ")
-            ));
-            false
-        });
+        let problems = take_ungrounded(self.tools, calls, &evidence);
         if calls.is_empty()
             && let Some(m) = message.as_object_mut()
         {
@@ -285,9 +295,15 @@ impl Grounding<'_> {
         problems
     }
 
+    /// Whether any of `offered` is a grounded tool (then a check is worth its evidence).
+    pub fn any_grounded<'n>(&self, mut offered: impl Iterator<Item = &'n str>) -> bool {
+        offered.any(|n| self.tools.get(n).is_some_and(|c| c.grounded))
+    }
+
     /// The user and system texts and the tool results of the request, as values (a result that
-    /// is JSON as its value, any other text as a string).
-    fn evidence(&self) -> Vec<Value> {
+    /// is JSON as its value, any other text as a string): owned, for a check made once the
+    /// request is gone (a stream's held calls, [`take_ungrounded`]).
+    pub fn evidence(&self) -> Vec<Value> {
         let mut out = Vec::new();
         for m in self.messages {
             let role = m.role.as_ref().map(|r| r.as_str());

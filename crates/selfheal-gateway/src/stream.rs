@@ -59,6 +59,11 @@ pub struct Reasked {
 /// `None` when the budget refuses, the upstream fails, or the new answer's calls cannot be used.
 pub type Reask = Box<dyn FnOnce(Vec<String>) -> BoxFuture<'static, Option<Reasked>> + Send>;
 
+/// A further check of the held calls once each is usable as written: takes out the calls it
+/// refuses and returns their problems, which are re-asked like any unusable call (the
+/// gateway's grounding check, [`crate::recover::take_ungrounded`]).
+pub type Check = Box<dyn Fn(&mut Vec<Value>) -> Vec<String> + Send>;
+
 /// What the relay may ask of the pipeline.
 #[derive(Default)]
 pub struct Hooks {
@@ -66,6 +71,8 @@ pub struct Hooks {
     pub reask: Option<Reask>,
     /// Re-issues a request whose stream broke before any content.
     pub reissue: Option<Reask>,
+    /// Checks the usable held calls further before they go out.
+    pub check: Option<Check>,
 }
 
 /// What happened to a stream, reported when it ends.
@@ -389,13 +396,16 @@ impl Relay<'_> {
     async fn finish(&mut self, mut v: Value, mut finish: Value) -> Result<(), Gone> {
         if !self.pending.is_empty() {
             let ending = Ending::from_finish_reason(finish.as_str());
-            let (mut calls, invalid) = complete_calls(
+            let (mut calls, mut invalid) = complete_calls(
                 &mut self.pending,
                 &self.tools,
                 &self.guides,
                 ending,
                 &mut self.report,
             );
+            if let Some(check) = &self.hooks.check {
+                invalid.extend(check(&mut calls));
+            }
             if !invalid.is_empty() {
                 let again = match self.hooks.reask.take() {
                     Some(f) => f(invalid.clone()).await,

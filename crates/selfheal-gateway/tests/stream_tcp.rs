@@ -409,3 +409,37 @@ async fn issue_11_a_streaming_reask_escalates_to_the_fallback_model() {
         .collect();
     assert_eq!(models, vec![false, false, false, true], "{seen:?}");
 }
+
+/// A streamed call of a `grounded` tool whose argument appears nowhere in the conversation is
+/// never sent to the client: it is held like any unusable call and re-asked, and only the
+/// grounded call of the re-ask goes out (the first streamed answer is checked, not only the
+/// re-asks).
+#[tokio::test]
+async fn a_streamed_ungrounded_call_of_a_grounded_tool_is_reasked_never_sent() {
+    let call_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"search","arguments":"{\"query\": \"invented\"}"}}]},"finish_reason":null}]}"#;
+    let end_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
+    let grounded = json_answer(
+        r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c2","type":"function","function":{"name":"search","arguments":"{\"query\": \"rust\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+    );
+    let (up, seen) = canned_upstream(vec![sse(&[call_chunk, end_chunk, "[DONE]"]), grounded]).await;
+    let mut config = GatewayConfig::for_upstream(up);
+    config
+        .tools
+        .insert("search".into(), toml::from_str("grounded = true").unwrap());
+    let url = start_gateway_with(config).await;
+    let body = stream_request(
+        &url,
+        serde_json::json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "search for rust"}],
+            "tools": [{"type": "function", "function": {"name": "search", "parameters": {
+                "type": "object", "properties": {"query": {"type": "string"}}}}}]}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !body.contains("invented"),
+        "the ungrounded call went out: {body}"
+    );
+    assert!(body.contains(r#"\"query\": \"rust\""#), "{body}");
+    assert_eq!(seen.lock().unwrap().len(), 2, "asked again once");
+}

@@ -348,6 +348,14 @@ pub fn sse(data: &[u8]) {
                 "stop",
             )),
         },
+        // A further check that refuses every call (as grounding refuses an invented one).
+        check: bit(6).then(|| -> selfheal_gateway::stream::Check {
+            Box::new(|calls: &mut Vec<serde_json::Value>| {
+                let n = calls.len();
+                calls.clear();
+                vec!["refused".to_owned(); n]
+            })
+        }),
     };
     let tools = TOOLS.clone();
     let guides = GUIDES.clone();
