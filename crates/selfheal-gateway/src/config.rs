@@ -162,7 +162,8 @@ pub struct ToolConfig {
     /// an earlier tool result — and never invented (default `false`). A call whose identifiers
     /// or numbers appear nowhere in the conversation is then the model's mistake: it is taken
     /// out of the answer before the agent runs it and re-asked along the `argument_invalid`
-    /// ladder ([`selfheal_core::verifier::ungrounded_arguments`] is the rule).
+    /// ladder ([`selfheal_core::verifier::ungrounded_arguments`] is the rule). Checked on chat
+    /// completions, streamed or not; not yet on `/v1/responses`.
     #[serde(default)]
     pub grounded: bool,
 }
