@@ -1452,21 +1452,13 @@ async fn answer_complete(
     let mut ladder = LadderState::default();
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
-        let fallback = chain.get(1).map(|c| c.model.as_str());
-        let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, fallback) else {
+        let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, &mut chain)
+        else {
             break;
         };
         ladder = next;
-        if escalate {
-            // The ladder's escalation: the fallback model is asked from here on.
-            chain = &chain[1..];
-            t.event(
-                Kind::Escalate,
-                json!({"to": chain.first().map(|c| &c.model)}),
-            );
-            if !actions.iter().any(|a| a == "escalate") {
-                actions.push("escalate".into());
-            }
+        if escalate && !actions.iter().any(|a| a == "escalate") {
+            actions.push("escalate".into());
         }
         Metrics::inc(&s.metrics.reasks_total);
         if !actions.iter().any(|a| a == "reask") {
@@ -1564,19 +1556,21 @@ fn decided(
 /// failure's place on its ladder. `Some(next state)` when it does: the caller passes it on if
 /// the new answer cannot be used either, so the ladder, not the gateway, says when to stop.
 fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<LadderState> {
-    reask_or_escalate(t, problems, state, None).map(|(next, _)| next)
+    reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
 }
 
-/// [`reask_granted`] with a `fallback` model the ladder may escalate to: `Some((next state,
-/// escalate))`, where `escalate` says the re-ask goes to the fallback target.
+/// [`reask_granted`] along `chain`, whose second target is the fallback the ladder may escalate
+/// to: `Some((next state, escalate))`; on an escalation `chain` is advanced to the fallback
+/// (the re-ask and what follows go there) and the run records it.
 fn reask_or_escalate(
     t: &Turn,
     problems: &[String],
     state: LadderState,
-    fallback: Option<&str>,
+    chain: &mut &[crate::config::Target],
 ) -> Option<(LadderState, bool)> {
     let mut next = state;
     let mut escalate = false;
+    let fallback = chain.get(1).map(|c| c.model.as_str());
     let granted = decided(t, "reask", |plane, ledger| {
         let (decision, n, event) =
             selfheal_core::call::reask(problems, fallback, plane, ledger, state, &mut time_rng());
@@ -1584,6 +1578,14 @@ fn reask_or_escalate(
         escalate = decision == selfheal_core::call::Reask::Escalate;
         (decision != selfheal_core::call::Reask::Partial, event)
     });
+    if granted && escalate && chain.len() > 1 {
+        // The ladder's escalation: the fallback model is asked from here on.
+        *chain = &chain[1..];
+        t.event(
+            Kind::Escalate,
+            json!({"to": chain.first().map(|c| &c.model)}),
+        );
+    }
     granted.then_some((next, escalate))
 }
 
@@ -1630,16 +1632,8 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
                     }
                     t.event(Kind::Reissue, json!({"stream": false}));
                 } else {
-                    let fallback = chain.get(1).map(|c| c.model.as_str());
-                    let (next, escalate) = reask_or_escalate(&t, &problems, ladder, fallback)?;
+                    let (next, _) = reask_or_escalate(&t, &problems, ladder, &mut chain)?;
                     ladder = next;
-                    if escalate {
-                        chain = &chain[1..];
-                        t.event(
-                            Kind::Escalate,
-                            json!({"to": chain.first().map(|c| &c.model)}),
-                        );
-                    }
                     Metrics::inc(&s.metrics.reasks_total);
                     t.event(Kind::Reask, json!({"problems": problems}));
                 }
