@@ -197,3 +197,28 @@ def test_a_target_that_broke_a_stream_offering_tools_is_asked_without_streaming_
     upstream.script([{"kind": "ok", "content": "plain"}])
     assert text_of(events(gateway)) == "plain"
     assert [bool(r.get("stream")) for r in upstream.log()] == [True]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_an_invented_argument_of_a_grounded_tool_is_reasked_on_responses(upstream, tmp_path,
+                                                                         stream):
+    """`[tools.search] grounded = true`: a `function_call` whose argument appears nowhere in the
+    request (its instructions, input texts, function outputs) never reaches the client, streamed
+    or not; the model is asked again and its grounded call goes out."""
+    gw = start_gateway(upstream, tmp_path, top="[tools.search]\ngrounded = true\n")
+    try:
+        upstream.script([{"kind": "tool", "name": "search", "arguments": '{"query": "invented"}'},
+                         {"kind": "tool", "name": "search", "arguments": '{"query": "tea prices"}'}])
+        c = client(gw)
+        if stream:
+            evs = list(c.responses.create(model="stub", stream=True, input="look up tea prices",
+                                          tools=RESPONSES_TOOLS))
+            shown = [a for _, a in calls_sent(evs)]
+        else:
+            r = c.responses.create(model="stub", input="look up tea prices", tools=RESPONSES_TOOLS)
+            shown = [o.arguments for o in r.output if o.type == "function_call"]
+        assert shown and all("invented" not in a for a in shown), shown
+        assert any("tea prices" in a for a in shown), shown
+        assert len(upstream.log()) == 2, "asked again once"
+    finally:
+        gw.stop()

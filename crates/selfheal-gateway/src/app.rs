@@ -643,6 +643,8 @@ async fn responses_inner(
     }
     let mut tools = tools;
     tools.retain(|name, _| !hidden.contains(name));
+    // Grounded tools' calls are judged against what the request holds.
+    let evidence = recover::responses_evidence(&s.config.tools, &req, &tools).map(Arc::new);
     let mut actions = edited;
     let mut log = CallLog::default();
     let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
@@ -651,7 +653,7 @@ async fn responses_inner(
     let learned =
         wants_stream && !tools.is_empty() && chain.first().is_some_and(|c| s.no_stream.contains(c));
     if wants_stream && !learned {
-        return answer_responses_stream(&t, req, chain, tools, actions).await;
+        return answer_responses_stream(&t, req, chain, tools, evidence, actions).await;
     }
     if learned {
         req.insert("stream".into(), Value::Bool(false));
@@ -669,7 +671,12 @@ async fn responses_inner(
     };
     // Unusable calls: re-asked as long as the policy's argument_invalid ladder says so, within
     // the budget; the last usable answer stands, an unusable call is never forwarded.
-    let check = responses_stream::check_response(&mut answer, &tools, &s.guides);
+    let check = check_responses_answer(
+        s,
+        &mut answer,
+        &tools,
+        evidence.as_deref().map(Vec::as_slice),
+    );
     let (mut repaired, mut invalid) = (check.repaired, check.invalid);
     let mut ladder = LadderState::default();
     while !invalid.is_empty() {
@@ -686,7 +693,12 @@ async fn responses_inner(
         let again = |m: &str| encode_responses(&req, m, Some(&turn));
         match t.call(&chain, &again, &responses_json_op, &mut log).await {
             Ok(mut second) => {
-                let check = responses_stream::check_response(&mut second, &tools, &s.guides);
+                let check = check_responses_answer(
+                    s,
+                    &mut second,
+                    &tools,
+                    evidence.as_deref().map(Vec::as_slice),
+                );
                 answer = second;
                 repaired = check.repaired;
                 invalid = check.invalid;
@@ -735,6 +747,7 @@ async fn answer_responses_stream(
     req: serde_json::Map<String, Value>,
     chain: Vec<crate::config::Target>,
     tools: ToolIndex,
+    evidence: Option<Arc<Vec<Value>>>,
     mut actions: Vec<String>,
 ) -> Result<Response, ApiError> {
     let encode = |m: &str| encode_responses(&req, m, None);
@@ -756,10 +769,17 @@ async fn answer_responses_stream(
         req: Arc::new(req),
         chain: Arc::new(chain),
         tools: Arc::new(tools),
+        evidence: evidence.clone(),
     };
     let hooks = responses_stream::Hooks {
         reask: Some(again.hook()),
         reissue: Some(again.hook()),
+        check: evidence.map(|evidence| -> stream::Check {
+            let s = t.s.clone();
+            Box::new(move |items: &mut Vec<Value>| {
+                recover::take_ungrounded(&s.config.tools, items, &evidence)
+            })
+        }),
     };
     let (tx, rx) = mpsc::channel(64);
     let t2 = t.clone();
@@ -829,6 +849,29 @@ struct ResponsesAgain {
     req: Arc<serde_json::Map<String, Value>>,
     chain: Arc<Vec<crate::config::Target>>,
     tools: Arc<ToolIndex>,
+    /// The grounding evidence, when a grounded tool is offered.
+    evidence: Option<Arc<Vec<Value>>>,
+}
+
+/// A Responses answer's `function_call` items checked ([`responses_stream::check_response`]:
+/// repaired in place, or taken out as unusable) and, when a grounded tool is offered
+/// (`evidence`), the calls of grounded tools judged against the request
+/// ([`recover::take_ungrounded`]).
+fn check_responses_answer(
+    s: &AppState,
+    answer: &mut Value,
+    tools: &ToolIndex,
+    evidence: Option<&[Value]>,
+) -> heal::CallCheck {
+    let mut check = responses_stream::check_response(answer, tools, &s.guides);
+    if let Some(evidence) = evidence
+        && let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut)
+    {
+        check
+            .invalid
+            .extend(recover::take_ungrounded(&s.config.tools, items, evidence));
+    }
+    check
 }
 
 impl ResponsesAgain {
@@ -864,8 +907,12 @@ impl ResponsesAgain {
                         .await;
                     log_calls(t, &log, &mut Vec::new());
                     let mut response = result.ok()?;
-                    let check =
-                        responses_stream::check_response(&mut response, &me.tools, &t.s.guides);
+                    let check = check_responses_answer(
+                        &t.s,
+                        &mut response,
+                        &me.tools,
+                        me.evidence.as_deref().map(Vec::as_slice),
+                    );
                     if !check.invalid.is_empty() {
                         problems = check.invalid;
                         continue;

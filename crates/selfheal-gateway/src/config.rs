@@ -163,7 +163,7 @@ pub struct ToolConfig {
     /// or numbers appear nowhere in the conversation is then the model's mistake: it is taken
     /// out of the answer before the agent runs it and re-asked along the `argument_invalid`
     /// ladder ([`selfheal_core::verifier::ungrounded_arguments`] is the rule). Checked on chat
-    /// completions, streamed or not; not yet on `/v1/responses`.
+    /// completions and `/v1/responses`, streamed or not.
     #[serde(default)]
     pub grounded: bool,
 }

@@ -222,8 +222,9 @@ pub fn cross_check_text(tool: &str, against: &str) -> String {
 }
 
 /// Takes the calls of grounded tools whose arguments appear nowhere in `evidence` out of
-/// `calls` (each `{"function": {"name", "arguments"}}`); returns the re-ask text of each
-/// ([`Grounding`] says why).
+/// `calls` — chat tool calls (`{"function": {"name", "arguments"}}`) or Responses
+/// `function_call` items (`{"type": "function_call", "name", "arguments"}`; items of other
+/// types stay) — and returns the re-ask text of each ([`Grounding`] says why).
 pub fn take_ungrounded(
     tools: &BTreeMap<String, ToolConfig>,
     calls: &mut Vec<Value>,
@@ -231,14 +232,21 @@ pub fn take_ungrounded(
 ) -> Vec<String> {
     let mut problems = Vec::new();
     calls.retain(|c| {
-        let Some(name) = c.pointer("/function/name").and_then(Value::as_str) else {
+        let item = c.get("type").and_then(Value::as_str) == Some("function_call");
+        let field = |f: &str| {
+            if item {
+                c.get(f)
+            } else {
+                c.get("function").and_then(|x| x.get(f))
+            }
+        };
+        let Some(name) = field("name").and_then(Value::as_str) else {
             return true;
         };
         if !tools.get(name).is_some_and(|c| c.grounded) {
             return true;
         }
-        let args: Value = c
-            .pointer("/function/arguments")
+        let args: Value = field("arguments")
             .and_then(Value::as_str)
             .and_then(|a| serde_json::from_str(a).ok())
             .unwrap_or(Value::Null);
@@ -339,6 +347,60 @@ impl Grounding<'_> {
         }
         out
     }
+}
+
+/// The grounding evidence of a `/v1/responses` request, when it offers a grounded tool (else
+/// `None`: nothing to check): its `instructions`, the texts of its `input` (a string, or the
+/// user, system and developer messages' texts) and its `function_call_output` items read as
+/// [`Grounding::evidence`] reads chat tool results.
+pub fn responses_evidence(
+    tools: &BTreeMap<String, ToolConfig>,
+    req: &serde_json::Map<String, Value>,
+    offered: &ToolIndex,
+) -> Option<Vec<Value>> {
+    if !offered
+        .keys()
+        .any(|n| tools.get(n.as_str()).is_some_and(|c| c.grounded))
+    {
+        return None;
+    }
+    let mut out = Vec::new();
+    if let Some(i) = req.get("instructions").and_then(Value::as_str) {
+        out.push(Value::String(i.to_owned()));
+    }
+    match req.get("input") {
+        Some(Value::String(t)) => out.push(Value::String(t.clone())),
+        Some(Value::Array(items)) => {
+            for item in items {
+                if item.get("type").and_then(Value::as_str) == Some("function_call_output") {
+                    let Some(t) = item.get("output").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    match read_result(t) {
+                        Read::Value(v) | Read::Repairable { value: v, .. } => out.push(v),
+                        Read::Failed(_) => out.push(Value::String(t.to_owned())),
+                    }
+                    continue;
+                }
+                let role = item.get("role").and_then(Value::as_str);
+                if !matches!(role, Some("user" | "system" | "developer")) {
+                    continue;
+                }
+                match item.get("content") {
+                    Some(Value::String(t)) => out.push(Value::String(t.clone())),
+                    Some(Value::Array(parts)) => out.extend(
+                        parts
+                            .iter()
+                            .filter_map(|p| p.get("text").and_then(Value::as_str))
+                            .map(|t| Value::String(t.to_owned())),
+                    ),
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+    Some(out)
 }
 
 /// How a tool result reads on the wire: what failed, or the value.

@@ -66,6 +66,9 @@ pub struct Hooks {
     pub reask: Option<Reask>,
     /// Re-issues a request whose stream broke before any content.
     pub reissue: Option<Reask>,
+    /// Checks the usable held `function_call` items further before they go out (the
+    /// gateway's grounding check), as [`crate::stream::Hooks::check`].
+    pub check: Option<crate::stream::Check>,
 }
 
 /// The ending of a Responses answer: `incomplete` (the token limit) is a cut-off.
@@ -503,6 +506,9 @@ impl Relay<'_> {
                 Err(e) => invalid.push(e),
             }
         }
+        if let Some(check) = &self.hooks.check {
+            invalid.extend(check(&mut ready));
+        }
         let mut replacement = Vec::new();
         if !invalid.is_empty() {
             let again = match self.hooks.reask.take() {
@@ -588,7 +594,12 @@ impl Relay<'_> {
                 return Ok(());
             }
         };
-        let check = check_response(&mut response, &self.tools, &self.guides);
+        let mut check = check_response(&mut response, &self.tools, &self.guides);
+        if let Some(more) = &self.hooks.check
+            && let Some(items) = response.get_mut("output").and_then(Value::as_array_mut)
+        {
+            check.invalid.extend(more(items));
+        }
         self.report.repaired.extend(check.repaired);
         if !check.invalid.is_empty() {
             let again = match self.hooks.reask.take() {
@@ -995,6 +1006,7 @@ mod tests {
                     })
                 })
             })),
+            check: None,
         };
         let (out, report) = run(sse(&events), hooks).await;
         assert!(
@@ -1030,6 +1042,7 @@ mod tests {
         let hooks = Hooks {
             reask: None,
             reissue: Some(Box::new(|_| panic!("content went out: no re-issue"))),
+            check: None,
         };
         let (out, report) = run(sse(&events), hooks).await;
         assert_eq!(
@@ -1100,6 +1113,7 @@ mod tests {
                 })
             })),
             reissue: None,
+            check: None,
         };
         let (out, report) = run(sse(&events), hooks).await;
         assert_eq!(report.reasked.len(), 1);
