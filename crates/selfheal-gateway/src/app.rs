@@ -774,27 +774,47 @@ async fn answer_responses_stream(
     let hooks = responses_stream::Hooks {
         reask: Some(again.hook()),
         reissue: Some(again.hook()),
-        check: evidence.map(|evidence| -> stream::Check {
-            let s = t.s.clone();
-            Box::new(move |items: &mut Vec<Value>| {
-                recover::take_ungrounded(&s.config.tools, items, &evidence)
-            })
-        }),
+        check: evidence.map(|evidence| grounding_check(t, evidence)),
     };
+    let learnable = served.filter(|_| !again.tools.is_empty());
+    let guides = t.s.guides.clone();
+    Ok(relay_response(
+        t,
+        &actions,
+        learnable,
+        move |tx| async move {
+            let r = responses_stream::relay(
+                upstream,
+                again.tools.clone(),
+                guides,
+                Some(report),
+                hooks,
+                &tx,
+            )
+            .await;
+            (r, tx)
+        },
+    ))
+}
+
+/// Runs a relay in its own task and answers the client with the frames it sends (redacted,
+/// as SSE). When the relay is done the run's end is recorded ([`finish_stream`]) before its
+/// sender is dropped, so the trace has the `response` event before the client sees the end.
+fn relay_response<F>(
+    t: &Turn,
+    actions: &[String],
+    learnable: Option<crate::config::Target>,
+    relay: impl FnOnce(mpsc::Sender<stream::Frame>) -> F,
+) -> Response
+where
+    F: Future<Output = (stream::StreamReport, mpsc::Sender<stream::Frame>)> + Send + 'static,
+{
     let (tx, rx) = mpsc::channel(64);
+    let run = relay(tx);
     let t2 = t.clone();
     tokio::spawn(async move {
-        let r = responses_stream::relay(
-            upstream,
-            again.tools.clone(),
-            t2.s.guides.clone(),
-            Some(report),
-            hooks,
-            &tx,
-        )
-        .await;
-        let learnable = served.as_ref().filter(|_| !again.tools.is_empty());
-        finish_stream(&t2, &r, learnable);
+        let (r, tx) = run.await;
+        finish_stream(&t2, &r, learnable.as_ref());
         drop(tx);
     });
     let redactor = t.caller.redactor.clone();
@@ -803,8 +823,17 @@ async fn answer_responses_stream(
         Some((frame.map(|b| red.bytes(b)), (rx, red)))
     });
     let mut resp = sse_response(Body::from_stream(body));
-    add_headers(&mut resp, &t.run, "complete", &actions, None);
-    Ok(resp)
+    add_headers(&mut resp, &t.run, "complete", actions, None);
+    resp
+}
+
+/// The grounding check of held calls ([`recover::take_ungrounded`]) against `evidence` read
+/// while the request was at hand (the relay runs after it is gone).
+fn grounding_check(t: &Turn, evidence: Arc<Vec<Value>>) -> stream::Check {
+    let s = t.s.clone();
+    Box::new(move |calls: &mut Vec<Value>| {
+        recover::take_ungrounded(&s.config.tools, calls, &evidence)
+    })
 }
 
 /// Records how a relayed stream ended (repairs, unusable calls, a re-issue, a break) and the
@@ -1372,30 +1401,25 @@ async fn answer_stream(
         reissue: Some(stream_reask(t, &ctx)),
         check: stream_grounding(t, req, &ctx.tools),
     };
-    let (tx, rx) = mpsc::channel(64);
-    let t2 = t.clone();
-    tokio::spawn(async move {
-        let r = stream::relay(
-            upstream,
-            ctx.tools.clone(),
-            t2.s.guides.clone(),
-            Some(report),
-            hooks,
-            &tx,
-        )
-        .await;
-        let learnable = served.as_ref().filter(|_| !ctx.tools.is_empty());
-        finish_stream(&t2, &r, learnable);
-        drop(tx);
-    });
-    let redactor = t.caller.redactor.clone();
-    let body = futures_util::stream::unfold((rx, redactor), |(mut rx, red)| async move {
-        let frame = rx.recv().await?;
-        Some((frame.map(|b| red.bytes(b)), (rx, red)))
-    });
-    let mut resp = sse_response(Body::from_stream(body));
-    add_headers(&mut resp, &t.run, "complete", &actions, None);
-    Ok(resp)
+    let learnable = served.filter(|_| !ctx.tools.is_empty());
+    let guides = t.s.guides.clone();
+    Ok(relay_response(
+        t,
+        &actions,
+        learnable,
+        move |tx| async move {
+            let r = stream::relay(
+                upstream,
+                ctx.tools.clone(),
+                guides,
+                Some(report),
+                hooks,
+                &tx,
+            )
+            .await;
+            (r, tx)
+        },
+    ))
 }
 
 /// The grounding check of a stream's held calls, when the request offers a grounded tool: its
@@ -1408,11 +1432,7 @@ fn stream_grounding(t: &Turn, req: &ChatRequest<'_>, offered: &ToolIndex) -> Opt
     if !grounding.any_grounded(offered.keys().map(String::as_str)) {
         return None;
     }
-    let evidence = grounding.evidence();
-    let s = t.s.clone();
-    Some(Box::new(move |calls: &mut Vec<Value>| {
-        recover::take_ungrounded(&s.config.tools, calls, &evidence)
-    }))
+    Some(grounding_check(t, Arc::new(grounding.evidence())))
 }
 
 /// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
