@@ -16,19 +16,7 @@ import uuid
 import openai
 import pytest
 
-from conftest import BIN, start_gateway
-
-# The gateway's run decides with the core's ladders: with the defaults a tool that keeps failing
-# ends the run `partial` at the end of its ladder. Tests of the monitor's breaker (hidden at five
-# failures) run under ladders that keep retrying.
-PATIENT = """
-[policy.ladders]
-tool_timeout = ["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]
-tool_unavailable = ["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]
-[budget]
-retries = 1000
-recoveries = 1000
-"""
+from conftest import BIN, PATIENT, start_gateway
 
 CLIENT_KEY = "sk-client-" + "a1b2c3d4e5f6"
 OTHER_KEY = "sk-client-" + "z9y8x7w6v5u4"

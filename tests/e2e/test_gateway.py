@@ -12,19 +12,7 @@ import urllib.parse
 import openai
 import pytest
 
-from conftest import start_gateway
-
-# The gateway's run decides with the core's ladders: with the defaults a tool that keeps failing
-# ends the run `partial` at the end of its ladder. Tests of the monitor's breaker (hidden at five
-# failures) run under ladders that keep retrying.
-PATIENT = """
-[policy.ladders]
-tool_timeout = ["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]
-tool_unavailable = ["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]
-[budget]
-retries = 1000
-recoveries = 1000
-"""
+from conftest import PATIENT, start_gateway
 
 TOOLS = [
     {"type": "function", "function": {"name": "search", "parameters": {

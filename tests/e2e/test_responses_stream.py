@@ -10,8 +10,8 @@ import uuid
 import openai
 import pytest
 
-from conftest import start_gateway
-from test_deploy import PATIENT, RESPONSES_TOOLS, client
+from conftest import PATIENT, start_gateway
+from test_deploy import RESPONSES_TOOLS, client
 
 
 def events(gw, **kw):
@@ -130,7 +130,7 @@ def test_a_json_answer_to_a_stream_request_is_streamed(gateway, upstream):
 
 def test_streamed_requests_feed_the_monitor_with_their_tool_outputs(upstream, tmp_path):
     """Under ladders that keep retrying (the defaults end the run at the ladder's end, see
-    test_deploy.PATIENT), five failures of `search` hide it and tell the model why."""
+    conftest.PATIENT), five failures of `search` hide it and tell the model why."""
     gateway = start_gateway(upstream, tmp_path, top=PATIENT)
     try:
         streamed_requests_feed_the_monitor(gateway, upstream)
