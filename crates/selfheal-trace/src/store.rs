@@ -7,8 +7,9 @@
 //! load this took the writer from a fifth of the gateway's CPU to a few percent). Shutdown closes
 //! the channel and joins the writer, so every event sent before a response went out is on disk
 //! when the process exits. If the channel is ever full the event is dropped and counted rather
-//! than blocking a request. Runs get an integer key in order of first sight and events refer to
-//! it (see `SCHEMA_VERSION`), so the runs in flight share a few hot index pages;
+//! than blocking a request. Runs get an integer key in order of first sight, and a batch writes
+//! each run's events as one row that refers to it (see `SCHEMA_VERSION`): one row and one index
+//! entry per gateway request, in a few hot index pages shared by the runs in flight;
 //! `cargo run --release -p selfheal-trace --example trace_load` measures the writer's CPU per
 //! request on the gateway's realistic pattern.
 //!
@@ -107,7 +108,13 @@ pub fn default_path() -> PathBuf {
 ///   by text, every event landed on a random page of the index and each batch wrote one index
 ///   page per run to the log, the bulk of the writer's cost. Keyed by arrival, the runs in
 ///   flight share a few hot pages.
-const SCHEMA_VERSION: i64 = 2;
+/// - 3: a batch stores each run's events as one row of `event_rows` (`records`: a JSON array of
+///   `[t_ms, kind, detail]`, oldest first), not one row per event. A gateway request is three
+///   events or more (`request`, `tool_result`, `response`) that land in one batch, so the writer
+///   inserts one row and one index entry per request instead of three of each. The view
+///   `events (row_id, seq, run_id, t_ms, kind, detail)` shows one row per event, as version 2's
+///   table did, for SQL written against it.
+const SCHEMA_VERSION: i64 = 3;
 
 fn open(path: &Path) -> Result<Connection, StoreError> {
     if let Some(dir) = path.parent()
@@ -123,7 +130,8 @@ fn open(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-const SCHEMA: &str = "
+/// Version 2's tables, the step between a version 1 trace and [`SCHEMA`].
+const SCHEMA_V2: &str = "
     CREATE TABLE IF NOT EXISTS runs (
         id INTEGER PRIMARY KEY, run TEXT NOT NULL UNIQUE,
         first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
@@ -131,8 +139,25 @@ const SCHEMA: &str = "
         status TEXT, failures INTEGER NOT NULL DEFAULT 0, actions INTEGER NOT NULL DEFAULT 0);
     CREATE TABLE IF NOT EXISTS events (
         id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, t_ms INTEGER NOT NULL,
-        kind TEXT NOT NULL, detail TEXT NOT NULL);
-    CREATE INDEX IF NOT EXISTS events_run ON events (run_id, id);";
+        kind TEXT NOT NULL, detail TEXT NOT NULL);";
+
+/// The schema at [`SCHEMA_VERSION`]. `event_rows.t_ms` is the first of the row's events (what
+/// the retention compares).
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS runs (
+        id INTEGER PRIMARY KEY, run TEXT NOT NULL UNIQUE,
+        first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
+        events INTEGER NOT NULL DEFAULT 0, requests INTEGER NOT NULL DEFAULT 0,
+        status TEXT, failures INTEGER NOT NULL DEFAULT 0, actions INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE IF NOT EXISTS event_rows (
+        id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, t_ms INTEGER NOT NULL,
+        records TEXT NOT NULL);
+    CREATE INDEX IF NOT EXISTS event_rows_run ON event_rows (run_id, id);
+    CREATE VIEW IF NOT EXISTS events AS
+        SELECT g.id AS row_id, j.key AS seq, g.run_id AS run_id,
+               json_extract(j.value, '$[0]') AS t_ms, json_extract(j.value, '$[1]') AS kind,
+               json_extract(j.value, '$[2]') AS detail
+        FROM event_rows g, json_each(g.records) j;";
 
 /// Creates the schema, or brings a trace written by an older version up to [`SCHEMA_VERSION`]
 /// in one transaction (nothing recorded is lost).
@@ -142,11 +167,14 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
         return Ok(());
     }
     let tx = conn.transaction()?;
-    let has_events: bool = tx.query_row(
-        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'events'",
-        [],
-        |r| r.get(0),
-    )?;
+    let table = |name: &str| -> Result<bool, rusqlite::Error> {
+        tx.query_row(
+            "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [name],
+            |r| r.get(0),
+        )
+    };
+    let has_events = table("events")?;
     let text_keyed: bool = has_events
         && tx.query_row(
             "SELECT COUNT(*) > 0 FROM pragma_table_info('events') WHERE name = 'run'",
@@ -154,12 +182,13 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
             |r| r.get(0),
         )?;
     if text_keyed {
+        // Version 1 → 2.
         tx.execute_batch(
             "ALTER TABLE runs RENAME TO runs_v1;
              ALTER TABLE events RENAME TO events_v1;
              DROP INDEX IF EXISTS events_run;",
         )?;
-        tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(SCHEMA_V2)?;
         tx.execute_batch(
             "INSERT INTO runs (run, first_ms, last_ms, events, requests, status, failures, actions)
                SELECT run, first_ms, last_ms, events, requests, status, failures, actions
@@ -171,6 +200,21 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
                FROM events_v1 e JOIN runs r ON r.run = e.run ORDER BY e.id;
              DROP TABLE events_v1;
              DROP TABLE runs_v1;",
+        )?;
+    }
+    if has_events {
+        // Version 2 → 3: each event becomes a row of one record, in the same order.
+        tx.execute_batch(
+            "ALTER TABLE events RENAME TO events_v2;
+             DROP INDEX IF EXISTS events_run;",
+        )?;
+        tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(
+            "INSERT INTO event_rows (id, run_id, t_ms, records)
+               SELECT id, run_id, t_ms, json_array(json_array(t_ms, kind,
+                 CASE WHEN json_valid(detail) THEN json(detail) ELSE detail END))
+               FROM events_v2 ORDER BY id;
+             DROP TABLE events_v2;",
         )?;
     } else {
         tx.execute_batch(SCHEMA)?;
@@ -264,7 +308,7 @@ fn prune(conn: &Connection, retention: std::time::Duration) -> Result<usize, rus
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let cutoff = i64::try_from(now.saturating_sub(retention.as_millis())).unwrap_or(i64::MAX);
-    let events = conn.execute("DELETE FROM events WHERE t_ms < ?1", params![cutoff])?;
+    let events = conn.execute("DELETE FROM event_rows WHERE t_ms < ?1", params![cutoff])?;
     let runs = conn.execute("DELETE FROM runs WHERE last_ms < ?1", params![cutoff])?;
     Ok(events + runs)
 }
@@ -431,20 +475,35 @@ fn write_batch(
             }
             d.id = id;
         }
-        let mut ins = tx.prepare_cached(
-            "INSERT INTO events (run_id, t_ms, kind, detail) VALUES (?1, ?2, ?3, ?4)",
-        )?;
+        // One row per run: its events in this batch, oldest first (see `SCHEMA_VERSION`).
+        let mut records: Vec<Vec<u8>> = vec![Vec::new(); runs.len()];
         for (e, &i) in batch.iter().zip(&of_event) {
-            let t = i64::try_from(e.t_ms).unwrap_or(i64::MAX);
-            ins.execute(params![
-                runs[i].1.id,
-                t,
-                e.kind.as_str(),
-                e.detail.to_string()
-            ])?;
+            write_record(&mut records[i], e);
+        }
+        let mut ins = tx
+            .prepare_cached("INSERT INTO event_rows (run_id, t_ms, records) VALUES (?1, ?2, ?3)")?;
+        for ((_, d), mut rec) in runs.iter().zip(records) {
+            rec.push(b']');
+            // Only JSON was written into it, which is UTF-8.
+            let text =
+                String::from_utf8(rec).map_err(|e| rusqlite::Error::Utf8Error(e.utf8_error()))?;
+            ins.execute(params![d.id, d.first_ms, text])?;
         }
     }
     tx.commit()
+}
+
+/// Appends one event to a run's `records` array: `[t_ms,"kind",detail]`, opening the array
+/// before the first.
+fn write_record(buf: &mut Vec<u8>, e: &TraceEvent) {
+    use std::io::Write as _;
+    buf.push(if buf.is_empty() { b'[' } else { b',' });
+    // Writing into a Vec cannot fail, nor can serialising a `Value` or a `&str`.
+    let _ = write!(buf, "[{},", e.t_ms);
+    let _ = serde_json::to_writer(&mut *buf, e.kind.as_str());
+    buf.push(b',');
+    let _ = serde_json::to_writer(&mut *buf, &e.detail);
+    buf.push(b']');
 }
 
 /// One run, as `selfheal trace list` shows it.
@@ -526,18 +585,31 @@ impl TraceReader {
     /// The events of one run, oldest first.
     pub fn events(&self, run: &str) -> Result<Vec<EventRow>, StoreError> {
         let mut st = self.conn.prepare(
-            "SELECT e.t_ms, e.kind, e.detail FROM events e JOIN runs r ON r.id = e.run_id
-                 WHERE r.run = ?1 ORDER BY e.id",
+            "SELECT g.t_ms, g.records FROM event_rows g JOIN runs r ON r.id = g.run_id
+                 WHERE r.run = ?1 ORDER BY g.id",
         )?;
-        let rows = st.query_map([run], |r| {
-            let detail: String = r.get(2)?;
-            Ok(EventRow {
-                t_ms: r.get(0)?,
-                kind: r.get(1)?,
-                detail: serde_json::from_str(&detail).unwrap_or(Value::String(detail)),
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut rows = st.query([run])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let t_ms: i64 = row.get(0)?;
+            let text: String = row.get(1)?;
+            match serde_json::from_str::<Vec<(i64, String, Value)>>(&text) {
+                Ok(records) => {
+                    out.extend(records.into_iter().map(|(t_ms, kind, detail)| EventRow {
+                        t_ms,
+                        kind,
+                        detail,
+                    }))
+                }
+                // Written by something else: shown as it is, not dropped.
+                Err(_) => out.push(EventRow {
+                    t_ms,
+                    kind: "unreadable".into(),
+                    detail: Value::String(text),
+                }),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -711,6 +783,76 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// A version 2 trace (one row per event) is migrated in place: its events keep their order
+    /// and details, new events follow them, and the `events` view still shows one row per event
+    /// to SQL written against version 2 (the chaos and trace-loss scripts query it).
+    #[test]
+    fn a_version_2_trace_is_migrated_and_the_events_view_shows_one_row_per_event() {
+        let dir = std::env::temp_dir().join(format!("selfheal-store-v2-{}", std::process::id()));
+        let path = dir.join("t.db");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(SCHEMA_V2).unwrap();
+            c.execute_batch(
+                "CREATE INDEX events_run ON events (run_id, id);
+                 INSERT INTO runs (id, run, first_ms, last_ms, events, requests)
+                    VALUES (1, 'old', 10, 20, 3, 1);
+                 INSERT INTO events (run_id, t_ms, kind, detail) VALUES
+                    (1, 10, 'request', '{\"model\":\"m\"}'), (1, 15, 'retry', '{\"n\":1}'),
+                    (1, 20, 'response', 'not json');
+                 PRAGMA user_version = 2;",
+            )
+            .unwrap();
+        }
+        let w = TraceWriter::open_with_retention(&path, None).unwrap();
+        for kind in [Kind::Request, Kind::Response] {
+            w.send(TraceEvent {
+                run: "old".into(),
+                t_ms: 30,
+                kind,
+                detail: json!({"k": kind.as_str()}),
+                summary: None,
+            });
+        }
+        w.flush_and_close();
+        let r = TraceReader::open(&path).unwrap();
+        let events = r.events("old").unwrap();
+        let seen: Vec<(i64, &str)> = events.iter().map(|e| (e.t_ms, e.kind.as_str())).collect();
+        assert_eq!(
+            seen,
+            [
+                (10, "request"),
+                (15, "retry"),
+                (20, "response"),
+                (30, "request"),
+                (30, "response")
+            ]
+        );
+        assert_eq!(events[0].detail, json!({"model": "m"}));
+        assert_eq!(events[2].detail, json!("not json"));
+        assert_eq!(events[4].detail, json!({"k": "response"}));
+        assert_eq!(r.runs(10).unwrap()[0].actions, 1);
+        let c = Connection::open(&path).unwrap();
+        let kinds: Vec<String> = c
+            .prepare("SELECT kind FROM events WHERE run_id = 1 ORDER BY row_id, seq")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            kinds,
+            ["request", "retry", "response", "request", "response"]
+        );
+        let version: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// A run whose row was deleted after the writer learned its key (an expiry in another
     /// process sharing the file) gets a new row; its events are not written under a dead key.
     #[test]
@@ -728,7 +870,7 @@ mod tests {
             summary: None,
         };
         write_batch(&mut conn, &mut ids, &[event(Kind::Request)]).unwrap();
-        conn.execute_batch("DELETE FROM runs; DELETE FROM events;")
+        conn.execute_batch("DELETE FROM runs; DELETE FROM event_rows;")
             .unwrap();
         write_batch(&mut conn, &mut ids, &[event(Kind::ToolResult)]).unwrap();
         drop(conn);
