@@ -156,11 +156,21 @@ impl ToolIndexCache {
 pub fn is_hard_failure_text(text: &str) -> bool {
     let t = text.trim();
     let first_line = t.lines().next().unwrap_or("");
-    let head: String = first_line
-        .chars()
-        .take(200)
-        .collect::<String>()
-        .to_ascii_lowercase();
+    // The first 200 characters of the first line, ASCII-lowercased on the stack: this runs on
+    // every tool result of every request, so it neither allocates nor builds a searcher.
+    let head_len = first_line
+        .char_indices()
+        .nth(200)
+        .map_or(first_line.len(), |(i, _)| i);
+    let mut buf = [0u8; 200 * 4];
+    let head = &mut buf[..head_len];
+    head.copy_from_slice(&first_line.as_bytes()[..head_len]);
+    head.make_ascii_lowercase();
+    // A prefix of `first_line` that ends on a character boundary, with only ASCII letters
+    // changed: still UTF-8.
+    let Ok(head) = std::str::from_utf8(head) else {
+        return false;
+    };
     const PREFIXES: [&str; 8] = [
         "error",
         "exception",
@@ -189,21 +199,30 @@ pub fn is_hard_failure_text(text: &str) -> bool {
     {
         return true;
     }
-    const PHRASES: [&str; 11] = [
-        "traceback (most recent call last)",
-        "connection refused",
-        "connection reset",
-        "econnrefused",
-        "etimedout",
-        "timed out",
-        "internal server error",
-        "service unavailable",
-        "bad gateway",
-        "gateway timeout",
-        "too many requests",
-    ];
-    first_line.len() <= 200 && PHRASES.iter().any(|p| head.contains(p))
+    first_line.len() <= 200 && PHRASES.iter().any(|f| f.find(head.as_bytes()).is_some())
 }
+
+/// Phrases of an error's short first line (matched in its lowercased head), each with its
+/// searcher built once.
+static PHRASES: std::sync::LazyLock<Vec<memchr::memmem::Finder<'static>>> =
+    std::sync::LazyLock::new(|| {
+        [
+            "traceback (most recent call last)",
+            "connection refused",
+            "connection reset",
+            "econnrefused",
+            "etimedout",
+            "timed out",
+            "internal server error",
+            "service unavailable",
+            "bad gateway",
+            "gateway timeout",
+            "too many requests",
+        ]
+        .iter()
+        .map(|p| memchr::memmem::Finder::new(p.as_bytes()))
+        .collect()
+    });
 
 /// What replaying one tool result concluded, for the trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -581,6 +600,81 @@ pub fn check_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The allocating form `is_hard_failure_text` replaced: lowercase a `String`, search it.
+    fn hard_failure_reference(text: &str) -> bool {
+        let t = text.trim();
+        let first_line = t.lines().next().unwrap_or("");
+        let head = first_line
+            .chars()
+            .take(200)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        let prefixes = [
+            "error",
+            "exception",
+            "traceback",
+            "an error occurred",
+            "tool error",
+            "timeout",
+            "timed out",
+            "fatal:",
+        ];
+        if prefixes.iter().any(|p| head.starts_with(p)) {
+            return true;
+        }
+        if let Some((word, _)) = head.split_once(':')
+            && !word.is_empty()
+            && !word.contains(char::is_whitespace)
+            && (word.ends_with("error") || word.ends_with("exception"))
+        {
+            return true;
+        }
+        let prompt = "fix the errors and try again.";
+        if t.to_ascii_lowercase().ends_with(prompt) {
+            return true;
+        }
+        let phrases = [
+            "traceback (most recent call last)",
+            "connection refused",
+            "connection reset",
+            "econnrefused",
+            "etimedout",
+            "timed out",
+            "internal server error",
+            "service unavailable",
+            "bad gateway",
+            "gateway timeout",
+            "too many requests",
+        ];
+        first_line.len() <= 200 && phrases.iter().any(|p| head.contains(p))
+    }
+
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// The stack-buffer form decides every text as the allocating one did: pieces of the
+        /// phrases and prefixes in any case, around multi-byte characters, long first lines.
+        #[test]
+        fn hard_failure_text_matches_its_reference(
+            parts in proptest::collection::vec(proptest::prop_oneof![
+                proptest::sample::select(vec![
+                    "Error", "EXCEPTION", "Traceback (most recent call last)", "ValueError:",
+                    "Connection REFUSED", "timed out", "Bad Gateway", "fatal:", "an error occurred",
+                    "Fix the errors and try again.", ":", " ", "\n", "é", "日本", "\u{2003}",
+                    "{\"results\": [1]}", "x", "Tool Error",
+                ]).prop_map(str::to_owned),
+                "[a-zA-Z :é]{0,80}",
+            ], 0..12)
+        ) {
+            let text: String = parts.concat();
+            proptest::prop_assert_eq!(
+                is_hard_failure_text(&text),
+                hard_failure_reference(&text),
+                "{:?}", text
+            );
+        }
+    }
     use selfheal_core::budget::BudgetLimits;
     use selfheal_core::monitor::MonitorConfig;
 
