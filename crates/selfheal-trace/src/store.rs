@@ -410,8 +410,9 @@ fn write_batch(
     batch: &[TraceEvent],
 ) -> Result<(), rusqlite::Error> {
     // Runs in the order they first appear, so the writes (and the keys) are deterministic.
-    let mut runs: Vec<(&str, RunDelta<'_>)> = Vec::new();
-    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut runs: Vec<(&str, RunDelta<'_>)> = Vec::with_capacity(batch.len());
+    let mut index: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(batch.len());
     let mut of_event = Vec::with_capacity(batch.len());
     for e in batch {
         let t = i64::try_from(e.t_ms).unwrap_or(i64::MAX);
@@ -496,10 +497,11 @@ fn write_batch(
 /// Appends one event to a run's `records` array: `[t_ms,"kind",detail]`, opening the array
 /// before the first.
 fn write_record(buf: &mut Vec<u8>, e: &TraceEvent) {
-    use std::io::Write as _;
     buf.push(if buf.is_empty() { b'[' } else { b',' });
-    // Writing into a Vec cannot fail, nor can serialising a `Value` or a `&str`.
-    let _ = write!(buf, "[{},", e.t_ms);
+    buf.push(b'[');
+    // Writing into a Vec cannot fail, nor can serialising a number, a `Value` or a `&str`.
+    let _ = serde_json::to_writer(&mut *buf, &e.t_ms);
+    buf.push(b',');
     let _ = serde_json::to_writer(&mut *buf, e.kind.as_str());
     buf.push(b',');
     let _ = serde_json::to_writer(&mut *buf, &e.detail);
