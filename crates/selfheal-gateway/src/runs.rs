@@ -94,9 +94,10 @@ impl SeenResults {
 /// Most action names remembered per run (the trace keeps them all).
 const MAX_ACTIONS: usize = 32;
 
-/// Events a run's controller keeps in its own trace (the gateway's trace sink records every
-/// event as it happens; this bounds what a run holds in memory).
-pub const RUN_TRACE_EVENTS: usize = 64;
+/// Events a run's controller keeps in its own trace ring. The gateway never reads that ring (its
+/// trace is the SQLite sink, written as things happen), so it keeps the newest event only: up to
+/// 10,000 runs live at once, and 64 events each were tens of MiB of memory nobody read.
+pub const RUN_TRACE_EVENTS: usize = 1;
 
 /// What the gateway remembers about one run.
 #[derive(Debug)]
