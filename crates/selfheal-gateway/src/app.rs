@@ -163,7 +163,7 @@ impl AppState {
     fn event(
         &self,
         redact: &Redactor,
-        run: &str,
+        run: &Arc<str>,
         kind: Kind,
         detail: Value,
         summary: Option<RunSummary>,
@@ -175,7 +175,7 @@ impl AppState {
     fn event_at(
         &self,
         redact: &Redactor,
-        run: &str,
+        run: &Arc<str>,
         kind: Kind,
         mut detail: Value,
         summary: Option<RunSummary>,
@@ -183,7 +183,7 @@ impl AppState {
     ) {
         redact.value(&mut detail);
         self.trace.send(TraceEvent {
-            run: run.to_owned(),
+            run: Arc::clone(run),
             t_ms,
             kind,
             detail,
@@ -512,7 +512,7 @@ async fn responses_inner(
         state: s.runs.get_for(&run, &caller.tenant, now),
         s: s.clone(),
         caller,
-        run,
+        run: run.into(),
     };
     t.event(
         Kind::Request,
@@ -1115,7 +1115,7 @@ fn lock(m: &Mutex<RunState>) -> std::sync::MutexGuard<'_, RunState> {
 struct Turn {
     s: Arc<AppState>,
     caller: Caller,
-    run: String,
+    run: Arc<str>,
     state: Arc<Mutex<RunState>>,
 }
 
@@ -1182,7 +1182,7 @@ async fn chat_inner(
         state: s.runs.get_for(&run, &caller.tenant, now),
         s: s.clone(),
         caller,
-        run,
+        run: run.into(),
     };
     let tools = s.tool_indexes.get(&req);
     let (verdict, newest_failed, next) = rebuild_run(&t, &req, &tools, &model, &chain);
@@ -1829,7 +1829,7 @@ fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
         } else if kind == Kind::Fallback {
             Metrics::inc(&s.metrics.fallbacks_total);
         }
-        tracing::debug!(target: "selfheal::upstream", run = t.run, kind = kind.as_str(), detail = %t.caller.redactor.text(detail));
+        tracing::debug!(target: "selfheal::upstream", run = &*t.run, kind = kind.as_str(), detail = %t.caller.redactor.text(detail));
         s.event_at(
             &t.caller.redactor,
             &t.run,

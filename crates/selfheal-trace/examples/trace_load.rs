@@ -36,7 +36,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         slot.1 += 1;
         // A run id shaped like the gateway's: a keyed hash, so ids arrive in random order.
-        let run = format!("r-{:024x}", splitmix(slot.0) as u128 * 0x1_0000_0001);
+        let run: std::sync::Arc<str> =
+            format!("r-{:024x}", splitmix(slot.0) as u128 * 0x1_0000_0001).into();
         let t_ms = t0 + n / 3;
         writer.send(TraceEvent {
             run: run.clone(),

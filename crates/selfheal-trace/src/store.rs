@@ -77,8 +77,8 @@ pub struct RunSummary {
 /// One decision or observation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceEvent {
-    /// The run.
-    pub run: String,
+    /// The run (shared: a request's events all name the same run).
+    pub run: std::sync::Arc<str>,
     /// Unix time in milliseconds.
     pub t_ms: u64,
     /// What kind of event.
@@ -416,9 +416,9 @@ fn write_batch(
     let mut of_event = Vec::with_capacity(batch.len());
     for e in batch {
         let t = i64::try_from(e.t_ms).unwrap_or(i64::MAX);
-        let i = *index.entry(e.run.as_str()).or_insert_with(|| {
+        let i = *index.entry(&*e.run).or_insert_with(|| {
             runs.push((
-                e.run.as_str(),
+                &*e.run,
                 RunDelta {
                     id: 0,
                     first_ms: t,
@@ -897,7 +897,7 @@ mod tests {
         for i in 0..300u64 {
             for (w, writer) in writers.iter().enumerate() {
                 writer.send(TraceEvent {
-                    run: format!("w{w}-r{}", i % 37),
+                    run: format!("w{w}-r{}", i % 37).into(),
                     t_ms: i,
                     kind: Kind::ToolResult,
                     detail: json!({"i": i}),

@@ -87,7 +87,7 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let run_id = format!("mcp-{}", std::process::id());
+    let run_id: std::sync::Arc<str> = format!("mcp-{}", std::process::id()).into();
     let result = rt.block_on(async {
         let mut child = tokio::process::Command::new(program)
             .args(rest)
