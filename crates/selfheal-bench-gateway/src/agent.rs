@@ -74,6 +74,10 @@ pub struct Client {
     url: String,
 }
 
+/// The boolean argument with which a tool that stamps its data (`freshness` in the task file)
+/// bypasses its cache: the world's refresh ([`crate::world::World::execute`]).
+pub const REFRESH_ARGUMENT: &str = "refresh";
+
 /// The model name the client asks for (the gateway routes it to the scripted model).
 pub const MODEL: &str = "bench-model";
 
@@ -207,11 +211,20 @@ pub fn task_prompt(task: &TaskSpec) -> String {
     }
 }
 
-/// The tools the agent offers: every tool of the plan and its substitute, with their schemas.
+/// The tools the agent offers: every tool of the plan and its substitute, with their schemas
+/// (a tool that stamps its data takes the optional [`REFRESH_ARGUMENT`] too).
 pub fn offered_tools(task: &TaskSpec) -> Vec<Value> {
     let mut out = Vec::new();
     for t in &task.plan.tools {
-        let schema = t.schema();
+        let mut schema = t.schema();
+        if t.freshness
+            && let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut)
+        {
+            props.insert(
+                REFRESH_ARGUMENT.into(),
+                json!({"type": "boolean", "description": "bypass the cache"}),
+            );
+        }
         out.push(json!({"type": "function", "function": {
             "name": t.name, "description": t.description, "parameters": schema}}));
         if let Some(sub) = &t.substitute {

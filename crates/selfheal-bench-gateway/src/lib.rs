@@ -23,11 +23,12 @@
 //! substitute and replan as guidance, escalation as a request to the fallback model, an output
 //! repair in place of the tool result, cross-checks as calls the agent makes, degrade as a
 //! `partial` answer, a call whose arguments appear nowhere in the conversation taken out and
-//! re-asked before the agent runs it (`[tools.NAME] grounded`) — and the scripted model reacts
-//! to those ([`model`]). It executes no tool and knows no plan, so what only a tool-calling
-//! client can do (refresh past a cache, read `as_of`, see a field renamed past recognition
-//! against the fields it reads) stays a difference until the gateway is told about it (see the
-//! README). Each episode row keeps both sides' costs and, where they differ, the transcript.
+//! re-asked before the agent runs it (`[tools.NAME] grounded`), an answer judged against its
+//! tool's declared fields and `as_of` stamp (`output`, `as_of`) and a refresh as guidance to
+//! set the tool's cache-bypass argument (`refresh`) — and the scripted model reacts to those
+//! ([`model`]). It executes no tool and knows no plan: what it knows of the tools is what the
+//! arm declares in `[tools]` from the task file, as an operator would. Each episode row keeps
+//! both sides' costs and, where they differ, the transcript.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), selfheal_bench_gateway::ArmError> {
@@ -50,7 +51,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
-use selfheal_bench::exec::{Costs, Episode};
+use selfheal_bench::exec::{AS_OF, Costs, Episode, MAX_AGE_MS};
 use selfheal_bench::strategies::Strategy;
 use selfheal_bench::task::ANSWER_TOLERANCE;
 use selfheal_bench::{BenchConfig, CostWeights, ResultRow, schedules, wilson};
@@ -292,7 +293,10 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 ///   external ones, a cross-check against it with the tool's documented tolerance — what the
 ///   in-process client knows from the same task file; and every tool (and substitute) as
 ///   `grounded`: its arguments are copied from the task or an earlier result, the rule the
-///   in-process client checks calls with;
+///   in-process client checks calls with; its declared output fields (`output`, the contract
+///   the in-process client checks answers against) and, for a tool that stamps its data, the
+///   stamp (`as_of`, with the in-process maximum age) and its cache-bypass argument
+///   (`refresh`, [`agent::REFRESH_ARGUMENT`]);
 /// - the model's chain: the scripted model, then the fallback model
 ///   ([`model::FALLBACK_MODEL`]) the ladder's escalation goes to;
 /// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
@@ -325,6 +329,17 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
         for t in &task.plan.tools {
             // Every tool of the task file takes arguments copied from the task or an earlier
             // result (`grounded`); an external one with an equivalent source is cross-checked.
+            // Its declared output fields are its contract; one that stamps its data declares
+            // the stamp and its cache-bypass argument (the task file's `freshness`). The
+            // substitute answers the same question with the same fields.
+            let declared = ToolConfig {
+                grounded: true,
+                output: t.output.iter().map(|(p, _)| p.clone()).collect(),
+                as_of: t.freshness.then(|| AS_OF.to_owned()),
+                max_age_ms: MAX_AGE_MS,
+                refresh: t.freshness.then(|| agent::REFRESH_ARGUMENT.to_owned()),
+                ..ToolConfig::default()
+            };
             g.tools.entry(t.name.clone()).or_insert_with(|| ToolConfig {
                 substitute: t.substitute.clone(),
                 cross_check: t.external && t.substitute.is_some(),
@@ -332,15 +347,10 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
                     rel: t.tolerance.rel,
                     abs: t.tolerance.abs,
                 },
-                grounded: true,
+                ..declared.clone()
             });
             if let Some(sub) = &t.substitute {
-                g.tools.entry(sub.clone()).or_insert_with(|| ToolConfig {
-                    substitute: None,
-                    cross_check: false,
-                    tolerance: selfheal_core::verifier::Tolerance::default(),
-                    grounded: true,
-                });
+                g.tools.entry(sub.clone()).or_insert(declared);
             }
         }
     }
@@ -418,7 +428,11 @@ pub async fn run(
             ip.add(in_process, faulted, &ep.costs(), &config.weights, ep.now());
 
             // Through the gateway.
-            let mut world = World::new(task, Episode::new(task, faults, &model, seed));
+            // The world's tools stamp `as_of` on the gateway's clock (the wall clock), as a
+            // deployed tool does; the ages are the world's.
+            let mut gateway_ep = Episode::new(task, faults, &model, seed);
+            gateway_ep.set_data_now(selfheal_gateway::recover::wall_ms());
+            let mut world = World::new(task, gateway_ep);
             let run_label = format!("bench-{seed}-{}", task.id);
             let max = MaxTurns::for_plan(task.plan.steps.len(), budget);
             let end = client

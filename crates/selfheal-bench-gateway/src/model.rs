@@ -17,11 +17,12 @@
 //! | a re-ask turn (the call it wrote could not be used) | writes the step's call again | repair of arguments / tool choice |
 //! | a re-ask of a call that left a required argument empty | replans and goes back to the first step it has no output for | replan on a missing input |
 //! | the step's tool left out of `tools` (circuit open) | calls the step's substitute | substitute |
-//! | guidance that the step's tool keeps failing | calls the step's substitute | substitute |
+//! | guidance that the step's tool keeps failing | calls the step's substitute (a result of that tool it has just read is not used) | substitute |
 //! | guidance that the last call repeated an earlier one, when it repeated an earlier step's call | drops that result, writes the step again | repetition detected |
 //! | the same guidance when it repeated its own call of this step, or guidance about a loop | calls the step's substitute | substitute |
 //! | guidance about empty inputs or a loop, when its last call had an empty required argument | replans and goes back to the first step it has no output for | replan on a missing input |
 //! | the controller's retry (`` `tool` failed (class): call it again ``) | resends the step's call as it was written (no new model call); a step whose value two sources disagreed on is fetched again | retry |
+//! | the controller's refresh (`` `tool` failed (class): call it again with the same arguments and `arg` set to true ``) | as the retry, with the tool's cache-bypass argument set on this step's calls from then on | refresh |
 //! | the controller's replan | replans and goes back to the first step it has no output for | replan |
 //! | the controller's cross-check | calls the named equivalent tool with the arguments of its last call of the checked one (a verifier's call, charged as one) | the cross-check verifier |
 //! | a request for the fallback model (the gateway's escalation) | the fallback model writes: its own error rate, price and latency | escalate |
@@ -65,6 +66,14 @@ pub enum Heard {
     Loop,
     /// The controller's retry: call the tool again with the same arguments.
     Retry(String),
+    /// The controller's refresh: call the tool again with the same arguments and its
+    /// cache-bypass argument set.
+    Refresh {
+        /// The tool.
+        tool: String,
+        /// Its cache-bypass argument.
+        arg: String,
+    },
     /// The controller's replan.
     Replan,
     /// The controller's cross-check: call the second tool with the arguments of the last call
@@ -109,6 +118,14 @@ pub fn heard(messages: &[Value]) -> Vec<Heard> {
                 out.push(Heard::EmptyInput);
             } else if line.starts_with("You appear to be in a loop") {
                 out.push(Heard::Loop);
+            } else if line.starts_with('`')
+                && line.contains("): call it again")
+                && line.contains("` set to true")
+            {
+                let mut ticks = line.split('`');
+                let tool = ticks.nth(1).unwrap_or_default().to_owned();
+                let arg = ticks.nth(1).unwrap_or_default().to_owned();
+                out.push(Heard::Refresh { tool, arg });
             } else if line.starts_with('`') && line.contains("): call it again") {
                 out.push(Heard::Retry(named()));
             } else if line.starts_with('`') && line.contains("): rethink your plan") {
@@ -202,6 +219,11 @@ pub struct Script<'t> {
     s: usize,
     outputs: Vec<Option<Value>>,
     substitute: Vec<bool>,
+    /// The tool whose result this request's conversation brought and became its step's output.
+    just_read: Option<String>,
+    /// Per step: told to refresh it, the model sets the tool's cache-bypass argument on every
+    /// call of the step from then on (as the in-process client's refresh stays on).
+    fresh: Vec<Option<String>>,
     /// The call whose result became each step's output: tool and canonical arguments.
     made: Vec<Option<(String, u64)>>,
     pending: Option<Pending>,
@@ -228,6 +250,8 @@ impl<'t> Script<'t> {
             s: 0,
             outputs: vec![None; n],
             substitute: vec![false; n],
+            fresh: vec![None; n],
+            just_read: None,
             made: vec![None; n],
             pending: None,
             issued: HashMap::new(),
@@ -258,6 +282,7 @@ impl<'t> Script<'t> {
     pub fn answer(&mut self, ep: &mut Episode<'_>, request: &Value) -> Reply {
         self.asks += 1;
         self.replanned = false;
+        self.just_read = None;
         let empty = Vec::new();
         let messages = request
             .get("messages")
@@ -303,6 +328,19 @@ impl<'t> Script<'t> {
                     }
                 }
                 Heard::Retry(tool) => self.refetch(tool),
+                // Told that the tool whose result it just read failed (the gateway judged that
+                // answer: stale, say), the model does not use that result.
+                Heard::Failing(tool) if self.just_read.as_ref() == Some(tool) => {
+                    self.refetch(tool);
+                }
+                Heard::Refresh { tool, arg } => {
+                    if let Some(&(step, _)) = self.last_call.get(tool)
+                        && let Some(slot) = self.fresh.get_mut(step)
+                    {
+                        *slot = Some(arg.clone());
+                    }
+                    self.refetch(tool);
+                }
                 Heard::Replan => self.replan(ep),
                 Heard::CrossCheck { .. }
                 | Heard::Failing(_)
@@ -311,7 +349,9 @@ impl<'t> Script<'t> {
                 | Heard::Loop => {}
             }
         }
-        let resend = heard.iter().any(|h| matches!(h, Heard::Retry(_)));
+        let resend = heard
+            .iter()
+            .any(|h| matches!(h, Heard::Retry(_) | Heard::Refresh { .. }));
         self.next_call(ep, &offered, &heard, resend)
     }
 
@@ -404,9 +444,23 @@ impl<'t> Script<'t> {
         {
             *slot = Some(v);
             self.made[p.step] = Some(key);
+            self.just_read = Some(p.tool.clone());
         }
         let empty_input = self.empty_input(p.step, &p.args);
         let looping = heard.contains(&Heard::Loop);
+        // The controller's own order to call this tool again (a retry, a refresh) is the more
+        // specific word: the monitor's note that the call repeats is then no reason to change
+        // source (in-process, the controller's retry is carried out as it says).
+        let told_again = heard.iter().any(|h| match h {
+            Heard::Retry(t) | Heard::Refresh { tool: t, .. } => *t == p.tool,
+            Heard::Failing(_)
+            | Heard::Duplicate(_)
+            | Heard::EmptyInput
+            | Heard::Loop
+            | Heard::Replan
+            | Heard::CrossCheck { .. } => false,
+        });
+        let duplicate = duplicate && !told_again;
         if empty_input && (looping || heard.contains(&Heard::EmptyInput)) {
             // Its input is missing: it rethinks the plan from the first step without an output.
             self.replan(ep);
@@ -461,11 +515,16 @@ impl<'t> Script<'t> {
                 Written::Skipped => {
                     self.s += 1;
                 }
-                Written::Call { tool, args } => {
+                Written::Call { tool, mut args } => {
                     let tool = match use_sub {
                         Some(x) if tool == primary => x,
                         Some(_) | None => tool,
                     };
+                    if let Some(arg) = &self.fresh[s]
+                        && let Some(o) = args.as_object_mut()
+                    {
+                        o.insert(arg.clone(), Value::Bool(true));
+                    }
                     let arguments = match &args {
                         Value::String(text) => text.clone(),
                         other => other.to_string(),
@@ -519,6 +578,7 @@ mod tests {
         use selfheal_gateway::recover;
         let lines = [
             recover::retry_text("fx.rate", FailureClass::ToolTimeout),
+            recover::refresh_text("fx.rate", FailureClass::StaleContext, "refresh"),
             recover::replan_text("fx.rate", FailureClass::PlanningFailure),
             recover::cross_check_text("fx.rate", "fx.mirror"),
             recover::substitute_text("fx.rate", FailureClass::ToolUnavailable, "fx.mirror"),
@@ -529,6 +589,10 @@ mod tests {
             heard(&messages),
             vec![
                 Heard::Retry("fx.rate".into()),
+                Heard::Refresh {
+                    tool: "fx.rate".into(),
+                    arg: "refresh".into()
+                },
                 Heard::Replan,
                 Heard::CrossCheck {
                     of: "fx.rate".into(),
@@ -667,6 +731,77 @@ mod tests {
         let mut script = Script::new(&task.plan);
         let bare = json!({"messages": [{"role": "user", "content": "go"}], "tools": []});
         assert!(matches!(script.answer(&mut ep, &bare), Reply::GiveUp(_)));
+    }
+
+    /// Told to refresh a tool, the model sends the step's call again with the tool's
+    /// cache-bypass argument, and the world reads it as a fresh read: a stale answer (old
+    /// `as_of`) comes back current.
+    #[test]
+    fn a_refresh_is_the_same_call_with_the_cache_bypass_argument() {
+        let model = FaultModel::default_model().unwrap();
+        let tasks = selfheal_bench::task::builtin(100);
+        let (task, s) = tasks
+            .iter()
+            .find_map(|t| {
+                (0..t.plan.steps.len())
+                    .find(|&s| t.plan.step_tool(s).is_some_and(|x| x.freshness))
+                    .map(|s| (t, s))
+            })
+            .unwrap();
+        let stale_tool = task.plan.steps[s].tool.clone();
+        let mut inj = fault(&model, "stale", 5);
+        inj.step = s;
+        let mut world = crate::world::World::new(task, Episode::new(task, &[inj], &model, 1));
+        let now = world.ep.data_now();
+        let as_of = |out: &str| {
+            serde_json::from_str::<Value>(out).unwrap()["as_of"]
+                .as_u64()
+                .unwrap()
+        };
+        let mut msgs = vec![json!({"role": "user", "content": "go"})];
+        let exchange = |world: &mut crate::world::World<'_>, msgs: &mut Vec<Value>| {
+            let reply = world.answer(&request(task, msgs.clone()));
+            let Reply::Call {
+                id,
+                tool,
+                arguments,
+            } = reply
+            else {
+                panic!("{reply:?}")
+            };
+            let out = world.execute(&id, &tool, &arguments);
+            msgs.push(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+                "type": "function", "function": {"name": tool, "arguments": arguments}}]}),
+            );
+            msgs.push(json!({"role": "tool", "tool_call_id": id, "content": out}));
+            (tool, arguments, out)
+        };
+        let first = loop {
+            let (tool, _, out) = exchange(&mut world, &mut msgs);
+            if tool == stale_tool {
+                break out;
+            }
+        };
+        assert!(
+            now - as_of(&first) > 3_600_000,
+            "the fault serves old data: {first}"
+        );
+        msgs.push(json!({"role": "system", "content": format!("[selfheal] {}",
+            selfheal_gateway::recover::refresh_text(&stale_tool,
+                selfheal_core::FailureClass::StaleContext, crate::agent::REFRESH_ARGUMENT))}));
+        let (tool, arguments, out) = exchange(&mut world, &mut msgs);
+        assert_eq!(tool, stale_tool);
+        let args: Value = serde_json::from_str(&arguments).unwrap();
+        assert_eq!(
+            args[crate::agent::REFRESH_ARGUMENT],
+            json!(true),
+            "{arguments}"
+        );
+        assert!(
+            now - as_of(&out) <= 3_600_000,
+            "a fresh read is current: {out}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use serde_json::Value;
 use selfheal_bench::exec::{Episode, Purpose, Response};
 use selfheal_bench::task::TaskSpec;
 
+use crate::agent::REFRESH_ARGUMENT;
 use crate::model::{Reply, Script};
 
 /// An episode and its scripted model.
@@ -46,7 +47,7 @@ impl<'t> World<'t> {
         let Some(step) = self.model.step_of(id) else {
             return format!("Error: no call `{id}` was made");
         };
-        let args: Value =
+        let mut args: Value =
             serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.into()));
         // A cross-check the gateway asked for is a verifier's call, charged as one.
         let purpose = if self.model.is_check(id) {
@@ -54,7 +55,14 @@ impl<'t> World<'t> {
         } else {
             Purpose::Step
         };
-        match self.ep.call(step, tool, &args, purpose, false).response {
+        // The tool's cache-bypass argument is the world's refresh, not an argument of the
+        // question (a verifier's call reads as in-process: never fresh).
+        let refresh = args
+            .as_object_mut()
+            .and_then(|o| o.remove(REFRESH_ARGUMENT))
+            .is_some_and(|v| v == Value::Bool(true));
+        let fresh = refresh && purpose == Purpose::Step;
+        match self.ep.call(step, tool, &args, purpose, fresh).response {
             Response::Raised { message, .. } => format!("Error: {message}"),
             Response::Returned { body } => body,
         }

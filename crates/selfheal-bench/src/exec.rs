@@ -48,8 +48,13 @@ pub mod latency {
 /// Data older than this is stale.
 pub const MAX_AGE_MS: u64 = 3_600_000;
 
-/// The world's "now" for `as_of` stamps.
+/// The world's "now" for `as_of` stamps, unless an episode is set to another
+/// ([`Episode::set_data_now`]).
 const NOW_DATA_MS: u64 = 1_000_000_000;
+
+/// The field in which a tool with `freshness` stamps when its data was current (milliseconds on
+/// the world's clock, [`Episode::data_now`]).
+pub const AS_OF: &str = "as_of";
 
 /// Counters for the cost model `K = a·M + b·U + c·V + d·R + e·E`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -185,6 +190,8 @@ pub struct Episode<'t> {
     last_wrong: Vec<bool>,
     /// Per step: whether a call by name ([`Episode::execute_named`]) has answered it readably.
     answered: Vec<bool>,
+    /// The time of day on the world's clock, for `as_of` stamps.
+    data_now: u64,
     tally: Tally,
 }
 
@@ -215,6 +222,7 @@ impl<'t> Episode<'t> {
             skipped: vec![None; n],
             last_wrong: vec![false; n],
             answered: vec![false; n],
+            data_now: NOW_DATA_MS,
             tally: Tally::default(),
         }
     }
@@ -271,7 +279,14 @@ impl<'t> Episode<'t> {
 
     /// The world's clock for `as_of` comparisons (a client knows the time of day).
     pub fn data_now(&self) -> u64 {
-        NOW_DATA_MS
+        self.data_now
+    }
+
+    /// Sets the world's time of day (milliseconds): its tools stamp `as_of` against it. A client
+    /// on another clock — a gateway reading the wall clock — sets it to that clock's time, so
+    /// that an age on the wire is the age the world meant. Stamps only; no fault changes.
+    pub fn set_data_now(&mut self, ms: u64) {
+        self.data_now = ms;
     }
 
     /// Waits.
@@ -515,7 +530,7 @@ impl<'t> Episode<'t> {
             Via::Sibling => skew_paths(&mut body, &reads, 0.07),
             Via::Primary | Via::Other => {}
         }
-        let mut as_of = NOW_DATA_MS - 60_000;
+        let mut as_of = self.data_now.saturating_sub(60_000);
         // Tool-side faults of this step.
         let model = self.model;
         let armed = self.successes;
@@ -597,7 +612,7 @@ impl<'t> Episode<'t> {
                     } => {
                         skew_paths(&mut body, &reads, skew);
                         if *stamp == AsOf::Honest {
-                            as_of = NOW_DATA_MS.saturating_sub(*age_ms);
+                            as_of = self.data_now.saturating_sub(*age_ms);
                         }
                     }
                     Effect::Skew { .. } => skew_paths(&mut body, &reads, skew),
@@ -621,7 +636,7 @@ impl<'t> Episode<'t> {
             && body.is_object()
             && let Some(o) = body.as_object_mut()
         {
-            o.insert("as_of".into(), json!(as_of));
+            o.insert(AS_OF.into(), json!(as_of));
         }
         let wrong = reads
             .iter()

@@ -27,6 +27,7 @@ use serde_json::Value;
 
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::classifier::Signal;
+use selfheal_core::contract;
 use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
 use selfheal_core::monitor::{CallOutcome, ToolCall, canonical_hash};
 use selfheal_core::policy::{
@@ -37,7 +38,7 @@ use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, ungrounded_arguments};
 use selfheal_core::{Amounts, FailureClass};
 
-use crate::exec::{Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
+use crate::exec::{AS_OF, Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
 use crate::task::{Plan, ResolveError, get_path, resolve_answer, resolve_args};
 
 /// A strategy's name.
@@ -255,13 +256,6 @@ fn backoff(rng: &mut SplitMix64, attempt: u32, retry_after_ms: Option<u64>) -> u
     RetryConfig::default().delay_ms(attempt, retry_after_ms, rng)
 }
 
-fn normalise(k: &str) -> String {
-    k.chars()
-        .filter(char::is_ascii_alphanumeric)
-        .flat_map(|c| c.to_lowercase())
-        .collect()
-}
-
 /// Whether a body was cut off: more brackets opened than closed outside strings.
 fn is_cut(text: &str) -> bool {
     let (mut depth, mut in_str, mut esc, mut quote) = (0i64, false, false, '"');
@@ -289,10 +283,20 @@ fn is_cut(text: &str) -> bool {
     depth > 0 || in_str
 }
 
-/// Output repair on the bytes a tool returned: `selfheal-repair`, then a schema-guided mapping
-/// of renamed fields. A cut body is refused: closing it would invent data.
+/// The fields step `s`'s tool declares it answers with (its output contract, from the task
+/// file's tool definition): what a client checks an answer against. Not the plan's reads — which
+/// fields the task goes on to use is the task's solution, not the tool's contract.
+fn contract(plan: &Plan, s: usize) -> Vec<String> {
+    plan.step_tool(s)
+        .map(|t| t.output.iter().map(|(p, _)| p.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Output repair on the bytes a tool returned: `selfheal-repair`, then the core's mapping of
+/// renamed fields back to the tool's declared ones ([`selfheal_core::contract::map_renamed`]).
+/// A cut body is refused: closing it would invent data.
 fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
-    let mut v: Value = match serde_json::from_str(body) {
+    let v: Value = match serde_json::from_str(body) {
         Ok(v) => v,
         Err(_) => {
             if is_cut(body) {
@@ -303,30 +307,7 @@ fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
                 .value
         }
     };
-    for p in plan.read_paths(s) {
-        if get_path(&v, &p).is_some_and(|x| !x.is_null()) {
-            continue;
-        }
-        let top = p.split(['.', '[']).next().unwrap_or(&p).to_owned();
-        let Some(o) = v.as_object_mut() else {
-            return Err("the body is not an object".into());
-        };
-        let want = normalise(&top);
-        let found: Vec<String> = o
-            .keys()
-            .filter(|k| **k != top && normalise(k).starts_with(&want))
-            .cloned()
-            .collect();
-        match found.as_slice() {
-            [one] => {
-                if let Some(x) = o.remove(one) {
-                    o.insert(top.clone(), x);
-                }
-            }
-            _ => return Err(format!("field `{top}` is missing and cannot be mapped")),
-        }
-    }
-    Ok(v)
+    contract::map_renamed(&v, &contract(plan, s))
 }
 
 /// Checks a parsed body the way a client does.
@@ -337,16 +318,8 @@ fn check_body(
     det: Detectors,
     now: u64,
 ) -> Result<(), Box<Failure>> {
-    for p in plan.read_paths(s) {
-        let got = get_path(v, &p);
-        let missing = match got {
-            None | Some(Value::Null) => true,
-            Some(Value::Array(a)) => a.is_empty(),
-            Some(_) => false,
-        };
-        if !missing {
-            continue;
-        }
+    if let Some(breach) = contract::breach(v, &contract(plan, s)) {
+        let p = breach.field();
         let text = v.to_string();
         if !det.soft {
             return Err(Box::new(Failure::new(
@@ -362,36 +335,25 @@ fn check_body(
                 format!("the tool returned an error body: {e}"),
             )));
         }
-        let top = p.split(['.', '[']).next().unwrap_or(&p);
-        let drifted = v.as_object().is_some_and(|o| {
-            o.keys()
-                .any(|k| k != top && normalise(k).starts_with(&normalise(top)))
-        });
-        if drifted || got.is_none() {
-            let mut f = Failure::new(
-                Signal::SchemaDrift {
-                    detail: format!("no `{p}` in {text}"),
-                },
-                format!("schema drift: no `{p}` in {text}"),
-            );
-            f.repair = Some(RepairTarget::Output);
-            return Err(Box::new(f));
-        }
-        return Err(Box::new(Failure::new(
-            Signal::EmptyOutput,
-            format!("empty output: `{p}` is empty in {text}"),
-        )));
+        let signal = breach.signal(v);
+        return Err(Box::new(match breach {
+            contract::Breach::Drifted { .. } => {
+                let mut f = Failure::new(signal, format!("schema drift: no `{p}` in {text}"));
+                f.repair = Some(RepairTarget::Output);
+                f
+            }
+            contract::Breach::Empty { .. } => {
+                Failure::new(signal, format!("empty output: `{p}` is empty in {text}"))
+            }
+        }));
     }
     if det.freshness
-        && let Some(t) = v.get("as_of").and_then(Value::as_u64)
-        && now.saturating_sub(t) > MAX_AGE_MS
+        && let Some(signal @ Signal::Stale { age_ms, .. }) =
+            contract::stale(v, AS_OF, now, MAX_AGE_MS)
     {
         return Err(Box::new(Failure::new(
-            Signal::Stale {
-                age_ms: now.saturating_sub(t),
-                max_age_ms: MAX_AGE_MS,
-            },
-            format!("stale data: as_of is {} ms old", now.saturating_sub(t)),
+            signal,
+            format!("stale data: as_of is {age_ms} ms old"),
         )));
     }
     Ok(())
@@ -596,7 +558,7 @@ fn attempt(
 }
 
 /// The cross-check: calls the equivalent source with the same arguments and compares the values
-/// the plan reads within the tool's tolerance — the substitute for the primary's values, the
+/// the tool declares within its tolerance — the substitute for the primary's values, the
 /// primary for the substitute's (a substitute's value is otherwise unchecked). An external tool
 /// with no equivalent source is read a second time instead: a source whose answer changes between
 /// two reads of the same call did not give a settled one (a flaky upstream, a bad replica), and
@@ -643,7 +605,7 @@ fn read_again(
         format!("`{sub}`")
     };
     let tol = spec.tolerance;
-    let reads = plan.read_paths(s);
+    let reads = contract(plan, s);
     let args = resolve_args(plan, s, outputs).ok()?;
     let resp = ep.call(s, &sub, &args, Purpose::Verify, false);
     let judgement = match resp.response {
@@ -1235,7 +1197,7 @@ pub fn run_self_healing(
                                     Some(Ok(v)) => {
                                         // A repaired body is an output like any other: its values
                                         // are cross-checked before they are used. Without a second
-                                        // source or read (a local tool) the repair's own check (it parsed, the plan's
+                                        // source or read (a local tool) the repair's own check (it parsed, the declared
                                         // fields are there) reads the shape, not the values: it
                                         // cannot tell whether they are right.
                                         let (verifier, judgement) = match cross_check(

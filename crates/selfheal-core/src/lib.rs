@@ -19,6 +19,7 @@
 //! | [`policy`] | class → ladder of [`RecoveryAction`]s, cheapest feasible first; TOML-loadable |
 //! | [`budget`] | one ledger per run over every budget dimension |
 //! | [`verifier`] | accept / reject / uncertain; rejection is a recoverable failure |
+//! | [`contract`] | a tool's output contract: declared fields (drift, empty) and `as_of` freshness |
 //! | [`trace`] | typed, bounded, versioned JSON Lines trace; healing rate |
 //! | [`controller`] | routes observations to directives; owns no policy |
 //! | [`call`] | one call across retries and a fallback chain: the front-ends' decision surface |
@@ -43,6 +44,7 @@ pub mod breaker;
 pub mod budget;
 pub mod call;
 pub mod classifier;
+pub mod contract;
 pub mod controller;
 pub mod monitor;
 pub mod policy;

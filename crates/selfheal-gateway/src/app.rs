@@ -535,6 +535,7 @@ async fn responses_inner(
             offered: &tools,
             fallback: chain.get(1).map(|c| c.model.as_str()),
             seed: now_ms,
+            wall_ms: recover::wall_ms(),
         };
         let replayed = heal::replay_items(&mut st, items, &ctx, now_ms);
         let next = st.wire.take_next();
@@ -1255,6 +1256,7 @@ fn rebuild_run(
         offered: tools,
         fallback: chain.get(1).map(|c| c.model.as_str()),
         seed: now_ms,
+        wall_ms: recover::wall_ms(),
     };
     let (verdict, replayed, next) = {
         let mut st = lock(&t.state);

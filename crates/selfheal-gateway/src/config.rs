@@ -166,6 +166,50 @@ pub struct ToolConfig {
     /// completions and `/v1/responses`, streamed or not.
     #[serde(default)]
     pub grounded: bool,
+    /// The fields this tool's answers declare (its output contract: top-level names or paths
+    /// such as `a.b[0]`; default none). An answer without one of them — renamed past
+    /// recognition, dropped — is schema drift, repaired by mapping back the one key that is
+    /// recognisably the field renamed (`city_v2` → `city`) and otherwise fetched again along
+    /// the `malformed_output` ladder; one with a declared field null or empty is an empty
+    /// output. The rules are the core's ([`selfheal_core::contract`]), the ones the benchmark's
+    /// in-process client applies to the task file's declared outputs.
+    #[serde(default)]
+    pub output: Vec<String>,
+    /// The field in which this tool stamps when its data was current, as Unix time in
+    /// milliseconds (default none: no freshness check). An answer older than `max_age_ms` by
+    /// the gateway's wall clock is stale context, which the policy refreshes (when `refresh`
+    /// is declared) or substitutes.
+    #[serde(default)]
+    pub as_of: Option<String>,
+    /// The oldest an `as_of` stamp may be, in milliseconds (default one hour).
+    #[serde(default = "default_max_age_ms")]
+    pub max_age_ms: u64,
+    /// The boolean argument that makes this tool bypass its cache (default none: the tool
+    /// cannot be refreshed). With it, the policy's `refresh` — of stale data, or of a value its
+    /// second source contradicts — is carried out as guidance to call the tool again with the
+    /// same arguments and this one set to `true`.
+    #[serde(default)]
+    pub refresh: Option<String>,
+}
+
+fn default_max_age_ms() -> u64 {
+    3_600_000
+}
+
+impl Default for ToolConfig {
+    /// Nothing known: no substitute, no cross-check, no grounding, no contract, no freshness.
+    fn default() -> Self {
+        ToolConfig {
+            substitute: None,
+            cross_check: false,
+            tolerance: selfheal_core::verifier::Tolerance::default(),
+            grounded: false,
+            output: Vec::new(),
+            as_of: None,
+            max_age_ms: default_max_age_ms(),
+            refresh: None,
+        }
+    }
 }
 
 /// The whole gateway configuration.
@@ -328,6 +372,21 @@ impl GatewayConfig {
                 }
                 Some(_) | None => {}
             }
+            let blank = [tool.as_of.as_deref(), tool.refresh.as_deref()]
+                .into_iter()
+                .flatten()
+                .chain(tool.output.iter().map(String::as_str))
+                .any(|f| f.trim().is_empty());
+            if blank {
+                return Err(ConfigError::Invalid(format!(
+                    "[tools.{name}]: output, as_of and refresh name fields, and a name is not blank"
+                )));
+            }
+            if tool.as_of.is_some() && tool.max_age_ms == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "[tools.{name}]: max_age_ms must be positive"
+                )));
+            }
         }
         if let Some(d) = &self.default_upstream
             && !self.upstreams.contains_key(d)
@@ -480,6 +539,23 @@ mod tests {
         assert!(matches!(lone, Err(ConfigError::Invalid(m)) if m.contains("needs a substitute")));
         let typo = GatewayConfig::from_toml_str("[tools.a]\nsubstitue = \"b\"\n");
         assert!(typo.is_err(), "unknown keys are refused");
+    }
+
+    #[test]
+    fn a_tools_contract_and_freshness_are_read_and_checked() {
+        let c = GatewayConfig::from_toml_str(
+            "[tools.fx]\noutput = [\"rate\"]\nas_of = \"as_of\"\nrefresh = \"no_cache\"\n",
+        )
+        .unwrap();
+        let fx = &c.tools["fx"];
+        assert_eq!(fx.output, vec!["rate".to_owned()]);
+        assert_eq!(fx.as_of.as_deref(), Some("as_of"));
+        assert_eq!(fx.refresh.as_deref(), Some("no_cache"));
+        assert_eq!(fx.max_age_ms, 3_600_000, "one hour unless set");
+        let blank = GatewayConfig::from_toml_str("[tools.fx]\nrefresh = \" \"\n");
+        assert!(matches!(blank, Err(ConfigError::Invalid(m)) if m.contains("not blank")));
+        let never = GatewayConfig::from_toml_str("[tools.fx]\nas_of = \"t\"\nmax_age_ms = 0\n");
+        assert!(matches!(never, Err(ConfigError::Invalid(m)) if m.contains("positive")));
     }
 
     #[test]

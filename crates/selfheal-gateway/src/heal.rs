@@ -704,6 +704,7 @@ mod tests {
             offered: idx,
             fallback: None,
             seed: 0,
+            wall_ms: 0,
         }
     }
 

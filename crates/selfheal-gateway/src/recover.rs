@@ -16,8 +16,9 @@
 //! | directive | on the wire |
 //! |---|---|
 //! | `Continue` | nothing beyond the monitor's guidance |
-//! | `Recover` retry of a tool's failure (and refresh, which only the tool's caller can do) | guidance: call the tool again with the same arguments |
-//! | `Recover` repair of a tool's answer that does not parse | the gateway's repair of the bytes replaces the result in every request it forwards; the repaired value is then cross-checked like any other |
+//! | `Recover` retry of a tool's failure | guidance: call the tool again with the same arguments |
+//! | `Recover` refresh (stale data, a contradicted value) of a tool that declares its cache-bypass argument ([`ToolConfig::refresh`]) | guidance: call the tool again with the same arguments and that one set to `true` |
+//! | `Recover` repair of a tool's answer that does not parse, or whose declared field was renamed ([`ToolConfig::output`]) | the gateway's repair of the bytes (or the field mapped back) replaces the result in every request it forwards; the repaired value is then cross-checked like any other; a drift it cannot map is fetched again |
 //! | `Recover` retry of the model's own mistake | guidance: write the call again |
 //! | `Recover` substitute | guidance naming the failed tool and the equivalent one to call instead ([`ToolConfig::substitute`]) |
 //! | `Recover` replan | guidance: rethink the plan from the results there are |
@@ -35,6 +36,13 @@
 //! returned as correct. An agent that does not make the cross-check call gets the verdict
 //! "uncertain" for it.
 //!
+//! **Contracts.** An answer is read against what the operator declared of its tool
+//! ([`ToolConfig::output`], [`ToolConfig::as_of`]) by the core's rules
+//! ([`selfheal_core::contract`]) before anything else: a declared field missing or renamed is
+//! schema drift, one null or empty an empty output, an `as_of` older than allowed by the wall
+//! clock stale context — the signals the in-process client reads off the task file's tool
+//! definitions. Without a declaration nothing is judged.
+//!
 //! **Steps.** The controller tracks one open failure per plan step; the gateway has no plan, so
 //! a tool and its configured substitute are one step (the question they both answer) and every
 //! other tool is its own.
@@ -44,6 +52,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde_json::Value;
 
 use selfheal_core::classifier::Signal;
+use selfheal_core::contract;
 use selfheal_core::controller::{Directive, Observation};
 use selfheal_core::monitor::{CallOutcome, Monitor, ToolCall, canonical_hash};
 use selfheal_core::policy::{EscalationTarget, Options, RecoveryAction, RepairTarget};
@@ -70,9 +79,46 @@ pub struct Ctx<'a> {
     pub fallback: Option<&'a str>,
     /// A seed for the backoff jitter of the controller's decisions.
     pub seed: u64,
+    /// The wall clock, Unix time in milliseconds (what `as_of` stamps are read against).
+    pub wall_ms: u64,
+}
+
+/// The wall clock now, Unix time in milliseconds.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Ctx<'_> {
+    /// The cache-bypass argument of `tool`, if it declares one.
+    fn refresh_of(&self, tool: &str) -> Option<&str> {
+        self.tools.get(tool)?.refresh.as_deref()
+    }
+
+    /// How `value`, an answer of `tool`, breaks the tool's declared contract, if it does: a
+    /// declared field drifted or empty ([`selfheal_core::contract::breach`]), or an `as_of`
+    /// older than the tool allows by the wall clock. The signal, and whether an output repair
+    /// applies.
+    fn breach(&self, tool: &str, value: &Value) -> Option<(Signal, Option<RepairTarget>)> {
+        let c = self.tools.get(tool)?;
+        if let Some(b) = contract::breach(value, &c.output) {
+            let repair =
+                matches!(b, contract::Breach::Drifted { .. }).then_some(RepairTarget::Output);
+            return Some((b.signal(value), repair));
+        }
+        let as_of = c.as_of.as_deref()?;
+        contract::stale(value, as_of, self.wall_ms, c.max_age_ms).map(|s| (s, None))
+    }
+
+    /// `value` as two sources' answers are compared: without `tool`'s `as_of` stamp.
+    fn comparable(&self, tool: &str, value: &Value) -> Value {
+        match self.tools.get(tool).and_then(|c| c.as_of.as_deref()) {
+            Some(field) => contract::without_stamp(value, field),
+            None => value.clone(),
+        }
+    }
+
     /// The configured substitute of `tool`.
     fn substitute_of(&self, tool: &str) -> Option<&str> {
         self.tools.get(tool)?.substitute.as_deref()
@@ -156,6 +202,10 @@ pub struct Wire {
     steps: HashMap<String, u32>,
     pending: Option<Pending>,
     escalated: HashSet<u32>,
+    /// Steps the controller moved to the substitute because the primary's data was stale: the
+    /// substitute's answers are not checked back against the source known to be old (as
+    /// in-process).
+    trusted: HashSet<u32>,
     /// Tool results the gateway repaired, by `tool_call_id`, with the text the model reads
     /// instead (at most [`MAX_REPAIRED`], oldest first out).
     repaired: std::collections::VecDeque<(String, String)>,
@@ -574,9 +624,25 @@ pub fn observe(
             // The second source's answer is read as it came: one that does not parse is no
             // evidence (the verifier does not repair what it checks against).
             let verdict = match read_result(text) {
-                Read::Value(other) => match holes(&p.value, &other) {
-                    Some(signal) => Verdict::Hole(signal),
-                    None => Verdict::Judged(cross_check(&p.value, &other, p.tolerance)),
+                // The second source's answer without a declared field is no evidence either
+                // way (as in-process: nothing to compare the value with).
+                Read::Value(other) => match ctx.breach(&p.against, &other) {
+                    Some((Signal::SchemaDrift { detail }, _)) => {
+                        Verdict::Judged(Judgement::Uncertain {
+                            reason: format!(
+                                "`{}` answered without a declared field: {detail}",
+                                p.against
+                            ),
+                        })
+                    }
+                    Some(_) | None => match holes(&p.value, &other) {
+                        Some(signal) => Verdict::Hole(signal),
+                        None => Verdict::Judged(cross_check(
+                            &ctx.comparable(&p.tool, &p.value),
+                            &ctx.comparable(&p.against, &other),
+                            p.tolerance,
+                        )),
+                    },
                 },
                 Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
                     reason: format!("`{}` sent an unreadable body", p.against),
@@ -601,9 +667,22 @@ pub fn observe(
     let step = st.wire.step_of(tool, ctx);
     match read_result(text) {
         Read::Value(value) => {
+            if let Some((signal, repair)) = ctx.breach(tool, &value) {
+                breached(
+                    st,
+                    ctx,
+                    (id, tool, args),
+                    value,
+                    (signal, repair),
+                    required,
+                    now_ms,
+                );
+                return "soft";
+            }
             st.successes += 1;
             if let Some((against, tolerance)) = ctx.check_against(tool)
                 && ctx.offered.contains_key(&against)
+                && !trusted(st, ctx, step, tool)
             {
                 st.wire.pending = Some(Pending {
                     step,
@@ -619,7 +698,7 @@ pub fn observe(
             }
             let call = ToolCall::returned(tool, args, &value).with_required(&required);
             let d = finished(st, ctx, step, call, None, None, now_ms);
-            carry(st, step, tool, d);
+            carry(st, ctx, step, tool, d);
             "ok"
         }
         Read::Repairable { signal, value } => {
@@ -647,7 +726,7 @@ pub fn observe(
                     st.wire.replace(id, &value);
                     repaired(st, ctx, step, tool, args, value, required, now_ms);
                 }
-                d => carry(st, step, tool, d),
+                d => carry(st, ctx, step, tool, d),
             }
             "hard"
         }
@@ -681,9 +760,65 @@ pub fn observe(
             }
             .with_required(&required);
             let d = finished(st, ctx, step, call, signal, None, now_ms);
-            carry(st, step, tool, d);
+            carry(st, ctx, step, tool, d);
             if hard { "hard" } else { "soft" }
         }
+    }
+}
+
+/// Whether `tool`'s answers at `step` are taken without a cross-check: it is the substitute the
+/// controller moved to because the primary's data was stale.
+fn trusted(st: &RunState, ctx: &Ctx<'_>, step: u32, tool: &str) -> bool {
+    st.wire.trusted.contains(&step) && ctx.primary_of(tool).is_some()
+}
+
+/// Observes an answer that breaks its tool's declared contract (a drifted or empty field, a
+/// stale `as_of`) as that failure. An output repair is carried out here: the renamed field
+/// mapped back ([`contract::map_renamed`]) replaces the result the model reads and is used like
+/// any repaired answer; when it cannot be mapped, the tool is called again (as in-process: a
+/// refused repair fetches the body again).
+fn breached(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    call: (&str, &str, &Value),
+    value: Value,
+    why: (Signal, Option<RepairTarget>),
+    required: Vec<String>,
+    now_ms: u64,
+) {
+    let (id, tool, args) = call;
+    let (signal, repair) = why;
+    st.failures += 1;
+    let step = st.wire.step_of(tool, ctx);
+    let c = ToolCall::returned(tool, args, &value).with_required(&required);
+    let d = finished(st, ctx, step, c, Some(signal), repair, now_ms);
+    match d {
+        Directive::Recover {
+            class,
+            action:
+                RecoveryAction::Repair {
+                    target: RepairTarget::Output,
+                },
+            ..
+        } => {
+            st.wire.next.actions.push("repair");
+            let fields = ctx
+                .tools
+                .get(tool)
+                .map(|c| c.output.as_slice())
+                .unwrap_or_default();
+            match contract::map_renamed(&value, fields)
+                .ok()
+                .filter(|v| ctx.breach(tool, v).is_none())
+            {
+                Some(v) => {
+                    st.wire.replace(id, &v);
+                    repaired(st, ctx, step, tool, args, v, required, now_ms);
+                }
+                None => st.wire.next.guidance.push(retry_text(tool, class)),
+            }
+        }
+        d => carry(st, ctx, step, tool, d),
     }
 }
 
@@ -712,7 +847,9 @@ fn repaired(
         repaired: true,
     };
     match ctx.check_against(tool) {
-        Some((against, tolerance)) if ctx.offered.contains_key(&against) => {
+        Some((against, tolerance))
+            if ctx.offered.contains_key(&against) && !trusted(st, ctx, step, tool) =>
+        {
             st.wire.pending = Some(Pending {
                 against,
                 tolerance,
@@ -721,16 +858,16 @@ fn repaired(
         }
         Some(_) | None => {
             let d = verified(st, ctx, &p, Judgement::Accept, now_ms);
-            carry(st, step, tool, d);
+            carry(st, ctx, step, tool, d);
         }
     }
 }
 
 /// What the other source's answer shows is missing from `value`: a field empty here (null, an
-/// empty array) that the other fills is an empty output — the signal the in-process client
-/// reads off the plan's fields. (Two answers with different field names are not read as a drift
-/// of either: without the plan, nothing says which one the agent reads; the cross-check is then
-/// uncertain.)
+/// empty array) that the other fills is an empty output, for a tool whose fields the operator
+/// did not declare ([`ToolConfig::output`] catches it before the cross-check otherwise). (Two
+/// answers with different field names are not read as a drift of either: without a declared
+/// contract, nothing says which one is right; the cross-check is then uncertain.)
 fn holes(value: &Value, other: &Value) -> Option<Signal> {
     let (Value::Object(a), Value::Object(b)) = (value, other) else {
         return None;
@@ -761,9 +898,9 @@ fn clip(text: &str) -> String {
 }
 
 /// The options of a failure of `tool` at `step`, as far as the wire allows: `repair` when the
-/// gateway could read a value out of bytes that did not parse, no refresh (a proxy cannot ask
-/// a tool to bypass its cache), the configured substitute if the request offers it, the
-/// fallback model once per step.
+/// gateway could read a value out of bytes that did not parse (or map a drifted field back),
+/// refresh when the tool declares its cache-bypass argument ([`ToolConfig::refresh`]), the
+/// configured substitute if the request offers it, the fallback model once per step.
 fn options(
     st: &RunState,
     ctx: &Ctx<'_>,
@@ -777,7 +914,7 @@ fn options(
             .substitute_of(tool)
             .filter(|s| ctx.offered.contains_key(*s))
             .map(str::to_owned),
-        refreshable: false,
+        refreshable: ctx.refresh_of(tool).is_some(),
         can_replan: true,
         fallback_model: ctx
             .fallback
@@ -819,12 +956,12 @@ fn finished(
 fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms: u64) {
     let judgement = match verdict {
         Verdict::Judged(j) => j,
-        // The other source fills a field this answer left empty: an empty output (what the
-        // in-process client reads off the plan's fields), not a disagreement.
+        // The other source fills a field this answer left empty: an empty output, not a
+        // disagreement.
         Verdict::Hole(signal) if !p.repaired => {
             let call = ToolCall::returned(&p.tool, &p.args, &p.value).with_required(&p.required);
             let d = finished(st, ctx, p.step, call, Some(signal), None, now_ms);
-            carry(st, p.step, &p.tool, d);
+            carry(st, ctx, p.step, &p.tool, d);
             return;
         }
         Verdict::Hole(signal) => Judgement::Reject {
@@ -834,7 +971,7 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
     if p.repaired {
         // A repaired answer was observed as its failure already; only the verdict is new.
         let d = verified(st, ctx, &p, judgement, now_ms);
-        carry(st, p.step, &p.tool, d);
+        carry(st, ctx, p.step, &p.tool, d);
         return;
     }
     let signal = match &judgement {
@@ -855,7 +992,7 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
         (Directive::Continue { .. }, None) => verified(st, ctx, &p, judgement, now_ms),
         (d, _) => d,
     };
-    carry(st, p.step, &p.tool, d);
+    carry(st, ctx, p.step, &p.tool, d);
 }
 
 /// Observes a cross-check's verdict on `p`.
@@ -881,7 +1018,7 @@ fn verified(
 }
 
 /// Turns a directive into what the next request carries out.
-fn carry(st: &mut RunState, step: u32, tool: &str, d: Directive) {
+fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Directive) {
     let next = &mut st.wire.next;
     match d {
         Directive::Continue { .. } => {}
@@ -895,10 +1032,19 @@ fn carry(st: &mut RunState, step: u32, tool: &str, d: Directive) {
                     next.guidance.push(rewrite_text(tool, class));
                 }
                 RecoveryAction::Repair { .. } => next.guidance.push(rewrite_text(tool, class)),
-                RecoveryAction::Retry { .. } | RecoveryAction::Refresh => {
+                RecoveryAction::Refresh => match ctx.refresh_of(tool) {
+                    Some(arg) => next.guidance.push(refresh_text(tool, class, arg)),
+                    None => next.guidance.push(retry_text(tool, class)),
+                },
+                RecoveryAction::Retry { .. } => {
                     next.guidance.push(retry_text(tool, class));
                 }
                 RecoveryAction::Substitute { alternative } => {
+                    // The primary's data is known to be old: its answers say nothing about
+                    // the substitute's (as in-process).
+                    if class == FailureClass::StaleContext {
+                        st.wire.trusted.insert(step);
+                    }
                     next.guidance
                         .push(substitute_text(tool, class, &alternative));
                 }
@@ -931,6 +1077,14 @@ fn carry(st: &mut RunState, step: u32, tool: &str, d: Directive) {
 /// The retry's guidance.
 pub fn retry_text(tool: &str, class: FailureClass) -> String {
     format!("`{tool}` failed ({class}): call it again with the same arguments.")
+}
+
+/// The refresh's guidance: the same call with the tool's cache-bypass argument set.
+pub fn refresh_text(tool: &str, class: FailureClass, arg: &str) -> String {
+    format!(
+        "`{tool}` failed ({class}): call it again with the same arguments and `{arg}` set to \
+         true, to bypass its cache."
+    )
 }
 
 /// The guidance of a repair or a model-side retry: the model writes the call again.
@@ -982,7 +1136,7 @@ mod tests {
                 grounded: false,
                 substitute: Some("weather_backup".into()),
                 cross_check,
-                tolerance: selfheal_core::verifier::Tolerance::default(),
+                ..ToolConfig::default()
             },
         )])
     }
@@ -1045,6 +1199,7 @@ mod tests {
             offered: &idx,
             fallback: None,
             seed: 1,
+            wall_ms: 0,
         };
         let mut st = run();
         let a = json!({"city": "Paris"});
@@ -1076,6 +1231,7 @@ mod tests {
             offered: &idx,
             fallback: None,
             seed: 1,
+            wall_ms: 0,
         };
         let mut st = run();
         let a = json!({"city": "Paris"});
@@ -1114,6 +1270,7 @@ mod tests {
             offered: &idx,
             fallback: None,
             seed: 1,
+            wall_ms: 0,
         };
         let a = json!({"city": "Paris"});
         let mut st = run();
@@ -1155,6 +1312,7 @@ mod tests {
             offered: &idx,
             fallback: Some("big"),
             seed: 1,
+            wall_ms: 0,
         };
         let mut st =
             RunState::with_policy(MonitorConfig::default(), BudgetLimits::defaults(), policy);
@@ -1186,9 +1344,7 @@ mod tests {
             "lookup".into(),
             ToolConfig {
                 grounded: true,
-                substitute: None,
-                cross_check: false,
-                tolerance: selfheal_core::verifier::Tolerance::default(),
+                ..ToolConfig::default()
             },
         );
         let g = Grounding {

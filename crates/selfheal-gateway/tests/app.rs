@@ -843,3 +843,118 @@ async fn a_usable_but_ungrounded_call_of_a_grounded_tool_is_reasked_not_forwarde
     assert_eq!(args, json!("{\"query\": \"rust\"}"), "{answer}");
     assert_eq!(shared.lock().unwrap().seen.len(), 2, "asked again");
 }
+
+/// The system texts of a request the upstream saw (where the gateway's guidance goes).
+fn guidance_seen(seen: &Value) -> String {
+    seen["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One call of `tool` with `args` and its result `result`, after the user's request.
+fn one_result(tool: &str, args: &str, result: &str) -> Value {
+    json!([
+        {"role": "user", "content": "what is the EURUSD rate?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": tool, "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": result}
+    ])
+}
+
+fn fx_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "fx", "parameters": {
+        "type": "object", "properties": {"pair": {"type": "string"},
+                                          "no_cache": {"type": "boolean"}},
+        "required": ["pair"]}}}])
+}
+
+/// Issue 11: a tool that declares its `as_of` stamp and its cache-bypass argument gets its
+/// stale answers refreshed on the wire — the model is told to call it again with that argument
+/// set — and an answer that is current, or a tool that declares neither, gets nothing.
+#[tokio::test]
+async fn issue_11_a_stale_answer_is_refreshed_through_the_declared_argument() {
+    let declared = "output = [\"rate\"]\nas_of = \"as_of\"\nrefresh = \"no_cache\"\n";
+    let now = selfheal_gateway::recover::wall_ms();
+    let cases = [
+        (declared, now - 86_400_000, true),
+        (declared, now - 1_000, false),
+        ("output = [\"rate\"]\n", now - 86_400_000, false),
+    ];
+    for (tool, as_of, refreshed) in cases {
+        let (url, shared) = start_upstream(vec![]).await;
+        let mut config = GatewayConfig::for_upstream(url);
+        config
+            .tools
+            .insert("fx".into(), toml::from_str(tool).unwrap());
+        let app = gateway(config);
+        let result = json!({"rate": 1.1, "as_of": as_of}).to_string();
+        let (status, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "tools": fx_tools(),
+                   "messages": one_result("fx", "{\"pair\": \"EURUSD\"}", &result)}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let seen = shared.lock().unwrap().seen.clone();
+        let guidance = guidance_seen(&seen[0]);
+        let actions = headers
+            .get("x-selfheal-actions")
+            .map(|h| h.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        assert_eq!(
+            guidance.contains("`no_cache` set to true"),
+            refreshed,
+            "{tool} {as_of}: {guidance}"
+        );
+        assert_eq!(actions.contains("refresh"), refreshed, "{actions}");
+    }
+}
+
+/// Issue 11: an answer without a field its tool declares is schema drift on the wire, as
+/// in-process: a recognisable rename is mapped back in what the model reads; a field renamed
+/// past recognition is fetched again, never forwarded as if it were the answer.
+#[tokio::test]
+async fn issue_11_a_drifted_answer_is_repaired_or_fetched_again() {
+    for (result, mapped) in [(r#"{"rate_v2": 1.1}"#, true), (r#"{"f12": 1.1}"#, false)] {
+        let (url, shared) = start_upstream(vec![]).await;
+        let mut config = GatewayConfig::for_upstream(url);
+        config
+            .tools
+            .insert("fx".into(), toml::from_str("output = [\"rate\"]").unwrap());
+        let app = gateway(config);
+        let (status, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "tools": fx_tools(),
+                   "messages": one_result("fx", "{\"pair\": \"EURUSD\"}", result)}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let seen = shared.lock().unwrap().seen.clone();
+        let forwarded = seen[0]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool")
+            .unwrap()["content"]
+            .clone();
+        let actions = headers["x-selfheal-actions"].to_str().unwrap().to_owned();
+        assert!(actions.contains("repair"), "{result}: {actions}");
+        let guidance = guidance_seen(&seen[0]);
+        if mapped {
+            let v: Value = serde_json::from_str(forwarded.as_str().unwrap()).unwrap();
+            assert_eq!(v, json!({"rate": 1.1}));
+            assert!(!guidance.contains("call it again"), "{guidance}");
+        } else {
+            assert_eq!(forwarded, json!(result), "the bytes are not invented");
+            assert!(
+                guidance.contains("`fx` failed (malformed_output): call it again"),
+                "{guidance}"
+            );
+        }
+    }
+}
