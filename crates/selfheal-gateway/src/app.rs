@@ -1953,6 +1953,13 @@ fn add_headers(
 ) {
     let h = resp.headers_mut();
     let mut put = |name: &'static str, value: String| {
+        // The common case, a value that is already clean, goes in as it is.
+        if value.len() <= 512 && value.bytes().all(|b| b.is_ascii() && !b.is_ascii_control()) {
+            if let Ok(v) = HeaderValue::try_from(value) {
+                h.insert(HeaderName::from_static(name), v);
+            }
+            return;
+        }
         let clean: String = value
             .chars()
             .map(|c| {
