@@ -912,7 +912,8 @@ impl Run<'_, '_> {
 }
 
 /// Carries out the core's re-read ([`Controller::reread_due`]): before a run that needed
-/// recovery answers, reads once more each value that only a second read of its own source
+/// recovery answers, reads again ([`Controller::reread_reads`] times) each value that only a
+/// second read of its own source
 /// confirmed (an external tool with no equivalent source), or nothing did
 /// (a local tool: a calculator here fails, garbles and errs like any service, and reading it
 /// again is the one check there is). Faults come
@@ -920,7 +921,7 @@ impl Run<'_, '_> {
 /// that did not last, and two reads in a row can both fall inside the same bad spell. The first
 /// value that changes is the verifier's rejection of its step, and the controller's directive for
 /// it is returned; `None` when every value held. Each read is a real call (latency, `V`, faults),
-/// made once per run, and a read that cannot tell leaves the value as it was.
+/// the audit is made once per run, and a read that cannot tell leaves the value as it was.
 fn audit(
     st: &mut Run<'_, '_>,
     how: &[How],
@@ -936,24 +937,26 @@ fn audit(
         if !single {
             continue;
         }
-        let Some(judgement) = read_again(st.ep, m, how[m], v, outputs, true) else {
-            continue;
-        };
-        let rejected = matches!(judgement, Judgement::Reject { .. });
-        let options = st.options(m, how[m], None, outputs);
-        let now = st.ep.now();
-        let d = st.ctl.observe(
-            Observation::Verified {
-                step: Some(m as u32),
-                verifier: "re_read",
-                judgement,
-                options,
-            },
-            now,
-            &mut st.rng,
-        );
-        if rejected || !matches!(d, Directive::Continue { .. }) {
-            return Some((m, d));
+        for _ in 0..st.ctl.reread_reads() {
+            let Some(judgement) = read_again(st.ep, m, how[m], v, outputs, true) else {
+                break;
+            };
+            let rejected = matches!(judgement, Judgement::Reject { .. });
+            let options = st.options(m, how[m], None, outputs);
+            let now = st.ep.now();
+            let d = st.ctl.observe(
+                Observation::Verified {
+                    step: Some(m as u32),
+                    verifier: "re_read",
+                    judgement,
+                    options,
+                },
+                now,
+                &mut st.rng,
+            );
+            if rejected || !matches!(d, Directive::Continue { .. }) {
+                return Some((m, d));
+            }
         }
     }
     None

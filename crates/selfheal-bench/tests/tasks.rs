@@ -176,3 +176,65 @@ fn after_a_recovery_single_source_values_are_read_once_more() {
         Some(false)
     );
 }
+
+/// The read before answering reads each value `reread_reads` times: a wrong value that lasts
+/// three reads (the step's, the cross-check's and the first re-read) is caught by the second
+/// re-read, which the default makes, and returned when the policy reads once.
+#[test]
+fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
+    use selfheal_bench::exec::Episode;
+    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    use selfheal_core::policy::Policy;
+    let tool = |name: &str, arg: &str| {
+        format!(
+            r#"{{"name":"{name}","parameters":{{"type":"object","properties":{{"{arg}":{{"type":"string"}}}},"required":["{arg}"]}},"output":{{"v":"number"}}}}"#
+        )
+    };
+    let file = format!(
+        r#"{{"id":"t","tools":[{},{}],"plan":[{{"tool":"a","args":{{"q":"x"}},"label":"v1"}},{{"tool":"b","args":{{"x":"$v1.v$"}},"label":"v2"}}],"answer":"$v2.v$"}}"#,
+        tool("a", "q"),
+        tool("b", "x")
+    );
+    let task = &load_jsonl(&file).unwrap()[0];
+    let model = FaultModel::default_model().unwrap();
+    let spec = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
+    let faults = [
+        Injected {
+            step: 0,
+            spec: spec("plausible_wrong"),
+            permanent: false,
+            k: 3,
+            skew: 0.05,
+        },
+        Injected {
+            step: 1,
+            spec: spec("timeout"),
+            permanent: false,
+            k: 1,
+            skew: 0.0,
+        },
+    ];
+    let play = |policy: &Policy| {
+        let mut ep = Episode::new(task, &faults, &model, 7);
+        let ended = Strategy::SelfHealing.run(&mut ep, 5, Some(policy), 7, false);
+        let right = ended
+            .answer
+            .as_ref()
+            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected));
+        (right, ep.costs().verifier_calls)
+    };
+    let (right, twice) = play(&Policy::default());
+    assert_eq!(
+        right,
+        Some(true),
+        "the second re-read sees the value change"
+    );
+    let once = Policy::from_toml_str("reread_reads = 1").unwrap();
+    let (right, checks) = play(&once);
+    assert_eq!(
+        right,
+        Some(false),
+        "one re-read agrees with the wrong value"
+    );
+    assert!(twice > checks, "{twice} reads against {checks}");
+}

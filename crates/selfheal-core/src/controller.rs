@@ -284,11 +284,18 @@ impl Controller {
     /// directive the front-end carries out as any other.
     pub fn reread_due(&mut self) -> bool {
         let due = self.policy.reread_after_recovery
+            && self.policy.claim_after_recovery
             && !self.reread
             && self.stopped.is_none()
             && self.actions.keys().any(|k| !k.is_terminal());
         self.reread |= due;
         due
+    }
+
+    /// How many times the re-read before answering reads each value
+    /// ([`Policy::reread_reads`]); the first read that differs ends it.
+    pub fn reread_reads(&self) -> u32 {
+        self.policy.reread_reads.max(1)
     }
 
     /// Takes one observation and returns the next directive.
@@ -711,6 +718,23 @@ impl Controller {
         }
         let (status, reason) = match &self.stopped {
             Some((status, reason)) => (*status, Some(reason.clone())),
+            None if self.unresolved.is_empty()
+                && !self.policy.claim_after_recovery
+                && self.actions.keys().any(|k| !k.is_terminal()) =>
+            {
+                let reason = "a recovery was carried out, and the policy claims no answer after \
+                              one (claim_after_recovery = false)"
+                    .to_owned();
+                self.trace.push(
+                    now_ms,
+                    None,
+                    Event::Finished {
+                        status: RunStatus::Partial,
+                        reason: Some(reason.clone()),
+                    },
+                );
+                (RunStatus::Partial, Some(reason))
+            }
             None if self.unresolved.is_empty() => {
                 self.trace.push(
                     now_ms,

@@ -418,6 +418,24 @@ pub struct Policy {
     /// A run that went well is not read again.
     #[serde(default = "yes")]
     pub reread_after_recovery: bool,
+    /// How many times that read before answering reads each such value (at least 1; the first
+    /// read that differs ends it). Default 2. A source whose bad spell outlasts one read repeats
+    /// its wrong value on the next, which then agrees with it; each further read reaches one
+    /// call further past the value it checks, at one charged call per value and read, on runs
+    /// that needed a recovery only. A wrong value that lasts for good agrees with every read.
+    #[serde(default = "two")]
+    pub reread_reads: u32,
+    /// Whether a run that carried out a recovery may end `complete`. `true`, the default.
+    /// `false`: such a run ends `partial` (its answer kept, with the reason), whatever its checks
+    /// said, and makes no read before answering. Recovering gets a run further than giving up
+    /// would, so it meets more values that no check can see (two sources agreeing on a wrong
+    /// value, a calculator wrong for good); with this off, self-healing claims what a strategy
+    /// that stops at the first fault claims and no more, and gives up every recovery's answer.
+    /// On the benchmark's built-in tasks, each of which ends in a calculator no independent check
+    /// reaches, this is the same as withholding the answers that rest on a value no independent
+    /// check confirmed.
+    #[serde(default = "yes")]
+    pub claim_after_recovery: bool,
     /// Backoff parameters for retries.
     pub retry: RetryConfig,
     /// One ladder per failure class, cheapest action first.
@@ -426,6 +444,10 @@ pub struct Policy {
 
 fn yes() -> bool {
     true
+}
+
+fn two() -> u32 {
+    2
 }
 
 impl Default for Policy {
@@ -472,6 +494,8 @@ impl Default for Policy {
             last_chance: default_last_chance(),
             accept_unverified_recovery: false,
             reread_after_recovery: true,
+            reread_reads: two(),
+            claim_after_recovery: true,
         }
     }
 }
@@ -491,6 +515,10 @@ struct PolicyFile {
     accept_unverified_recovery: bool,
     #[serde(default = "yes")]
     reread_after_recovery: bool,
+    #[serde(default = "two")]
+    reread_reads: u32,
+    #[serde(default = "yes")]
+    claim_after_recovery: bool,
 }
 
 /// The default last-chance actions: substitute for tool and data failures, escalate for the
@@ -536,6 +564,8 @@ impl Policy {
             max_actions_per_failure: file.max_actions_per_failure,
             accept_unverified_recovery: file.accept_unverified_recovery,
             reread_after_recovery: file.reread_after_recovery,
+            reread_reads: file.reread_reads,
+            claim_after_recovery: file.claim_after_recovery,
             ..Policy::default()
         };
         for (class, action) in file.last_chance {
@@ -558,6 +588,12 @@ impl Policy {
     pub fn validate(&self) -> Result<(), PolicyError> {
         let mut problems = Vec::new();
         self.retry.problems(&mut problems);
+        if self.reread_reads == 0 {
+            problems.push(
+                "reread_reads is 0: use reread_after_recovery = false to read nothing again"
+                    .to_owned(),
+            );
+        }
         for (class, ladder) in &self.ladders {
             if let Some(pos) = ladder.iter().position(|a| a.is_terminal())
                 && pos + 1 < ladder.len()

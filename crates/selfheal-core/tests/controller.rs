@@ -1123,3 +1123,43 @@ fn a_run_that_needed_a_recovery_rereads_once_and_a_run_that_went_well_never() {
     off.observe(tool_ok(0, "search", &args, &result), 10, &mut rng);
     assert!(!off.reread_due(), "the policy file turns it off");
 }
+
+#[test]
+fn with_claim_after_recovery_off_a_recovered_run_ends_partial_and_a_calm_one_complete() {
+    let args = json!({"q": "x"});
+    let result = json!({"v": 1});
+    let mut rng = SplitMix64::new(7);
+    let config = || {
+        let mut c = ControllerConfig {
+            budget: BudgetLimits::unlimited(),
+            ..ControllerConfig::default()
+        };
+        c.policy = Policy::from_toml_str("claim_after_recovery = false").unwrap();
+        c
+    };
+    let mut calm = Controller::new(config()).unwrap();
+    calm.observe(tool_ok(0, "search", &args, &result), 0, &mut rng);
+    assert_eq!(calm.finish(1).status, RunStatus::Complete);
+
+    let mut troubled = Controller::new(config()).unwrap();
+    troubled.observe(timed_out(0, "search", &args), 0, &mut rng);
+    troubled.observe(tool_ok(0, "search", &args, &result), 10, &mut rng);
+    assert!(
+        !troubled.reread_due(),
+        "nothing will be claimed: nothing to read"
+    );
+    let outcome = troubled.finish(11);
+    assert_eq!(outcome.status, RunStatus::Partial);
+    assert!(
+        outcome
+            .reason
+            .unwrap_or_default()
+            .contains("claim_after_recovery"),
+    );
+
+    // The default claims a recovered run whose failures were resolved.
+    let mut default = controller(BudgetLimits::unlimited());
+    default.observe(timed_out(0, "search", &args), 0, &mut rng);
+    default.observe(tool_ok(0, "search", &args, &result), 10, &mut rng);
+    assert_eq!(default.finish(11).status, RunStatus::Complete);
+}

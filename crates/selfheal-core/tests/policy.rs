@@ -303,3 +303,18 @@ fn every_recovered_value_is_in_doubt() {
     let p = Policy::from_toml_str("accept_unverified_recovery = true").unwrap();
     assert!(p.accept_unverified_recovery);
 }
+
+#[test]
+fn the_reads_before_answering_are_set_in_the_file_and_never_zero() {
+    assert_eq!(Policy::default().reread_reads, 2);
+    assert_eq!(
+        Policy::from_toml_str("reread_reads = 3")
+            .unwrap()
+            .reread_reads,
+        3
+    );
+    let err = Policy::from_toml_str("reread_reads = 0").unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, PolicyError::Invalid(_)), "{msg}");
+    assert!(msg.contains("reread_reads"), "{msg}");
+}

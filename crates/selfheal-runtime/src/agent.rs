@@ -452,8 +452,9 @@ impl Loop<'_> {
     }
 
     /// The core's re-read before answering a run that needed a recovery
-    /// ([`Controller::reread_due`]): each kept call of a read-only tool is made once more with
-    /// the same arguments (a real call, counted and timed out like any other) and judged — the
+    /// ([`Controller::reread_due`]): each kept call of a read-only tool is made again with the
+    /// same arguments, [`Controller::reread_reads`] times (each a real call, counted and timed
+    /// out like any other), and each read is judged — the
     /// same value accepts it, another rejects it, a failed read cannot tell — and the judgement
     /// is reported to the controller as the `re_read` verifier's. Whether every value held
     /// (`true`: the answer goes on to its own verifier); on the first that changed, the model is
@@ -461,7 +462,11 @@ impl Loop<'_> {
     /// stops the run.
     async fn reread(&mut self) -> Result<bool, Stop> {
         let reads: Vec<Read> = self.reads.drain(..).collect();
-        for read in reads {
+        let times = self.ctl.reread_reads();
+        for read in reads
+            .iter()
+            .flat_map(|r| std::iter::repeat_n(r, times as usize))
+        {
             let spec = read.tool.spec().clone();
             self.tool_calls += 1;
             let again = tokio::time::timeout(spec.timeout, read.tool.call(read.args.clone())).await;

@@ -475,7 +475,9 @@ async fn a_recovered_run_reads_its_read_only_values_again_and_a_changed_one_is_a
 
 #[tokio::test]
 async fn a_run_that_went_well_or_whose_value_held_is_not_asked_again() {
-    for script in [vec![Some(100)], vec![None, Some(100), Some(100)]] {
+    // A run that went well is read once; a recovered one, the call, its retry and the two reads
+    // before answering (the policy's `reread_reads`).
+    for script in [vec![Some(100)], vec![None, Some(100), Some(100), Some(100)]] {
         let reads = script.len();
         let (url, s) = server(
             vec![

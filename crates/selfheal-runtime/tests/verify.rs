@@ -131,8 +131,8 @@ async fn an_output_that_fails_its_schema_is_retried_and_the_good_one_is_used() {
     assert_eq!(r.answer.as_deref(), Some("21 C"));
     assert_eq!(
         calls.load(Ordering::SeqCst),
-        3,
-        "the rejected call is retried, and its value read once more before the answer"
+        4,
+        "the rejected call is retried, and its value read twice more before the answer"
     );
     // No substitute exists, so the verification_failure ladder's first feasible rung is a retry.
     assert_eq!(took(&r, ActionKind::Retry), 1);
@@ -148,6 +148,7 @@ async fn an_output_that_fails_its_schema_is_retried_and_the_good_one_is_used() {
         vec![
             ("schema".to_owned(), "reject".to_owned()),
             ("schema".to_owned(), "accept".to_owned()),
+            ("re_read".to_owned(), "accept".to_owned()),
             ("re_read".to_owned(), "accept".to_owned())
         ]
     );
@@ -182,8 +183,8 @@ async fn a_rejected_output_goes_to_the_substitute_first() {
     assert_eq!(primary_calls.load(Ordering::SeqCst), 1);
     assert_eq!(
         backup_calls.load(Ordering::SeqCst),
-        2,
-        "the substitute's value is read once more before the answer"
+        3,
+        "the substitute's value is read twice more before the answer"
     );
     assert_eq!(took(&r, ActionKind::Substitute), 1);
     assert_eq!(took(&r, ActionKind::Retry), 0);
@@ -316,7 +317,8 @@ async fn a_rejected_answer_is_handed_back_with_the_reason_and_the_next_one_stand
         verdicts(&r),
         vec![
             ("evidence".to_owned(), "reject".to_owned()),
-            // After the rejection (a recovery), the tool's value is read once more.
+            // After the rejection (a recovery), the tool's value is read twice more.
+            ("re_read".to_owned(), "accept".to_owned()),
             ("re_read".to_owned(), "accept".to_owned()),
             ("evidence".to_owned(), "accept".to_owned())
         ]
@@ -359,13 +361,13 @@ async fn an_answer_that_keeps_being_rejected_ends_partial_within_the_budget() {
         .collect();
     assert_eq!(answers.len(), 3);
     assert!(answers.iter().all(|(_, v)| v == "reject"));
-    // Once, after the first rejection, the tool's value was read again and held.
+    // Once, after the first rejection, the tool's value was read again (twice) and held.
     assert_eq!(
         verdicts(&r)
             .iter()
             .filter(|(name, v)| name == "re_read" && v == "accept")
             .count(),
-        1
+        2
     );
 }
 
