@@ -171,17 +171,7 @@ pub fn is_hard_failure_text(text: &str) -> bool {
     let Ok(head) = std::str::from_utf8(head) else {
         return false;
     };
-    const PREFIXES: [&str; 8] = [
-        "error",
-        "exception",
-        "traceback",
-        "an error occurred",
-        "tool error",
-        "timeout",
-        "timed out",
-        "fatal:",
-    ];
-    if PREFIXES.iter().any(|p| head.starts_with(p)) {
+    if HARD_PREFIXES.iter().any(|p| head.starts_with(p)) {
         return true;
     }
     if let Some((word, _)) = head.split_once(':')
@@ -202,26 +192,40 @@ pub fn is_hard_failure_text(text: &str) -> bool {
     first_line.len() <= 200 && PHRASES.iter().any(|f| f.find(head.as_bytes()).is_some())
 }
 
-/// Phrases of an error's short first line (matched in its lowercased head), each with its
-/// searcher built once.
+/// How an error's lowercased first line may begin.
+const HARD_PREFIXES: [&str; 8] = [
+    "error",
+    "exception",
+    "traceback",
+    "an error occurred",
+    "tool error",
+    "timeout",
+    "timed out",
+    "fatal:",
+];
+
+/// Phrases of an error's short first line (matched in its lowercased head).
+const HARD_PHRASES: [&str; 11] = [
+    "traceback (most recent call last)",
+    "connection refused",
+    "connection reset",
+    "econnrefused",
+    "etimedout",
+    "timed out",
+    "internal server error",
+    "service unavailable",
+    "bad gateway",
+    "gateway timeout",
+    "too many requests",
+];
+
+/// [`HARD_PHRASES`], each with its searcher built once.
 static PHRASES: std::sync::LazyLock<Vec<memchr::memmem::Finder<'static>>> =
     std::sync::LazyLock::new(|| {
-        [
-            "traceback (most recent call last)",
-            "connection refused",
-            "connection reset",
-            "econnrefused",
-            "etimedout",
-            "timed out",
-            "internal server error",
-            "service unavailable",
-            "bad gateway",
-            "gateway timeout",
-            "too many requests",
-        ]
-        .iter()
-        .map(|p| memchr::memmem::Finder::new(p.as_bytes()))
-        .collect()
+        HARD_PHRASES
+            .iter()
+            .map(|p| memchr::memmem::Finder::new(p.as_bytes()))
+            .collect()
     });
 
 /// What replaying one tool result concluded, for the trace.
@@ -610,17 +614,7 @@ mod tests {
             .take(200)
             .collect::<String>()
             .to_ascii_lowercase();
-        let prefixes = [
-            "error",
-            "exception",
-            "traceback",
-            "an error occurred",
-            "tool error",
-            "timeout",
-            "timed out",
-            "fatal:",
-        ];
-        if prefixes.iter().any(|p| head.starts_with(p)) {
+        if HARD_PREFIXES.iter().any(|p| head.starts_with(p)) {
             return true;
         }
         if let Some((word, _)) = head.split_once(':')
@@ -634,20 +628,7 @@ mod tests {
         if t.to_ascii_lowercase().ends_with(prompt) {
             return true;
         }
-        let phrases = [
-            "traceback (most recent call last)",
-            "connection refused",
-            "connection reset",
-            "econnrefused",
-            "etimedout",
-            "timed out",
-            "internal server error",
-            "service unavailable",
-            "bad gateway",
-            "gateway timeout",
-            "too many requests",
-        ];
-        first_line.len() <= 200 && phrases.iter().any(|p| head.contains(p))
+        first_line.len() <= 200 && HARD_PHRASES.iter().any(|p| head.contains(p))
     }
 
     use proptest::strategy::Strategy as _;

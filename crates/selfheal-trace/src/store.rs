@@ -130,25 +130,24 @@ fn open(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Version 2's tables, the step between a version 1 trace and [`SCHEMA`].
-const SCHEMA_V2: &str = "
+/// The runs table, the same in versions 2 and 3.
+const RUNS_TABLE: &str = "
     CREATE TABLE IF NOT EXISTS runs (
         id INTEGER PRIMARY KEY, run TEXT NOT NULL UNIQUE,
         first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
         events INTEGER NOT NULL DEFAULT 0, requests INTEGER NOT NULL DEFAULT 0,
-        status TEXT, failures INTEGER NOT NULL DEFAULT 0, actions INTEGER NOT NULL DEFAULT 0);
+        status TEXT, failures INTEGER NOT NULL DEFAULT 0, actions INTEGER NOT NULL DEFAULT 0);";
+
+/// Version 2's events table (with [`RUNS_TABLE`]), the step between a version 1 trace and
+/// [`EVENTS_TABLES`].
+const EVENTS_V2: &str = "
     CREATE TABLE IF NOT EXISTS events (
         id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, t_ms INTEGER NOT NULL,
         kind TEXT NOT NULL, detail TEXT NOT NULL);";
 
-/// The schema at [`SCHEMA_VERSION`]. `event_rows.t_ms` is the first of the row's events (what
-/// the retention compares).
-const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS runs (
-        id INTEGER PRIMARY KEY, run TEXT NOT NULL UNIQUE,
-        first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
-        events INTEGER NOT NULL DEFAULT 0, requests INTEGER NOT NULL DEFAULT 0,
-        status TEXT, failures INTEGER NOT NULL DEFAULT 0, actions INTEGER NOT NULL DEFAULT 0);
+/// The events at [`SCHEMA_VERSION`] (with [`RUNS_TABLE`]). `event_rows.t_ms` is the first of
+/// the row's events (what the retention compares).
+const EVENTS_TABLES: &str = "
     CREATE TABLE IF NOT EXISTS event_rows (
         id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, t_ms INTEGER NOT NULL,
         records TEXT NOT NULL);
@@ -158,6 +157,12 @@ const SCHEMA: &str = "
                json_extract(j.value, '$[0]') AS t_ms, json_extract(j.value, '$[1]') AS kind,
                json_extract(j.value, '$[2]') AS detail
         FROM event_rows g, json_each(g.records) j;";
+
+/// Creates the schema at [`SCHEMA_VERSION`] (what is missing of it).
+fn create_schema(tx: &rusqlite::Transaction<'_>) -> Result<(), rusqlite::Error> {
+    tx.execute_batch(RUNS_TABLE)?;
+    tx.execute_batch(EVENTS_TABLES)
+}
 
 /// Creates the schema, or brings a trace written by an older version up to [`SCHEMA_VERSION`]
 /// in one transaction (nothing recorded is lost).
@@ -188,7 +193,8 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
              ALTER TABLE events RENAME TO events_v1;
              DROP INDEX IF EXISTS events_run;",
         )?;
-        tx.execute_batch(SCHEMA_V2)?;
+        tx.execute_batch(RUNS_TABLE)?;
+        tx.execute_batch(EVENTS_V2)?;
         tx.execute_batch(
             "INSERT INTO runs (run, first_ms, last_ms, events, requests, status, failures, actions)
                SELECT run, first_ms, last_ms, events, requests, status, failures, actions
@@ -208,7 +214,7 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
             "ALTER TABLE events RENAME TO events_v2;
              DROP INDEX IF EXISTS events_run;",
         )?;
-        tx.execute_batch(SCHEMA)?;
+        create_schema(&tx)?;
         tx.execute_batch(
             "INSERT INTO event_rows (id, run_id, t_ms, records)
                SELECT id, run_id, t_ms, json_array(json_array(t_ms, kind,
@@ -217,7 +223,7 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
              DROP TABLE events_v2;",
         )?;
     } else {
-        tx.execute_batch(SCHEMA)?;
+        create_schema(&tx)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
@@ -796,7 +802,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         {
             let c = Connection::open(&path).unwrap();
-            c.execute_batch(SCHEMA_V2).unwrap();
+            c.execute_batch(RUNS_TABLE).unwrap();
+            c.execute_batch(EVENTS_V2).unwrap();
             c.execute_batch(
                 "CREATE INDEX events_run ON events (run_id, id);
                  INSERT INTO runs (id, run, first_ms, last_ms, events, requests)
