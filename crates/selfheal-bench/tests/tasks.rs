@@ -122,13 +122,8 @@ fn a_tool_without_a_substitute_is_read_twice_by_the_verifier() {
     }
 }
 
-/// Before answering a run that needed recovery, self-healing reads once more the values only a
-/// second read of their own source confirmed: a wrong value that outlasted two reads and came
-/// before a failure is caught; on a run with no failure nothing is read again.
-#[test]
-fn after_a_recovery_single_source_values_are_read_once_more() {
-    use selfheal_bench::exec::Episode;
-    use selfheal_bench::faultmodel::{FaultModel, Injected};
+/// A task of two single-source steps, `a` then `b` on `a`'s value, whose answer is `b`'s value.
+fn two_step_task() -> selfheal_bench::task::TaskSpec {
     let tool = |name: &str, arg: &str| {
         format!(
             r#"{{"name":"{name}","parameters":{{"type":"object","properties":{{"{arg}":{{"type":"string"}}}},"required":["{arg}"]}},"output":{{"v":"number"}}}}"#
@@ -139,7 +134,17 @@ fn after_a_recovery_single_source_values_are_read_once_more() {
         tool("a", "q"),
         tool("b", "x")
     );
-    let task = &load_jsonl(&file).unwrap()[0];
+    load_jsonl(&file).unwrap().remove(0)
+}
+
+/// Before answering a run that needed recovery, self-healing reads once more the values only a
+/// second read of their own source confirmed: a wrong value that outlasted two reads and came
+/// before a failure is caught; on a run with no failure nothing is read again.
+#[test]
+fn after_a_recovery_single_source_values_are_read_once_more() {
+    use selfheal_bench::exec::Episode;
+    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    let task = &two_step_task();
     let model = FaultModel::default_model().unwrap();
     let spec = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
     let wrong_twice = Injected {
@@ -185,17 +190,7 @@ fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
     use selfheal_bench::exec::Episode;
     use selfheal_bench::faultmodel::{FaultModel, Injected};
     use selfheal_core::policy::Policy;
-    let tool = |name: &str, arg: &str| {
-        format!(
-            r#"{{"name":"{name}","parameters":{{"type":"object","properties":{{"{arg}":{{"type":"string"}}}},"required":["{arg}"]}},"output":{{"v":"number"}}}}"#
-        )
-    };
-    let file = format!(
-        r#"{{"id":"t","tools":[{},{}],"plan":[{{"tool":"a","args":{{"q":"x"}},"label":"v1"}},{{"tool":"b","args":{{"x":"$v1.v$"}},"label":"v2"}}],"answer":"$v2.v$"}}"#,
-        tool("a", "q"),
-        tool("b", "x")
-    );
-    let task = &load_jsonl(&file).unwrap()[0];
+    let task = &two_step_task();
     let model = FaultModel::default_model().unwrap();
     let spec = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
     let faults = [

@@ -718,45 +718,35 @@ impl Controller {
         }
         let (status, reason) = match &self.stopped {
             Some((status, reason)) => (*status, Some(reason.clone())),
-            None if self.unresolved.is_empty()
-                && !self.policy.claim_after_recovery
-                && self.actions.keys().any(|k| !k.is_terminal()) =>
-            {
-                let reason = "a recovery was carried out, and the policy claims no answer after \
-                              one (claim_after_recovery = false)"
-                    .to_owned();
-                self.trace.push(
-                    now_ms,
-                    None,
-                    Event::Finished {
-                        status: RunStatus::Partial,
-                        reason: Some(reason.clone()),
-                    },
-                );
-                (RunStatus::Partial, Some(reason))
-            }
-            None if self.unresolved.is_empty() => {
-                self.trace.push(
-                    now_ms,
-                    None,
-                    Event::Finished {
-                        status: RunStatus::Complete,
-                        reason: None,
-                    },
-                );
-                (RunStatus::Complete, None)
-            }
             None => {
-                let reason = format!("{} failure(s) unresolved", self.unresolved.len());
+                let (status, reason) = if !self.unresolved.is_empty() {
+                    (
+                        RunStatus::Partial,
+                        Some(format!("{} failure(s) unresolved", self.unresolved.len())),
+                    )
+                } else if !self.policy.claim_after_recovery
+                    && self.actions.keys().any(|k| !k.is_terminal())
+                {
+                    (
+                        RunStatus::Partial,
+                        Some(
+                            "a recovery was carried out, and the policy claims no answer after \
+                             one (claim_after_recovery = false)"
+                                .to_owned(),
+                        ),
+                    )
+                } else {
+                    (RunStatus::Complete, None)
+                };
                 self.trace.push(
                     now_ms,
                     None,
                     Event::Finished {
-                        status: RunStatus::Partial,
-                        reason: Some(reason.clone()),
+                        status,
+                        reason: reason.clone(),
                     },
                 );
-                (RunStatus::Partial, Some(reason))
+                (status, reason)
             }
         };
         self.stopped = Some((status, reason.clone().unwrap_or_default()));
