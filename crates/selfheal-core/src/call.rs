@@ -666,15 +666,7 @@ pub enum Reask {
 }
 
 /// Decides, through the policy's ladder for [`FailureClass::ArgumentInvalid`], whether unusable
-/// tool calls are re-asked, and charges the ledger when they are. `state` is the failure's place
-/// on its ladder (pass [`LadderState::default`] for a first failure and the returned state on
-/// the next).
-///
-/// Repair by re-asking, a plain retry of the model call, and a replan (the re-ask asks the
-/// model to write its calls anew from the conversation) become [`Reask::Ask`]; an escalation
-/// becomes [`Reask::Escalate`] when the front-end has a `fallback` model to ask (without one
-/// that rung is passed over); anything else the ladder offers that a front-end cannot do for a
-/// model answer ends the re-asking.
+/// tool calls are re-asked: [`reask_signal`] with [`Signal::InvalidArguments`] of `problems`.
 pub fn reask(
     problems: &[String],
     fallback: Option<&str>,
@@ -683,15 +675,45 @@ pub fn reask(
     state: LadderState,
     rng: &mut dyn Rng,
 ) -> (Reask, LadderState, Event) {
+    let signal = Signal::InvalidArguments {
+        errors: problems.to_vec(),
+    };
+    reask_signal(signal, fallback, plane, ledger, state, rng)
+}
+
+/// Decides whether tool calls a model wrote that cannot be used are re-asked, through the ladder
+/// of the class the classifier gives `signal` — the one an in-process client observes for the
+/// same call: [`Signal::UnknownTool`] (a tool not on offer: `wrong_tool`),
+/// [`Signal::MissingStep`] (a required argument left empty, an input the model never had:
+/// `planning_failure`), [`Signal::InvalidArguments`] (`argument_invalid`) — and charges the
+/// ledger when they are. `state` is the failure's place on its ladder (pass
+/// [`LadderState::default`] for a first failure and the returned state on the next).
+///
+/// Repair by re-asking (of the arguments or the tool choice), a plain retry of the model call,
+/// and a replan (the re-ask asks the model to write its calls anew from the conversation) become
+/// [`Reask::Ask`]; an escalation becomes [`Reask::Escalate`] when the front-end has a `fallback`
+/// model to ask (without one that rung is passed over); no substitute is offered (the call named
+/// no tool that has one), and anything else the ladder offers that a front-end cannot do for a
+/// model answer ends the re-asking.
+pub fn reask_signal(
+    signal: Signal,
+    fallback: Option<&str>,
+    plane: &Plane,
+    ledger: &mut BudgetLedger,
+    state: LadderState,
+    rng: &mut dyn Rng,
+) -> (Reask, LadderState, Event) {
+    let repair = match &signal {
+        Signal::UnknownTool { .. } | Signal::ToolMismatch { .. } => Some(RepairTarget::ToolChoice),
+        Signal::MissingStep { .. } => None,
+        _ => Some(RepairTarget::Arguments),
+    };
     let options = Options {
-        repair: Some(RepairTarget::Arguments),
+        repair,
         retry_safe: true,
         can_replan: true,
         fallback_model: fallback.map(str::to_owned),
         ..Options::default()
-    };
-    let signal = Signal::InvalidArguments {
-        errors: problems.to_vec(),
     };
     let (decision, event) = decide_traced(signal, options, state, plane, ledger, rng);
     let outcome = match decision.action {
@@ -1041,6 +1063,56 @@ mod tests {
         );
         assert_eq!(r, Reask::Partial);
         assert_eq!(ledger.spent().escalations, 0);
+    }
+
+    /// The actions `reask_signal` takes for `signal` until it stops asking, with a fallback.
+    fn reask_walk(signal: &Signal) -> Vec<Reask> {
+        let plane = Plane::default();
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let mut rng = ConstRng(0);
+        let mut state = LadderState::default();
+        let mut out = Vec::new();
+        loop {
+            let (r, next, _) = reask_signal(
+                signal.clone(),
+                Some("big"),
+                &plane,
+                &mut ledger,
+                state,
+                &mut rng,
+            );
+            out.push(r);
+            if r == Reask::Partial || out.len() > 10 {
+                return out;
+            }
+            state = next;
+        }
+    }
+
+    /// A call the model wrote climbs the ladder of the class the classifier gives its signal,
+    /// as the same call does in-process: a tool not on offer the wrong-tool ladder (re-map,
+    /// rethink, escalate: no substitute for a tool that has none), a required argument left
+    /// empty the planning-failure ladder (rethink, escalate), anything else the
+    /// argument-invalid one (repair, retry, escalate, replan).
+    #[test]
+    fn reask_climbs_the_ladder_of_the_calls_class() {
+        use Reask::{Ask, Escalate, Partial};
+        assert_eq!(
+            reask_walk(&Signal::UnknownTool { name: "x".into() }),
+            [Ask, Ask, Escalate, Partial]
+        );
+        assert_eq!(
+            reask_walk(&Signal::MissingStep {
+                detail: "b is empty".into()
+            }),
+            [Ask, Escalate, Partial]
+        );
+        assert_eq!(
+            reask_walk(&Signal::InvalidArguments {
+                errors: vec!["bad".into()]
+            }),
+            [Ask, Ask, Escalate, Ask, Partial]
+        );
     }
 
     #[test]
