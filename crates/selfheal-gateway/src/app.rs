@@ -1639,8 +1639,14 @@ fn reask_or_escalate(
     let mut escalate = false;
     let fallback = chain.get(1).map(|c| c.model.as_str());
     let granted = decided(t, "reask", |plane, ledger| {
-        let (decision, n, event) =
-            selfheal_core::call::reask(problems, fallback, plane, ledger, state, &mut time_rng());
+        let (decision, n, event) = selfheal_core::call::reask_signal(
+            heal::unusable_signal(problems),
+            fallback,
+            plane,
+            ledger,
+            state,
+            &mut time_rng(),
+        );
         next = n;
         escalate = decision == selfheal_core::call::Reask::Escalate;
         (decision != selfheal_core::call::Reask::Partial, event)
