@@ -669,8 +669,9 @@ async fn responses_inner(
             return Err(e);
         }
     };
-    // Unusable calls: re-asked as long as the policy's argument_invalid ladder says so, within
-    // the budget; the last usable answer stands, an unusable call is never forwarded.
+    // Unusable calls: re-asked as long as the ladder of their class (`heal::unusable_signal`)
+    // says so, within the budget; the last usable answer stands, an unusable call is never
+    // forwarded.
     let check = check_responses_answer(
         s,
         &mut answer,
@@ -905,7 +906,7 @@ fn check_responses_answer(
 
 impl ResponsesAgain {
     /// Non-streaming calls through the chain, charged to the run like the chat stream's
-    /// ([`stream_reask`]): with problems, a re-ask along the `argument_invalid` ladder; without,
+    /// ([`stream_reask`]): with problems, a re-ask along the ladder of their class; without,
     /// a re-issue decided by the core's `stream_broke`; each answer checked, and unusable calls
     /// in it re-asked in turn.
     fn hook(&self) -> responses_stream::Reask {
@@ -1619,9 +1620,10 @@ fn decided(
 }
 
 /// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
-/// run's ledger when it does): the core's [`selfheal_core::call::reask`] at `state`, the
-/// failure's place on its ladder. `Some(next state)` when it does: the caller passes it on if
-/// the new answer cannot be used either, so the ladder, not the gateway, says when to stop.
+/// run's ledger when it does): the core's [`selfheal_core::call::reask_signal`] on the problems'
+/// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder.
+/// `Some(next state)` when it does: the caller passes it on if the new answer cannot be used
+/// either, so the ladder, not the gateway, says when to stop.
 fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<LadderState> {
     reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
 }
