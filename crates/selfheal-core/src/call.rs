@@ -678,7 +678,25 @@ pub fn reask(
     let signal = Signal::InvalidArguments {
         errors: problems.to_vec(),
     };
-    reask_signal(signal, fallback, plane, ledger, state, rng)
+    let state = ReaskState {
+        class: Some(FailureClass::ArgumentInvalid),
+        ladder: state,
+    };
+    let (r, next, event) = reask_signal(signal, fallback, plane, ledger, state, rng);
+    (r, next.ladder, event)
+}
+
+/// Where the re-asking of one model answer stands: the class of its last unusable calls and
+/// their place on that class's ladder. A new class starts its own ladder but keeps the retry and
+/// action counts, as the controller does for a failure that changes its face on one step, so a
+/// wrong tool followed by a skipped step is not judged on the wrong tool's rung, and the
+/// per-failure cap still bounds them together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReaskState {
+    /// The class of the last re-asked calls (`None`: none yet).
+    pub class: Option<FailureClass>,
+    /// Its place on that class's ladder.
+    pub ladder: LadderState,
 }
 
 /// Decides whether tool calls a model wrote that cannot be used are re-asked, through the ladder
@@ -700,9 +718,21 @@ pub fn reask_signal(
     fallback: Option<&str>,
     plane: &Plane,
     ledger: &mut BudgetLedger,
-    state: LadderState,
+    state: ReaskState,
     rng: &mut dyn Rng,
-) -> (Reask, LadderState, Event) {
+) -> (Reask, ReaskState, Event) {
+    let class = plane
+        .classifier
+        .classify(&signal, ClassifyContext::default())
+        .class;
+    let ladder = if state.class.is_none_or(|c| c == class) {
+        state.ladder
+    } else {
+        LadderState {
+            rung: 0,
+            ..state.ladder
+        }
+    };
     let repair = match &signal {
         Signal::UnknownTool { .. } | Signal::ToolMismatch { .. } => Some(RepairTarget::ToolChoice),
         Signal::MissingStep { .. } => None,
@@ -715,7 +745,7 @@ pub fn reask_signal(
         fallback_model: fallback.map(str::to_owned),
         ..Options::default()
     };
-    let (decision, event) = decide_traced(signal, options, state, plane, ledger, rng);
+    let (decision, event) = decide_traced(signal, options, ladder, plane, ledger, rng);
     let outcome = match decision.action {
         RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. } | RecoveryAction::Replan
             if ledger.charge(&decision.charge).is_ok() =>
@@ -734,7 +764,11 @@ pub fn reask_signal(
         | RecoveryAction::Degrade
         | RecoveryAction::Terminate => Reask::Partial,
     };
-    (outcome, decision.next, event)
+    let next = ReaskState {
+        class: Some(class),
+        ladder: decision.next,
+    };
+    (outcome, next, event)
 }
 
 /// What a front-end does when a model's stream broke.
@@ -1070,7 +1104,7 @@ mod tests {
         let plane = Plane::default();
         let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
         let mut rng = ConstRng(0);
-        let mut state = LadderState::default();
+        let mut state = ReaskState::default();
         let mut out = Vec::new();
         loop {
             let (r, next, _) = reask_signal(
@@ -1113,6 +1147,39 @@ mod tests {
             }),
             [Ask, Ask, Escalate, Ask, Partial]
         );
+    }
+
+    /// A wrong tool re-asked twice, then a skipped step in the same answer's re-asking: the
+    /// skipped step starts the planning-failure ladder (replan), not the wrong tool's third rung,
+    /// and the per-failure cap still counts both.
+    #[test]
+    fn reask_starts_a_new_class_on_its_own_ladder() {
+        let plane = Plane::default();
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let mut rng = ConstRng(0);
+        let wrong = Signal::UnknownTool { name: "x".into() };
+        let mut state = ReaskState::default();
+        for _ in 0..2 {
+            let (r, next, _) =
+                reask_signal(wrong.clone(), None, &plane, &mut ledger, state, &mut rng);
+            assert_eq!(r, Reask::Ask);
+            state = next;
+        }
+        let skipped = Signal::MissingStep { detail: "b".into() };
+        let (r, next, event) = reask_signal(skipped, None, &plane, &mut ledger, state, &mut rng);
+        assert_eq!(r, Reask::Ask);
+        assert!(
+            matches!(
+                event,
+                Event::Action {
+                    action: RecoveryAction::Replan,
+                    ..
+                }
+            ),
+            "{event:?}"
+        );
+        assert_eq!(next.class, Some(FailureClass::PlanningFailure));
+        assert_eq!(next.ladder.actions, 3);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use selfheal_core::budget::{BudgetLimits, Dimension};
-use selfheal_core::policy::LadderState;
+use selfheal_core::call::ReaskState;
 use selfheal_runtime::at::At;
 use selfheal_runtime::client::{ClientError, Completion};
 
@@ -679,7 +679,7 @@ async fn responses_inner(
         evidence.as_deref().map(Vec::as_slice),
     );
     let (mut repaired, mut invalid) = (check.repaired, check.invalid);
-    let mut ladder = LadderState::default();
+    let mut ladder = ReaskState::default();
     while !invalid.is_empty() {
         let Some(next) = reask_granted(&t, &invalid, ladder) else {
             break;
@@ -915,7 +915,7 @@ impl ResponsesAgain {
             Box::pin(async move {
                 let t = &me.t;
                 let mut problems = problems;
-                let mut ladder = LadderState::default();
+                let mut ladder = ReaskState::default();
                 loop {
                     if problems.is_empty() {
                         if !reissue_granted(t) {
@@ -1517,7 +1517,7 @@ async fn answer_complete(
         messages: &req.messages,
     };
     let mut check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
-    let mut ladder = LadderState::default();
+    let mut ladder = ReaskState::default();
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
         let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, &mut chain)
@@ -1624,7 +1624,7 @@ fn decided(
 /// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder.
 /// `Some(next state)` when it does: the caller passes it on if the new answer cannot be used
 /// either, so the ladder, not the gateway, says when to stop.
-fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<LadderState> {
+fn reask_granted(t: &Turn, problems: &[String], state: ReaskState) -> Option<ReaskState> {
     reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
 }
 
@@ -1634,9 +1634,9 @@ fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<La
 fn reask_or_escalate(
     t: &Turn,
     problems: &[String],
-    state: LadderState,
+    state: ReaskState,
     chain: &mut &[crate::config::Target],
-) -> Option<(LadderState, bool)> {
+) -> Option<(ReaskState, bool)> {
     let mut next = state;
     let mut escalate = false;
     let fallback = chain.get(1).map(|c| c.model.as_str());
@@ -1696,7 +1696,7 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
             let s = &t.s;
             let req = ChatRequest::parse(&ctx.bytes).ok()?;
             let mut problems = problems;
-            let mut ladder = LadderState::default();
+            let mut ladder = ReaskState::default();
             // The ladder's escalation moves the re-asks to the chain's next target, as the
             // non-streaming re-ask does.
             let mut chain: &[crate::config::Target] = &ctx.chain;
