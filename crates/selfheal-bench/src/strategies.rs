@@ -1099,7 +1099,14 @@ pub fn run_self_healing(
                     }
                 }
                 Attempt::Failed(f) => {
-                    let options = st.options(s, how[s], f.repair, &outputs);
+                    let mut options = st.options(s, how[s], f.repair, &outputs);
+                    if matches!(f.signal, Signal::UnknownTool { .. }) {
+                        // The tool the model called is not on offer: nothing is its equivalent
+                        // source. (The step's own tool's substitute would be a correction from
+                        // the plan; the gateway, which knows substitutes by the called tool's
+                        // name, has none to offer either.)
+                        options.substitute = None;
+                    }
                     let usage = Amounts {
                         latency_ms: st.ep.now() - since,
                         ..Amounts::default()

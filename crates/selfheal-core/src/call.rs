@@ -666,15 +666,7 @@ pub enum Reask {
 }
 
 /// Decides, through the policy's ladder for [`FailureClass::ArgumentInvalid`], whether unusable
-/// tool calls are re-asked, and charges the ledger when they are. `state` is the failure's place
-/// on its ladder (pass [`LadderState::default`] for a first failure and the returned state on
-/// the next).
-///
-/// Repair by re-asking, a plain retry of the model call, and a replan (the re-ask asks the
-/// model to write its calls anew from the conversation) become [`Reask::Ask`]; an escalation
-/// becomes [`Reask::Escalate`] when the front-end has a `fallback` model to ask (without one
-/// that rung is passed over); anything else the ladder offers that a front-end cannot do for a
-/// model answer ends the re-asking.
+/// tool calls are re-asked: [`reask_signal`] with [`Signal::InvalidArguments`] of `problems`.
 pub fn reask(
     problems: &[String],
     fallback: Option<&str>,
@@ -683,17 +675,77 @@ pub fn reask(
     state: LadderState,
     rng: &mut dyn Rng,
 ) -> (Reask, LadderState, Event) {
+    let signal = Signal::InvalidArguments {
+        errors: problems.to_vec(),
+    };
+    let state = ReaskState {
+        class: Some(FailureClass::ArgumentInvalid),
+        ladder: state,
+    };
+    let (r, next, event) = reask_signal(signal, fallback, plane, ledger, state, rng);
+    (r, next.ladder, event)
+}
+
+/// Where the re-asking of one model answer stands: the class of its last unusable calls and
+/// their place on that class's ladder. A new class starts its own ladder but keeps the retry and
+/// action counts, as the controller does for a failure that changes its face on one step, so a
+/// wrong tool followed by a skipped step is not judged on the wrong tool's rung, and the
+/// per-failure cap still bounds them together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReaskState {
+    /// The class of the last re-asked calls (`None`: none yet).
+    pub class: Option<FailureClass>,
+    /// Its place on that class's ladder.
+    pub ladder: LadderState,
+}
+
+/// Decides whether tool calls a model wrote that cannot be used are re-asked, through the ladder
+/// of the class the classifier gives `signal` — the one an in-process client observes for the
+/// same call: [`Signal::UnknownTool`] (a tool not on offer: `wrong_tool`),
+/// [`Signal::MissingStep`] (a required argument left empty, an input the model never had:
+/// `planning_failure`), [`Signal::InvalidArguments`] (`argument_invalid`) — and charges the
+/// ledger when they are. `state` is the failure's place on its ladder (pass
+/// [`LadderState::default`] for a first failure and the returned state on the next).
+///
+/// Repair by re-asking (of the arguments or the tool choice), a plain retry of the model call,
+/// and a replan (the re-ask asks the model to write its calls anew from the conversation) become
+/// [`Reask::Ask`]; an escalation becomes [`Reask::Escalate`] when the front-end has a `fallback`
+/// model to ask (without one that rung is passed over); no substitute is offered (the call named
+/// no tool that has one), and anything else the ladder offers that a front-end cannot do for a
+/// model answer ends the re-asking.
+pub fn reask_signal(
+    signal: Signal,
+    fallback: Option<&str>,
+    plane: &Plane,
+    ledger: &mut BudgetLedger,
+    state: ReaskState,
+    rng: &mut dyn Rng,
+) -> (Reask, ReaskState, Event) {
+    let class = plane
+        .classifier
+        .classify(&signal, ClassifyContext::default())
+        .class;
+    let ladder = if state.class.is_none_or(|c| c == class) {
+        state.ladder
+    } else {
+        LadderState {
+            rung: 0,
+            ..state.ladder
+        }
+    };
+    let repair = match &signal {
+        Signal::UnknownTool { .. } | Signal::ToolMismatch { .. } => Some(RepairTarget::ToolChoice),
+        Signal::MissingStep { .. } => None,
+        _ => Some(RepairTarget::Arguments),
+    };
     let options = Options {
-        repair: Some(RepairTarget::Arguments),
+        repair,
         retry_safe: true,
         can_replan: true,
         fallback_model: fallback.map(str::to_owned),
         ..Options::default()
     };
-    let signal = Signal::InvalidArguments {
-        errors: problems.to_vec(),
-    };
-    let (decision, event) = decide_traced(signal, options, state, plane, ledger, rng);
+    let (decision, event) = decide_traced(signal, options, ladder, plane, ledger, rng);
     let outcome = match decision.action {
         RecoveryAction::Repair { .. } | RecoveryAction::Retry { .. } | RecoveryAction::Replan
             if ledger.charge(&decision.charge).is_ok() =>
@@ -712,7 +764,11 @@ pub fn reask(
         | RecoveryAction::Degrade
         | RecoveryAction::Terminate => Reask::Partial,
     };
-    (outcome, decision.next, event)
+    let next = ReaskState {
+        class: Some(class),
+        ladder: decision.next,
+    };
+    (outcome, next, event)
 }
 
 /// What a front-end does when a model's stream broke.
@@ -1041,6 +1097,89 @@ mod tests {
         );
         assert_eq!(r, Reask::Partial);
         assert_eq!(ledger.spent().escalations, 0);
+    }
+
+    /// The actions `reask_signal` takes for `signal` until it stops asking, with a fallback.
+    fn reask_walk(signal: &Signal) -> Vec<Reask> {
+        let plane = Plane::default();
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let mut rng = ConstRng(0);
+        let mut state = ReaskState::default();
+        let mut out = Vec::new();
+        loop {
+            let (r, next, _) = reask_signal(
+                signal.clone(),
+                Some("big"),
+                &plane,
+                &mut ledger,
+                state,
+                &mut rng,
+            );
+            out.push(r);
+            if r == Reask::Partial || out.len() > 10 {
+                return out;
+            }
+            state = next;
+        }
+    }
+
+    /// A call the model wrote climbs the ladder of the class the classifier gives its signal,
+    /// as the same call does in-process: a tool not on offer the wrong-tool ladder (re-map,
+    /// rethink, escalate: no substitute for a tool that has none), a required argument left
+    /// empty the planning-failure ladder (rethink, escalate), anything else the
+    /// argument-invalid one (repair, retry, escalate, replan).
+    #[test]
+    fn reask_climbs_the_ladder_of_the_calls_class() {
+        use Reask::{Ask, Escalate, Partial};
+        assert_eq!(
+            reask_walk(&Signal::UnknownTool { name: "x".into() }),
+            [Ask, Ask, Escalate, Partial]
+        );
+        assert_eq!(
+            reask_walk(&Signal::MissingStep {
+                detail: "b is empty".into()
+            }),
+            [Ask, Escalate, Partial]
+        );
+        assert_eq!(
+            reask_walk(&Signal::InvalidArguments {
+                errors: vec!["bad".into()]
+            }),
+            [Ask, Ask, Escalate, Ask, Partial]
+        );
+    }
+
+    /// A wrong tool re-asked twice, then a skipped step in the same answer's re-asking: the
+    /// skipped step starts the planning-failure ladder (replan), not the wrong tool's third rung,
+    /// and the per-failure cap still counts both.
+    #[test]
+    fn reask_starts_a_new_class_on_its_own_ladder() {
+        let plane = Plane::default();
+        let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+        let mut rng = ConstRng(0);
+        let wrong = Signal::UnknownTool { name: "x".into() };
+        let mut state = ReaskState::default();
+        for _ in 0..2 {
+            let (r, next, _) =
+                reask_signal(wrong.clone(), None, &plane, &mut ledger, state, &mut rng);
+            assert_eq!(r, Reask::Ask);
+            state = next;
+        }
+        let skipped = Signal::MissingStep { detail: "b".into() };
+        let (r, next, event) = reask_signal(skipped, None, &plane, &mut ledger, state, &mut rng);
+        assert_eq!(r, Reask::Ask);
+        assert!(
+            matches!(
+                event,
+                Event::Action {
+                    action: RecoveryAction::Replan,
+                    ..
+                }
+            ),
+            "{event:?}"
+        );
+        assert_eq!(next.class, Some(FailureClass::PlanningFailure));
+        assert_eq!(next.ladder.actions, 3);
     }
 
     #[test]

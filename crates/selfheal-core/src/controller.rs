@@ -512,6 +512,13 @@ impl Controller {
                         || (tool.is_some() && o.alternative.as_deref() == tool)
                 });
             }
+            // A failure of this step that another step's failure pushed aside is settled by
+            // the step's success: a replan went back to an earlier step (a skipped one), failed
+            // there, recovered, and came back here. Unsettled, it would end a run whose every
+            // step succeeded `partial`.
+            if step.is_some() {
+                self.unresolved.retain(|u| u.step != step);
+            }
             let verdict = self.monitor.check(now_ms);
             return Directive::Continue {
                 guidance: verdict.guidance,

@@ -582,6 +582,30 @@ fn a_new_failing_step_leaves_the_previous_one_unresolved() {
     assert_eq!(out.unresolved.len(), 1);
 }
 
+/// Issue 11: a step whose failure another step's failure pushed aside (a replan went back to
+/// a skipped step, which failed in its turn) is settled when it succeeds: every step succeeded,
+/// the run is complete. A step that never succeeds stays unresolved.
+#[test]
+fn a_pushed_aside_failure_is_settled_by_its_steps_success() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    let missing = Some(Signal::MissingStep {
+        detail: "no input".into(),
+    });
+    let d = c.observe(model_finished(2, missing), 0, &mut rng);
+    assert!(matches!(action(&d), Some(RecoveryAction::Replan)), "{d:?}");
+    let a = json!({"q": 1});
+    c.observe(timed_out(1, "a", &a), 0, &mut rng);
+    assert_eq!(c.unresolved().len(), 1);
+    let r = json!({"ok": 1});
+    c.observe(tool_ok(1, "a", &a, &r), 0, &mut rng);
+    assert_eq!(c.unresolved().len(), 1, "step 2 has not succeeded yet");
+    let b = json!({"q": 2});
+    c.observe(tool_ok(2, "b", &b, &r), 0, &mut rng);
+    assert!(c.unresolved().is_empty());
+    assert_eq!(c.finish(1).status, RunStatus::Complete);
+}
+
 #[test]
 fn trace_jsonl_reads_back_line_by_line_with_gap_free_seq() {
     let mut c = controller(BudgetLimits::defaults());

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use selfheal_core::budget::{BudgetLimits, Dimension};
-use selfheal_core::policy::LadderState;
+use selfheal_core::call::ReaskState;
 use selfheal_runtime::at::At;
 use selfheal_runtime::client::{ClientError, Completion};
 
@@ -670,8 +670,9 @@ async fn responses_inner(
             return Err(e);
         }
     };
-    // Unusable calls: re-asked as long as the policy's argument_invalid ladder says so, within
-    // the budget; the last usable answer stands, an unusable call is never forwarded.
+    // Unusable calls: re-asked as long as the ladder of their class (`heal::unusable_signal`)
+    // says so, within the budget; the last usable answer stands, an unusable call is never
+    // forwarded.
     let check = check_responses_answer(
         s,
         &mut answer,
@@ -679,7 +680,7 @@ async fn responses_inner(
         evidence.as_deref().map(Vec::as_slice),
     );
     let (mut repaired, mut invalid) = (check.repaired, check.invalid);
-    let mut ladder = LadderState::default();
+    let mut ladder = ReaskState::default();
     while !invalid.is_empty() {
         let Some(next) = reask_granted(&t, &invalid, ladder) else {
             break;
@@ -906,7 +907,7 @@ fn check_responses_answer(
 
 impl ResponsesAgain {
     /// Non-streaming calls through the chain, charged to the run like the chat stream's
-    /// ([`stream_reask`]): with problems, a re-ask along the `argument_invalid` ladder; without,
+    /// ([`stream_reask`]): with problems, a re-ask along the ladder of their class; without,
     /// a re-issue decided by the core's `stream_broke`; each answer checked, and unusable calls
     /// in it re-asked in turn.
     fn hook(&self) -> responses_stream::Reask {
@@ -915,7 +916,7 @@ impl ResponsesAgain {
             Box::pin(async move {
                 let t = &me.t;
                 let mut problems = problems;
-                let mut ladder = LadderState::default();
+                let mut ladder = ReaskState::default();
                 loop {
                     if problems.is_empty() {
                         if !reissue_granted(t) {
@@ -1518,7 +1519,7 @@ async fn answer_complete(
         messages: &req.messages,
     };
     let mut check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
-    let mut ladder = LadderState::default();
+    let mut ladder = ReaskState::default();
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
         let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, &mut chain)
@@ -1621,10 +1622,11 @@ fn decided(
 }
 
 /// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
-/// run's ledger when it does): the core's [`selfheal_core::call::reask`] at `state`, the
-/// failure's place on its ladder. `Some(next state)` when it does: the caller passes it on if
-/// the new answer cannot be used either, so the ladder, not the gateway, says when to stop.
-fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<LadderState> {
+/// run's ledger when it does): the core's [`selfheal_core::call::reask_signal`] on the problems'
+/// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder.
+/// `Some(next state)` when it does: the caller passes it on if the new answer cannot be used
+/// either, so the ladder, not the gateway, says when to stop.
+fn reask_granted(t: &Turn, problems: &[String], state: ReaskState) -> Option<ReaskState> {
     reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
 }
 
@@ -1634,15 +1636,21 @@ fn reask_granted(t: &Turn, problems: &[String], state: LadderState) -> Option<La
 fn reask_or_escalate(
     t: &Turn,
     problems: &[String],
-    state: LadderState,
+    state: ReaskState,
     chain: &mut &[crate::config::Target],
-) -> Option<(LadderState, bool)> {
+) -> Option<(ReaskState, bool)> {
     let mut next = state;
     let mut escalate = false;
     let fallback = chain.get(1).map(|c| c.model.as_str());
     let granted = decided(t, "reask", |plane, ledger| {
-        let (decision, n, event) =
-            selfheal_core::call::reask(problems, fallback, plane, ledger, state, &mut time_rng());
+        let (decision, n, event) = selfheal_core::call::reask_signal(
+            heal::unusable_signal(problems),
+            fallback,
+            plane,
+            ledger,
+            state,
+            &mut time_rng(),
+        );
         next = n;
         escalate = decision == selfheal_core::call::Reask::Escalate;
         (decision != selfheal_core::call::Reask::Partial, event)
@@ -1690,7 +1698,7 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
             let s = &t.s;
             let req = ChatRequest::parse(&ctx.bytes).ok()?;
             let mut problems = problems;
-            let mut ladder = LadderState::default();
+            let mut ladder = ReaskState::default();
             // The ladder's escalation moves the re-asks to the chain's next target, as the
             // non-streaming re-ask does.
             let mut chain: &[crate::config::Target] = &ctx.chain;

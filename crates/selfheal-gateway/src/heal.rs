@@ -542,10 +542,35 @@ pub fn check_arguments(
         let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
         names.sort_unstable();
         return Err(format!(
-            "The tool `{name}` does not exist. Call one of: {}.",
+            "{UNKNOWN_TOOL}{name}` does not exist. Call one of: {}.",
             names.join(", ")
         ));
     };
+    // A required argument written empty (`""`, `null`) is an input the model does not have: a
+    // step of its plan is missing. Said before any schema complaint (an empty string where a number goes would
+    // otherwise read as a mistyped argument), so the call is classified the same whatever the
+    // argument's type, and the same as the tool's refusal of it would be.
+    if let Ok(Value::Object(args)) = serde_json::from_str::<Value>(raw) {
+        let empty: Vec<&str> = spec
+            .required
+            .iter()
+            .filter(|r| match args.get(r.as_str()) {
+                // Left out is the schema's complaint (a missing field); written empty is this.
+                None => false,
+                Some(Value::Null) => true,
+                Some(Value::String(x)) => x.trim().is_empty(),
+                Some(_) => false,
+            })
+            .map(String::as_str)
+            .collect();
+        if !empty.is_empty() {
+            return Err(format!(
+                "{EMPTY_INPUT}{name}` left empty: {}. Work out the step that gives {} first.",
+                empty.join(", "),
+                if empty.len() == 1 { "it" } else { "them" }
+            ));
+        }
+    }
     let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
         // A schema we cannot compile is the client's business: the value is passed on.
         guides.get(&spec.schema_key, &spec.parameters)
@@ -557,6 +582,34 @@ pub fn check_arguments(
         Err(e) => return Err(e.reask_message(raw, name)),
     };
     Ok(args.changed.then(|| args.value.to_string()))
+}
+
+/// How the re-ask text of a call of a tool not on offer opens.
+pub const UNKNOWN_TOOL: &str = "The tool `";
+
+/// How the re-ask text of a call with a required argument left empty opens.
+pub const EMPTY_INPUT: &str = "Required arguments of `";
+
+/// The signal of a model answer whose tool calls could not be used, from their re-ask texts
+/// ([`check_arguments`]'s): a tool not on offer is the model's wrong tool choice, a required
+/// argument left empty a missing step (the reading the gateway gives the tool's refusal of such
+/// a call, and the in-process client the call before it makes it), anything else invalid
+/// arguments. The first of these that any problem shows, in that order.
+pub fn unusable_signal(problems: &[String]) -> selfheal_core::classifier::Signal {
+    use selfheal_core::classifier::Signal;
+    if let Some(name) = problems.iter().find_map(|p| {
+        p.strip_prefix(UNKNOWN_TOOL)
+            .and_then(|rest| rest.split_once("` does not exist."))
+            .map(|(name, _)| name.to_owned())
+    }) {
+        return Signal::UnknownTool { name };
+    }
+    if let Some(p) = problems.iter().find(|p| p.starts_with(EMPTY_INPUT)) {
+        return Signal::MissingStep { detail: p.clone() };
+    }
+    Signal::InvalidArguments {
+        errors: problems.to_vec(),
+    }
 }
 
 /// Checks every tool call of an assistant message.
@@ -916,6 +969,59 @@ mod tests {
                 .unwrap_err()
                 .contains("does not exist")
         );
+    }
+
+    /// Issue 11: a call is re-asked with the signal its problem is — a tool not on offer, a
+    /// required argument written empty (whatever its type: an empty string where a number goes
+    /// is not a mistyped number), or arguments the schema refuses — so the core climbs the
+    /// ladder of the class an in-process client gives the same call.
+    #[test]
+    fn unusable_calls_carry_their_signal() {
+        use selfheal_core::classifier::Signal;
+        let bytes = request(json!([{"role": "user", "content": "hi"}]));
+        let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
+        let g = GuideCache::default();
+        let check = |name: &str, args: &str| {
+            let mut call = json!({"function": {"name": name, "arguments": args}});
+            check_call(&mut call, &idx, &g, Ending::Unknown).unwrap_err()
+        };
+        let unknown = check("nope", "{}");
+        assert_eq!(
+            unusable_signal(std::slice::from_ref(&unknown)),
+            Signal::UnknownTool {
+                name: "nope".into()
+            }
+        );
+        for empty in [r#"{"q": ""}"#, r#"{"q": "  ", "n": 2}"#, r#"{"q": null}"#] {
+            let e = check("search", empty);
+            assert!(e.starts_with(EMPTY_INPUT), "{e}");
+            assert!(matches!(unusable_signal(&[e]), Signal::MissingStep { .. }));
+        }
+        // An empty string for an integer is a missing input too, not a type error.
+        let mut body = tools();
+        body["tools"][0]["function"]["parameters"]["required"] = json!(["q", "n"]);
+        body["model"] = json!("m");
+        body["messages"] = json!([{"role": "user", "content": "hi"}]);
+        let bytes = bytes::Bytes::from(body.to_string());
+        let both = tool_index(&ChatRequest::parse(&bytes).unwrap());
+        let mut call =
+            json!({"function": {"name": "search", "arguments": r#"{"q": "a", "n": ""}"#}});
+        let e = check_call(&mut call, &both, &g, Ending::Unknown).unwrap_err();
+        assert!(e.starts_with(EMPTY_INPUT) && e.contains('n'), "{e}");
+        // Left out, or of the wrong type: the schema's complaint, invalid arguments.
+        for bad in ["{}", r#"{"q": "a", "n": "lots"}"#] {
+            let e = check("search", bad);
+            assert!(!e.starts_with(EMPTY_INPUT), "{e}");
+            assert!(matches!(
+                unusable_signal(&[e]),
+                Signal::InvalidArguments { .. }
+            ));
+        }
+        // A wrong tool comes first, then a missing input.
+        assert!(matches!(
+            unusable_signal(&[check("search", r#"{"q": ""}"#), unknown]),
+            Signal::UnknownTool { .. }
+        ));
     }
 
     /// Issue 14: a call cut off by the length limit is re-asked, never repaired into a call;

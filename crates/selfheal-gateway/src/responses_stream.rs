@@ -15,7 +15,7 @@
 //!   as a complete event stream: the client never sees the break.
 //! - **holds every `function_call` item** until the terminal event, then checks and repairs its
 //!   arguments against the request's tools (the same non-corrupting path as chat). An unusable
-//!   call is never forwarded: it is re-asked while the policy's `argument_invalid` ladder allows,
+//!   call is never forwarded: it is re-asked while the ladder of its class allows,
 //!   else left out and the answer flagged `partial`. A call of a response that ended
 //!   `incomplete` (the output token limit) that is not JSON as written, or whose item never
 //!   finished, is never repaired into a call.

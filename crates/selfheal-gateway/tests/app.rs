@@ -349,9 +349,10 @@ async fn broken_tool_arguments_are_repaired_and_unknown_tools_reasked() {
 }
 
 /// Issue 11: the gateway re-asked once per request whatever the policy said — a cap of its own
-/// beside the ladder. Under the default `argument_invalid` ladder (repair, retry, ...) a model
-/// that writes an unknown tool twice is asked twice more and its third answer goes through; a
-/// ladder of one re-ask stops after one.
+/// beside the ladder. A tool not on offer is the model's wrong tool choice: under the default
+/// `wrong_tool` ladder (repair, substitute — none for a tool that does not exist —, replan, ...)
+/// a model that writes an unknown tool twice is asked twice more and its third answer goes
+/// through; a ladder of one re-ask stops after one.
 #[tokio::test]
 async fn issue_11_reasks_climb_the_policys_ladder() {
     let answers = || {
@@ -376,7 +377,7 @@ async fn issue_11_reasks_climb_the_policys_ladder() {
     let (url, shared) = start_upstream(answers()).await;
     let mut one = GatewayConfig::for_upstream(url);
     one.policy = selfheal_core::policy::Policy::from_toml_str(
-        "[ladders]\nargument_invalid = [\"repair\", \"degrade\"]",
+        "[ladders]\nwrong_tool = [\"repair\", \"degrade\"]",
     )
     .unwrap();
     let (_, body, _) = post_chat(&gateway(one), ask).await;
