@@ -325,16 +325,33 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
             chain: vec![target(agent::MODEL), target(model::FALLBACK_MODEL)],
         },
     );
+    // A deployment declares one contract per tool: where the task file's tasks declare a
+    // tool's output differently (NESTFUL does, for 11 of its tools), the fields every one of
+    // them declares — what the tool always returns.
+    let mut common: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for t in config
+        .task_set
+        .tasks
+        .iter()
+        .flat_map(|task| &task.plan.tools)
+    {
+        let fields: Vec<String> = t.output.iter().map(|(p, _)| p.clone()).collect();
+        common
+            .entry(t.name.as_str())
+            .and_modify(|c| c.retain(|f| fields.contains(f)))
+            .or_insert(fields);
+    }
     for task in &config.task_set.tasks {
         for t in &task.plan.tools {
             // Every tool of the task file takes arguments copied from the task or an earlier
-            // result (`grounded`); an external one with an equivalent source is cross-checked.
+            // result (`grounded`); an external one is cross-checked: against its equivalent
+            // source, or by a second read of itself where it has none (as in-process).
             // Its declared output fields are its contract; one that stamps its data declares
             // the stamp and its cache-bypass argument (the task file's `freshness`). The
             // substitute answers the same question with the same fields.
             let declared = ToolConfig {
                 grounded: true,
-                output: t.output.iter().map(|(p, _)| p.clone()).collect(),
+                output: common.get(t.name.as_str()).cloned().unwrap_or_default(),
                 as_of: t.freshness.then(|| AS_OF.to_owned()),
                 max_age_ms: MAX_AGE_MS,
                 refresh: t.freshness.then(|| agent::REFRESH_ARGUMENT.to_owned()),
@@ -342,7 +359,10 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
             };
             g.tools.entry(t.name.clone()).or_insert_with(|| ToolConfig {
                 substitute: t.substitute.clone(),
-                cross_check: t.external && t.substitute.is_some(),
+                cross_check: t.external,
+                // A tool with no equivalent is read once more before a recovered run answers
+                // (the core's read before answering; in-process reads the same values).
+                reread: t.substitute.is_none(),
                 tolerance: selfheal_core::verifier::Tolerance {
                     rel: t.tolerance.rel,
                     abs: t.tolerance.abs,

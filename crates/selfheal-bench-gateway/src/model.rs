@@ -84,6 +84,13 @@ pub enum Heard {
         /// The tool to call.
         with: String,
     },
+    /// The controller's read before answering: call the tool again with these arguments.
+    Reread {
+        /// The tool.
+        tool: String,
+        /// The arguments of the call whose value is read again.
+        args: Value,
+    },
 }
 
 /// Reads the gateway's guidance out of a request's messages. The wire carries text only; these
@@ -130,6 +137,17 @@ pub fn heard(messages: &[Value]) -> Vec<Heard> {
                 out.push(Heard::Retry(named()));
             } else if line.starts_with('`') && line.contains("): rethink your plan") {
                 out.push(Heard::Replan);
+            } else if let Some(rest) = line.strip_prefix("Before you answer, read `") {
+                let (tool, rest) = rest.split_once('`').unwrap_or_default();
+                let args = rest
+                    .split_once("with the arguments ")
+                    .and_then(|(_, a)| a.strip_suffix('.'))
+                    .and_then(|a| serde_json::from_str(a).ok())
+                    .unwrap_or(Value::Null);
+                out.push(Heard::Reread {
+                    tool: tool.to_owned(),
+                    args,
+                });
             } else if line.starts_with("Cross-check the last result of `") {
                 let mut ticks = line.split('`');
                 let of = ticks.nth(1).unwrap_or_default().to_owned();
@@ -327,6 +345,11 @@ impl<'t> Script<'t> {
                         return call;
                     }
                 }
+                Heard::Reread { tool, args } if offered.contains(&tool.as_str()) => {
+                    if let Some(call) = self.reread(tool, args) {
+                        return call;
+                    }
+                }
                 Heard::Retry(tool) => self.refetch(tool),
                 // Told that the tool whose result it just read failed (the gateway judged that
                 // answer: stale, say), the model does not use that result.
@@ -343,6 +366,7 @@ impl<'t> Script<'t> {
                 }
                 Heard::Replan => self.replan(ep),
                 Heard::CrossCheck { .. }
+                | Heard::Reread { .. }
                 | Heard::Failing(_)
                 | Heard::Duplicate(_)
                 | Heard::EmptyInput
@@ -373,6 +397,31 @@ impl<'t> Script<'t> {
             id,
             tool: with.to_owned(),
             arguments,
+        })
+    }
+
+    /// The read before answering: `tool` with `args`, at the step whose output that call gave
+    /// (else the tool's last step), charged as a verifier's call.
+    fn reread(&mut self, tool: &str, args: &Value) -> Option<Reply> {
+        let key = (tool.to_owned(), canonical_hash(args));
+        let step = match self.made.iter().position(|m| m.as_ref() == Some(&key)) {
+            Some(s) => s,
+            None => self.last_call.get(tool)?.0,
+        };
+        let id = format!("call_{}", self.issued.len() + 1);
+        self.issued.insert(id.clone(), step);
+        self.checks.insert(id.clone());
+        self.pending = Some(Pending {
+            id: id.clone(),
+            step,
+            tool: tool.to_owned(),
+            args: args.clone(),
+            verify: true,
+        });
+        Some(Reply::Call {
+            id,
+            tool: tool.to_owned(),
+            arguments: args.to_string(),
         })
     }
 
@@ -458,7 +507,8 @@ impl<'t> Script<'t> {
             | Heard::EmptyInput
             | Heard::Loop
             | Heard::Replan
-            | Heard::CrossCheck { .. } => false,
+            | Heard::CrossCheck { .. }
+            | Heard::Reread { .. } => false,
         });
         let duplicate = duplicate && !told_again;
         if empty_input && (looping || heard.contains(&Heard::EmptyInput)) {

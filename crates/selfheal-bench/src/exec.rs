@@ -762,7 +762,10 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
             catalogue::truth(group, &argv)
         }
         Behaviour::Synth => {
-            let key = canonical_hash(&Value::Object(args.clone())).to_string();
+            // Lenient about types means one value, however it is typed: the tool reads each
+            // argument as its declared type (`"4"` and `4` for a string parameter are the same
+            // query), so a client that coerces arguments to the schema asks the same question.
+            let key = canonical_hash(&Value::Object(as_declared(spec, args))).to_string();
             let mut out = Value::Object(Map::new());
             for (path, ty) in &spec.output {
                 let h = fnv(&[&spec.name, path, &key]);
@@ -784,6 +787,33 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
             Ok(out)
         }
     }
+}
+
+/// `args` with each scalar read as its parameter's declared type where it reads as one (a
+/// number or boolean for a string parameter as its text, a numeric or boolean text for a number,
+/// integer or boolean parameter as that value); anything else as it came.
+fn as_declared(spec: &ToolSpec, args: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = args.clone();
+    for p in &spec.params {
+        let Some(v) = out.get_mut(&p.name) else {
+            continue;
+        };
+        let read = match (p.ty, &*v) {
+            (FieldType::String, Value::Number(_) | Value::Bool(_)) => {
+                Some(Value::String(v.to_string()))
+            }
+            (FieldType::Number | FieldType::Integer | FieldType::Boolean, Value::String(t)) => {
+                serde_json::from_str::<Value>(t.trim())
+                    .ok()
+                    .filter(|x| p.ty.accepts(x))
+            }
+            _ => None,
+        };
+        if let Some(x) = read {
+            *v = x;
+        }
+    }
+    out
 }
 
 /// Writes `v` at `path`, creating objects and arrays on the way.
@@ -994,6 +1024,26 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::task::builtin;
+
+    /// A synthesised tool, lenient about types, answers `"4"` and `4` for a string parameter
+    /// (and `"3"` and `3` for a number) alike — a client that coerces arguments to the schema
+    /// asks the same question — and a different value differently.
+    #[test]
+    fn a_synthesised_tool_reads_arguments_as_their_declared_types() {
+        let line = r#"{"id": "t", "query": "q", "tools": [{"name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}, "min_rating": {"type": "string"}, "days": {"type": "number"}}, "required": ["q"]}, "output": {"id": "string", "score": "number"}, "external": true}], "plan": [{"tool": "search", "args": {"q": "shoes", "min_rating": 4, "days": 3}, "label": "var1"}], "answer": "$var1$"}"#;
+        let tasks = crate::task::load_jsonl(line).unwrap();
+        let spec = &tasks[0].plan.tools[0];
+        let ask = |args: Value| truth(spec, args.as_object().unwrap()).unwrap();
+        let plan = ask(json!({"q": "shoes", "min_rating": 4, "days": 3}));
+        assert_eq!(
+            plan,
+            ask(json!({"q": "shoes", "min_rating": "4", "days": "3"}))
+        );
+        assert_ne!(
+            plan,
+            ask(json!({"q": "shoes", "min_rating": "5", "days": 3}))
+        );
+    }
 
     #[test]
     fn malformed_operators_produce_what_their_names_say() {

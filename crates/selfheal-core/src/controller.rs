@@ -276,6 +276,22 @@ impl Controller {
         self.open.is_some()
     }
 
+    /// The failures [`Controller::finish`] would report unresolved if the run ended now — the
+    /// unresolved ones and the one open — without ending it: for a front-end that holds an
+    /// answer while the run may go on (the gateway, which never sees the end of a
+    /// conversation). Empty when `finish` would find nothing unresolved.
+    pub fn unsettled(&self) -> Vec<Unresolved> {
+        let mut out = self.unresolved.clone();
+        if let Some(o) = &self.open {
+            out.push(Unresolved {
+                step: o.step,
+                class: o.class,
+                tool: o.tool.clone(),
+            });
+        }
+        out
+    }
+
     /// Asked once the run has its answer: whether to read once more, before answering, each
     /// value no second source confirmed ([`Policy::reread_after_recovery`]). Yes at most once
     /// per run, only when the policy asks for it, the run carried out a recovery and nothing

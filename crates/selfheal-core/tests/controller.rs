@@ -1187,3 +1187,23 @@ fn with_claim_after_recovery_off_a_recovered_run_ends_partial_and_a_calm_one_com
     default.observe(tool_ok(0, "search", &args, &result), 10, &mut rng);
     assert_eq!(default.finish(11).status, RunStatus::Complete);
 }
+
+#[test]
+fn unsettled_lists_what_finish_would_leave_unresolved_without_ending_the_run() {
+    let args = json!({"q": "x"});
+    let result = json!({"v": 1});
+    let mut rng = SplitMix64::new(7);
+    let mut c = controller(BudgetLimits::unlimited());
+    c.observe(tool_ok(0, "search", &args, &result), 0, &mut rng);
+    assert_eq!(c.unsettled(), vec![], "nothing open");
+    c.observe(timed_out(1, "lookup", &args), 1, &mut rng);
+    let open = c.unsettled();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0].tool.as_deref(), Some("lookup"));
+    assert_eq!(open[0].step, Some(1));
+    // Asking did not end the run: the failure can still be recovered.
+    let d = c.observe(tool_ok(1, "lookup", &args, &result), 2, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.unsettled(), vec![], "recovered");
+    assert_eq!(c.finish(3).status, RunStatus::Complete);
+}

@@ -41,6 +41,18 @@ pub enum Answer {
 }
 
 impl Answer {
+    /// Whether the answer calls a tool (else it is the model's final answer).
+    pub fn calls_tools(&self) -> bool {
+        match self {
+            Answer::Plain(p) => p.calls.as_ref().is_some_and(|c| !c.is_empty()),
+            Answer::Parsed(c) => c
+                .body
+                .pointer("/choices/0/message/tool_calls")
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|a| !a.is_empty()),
+        }
+    }
+
     /// The answer as a parsed completion (for the paths that edit it).
     ///
     /// # Errors

@@ -1464,7 +1464,7 @@ async fn answer_complete(
     };
     let mut log = CallLog::default();
     let result = t.call(&ctx.chain, &encode, &answer_op, &mut log).await;
-    let answer = match result {
+    let mut answer = match result {
         Ok(a) => a,
         Err(e) => {
             log_calls(t, &log, &mut actions);
@@ -1473,11 +1473,47 @@ async fn answer_complete(
             return Err(e);
         }
     };
+    // A final answer is judged by the core as its `finish` would judge the run: with a failure
+    // open or unresolved it is `partial` (in-process such a run never reaches its answer).
+    // Otherwise the core's read before answering: the final answer of a run that needed a
+    // recovery is held, and the model asked to read its unconfirmed values once more first.
+    let mut unsettled = None;
+    if !answer.calls_tools() {
+        let due = {
+            let mut st = lock(&t.state);
+            unsettled = recover::unsettled(&st);
+            match unsettled {
+                Some(_) => None,
+                None => recover::reread_before_answer(&mut st),
+            }
+        };
+        if let Some(text) = due {
+            t.event(Kind::Guidance, json!({"text": [text]}));
+            if !actions.iter().any(|a| a == "reread") {
+                actions.push("reread".into());
+            }
+            let extra = json!({"role": "system", "content": format!("[selfheal] {text}")});
+            let again = |m: &str| {
+                req.encode(
+                    &Edits {
+                        model: Some(m),
+                        append: Some(&extra),
+                        ..edits
+                    },
+                    bytes,
+                )
+            };
+            if let Ok(a) = t.call(&ctx.chain, &again, &answer_op, &mut log).await {
+                answer = a;
+            }
+        }
+    }
     // The common case: every tool call usable as written; the upstream's bytes go back with
     // the report spliced in (see `answer`). A call of a `grounded` tool is judged against the
     // conversation first, on the parsed path below.
     if let answer::Answer::Plain(plain) = &answer
         && !req.stream
+        && unsettled.is_none()
         && plain.calls_usable(&ctx.tools, &s.guides)
         && !plain
             .called()
@@ -1562,11 +1598,13 @@ async fn answer_complete(
     if !check.repaired.is_empty() {
         actions.push("repair".into());
     }
-    let (status, reason) = if check.invalid.is_empty() {
-        ("complete", None)
-    } else {
+    let (status, reason) = if !check.invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
         ("partial", Some(check.invalid.join(" ")))
+    } else if let Some(why) = unsettled {
+        ("partial", Some(why))
+    } else {
+        ("complete", None)
     };
     if let Some(o) = completion.as_object_mut() {
         o.insert(

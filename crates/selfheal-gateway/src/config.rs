@@ -151,8 +151,11 @@ pub struct ToolConfig {
     /// An equivalent tool that answers the same question with the same arguments: the
     /// policy's `substitute` when this one fails, and the second source of its cross-check.
     pub substitute: Option<String>,
-    /// Whether this tool's answers (and its substitute's) are cross-checked against the other
-    /// source before they are used (default `false`; needs `substitute`).
+    /// Whether this tool's answers (and its substitute's) are cross-checked before they are
+    /// used (default `false`): against the other source when the tool has a `substitute`, and
+    /// otherwise against a second read of the tool itself with the same arguments (a source
+    /// whose answer changes between two reads of one call did not give a settled one; the
+    /// benchmark's in-process client checks a tool with no equivalent the same way).
     #[serde(default)]
     pub cross_check: bool,
     /// How far the two sources' numbers may differ and still agree.
@@ -190,6 +193,14 @@ pub struct ToolConfig {
     /// same arguments and this one set to `true`.
     #[serde(default)]
     pub refresh: Option<String>,
+    /// Whether this tool's values are read once more before a run that needed a recovery
+    /// answers (default `false`): the core's read before answering
+    /// ([`selfheal_core::policy::Policy::reread_after_recovery`]), for a tool no second source
+    /// can confirm. The gateway holds the model's answer, asks it to call the tool again with
+    /// each value's arguments, and a value that changed is the verifier's rejection of it,
+    /// recovered along its ladder; the answer goes out once the values hold.
+    #[serde(default)]
+    pub reread: bool,
 }
 
 fn default_max_age_ms() -> u64 {
@@ -208,6 +219,7 @@ impl Default for ToolConfig {
             as_of: None,
             max_age_ms: default_max_age_ms(),
             refresh: None,
+            reread: false,
         }
     }
 }
@@ -363,11 +375,6 @@ impl GatewayConfig {
                 Some(sub) if sub == name => {
                     return Err(ConfigError::Invalid(format!(
                         "[tools.{name}]: a tool cannot be its own substitute"
-                    )));
-                }
-                None if tool.cross_check => {
-                    return Err(ConfigError::Invalid(format!(
-                        "[tools.{name}]: cross_check needs a substitute to check against"
                     )));
                 }
                 Some(_) | None => {}
@@ -532,11 +539,11 @@ mod tests {
     }
 
     #[test]
-    fn a_tool_needs_another_tool_to_substitute_or_check_against() {
+    fn a_tool_cannot_substitute_itself_and_alone_is_checked_by_a_second_read() {
         let own = GatewayConfig::from_toml_str("[tools.a]\nsubstitute = \"a\"\n");
         assert!(matches!(own, Err(ConfigError::Invalid(m)) if m.contains("its own substitute")));
-        let lone = GatewayConfig::from_toml_str("[tools.a]\ncross_check = true\n");
-        assert!(matches!(lone, Err(ConfigError::Invalid(m)) if m.contains("needs a substitute")));
+        let lone = GatewayConfig::from_toml_str("[tools.a]\ncross_check = true\n").unwrap();
+        assert!(lone.tools["a"].cross_check && lone.tools["a"].substitute.is_none());
         let typo = GatewayConfig::from_toml_str("[tools.a]\nsubstitue = \"b\"\n");
         assert!(typo.is_err(), "unknown keys are refused");
     }

@@ -27,7 +27,8 @@
 //!
 //! **Cross-checks.** For a tool the operator marked [`ToolConfig::cross_check`], a value is not
 //! observed when it arrives: the gateway asks the agent, through its own tool loop, to call the
-//! equivalent tool with the same arguments, and observes the value with the verdict of
+//! equivalent tool with the same arguments (the tool itself again, when it has no equivalent:
+//! a second read), and observes the value with the verdict of
 //! [`selfheal_core::verifier::cross_check`] on the two answers when the second one arrives —
 //! a disagreement as the call's contradiction signal, otherwise a [`Observation::Verified`]
 //! after it, exactly the order the benchmark's in-process client reports them in. So the core's
@@ -132,13 +133,15 @@ impl Ctx<'_> {
             .map(|(name, _)| name.as_str())
     }
 
-    /// The tool a value of `tool` is cross-checked against, with the tolerance, if it is.
+    /// The tool a value of `tool` is cross-checked against, with the tolerance, if it is: its
+    /// substitute, or — for a tool with none — the tool itself, read a second time with the
+    /// same arguments.
     fn check_against(&self, tool: &str) -> Option<(String, selfheal_core::verifier::Tolerance)> {
         if let Some(c) = self.tools.get(tool)
             && c.cross_check
-            && let Some(sub) = &c.substitute
         {
-            return Some((sub.clone(), c.tolerance));
+            let against = c.substitute.clone().unwrap_or_else(|| tool.to_owned());
+            return Some((against, c.tolerance));
         }
         let primary = self.primary_of(tool)?;
         let c = self.tools.get(primary)?;
@@ -209,8 +212,28 @@ pub struct Wire {
     /// Tool results the gateway repaired, by `tool_call_id`, with the text the model reads
     /// instead (at most [`MAX_REPAIRED`], oldest first out).
     repaired: std::collections::VecDeque<(String, String)>,
+    /// The last value of each call of a tool the operator marked [`ToolConfig::reread`], that
+    /// the run went on with (at most [`MAX_HELD`], oldest first out): what the read before
+    /// answering reads again.
+    values: std::collections::VecDeque<Held>,
+    /// The values still to read again before the run answers.
+    rereads: std::collections::VecDeque<Held>,
+    /// The read again that is awaited.
+    reread: Option<Held>,
     next: Next,
 }
+
+/// A value the run went on with, as the read before answering reads it again.
+#[derive(Debug, Clone, PartialEq)]
+struct Held {
+    step: u32,
+    tool: String,
+    args: Value,
+    value: Value,
+}
+
+/// Most values a run keeps for its read before answering.
+pub const MAX_HELD: usize = 64;
 
 /// Most repaired tool results a run keeps replacing in the requests it forwards.
 pub const MAX_REPAIRED: usize = 64;
@@ -244,8 +267,8 @@ impl Wire {
         self.repaired.push_back((id.to_owned(), value.to_string()));
     }
 
-    /// Takes what the next request has to carry out, adding the pending cross-check's request
-    /// and every repaired result the run keeps replacing.
+    /// Takes what the next request has to carry out, adding the pending cross-check's request,
+    /// the awaited read before answering and every repaired result the run keeps replacing.
     pub fn take_next(&mut self) -> Next {
         let mut next = std::mem::take(&mut self.next);
         next.replaced = self.repaired.iter().cloned().collect();
@@ -254,12 +277,110 @@ impl Wire {
         {
             next.guidance.push(cross_check_text(&p.tool, &p.against));
         }
+        if next.stop.is_none()
+            && let Some(r) = &self.reread
+        {
+            next.guidance.push(reread_text(&r.tool, &r.args));
+        }
         next
+    }
+
+    /// Keeps `value`, the answer of `tool` to `args` the run goes on with, for the read before
+    /// answering, when the operator marked the tool [`ToolConfig::reread`]. A later value of the
+    /// same call replaces it.
+    fn keep(&mut self, ctx: &Ctx<'_>, step: u32, call: (&str, &Value), value: &Value) {
+        let (tool, args) = call;
+        if !ctx.tools.get(tool).is_some_and(|c| c.reread) {
+            return;
+        }
+        let key = canonical_hash(args);
+        self.values
+            .retain(|h| !(h.tool == tool && canonical_hash(&h.args) == key));
+        if self.values.len() == MAX_HELD {
+            self.values.pop_front();
+        }
+        self.values.push_back(Held {
+            step,
+            tool: tool.to_owned(),
+            args: args.clone(),
+            value: value.clone(),
+        });
     }
 
     /// Whether a cross-check is awaited.
     pub fn awaiting_check(&self) -> bool {
         self.pending.is_some()
+    }
+}
+
+/// Why a final answer cannot go out as complete now, if it cannot: a tool's failure the core
+/// still counts unresolved ([`Controller::unsettled`](selfheal_core::controller::Controller::unsettled)),
+/// which its `finish` would report `partial` — in-process such a run never reaches its answer.
+/// A model-side failure (a repeated call, a wrong tool, bad arguments) does not count here: the
+/// wire's steps are tools, not the plan's steps, so the model's next good call — of whichever
+/// tool — that settles it in-process is one the wire cannot tie to it.
+pub fn unsettled(st: &RunState) -> Option<String> {
+    let open: Vec<String> = st
+        .controller
+        .unsettled()
+        .into_iter()
+        .filter(|u| !u.class.is_model_side())
+        .map(|u| match u.tool {
+            Some(t) => format!("`{t}` ({})", u.class),
+            None => u.class.to_string(),
+        })
+        .collect();
+    (!open.is_empty()).then(|| format!("unresolved: {}", open.join(", ")))
+}
+
+/// The guidance that asks, before the run answers, for one more read of a value.
+pub fn reread_text(tool: &str, args: &Value) -> String {
+    format!("Before you answer, read `{tool}` again: call it with the arguments {args}.")
+}
+
+/// Asked when the model answers without a tool call: whether the run reads its values once
+/// more first — the core's [`Controller::reread_due`](selfheal_core::controller::Controller::reread_due)
+/// (once per run, after a recovery, when the policy's `reread_after_recovery` asks for it),
+/// over the values of the tools the operator marked [`ToolConfig::reread`]. If so, the
+/// guidance that asks for the first read; the gateway holds the answer and asks the model for
+/// the call, and each read that arrives is the verifier `re_read` of its value
+/// ([`observe`]), the next read asked for while the values hold.
+pub fn reread_before_answer(st: &mut RunState) -> Option<String> {
+    if st.wire.values.is_empty() || st.wire.reread.is_some() || st.wire.pending.is_some() {
+        return None;
+    }
+    if !st.controller.reread_due() {
+        return None;
+    }
+    st.wire.rereads = st.wire.values.clone();
+    let first = st.wire.rereads.pop_front()?;
+    let text = reread_text(&first.tool, &first.args);
+    st.wire.reread = Some(first);
+    Some(text)
+}
+
+/// Observes the verdict of a read before answering on its value: a value that changed is the
+/// verifier's rejection of its step, and the controller's directive is carried out (the reads
+/// left are dropped: the run goes back to that step); otherwise the next read is asked for.
+fn reread_verdict(st: &mut RunState, ctx: &Ctx<'_>, r: &Held, judgement: Judgement, now_ms: u64) {
+    let rejected = matches!(judgement, Judgement::Reject { .. });
+    let options = options(st, ctx, r.step, &r.tool, None);
+    let mut rng = SplitMix64::new(ctx.seed ^ u64::from(r.step));
+    let d = st.controller.observe(
+        Observation::Verified {
+            step: Some(r.step),
+            verifier: "re_read",
+            judgement,
+            options,
+        },
+        now_ms,
+        &mut rng,
+    );
+    if rejected || !matches!(d, Directive::Continue { .. }) {
+        st.wire.rereads.clear();
+        carry(st, ctx, r.step, &r.tool, d);
+    } else {
+        st.wire.reread = st.wire.rereads.pop_front();
     }
 }
 
@@ -619,6 +740,39 @@ pub fn observe(
     now_ms: u64,
 ) -> &'static str {
     let (id, tool, args) = call;
+    if let Some(r) = st.wire.reread.take() {
+        let made = r.tool == tool && canonical_hash(&r.args) == canonical_hash(args);
+        // The second read is read as it came, as a cross-check's: one that does not parse or
+        // did not answer cannot tell, and leaves the value as it was.
+        let judgement = if !made {
+            Judgement::Uncertain {
+                reason: format!("the read again of `{}` was not made", r.tool),
+            }
+        } else {
+            match read_result(text) {
+                Read::Value(again) => cross_check(
+                    &ctx.comparable(&r.tool, &r.value),
+                    &ctx.comparable(&r.tool, &again),
+                    ctx.tools
+                        .get(&r.tool)
+                        .map(|c| c.tolerance)
+                        .unwrap_or_default(),
+                ),
+                Read::Repairable { .. } => Judgement::Uncertain {
+                    reason: format!("`{}` sent an unreadable body", r.tool),
+                },
+                Read::Failed(_) => Judgement::Uncertain {
+                    reason: format!("`{}` did not answer: {}", r.tool, clip(text)),
+                },
+            }
+        };
+        reread_verdict(st, ctx, &r, judgement, now_ms);
+        if made {
+            return "check";
+        }
+        st.wire.reread = None;
+        st.wire.rereads.clear();
+    }
     if let Some(p) = st.wire.pending.take() {
         if p.against == tool && canonical_hash(&p.args) == canonical_hash(args) {
             // The second source's answer is read as it came: one that does not parse is no
@@ -698,6 +852,9 @@ pub fn observe(
             }
             let call = ToolCall::returned(tool, args, &value).with_required(&required);
             let d = finished(st, ctx, step, call, None, None, now_ms);
+            if matches!(d, Directive::Continue { .. }) {
+                st.wire.keep(ctx, step, (tool, args), &value);
+            }
             carry(st, ctx, step, tool, d);
             "ok"
         }
@@ -858,6 +1015,9 @@ fn repaired(
         }
         Some(_) | None => {
             let d = verified(st, ctx, &p, Judgement::Accept, now_ms);
+            if matches!(d, Directive::Continue { .. }) {
+                st.wire.keep(ctx, step, (tool, args), &p.value);
+            }
             carry(st, ctx, step, tool, d);
         }
     }
@@ -971,6 +1131,9 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
     if p.repaired {
         // A repaired answer was observed as its failure already; only the verdict is new.
         let d = verified(st, ctx, &p, judgement, now_ms);
+        if matches!(d, Directive::Continue { .. }) {
+            st.wire.keep(ctx, p.step, (&p.tool, &p.args), &p.value);
+        }
         carry(st, ctx, p.step, &p.tool, d);
         return;
     }
@@ -992,6 +1155,9 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
         (Directive::Continue { .. }, None) => verified(st, ctx, &p, judgement, now_ms),
         (d, _) => d,
     };
+    if matches!(d, Directive::Continue { .. }) {
+        st.wire.keep(ctx, p.step, (&p.tool, &p.args), &p.value);
+    }
     carry(st, ctx, p.step, &p.tool, d);
 }
 
@@ -1297,6 +1463,53 @@ mod tests {
         let next = st.wire.take_next();
         assert_eq!(next.actions, vec!["retry"], "{next:?}");
         assert!(next.guidance[0].contains("contradictory_evidence"));
+    }
+
+    /// A tool with no equivalent that the operator marks `cross_check` is checked by a second
+    /// read of itself: the value is held, the same call is asked for, and a second answer that
+    /// differs is the call's contradiction.
+    #[test]
+    fn a_lone_tool_is_cross_checked_by_a_second_read() {
+        let cfg = BTreeMap::from([(
+            "rate".to_owned(),
+            ToolConfig {
+                cross_check: true,
+                ..ToolConfig::default()
+            },
+        )]);
+        let idx = offered(&["rate"]);
+        let ctx = Ctx {
+            tools: &cfg,
+            offered: &idx,
+            fallback: None,
+            seed: 1,
+            wall_ms: 0,
+        };
+        let a = json!({"pair": "EURUSD"});
+        let mut st = run();
+        let held = observe(&mut st, &ctx, ("c1", "rate", &a), r#"{"rate": 1.08}"#, 0);
+        assert_eq!(held, "held");
+        let next = st.wire.take_next();
+        assert_eq!(next.guidance, vec![cross_check_text("rate", "rate")]);
+        let same = observe(&mut st, &ctx, ("c2", "rate", &a), r#"{"rate": 1.08}"#, 1);
+        assert_eq!(same, "check");
+        assert_eq!(
+            st.wire.take_next(),
+            Next::default(),
+            "confirmed: nothing to do"
+        );
+
+        let mut st = run();
+        observe(&mut st, &ctx, ("c1", "rate", &a), r#"{"rate": 1.08}"#, 0);
+        observe(&mut st, &ctx, ("c2", "rate", &a), r#"{"rate": 10.8}"#, 1);
+        let next = st.wire.take_next();
+        assert!(!next.actions.is_empty(), "{next:?}");
+        assert!(
+            next.guidance
+                .iter()
+                .any(|g| g.contains("contradictory_evidence")),
+            "{next:?}"
+        );
     }
 
     /// The escalation rung sends the next request to the fallback model, once per step.

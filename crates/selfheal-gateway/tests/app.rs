@@ -959,3 +959,145 @@ async fn issue_11_a_drifted_answer_is_repaired_or_fetched_again() {
         }
     }
 }
+
+/// A conversation in which `fx` answered `{"rate": 1.1}` and `search` then failed `failures`
+/// times before it answered; `extra` messages follow.
+fn recovered(failures: usize, extra: &[Value]) -> Value {
+    let mut m = vec![
+        json!({"role": "user", "content": "what is the EURUSD rate, and news on it?"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "fx", "arguments": "{\"pair\": \"EURUSD\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "{\"rate\": 1.1}"}),
+    ];
+    for i in 0..=failures {
+        let id = format!("s{i}");
+        m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+            "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"EURUSD\"}"}}]}));
+        let result = if i < failures {
+            "Error: 503 Service Unavailable"
+        } else {
+            "{\"hits\": 3}"
+        };
+        m.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+    }
+    m.extend(extra.iter().cloned());
+    json!(m)
+}
+
+fn fx_and_search() -> Value {
+    let mut t = fx_tools();
+    t.as_array_mut()
+        .unwrap()
+        .push(json!({"type": "function", "function": {"name": "search",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                       "required": ["query"]}}}));
+    t
+}
+
+/// Issue 11: the core's read before answering on the wire. A run that needed a recovery has
+/// its final answer held and the model asked to read the values of a tool the operator marked
+/// `reread` once more; a value that held lets the answer through, one that changed is the
+/// verifier's rejection, recovered along its ladder. A run that went well is not read again.
+#[tokio::test]
+async fn issue_11_a_recovered_run_reads_its_unconfirmed_values_again_before_answering() {
+    let config = |url: String| {
+        let mut c = fast(GatewayConfig::for_upstream(url));
+        c.tools
+            .insert("fx".into(), toml::from_str("reread = true").unwrap());
+        c
+    };
+    let reread = |args: &str| {
+        format!("Before you answer, read `fx` again: call it with the arguments {args}.")
+    };
+    // A run that went well answers at once.
+    let (url, shared) = start_upstream(vec![(200, text("1.1"))]).await;
+    let app = gateway(config(url));
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "tools": fx_and_search(), "messages": recovered(0, &[])}),
+    )
+    .await;
+    assert_eq!(body["choices"][0]["message"]["content"], "1.1", "{body}");
+    assert_eq!(shared.lock().unwrap().seen.len(), 1, "nothing read again");
+
+    for (again, holds) in [("{\"rate\": 1.1}", true), ("{\"rate\": 9.9}", false)] {
+        let (url, shared) = start_upstream(vec![
+            (200, text("1.1")),
+            (200, tool_call("fx", "{\"pair\":\"EURUSD\"}")),
+            (200, text("1.1")),
+        ])
+        .await;
+        let app = gateway(config(url));
+        let (status, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "tools": fx_and_search(), "messages": recovered(1, &[])}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let call = &body["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "fx", "the answer is held: {body}");
+        let actions = headers["x-selfheal-actions"].to_str().unwrap().to_owned();
+        assert!(actions.contains("reread"), "{actions}");
+        let seen = shared.lock().unwrap().seen.clone();
+        assert_eq!(seen.len(), 2);
+        assert!(
+            guidance_seen(&seen[1]).contains(&reread("{\"pair\":\"EURUSD\"}")),
+            "{}",
+            guidance_seen(&seen[1])
+        );
+        // The client runs the read and sends its result.
+        let extra = [
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "r1",
+                "type": "function", "function": {"name": "fx", "arguments": "{\"pair\":\"EURUSD\"}"}}]}),
+            json!({"role": "tool", "tool_call_id": "r1", "content": again}),
+        ];
+        let (status, body, _) = post_chat(
+            &app,
+            json!({"model": "m", "tools": fx_and_search(), "messages": recovered(1, &extra)}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let seen = shared.lock().unwrap().seen.clone();
+        assert_eq!(seen.len(), 3, "read once per run");
+        let guidance = guidance_seen(&seen[2]);
+        assert_eq!(
+            guidance.contains("`fx` failed ("),
+            !holds,
+            "{again}: {guidance}"
+        );
+        if holds {
+            assert_eq!(body["choices"][0]["message"]["content"], "1.1", "{body}");
+            assert_eq!(body["selfheal"]["status"], "complete", "{body}");
+        }
+    }
+}
+
+/// Issue 11: an answer given while a tool's failure is still open is not returned as complete —
+/// the core's `finish` would call that run partial — and one given after the failure was
+/// recovered is.
+#[tokio::test]
+async fn issue_11_an_answer_over_an_open_failure_is_partial() {
+    for (recovered, status) in [(false, "partial"), (true, "complete")] {
+        let (url, _shared) = start_upstream(vec![(200, text("1.1"))]).await;
+        let app = gateway(fast(GatewayConfig::for_upstream(url)));
+        let mut m = vec![
+            json!({"role": "user", "content": "news on EURUSD?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "s0",
+                "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"EURUSD\"}"}}]}),
+            json!({"role": "tool", "tool_call_id": "s0", "content": "{\"error\": \"service unavailable\"}"}),
+        ];
+        if recovered {
+            m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "s1",
+                "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"EURUSD\"}"}}]}));
+            m.push(json!({"role": "tool", "tool_call_id": "s1", "content": "{\"hits\": 3}"}));
+        }
+        let (code, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "tools": fx_and_search(), "messages": m}),
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["selfheal"]["status"], status, "{body}");
+        assert_eq!(headers["x-selfheal-status"], status);
+    }
+}
