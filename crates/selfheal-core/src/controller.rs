@@ -292,6 +292,20 @@ impl Controller {
         out
     }
 
+    /// Why the run's answer may not be claimed complete, when the policy says so: a recovery
+    /// was carried out and the policy claims nothing after one (`claim_after_recovery = false`).
+    /// [`Controller::finish`] ends such a run `partial`; a front-end that answers while the run
+    /// goes on (the gateway) flags its answer the same way.
+    pub fn claim_refused(&self) -> Option<String> {
+        (!self.policy.claim_after_recovery && self.actions.keys().any(|k| !k.is_terminal())).then(
+            || {
+                "a recovery was carried out, and the policy claims no answer after one \
+                 (claim_after_recovery = false)"
+                    .to_owned()
+            },
+        )
+    }
+
     /// Asked once the run has its answer: whether to read once more, before answering, each
     /// value no second source confirmed ([`Policy::reread_after_recovery`]). Yes at most once
     /// per run, only when the policy asks for it, the run carried out a recovery and nothing
@@ -747,17 +761,8 @@ impl Controller {
                         RunStatus::Partial,
                         Some(format!("{} failure(s) unresolved", self.unresolved.len())),
                     )
-                } else if !self.policy.claim_after_recovery
-                    && self.actions.keys().any(|k| !k.is_terminal())
-                {
-                    (
-                        RunStatus::Partial,
-                        Some(
-                            "a recovery was carried out, and the policy claims no answer after \
-                             one (claim_after_recovery = false)"
-                                .to_owned(),
-                        ),
-                    )
+                } else if let Some(why) = self.claim_refused() {
+                    (RunStatus::Partial, Some(why))
                 } else {
                     (RunStatus::Complete, None)
                 };

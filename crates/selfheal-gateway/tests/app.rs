@@ -1101,3 +1101,29 @@ async fn issue_11_an_answer_over_an_open_failure_is_partial() {
         assert_eq!(headers["x-selfheal-status"], status);
     }
 }
+
+/// Issue 10's `claim_after_recovery` reaches the gateway through the core: under a policy that
+/// claims nothing after a recovery, the final answer of a run whose tool failed and was called
+/// again goes out `partial` with the policy's reason; a run with no failure stays `complete`.
+#[tokio::test]
+async fn a_policy_that_claims_nothing_after_a_recovery_flags_the_answer_partial() {
+    for (failures, status) in [(1, "partial"), (0, "complete")] {
+        let (url, _shared) = start_upstream(vec![(200, text("1.1, and 3 hits"))]).await;
+        let mut config = fast(GatewayConfig::for_upstream(url));
+        config.policy =
+            selfheal_core::policy::Policy::from_toml_str("claim_after_recovery = false").unwrap();
+        let app = gateway(config);
+        let (code, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "tools": fx_and_search(), "messages": recovered(failures, &[])}),
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["selfheal"]["status"], status, "{body}");
+        assert_eq!(headers["x-selfheal-status"], status);
+        if failures > 0 {
+            let reason = body["selfheal"]["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("claim_after_recovery"), "{body}");
+        }
+    }
+}
