@@ -1313,6 +1313,21 @@ mod tests {
         )])
     }
 
+    /// The wire's context for `cfg` and `idx`, at seed 1 and wall clock 0.
+    fn ctx<'a>(
+        cfg: &'a BTreeMap<String, ToolConfig>,
+        idx: &'a ToolIndex,
+        fallback: Option<&'a str>,
+    ) -> Ctx<'a> {
+        Ctx {
+            tools: cfg,
+            offered: idx,
+            fallback,
+            seed: 1,
+            wall_ms: 0,
+        }
+    }
+
     fn run() -> RunState {
         RunState::with_policy(
             MonitorConfig::default(),
@@ -1366,13 +1381,7 @@ mod tests {
     fn the_ladder_drives_the_guidance() {
         let cfg = tools(false);
         let idx = offered(&["weather", "weather_backup"]);
-        let ctx = Ctx {
-            tools: &cfg,
-            offered: &idx,
-            fallback: None,
-            seed: 1,
-            wall_ms: 0,
-        };
+        let ctx = ctx(&cfg, &idx, None);
         let mut st = run();
         let a = json!({"city": "Paris"});
         for t in 0..2 {
@@ -1398,13 +1407,7 @@ mod tests {
     fn an_unconfirmed_substitute_degrades_the_run() {
         let cfg = tools(true);
         let idx = offered(&["weather", "weather_backup"]);
-        let ctx = Ctx {
-            tools: &cfg,
-            offered: &idx,
-            fallback: None,
-            seed: 1,
-            wall_ms: 0,
-        };
+        let ctx = ctx(&cfg, &idx, None);
         let mut st = run();
         let a = json!({"city": "Paris"});
         for t in 0..3 {
@@ -1437,13 +1440,7 @@ mod tests {
     fn a_cross_check_confirms_or_contradicts() {
         let cfg = tools(true);
         let idx = offered(&["weather", "weather_backup"]);
-        let ctx = Ctx {
-            tools: &cfg,
-            offered: &idx,
-            fallback: None,
-            seed: 1,
-            wall_ms: 0,
-        };
+        let ctx = ctx(&cfg, &idx, None);
         let a = json!({"city": "Paris"});
         let mut st = run();
         observe(&mut st, &ctx, ("c", "weather", &a), r#"{"temp": 21.0}"#, 0);
@@ -1484,13 +1481,7 @@ mod tests {
             },
         )]);
         let idx = offered(&["rate"]);
-        let ctx = Ctx {
-            tools: &cfg,
-            offered: &idx,
-            fallback: None,
-            seed: 1,
-            wall_ms: 0,
-        };
+        let ctx = ctx(&cfg, &idx, None);
         let a = json!({"pair": "EURUSD"});
         let mut st = run();
         let held = observe(&mut st, &ctx, ("c1", "rate", &a), r#"{"rate": 1.08}"#, 0);
@@ -1526,13 +1517,7 @@ mod tests {
                 .unwrap_or_default();
         let cfg = BTreeMap::new();
         let idx = offered(&["search"]);
-        let ctx = Ctx {
-            tools: &cfg,
-            offered: &idx,
-            fallback: Some("big"),
-            seed: 1,
-            wall_ms: 0,
-        };
+        let ctx = ctx(&cfg, &idx, Some("big"));
         let mut st =
             RunState::with_policy(MonitorConfig::default(), BudgetLimits::defaults(), policy);
         let a = json!({"q": "x"});
