@@ -129,6 +129,11 @@ pub fn map_renamed(value: &Value, fields: &[String]) -> Result<Value, String> {
         let Some(o) = v.as_object_mut() else {
             return Err("the answer is not an object".into());
         };
+        // A field missing inside a key that is there (`results[0].population` with `results`
+        // present) is not a renamed key: mapping another key over it would discard `results`.
+        if o.get(&top).is_some_and(|x| !x.is_null()) {
+            return Err(format!("field `{p}` is missing inside `{top}`"));
+        }
         let found: Vec<String> = renamings(o, &top).into_iter().cloned().collect();
         match found.as_slice() {
             [one] => {
@@ -207,6 +212,10 @@ mod tests {
         assert_eq!(v, json!({"city": "Paris", "as_of": 5}));
         assert!(map_renamed(&json!({"f12": "Paris"}), &f).is_err());
         assert!(map_renamed(&json!({"city_a": 1, "city_b": 2}), &f).is_err());
+        // A nested field missing under a key that is there is refused, not mapped over it.
+        let nested = ["results[0].population".to_owned()];
+        let v = json!({"results": [{"pop": 5}], "results_v2": [{"population": 7}]});
+        assert!(map_renamed(&v, &nested).is_err());
     }
 
     #[test]
