@@ -1503,8 +1503,20 @@ async fn answer_complete(
                     bytes,
                 )
             };
-            if let Ok(a) = t.call(&ctx.chain, &again, &answer_op, &mut log).await {
-                answer = a;
+            // The read is the model's to ask for. An upstream that fails, or a model that answers
+            // again without the call, leaves the answer unread: it goes out `partial`, not
+            // claimed as if the read had confirmed it.
+            match t.call(&ctx.chain, &again, &answer_op, &mut log).await {
+                Ok(a) if a.calls_tools() => answer = a,
+                Ok(a) => {
+                    answer = a;
+                    unsettled = Some(format!("not read again before answering: {text}"));
+                }
+                Err(_) => {
+                    unsettled = Some(format!(
+                        "not read again before answering (the upstream failed): {text}"
+                    ));
+                }
             }
         }
     }

@@ -1127,3 +1127,30 @@ async fn a_policy_that_claims_nothing_after_a_recovery_flags_the_answer_partial(
         }
     }
 }
+
+/// Issue 11: the read before answering is the model's to make. A model that answers again
+/// without the call leaves the value unread, and the answer goes out `partial`, not as if the
+/// read had confirmed it.
+#[tokio::test]
+async fn an_answer_whose_read_before_answering_was_not_made_is_partial() {
+    let (url, shared) = start_upstream(vec![(200, text("1.1")), (200, text("1.1"))]).await;
+    let mut c = fast(GatewayConfig::for_upstream(url));
+    c.tools
+        .insert("fx".into(), toml::from_str("reread = true").unwrap());
+    let app = gateway(c);
+    let (status, body, headers) = post_chat(
+        &app,
+        json!({"model": "m", "tools": fx_and_search(), "messages": recovered(1, &[])}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        shared.lock().unwrap().seen.len(),
+        2,
+        "the read was asked for"
+    );
+    assert_eq!(body["selfheal"]["status"], "partial", "{body}");
+    assert_eq!(headers["x-selfheal-status"], "partial");
+    let reason = body["selfheal"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("not read again"), "{body}");
+}
