@@ -159,10 +159,15 @@ pub fn heard(messages: &[Value]) -> Vec<Heard> {
     out
 }
 
-/// Whether a tool result is usable for step `s`: JSON, with every path the plan reads from the
-/// step present, not null and not an empty array (what the benchmark's plain client checks).
+/// Whether a tool result is usable for step `s`: JSON, not an error body (`{"error": "..."}`,
+/// which the in-process client reads as the tool's error whatever the plan reads of the step),
+/// with every path the plan reads from the step present, not null and not an empty array (what
+/// the benchmark's plain client checks).
 pub fn usable(plan: &Plan, s: usize, text: &str) -> Option<Value> {
     let v: Value = serde_json::from_str(text).ok()?;
+    if v.get("error").is_some_and(Value::is_string) {
+        return None;
+    }
     let ok = plan.read_paths(s).iter().all(|p| match get_path(&v, p) {
         None | Some(Value::Null) => false,
         Some(Value::Array(a)) => !a.is_empty(),
@@ -864,5 +869,19 @@ mod tests {
         assert!(usable(plan, 0, &json!({ path: null }).to_string()).is_none());
         assert!(usable(plan, 0, "Error: 503 Service Unavailable").is_none());
         assert!(usable(plan, 0, "{\"other\": 1}").is_none());
+    }
+
+    /// An error body is the tool's error, not its answer, even for a step the plan reads as a
+    /// whole (no path of it is read, so nothing would be found missing).
+    #[test]
+    fn an_error_body_is_never_a_usable_result() {
+        let task = &selfheal_bench::task::builtin(1)[0];
+        let plan = &task.plan;
+        let path = plan.read_paths(0)[0].clone();
+        let body = json!({ path: "France City", "error": "service unavailable" }).to_string();
+        assert!(usable(plan, 0, &body).is_none());
+        let last = plan.steps.len();
+        assert!(usable(plan, last, r#"{"error": "service unavailable"}"#).is_none());
+        assert!(usable(plan, last, r#"{"error": {"code": 0}, "x": 1}"#).is_some());
     }
 }
