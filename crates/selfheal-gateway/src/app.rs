@@ -720,7 +720,7 @@ async fn responses_inner(
         ("complete", None)
     } else {
         t.event(Kind::InvalidCall, json!({"problems": invalid}));
-        ("partial", Some(invalid.join(" ")))
+        ("partial", Some(heal::problems_text(&invalid)))
     };
     if let Some(o) = answer.as_object_mut() {
         o.insert(
@@ -912,7 +912,7 @@ impl ResponsesAgain {
     /// in it re-asked in turn.
     fn hook(&self) -> responses_stream::Reask {
         let me = self.clone();
-        Box::new(move |problems: Vec<String>| {
+        Box::new(move |problems: Vec<heal::Problem>| {
             Box::pin(async move {
                 let t = &me.t;
                 let mut problems = problems;
@@ -1612,7 +1612,7 @@ async fn answer_complete(
     }
     let (status, reason) = if !check.invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
-        ("partial", Some(check.invalid.join(" ")))
+        ("partial", Some(heal::problems_text(&check.invalid)))
     } else if let Some(why) = unsettled {
         ("partial", Some(why))
     } else {
@@ -1639,10 +1639,10 @@ async fn answer_complete(
 }
 
 /// The user turn that asks the model to redo tool calls that could not be used.
-fn reask_turn(problems: &[String]) -> Value {
+fn reask_turn(problems: &[heal::Problem]) -> Value {
     json!({"role": "user", "content": format!(
         "Your last answer's tool calls could not be used. {}",
-        problems.join(" ")
+        heal::problems_text(problems)
     )})
 }
 
@@ -1676,7 +1676,7 @@ fn decided(
 /// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder.
 /// `Some(next state)` when it does: the caller passes it on if the new answer cannot be used
 /// either, so the ladder, not the gateway, says when to stop.
-fn reask_granted(t: &Turn, problems: &[String], state: ReaskState) -> Option<ReaskState> {
+fn reask_granted(t: &Turn, problems: &[heal::Problem], state: ReaskState) -> Option<ReaskState> {
     reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
 }
 
@@ -1685,7 +1685,7 @@ fn reask_granted(t: &Turn, problems: &[String], state: ReaskState) -> Option<Rea
 /// (the re-ask and what follows go there) and the run records it.
 fn reask_or_escalate(
     t: &Turn,
-    problems: &[String],
+    problems: &[heal::Problem],
     state: ReaskState,
     chain: &mut &[crate::config::Target],
 ) -> Option<(ReaskState, bool)> {
@@ -1743,7 +1743,7 @@ fn time_rng() -> selfheal_core::rng::SplitMix64 {
 /// that broke before any content), and unusable calls in that answer are re-asked in turn.
 fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
     let (t, ctx) = (t.clone(), ctx.clone());
-    Box::new(move |problems: Vec<String>| {
+    Box::new(move |problems: Vec<heal::Problem>| {
         Box::pin(async move {
             let s = &t.s;
             let req = ChatRequest::parse(&ctx.bytes).ok()?;

@@ -468,8 +468,58 @@ pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict, recovery: &[Strin
 pub struct CallCheck {
     /// Calls whose arguments were repaired in place (tool names).
     pub repaired: Vec<String>,
-    /// Re-ask texts for calls that could not be repaired (unknown tool, invalid arguments).
-    pub invalid: Vec<String>,
+    /// The calls that could not be used (unknown tool, invalid arguments, ...).
+    pub invalid: Vec<Problem>,
+}
+
+/// Why a tool call of a model's answer cannot be used, as found: what the core's ladder
+/// re-asks it by ([`unusable_signal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unusable {
+    /// A call of a tool not on offer (its name): the model's wrong tool choice.
+    UnknownTool(String),
+    /// A required argument written empty: an input the model does not have, a step of its plan
+    /// missing.
+    EmptyInput,
+    /// Arguments that cannot be used as written (or, for the grounding check, that nothing in
+    /// the conversation supports).
+    Arguments,
+}
+
+/// One tool call that cannot be used: why, and the re-ask text that tells the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Why.
+    pub kind: Unusable,
+    /// The re-ask text.
+    pub text: String,
+}
+
+/// A problem is written (in the trace's events) as its re-ask text.
+impl serde::Serialize for Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl Problem {
+    /// A problem of unusable arguments with re-ask `text`.
+    pub fn arguments(text: String) -> Problem {
+        Problem {
+            kind: Unusable::Arguments,
+            text,
+        }
+    }
+}
+
+/// The re-ask texts of `problems`, in order.
+pub fn problem_texts(problems: &[Problem]) -> Vec<String> {
+    problems.iter().map(|p| p.text.clone()).collect()
+}
+
+/// The re-ask texts of `problems` as one text.
+pub fn problems_text(problems: &[Problem]) -> String {
+    problem_texts(problems).join(" ")
 }
 
 /// Compiled schema guides by schema text. Agents send the same tools with every request, and
@@ -504,13 +554,13 @@ impl GuideCache {
 /// proxy and the runtime use too: valid arguments are left byte for byte, a cut-off call is
 /// refused, no default is written. `ending` is how the choice ended (its `finish_reason`):
 /// after `length`, arguments that are not JSON as written are refused, never repaired into a
-/// call. Returns `Ok(true)` when repaired, `Err(reask text)` when it cannot be used.
+/// call. Returns `Ok(true)` when repaired, `Err(problem)` when it cannot be used.
 pub fn check_call(
     call: &mut Value,
     tools: &ToolIndex,
     guides: &GuideCache,
     ending: Ending,
-) -> Result<bool, String> {
+) -> Result<bool, Problem> {
     let name = call
         .at("/function/name")
         .and_then(Value::as_str)
@@ -530,21 +580,24 @@ pub fn check_call(
 
 /// The check of [`check_call`] on a call's tool `name` and arguments text `raw`, without the
 /// call: `Ok(None)` when the arguments are valid as written, `Ok(Some(text))` when they were
-/// repaired into `text`, `Err(reask text)` when the call cannot be used.
+/// repaired into `text`, `Err(problem)` when the call cannot be used.
 pub fn check_arguments(
     name: &str,
     raw: &str,
     tools: &ToolIndex,
     guides: &GuideCache,
     ending: Ending,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, Problem> {
     let Some(spec) = tools.get(name) else {
         let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
         names.sort_unstable();
-        return Err(format!(
-            "{UNKNOWN_TOOL}{name}` does not exist. Call one of: {}.",
-            names.join(", ")
-        ));
+        return Err(Problem {
+            kind: Unusable::UnknownTool(name.to_owned()),
+            text: format!(
+                "The tool `{name}` does not exist. Call one of: {}.",
+                names.join(", ")
+            ),
+        });
     };
     // A required argument written empty (`""`, `null`) is an input the model does not have: a
     // step of its plan is missing. Said before any schema complaint (an empty string where a number goes would
@@ -564,11 +617,15 @@ pub fn check_arguments(
             .map(String::as_str)
             .collect();
         if !empty.is_empty() {
-            return Err(format!(
-                "{EMPTY_INPUT}{name}` left empty: {}. Work out the step that gives {} first.",
-                empty.join(", "),
-                if empty.len() == 1 { "it" } else { "them" }
-            ));
+            return Err(Problem {
+                kind: Unusable::EmptyInput,
+                text: format!(
+                    "Required arguments of `{name}` left empty: {}. Work out the step that \
+                     gives {} first.",
+                    empty.join(", "),
+                    if empty.len() == 1 { "it" } else { "them" }
+                ),
+            });
         }
     }
     let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
@@ -579,36 +636,31 @@ pub fn check_arguments(
     };
     let args = match repair_arguments(raw, guide.as_deref(), ending) {
         Ok(a) => a,
-        Err(e) => return Err(e.reask_message(raw, name)),
+        Err(e) => return Err(Problem::arguments(e.reask_message(raw, name))),
     };
     Ok(args.changed.then(|| args.value.to_string()))
 }
 
-/// How the re-ask text of a call of a tool not on offer opens.
-pub const UNKNOWN_TOOL: &str = "The tool `";
-
-/// How the re-ask text of a call with a required argument left empty opens.
-pub const EMPTY_INPUT: &str = "Required arguments of `";
-
-/// The signal of a model answer whose tool calls could not be used, from their re-ask texts
-/// ([`check_arguments`]'s): a tool not on offer is the model's wrong tool choice, a required
-/// argument left empty a missing step (the reading the gateway gives the tool's refusal of such
-/// a call, and the in-process client the call before it makes it), anything else invalid
-/// arguments. The first of these that any problem shows, in that order.
-pub fn unusable_signal(problems: &[String]) -> selfheal_core::classifier::Signal {
+/// The signal of a model answer whose tool calls could not be used, from why each could not
+/// ([`check_arguments`]'s finding): a tool not on offer is the model's wrong tool choice, a
+/// required argument left empty a missing step (the reading the gateway gives the tool's
+/// refusal of such a call, and the in-process client the call before it makes it), anything
+/// else invalid arguments. The first of these that any problem shows, in that order.
+pub fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signal {
     use selfheal_core::classifier::Signal;
-    if let Some(name) = problems.iter().find_map(|p| {
-        p.strip_prefix(UNKNOWN_TOOL)
-            .and_then(|rest| rest.split_once("` does not exist."))
-            .map(|(name, _)| name.to_owned())
+    if let Some(name) = problems.iter().find_map(|p| match &p.kind {
+        Unusable::UnknownTool(name) => Some(name.clone()),
+        Unusable::EmptyInput | Unusable::Arguments => None,
     }) {
         return Signal::UnknownTool { name };
     }
-    if let Some(p) = problems.iter().find(|p| p.starts_with(EMPTY_INPUT)) {
-        return Signal::MissingStep { detail: p.clone() };
+    if let Some(p) = problems.iter().find(|p| p.kind == Unusable::EmptyInput) {
+        return Signal::MissingStep {
+            detail: p.text.clone(),
+        };
     }
     Signal::InvalidArguments {
-        errors: problems.to_vec(),
+        errors: problem_texts(problems),
     }
 }
 
@@ -967,6 +1019,7 @@ mod tests {
         assert!(
             check_call(&mut unknown, &idx, &GuideCache::default(), Ending::Unknown)
                 .unwrap_err()
+                .text
                 .contains("does not exist")
         );
     }
@@ -994,7 +1047,11 @@ mod tests {
         );
         for empty in [r#"{"q": ""}"#, r#"{"q": "  ", "n": 2}"#, r#"{"q": null}"#] {
             let e = check("search", empty);
-            assert!(e.starts_with(EMPTY_INPUT), "{e}");
+            assert_eq!(e.kind, Unusable::EmptyInput, "{e:?}");
+            assert!(
+                e.text.starts_with("Required arguments of `search`"),
+                "{e:?}"
+            );
             assert!(matches!(unusable_signal(&[e]), Signal::MissingStep { .. }));
         }
         // An empty string for an integer is a missing input too, not a type error.
@@ -1007,11 +1064,14 @@ mod tests {
         let mut call =
             json!({"function": {"name": "search", "arguments": r#"{"q": "a", "n": ""}"#}});
         let e = check_call(&mut call, &both, &g, Ending::Unknown).unwrap_err();
-        assert!(e.starts_with(EMPTY_INPUT) && e.contains('n'), "{e}");
+        assert!(
+            e.kind == Unusable::EmptyInput && e.text.contains(": n."),
+            "{e:?}"
+        );
         // Left out, or of the wrong type: the schema's complaint, invalid arguments.
         for bad in ["{}", r#"{"q": "a", "n": "lots"}"#] {
             let e = check("search", bad);
-            assert!(!e.starts_with(EMPTY_INPUT), "{e}");
+            assert_eq!(e.kind, Unusable::Arguments, "{e:?}");
             assert!(matches!(
                 unusable_signal(&[e]),
                 Signal::InvalidArguments { .. }
@@ -1033,14 +1093,14 @@ mod tests {
         let cut = r#"{"q": "rust", "n": 3"#;
         let mut call = json!({"function": {"name": "search", "arguments": cut}});
         let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::CutOff).unwrap_err();
-        assert!(err.contains("cut off"), "{err}");
+        assert!(err.text.contains("cut off"), "{err:?}");
         assert_eq!(
             call["function"]["arguments"], cut,
             "left as the model wrote it"
         );
         let mut call = json!({"function": {"name": "search", "arguments": r#"{"q": "ru"#}});
         let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown).unwrap_err();
-        assert!(err.contains("cut off inside a string"), "{err}");
+        assert!(err.text.contains("cut off inside a string"), "{err:?}");
         // A model that finished on its own and left off the brace after a number: repaired.
         let mut call = json!({"function": {"name": "search", "arguments": cut}});
         assert_eq!(
@@ -1051,7 +1111,7 @@ mod tests {
         // Without the finish reason, the same text may be a cut number: refused.
         let mut call = json!({"function": {"name": "search", "arguments": cut}});
         let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown).unwrap_err();
-        assert!(err.contains("cut off inside a number"), "{err}");
+        assert!(err.text.contains("cut off inside a number"), "{err:?}");
     }
 
     /// Issue 14: a valid call is forwarded byte for byte, with no default added.

@@ -401,12 +401,12 @@ pub fn cross_check_text(tool: &str, against: &str) -> String {
 /// Takes the calls of grounded tools whose arguments appear nowhere in `evidence` out of
 /// `calls` — chat tool calls (`{"function": {"name", "arguments"}}`) or Responses
 /// `function_call` items (`{"type": "function_call", "name", "arguments"}`; items of other
-/// types stay) — and returns the re-ask text of each ([`Grounding`] says why).
+/// types stay) — and returns the problem of each, unusable arguments ([`Grounding`] says why).
 pub fn take_ungrounded(
     tools: &BTreeMap<String, ToolConfig>,
     calls: &mut Vec<Value>,
     evidence: &[Value],
-) -> Vec<String> {
+) -> Vec<crate::heal::Problem> {
     let mut problems = Vec::new();
     calls.retain(|c| {
         let item = c.get("type").and_then(Value::as_str) == Some("function_call");
@@ -431,11 +431,11 @@ pub fn take_ungrounded(
         if missing.is_empty() {
             return true;
         }
-        problems.push(format!(
+        problems.push(crate::heal::Problem::arguments(format!(
             "The arguments of `{name}` must be copied from the task or an earlier tool \
              result, and these appear in neither: {}.",
             missing.join(", ")
-        ));
+        )));
         false
     });
     problems
@@ -456,8 +456,8 @@ pub struct Grounding<'a> {
 }
 
 impl Grounding<'_> {
-    /// Takes the ungrounded calls out of an assistant `message`; returns the re-ask text of each.
-    pub fn check(&self, message: &mut Value) -> Vec<String> {
+    /// Takes the ungrounded calls out of an assistant `message`; returns the problem of each.
+    pub fn check(&self, message: &mut Value) -> Vec<crate::heal::Problem> {
         let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
             return Vec::new();
         };
@@ -1567,7 +1567,10 @@ mod tests {
         let mut bad = call("lookup", "{\"code\": \"MXCs\"}");
         let problems = g.check(&mut bad);
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].contains("`code` = \"MXCs\""), "{problems:?}");
+        assert!(
+            problems[0].text.contains("`code` = \"MXCs\""),
+            "{problems:?}"
+        );
         assert!(bad.get("tool_calls").is_none());
         assert_eq!(bad["content"], "");
         // Not grounded: the same wrong value is left to the tool.

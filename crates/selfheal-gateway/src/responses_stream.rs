@@ -41,7 +41,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::heal::{CallCheck, GuideCache, ToolIndex, check_call};
+use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call, problem_texts};
 use crate::stream::{Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, StreamReport, find_event_end};
 use selfheal_repair::{ArgumentsError, Ending};
 
@@ -57,7 +57,7 @@ pub struct Reanswered {
 /// Asks the upstream again without streaming: with the problems of unusable calls appended (a
 /// re-ask), or with none (a re-issue of a stream that broke before any content). `None` when the
 /// policy or the budget refuses, the upstream fails, or the new answer's calls cannot be used.
-pub type Reask = Box<dyn FnOnce(Vec<String>) -> BoxFuture<'static, Option<Reanswered>> + Send>;
+pub type Reask = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<Reanswered>> + Send>;
 
 /// What the relay may ask of the pipeline.
 #[derive(Default)]
@@ -89,7 +89,7 @@ fn check_item(
     ending: Ending,
     tools: &ToolIndex,
     guides: &GuideCache,
-) -> Result<bool, String> {
+) -> Result<bool, Problem> {
     let name = item
         .get("name")
         .and_then(Value::as_str)
@@ -97,7 +97,9 @@ fn check_item(
         .to_owned();
     let cut = !finished || item.get("status").and_then(Value::as_str) == Some("incomplete");
     if cut {
-        return Err(ArgumentsError::CutOff.reask_message("", &name));
+        return Err(Problem::arguments(
+            ArgumentsError::CutOff.reask_message("", &name),
+        ));
     }
     let mut call = json!({"function": {
         "name": name,
@@ -517,7 +519,7 @@ impl Relay<'_> {
             };
             match again {
                 Some(r) => {
-                    self.report.reasked = invalid;
+                    self.report.reasked = problem_texts(&invalid);
                     self.report.repaired.extend(r.repaired);
                     replacement = new_items(&r.response);
                     // The answer is now the new one's: its status, its reason if incomplete.
@@ -533,7 +535,7 @@ impl Relay<'_> {
                         _ => "response.completed".into(),
                     };
                 }
-                None => self.report.invalid = invalid,
+                None => self.report.invalid = problem_texts(&invalid),
             }
         }
         for item in ready.into_iter().chain(replacement) {
@@ -608,11 +610,11 @@ impl Relay<'_> {
             };
             match again {
                 Some(r) => {
-                    self.report.reasked = check.invalid;
+                    self.report.reasked = problem_texts(&check.invalid);
                     self.report.repaired.extend(r.repaired);
                     response = r.response;
                 }
-                None => self.report.invalid = check.invalid,
+                None => self.report.invalid = problem_texts(&check.invalid),
             }
         }
         self.emit_response(response).await
@@ -993,7 +995,7 @@ mod tests {
         ];
         let hooks = Hooks {
             reask: None,
-            reissue: Some(Box::new(|problems: Vec<String>| {
+            reissue: Some(Box::new(|problems: Vec<Problem>| {
                 assert!(problems.is_empty());
                 Box::pin(async {
                     Some(Reanswered {
@@ -1100,7 +1102,7 @@ mod tests {
                           "output": []}}),
         );
         let hooks = Hooks {
-            reask: Some(Box::new(|problems: Vec<String>| {
+            reask: Some(Box::new(|problems: Vec<Problem>| {
                 assert_eq!(problems.len(), 1);
                 Box::pin(async {
                     Some(Reanswered {
