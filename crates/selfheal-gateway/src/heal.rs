@@ -484,6 +484,10 @@ pub enum Unusable {
     /// Arguments that cannot be used as written (or, for the grounding check, that nothing in
     /// the conversation supports).
     Arguments,
+    /// The call repeats, name and arguments, one the model made in its previous turn and whose
+    /// result it has ([`Answered`]): the model's control loop, as the in-process client reads
+    /// a call that repeats the previous step's.
+    Repetition,
 }
 
 /// One tool call that cannot be used: why, and the re-ask text that tells the model.
@@ -645,12 +649,13 @@ pub fn check_arguments(
 /// ([`check_arguments`]'s finding): a tool not on offer is the model's wrong tool choice, a
 /// required argument left empty a missing step (the reading the gateway gives the tool's
 /// refusal of such a call, and the in-process client the call before it makes it), anything
-/// else invalid arguments. The first of these that any problem shows, in that order.
+/// else invalid arguments — or, with none of those, a repeated call is the model's repetition.
+/// The first of these that any problem shows, in that order.
 pub fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signal {
     use selfheal_core::classifier::Signal;
     if let Some(name) = problems.iter().find_map(|p| match &p.kind {
         Unusable::UnknownTool(name) => Some(name.clone()),
-        Unusable::EmptyInput | Unusable::Arguments => None,
+        Unusable::EmptyInput | Unusable::Arguments | Unusable::Repetition => None,
     }) {
         return Signal::UnknownTool { name };
     }
@@ -659,9 +664,130 @@ pub fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signa
             detail: p.text.clone(),
         };
     }
+    if problems.iter().any(|p| p.kind == Unusable::Repetition) {
+        return Signal::Repetition;
+    }
     Signal::InvalidArguments {
         errors: problem_texts(problems),
     }
+}
+
+/// The calls of the model's previous turn whose results it has: the calls of the request's last
+/// assistant message when nothing but their `tool` results follows it (the model is going on
+/// with the same task) whose value the run's controller took as it replayed this request's
+/// results ([`crate::recover::Next::taken`]: a call whose result failed, or waits for its
+/// check, may be made again as it was), less those of the tools the controller asks this
+/// request to call again with the same arguments (a retry, a cross-check, a read before
+/// answering: [`crate::recover::Next::again`]). A new call identical to one of these, in name
+/// and arguments, repeats it: its result is already in the conversation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answered {
+    /// `(tool, canonical hash of the arguments)`.
+    calls: Vec<(String, u64)>,
+}
+
+impl Answered {
+    /// The calls of `messages`' last turn among `taken` (`(tool, canonical hash of the
+    /// arguments)`), less the calls of the tools in `again`.
+    pub fn of(messages: &[Message<'_>], taken: &[(String, u64)], again: &[String]) -> Answered {
+        if taken.is_empty() {
+            return Answered::default();
+        }
+        let mut turn = None;
+        for m in messages.iter().rev() {
+            match m.role() {
+                "tool" => {}
+                "assistant" if m.tool_calls.is_some() => {
+                    turn = Some(m);
+                    break;
+                }
+                _ => break,
+            }
+        }
+        let Some(turn) = turn else {
+            return Answered::default();
+        };
+        let mut calls = Vec::new();
+        for c in turn.calls() {
+            let Some(f) = c.function else { continue };
+            let Some(name) = f.name else { continue };
+            let name = name.as_str();
+            if again.iter().any(|a| a == name) {
+                continue;
+            }
+            let Some(hash) = f.arguments.as_ref().and_then(|a| args_hash(a.as_str())) else {
+                continue;
+            };
+            if taken.iter().any(|(t, h)| t == name && *h == hash) {
+                calls.push((name.to_owned(), hash));
+            }
+        }
+        Answered { calls }
+    }
+
+    /// Whether no call is answered (nothing can repeat one).
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Whether a call of `name` with arguments text `raw` repeats an answered call.
+    pub fn repeats(&self, name: &str, raw: &str) -> bool {
+        !self.calls.is_empty()
+            && args_hash(raw).is_some_and(|h| self.calls.iter().any(|(n, c)| n == name && *c == h))
+    }
+
+    /// Takes the calls that repeat an answered call out of `calls` (chat tool calls,
+    /// `{"function": {"name", "arguments"}}`); returns the problem of each.
+    pub fn take_repeated(&self, calls: &mut Vec<Value>) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.calls.is_empty() {
+            return problems;
+        }
+        calls.retain(|c| {
+            let name = c.at("/function/name").and_then(Value::as_str).unwrap_or("");
+            let raw = c
+                .at("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !self.repeats(name, raw) {
+                return true;
+            }
+            problems.push(Problem {
+                kind: Unusable::Repetition,
+                text: format!(
+                    "You already called `{name}` with these exact arguments and its result is \
+                     in the conversation: make the next call your task needs instead."
+                ),
+            });
+            false
+        });
+        problems
+    }
+
+    /// [`Answered::take_repeated`] on an assistant `message` (its `tool_calls` removed when
+    /// none is left, as [`check_message`] does).
+    pub fn check(&self, message: &mut Value) -> Vec<Problem> {
+        let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+            return Vec::new();
+        };
+        let problems = self.take_repeated(calls);
+        if calls.is_empty()
+            && let Some(m) = message.as_object_mut()
+        {
+            m.remove("tool_calls");
+            if m.get("content").is_none_or(Value::is_null) {
+                m.insert("content".into(), Value::String(String::new()));
+            }
+        }
+        problems
+    }
+}
+
+/// The canonical hash of arguments text that is JSON (`None` when it is not).
+fn args_hash(raw: &str) -> Option<u64> {
+    serde_json::from_str::<Value>(raw)
+        .ok()
+        .map(|v| selfheal_core::monitor::canonical_hash(&v))
 }
 
 /// Checks every tool call of an assistant message.
@@ -1082,6 +1208,61 @@ mod tests {
             unusable_signal(&[check("search", r#"{"q": ""}"#), unknown]),
             Signal::UnknownTool { .. }
         ));
+    }
+
+    /// Issue 11: the calls a new call can repeat are those of the model's last turn whose values
+    /// the run took, less the tools the controller asks to be called again; a repetition is
+    /// re-asked with the core's repetition signal.
+    #[test]
+    fn a_repetition_is_of_a_taken_call_of_the_last_turn() {
+        use selfheal_core::classifier::Signal;
+        let turn = |after: Vec<Value>| {
+            let mut m = vec![
+                json!({"role": "user", "content": "find x"}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                    "type": "function", "function": {"name": "search",
+                    "arguments": "{\"q\": \"x\", \"n\": 2}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": "{\"hits\": 3}"}),
+            ];
+            m.extend(after);
+            request(json!(m))
+        };
+        let taken = vec![(
+            "search".to_owned(),
+            selfheal_core::monitor::canonical_hash(&json!({"q": "x", "n": 2})),
+        )];
+        let bytes = turn(Vec::new());
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let answered = Answered::of(&req.messages, &taken, &[]);
+        assert!(answered.repeats("search", "{\"n\":2,\"q\":\"x\"}"));
+        assert!(!answered.repeats("search", "{\"q\": \"y\", \"n\": 2}"));
+        assert!(!answered.repeats("lookup", "{\"q\": \"x\", \"n\": 2}"));
+        let mut message = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c2", "type": "function",
+             "function": {"name": "search", "arguments": "{\"q\": \"x\", \"n\": 2}"}}]});
+        let problems = answered.check(&mut message);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].kind, Unusable::Repetition);
+        assert!(message.get("tool_calls").is_none());
+        assert_eq!(unusable_signal(&problems), Signal::Repetition);
+        // A wrong tool or a missing input says more than the repetition beside it.
+        let unknown = Problem {
+            kind: Unusable::UnknownTool("nope".into()),
+            text: String::new(),
+        };
+        assert!(matches!(
+            unusable_signal(&[problems[0].clone(), unknown]),
+            Signal::UnknownTool { .. }
+        ));
+        // Not taken (failed, or waiting for its check), asked again, or not the last turn.
+        assert!(Answered::of(&req.messages, &[], &[]).is_empty());
+        assert!(Answered::of(&req.messages, &taken, &["search".to_owned()]).is_empty());
+        let bytes = turn(vec![
+            json!({"role": "assistant", "content": "3 hits"}),
+            json!({"role": "user", "content": "again"}),
+        ]);
+        let req = ChatRequest::parse(&bytes).unwrap();
+        assert!(Answered::of(&req.messages, &taken, &[]).is_empty());
     }
 
     /// Issue 14: a call cut off by the length limit is re-asked, never repaired into a call;

@@ -196,6 +196,13 @@ pub struct Next {
     pub actions: Vec<&'static str>,
     /// Tool results to replace with their repair, by `tool_call_id`.
     pub replaced: Vec<(String, String)>,
+    /// The tools this request asks the model to call again with the same arguments (a retry, a
+    /// cross-check, a read before answering): such a call is not a repetition
+    /// ([`crate::heal::Answered`]).
+    pub again: Vec<String>,
+    /// The calls, `(tool, canonical hash of the arguments)`, whose values the run took as it
+    /// read this request's results ([`crate::heal::Answered`]).
+    pub taken: Vec<(String, u64)>,
 }
 
 /// The wire side of a run's recovery: step ids, the value waiting for its cross-check, the
@@ -276,24 +283,29 @@ impl Wire {
             && let Some(p) = &self.pending
         {
             next.guidance.push(cross_check_text(&p.tool, &p.against));
+            next.again.push(p.against.clone());
         }
         if next.stop.is_none()
             && let Some(r) = &self.reread
         {
             next.guidance.push(reread_text(&r.tool, &r.args));
+            next.again.push(r.tool.clone());
         }
         next
     }
 
-    /// Keeps `value`, the answer of `tool` to `args` the run goes on with, for the read before
-    /// answering, when the operator marked the tool [`ToolConfig::reread`]. A later value of the
-    /// same call replaces it.
+    /// Notes that the run took `value`, the answer of `tool` to `args`, and goes on with it
+    /// ([`Next::taken`]); keeps it for the read before answering when the operator marked the
+    /// tool [`ToolConfig::reread`]. A later value of the same call replaces it.
     fn keep(&mut self, ctx: &Ctx<'_>, step: u32, call: (&str, &Value), value: &Value) {
         let (tool, args) = call;
+        let key = canonical_hash(args);
+        if self.next.taken.len() < MAX_HELD {
+            self.next.taken.push((tool.to_owned(), key));
+        }
         if !ctx.tools.get(tool).is_some_and(|c| c.reread) {
             return;
         }
-        let key = canonical_hash(args);
         self.values
             .retain(|h| !(h.tool == tool && canonical_hash(&h.args) == key));
         if self.values.len() == MAX_HELD {
@@ -1206,10 +1218,14 @@ fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Directive) 
                 RecoveryAction::Repair { .. } => next.guidance.push(rewrite_text(tool, class)),
                 RecoveryAction::Refresh => match ctx.refresh_of(tool) {
                     Some(arg) => next.guidance.push(refresh_text(tool, class, arg)),
-                    None => next.guidance.push(retry_text(tool, class)),
+                    None => {
+                        next.guidance.push(retry_text(tool, class));
+                        next.again.push(tool.to_owned());
+                    }
                 },
                 RecoveryAction::Retry { .. } => {
                     next.guidance.push(retry_text(tool, class));
+                    next.again.push(tool.to_owned());
                 }
                 RecoveryAction::Substitute { alternative } => {
                     // The primary's data is known to be old: its answers say nothing about
@@ -1452,7 +1468,11 @@ mod tests {
             1,
         );
         let next = st.wire.take_next();
-        assert_eq!(next, Next::default(), "confirmed: nothing to do");
+        let taken = Next {
+            taken: vec![("weather".to_owned(), canonical_hash(&a))],
+            ..Next::default()
+        };
+        assert_eq!(next, taken, "confirmed: nothing to do, the value taken");
 
         let mut st = run();
         observe(&mut st, &ctx, ("c", "weather", &a), r#"{"temp": 21.0}"#, 0);
@@ -1488,12 +1508,16 @@ mod tests {
         assert_eq!(held, "held");
         let next = st.wire.take_next();
         assert_eq!(next.guidance, vec![cross_check_text("rate", "rate")]);
+        assert_eq!(next.again, vec!["rate"], "the same call again is asked for");
         let same = observe(&mut st, &ctx, ("c2", "rate", &a), r#"{"rate": 1.08}"#, 1);
         assert_eq!(same, "check");
         assert_eq!(
             st.wire.take_next(),
-            Next::default(),
-            "confirmed: nothing to do"
+            Next {
+                taken: vec![("rate".to_owned(), canonical_hash(&a))],
+                ..Next::default()
+            },
+            "confirmed: nothing to do, the value taken"
         );
 
         let mut st = run();
