@@ -277,7 +277,11 @@ pub fn replay(
         calls = Some(HashMap::new());
     }
     let mut new_results = results.iter().peekable();
+    let (mut turn, mut fed_turn) = (0, None);
     for (i, m) in messages.iter().enumerate() {
+        if m.role() == "assistant" {
+            turn = i;
+        }
         if let Some(calls) = calls.as_mut()
             && m.role() == "assistant"
             && m.tool_calls.is_some()
@@ -300,6 +304,12 @@ pub fn replay(
         let Some((_, text, fp)) = new_results.next_if(|(j, _, _)| *j == i) else {
             continue;
         };
+        // The values taken are those of the last turn the run reads (a run read for the first
+        // time reads its whole history at once).
+        if fed_turn.is_some_and(|t| t != turn) {
+            state.wire.forget_taken();
+        }
+        fed_turn = Some(turn);
         let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
         let call = match &calls {
             Some(calls) => calls.get(id).cloned(),
@@ -672,14 +682,16 @@ pub fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signa
     }
 }
 
-/// The calls of the model's previous turn whose results it has: the calls of the request's last
-/// assistant message when nothing but their `tool` results follows it (the model is going on
-/// with the same task) whose value the run's controller took as it replayed this request's
-/// results ([`crate::recover::Next::taken`]: a call whose result failed, or waits for its
-/// check, may be made again as it was), less those of the tools the controller asks this
-/// request to call again with the same arguments (a retry, a cross-check, a read before
-/// answering: [`crate::recover::Next::again`]). A new call identical to one of these, in name
-/// and arguments, repeats it: its result is already in the conversation.
+/// The calls of the model's previous step whose results it has: when nothing but `tool` results
+/// follows the request's last assistant message (the model is going on with the same task), the
+/// calls whose values the run's controller took as it read the results of that last turn
+/// ([`crate::recover::Next::taken`]: the turn's own calls, or the call a cross-check in it
+/// confirmed; a call whose result failed, or waits for its check, may be made again as it was),
+/// less those of the tools the controller asks this request to call again with the same
+/// arguments (a retry, a cross-check, a read before answering: [`crate::recover::Next::again`]).
+/// A new call identical to one of these, in name and arguments, repeats it: its result is
+/// already in the conversation (the in-process client's repetition, the previous step's call
+/// again).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Answered {
     /// `(tool, canonical hash of the arguments)`.
@@ -687,8 +699,8 @@ pub struct Answered {
 }
 
 impl Answered {
-    /// The calls of `messages`' last turn among `taken` (`(tool, canonical hash of the
-    /// arguments)`), less the calls of the tools in `again`.
+    /// The calls of `taken` (`(tool, canonical hash of the arguments)`), less those of the tools
+    /// in `again`, when `messages` end in a turn of tool calls and their results.
     pub fn of(messages: &[Message<'_>], taken: &[(String, u64)], again: &[String]) -> Answered {
         if taken.is_empty() {
             return Answered::default();
@@ -704,24 +716,14 @@ impl Answered {
                 _ => break,
             }
         }
-        let Some(turn) = turn else {
+        if turn.is_none() {
             return Answered::default();
-        };
-        let mut calls = Vec::new();
-        for c in turn.calls() {
-            let Some(f) = c.function else { continue };
-            let Some(name) = f.name else { continue };
-            let name = name.as_str();
-            if again.iter().any(|a| a == name) {
-                continue;
-            }
-            let Some(hash) = f.arguments.as_ref().and_then(|a| args_hash(a.as_str())) else {
-                continue;
-            };
-            if taken.iter().any(|(t, h)| t == name && *h == hash) {
-                calls.push((name.to_owned(), hash));
-            }
         }
+        let calls = taken
+            .iter()
+            .filter(|(t, _)| !again.iter().any(|a| a == t))
+            .cloned()
+            .collect();
         Answered { calls }
     }
 
@@ -1263,6 +1265,38 @@ mod tests {
         ]);
         let req = ChatRequest::parse(&bytes).unwrap();
         assert!(Answered::of(&req.messages, &taken, &[]).is_empty());
+    }
+
+    /// Issue 11: the values a run takes while reading a request are those of the last turn it
+    /// reads: a history read at once (a run the gateway sees for the first time) leaves only
+    /// the last turn's calls for a new call to repeat, whichever reading (few results looked
+    /// back from, or many read with the history) it takes.
+    #[test]
+    fn only_the_last_turn_read_is_taken() {
+        for n in [2, LOOK_BACK_RESULTS + 2] {
+            let mut messages = vec![json!({"role": "user", "content": "go"})];
+            for i in 0..n {
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": format!("c{i}"), "type": "function",
+                     "function": {"name": "search", "arguments": format!("{{\"q\": \"x{i}\"}}")}}]}));
+                messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                                     "content": format!("{{\"hits\": {i}}}")}));
+            }
+            let bytes = request(json!(messages));
+            let req = ChatRequest::parse(&bytes).unwrap();
+            let idx = tool_index(&req);
+            let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
+            assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), n);
+            let last = json!({"q": format!("x{}", n - 1)});
+            assert_eq!(
+                state.wire.take_next().taken,
+                vec![(
+                    "search".to_owned(),
+                    selfheal_core::monitor::canonical_hash(&last)
+                )],
+                "{n} turns"
+            );
+        }
     }
 
     /// Issue 14: a call cut off by the length limit is re-asked, never repaired into a call;

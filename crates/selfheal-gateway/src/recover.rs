@@ -319,6 +319,12 @@ impl Wire {
         });
     }
 
+    /// Forgets the values taken so far in this request ([`Next::taken`]): the results read
+    /// next are of a later turn.
+    pub fn forget_taken(&mut self) {
+        self.next.taken.clear();
+    }
+
     /// Whether a cross-check is awaited.
     pub fn awaiting_check(&self) -> bool {
         self.pending.is_some()
