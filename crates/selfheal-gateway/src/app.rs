@@ -803,14 +803,17 @@ async fn answer_responses_stream(
         check: evidence.map(|evidence| grounding_check(t, evidence)),
         reread: Some(again.reread()),
         unsettled: Some(stream_unsettled(t)),
+        // Set in the relay's task: the head waits for its first frame.
+        head: None,
     };
     let learnable = served.filter(|_| !again.tools.is_empty());
     let guides = t.s.guides.clone();
-    Ok(relay_response(
-        t,
-        &actions,
-        learnable,
-        move |tx| async move {
+    Ok(
+        relay_response(t, &actions, learnable, move |tx, head| async move {
+            let hooks = responses_stream::Hooks {
+                head: Some(head),
+                ..hooks
+            };
             let r = responses_stream::relay(
                 upstream,
                 again.tools.clone(),
@@ -821,37 +824,54 @@ async fn answer_responses_stream(
             )
             .await;
             (r, tx)
-        },
-    ))
+        })
+        .await,
+    )
 }
 
 /// Runs a relay in its own task and answers the client with the frames it sends (redacted,
 /// as SSE). When the relay is done the run's end is recorded ([`finish_stream`]) before its
 /// sender is dropped, so the trace has the `response` event before the client sees the end.
-fn relay_response<F>(
+/// The response's head waits for the relay's first frame and carries the report as it stood
+/// then ([`stream::head_report`]: the actions taken, a re-read, a `partial` or `failed` already
+/// known), not a `complete` written before the upstream answered.
+async fn relay_response<F>(
     t: &Turn,
     actions: &[String],
     learnable: Option<crate::config::Target>,
-    relay: impl FnOnce(mpsc::Sender<stream::Frame>) -> F,
+    relay: impl FnOnce(mpsc::Sender<stream::Frame>, stream::Head) -> F,
 ) -> Response
 where
     F: Future<Output = (stream::StreamReport, mpsc::Sender<stream::Frame>)> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(64);
-    let run = relay(tx);
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel();
+    let run = relay(tx, head_tx);
     let t2 = t.clone();
     tokio::spawn(async move {
         let (r, tx) = run.await;
         finish_stream(&t2, &r, learnable.as_ref());
         drop(tx);
     });
+    let head = head_rx.await.ok();
     let redactor = t.caller.redactor.clone();
     let body = futures_util::stream::unfold((rx, redactor), |(mut rx, red)| async move {
         let frame = rx.recv().await?;
         Some((frame.map(|b| red.bytes(b)), (rx, red)))
     });
     let mut resp = sse_response(Body::from_stream(body));
-    add_headers(&mut resp, &t.run, "complete", actions, None);
+    let text = |k: &str| head.as_ref().and_then(|h| h.get(k)).and_then(Value::as_str);
+    let status = text("status").unwrap_or("complete");
+    let reason = text("reason").map(|r| t.caller.redactor.text(r).into_owned());
+    let actions: Vec<String> = match head.as_ref().and_then(|h| h.get("actions")) {
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+        _ => actions.to_vec(),
+    };
+    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     resp
 }
 
@@ -1478,14 +1498,17 @@ async fn answer_stream(
         check: stream_grounding(t, req, &ctx.tools),
         reread: Some(stream_reread(t, &ctx)),
         unsettled: Some(stream_unsettled(t)),
+        // Set in the relay's task: the head waits for its first frame.
+        head: None,
     };
     let learnable = served.filter(|_| !ctx.tools.is_empty());
     let guides = t.s.guides.clone();
-    Ok(relay_response(
-        t,
-        &actions,
-        learnable,
-        move |tx| async move {
+    Ok(
+        relay_response(t, &actions, learnable, move |tx, head| async move {
+            let hooks = stream::Hooks {
+                head: Some(head),
+                ..hooks
+            };
             let r = stream::relay(
                 upstream,
                 ctx.tools.clone(),
@@ -1496,8 +1519,9 @@ async fn answer_stream(
             )
             .await;
             (r, tx)
-        },
-    ))
+        })
+        .await,
+    )
 }
 
 /// The grounding check of a stream's held calls, when the request offers a grounded tool: its

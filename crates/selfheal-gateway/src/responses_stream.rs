@@ -81,6 +81,8 @@ pub struct Hooks {
     pub reread: Option<ReadAgain<Reanswered>>,
     /// The core's judgement of a final answer, as [`crate::stream::Hooks::unsettled`].
     pub unsettled: Option<Unsettled>,
+    /// Where the report goes when the first frame goes out, as [`crate::stream::Hooks::head`].
+    pub head: Option<crate::stream::Head>,
 }
 
 /// The ending of a Responses answer: `incomplete` (the token limit) is a cut-off.
@@ -276,7 +278,29 @@ fn is_preamble(v: &Value) -> bool {
 
 impl Relay<'_> {
     /// Sends one event (renumbered), after the held preamble.
+    /// Sends the head's report ([`crate::stream::head_report`]) before the first frame, once;
+    /// `provisional` when the frame is the first content of an answer that calls no tools so
+    /// far.
+    fn head(&mut self, provisional: bool) {
+        let Some(tx) = self.hooks.head.take() else {
+            return;
+        };
+        let why = if provisional {
+            self.unread
+                .clone()
+                .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()))
+        } else {
+            None
+        };
+        let _ = tx.send(crate::stream::head_report(
+            self.selfheal.as_ref(),
+            &self.report,
+            why,
+        ));
+    }
+
     async fn send(&mut self, mut v: Value) -> Result<(), Gone> {
+        self.head(false);
         for mut h in std::mem::take(&mut self.held) {
             self.stamp(&mut h);
             self.tx.send(frame(&h)).await.map_err(|_| Gone)?;
@@ -441,6 +465,9 @@ impl Relay<'_> {
         {
             self.emit_response(r.response).await?;
             return Ok(Flow::Done);
+        }
+        if self.calls.is_empty() {
+            self.head(true);
         }
         if let Some(i) = upstream_index {
             let c = self.client_index(i);
@@ -775,6 +802,7 @@ impl Relay<'_> {
             // Nothing went out and nothing could be re-issued: the preamble is not sent either.
             self.held.clear();
         }
+        self.head(false);
         self.stamp(&mut e);
         let _ = self.tx.send(frame(&e)).await;
     }

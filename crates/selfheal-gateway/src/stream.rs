@@ -100,6 +100,10 @@ pub type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Reread<A>>
 /// claims nothing after one), asked when the answer ends without tool calls.
 pub type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
 
+/// Receives, once, the `selfheal` report as it stands when the relay sends its first frame (see
+/// [`head_report`]): what the response's head says, since it cannot wait for the end.
+pub type Head = tokio::sync::oneshot::Sender<Value>;
+
 /// What the relay may ask of the pipeline.
 #[derive(Default)]
 pub struct Hooks {
@@ -113,6 +117,35 @@ pub struct Hooks {
     pub reread: Option<ReadAgain<Reasked>>,
     /// The core's judgement of a final answer.
     pub unsettled: Option<Unsettled>,
+    /// Where the report goes when the first frame goes out.
+    pub head: Option<Head>,
+}
+
+/// The report for a stream's head, sent before its first frame: `selfheal` with what the relay
+/// did so far ([`note_outcome`]); `failed` with the reason when the first frame is the error
+/// event of a broken stream; `partial` when the answer so far is a final one (`provisional`:
+/// its first content, no tool call held) whose run the core judges unsettled — a claim the
+/// final chunk may only relax, never a `complete` it then takes back.
+pub(crate) fn head_report(
+    selfheal: Option<&Value>,
+    report: &StreamReport,
+    provisional: Option<String>,
+) -> Value {
+    let mut head = selfheal.cloned().unwrap_or_else(|| json!({}));
+    note_outcome(&mut head, report);
+    let Some(o) = head.as_object_mut() else {
+        return head;
+    };
+    if let Some(why) = &report.broken {
+        o.insert("status".into(), json!("failed"));
+        o.insert("reason".into(), json!(why));
+    } else if o.get("status").and_then(Value::as_str) != Some("partial")
+        && let Some(why) = provisional
+    {
+        o.insert("status".into(), json!("partial"));
+        o.insert("reason".into(), json!(why));
+    }
+    head
 }
 
 /// What happened to a stream, reported when it ends.
@@ -245,7 +278,24 @@ pub async fn relay(
 }
 
 impl Relay<'_> {
+    /// Sends the head's report ([`head_report`]) before the first frame, once; `provisional`
+    /// when the frame is the first content of an answer that calls no tools so far.
+    fn head(&mut self, provisional: bool) {
+        let Some(tx) = self.hooks.head.take() else {
+            return;
+        };
+        let why = if provisional {
+            self.unread
+                .clone()
+                .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()))
+        } else {
+            None
+        };
+        let _ = tx.send(head_report(self.selfheal.as_ref(), &self.report, why));
+    }
+
     async fn send(&mut self, v: &Value) -> Result<(), Gone> {
+        self.head(false);
         if let Some(role) = self.held_role.take() {
             self.tx.send(data(&role)).await.map_err(|_| Gone)?;
         }
@@ -498,6 +548,9 @@ impl Relay<'_> {
                 self.emit_message(&r.message, r.finish_reason).await?;
                 return Ok(Flow::Done);
             }
+            if content && self.pending.is_empty() {
+                self.head(true);
+            }
             self.send(&v).await?;
         }
         Ok(Flow::Continue)
@@ -613,6 +666,7 @@ impl Relay<'_> {
             }
         }
         self.report.broken = Some(why.clone());
+        self.head(false);
         // The error event, then a clean end of the body: an `Err` right after it would make
         // hyper abort the connection before the event is flushed.
         let _ = self

@@ -89,9 +89,16 @@ fn config(url: String, reread: bool, policy: Option<&str>) -> GatewayConfig {
     c
 }
 
-/// POSTs `body` to `path` of the gateway: the HTTP status, the `x-selfheal-status` header and
-/// the body as text.
-async fn post(base: &str, path: &str, body: Value) -> (u16, String, String) {
+/// The `x-selfheal-status` and `x-selfheal-actions` headers of an answer.
+#[derive(Debug)]
+struct Head {
+    status: String,
+    actions: String,
+}
+
+/// POSTs `body` to `path` of the gateway: the HTTP status, the `x-selfheal-*` headers and the
+/// body as text.
+async fn post(base: &str, path: &str, body: Value) -> (u16, Head, String) {
     let resp = reqwest::Client::new()
         .post(format!("{base}/{path}"))
         .json(&body)
@@ -99,12 +106,17 @@ async fn post(base: &str, path: &str, body: Value) -> (u16, String, String) {
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    let header = resp
-        .headers()
-        .get("x-selfheal-status")
-        .map(|h| h.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    (status, header, resp.text().await.unwrap())
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|h| h.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let head = Head {
+        status: header("x-selfheal-status"),
+        actions: header("x-selfheal-actions"),
+    };
+    (status, head, resp.text().await.unwrap())
 }
 
 /// The JSON `data:` payloads of an SSE body (`[DONE]` left out).
@@ -243,11 +255,12 @@ async fn a_streamed_answer_over_an_open_failure_is_partial() {
     for (answered, status) in [(false, "partial"), (true, "complete")] {
         let (url, _) = upstream(vec![streamed_text("1.1")]).await;
         let gw = gateway(config(url, false, None)).await;
-        let (code, _, body) = post(&gw, "chat/completions", chat_request(1, answered)).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(1, answered)).await;
         assert_eq!(code, 200, "{body}");
         let (text, report, _) = chat_outcome(&body);
         assert_eq!(text, "1.1", "{body}");
         assert_eq!(report["status"], status, "{body}");
+        assert_eq!(head.status, status, "the head agrees: {head:?}");
         if status == "partial" {
             let reason = report["reason"].as_str().unwrap_or_default();
             assert!(reason.contains("unresolved"), "{report}");
@@ -262,10 +275,11 @@ async fn a_streamed_answer_after_a_recovery_under_no_claim_is_partial() {
     for (failures, status) in [(1, "partial"), (0, "complete")] {
         let (url, _) = upstream(vec![streamed_text("1.1")]).await;
         let gw = gateway(config(url, false, Some("claim_after_recovery = false"))).await;
-        let (code, _, body) = post(&gw, "chat/completions", chat_request(failures, true)).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(failures, true)).await;
         assert_eq!(code, 200, "{body}");
         let (_, report, _) = chat_outcome(&body);
         assert_eq!(report["status"], status, "{body}");
+        assert_eq!(head.status, status, "the head agrees: {head:?}");
         if failures > 0 {
             let reason = report["reason"].as_str().unwrap_or_default();
             assert!(reason.contains("claim_after_recovery"), "{report}");
@@ -284,10 +298,12 @@ async fn a_streamed_answer_of_a_recovered_run_is_held_for_the_read() {
     ])
     .await;
     let gw = gateway(config(url, true, None)).await;
-    let (code, _, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
+    let (code, head, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
     assert_eq!(code, 200, "{body}");
     let (text, report, calls) = chat_outcome(&body);
     assert_eq!(text, "", "the held answer never went out: {body}");
+    assert_eq!(head.status, "complete", "{head:?}");
+    assert!(head.actions.contains("reread"), "the head agrees: {head:?}");
     assert_eq!(calls.len(), 1, "{body}");
     assert_eq!(calls[0]["function"]["name"], "fx", "{body}");
     assert_eq!(report["status"], "complete", "{body}");
@@ -319,7 +335,7 @@ async fn a_streamed_answer_whose_read_was_not_made_is_partial() {
     for (second, client_text) in [(chat_text("1.2"), "1.2"), (failed, "1.1 it is")] {
         let (url, shared) = upstream(vec![streamed_text("1.1 it is"), second]).await;
         let gw = gateway(config(url, true, None)).await;
-        let (code, _, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
         assert_eq!(code, 200, "{body}");
         assert_eq!(
             shared.lock().unwrap().seen.len(),
@@ -331,6 +347,7 @@ async fn a_streamed_answer_whose_read_was_not_made_is_partial() {
         assert_eq!(report["status"], "partial", "{body}");
         let reason = report["reason"].as_str().unwrap_or_default();
         assert!(reason.contains("not read again"), "{report}");
+        assert_eq!(head.status, "partial", "the head agrees: {head:?}");
     }
 }
 
@@ -499,22 +516,20 @@ fn first_answer(stream: bool, text: &str) -> Step {
 }
 
 /// `/v1/responses`, streamed and not: an answer over an open failure is `partial`, one after
-/// the failure was recovered `complete`; the status header of a non-streamed answer agrees.
+/// the failure was recovered `complete`; the status header agrees.
 #[tokio::test]
 async fn a_responses_answer_over_an_open_failure_is_partial() {
     for stream in [false, true] {
         for (answered, status) in [(false, "partial"), (true, "complete")] {
             let (url, _) = upstream(vec![first_answer(stream, "1.1")]).await;
             let gw = gateway(config(url, false, None)).await;
-            let (code, header, body) =
+            let (code, head, body) =
                 post(&gw, "responses", responses_request(stream, 1, answered)).await;
             assert_eq!(code, 200, "{body}");
             let (text, _, report) = responses_outcome(stream, &body);
             assert_eq!(text, "1.1", "{body}");
             assert_eq!(report["status"], status, "stream {stream}: {body}");
-            if !stream {
-                assert_eq!(header, status);
-            }
+            assert_eq!(head.status, status, "the head agrees: {head:?}");
         }
     }
 }
@@ -527,11 +542,12 @@ async fn a_responses_answer_after_a_recovery_under_no_claim_is_partial() {
         for (failures, status) in [(1, "partial"), (0, "complete")] {
             let (url, _) = upstream(vec![first_answer(stream, "1.1")]).await;
             let gw = gateway(config(url, false, Some("claim_after_recovery = false"))).await;
-            let (code, _, body) =
+            let (code, head, body) =
                 post(&gw, "responses", responses_request(stream, failures, true)).await;
             assert_eq!(code, 200, "{body}");
             let (_, _, report) = responses_outcome(stream, &body);
             assert_eq!(report["status"], status, "stream {stream}: {body}");
+            assert_eq!(head.status, status, "the head agrees: {head:?}");
             if failures > 0 {
                 let reason = report["reason"].as_str().unwrap_or_default();
                 assert!(reason.contains("claim_after_recovery"), "{report}");
@@ -551,10 +567,12 @@ async fn a_responses_answer_of_a_recovered_run_is_held_for_the_read() {
         ])
         .await;
         let gw = gateway(config(url, true, None)).await;
-        let (code, _, body) = post(&gw, "responses", responses_request(stream, 1, true)).await;
+        let (code, head, body) = post(&gw, "responses", responses_request(stream, 1, true)).await;
         assert_eq!(code, 200, "{body}");
         let (text, calls, report) = responses_outcome(stream, &body);
         assert_eq!(text, "", "the held answer never went out: {body}");
+        assert_eq!(head.status, "complete", "{head:?}");
+        assert!(head.actions.contains("reread"), "the head agrees: {head:?}");
         assert_eq!(calls, ["fx"], "stream {stream}: {body}");
         assert_eq!(report["status"], "complete", "{body}");
         assert!(
@@ -589,7 +607,7 @@ async fn a_responses_answer_whose_read_was_not_made_is_partial() {
         ])
         .await;
         let gw = gateway(config(url, true, None)).await;
-        let (code, header, body) = post(&gw, "responses", responses_request(stream, 1, true)).await;
+        let (code, head, body) = post(&gw, "responses", responses_request(stream, 1, true)).await;
         assert_eq!(code, 200, "{body}");
         assert_eq!(
             shared.lock().unwrap().seen.len(),
@@ -601,8 +619,40 @@ async fn a_responses_answer_whose_read_was_not_made_is_partial() {
         assert_eq!(report["status"], "partial", "{body}");
         let reason = report["reason"].as_str().unwrap_or_default();
         assert!(reason.contains("not read again"), "{report}");
-        if !stream {
-            assert_eq!(header, "partial");
+        assert_eq!(head.status, "partial", "the head agrees: {head:?}");
+    }
+}
+
+/// The head of a stream waits for its first frame and says what was known then: a stream that
+/// broke before any content and was re-issued names the re-issue; one that could not be
+/// re-issued (the upstream refused the second asking) is `failed`, as its error event and the
+/// trace say — never a `complete` written before the upstream answered.
+#[tokio::test]
+async fn a_streams_head_says_what_happened_before_its_first_frame() {
+    let empty = (200, "text/event-stream", String::new());
+    let refused = (
+        400,
+        "application/json",
+        "{\"error\": {\"message\": \"no\"}}".into(),
+    );
+    for (second, status, action) in [
+        (chat_text("fine"), "complete", "reissue"),
+        (refused, "failed", ""),
+    ] {
+        let (url, _) = upstream(vec![empty.clone(), second]).await;
+        let gw = gateway(config(url, false, None)).await;
+        let request = json!({"model": "m", "stream": true,
+                             "messages": [{"role": "user", "content": "hi"}]});
+        let (code, head, body) = post(&gw, "chat/completions", request).await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(head.status, status, "{head:?}: {body}");
+        assert!(head.actions.contains(action), "{head:?}");
+        let (text, report, _) = chat_outcome(&body);
+        if status == "complete" {
+            assert_eq!(text, "fine", "{body}");
+            assert_eq!(report["status"], "complete", "{body}");
+        } else {
+            assert!(body.contains("stream_broken"), "{body}");
         }
     }
 }
