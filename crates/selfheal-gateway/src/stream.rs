@@ -123,9 +123,11 @@ pub struct Hooks {
 
 /// The report for a stream's head, sent before its first frame: `selfheal` with what the relay
 /// did so far ([`note_outcome`]); `failed` with the reason when the first frame is the error
-/// event of a broken stream; `partial` when the answer so far is a final one (`provisional`:
-/// its first content, no tool call held) whose run the core judges unsettled — a claim the
-/// final chunk may only relax, never a `complete` it then takes back.
+/// event of a broken stream; `partial` with `provisional`'s reason when the frame is the first
+/// content of an answer that calls no tools so far and whose run the core judges unsettled (or
+/// whose read before answering was not made) — the final chunk says `complete` if tool calls
+/// follow after all. What happens after the first frame (a later break, calls left out) only
+/// the final chunk can say.
 pub(crate) fn head_report(
     selfheal: Option<&Value>,
     report: &StreamReport,
