@@ -289,37 +289,36 @@ async fn a_streamed_answer_after_a_recovery_under_no_claim_is_partial() {
 
 /// The read before answering on a stream: the final answer of a recovered run is held at its
 /// first content, the request asked again (without streaming) with the guidance appended, and
-/// the client gets only the new answer — here the read — never the held text.
+/// the client gets only the new answer — here the read — never the held text. So is a final
+/// answer the upstream sent as plain JSON to the streaming request.
 #[tokio::test]
 async fn a_streamed_answer_of_a_recovered_run_is_held_for_the_read() {
-    let (url, shared) = upstream(vec![
-        streamed_text("1.1 it is"),
-        chat_call("fx", "{\"pair\":\"EURUSD\"}"),
-    ])
-    .await;
-    let gw = gateway(config(url, true, None)).await;
-    let (code, head, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
-    assert_eq!(code, 200, "{body}");
-    let (text, report, calls) = chat_outcome(&body);
-    assert_eq!(text, "", "the held answer never went out: {body}");
-    assert_eq!(head.status, "complete", "{head:?}");
-    assert!(head.actions.contains("reread"), "the head agrees: {head:?}");
-    assert_eq!(calls.len(), 1, "{body}");
-    assert_eq!(calls[0]["function"]["name"], "fx", "{body}");
-    assert_eq!(report["status"], "complete", "{body}");
-    assert!(
-        report["actions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|a| a == "reread"),
-        "{report}"
-    );
-    let seen = shared.lock().unwrap().seen.clone();
-    assert_eq!(seen.len(), 2, "{seen:?}");
-    assert!(chat_guidance(&seen[1].1).contains(READ_FX), "{:?}", seen[1]);
-    assert_eq!(seen[1].1["stream"], false, "asked again without streaming");
-    assert!(!chat_guidance(&seen[0].1).contains(READ_FX));
+    for first in [streamed_text("1.1 it is"), chat_text("1.1 it is")] {
+        let (url, shared) = upstream(vec![first, chat_call("fx", "{\"pair\":\"EURUSD\"}")]).await;
+        let gw = gateway(config(url, true, None)).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
+        assert_eq!(code, 200, "{body}");
+        let (text, report, calls) = chat_outcome(&body);
+        assert_eq!(text, "", "the held answer never went out: {body}");
+        assert_eq!(head.status, "complete", "{head:?}");
+        assert!(head.actions.contains("reread"), "the head agrees: {head:?}");
+        assert_eq!(calls.len(), 1, "{body}");
+        assert_eq!(calls[0]["function"]["name"], "fx", "{body}");
+        assert_eq!(report["status"], "complete", "{body}");
+        assert!(
+            report["actions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == "reread"),
+            "{report}"
+        );
+        let seen = shared.lock().unwrap().seen.clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(chat_guidance(&seen[1].1).contains(READ_FX), "{:?}", seen[1]);
+        assert_eq!(seen[1].1["stream"], false, "asked again without streaming");
+        assert!(!chat_guidance(&seen[0].1).contains(READ_FX));
+    }
 }
 
 /// A model that answers again without the read, or a request for the read that fails, leaves
