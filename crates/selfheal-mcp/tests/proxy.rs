@@ -1809,7 +1809,7 @@ fn fresh_and_conforming_answers_pass_untouched() {
 fn the_wall_clock_reads_stamps_against_the_session_start() {
     let mut p = contract_proxy("[tools.search]\nas_of = \"as_of\"\nmax_age_ms = 1000\n");
     p.set_wall_clock(1_700_000_000_000);
-    // 100 ms into the session, data stamped 50 ms before it started is fresh.
+    // 100 ms into the session, data stamped 50 ms before it started is fresh...
     let ok = structured(json!({"rate": 1.1, "as_of": 1_699_999_999_950_u64}));
     let outs = round_trip(
         &mut p,
@@ -1820,6 +1820,19 @@ fn the_wall_clock_reads_stamps_against_the_session_start() {
         100,
     );
     assert_eq!(outs, vec![Out::ToClient(response(4, ok))]);
+    // ...and data stamped 5 s before it is 5.1 s old (on the session's own clock, 100 ms is
+    // long before the stamp: the wall clock is what makes it stale).
+    let old = structured(json!({"rate": 1.1, "as_of": 1_699_999_995_000_u64}));
+    let outs = round_trip(
+        &mut p,
+        json!(5),
+        "search",
+        json!({"query": "usd"}),
+        old,
+        100,
+    );
+    let t = texts(&answer(&outs));
+    assert!(t.last().unwrap().contains("stamped 5100 ms ago"), "{t:?}");
 }
 
 #[test]

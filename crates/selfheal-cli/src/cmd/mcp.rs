@@ -26,10 +26,10 @@ TOOL CONTRACTS (--config FILE): the gateway's `[tools.NAME]` tables, checked on 
 tools/call result (the value is `structuredContent`, else the text read as JSON):
 
   [tools.fx_rate]
-  output = ["rate", "pair"]   # declared fields: missing/renamed = schema drift, null/empty = empty
-  as_of = "as_of"              # field stamping when the data was current (Unix ms)
+  output = [\"rate\", \"pair\"]   # declared fields: missing/renamed = schema drift, null/empty = empty
+  as_of = \"as_of\"              # field stamping when the data was current (Unix ms)
   max_age_ms = 60000           # older is stale (default one hour)
-  refresh = "no_cache"         # boolean argument that bypasses the tool's cache
+  refresh = \"no_cache\"         # boolean argument that bypasses the tool's cache
   reread = true                # after a recovered call, ask the model to read it again
 
 A breach is decided by the recovery policy: a renamed field is mapped back when exactly one key is
