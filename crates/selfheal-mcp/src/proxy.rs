@@ -343,6 +343,8 @@ pub struct Proxy {
     last_now: u64,
     /// Unix time in milliseconds at `now_ms == 0` (what `as_of` stamps are read against).
     epoch_ms: u64,
+    /// The paused tools changed while an answer was read, and the client is not told yet.
+    unannounced: bool,
     stats: Stats,
     decisions: Vec<Decision>,
 }
@@ -375,6 +377,7 @@ impl Proxy {
             next_id: 0,
             last_now: 0,
             epoch_ms: 0,
+            unannounced: false,
             stats: Stats::default(),
             decisions: Vec::new(),
         })
@@ -826,7 +829,7 @@ impl Proxy {
         if let Attempt::Ok(result) = &mut attempt {
             match self.contract(&mut p, result, &required, now_ms, rng) {
                 Kept::Again { delay_ms, detail } => {
-                    let changed = self.update_paused(now_ms);
+                    let changed = std::mem::take(&mut self.unannounced);
                     return self.again(p, delay_ms, detail, now_ms, changed);
                 }
                 Kept::Answer { notes: n, breach } => {
@@ -893,6 +896,7 @@ impl Proxy {
             }
         }
         let mut out = vec![Out::ToClient(reply(&p.client_id, result))];
+        let changed = changed || std::mem::take(&mut self.unannounced);
         if self.update_paused(now_ms) || changed {
             out.push(list_changed());
         }
@@ -976,8 +980,11 @@ impl Proxy {
                 let text = format!("{}: {}", signal.name(), b.field());
                 let call = ToolCall::failed(&p.tool, &p.args, &text).with_required(required);
                 self.monitor.record(&call, now_ms);
-                if self.update_paused(now_ms) && self.paused.contains(&p.tool) {
-                    p.plan.circuit_opened();
+                if self.update_paused(now_ms) {
+                    self.unannounced = true;
+                    if self.paused.contains(&p.tool) {
+                        p.plan.circuit_opened();
+                    }
                 }
             }
             None => returned(self, p, result),

@@ -1901,3 +1901,51 @@ fn a_mapping_the_tools_output_schema_would_refuse_is_no_repair() {
     );
     assert!(has_decision(&d, "retry", "geo"));
 }
+
+#[test]
+fn five_answers_without_a_declared_field_pause_the_tool_and_the_client_is_told() {
+    let mut p = contract_proxy("[tools.send]\noutput = [\"receipt\"]\n");
+    for i in 1..=5u64 {
+        let outs = round_trip(
+            &mut p,
+            json!(i),
+            "send",
+            json!({"to": format!("user{i}")}),
+            structured(json!({"status": "queued"})),
+            i,
+        );
+        let client = to_client(&outs);
+        assert_eq!(client[0]["result"]["isError"], json!(true), "answer {i}");
+        if i < 5 {
+            assert_eq!(client.len(), 1, "answer {i}: {outs:?}");
+        } else {
+            assert_eq!(client.len(), 2, "answer {i}: {outs:?}");
+            assert_eq!(
+                client[1],
+                list_changed(),
+                "the 5th answer, then list_changed"
+            );
+        }
+    }
+    assert_eq!(p.paused(), ["send".to_owned()]);
+}
+
+#[test]
+fn a_breach_is_retried_only_within_the_session_budget() {
+    let mut cfg = config();
+    cfg.tools = selfheal_mcp::tools_from_toml_str("[tools.search]\noutput = [\"hits\"]\n").unwrap();
+    cfg.budget.retries = 0;
+    let mut p = Proxy::new(cfg).unwrap();
+    list(&mut p, 1, 0);
+    let outs = round_trip(
+        &mut p,
+        json!(3),
+        "search",
+        json!({"query": "q"}),
+        structured(json!({"hits": []})),
+        10,
+    );
+    // The read-only tool would be retried, but the budget has no retry left: flagged at once.
+    assert_eq!(answer(&outs)["isError"], json!(true));
+    assert_eq!(p.stats().retries, 0);
+}
