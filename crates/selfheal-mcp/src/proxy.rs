@@ -962,14 +962,13 @@ impl Proxy {
             proxy.monitor.record(&call, now_ms);
         };
         let wall_ms = self.epoch_ms.saturating_add(now_ms);
+        // A tool nobody described costs nothing more than before.
+        let Some(c) = self.config.tools.get(&p.tool).cloned() else {
+            returned(self, p, result);
+            return held;
+        };
         let (value, structured) = answer_value(result);
-        let judged = self
-            .config
-            .tools
-            .get(&p.tool)
-            .cloned()
-            .and_then(|c| c.judge(&value, wall_ms).map(|j| (c, j)));
-        let Some((c, (signal, breach))) = judged else {
+        let Some((signal, breach)) = c.judge(&value, wall_ms) else {
             returned(self, p, result);
             return held;
         };
