@@ -110,3 +110,45 @@ def test_a_clean_session_changes_nothing(tmp_path):
     assert count >= 10
     assert not is_error and content.strip() == "hello from a" and "[selfheal]" not in content
     assert not any("list_changed" in n for n in seen)
+
+
+def test_a_declared_output_contract_the_real_server_breaks_is_flagged(tmp_path):
+    # The filesystem server answers `{"content": ...}`. Declaring `entries` for list_directory
+    # is a contract it breaks (no such field, nothing recognisably it); declaring `content` for
+    # read_text_file is one it keeps.
+    contract = tmp_path / "tools.toml"
+    contract.write_text(
+        '[tools.list_directory]\noutput = ["entries"]\n\n'
+        '[tools.read_text_file]\noutput = ["content"]\n')
+
+    async def body(s, data, notifications):
+        await s.list_tools()
+        listed = await s.call_tool("list_directory", {"path": str(data)})
+        read = await s.call_tool("read_text_file", {"path": str(data / "a.txt")})
+        return listed, read
+
+    (listed, read), trace_db = session(tmp_path, body, ["--config", str(contract)])
+    # Flagged, with the field named, the server's answer still there to read.
+    assert listed.is_error, text(listed)
+    assert "`entries`" in text(listed) and "schema drift" in text(listed)
+    assert "a.txt" in text(listed)
+    # The kept contract changes nothing.
+    assert not read.is_error and text(read).strip() == "hello from a"
+    assert "[selfheal]" not in text(read)
+    [run] = [r for r in trace(trace_db, "list") if r["run"].startswith("mcp-")]
+    events = trace(trace_db, "show", run["run"])
+    kinds = [e["kind"] for e in events]
+    # list_directory is read-only: the core's malformed_output ladder tried the repair (refused:
+    # nothing to map), then one retry, before the answer was flagged.
+    assert "repair" in kinds and "retry" in kinds, kinds
+    assert kinds.count("tool_result") == 2
+
+
+def test_a_config_asking_for_what_the_proxy_cannot_do_is_refused(tmp_path):
+    contract = tmp_path / "tools.toml"
+    contract.write_text('[tools.read_text_file]\nsubstitute = "read_file"\n')
+    out = subprocess.run(
+        [BIN, "mcp", "--no-trace", "--config", str(contract), "--", SERVER, str(tmp_path)],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert out.returncode != 0
+    assert "substitute" in out.stderr and "gateway" in out.stderr, out.stderr

@@ -168,8 +168,36 @@ pub enum Step {
         /// How long to wait first.
         delay_ms: u64,
     },
+    /// Repair what the failed attempt returned (the policy's `repair`, offered by
+    /// [`CallPlan::offer`]). A repair the caller cannot make after all (it would be a guess) is
+    /// reported with [`CallPlan::failed`] again, without the offer: the ladder goes on from the
+    /// next rung.
+    Repair {
+        /// What to repair.
+        target: RepairTarget,
+    },
+    /// Send the call to `target` again now, with its data's cache bypassed (the policy's
+    /// `refresh`, offered by [`CallPlan::offer`]).
+    Refresh {
+        /// The target (the same as the failed attempt's).
+        target: usize,
+    },
     /// Stop trying.
     Stop(Stop),
+}
+
+/// What the caller can do about a failure of what came back, beyond sending the call again:
+/// offered to the policy with the next [`CallPlan::failed`] only, since each failure is offered
+/// what is possible for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offer {
+    /// The caller can repair what came back: for [`RepairTarget::Output`], an answer whose
+    /// declared field was renamed ([`crate::contract::map_renamed`]).
+    pub repair: Option<RepairTarget>,
+    /// The call can be sent again with its data's cache bypassed (a tool that declares its
+    /// cache-bypass argument). Like a retry, offered to the policy only for a call that is safe
+    /// to send twice, to a target whose circuit is not open.
+    pub refresh: bool,
 }
 
 /// Why a plan stopped.
@@ -258,6 +286,10 @@ pub struct CallPlan {
     /// The caller's own breaker (the monitor's, for a tool) has the current target's circuit
     /// open.
     circuit_open: bool,
+    /// What the next failure may be offered beyond a resend.
+    offer: Offer,
+    /// A recovery action was taken for this call.
+    recovered: bool,
     events: Vec<CallEvent>,
     records: Vec<Event>,
 }
@@ -274,9 +306,24 @@ impl CallPlan {
             mode,
             retry_safe,
             circuit_open: false,
+            offer: Offer::default(),
+            recovered: false,
             events: Vec::new(),
             records: Vec::new(),
         }
+    }
+
+    /// Offers the next [`CallPlan::failed`] what the caller can do beyond a resend: a repair of
+    /// what came back, a refresh of the data. Cleared by that call.
+    pub fn offer(&mut self, offer: Offer) {
+        self.offer = offer;
+    }
+
+    /// Whether a recovery action (a retry, a fall-back, a repair, a refresh) was taken for this
+    /// call: what it returns next is a recovered value (see
+    /// [`Policy::reread_due`](crate::policy::Policy::reread_due)).
+    pub fn recovered(&self) -> bool {
+        self.recovered
     }
 
     /// The target tried now.
@@ -328,6 +375,7 @@ impl CallPlan {
         now_ms: u64,
         rng: &mut dyn Rng,
     ) -> Step {
+        let offer = std::mem::take(&mut self.offer);
         let Some(name) = self.targets.get(self.at).cloned() else {
             return Step::Stop(Stop::Exhausted {
                 class: None,
@@ -361,6 +409,9 @@ impl CallPlan {
         let mut options = self.options(&failure, signal, next);
         // A target whose circuit is open is never retried: that is what the circuit is for.
         options.retry_safe &= !open;
+        // What the caller offered: a refresh is a resend too, so only when a retry would be.
+        options.repair = offer.repair;
+        options.refreshable = offer.refresh && options.retry_safe;
         let input = DecisionInput {
             surface: Surface::Call,
             signal: signal.clone(),
@@ -401,6 +452,7 @@ impl CallPlan {
         match decision.action {
             RecoveryAction::Retry { delay_ms, attempt } => {
                 self.ladder = decision.next;
+                self.recovered = true;
                 self.events.push(CallEvent::Retry {
                     target: self.at,
                     class: failure.class,
@@ -415,11 +467,22 @@ impl CallPlan {
             RecoveryAction::Escalate {
                 target: EscalationTarget::FallbackModel { .. },
             } => self.fall_back(failure.class, decision.forced, breakers, now_ms),
+            RecoveryAction::Repair { target } if offer.repair == Some(target) => {
+                self.ladder = decision.next;
+                self.recovered = true;
+                Step::Repair { target }
+            }
+            RecoveryAction::Refresh if options.refreshable => {
+                self.ladder = decision.next;
+                self.recovered = true;
+                Step::Refresh { target: self.at }
+            }
             RecoveryAction::Degrade | RecoveryAction::Terminate => {
                 exhausted(decision.action.kind())
             }
-            // The options offer none of these, so the policy cannot pick them; should a future
-            // policy do so, stopping is the safe reading.
+            // The options offer none of these (nor a repair or refresh the caller did not
+            // offer), so the policy cannot pick them; should a future policy do so, stopping is
+            // the safe reading.
             RecoveryAction::Escalate {
                 target: EscalationTarget::Human,
             }
@@ -483,6 +546,7 @@ impl CallPlan {
         self.at = to;
         self.ladder = LadderState::default();
         self.circuit_open = false;
+        self.recovered = true;
         self.events.push(CallEvent::Fallback {
             from,
             to,
@@ -873,8 +937,9 @@ mod tests {
         let kinds: Vec<&str> = steps
             .iter()
             .map(|s| match s {
-                Step::Send { .. } => "send",
+                Step::Send { .. } | Step::Refresh { .. } => "send",
                 Step::Wait { .. } => "wait",
+                Step::Repair { .. } => "repair",
                 Step::Stop(_) => "stop",
             })
             .collect();
@@ -891,6 +956,74 @@ mod tests {
         );
         assert_eq!(ledger.spent().retries, 2);
         assert_eq!(ledger.spent().escalations, 1);
+    }
+
+    #[test]
+    fn an_answer_is_repaired_or_refreshed_only_as_offered_and_safe() {
+        let plane = Plane::default();
+        let mut rng = ConstRng(0);
+        let drift = Signal::SchemaDrift {
+            detail: "no `city`".into(),
+        };
+        let stale = Signal::Stale {
+            age_ms: 10,
+            max_age_ms: 1,
+        };
+        // malformed_output: repair first, when the caller can repair the answer...
+        let (mut plan, mut br, mut ledger) = setup(1);
+        plan.begin(&mut br, 0);
+        plan.offer(Offer {
+            repair: Some(RepairTarget::Output),
+            refresh: false,
+        });
+        assert_eq!(
+            plan.failed(&drift, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Repair {
+                target: RepairTarget::Output
+            }
+        );
+        assert!(plan.recovered());
+        // ...and a repair refused after all goes on to the next rung (a retry), not the first.
+        assert!(matches!(
+            plan.failed(&drift, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Wait { .. }
+        ));
+        // Without the offer the first rung is passed over.
+        let (mut plan, mut br, mut ledger) = setup(1);
+        plan.begin(&mut br, 0);
+        assert!(!plan.recovered());
+        assert!(matches!(
+            plan.failed(&drift, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Wait { .. }
+        ));
+        // stale_context: refresh when offered and safe to send twice, else the ladder's end.
+        let (mut plan, mut br, mut ledger) = setup(1);
+        plan.begin(&mut br, 0);
+        plan.offer(Offer {
+            repair: None,
+            refresh: true,
+        });
+        assert_eq!(
+            plan.failed(&stale, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Refresh { target: 0 }
+        );
+        assert!(matches!(
+            plan.failed(&stale, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Stop(Stop::Exhausted { .. })
+        ));
+        let mut unsafe_plan = CallPlan::new(vec!["t0".into()], Mode::Heal, false);
+        unsafe_plan.begin(&mut br, 0);
+        unsafe_plan.offer(Offer {
+            repair: None,
+            refresh: true,
+        });
+        assert!(matches!(
+            unsafe_plan.failed(&stale, &plane, &mut br, &mut ledger, 0, &mut rng),
+            Step::Stop(Stop::Exhausted {
+                class: Some(FailureClass::StaleContext),
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! [`breach`] (a declared field missing, drifted or empty), [`map_renamed`] (the repair of a
 //! drift: a renamed field mapped back when exactly one key is recognisably it) and [`stale`]
 //! (the `as_of` stamp older than the allowed age). Pure: the caller hands in the value and the
-//! time.
+//! time. [`ToolConfig`] is the `[tools.NAME]` table every front-end reads these declarations
+//! from.
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::classifier::Signal;
@@ -164,6 +166,126 @@ pub fn without_stamp(value: &Value, as_of_field: &str) -> Value {
         o.remove(as_of_field);
     }
     v
+}
+
+/// What the operator knows about one of the agents' tools: a `[tools.NAME]` table, read by
+/// every front-end that carries out tool contracts (the gateway's `selfheal.toml`, the MCP
+/// proxy's `selfheal mcp --config`), so one table means one thing wherever it is written. The
+/// rules that judge answers by it are this module's; what a front-end can carry out of it is
+/// its own to say (a key it cannot honour is refused, not ignored).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// An equivalent tool that answers the same question with the same arguments: the
+    /// policy's `substitute` when this one fails, and the second source of its cross-check.
+    pub substitute: Option<String>,
+    /// Whether this tool's answers (and its substitute's) are cross-checked before they are
+    /// used (default `false`): against the other source when the tool has a `substitute`, and
+    /// otherwise against a second read of the tool itself with the same arguments (a source
+    /// whose answer changes between two reads of one call did not give a settled one; the
+    /// benchmark's in-process client checks a tool with no equivalent the same way).
+    #[serde(default)]
+    pub cross_check: bool,
+    /// How far the two sources' numbers may differ and still agree.
+    #[serde(default)]
+    pub tolerance: crate::verifier::Tolerance,
+    /// Whether this tool's arguments are copied from the conversation — the user's request or
+    /// an earlier tool result — and never invented (default `false`). A call whose identifiers
+    /// or numbers appear nowhere in the conversation is then the model's mistake, re-asked
+    /// along the `argument_invalid` ladder ([`crate::verifier::ungrounded_arguments`] is the
+    /// rule).
+    #[serde(default)]
+    pub grounded: bool,
+    /// The fields this tool's answers declare (its output contract: top-level names or paths
+    /// such as `a.b[0]`; default none). An answer without one of them — renamed past
+    /// recognition, dropped — is schema drift, repaired by mapping back the one key that is
+    /// recognisably the field renamed (`city_v2` → `city`, [`map_renamed`]) and otherwise
+    /// fetched again along the `malformed_output` ladder; one with a declared field null or
+    /// empty is an empty output ([`breach`]). The benchmark's in-process client applies the
+    /// same rules to the task file's declared outputs.
+    #[serde(default)]
+    pub output: Vec<String>,
+    /// The field in which this tool stamps when its data was current, as Unix time in
+    /// milliseconds (default none: no freshness check). An answer older than `max_age_ms` by
+    /// the front-end's wall clock is stale context ([`stale`]), which the policy refreshes
+    /// (when `refresh` is declared) or substitutes.
+    #[serde(default)]
+    pub as_of: Option<String>,
+    /// The oldest an `as_of` stamp may be, in milliseconds (default one hour).
+    #[serde(default = "default_max_age_ms")]
+    pub max_age_ms: u64,
+    /// The boolean argument that makes this tool bypass its cache (default none: the tool
+    /// cannot be refreshed). With it, the policy's `refresh` — of stale data, or of a value its
+    /// second source contradicts — is the same call again with this argument set to `true`.
+    #[serde(default)]
+    pub refresh: Option<String>,
+    /// Whether this tool's values are read once more before they are relied on after a
+    /// recovery (default `false`): the core's read before answering
+    /// ([`crate::policy::Policy::reread_after_recovery`]), for a tool no second source can
+    /// confirm.
+    #[serde(default)]
+    pub reread: bool,
+}
+
+fn default_max_age_ms() -> u64 {
+    3_600_000
+}
+
+impl Default for ToolConfig {
+    /// Nothing known: no substitute, no cross-check, no grounding, no contract, no freshness.
+    fn default() -> Self {
+        ToolConfig {
+            substitute: None,
+            cross_check: false,
+            tolerance: crate::verifier::Tolerance::default(),
+            grounded: false,
+            output: Vec::new(),
+            as_of: None,
+            max_age_ms: default_max_age_ms(),
+            refresh: None,
+            reread: false,
+        }
+    }
+}
+
+impl ToolConfig {
+    /// Checks the table of tool `name`: a tool is not its own substitute, the fields it names
+    /// are not blank, and a freshness check allows some age. The problem, as the operator
+    /// reads it, when there is one.
+    pub fn validate(&self, name: &str) -> Result<(), String> {
+        if self.substitute.as_deref() == Some(name) {
+            return Err(format!(
+                "[tools.{name}]: a tool cannot be its own substitute"
+            ));
+        }
+        let blank = [self.as_of.as_deref(), self.refresh.as_deref()]
+            .into_iter()
+            .flatten()
+            .chain(self.output.iter().map(String::as_str))
+            .any(|f| f.trim().is_empty());
+        if blank {
+            return Err(format!(
+                "[tools.{name}]: output, as_of and refresh name fields, and a name is not blank"
+            ));
+        }
+        if self.as_of.is_some() && self.max_age_ms == 0 {
+            return Err(format!("[tools.{name}]: max_age_ms must be positive"));
+        }
+        Ok(())
+    }
+
+    /// How `value`, an answer of this tool, breaks what the table declares, judged at
+    /// `wall_ms` (Unix time in milliseconds): a declared field drifted or empty ([`breach`])
+    /// first, else an `as_of` stamp older than `max_age_ms` ([`stale`]). The signal the
+    /// classifier reads, and the breach when it is one of the declared fields (a drift is
+    /// what [`map_renamed`] may repair).
+    pub fn judge(&self, value: &Value, wall_ms: u64) -> Option<(Signal, Option<Breach>)> {
+        if let Some(b) = breach(value, &self.output) {
+            return Some((b.signal(value), Some(b)));
+        }
+        let as_of = self.as_of.as_deref()?;
+        stale(value, as_of, wall_ms, self.max_age_ms).map(|s| (s, None))
+    }
 }
 
 #[cfg(test)]

@@ -313,11 +313,11 @@ impl Controller {
     /// [`Observation::Verified`]; a value that changed is a rejection of its step, whose
     /// directive the front-end carries out as any other.
     pub fn reread_due(&mut self) -> bool {
-        let due = self.policy.reread_after_recovery
-            && self.policy.claim_after_recovery
+        let due = self
+            .policy
+            .reread_due(self.actions.keys().any(|k| !k.is_terminal()))
             && !self.reread
-            && self.stopped.is_none()
-            && self.actions.keys().any(|k| !k.is_terminal());
+            && self.stopped.is_none();
         self.reread |= due;
         due
     }

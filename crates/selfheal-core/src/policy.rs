@@ -651,6 +651,17 @@ impl Policy {
         about_the_value || recovered
     }
 
+    /// Whether values are read once more before they are relied on, given whether a recovery
+    /// was carried out (`recovered`): when the policy asks for the read
+    /// ([`Policy::reread_after_recovery`]), claims answers after a recovery at all
+    /// ([`Policy::claim_after_recovery`]) and one was carried out. The rule behind
+    /// [`Controller::reread_due`](crate::controller::Controller::reread_due), and the one a
+    /// front-end that sees single calls but not the run's answer (the MCP proxy) applies to a
+    /// recovered call.
+    pub fn reread_due(&self, recovered: bool) -> bool {
+        self.reread_after_recovery && self.claim_after_recovery && recovered
+    }
+
     /// The ladder for a class (empty if the class has none: it degrades at once).
     pub fn ladder(&self, class: FailureClass) -> &[ActionKind] {
         self.ladders.get(&class).map(Vec::as_slice).unwrap_or(&[])

@@ -672,6 +672,28 @@ async fn responses_inner(
             return Err(e);
         }
     };
+    // A final answer is judged by the core as on chat completions (see `answer_complete`):
+    // `partial` over an open failure, or held for the read before answering, which the model
+    // is asked for with the guidance appended.
+    let mut unsettled = None;
+    if !responses_calls(&answer) {
+        unsettled = recover::unsettled(&lock(&t.state));
+        if let Some(text) = unsettled.is_none().then(|| reread_due(&t)).flatten() {
+            if !actions.iter().any(|a| a == "reread") {
+                actions.push("reread".into());
+            }
+            let extra = reread_item(&text);
+            let again = |m: &str| encode_responses(&req, m, Some(&extra));
+            let called = match t.call(&chain, &again, &responses_json_op, &mut log).await {
+                Ok(a) => {
+                    answer = a;
+                    Some(responses_calls(&answer))
+                }
+                Err(_) => None,
+            };
+            unsettled = unread(called, &text);
+        }
+    }
     // Unusable calls: re-asked as long as the ladder of their class (`heal::unusable_signal`)
     // says so, within the budget; the last usable answer stands, an unusable call is never
     // forwarded.
@@ -718,11 +740,13 @@ async fn responses_inner(
     if !repaired.is_empty() {
         actions.push("repair".into());
     }
-    let (status, reason) = if invalid.is_empty() {
-        ("complete", None)
-    } else {
+    let (status, reason) = if !invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": invalid}));
         ("partial", Some(heal::problems_text(&invalid)))
+    } else if let Some(why) = unsettled {
+        ("partial", Some(why))
+    } else {
+        ("complete", None)
     };
     if let Some(o) = answer.as_object_mut() {
         o.insert(
@@ -779,14 +803,19 @@ async fn answer_responses_stream(
         reask: Some(again.hook()),
         reissue: Some(again.hook()),
         check: evidence.map(|evidence| grounding_check(t, evidence)),
+        reread: Some(again.reread()),
+        unsettled: Some(stream_unsettled(t)),
+        // Set in the relay's task: the head waits for its first frame.
+        head: None,
     };
     let learnable = served.filter(|_| !again.tools.is_empty());
     let guides = t.s.guides.clone();
-    Ok(relay_response(
-        t,
-        &actions,
-        learnable,
-        move |tx| async move {
+    Ok(
+        relay_response(t, &actions, learnable, move |tx, head| async move {
+            let hooks = responses_stream::Hooks {
+                head: Some(head),
+                ..hooks
+            };
             let r = responses_stream::relay(
                 upstream,
                 again.tools.clone(),
@@ -797,37 +826,54 @@ async fn answer_responses_stream(
             )
             .await;
             (r, tx)
-        },
-    ))
+        })
+        .await,
+    )
 }
 
 /// Runs a relay in its own task and answers the client with the frames it sends (redacted,
 /// as SSE). When the relay is done the run's end is recorded ([`finish_stream`]) before its
 /// sender is dropped, so the trace has the `response` event before the client sees the end.
-fn relay_response<F>(
+/// The response's head waits for the relay's first frame and carries the report as it stood
+/// then ([`stream::head_report`]: the actions taken, a re-read, a `partial` or `failed` already
+/// known), not a `complete` written before the upstream answered.
+async fn relay_response<F>(
     t: &Turn,
     actions: &[String],
     learnable: Option<crate::config::Target>,
-    relay: impl FnOnce(mpsc::Sender<stream::Frame>) -> F,
+    relay: impl FnOnce(mpsc::Sender<stream::Frame>, stream::Head) -> F,
 ) -> Response
 where
     F: Future<Output = (stream::StreamReport, mpsc::Sender<stream::Frame>)> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(64);
-    let run = relay(tx);
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel();
+    let run = relay(tx, head_tx);
     let t2 = t.clone();
     tokio::spawn(async move {
         let (r, tx) = run.await;
         finish_stream(&t2, &r, learnable.as_ref());
         drop(tx);
     });
+    let head = head_rx.await.ok();
     let redactor = t.caller.redactor.clone();
     let body = futures_util::stream::unfold((rx, redactor), |(mut rx, red)| async move {
         let frame = rx.recv().await?;
         Some((frame.map(|b| red.bytes(b)), (rx, red)))
     });
     let mut resp = sse_response(Body::from_stream(body));
-    add_headers(&mut resp, &t.run, "complete", actions, None);
+    let text = |k: &str| head.as_ref().and_then(|h| h.get(k)).and_then(Value::as_str);
+    let status = text("status").unwrap_or("complete");
+    let reason = text("reason").map(|r| t.caller.redactor.text(r).into_owned());
+    let actions: Vec<String> = match head.as_ref().and_then(|h| h.get("actions")) {
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+        _ => actions.to_vec(),
+    };
+    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     resp
 }
 
@@ -867,7 +913,7 @@ fn finish_stream(t: &Turn, r: &stream::StreamReport, learnable: Option<&crate::c
         Metrics::inc(&t.s.metrics.streams_broken_total);
         t.event(Kind::StreamBroken, json!({"reason": b}));
         "failed"
-    } else if r.invalid.is_empty() {
+    } else if r.invalid.is_empty() && r.unsettled.is_none() {
         "complete"
     } else {
         "partial"
@@ -914,50 +960,97 @@ impl ResponsesAgain {
     /// in it re-asked in turn.
     fn hook(&self) -> responses_stream::Reask {
         let me = self.clone();
-        Box::new(move |problems: Vec<heal::Problem>| {
-            Box::pin(async move {
-                let t = &me.t;
-                let mut problems = problems;
-                let mut ladder = ReaskState::default();
-                loop {
-                    if problems.is_empty() {
-                        if !reissue_granted(t) {
-                            return None;
-                        }
-                        t.event(Kind::Reissue, json!({"stream": false}));
-                    } else {
-                        ladder = reask_granted(t, &problems, ladder)?;
-                        Metrics::inc(&t.s.metrics.reasks_total);
-                        t.event(Kind::Reask, json!({"problems": problems}));
+        Box::new(move |problems: Vec<heal::Problem>| Box::pin(me.ask(problems, None)))
+    }
+
+    /// [`ResponsesAgain::hook`]'s calls. With `guidance` (the read before answering), the
+    /// first call appends it as a system message and needs no decision of its own; unusable
+    /// calls in its answer are re-asked in turn.
+    async fn ask(
+        self,
+        problems: Vec<heal::Problem>,
+        guidance: Option<Value>,
+    ) -> Option<responses_stream::Reanswered> {
+        let t = &self.t;
+        let mut problems = problems;
+        let mut guidance = guidance;
+        let mut ladder = ReaskState::default();
+        loop {
+            let extra = match guidance.take() {
+                Some(g) => Some(g),
+                None if problems.is_empty() => {
+                    if !reissue_granted(t) {
+                        return None;
                     }
-                    let mut req = (*me.req).clone();
-                    req.insert("stream".into(), Value::Bool(false));
-                    let extra = (!problems.is_empty()).then(|| reask_turn(&problems));
-                    let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
-                    let mut log = CallLog::default();
-                    let result = t
-                        .call(&me.chain, &encode, &responses_json_op, &mut log)
-                        .await;
-                    log_calls(t, &log, &mut Vec::new());
-                    let mut response = result.ok()?;
-                    let check = check_responses_answer(
-                        &t.s,
-                        &mut response,
-                        &me.tools,
-                        me.evidence.as_deref().map(Vec::as_slice),
-                    );
-                    if !check.invalid.is_empty() {
-                        problems = check.invalid;
-                        continue;
-                    }
-                    return Some(responses_stream::Reanswered {
-                        response,
-                        repaired: check.repaired,
-                    });
+                    t.event(Kind::Reissue, json!({"stream": false}));
+                    None
                 }
+                None => {
+                    ladder = reask_granted(t, &problems, ladder)?;
+                    Metrics::inc(&t.s.metrics.reasks_total);
+                    t.event(Kind::Reask, json!({"problems": problems}));
+                    Some(reask_turn(&problems))
+                }
+            };
+            let mut req = (*self.req).clone();
+            req.insert("stream".into(), Value::Bool(false));
+            let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
+            let mut log = CallLog::default();
+            let result = t
+                .call(&self.chain, &encode, &responses_json_op, &mut log)
+                .await;
+            log_calls(t, &log, &mut Vec::new());
+            let mut response = result.ok()?;
+            let check = check_responses_answer(
+                &t.s,
+                &mut response,
+                &self.tools,
+                self.evidence.as_deref().map(Vec::as_slice),
+            );
+            if !check.invalid.is_empty() {
+                problems = check.invalid;
+                continue;
+            }
+            return Some(responses_stream::Reanswered {
+                response,
+                repaired: check.repaired,
+            });
+        }
+    }
+
+    /// The read before answering of a streamed Responses answer, decided and asked as for a
+    /// chat stream ([`stream_reread`]).
+    fn reread(&self) -> stream::ReadAgain<responses_stream::Reanswered> {
+        let me = self.clone();
+        Box::new(move || {
+            Box::pin(async move {
+                let text = reread_due(&me.t)?;
+                let extra = reread_item(&text);
+                let answer = me.ask(Vec::new(), Some(extra)).await;
+                let called = answer.as_ref().map(|a| responses_calls(&a.response));
+                Some(stream::Reread {
+                    answer,
+                    unread: unread(called, &text),
+                })
             })
         })
     }
+}
+
+/// The read before answering's guidance as a Responses `input` item.
+fn reread_item(text: &str) -> Value {
+    json!({"role": "system", "content": format!("[selfheal] {text}")})
+}
+
+/// Whether a Responses answer calls tools (has a `function_call` item).
+fn responses_calls(response: &Value) -> bool {
+    response
+        .get("output")
+        .and_then(Value::as_array)
+        .is_some_and(|o| {
+            o.iter()
+                .any(|i| i.get("type").and_then(Value::as_str) == Some("function_call"))
+        })
 }
 
 /// The endpoints the gateway forwards without healing.
@@ -1419,14 +1512,19 @@ async fn answer_stream(
         reask: Some(stream_reask(t, &ctx)),
         reissue: Some(stream_reask(t, &ctx)),
         check: stream_check(t, req, &ctx),
+        reread: Some(stream_reread(t, &ctx)),
+        unsettled: Some(stream_unsettled(t)),
+        // Set in the relay's task: the head waits for its first frame.
+        head: None,
     };
     let learnable = served.filter(|_| !ctx.tools.is_empty());
     let guides = t.s.guides.clone();
-    Ok(relay_response(
-        t,
-        &actions,
-        learnable,
-        move |tx| async move {
+    Ok(
+        relay_response(t, &actions, learnable, move |tx, head| async move {
+            let hooks = stream::Hooks {
+                head: Some(head),
+                ..hooks
+            };
             let r = stream::relay(
                 upstream,
                 ctx.tools.clone(),
@@ -1437,8 +1535,9 @@ async fn answer_stream(
             )
             .await;
             (r, tx)
-        },
-    ))
+        })
+        .await,
+    )
 }
 
 /// The further check of a stream's held calls: the calls that repeat the model's previous turn
@@ -1784,64 +1883,136 @@ fn time_rng() -> selfheal_core::rng::SplitMix64 {
 /// that broke before any content), and unusable calls in that answer are re-asked in turn.
 fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
     let (t, ctx) = (t.clone(), ctx.clone());
-    Box::new(move |problems: Vec<heal::Problem>| {
-        Box::pin(async move {
-            let s = &t.s;
-            let req = ChatRequest::parse(&ctx.bytes).ok()?;
-            let mut problems = problems;
-            let mut ladder = ReaskState::default();
-            // The ladder's escalation moves the re-asks to the chain's next target, as the
-            // non-streaming re-ask does.
-            let mut chain: &[crate::config::Target] = &ctx.chain;
-            loop {
-                if problems.is_empty() {
-                    if !reissue_granted(&t) {
-                        return None;
-                    }
-                    t.event(Kind::Reissue, json!({"stream": false}));
-                } else {
-                    let (next, _) = reask_or_escalate(&t, &problems, ladder, &mut chain)?;
-                    ladder = next;
-                    Metrics::inc(&s.metrics.reasks_total);
-                    t.event(Kind::Reask, json!({"problems": problems}));
+    Box::new(move |problems: Vec<heal::Problem>| Box::pin(ask_again(t, ctx, problems, None)))
+}
+
+/// [`stream_reask`]'s calls. With `guidance` (the read before answering), the first call
+/// appends it as a system message, as the non-streaming path does, and needs no decision of
+/// its own (the core's `reread_due` made it); unusable calls in its answer are re-asked in turn.
+async fn ask_again(
+    t: Turn,
+    ctx: Call,
+    problems: Vec<heal::Problem>,
+    guidance: Option<Value>,
+) -> Option<stream::Reasked> {
+    let s = &t.s;
+    let req = ChatRequest::parse(&ctx.bytes).ok()?;
+    let mut problems = problems;
+    let mut guidance = guidance;
+    let mut ladder = ReaskState::default();
+    // The ladder's escalation moves the re-asks to the chain's next target, as the
+    // non-streaming re-ask does.
+    let mut chain: &[crate::config::Target] = &ctx.chain;
+    loop {
+        let extra = match guidance.take() {
+            Some(g) => Some(g),
+            None if problems.is_empty() => {
+                if !reissue_granted(&t) {
+                    return None;
                 }
-                let extra = (!problems.is_empty()).then(|| reask_turn(&problems));
-                let encode = |m: &str| {
-                    req.encode(
-                        &Edits {
-                            model: Some(m),
-                            append: extra.as_ref(),
-                            stream: Some(false),
-                            ..ctx.applied.edits()
-                        },
-                        &ctx.bytes,
-                    )
-                };
-                let mut log = CallLog::default();
-                let result = t.call(chain, &encode, &chat_op, &mut log).await;
-                log_calls(&t, &log, &mut Vec::new());
-                let mut body = result.ok()?.body;
-                let grounding = recover::Grounding {
-                    tools: &s.config.tools,
-                    messages: &req.messages,
-                };
-                let check =
-                    check_completion(&mut body, &ctx.tools, &s.guides, &ctx.answered, grounding);
-                if !check.invalid.is_empty() {
-                    problems = check.invalid;
-                    continue;
-                }
-                return Some(stream::Reasked {
-                    message: body.at("/choices/0/message").cloned()?,
-                    finish_reason: body
-                        .at("/choices/0/finish_reason")
-                        .cloned()
-                        .unwrap_or_else(|| json!("stop")),
-                    repaired: check.repaired,
-                });
+                t.event(Kind::Reissue, json!({"stream": false}));
+                None
             }
+            None => {
+                let (next, _) = reask_or_escalate(&t, &problems, ladder, &mut chain)?;
+                ladder = next;
+                Metrics::inc(&s.metrics.reasks_total);
+                t.event(Kind::Reask, json!({"problems": problems}));
+                Some(reask_turn(&problems))
+            }
+        };
+        let encode = |m: &str| {
+            req.encode(
+                &Edits {
+                    model: Some(m),
+                    append: extra.as_ref(),
+                    stream: Some(false),
+                    ..ctx.applied.edits()
+                },
+                &ctx.bytes,
+            )
+        };
+        let mut log = CallLog::default();
+        let result = t.call(chain, &encode, &chat_op, &mut log).await;
+        log_calls(&t, &log, &mut Vec::new());
+        let mut body = result.ok()?.body;
+        let grounding = recover::Grounding {
+            tools: &s.config.tools,
+            messages: &req.messages,
+        };
+        let check = check_completion(&mut body, &ctx.tools, &s.guides, &ctx.answered, grounding);
+        if !check.invalid.is_empty() {
+            problems = check.invalid;
+            continue;
+        }
+        return Some(stream::Reasked {
+            message: body.at("/choices/0/message").cloned()?,
+            finish_reason: body
+                .at("/choices/0/finish_reason")
+                .cloned()
+                .unwrap_or_else(|| json!("stop")),
+            repaired: check.repaired,
+        });
+    }
+}
+
+/// The read before answering of a streamed final answer ([`stream::Hooks::reread`]), decided
+/// as the non-streaming path decides it: nothing when the run is unsettled (the answer goes
+/// out `partial` instead), else the core's `reread_due` ([`recover::reread_before_answer`]);
+/// when due, the request asked again with the guidance appended ([`ask_again`]). An answer
+/// without a tool call, or none, leaves the value unread.
+fn stream_reread(t: &Turn, ctx: &Call) -> stream::ReadAgain<stream::Reasked> {
+    let (t, ctx) = (t.clone(), ctx.clone());
+    Box::new(move || {
+        Box::pin(async move {
+            let text = reread_due(&t)?;
+            let extra = json!({"role": "system", "content": format!("[selfheal] {text}")});
+            let answer = ask_again(t, ctx, Vec::new(), Some(extra)).await;
+            let called = answer.as_ref().map(|a| {
+                a.message
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .is_some_and(|c| !c.is_empty())
+            });
+            Some(stream::Reread {
+                answer,
+                unread: unread(called, &text),
+            })
         })
     })
+}
+
+/// Whether a final answer is held for the read before answering: its guidance, when the run is
+/// settled and the core's `reread_due` says so (recorded as guidance).
+fn reread_due(t: &Turn) -> Option<String> {
+    let text = {
+        let mut st = lock(&t.state);
+        if recover::unsettled(&st).is_some() {
+            return None;
+        }
+        recover::reread_before_answer(&mut st)?
+    };
+    t.event(Kind::Guidance, json!({"text": [text]}));
+    Some(text)
+}
+
+/// Why an answer to the read before answering leaves the value unread: it called no tool
+/// (`Some(false)`), or there was none (`None`).
+fn unread(called: Option<bool>, text: &str) -> Option<String> {
+    match called {
+        Some(true) => None,
+        Some(false) => Some(format!("not read again before answering: {text}")),
+        None => Some(format!(
+            "not read again before answering (no usable answer to the request for it): {text}"
+        )),
+    }
+}
+
+/// The core's judgement of a streamed final answer ([`stream::Hooks::unsettled`]):
+/// [`recover::unsettled`] on the run's state when the answer ends.
+fn stream_unsettled(t: &Turn) -> stream::Unsettled {
+    let state = t.state.clone();
+    Box::new(move || recover::unsettled(&lock(&state)))
 }
 
 /// Puts the gateway's repair of a tool result in place of the `output` of its

@@ -142,87 +142,12 @@ pub struct ModelRoute {
     pub chain: Vec<Target>,
 }
 
-/// What the operator knows about one of the agents' tools (`[tools.NAME]`). The gateway never
-/// calls a tool; it uses this to name the substitute in its guidance and to ask the agent for a
-/// cross-check through the agent's own tool loop (see `recover`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolConfig {
-    /// An equivalent tool that answers the same question with the same arguments: the
-    /// policy's `substitute` when this one fails, and the second source of its cross-check.
-    pub substitute: Option<String>,
-    /// Whether this tool's answers (and its substitute's) are cross-checked before they are
-    /// used (default `false`): against the other source when the tool has a `substitute`, and
-    /// otherwise against a second read of the tool itself with the same arguments (a source
-    /// whose answer changes between two reads of one call did not give a settled one; the
-    /// benchmark's in-process client checks a tool with no equivalent the same way).
-    #[serde(default)]
-    pub cross_check: bool,
-    /// How far the two sources' numbers may differ and still agree.
-    #[serde(default)]
-    pub tolerance: selfheal_core::verifier::Tolerance,
-    /// Whether this tool's arguments are copied from the conversation — the user's request or
-    /// an earlier tool result — and never invented (default `false`). A call whose identifiers
-    /// or numbers appear nowhere in the conversation is then the model's mistake: it is taken
-    /// out of the answer before the agent runs it and re-asked along the `argument_invalid`
-    /// ladder ([`selfheal_core::verifier::ungrounded_arguments`] is the rule). Checked on chat
-    /// completions and `/v1/responses`, streamed or not.
-    #[serde(default)]
-    pub grounded: bool,
-    /// The fields this tool's answers declare (its output contract: top-level names or paths
-    /// such as `a.b[0]`; default none). An answer without one of them — renamed past
-    /// recognition, dropped — is schema drift, repaired by mapping back the one key that is
-    /// recognisably the field renamed (`city_v2` → `city`) and otherwise fetched again along
-    /// the `malformed_output` ladder; one with a declared field null or empty is an empty
-    /// output. The rules are the core's ([`selfheal_core::contract`]), the ones the benchmark's
-    /// in-process client applies to the task file's declared outputs.
-    #[serde(default)]
-    pub output: Vec<String>,
-    /// The field in which this tool stamps when its data was current, as Unix time in
-    /// milliseconds (default none: no freshness check). An answer older than `max_age_ms` by
-    /// the gateway's wall clock is stale context, which the policy refreshes (when `refresh`
-    /// is declared) or substitutes.
-    #[serde(default)]
-    pub as_of: Option<String>,
-    /// The oldest an `as_of` stamp may be, in milliseconds (default one hour).
-    #[serde(default = "default_max_age_ms")]
-    pub max_age_ms: u64,
-    /// The boolean argument that makes this tool bypass its cache (default none: the tool
-    /// cannot be refreshed). With it, the policy's `refresh` — of stale data, or of a value its
-    /// second source contradicts — is carried out as guidance to call the tool again with the
-    /// same arguments and this one set to `true`.
-    #[serde(default)]
-    pub refresh: Option<String>,
-    /// Whether this tool's values are read once more before a run that needed a recovery
-    /// answers (default `false`): the core's read before answering
-    /// ([`selfheal_core::policy::Policy::reread_after_recovery`]), for a tool no second source
-    /// can confirm. The gateway holds the model's answer, asks it to call the tool again with
-    /// each value's arguments, and a value that changed is the verifier's rejection of it,
-    /// recovered along its ladder; the answer goes out once the values hold.
-    #[serde(default)]
-    pub reread: bool,
-}
-
-fn default_max_age_ms() -> u64 {
-    3_600_000
-}
-
-impl Default for ToolConfig {
-    /// Nothing known: no substitute, no cross-check, no grounding, no contract, no freshness.
-    fn default() -> Self {
-        ToolConfig {
-            substitute: None,
-            cross_check: false,
-            tolerance: selfheal_core::verifier::Tolerance::default(),
-            grounded: false,
-            output: Vec::new(),
-            as_of: None,
-            max_age_ms: default_max_age_ms(),
-            refresh: None,
-            reread: false,
-        }
-    }
-}
+/// What the operator knows about one of the agents' tools (`[tools.NAME]`): the core's
+/// [`selfheal_core::contract::ToolConfig`], one type for every front-end that reads the table
+/// (the MCP proxy's `--config` takes the same keys). The gateway never calls a tool; it uses
+/// this to name the substitute in its guidance and to ask the agent for a cross-check through
+/// the agent's own tool loop (see `recover`).
+pub use selfheal_core::contract::ToolConfig;
 
 /// The whole gateway configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -371,29 +296,7 @@ impl GatewayConfig {
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         for (name, tool) in &self.tools {
-            match &tool.substitute {
-                Some(sub) if sub == name => {
-                    return Err(ConfigError::Invalid(format!(
-                        "[tools.{name}]: a tool cannot be its own substitute"
-                    )));
-                }
-                Some(_) | None => {}
-            }
-            let blank = [tool.as_of.as_deref(), tool.refresh.as_deref()]
-                .into_iter()
-                .flatten()
-                .chain(tool.output.iter().map(String::as_str))
-                .any(|f| f.trim().is_empty());
-            if blank {
-                return Err(ConfigError::Invalid(format!(
-                    "[tools.{name}]: output, as_of and refresh name fields, and a name is not blank"
-                )));
-            }
-            if tool.as_of.is_some() && tool.max_age_ms == 0 {
-                return Err(ConfigError::Invalid(format!(
-                    "[tools.{name}]: max_age_ms must be positive"
-                )));
-            }
+            tool.validate(name).map_err(ConfigError::Invalid)?;
         }
         if let Some(d) = &self.default_upstream
             && !self.upstreams.contains_key(d)

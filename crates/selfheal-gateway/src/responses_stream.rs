@@ -24,6 +24,12 @@
 //!   the `openai` SDKs raise `APIError` with the message — and then a clean end of the body, so
 //!   the event is flushed (an `Err` right after it would make hyper drop it).
 //!
+//! - judges a final answer (no `function_call` item) as a chat stream does (see
+//!   [`crate::stream`]): at its first content, while nothing but the preamble went out, the
+//!   read before answering may hold it and send the answer to the request with the guidance in
+//!   its place; it ends `partial` over an open failure, under a policy that claims nothing after
+//!   a recovery, or when the read was not made.
+//!
 //! Events are renumbered (`sequence_number`) and output items re-indexed (`output_index`) as
 //! they go out, since held calls go out after the text and dropped calls leave no gap. The
 //! terminal event's `response.output` lists exactly the items the client got, and carries the
@@ -42,7 +48,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call, problem_texts};
-use crate::stream::{Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, StreamReport, find_event_end};
+use crate::stream::{
+    Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, StreamReport, Unsettled, find_event_end,
+};
 use selfheal_repair::{ArgumentsError, Ending};
 
 /// A new, checked answer from a non-streaming call: a whole Responses object.
@@ -69,6 +77,12 @@ pub struct Hooks {
     /// Checks the usable held `function_call` items further before they go out (the
     /// gateway's grounding check), as [`crate::stream::Hooks::check`].
     pub check: Option<crate::stream::Check>,
+    /// The read before answering of a final answer, as [`crate::stream::Hooks::reread`].
+    pub reread: Option<ReadAgain<Reanswered>>,
+    /// The core's judgement of a final answer, as [`crate::stream::Hooks::unsettled`].
+    pub unsettled: Option<Unsettled>,
+    /// Where the report goes when the first frame goes out, as [`crate::stream::Hooks::head`].
+    pub head: Option<crate::stream::Head>,
 }
 
 /// The ending of a Responses answer: `incomplete` (the token limit) is a cut-off.
@@ -184,6 +198,8 @@ struct Relay<'t> {
     seq: u64,
     /// Whether anything but held preamble went to the client.
     sent: bool,
+    /// Why the answer was not read again before answering, as in [`crate::stream`].
+    unread: Option<String>,
 }
 
 /// Relays an upstream Responses stream to `tx` (see the module docs). `selfheal` is added to the
@@ -211,6 +227,7 @@ pub async fn relay(
         next_index: 0,
         seq: 0,
         sent: false,
+        unread: None,
     };
     let is_sse = upstream
         .headers()
@@ -263,7 +280,29 @@ fn is_preamble(v: &Value) -> bool {
 
 impl Relay<'_> {
     /// Sends one event (renumbered), after the held preamble.
+    /// Sends the head's report ([`crate::stream::head_report`]) before the first frame, once;
+    /// `provisional` when the frame is the first content of an answer that calls no tools so
+    /// far.
+    fn head(&mut self, provisional: bool) {
+        let Some(tx) = self.hooks.head.take() else {
+            return;
+        };
+        let why = if provisional {
+            self.unread
+                .clone()
+                .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()))
+        } else {
+            None
+        };
+        let _ = tx.send(crate::stream::head_report(
+            self.selfheal.as_ref(),
+            &self.report,
+            why,
+        ));
+    }
+
     async fn send(&mut self, mut v: Value) -> Result<(), Gone> {
+        self.head(false);
         for mut h in std::mem::take(&mut self.held) {
             self.stamp(&mut h);
             self.tx.send(frame(&h)).await.map_err(|_| Gone)?;
@@ -421,6 +460,17 @@ impl Relay<'_> {
             self.held.push(v);
             return Ok(Flow::Continue);
         }
+        // The first content of an answer that has called no tools so far: the last moment the
+        // read before answering can hold it.
+        if self.calls.is_empty()
+            && let Some(r) = self.reread().await
+        {
+            self.emit_response(r.response).await?;
+            return Ok(Flow::Done);
+        }
+        if self.calls.is_empty() {
+            self.head(true);
+        }
         if let Some(i) = upstream_index {
             let c = self.client_index(i);
             v["output_index"] = json!(c);
@@ -480,6 +530,11 @@ impl Relay<'_> {
     /// The terminal event: the held calls checked (re-asked while the ladder allows), sent, then
     /// the terminal event with the output the client got and the `selfheal` report.
     async fn finish(&mut self, mut v: Value) -> Result<(), Gone> {
+        if self.calls.is_empty()
+            && let Some(r) = self.reread().await
+        {
+            return self.emit_response(r.response).await;
+        }
         let mut ty = v
             .get("type")
             .and_then(Value::as_str)
@@ -545,12 +600,55 @@ impl Relay<'_> {
             o.insert("type".into(), Value::String(ty));
         }
         let output: Vec<Value> = self.items.values().cloned().collect();
+        if !output.iter().any(is_call) {
+            self.settle();
+        }
         if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
             resp.insert("output".into(), Value::Array(output));
         }
         self.attach_selfheal(&mut v);
         self.report.finished = true;
         self.send(v).await
+    }
+
+    /// The read before answering of a final answer about to go out, while nothing but the
+    /// preamble has ([`Hooks::reread`], decided once): the answer to send in its place, if one
+    /// came; the held preamble and calls are dropped then. A read that was not made is
+    /// remembered for [`Relay::settle`].
+    async fn reread(&mut self) -> Option<Reanswered> {
+        if self.sent {
+            return None;
+        }
+        let ask = self.hooks.reread.take()?;
+        let outcome = ask().await?;
+        self.report.reread = true;
+        self.unread = outcome.unread;
+        let answer = outcome.answer?;
+        self.reset();
+        self.report.repaired.extend(answer.repaired.iter().cloned());
+        Some(answer)
+    }
+
+    /// A final answer (no `function_call` item) is ending: the core's judgement of the run, or
+    /// a read before answering that was not made, flags it `partial`.
+    fn settle(&mut self) {
+        if self.report.unsettled.is_some() {
+            return;
+        }
+        self.report.unsettled = self
+            .unread
+            .take()
+            .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()));
+    }
+
+    /// Forgets everything held and numbered, while nothing went out: another answer follows.
+    fn reset(&mut self) {
+        self.calls.clear();
+        self.held.clear();
+        self.held_bytes = 0;
+        self.index.clear();
+        self.items.clear();
+        self.next_index = 0;
     }
 
     fn attach_selfheal(&mut self, v: &mut Value) {
@@ -622,6 +720,20 @@ impl Relay<'_> {
 
     /// Sends a whole (checked) response as a complete event stream.
     async fn emit_response(&mut self, response: Value) -> Result<(), Gone> {
+        let calls = |r: &Value| {
+            r.get("output")
+                .and_then(Value::as_array)
+                .is_some_and(|o| o.iter().any(is_call))
+        };
+        let mut response = response;
+        if !calls(&response)
+            && let Some(r) = self.reread().await
+        {
+            response = r.response;
+        }
+        if !calls(&response) {
+            self.settle();
+        }
         let mut head = response.clone();
         if let Some(o) = head.as_object_mut() {
             o.insert("status".into(), json!("in_progress"));
@@ -672,12 +784,7 @@ impl Relay<'_> {
         if !self.sent
             && let Some(f) = self.hooks.reissue.take()
         {
-            self.calls.clear();
-            self.held.clear();
-            self.held_bytes = 0;
-            self.index.clear();
-            self.items.clear();
-            self.next_index = 0;
+            self.reset();
             if let Some(again) = f(Vec::new()).await {
                 self.report.reissued = Some(why);
                 self.report.broken = None;
@@ -697,9 +804,15 @@ impl Relay<'_> {
             // Nothing went out and nothing could be re-issued: the preamble is not sent either.
             self.held.clear();
         }
+        self.head(false);
         self.stamp(&mut e);
         let _ = self.tx.send(frame(&e)).await;
     }
+}
+
+/// Whether an output item is a `function_call`.
+fn is_call(item: &Value) -> bool {
+    item.get("type").and_then(Value::as_str) == Some("function_call")
 }
 
 /// The message text of an error object (or its JSON).
@@ -1009,6 +1122,7 @@ mod tests {
                 })
             })),
             check: None,
+            ..Hooks::default()
         };
         let (out, report) = run(sse(&events), hooks).await;
         assert!(
@@ -1045,6 +1159,7 @@ mod tests {
             reask: None,
             reissue: Some(Box::new(|_| panic!("content went out: no re-issue"))),
             check: None,
+            ..Hooks::default()
         };
         let (out, report) = run(sse(&events), hooks).await;
         assert_eq!(
@@ -1116,6 +1231,7 @@ mod tests {
             })),
             reissue: None,
             check: None,
+            ..Hooks::default()
         };
         let (out, report) = run(sse(&events), hooks).await;
         assert_eq!(report.reasked.len(), 1);

@@ -18,6 +18,17 @@
 //! OpenAI-shaped error event and then a clean end of the body — so the event is flushed and the
 //! SDK raises `APIError` with the upstream's message, not a connection error.
 //!
+//! A final answer is judged by the core as a non-streamed one is ([`Hooks::reread`],
+//! [`Hooks::unsettled`]). When its first content arrives while nothing but the role has gone out
+//! and no tool call is held, the core decides whether the run reads its values once more before
+//! answering; if so the upstream stream is dropped, the request asked again without streaming
+//! with the guidance appended, and the new answer re-emitted in its place (an answer that then
+//! calls no tool, or none at all, leaves the value unread: `partial`). Deciding at the first
+//! content means a model that writes text before its tool calls is asked for the read too.
+//! An answer that ends without tool calls ends `partial` in its final chunk when the run has a
+//! failure still open, or recovered under a policy that claims nothing after a recovery. Text
+//! that went out is never taken back: the status says what it is worth.
+//!
 //! Upstream data is never indexed with `IndexMut` (`choices` as an object must not panic), one
 //! event is at most [`MAX_EVENT_BYTES`], held tool-call arguments at most [`MAX_HELD_BYTES`], and
 //! the event buffer is scanned once, from where the last scan stopped.
@@ -64,6 +75,35 @@ pub type Reask = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<Reask
 /// gateway's grounding check, [`crate::recover::take_ungrounded`]).
 pub type Check = Box<dyn Fn(&mut Vec<Value>) -> Vec<Problem> + Send>;
 
+/// What came of the read before answering (the core's
+/// [`Controller::reread_due`](selfheal_core::controller::Controller::reread_due)), asked for
+/// when a final answer (one that calls no tools) was about to go out and nothing but the role
+/// had.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reread<A> {
+    /// The answer to the request with the guidance appended, which the client gets in place of
+    /// the held one; `None` when there is none (the upstream failed, or its calls could not be
+    /// used): the held answer goes on.
+    pub answer: Option<A>,
+    /// Why the answer that goes out was not read again (the model answered without the call,
+    /// or no answer came): it is flagged `partial` with this reason when it calls no tools.
+    pub unread: Option<String>,
+}
+
+/// Decides, once, whether a final answer is held for the read before answering, and if so
+/// asks the upstream again, without streaming, with the guidance appended. `None` when no read
+/// is due.
+pub type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Reread<A>>> + Send>;
+
+/// Why a final answer cannot go out as complete, when it cannot: the core's judgement of the
+/// run ([`crate::recover::unsettled`]: a failure still open, or a recovery under a policy that
+/// claims nothing after one), asked when the answer ends without tool calls.
+pub type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
+
+/// Receives, once, the `selfheal` report as it stands when the relay sends its first frame (see
+/// [`head_report`]): what the response's head says, since it cannot wait for the end.
+pub type Head = tokio::sync::oneshot::Sender<Value>;
+
 /// What the relay may ask of the pipeline.
 #[derive(Default)]
 pub struct Hooks {
@@ -73,6 +113,41 @@ pub struct Hooks {
     pub reissue: Option<Reask>,
     /// Checks the usable held calls further before they go out.
     pub check: Option<Check>,
+    /// The read before answering of a final answer.
+    pub reread: Option<ReadAgain<Reasked>>,
+    /// The core's judgement of a final answer.
+    pub unsettled: Option<Unsettled>,
+    /// Where the report goes when the first frame goes out.
+    pub head: Option<Head>,
+}
+
+/// The report for a stream's head, sent before its first frame: `selfheal` with what the relay
+/// did so far ([`note_outcome`]); `failed` with the reason when the first frame is the error
+/// event of a broken stream; `partial` with `provisional`'s reason when the frame is the first
+/// content of an answer that calls no tools so far and whose run the core judges unsettled (or
+/// whose read before answering was not made) — the final chunk says `complete` if tool calls
+/// follow after all. What happens after the first frame (a later break, calls left out) only
+/// the final chunk can say.
+pub(crate) fn head_report(
+    selfheal: Option<&Value>,
+    report: &StreamReport,
+    provisional: Option<String>,
+) -> Value {
+    let mut head = selfheal.cloned().unwrap_or_else(|| json!({}));
+    note_outcome(&mut head, report);
+    let Some(o) = head.as_object_mut() else {
+        return head;
+    };
+    if let Some(why) = &report.broken {
+        o.insert("status".into(), json!("failed"));
+        o.insert("reason".into(), json!(why));
+    } else if o.get("status").and_then(Value::as_str) != Some("partial")
+        && let Some(why) = provisional
+    {
+        o.insert("status".into(), json!("partial"));
+        o.insert("reason".into(), json!(why));
+    }
+    head
 }
 
 /// What happened to a stream, reported when it ends.
@@ -90,6 +165,12 @@ pub struct StreamReport {
     pub broken: Option<String>,
     /// Why the stream was re-issued without streaming and re-emitted, when it was.
     pub reissued: Option<String>,
+    /// Whether the final answer was held for the read before answering (and the upstream asked
+    /// again with its guidance).
+    pub reread: bool,
+    /// Why the final answer that went out is not claimed complete ([`Hooks::unsettled`], or a
+    /// read before answering that was not made): the stream ends `partial` with it.
+    pub unsettled: Option<String>,
 }
 
 #[derive(Default)]
@@ -148,6 +229,12 @@ struct Relay<'t> {
     held_role: Option<Value>,
     /// Whether anything went to the client.
     sent: bool,
+    /// Why the answer was not read again before answering, when a read was asked for and not
+    /// made: the reason of a final answer's `partial`.
+    unread: Option<String>,
+    /// The upstream's answer was replaced by the one to the read before answering: the rest of
+    /// the upstream stream is not read.
+    replaced: bool,
 }
 
 /// Relays an upstream SSE response to `tx`. `selfheal` is added to the final chunk, updated with
@@ -173,6 +260,8 @@ pub async fn relay(
         template: None,
         held_role: None,
         sent: false,
+        unread: None,
+        replaced: false,
     };
     let is_sse = upstream
         .headers()
@@ -191,7 +280,24 @@ pub async fn relay(
 }
 
 impl Relay<'_> {
+    /// Sends the head's report ([`head_report`]) before the first frame, once; `provisional`
+    /// when the frame is the first content of an answer that calls no tools so far.
+    fn head(&mut self, provisional: bool) {
+        let Some(tx) = self.hooks.head.take() else {
+            return;
+        };
+        let why = if provisional {
+            self.unread
+                .clone()
+                .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()))
+        } else {
+            None
+        };
+        let _ = tx.send(head_report(self.selfheal.as_ref(), &self.report, why));
+    }
+
     async fn send(&mut self, v: &Value) -> Result<(), Gone> {
+        self.head(false);
         if let Some(role) = self.held_role.take() {
             self.tx.send(data(&role)).await.map_err(|_| Gone)?;
         }
@@ -298,6 +404,18 @@ impl Relay<'_> {
     /// Sends a complete assistant message as stream chunks, up to the finish; `[DONE]` is
     /// [`Relay::end`]'s to send, once.
     async fn emit_message(&mut self, message: &Value, finish: Value) -> Result<(), Gone> {
+        let mut message = message.clone();
+        let mut finish = finish;
+        if !calls_tools(&message)
+            && let Some(r) = self.reread().await
+        {
+            message = r.message;
+            finish = r.finish_reason;
+        }
+        if !calls_tools(&message) {
+            self.settle();
+        }
+        let message = &message;
         let base = self.template.clone();
         self.report.finished = true;
         let selfheal = self.selfheal.as_mut().map(|s| {
@@ -311,6 +429,39 @@ impl Relay<'_> {
         Ok(())
     }
 
+    /// The read before answering of a final answer about to go out, while nothing but the
+    /// role has ([`Hooks::reread`], decided once): the answer to ask for in its place, if
+    /// one came. A read that was not made is remembered for [`Relay::settle`].
+    async fn reread(&mut self) -> Option<Reasked> {
+        if self.sent {
+            return None;
+        }
+        let ask = self.hooks.reread.take()?;
+        let outcome = ask().await?;
+        self.report.reread = true;
+        self.unread = outcome.unread;
+        let answer = outcome.answer?;
+        // The held answer is dropped: the client gets the new one from its first chunk.
+        self.held_role = None;
+        self.pending.clear();
+        self.held_bytes = 0;
+        self.replaced = true;
+        self.report.repaired.extend(answer.repaired.iter().cloned());
+        Some(answer)
+    }
+
+    /// A final answer (no tool calls) is ending: the core's judgement of the run, or a read
+    /// before answering that was not made, flags it `partial`.
+    fn settle(&mut self) {
+        if self.report.unsettled.is_some() {
+            return;
+        }
+        self.report.unsettled = self
+            .unread
+            .take()
+            .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()));
+    }
+
     fn attach_selfheal(&mut self, v: &mut Value) {
         if let Some(s) = &mut self.selfheal {
             note_outcome(s, &self.report);
@@ -322,7 +473,7 @@ impl Relay<'_> {
 
     /// Handles one `data:` payload.
     async fn event(&mut self, payload: &str) -> Result<Flow, Gone> {
-        if payload == "[DONE]" {
+        if payload == "[DONE]" || self.replaced {
             return Ok(Flow::Done);
         }
         let Ok(mut v) = serde_json::from_str::<Value>(payload) else {
@@ -383,9 +534,25 @@ impl Relay<'_> {
             d.iter()
                 .all(|(k, x)| k == "role" || x.is_null() || (k == "content" && x == ""))
         }) && v.get("usage").is_none_or(Value::is_null);
+        let content = delta.is_some_and(|d| {
+            d.iter()
+                .any(|(k, x)| k != "role" && !x.is_null() && (k != "content" || x != ""))
+        });
         if has_payload && role_only && !self.sent {
             self.held_role = Some(v);
         } else if has_payload || v.at("/choices/0").is_none() {
+            // The first content of an answer that has called no tools so far: the last moment
+            // the read before answering can hold it.
+            if content
+                && self.pending.is_empty()
+                && let Some(r) = self.reread().await
+            {
+                self.emit_message(&r.message, r.finish_reason).await?;
+                return Ok(Flow::Done);
+            }
+            if content && self.pending.is_empty() {
+                self.head(true);
+            }
             self.send(&v).await?;
         }
         Ok(Flow::Continue)
@@ -394,6 +561,11 @@ impl Relay<'_> {
     /// The chunk with the `finish_reason`: the held calls go out first, checked (re-asked once
     /// if unusable), then the chunk with the `selfheal` report.
     async fn finish(&mut self, mut v: Value, mut finish: Value) -> Result<(), Gone> {
+        if self.pending.is_empty()
+            && let Some(r) = self.reread().await
+        {
+            return self.emit_message(&r.message, r.finish_reason).await;
+        }
         if !self.pending.is_empty() {
             let ending = Ending::from_finish_reason(finish.as_str());
             let (mut calls, mut invalid) = complete_calls(
@@ -438,6 +610,11 @@ impl Relay<'_> {
                 // Every call was left out: the answer no longer ends in calls.
                 finish = json!("stop");
             }
+            if calls.is_empty() {
+                self.settle();
+            }
+        } else {
+            self.settle();
         }
         set_choice(&mut v, "finish_reason", finish);
         self.attach_selfheal(&mut v);
@@ -491,6 +668,7 @@ impl Relay<'_> {
             }
         }
         self.report.broken = Some(why.clone());
+        self.head(false);
         // The error event, then a clean end of the body: an `Err` right after it would make
         // hyper abort the connection before the event is flushed.
         let _ = self
@@ -560,6 +738,7 @@ pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
             (!report.repaired.is_empty(), "repair"),
             (!report.reasked.is_empty(), "reask"),
             (report.reissued.is_some(), "reissue"),
+            (report.reread, "reread"),
         ] {
             if did && !actions.iter().any(|a| a == name) {
                 actions.push(json!(name));
@@ -569,7 +748,18 @@ pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
     if !report.invalid.is_empty() {
         o.insert("status".into(), json!("partial"));
         o.insert("reason".into(), json!(report.invalid.join(" ")));
+    } else if let Some(why) = &report.unsettled {
+        o.insert("status".into(), json!("partial"));
+        o.insert("reason".into(), json!(why));
     }
+}
+
+/// Whether a complete assistant message calls tools.
+fn calls_tools(message: &Value) -> bool {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty())
 }
 
 /// Finds the end of the first SSE event, scanning from `from` (where an earlier scan of the

@@ -509,6 +509,16 @@ impl Upstreams {
                     target
                 }
                 Step::Stop(stop) => return Err(give_up(stop, last_err, reasons)),
+                // An upstream's answer is never offered a repair or a refresh
+                // (`CallPlan::offer`), so the plan cannot ask for one: stopping is the safe
+                // reading should it ever.
+                Step::Repair { .. } | Step::Refresh { .. } => {
+                    let stop = selfheal_core::call::Stop::Exhausted {
+                        class: None,
+                        action: selfheal_core::ActionKind::Degrade,
+                    };
+                    return Err(give_up(stop, last_err, reasons));
+                }
             };
             let Some(target) = chain.get(at) else {
                 return Err(ApiError::exhausted(reasons));

@@ -1,7 +1,10 @@
 //! What the MCP proxy adds to one tool call, without I/O: a `tools/call` from the client through
 //! [`Proxy::from_client`] (schema check and coercion, internal id) and the server's answer
 //! through [`Proxy::from_server`] (monitor record and check, id mapped back), for a tool with an
-//! input schema, alternating successes and occasional failures over four tools.
+//! input schema, alternating successes and occasional failures over four tools. The second
+//! benchmark declares an output contract and freshness for every tool (`[tools.NAME] output`,
+//! `as_of`) and answers with structured content that keeps it: the cost of reading each answer
+//! against its contract.
 //!
 //! Run with `cargo bench -p selfheal-mcp --bench proxy`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
@@ -15,6 +18,19 @@ use selfheal_core::rng::ConstRng;
 use selfheal_mcp::{McpConfig, Out, Proxy};
 
 fn bench(c: &mut Criterion) {
+    round_trip(c, "tools_call_round_trip", McpConfig::default(), false);
+    let tables: String = ["search", "fetch", "read", "write"]
+        .iter()
+        .map(|n| format!("[tools.{n}]\noutput = [\"hits\"]\nas_of = \"as_of\"\n"))
+        .collect();
+    let declared = McpConfig {
+        tools: selfheal_mcp::tools_from_toml_str(&tables).unwrap(),
+        ..McpConfig::default()
+    };
+    round_trip(c, "tools_call_round_trip_with_contract", declared, true);
+}
+
+fn round_trip(c: &mut Criterion, name: &str, config: McpConfig, structured: bool) {
     let tools: Vec<_> = ["search", "fetch", "read", "write"]
         .iter()
         .map(|n| {
@@ -24,7 +40,7 @@ fn bench(c: &mut Criterion) {
                        "required": ["query"]}})
         })
         .collect();
-    let mut p = Proxy::new(McpConfig::default()).unwrap();
+    let mut p = Proxy::new(config).unwrap();
     let mut rng = ConstRng(0);
     p.from_client(
         json!({"jsonrpc": "2.0", "id": 0, "method": "tools/list"}),
@@ -36,7 +52,7 @@ fn bench(c: &mut Criterion) {
         &mut rng,
     );
     let mut i: u64 = 0;
-    c.bench_function("tools_call_round_trip", |b| {
+    c.bench_function(name, |b| {
         b.iter(|| {
             i += 1;
             let tool = ["search", "fetch", "read", "write"][(i % 4) as usize];
@@ -49,9 +65,13 @@ fn bench(c: &mut Criterion) {
                 panic!("not forwarded")
             };
             let failed = i.is_multiple_of(7);
-            let answer = json!({"jsonrpc": "2.0", "id": sent["id"], "result": {
+            let mut answer = json!({"jsonrpc": "2.0", "id": sent["id"], "result": {
                 "content": [{"type": "text", "text": if failed { "error: busy".to_owned() } else { format!("result {i}") }}],
                 "isError": failed}});
+            if structured && !failed {
+                // Fresh (stamped now) and with its declared field.
+                answer["result"]["structuredContent"] = json!({"hits": [i], "as_of": i});
+            }
             black_box(p.from_server(answer, i, &mut rng));
             black_box(p.take_decisions());
         })

@@ -11,7 +11,8 @@
 //!                          │ tools/call: paused tool → answered here; arguments checked and
 //!                          │            coerced to the input schema, or answered with the errors
 //!                          │ results:   monitor (streaks, circuit, duplicates, loops); retry
-//!                          │            timeouts of read-only/idempotent tools; guidance added
+//!                          │            timeouts of read-only/idempotent tools; declared output
+//!                          │            contracts and freshness (`--config`); guidance added
 //!                          └ everything else passes through untouched
 //! ```
 //!
@@ -23,5 +24,5 @@ pub mod proxy;
 pub mod run;
 
 pub use lines::DEFAULT_MAX_LINE_BYTES;
-pub use proxy::{Decision, McpConfig, Out, Proxy, Stats};
+pub use proxy::{Decision, McpConfig, Out, Proxy, Stats, check_tools, tools_from_toml_str};
 pub use run::{RunError, RunOptions, run};

@@ -18,6 +18,27 @@
 //!   server declares read-only or idempotent; the monitor's guidance is added to the result the
 //!   model reads; when the set of paused tools changes the client is told
 //!   (`notifications/tools/list_changed`) so it lists the tools again;
+//! - `tools/call` answers of a tool the operator describes ([`McpConfig::tools`], the gateway's
+//!   `[tools.NAME]` tables): the value (`structuredContent`, else the text read as JSON) is
+//!   read against the declared contract by the core's rules ([`ToolConfig::judge`]) — a
+//!   declared field missing or renamed is schema drift, one null or empty an empty output, an
+//!   `as_of` stamp older than `max_age_ms` stale data — and the breach goes to the call's plan
+//!   like any failure, offered what the proxy can do: a repair of a drift (the one renamed key
+//!   mapped back by [`selfheal_core::contract::map_renamed`]; when that refuses, the plan is
+//!   asked again without the offer) and, for a tool that declares `refresh`, the call again
+//!   with that argument set to `true` (only for a read-only or idempotent tool, as a retry).
+//!   What the plan decides is carried out: retry, refresh, the mapped value in place of the
+//!   answer (with a note that it was mapped), or — when the ladder or the budget leaves
+//!   nothing — the answer flagged: a drifted or empty one becomes an `isError` result whose
+//!   first text says which field broke the contract (the tool did not deliver what it
+//!   declares), stale data stays a result with guidance saying how old it is. A breached
+//!   answer never reaches the model as if it were fine;
+//! - `reread` (the gateway's read before answering): the proxy never sees the model's answer,
+//!   so it cannot hold it for a second read. After a call of a `reread` tool that needed a
+//!   recovery (a retry, a refresh, a mapped field), when the core's rule says a read is due
+//!   ([`Policy::reread_due`](selfheal_core::policy::Policy::reread_due)), the result carries
+//!   guidance to call the tool again with the same arguments and compare before relying on the
+//!   value. Whether the model does is its own; nothing is claimed about it;
 //! - `notifications/progress` for a call pushes its deadline back (up to ten call timeouts), and
 //!   when the server exits every call still waiting is answered with an error.
 //!
@@ -26,7 +47,8 @@
 //! `selfheal-N` are the proxy's own; a client that used such string ids could see answers
 //! dropped.
 //!
-//! Time comes in as `now_ms` and randomness through the core's [`Rng`], so every decision is
+//! Time comes in as `now_ms` (with [`Proxy::set_wall_clock`] giving the Unix time `as_of`
+//! stamps are read against) and randomness through the core's [`Rng`], so every decision is
 //! reproducible; the async driver in [`crate::run()`] does the reading, writing and waiting.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -36,10 +58,11 @@ use serde_json::{Value, json};
 
 use selfheal_core::breaker::BreakerConfig;
 use selfheal_core::budget::{BudgetLedger, BudgetLimits};
-use selfheal_core::call::{Breakers, CallPlan, Mode, Plane, Step};
+use selfheal_core::call::{Breakers, CallPlan, Mode, Offer, Plane, Step};
 use selfheal_core::classifier::Signal;
+use selfheal_core::contract::{self, Breach, ToolConfig};
 use selfheal_core::monitor::{Monitor, MonitorConfig, ToolCall};
-use selfheal_core::policy::Policy;
+use selfheal_core::policy::{Policy, RepairTarget};
 use selfheal_core::rng::Rng;
 use selfheal_core::trace::Kind;
 use selfheal_repair::{SchemaGuide, check_arguments};
@@ -58,6 +81,52 @@ pub struct McpConfig {
     /// bound retries (two for a timed-out call under the default policy); `retries` caps them
     /// over the whole session.
     pub budget: BudgetLimits,
+    /// What the operator declares of the server's tools, by name: the gateway's `[tools.NAME]`
+    /// tables (the core's [`ToolConfig`]), of which the proxy carries out the output contract
+    /// (`output`), freshness (`as_of`, `max_age_ms`, `refresh`) and `reread`. The keys that
+    /// need a second source or the conversation (`substitute`, `cross_check`, `tolerance`,
+    /// `grounded`) are refused ([`check_tools`]): the proxy sees one call at a time.
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// The `selfheal mcp --config FILE` file: `[tools.NAME]` tables, nothing else.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    tools: BTreeMap<String, ToolConfig>,
+}
+
+/// Reads the `[tools.NAME]` tables of a `selfheal mcp --config` file (the gateway's keys, see
+/// [`McpConfig::tools`]) and checks them ([`check_tools`]). Anything else in the file is
+/// refused: the policy has its own file (`--policy`), the monitor's thresholds too.
+pub fn tools_from_toml_str(text: &str) -> Result<BTreeMap<String, ToolConfig>, String> {
+    let file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    check_tools(&file.tools)?;
+    Ok(file.tools)
+}
+
+/// Checks tool tables for the proxy: each is valid ([`ToolConfig::validate`]) and asks only for
+/// what the proxy carries out. A substitute, a cross-check (and its tolerance) or grounded
+/// arguments need a second tool's answer or the conversation, which a proxy of one call at a
+/// time does not have: such a table is refused rather than silently half carried out.
+pub fn check_tools(tools: &BTreeMap<String, ToolConfig>) -> Result<(), String> {
+    for (name, t) in tools {
+        t.validate(name)?;
+        let unsupported = [
+            ("substitute", t.substitute.is_some()),
+            ("cross_check", t.cross_check),
+            ("tolerance", t.tolerance != ToolConfig::default().tolerance),
+            ("grounded", t.grounded),
+        ];
+        if let Some((key, _)) = unsupported.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "[tools.{name}]: `{key}` is carried out by the gateway (selfheal serve), not by \
+                 the MCP proxy, which sees one call at a time; remove it here"
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Default for McpConfig {
@@ -67,6 +136,7 @@ impl Default for McpConfig {
             call_timeout_ms: 60_000,
             policy: Policy::default(),
             budget: BudgetLimits::unlimited(),
+            tools: BTreeMap::new(),
         }
     }
 }
@@ -104,8 +174,11 @@ pub struct Stats {
     pub answered: u64,
     /// Calls whose arguments were coerced to the schema.
     pub repaired: u64,
-    /// Retries sent.
+    /// Retries sent (refreshes of stale data included).
     pub retries: u64,
+    /// Answers that broke their tool's declared contract (a declared field missing, renamed or
+    /// empty, data older than allowed), attempts included.
+    pub breaches: u64,
 }
 
 #[derive(Debug)]
@@ -114,6 +187,9 @@ struct ToolInfo {
     required: Vec<String>,
     /// The server says calling it twice does no harm (`readOnlyHint` or `idempotentHint`).
     retry_safe: bool,
+    /// The tool's `outputSchema`: a mapped-back `structuredContent` must still fit it (a client
+    /// validates structured results against it).
+    output: Option<Arc<SchemaGuide>>,
 }
 
 #[derive(Debug, Clone)]
@@ -187,6 +263,57 @@ fn result_text(result: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// What the contract check made of an answer.
+enum Kept {
+    /// Send the call again after `delay_ms` (a retry, or a refresh: the request was updated).
+    Again {
+        /// The wait first.
+        delay_ms: u64,
+        /// The retry's trace detail.
+        detail: Value,
+    },
+    /// Answer the client with the result (as it came, repaired or flagged), these guidance
+    /// notes added, and the breach left, if one was (`drifted`, `empty`, `stale`).
+    Answer {
+        /// Guidance for the model.
+        notes: Vec<String>,
+        /// The breach the result was flagged for.
+        breach: Option<&'static str>,
+    },
+}
+
+/// The value of a tool result, as its contract is read: its `structuredContent` (`true`), else
+/// its text read as JSON, else the text itself (`false`).
+fn answer_value(result: &Value) -> (Value, bool) {
+    if let Some(v) = result.get("structuredContent") {
+        return (v.clone(), true);
+    }
+    let text = result_text(result);
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (value, false)
+}
+
+/// Puts a repaired value in a result: as its `structuredContent` when that is where it was
+/// read, and as its text (the text items replaced by the value's JSON, other items kept).
+fn put_value(result: &mut Value, v: &Value, structured: bool) {
+    let Some(o) = result.as_object_mut() else {
+        return;
+    };
+    if structured {
+        o.insert("structuredContent".into(), v.clone());
+    }
+    let item = json!({"type": "text", "text": v.to_string()});
+    match o.get_mut("content").and_then(Value::as_array_mut) {
+        Some(items) => {
+            items.retain(|i| i.get("type").and_then(Value::as_str) != Some("text"));
+            items.insert(0, item);
+        }
+        None => {
+            o.insert("content".into(), json!([item]));
+        }
+    }
+}
+
 /// A tool result the proxy gives itself: one text item, `isError: true`.
 fn error_result(text: String) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
@@ -214,6 +341,10 @@ pub struct Proxy {
     next_id: u64,
     /// The latest `now_ms` seen.
     last_now: u64,
+    /// Unix time in milliseconds at `now_ms == 0` (what `as_of` stamps are read against).
+    epoch_ms: u64,
+    /// The paused tools changed while an answer was read, and the client is not told yet.
+    unannounced: bool,
     stats: Stats,
     decisions: Vec<Decision>,
 }
@@ -221,6 +352,7 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy for a new session.
     pub fn new(config: McpConfig) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
+        check_tools(&config.tools).map_err(selfheal_core::monitor::ConfigError)?;
         let plane = Plane::new(config.policy.clone(), Default::default())
             .map_err(|e| selfheal_core::monitor::ConfigError(e.to_string()))?;
         Ok(Proxy {
@@ -244,9 +376,18 @@ impl Proxy {
             paused: Vec::new(),
             next_id: 0,
             last_now: 0,
+            epoch_ms: 0,
+            unannounced: false,
             stats: Stats::default(),
             decisions: Vec::new(),
         })
+    }
+
+    /// Sets the wall clock: `unix_ms` is Unix time in milliseconds at `now_ms == 0` (the
+    /// driver's clock starts at 0 with the session). `as_of` stamps are read against
+    /// `unix_ms + now_ms`; without this call `now_ms` itself is taken as Unix time.
+    pub fn set_wall_clock(&mut self, unix_ms: u64) {
+        self.epoch_ms = unix_ms;
     }
 
     /// What the proxy did so far.
@@ -523,6 +664,11 @@ impl Proxy {
             let required = schema
                 .map(selfheal_repair::required_properties)
                 .unwrap_or_default();
+            let output = t
+                .get("outputSchema")
+                .filter(|s| s.as_object().is_some_and(|o| !o.is_empty()))
+                .and_then(|s| SchemaGuide::new(s).ok())
+                .map(Arc::new);
             let hint =
                 |h: &str| t.pointer(&format!("/annotations/{h}")) == Some(&Value::Bool(true));
             self.tools.insert(
@@ -531,6 +677,7 @@ impl Proxy {
                     guide,
                     required,
                     retry_safe: hint("readOnlyHint") || hint("idempotentHint"),
+                    output,
                 },
             );
         }
@@ -618,15 +765,8 @@ impl Proxy {
             .map(|t| t.required.clone())
             .unwrap_or_default();
         let failure = match &attempt {
-            Attempt::Ok(result) => {
-                let value = result
-                    .get("structuredContent")
-                    .cloned()
-                    .unwrap_or_else(|| Value::String(result_text(result)));
-                let call = ToolCall::returned(&p.tool, &p.args, &value).with_required(&required);
-                self.monitor.record(&call, now_ms);
-                None
-            }
+            // Recorded by `contract`, once its declared contract is read.
+            Attempt::Ok(_) => None,
             Attempt::ToolError(result) => Some(result_text(result)),
             Attempt::RpcError(e) => Some(
                 e.get("message")
@@ -670,36 +810,56 @@ impl Proxy {
                 rng,
             );
             // The core's typed decision events, for `selfheal trace replay`.
-            for e in p.plan.take_records() {
-                let detail = serde_json::to_value(&e).unwrap_or(Value::Null);
-                self.decide(Kind::from(&e), &p.tool, detail);
-            }
+            self.record_plan(&mut p);
             let delay = match step {
                 Step::Wait { delay_ms, .. } => Some(delay_ms),
                 Step::Send { .. } => Some(0),
-                Step::Stop(_) => None,
+                // Never offered for a failed call (nothing came back to repair or refresh).
+                Step::Repair { .. } | Step::Refresh { .. } | Step::Stop(_) => None,
             };
             if let Some(delay) = delay {
-                p.attempt += 1;
-                self.stats.retries += 1;
-                self.decide(
-                    Kind::Retry,
-                    &p.tool,
-                    json!({"attempt": p.attempt, "after": text, "wait_ms": delay}),
-                );
-                self.retries.push((now_ms.saturating_add(delay), p));
-                return if changed {
-                    vec![list_changed()]
-                } else {
-                    Vec::new()
-                };
+                let detail = json!({"after": text, "wait_ms": delay});
+                return self.again(p, delay, detail, now_ms, changed);
             }
         }
-        self.decide(
-            Kind::ToolResult,
-            &p.tool,
-            json!({"ok": failure.is_none(), "attempts": p.attempt + 1}),
-        );
+        // An answer is read against its tool's declared contract before it counts as one.
+        let mut notes = Vec::new();
+        let mut breached = None;
+        let mut attempt = attempt;
+        if let Attempt::Ok(result) = &mut attempt {
+            match self.contract(&mut p, result, &required, now_ms, rng) {
+                Kept::Again { delay_ms, detail } => {
+                    let changed = std::mem::take(&mut self.unannounced);
+                    return self.again(p, delay_ms, detail, now_ms, changed);
+                }
+                Kept::Answer { notes: n, breach } => {
+                    notes = n;
+                    breached = breach;
+                }
+            }
+            // A value a recovery produced, of a tool the operator wants read again: the
+            // proxy does not see the answer the value goes into, so it says so with the value.
+            if breached.is_none()
+                && p.plan.recovered()
+                && self.config.tools.get(&p.tool).is_some_and(|c| c.reread)
+                && self.plane.policy().reread_due(true)
+            {
+                self.decide(Kind::Guidance, &p.tool, json!({"reread": p.args}));
+                notes.push(format!(
+                    "`{}` needed a recovery before this answer: call it again with the same \
+                     arguments ({}) and compare, before you rely on its value.",
+                    p.tool, p.args
+                ));
+            }
+        }
+        let mut detail = json!({
+            "ok": failure.is_none() && breached.is_none(),
+            "attempts": p.attempt + 1,
+        });
+        if let Some(b) = breached {
+            detail["breach"] = Value::String(b.to_owned());
+        }
+        self.decide(Kind::ToolResult, &p.tool, detail);
         let mut result = match attempt {
             Attempt::Ok(r) | Attempt::ToolError(r) => r,
             Attempt::RpcError(e) => {
@@ -717,10 +877,12 @@ impl Proxy {
             )),
         };
         let verdict = self.monitor.check(now_ms);
-        let mut texts: Vec<String> = verdict.guidance.iter().map(|g| g.text.clone()).collect();
-        if let Some(reason) =
-            selfheal_core::call::abort_now(verdict.abort.clone(), failure.is_some())
-        {
+        let mut texts = notes;
+        texts.extend(verdict.guidance.iter().map(|g| g.text.clone()));
+        if let Some(reason) = selfheal_core::call::abort_now(
+            verdict.abort.clone(),
+            failure.is_some() || breached.is_some(),
+        ) {
             texts.push(format!(
                 "This run is failing ({reason}): stop calling tools and report what you have."
             ));
@@ -734,10 +896,286 @@ impl Proxy {
             }
         }
         let mut out = vec![Out::ToClient(reply(&p.client_id, result))];
+        let changed = changed || std::mem::take(&mut self.unannounced);
         if self.update_paused(now_ms) || changed {
             out.push(list_changed());
         }
         out
+    }
+
+    /// Sends the call again after `delay_ms` (a retry or a refresh the core decided).
+    fn again(
+        &mut self,
+        mut p: Pending,
+        delay_ms: u64,
+        mut detail: Value,
+        now_ms: u64,
+        changed: bool,
+    ) -> Vec<Out> {
+        p.attempt += 1;
+        self.stats.retries += 1;
+        detail["attempt"] = json!(p.attempt);
+        self.decide(Kind::Retry, &p.tool, detail);
+        self.retries.push((now_ms.saturating_add(delay_ms), p));
+        if changed {
+            vec![list_changed()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The core's decision events of `p`'s plan, for the trace.
+    fn record_plan(&mut self, p: &mut Pending) {
+        for e in p.plan.take_records() {
+            let detail = serde_json::to_value(&e).unwrap_or(Value::Null);
+            self.decide(Kind::from(&e), &p.tool, detail);
+        }
+    }
+
+    /// Reads an answer against what the operator declared of its tool ([`McpConfig::tools`])
+    /// by the core's rules ([`ToolConfig::judge`]) and carries out the core's decision on a
+    /// breach: the call plan, offered a repair of a drifted answer and a refresh of a tool
+    /// that declares its cache-bypass argument, says retry, refresh, repair or stop.
+    ///
+    /// The monitor records the attempt here: as returned, or — an answer without a declared
+    /// field, which the proxy discards or flags as an error — as failed, before the plan
+    /// decides (so a retry is never read as the model repeating itself, and a tool the
+    /// monitor pauses is not retried). Stale data is data: returned.
+    fn contract(
+        &mut self,
+        p: &mut Pending,
+        result: &mut Value,
+        required: &[String],
+        now_ms: u64,
+        rng: &mut dyn Rng,
+    ) -> Kept {
+        let held = Kept::Answer {
+            notes: Vec::new(),
+            breach: None,
+        };
+        let returned = |proxy: &mut Proxy, p: &Pending, result: &Value| {
+            let value = result
+                .get("structuredContent")
+                .cloned()
+                .unwrap_or_else(|| Value::String(result_text(result)));
+            let call = ToolCall::returned(&p.tool, &p.args, &value).with_required(required);
+            proxy.monitor.record(&call, now_ms);
+        };
+        let wall_ms = self.epoch_ms.saturating_add(now_ms);
+        // A tool nobody described costs nothing more than before.
+        let Some(c) = self.config.tools.get(&p.tool).cloned() else {
+            returned(self, p, result);
+            return held;
+        };
+        let (value, structured) = answer_value(result);
+        let Some((signal, breach)) = c.judge(&value, wall_ms) else {
+            returned(self, p, result);
+            return held;
+        };
+        // The plan's records trace the signal, its class and the decision.
+        self.stats.breaches += 1;
+        match &breach {
+            Some(b) => {
+                let text = format!("{}: {}", signal.name(), b.field());
+                let call = ToolCall::failed(&p.tool, &p.args, &text).with_required(required);
+                self.monitor.record(&call, now_ms);
+                if self.update_paused(now_ms) {
+                    self.unannounced = true;
+                    if self.paused.contains(&p.tool) {
+                        p.plan.circuit_opened();
+                    }
+                }
+            }
+            None => returned(self, p, result),
+        }
+        let mut refused: Option<String> = None;
+        // At most two decisions: a repair the core asks for and the proxy refuses is asked
+        // again without the offer, and the core never returns an action it was not offered.
+        for _ in 0..2 {
+            let repair = match (&breach, &refused) {
+                (Some(Breach::Drifted { .. }), None) => Some(RepairTarget::Output),
+                _ => None,
+            };
+            let refresh = c.refresh.is_some() && p.args.is_object();
+            p.plan.offer(Offer { repair, refresh });
+            let step = p.plan.failed(
+                &signal,
+                &self.plane,
+                &mut self.breakers,
+                &mut self.ledger,
+                now_ms,
+                rng,
+            );
+            self.record_plan(p);
+            match step {
+                Step::Repair {
+                    target: RepairTarget::Output,
+                } => {
+                    let schema = self.tools.get(&p.tool).and_then(|t| t.output.clone());
+                    let mapped = contract::map_renamed(&value, &c.output).and_then(|v| {
+                        if let Some((s, _)) = c.judge(&v, wall_ms) {
+                            return Err(format!(
+                                "mapped, the answer still breaks the contract ({})",
+                                s.name()
+                            ));
+                        }
+                        // Structured content a client would refuse is no repair.
+                        let fits = |g: &SchemaGuide| {
+                            check_arguments(v.clone(), Some(g)).is_ok_and(|a| !a.changed)
+                        };
+                        match schema.as_deref() {
+                            Some(g) if structured && !fits(g) => {
+                                Err("mapped, the answer would not fit the tool's outputSchema"
+                                    .into())
+                            }
+                            Some(_) | None => Ok(v),
+                        }
+                    });
+                    match mapped {
+                        Ok(v) => {
+                            put_value(result, &v, structured);
+                            let field = breach.as_ref().map(Breach::field).unwrap_or_default();
+                            self.decide(
+                                Kind::Repair,
+                                &p.tool,
+                                json!({"target": "output", "field": field}),
+                            );
+                            return Kept::Answer {
+                                notes: vec![format!(
+                                    "`{}` answered with its declared field `{field}` under \
+                                     another name (schema drift); selfheal mapped it back.",
+                                    p.tool
+                                )],
+                                breach: None,
+                            };
+                        }
+                        Err(why) => {
+                            self.decide(
+                                Kind::Repair,
+                                &p.tool,
+                                json!({"target": "output", "refused": why}),
+                            );
+                            refused = Some(why);
+                        }
+                    }
+                }
+                Step::Wait { delay_ms, .. } => {
+                    let detail = json!({"after": signal.name(), "wait_ms": delay_ms});
+                    return Kept::Again { delay_ms, detail };
+                }
+                Step::Send { .. } => {
+                    return Kept::Again {
+                        delay_ms: 0,
+                        detail: json!({"after": signal.name(), "wait_ms": 0}),
+                    };
+                }
+                Step::Refresh { .. } => {
+                    if let Some(arg) = c.refresh.as_deref()
+                        && let Some(args) = p.args.as_object_mut()
+                    {
+                        args.insert(arg.to_owned(), Value::Bool(true));
+                        if let Some(params) =
+                            p.request.get_mut("params").and_then(Value::as_object_mut)
+                        {
+                            params.insert("arguments".into(), p.args.clone());
+                        }
+                        return Kept::Again {
+                            delay_ms: 0,
+                            detail: json!({"after": signal.name(), "wait_ms": 0, "refresh": arg}),
+                        };
+                    }
+                    break;
+                }
+                Step::Repair { .. } | Step::Stop(_) => break,
+            }
+        }
+        self.flag(p, &c, result, &signal, breach.as_ref(), refused)
+    }
+
+    /// An answer whose breach the core left unrecovered reaches the model flagged: one without
+    /// a declared field (missing, renamed or empty) did not deliver what its tool declares, so
+    /// it becomes an error result with the reason first; stale data is data with a known age,
+    /// so it stays a result and the model is told how old it is.
+    fn flag(
+        &mut self,
+        p: &Pending,
+        c: &ToolConfig,
+        result: &mut Value,
+        signal: &Signal,
+        breach: Option<&Breach>,
+        refused: Option<String>,
+    ) -> Kept {
+        let tool = &p.tool;
+        let retry_safe = self.tools.get(tool).is_some_and(|t| t.retry_safe);
+        let tried = if p.attempt > 0 {
+            format!(" after {} attempts", p.attempt + 1)
+        } else if !retry_safe {
+            format!(
+                " (it was not called again: the server does not mark `{tool}` read-only or \
+                 idempotent)"
+            )
+        } else {
+            String::new()
+        };
+        let Some(b) = breach else {
+            let (age, max) = match signal {
+                Signal::Stale {
+                    age_ms, max_age_ms, ..
+                } => (*age_ms, *max_age_ms),
+                _ => (0, c.max_age_ms),
+            };
+            let refresh = match &c.refresh {
+                None => " and the tool declares no `refresh` argument to bypass its cache",
+                Some(_) => "",
+            };
+            self.decide(Kind::Guidance, tool, json!({"stale_ms": age}));
+            return Kept::Answer {
+                notes: vec![format!(
+                    "The data of `{tool}` is stale: stamped {age} ms ago, older than the \
+                     {max} ms allowed{refresh}{tried}. Do not present it as current: say how \
+                     old it is, or get it elsewhere."
+                )],
+                breach: Some("stale"),
+            };
+        };
+        let (what, name) = match b {
+            Breach::Drifted { field } => (
+                format!(
+                    "its declared field `{field}` is missing (renamed or dropped: schema drift)"
+                ),
+                "drifted",
+            ),
+            Breach::Empty { field } => (
+                format!("its declared field `{field}` is null or empty"),
+                "empty",
+            ),
+        };
+        let mapped = refused
+            .map(|why| format!(" It cannot be mapped back: {why}."))
+            .unwrap_or_default();
+        let text = format!(
+            "selfheal: the answer of `{tool}` breaks its declared output contract: \
+             {what}{tried}.{mapped} Treat this call as failed: do not use its answer as if it \
+             were complete."
+        );
+        self.decide(Kind::Guidance, tool, json!({"flagged": name}));
+        match result.as_object_mut() {
+            Some(o) => {
+                o.insert("isError".into(), Value::Bool(true));
+                let item = json!({"type": "text", "text": text});
+                match o.get_mut("content").and_then(Value::as_array_mut) {
+                    Some(items) => items.insert(0, item),
+                    None => {
+                        o.insert("content".into(), json!([item]));
+                    }
+                }
+            }
+            None => *result = error_result(text),
+        }
+        Kept::Answer {
+            notes: Vec::new(),
+            breach: Some(name),
+        }
     }
 
     fn update_paused(&mut self, now_ms: u64) -> bool {

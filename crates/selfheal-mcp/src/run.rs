@@ -149,6 +149,12 @@ pub async fn run(
 ) -> Result<Stats, RunError> {
     let started = Instant::now();
     let now = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    // The session's clock starts at 0 now; `as_of` stamps are Unix time, read against this.
+    proxy.set_wall_clock(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    );
     let mut rng = SplitMix64::new(options.seed);
     let max = options.max_line_bytes;
     // The readers keep what they read if the other branch of the select wins, so a line is

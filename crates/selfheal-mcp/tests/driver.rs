@@ -207,6 +207,7 @@ async fn a_session_through_the_real_driver() {
             answered: 0,
             repaired: 1,
             retries: 1,
+            breaches: 0,
         }
     );
     // The core's trace events of each failure's decision go to the trace too.

@@ -1237,6 +1237,7 @@ fn stats_and_decisions_report_what_happened() {
             answered: 1,
             repaired: 1,
             retries: 1,
+            breaches: 0,
         }
     );
     let d = own(p.take_decisions());
@@ -1437,4 +1438,514 @@ fn json_rpc_errors_are_read_into_the_cores_signals() {
         rpc_signal(&json!({"code": -32603, "message": "boom"})),
         Signal::Exception { .. }
     ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output contracts and freshness (`[tools.NAME]`)
+// ---------------------------------------------------------------------------------------------
+
+/// A proxy whose tools are described by `tools` (a `selfheal mcp --config` file), the server's
+/// tools listed at 0 ms. `now_ms` is Unix time (no wall clock set).
+fn contract_proxy(tools: &str) -> Proxy {
+    let mut cfg = config();
+    cfg.tools = selfheal_mcp::tools_from_toml_str(tools).unwrap();
+    let mut p = Proxy::new(cfg).unwrap();
+    list(&mut p, 1, 0);
+    p
+}
+
+fn structured(value: Value) -> Value {
+    json!({"content": [{"type": "text", "text": value.to_string()}], "structuredContent": value})
+}
+
+/// The one answer the client got.
+fn answer(outs: &[Out]) -> Value {
+    let c = to_client(outs);
+    assert_eq!(c.len(), 1, "one answer: {outs:?}");
+    c[0]["result"].clone()
+}
+
+#[test]
+fn a_renamed_declared_field_is_mapped_back_as_the_core_decides() {
+    let mut p = contract_proxy("[tools.search]\noutput = [\"city\"]\n");
+    let drifted = structured(json!({"city_v2": "Paris", "n": 1}));
+    let outs = round_trip(
+        &mut p,
+        json!(5),
+        "search",
+        json!({"query": "q"}),
+        drifted,
+        10,
+    );
+    let r = answer(&outs);
+    assert_eq!(to_client(&outs)[0]["id"], json!(5));
+    assert_eq!(r["structuredContent"], json!({"city": "Paris", "n": 1}));
+    assert_ne!(r["isError"], json!(true), "a repaired answer is an answer");
+    let t = texts(&r);
+    assert_eq!(
+        serde_json::from_str::<Value>(&t[0]).unwrap(),
+        json!({"city": "Paris", "n": 1}),
+        "the text the model reads is the mapped value too"
+    );
+    assert!(
+        t.last().unwrap().contains("mapped it back"),
+        "the model is told: {t:?}"
+    );
+    let all = p.take_decisions();
+    let action = all.iter().find(|d| d.kind.as_str() == "action").unwrap();
+    assert_eq!(action.detail["action"]["action"], "repair");
+    assert_eq!(action.detail["class"], "malformed_output");
+    assert!(has_decision(&all, "repair", "search"));
+    let s = p.stats();
+    assert_eq!((s.breaches, s.retries), (1, 0));
+}
+
+#[test]
+fn a_drift_that_cannot_be_mapped_is_retried_then_flagged_as_an_error() {
+    let mut p = contract_proxy("[tools.search]\noutput = [\"city\"]\n");
+    let mut rng = ConstRng(0);
+    // Two keys that could both be `city`: mapping one would be a guess.
+    let ambiguous = json!({"city_a": "Paris", "city_b": "Lyon"});
+    let outs = round_trip(
+        &mut p,
+        json!(5),
+        "search",
+        json!({"query": "q"}),
+        structured(ambiguous.clone()),
+        10,
+    );
+    assert!(outs.is_empty(), "not answered yet: {outs:?}");
+    let d = p.take_decisions();
+    let refused = d
+        .iter()
+        .find(|d| d.kind.as_str() == "repair")
+        .expect("the repair was tried");
+    assert!(refused.detail["refused"].as_str().unwrap().contains("city"));
+    let actions: Vec<&Value> = d
+        .iter()
+        .filter(|d| d.kind.as_str() == "action")
+        .map(|d| &d.detail["action"]["action"])
+        .collect();
+    assert_eq!(actions, [&json!("repair"), &json!("retry")]);
+    // The read-only tool is asked again after the policy's backoff.
+    let sent = to_server(&p.tick(510, &mut rng));
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["params"]["arguments"], json!({"query": "q"}));
+    // Still drifted: the ladder has nothing left, and the answer is flagged, not passed on.
+    let outs = p.from_server(
+        response(sent[0]["id"].clone(), structured(ambiguous)),
+        520,
+        &mut rng,
+    );
+    let r = answer(&outs);
+    assert_eq!(r["isError"], json!(true));
+    let t = texts(&r);
+    assert!(
+        t[0].contains("`city`") && t[0].contains("schema drift"),
+        "{t:?}"
+    );
+    // The ladder's repair rung was spent on the first answer: the second is not mapped.
+    assert!(t[0].contains("after 2 attempts"), "{t:?}");
+    assert_eq!(
+        r["structuredContent"]["city_a"], "Paris",
+        "the answer is kept"
+    );
+    let s = p.stats();
+    assert_eq!((s.breaches, s.retries), (2, 1));
+    let d = own(p.take_decisions());
+    let result = d.iter().find(|d| d.kind.as_str() == "tool_result").unwrap();
+    assert_eq!(result.detail["ok"], json!(false));
+    assert_eq!(result.detail["breach"], "drifted");
+}
+
+#[test]
+fn a_missing_field_of_a_tool_without_hints_is_flagged_at_once() {
+    let mut p = contract_proxy("[tools.send]\noutput = [\"receipt\"]\n");
+    let outs = round_trip(
+        &mut p,
+        json!(9),
+        "send",
+        json!({"to": "a"}),
+        text_result("{\"status\": \"queued\"}", false),
+        10,
+    );
+    let r = answer(&outs);
+    assert_eq!(r["isError"], json!(true));
+    let t = texts(&r);
+    assert!(t[0].contains("`receipt`"), "{t:?}");
+    assert!(t[0].contains("not called again"), "{t:?}");
+    assert!(
+        t[0].contains("cannot be mapped back"),
+        "the repair was tried: {t:?}"
+    );
+    assert_eq!(t[1], "{\"status\": \"queued\"}", "the answer follows");
+    assert_eq!(p.stats().retries, 0);
+}
+
+#[test]
+fn plain_text_where_fields_are_declared_is_flagged() {
+    let mut p = contract_proxy("[tools.send]\noutput = [\"receipt\"]\n");
+    let outs = round_trip(
+        &mut p,
+        json!(9),
+        "send",
+        json!({"to": "a"}),
+        text_result("sent!", false),
+        10,
+    );
+    assert_eq!(answer(&outs)["isError"], json!(true));
+}
+
+#[test]
+fn an_empty_output_is_retried_and_a_recovered_reread_tool_is_read_again() {
+    let mut p = contract_proxy("[tools.search]\noutput = [\"hits\"]\nreread = true\n");
+    let mut rng = ConstRng(0);
+    let outs = round_trip(
+        &mut p,
+        json!(3),
+        "search",
+        json!({"query": "q"}),
+        structured(json!({"hits": []})),
+        10,
+    );
+    assert!(outs.is_empty(), "{outs:?}");
+    let d = p.take_decisions();
+    let action = d.iter().find(|d| d.kind.as_str() == "action").unwrap();
+    assert_eq!(action.detail["class"], "empty_output");
+    assert_eq!(action.detail["action"]["action"], "retry");
+    let sent = to_server(&p.tick(510, &mut rng));
+    let outs = p.from_server(
+        response(sent[0]["id"].clone(), structured(json!({"hits": [1, 2]}))),
+        520,
+        &mut rng,
+    );
+    let r = answer(&outs);
+    assert_ne!(r["isError"], json!(true));
+    assert_eq!(r["structuredContent"], json!({"hits": [1, 2]}));
+    let t = texts(&r);
+    assert!(
+        t.last()
+            .unwrap()
+            .contains("call it again with the same arguments"),
+        "a recovered value of a reread tool is to be read again: {t:?}"
+    );
+
+    // A call that needed no recovery is not asked to be read again.
+    let outs = round_trip(
+        &mut p,
+        json!(4),
+        "search",
+        json!({"query": "r"}),
+        structured(json!({"hits": [3]})),
+        600,
+    );
+    assert_eq!(texts(&answer(&outs)).len(), 1, "no guidance: {outs:?}");
+}
+
+#[test]
+fn the_policy_decides_no_reread_when_it_asks_for_none() {
+    let mut cfg = config();
+    cfg.tools =
+        selfheal_mcp::tools_from_toml_str("[tools.search]\noutput = [\"hits\"]\nreread = true\n")
+            .unwrap();
+    cfg.policy.reread_after_recovery = false;
+    let mut p = Proxy::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    list(&mut p, 1, 0);
+    round_trip(
+        &mut p,
+        json!(3),
+        "search",
+        json!({"query": "q"}),
+        structured(json!({"hits": null})),
+        10,
+    );
+    let sent = to_server(&p.tick(510, &mut rng));
+    let outs = p.from_server(
+        response(sent[0]["id"].clone(), structured(json!({"hits": [1]}))),
+        520,
+        &mut rng,
+    );
+    assert_eq!(texts(&answer(&outs)).len(), 1, "{outs:?}");
+}
+
+#[test]
+fn an_empty_output_of_a_tool_without_hints_is_flagged() {
+    let mut p = contract_proxy("[tools.send]\noutput = [\"receipt\"]\n");
+    let outs = round_trip(
+        &mut p,
+        json!(9),
+        "send",
+        json!({"to": "a"}),
+        structured(json!({"receipt": null})),
+        10,
+    );
+    let r = answer(&outs);
+    assert_eq!(r["isError"], json!(true));
+    assert!(texts(&r)[0].contains("null or empty"), "{r}");
+}
+
+const STALE_FX: &str =
+    "[tools.search]\nas_of = \"as_of\"\nmax_age_ms = 1000\nrefresh = \"no_cache\"\n";
+
+#[test]
+fn stale_data_of_a_tool_that_declares_refresh_is_fetched_again_with_it_set() {
+    let mut p = contract_proxy(STALE_FX);
+    let mut rng = ConstRng(0);
+    // At 10 s, data stamped at 2 s is 8 s old: more than the second allowed.
+    let outs = round_trip(
+        &mut p,
+        json!(4),
+        "search",
+        json!({"query": "eur"}),
+        structured(json!({"rate": 1.1, "as_of": 2_000})),
+        10_000,
+    );
+    assert!(outs.is_empty(), "{outs:?}");
+    let d = p.take_decisions();
+    let action = d.iter().find(|d| d.kind.as_str() == "action").unwrap();
+    assert_eq!(action.detail["class"], "stale_context");
+    assert_eq!(action.detail["action"]["action"], "refresh");
+    let sent = to_server(&p.tick(10_000, &mut rng));
+    assert_eq!(sent.len(), 1, "sent again at once: {sent:?}");
+    assert_eq!(
+        sent[0]["params"]["arguments"],
+        json!({"query": "eur", "no_cache": true})
+    );
+    let fresh = structured(json!({"rate": 1.2, "as_of": 9_900}));
+    let outs = p.from_server(
+        response(sent[0]["id"].clone(), fresh.clone()),
+        10_010,
+        &mut rng,
+    );
+    assert_eq!(outs, vec![Out::ToClient(response(4, fresh))]);
+    assert_eq!(p.stats().retries, 1);
+}
+
+#[test]
+fn stale_data_that_stays_stale_after_a_refresh_is_flagged_with_guidance() {
+    let mut p = contract_proxy(STALE_FX);
+    let mut rng = ConstRng(0);
+    let old = structured(json!({"rate": 1.1, "as_of": 2_000}));
+    round_trip(
+        &mut p,
+        json!(4),
+        "search",
+        json!({"query": "eur"}),
+        old.clone(),
+        10_000,
+    );
+    let sent = to_server(&p.tick(10_000, &mut rng));
+    let outs = p.from_server(response(sent[0]["id"].clone(), old), 10_010, &mut rng);
+    let r = answer(&outs);
+    assert_ne!(
+        r["isError"],
+        json!(true),
+        "stale data is data, flagged by guidance"
+    );
+    assert_eq!(r["structuredContent"]["rate"], json!(1.1));
+    let t = texts(&r);
+    assert!(t.last().unwrap().contains("stale"), "{t:?}");
+    assert!(t.last().unwrap().contains("8010 ms"), "its age: {t:?}");
+}
+
+#[test]
+fn stale_data_without_a_refresh_argument_or_a_safe_tool_gets_guidance() {
+    // No `refresh` declared: nothing to fetch fresh data with.
+    let mut p = contract_proxy("[tools.search]\nas_of = \"as_of\"\nmax_age_ms = 1000\n");
+    let outs = round_trip(
+        &mut p,
+        json!(4),
+        "search",
+        json!({"query": "eur"}),
+        structured(json!({"rate": 1.1, "as_of": 2_000})),
+        10_000,
+    );
+    let r = answer(&outs);
+    assert_ne!(r["isError"], json!(true));
+    let t = texts(&r);
+    assert!(
+        t.last().unwrap().contains("stale") && t.last().unwrap().contains("no `refresh`"),
+        "{t:?}"
+    );
+    assert_eq!(p.stats().retries, 0);
+
+    // `refresh` declared, but the server does not say calling `send` twice is harmless.
+    let mut p = contract_proxy(
+        "[tools.send]\nas_of = \"as_of\"\nmax_age_ms = 1000\nrefresh = \"no_cache\"\n",
+    );
+    let outs = round_trip(
+        &mut p,
+        json!(4),
+        "send",
+        json!({"to": "a"}),
+        structured(json!({"ok": true, "as_of": 2_000})),
+        10_000,
+    );
+    let t = texts(&answer(&outs));
+    assert!(t.last().unwrap().contains("stale"), "{t:?}");
+    assert_eq!(p.stats().retries, 0, "never sent twice");
+}
+
+#[test]
+fn fresh_and_conforming_answers_pass_untouched() {
+    let mut p = contract_proxy(
+        "[tools.search]\noutput = [\"rate\"]\nas_of = \"as_of\"\nmax_age_ms = 1000\n",
+    );
+    let ok = structured(json!({"rate": 1.1, "as_of": 9_500}));
+    let outs = round_trip(
+        &mut p,
+        json!(4),
+        "search",
+        json!({"query": "eur"}),
+        ok.clone(),
+        10_000,
+    );
+    assert_eq!(outs, vec![Out::ToClient(response(4, ok))]);
+    assert_eq!(p.stats().breaches, 0);
+}
+
+#[test]
+fn the_wall_clock_reads_stamps_against_the_session_start() {
+    let mut p = contract_proxy("[tools.search]\nas_of = \"as_of\"\nmax_age_ms = 1000\n");
+    p.set_wall_clock(1_700_000_000_000);
+    // 100 ms into the session, data stamped 50 ms before it started is fresh...
+    let ok = structured(json!({"rate": 1.1, "as_of": 1_699_999_999_950_u64}));
+    let outs = round_trip(
+        &mut p,
+        json!(4),
+        "search",
+        json!({"query": "eur"}),
+        ok.clone(),
+        100,
+    );
+    assert_eq!(outs, vec![Out::ToClient(response(4, ok))]);
+    // ...and data stamped 5 s before it is 5.1 s old (on the session's own clock, 100 ms is
+    // long before the stamp: the wall clock is what makes it stale).
+    let old = structured(json!({"rate": 1.1, "as_of": 1_699_999_995_000_u64}));
+    let outs = round_trip(
+        &mut p,
+        json!(5),
+        "search",
+        json!({"query": "usd"}),
+        old,
+        100,
+    );
+    let t = texts(&answer(&outs));
+    assert!(t.last().unwrap().contains("stamped 5100 ms ago"), "{t:?}");
+}
+
+#[test]
+fn tool_tables_take_the_gateways_keys_and_refuse_what_the_proxy_cannot_do() {
+    let t = selfheal_mcp::tools_from_toml_str(
+        "[tools.fx]\noutput = [\"rate\"]\nas_of = \"t\"\nmax_age_ms = 5\nrefresh = \"fresh\"\nreread = true\n",
+    )
+    .unwrap();
+    assert_eq!(t["fx"].output, ["rate"]);
+    assert_eq!(t["fx"].refresh.as_deref(), Some("fresh"));
+    for (toml, needle) in [
+        ("[tools.fx]\nsubstitute = \"fx2\"\n", "substitute"),
+        ("[tools.fx]\ncross_check = true\n", "cross_check"),
+        ("[tools.fx]\ngrounded = true\n", "grounded"),
+        ("[tools.fx]\noutput = [\" \"]\n", "not blank"),
+        ("[tools.fx]\nouptut = [\"a\"]\n", "ouptut"),
+        ("[policy]\nreread_reads = 1\n", "policy"),
+    ] {
+        let e = selfheal_mcp::tools_from_toml_str(toml).unwrap_err();
+        assert!(e.contains(needle), "{toml:?}: {e}");
+    }
+    // Built by hand, the same check applies.
+    let mut cfg = config();
+    cfg.tools.insert(
+        "fx".into(),
+        selfheal_core::contract::ToolConfig {
+            cross_check: true,
+            ..Default::default()
+        },
+    );
+    assert!(Proxy::new(cfg).is_err());
+}
+
+#[test]
+fn a_mapping_the_tools_output_schema_would_refuse_is_no_repair() {
+    let mut cfg = config();
+    cfg.tools = selfheal_mcp::tools_from_toml_str("[tools.geo]\noutput = [\"city\"]\n").unwrap();
+    let mut p = Proxy::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    // The server's own outputSchema says `city_v2`: a client validating structured results
+    // against it would refuse `city`, so mapping it back is not a repair the proxy can make.
+    let geo = json!([{
+        "name": "geo",
+        "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "outputSchema": {
+            "type": "object",
+            "properties": {"city_v2": {"type": "string"}},
+            "required": ["city_v2"]
+        },
+        "annotations": {"readOnlyHint": true}
+    }]);
+    let req = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    p.from_client(req, 0);
+    p.from_server(response(1, json!({"tools": geo})), 0, &mut rng);
+    let drifted = structured(json!({"city_v2": "Paris"}));
+    let outs = round_trip(&mut p, json!(2), "geo", json!({"q": "x"}), drifted, 10);
+    assert!(outs.is_empty(), "retried, not mapped: {outs:?}");
+    let d = p.take_decisions();
+    let repair = d.iter().find(|d| d.kind.as_str() == "repair").unwrap();
+    assert!(
+        repair.detail["refused"]
+            .as_str()
+            .unwrap()
+            .contains("outputSchema"),
+        "{repair:?}"
+    );
+    assert!(has_decision(&d, "retry", "geo"));
+}
+
+#[test]
+fn five_answers_without_a_declared_field_pause_the_tool_and_the_client_is_told() {
+    let mut p = contract_proxy("[tools.send]\noutput = [\"receipt\"]\n");
+    for i in 1..=5u64 {
+        let outs = round_trip(
+            &mut p,
+            json!(i),
+            "send",
+            json!({"to": format!("user{i}")}),
+            structured(json!({"status": "queued"})),
+            i,
+        );
+        let client = to_client(&outs);
+        assert_eq!(client[0]["result"]["isError"], json!(true), "answer {i}");
+        if i < 5 {
+            assert_eq!(client.len(), 1, "answer {i}: {outs:?}");
+        } else {
+            assert_eq!(client.len(), 2, "answer {i}: {outs:?}");
+            assert_eq!(
+                client[1],
+                list_changed(),
+                "the 5th answer, then list_changed"
+            );
+        }
+    }
+    assert_eq!(p.paused(), ["send".to_owned()]);
+}
+
+#[test]
+fn a_breach_is_retried_only_within_the_session_budget() {
+    let mut cfg = config();
+    cfg.tools = selfheal_mcp::tools_from_toml_str("[tools.search]\noutput = [\"hits\"]\n").unwrap();
+    cfg.budget.retries = 0;
+    let mut p = Proxy::new(cfg).unwrap();
+    list(&mut p, 1, 0);
+    let outs = round_trip(
+        &mut p,
+        json!(3),
+        "search",
+        json!({"query": "q"}),
+        structured(json!({"hits": []})),
+        10,
+    );
+    // The read-only tool would be retried, but the budget has no retry left: flagged at once.
+    assert_eq!(answer(&outs)["isError"], json!(true));
+    assert_eq!(p.stats().retries, 0);
 }

@@ -20,6 +20,23 @@ EXAMPLES
   selfheal mcp -- npx -y @modelcontextprotocol/server-filesystem /srv/data
   selfheal mcp --call-timeout 10 --retries 20 -- python my_server.py
   selfheal mcp --policy no-retry.toml -- python my_server.py
+  selfheal mcp --config tools.toml -- python my_server.py
+
+TOOL CONTRACTS (--config FILE): the gateway's `[tools.NAME]` tables, checked on every
+tools/call result (the value is `structuredContent`, else the text read as JSON):
+
+  [tools.fx_rate]
+  output = [\"rate\", \"pair\"]   # declared fields: missing/renamed = schema drift, null/empty = empty
+  as_of = \"as_of\"              # field stamping when the data was current (Unix ms)
+  max_age_ms = 60000           # older is stale (default one hour)
+  refresh = \"no_cache\"         # boolean argument that bypasses the tool's cache
+  reread = true                # after a recovered call, ask the model to read it again
+
+A breach is decided by the recovery policy: a renamed field is mapped back when exactly one key is
+recognisably it; a read-only/idempotent tool is retried, or called again with `refresh` set for
+stale data; what is left is flagged (isError for a drifted or empty answer, guidance for stale
+data), never passed on as if fine. `substitute`, `cross_check`, `tolerance` and `grounded` need
+the conversation and are refused here (use `selfheal serve`).
 
 In an MCP client's configuration, put `selfheal` as the command and `mcp -- <the server's command>`
 in front of the server's arguments. The proxy speaks MCP on its stdin/stdout; the server's stderr
@@ -41,6 +58,11 @@ pub struct McpArgs {
     /// e.g. `circuit_after = 5`).
     #[arg(long, value_name = "FILE")]
     pub monitor_config: Option<PathBuf>,
+    /// A TOML file of `[tools.NAME]` tables, the gateway's keys: the output contract
+    /// (`output`), freshness (`as_of`, `max_age_ms`, `refresh`) and `reread` of the server's
+    /// tools, carried out on every tools/call result (see below).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Where the trace is stored (default: `$XDG_DATA_HOME/selfheal/trace.db`).
     #[arg(long)]
     pub trace_db: Option<PathBuf>,
@@ -78,7 +100,13 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
     if let Some(path) = &args.policy {
         config.policy = super::read_policy(path)?;
     }
-    let proxy = Proxy::new(config).map_err(|e| anyhow::anyhow!("monitor config: {e}"))?;
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        config.tools = selfheal_mcp::tools_from_toml_str(&text)
+            .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+    }
+    let proxy = Proxy::new(config).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let trace = super::open_trace(args.no_trace, args.trace_db.as_deref())?;
     let (program, rest) = args
         .command

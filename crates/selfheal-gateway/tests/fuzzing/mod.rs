@@ -356,6 +356,7 @@ pub fn sse(data: &[u8]) {
                 vec![selfheal_gateway::heal::Problem::arguments("refused".to_owned()); n]
             })
         }),
+        ..Hooks::default()
     };
     let tools = TOOLS.clone();
     let guides = GUIDES.clone();

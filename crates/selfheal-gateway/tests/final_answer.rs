@@ -1,0 +1,657 @@
+//! Issue 11, one control plane: the core's three decisions at a final answer (an answer that
+//! calls no tools) — `partial` over an open failure, the read before answering, and the
+//! policy's `claim_after_recovery` — reach streamed chat completions and the Responses API
+//! (streamed or not) as they reach non-streamed chat completions (see `tests/app.rs`). The real
+//! server (`serve` on port 0) and a real client, in front of a scripted upstream on 127.0.0.1.
+
+// Test helpers outside `#[test]` functions may panic: a panic is a test failure here.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post as route_post;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use selfheal_gateway::{GatewayConfig, TraceWriter, serve};
+
+/// One scripted upstream answer: HTTP status, content type, body.
+type Step = (u16, &'static str, String);
+
+#[derive(Default)]
+struct Script {
+    steps: VecDeque<Step>,
+    /// Every request: its path and JSON body.
+    seen: Vec<(String, Value)>,
+}
+
+type Shared = Arc<Mutex<Script>>;
+
+async fn scripted(State(s): State<Shared>, uri: Uri, body: axum::Json<Value>) -> Response {
+    let mut s = s.lock().unwrap();
+    s.seen.push((uri.path().to_owned(), body.0));
+    let (status, ty, body) = s
+        .steps
+        .pop_front()
+        .unwrap_or((500, "application/json", "{}".into()));
+    let mut r = (StatusCode::from_u16(status).unwrap(), body).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, ty.parse().unwrap());
+    r
+}
+
+/// A scripted upstream serving chat completions and responses on 127.0.0.1, port 0.
+async fn upstream(steps: Vec<Step>) -> (String, Shared) {
+    let shared: Shared = Arc::new(Mutex::new(Script {
+        steps: steps.into(),
+        seen: Vec::new(),
+    }));
+    let app = Router::new()
+        .route("/v1/chat/completions", route_post(scripted))
+        .route("/v1/responses", route_post(scripted))
+        .with_state(shared.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), shared)
+}
+
+/// The gateway on 127.0.0.1, port 0: its base URL.
+async fn gateway(mut config: GatewayConfig) -> String {
+    config.policy.retry.base_ms = 1;
+    config.policy.retry.max_ms = 2;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        config,
+        listener,
+        TraceWriter::disabled(),
+        std::future::pending(),
+    ));
+    format!("http://{addr}/v1")
+}
+
+/// A config for `url` with `fx` marked `reread` when `reread`, and `policy` (TOML) when given.
+fn config(url: String, reread: bool, policy: Option<&str>) -> GatewayConfig {
+    let mut c = GatewayConfig::for_upstream(url);
+    if reread {
+        c.tools
+            .insert("fx".into(), toml::from_str("reread = true").unwrap());
+    }
+    if let Some(p) = policy {
+        c.policy = selfheal_core::policy::Policy::from_toml_str(p).unwrap();
+    }
+    c
+}
+
+/// The `x-selfheal-status` and `x-selfheal-actions` headers of an answer.
+#[derive(Debug)]
+struct Head {
+    status: String,
+    actions: String,
+}
+
+/// POSTs `body` to `path` of the gateway: the HTTP status, the `x-selfheal-*` headers and the
+/// body as text.
+async fn post(base: &str, path: &str, body: Value) -> (u16, Head, String) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|h| h.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let head = Head {
+        status: header("x-selfheal-status"),
+        actions: header("x-selfheal-actions"),
+    };
+    (status, head, resp.text().await.unwrap())
+}
+
+/// The JSON `data:` payloads of an SSE body (`[DONE]` left out).
+fn events(body: &str) -> Vec<Value> {
+    body.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect()
+}
+
+// ---- chat completions -------------------------------------------------------------------
+
+fn sse(chunks: &[Value]) -> Step {
+    let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    (200, "text/event-stream", body)
+}
+
+fn delta(delta: Value, finish: Value) -> Value {
+    json!({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}
+
+/// A streamed final answer: the role, `text` in two deltas, the finish.
+fn streamed_text(text: &str) -> Step {
+    let (a, b) = text.split_at(text.len() / 2);
+    sse(&[
+        delta(json!({"role": "assistant"}), Value::Null),
+        delta(json!({"content": a}), Value::Null),
+        delta(json!({"content": b}), Value::Null),
+        delta(json!({}), json!("stop")),
+    ])
+}
+
+fn json_step(v: Value) -> Step {
+    (200, "application/json", v.to_string())
+}
+
+fn chat_text(t: &str) -> Step {
+    json_step(
+        json!({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": t},
+                     "finish_reason": "stop"}]}),
+    )
+}
+
+fn chat_call(name: &str, args: &str) -> Step {
+    json_step(
+        json!({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "r1", "type": "function",
+                          "function": {"name": name, "arguments": args}}]},
+                     "finish_reason": "tool_calls"}]}),
+    )
+}
+
+fn fx_and_search() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "fx", "parameters": {"type": "object",
+            "properties": {"pair": {"type": "string"}}, "required": ["pair"]}}},
+        {"type": "function", "function": {"name": "search", "parameters": {"type": "object",
+            "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+    ])
+}
+
+/// `fx` answered `{"rate": 1.1}`; `search` then failed `failures` times with a 503 and, when
+/// `answered`, answered after them.
+fn messages(failures: usize, answered: bool) -> Value {
+    let mut m = vec![
+        json!({"role": "user", "content": "what is the EURUSD rate, and news on it?"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "fx", "arguments": "{\"pair\": \"EURUSD\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "{\"rate\": 1.1}"}),
+    ];
+    for i in 0..failures + usize::from(answered) {
+        let id = format!("s{i}");
+        m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+            "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"EURUSD\"}"}}]}));
+        let result = if i < failures {
+            "Error: 503 Service Unavailable"
+        } else {
+            "{\"hits\": 3}"
+        };
+        m.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+    }
+    json!(m)
+}
+
+fn chat_request(failures: usize, answered: bool) -> Value {
+    json!({"model": "m", "stream": true, "tools": fx_and_search(),
+           "messages": messages(failures, answered)})
+}
+
+/// The text a client assembles from a chat stream, and its final chunk's `selfheal` object.
+fn chat_outcome(body: &str) -> (String, Value, Vec<Value>) {
+    let events = events(body);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let calls: Vec<Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    let report = events
+        .iter()
+        .rev()
+        .find_map(|e| e.get("selfheal"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    (text, report, calls)
+}
+
+/// The system texts of a chat request the upstream saw.
+fn chat_guidance(seen: &Value) -> String {
+    seen["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+const READ_FX: &str =
+    "Before you answer, read `fx` again: call it with the arguments {\"pair\":\"EURUSD\"}.";
+
+/// A streamed final answer given while a tool's failure is still open ends `partial` in its
+/// final chunk, as the non-streamed answer does; one given after the failure was recovered
+/// ends `complete`. The text passes through either way.
+#[tokio::test]
+async fn a_streamed_answer_over_an_open_failure_is_partial() {
+    for (answered, status) in [(false, "partial"), (true, "complete")] {
+        let (url, _) = upstream(vec![streamed_text("1.1")]).await;
+        let gw = gateway(config(url, false, None)).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(1, answered)).await;
+        assert_eq!(code, 200, "{body}");
+        let (text, report, _) = chat_outcome(&body);
+        assert_eq!(text, "1.1", "{body}");
+        assert_eq!(report["status"], status, "{body}");
+        assert_eq!(head.status, status, "the head agrees: {head:?}");
+        if status == "partial" {
+            let reason = report["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("unresolved"), "{report}");
+        }
+    }
+}
+
+/// Under `claim_after_recovery = false` a streamed final answer of a run that recovered ends
+/// `partial` with the policy's reason; a run with no failure ends `complete`.
+#[tokio::test]
+async fn a_streamed_answer_after_a_recovery_under_no_claim_is_partial() {
+    for (failures, status) in [(1, "partial"), (0, "complete")] {
+        let (url, _) = upstream(vec![streamed_text("1.1")]).await;
+        let gw = gateway(config(url, false, Some("claim_after_recovery = false"))).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(failures, true)).await;
+        assert_eq!(code, 200, "{body}");
+        let (_, report, _) = chat_outcome(&body);
+        assert_eq!(report["status"], status, "{body}");
+        assert_eq!(head.status, status, "the head agrees: {head:?}");
+        if failures > 0 {
+            let reason = report["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("claim_after_recovery"), "{report}");
+        }
+    }
+}
+
+/// The read before answering on a stream: the final answer of a recovered run is held at its
+/// first content, the request asked again (without streaming) with the guidance appended, and
+/// the client gets only the new answer — here the read — never the held text. So is a final
+/// answer the upstream sent as plain JSON to the streaming request.
+#[tokio::test]
+async fn a_streamed_answer_of_a_recovered_run_is_held_for_the_read() {
+    for first in [streamed_text("1.1 it is"), chat_text("1.1 it is")] {
+        let (url, shared) = upstream(vec![first, chat_call("fx", "{\"pair\":\"EURUSD\"}")]).await;
+        let gw = gateway(config(url, true, None)).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
+        assert_eq!(code, 200, "{body}");
+        let (text, report, calls) = chat_outcome(&body);
+        assert_eq!(text, "", "the held answer never went out: {body}");
+        assert_eq!(head.status, "complete", "{head:?}");
+        assert!(head.actions.contains("reread"), "the head agrees: {head:?}");
+        assert_eq!(calls.len(), 1, "{body}");
+        assert_eq!(calls[0]["function"]["name"], "fx", "{body}");
+        assert_eq!(report["status"], "complete", "{body}");
+        assert!(
+            report["actions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == "reread"),
+            "{report}"
+        );
+        let seen = shared.lock().unwrap().seen.clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(chat_guidance(&seen[1].1).contains(READ_FX), "{:?}", seen[1]);
+        assert_eq!(seen[1].1["stream"], false, "asked again without streaming");
+        assert!(!chat_guidance(&seen[0].1).contains(READ_FX));
+    }
+}
+
+/// A model that answers again without the read, or a request for the read that fails, leaves
+/// the value unread: the answer the client gets — the new one, or the held one when no new
+/// one came — ends `partial`, never `complete`.
+#[tokio::test]
+async fn a_streamed_answer_whose_read_was_not_made_is_partial() {
+    let failed = (
+        400,
+        "application/json",
+        "{\"error\": {\"message\": \"no\"}}".into(),
+    );
+    for (second, client_text) in [(chat_text("1.2"), "1.2"), (failed, "1.1 it is")] {
+        let (url, shared) = upstream(vec![streamed_text("1.1 it is"), second]).await;
+        let gw = gateway(config(url, true, None)).await;
+        let (code, head, body) = post(&gw, "chat/completions", chat_request(1, true)).await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(
+            shared.lock().unwrap().seen.len(),
+            2,
+            "the read was asked for"
+        );
+        let (text, report, _) = chat_outcome(&body);
+        assert_eq!(text, client_text, "{body}");
+        assert_eq!(report["status"], "partial", "{body}");
+        let reason = report["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("not read again"), "{report}");
+        assert_eq!(head.status, "partial", "the head agrees: {head:?}");
+    }
+}
+
+// ---- responses ----------------------------------------------------------------------------
+
+fn message_item(text: &str) -> Value {
+    json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+           "content": [{"type": "output_text", "text": text, "annotations": []}]})
+}
+
+fn response(output: Vec<Value>) -> Value {
+    json!({"id": "resp_1", "object": "response", "created_at": 0, "model": "m",
+           "status": "completed", "output": output})
+}
+
+fn responses_text(text: &str) -> Step {
+    json_step(response(vec![message_item(text)]))
+}
+
+fn responses_call(name: &str, args: &str) -> Step {
+    json_step(response(vec![
+        json!({"type": "function_call", "id": "fc_1", "call_id": "r1",
+        "name": name, "arguments": args, "status": "completed"}),
+    ]))
+}
+
+/// A streamed Responses answer of `text`: preamble, text deltas, the terminal event.
+fn responses_streamed(text: &str) -> Step {
+    let head = json!({"id": "resp_1", "object": "response", "created_at": 0, "model": "m",
+                      "status": "in_progress", "output": []});
+    let empty = json!({"type": "message", "id": "msg_1", "role": "assistant",
+                       "status": "in_progress", "content": []});
+    let (a, b) = text.split_at(text.len() / 2);
+    let part = json!({"type": "output_text", "text": text, "annotations": []});
+    let events = [
+        json!({"type": "response.created", "response": head}),
+        json!({"type": "response.in_progress", "response": head}),
+        json!({"type": "response.output_item.added", "output_index": 0, "item": empty}),
+        json!({"type": "response.content_part.added", "output_index": 0, "content_index": 0,
+               "item_id": "msg_1", "part": {"type": "output_text", "text": "", "annotations": []}}),
+        json!({"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+               "item_id": "msg_1", "delta": a}),
+        json!({"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+               "item_id": "msg_1", "delta": b}),
+        json!({"type": "response.output_text.done", "output_index": 0, "content_index": 0,
+               "item_id": "msg_1", "text": text}),
+        json!({"type": "response.content_part.done", "output_index": 0, "content_index": 0,
+               "item_id": "msg_1", "part": part}),
+        json!({"type": "response.output_item.done", "output_index": 0,
+               "item": message_item(text)}),
+        json!({"type": "response.completed", "response": response(vec![message_item(text)])}),
+    ];
+    let body: String = events
+        .iter()
+        .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+        .collect();
+    (200, "text/event-stream", body)
+}
+
+fn responses_tools() -> Value {
+    json!([
+        {"type": "function", "name": "fx", "parameters": {"type": "object",
+            "properties": {"pair": {"type": "string"}}, "required": ["pair"]}},
+        {"type": "function", "name": "search", "parameters": {"type": "object",
+            "properties": {"query": {"type": "string"}}, "required": ["query"]}}
+    ])
+}
+
+/// [`messages`] as Responses `input` items.
+fn input(failures: usize, answered: bool) -> Value {
+    let call = |id: &str, name: &str, args: &str| json!({"type": "function_call", "call_id": id, "name": name, "arguments": args});
+    let output =
+        |id: &str, out: &str| json!({"type": "function_call_output", "call_id": id, "output": out});
+    let mut items = vec![
+        json!({"role": "user", "content": "what is the EURUSD rate, and news on it?"}),
+        call("c1", "fx", "{\"pair\": \"EURUSD\"}"),
+        output("c1", "{\"rate\": 1.1}"),
+    ];
+    for i in 0..failures + usize::from(answered) {
+        let id = format!("s{i}");
+        items.push(call(&id, "search", "{\"query\": \"EURUSD\"}"));
+        let result = if i < failures {
+            "Error: 503 Service Unavailable"
+        } else {
+            "{\"hits\": 3}"
+        };
+        items.push(output(&id, result));
+    }
+    json!(items)
+}
+
+fn responses_request(stream: bool, failures: usize, answered: bool) -> Value {
+    json!({"model": "m", "stream": stream, "instructions": "be brief",
+           "tools": responses_tools(), "input": input(failures, answered)})
+}
+
+/// What a client of `/v1/responses` gets: the answer's text, its function calls' names, and the
+/// `selfheal` report — from the terminal event of a stream, or the JSON answer.
+fn responses_outcome(stream: bool, body: &str) -> (String, Vec<String>, Value) {
+    let answer = if stream {
+        let events = events(body);
+        let text: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        let last = events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "response.completed" || e["type"] == "response.incomplete")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let mut answer = last["response"].clone();
+        // The text the client got, whatever the terminal event lists.
+        answer["streamed_text"] = json!(text);
+        answer
+    } else {
+        let mut answer: Value = serde_json::from_str(body).unwrap();
+        let text: String = answer["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["type"] == "message")
+            .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+            .filter_map(|c| c["text"].as_str().map(str::to_owned))
+            .collect();
+        answer["streamed_text"] = json!(text);
+        answer
+    };
+    let calls = answer["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == "function_call")
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    (
+        answer["streamed_text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        calls,
+        answer["selfheal"].clone(),
+    )
+}
+
+/// The text of the `system` items a Responses request the upstream saw appended to `input`.
+fn responses_guidance(seen: &Value) -> String {
+    seen["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["role"] == "system")
+        .filter_map(|i| i["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The first answer of a Responses test: streamed when the client streams.
+fn first_answer(stream: bool, text: &str) -> Step {
+    if stream {
+        responses_streamed(text)
+    } else {
+        responses_text(text)
+    }
+}
+
+/// `/v1/responses`, streamed and not: an answer over an open failure is `partial`, one after
+/// the failure was recovered `complete`; the status header agrees.
+#[tokio::test]
+async fn a_responses_answer_over_an_open_failure_is_partial() {
+    for stream in [false, true] {
+        for (answered, status) in [(false, "partial"), (true, "complete")] {
+            let (url, _) = upstream(vec![first_answer(stream, "1.1")]).await;
+            let gw = gateway(config(url, false, None)).await;
+            let (code, head, body) =
+                post(&gw, "responses", responses_request(stream, 1, answered)).await;
+            assert_eq!(code, 200, "{body}");
+            let (text, _, report) = responses_outcome(stream, &body);
+            assert_eq!(text, "1.1", "{body}");
+            assert_eq!(report["status"], status, "stream {stream}: {body}");
+            assert_eq!(head.status, status, "the head agrees: {head:?}");
+        }
+    }
+}
+
+/// `/v1/responses`, streamed and not, under `claim_after_recovery = false`: the final answer of
+/// a recovered run is `partial` with the policy's reason.
+#[tokio::test]
+async fn a_responses_answer_after_a_recovery_under_no_claim_is_partial() {
+    for stream in [false, true] {
+        for (failures, status) in [(1, "partial"), (0, "complete")] {
+            let (url, _) = upstream(vec![first_answer(stream, "1.1")]).await;
+            let gw = gateway(config(url, false, Some("claim_after_recovery = false"))).await;
+            let (code, head, body) =
+                post(&gw, "responses", responses_request(stream, failures, true)).await;
+            assert_eq!(code, 200, "{body}");
+            let (_, _, report) = responses_outcome(stream, &body);
+            assert_eq!(report["status"], status, "stream {stream}: {body}");
+            assert_eq!(head.status, status, "the head agrees: {head:?}");
+            if failures > 0 {
+                let reason = report["reason"].as_str().unwrap_or_default();
+                assert!(reason.contains("claim_after_recovery"), "{report}");
+            }
+        }
+    }
+}
+
+/// `/v1/responses`, streamed and not: the final answer of a recovered run is held for the read
+/// before answering; the upstream sees the guidance, the client gets only the read.
+#[tokio::test]
+async fn a_responses_answer_of_a_recovered_run_is_held_for_the_read() {
+    for stream in [false, true] {
+        let (url, shared) = upstream(vec![
+            first_answer(stream, "1.1 it is"),
+            responses_call("fx", "{\"pair\":\"EURUSD\"}"),
+        ])
+        .await;
+        let gw = gateway(config(url, true, None)).await;
+        let (code, head, body) = post(&gw, "responses", responses_request(stream, 1, true)).await;
+        assert_eq!(code, 200, "{body}");
+        let (text, calls, report) = responses_outcome(stream, &body);
+        assert_eq!(text, "", "the held answer never went out: {body}");
+        assert_eq!(head.status, "complete", "{head:?}");
+        assert!(head.actions.contains("reread"), "the head agrees: {head:?}");
+        assert_eq!(calls, ["fx"], "stream {stream}: {body}");
+        assert_eq!(report["status"], "complete", "{body}");
+        assert!(
+            report["actions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == "reread"),
+            "{report}"
+        );
+        let seen = shared.lock().unwrap().seen.clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[1].0, "/v1/responses");
+        assert!(
+            responses_guidance(&seen[1].1).contains(READ_FX),
+            "{:?}",
+            seen[1]
+        );
+        assert_eq!(seen[1].1["stream"], false);
+        assert!(!responses_guidance(&seen[0].1).contains(READ_FX));
+    }
+}
+
+/// `/v1/responses`, streamed and not: a model that answers again without the read leaves the
+/// value unread, and the answer goes out `partial`.
+#[tokio::test]
+async fn a_responses_answer_whose_read_was_not_made_is_partial() {
+    for stream in [false, true] {
+        let (url, shared) = upstream(vec![
+            first_answer(stream, "1.1 it is"),
+            responses_text("1.2"),
+        ])
+        .await;
+        let gw = gateway(config(url, true, None)).await;
+        let (code, head, body) = post(&gw, "responses", responses_request(stream, 1, true)).await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(
+            shared.lock().unwrap().seen.len(),
+            2,
+            "the read was asked for"
+        );
+        let (text, _, report) = responses_outcome(stream, &body);
+        assert_eq!(text, "1.2", "stream {stream}: {body}");
+        assert_eq!(report["status"], "partial", "{body}");
+        let reason = report["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("not read again"), "{report}");
+        assert_eq!(head.status, "partial", "the head agrees: {head:?}");
+    }
+}
+
+/// The head of a stream waits for its first frame and says what was known then: a stream that
+/// broke before any content and was re-issued names the re-issue; one that could not be
+/// re-issued (the upstream refused the second asking) is `failed`, as its error event and the
+/// trace say — never a `complete` written before the upstream answered.
+#[tokio::test]
+async fn a_streams_head_says_what_happened_before_its_first_frame() {
+    let empty = (200, "text/event-stream", String::new());
+    let refused = (
+        400,
+        "application/json",
+        "{\"error\": {\"message\": \"no\"}}".into(),
+    );
+    for (second, status, action) in [
+        (chat_text("fine"), "complete", "reissue"),
+        (refused, "failed", ""),
+    ] {
+        let (url, _) = upstream(vec![empty.clone(), second]).await;
+        let gw = gateway(config(url, false, None)).await;
+        let request = json!({"model": "m", "stream": true,
+                             "messages": [{"role": "user", "content": "hi"}]});
+        let (code, head, body) = post(&gw, "chat/completions", request).await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(head.status, status, "{head:?}: {body}");
+        assert!(head.actions.contains(action), "{head:?}");
+        let (text, report, _) = chat_outcome(&body);
+        if status == "complete" {
+            assert_eq!(text, "fine", "{body}");
+            assert_eq!(report["status"], "complete", "{body}");
+        } else {
+            assert!(body.contains("stream_broken"), "{body}");
+        }
+    }
+}
