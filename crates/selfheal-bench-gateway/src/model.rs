@@ -159,10 +159,15 @@ pub fn heard(messages: &[Value]) -> Vec<Heard> {
     out
 }
 
-/// Whether a tool result is usable for step `s`: JSON, with every path the plan reads from the
-/// step present, not null and not an empty array (what the benchmark's plain client checks).
+/// Whether a tool result is usable for step `s`: JSON, not an error body (`{"error": "..."}`,
+/// which the in-process client reads as the tool's error whatever the plan reads of the step),
+/// with every path the plan reads from the step present, not null and not an empty array (what
+/// the benchmark's plain client checks).
 pub fn usable(plan: &Plan, s: usize, text: &str) -> Option<Value> {
     let v: Value = serde_json::from_str(text).ok()?;
+    if v.get("error").is_some_and(Value::is_string) {
+        return None;
+    }
     let ok = plan.read_paths(s).iter().all(|p| match get_path(&v, p) {
         None | Some(Value::Null) => false,
         Some(Value::Array(a)) => !a.is_empty(),
@@ -426,16 +431,20 @@ impl<'t> Script<'t> {
     }
 
     /// Told to call `tool` again: a step whose output came from it is fetched again (the
-    /// two sources disagreed on it).
+    /// two sources disagreed on it), and the steps after it, which may have used it, are made
+    /// again from the new value (as the in-process client rebuilds its answer from the step
+    /// whose value changed).
     fn refetch(&mut self, tool: &str) {
         let Some(&(step, _)) = self.last_call.get(tool) else {
             return;
         };
-        if let Some(slot) = self.outputs.get_mut(step)
-            && slot.is_some()
-        {
-            *slot = None;
-            self.made[step] = None;
+        if self.outputs.get(step).is_some_and(Option::is_some) {
+            for slot in self.outputs.iter_mut().skip(step) {
+                *slot = None;
+            }
+            for made in self.made.iter_mut().skip(step) {
+                *made = None;
+            }
             self.s = self.s.min(step);
         }
     }
@@ -854,6 +863,57 @@ mod tests {
         );
     }
 
+    /// Told to call a tool again after later steps went on with its value (the read before
+    /// answering found the value changed), the model makes those steps again from the new
+    /// value, as the in-process client rebuilds its answer from the step whose value changed.
+    #[test]
+    fn a_step_called_again_makes_the_steps_after_it_again() {
+        let model = FaultModel::default_model().unwrap();
+        let tasks = selfheal_bench::task::builtin(100);
+        let task = tasks
+            .iter()
+            .find(|t| t.plan.steps.len() >= 2 && t.plan.steps[0].tool != t.plan.steps[1].tool)
+            .unwrap();
+        let mut world = crate::world::World::new(task, Episode::new(task, &[], &model, 1));
+        let mut msgs = vec![json!({"role": "user", "content": "go"})];
+        let exchange = |world: &mut crate::world::World<'_>, msgs: &mut Vec<Value>| {
+            let reply = world.answer(&request(task, msgs.clone()));
+            let Reply::Call {
+                id,
+                tool,
+                arguments,
+            } = reply
+            else {
+                return reply;
+            };
+            let out = world.execute(&id, &tool, &arguments);
+            msgs.push(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+                "type": "function", "function": {"name": tool, "arguments": arguments}}]}),
+            );
+            msgs.push(json!({"role": "tool", "tool_call_id": id, "content": out}));
+            Reply::Call {
+                id: String::new(),
+                tool,
+                arguments: String::new(),
+            }
+        };
+        let (first, second) = (&task.plan.steps[0].tool, &task.plan.steps[1].tool);
+        assert_eq!(tool_of(&exchange(&mut world, &mut msgs)), first);
+        assert_eq!(tool_of(&exchange(&mut world, &mut msgs)), second);
+        msgs.push(json!({"role": "system", "content": format!("[selfheal] {}",
+            selfheal_gateway::recover::retry_text(first,
+                selfheal_core::FailureClass::VerificationFailure))}));
+        assert_eq!(tool_of(&exchange(&mut world, &mut msgs)), first);
+        // The guidance was that request's.
+        msgs.retain(|m| m["role"] != "system");
+        assert_eq!(
+            tool_of(&exchange(&mut world, &mut msgs)),
+            second,
+            "the step after it is made again"
+        );
+    }
+
     #[test]
     fn a_result_is_usable_only_with_the_fields_the_plan_reads() {
         let task = &selfheal_bench::task::builtin(1)[0];
@@ -864,5 +924,19 @@ mod tests {
         assert!(usable(plan, 0, &json!({ path: null }).to_string()).is_none());
         assert!(usable(plan, 0, "Error: 503 Service Unavailable").is_none());
         assert!(usable(plan, 0, "{\"other\": 1}").is_none());
+    }
+
+    /// An error body is the tool's error, not its answer, even for a step the plan reads as a
+    /// whole (no path of it is read, so nothing would be found missing).
+    #[test]
+    fn an_error_body_is_never_a_usable_result() {
+        let task = &selfheal_bench::task::builtin(1)[0];
+        let plan = &task.plan;
+        let path = plan.read_paths(0)[0].clone();
+        let body = json!({ path: "France City", "error": "service unavailable" }).to_string();
+        assert!(usable(plan, 0, &body).is_none());
+        let last = plan.steps.len();
+        assert!(usable(plan, last, r#"{"error": "service unavailable"}"#).is_none());
+        assert!(usable(plan, last, r#"{"error": {"code": 0}, "x": 1}"#).is_some());
     }
 }

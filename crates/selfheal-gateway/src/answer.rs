@@ -83,6 +83,14 @@ impl Plain {
         self.calls.iter().flatten().map(|(name, _)| name.as_str())
     }
 
+    /// Whether any tool call repeats, name and arguments, one of `answered`.
+    pub fn repeats(&self, answered: &heal::Answered) -> bool {
+        self.calls
+            .iter()
+            .flatten()
+            .any(|(name, args)| answered.repeats(name, args))
+    }
+
     /// Whether every tool call can go to the client as written: each names an offered tool
     /// and its arguments need no repair. `false` when any call needs repairing or re-asking,
     /// or when `tool_calls` is an empty list (the slow path takes it out of the message).

@@ -550,6 +550,8 @@ async fn responses_inner(
         stop,
         actions: directed_actions,
         replaced,
+        again: _,
+        taken: _,
     } = stop;
     replace_outputs(&mut req, &replaced);
     let chain = if escalate && stop.is_none() && chain.len() > 1 {
@@ -740,7 +742,7 @@ async fn responses_inner(
     }
     let (status, reason) = if !invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": invalid}));
-        ("partial", Some(invalid.join(" ")))
+        ("partial", Some(heal::problems_text(&invalid)))
     } else if let Some(why) = unsettled {
         ("partial", Some(why))
     } else {
@@ -958,7 +960,7 @@ impl ResponsesAgain {
     /// in it re-asked in turn.
     fn hook(&self) -> responses_stream::Reask {
         let me = self.clone();
-        Box::new(move |problems: Vec<String>| Box::pin(me.ask(problems, None)))
+        Box::new(move |problems: Vec<heal::Problem>| Box::pin(me.ask(problems, None)))
     }
 
     /// [`ResponsesAgain::hook`]'s calls. With `guidance` (the read before answering), the
@@ -966,7 +968,7 @@ impl ResponsesAgain {
     /// calls in its answer are re-asked in turn.
     async fn ask(
         self,
-        problems: Vec<String>,
+        problems: Vec<heal::Problem>,
         guidance: Option<Value>,
     ) -> Option<responses_stream::Reanswered> {
         let t = &self.t;
@@ -1280,7 +1282,7 @@ async fn chat_inner(
         run: run.into(),
     };
     let tools = s.tool_indexes.get(&req);
-    let (verdict, newest_failed, next) = rebuild_run(&t, &req, &tools, &model, &chain);
+    let (verdict, newest_failed, next, answered) = rebuild_run(&t, &req, &tools, &model, &chain);
     match next.stop {
         Some(recover::Stop::Degrade(reason)) => {
             return Ok(answer_abort(&t, &model, req.stream, &reason, "degrade"));
@@ -1294,6 +1296,8 @@ async fn chat_inner(
         return Ok(answer_abort(&t, &model, req.stream, &reason, "terminate"));
     }
     let mut actions: Vec<String> = next.actions.iter().map(|a| (*a).to_owned()).collect();
+    // The calls of the model's previous turn whose results it has: a new call identical to one
+    // of them is its repetition, re-asked by the core's ladder like any unusable call.
     let mut applied = edit_request(&t, &req, &verdict, &next.guidance, &mut actions);
     applied.replaced = next.replaced;
     // The controller's escalation: this request goes to the chain's next target.
@@ -1315,6 +1319,7 @@ async fn chat_inner(
         bytes: bytes.clone(),
         applied,
         tools: tools_fwd,
+        answered: Arc::new(answered),
     };
     let learned =
         !ctx.tools.is_empty() && ctx.chain.first().is_some_and(|c| s.no_stream.contains(c));
@@ -1333,17 +1338,27 @@ struct Call {
     bytes: Bytes,
     applied: heal::Applied,
     tools: Arc<ToolIndex>,
+    /// The calls of the model's previous turn whose results it has ([`heal::Answered`]).
+    answered: Arc<heal::Answered>,
 }
 
-/// Stage 1: feeds the conversation's new tool results to the run's monitor; its verdict, and
-/// whether the newest of those results failed (the abort rule's condition).
+/// Stage 1: feeds the conversation's new tool results to the run's monitor; its verdict,
+/// whether the newest of those results failed (the abort rule's condition), what the
+/// controller has the request carry out, and the calls of the model's previous turn whose
+/// values the controller took ([`heal::Answered`]: a new call identical to one of them is the
+/// model's repetition, re-asked by the core's ladder like any unusable call).
 fn rebuild_run(
     t: &Turn,
     req: &ChatRequest<'_>,
     tools: &ToolIndex,
     model: &str,
     chain: &[crate::config::Target],
-) -> (selfheal_core::monitor::Verdict, bool, recover::Next) {
+) -> (
+    selfheal_core::monitor::Verdict,
+    bool,
+    recover::Next,
+    heal::Answered,
+) {
     let now_ms = t.s.now_ms();
     let ctx = recover::Ctx {
         tools: &t.s.config.tools,
@@ -1377,7 +1392,8 @@ fn rebuild_run(
         t.event(Kind::Recover, json!({"actions": next.actions}));
     }
     let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
-    (verdict, newest_failed, next)
+    let answered = heal::Answered::of(&req.messages, &next.taken, &next.again);
+    (verdict, newest_failed, next, answered)
 }
 
 /// Whether a replayed result's outcome is a failure (the abort rule's condition).
@@ -1495,7 +1511,7 @@ async fn answer_stream(
     let hooks = stream::Hooks {
         reask: Some(stream_reask(t, &ctx)),
         reissue: Some(stream_reask(t, &ctx)),
-        check: stream_grounding(t, req, &ctx.tools),
+        check: stream_check(t, req, &ctx),
         reread: Some(stream_reread(t, &ctx)),
         unsettled: Some(stream_unsettled(t)),
         // Set in the relay's task: the head waits for its first frame.
@@ -1524,17 +1540,29 @@ async fn answer_stream(
     )
 }
 
-/// The grounding check of a stream's held calls, when the request offers a grounded tool: its
+/// The further check of a stream's held calls: the calls that repeat the model's previous turn
+/// ([`heal::Answered`]) and, when the request offers a grounded tool, the grounding check, whose
 /// evidence is read now, while the request is at hand (the relay runs after it is gone).
-fn stream_grounding(t: &Turn, req: &ChatRequest<'_>, offered: &ToolIndex) -> Option<stream::Check> {
+fn stream_check(t: &Turn, req: &ChatRequest<'_>, ctx: &Call) -> Option<stream::Check> {
     let grounding = recover::Grounding {
         tools: &t.s.config.tools,
         messages: &req.messages,
     };
-    if !grounding.any_grounded(offered.keys().map(String::as_str)) {
-        return None;
+    let grounded = grounding
+        .any_grounded(ctx.tools.keys().map(String::as_str))
+        .then(|| grounding_check(t, Arc::new(grounding.evidence())));
+    let answered = ctx.answered.clone();
+    match grounded {
+        None if answered.is_empty() => None,
+        None => Some(Box::new(move |calls: &mut Vec<Value>| {
+            answered.take_repeated(calls)
+        })),
+        Some(grounded) => Some(Box::new(move |calls: &mut Vec<Value>| {
+            let mut problems = answered.take_repeated(calls);
+            problems.extend(grounded(calls));
+            problems
+        })),
     }
-    Some(grounding_check(t, Arc::new(grounding.evidence())))
 }
 
 /// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
@@ -1626,6 +1654,7 @@ async fn answer_complete(
         && !req.stream
         && unsettled.is_none()
         && plain.calls_usable(&ctx.tools, &s.guides)
+        && !plain.repeats(&ctx.answered)
         && !plain
             .called()
             .any(|n| s.config.tools.get(n).is_some_and(|c| c.grounded))
@@ -1665,7 +1694,13 @@ async fn answer_complete(
         tools: &s.config.tools,
         messages: &req.messages,
     };
-    let mut check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
+    let mut check = check_completion(
+        &mut completion,
+        tools_fwd,
+        &s.guides,
+        &ctx.answered,
+        grounding,
+    );
     let mut ladder = ReaskState::default();
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
@@ -1696,7 +1731,13 @@ async fn answer_complete(
         match t.call(chain, &again, &chat_op, &mut log).await {
             Ok(c) => {
                 completion = c.body;
-                check = check_completion(&mut completion, tools_fwd, &s.guides, grounding);
+                check = check_completion(
+                    &mut completion,
+                    tools_fwd,
+                    &s.guides,
+                    &ctx.answered,
+                    grounding,
+                );
             }
             Err(_) => break,
         }
@@ -1711,7 +1752,7 @@ async fn answer_complete(
     }
     let (status, reason) = if !check.invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
-        ("partial", Some(check.invalid.join(" ")))
+        ("partial", Some(heal::problems_text(&check.invalid)))
     } else if let Some(why) = unsettled {
         ("partial", Some(why))
     } else {
@@ -1738,10 +1779,10 @@ async fn answer_complete(
 }
 
 /// The user turn that asks the model to redo tool calls that could not be used.
-fn reask_turn(problems: &[String]) -> Value {
+fn reask_turn(problems: &[heal::Problem]) -> Value {
     json!({"role": "user", "content": format!(
         "Your last answer's tool calls could not be used. {}",
-        problems.join(" ")
+        heal::problems_text(problems)
     )})
 }
 
@@ -1775,7 +1816,7 @@ fn decided(
 /// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder.
 /// `Some(next state)` when it does: the caller passes it on if the new answer cannot be used
 /// either, so the ladder, not the gateway, says when to stop.
-fn reask_granted(t: &Turn, problems: &[String], state: ReaskState) -> Option<ReaskState> {
+fn reask_granted(t: &Turn, problems: &[heal::Problem], state: ReaskState) -> Option<ReaskState> {
     reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
 }
 
@@ -1784,7 +1825,7 @@ fn reask_granted(t: &Turn, problems: &[String], state: ReaskState) -> Option<Rea
 /// (the re-ask and what follows go there) and the run records it.
 fn reask_or_escalate(
     t: &Turn,
-    problems: &[String],
+    problems: &[heal::Problem],
     state: ReaskState,
     chain: &mut &[crate::config::Target],
 ) -> Option<(ReaskState, bool)> {
@@ -1842,7 +1883,7 @@ fn time_rng() -> selfheal_core::rng::SplitMix64 {
 /// that broke before any content), and unusable calls in that answer are re-asked in turn.
 fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
     let (t, ctx) = (t.clone(), ctx.clone());
-    Box::new(move |problems: Vec<String>| Box::pin(ask_again(t, ctx, problems, None)))
+    Box::new(move |problems: Vec<heal::Problem>| Box::pin(ask_again(t, ctx, problems, None)))
 }
 
 /// [`stream_reask`]'s calls. With `guidance` (the read before answering), the first call
@@ -1851,7 +1892,7 @@ fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
 async fn ask_again(
     t: Turn,
     ctx: Call,
-    problems: Vec<String>,
+    problems: Vec<heal::Problem>,
     guidance: Option<Value>,
 ) -> Option<stream::Reasked> {
     let s = &t.s;
@@ -1899,7 +1940,7 @@ async fn ask_again(
             tools: &s.config.tools,
             messages: &req.messages,
         };
-        let check = check_completion(&mut body, &ctx.tools, &s.guides, grounding);
+        let check = check_completion(&mut body, &ctx.tools, &s.guides, &ctx.answered, grounding);
         if !check.invalid.is_empty() {
             problems = check.invalid;
             continue;
@@ -1998,10 +2039,14 @@ fn replace_outputs(req: &mut serde_json::Map<String, Value>, replaced: &[(String
     }
 }
 
+/// A chat answer's tool calls checked: repaired in place or taken out as unusable
+/// ([`heal::check_message`]), then those that repeat the model's previous turn (`answered`) and
+/// those the grounding check refuses taken out; the problems of those taken out.
 fn check_completion(
     completion: &mut Value,
     tools: &ToolIndex,
     guides: &heal::GuideCache,
+    answered: &heal::Answered,
     grounding: recover::Grounding<'_>,
 ) -> heal::CallCheck {
     let ending = selfheal_repair::Ending::from_finish_reason(
@@ -2012,6 +2057,7 @@ fn check_completion(
     let check = match completion.at_mut("/choices/0/message") {
         Some(m) => {
             let mut check = heal::check_message(m, tools, guides, ending);
+            check.invalid.extend(answered.check(m));
             check.invalid.extend(grounding.check(m));
             check
         }

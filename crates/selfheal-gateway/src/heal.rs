@@ -277,7 +277,11 @@ pub fn replay(
         calls = Some(HashMap::new());
     }
     let mut new_results = results.iter().peekable();
+    let (mut turn, mut fed_turn) = (0, None);
     for (i, m) in messages.iter().enumerate() {
+        if m.role() == "assistant" {
+            turn = i;
+        }
         if let Some(calls) = calls.as_mut()
             && m.role() == "assistant"
             && m.tool_calls.is_some()
@@ -300,6 +304,12 @@ pub fn replay(
         let Some((_, text, fp)) = new_results.next_if(|(j, _, _)| *j == i) else {
             continue;
         };
+        // The values taken are those of the last turn the run reads (a run read for the first
+        // time reads its whole history at once).
+        if fed_turn.is_some_and(|t| t != turn) {
+            state.wire.forget_taken();
+        }
+        fed_turn = Some(turn);
         let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
         let call = match &calls {
             Some(calls) => calls.get(id).cloned(),
@@ -468,8 +478,62 @@ pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict, recovery: &[Strin
 pub struct CallCheck {
     /// Calls whose arguments were repaired in place (tool names).
     pub repaired: Vec<String>,
-    /// Re-ask texts for calls that could not be repaired (unknown tool, invalid arguments).
-    pub invalid: Vec<String>,
+    /// The calls that could not be used (unknown tool, invalid arguments, ...).
+    pub invalid: Vec<Problem>,
+}
+
+/// Why a tool call of a model's answer cannot be used, as found: what the core's ladder
+/// re-asks it by ([`unusable_signal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unusable {
+    /// A call of a tool not on offer (its name): the model's wrong tool choice.
+    UnknownTool(String),
+    /// A required argument written empty: an input the model does not have, a step of its plan
+    /// missing.
+    EmptyInput,
+    /// Arguments that cannot be used as written (or, for the grounding check, that nothing in
+    /// the conversation supports).
+    Arguments,
+    /// The call repeats, name and arguments, one the model made in its previous turn and whose
+    /// result it has ([`Answered`]): the model's control loop, as the in-process client reads
+    /// a call that repeats the previous step's.
+    Repetition,
+}
+
+/// One tool call that cannot be used: why, and the re-ask text that tells the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Why.
+    pub kind: Unusable,
+    /// The re-ask text.
+    pub text: String,
+}
+
+/// A problem is written (in the trace's events) as its re-ask text.
+impl serde::Serialize for Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl Problem {
+    /// A problem of unusable arguments with re-ask `text`.
+    pub fn arguments(text: String) -> Problem {
+        Problem {
+            kind: Unusable::Arguments,
+            text,
+        }
+    }
+}
+
+/// The re-ask texts of `problems`, in order.
+pub fn problem_texts(problems: &[Problem]) -> Vec<String> {
+    problems.iter().map(|p| p.text.clone()).collect()
+}
+
+/// The re-ask texts of `problems` as one text.
+pub fn problems_text(problems: &[Problem]) -> String {
+    problem_texts(problems).join(" ")
 }
 
 /// Compiled schema guides by schema text. Agents send the same tools with every request, and
@@ -504,13 +568,13 @@ impl GuideCache {
 /// proxy and the runtime use too: valid arguments are left byte for byte, a cut-off call is
 /// refused, no default is written. `ending` is how the choice ended (its `finish_reason`):
 /// after `length`, arguments that are not JSON as written are refused, never repaired into a
-/// call. Returns `Ok(true)` when repaired, `Err(reask text)` when it cannot be used.
+/// call. Returns `Ok(true)` when repaired, `Err(problem)` when it cannot be used.
 pub fn check_call(
     call: &mut Value,
     tools: &ToolIndex,
     guides: &GuideCache,
     ending: Ending,
-) -> Result<bool, String> {
+) -> Result<bool, Problem> {
     let name = call
         .at("/function/name")
         .and_then(Value::as_str)
@@ -530,21 +594,24 @@ pub fn check_call(
 
 /// The check of [`check_call`] on a call's tool `name` and arguments text `raw`, without the
 /// call: `Ok(None)` when the arguments are valid as written, `Ok(Some(text))` when they were
-/// repaired into `text`, `Err(reask text)` when the call cannot be used.
+/// repaired into `text`, `Err(problem)` when the call cannot be used.
 pub fn check_arguments(
     name: &str,
     raw: &str,
     tools: &ToolIndex,
     guides: &GuideCache,
     ending: Ending,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, Problem> {
     let Some(spec) = tools.get(name) else {
         let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
         names.sort_unstable();
-        return Err(format!(
-            "{UNKNOWN_TOOL}{name}` does not exist. Call one of: {}.",
-            names.join(", ")
-        ));
+        return Err(Problem {
+            kind: Unusable::UnknownTool(name.to_owned()),
+            text: format!(
+                "The tool `{name}` does not exist. Call one of: {}.",
+                names.join(", ")
+            ),
+        });
     };
     // A required argument written empty (`""`, `null`) is an input the model does not have: a
     // step of its plan is missing. Said before any schema complaint (an empty string where a number goes would
@@ -564,11 +631,15 @@ pub fn check_arguments(
             .map(String::as_str)
             .collect();
         if !empty.is_empty() {
-            return Err(format!(
-                "{EMPTY_INPUT}{name}` left empty: {}. Work out the step that gives {} first.",
-                empty.join(", "),
-                if empty.len() == 1 { "it" } else { "them" }
-            ));
+            return Err(Problem {
+                kind: Unusable::EmptyInput,
+                text: format!(
+                    "Required arguments of `{name}` left empty: {}. Work out the step that \
+                     gives {} first.",
+                    empty.join(", "),
+                    if empty.len() == 1 { "it" } else { "them" }
+                ),
+            });
         }
     }
     let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
@@ -579,37 +650,146 @@ pub fn check_arguments(
     };
     let args = match repair_arguments(raw, guide.as_deref(), ending) {
         Ok(a) => a,
-        Err(e) => return Err(e.reask_message(raw, name)),
+        Err(e) => return Err(Problem::arguments(e.reask_message(raw, name))),
     };
     Ok(args.changed.then(|| args.value.to_string()))
 }
 
-/// How the re-ask text of a call of a tool not on offer opens.
-pub const UNKNOWN_TOOL: &str = "The tool `";
-
-/// How the re-ask text of a call with a required argument left empty opens.
-pub const EMPTY_INPUT: &str = "Required arguments of `";
-
-/// The signal of a model answer whose tool calls could not be used, from their re-ask texts
-/// ([`check_arguments`]'s): a tool not on offer is the model's wrong tool choice, a required
-/// argument left empty a missing step (the reading the gateway gives the tool's refusal of such
-/// a call, and the in-process client the call before it makes it), anything else invalid
-/// arguments. The first of these that any problem shows, in that order.
-pub fn unusable_signal(problems: &[String]) -> selfheal_core::classifier::Signal {
+/// The signal of a model answer whose tool calls could not be used, from why each could not
+/// ([`check_arguments`]'s finding): a tool not on offer is the model's wrong tool choice, a
+/// required argument left empty a missing step (the reading the gateway gives the tool's
+/// refusal of such a call, and the in-process client the call before it makes it), anything
+/// else invalid arguments — or, with none of those, a repeated call is the model's repetition.
+/// The first of these that any problem shows, in that order.
+pub fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signal {
     use selfheal_core::classifier::Signal;
-    if let Some(name) = problems.iter().find_map(|p| {
-        p.strip_prefix(UNKNOWN_TOOL)
-            .and_then(|rest| rest.split_once("` does not exist."))
-            .map(|(name, _)| name.to_owned())
+    if let Some(name) = problems.iter().find_map(|p| match &p.kind {
+        Unusable::UnknownTool(name) => Some(name.clone()),
+        Unusable::EmptyInput | Unusable::Arguments | Unusable::Repetition => None,
     }) {
         return Signal::UnknownTool { name };
     }
-    if let Some(p) = problems.iter().find(|p| p.starts_with(EMPTY_INPUT)) {
-        return Signal::MissingStep { detail: p.clone() };
+    if let Some(p) = problems.iter().find(|p| p.kind == Unusable::EmptyInput) {
+        return Signal::MissingStep {
+            detail: p.text.clone(),
+        };
+    }
+    if problems.iter().any(|p| p.kind == Unusable::Repetition) {
+        return Signal::Repetition;
     }
     Signal::InvalidArguments {
-        errors: problems.to_vec(),
+        errors: problem_texts(problems),
     }
+}
+
+/// The calls of the model's previous step whose results it has: when nothing but `tool` results
+/// follows the request's last assistant message (the model is going on with the same task), the
+/// calls whose values the run's controller took as it read the results of that last turn
+/// ([`crate::recover::Next::taken`]: the turn's own calls, or the call a cross-check in it
+/// confirmed; a call whose result failed, or waits for its check, may be made again as it was),
+/// less those of the tools the controller asks this request to call again with the same
+/// arguments (a retry, a cross-check, a read before answering: [`crate::recover::Next::again`]).
+/// A new call identical to one of these, in name and arguments, repeats it: its result is
+/// already in the conversation (the in-process client's repetition, the previous step's call
+/// again).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answered {
+    /// `(tool, canonical hash of the arguments)`.
+    calls: Vec<(String, u64)>,
+}
+
+impl Answered {
+    /// The calls of `taken` (`(tool, canonical hash of the arguments)`), less those of the tools
+    /// in `again`, when `messages` end in a turn of tool calls and their results.
+    pub fn of(messages: &[Message<'_>], taken: &[(String, u64)], again: &[String]) -> Answered {
+        if taken.is_empty() {
+            return Answered::default();
+        }
+        let mut turn = None;
+        for m in messages.iter().rev() {
+            match m.role() {
+                "tool" => {}
+                "assistant" if m.tool_calls.is_some() => {
+                    turn = Some(m);
+                    break;
+                }
+                _ => break,
+            }
+        }
+        if turn.is_none() {
+            return Answered::default();
+        }
+        let calls = taken
+            .iter()
+            .filter(|(t, _)| !again.iter().any(|a| a == t))
+            .cloned()
+            .collect();
+        Answered { calls }
+    }
+
+    /// Whether no call is answered (nothing can repeat one).
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Whether a call of `name` with arguments text `raw` repeats an answered call.
+    pub fn repeats(&self, name: &str, raw: &str) -> bool {
+        !self.calls.is_empty()
+            && args_hash(raw).is_some_and(|h| self.calls.iter().any(|(n, c)| n == name && *c == h))
+    }
+
+    /// Takes the calls that repeat an answered call out of `calls` (chat tool calls,
+    /// `{"function": {"name", "arguments"}}`); returns the problem of each.
+    pub fn take_repeated(&self, calls: &mut Vec<Value>) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.calls.is_empty() {
+            return problems;
+        }
+        calls.retain(|c| {
+            let name = c.at("/function/name").and_then(Value::as_str).unwrap_or("");
+            let raw = c
+                .at("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !self.repeats(name, raw) {
+                return true;
+            }
+            problems.push(Problem {
+                kind: Unusable::Repetition,
+                text: format!(
+                    "You already called `{name}` with these exact arguments and its result is \
+                     in the conversation: make the next call your task needs instead."
+                ),
+            });
+            false
+        });
+        problems
+    }
+
+    /// [`Answered::take_repeated`] on an assistant `message` (its `tool_calls` removed when
+    /// none is left, as [`check_message`] does).
+    pub fn check(&self, message: &mut Value) -> Vec<Problem> {
+        let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+            return Vec::new();
+        };
+        let problems = self.take_repeated(calls);
+        if calls.is_empty()
+            && let Some(m) = message.as_object_mut()
+        {
+            m.remove("tool_calls");
+            if m.get("content").is_none_or(Value::is_null) {
+                m.insert("content".into(), Value::String(String::new()));
+            }
+        }
+        problems
+    }
+}
+
+/// The canonical hash of arguments text that is JSON (`None` when it is not).
+fn args_hash(raw: &str) -> Option<u64> {
+    serde_json::from_str::<Value>(raw)
+        .ok()
+        .map(|v| selfheal_core::monitor::canonical_hash(&v))
 }
 
 /// Checks every tool call of an assistant message.
@@ -967,6 +1147,7 @@ mod tests {
         assert!(
             check_call(&mut unknown, &idx, &GuideCache::default(), Ending::Unknown)
                 .unwrap_err()
+                .text
                 .contains("does not exist")
         );
     }
@@ -994,7 +1175,11 @@ mod tests {
         );
         for empty in [r#"{"q": ""}"#, r#"{"q": "  ", "n": 2}"#, r#"{"q": null}"#] {
             let e = check("search", empty);
-            assert!(e.starts_with(EMPTY_INPUT), "{e}");
+            assert_eq!(e.kind, Unusable::EmptyInput, "{e:?}");
+            assert!(
+                e.text.starts_with("Required arguments of `search`"),
+                "{e:?}"
+            );
             assert!(matches!(unusable_signal(&[e]), Signal::MissingStep { .. }));
         }
         // An empty string for an integer is a missing input too, not a type error.
@@ -1007,11 +1192,14 @@ mod tests {
         let mut call =
             json!({"function": {"name": "search", "arguments": r#"{"q": "a", "n": ""}"#}});
         let e = check_call(&mut call, &both, &g, Ending::Unknown).unwrap_err();
-        assert!(e.starts_with(EMPTY_INPUT) && e.contains('n'), "{e}");
+        assert!(
+            e.kind == Unusable::EmptyInput && e.text.contains(": n."),
+            "{e:?}"
+        );
         // Left out, or of the wrong type: the schema's complaint, invalid arguments.
         for bad in ["{}", r#"{"q": "a", "n": "lots"}"#] {
             let e = check("search", bad);
-            assert!(!e.starts_with(EMPTY_INPUT), "{e}");
+            assert_eq!(e.kind, Unusable::Arguments, "{e:?}");
             assert!(matches!(
                 unusable_signal(&[e]),
                 Signal::InvalidArguments { .. }
@@ -1024,6 +1212,93 @@ mod tests {
         ));
     }
 
+    /// Issue 11: the calls a new call can repeat are those of the model's last turn whose values
+    /// the run took, less the tools the controller asks to be called again; a repetition is
+    /// re-asked with the core's repetition signal.
+    #[test]
+    fn a_repetition_is_of_a_taken_call_of_the_last_turn() {
+        use selfheal_core::classifier::Signal;
+        let turn = |after: Vec<Value>| {
+            let mut m = vec![
+                json!({"role": "user", "content": "find x"}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                    "type": "function", "function": {"name": "search",
+                    "arguments": "{\"q\": \"x\", \"n\": 2}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": "{\"hits\": 3}"}),
+            ];
+            m.extend(after);
+            request(json!(m))
+        };
+        let taken = vec![(
+            "search".to_owned(),
+            selfheal_core::monitor::canonical_hash(&json!({"q": "x", "n": 2})),
+        )];
+        let bytes = turn(Vec::new());
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let answered = Answered::of(&req.messages, &taken, &[]);
+        assert!(answered.repeats("search", "{\"n\":2,\"q\":\"x\"}"));
+        assert!(!answered.repeats("search", "{\"q\": \"y\", \"n\": 2}"));
+        assert!(!answered.repeats("lookup", "{\"q\": \"x\", \"n\": 2}"));
+        let mut message = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c2", "type": "function",
+             "function": {"name": "search", "arguments": "{\"q\": \"x\", \"n\": 2}"}}]});
+        let problems = answered.check(&mut message);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].kind, Unusable::Repetition);
+        assert!(message.get("tool_calls").is_none());
+        assert_eq!(unusable_signal(&problems), Signal::Repetition);
+        // A wrong tool or a missing input says more than the repetition beside it.
+        let unknown = Problem {
+            kind: Unusable::UnknownTool("nope".into()),
+            text: String::new(),
+        };
+        assert!(matches!(
+            unusable_signal(&[problems[0].clone(), unknown]),
+            Signal::UnknownTool { .. }
+        ));
+        // Not taken (failed, or waiting for its check), asked again, or not the last turn.
+        assert!(Answered::of(&req.messages, &[], &[]).is_empty());
+        assert!(Answered::of(&req.messages, &taken, &["search".to_owned()]).is_empty());
+        let bytes = turn(vec![
+            json!({"role": "assistant", "content": "3 hits"}),
+            json!({"role": "user", "content": "again"}),
+        ]);
+        let req = ChatRequest::parse(&bytes).unwrap();
+        assert!(Answered::of(&req.messages, &taken, &[]).is_empty());
+    }
+
+    /// Issue 11: the values a run takes while reading a request are those of the last turn it
+    /// reads: a history read at once (a run the gateway sees for the first time) leaves only
+    /// the last turn's calls for a new call to repeat, whichever reading (few results looked
+    /// back from, or many read with the history) it takes.
+    #[test]
+    fn only_the_last_turn_read_is_taken() {
+        for n in [2, LOOK_BACK_RESULTS + 2] {
+            let mut messages = vec![json!({"role": "user", "content": "go"})];
+            for i in 0..n {
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": format!("c{i}"), "type": "function",
+                     "function": {"name": "search", "arguments": format!("{{\"q\": \"x{i}\"}}")}}]}));
+                messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                                     "content": format!("{{\"hits\": {i}}}")}));
+            }
+            let bytes = request(json!(messages));
+            let req = ChatRequest::parse(&bytes).unwrap();
+            let idx = tool_index(&req);
+            let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
+            assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), n);
+            let last = json!({"q": format!("x{}", n - 1)});
+            assert_eq!(
+                state.wire.take_next().taken,
+                vec![(
+                    "search".to_owned(),
+                    selfheal_core::monitor::canonical_hash(&last)
+                )],
+                "{n} turns"
+            );
+        }
+    }
+
     /// Issue 14: a call cut off by the length limit is re-asked, never repaired into a call;
     /// a call cut inside a string is refused even without the finish reason.
     #[test]
@@ -1033,14 +1308,14 @@ mod tests {
         let cut = r#"{"q": "rust", "n": 3"#;
         let mut call = json!({"function": {"name": "search", "arguments": cut}});
         let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::CutOff).unwrap_err();
-        assert!(err.contains("cut off"), "{err}");
+        assert!(err.text.contains("cut off"), "{err:?}");
         assert_eq!(
             call["function"]["arguments"], cut,
             "left as the model wrote it"
         );
         let mut call = json!({"function": {"name": "search", "arguments": r#"{"q": "ru"#}});
         let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown).unwrap_err();
-        assert!(err.contains("cut off inside a string"), "{err}");
+        assert!(err.text.contains("cut off inside a string"), "{err:?}");
         // A model that finished on its own and left off the brace after a number: repaired.
         let mut call = json!({"function": {"name": "search", "arguments": cut}});
         assert_eq!(
@@ -1051,7 +1326,7 @@ mod tests {
         // Without the finish reason, the same text may be a cut number: refused.
         let mut call = json!({"function": {"name": "search", "arguments": cut}});
         let err = check_call(&mut call, &idx, &GuideCache::default(), Ending::Unknown).unwrap_err();
-        assert!(err.contains("cut off inside a number"), "{err}");
+        assert!(err.text.contains("cut off inside a number"), "{err:?}");
     }
 
     /// Issue 14: a valid call is forwarded byte for byte, with no default added.

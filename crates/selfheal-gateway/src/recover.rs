@@ -196,6 +196,13 @@ pub struct Next {
     pub actions: Vec<&'static str>,
     /// Tool results to replace with their repair, by `tool_call_id`.
     pub replaced: Vec<(String, String)>,
+    /// The tools this request asks the model to call again with the same arguments (a retry, a
+    /// cross-check, a read before answering): such a call is not a repetition
+    /// ([`crate::heal::Answered`]).
+    pub again: Vec<String>,
+    /// The calls, `(tool, canonical hash of the arguments)`, whose values the run took as it
+    /// read this request's results ([`crate::heal::Answered`]).
+    pub taken: Vec<(String, u64)>,
 }
 
 /// The wire side of a run's recovery: step ids, the value waiting for its cross-check, the
@@ -276,24 +283,29 @@ impl Wire {
             && let Some(p) = &self.pending
         {
             next.guidance.push(cross_check_text(&p.tool, &p.against));
+            next.again.push(p.against.clone());
         }
         if next.stop.is_none()
             && let Some(r) = &self.reread
         {
             next.guidance.push(reread_text(&r.tool, &r.args));
+            next.again.push(r.tool.clone());
         }
         next
     }
 
-    /// Keeps `value`, the answer of `tool` to `args` the run goes on with, for the read before
-    /// answering, when the operator marked the tool [`ToolConfig::reread`]. A later value of the
-    /// same call replaces it.
+    /// Notes that the run took `value`, the answer of `tool` to `args`, and goes on with it
+    /// ([`Next::taken`]); keeps it for the read before answering when the operator marked the
+    /// tool [`ToolConfig::reread`]. A later value of the same call replaces it.
     fn keep(&mut self, ctx: &Ctx<'_>, step: u32, call: (&str, &Value), value: &Value) {
         let (tool, args) = call;
+        let key = canonical_hash(args);
+        if self.next.taken.len() < MAX_HELD {
+            self.next.taken.push((tool.to_owned(), key));
+        }
         if !ctx.tools.get(tool).is_some_and(|c| c.reread) {
             return;
         }
-        let key = canonical_hash(args);
         self.values
             .retain(|h| !(h.tool == tool && canonical_hash(&h.args) == key));
         if self.values.len() == MAX_HELD {
@@ -305,6 +317,12 @@ impl Wire {
             args: args.clone(),
             value: value.clone(),
         });
+    }
+
+    /// Forgets the values taken so far in this request ([`Next::taken`]): the results read
+    /// next are of a later turn.
+    pub fn forget_taken(&mut self) {
+        self.next.taken.clear();
     }
 
     /// Whether a cross-check is awaited.
@@ -401,12 +419,12 @@ pub fn cross_check_text(tool: &str, against: &str) -> String {
 /// Takes the calls of grounded tools whose arguments appear nowhere in `evidence` out of
 /// `calls` — chat tool calls (`{"function": {"name", "arguments"}}`) or Responses
 /// `function_call` items (`{"type": "function_call", "name", "arguments"}`; items of other
-/// types stay) — and returns the re-ask text of each ([`Grounding`] says why).
+/// types stay) — and returns the problem of each, unusable arguments ([`Grounding`] says why).
 pub fn take_ungrounded(
     tools: &BTreeMap<String, ToolConfig>,
     calls: &mut Vec<Value>,
     evidence: &[Value],
-) -> Vec<String> {
+) -> Vec<crate::heal::Problem> {
     let mut problems = Vec::new();
     calls.retain(|c| {
         let item = c.get("type").and_then(Value::as_str) == Some("function_call");
@@ -431,11 +449,11 @@ pub fn take_ungrounded(
         if missing.is_empty() {
             return true;
         }
-        problems.push(format!(
+        problems.push(crate::heal::Problem::arguments(format!(
             "The arguments of `{name}` must be copied from the task or an earlier tool \
              result, and these appear in neither: {}.",
             missing.join(", ")
-        ));
+        )));
         false
     });
     problems
@@ -456,8 +474,8 @@ pub struct Grounding<'a> {
 }
 
 impl Grounding<'_> {
-    /// Takes the ungrounded calls out of an assistant `message`; returns the re-ask text of each.
-    pub fn check(&self, message: &mut Value) -> Vec<String> {
+    /// Takes the ungrounded calls out of an assistant `message`; returns the problem of each.
+    pub fn check(&self, message: &mut Value) -> Vec<crate::heal::Problem> {
         let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
             return Vec::new();
         };
@@ -1206,10 +1224,14 @@ fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Directive) 
                 RecoveryAction::Repair { .. } => next.guidance.push(rewrite_text(tool, class)),
                 RecoveryAction::Refresh => match ctx.refresh_of(tool) {
                     Some(arg) => next.guidance.push(refresh_text(tool, class, arg)),
-                    None => next.guidance.push(retry_text(tool, class)),
+                    None => {
+                        next.guidance.push(retry_text(tool, class));
+                        next.again.push(tool.to_owned());
+                    }
                 },
                 RecoveryAction::Retry { .. } => {
                     next.guidance.push(retry_text(tool, class));
+                    next.again.push(tool.to_owned());
                 }
                 RecoveryAction::Substitute { alternative } => {
                     // The primary's data is known to be old: its answers say nothing about
@@ -1452,7 +1474,11 @@ mod tests {
             1,
         );
         let next = st.wire.take_next();
-        assert_eq!(next, Next::default(), "confirmed: nothing to do");
+        let taken = Next {
+            taken: vec![("weather".to_owned(), canonical_hash(&a))],
+            ..Next::default()
+        };
+        assert_eq!(next, taken, "confirmed: nothing to do, the value taken");
 
         let mut st = run();
         observe(&mut st, &ctx, ("c", "weather", &a), r#"{"temp": 21.0}"#, 0);
@@ -1488,12 +1514,16 @@ mod tests {
         assert_eq!(held, "held");
         let next = st.wire.take_next();
         assert_eq!(next.guidance, vec![cross_check_text("rate", "rate")]);
+        assert_eq!(next.again, vec!["rate"], "the same call again is asked for");
         let same = observe(&mut st, &ctx, ("c2", "rate", &a), r#"{"rate": 1.08}"#, 1);
         assert_eq!(same, "check");
         assert_eq!(
             st.wire.take_next(),
-            Next::default(),
-            "confirmed: nothing to do"
+            Next {
+                taken: vec![("rate".to_owned(), canonical_hash(&a))],
+                ..Next::default()
+            },
+            "confirmed: nothing to do, the value taken"
         );
 
         let mut st = run();
@@ -1567,7 +1597,10 @@ mod tests {
         let mut bad = call("lookup", "{\"code\": \"MXCs\"}");
         let problems = g.check(&mut bad);
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].contains("`code` = \"MXCs\""), "{problems:?}");
+        assert!(
+            problems[0].text.contains("`code` = \"MXCs\""),
+            "{problems:?}"
+        );
         assert!(bad.get("tool_calls").is_none());
         assert_eq!(bad["content"], "");
         // Not grounded: the same wrong value is left to the tool.

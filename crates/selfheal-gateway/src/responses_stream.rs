@@ -47,7 +47,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::heal::{CallCheck, GuideCache, ToolIndex, check_call};
+use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call, problem_texts};
 use crate::stream::{
     Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, StreamReport, Unsettled, find_event_end,
 };
@@ -65,7 +65,7 @@ pub struct Reanswered {
 /// Asks the upstream again without streaming: with the problems of unusable calls appended (a
 /// re-ask), or with none (a re-issue of a stream that broke before any content). `None` when the
 /// policy or the budget refuses, the upstream fails, or the new answer's calls cannot be used.
-pub type Reask = Box<dyn FnOnce(Vec<String>) -> BoxFuture<'static, Option<Reanswered>> + Send>;
+pub type Reask = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<Reanswered>> + Send>;
 
 /// What the relay may ask of the pipeline.
 #[derive(Default)]
@@ -103,7 +103,7 @@ fn check_item(
     ending: Ending,
     tools: &ToolIndex,
     guides: &GuideCache,
-) -> Result<bool, String> {
+) -> Result<bool, Problem> {
     let name = item
         .get("name")
         .and_then(Value::as_str)
@@ -111,7 +111,9 @@ fn check_item(
         .to_owned();
     let cut = !finished || item.get("status").and_then(Value::as_str) == Some("incomplete");
     if cut {
-        return Err(ArgumentsError::CutOff.reask_message("", &name));
+        return Err(Problem::arguments(
+            ArgumentsError::CutOff.reask_message("", &name),
+        ));
     }
     let mut call = json!({"function": {
         "name": name,
@@ -572,7 +574,7 @@ impl Relay<'_> {
             };
             match again {
                 Some(r) => {
-                    self.report.reasked = invalid;
+                    self.report.reasked = problem_texts(&invalid);
                     self.report.repaired.extend(r.repaired);
                     replacement = new_items(&r.response);
                     // The answer is now the new one's: its status, its reason if incomplete.
@@ -588,7 +590,7 @@ impl Relay<'_> {
                         _ => "response.completed".into(),
                     };
                 }
-                None => self.report.invalid = invalid,
+                None => self.report.invalid = problem_texts(&invalid),
             }
         }
         for item in ready.into_iter().chain(replacement) {
@@ -706,11 +708,11 @@ impl Relay<'_> {
             };
             match again {
                 Some(r) => {
-                    self.report.reasked = check.invalid;
+                    self.report.reasked = problem_texts(&check.invalid);
                     self.report.repaired.extend(r.repaired);
                     response = r.response;
                 }
-                None => self.report.invalid = check.invalid,
+                None => self.report.invalid = problem_texts(&check.invalid),
             }
         }
         self.emit_response(response).await
@@ -1106,7 +1108,7 @@ mod tests {
         ];
         let hooks = Hooks {
             reask: None,
-            reissue: Some(Box::new(|problems: Vec<String>| {
+            reissue: Some(Box::new(|problems: Vec<Problem>| {
                 assert!(problems.is_empty());
                 Box::pin(async {
                     Some(Reanswered {
@@ -1215,7 +1217,7 @@ mod tests {
                           "output": []}}),
         );
         let hooks = Hooks {
-            reask: Some(Box::new(|problems: Vec<String>| {
+            reask: Some(Box::new(|problems: Vec<Problem>| {
                 assert_eq!(problems.len(), 1);
                 Box::pin(async {
                     Some(Reanswered {

@@ -45,7 +45,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::heal::{GuideCache, ToolIndex, check_call};
+use crate::heal::{GuideCache, Problem, ToolIndex, check_call, problem_texts};
 use selfheal_repair::Ending;
 
 /// Largest SSE event accepted from an upstream (and largest non-SSE answer to a stream request).
@@ -68,12 +68,12 @@ pub struct Reasked {
 /// Asks the upstream again, once, without streaming: with the problems of the held tool calls
 /// appended (a re-ask), or with none (a re-issue of a stream that broke before any content).
 /// `None` when the budget refuses, the upstream fails, or the new answer's calls cannot be used.
-pub type Reask = Box<dyn FnOnce(Vec<String>) -> BoxFuture<'static, Option<Reasked>> + Send>;
+pub type Reask = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<Reasked>> + Send>;
 
 /// A further check of the held calls once each is usable as written: takes out the calls it
 /// refuses and returns their problems, which are re-asked like any unusable call (the
 /// gateway's grounding check, [`crate::recover::take_ungrounded`]).
-pub type Check = Box<dyn Fn(&mut Vec<Value>) -> Vec<String> + Send>;
+pub type Check = Box<dyn Fn(&mut Vec<Value>) -> Vec<Problem> + Send>;
 
 /// What came of the read before answering (the core's
 /// [`Controller::reread_due`](selfheal_core::controller::Controller::reread_due)), asked for
@@ -393,7 +393,7 @@ impl Relay<'_> {
         let check = crate::heal::check_message(message, &self.tools, &self.guides, ending);
         if !check.invalid.is_empty() {
             // Unusable calls in a converted answer: ask again as for a held stream.
-            self.report.broken = Some(check.invalid.join(" "));
+            self.report.broken = Some(crate::heal::problems_text(&check.invalid));
             return Ok(());
         }
         self.report.repaired.extend(check.repaired);
@@ -585,7 +585,7 @@ impl Relay<'_> {
                 };
                 match again {
                     Some(r) => {
-                        self.report.reasked = invalid;
+                        self.report.reasked = problem_texts(&invalid);
                         self.report.repaired.extend(r.repaired);
                         finish = r.finish_reason;
                         calls = indexed_calls(&r.message);
@@ -600,7 +600,7 @@ impl Relay<'_> {
                             self.send(&c).await?;
                         }
                     }
-                    None => self.report.invalid = invalid,
+                    None => self.report.invalid = problem_texts(&invalid),
                 }
             }
             if !calls.is_empty() {
@@ -688,7 +688,7 @@ fn complete_calls(
     guides: &GuideCache,
     ending: Ending,
     report: &mut StreamReport,
-) -> (Vec<Value>, Vec<String>) {
+) -> (Vec<Value>, Vec<Problem>) {
     let mut out = Vec::new();
     let mut invalid = Vec::new();
     for (idx, p) in std::mem::take(pending) {

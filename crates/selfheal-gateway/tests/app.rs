@@ -1154,3 +1154,116 @@ async fn an_answer_whose_read_before_answering_was_not_made_is_partial() {
     let reason = body["selfheal"]["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("not read again"), "{body}");
 }
+
+/// The user's task, a call of `lookup` with `{"key": "k"}`, and its `result`.
+fn looked_up(result: &str) -> Vec<Value> {
+    vec![
+        json!({"role": "user", "content": "look k up, then search for it"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "lookup", "arguments": "{\"key\": \"k\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": result}),
+    ]
+}
+
+/// Issue 11: a model that calls again, name and arguments, the call whose result it was just
+/// given has repeated itself (the in-process client's repetition: the previous step's call
+/// again). The wire shows it — the request carries the call and its result — so the repeated
+/// call is not forwarded: it is re-asked along the core's `control_loop` ladder like any call
+/// that cannot be used, and the model's next call goes out.
+#[tokio::test]
+async fn issue_11_a_call_repeating_the_answered_one_is_reasked() {
+    let (url, shared) = start_upstream(vec![
+        // The same call, written differently (spacing): the same arguments.
+        (200, tool_call("lookup", "{ \"key\" : \"k\" }")),
+        (200, tool_call("search", "{\"query\": \"k\"}")),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": looked_up("{\"value\": 42}"), "tools": tools()}),
+    )
+    .await;
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "search",
+        "{body}"
+    );
+    assert_eq!(body["selfheal"]["status"], "complete");
+    assert!(body["selfheal"]["actions"].to_string().contains("reask"));
+    let seen = shared.lock().unwrap().seen.clone();
+    assert_eq!(seen.len(), 2, "one re-ask");
+    let reask = seen[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(reask["role"], "user");
+    assert!(
+        reask["content"]
+            .as_str()
+            .unwrap()
+            .contains("You already called `lookup` with these exact arguments"),
+        "{reask}"
+    );
+
+    // A model that keeps repeating itself is not forwarded either: the ladder ends it partial.
+    let (url, shared) = start_upstream(vec![
+        (200, tool_call("lookup", "{\"key\": \"k\"}")),
+        (200, tool_call("lookup", "{\"key\": \"k\"}")),
+        (200, tool_call("lookup", "{\"key\": \"k\"}")),
+        (200, tool_call("lookup", "{\"key\": \"k\"}")),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": looked_up("{\"value\": 42}"), "tools": tools()}),
+    )
+    .await;
+    assert_eq!(body["selfheal"]["status"], "partial", "{body}");
+    assert!(body["choices"][0]["message"].get("tool_calls").is_none());
+    assert!(shared.lock().unwrap().seen.len() >= 2);
+}
+
+/// Issue 11: the same call again is not a repetition when its result failed (calling it again
+/// is the retry), when the user asked something new since, or when its arguments differ: it
+/// goes out as the model wrote it, with no re-ask.
+#[tokio::test]
+async fn issue_11_the_same_call_is_forwarded_when_it_is_not_a_repetition() {
+    let repeat = || vec![(200, tool_call("lookup", "{\"key\": \"k\"}"))];
+    let failed = looked_up("Error: 503 Service Unavailable");
+    let mut asked_again = looked_up("{\"value\": 42}");
+    asked_again.push(json!({"role": "assistant", "content": "k is 42."}));
+    asked_again.push(json!({"role": "user", "content": "look it up once more"}));
+    for (what, messages) in [
+        ("a failed result", failed),
+        ("a new user turn", asked_again),
+    ] {
+        let (url, shared) = start_upstream(repeat()).await;
+        let app = gateway(GatewayConfig::for_upstream(url));
+        let (_, body, _) = post_chat(
+            &app,
+            json!({"model": "m", "messages": messages, "tools": tools()}),
+        )
+        .await;
+        assert_eq!(
+            body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "lookup",
+            "after {what}: {body}"
+        );
+        assert!(
+            !body["selfheal"]["actions"].to_string().contains("reask"),
+            "after {what}: {body}"
+        );
+        assert_eq!(shared.lock().unwrap().seen.len(), 1, "after {what}");
+    }
+    let (url, shared) = start_upstream(vec![(200, tool_call("lookup", "{\"key\": \"j\"}"))]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": looked_up("{\"value\": 42}"), "tools": tools()}),
+    )
+    .await;
+    assert_eq!(body["selfheal"]["status"], "complete", "{body}");
+    assert_eq!(shared.lock().unwrap().seen.len(), 1);
+}

@@ -443,3 +443,43 @@ async fn a_streamed_ungrounded_call_of_a_grounded_tool_is_reasked_never_sent() {
     assert!(body.contains(r#"\"query\": \"rust\""#), "{body}");
     assert_eq!(seen.lock().unwrap().len(), 2, "asked again once");
 }
+
+/// Issue 11: a streamed call that repeats the model's previous, answered call (same tool, same
+/// arguments) is held, re-asked along the core's ladder and never sent, as on the non-streamed
+/// path.
+#[tokio::test]
+async fn issue_11_a_streamed_repetition_is_reasked_never_sent() {
+    let call_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"c2","type":"function","function":{"name":"search","arguments":"{\"query\": \"rust\"}"}}]},"finish_reason":null}]}"#;
+    let end_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
+    let next = json_answer(
+        r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c3","type":"function","function":{"name":"search","arguments":"{\"query\": \"rust books\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+    );
+    let (up, seen) = canned_upstream(vec![sse(&[call_chunk, end_chunk, "[DONE]"]), next]).await;
+    let url = start_gateway(up).await;
+    let body = stream_request(
+        &url,
+        serde_json::json!({"model": "m", "stream": true,
+            "messages": [
+                {"role": "user", "content": "search for rust, then for rust books"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                    "type": "function", "function": {"name": "search",
+                    "arguments": "{\"query\":\"rust\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "{\"hits\": 3}"}],
+            "tools": [{"type": "function", "function": {"name": "search", "parameters": {
+                "type": "object", "properties": {"query": {"type": "string"}}}}}]}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !body.contains(r#"\"c2\""#),
+        "the repeated call went out: {body}"
+    );
+    assert!(body.contains("rust books"), "{body}");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "asked again once");
+    assert!(
+        seen[1].contains("You already called `search` with these exact arguments"),
+        "{}",
+        seen[1]
+    );
+}

@@ -353,7 +353,7 @@ pub fn sse(data: &[u8]) {
             Box::new(|calls: &mut Vec<serde_json::Value>| {
                 let n = calls.len();
                 calls.clear();
-                vec!["refused".to_owned(); n]
+                vec![selfheal_gateway::heal::Problem::arguments("refused".to_owned()); n]
             })
         }),
         ..Hooks::default()
