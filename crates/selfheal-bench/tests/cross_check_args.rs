@@ -37,7 +37,12 @@ fn episode_with_wrong_value(strategy: Strategy) -> (Option<Value>, u64, u64, Opt
     let mut ep = Episode::new(task, &faults, &model, 3);
     let ended = strategy.run(&mut ep, 3, None, 3, true);
     let costs = ep.costs();
-    (ended.answer, costs.tool_calls, costs.verifier_calls, ended.trace)
+    (
+        ended.answer,
+        costs.tool_calls,
+        costs.verifier_calls,
+        ended.trace,
+    )
 }
 
 #[test]

@@ -77,12 +77,12 @@ fn strategies_never_use_the_plans_arguments_as_the_call_made() {
 #[test]
 fn the_argument_scan_would_catch_a_reach() {
     // The cross-check's old read, and the record of the call for the repetition check.
-    assert!(!plan_argument_reads("    let args = resolve_args(plan, s, outputs).ok()?;").is_empty());
     assert!(
-        !plan_argument_reads(
-            "args: resolve_args(ep.plan(), s, &outputs).unwrap_or(Value::Null),"
-        )
-        .is_empty()
+        !plan_argument_reads("    let args = resolve_args(plan, s, outputs).ok()?;").is_empty()
+    );
+    assert!(
+        !plan_argument_reads("args: resolve_args(ep.plan(), s, &outputs).unwrap_or(Value::Null),")
+            .is_empty()
     );
     // The missing-input check reads no value.
     assert!(
