@@ -1392,7 +1392,19 @@ fn rebuild_run(
         t.event(Kind::Recover, json!({"actions": next.actions}));
     }
     let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
-    let answered = heal::Answered::of(&req.messages, &next.taken, &next.again);
+    // A tool the operator marked `repeatable` (polled, a clock) may be called again as it was.
+    let taken: Vec<(String, u64)> = next
+        .taken
+        .iter()
+        .filter(|(tool, _)| {
+            !t.s.config
+                .tools
+                .get(tool.as_str())
+                .is_some_and(|c| c.repeatable)
+        })
+        .cloned()
+        .collect();
+    let answered = heal::Answered::of(&req.messages, &taken, &next.again);
     (verdict, newest_failed, next, answered)
 }
 

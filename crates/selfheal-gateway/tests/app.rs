@@ -1226,6 +1226,31 @@ async fn issue_11_a_call_repeating_the_answered_one_is_reasked() {
     assert!(shared.lock().unwrap().seen.len() >= 2);
 }
 
+/// A tool the operator marks `repeatable` (polled until a job is done, a clock) is called again
+/// with the same arguments as it is meant to be: the call goes out as written, not re-asked.
+#[tokio::test]
+async fn a_repeatable_tool_called_again_as_it_was_is_forwarded() {
+    let (url, shared) = start_upstream(vec![(200, tool_call("lookup", "{\"key\": \"k\"}"))]).await;
+    let mut c = GatewayConfig::for_upstream(url);
+    c.tools.insert(
+        "lookup".into(),
+        toml::from_str("repeatable = true").unwrap(),
+    );
+    let app = gateway(c);
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": looked_up("{\"status\": \"pending\"}"), "tools": tools()}),
+    )
+    .await;
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "lookup",
+        "{body}"
+    );
+    assert_eq!(body["selfheal"]["status"], "complete", "{body}");
+    assert!(!body["selfheal"]["actions"].to_string().contains("reask"));
+    assert_eq!(shared.lock().unwrap().seen.len(), 1);
+}
+
 /// Issue 11: the same call again is not a repetition when its result failed (calling it again
 /// is the retry), when the user asked something new since, or when its arguments differ: it
 /// goes out as the model wrote it, with no re-ask.
