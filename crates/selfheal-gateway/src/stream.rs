@@ -390,14 +390,37 @@ impl Relay<'_> {
             return Ok(());
         };
         let ending = Ending::from_finish_reason(finish.as_str());
-        let check = crate::heal::check_message(message, &self.tools, &self.guides, ending);
-        if !check.invalid.is_empty() {
-            // Unusable calls in a converted answer: ask again as for a held stream.
-            self.report.broken = Some(crate::heal::problems_text(&check.invalid));
-            return Ok(());
+        let mut check = crate::heal::check_message(message, &self.tools, &self.guides, ending);
+        // The further check of the usable calls (a repetition, the grounding check), as for
+        // the calls of a streamed answer ([`Relay::finish`]).
+        if let Some(more) = &self.hooks.check {
+            check.invalid.extend(crate::heal::take_calls(message, more));
         }
         self.report.repaired.extend(check.repaired);
-        let message = message.clone();
+        let mut message = message.clone();
+        let mut finish = finish;
+        if !check.invalid.is_empty() {
+            // Unusable calls in a converted answer: re-asked as for a held stream; an answer
+            // that cannot be had goes out without them, `partial`.
+            let again = match self.hooks.reask.take() {
+                Some(f) => f(check.invalid.clone()).await,
+                None => None,
+            };
+            match again {
+                Some(r) => {
+                    self.report.reasked = problem_texts(&check.invalid);
+                    self.report.repaired.extend(r.repaired);
+                    message = r.message;
+                    finish = r.finish_reason;
+                }
+                None => {
+                    self.report.invalid = problem_texts(&check.invalid);
+                    if !calls_tools(&message) && finish.as_str() == Some("tool_calls") {
+                        finish = json!("stop");
+                    }
+                }
+            }
+        }
         self.emit_message(&message, finish).await
     }
 
