@@ -3,17 +3,22 @@
 //! A client acts on a tool call as soon as its stream says it is finished, so the gateway keeps
 //! the tool-call deltas back, assembles each call, checks and repairs its arguments against the
 //! request's schema, and sends it as one complete delta just before the chunk that carries the
-//! `finish_reason`. When a call cannot be used (unknown tool, arguments that cannot be repaired)
-//! and the run's budget allows, the gateway asks the upstream once more — the text already sent
-//! stays sent — and passes on the new answer's calls instead; only if that fails too do the
-//! original calls go out, with a `partial` status. Text deltas are forwarded the moment they
-//! arrive; a first delta that carries only the role is held until something follows it.
+//! `finish_reason`. The calls usable as written then go through [`Hooks::check`] (a call that
+//! repeats the model's previous, answered one; the grounding check). When a call cannot be used
+//! (unknown tool, arguments that cannot be repaired, refused by that check), the gateway asks
+//! the upstream again without streaming while the ladder of its class and the run's budget
+//! allow — the text already sent stays sent — and passes on the new answer's calls instead;
+//! if no usable answer comes, the unusable calls are left out (never forwarded) and the stream
+//! ends `partial` with why. Text deltas are forwarded the moment they arrive; a first delta
+//! that carries only the role is held until something follows it.
 //!
 //! A stream that breaks (cut, stalled past the idle timeout, unreadable chunk, error event,
 //! ended without a finish) is healed while nothing but the role has gone out: the request is
 //! asked again without streaming, within the run's budget, and the answer re-emitted as SSE —
-//! the client never sees the break. So is an upstream that answers a streaming request with
-//! plain JSON or an empty 200 (llama-cpp-python's server does, for automatic tool choice). Once
+//! the client never sees the break. So is an empty 200 (llama-cpp-python's server sends one for
+//! automatic tool choice). An upstream that answers a streaming request with plain JSON has its
+//! answer checked as a streamed one's calls are — the same schema check, [`Hooks::check`], and
+//! re-ask — and sent as SSE. Once
 //! content went out, the break is never passed on as a clean finish: the client gets an
 //! OpenAI-shaped error event and then a clean end of the body — so the event is flushed and the
 //! SDK raises `APIError` with the upstream's message, not a connection error.
@@ -367,6 +372,10 @@ impl Relay<'_> {
         Ok(false)
     }
 
+    /// A non-SSE answer to a streaming request: its calls checked as a streamed answer's are
+    /// ([`crate::heal::check_message`], then [`Hooks::check`]), unusable ones re-asked (or left
+    /// out, `partial`), and the answer sent as a stream; an answer that does not parse breaks
+    /// the stream (re-issued by [`Relay::end`] while nothing went out).
     async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
             .await
