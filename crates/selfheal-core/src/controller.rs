@@ -295,15 +295,11 @@ impl Controller {
     /// Why the run's answer may not be claimed complete, when the policy says so: a recovery
     /// was carried out and the policy claims nothing after one (`claim_after_recovery = false`).
     /// [`Controller::finish`] ends such a run `partial`; a front-end that answers while the run
-    /// goes on (the gateway) flags its answer the same way.
+    /// goes on (the gateway) flags its answer the same way. The rule is
+    /// [`Policy::claim_refused`].
     pub fn claim_refused(&self) -> Option<String> {
-        (!self.policy.claim_after_recovery && self.actions.keys().any(|k| !k.is_terminal())).then(
-            || {
-                "a recovery was carried out, and the policy claims no answer after one \
-                 (claim_after_recovery = false)"
-                    .to_owned()
-            },
-        )
+        self.policy
+            .claim_refused(self.actions.keys().any(|k| !k.is_terminal()))
     }
 
     /// Asked once the run has its answer: whether to read once more, before answering, each
