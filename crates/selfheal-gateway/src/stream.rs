@@ -106,7 +106,7 @@ pub type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Reread<A>>
 pub type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
 
 /// Receives, once, the `selfheal` report as it stands when the relay sends its first frame (see
-/// [`head_report`]): what the response's head says, since it cannot wait for the end.
+/// `head_report`): what the response's head says, since it cannot wait for the end.
 pub type Head = tokio::sync::oneshot::Sender<Value>;
 
 /// What the relay may ask of the pipeline.
