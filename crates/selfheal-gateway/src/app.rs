@@ -712,11 +712,13 @@ async fn responses_inner(
     );
     let (mut repaired, mut invalid) = (check.repaired, check.invalid);
     let mut ladder = ReaskState::default();
+    let mut reasked = false;
     while !invalid.is_empty() {
         let Some(next) = reask_granted(&t, &invalid, ladder) else {
             break;
         };
         ladder = next;
+        reasked = true;
         Metrics::inc(&s.metrics.reasks_total);
         if !actions.iter().any(|a| a == "reask") {
             actions.push("reask".into());
@@ -739,6 +741,10 @@ async fn responses_inner(
             }
             Err(_) => break,
         }
+    }
+    // A re-ask answered with a final answer: judged by the core as the first answer would be.
+    if unsettled.is_none() && invalid.is_empty() && reasked && !responses_calls(&answer) {
+        unsettled = recover::unsettled(&lock(&t.state));
     }
     log_calls(&t, &log, &mut actions);
     for name in &repaired {
@@ -1749,6 +1755,7 @@ async fn answer_complete(
         grounding,
     );
     let mut ladder = ReaskState::default();
+    let mut reasked = false;
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
         let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, &mut chain)
@@ -1756,6 +1763,7 @@ async fn answer_complete(
             break;
         };
         ladder = next;
+        reasked = true;
         if escalate && !actions.iter().any(|a| a == "escalate") {
             actions.push("escalate".into());
         }
@@ -1788,6 +1796,17 @@ async fn answer_complete(
             }
             Err(_) => break,
         }
+    }
+    // A re-ask answered with a final answer: judged by the core as the first answer would be.
+    if unsettled.is_none()
+        && check.invalid.is_empty()
+        && reasked
+        && completion
+            .pointer("/choices/0/message/tool_calls")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+    {
+        unsettled = recover::unsettled(&lock(&t.state));
     }
     log_calls(t, &log, &mut actions);
     for name in &check.repaired {
@@ -1878,6 +1897,7 @@ fn reask_or_escalate(
 ) -> Option<(ReaskState, bool)> {
     let mut next = state;
     let mut escalate = false;
+    let mut action = None;
     let fallback = chain.get(1).map(|c| c.model.as_str());
     let granted = decided(t, "reask", |plane, ledger| {
         let (decision, n, event) = selfheal_core::call::reask_signal(
@@ -1890,8 +1910,17 @@ fn reask_or_escalate(
         );
         next = n;
         escalate = decision == selfheal_core::call::Reask::Escalate;
+        if let selfheal_core::trace::Event::Action { action: a, .. } = &event {
+            action = Some(a.clone());
+        }
         (decision != selfheal_core::call::Reask::Partial, event)
     });
+    // The re-ask is a recovery of the run: its controller counts it as its own (a recovered
+    // run is read again before it answers, and claims nothing under claim_after_recovery =
+    // false), as in-process, where the model's unusable answer is an observation of it.
+    if granted && let Some(a) = &action {
+        lock(&t.state).controller.carried_out(a);
+    }
     if granted && escalate && chain.len() > 1 {
         // The ladder's escalation: the fallback model is asked from here on.
         *chain = &chain[1..];

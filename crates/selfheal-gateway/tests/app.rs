@@ -1072,6 +1072,82 @@ async fn issue_11_a_recovered_run_reads_its_unconfirmed_values_again_before_answ
     }
 }
 
+/// Issue 11: a re-ask of a model answer whose calls could not be used is a recovery of the run,
+/// counted by its controller as in-process: under a policy that claims nothing after a
+/// recovery, the answer the re-ask brings — and a later final answer of the same run — goes out
+/// `partial`; under the default policy both are `complete`.
+#[tokio::test]
+async fn a_reask_counts_as_a_recovery_of_the_run() {
+    for (policy, status) in [
+        ("claim_after_recovery = false", "partial"),
+        ("", "complete"),
+    ] {
+        let (url, shared) = start_upstream(vec![
+            (200, tool_call("nope", "{}")),
+            (200, text("done")),
+            (200, tool_call("nope", "{}")),
+            (200, tool_call("search", "{\"query\": \"k\"}")),
+            (200, text("k has 3 hits")),
+        ])
+        .await;
+        let mut config = fast(GatewayConfig::for_upstream(url));
+        config.policy = selfheal_core::policy::Policy::from_toml_str(policy).unwrap();
+        let app = gateway(config);
+        // One request: the unknown tool re-asked, the re-ask answered with a final answer.
+        let (_, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "tools": tools(), "messages": [
+                {"role": "user", "content": "first task"}]}),
+        )
+        .await;
+        assert_eq!(shared.lock().unwrap().seen.len(), 2, "one re-ask");
+        assert_eq!(body["choices"][0]["message"]["content"], "done", "{body}");
+        assert_eq!(body["selfheal"]["status"], status, "{policy}: {body}");
+        assert_eq!(headers["x-selfheal-status"], status);
+        // Another run: the re-ask brings a usable call; the run's final answer comes later.
+        let first = json!({"role": "user", "content": "second task"});
+        let (_, body, _) = post_chat(
+            &app,
+            json!({"model": "m", "tools": tools(), "messages": [first.clone()]}),
+        )
+        .await;
+        assert_eq!(
+            body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "search",
+            "{body}"
+        );
+        let call = body["choices"][0]["message"].clone();
+        let id = call["tool_calls"][0]["id"].clone();
+        let (_, body, _) = post_chat(
+            &app,
+            json!({"model": "m", "tools": tools(), "messages": [first, call,
+                {"role": "tool", "tool_call_id": id, "content": "{\"hits\": 3}"}]}),
+        )
+        .await;
+        assert_eq!(body["choices"][0]["message"]["content"], "k has 3 hits");
+        assert_eq!(body["selfheal"]["status"], status, "{policy}: {body}");
+    }
+}
+
+/// [`a_reask_counts_as_a_recovery_of_the_run`] on `/v1/responses`: the final answer a re-ask
+/// brings is judged by the run's core.
+#[tokio::test]
+async fn a_responses_reask_counts_as_a_recovery_of_the_run() {
+    for (policy, status) in [
+        ("claim_after_recovery = false", "partial"),
+        ("", "complete"),
+    ] {
+        let (url, shared) = start_responses_upstream(vec![responses_call("nope", "{}")]).await;
+        let mut config = fast(GatewayConfig::for_upstream(url));
+        config.policy = selfheal_core::policy::Policy::from_toml_str(policy).unwrap();
+        let app = gateway(config);
+        let body = json!({"model": "m", "input": "a task", "tools": responses_tools()});
+        let (_, answer) = post_json(&app, "/v1/responses", &body).await;
+        assert_eq!(shared.lock().unwrap().seen.len(), 2, "one re-ask");
+        assert!(answer["output"].to_string().contains("fine"), "{answer}");
+        assert_eq!(answer["selfheal"]["status"], status, "{policy}: {answer}");
+    }
+}
+
 /// Issue 11: an answer given while a tool's failure is still open is not returned as complete —
 /// the core's `finish` would call that run partial — and one given after the failure was
 /// recovered is.
