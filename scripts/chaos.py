@@ -311,7 +311,7 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
                 key = "cut_by_kill" if after else verdict
                 verdicts[key] = verdicts.get(key, 0) + 1
                 if verdict == "ok":
-                    delivered.append(c.last_run)
+                    delivered.append((c.last_run, time.monotonic()))
             if after:
                 return
 
@@ -320,6 +320,7 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
         t.start()
     time.sleep(seconds)
     killed.set()
+    kill_t = time.monotonic()
     gw_p.send_signal(signal.SIGKILL)
     gw_p.wait()
     stop.set()
@@ -329,7 +330,8 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
     logged = {r for (r,) in con.execute(
         "SELECT r.run FROM events e JOIN runs r ON r.id = e.run_id WHERE e.kind = 'response'")}
     con.close()
-    missing = sum(1 for r in delivered if r not in logged)
+    lost = [kill_t - t for r, t in delivered if r not in logged]
+    missing = len(lost)
     # The trace file must survive the kill: a new gateway opens it and serves.
     gw2_p, url2 = gateway(binary, faulty, healthy, tmp, trace=trace)
     try:
@@ -341,6 +343,9 @@ def kill9(binary, faulty, healthy, tmp, seconds, threads, timeout):
     line = {"scenario": "kill9", "seconds_before_kill": seconds, "delivered_whole": len(delivered),
             "without_response_event": missing,
             "loss_pct": round(100 * missing / max(len(delivered), 1), 2),
+            # How long before the kill the oldest answer without its event was delivered: the
+            # loss window, which (unlike the share) does not depend on the request rate.
+            "loss_window_ms": round(1000 * max(lost, default=0.0), 1),
             "silent_bad": verdicts.get("silent_bad", 0),
             "failed_before_kill": verdicts.get("failed", 0) + verdicts.get("hung", 0)
             + verdicts.get("flagged", 0),

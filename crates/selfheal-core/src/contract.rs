@@ -225,6 +225,12 @@ pub struct ToolConfig {
     /// confirm.
     #[serde(default)]
     pub reread: bool,
+    /// Whether calling this tool again with the same arguments right after its answer is how
+    /// it is used (default `false`): a tool polled until a job is done, a clock, a queue read.
+    /// Otherwise such a call repeats one whose result the conversation already has (the
+    /// control loop's repetition), and the gateway re-asks it rather than forwarding it.
+    #[serde(default)]
+    pub repeatable: bool,
 }
 
 fn default_max_age_ms() -> u64 {
@@ -244,6 +250,7 @@ impl Default for ToolConfig {
             max_age_ms: default_max_age_ms(),
             refresh: None,
             reread: false,
+            repeatable: false,
         }
     }
 }

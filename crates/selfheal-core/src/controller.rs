@@ -292,18 +292,24 @@ impl Controller {
         out
     }
 
+    /// Records a recovery a front-end decided for this run outside [`Controller::observe`] —
+    /// a re-ask of a model answer whose tool calls could not be used
+    /// ([`crate::call::reask_signal`], decided and charged against this run's ledger) — so that
+    /// what the run's judgements ask of a recovered run ([`Controller::claim_refused`],
+    /// [`Controller::reread_due`]) and its report count it as they count the controller's own.
+    /// Charges nothing: the decision was charged when it was made.
+    pub fn carried_out(&mut self, action: &RecoveryAction) {
+        *self.actions.entry(action.kind()).or_insert(0) += 1;
+    }
+
     /// Why the run's answer may not be claimed complete, when the policy says so: a recovery
     /// was carried out and the policy claims nothing after one (`claim_after_recovery = false`).
     /// [`Controller::finish`] ends such a run `partial`; a front-end that answers while the run
-    /// goes on (the gateway) flags its answer the same way.
+    /// goes on (the gateway) flags its answer the same way. The rule is
+    /// [`Policy::claim_refused`].
     pub fn claim_refused(&self) -> Option<String> {
-        (!self.policy.claim_after_recovery && self.actions.keys().any(|k| !k.is_terminal())).then(
-            || {
-                "a recovery was carried out, and the policy claims no answer after one \
-                 (claim_after_recovery = false)"
-                    .to_owned()
-            },
-        )
+        self.policy
+            .claim_refused(self.actions.keys().any(|k| !k.is_terminal()))
     }
 
     /// Asked once the run has its answer: whether to read once more, before answering, each

@@ -662,6 +662,20 @@ impl Policy {
         self.reread_after_recovery && self.claim_after_recovery && recovered
     }
 
+    /// Why no answer may be claimed, given whether a recovery was carried out (`recovered`):
+    /// when the policy claims nothing after one ([`Policy::claim_after_recovery`] `false`) and
+    /// one was. The rule behind
+    /// [`Controller::claim_refused`](crate::controller::Controller::claim_refused), and the one
+    /// a front-end that sees single calls but not the run's answer (the MCP proxy) applies to a
+    /// recovered call's value.
+    pub fn claim_refused(&self, recovered: bool) -> Option<String> {
+        (!self.claim_after_recovery && recovered).then(|| {
+            "a recovery was carried out, and the policy claims no answer after one \
+             (claim_after_recovery = false)"
+                .to_owned()
+        })
+    }
+
     /// The ladder for a class (empty if the class has none: it degrades at once).
     pub fn ladder(&self, class: FailureClass) -> &[ActionKind] {
         self.ladders.get(&class).map(Vec::as_slice).unwrap_or(&[])
@@ -841,6 +855,20 @@ mod tests {
             error_type: class.default_error_type(),
             retry_after_ms: None,
         }
+    }
+
+    /// A policy that claims nothing after a recovery refuses a claim exactly when one was
+    /// carried out, and then asks for no read before answering: the two rules never both hold.
+    #[test]
+    fn a_claim_after_a_recovery_is_refused_only_when_the_policy_says_so() {
+        let mut p = Policy::default();
+        assert_eq!(p.claim_refused(true), None);
+        assert!(p.reread_due(true));
+        p.claim_after_recovery = false;
+        assert_eq!(p.claim_refused(false), None);
+        let why = p.claim_refused(true).unwrap_or_default();
+        assert!(why.contains("claim_after_recovery = false"), "{why}");
+        assert!(!p.reread_due(true));
     }
 
     #[test]

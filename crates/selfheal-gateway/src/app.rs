@@ -523,7 +523,7 @@ async fn responses_inner(
     let tools = responses_tools(&req);
     let mut req = req;
     let now_ms = s.now_ms();
-    let (verdict, replayed, stop) = {
+    let (verdict, replayed, stop, answered) = {
         let mut st = lock(&t.state);
         st.requests += 1;
         let items = req
@@ -539,8 +539,13 @@ async fn responses_inner(
         };
         let replayed = heal::replay_items(&mut st, items, &ctx, now_ms);
         let next = st.wire.take_next();
-        (st.monitor().check(now_ms), replayed, next)
+        // The calls of the model's previous turn whose values the controller took: a new call
+        // identical to one of them is its repetition, re-asked as on chat completions.
+        let answered =
+            heal::Answered::of_items(items, &repeatable_out(&t, &next.taken), &next.again);
+        (st.monitor().check(now_ms), replayed, next, answered)
     };
+    let answered = Arc::new(answered);
     // The controller's directives, carried out as the chat path does: guidance lines join the
     // monitor's in `instructions`, repaired tool results replace their `function_call_output`,
     // an escalation sends this request to the chain's next target; a stop ends the run below.
@@ -656,7 +661,8 @@ async fn responses_inner(
     let learned =
         wants_stream && !tools.is_empty() && chain.first().is_some_and(|c| s.no_stream.contains(c));
     if wants_stream && !learned {
-        return answer_responses_stream(&t, req, chain, tools, evidence, actions).await;
+        let checks = Checks { answered, evidence };
+        return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
     }
     if learned {
         req.insert("stream".into(), Value::Bool(false));
@@ -701,15 +707,18 @@ async fn responses_inner(
         s,
         &mut answer,
         &tools,
+        &answered,
         evidence.as_deref().map(Vec::as_slice),
     );
     let (mut repaired, mut invalid) = (check.repaired, check.invalid);
     let mut ladder = ReaskState::default();
+    let mut reasked = false;
     while !invalid.is_empty() {
         let Some(next) = reask_granted(&t, &invalid, ladder) else {
             break;
         };
         ladder = next;
+        reasked = true;
         Metrics::inc(&s.metrics.reasks_total);
         if !actions.iter().any(|a| a == "reask") {
             actions.push("reask".into());
@@ -723,6 +732,7 @@ async fn responses_inner(
                     s,
                     &mut second,
                     &tools,
+                    &answered,
                     evidence.as_deref().map(Vec::as_slice),
                 );
                 answer = second;
@@ -731,6 +741,10 @@ async fn responses_inner(
             }
             Err(_) => break,
         }
+    }
+    // A re-ask answered with a final answer: judged by the core as the first answer would be.
+    if unsettled.is_none() && invalid.is_empty() && reasked && !responses_calls(&answer) {
+        unsettled = recover::unsettled(&lock(&t.state));
     }
     log_calls(&t, &log, &mut actions);
     for name in &repaired {
@@ -775,7 +789,7 @@ async fn answer_responses_stream(
     req: serde_json::Map<String, Value>,
     chain: Vec<crate::config::Target>,
     tools: ToolIndex,
-    evidence: Option<Arc<Vec<Value>>>,
+    checks: Checks,
     mut actions: Vec<String>,
 ) -> Result<Response, ApiError> {
     let encode = |m: &str| encode_responses(&req, m, None);
@@ -797,12 +811,13 @@ async fn answer_responses_stream(
         req: Arc::new(req),
         chain: Arc::new(chain),
         tools: Arc::new(tools),
-        evidence: evidence.clone(),
+        checks: checks.clone(),
     };
+    let grounded = checks.evidence.map(|evidence| grounding_check(t, evidence));
     let hooks = responses_stream::Hooks {
         reask: Some(again.hook()),
         reissue: Some(again.hook()),
-        check: evidence.map(|evidence| grounding_check(t, evidence)),
+        check: calls_check(checks.answered, grounded),
         reread: Some(again.reread()),
         unsettled: Some(stream_unsettled(t)),
         // Set in the relay's task: the head waits for its first frame.
@@ -928,27 +943,40 @@ struct ResponsesAgain {
     req: Arc<serde_json::Map<String, Value>>,
     chain: Arc<Vec<crate::config::Target>>,
     tools: Arc<ToolIndex>,
+    /// The further checks of its answers' calls.
+    checks: Checks,
+}
+
+/// What a Responses request's answers are checked against beyond their tools' schemas, read
+/// while the request was at hand.
+#[derive(Clone)]
+struct Checks {
+    /// The calls of the model's previous turn whose results it has ([`heal::Answered`]).
+    answered: Arc<heal::Answered>,
     /// The grounding evidence, when a grounded tool is offered.
     evidence: Option<Arc<Vec<Value>>>,
 }
 
 /// A Responses answer's `function_call` items checked ([`responses_stream::check_response`]:
-/// repaired in place, or taken out as unusable) and, when a grounded tool is offered
-/// (`evidence`), the calls of grounded tools judged against the request
-/// ([`recover::take_ungrounded`]).
+/// repaired in place, or taken out as unusable), then those that repeat the model's previous
+/// turn (`answered`) and, when a grounded tool is offered (`evidence`), the calls of grounded
+/// tools the request does not support ([`recover::take_ungrounded`]) taken out — as a chat
+/// answer's ([`check_completion`]).
 fn check_responses_answer(
     s: &AppState,
     answer: &mut Value,
     tools: &ToolIndex,
+    answered: &heal::Answered,
     evidence: Option<&[Value]>,
 ) -> heal::CallCheck {
     let mut check = responses_stream::check_response(answer, tools, &s.guides);
-    if let Some(evidence) = evidence
-        && let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut)
-    {
-        check
-            .invalid
-            .extend(recover::take_ungrounded(&s.config.tools, items, evidence));
+    if let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut) {
+        check.invalid.extend(answered.take_repeated(items));
+        if let Some(evidence) = evidence {
+            check
+                .invalid
+                .extend(recover::take_ungrounded(&s.config.tools, items, evidence));
+        }
     }
     check
 }
@@ -1005,7 +1033,8 @@ impl ResponsesAgain {
                 &t.s,
                 &mut response,
                 &self.tools,
-                self.evidence.as_deref().map(Vec::as_slice),
+                &self.checks.answered,
+                self.checks.evidence.as_deref().map(Vec::as_slice),
             );
             if !check.invalid.is_empty() {
                 problems = check.invalid;
@@ -1392,8 +1421,23 @@ fn rebuild_run(
         t.event(Kind::Recover, json!({"actions": next.actions}));
     }
     let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
-    let answered = heal::Answered::of(&req.messages, &next.taken, &next.again);
+    let answered = heal::Answered::of(&req.messages, &repeatable_out(t, &next.taken), &next.again);
     (verdict, newest_failed, next, answered)
+}
+
+/// The calls a new call could repeat (`taken`, `(tool, arguments hash)`), less those of tools
+/// the operator marked `repeatable` (polled, a clock): those may be called again as they were.
+fn repeatable_out(t: &Turn, taken: &[(String, u64)]) -> Vec<(String, u64)> {
+    taken
+        .iter()
+        .filter(|(tool, _)| {
+            !t.s.config
+                .tools
+                .get(tool.as_str())
+                .is_some_and(|c| c.repeatable)
+        })
+        .cloned()
+        .collect()
 }
 
 /// Whether a replayed result's outcome is a failure (the abort rule's condition).
@@ -1551,7 +1595,16 @@ fn stream_check(t: &Turn, req: &ChatRequest<'_>, ctx: &Call) -> Option<stream::C
     let grounded = grounding
         .any_grounded(ctx.tools.keys().map(String::as_str))
         .then(|| grounding_check(t, Arc::new(grounding.evidence())));
-    let answered = ctx.answered.clone();
+    calls_check(ctx.answered.clone(), grounded)
+}
+
+/// The further check of a streamed answer's usable calls, chat or Responses alike: those that
+/// repeat the model's previous turn (`answered`) taken out, then those the grounding check
+/// (`grounded`) refuses; `None` when neither can refuse a call.
+fn calls_check(
+    answered: Arc<heal::Answered>,
+    grounded: Option<stream::Check>,
+) -> Option<stream::Check> {
     match grounded {
         None if answered.is_empty() => None,
         None => Some(Box::new(move |calls: &mut Vec<Value>| {
@@ -1702,6 +1755,7 @@ async fn answer_complete(
         grounding,
     );
     let mut ladder = ReaskState::default();
+    let mut reasked = false;
     let mut chain: &[crate::config::Target] = &ctx.chain;
     while !check.invalid.is_empty() {
         let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, &mut chain)
@@ -1709,6 +1763,7 @@ async fn answer_complete(
             break;
         };
         ladder = next;
+        reasked = true;
         if escalate && !actions.iter().any(|a| a == "escalate") {
             actions.push("escalate".into());
         }
@@ -1741,6 +1796,17 @@ async fn answer_complete(
             }
             Err(_) => break,
         }
+    }
+    // A re-ask answered with a final answer: judged by the core as the first answer would be.
+    if unsettled.is_none()
+        && check.invalid.is_empty()
+        && reasked
+        && completion
+            .pointer("/choices/0/message/tool_calls")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+    {
+        unsettled = recover::unsettled(&lock(&t.state));
     }
     log_calls(t, &log, &mut actions);
     for name in &check.repaired {
@@ -1831,6 +1897,7 @@ fn reask_or_escalate(
 ) -> Option<(ReaskState, bool)> {
     let mut next = state;
     let mut escalate = false;
+    let mut action = None;
     let fallback = chain.get(1).map(|c| c.model.as_str());
     let granted = decided(t, "reask", |plane, ledger| {
         let (decision, n, event) = selfheal_core::call::reask_signal(
@@ -1843,8 +1910,17 @@ fn reask_or_escalate(
         );
         next = n;
         escalate = decision == selfheal_core::call::Reask::Escalate;
+        if let selfheal_core::trace::Event::Action { action: a, .. } = &event {
+            action = Some(a.clone());
+        }
         (decision != selfheal_core::call::Reask::Partial, event)
     });
+    // The re-ask is a recovery of the run: its controller counts it as its own (a recovered
+    // run is read again before it answers, and claims nothing under claim_after_recovery =
+    // false), as in-process, where the model's unusable answer is an observation of it.
+    if granted && let Some(a) = &action {
+        lock(&t.state).controller.carried_out(a);
+    }
     if granted && escalate && chain.len() > 1 {
         // The ladder's escalation: the fallback model is asked from here on.
         *chain = &chain[1..];

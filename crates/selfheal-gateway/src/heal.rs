@@ -396,12 +396,26 @@ pub fn replay_items(
     }
     results.reverse();
     let mut out = Vec::new();
+    let mut fed_turn = None;
     for (id, text, fp) in &results {
         let id = id.as_str();
-        let call = items.iter().find(|i| {
-            i.get("type").and_then(Value::as_str) == Some("function_call")
+        let at = items.iter().position(|i| {
+            item_type(i) == Some("function_call")
                 && i.get("call_id").and_then(Value::as_str) == Some(id)
         });
+        // The values taken are those of the last turn the run reads, as for a chat history
+        // ([`replay`]): a turn is a run of `function_call` items, named by where it starts.
+        if let Some(at) = at {
+            let turn = items[..at]
+                .iter()
+                .rposition(|i| item_type(i) != Some("function_call"))
+                .map_or(0, |p| p + 1);
+            if fed_turn.is_some_and(|t| t != turn) {
+                state.wire.forget_taken();
+            }
+            fed_turn = Some(turn);
+        }
+        let call = at.and_then(|at| items.get(at));
         let (name, args) = match call {
             Some(c) => {
                 let raw = c.get("arguments").and_then(Value::as_str).unwrap_or("{}");
@@ -716,7 +730,26 @@ impl Answered {
                 _ => break,
             }
         }
-        if turn.is_none() {
+        Answered::after(turn.is_some(), taken, again)
+    }
+
+    /// [`Answered::of`] for a Responses API `input`: its `items` end in a turn when nothing but
+    /// `function_call_output` items follows its last `function_call` item (the model's calls
+    /// and their results, nothing asked since).
+    pub fn of_items(items: &[Value], taken: &[(String, u64)], again: &[String]) -> Answered {
+        let turn = items
+            .iter()
+            .rev()
+            .map(item_type)
+            .find(|t| *t != Some("function_call_output"))
+            .is_some_and(|t| t == Some("function_call"));
+        Answered::after(turn, taken, again)
+    }
+
+    /// The calls of `taken` less those of the tools in `again` when the request ends in a turn
+    /// of calls and their results (`turn`); none otherwise.
+    fn after(turn: bool, taken: &[(String, u64)], again: &[String]) -> Answered {
+        if !turn {
             return Answered::default();
         }
         let calls = taken
@@ -738,19 +771,27 @@ impl Answered {
             && args_hash(raw).is_some_and(|h| self.calls.iter().any(|(n, c)| n == name && *c == h))
     }
 
-    /// Takes the calls that repeat an answered call out of `calls` (chat tool calls,
-    /// `{"function": {"name", "arguments"}}`); returns the problem of each.
+    /// Takes the calls that repeat an answered call out of `calls` — chat tool calls
+    /// (`{"function": {"name", "arguments"}}`) or Responses `function_call` items
+    /// (`{"type": "function_call", "name", "arguments"}`; items of other types stay); returns
+    /// the problem of each.
     pub fn take_repeated(&self, calls: &mut Vec<Value>) -> Vec<Problem> {
         let mut problems = Vec::new();
         if self.calls.is_empty() {
             return problems;
         }
         calls.retain(|c| {
-            let name = c.at("/function/name").and_then(Value::as_str).unwrap_or("");
-            let raw = c
-                .at("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("");
+            let field = |f: &str| {
+                if item_type(c) == Some("function_call") {
+                    c.get(f)
+                } else {
+                    c.get("function").and_then(|x| x.get(f))
+                }
+            };
+            let Some(name) = field("name").and_then(Value::as_str) else {
+                return true;
+            };
+            let raw = field("arguments").and_then(Value::as_str).unwrap_or("");
             if !self.repeats(name, raw) {
                 return true;
             }
@@ -769,20 +810,35 @@ impl Answered {
     /// [`Answered::take_repeated`] on an assistant `message` (its `tool_calls` removed when
     /// none is left, as [`check_message`] does).
     pub fn check(&self, message: &mut Value) -> Vec<Problem> {
-        let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
-            return Vec::new();
-        };
-        let problems = self.take_repeated(calls);
-        if calls.is_empty()
-            && let Some(m) = message.as_object_mut()
-        {
-            m.remove("tool_calls");
-            if m.get("content").is_none_or(Value::is_null) {
-                m.insert("content".into(), Value::String(String::new()));
-            }
-        }
-        problems
+        take_calls(message, |calls| self.take_repeated(calls))
     }
+}
+
+/// Runs `take` on the tool calls of an assistant `message` (it takes out the calls it refuses
+/// and returns their problems); `tool_calls` is removed, and `content` made a string, when no
+/// call is left, as [`check_message`] does.
+pub fn take_calls(
+    message: &mut Value,
+    take: impl FnOnce(&mut Vec<Value>) -> Vec<Problem>,
+) -> Vec<Problem> {
+    let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+        return Vec::new();
+    };
+    let problems = take(calls);
+    if calls.is_empty()
+        && let Some(m) = message.as_object_mut()
+    {
+        m.remove("tool_calls");
+        if m.get("content").is_none_or(Value::is_null) {
+            m.insert("content".into(), Value::String(String::new()));
+        }
+    }
+    problems
+}
+
+/// The `type` of a Responses item.
+fn item_type(item: &Value) -> Option<&str> {
+    item.get("type").and_then(Value::as_str)
 }
 
 /// The canonical hash of arguments text that is JSON (`None` when it is not).
@@ -1297,6 +1353,55 @@ mod tests {
                 "{n} turns"
             );
         }
+    }
+
+    /// Issue 11: on a Responses `input` too, the values taken are those of the last turn read
+    /// (a turn is a run of `function_call` items), and a call repeats one of them only while
+    /// the input ends in that turn: its calls and their results, nothing asked since. Its
+    /// `function_call` items are checked, other items left.
+    #[test]
+    fn a_responses_input_leaves_its_last_turns_calls_answered() {
+        let mut items = vec![json!({"role": "user", "content": "go"})];
+        for i in 0..3 {
+            items.push(json!({"type": "function_call", "call_id": format!("c{i}"),
+                              "name": "search", "arguments": format!("{{\"q\": \"x{i}\"}}")}));
+            items.push(
+                json!({"type": "function_call_output", "call_id": format!("c{i}"),
+                              "output": format!("{{\"hits\": {i}}}")}),
+            );
+        }
+        let bytes = request(json!([{"role": "user", "content": "go"}]));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let idx = tool_index(&req);
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
+        assert_eq!(replay_items(&mut state, &items, &ctx(&idx), 0).len(), 3);
+        let taken = state.wire.take_next().taken;
+        let last = json!({"q": "x2"});
+        assert_eq!(
+            taken,
+            vec![(
+                "search".to_owned(),
+                selfheal_core::monitor::canonical_hash(&last)
+            )]
+        );
+        let answered = Answered::of_items(&items, &taken, &[]);
+        let mut output = vec![
+            json!({"type": "message", "role": "assistant", "content": []}),
+            json!({"type": "function_call", "call_id": "c3", "name": "search",
+                   "arguments": "{ \"q\" : \"x2\" }"}),
+            json!({"type": "function_call", "call_id": "c4", "name": "search",
+                   "arguments": "{\"q\": \"x3\"}"}),
+        ];
+        let problems = answered.take_repeated(&mut output);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].kind, Unusable::Repetition);
+        assert_eq!(output.len(), 2);
+        assert_eq!(output[0]["type"], "message");
+        assert_eq!(output[1]["call_id"], "c4");
+        // Asked again by the controller, or something asked since: nothing is answered.
+        assert!(Answered::of_items(&items, &taken, &["search".to_owned()]).is_empty());
+        items.push(json!({"role": "user", "content": "once more"}));
+        assert!(Answered::of_items(&items, &taken, &[]).is_empty());
     }
 
     /// Issue 14: a call cut off by the length limit is re-asked, never repaired into a call;

@@ -3,17 +3,22 @@
 //! A client acts on a tool call as soon as its stream says it is finished, so the gateway keeps
 //! the tool-call deltas back, assembles each call, checks and repairs its arguments against the
 //! request's schema, and sends it as one complete delta just before the chunk that carries the
-//! `finish_reason`. When a call cannot be used (unknown tool, arguments that cannot be repaired)
-//! and the run's budget allows, the gateway asks the upstream once more — the text already sent
-//! stays sent — and passes on the new answer's calls instead; only if that fails too do the
-//! original calls go out, with a `partial` status. Text deltas are forwarded the moment they
-//! arrive; a first delta that carries only the role is held until something follows it.
+//! `finish_reason`. The calls usable as written then go through [`Hooks::check`] (a call that
+//! repeats the model's previous, answered one; the grounding check). When a call cannot be used
+//! (unknown tool, arguments that cannot be repaired, refused by that check), the gateway asks
+//! the upstream again without streaming while the ladder of its class and the run's budget
+//! allow — the text already sent stays sent — and passes on the new answer's calls instead;
+//! if no usable answer comes, the unusable calls are left out (never forwarded) and the stream
+//! ends `partial` with why. Text deltas are forwarded the moment they arrive; a first delta
+//! that carries only the role is held until something follows it.
 //!
 //! A stream that breaks (cut, stalled past the idle timeout, unreadable chunk, error event,
 //! ended without a finish) is healed while nothing but the role has gone out: the request is
 //! asked again without streaming, within the run's budget, and the answer re-emitted as SSE —
-//! the client never sees the break. So is an upstream that answers a streaming request with
-//! plain JSON or an empty 200 (llama-cpp-python's server does, for automatic tool choice). Once
+//! the client never sees the break. So is an empty 200 (llama-cpp-python's server sends one for
+//! automatic tool choice). An upstream that answers a streaming request with plain JSON has its
+//! answer checked as a streamed one's calls are — the same schema check, [`Hooks::check`], and
+//! re-ask — and sent as SSE. Once
 //! content went out, the break is never passed on as a clean finish: the client gets an
 //! OpenAI-shaped error event and then a clean end of the body — so the event is flushed and the
 //! SDK raises `APIError` with the upstream's message, not a connection error.
@@ -101,7 +106,7 @@ pub type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Reread<A>>
 pub type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
 
 /// Receives, once, the `selfheal` report as it stands when the relay sends its first frame (see
-/// [`head_report`]): what the response's head says, since it cannot wait for the end.
+/// `head_report`): what the response's head says, since it cannot wait for the end.
 pub type Head = tokio::sync::oneshot::Sender<Value>;
 
 /// What the relay may ask of the pipeline.
@@ -367,6 +372,10 @@ impl Relay<'_> {
         Ok(false)
     }
 
+    /// A non-SSE answer to a streaming request: its calls checked as a streamed answer's are
+    /// ([`crate::heal::check_message`], then [`Hooks::check`]), unusable ones re-asked (or left
+    /// out, `partial`), and the answer sent as a stream; an answer that does not parse breaks
+    /// the stream (re-issued by [`Relay::end`] while nothing went out).
     async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
             .await
@@ -390,14 +399,37 @@ impl Relay<'_> {
             return Ok(());
         };
         let ending = Ending::from_finish_reason(finish.as_str());
-        let check = crate::heal::check_message(message, &self.tools, &self.guides, ending);
-        if !check.invalid.is_empty() {
-            // Unusable calls in a converted answer: ask again as for a held stream.
-            self.report.broken = Some(crate::heal::problems_text(&check.invalid));
-            return Ok(());
+        let mut check = crate::heal::check_message(message, &self.tools, &self.guides, ending);
+        // The further check of the usable calls (a repetition, the grounding check), as for
+        // the calls of a streamed answer ([`Relay::finish`]).
+        if let Some(more) = &self.hooks.check {
+            check.invalid.extend(crate::heal::take_calls(message, more));
         }
         self.report.repaired.extend(check.repaired);
-        let message = message.clone();
+        let mut message = message.clone();
+        let mut finish = finish;
+        if !check.invalid.is_empty() {
+            // Unusable calls in a converted answer: re-asked as for a held stream; an answer
+            // that cannot be had goes out without them, `partial`.
+            let again = match self.hooks.reask.take() {
+                Some(f) => f(check.invalid.clone()).await,
+                None => None,
+            };
+            match again {
+                Some(r) => {
+                    self.report.reasked = problem_texts(&check.invalid);
+                    self.report.repaired.extend(r.repaired);
+                    message = r.message;
+                    finish = r.finish_reason;
+                }
+                None => {
+                    self.report.invalid = problem_texts(&check.invalid);
+                    if !calls_tools(&message) && finish.as_str() == Some("tool_calls") {
+                        finish = json!("stop");
+                    }
+                }
+            }
+        }
         self.emit_message(&message, finish).await
     }
 

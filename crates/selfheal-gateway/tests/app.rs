@@ -1072,6 +1072,82 @@ async fn issue_11_a_recovered_run_reads_its_unconfirmed_values_again_before_answ
     }
 }
 
+/// Issue 11: a re-ask of a model answer whose calls could not be used is a recovery of the run,
+/// counted by its controller as in-process: under a policy that claims nothing after a
+/// recovery, the answer the re-ask brings — and a later final answer of the same run — goes out
+/// `partial`; under the default policy both are `complete`.
+#[tokio::test]
+async fn a_reask_counts_as_a_recovery_of_the_run() {
+    for (policy, status) in [
+        ("claim_after_recovery = false", "partial"),
+        ("", "complete"),
+    ] {
+        let (url, shared) = start_upstream(vec![
+            (200, tool_call("nope", "{}")),
+            (200, text("done")),
+            (200, tool_call("nope", "{}")),
+            (200, tool_call("search", "{\"query\": \"k\"}")),
+            (200, text("k has 3 hits")),
+        ])
+        .await;
+        let mut config = fast(GatewayConfig::for_upstream(url));
+        config.policy = selfheal_core::policy::Policy::from_toml_str(policy).unwrap();
+        let app = gateway(config);
+        // One request: the unknown tool re-asked, the re-ask answered with a final answer.
+        let (_, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "tools": tools(), "messages": [
+                {"role": "user", "content": "first task"}]}),
+        )
+        .await;
+        assert_eq!(shared.lock().unwrap().seen.len(), 2, "one re-ask");
+        assert_eq!(body["choices"][0]["message"]["content"], "done", "{body}");
+        assert_eq!(body["selfheal"]["status"], status, "{policy}: {body}");
+        assert_eq!(headers["x-selfheal-status"], status);
+        // Another run: the re-ask brings a usable call; the run's final answer comes later.
+        let first = json!({"role": "user", "content": "second task"});
+        let (_, body, _) = post_chat(
+            &app,
+            json!({"model": "m", "tools": tools(), "messages": [first.clone()]}),
+        )
+        .await;
+        assert_eq!(
+            body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "search",
+            "{body}"
+        );
+        let call = body["choices"][0]["message"].clone();
+        let id = call["tool_calls"][0]["id"].clone();
+        let (_, body, _) = post_chat(
+            &app,
+            json!({"model": "m", "tools": tools(), "messages": [first, call,
+                {"role": "tool", "tool_call_id": id, "content": "{\"hits\": 3}"}]}),
+        )
+        .await;
+        assert_eq!(body["choices"][0]["message"]["content"], "k has 3 hits");
+        assert_eq!(body["selfheal"]["status"], status, "{policy}: {body}");
+    }
+}
+
+/// [`a_reask_counts_as_a_recovery_of_the_run`] on `/v1/responses`: the final answer a re-ask
+/// brings is judged by the run's core.
+#[tokio::test]
+async fn a_responses_reask_counts_as_a_recovery_of_the_run() {
+    for (policy, status) in [
+        ("claim_after_recovery = false", "partial"),
+        ("", "complete"),
+    ] {
+        let (url, shared) = start_responses_upstream(vec![responses_call("nope", "{}")]).await;
+        let mut config = fast(GatewayConfig::for_upstream(url));
+        config.policy = selfheal_core::policy::Policy::from_toml_str(policy).unwrap();
+        let app = gateway(config);
+        let body = json!({"model": "m", "input": "a task", "tools": responses_tools()});
+        let (_, answer) = post_json(&app, "/v1/responses", &body).await;
+        assert_eq!(shared.lock().unwrap().seen.len(), 2, "one re-ask");
+        assert!(answer["output"].to_string().contains("fine"), "{answer}");
+        assert_eq!(answer["selfheal"]["status"], status, "{policy}: {answer}");
+    }
+}
+
 /// Issue 11: an answer given while a tool's failure is still open is not returned as complete —
 /// the core's `finish` would call that run partial — and one given after the failure was
 /// recovered is.
@@ -1224,6 +1300,177 @@ async fn issue_11_a_call_repeating_the_answered_one_is_reasked() {
     assert_eq!(body["selfheal"]["status"], "partial", "{body}");
     assert!(body["choices"][0]["message"].get("tool_calls").is_none());
     assert!(shared.lock().unwrap().seen.len() >= 2);
+}
+
+/// A tool the operator marks `repeatable` (polled until a job is done, a clock) is called again
+/// with the same arguments as it is meant to be: the call goes out as written, not re-asked.
+#[tokio::test]
+async fn a_repeatable_tool_called_again_as_it_was_is_forwarded() {
+    let (url, shared) = start_upstream(vec![(200, tool_call("lookup", "{\"key\": \"k\"}"))]).await;
+    let mut c = GatewayConfig::for_upstream(url);
+    c.tools.insert(
+        "lookup".into(),
+        toml::from_str("repeatable = true").unwrap(),
+    );
+    let app = gateway(c);
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": looked_up("{\"status\": \"pending\"}"), "tools": tools()}),
+    )
+    .await;
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "lookup",
+        "{body}"
+    );
+    assert_eq!(body["selfheal"]["status"], "complete", "{body}");
+    assert!(!body["selfheal"]["actions"].to_string().contains("reask"));
+    assert_eq!(shared.lock().unwrap().seen.len(), 1);
+
+    // The same on `/v1/responses`.
+    let (url, shared) =
+        start_responses_upstream(vec![responses_call("lookup", "{\"key\": \"k\"}")]).await;
+    let mut c = GatewayConfig::for_upstream(url);
+    c.tools.insert(
+        "lookup".into(),
+        toml::from_str("repeatable = true").unwrap(),
+    );
+    let app = gateway(c);
+    let body = json!({"model": "m", "input": looked_up_items("{\"status\": \"pending\"}"),
+                      "tools": responses_tools()});
+    let (_, answer) = post_json(&app, "/v1/responses", &body).await;
+    assert_eq!(answer["output"][0]["name"], "lookup", "{answer}");
+    assert!(!answer["selfheal"]["actions"].to_string().contains("reask"));
+    assert_eq!(shared.lock().unwrap().seen.len(), 1);
+}
+
+/// A scripted Responses upstream: each request gets the next of `steps` (a response object),
+/// then a text answer.
+async fn start_responses_upstream(steps: Vec<Value>) -> (String, Shared) {
+    async fn answer(State(s): State<Shared>, body: axum::Json<Value>) -> Response {
+        let mut s = s.lock().unwrap();
+        s.seen.push(body.0);
+        let next = if s.steps.is_empty() {
+            responses_answer(
+                json!([{"type": "message", "id": "msg_1", "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "fine", "annotations": []}]}]),
+            )
+        } else {
+            s.steps.remove(0).1
+        };
+        axum::Json(next).into_response()
+    }
+    let shared: Shared = Arc::new(Mutex::new(Script {
+        steps: steps.into_iter().map(|s| (200, s)).collect(),
+        seen: Vec::new(),
+    }));
+    let app = Router::new()
+        .route("/v1/responses", post(answer))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), shared)
+}
+
+/// A completed Responses object with `output`.
+fn responses_answer(output: Value) -> Value {
+    json!({"id": "resp_1", "object": "response", "created_at": 0, "model": "m",
+           "status": "completed", "output": output})
+}
+
+/// A Responses answer that calls `name` with `args`.
+fn responses_call(name: &str, args: &str) -> Value {
+    responses_answer(
+        json!([{"type": "function_call", "id": "fc_2", "call_id": "c2",
+        "name": name, "arguments": args, "status": "completed"}]),
+    )
+}
+
+/// The Responses shape of [`tools`].
+fn responses_tools() -> Value {
+    json!([
+        {"type": "function", "name": "search", "parameters": {"type": "object",
+            "properties": {"query": {"type": "string"}}, "required": ["query"]}},
+        {"type": "function", "name": "lookup", "parameters": {"type": "object",
+            "properties": {"key": {"type": "string"}}, "required": ["key"]}}
+    ])
+}
+
+/// [`looked_up`] as a Responses `input`.
+fn looked_up_items(result: &str) -> Value {
+    json!([
+        {"role": "user", "content": "look k up, then search for it"},
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "lookup",
+         "arguments": "{\"key\": \"k\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": result},
+    ])
+}
+
+/// Issue 11: on `/v1/responses` too, a call that repeats the model's previous, answered call
+/// (the `function_call` item whose `function_call_output` the input carries) is not forwarded:
+/// it is re-asked along the core's ladder, through the same check as on chat completions, and
+/// the model's next call goes out; a model that keeps repeating itself ends `partial`, with
+/// no call.
+#[tokio::test]
+async fn issue_11_a_responses_call_repeating_the_answered_one_is_reasked() {
+    let (url, shared) = start_responses_upstream(vec![
+        responses_call("lookup", "{ \"key\" : \"k\" }"),
+        responses_call("search", "{\"query\": \"k\"}"),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let body = json!({"model": "m", "input": looked_up_items("{\"value\": 42}"),
+                      "tools": responses_tools()});
+    let (status, answer) = post_json(&app, "/v1/responses", &body).await;
+    assert_eq!(status, StatusCode::OK);
+    let output = answer["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{answer}");
+    assert_eq!(output[0]["name"], "search", "{answer}");
+    assert_eq!(answer["selfheal"]["status"], "complete", "{answer}");
+    assert!(answer["selfheal"]["actions"].to_string().contains("reask"));
+    let seen = shared.lock().unwrap().seen.clone();
+    assert_eq!(seen.len(), 2, "one re-ask");
+    let reask = seen[1]["input"].as_array().unwrap().last().unwrap().clone();
+    assert!(
+        reask["content"]
+            .as_str()
+            .unwrap()
+            .contains("You already called `lookup` with these exact arguments"),
+        "{reask}"
+    );
+
+    let repeat = responses_call("lookup", "{\"key\": \"k\"}");
+    let (url, _) = start_responses_upstream(vec![repeat; 4]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (_, answer) = post_json(&app, "/v1/responses", &body).await;
+    assert_eq!(answer["selfheal"]["status"], "partial", "{answer}");
+    assert!(
+        !answer["output"].to_string().contains("function_call"),
+        "the repeated call went out: {answer}"
+    );
+
+    // The same call after a failed result is the retry, not a repetition: it goes out.
+    let (url, shared) =
+        start_responses_upstream(vec![responses_call("lookup", "{\"key\": \"k\"}")]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let failed = json!({"model": "m", "input": looked_up_items("Error: 503 Service Unavailable"),
+                        "tools": responses_tools()});
+    let (_, answer) = post_json(&app, "/v1/responses", &failed).await;
+    assert_eq!(answer["output"][0]["name"], "lookup", "{answer}");
+    assert_eq!(shared.lock().unwrap().seen.len(), 1);
+}
+
+/// POSTs `body` to `path` and reads the JSON answer.
+async fn post_json(app: &Router, path: &str, body: &Value) -> (StatusCode, Value) {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
 }
 
 /// Issue 11: the same call again is not a repetition when its result failed (calling it again

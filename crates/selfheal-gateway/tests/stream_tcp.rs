@@ -483,3 +483,161 @@ async fn issue_11_a_streamed_repetition_is_reasked_never_sent() {
         seen[1]
     );
 }
+
+/// A chat request's conversation: the user's task, a call of `search` for "rust" and its
+/// result.
+fn searched() -> serde_json::Value {
+    serde_json::json!([
+        {"role": "user", "content": "search for rust, then for rust books"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "search",
+            "arguments": "{\"query\":\"rust\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"hits\": 3}"}])
+}
+
+/// The chat tools of these tests: `search`.
+fn search_tool() -> serde_json::Value {
+    serde_json::json!([{"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}}}}])
+}
+
+/// A chat completion calling `search` with `query`, as the upstream's JSON answer.
+fn search_answer(id: &str, query: &str) -> String {
+    json_answer(&format!(
+        r#"{{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":null,"tool_calls":[{{"id":"{id}","type":"function","function":{{"name":"search","arguments":"{{\"query\": \"{query}\"}}"}}}}]}},"finish_reason":"tool_calls"}}]}}"#
+    ))
+}
+
+/// Issue 11: a plain-JSON answer to a streaming chat request (the relay's convert path) is
+/// checked as a streamed one is: a call repeating the model's previous, answered call is
+/// re-asked with why, never sent.
+#[tokio::test]
+async fn issue_11_a_converted_repetition_is_reasked_never_sent() {
+    let (up, seen) = canned_upstream(vec![
+        search_answer("c2", "rust"),
+        search_answer("c3", "rust books"),
+    ])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_request(
+        &url,
+        serde_json::json!({"model": "m", "stream": true, "messages": searched(),
+            "tools": search_tool()}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !body.contains(r#"\"c2\""#),
+        "the repeated call went out: {body}"
+    );
+    assert!(body.contains("rust books"), "{body}");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "asked again once");
+    assert!(
+        seen[1].contains("You already called `search` with these exact arguments"),
+        "{}",
+        seen[1]
+    );
+}
+
+/// A plain-JSON answer to a streaming chat request calling a `grounded` tool with an argument
+/// found nowhere in the conversation is re-asked with why, never sent (the convert path runs
+/// the grounding check too).
+#[tokio::test]
+async fn a_converted_ungrounded_call_of_a_grounded_tool_is_reasked_never_sent() {
+    let (up, seen) = canned_upstream(vec![
+        search_answer("c1", "invented"),
+        search_answer("c2", "rust"),
+    ])
+    .await;
+    let mut config = GatewayConfig::for_upstream(up);
+    config
+        .tools
+        .insert("search".into(), toml::from_str("grounded = true").unwrap());
+    let url = start_gateway_with(config).await;
+    let body = stream_request(
+        &url,
+        serde_json::json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "search for rust"}],
+            "tools": search_tool()}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !body.contains("invented"),
+        "the ungrounded call went out: {body}"
+    );
+    assert!(body.contains(r#"\"query\": \"rust\""#), "{body}");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "asked again once");
+    assert!(seen[1].contains("appear in neither"), "{}", seen[1]);
+}
+
+/// A Responses request's input: the user's task, a call of `search` for "rust" and its result;
+/// with the Responses shape of [`search_tool`].
+fn searched_responses() -> serde_json::Value {
+    serde_json::json!({"model": "m", "stream": true,
+        "input": [
+            {"role": "user", "content": "search for rust, then for rust books"},
+            {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "search",
+             "arguments": "{\"query\":\"rust\"}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "{\"hits\": 3}"}],
+        "tools": [{"type": "function", "name": "search", "parameters": {
+            "type": "object", "properties": {"query": {"type": "string"}}}}]})
+}
+
+/// A Responses object calling `search` with `query` (call id `id`).
+fn search_response(id: &str, query: &str) -> serde_json::Value {
+    serde_json::json!({"id": "resp_1", "object": "response", "created_at": 1, "model": "m",
+        "status": "completed", "output": [{"type": "function_call", "id": format!("fc_{id}"),
+        "call_id": id, "name": "search", "arguments": format!("{{\"query\": \"{query}\"}}"),
+        "status": "completed"}]})
+}
+
+/// Issue 11: on a streamed `/v1/responses` answer, a `function_call` item that repeats the
+/// model's previous, answered call is held, re-asked along the core's ladder and never sent —
+/// whether the upstream streams it or answers the streaming request with plain JSON.
+#[tokio::test]
+async fn issue_11_a_streamed_responses_repetition_is_reasked_never_sent() {
+    let repeated = search_response("c2", "rust");
+    let item = &repeated["output"][0];
+    let mut added = item.clone();
+    added["arguments"] = serde_json::json!("");
+    added["status"] = serde_json::json!("in_progress");
+    let events = [
+        serde_json::json!({"type": "response.created",
+            "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+        serde_json::json!({"type": "response.output_item.added", "output_index": 0,
+            "item": added}),
+        serde_json::json!({"type": "response.function_call_arguments.delta", "output_index": 0,
+            "delta": item["arguments"]}),
+        serde_json::json!({"type": "response.output_item.done", "output_index": 0,
+            "item": item}),
+        serde_json::json!({"type": "response.completed", "response": repeated}),
+    ]
+    .map(|e| e.to_string());
+    let events: Vec<&str> = events.iter().map(String::as_str).collect();
+    let next = search_response("c3", "rust books").to_string();
+    for (how, first) in [
+        ("streamed", sse(&events)),
+        ("as plain JSON", json_answer(&repeated.to_string())),
+    ] {
+        let (up, seen) = canned_upstream(vec![first, json_answer(&next)]).await;
+        let url = start_gateway(up)
+            .await
+            .replace("chat/completions", "responses");
+        let body = stream_request(&url, searched_responses()).await.unwrap();
+        assert!(
+            !body.contains(r#""call_id":"c2""#),
+            "{how}: the repeated call went out: {body}"
+        );
+        assert!(body.contains("rust books"), "{how}: {body}");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "{how}: asked again once");
+        assert!(
+            seen[1].contains("You already called `search` with these exact arguments"),
+            "{how}: {}",
+            seen[1]
+        );
+    }
+}

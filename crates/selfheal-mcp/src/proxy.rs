@@ -39,6 +39,14 @@
 //!   ([`Policy::reread_due`](selfheal_core::policy::Policy::reread_due)), the result carries
 //!   guidance to call the tool again with the same arguments and compare before relying on the
 //!   value. Whether the model does is its own; nothing is claimed about it;
+//! - `claim_after_recovery = false` (the policy claims no answer after a recovery, which the
+//!   gateway carries out by flagging the run's answer `partial`): the proxy cannot flag the
+//!   answer, so the value does it. The result of any call that needed a recovery (a retry, a
+//!   refresh, a mapped field) carries guidance that the policy claims nothing after one
+//!   ([`Policy::claim_refused`](selfheal_core::policy::Policy::claim_refused), the rule behind
+//!   `Controller::claim_refused`) and that an answer resting on the value is to be reported as
+//!   unconfirmed; no read again is asked for (the policy makes none). The value itself is
+//!   passed on: withholding it would give the model nothing to report;
 //! - `notifications/progress` for a call pushes its deadline back (up to ten call timeouts), and
 //!   when the server exits every call still waiting is answered with an error.
 //!
@@ -849,6 +857,19 @@ impl Proxy {
                     "`{}` needed a recovery before this answer: call it again with the same \
                      arguments ({}) and compare, before you rely on its value.",
                     p.tool, p.args
+                ));
+            }
+            // A value a recovery produced, under a policy that claims nothing after one: the
+            // proxy cannot flag the run's answer `partial`, so the value says it is not to be
+            // claimed.
+            if breached.is_none()
+                && let Some(why) = self.plane.policy().claim_refused(p.plan.recovered())
+            {
+                self.decide(Kind::Guidance, &p.tool, json!({"unconfirmed": why}));
+                notes.push(format!(
+                    "`{}` answered only after a recovery: {why}. Report any answer that rests \
+                     on this value as unconfirmed, not as a result.",
+                    p.tool
                 ));
             }
         }

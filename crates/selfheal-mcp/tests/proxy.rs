@@ -1669,6 +1669,68 @@ fn the_policy_decides_no_reread_when_it_asks_for_none() {
     assert_eq!(texts(&answer(&outs)).len(), 1, "{outs:?}");
 }
 
+/// Issue 11: under `claim_after_recovery = false` the policy claims nothing after a recovery.
+/// The proxy never sees the run's answer, so the recovered value says so: its result carries
+/// guidance to report it as unconfirmed (and no read again, which the policy makes none of),
+/// whether or not the tool is marked `reread`; a value that needed no recovery carries nothing.
+#[test]
+fn a_recovered_value_is_unconfirmed_when_the_policy_claims_nothing_after_a_recovery() {
+    for tools in [
+        "[tools.search]\noutput = [\"hits\"]\nreread = true\n",
+        "[tools.search]\noutput = [\"hits\"]\n",
+    ] {
+        let mut cfg = config();
+        cfg.tools = selfheal_mcp::tools_from_toml_str(tools).unwrap();
+        cfg.policy.claim_after_recovery = false;
+        let mut p = Proxy::new(cfg).unwrap();
+        let mut rng = ConstRng(0);
+        list(&mut p, 1, 0);
+        round_trip(
+            &mut p,
+            json!(3),
+            "search",
+            json!({"query": "q"}),
+            structured(json!({"hits": null})),
+            10,
+        );
+        let sent = to_server(&p.tick(510, &mut rng));
+        let outs = p.from_server(
+            response(sent[0]["id"].clone(), structured(json!({"hits": [1]}))),
+            520,
+            &mut rng,
+        );
+        let r = answer(&outs);
+        assert_ne!(r["isError"], json!(true), "{tools}");
+        assert_eq!(
+            r["structuredContent"],
+            json!({"hits": [1]}),
+            "the value is kept"
+        );
+        let t = texts(&r);
+        assert_eq!(t.len(), 2, "{tools}: {t:?}");
+        assert!(t[1].contains("claim_after_recovery = false"), "{t:?}");
+        assert!(t[1].contains("as unconfirmed"), "{t:?}");
+        assert!(!t[1].contains("call it again"), "no read again: {t:?}");
+        let d = own(p.take_decisions());
+        assert!(
+            d.iter()
+                .any(|d| d.kind.as_str() == "guidance" && d.detail.get("unconfirmed").is_some()),
+            "{tools}"
+        );
+
+        // A value that needed no recovery is not flagged.
+        let outs = round_trip(
+            &mut p,
+            json!(4),
+            "search",
+            json!({"query": "r"}),
+            structured(json!({"hits": [3]})),
+            600,
+        );
+        assert_eq!(texts(&answer(&outs)).len(), 1, "{tools}: {outs:?}");
+    }
+}
+
 #[test]
 fn an_empty_output_of_a_tool_without_hints_is_flagged() {
     let mut p = contract_proxy("[tools.send]\noutput = [\"receipt\"]\n");
