@@ -241,11 +241,28 @@ impl Failure {
     }
 }
 
+/// The call a client actually sent: the tool and the arguments as they went out (the model's,
+/// after any switch to the substitute and any JSON repair) — never the plan's.
+#[derive(Debug, Clone, PartialEq)]
+struct Sent {
+    tool: String,
+    args: Value,
+}
+
+impl Sent {
+    fn written(&self) -> Written {
+        Written::Call {
+            tool: self.tool.clone(),
+            args: self.args.clone(),
+        }
+    }
+}
+
 /// What one attempt at a step produced.
 #[derive(Debug, Clone, PartialEq)]
 enum Attempt {
-    /// A usable body.
-    Ok(Value),
+    /// A usable body, and the call that fetched it.
+    Ok(Value, Sent),
     /// The model wrote no call.
     Skipped,
     /// A failure.
@@ -547,7 +564,7 @@ fn attempt(
                 }
             };
             match check_body(ep.plan(), s, &v, det, now) {
-                Ok(()) => Attempt::Ok(v),
+                Ok(()) => Attempt::Ok(v, Sent { tool, args }),
                 Err(mut f) => {
                     f.called = called(Some(v));
                     Attempt::Failed(*f)
@@ -557,7 +574,9 @@ fn attempt(
     }
 }
 
-/// The cross-check: calls the equivalent source with the same arguments and compares the values
+/// The cross-check: calls the equivalent source with the arguments of the call that was made
+/// (`sent`: the model's, as they went out — the plan's would be the task's solution, and would
+/// check a wrong-argument call against the right answer) and compares the values
 /// the tool declares within its tolerance — the substitute for the primary's values, the
 /// primary for the substitute's (a substitute's value is otherwise unchecked). An external tool
 /// with no equivalent source is read a second time instead: a source whose answer changes between
@@ -574,9 +593,9 @@ fn cross_check(
     s: usize,
     how: How,
     body: &Value,
-    outputs: &[Option<Value>],
+    sent: &Sent,
 ) -> Option<Judgement> {
-    read_again(ep, s, how, body, outputs, false)
+    read_again(ep, s, how, body, sent, false)
 }
 
 /// [`cross_check`]; with `local`, a local tool is read a second time too.
@@ -585,7 +604,7 @@ fn read_again(
     s: usize,
     how: How,
     body: &Value,
-    outputs: &[Option<Value>],
+    sent: &Sent,
     local: bool,
 ) -> Option<Judgement> {
     let plan = ep.plan();
@@ -606,8 +625,7 @@ fn read_again(
     };
     let tol = spec.tolerance;
     let reads = contract(plan, s);
-    let args = resolve_args(plan, s, outputs).ok()?;
-    let resp = ep.call(s, &sub, &args, Purpose::Verify, false);
+    let resp = ep.call(s, &sub, &sent.args, Purpose::Verify, false);
     let judgement = match resp.response {
         Response::Raised { message, .. } => Judgement::Uncertain {
             reason: format!("{other} did not answer: {message}"),
@@ -667,7 +685,7 @@ pub fn run_static(ep: &mut Episode<'_>) -> Ended {
     let mut outputs: Vec<Option<Value>> = vec![None; n];
     for s in 0..n {
         match attempt(ep, s, How::default(), &outputs, None, Detectors::PLAIN) {
-            Attempt::Ok(v) => outputs[s] = Some(v),
+            Attempt::Ok(v, _) => outputs[s] = Some(v),
             Attempt::Skipped => outputs[s] = None,
             Attempt::Failed(_) => return Ended::none(),
         }
@@ -685,7 +703,7 @@ pub fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> End
         let mut how = How::default();
         loop {
             match attempt(ep, s, how, &outputs, None, Detectors::PLAIN) {
-                Attempt::Ok(v) => {
+                Attempt::Ok(v, _) => {
                     outputs[s] = Some(v);
                     break;
                 }
@@ -723,9 +741,9 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
         let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
         let result = attempt(ep, s, how[s], &outputs, prev, det);
         let failure = match result {
-            Attempt::Ok(v) => match det
+            Attempt::Ok(v, sent) => match det
                 .verify
-                .then(|| cross_check(ep, s, how[s], &v, &outputs))
+                .then(|| cross_check(ep, s, how[s], &v, &sent))
                 .flatten()
             {
                 Some(Judgement::Reject { reason }) => Failure::new(
@@ -735,10 +753,8 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
                     format!("the other source disagrees: {reason}"),
                 ),
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
-                    written[s] = ep.plan().steps.get(s).map(|st| Written::Call {
-                        tool: st.tool.clone(),
-                        args: resolve_args(ep.plan(), s, &outputs).unwrap_or(Value::Null),
-                    });
+                    // The call that was made, for the repetition check of the next step.
+                    written[s] = Some(sent.written());
                     outputs[s] = Some(v);
                     s += 1;
                     continue;
@@ -811,9 +827,9 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
         };
         let result = attempt(ep, s, how, &outputs, None, det);
         let failed = match result {
-            Attempt::Ok(v) => match det
+            Attempt::Ok(v, sent) => match det
                 .verify
-                .then(|| cross_check(ep, s, how, &v, &outputs))
+                .then(|| cross_check(ep, s, how, &v, &sent))
                 .flatten()
             {
                 Some(Judgement::Reject { .. }) => {
@@ -926,9 +942,14 @@ fn audit(
     st: &mut Run<'_, '_>,
     how: &[How],
     outputs: &[Option<Value>],
+    sent: &[Option<Sent>],
 ) -> Option<(usize, Directive)> {
     for (m, value) in outputs.iter().enumerate() {
         let Some(v) = value else { continue };
+        // The value is read again with the call that fetched it.
+        let Some(call) = sent.get(m).and_then(Option::as_ref) else {
+            continue;
+        };
         let single = st
             .ep
             .plan()
@@ -938,7 +959,7 @@ fn audit(
             continue;
         }
         for _ in 0..st.ctl.reread_reads() {
-            let Some(judgement) = read_again(st.ep, m, how[m], v, outputs, true) else {
+            let Some(judgement) = read_again(st.ep, m, how[m], v, call, true) else {
                 break;
             };
             let rejected = matches!(judgement, Judgement::Reject { .. });
@@ -993,6 +1014,8 @@ pub fn run_self_healing(
     };
     let mut outputs: Vec<Option<Value>> = vec![None; n];
     let mut written: Vec<Option<Written>> = vec![None; n];
+    // The last call sent for each step (the one whose body `outputs` or `last_body` holds).
+    let mut sent: Vec<Option<Sent>> = vec![None; n];
     let mut how = vec![How::default(); n];
     let mut last_body: Vec<Option<String>> = vec![None; n];
     let mut s = 0;
@@ -1008,7 +1031,7 @@ pub fn run_self_healing(
     // before answering (the policy's `reread_after_recovery`, once, after a recovery).
     'steps: while s < n || st.ctl.reread_due() {
         let directive = if s >= n {
-            let Some((m, d)) = audit(&mut st, &how, &outputs) else {
+            let Some((m, d)) = audit(&mut st, &how, &outputs, &sent) else {
                 break;
             };
             // The answer is rebuilt from the step whose value changed.
@@ -1029,11 +1052,12 @@ pub fn run_self_healing(
                     s += 1;
                     continue;
                 }
-                Attempt::Ok(v) => {
+                Attempt::Ok(v, call) => {
                     let spec = st.ep.plan().step_tool(s);
-                    let tool = spec.map(|t| t.name.clone()).unwrap_or_default();
                     let required = spec.map(|t| t.required()).unwrap_or_default();
-                    let args = resolve_args(st.ep.plan(), s, &outputs).unwrap_or(Value::Null);
+                    // The monitor sees the call that was made, not the plan's.
+                    let Sent { tool, args } = call.clone();
+                    sent[s] = Some(call);
                     let options = st.options(s, how[s], None, &outputs);
                     let usage = Amounts {
                         latency_ms: st.ep.now() - since,
@@ -1041,7 +1065,9 @@ pub fn run_self_healing(
                     };
                     // The cross-check runs before the call is reported: two sources that disagree
                     // are the monitor's contradiction signal on this call, not a later verdict.
-                    let judgement = cross_check(st.ep, s, how[s], &v, &outputs);
+                    let judgement = sent[s]
+                        .clone()
+                        .and_then(|c| cross_check(st.ep, s, how[s], &v, &c));
                     let signal = match &judgement {
                         Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
                             detail: reason.clone(),
@@ -1118,6 +1144,13 @@ pub fn run_self_healing(
                                 last_body[s] = Some(b.clone());
                             } else if let Some(v) = result {
                                 last_body[s] = Some(v.to_string());
+                            }
+                            if result.is_some() {
+                                // The call whose body an output repair would work on.
+                                sent[s] = Some(Sent {
+                                    tool: tool.clone(),
+                                    args: args.clone(),
+                                });
                             }
                             let required = st
                                 .ep
@@ -1210,9 +1243,11 @@ pub fn run_self_healing(
                                         // source or read (a local tool) the repair's own check (it parsed, the declared
                                         // fields are there) reads the shape, not the values: it
                                         // cannot tell whether they are right.
-                                        let (verifier, judgement) = match cross_check(
-                                            st.ep, s, how[s], &v, &outputs,
-                                        ) {
+                                        // With the call whose body was repaired.
+                                        let (verifier, judgement) = match sent[s]
+                                            .clone()
+                                            .and_then(|c| cross_check(st.ep, s, how[s], &v, &c))
+                                        {
                                             Some(j) => ("cross_check", j),
                                             None => (
                                                 "repair",

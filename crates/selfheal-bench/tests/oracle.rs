@@ -51,6 +51,48 @@ fn strategies_never_name_the_schedule_or_the_truth() {
     );
 }
 
+/// The plan's arguments, resolved, are the task's solution: the calls a fault-free model would
+/// make. A client holds the call its model made; whatever it does with a call — cross-check it,
+/// read it again before answering, show it to the monitor, compare the next call with it — it
+/// does with that one. The one use a client has for the resolution is to see that an input
+/// names a step that produced nothing (`ResolveError::Missing`): which outputs it holds is its
+/// own knowledge, and no value is read.
+fn plan_argument_reads(src: &str) -> Vec<String> {
+    code_lines(src)
+        .filter(|(_, l)| l.contains("resolve_args(") && !l.contains("ResolveError::Missing"))
+        .map(|(i, l)| format!("strategies.rs:{}: {l:?}", i + 1))
+        .collect()
+}
+
+#[test]
+fn strategies_never_use_the_plans_arguments_as_the_call_made() {
+    let hits = plan_argument_reads(include_str!("../src/strategies.rs"));
+    assert!(
+        hits.is_empty(),
+        "strategies read the plan's arguments where the call made belongs:\n{}",
+        hits.join("\n")
+    );
+}
+
+#[test]
+fn the_argument_scan_would_catch_a_reach() {
+    // The cross-check's old read, and the record of the call for the repetition check.
+    assert!(
+        !plan_argument_reads("    let args = resolve_args(plan, s, outputs).ok()?;").is_empty()
+    );
+    assert!(
+        !plan_argument_reads("args: resolve_args(ep.plan(), s, &outputs).unwrap_or(Value::Null),")
+            .is_empty()
+    );
+    // The missing-input check reads no value.
+    assert!(
+        plan_argument_reads(
+            "if let Err(e @ ResolveError::Missing { .. }) = resolve_args(ep.plan(), s, outputs) {"
+        )
+        .is_empty()
+    );
+}
+
 #[test]
 fn the_scan_would_catch_a_reach() {
     // The scan is only worth something if it fires on the obvious cheat.
