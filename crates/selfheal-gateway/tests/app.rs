@@ -57,13 +57,23 @@ fn tool_call(name: &str, args: &str) -> Value {
 }
 
 async fn start_upstream(steps: Vec<(u16, Value)>) -> (String, Shared) {
+    serve_script(steps, |r| {
+        r.route("/v1/chat/completions", post(upstream_chat))
+    })
+    .await
+}
+
+/// Serves `steps` on 127.0.0.1, port 0, with the route `route` adds; the base URL and the
+/// script, which records every request seen.
+async fn serve_script(
+    steps: Vec<(u16, Value)>,
+    route: impl FnOnce(Router<Shared>) -> Router<Shared>,
+) -> (String, Shared) {
     let shared: Shared = Arc::new(Mutex::new(Script {
         steps,
         seen: Vec::new(),
     }));
-    let app = Router::new()
-        .route("/v1/chat/completions", post(upstream_chat))
-        .with_state(shared.clone());
+    let app = route(Router::new()).with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -1360,17 +1370,10 @@ async fn start_responses_upstream(steps: Vec<Value>) -> (String, Shared) {
         };
         axum::Json(next).into_response()
     }
-    let shared: Shared = Arc::new(Mutex::new(Script {
-        steps: steps.into_iter().map(|s| (200, s)).collect(),
-        seen: Vec::new(),
-    }));
-    let app = Router::new()
-        .route("/v1/responses", post(answer))
-        .with_state(shared.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}/v1"), shared)
+    serve_script(steps.into_iter().map(|s| (200, s)).collect(), |r| {
+        r.route("/v1/responses", post(answer))
+    })
+    .await
 }
 
 /// A completed Responses object with `output`.
