@@ -632,13 +632,11 @@ impl Relay<'_> {
     /// A final answer (no `function_call` item) is ending: the core's judgement of the run, or
     /// a read before answering that was not made, flags it `partial`.
     fn settle(&mut self) {
-        if self.report.unsettled.is_some() {
-            return;
-        }
-        self.report.unsettled = self
-            .unread
-            .take()
-            .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()));
+        crate::stream::settle(
+            &mut self.report,
+            &mut self.unread,
+            self.hooks.unsettled.as_ref(),
+        );
     }
 
     /// Forgets everything held and numbered, while nothing went out: another answer follows.

@@ -155,6 +155,20 @@ pub(crate) fn head_report(
     head
 }
 
+/// A final answer is ending (the chat and Responses relays): why it is not claimed complete,
+/// once — a read before answering that was not made (`unread`), else the core's judgement of
+/// the run (`unsettled`).
+pub(crate) fn settle(
+    report: &mut StreamReport,
+    unread: &mut Option<String>,
+    unsettled: Option<&Unsettled>,
+) {
+    if report.unsettled.is_some() {
+        return;
+    }
+    report.unsettled = unread.take().or_else(|| unsettled.and_then(|f| f()));
+}
+
 /// What happened to a stream, reported when it ends.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StreamReport {
@@ -485,13 +499,11 @@ impl Relay<'_> {
     /// A final answer (no tool calls) is ending: the core's judgement of the run, or a read
     /// before answering that was not made, flags it `partial`.
     fn settle(&mut self) {
-        if self.report.unsettled.is_some() {
-            return;
-        }
-        self.report.unsettled = self
-            .unread
-            .take()
-            .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()));
+        settle(
+            &mut self.report,
+            &mut self.unread,
+            self.hooks.unsettled.as_ref(),
+        );
     }
 
     fn attach_selfheal(&mut self, v: &mut Value) {
