@@ -7,8 +7,9 @@
 //! strategies.rs.)
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use selfheal_bench::exec::Episode;
-use selfheal_bench::faultmodel::{FaultModel, Injected};
 use selfheal_bench::strategies::Strategy;
 use selfheal_bench::task::load_jsonl;
 use serde_json::Value;
@@ -20,20 +21,9 @@ const TASK: &str = r#"{"id": "xcheck", "query": "Find quotes by J.K. Rowling.", 
 
 fn episode_with_wrong_value(strategy: Strategy) -> (Option<Value>, u64, u64, Option<String>) {
     let task = &load_jsonl(TASK).unwrap()[0];
-    let model = FaultModel::default_model().unwrap();
-    let spec = model
-        .faults
-        .iter()
-        .position(|f| f.name == "wrong_value_args")
-        .unwrap();
     // The model copies the argument wrong, for good.
-    let faults = [Injected {
-        step: 0,
-        spec,
-        permanent: true,
-        k: 1,
-        skew: 0.0,
-    }];
+    let (model, fault) = common::permanent("wrong_value_args", 0);
+    let faults = [fault];
     let mut ep = Episode::new(task, &faults, &model, 3);
     let ended = strategy.run(&mut ep, 3, None, 3, true);
     let costs = ep.costs();

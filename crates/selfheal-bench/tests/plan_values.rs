@@ -7,8 +7,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use selfheal_bench::exec::Episode;
-use selfheal_bench::faultmodel::{FaultModel, Injected};
 use selfheal_bench::strategies::Strategy;
 use selfheal_core::FailureClass;
 use selfheal_core::policy::{ActionKind, Policy};
@@ -16,19 +17,8 @@ use selfheal_core::policy::{ActionKind, Policy};
 #[test]
 fn issue_11_a_wrong_argument_is_not_replaced_by_the_plans_value() {
     let task = &selfheal_bench::task::builtin(1)[0];
-    let model = FaultModel::default_model().unwrap();
-    let spec = model
-        .faults
-        .iter()
-        .position(|f| f.name == "wrong_value_args")
-        .unwrap();
-    let faults = [Injected {
-        step: 0,
-        spec,
-        permanent: true,
-        k: 1,
-        skew: 0.0,
-    }];
+    let (model, fault) = common::permanent("wrong_value_args", 0);
+    let faults = [fault];
     let policy = Policy {
         ladders: FailureClass::ALL
             .into_iter()

@@ -2,6 +2,8 @@
 //! call. (A test of its own: the oracle scan forbids naming the fault model in strategies.rs.)
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use selfheal_bench::exec::Episode;
 use selfheal_bench::strategies::Strategy;
 use serde_json::Value;
@@ -11,22 +13,10 @@ use serde_json::Value;
 /// the plan's answer (the gateway, which knows substitutes by the called tool, agrees).
 #[test]
 fn a_tool_not_on_offer_is_not_substituted() {
-    use selfheal_bench::faultmodel::{FaultModel, Injected};
     let task = &selfheal_bench::task::builtin(1)[0];
     assert!(task.plan.step_tool(0).unwrap().substitute.is_some());
-    let model = FaultModel::default_model().unwrap();
-    let spec = model
-        .faults
-        .iter()
-        .position(|f| f.name == "wrong_tool_unknown")
-        .unwrap();
-    let faults = [Injected {
-        step: 0,
-        spec,
-        permanent: true,
-        k: 1,
-        skew: 0.0,
-    }];
+    let (model, fault) = common::permanent("wrong_tool_unknown", 0);
+    let faults = [fault];
     let mut ep = Episode::new(task, &faults, &model, 7);
     let ended = Strategy::SelfHealing.run(&mut ep, 5, None, 7, true);
     let trace = ended.trace.unwrap();
