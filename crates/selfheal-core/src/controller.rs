@@ -292,6 +292,11 @@ impl Controller {
         out
     }
 
+    /// Whether a recovery action (one that is not terminal) was carried out in this run.
+    fn recovered(&self) -> bool {
+        self.actions.keys().any(|k| !k.is_terminal())
+    }
+
     /// Records a recovery a front-end decided for this run outside [`Controller::observe`] —
     /// a re-ask of a model answer whose tool calls could not be used
     /// ([`crate::call::reask_signal`], decided and charged against this run's ledger) — so that
@@ -308,8 +313,7 @@ impl Controller {
     /// goes on (the gateway) flags its answer the same way. The rule is
     /// [`Policy::claim_refused`].
     pub fn claim_refused(&self) -> Option<String> {
-        self.policy
-            .claim_refused(self.actions.keys().any(|k| !k.is_terminal()))
+        self.policy.claim_refused(self.recovered())
     }
 
     /// Asked once the run has its answer: whether to read once more, before answering, each
@@ -319,11 +323,8 @@ impl Controller {
     /// [`Observation::Verified`]; a value that changed is a rejection of its step, whose
     /// directive the front-end carries out as any other.
     pub fn reread_due(&mut self) -> bool {
-        let due = self
-            .policy
-            .reread_due(self.actions.keys().any(|k| !k.is_terminal()))
-            && !self.reread
-            && self.stopped.is_none();
+        let due =
+            self.policy.reread_due(self.recovered()) && !self.reread && self.stopped.is_none();
         self.reread |= due;
         due
     }

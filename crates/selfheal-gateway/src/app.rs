@@ -1427,17 +1427,21 @@ fn rebuild_run(
 
 /// The calls a new call could repeat (`taken`, `(tool, arguments hash)`), less those of tools
 /// the operator marked `repeatable` (polled, a clock): those may be called again as they were.
-fn repeatable_out(t: &Turn, taken: &[(String, u64)]) -> Vec<(String, u64)> {
+/// Borrowed as it is in the common case, where none of them is.
+fn repeatable_out<'a>(
+    t: &Turn,
+    taken: &'a [(String, u64)],
+) -> std::borrow::Cow<'a, [(String, u64)]> {
+    let repeatable = |tool: &str| t.s.config.tools.get(tool).is_some_and(|c| c.repeatable);
+    if !taken.iter().any(|(tool, _)| repeatable(tool)) {
+        return std::borrow::Cow::Borrowed(taken);
+    }
     taken
         .iter()
-        .filter(|(tool, _)| {
-            !t.s.config
-                .tools
-                .get(tool.as_str())
-                .is_some_and(|c| c.repeatable)
-        })
+        .filter(|(tool, _)| !repeatable(tool))
         .cloned()
-        .collect()
+        .collect::<Vec<_>>()
+        .into()
 }
 
 /// Whether a replayed result's outcome is a failure (the abort rule's condition).
