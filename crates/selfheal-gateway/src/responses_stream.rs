@@ -279,7 +279,6 @@ fn is_preamble(v: &Value) -> bool {
 }
 
 impl Relay<'_> {
-    /// Sends one event (renumbered), after the held preamble.
     /// Sends the head's report ([`crate::stream::head_report`]) before the first frame, once;
     /// `provisional` when the frame is the first content of an answer that calls no tools so
     /// far.
@@ -287,13 +286,9 @@ impl Relay<'_> {
         let Some(tx) = self.hooks.head.take() else {
             return;
         };
-        let why = if provisional {
-            self.unread
-                .clone()
-                .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()))
-        } else {
-            None
-        };
+        let why = provisional
+            .then(|| crate::stream::unsettled_now(&self.unread, self.hooks.unsettled.as_ref()))
+            .flatten();
         let _ = tx.send(crate::stream::head_report(
             self.selfheal.as_ref(),
             &self.report,
@@ -301,6 +296,7 @@ impl Relay<'_> {
         ));
     }
 
+    /// Sends one event (renumbered), after the held preamble.
     async fn send(&mut self, mut v: Value) -> Result<(), Gone> {
         self.head(false);
         for mut h in std::mem::take(&mut self.held) {

@@ -155,6 +155,16 @@ pub(crate) fn head_report(
     head
 }
 
+/// Why a final answer would not be claimed complete if it ended now (the chat and Responses
+/// relays): a read before answering that was not made (`unread`), else the core's judgement
+/// of the run (`unsettled`).
+pub(crate) fn unsettled_now(
+    unread: &Option<String>,
+    unsettled: Option<&Unsettled>,
+) -> Option<String> {
+    unread.clone().or_else(|| unsettled.and_then(|f| f()))
+}
+
 /// A final answer is ending (the chat and Responses relays): why it is not claimed complete,
 /// once — a read before answering that was not made (`unread`), else the core's judgement of
 /// the run (`unsettled`).
@@ -305,13 +315,9 @@ impl Relay<'_> {
         let Some(tx) = self.hooks.head.take() else {
             return;
         };
-        let why = if provisional {
-            self.unread
-                .clone()
-                .or_else(|| self.hooks.unsettled.as_ref().and_then(|f| f()))
-        } else {
-            None
-        };
+        let why = provisional
+            .then(|| unsettled_now(&self.unread, self.hooks.unsettled.as_ref()))
+            .flatten();
         let _ = tx.send(head_report(self.selfheal.as_ref(), &self.report, why));
     }
 
