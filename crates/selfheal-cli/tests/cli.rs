@@ -581,7 +581,7 @@ fn issue12_trace_list_prints_local_times_and_counts_actions_like_show() {
             run: "run-1".into(),
             t_ms: 1_764_489_600_123,
             kind,
-            detail: serde_json::json!({}),
+            detail: serde_json::json!({}).into(),
             summary: (kind == Kind::Response).then(|| RunSummary {
                 status: "complete".into(),
                 failures: 0,

@@ -32,7 +32,7 @@ use crate::recover;
 use crate::request::{ChatRequest, Edits};
 use crate::responses_stream;
 use crate::runs::{RunKey, RunState, RunStore, run_id};
-use crate::store::{Kind, RunSummary, TraceEvent, TraceWriter};
+use crate::store::{Detail, Kind, RunSummary, TraceEvent, TraceWriter};
 use crate::stream;
 use crate::upstream::{CallLog, UpstreamClient, UpstreamError, Upstreams};
 
@@ -165,7 +165,7 @@ impl AppState {
         redact: &Redactor,
         run: &Arc<str>,
         kind: Kind,
-        detail: Value,
+        detail: impl Into<Detail>,
         summary: Option<RunSummary>,
     ) {
         self.event_at(redact, run, kind, detail, summary, unix_ms());
@@ -177,16 +177,15 @@ impl AppState {
         redact: &Redactor,
         run: &Arc<str>,
         kind: Kind,
-        mut detail: Value,
+        detail: impl Into<Detail>,
         summary: Option<RunSummary>,
         t_ms: u64,
     ) {
-        redact.value(&mut detail);
         self.trace.send(TraceEvent {
             run: Arc::clone(run),
             t_ms,
             kind,
-            detail,
+            detail: redact.detail(detail.into()),
             summary,
         });
     }
@@ -566,10 +565,7 @@ async fn responses_inner(
         chain
     };
     for r in &replayed {
-        t.event(
-            Kind::ToolResult,
-            json!({"tool": r.tool, "outcome": r.outcome}),
-        );
+        t.event(Kind::ToolResult, tool_result_detail(r));
     }
     let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
     let stopped = stop.map(|s| match s {
@@ -1269,7 +1265,7 @@ impl Turn {
     }
 
     /// Records an event of this run, secrets redacted.
-    fn event(&self, kind: Kind, detail: Value) {
+    fn event(&self, kind: Kind, detail: impl Into<Detail>) {
         self.s
             .event(&self.caller.redactor, &self.run, kind, detail, None);
     }
@@ -1408,14 +1404,15 @@ fn rebuild_run(
     };
     t.event(
         Kind::Request,
-        json!({"model": model, "messages": req.messages.len(), "stream": req.stream,
-               "tenant": t.caller.tenant}),
+        Detail::of(&RequestDetail {
+            messages: req.messages.len(),
+            model,
+            stream: req.stream,
+            tenant: &t.caller.tenant,
+        }),
     );
     for r in &replayed {
-        t.event(
-            Kind::ToolResult,
-            json!({"tool": r.tool, "outcome": r.outcome}),
-        );
+        t.event(Kind::ToolResult, tool_result_detail(r));
     }
     if !next.actions.is_empty() {
         t.event(Kind::Recover, json!({"actions": next.actions}));
@@ -2282,6 +2279,36 @@ fn limits_json(limits: &BudgetLimits) -> Value {
     )
 }
 
+/// A chat request's `request` event (fields in the order `json!` would sort them, so the
+/// trace reads as it did when these were maps).
+#[derive(serde::Serialize)]
+struct RequestDetail<'a> {
+    messages: usize,
+    model: &'a str,
+    stream: bool,
+    tenant: &'a str,
+}
+
+/// A `tool_result` event.
+#[derive(serde::Serialize)]
+struct ToolResultDetail<'a> {
+    outcome: &'a str,
+    tool: &'a str,
+}
+
+fn tool_result_detail(r: &heal::Replayed) -> Detail {
+    Detail::of(&ToolResultDetail {
+        outcome: r.outcome,
+        tool: &r.tool,
+    })
+}
+
+/// A `response` event.
+#[derive(serde::Serialize)]
+struct ResponseDetail<'a> {
+    status: &'a str,
+}
+
 fn finish_trace(t: &Turn, status: &str) {
     let (failures, actions) = {
         let st = lock(&t.state);
@@ -2291,7 +2318,7 @@ fn finish_trace(t: &Turn, status: &str) {
         &t.caller.redactor,
         &t.run,
         Kind::Response,
-        json!({"status": status}),
+        Detail::of(&ResponseDetail { status }),
         Some(RunSummary {
             status: status.to_owned(),
             failures,

@@ -161,6 +161,24 @@ impl Redactor {
         }
     }
 
+    /// A trace event's details with every secret removed: a raw text is kept as it is when no
+    /// secret can be in it, and read into a value and cleaned otherwise.
+    pub fn detail(&self, detail: crate::store::Detail) -> crate::store::Detail {
+        use crate::store::Detail;
+        match detail {
+            Detail::Value(mut v) => {
+                self.value(&mut v);
+                Detail::Value(v)
+            }
+            Detail::Raw(r) if self.leaves_json_alone(r.get().as_bytes()) => Detail::Raw(r),
+            raw @ Detail::Raw(_) => {
+                let mut v = raw.to_value();
+                self.value(&mut v);
+                Detail::Value(v)
+            }
+        }
+    }
+
     /// Whether [`Redactor::value`] would leave the JSON document `json` (as text) unchanged:
     /// no secret occurs in it. Errs towards `false`: a `\u` or `\/` escape anywhere could spell
     /// a secret the raw text does not show, and a secret with a character JSON must escape
@@ -338,6 +356,25 @@ mod tests {
             h.insert(*k, HeaderValue::from_str(v).unwrap());
         }
         h
+    }
+
+    #[test]
+    fn raw_trace_details_lose_their_secrets_and_clean_ones_stay_raw() {
+        use crate::store::Detail;
+        let r = Redactor::new(["sk-upstream-secret".to_string()]);
+        #[derive(serde::Serialize)]
+        struct D<'a> {
+            model: &'a str,
+        }
+        let leaked = r.detail(Detail::of(&D {
+            model: "gpt sk-upstream-secret",
+        }));
+        let text = leaked.to_value().to_string();
+        assert!(!text.contains("sk-upstream-secret"), "{text}");
+        assert!(text.contains("gpt"), "{text}");
+        let clean = r.detail(Detail::of(&D { model: "gpt" }));
+        assert!(matches!(clean, Detail::Raw(_)));
+        assert_eq!(clean.to_value(), json!({"model": "gpt"}));
     }
 
     #[test]

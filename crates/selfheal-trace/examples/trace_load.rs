@@ -43,21 +43,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             run: run.clone(),
             t_ms,
             kind: Kind::Request,
-            detail: json!({"messages": 2 + 2 * slot.1, "model": "stub", "stream": false, "tenant": "anonymous"}),
+            detail: json!({"messages": 2 + 2 * slot.1, "model": "stub", "stream": false, "tenant": "anonymous"}).into(),
             summary: None,
         });
         writer.send(TraceEvent {
             run: run.clone(),
             t_ms,
             kind: Kind::ToolResult,
-            detail: json!({"outcome": "ok", "tool": "search"}),
+            detail: json!({"outcome": "ok", "tool": "search"}).into(),
             summary: None,
         });
         writer.send(TraceEvent {
             run,
             t_ms,
             kind: Kind::Response,
-            detail: json!({"status": "complete"}),
+            detail: json!({"status": "complete"}).into(),
             summary: Some(RunSummary {
                 status: "complete".into(),
                 failures: 0,

@@ -14,5 +14,6 @@
 pub mod store;
 
 pub use store::{
-    EventRow, RunRow, RunSummary, StoreError, TraceEvent, TraceReader, TraceWriter, is_action,
+    Detail, EventRow, RunRow, RunSummary, StoreError, TraceEvent, TraceReader, TraceWriter,
+    is_action,
 };

@@ -84,9 +84,58 @@ pub struct TraceEvent {
     /// What kind of event.
     pub kind: Kind,
     /// Details.
-    pub detail: Value,
+    pub detail: Detail,
     /// Set on the event that ends a request.
     pub summary: Option<RunSummary>,
+}
+
+/// An event's details: a JSON value, or one already written as JSON text.
+///
+/// The raw form exists for the events every request records (`request`, `tool_result`,
+/// `response`): written straight from a typed struct ([`Detail::of`]), they build no map and
+/// the writer copies their text as it is, where a [`Value`] is a tree of allocations made on
+/// the request's thread, serialised and freed on the writer's.
+#[derive(Debug, Clone)]
+pub enum Detail {
+    /// A JSON value.
+    Value(Value),
+    /// JSON text (valid by construction: [`serde_json::value::RawValue`] holds nothing else).
+    Raw(Box<serde_json::value::RawValue>),
+}
+
+impl Detail {
+    /// The details of a serialisable struct, written as JSON text without a [`Value`] (`null`
+    /// when it cannot be serialised, which a struct of strings, numbers and booleans never is).
+    pub fn of<T: Serialize + ?Sized>(detail: &T) -> Detail {
+        match serde_json::value::to_raw_value(detail) {
+            Ok(raw) => Detail::Raw(raw),
+            Err(_) => Detail::Value(Value::Null),
+        }
+    }
+
+    /// The details as a JSON value (a raw text is parsed).
+    pub fn to_value(&self) -> Value {
+        match self {
+            Detail::Value(v) => v.clone(),
+            Detail::Raw(r) => serde_json::from_str(r.get()).unwrap_or(Value::Null),
+        }
+    }
+}
+
+impl From<Value> for Detail {
+    fn from(v: Value) -> Detail {
+        Detail::Value(v)
+    }
+}
+
+impl PartialEq for Detail {
+    /// Equal when they mean the same JSON, whichever form each is in.
+    fn eq(&self, other: &Detail) -> bool {
+        match (self, other) {
+            (Detail::Value(a), Detail::Value(b)) => a == b,
+            (a, b) => a.to_value() == b.to_value(),
+        }
+    }
 }
 
 /// The default path: `$XDG_DATA_HOME/selfheal/trace.db`, else `~/.local/share/selfheal/trace.db`.
@@ -510,7 +559,12 @@ fn write_record(buf: &mut Vec<u8>, e: &TraceEvent) {
     buf.push(b',');
     let _ = serde_json::to_writer(&mut *buf, e.kind.as_str());
     buf.push(b',');
-    let _ = serde_json::to_writer(&mut *buf, &e.detail);
+    match &e.detail {
+        Detail::Value(v) => {
+            let _ = serde_json::to_writer(&mut *buf, v);
+        }
+        Detail::Raw(r) => buf.extend_from_slice(r.get().as_bytes()),
+    }
     buf.push(b']');
 }
 
@@ -637,7 +691,7 @@ mod tests {
                 run: "r1".into(),
                 t_ms: 1,
                 kind,
-                detail: json!({"k": kind.as_str()}),
+                detail: json!({"k": kind.as_str()}).into(),
                 summary: (kind == Kind::Response).then(|| RunSummary {
                     status: "complete".into(),
                     failures: 0,
@@ -652,6 +706,46 @@ mod tests {
         assert_eq!(runs[0].requests, 1);
         assert_eq!(runs[0].status.as_deref(), Some("complete"));
         assert_eq!(r.events("r1").unwrap().len(), 3);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn raw_details_are_stored_as_written_and_read_back_as_values() {
+        #[derive(Serialize)]
+        struct D<'a> {
+            model: &'a str,
+            n: u32,
+        }
+        let dir = std::env::temp_dir().join(format!("selfheal-store-raw-{}", std::process::id()));
+        let path = dir.join("t.db");
+        let _ = std::fs::remove_file(&path);
+        let w = TraceWriter::open(&path).unwrap();
+        let detail = Detail::of(&D {
+            model: "m \"quoted\"",
+            n: 3,
+        });
+        assert!(matches!(detail, Detail::Raw(_)));
+        assert_eq!(
+            detail,
+            Detail::from(json!({"model": "m \"quoted\"", "n": 3}))
+        );
+        for (kind, detail) in [
+            (Kind::Request, detail),
+            (Kind::Response, json!({"status": "complete"}).into()),
+        ] {
+            w.send(TraceEvent {
+                run: "r1".into(),
+                t_ms: 1,
+                kind,
+                detail,
+                summary: None,
+            });
+        }
+        w.flush_and_close();
+        let events = TraceReader::open(&path).unwrap().events("r1").unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].detail, json!({"model": "m \"quoted\"", "n": 3}));
+        assert_eq!(events[1].detail, json!({"status": "complete"}));
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -671,7 +765,7 @@ mod tests {
                 run: run.into(),
                 t_ms,
                 kind: Kind::Request,
-                detail: json!({}),
+                detail: json!({}).into(),
                 summary: None,
             });
         }
@@ -706,7 +800,7 @@ mod tests {
                 run: "r1".into(),
                 t_ms: 1,
                 kind,
-                detail: json!({}),
+                detail: json!({}).into(),
                 summary: (kind == Kind::Response).then(|| RunSummary {
                     status: "complete".into(),
                     failures: 0,
@@ -759,7 +853,7 @@ mod tests {
             run: "old".into(),
             t_ms: 30,
             kind: Kind::Response,
-            detail: json!({"status": "complete"}),
+            detail: json!({"status": "complete"}).into(),
             summary: Some(RunSummary {
                 status: "complete".into(),
                 failures: 1,
@@ -821,7 +915,7 @@ mod tests {
                 run: "old".into(),
                 t_ms: 30,
                 kind,
-                detail: json!({"k": kind.as_str()}),
+                detail: json!({"k": kind.as_str()}).into(),
                 summary: None,
             });
         }
@@ -875,7 +969,7 @@ mod tests {
             run: "r".into(),
             t_ms: 5,
             kind,
-            detail: json!({}),
+            detail: json!({}).into(),
             summary: None,
         };
         write_batch(&mut conn, &mut ids, &[event(Kind::Request)]).unwrap();
@@ -907,7 +1001,7 @@ mod tests {
                     run: format!("w{w}-r{}", i % 37).into(),
                     t_ms: i,
                     kind: Kind::ToolResult,
-                    detail: json!({"i": i}),
+                    detail: json!({"i": i}).into(),
                     summary: None,
                 });
             }

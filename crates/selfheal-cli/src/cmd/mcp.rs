@@ -134,7 +134,7 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
                 run: run_id.clone(),
                 t_ms: now(),
                 kind: d.kind,
-                detail: json!({"tool": d.tool, "detail": d.detail}),
+                detail: json!({"tool": d.tool, "detail": d.detail}).into(),
                 summary: None,
             });
         };
@@ -171,7 +171,7 @@ pub fn run(args: McpArgs) -> anyhow::Result<u8> {
         run: run_id,
         t_ms: unix_ms(),
         kind: Kind::Session,
-        detail: serde_json::to_value(stats)?,
+        detail: serde_json::to_value(stats)?.into(),
         summary: Some(RunSummary {
             status: status.into(),
             failures: stats.failures,
