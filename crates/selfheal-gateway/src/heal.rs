@@ -627,13 +627,21 @@ pub fn check_arguments(
             ),
         });
     };
+    let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
+        // A schema we cannot compile is the client's business: the value is passed on.
+        guides.get(&spec.schema_key, &spec.parameters)
+    } else {
+        None
+    };
+    let repaired = repair_arguments(raw, guide.as_deref(), ending);
     // A required argument written empty (`""`, `null`) is an input the model does not have: a
-    // step of its plan is missing. Said before any schema complaint (an empty string where a number goes would
-    // otherwise read as a mistyped argument), so the call is classified the same whatever the
-    // argument's type, and the same as the tool's refusal of it would be.
-    if let Ok(Value::Object(args)) = serde_json::from_str::<Value>(raw) {
-        let empty: Vec<&str> = spec
-            .required
+    // step of its plan is missing. Said before any schema complaint (an empty string where a
+    // number goes would otherwise read as a mistyped argument), so the call is classified the
+    // same whatever the argument's type, and the same as the tool's refusal of it would be.
+    // Read from what the model wrote: the repair's value when it changed nothing (the common
+    // case, one parse), else the text read again.
+    let empty_of = |args: &serde_json::Map<String, Value>| -> Vec<&str> {
+        spec.required
             .iter()
             .filter(|r| match args.get(r.as_str()) {
                 // Left out is the schema's complaint (a missing field); written empty is this.
@@ -643,26 +651,27 @@ pub fn check_arguments(
                 Some(_) => false,
             })
             .map(String::as_str)
-            .collect();
-        if !empty.is_empty() {
-            return Err(Problem {
-                kind: Unusable::EmptyInput,
-                text: format!(
-                    "Required arguments of `{name}` left empty: {}. Work out the step that \
-                     gives {} first.",
-                    empty.join(", "),
-                    if empty.len() == 1 { "it" } else { "them" }
-                ),
-            });
-        }
-    }
-    let guide = if spec.parameters.as_object().is_some_and(|o| !o.is_empty()) {
-        // A schema we cannot compile is the client's business: the value is passed on.
-        guides.get(&spec.schema_key, &spec.parameters)
-    } else {
-        None
+            .collect()
     };
-    let args = match repair_arguments(raw, guide.as_deref(), ending) {
+    let empty = match &repaired {
+        Ok(a) if !a.changed => a.value.as_object().map(empty_of).unwrap_or_default(),
+        _ => match serde_json::from_str::<Value>(raw) {
+            Ok(Value::Object(args)) => empty_of(&args),
+            _ => Vec::new(),
+        },
+    };
+    if !empty.is_empty() {
+        return Err(Problem {
+            kind: Unusable::EmptyInput,
+            text: format!(
+                "Required arguments of `{name}` left empty: {}. Work out the step that \
+                 gives {} first.",
+                empty.join(", "),
+                if empty.len() == 1 { "it" } else { "them" }
+            ),
+        });
+    }
+    let args = match repaired {
         Ok(a) => a,
         Err(e) => return Err(Problem::arguments(e.reask_message(raw, name))),
     };
