@@ -14,6 +14,7 @@
 #   PATTERNS=realistic MAX_RUNS=20 scripts/callgrind-gateway.sh   # the store full, evicting
 #   KEEP=/tmp/cg scripts/callgrind-gateway.sh    # keep the profiles for callgrind_annotate
 #   TRACE=1 scripts/callgrind-gateway.sh         # the trace on (its writer thread counted too)
+#   CG_ARGS=--cache-sim=yes KEEP=/tmp/cg scripts/callgrind-gateway.sh   # cache misses too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATTERNS=${PATTERNS:-repeated realistic}
@@ -53,7 +54,7 @@ start STUB "$STUB" 127.0.0.1:0
 if [[ -n ${TRACE:-} ]]; then trace="--trace-db $WORK/trace.db"; else trace=--no-trace; fi
 grind() { # NAME extra serve args...
   local name=$1; shift
-  start "$name" valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$name.%p" \
+  start "$name" valgrind --tool=callgrind ${CG_ARGS:-} --callgrind-out-file="$WORK/cg.$name.%p" \
     "$BIN" serve --config "$WORK/gateway.toml" --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 \
     $trace --threads 1 "$@"
 }
