@@ -11,7 +11,10 @@
 #   of them, so it carries one tool result the gateway has not seen (2 to 42 messages, 22 on
 #   average). New conversations keep arriving, so the run store fills: the healing gateway is
 #   measured while it fills and again once it is full past its capacity (max_runs, 10,000),
-#   every new run evicting an old one. The trace is on.
+#   every new run evicting an old one. The trace is on. Each phase is measured at one
+#   connection, at saturation (wrk -c32), and at equal load: both gateways paced alike at
+#   about 80 % of healing's saturated rate, because CPU per request depends on the load (see
+#   equal_load below) and, each at its own saturation, the slower gateway pays for it.
 #
 # The gateway is pinned to core 0 with one worker thread; wrk, oha and the stub share core 1.
 # Needs wrk (Debian: apt-get install wrk) and, for the fixed-rate run, oha (cargo install oha).
@@ -187,6 +190,9 @@ local tag = os.getenv("RUN_TAG")
 local head = '{"model":"stub","tools":' .. tools .. ',"messages":[{"role":"system","content":'
   .. '"You are a research agent. Use the tools."},{"role":"user","content":"Task ' .. tag .. '-'
 local slots, n, conversations = {}, 0, 0
+-- PACE_MS: each connection pauses this long before its next request (the equal-load runs).
+local pace = tonumber(os.getenv("PACE_MS") or "0")
+if pace > 0 then delay = function() return pace end end
 request = function()
   n = n + 1
   local s = n % K + 1
@@ -216,18 +222,34 @@ metric() { # url name
 }
 store() { echo "runs_live=$(metric "$REAL_URL" selfheal_runs_live) runs_evicted=$(metric "$REAL_URL" selfheal_runs_evicted_total)"; }
 TAGN=0
-real_run() { # name url pid conns: one wrk run of the realistic pattern; CPU per request from /proc
-  local name=$1 u=$2 pid=$3 conns=$4 before after tbefore tafter line rps cpu_us trace_us
+real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic pattern; CPU per request from /proc
+  local name=$1 u=$2 pid=$3 conns=$4 pace=${5:-0} before after tbefore tafter line rps cpu_us trace_us
   TAGN=$((TAGN + 1))
   before=$(cpu_ticks "$pid")
   tbefore=$(trace_ticks "$pid")
-  line=$(RUN_TAG="$name-$TAGN-$RANDOM" taskset -c 1 wrk -t1 -c"$conns" -d"${SECS}s" -s "$WORK/realistic.lua" "$u/v1/chat/completions" | grep RESULT)
+  line=$(PACE_MS=$pace RUN_TAG="$name-$TAGN-$RANDOM" taskset -c 1 wrk -t1 -c"$conns" -d"${SECS}s" -s "$WORK/realistic.lua" "$u/v1/chat/completions" | grep RESULT)
   after=$(cpu_ticks "$pid")
   tafter=$(trace_ticks "$pid")
   rps=$(sed -E 's/.*rps=([0-9]+).*/\1/' <<<"$line")
   cpu_us=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   trace_us=$(python3 -c "print(f'{($tafter-$tbefore)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   echo "$name $line cpu_us_per_req=$cpu_us of_which_trace_writer=$trace_us"
+  LAST_RPS=$rps LAST_CPU=$cpu_us
+}
+# CPU per request depends on the load: a gateway that is not saturated wakes up for fewer
+# requests at a time, and its peers on the other core sleep more, so each wake-up costs more
+# (passthrough alone: 54 µs a request at 12-16 k req/s, 66 µs at 9 k, 76 µs at 6 k). Each at
+# its own saturation, the slower gateway is charged that difference. The equal-load runs pace
+# both gateways alike (every connection pauses PACE ms between requests; the connections are
+# chosen for about 80 % of healing's saturated rate) and compare their CPU at that rate.
+equal_load() { # healing's saturated req/s
+  local pace=3 conns
+  conns=$(python3 -c "print(max(1, round($1 * 0.8 * ($pace + 1) / 1000)))")
+  echo "# equal load: wrk -c$conns, a ${pace} ms pause per request on each connection"
+  real_run passthrough "$PASS_URL" "$PASS_PID" "$conns" "$pace"
+  local pass_cpu=$LAST_CPU
+  real_run healing "$REAL_URL" "$REAL_PID" "$conns" "$pace"
+  echo "equal_load_cpu_ratio=$(python3 -c "print(f'{$LAST_CPU / $pass_cpu:.2f}')")"
 }
 echo "## realistic: $CONVERSATIONS conversations in flight x $TURNS turns, one new tool result per request, trace ${TRACE:-on} (${SECS}s runs)"
 echo "# healing, run store filling: $(store)"
@@ -235,6 +257,7 @@ real_run passthrough "$PASS_URL" "$PASS_PID" 1
 real_run healing "$REAL_URL" "$REAL_PID" 1
 real_run passthrough "$PASS_URL" "$PASS_PID" 32
 real_run healing "$REAL_URL" "$REAL_PID" 32
+equal_load "$LAST_RPS"
 echo "# after the filling runs: $(store)"
 echo "## filling the run store past its capacity"
 for _ in $(seq 30); do
@@ -246,5 +269,6 @@ real_run passthrough "$PASS_URL" "$PASS_PID" 1
 real_run healing "$REAL_URL" "$REAL_PID" 1
 real_run passthrough "$PASS_URL" "$PASS_PID" 32
 real_run healing "$REAL_URL" "$REAL_PID" 32
+equal_load "$LAST_RPS"
 echo "# after the full runs: $(store) rss_kib=$(awk '/VmRSS/ {print $2}' "/proc/$REAL_PID/status")"
 fi
