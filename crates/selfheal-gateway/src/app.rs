@@ -2231,7 +2231,12 @@ fn selfheal_report_bytes(
         reason,
         status,
     };
-    serde_json::to_vec(&report).unwrap_or_default()
+    // About 330 bytes: one allocation, not a buffer grown from empty a field at a time.
+    let mut out = Vec::with_capacity(512);
+    match serde_json::to_writer(&mut out, &report) {
+        Ok(()) => out,
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The `selfheal` report as [`selfheal_report`] builds it, for writing straight to text.

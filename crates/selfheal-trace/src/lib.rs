@@ -14,6 +14,6 @@
 pub mod store;
 
 pub use store::{
-    Detail, EventRow, RunRow, RunSummary, StoreError, TraceEvent, TraceReader, TraceWriter,
-    is_action,
+    Detail, EventRow, RawJson, RunRow, RunSummary, StoreError, TraceEvent, TraceReader,
+    TraceWriter, is_action,
 };

@@ -91,7 +91,7 @@ pub struct TraceEvent {
 
 /// An event's details: a JSON value, or one already written as JSON text.
 ///
-/// The raw form exists for the events every request records (`request`, `tool_result`,
+/// The text form exists for the events every request records (`request`, `tool_result`,
 /// `response`): written straight from a typed struct ([`Detail::of`]), they build no map and
 /// the writer copies their text as it is, where a [`Value`] is a tree of allocations made on
 /// the request's thread, serialised and freed on the writer's.
@@ -99,16 +99,31 @@ pub struct TraceEvent {
 pub enum Detail {
     /// A JSON value.
     Value(Value),
-    /// JSON text (valid by construction: [`serde_json::value::RawValue`] holds nothing else).
-    Raw(Box<serde_json::value::RawValue>),
+    /// JSON text, written by [`Detail::of`] (the only way to make one, so it is valid JSON).
+    Raw(RawJson),
+}
+
+/// JSON text a serializer wrote ([`Detail::of`]).
+#[derive(Debug, Clone)]
+pub struct RawJson(String);
+
+impl RawJson {
+    /// The text.
+    pub fn get(&self) -> &str {
+        &self.0
+    }
 }
 
 impl Detail {
     /// The details of a serialisable struct, written as JSON text without a [`Value`] (`null`
     /// when it cannot be serialised, which a struct of strings, numbers and booleans never is).
     pub fn of<T: Serialize + ?Sized>(detail: &T) -> Detail {
-        match serde_json::value::to_raw_value(detail) {
-            Ok(raw) => Detail::Raw(raw),
+        // One allocation for the small structs this is for.
+        let mut out = Vec::with_capacity(128);
+        match serde_json::to_writer(&mut out, detail) {
+            // serde_json writes UTF-8.
+            Ok(()) => String::from_utf8(out)
+                .map_or(Detail::Value(Value::Null), |s| Detail::Raw(RawJson(s))),
             Err(_) => Detail::Value(Value::Null),
         }
     }
