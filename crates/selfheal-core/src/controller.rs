@@ -178,6 +178,20 @@ struct OpenFailure {
 
 const MAX_UNRESOLVED: usize = 64;
 
+/// How a front-end knows a run's steps, which decides which failures a later success can be
+/// seen to settle ([`Controller::unclaimable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepsBy {
+    /// By the plan (in-process): every failure counts; a model-side one is settled by its
+    /// step's next good call.
+    Plan,
+    /// By tool (the gateway's wire, which sees calls, not the plan): a model-side failure (a
+    /// repeated call, a wrong tool, bad arguments) does not count, because the model's next good
+    /// call that settles it in-process — of whichever tool — is one such a front-end cannot tie
+    /// to it.
+    Tool,
+}
+
 /// The control loop of one run.
 #[derive(Debug, Clone)]
 pub struct Controller {
@@ -290,6 +304,28 @@ impl Controller {
             });
         }
         out
+    }
+
+    /// Why a final answer given now may not be claimed complete, if it may not: a failure still
+    /// unsettled ([`Controller::unsettled`]) that a front-end knowing its steps `by` could see
+    /// settled — [`Controller::finish`] would report the run `partial` over it — or a recovery
+    /// under a policy that claims nothing after one ([`Controller::claim_refused`]). For a
+    /// front-end that answers while the run goes on (the gateway): it flags such an answer
+    /// `partial` with this reason.
+    pub fn unclaimable(&self, by: StepsBy) -> Option<String> {
+        let open: Vec<String> = self
+            .unsettled()
+            .into_iter()
+            .filter(|u| by == StepsBy::Plan || !u.class.is_model_side())
+            .map(|u| match u.tool {
+                Some(t) => format!("`{t}` ({})", u.class),
+                None => u.class.to_string(),
+            })
+            .collect();
+        if !open.is_empty() {
+            return Some(format!("unresolved: {}", open.join(", ")));
+        }
+        self.claim_refused()
     }
 
     /// Whether a recovery action (one that is not terminal) was carried out in this run.

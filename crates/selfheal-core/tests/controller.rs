@@ -3,7 +3,7 @@
 
 use selfheal_core::budget::{Amounts, BudgetLimits};
 use selfheal_core::classifier::{FailureClass, Signal};
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
+use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation, StepsBy};
 use selfheal_core::monitor::{Mode, MonitorConfig, ToolCall};
 use selfheal_core::policy::{ActionKind, Options, Policy, RecoveryAction, RepairTarget};
 use selfheal_core::rng::{ConstRng, SplitMix64};
@@ -1186,6 +1186,29 @@ fn with_claim_after_recovery_off_a_recovered_run_ends_partial_and_a_calm_one_com
     default.observe(timed_out(0, "search", &args), 0, &mut rng);
     default.observe(tool_ok(0, "search", &args, &result), 10, &mut rng);
     assert_eq!(default.finish(11).status, RunStatus::Complete);
+}
+
+/// A front-end that knows steps by tool does not hold its answer over the model's own failure
+/// (it cannot see which later call settles it); one that knows the plan does, as `finish` would;
+/// a tool's failure holds both.
+#[test]
+fn unclaimable_counts_model_side_failures_only_for_the_plan() {
+    let mut c = controller(BudgetLimits::defaults());
+    let mut rng = ConstRng(0);
+    assert_eq!(c.unclaimable(StepsBy::Plan), None);
+    let missing = Some(Signal::MissingStep {
+        detail: "no input".into(),
+    });
+    c.observe(model_finished(2, missing), 0, &mut rng);
+    let plan = c.unclaimable(StepsBy::Plan).unwrap_or_default();
+    assert!(plan.contains("planning"), "{plan}");
+    assert_eq!(c.unclaimable(StepsBy::Tool), None);
+    let a = json!({"q": 1});
+    c.observe(timed_out(1, "lookup", &a), 0, &mut rng);
+    for by in [StepsBy::Plan, StepsBy::Tool] {
+        let why = c.unclaimable(by).unwrap_or_default();
+        assert!(why.contains("`lookup`"), "{by:?}: {why}");
+    }
 }
 
 #[test]

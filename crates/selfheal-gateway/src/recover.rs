@@ -331,30 +331,13 @@ impl Wire {
     }
 }
 
-/// Why a final answer cannot go out as complete now, if it cannot: a tool's failure the core
-/// still counts unresolved ([`Controller::unsettled`](selfheal_core::controller::Controller::unsettled)),
-/// which its `finish` would report `partial` — in-process such a run never reaches its answer —
-/// or a recovery under a policy that claims nothing after one
-/// ([`Controller::claim_refused`](selfheal_core::controller::Controller::claim_refused)).
-/// A model-side failure (a repeated call, a wrong tool, bad arguments) does not count here: the
-/// wire's steps are tools, not the plan's steps, so the model's next good call — of whichever
-/// tool — that settles it in-process is one the wire cannot tie to it.
+/// Why a final answer cannot go out as complete now, if it cannot: the core's
+/// [`Controller::unclaimable`](selfheal_core::controller::Controller::unclaimable) for a
+/// front-end that knows its steps by tool ([`StepsBy::Tool`](selfheal_core::controller::StepsBy)):
+/// a tool's failure still unsettled, or a recovery under a policy that claims nothing after one.
 pub fn unsettled(st: &RunState) -> Option<String> {
-    let open: Vec<String> = st
-        .controller
-        .unsettled()
-        .into_iter()
-        .filter(|u| !u.class.is_model_side())
-        .map(|u| match u.tool {
-            Some(t) => format!("`{t}` ({})", u.class),
-            None => u.class.to_string(),
-        })
-        .collect();
-    if !open.is_empty() {
-        return Some(format!("unresolved: {}", open.join(", ")));
-    }
-    // The policy may claim nothing after a recovery, as `finish` would judge the run.
-    st.controller.claim_refused()
+    st.controller
+        .unclaimable(selfheal_core::controller::StepsBy::Tool)
 }
 
 /// The guidance that asks, before the run answers, for one more read of a value.
