@@ -12,7 +12,7 @@
 #   average). New conversations keep arriving, so the run store fills: the healing gateway is
 #   measured while it fills and again once it is full past its capacity (max_runs, 10,000),
 #   every new run evicting an old one. The trace is on. Each phase is measured at one
-#   connection, at saturation (wrk -c32), and at equal load: both gateways paced alike at
+#   connection (three interleaved pairs of runs, the median delta), at saturation (wrk -c32), and at equal load: both gateways paced alike at
 #   about 80 % of healing's saturated rate, because CPU per request depends on the load (see
 #   equal_load below) and, each at its own saturation, the slower gateway pays for it.
 #
@@ -234,7 +234,7 @@ real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic patter
   cpu_us=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   trace_us=$(python3 -c "print(f'{($tafter-$tbefore)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   echo "$name $line cpu_us_per_req=$cpu_us of_which_trace_writer=$trace_us"
-  LAST_RPS=$rps LAST_CPU=$cpu_us
+  LAST_RPS=$rps LAST_CPU=$cpu_us LAST_LINE=$line
 }
 # CPU per request depends on the load: a gateway that is not saturated wakes up for fewer
 # requests at a time, and its peers on the other core sleep more, so each wake-up costs more
@@ -242,6 +242,19 @@ real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic patter
 # its own saturation, the slower gateway is charged that difference. The equal-load runs pace
 # both gateways alike (every connection pauses PACE ms between requests; the connections are
 # chosen for about 80 % of healing's saturated rate) and compare their CPU at that rate.
+# The one-connection p50 moves by tens of µs from one run to the next on a virtual machine (the
+# same gateway, minutes apart), so a single pair of runs can show a delta that is mostly noise:
+# three pairs, interleaved, and the median of their deltas.
+one_connection() {
+  local deltas=() pass_p50 i
+  for i in 1 2 3; do
+    real_run passthrough "$PASS_URL" "$PASS_PID" 1
+    pass_p50=$(sed -E 's/.*p50_us=([0-9]+).*/\1/' <<<"$LAST_LINE")
+    real_run healing "$REAL_URL" "$REAL_PID" 1
+    deltas+=($(($(sed -E 's/.*p50_us=([0-9]+).*/\1/' <<<"$LAST_LINE") - pass_p50)))
+  done
+  echo "one_connection_p50_added_us=${deltas[*]} median=$(printf '%s\n' "${deltas[@]}" | sort -n | sed -n 2p)"
+}
 equal_load() { # healing's saturated req/s
   local pace=3 conns
   conns=$(python3 -c "print(max(1, round($1 * 0.8 * ($pace + 1) / 1000)))")
@@ -253,8 +266,7 @@ equal_load() { # healing's saturated req/s
 }
 echo "## realistic: $CONVERSATIONS conversations in flight x $TURNS turns, one new tool result per request, trace ${TRACE:-on} (${SECS}s runs)"
 echo "# healing, run store filling: $(store)"
-real_run passthrough "$PASS_URL" "$PASS_PID" 1
-real_run healing "$REAL_URL" "$REAL_PID" 1
+one_connection
 real_run passthrough "$PASS_URL" "$PASS_PID" 32
 real_run healing "$REAL_URL" "$REAL_PID" 32
 equal_load "$LAST_RPS"
@@ -265,8 +277,7 @@ for _ in $(seq 30); do
   RUN_TAG="fill-$RANDOM" taskset -c 1 wrk -t1 -c32 -d5s -s "$WORK/realistic.lua" "$REAL_URL/v1/chat/completions" > /dev/null
 done
 echo "# full: $(store)"
-real_run passthrough "$PASS_URL" "$PASS_PID" 1
-real_run healing "$REAL_URL" "$REAL_PID" 1
+one_connection
 real_run passthrough "$PASS_URL" "$PASS_PID" 32
 real_run healing "$REAL_URL" "$REAL_PID" 32
 equal_load "$LAST_RPS"
