@@ -608,23 +608,41 @@ fn read_again(
     local: bool,
 ) -> Option<Judgement> {
     let plan = ep.plan();
-    let spec = plan.step_tool(s)?;
+    // The source is known by the tool the call went to — its own spec, or for a call of a
+    // tool's substitute, that tool's — never by the step's tool: which tool a step should call
+    // is the plan's answer, and a client checking a sibling tool's answer against the step's
+    // source would catch a wrong tool no client (nor the gateway) can see.
+    let step_tool = plan.step_tool(s);
+    let (spec, on_substitute) = if how.substitute
+        && step_tool.is_some_and(|t| t.substitute.as_deref() == Some(sent.tool.as_str()))
+    {
+        // The client's own switch to the substitute of the tool the model called.
+        (step_tool?, true)
+    } else if let Some(t) = plan.tool(&sent.tool) {
+        (t, false)
+    } else {
+        let primary = plan
+            .tools
+            .iter()
+            .find(|t| t.substitute.as_deref() == Some(sent.tool.as_str()))?;
+        (primary, true)
+    };
     if (!spec.external && !local) || how.trust_substitute {
         return None;
     }
-    let sub = if how.substitute {
+    let sub = if on_substitute {
         spec.substitute.as_ref()?;
         spec.name.clone()
     } else {
         spec.substitute.clone().unwrap_or_else(|| spec.name.clone())
     };
-    let other = if sub == spec.name && !how.substitute {
+    let other = if sub == spec.name && !on_substitute {
         format!("a second read of `{sub}`")
     } else {
         format!("`{sub}`")
     };
     let tol = spec.tolerance;
-    let reads = contract(plan, s);
+    let reads: Vec<String> = spec.output.iter().map(|(p, _)| p.clone()).collect();
     let resp = ep.call(s, &sub, &sent.args, Purpose::Verify, false);
     let judgement = match resp.response {
         Response::Raised { message, .. } => Judgement::Uncertain {
