@@ -12,9 +12,10 @@
 #   average). New conversations keep arriving, so the run store fills: the healing gateway is
 #   measured while it fills and again once it is full past its capacity (max_runs, 10,000),
 #   every new run evicting an old one. The trace is on. Each phase is measured at one
-#   connection (three interleaved pairs of runs, the median delta), at saturation (wrk -c32), and at equal load: both gateways paced alike at
-#   about 80 % of healing's saturated rate, because CPU per request depends on the load (see
-#   equal_load below) and, each at its own saturation, the slower gateway pays for it.
+#   connection (three interleaved pairs of runs, the median delta), at saturation (wrk -c32),
+#   and at equal load: both gateways paced alike at about 80 % of healing's saturated rate,
+#   because CPU per request depends on the load (see equal_load below) and, each at its own
+#   saturation, the slower gateway pays for it.
 #
 # The gateway is pinned to core 0 with one worker thread; wrk, oha and the stub share core 1.
 # Needs wrk (Debian: apt-get install wrk) and, for the fixed-rate run, oha (cargo install oha).
@@ -236,12 +237,6 @@ real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic patter
   echo "$name $line cpu_us_per_req=$cpu_us of_which_trace_writer=$trace_us"
   LAST_RPS=$rps LAST_CPU=$cpu_us LAST_LINE=$line
 }
-# CPU per request depends on the load: a gateway that is not saturated wakes up for fewer
-# requests at a time, and its peers on the other core sleep more, so each wake-up costs more
-# (passthrough alone: 54 µs a request at 12-16 k req/s, 66 µs at 9 k, 76 µs at 6 k). Each at
-# its own saturation, the slower gateway is charged that difference. The equal-load runs pace
-# both gateways alike (every connection pauses PACE ms between requests; the connections are
-# chosen for about 80 % of healing's saturated rate) and compare their CPU at that rate.
 # The one-connection p50 moves by tens of µs from one run to the next on a virtual machine (the
 # same gateway, minutes apart), so a single pair of runs can show a delta that is mostly noise:
 # three pairs, interleaved, and the median of their deltas.
@@ -255,6 +250,12 @@ one_connection() {
   done
   echo "one_connection_p50_added_us=${deltas[*]} median=$(printf '%s\n' "${deltas[@]}" | sort -n | sed -n 2p)"
 }
+# CPU per request depends on the load: a gateway that is not saturated wakes up for fewer
+# requests at a time, and its peers on the other core sleep more, so each wake-up costs more
+# (passthrough alone: 54 µs a request at 12-16 k req/s, 66 µs at 9 k, 76 µs at 6 k). Each at
+# its own saturation, the slower gateway is charged that difference. The equal-load runs pace
+# both gateways alike (every connection pauses PACE ms between requests; the connections are
+# chosen for about 80 % of healing's saturated rate) and compare their CPU at that rate.
 equal_load() { # healing's saturated req/s
   local pace=3 conns
   conns=$(python3 -c "print(max(1, round($1 * 0.8 * ($pace + 1) / 1000)))")
