@@ -1062,7 +1062,8 @@ impl ResponsesAgain {
     }
 }
 
-/// The read before answering's guidance as a Responses `input` item.
+/// The read before answering's guidance as a system message: appended to a chat request's
+/// `messages`, or a Responses `input` item.
 fn reread_item(text: &str) -> Value {
     json!({"role": "system", "content": format!("[selfheal] {text}")})
 }
@@ -1660,20 +1661,12 @@ async fn answer_complete(
     // recovery is held, and the model asked to read its unconfirmed values once more first.
     let mut unsettled = None;
     if !answer.calls_tools() {
-        let due = {
-            let mut st = lock(&t.state);
-            unsettled = recover::unsettled(&st);
-            match unsettled {
-                Some(_) => None,
-                None => recover::reread_before_answer(&mut st),
-            }
-        };
-        if let Some(text) = due {
-            t.event(Kind::Guidance, json!({"text": [text]}));
+        unsettled = recover::unsettled(&lock(&t.state));
+        if let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() {
             if !actions.iter().any(|a| a == "reread") {
                 actions.push("reread".into());
             }
-            let extra = json!({"role": "system", "content": format!("[selfheal] {text}")});
+            let extra = reread_item(&text);
             let again = |m: &str| {
                 req.encode(
                     &Edits {
@@ -2043,7 +2036,7 @@ fn stream_reread(t: &Turn, ctx: &Call) -> stream::ReadAgain<stream::Reasked> {
     Box::new(move || {
         Box::pin(async move {
             let text = reread_due(&t)?;
-            let extra = json!({"role": "system", "content": format!("[selfheal] {text}")});
+            let extra = reread_item(&text);
             let answer = ask_again(t, ctx, Vec::new(), Some(extra)).await;
             let called = answer.as_ref().map(|a| {
                 a.message
