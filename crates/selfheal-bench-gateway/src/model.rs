@@ -726,6 +726,32 @@ mod tests {
         json!({"messages": messages, "tools": crate::agent::offered_tools(task)})
     }
 
+    /// One turn of a conversation with the scripted model: its reply to `msgs` and, for a tool
+    /// call, the call executed and both appended (the call, and the tool's answer); the tool,
+    /// the arguments and the answer. A reply that is not a call comes back as it is.
+    fn exchange(
+        task: &selfheal_bench::task::TaskSpec,
+        world: &mut crate::world::World<'_>,
+        msgs: &mut Vec<Value>,
+    ) -> Result<(String, String, String), Reply> {
+        let reply = world.answer(&request(task, msgs.clone()));
+        let Reply::Call {
+            id,
+            tool,
+            arguments,
+        } = reply
+        else {
+            return Err(reply);
+        };
+        let out = world.execute(&id, &tool, &arguments);
+        msgs.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+            "type": "function", "function": {"name": tool, "arguments": arguments}}]}),
+        );
+        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": out}));
+        Ok((tool, arguments, out))
+    }
+
     fn tool_of(r: &Reply) -> &str {
         match r {
             Reply::Call { tool, .. } => tool,
@@ -819,22 +845,7 @@ mod tests {
         };
         let mut msgs = vec![json!({"role": "user", "content": "go"})];
         let exchange = |world: &mut crate::world::World<'_>, msgs: &mut Vec<Value>| {
-            let reply = world.answer(&request(task, msgs.clone()));
-            let Reply::Call {
-                id,
-                tool,
-                arguments,
-            } = reply
-            else {
-                panic!("{reply:?}")
-            };
-            let out = world.execute(&id, &tool, &arguments);
-            msgs.push(
-                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
-                "type": "function", "function": {"name": tool, "arguments": arguments}}]}),
-            );
-            msgs.push(json!({"role": "tool", "tool_call_id": id, "content": out}));
-            (tool, arguments, out)
+            exchange(task, world, msgs).unwrap_or_else(|reply| panic!("{reply:?}"))
         };
         let first = loop {
             let (tool, _, out) = exchange(&mut world, &mut msgs);
@@ -876,39 +887,21 @@ mod tests {
             .unwrap();
         let mut world = crate::world::World::new(task, Episode::new(task, &[], &model, 1));
         let mut msgs = vec![json!({"role": "user", "content": "go"})];
+        // The tool called, or "" for a reply that is not a call.
         let exchange = |world: &mut crate::world::World<'_>, msgs: &mut Vec<Value>| {
-            let reply = world.answer(&request(task, msgs.clone()));
-            let Reply::Call {
-                id,
-                tool,
-                arguments,
-            } = reply
-            else {
-                return reply;
-            };
-            let out = world.execute(&id, &tool, &arguments);
-            msgs.push(
-                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
-                "type": "function", "function": {"name": tool, "arguments": arguments}}]}),
-            );
-            msgs.push(json!({"role": "tool", "tool_call_id": id, "content": out}));
-            Reply::Call {
-                id: String::new(),
-                tool,
-                arguments: String::new(),
-            }
+            exchange(task, world, msgs).map_or(String::new(), |(tool, _, _)| tool)
         };
         let (first, second) = (&task.plan.steps[0].tool, &task.plan.steps[1].tool);
-        assert_eq!(tool_of(&exchange(&mut world, &mut msgs)), first);
-        assert_eq!(tool_of(&exchange(&mut world, &mut msgs)), second);
+        assert_eq!(&exchange(&mut world, &mut msgs), first);
+        assert_eq!(&exchange(&mut world, &mut msgs), second);
         msgs.push(json!({"role": "system", "content": format!("[selfheal] {}",
             selfheal_gateway::recover::retry_text(first,
                 selfheal_core::FailureClass::VerificationFailure))}));
-        assert_eq!(tool_of(&exchange(&mut world, &mut msgs)), first);
+        assert_eq!(&exchange(&mut world, &mut msgs), first);
         // The guidance was that request's.
         msgs.retain(|m| m["role"] != "system");
         assert_eq!(
-            tool_of(&exchange(&mut world, &mut msgs)),
+            &exchange(&mut world, &mut msgs),
             second,
             "the step after it is made again"
         );

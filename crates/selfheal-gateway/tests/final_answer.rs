@@ -211,6 +211,17 @@ fn chat_request(failures: usize, answered: bool) -> Value {
 }
 
 /// The text a client assembles from a chat stream, and its final chunk's `selfheal` object.
+/// The core's judgement of a final answer as the client sees it: the report's status, the head
+/// agreeing with it, and (`why`) the words its reason must contain.
+fn assert_judged(report: &Value, head: &Head, status: &str, why: Option<&str>) {
+    assert_eq!(report["status"], status, "{report}");
+    assert_eq!(head.status, status, "the head agrees: {head:?}");
+    if let Some(why) = why {
+        let reason = report["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(why), "{report}");
+    }
+}
+
 fn chat_outcome(body: &str) -> (String, Value, Vec<Value>) {
     let events = events(body);
     let text: String = events
@@ -259,12 +270,12 @@ async fn a_streamed_answer_over_an_open_failure_is_partial() {
         assert_eq!(code, 200, "{body}");
         let (text, report, _) = chat_outcome(&body);
         assert_eq!(text, "1.1", "{body}");
-        assert_eq!(report["status"], status, "{body}");
-        assert_eq!(head.status, status, "the head agrees: {head:?}");
-        if status == "partial" {
-            let reason = report["reason"].as_str().unwrap_or_default();
-            assert!(reason.contains("unresolved"), "{report}");
-        }
+        assert_judged(
+            &report,
+            &head,
+            status,
+            (status == "partial").then_some("unresolved"),
+        );
     }
 }
 
@@ -278,12 +289,8 @@ async fn a_streamed_answer_after_a_recovery_under_no_claim_is_partial() {
         let (code, head, body) = post(&gw, "chat/completions", chat_request(failures, true)).await;
         assert_eq!(code, 200, "{body}");
         let (_, report, _) = chat_outcome(&body);
-        assert_eq!(report["status"], status, "{body}");
-        assert_eq!(head.status, status, "the head agrees: {head:?}");
-        if failures > 0 {
-            let reason = report["reason"].as_str().unwrap_or_default();
-            assert!(reason.contains("claim_after_recovery"), "{report}");
-        }
+        let why = (failures > 0).then_some("claim_after_recovery");
+        assert_judged(&report, &head, status, why);
     }
 }
 
@@ -527,8 +534,7 @@ async fn a_responses_answer_over_an_open_failure_is_partial() {
             assert_eq!(code, 200, "{body}");
             let (text, _, report) = responses_outcome(stream, &body);
             assert_eq!(text, "1.1", "{body}");
-            assert_eq!(report["status"], status, "stream {stream}: {body}");
-            assert_eq!(head.status, status, "the head agrees: {head:?}");
+            assert_judged(&report, &head, status, None);
         }
     }
 }
@@ -545,12 +551,8 @@ async fn a_responses_answer_after_a_recovery_under_no_claim_is_partial() {
                 post(&gw, "responses", responses_request(stream, failures, true)).await;
             assert_eq!(code, 200, "{body}");
             let (_, _, report) = responses_outcome(stream, &body);
-            assert_eq!(report["status"], status, "stream {stream}: {body}");
-            assert_eq!(head.status, status, "the head agrees: {head:?}");
-            if failures > 0 {
-                let reason = report["reason"].as_str().unwrap_or_default();
-                assert!(reason.contains("claim_after_recovery"), "{report}");
-            }
+            let why = (failures > 0).then_some("claim_after_recovery");
+            assert_judged(&report, &head, status, why);
         }
     }
 }
