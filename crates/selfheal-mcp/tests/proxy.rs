@@ -1447,11 +1447,24 @@ fn json_rpc_errors_are_read_into_the_cores_signals() {
 /// A proxy whose tools are described by `tools` (a `selfheal mcp --config` file), the server's
 /// tools listed at 0 ms. `now_ms` is Unix time (no wall clock set).
 fn contract_proxy(tools: &str) -> Proxy {
+    contract_proxy_with(tools, |_| {})
+}
+
+/// [`contract_proxy`] under a policy `tune` changes.
+fn contract_proxy_with(tools: &str, tune: impl FnOnce(&mut McpConfig)) -> Proxy {
     let mut cfg = config();
     cfg.tools = selfheal_mcp::tools_from_toml_str(tools).unwrap();
+    tune(&mut cfg);
     let mut p = Proxy::new(cfg).unwrap();
     list(&mut p, 1, 0);
     p
+}
+
+/// The call the proxy sends again after the policy's backoff (a retry it decided at 10 ms),
+/// answered with `value`: what the client gets.
+fn retried(p: &mut Proxy, value: Value, rng: &mut ConstRng) -> Vec<Out> {
+    let sent = to_server(&p.tick(510, rng));
+    p.from_server(response(sent[0]["id"].clone(), structured(value)), 520, rng)
 }
 
 fn structured(value: Value) -> Value {
@@ -1613,12 +1626,7 @@ fn an_empty_output_is_retried_and_a_recovered_reread_tool_is_read_again() {
     let action = d.iter().find(|d| d.kind.as_str() == "action").unwrap();
     assert_eq!(action.detail["class"], "empty_output");
     assert_eq!(action.detail["action"]["action"], "retry");
-    let sent = to_server(&p.tick(510, &mut rng));
-    let outs = p.from_server(
-        response(sent[0]["id"].clone(), structured(json!({"hits": [1, 2]}))),
-        520,
-        &mut rng,
-    );
+    let outs = retried(&mut p, json!({"hits": [1, 2]}), &mut rng);
     let r = answer(&outs);
     assert_ne!(r["isError"], json!(true));
     assert_eq!(r["structuredContent"], json!({"hits": [1, 2]}));
@@ -1644,14 +1652,11 @@ fn an_empty_output_is_retried_and_a_recovered_reread_tool_is_read_again() {
 
 #[test]
 fn the_policy_decides_no_reread_when_it_asks_for_none() {
-    let mut cfg = config();
-    cfg.tools =
-        selfheal_mcp::tools_from_toml_str("[tools.search]\noutput = [\"hits\"]\nreread = true\n")
-            .unwrap();
-    cfg.policy.reread_after_recovery = false;
-    let mut p = Proxy::new(cfg).unwrap();
+    let mut p = contract_proxy_with(
+        "[tools.search]\noutput = [\"hits\"]\nreread = true\n",
+        |cfg| cfg.policy.reread_after_recovery = false,
+    );
     let mut rng = ConstRng(0);
-    list(&mut p, 1, 0);
     round_trip(
         &mut p,
         json!(3),
@@ -1660,12 +1665,7 @@ fn the_policy_decides_no_reread_when_it_asks_for_none() {
         structured(json!({"hits": null})),
         10,
     );
-    let sent = to_server(&p.tick(510, &mut rng));
-    let outs = p.from_server(
-        response(sent[0]["id"].clone(), structured(json!({"hits": [1]}))),
-        520,
-        &mut rng,
-    );
+    let outs = retried(&mut p, json!({"hits": [1]}), &mut rng);
     assert_eq!(texts(&answer(&outs)).len(), 1, "{outs:?}");
 }
 
@@ -1679,12 +1679,8 @@ fn a_recovered_value_is_unconfirmed_when_the_policy_claims_nothing_after_a_recov
         "[tools.search]\noutput = [\"hits\"]\nreread = true\n",
         "[tools.search]\noutput = [\"hits\"]\n",
     ] {
-        let mut cfg = config();
-        cfg.tools = selfheal_mcp::tools_from_toml_str(tools).unwrap();
-        cfg.policy.claim_after_recovery = false;
-        let mut p = Proxy::new(cfg).unwrap();
+        let mut p = contract_proxy_with(tools, |cfg| cfg.policy.claim_after_recovery = false);
         let mut rng = ConstRng(0);
-        list(&mut p, 1, 0);
         round_trip(
             &mut p,
             json!(3),
@@ -1693,12 +1689,7 @@ fn a_recovered_value_is_unconfirmed_when_the_policy_claims_nothing_after_a_recov
             structured(json!({"hits": null})),
             10,
         );
-        let sent = to_server(&p.tick(510, &mut rng));
-        let outs = p.from_server(
-            response(sent[0]["id"].clone(), structured(json!({"hits": [1]}))),
-            520,
-            &mut rng,
-        );
+        let outs = retried(&mut p, json!({"hits": [1]}), &mut rng);
         let r = answer(&outs);
         assert_ne!(r["isError"], json!(true), "{tools}");
         assert_eq!(
