@@ -250,7 +250,7 @@ pub fn replay(
 ) -> Vec<Replayed> {
     // From the newest result back to the last one the run has seen: only new results (and
     // that one) are read and hashed, however long the history.
-    let mut results: Vec<(usize, String, u64)> = Vec::new();
+    let mut results: Vec<(usize, std::borrow::Cow<'_, str>, u64)> = Vec::new();
     for (i, m) in messages.iter().enumerate().rev() {
         if m.role() != "tool" {
             continue;

@@ -230,25 +230,32 @@ impl<'a> Message<'a> {
         self.role.as_ref().map_or("", Str::as_str)
     }
 
-    /// The text of `content`: a string, or the `text` parts of an array joined.
-    pub fn content_text(&self) -> String {
+    /// The text of `content`: a string, or the `text` parts of an array joined. Borrowed from
+    /// the request when it is a string without escapes (the common case: no copy).
+    pub fn content_text(&self) -> Cow<'a, str> {
         let Some(raw) = self.content else {
-            return String::new();
+            return Cow::Borrowed("");
         };
+        let text: &'a str = raw.get();
         // The common case, a string, decoded without a `Value` around it.
-        if raw.get().starts_with('"')
-            && let Ok(s) = serde_json::from_str::<String>(raw.get())
-        {
-            return s;
+        if text.starts_with('"') {
+            if let Ok(s) = serde_json::from_str::<&'a str>(text) {
+                return Cow::Borrowed(s);
+            }
+            if let Ok(s) = serde_json::from_str::<String>(text) {
+                return Cow::Owned(s);
+            }
         }
-        match serde_json::from_str::<Value>(raw.get()) {
-            Ok(Value::String(s)) => s,
-            Ok(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join(""),
-            _ => String::new(),
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::String(s)) => Cow::Owned(s),
+            Ok(Value::Array(parts)) => Cow::Owned(
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(""),
+            ),
+            _ => Cow::Borrowed(""),
         }
     }
 
@@ -795,6 +802,13 @@ mod tests {
         assert!(!r.stream);
         assert_eq!(r.messages.len(), 5);
         assert_eq!(r.messages[1].content_text(), "café \"quoted\"");
+        // Text without escapes is read in place; with them (the quotes above), decoded.
+        assert!(matches!(
+            r.messages[3].content_text(),
+            Cow::Borrowed("Error: down")
+        ));
+        assert!(matches!(r.messages[1].content_text(), Cow::Owned(_)));
+        assert!(matches!(r.messages[2].content_text(), Cow::Borrowed("")));
         let calls = r.messages[2].calls();
         assert_eq!(calls[0].id.as_ref().unwrap().as_str(), "c1");
         let f = calls[0].function.as_ref().unwrap();
