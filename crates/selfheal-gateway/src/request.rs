@@ -237,10 +237,13 @@ impl<'a> Message<'a> {
             return Cow::Borrowed("");
         };
         let text: &'a str = raw.get();
-        // The common case, a string, decoded without a `Value` around it.
+        // The common case, a string, decoded without a `Value` around it. The raw value is
+        // valid JSON: a string without a backslash is its content between the quotes.
         if text.starts_with('"') {
-            if let Ok(s) = serde_json::from_str::<&'a str>(text) {
-                return Cow::Borrowed(s);
+            if !text.contains('\\')
+                && let Some(inner) = text.get(1..text.len() - 1)
+            {
+                return Cow::Borrowed(inner);
             }
             if let Ok(s) = serde_json::from_str::<String>(text) {
                 return Cow::Owned(s);
