@@ -222,3 +222,25 @@ def test_an_invented_argument_of_a_grounded_tool_is_reasked_on_responses(upstrea
         assert len(upstream.log()) == 2, "asked again once"
     finally:
         gw.stop()
+
+
+def test_a_client_continuing_an_answer_continues_its_run(gateway, upstream):
+    """Issue 13: a client that continues a streamed answer with `previous_response_id` sends only
+    its calls' results. The gateway reads them against the answer's calls in the same run, so
+    the model calling the same tool with the same arguments again is its repetition: re-asked,
+    never forwarded. Before, each such turn was a run of its own and the call went out."""
+    call = {"kind": "tool", "name": "search", "arguments": '{"query": "tea"}'}
+    upstream.script([dict(call, id="resp_a"), dict(call, id="resp_b"),
+                     {"kind": "ok", "content": "tea costs 3"}])
+    first = events(gateway, input=f"price of tea {uuid.uuid4()}", tools=RESPONSES_TOOLS)
+    assert first[-1].response.id == "resp_a"
+    assert [c for c in calls_sent(first) if c[0] == "final"] == [("final", '{"query": "tea"}')]
+    again = events(gateway, previous_response_id="resp_a", tools=RESPONSES_TOOLS,
+                   input=[{"type": "function_call_output", "call_id": "call_stub",
+                           "output": '{"price": 3}'}])
+    assert calls_sent(again) == [], "the repeated call went out"
+    assert text_of(again) == "tea costs 3"
+    assert "reask" in report(again)["actions"] and report(again)["status"] == "complete"
+    log = upstream.log()
+    assert len(log) == 3
+    assert log[1]["previous_response_id"] == "resp_a" and len(log[1]["input"]) == 1

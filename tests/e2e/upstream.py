@@ -16,7 +16,8 @@ the "status", "tool" (answered as a `function_call` item), "ok", "json", "empty"
 and, for `stream: true` (answered as Responses events), "empty_stream", "role_then_cut" (only the
 preamble: created, in_progress, an empty message item), "cut", "stream_error" (some text, then an
 `error` event), "failed" (a `response.failed` before any content) and "incomplete" (a
-`function_call` cut inside its arguments by max_output_tokens: `response.incomplete`). Without a
+`function_call` cut inside its arguments by max_output_tokens: `response.incomplete`); a step's
+"id" names its response (default "resp_stub"). Without a
 step it answers "hi from responses" (under /_chaos: "The answer is 42.", or a random fault).
 
 Chaos: POST /_chaos {"rate": float, "seed": int, "kinds": [step, ...]} makes each request
@@ -256,7 +257,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             item = {"type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]}
-        whole = {"id": "resp_stub", "object": "response", "created_at": 0, "model": body.get("model"),
+        whole = {"id": step.get("id", "resp_stub"), "object": "response", "created_at": 0, "model": body.get("model"),
                  "status": status, "incomplete_details": details, "output": [item]}
         if not body.get("stream") or kind == "json":
             self.send_json(200, whole)

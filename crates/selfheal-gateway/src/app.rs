@@ -487,9 +487,22 @@ async fn responses_inner(
         .route(&model)
         .ok_or_else(|| ApiError::unknown_model(&model))?;
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
+    // A client that continues an answer (`previous_response_id`) sends only what is new: the
+    // run is the one that sent that answer, if this tenant's, and the answer's calls are read
+    // with the results that came back for them.
+    let previous = req
+        .get("previous_response_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let previous = previous.as_deref();
     let now = Instant::now();
-    let run = match label {
-        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
+    let continued = match (label, previous) {
+        (None, Some(p)) => s.runs.run_of_response(p, &caller.tenant, now),
+        _ => None,
+    };
+    let run = match (label, continued) {
+        (Some(l), _) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
+        (_, Some(run)) => run,
         _ => {
             let first_input = match req.get("input") {
                 Some(Value::Array(items)) => items.first().map(Value::to_string),
@@ -525,10 +538,19 @@ async fn responses_inner(
     let (verdict, replayed, stop, answered) = {
         let mut st = lock(&t.state);
         st.requests += 1;
-        let items = req
+        let input = req
             .get("input")
             .and_then(Value::as_array)
             .map_or(&[][..], Vec::as_slice);
+        // The calls of the answer continued, ahead of their results, as a full input has them.
+        let with_calls: Vec<Value>;
+        let items = match st.last_response.as_ref() {
+            Some(r) if previous == Some(r.id.as_str()) && !r.calls.is_empty() => {
+                with_calls = r.calls.iter().chain(input).cloned().collect();
+                &with_calls[..]
+            }
+            _ => input,
+        };
         let ctx = recover::Ctx {
             tools: &s.config.tools,
             offered: &tools,
@@ -765,6 +787,7 @@ async fn responses_inner(
         );
     }
     t.caller.redactor.value(&mut answer);
+    remember_response(&t, crate::runs::Responded::of(&answer));
     t.finish(status);
     let mut resp = if learned {
         let frames = responses_stream::answer_frames(&answer);
@@ -775,6 +798,14 @@ async fn responses_inner(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// Remembers the Responses answer the run sent (its id and calls), for a client that continues
+/// it with `previous_response_id` ([`crate::runs::Responded`]).
+fn remember_response(t: &Turn, responded: Option<crate::runs::Responded>) {
+    let Some(r) = responded else { return };
+    t.s.runs.responded(&r.id, &t.run);
+    lock(&t.state).last_response = Some(r);
 }
 
 /// `POST /v1/responses` with `stream: true`: the upstream stream relayed and healed by
@@ -929,6 +960,9 @@ fn finish_stream(t: &Turn, r: &stream::StreamReport, learnable: Option<&crate::c
     } else {
         "partial"
     };
+    if r.broken.is_none() {
+        remember_response(t, r.responded.clone());
+    }
     t.finish(status);
 }
 

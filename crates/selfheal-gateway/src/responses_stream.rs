@@ -43,13 +43,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call, problem_texts};
+use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call};
 use crate::stream::{
-    Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, StreamReport, Unsettled, find_event_end,
+    AskAgain, Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, Reanswer, StreamReport, Unsettled,
+    find_event_end, reask_once,
 };
 use selfheal_repair::{ArgumentsError, Ending};
 
@@ -65,7 +65,13 @@ pub struct Reanswered {
 /// Asks the upstream again without streaming: with the problems of unusable calls appended (a
 /// re-ask), or with none (a re-issue of a stream that broke before any content). `None` when the
 /// policy or the budget refuses, the upstream fails, or the new answer's calls cannot be used.
-pub type Reask = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<Reanswered>> + Send>;
+pub type Reask = AskAgain<Reanswered>;
+
+impl Reanswer for Reanswered {
+    fn take_repaired(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.repaired)
+    }
+}
 
 /// What the relay may ask of the pipeline.
 #[derive(Default)]
@@ -563,31 +569,20 @@ impl Relay<'_> {
             invalid.extend(check(&mut ready));
         }
         let mut replacement = Vec::new();
-        if !invalid.is_empty() {
-            let again = match self.hooks.reask.take() {
-                Some(f) => f(invalid.clone()).await,
-                None => None,
-            };
-            match again {
-                Some(r) => {
-                    self.report.reasked = problem_texts(&invalid);
-                    self.report.repaired.extend(r.repaired);
-                    replacement = new_items(&r.response);
-                    // The answer is now the new one's: its status, its reason if incomplete.
-                    if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
-                        for key in ["status", "incomplete_details"] {
-                            if let Some(x) = r.response.get(key) {
-                                resp.insert(key.into(), x.clone());
-                            }
-                        }
+        if let Some(r) = reask_once(&mut self.hooks.reask, &invalid, &mut self.report).await {
+            replacement = new_items(&r.response);
+            // The answer is now the new one's: its status, its reason if incomplete.
+            if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
+                for key in ["status", "incomplete_details"] {
+                    if let Some(x) = r.response.get(key) {
+                        resp.insert(key.into(), x.clone());
                     }
-                    ty = match r.response.get("status").and_then(Value::as_str) {
-                        Some("incomplete") => "response.incomplete".into(),
-                        _ => "response.completed".into(),
-                    };
                 }
-                None => self.report.invalid = problem_texts(&invalid),
             }
+            ty = match r.response.get("status").and_then(Value::as_str) {
+                Some("incomplete") => "response.incomplete".into(),
+                _ => "response.completed".into(),
+            };
         }
         for item in ready.into_iter().chain(replacement) {
             self.emit_item(item).await?;
@@ -604,6 +599,7 @@ impl Relay<'_> {
         }
         self.attach_selfheal(&mut v);
         self.report.finished = true;
+        self.report.responded = v.get("response").and_then(crate::runs::Responded::of);
         self.send(v).await
     }
 
@@ -695,19 +691,8 @@ impl Relay<'_> {
             check.invalid.extend(more(items));
         }
         self.report.repaired.extend(check.repaired);
-        if !check.invalid.is_empty() {
-            let again = match self.hooks.reask.take() {
-                Some(f) => f(check.invalid.clone()).await,
-                None => None,
-            };
-            match again {
-                Some(r) => {
-                    self.report.reasked = problem_texts(&check.invalid);
-                    self.report.repaired.extend(r.repaired);
-                    response = r.response;
-                }
-                None => self.report.invalid = problem_texts(&check.invalid),
-            }
+        if let Some(r) = reask_once(&mut self.hooks.reask, &check.invalid, &mut self.report).await {
+            response = r.response;
         }
         self.emit_response(response).await
     }
@@ -759,6 +744,7 @@ impl Relay<'_> {
         self.attach_selfheal(&mut last);
         self.report.finished = true;
         self.report.broken = None;
+        self.report.responded = last.get("response").and_then(crate::runs::Responded::of);
         self.send(last).await
     }
 

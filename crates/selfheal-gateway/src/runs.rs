@@ -118,6 +118,57 @@ pub struct RunState {
     pub actions: Vec<String>,
     /// Requests served for this run.
     pub requests: u64,
+    /// The last Responses answer the run sent, with its calls: what a client continuing with
+    /// `previous_response_id` no longer sends back.
+    pub last_response: Option<Responded>,
+}
+
+/// Most `function_call` items remembered of a response (see [`Responded`]).
+pub const MAX_RESPONDED_CALLS: usize = 64;
+
+/// Most bytes of arguments remembered of a response's calls (see [`Responded`]).
+pub const MAX_RESPONDED_BYTES: usize = 256 * 1024;
+
+/// A Responses answer the gateway sent: its id and its `function_call` items (`call_id`,
+/// `name`, `arguments`). A client that continues with `previous_response_id` sends only the
+/// calls' `function_call_output` items; the upstream keeps the rest of the conversation. The
+/// gateway reads the results against these calls, as it reads a full `input` against the
+/// calls it carries. Calls past [`MAX_RESPONDED_CALLS`] or [`MAX_RESPONDED_BYTES`] are not kept,
+/// and a result whose call is not known is read as a call of no known tool, as before.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Responded {
+    /// The response's `id`.
+    pub id: String,
+    /// Its `function_call` items, reduced to `type`, `call_id`, `name` and `arguments`.
+    pub calls: Vec<serde_json::Value>,
+}
+
+impl Responded {
+    /// The id and calls of a response object; `None` without a string `id`.
+    pub fn of(response: &serde_json::Value) -> Option<Responded> {
+        use serde_json::Value;
+        let id = response.get("id").and_then(Value::as_str)?.to_owned();
+        let mut calls = Vec::new();
+        let mut bytes = 0;
+        let items = response.get("output").and_then(Value::as_array);
+        for item in items.into_iter().flatten() {
+            if item.get("type").and_then(Value::as_str) != Some("function_call") {
+                continue;
+            }
+            let text = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or("");
+            bytes += text("arguments").len() + text("name").len() + text("call_id").len();
+            if calls.len() == MAX_RESPONDED_CALLS || bytes > MAX_RESPONDED_BYTES {
+                break;
+            }
+            calls.push(serde_json::json!({
+                "type": "function_call",
+                "call_id": text("call_id"),
+                "name": text("name"),
+                "arguments": text("arguments"),
+            }));
+        }
+        Some(Responded { id, calls })
+    }
 }
 
 impl RunState {
@@ -146,6 +197,7 @@ impl RunState {
             successes: 0,
             actions: Vec::new(),
             requests: 0,
+            last_response: None,
         }
     }
 
@@ -192,6 +244,10 @@ struct Inner {
     map: HashMap<Arc<str>, Entry>,
     queue: VecDeque<(Arc<str>, u64)>,
     next: u64,
+    /// Response ids the gateway answered, with the run that answered each ([`RunStore::responded`]).
+    responses: HashMap<Box<str>, Arc<str>>,
+    /// The same ids, oldest first: at most the store's capacity are kept.
+    response_order: VecDeque<Box<str>>,
 }
 
 impl Inner {
@@ -269,6 +325,37 @@ impl RunStore {
             .map
             .get(id)
             .is_some_and(|e| &*e.tenant == tenant && now.duration_since(e.last_seen) < self.ttl)
+    }
+
+    /// Remembers that the run `run` sent the Responses answer `id`, so that a request
+    /// continuing it (`previous_response_id`) continues the run ([`RunStore::run_of_response`]).
+    /// At most the store's capacity of ids are kept, the oldest forgotten first.
+    pub fn responded(&self, id: &str, run: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *inner;
+        let Some((run, _)) = inner.map.get_key_value(run) else {
+            return;
+        };
+        let run = run.clone();
+        if inner.responses.insert(id.into(), run).is_none() {
+            inner.response_order.push_back(id.into());
+        }
+        while inner.response_order.len() > self.capacity {
+            if let Some(old) = inner.response_order.pop_front() {
+                inner.responses.remove(&old);
+            }
+        }
+    }
+
+    /// The live run of `tenant` that sent the Responses answer `id`: a client continuing that
+    /// answer (`previous_response_id`) continues its run. `None` for an id the gateway did not
+    /// answer (or has forgotten), a run gone, or another tenant's run.
+    pub fn run_of_response(&self, id: &str, tenant: &str, now: Instant) -> Option<String> {
+        let run = {
+            let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            inner.responses.get(id)?.clone()
+        };
+        self.owned_by(&run, tenant, now).then(|| run.to_string())
     }
 
     /// The run's state, created for `tenant` if new or expired. Creating a run first drops

@@ -73,7 +73,54 @@ pub struct Reasked {
 /// Asks the upstream again, once, without streaming: with the problems of the held tool calls
 /// appended (a re-ask), or with none (a re-issue of a stream that broke before any content).
 /// `None` when the budget refuses, the upstream fails, or the new answer's calls cannot be used.
-pub type Reask = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<Reasked>> + Send>;
+pub type Reask = AskAgain<Reasked>;
+
+/// A hook that asks the upstream again with the problems of unusable calls (none for a
+/// re-issue): the new answer, of either API, or `None`.
+pub type AskAgain<R> = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<R>> + Send>;
+
+/// A second answer that a re-ask brought, whichever API it answers: the calls in it whose
+/// arguments were repaired go into the stream's report.
+pub(crate) trait Reanswer {
+    /// Takes the names of the repaired calls out of the answer.
+    fn take_repaired(&mut self) -> Vec<String>;
+}
+
+impl Reanswer for Reasked {
+    fn take_repaired(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.repaired)
+    }
+}
+
+/// Re-asks once, through the relay's hook, for an answer whose calls can be used, when some of
+/// the answer's calls could not be (`invalid`), and says so in `report`: the problems as
+/// re-asked, with the new answer's repairs, or, when no usable answer could be had (no hook
+/// left, the budget refused, the upstream failed), as left out. The new answer, if one came;
+/// `None` when nothing was invalid too.
+pub(crate) async fn reask_once<R: Reanswer>(
+    reask: &mut Option<AskAgain<R>>,
+    invalid: &[Problem],
+    report: &mut StreamReport,
+) -> Option<R> {
+    if invalid.is_empty() {
+        return None;
+    }
+    let again = match reask.take() {
+        Some(f) => f(invalid.to_vec()).await,
+        None => None,
+    };
+    match again {
+        Some(mut r) => {
+            report.reasked = problem_texts(invalid);
+            report.repaired.extend(r.take_repaired());
+            Some(r)
+        }
+        None => {
+            report.invalid = problem_texts(invalid);
+            None
+        }
+    }
+}
 
 /// A further check of the held calls once each is usable as written: takes out the calls it
 /// refuses and returns their problems, which are re-asked like any unusable call (the
@@ -200,6 +247,9 @@ pub struct StreamReport {
     /// Why the final answer that went out is not claimed complete ([`Hooks::unsettled`], or a
     /// read before answering that was not made): the stream ends `partial` with it.
     pub unsettled: Option<String>,
+    /// The Responses answer that went out whole (its id and calls), for a client that continues
+    /// it with `previous_response_id`; `None` on chat completions.
+    pub responded: Option<crate::runs::Responded>,
 }
 
 #[derive(Default)]
@@ -428,27 +478,20 @@ impl Relay<'_> {
         self.report.repaired.extend(check.repaired);
         let mut message = message.clone();
         let mut finish = finish;
-        if !check.invalid.is_empty() {
-            // Unusable calls in a converted answer: re-asked as for a held stream; an answer
-            // that cannot be had goes out without them, `partial`.
-            let again = match self.hooks.reask.take() {
-                Some(f) => f(check.invalid.clone()).await,
-                None => None,
-            };
-            match again {
-                Some(r) => {
-                    self.report.reasked = problem_texts(&check.invalid);
-                    self.report.repaired.extend(r.repaired);
-                    message = r.message;
-                    finish = r.finish_reason;
-                }
-                None => {
-                    self.report.invalid = problem_texts(&check.invalid);
-                    if !calls_tools(&message) && finish.as_str() == Some("tool_calls") {
-                        finish = json!("stop");
-                    }
-                }
+        // Unusable calls in a converted answer: re-asked as for a held stream; an answer that
+        // cannot be had goes out without them, `partial`.
+        match reask_once(&mut self.hooks.reask, &check.invalid, &mut self.report).await {
+            Some(r) => {
+                message = r.message;
+                finish = r.finish_reason;
             }
+            None if !check.invalid.is_empty()
+                && !calls_tools(&message)
+                && finish.as_str() == Some("tool_calls") =>
+            {
+                finish = json!("stop");
+            }
+            None => {}
         }
         self.emit_message(&message, finish).await
     }
@@ -628,29 +671,18 @@ impl Relay<'_> {
             if let Some(check) = &self.hooks.check {
                 invalid.extend(check(&mut calls));
             }
-            if !invalid.is_empty() {
-                let again = match self.hooks.reask.take() {
-                    Some(f) => f(invalid.clone()).await,
-                    None => None,
-                };
-                match again {
-                    Some(r) => {
-                        self.report.reasked = problem_texts(&invalid);
-                        self.report.repaired.extend(r.repaired);
-                        finish = r.finish_reason;
-                        calls = indexed_calls(&r.message);
-                        let text = r
-                            .message
-                            .get("content")
-                            .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()));
-                        if calls.is_empty()
-                            && let Some(text) = text
-                        {
-                            let c = chunk(Some(&v), json!({"content": text}), Value::Null);
-                            self.send(&c).await?;
-                        }
-                    }
-                    None => self.report.invalid = problem_texts(&invalid),
+            if let Some(r) = reask_once(&mut self.hooks.reask, &invalid, &mut self.report).await {
+                finish = r.finish_reason;
+                calls = indexed_calls(&r.message);
+                let text = r
+                    .message
+                    .get("content")
+                    .filter(|c| c.as_str().is_some_and(|t| !t.is_empty()));
+                if calls.is_empty()
+                    && let Some(text) = text
+                {
+                    let c = chunk(Some(&v), json!({"content": text}), Value::Null);
+                    self.send(&c).await?;
                 }
             }
             if !calls.is_empty() {

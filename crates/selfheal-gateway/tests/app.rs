@@ -1517,3 +1517,67 @@ async fn issue_11_the_same_call_is_forwarded_when_it_is_not_a_repetition() {
     assert_eq!(body["selfheal"]["status"], "complete", "{body}");
     assert_eq!(shared.lock().unwrap().seen.len(), 1);
 }
+
+/// POSTs `body` to `/v1/responses` with the client key `key`: the answer and its headers.
+async fn post_responses_as(
+    app: &Router,
+    key: &str,
+    body: &Value,
+) -> (Value, axum::http::HeaderMap) {
+    let req = Request::post("/v1/responses")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (serde_json::from_slice(&bytes).unwrap(), headers)
+}
+
+/// Issue 13: a Responses client that continues an answer with `previous_response_id` sends
+/// only the results of its calls. Each such request was a run of its own (named by its first
+/// input item, a result), and each result was read as a call of no known tool: no breaker, no
+/// budget and no repetition check carried from one turn to the next. The run that sent the
+/// answer now continues, for the tenant it belongs to, and the results are read against the
+/// answer's calls: a call repeating the one just answered is re-asked as with a full `input`.
+#[tokio::test]
+async fn issue_13_a_responses_client_continuing_an_answer_continues_its_run() {
+    let call = |id: &str| {
+        json!({"id": id, "object": "response", "created_at": 0, "model": "m",
+               "status": "completed", "output": [{"type": "function_call", "id": "fc_1",
+               "call_id": "c1", "name": "lookup", "arguments": "{\"key\": \"k\"}",
+               "status": "completed"}]})
+    };
+    let (url, shared) = start_responses_upstream(vec![call("resp_1"), call("resp_2")]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let first = json!({"model": "m", "input": "look k up", "tools": responses_tools()});
+    let (answer, head) = post_responses_as(&app, "sk-tenant-aaaa", &first).await;
+    assert_eq!(answer["output"][0]["name"], "lookup", "{answer}");
+    let next = json!({"model": "m", "previous_response_id": "resp_1", "tools": responses_tools(),
+        "input": [{"type": "function_call_output", "call_id": "c1", "output": "{\"value\": 42}"}]});
+    let (answer, again) = post_responses_as(&app, "sk-tenant-aaaa", &next).await;
+    assert_eq!(
+        again["x-selfheal-run"], head["x-selfheal-run"],
+        "the run goes on"
+    );
+    // The model called `lookup` with the same arguments again: its repetition, re-asked.
+    assert!(
+        answer["selfheal"]["actions"].to_string().contains("reask"),
+        "{answer}"
+    );
+    assert_eq!(answer["output"][0]["type"], "message", "{answer}");
+    let seen = shared.lock().unwrap().seen.clone();
+    assert_eq!(
+        seen.len(),
+        3,
+        "the answer, the repeated call and the re-ask"
+    );
+    // The client's request went upstream as it was sent: the calls are the gateway's reading.
+    assert_eq!(seen[1]["previous_response_id"], "resp_1");
+    assert_eq!(seen[1]["input"].as_array().unwrap().len(), 1);
+
+    // Another tenant naming the same answer does not join the run.
+    let (_, other) = post_responses_as(&app, "sk-tenant-bbbb", &next).await;
+    assert_ne!(other["x-selfheal-run"], head["x-selfheal-run"]);
+}
