@@ -581,6 +581,70 @@ mod tests {
     }
 
     #[test]
+    fn an_answered_response_leads_back_to_its_run_for_its_tenant_only_and_ids_are_bounded() {
+        let s = RunStore::new(
+            2,
+            Duration::from_secs(60),
+            MonitorConfig::default(),
+            BudgetLimits::defaults(),
+            Policy::default(),
+        );
+        let now = Instant::now();
+        s.get_for("r-1", "key:alice", now);
+        s.responded("resp_1", "r-1");
+        s.responded("resp_x", "r-gone"); // no such run: nothing to lead back to
+        assert_eq!(
+            s.run_of_response("resp_1", "key:alice", now).as_deref(),
+            Some("r-1")
+        );
+        assert_eq!(s.run_of_response("resp_1", "key:bob", now), None);
+        assert_eq!(s.run_of_response("resp_x", "key:alice", now), None);
+        let later = now + Duration::from_secs(61);
+        assert_eq!(
+            s.run_of_response("resp_1", "key:alice", later),
+            None,
+            "expired"
+        );
+        // At most the store's capacity of ids: the oldest is forgotten first.
+        s.responded("resp_2", "r-1");
+        s.responded("resp_3", "r-1");
+        assert_eq!(s.run_of_response("resp_1", "key:alice", now), None);
+        assert_eq!(
+            s.run_of_response("resp_3", "key:alice", now).as_deref(),
+            Some("r-1")
+        );
+    }
+
+    #[test]
+    fn a_response_keeps_its_calls_reduced_and_bounded() {
+        let call = |i: usize, args: &str| {
+            json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": format!("c{i}"),
+                   "name": "search", "arguments": args, "status": "completed"})
+        };
+        let mut output = vec![json!({"type": "message", "content": []}), call(0, "{}")];
+        let r = Responded::of(&json!({"id": "resp_1", "output": output.clone()})).unwrap();
+        assert_eq!(r.id, "resp_1");
+        assert_eq!(
+            r.calls,
+            vec![
+                json!({"type": "function_call", "call_id": "c0", "name": "search",
+                        "arguments": "{}"})
+            ]
+        );
+        assert_eq!(Responded::of(&json!({"output": output.clone()})), None);
+        output.extend((1..100).map(|i| call(i, "{}")));
+        let r = Responded::of(&json!({"id": "resp_2", "output": output})).unwrap();
+        assert_eq!(r.calls.len(), MAX_RESPONDED_CALLS);
+        let big = "x".repeat(MAX_RESPONDED_BYTES);
+        let r = Responded::of(&json!({"id": "resp_3", "output": [call(0, "{}"), call(1, &big)]}));
+        assert_eq!(
+            r.unwrap().calls.len(),
+            1,
+            "past the bytes bound, no more calls"
+        );
+    }
+
+    #[test]
     fn seen_results_are_bounded_and_count_what_they_forget() {
         let mut s = SeenResults::default();
         for i in 0..(SEEN_CAPACITY + 10) {
