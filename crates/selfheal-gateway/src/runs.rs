@@ -126,8 +126,10 @@ pub struct RunState {
 /// Most `function_call` items remembered of a response (see [`Responded`]).
 pub const MAX_RESPONDED_CALLS: usize = 64;
 
-/// Most bytes of arguments remembered of a response's calls (see [`Responded`]).
-pub const MAX_RESPONDED_BYTES: usize = 256 * 1024;
+/// Most bytes of arguments remembered of a response's calls (see [`Responded`]): one run's
+/// share, so 10,000 live runs hold at most about 160 MiB of them, and an agent's calls are
+/// rarely more than a few hundred bytes.
+pub const MAX_RESPONDED_BYTES: usize = 16 * 1024;
 
 /// A Responses answer the gateway sent: its id and its `function_call` items (`call_id`,
 /// `name`, `arguments`). A client that continues with `previous_response_id` sends only the
