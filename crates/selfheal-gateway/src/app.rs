@@ -495,6 +495,16 @@ async fn responses_inner(
         .and_then(Value::as_str)
         .map(str::to_owned);
     let previous = previous.as_deref();
+    // A client that keeps its conversation upstream (`conversation`: an id, or an object with
+    // one) sends only what is new too: the conversation names the run, as a label would.
+    let conversation = match req.get("conversation") {
+        Some(Value::String(id)) => Some(format!("conversation:{id}")),
+        Some(Value::Object(o)) => o
+            .get("id")
+            .and_then(Value::as_str)
+            .map(|id| format!("conversation:{id}")),
+        _ => None,
+    };
     let now = Instant::now();
     let continued = match (label, previous) {
         (None, Some(p)) => s.runs.run_of_response(p, &caller.tenant, now),
@@ -517,6 +527,7 @@ async fn responses_inner(
             .into_iter()
             .filter_map(|(tag, v)| v.map(|v| (tag, v.as_bytes())))
             .collect();
+            let label = label.or(conversation.as_deref());
             crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening)
         }
     };
@@ -542,10 +553,16 @@ async fn responses_inner(
             .get("input")
             .and_then(Value::as_array)
             .map_or(&[][..], Vec::as_slice);
-        // The calls of the answer continued, ahead of their results, as a full input has them.
+        // The calls of the answer continued, ahead of their results, as a full input has them:
+        // the answer named by `previous_response_id`, or in a conversation the run's last
+        // answer when the input answers its calls and nothing else.
+        let continues = |r: &crate::runs::Responded| match previous {
+            Some(p) => p == r.id,
+            None => conversation.is_some() && r.answered_by(input),
+        };
         let with_calls: Vec<Value>;
         let items = match st.last_response.as_ref() {
-            Some(r) if previous == Some(r.id.as_str()) && !r.calls.is_empty() => {
+            Some(r) if continues(r) && !r.calls.is_empty() => {
                 with_calls = r.calls.iter().chain(input).cloned().collect();
                 &with_calls[..]
             }

@@ -171,6 +171,31 @@ impl Responded {
         }
         Some(Responded { id, calls })
     }
+
+    /// Whether `input` answers this response's calls and nothing else: it has results
+    /// (`function_call_output` items), each of a call of this response, and no call of its own.
+    pub fn answered_by(&self, input: &[serde_json::Value]) -> bool {
+        use serde_json::Value;
+        let mut results = 0;
+        for item in input {
+            match item.get("type").and_then(Value::as_str) {
+                Some("function_call") => return false,
+                Some("function_call_output") => {
+                    let id = item.get("call_id").and_then(Value::as_str);
+                    if !self
+                        .calls
+                        .iter()
+                        .any(|c| c.get("call_id").and_then(Value::as_str) == id)
+                    {
+                        return false;
+                    }
+                    results += 1;
+                }
+                _ => {}
+            }
+        }
+        results > 0
+    }
 }
 
 impl RunState {
@@ -643,6 +668,28 @@ mod tests {
             r.unwrap().calls.len(),
             1,
             "past the bytes bound, no more calls"
+        );
+    }
+
+    #[test]
+    fn an_input_answers_a_response_when_its_results_are_all_of_the_responses_calls() {
+        let r = Responded {
+            id: "resp_1".into(),
+            calls: vec![json!({"type": "function_call", "call_id": "c1", "name": "a"})],
+        };
+        let out = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "1"});
+        let msg = json!({"role": "user", "content": "and then?"});
+        assert!(r.answered_by(&[out("c1")]));
+        assert!(r.answered_by(&[msg.clone(), out("c1")]));
+        assert!(
+            !r.answered_by(&[out("c1"), out("c9")]),
+            "a result of another call"
+        );
+        assert!(!r.answered_by(&[msg]), "no result");
+        let own = json!({"type": "function_call", "call_id": "c1", "name": "a"});
+        assert!(
+            !r.answered_by(&[own, out("c1")]),
+            "the input carries its calls"
         );
     }
 
