@@ -590,15 +590,20 @@ mod tests {
         assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
     }
 
-    #[test]
-    fn a_run_is_owned_by_the_tenant_it_was_created_for() {
-        let s = RunStore::new(
-            3,
+    /// A store of `capacity` runs with a minute's TTL and the default monitor, budget and policy.
+    fn store(capacity: usize) -> RunStore {
+        RunStore::new(
+            capacity,
             Duration::from_secs(60),
             MonitorConfig::default(),
             BudgetLimits::defaults(),
             Policy::default(),
-        );
+        )
+    }
+
+    #[test]
+    fn a_run_is_owned_by_the_tenant_it_was_created_for() {
+        let s = store(3);
         let now = Instant::now();
         s.get_for("r-1", "key:alice", now);
         assert!(s.owned_by("r-1", "key:alice", now));
@@ -609,13 +614,7 @@ mod tests {
 
     #[test]
     fn an_answered_response_leads_back_to_its_run_for_its_tenant_only_and_ids_are_bounded() {
-        let s = RunStore::new(
-            2,
-            Duration::from_secs(60),
-            MonitorConfig::default(),
-            BudgetLimits::defaults(),
-            Policy::default(),
-        );
+        let s = store(2);
         let now = Instant::now();
         s.get_for("r-1", "key:alice", now);
         s.responded("resp_1", "r-1");
@@ -707,13 +706,7 @@ mod tests {
 
     #[test]
     fn store_is_bounded() {
-        let s = RunStore::new(
-            3,
-            Duration::from_secs(60),
-            MonitorConfig::default(),
-            BudgetLimits::defaults(),
-            Policy::default(),
-        );
+        let s = store(3);
         let now = Instant::now();
         for i in 0..10 {
             s.get(&format!("r{i}"), now + Duration::from_millis(i));

@@ -499,7 +499,18 @@ async fn post_as(
     key: &str,
     body: Value,
 ) -> (StatusCode, Value, axum::http::HeaderMap) {
-    let req = Request::post("/v1/chat/completions")
+    post_to_as(app, "/v1/chat/completions", key, &body).await
+}
+
+/// POSTs `body` to `path` with the client key `key`: the status, the answer (`null` if not
+/// JSON) and the headers.
+async fn post_to_as(
+    app: &Router,
+    path: &str,
+    key: &str,
+    body: &Value,
+) -> (StatusCode, Value, axum::http::HeaderMap) {
+    let req = Request::post(path)
         .header("content-type", "application/json")
         .header("authorization", format!("Bearer {key}"))
         .body(Body::from(body.to_string()))
@@ -1524,15 +1535,9 @@ async fn post_responses_as(
     key: &str,
     body: &Value,
 ) -> (Value, axum::http::HeaderMap) {
-    let req = Request::post("/v1/responses")
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {key}"))
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (serde_json::from_slice(&bytes).unwrap(), headers)
+    let (status, answer, headers) = post_to_as(app, "/v1/responses", key, body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    (answer, headers)
 }
 
 /// Issue 13: a Responses client that continues an answer with `previous_response_id` sends
