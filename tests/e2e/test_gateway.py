@@ -9,6 +9,7 @@ import uuid
 
 import http.client
 import urllib.parse
+import agents
 import openai
 import pytest
 
@@ -229,7 +230,6 @@ def test_stuck_agent_gets_the_tool_hidden_and_finishes(upstream, tmp_path):
 
 
 def stuck_agent_finishes(gateway, upstream):
-    agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
     calls = {"search": 0, "lookup": 0}
 
@@ -256,6 +256,46 @@ def stuck_agent_finishes(gateway, upstream):
     offered = [[t["function"]["name"] for t in req.get("tools", [])] for req in upstream.log()]
     assert "search" in offered[4] and "search" not in offered[5]
     assert any("[selfheal]" in json.dumps(req["messages"]) for req in upstream.log())
+
+
+def test_a_stuck_agent_continuing_its_responses_gets_the_tool_hidden(upstream, tmp_path):
+    """Issue 13: an openai-agents agent on the Responses API that continues each answer with
+    `previous_response_id` (`auto_previous_response_id`) sends only its tools' results. The
+    gateway reads them in the run that sent the answer, against the answer's calls, so the
+    failing tool's breaker opens across turns as on chat. Before, each turn was a run of its
+    own, `search` was never hidden, and the agent ran out of turns."""
+    agents.set_tracing_disabled(True)
+    calls = {"search": 0, "lookup": 0}
+
+    @agents.function_tool
+    def search(query: str) -> str:
+        """Search the web."""
+        calls["search"] += 1
+        raise RuntimeError("search backend is down")
+
+    @agents.function_tool
+    def lookup(key: str) -> str:
+        """Look a key up in the local index."""
+        calls["lookup"] += 1
+        return "ok: 42"
+
+    gateway = start_gateway(upstream, tmp_path, top=PATIENT)
+    try:
+        upstream.script([{"kind": "stuck"}] * 12)
+        model = agents.OpenAIResponsesModel(
+            model="stub", openai_client=openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x"))
+        agent = agents.Agent(name="stuck", instructions="Find the answer.", tools=[search, lookup],
+                             model=model)
+        result = agents.Runner.run_sync(agent, f"What is the answer? {uuid.uuid4()}", max_turns=12,
+                                        auto_previous_response_id=True)
+    finally:
+        gateway.stop()
+    assert result.final_output == "The answer is 42."
+    assert calls == {"search": 5, "lookup": 1}
+    log = upstream.log()
+    assert all(req.get("previous_response_id") for req in log[1:]), "the client sent only news"
+    offered = [[t["name"] for t in req.get("tools", [])] for req in log]
+    assert "search" in offered[4] and "search" not in offered[5]
 
 
 def test_sequential_keepalive_adds_little_latency(gateway, upstream):

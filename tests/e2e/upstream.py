@@ -17,7 +17,9 @@ and, for `stream: true` (answered as Responses events), "empty_stream", "role_th
 preamble: created, in_progress, an empty message item), "cut", "stream_error" (some text, then an
 `error` event), "failed" (a `response.failed` before any content) and "incomplete" (a
 `function_call` cut inside its arguments by max_output_tokens: `response.incomplete`); a step's
-"id" names its response (default "resp_stub"). Without a
+"id" names its response (default "resp_stub"). The "stuck" step plays `auto_reply`'s model on
+`/v1/responses` (from the last result in `input` and the tools offered), each answer and call
+with an id of its own, as a client that continues with `previous_response_id` needs. Without a
 step it answers "hi from responses" (under /_chaos: "The answer is 42.", or a random fault).
 
 Chaos: POST /_chaos {"rate": float, "seed": int, "kinds": [step, ...]} makes each request
@@ -69,6 +71,23 @@ def tool_message(name, arguments, call_id=None):
             }
         ],
     }
+
+
+def stuck_responses_step(body):
+    """`auto_reply`'s model as a `/v1/responses` step: it reads the last result of `input`."""
+    tools = [t.get("name") for t in body.get("tools") or []]
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    last = items[-1] if items and isinstance(items[-1], dict) else {}
+    result = str(last.get("output")) if last.get("type") == "function_call_output" else None
+    n = int(time.time() * 1e6)
+    step = {"id": f"resp_{n}", "call_id": f"call_{n}"}
+    if result is not None and "ok:" in result:
+        return dict(step, kind="ok", content="The answer is 42.")
+    if "search" in tools:
+        return dict(step, kind="tool", name="search", arguments=json.dumps({"query": "answer"}))
+    if "lookup" in tools:
+        return dict(step, kind="tool", name="lookup", arguments=json.dumps({"key": "answer"}))
+    return dict(step, kind="ok", content="The answer is 42.")
 
 
 def auto_reply(req):
@@ -233,6 +252,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def answer_responses(self, body, step):
         """One `/v1/responses` answer: JSON, or (with `stream: true`) a Responses event stream."""
+        if step["kind"] == "stuck":
+            step = stuck_responses_step(body)
         kind = step["kind"]
         if kind == "status":
             self.send_json(step["status"], {"error": {"message": step.get("message", "boom")}})
@@ -249,7 +270,7 @@ class Handler(BaseHTTPRequestHandler):
         status, details = "completed", None
         text = step.get("content", "hi from responses")
         if kind in ("tool", "incomplete"):
-            item = {"type": "function_call", "id": "fc_stub", "call_id": "call_stub",
+            item = {"type": "function_call", "id": "fc_stub", "call_id": step.get("call_id", "call_stub"),
                     "name": step["name"], "arguments": step["arguments"], "status": "completed"}
             if kind == "incomplete":
                 item["status"] = "incomplete"
