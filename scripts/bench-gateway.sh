@@ -87,6 +87,10 @@ start() { # NAME core command... ; sets NAME_PID and NAME_URL
   printf -v "${name}_URL" '%s' "$(grep -o 'http://[0-9.:]*' "$f")"
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Minor page faults and context switches of the whole process (every thread): what a run's CPU
+# per request moves with when the code does not change (allocator purges, wake-ups).
+minor_faults() { awk '{print $10}' "/proc/$1/stat"; }
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {n += $2} END {print n + 0}'; }
 # CPU ticks of the trace writer thread (named selfheal-trace), 0 without one.
 trace_ticks() {
   local t
@@ -225,16 +229,22 @@ store() { echo "runs_live=$(metric "$REAL_URL" selfheal_runs_live) runs_evicted=
 TAGN=0
 real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic pattern; CPU per request from /proc
   local name=$1 u=$2 pid=$3 conns=$4 pace=${5:-0} before after tbefore tafter line rps cpu_us trace_us
+  local fbefore fafter sbefore safter per
   TAGN=$((TAGN + 1))
   before=$(cpu_ticks "$pid")
   tbefore=$(trace_ticks "$pid")
+  fbefore=$(minor_faults "$pid")
+  sbefore=$(switches "$pid")
   line=$(PACE_MS=$pace RUN_TAG="$name-$TAGN-$RANDOM" taskset -c 1 wrk -t1 -c"$conns" -d"${SECS}s" -s "$WORK/realistic.lua" "$u/v1/chat/completions" | grep RESULT)
   after=$(cpu_ticks "$pid")
   tafter=$(trace_ticks "$pid")
+  fafter=$(minor_faults "$pid")
+  safter=$(switches "$pid")
   rps=$(sed -E 's/.*rps=([0-9]+).*/\1/' <<<"$line")
   cpu_us=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   trace_us=$(python3 -c "print(f'{($tafter-$tbefore)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
-  echo "$name $line cpu_us_per_req=$cpu_us of_which_trace_writer=$trace_us"
+  per=$(python3 -c "n = $rps * $SECS; print(f'minor_faults_per_req={($fafter-$fbefore)/n:.2f} switches_per_req={($safter-$sbefore)/n:.2f}')")
+  echo "$name $line cpu_us_per_req=$cpu_us of_which_trace_writer=$trace_us $per"
   LAST_RPS=$rps LAST_CPU=$cpu_us LAST_LINE=$line
 }
 # The one-connection p50 moves by tens of µs from one run to the next on a virtual machine (the
