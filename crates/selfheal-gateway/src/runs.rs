@@ -6,6 +6,10 @@
 //! The store holds at most `capacity` runs; idle runs expire after a TTL and, when full, the
 //! least recently used run is dropped. Both are counted.
 //!
+//! A Responses client that keeps its conversation upstream (`previous_response_id`) sends only
+//! what is new, so the store also remembers which run sent each answer ([`RunStore::responded`])
+//! and each run's last answer's calls ([`Responded`]), both bounded.
+//!
 //! A run belongs to a tenant (see `auth`): its id is an HMAC-SHA256, under a per-deployment
 //! secret, of the tenant and either the client's `x-selfheal-run` label or the conversation's
 //! opening (first system and first user message). Two tenants whose conversations open alike —
@@ -123,6 +127,10 @@ pub struct RunState {
     pub last_response: Option<Responded>,
 }
 
+/// Longest response id remembered (an upstream's are a few dozen bytes): the ids the store
+/// keeps are bounded in bytes as well as in number.
+pub const MAX_RESPONSE_ID_BYTES: usize = 256;
+
 /// Most `function_call` items remembered of a response (see [`Responded`]).
 pub const MAX_RESPONDED_CALLS: usize = 64;
 
@@ -146,10 +154,15 @@ pub struct Responded {
 }
 
 impl Responded {
-    /// The id and calls of a response object; `None` without a string `id`.
+    /// The id and calls of a response object; `None` without a string `id` of at most
+    /// [`MAX_RESPONSE_ID_BYTES`].
     pub fn of(response: &serde_json::Value) -> Option<Responded> {
         use serde_json::Value;
-        let id = response.get("id").and_then(Value::as_str)?.to_owned();
+        let id = response
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| id.len() <= MAX_RESPONSE_ID_BYTES)?
+            .to_owned();
         let mut calls = Vec::new();
         let mut bytes = 0;
         let items = response.get("output").and_then(Value::as_array);
@@ -658,6 +671,8 @@ mod tests {
             ]
         );
         assert_eq!(Responded::of(&json!({"output": output.clone()})), None);
+        let long = "r".repeat(MAX_RESPONSE_ID_BYTES + 1);
+        assert_eq!(Responded::of(&json!({"id": long, "output": []})), None);
         output.extend((1..100).map(|i| call(i, "{}")));
         let r = Responded::of(&json!({"id": "resp_2", "output": output})).unwrap();
         assert_eq!(r.calls.len(), MAX_RESPONDED_CALLS);
