@@ -229,7 +229,8 @@ def test_stuck_agent_gets_the_tool_hidden_and_finishes(upstream, tmp_path):
         gateway.stop()
 
 
-def stuck_agent_finishes(gateway, upstream):
+def stuck_agent(model):
+    """An agent whose `search` always fails and whose `lookup` answers, and the calls of each."""
     agents.set_tracing_disabled(True)
     calls = {"search": 0, "lookup": 0}
 
@@ -245,11 +246,15 @@ def stuck_agent_finishes(gateway, upstream):
         calls["lookup"] += 1
         return "ok: 42"
 
-    upstream.script([])
-    model = agents.OpenAIChatCompletionsModel(
-        model="stub", openai_client=openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x"))
     agent = agents.Agent(name="stuck", instructions="Find the answer.", tools=[search, lookup],
                          model=model)
+    return agent, calls
+
+
+def stuck_agent_finishes(gateway, upstream):
+    upstream.script([])
+    agent, calls = stuck_agent(agents.OpenAIChatCompletionsModel(
+        model="stub", openai_client=openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x")))
     result = agents.Runner.run_sync(agent, f"What is the answer? {uuid.uuid4()}", max_turns=12)
     assert result.final_output == "The answer is 42."
     assert calls == {"search": 5, "lookup": 1}
@@ -264,28 +269,11 @@ def test_a_stuck_agent_continuing_its_responses_gets_the_tool_hidden(upstream, t
     gateway reads them in the run that sent the answer, against the answer's calls, so the
     failing tool's breaker opens across turns as on chat. Before, each turn was a run of its
     own, `search` was never hidden, and the agent ran out of turns."""
-    agents.set_tracing_disabled(True)
-    calls = {"search": 0, "lookup": 0}
-
-    @agents.function_tool
-    def search(query: str) -> str:
-        """Search the web."""
-        calls["search"] += 1
-        raise RuntimeError("search backend is down")
-
-    @agents.function_tool
-    def lookup(key: str) -> str:
-        """Look a key up in the local index."""
-        calls["lookup"] += 1
-        return "ok: 42"
-
     gateway = start_gateway(upstream, tmp_path, top=PATIENT)
     try:
         upstream.script([{"kind": "stuck"}] * 12)
-        model = agents.OpenAIResponsesModel(
-            model="stub", openai_client=openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x"))
-        agent = agents.Agent(name="stuck", instructions="Find the answer.", tools=[search, lookup],
-                             model=model)
+        agent, calls = stuck_agent(agents.OpenAIResponsesModel(
+            model="stub", openai_client=openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x")))
         result = agents.Runner.run_sync(agent, f"What is the answer? {uuid.uuid4()}", max_turns=12,
                                         auto_previous_response_id=True)
     finally:
