@@ -579,10 +579,7 @@ impl Relay<'_> {
                     }
                 }
             }
-            ty = match r.response.get("status").and_then(Value::as_str) {
-                Some("incomplete") => "response.incomplete".into(),
-                _ => "response.completed".into(),
-            };
+            ty = terminal_type(&r.response).into();
         }
         for item in ready.into_iter().chain(replacement) {
             self.emit_item(item).await?;
@@ -732,11 +729,7 @@ impl Relay<'_> {
         for item in items {
             self.emit_item(item).await?;
         }
-        let ty = match response.get("status").and_then(Value::as_str) {
-            Some("incomplete") => "response.incomplete",
-            _ => "response.completed",
-        };
-        let mut last = json!({"type": ty, "response": response});
+        let mut last = json!({"type": terminal_type(&response), "response": response});
         let output: Vec<Value> = self.items.values().cloned().collect();
         if let Some(resp) = last.get_mut("response").and_then(Value::as_object_mut) {
             resp.insert("output".into(), Value::Array(output));
@@ -923,8 +916,17 @@ pub fn answer_frames(response: &Value) -> Vec<Frame> {
             push(e);
         }
     }
-    push(json!({"type": "response.completed", "response": response}));
+    push(json!({"type": terminal_type(response), "response": response}));
     out
+}
+
+/// The terminal event of a whole response: `response.incomplete` when its status says so (cut
+/// by `max_output_tokens`), else `response.completed`.
+fn terminal_type(response: &Value) -> &'static str {
+    match response.get("status").and_then(Value::as_str) {
+        Some("incomplete") => "response.incomplete",
+        _ => "response.completed",
+    }
 }
 
 #[cfg(test)]
@@ -958,6 +960,19 @@ mod tests {
             .body(body)
             .unwrap();
         reqwest::Response::from(http)
+    }
+
+    /// A whole answer the gateway streams by itself ends the way its status says: a response
+    /// cut by `max_output_tokens` in `response.incomplete`, never `response.completed`.
+    #[test]
+    fn a_whole_answer_sent_as_a_stream_ends_as_its_status_says() {
+        let last = |status: &str| {
+            let frames = answer_frames(&json!({"id": "resp_1", "status": status, "output": []}));
+            let text = String::from_utf8(frames.last().unwrap().as_ref().unwrap().to_vec());
+            text.unwrap().lines().next().unwrap().to_owned()
+        };
+        assert_eq!(last("incomplete"), "event: response.incomplete");
+        assert_eq!(last("completed"), "event: response.completed");
     }
 
     fn created() -> Value {
