@@ -587,10 +587,17 @@ impl Relay<'_> {
         if let Some(o) = v.as_object_mut() {
             o.insert("type".into(), Value::String(ty));
         }
-        let output: Vec<Value> = self.items.values().cloned().collect();
-        if !output.iter().any(is_call) {
+        if !self.items.values().any(is_call) {
             self.settle();
         }
+        self.send_terminal(v).await
+    }
+
+    /// Sends the terminal event `v`: its `response` lists exactly the items the client got and
+    /// carries the `selfheal` report; the stream is finished, and the answer is what a client
+    /// continuing it (`previous_response_id`) continues ([`StreamReport::responded`]).
+    async fn send_terminal(&mut self, mut v: Value) -> Result<(), Gone> {
+        let output: Vec<Value> = self.items.values().cloned().collect();
         if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
             resp.insert("output".into(), Value::Array(output));
         }
@@ -729,16 +736,9 @@ impl Relay<'_> {
         for item in items {
             self.emit_item(item).await?;
         }
-        let mut last = json!({"type": terminal_type(&response), "response": response});
-        let output: Vec<Value> = self.items.values().cloned().collect();
-        if let Some(resp) = last.get_mut("response").and_then(Value::as_object_mut) {
-            resp.insert("output".into(), Value::Array(output));
-        }
-        self.attach_selfheal(&mut last);
-        self.report.finished = true;
         self.report.broken = None;
-        self.report.responded = last.get("response").and_then(crate::runs::Responded::of);
-        self.send(last).await
+        self.send_terminal(json!({"type": terminal_type(&response), "response": response}))
+            .await
     }
 
     /// After the upstream ended: nothing more after a terminal event; a re-issue when nothing
