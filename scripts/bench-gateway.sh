@@ -87,6 +87,8 @@ start() { # NAME core command... ; sets NAME_PID and NAME_URL
   printf -v "${name}_URL" '%s' "$(grep -o 'http://[0-9.:]*' "$f")"
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# A number of a wrk RESULT line: field NAME LINE.
+field() { sed -E "s/.*[ ]$1=([0-9]+).*/\\1/" <<<"$2"; }
 # Minor page faults and context switches of the whole process (every thread): what a run's CPU
 # per request moves with when the code does not change (allocator purges, wake-ups).
 minor_faults() { awk '{print $10}' "/proc/$1/stat"; }
@@ -139,7 +141,7 @@ for name in passthrough healing; do
   before=$(cpu_ticks "$pid")
   line=$(wrk_run "$u" 1 32)
   after=$(cpu_ticks "$pid")
-  rps=$(sed -E 's/.*rps=([0-9]+).*/\1/' <<<"$line")
+  rps=$(field rps "$line")
   cpu_us=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   echo "$name $line cpu_us_per_req=$cpu_us"
 done
@@ -240,7 +242,7 @@ real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic patter
   tafter=$(trace_ticks "$pid")
   fafter=$(minor_faults "$pid")
   safter=$(switches "$pid")
-  rps=$(sed -E 's/.*rps=([0-9]+).*/\1/' <<<"$line")
+  rps=$(field rps "$line")
   cpu_us=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   trace_us=$(python3 -c "print(f'{($tafter-$tbefore)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
   per=$(python3 -c "n = $rps * $SECS; print(f'minor_faults_per_req={($fafter-$fbefore)/n:.2f} switches_per_req={($safter-$sbefore)/n:.2f}')")
@@ -254,9 +256,9 @@ one_connection() {
   local deltas=() pass_p50 i
   for i in 1 2 3 4 5; do
     real_run passthrough "$PASS_URL" "$PASS_PID" 1
-    pass_p50=$(sed -E 's/.*p50_us=([0-9]+).*/\1/' <<<"$LAST_LINE")
+    pass_p50=$(field p50_us "$LAST_LINE")
     real_run healing "$REAL_URL" "$REAL_PID" 1
-    deltas+=($(($(sed -E 's/.*p50_us=([0-9]+).*/\1/' <<<"$LAST_LINE") - pass_p50)))
+    deltas+=($(($(field p50_us "$LAST_LINE") - pass_p50)))
   done
   echo "one_connection_p50_added_us=${deltas[*]} median=$(printf '%s\n' "${deltas[@]}" | sort -n | sed -n 3p)"
 }
