@@ -708,9 +708,7 @@ async fn responses_inner(
         Ok(v) => v,
         Err(e) => {
             log_calls(&t, &log, &mut actions);
-            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
-            t.finish("failed");
-            return Err(e);
+            return Err(t.failed(e));
         }
     };
     // A final answer is judged by the core as on chat completions (see `answer_complete`):
@@ -841,14 +839,7 @@ async fn answer_responses_stream(
     let result = t.call(&chain, &encode, &responses_op, &mut log).await;
     log_calls(t, &log, &mut actions);
     let served = log.served.clone();
-    let upstream = match result {
-        Ok(r) => r,
-        Err(e) => {
-            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
-            t.finish("failed");
-            return Err(e);
-        }
-    };
+    let upstream = result.map_err(|e| t.failed(e))?;
     let report = selfheal_report(&t.state, "complete", None, &actions);
     let again = ResponsesAgain {
         t: t.clone(),
@@ -1326,6 +1317,14 @@ impl Turn {
     fn finish(&self, status: &str) {
         finish_trace(self, status);
     }
+
+    /// Ends the turn on an upstream failure: the `upstream_error` event with its reasons, the
+    /// run's `failed` response, and the error to answer the client with.
+    fn failed(&self, e: ApiError) -> ApiError {
+        self.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
+        self.finish("failed");
+        e
+    }
 }
 
 async fn chat_inner(
@@ -1595,14 +1594,7 @@ async fn answer_stream(
     let mut log = CallLog::default();
     let result = t.call(&ctx.chain, &encode, &send_op, &mut log).await;
     log_calls(t, &log, &mut actions);
-    let upstream = match result {
-        Ok(r) => r,
-        Err(e) => {
-            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
-            t.finish("failed");
-            return Err(e);
-        }
-    };
+    let upstream = result.map_err(|e| t.failed(e))?;
     let served = log.served.clone();
     let report = selfheal_report(&t.state, "complete", None, &actions);
     let hooks = stream::Hooks {
@@ -1701,9 +1693,7 @@ async fn answer_complete(
         Ok(a) => a,
         Err(e) => {
             log_calls(t, &log, &mut actions);
-            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
-            t.finish("failed");
-            return Err(e);
+            return Err(t.failed(e));
         }
     };
     // A final answer is judged by the core as its `finish` would judge the run: with a failure
@@ -1779,9 +1769,7 @@ async fn answer_complete(
             // Not reached: a plain answer passed the checks `parse_completion` makes.
             let e = ApiError::exhausted(vec![e.to_string()]);
             log_calls(t, &log, &mut actions);
-            t.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
-            t.finish("failed");
-            return Err(e);
+            return Err(t.failed(e));
         }
     };
 
