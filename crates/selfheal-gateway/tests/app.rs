@@ -19,6 +19,9 @@ use tower::ServiceExt;
 use selfheal_gateway::config::{ModelRoute, Target, UpstreamConfig};
 use selfheal_gateway::{AppState, GatewayConfig, TraceWriter, router};
 
+mod common;
+use common::guidance_seen;
+
 #[derive(Default)]
 struct Script {
     steps: Vec<(u16, Value)>,
@@ -105,6 +108,34 @@ fn fast(mut c: GatewayConfig) -> GatewayConfig {
     c
 }
 
+/// `config` with one upstream per `(name, url)` and the model `model` routed through
+/// `targets` (`(upstream, upstream model)`) in order.
+fn chain(
+    mut config: GatewayConfig,
+    upstreams: &[(&str, &str)],
+    model: &str,
+    targets: &[(&str, &str)],
+) -> GatewayConfig {
+    for (name, url) in upstreams {
+        config.upstreams.insert(
+            (*name).into(),
+            UpstreamConfig {
+                first_byte_timeout_ms: 2000,
+                ..UpstreamConfig::new((*url).to_owned())
+            },
+        );
+    }
+    let chain = targets
+        .iter()
+        .map(|(upstream, model)| Target {
+            upstream: (*upstream).into(),
+            model: (*model).into(),
+        })
+        .collect();
+    config.models.insert(model.into(), ModelRoute { chain });
+    config
+}
+
 async fn post_chat(app: &Router, body: Value) -> (StatusCode, Value, axum::http::HeaderMap) {
     let req = Request::post("/v1/chat/completions")
         .header("content-type", "application/json")
@@ -174,22 +205,11 @@ async fn oversize_body_is_a_413() {
 
 #[tokio::test]
 async fn unknown_model_is_a_404() {
-    let mut c = GatewayConfig::default();
-    c.upstreams.insert(
-        "a".into(),
-        UpstreamConfig {
-            first_byte_timeout_ms: 1000,
-            ..UpstreamConfig::new("http://127.0.0.1:9/v1")
-        },
-    );
-    c.models.insert(
-        "known".into(),
-        ModelRoute {
-            chain: vec![Target {
-                upstream: "a".into(),
-                model: "m".into(),
-            }],
-        },
+    let c = chain(
+        GatewayConfig::default(),
+        &[("a", "http://127.0.0.1:9/v1")],
+        "known",
+        &[("a", "m")],
     );
     let (status, body, _) = post_chat(
         &gateway(c),
@@ -405,30 +425,11 @@ async fn fallback_chain_moves_to_the_next_model() {
     let (bad, _) =
         start_upstream(vec![(404, json!({"error": {"message": "no such model"}}))]).await;
     let (good, _) = start_upstream(vec![]).await;
-    let mut c = GatewayConfig::default();
-    for (name, url) in [("bad", bad), ("good", good)] {
-        c.upstreams.insert(
-            name.into(),
-            UpstreamConfig {
-                first_byte_timeout_ms: 2000,
-                ..UpstreamConfig::new(url)
-            },
-        );
-    }
-    c.models.insert(
-        "smart".into(),
-        ModelRoute {
-            chain: vec![
-                Target {
-                    upstream: "bad".into(),
-                    model: "m404".into(),
-                },
-                Target {
-                    upstream: "good".into(),
-                    model: "m2".into(),
-                },
-            ],
-        },
+    let c = chain(
+        GatewayConfig::default(),
+        &[("bad", &bad), ("good", &good)],
+        "smart",
+        &[("bad", "m404"), ("good", "m2")],
     );
     let (status, body, _) = post_chat(
         &gateway(c),
@@ -675,29 +676,11 @@ async fn an_outage_never_spends_the_runs_budget_into_502s() {
     let (good, _) = start_upstream(vec![]).await;
     let mut c = fast(GatewayConfig::default());
     c.breaker_failures = 3;
-    for (name, url) in [("bad", bad), ("good", good)] {
-        c.upstreams.insert(
-            name.into(),
-            UpstreamConfig {
-                first_byte_timeout_ms: 2000,
-                ..UpstreamConfig::new(url)
-            },
-        );
-    }
-    c.models.insert(
-        "smart".into(),
-        ModelRoute {
-            chain: vec![
-                Target {
-                    upstream: "bad".into(),
-                    model: "m1".into(),
-                },
-                Target {
-                    upstream: "good".into(),
-                    model: "m2".into(),
-                },
-            ],
-        },
+    let c = chain(
+        c,
+        &[("bad", &bad), ("good", &good)],
+        "smart",
+        &[("bad", "m1"), ("good", "m2")],
     );
     let app = gateway(c);
     let mut actions = Vec::new();
@@ -864,18 +847,6 @@ async fn a_usable_but_ungrounded_call_of_a_grounded_tool_is_reasked_not_forwarde
     let args = answer["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].clone();
     assert_eq!(args, json!("{\"query\": \"rust\"}"), "{answer}");
     assert_eq!(shared.lock().unwrap().seen.len(), 2, "asked again");
-}
-
-/// The system texts of a request the upstream saw (where the gateway's guidance goes).
-fn guidance_seen(seen: &Value) -> String {
-    seen["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "system")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// One call of `tool` with `args` and its result `result`, after the user's request.

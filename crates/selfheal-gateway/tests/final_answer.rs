@@ -18,7 +18,10 @@ use axum::routing::post as route_post;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use selfheal_gateway::{GatewayConfig, TraceWriter, serve};
+use selfheal_gateway::GatewayConfig;
+
+mod common;
+use common::{gateway, guidance_seen};
 
 /// One scripted upstream answer: HTTP status, content type, body.
 type Step = (u16, &'static str, String);
@@ -59,21 +62,6 @@ async fn upstream(steps: Vec<Step>) -> (String, Shared) {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     (format!("http://{addr}/v1"), shared)
-}
-
-/// The gateway on 127.0.0.1, port 0: its base URL.
-async fn gateway(mut config: GatewayConfig) -> String {
-    config.policy.retry.base_ms = 1;
-    config.policy.retry.max_ms = 2;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        config,
-        listener,
-        TraceWriter::disabled(),
-        std::future::pending(),
-    ));
-    format!("http://{addr}/v1")
 }
 
 /// A config for `url` with `fx` marked `reread` when `reread`, and `policy` (TOML) when given.
@@ -243,18 +231,6 @@ fn chat_outcome(body: &str) -> (String, Value, Vec<Value>) {
     (text, report, calls)
 }
 
-/// The system texts of a chat request the upstream saw.
-fn chat_guidance(seen: &Value) -> String {
-    seen["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "system")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 const READ_FX: &str =
     "Before you answer, read `fx` again: call it with the arguments {\"pair\":\"EURUSD\"}.";
 
@@ -322,9 +298,9 @@ async fn a_streamed_answer_of_a_recovered_run_is_held_for_the_read() {
         );
         let seen = shared.lock().unwrap().seen.clone();
         assert_eq!(seen.len(), 2, "{seen:?}");
-        assert!(chat_guidance(&seen[1].1).contains(READ_FX), "{:?}", seen[1]);
+        assert!(guidance_seen(&seen[1].1).contains(READ_FX), "{:?}", seen[1]);
         assert_eq!(seen[1].1["stream"], false, "asked again without streaming");
-        assert!(!chat_guidance(&seen[0].1).contains(READ_FX));
+        assert!(!guidance_seen(&seen[0].1).contains(READ_FX));
     }
 }
 

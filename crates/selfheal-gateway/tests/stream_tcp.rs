@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use selfheal_gateway::{GatewayConfig, TraceWriter, serve};
+use selfheal_gateway::GatewayConfig;
+
+mod common;
 
 /// An upstream that answers each request with the next canned response, then closes.
 async fn canned_upstream(responses: Vec<String>) -> (String, Arc<Mutex<Vec<String>>>) {
@@ -90,18 +92,8 @@ async fn start_gateway(upstream: String) -> String {
     start_gateway_with(GatewayConfig::for_upstream(upstream)).await
 }
 
-async fn start_gateway_with(mut config: GatewayConfig) -> String {
-    config.policy.retry.base_ms = 1;
-    config.policy.retry.max_ms = 2;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        config,
-        listener,
-        TraceWriter::disabled(),
-        std::future::pending(),
-    ));
-    format!("http://{addr}/v1/chat/completions")
+async fn start_gateway_with(config: GatewayConfig) -> String {
+    format!("{}/chat/completions", common::gateway(config).await)
 }
 
 /// POSTs a streaming request and reads the whole body as a client does: an `Err` here is a
@@ -451,31 +443,27 @@ async fn a_streamed_ungrounded_call_of_a_grounded_tool_is_reasked_never_sent() {
 async fn issue_11_a_streamed_repetition_is_reasked_never_sent() {
     let call_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"c2","type":"function","function":{"name":"search","arguments":"{\"query\": \"rust\"}"}}]},"finish_reason":null}]}"#;
     let end_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
-    let next = json_answer(
-        r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c3","type":"function","function":{"name":"search","arguments":"{\"query\": \"rust books\"}"}}]},"finish_reason":"tool_calls"}]}"#,
-    );
+    let next = search_answer("c3", "rust books");
     let (up, seen) = canned_upstream(vec![sse(&[call_chunk, end_chunk, "[DONE]"]), next]).await;
     let url = start_gateway(up).await;
     let body = stream_request(
         &url,
-        serde_json::json!({"model": "m", "stream": true,
-            "messages": [
-                {"role": "user", "content": "search for rust, then for rust books"},
-                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
-                    "type": "function", "function": {"name": "search",
-                    "arguments": "{\"query\":\"rust\"}"}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "{\"hits\": 3}"}],
-            "tools": [{"type": "function", "function": {"name": "search", "parameters": {
-                "type": "object", "properties": {"query": {"type": "string"}}}}}]}),
+        serde_json::json!({"model": "m", "stream": true, "messages": searched(),
+            "tools": search_tool()}),
     )
     .await
     .unwrap();
+    assert_repetition_reasked(&body, &seen.lock().unwrap());
+}
+
+/// The repeated call (`c2`) never reached the client, the next answer (`rust books`) did, and
+/// the upstream was asked again once, told why.
+fn assert_repetition_reasked(body: &str, seen: &[String]) {
     assert!(
         !body.contains(r#"\"c2\""#),
         "the repeated call went out: {body}"
     );
     assert!(body.contains("rust books"), "{body}");
-    let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2, "asked again once");
     assert!(
         seen[1].contains("You already called `search` with these exact arguments"),
@@ -526,18 +514,7 @@ async fn issue_11_a_converted_repetition_is_reasked_never_sent() {
     )
     .await
     .unwrap();
-    assert!(
-        !body.contains(r#"\"c2\""#),
-        "the repeated call went out: {body}"
-    );
-    assert!(body.contains("rust books"), "{body}");
-    let seen = seen.lock().unwrap();
-    assert_eq!(seen.len(), 2, "asked again once");
-    assert!(
-        seen[1].contains("You already called `search` with these exact arguments"),
-        "{}",
-        seen[1]
-    );
+    assert_repetition_reasked(&body, &seen.lock().unwrap());
 }
 
 /// A plain-JSON answer to a streaming chat request calling a `grounded` tool with an argument
