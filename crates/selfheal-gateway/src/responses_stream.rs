@@ -42,14 +42,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call};
 use crate::stream::{
-    AskAgain, Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, Reanswer, StreamReport, Unsettled,
-    find_event_end, reask_once,
+    AskAgain, Events, Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, Reanswer, StreamReport,
+    Unsettled, is_event_stream, reask_once,
 };
 use selfheal_repair::{ArgumentsError, Ending};
 
@@ -235,12 +234,7 @@ pub async fn relay(
         sent: false,
         unread: None,
     };
-    let is_sse = upstream
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    let outcome = if is_sse {
+    let outcome = if is_event_stream(&upstream) {
         r.pump(upstream).await
     } else {
         r.convert(upstream).await
@@ -335,40 +329,21 @@ impl Relay<'_> {
 
     /// Reads the upstream's SSE events and handles each.
     async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
-        let mut buf: Vec<u8> = Vec::new();
-        let mut scanned = 0usize;
-        let mut body = crate::upstream::body_stream(upstream);
-        while let Some(piece) = body.next().await {
-            let piece = match piece {
-                Ok(c) => c,
-                Err(e) => {
-                    self.report.broken = Some(e.to_string());
+        let mut events = Events::new(upstream);
+        loop {
+            match events.next().await {
+                Ok(Some(text)) => {
+                    if self.sse_event(&text).await? {
+                        return Ok(());
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(why) => {
+                    self.report.broken = Some(why);
                     return Ok(());
                 }
-            };
-            buf.extend_from_slice(&piece);
-            let mut start = 0usize;
-            while let Some((end, sep)) = find_event_end(&buf[start..], scanned) {
-                let text = String::from_utf8_lossy(&buf[start..start + end]).into_owned();
-                start += end + sep;
-                scanned = 0;
-                if self.sse_event(&text).await? {
-                    return Ok(());
-                }
-            }
-            buf.drain(..start);
-            scanned = buf.len().saturating_sub(3);
-            if buf.len() > MAX_EVENT_BYTES {
-                self.report.broken = Some(format!(
-                    "upstream sent a stream event larger than {MAX_EVENT_BYTES} bytes"
-                ));
-                return Ok(());
             }
         }
-        // A last event without its blank line still counts.
-        let rest = String::from_utf8_lossy(&buf).into_owned();
-        self.sse_event(&rest).await?;
-        Ok(())
     }
 
     /// One SSE event's text: its `data:` lines joined, handled; `true` once the stream is over.

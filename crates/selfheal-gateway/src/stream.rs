@@ -342,12 +342,7 @@ pub async fn relay(
         unread: None,
         replaced: false,
     };
-    let is_sse = upstream
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-    let outcome = if is_sse {
+    let outcome = if is_event_stream(&upstream) {
         r.pump(upstream).await
     } else {
         r.convert(upstream).await
@@ -382,44 +377,21 @@ impl Relay<'_> {
 
     /// Reads the upstream's SSE events and handles each.
     async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
-        let mut buf: Vec<u8> = Vec::new();
-        let mut scanned = 0usize;
-        let mut body = crate::upstream::body_stream(upstream);
-        while let Some(piece) = body.next().await {
-            let piece = match piece {
-                Ok(c) => c,
-                Err(e) => {
-                    self.report.broken = Some(e.to_string());
-                    return Ok(());
+        let mut events = Events::new(upstream);
+        loop {
+            match events.next().await {
+                Ok(Some(text)) => {
+                    if self.data_lines(&text).await? {
+                        return Ok(());
+                    }
                 }
-            };
-            buf.extend_from_slice(&piece);
-            let mut start = 0usize;
-            while let Some((end, sep)) = find_event_end(&buf[start..], scanned) {
-                let event = &buf[start..start + end];
-                let text = String::from_utf8_lossy(event).into_owned();
-                start += end + sep;
-                scanned = 0;
-                if self.data_lines(&text).await? {
+                Ok(None) => return Ok(()),
+                Err(why) => {
+                    self.report.broken = Some(why);
                     return Ok(());
                 }
             }
-            buf.drain(..start);
-            scanned = buf.len().saturating_sub(3);
-            if buf.len() > MAX_EVENT_BYTES {
-                self.report.broken = Some(format!(
-                    "upstream sent a stream event larger than {MAX_EVENT_BYTES} bytes"
-                ));
-                return Ok(());
-            }
         }
-        // The body ended: a last event without its blank line (some servers omit it) still
-        // counts.
-        let rest = String::from_utf8_lossy(&buf).into_owned();
-        if self.data_lines(&rest).await? {
-            return Ok(());
-        }
-        Ok(())
     }
 
     /// A non-SSE answer to a streaming request: checked and sent as a stream, or broken.
@@ -844,6 +816,80 @@ fn calls_tools(message: &Value) -> bool {
         .is_some_and(|c| !c.is_empty())
 }
 
+/// Whether an upstream answered with an event stream (`text/event-stream`), not a whole answer.
+pub(crate) fn is_event_stream(upstream: &reqwest::Response) -> bool {
+    upstream
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// An upstream's SSE body read one event at a time, for both relays: each event's text (its
+/// lines, without the blank line that ends it), a last event without its blank line (some
+/// servers omit it) included. Linear in the body: a partial event's bytes are scanned once, not
+/// from its start again on each chunk; an event larger than [`MAX_EVENT_BYTES`] breaks the
+/// stream rather than growing the buffer without bound.
+pub(crate) struct Events {
+    body: futures_util::stream::BoxStream<'static, Result<Bytes, crate::upstream::BodyError>>,
+    buf: Vec<u8>,
+    /// Where in `buf` the next event starts.
+    start: usize,
+    /// How far past `start` a scan has found no end of event yet.
+    scanned: usize,
+    ended: bool,
+}
+
+impl Events {
+    /// The events of `upstream`'s body.
+    pub(crate) fn new(upstream: reqwest::Response) -> Events {
+        Events {
+            body: crate::upstream::body_stream(upstream),
+            buf: Vec::new(),
+            start: 0,
+            scanned: 0,
+            ended: false,
+        }
+    }
+
+    /// The next event's text; `Ok(None)` once the body has ended; `Err` with why when it
+    /// broke (a read error, an idle timeout, an event too large). Not to be called again after
+    /// `Ok(None)` or `Err`.
+    pub(crate) async fn next(&mut self) -> Result<Option<String>, String> {
+        loop {
+            if let Some((end, sep)) = find_event_end(&self.buf[self.start..], self.scanned) {
+                let event = &self.buf[self.start..self.start + end];
+                let text = String::from_utf8_lossy(event).into_owned();
+                self.start += end + sep;
+                self.scanned = 0;
+                return Ok(Some(text));
+            }
+            self.buf.drain(..self.start);
+            self.start = 0;
+            self.scanned = self.buf.len().saturating_sub(3);
+            if self.buf.len() > MAX_EVENT_BYTES {
+                return Err(format!(
+                    "upstream sent a stream event larger than {MAX_EVENT_BYTES} bytes"
+                ));
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            match self.body.next().await {
+                Some(Ok(piece)) => self.buf.extend_from_slice(&piece),
+                Some(Err(e)) => return Err(e.to_string()),
+                None => {
+                    // The body ended: what is left is its last event.
+                    self.ended = true;
+                    let rest = String::from_utf8_lossy(&self.buf).into_owned();
+                    self.buf.clear();
+                    return Ok(Some(rest));
+                }
+            }
+        }
+    }
+}
+
 /// Finds the end of the first SSE event, scanning from `from` (where an earlier scan of the
 /// same bytes stopped): (position of the blank line, its length).
 pub(crate) fn find_event_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
@@ -914,4 +960,68 @@ pub fn answer_frames(completion: &Value) -> Vec<Frame> {
     .collect();
     frames.push(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
     frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upstream response whose body arrives in these chunks (an `Err` chunk breaks it).
+    fn chunked(chunks: Vec<Result<Vec<u8>, std::io::Error>>) -> reqwest::Response {
+        let http = axum::http::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+            .unwrap();
+        reqwest::Response::from(http)
+    }
+
+    async fn all(mut events: Events) -> (Vec<String>, Option<String>) {
+        let mut out = Vec::new();
+        loop {
+            match events.next().await {
+                Ok(Some(t)) => out.push(t),
+                Ok(None) => return (out, None),
+                Err(why) => return (out, Some(why)),
+            }
+        }
+    }
+
+    /// However the body is cut into chunks, the same events come out, in order: both blank-line
+    /// forms end an event, and a last event without its blank line is still read.
+    #[tokio::test]
+    async fn events_are_read_whole_across_any_chunking() {
+        let body = b"data: 1\n\ndata: 2\r\n\r\nevent: x\ndata: 3\n\ndata: 4";
+        for size in 1..body.len() {
+            let chunks = body.chunks(size).map(|c| Ok(c.to_vec())).collect();
+            let (events, broken) = all(Events::new(chunked(chunks))).await;
+            assert_eq!(broken, None, "chunks of {size}");
+            assert_eq!(
+                events,
+                ["data: 1", "data: 2", "event: x\ndata: 3", "data: 4"],
+                "chunks of {size}"
+            );
+        }
+    }
+
+    /// An event that grows past [`MAX_EVENT_BYTES`] without ending breaks the stream after the
+    /// events before it; a read error breaks it too, with its reason.
+    #[tokio::test]
+    async fn an_oversized_event_or_a_read_error_breaks_the_stream() {
+        let big = vec![b'x'; 64 * 1024];
+        let mut chunks = vec![Ok(b"data: 1\n\ndata: ".to_vec())];
+        chunks.extend((0..=MAX_EVENT_BYTES / big.len()).map(|_| Ok(big.clone())));
+        let (events, broken) = all(Events::new(chunked(chunks))).await;
+        assert_eq!(events, ["data: 1"]);
+        assert!(broken.is_some_and(|w| w.contains("larger than")));
+
+        let chunks = vec![
+            Ok(b"data: 1\n\n".to_vec()),
+            Err(std::io::Error::other("reset by peer")),
+        ];
+        let (events, broken) = all(Events::new(chunked(chunks))).await;
+        assert_eq!(events, ["data: 1"]);
+        assert!(broken.is_some(), "a read error is a break");
+    }
 }
