@@ -459,26 +459,15 @@ pub struct Grounding<'a> {
 impl Grounding<'_> {
     /// Takes the ungrounded calls out of an assistant `message`; returns the problem of each.
     pub fn check(&self, message: &mut Value) -> Vec<crate::heal::Problem> {
-        let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
-            return Vec::new();
-        };
-        let names = calls
-            .iter()
-            .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str));
-        if !self.any_grounded(names) {
-            return Vec::new();
-        }
-        let evidence = self.evidence();
-        let problems = take_ungrounded(self.tools, calls, &evidence);
-        if calls.is_empty()
-            && let Some(m) = message.as_object_mut()
-        {
-            m.remove("tool_calls");
-            if m.get("content").is_none_or(Value::is_null) {
-                m.insert("content".into(), Value::String(String::new()));
+        crate::heal::take_calls(message, |calls| {
+            let names = calls
+                .iter()
+                .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str));
+            if !self.any_grounded(names) {
+                return Vec::new();
             }
-        }
-        problems
+            take_ungrounded(self.tools, calls, &self.evidence())
+        })
     }
 
     /// Whether any of `offered` is a grounded tool (then a check is worth its evidence).
