@@ -330,20 +330,12 @@ impl Relay<'_> {
     /// Reads the upstream's SSE events and handles each.
     async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let mut events = Events::new(upstream);
-        loop {
-            match events.next().await {
-                Ok(Some(text)) => {
-                    if self.sse_event(&text).await? {
-                        return Ok(());
-                    }
-                }
-                Ok(None) => return Ok(()),
-                Err(why) => {
-                    self.report.broken = Some(why);
-                    return Ok(());
-                }
+        while let Some(text) = events.next_or_break(&mut self.report.broken).await {
+            if self.sse_event(&text).await? {
+                break;
             }
         }
+        Ok(())
     }
 
     /// One SSE event's text: its `data:` lines joined, handled; `true` once the stream is over.

@@ -378,20 +378,12 @@ impl Relay<'_> {
     /// Reads the upstream's SSE events and handles each.
     async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let mut events = Events::new(upstream);
-        loop {
-            match events.next().await {
-                Ok(Some(text)) => {
-                    if self.data_lines(&text).await? {
-                        return Ok(());
-                    }
-                }
-                Ok(None) => return Ok(()),
-                Err(why) => {
-                    self.report.broken = Some(why);
-                    return Ok(());
-                }
+        while let Some(text) = events.next_or_break(&mut self.report.broken).await {
+            if self.data_lines(&text).await? {
+                break;
             }
         }
+        Ok(())
     }
 
     /// A non-SSE answer to a streaming request: checked and sent as a stream, or broken.
@@ -849,6 +841,18 @@ impl Events {
             start: 0,
             scanned: 0,
             ended: false,
+        }
+    }
+
+    /// The next event's text; `None` once the body has ended, or once it broke, with why in
+    /// `broken` (a relay's [`StreamReport::broken`]).
+    pub(crate) async fn next_or_break(&mut self, broken: &mut Option<String>) -> Option<String> {
+        match self.next().await {
+            Ok(text) => text,
+            Err(why) => {
+                *broken = Some(why);
+                None
+            }
         }
     }
 
