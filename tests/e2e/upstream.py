@@ -27,12 +27,17 @@ without a scripted step a random fault from `kinds` with probability `rate` (see
 GET /_chaos says how many faults were injected.
 """
 
+import itertools
 import json
 import random
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# Numbers for the ids the stub makes up (calls, the stuck model's responses): unique however
+# fast requests come, where a clock's microseconds are not.
+IDS = itertools.count(1)
 
 
 class State:
@@ -65,12 +70,14 @@ def tool_message(name, arguments, call_id=None):
         "content": None,
         "tool_calls": [
             {
-                "id": call_id or f"call_{int(time.time() * 1e6)}",
+                "id": call_id or f"call_{next(IDS)}",
                 "type": "function",
                 "function": {"name": name, "arguments": arguments},
             }
         ],
     }
+
+
 
 
 def stuck_responses_step(body):
@@ -79,8 +86,8 @@ def stuck_responses_step(body):
     items = body.get("input") if isinstance(body.get("input"), list) else []
     last = items[-1] if items and isinstance(items[-1], dict) else {}
     result = str(last.get("output")) if last.get("type") == "function_call_output" else None
-    n = int(time.time() * 1e6)
-    step = {"id": f"resp_{n}", "call_id": f"call_{n}"}
+    n = next(IDS)
+    step = {"id": f"resp_stuck_{n}", "call_id": f"call_stuck_{n}"}
     if result is not None and "ok:" in result:
         return dict(step, kind="ok", content="The answer is 42.")
     if "search" in tools:
