@@ -275,35 +275,30 @@ one_connection() {
 # A pair's ratio moves with what else the host runs during its 2 x SECS seconds (passthrough
 # 83 to 98 µs a request between runs minutes apart on one machine), so each comparison is three
 # interleaved pairs: every pair's ratio is printed, and their median.
-saturated() { # sets SAT_RPS: healing's median saturated req/s
-  local ratios=() rates=() pass_cpu i
-  for i in 1 2 3; do
-    real_run passthrough "$PASS_URL" "$PASS_PID" 32
-    pass_cpu=$LAST_CPU
-    real_run healing "$REAL_URL" "$REAL_PID" 32
-    ratios+=("$(python3 -c "print(f'{$LAST_CPU / $pass_cpu:.2f}')")")
-    rates+=("$LAST_RPS")
-  done
-  echo "saturated_cpu_ratio=${ratios[*]} median=$(printf '%s\n' "${ratios[@]}" | sort -n | sed -n 2p)"
-  SAT_RPS=$(printf '%s\n' "${rates[@]}" | sort -n | sed -n 2p)
-}
-equal_load() { # healing's saturated req/s
-  local pace=3 conns ratios=() pass_cpu i
-  conns=$(python3 -c "print(max(1, round($1 * 0.8 * ($pace + 1) / 1000)))")
-  echo "# equal load: wrk -c$conns, a ${pace} ms pause per request on each connection"
+median3() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+pairs() { # LABEL CONNS PACE_MS: three interleaved pairs at one load; sets MEDIAN_RPS (healing's)
+  local label=$1 conns=$2 pace=$3 ratios=() rates=() pass_cpu i
   for i in 1 2 3; do
     real_run passthrough "$PASS_URL" "$PASS_PID" "$conns" "$pace"
     pass_cpu=$LAST_CPU
     real_run healing "$REAL_URL" "$REAL_PID" "$conns" "$pace"
     ratios+=("$(python3 -c "print(f'{$LAST_CPU / $pass_cpu:.2f}')")")
+    rates+=("$LAST_RPS")
   done
-  echo "equal_load_cpu_ratio=${ratios[*]} median=$(printf '%s\n' "${ratios[@]}" | sort -n | sed -n 2p)"
+  echo "${label}_cpu_ratio=${ratios[*]} median=$(median3 "${ratios[@]}")"
+  MEDIAN_RPS=$(median3 "${rates[@]}")
+}
+equal_load() { # healing's saturated req/s
+  local pace=3 conns
+  conns=$(python3 -c "print(max(1, round($1 * 0.8 * ($pace + 1) / 1000)))")
+  echo "# equal load: wrk -c$conns, a ${pace} ms pause per request on each connection"
+  pairs equal_load "$conns" "$pace"
 }
 echo "## realistic: $CONVERSATIONS conversations in flight x $TURNS turns, one new tool result per request, trace ${TRACE:-on} (${SECS}s runs)"
 echo "# healing, run store filling: $(store)"
 one_connection
-saturated
-equal_load "$SAT_RPS"
+pairs saturated 32 0
+equal_load "$MEDIAN_RPS"
 echo "# after the filling runs: $(store)"
 echo "## filling the run store past its capacity"
 for _ in $(seq 30); do
@@ -312,7 +307,7 @@ for _ in $(seq 30); do
 done
 echo "# full: $(store)"
 one_connection
-saturated
-equal_load "$SAT_RPS"
+pairs saturated 32 0
+equal_load "$MEDIAN_RPS"
 echo "# after the full runs: $(store) rss_kib=$(awk '/VmRSS/ {print $2}' "/proc/$REAL_PID/status")"
 fi
