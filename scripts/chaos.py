@@ -7,7 +7,10 @@ Four scenarios, one after the other, each on a fresh gateway:
 
 - faults:  20 % of the primary's answers are a fault (500, 503, 429 with Retry-After, an empty
            200, an empty stream, a stream cut after the role, a JSON answer to a stream request,
-           a stall past the first-byte timeout; seeded), half the requests streaming, every
+           a stall past the first-byte timeout, a connection reset, a 200 whose JSON is cut or
+           is an error object, a stream that stalls past the idle timeout after the role, one
+           with an event that is not JSON, one that opens with an error event, one that ends
+           with [DONE] and no finish; seeded), half the requests streaming, every
            request a new conversation; one conversation in four speaks the Responses API
            (`/v1/responses`, streaming or not), the rest chat completions.
 - outage:  the primary answers nothing but 503 (a full provider outage); the agents are
@@ -70,7 +73,10 @@ EXPECTED = "The answer is 42."
 FAULTS = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
           {"kind": "status", "status": 429, "retry_after": "0"}, {"kind": "empty"},
           {"kind": "empty_stream"}, {"kind": "role_then_cut"},
-          {"kind": "json", "content": EXPECTED}, {"kind": "hang", "seconds": 2.0}]
+          {"kind": "json", "content": EXPECTED}, {"kind": "hang", "seconds": 2.0},
+          {"kind": "reset"}, {"kind": "bad_json"}, {"kind": "error_body"},
+          {"kind": "stall_after_role", "seconds": 2.0}, {"kind": "bad_chunk"},
+          {"kind": "error_first"}, {"kind": "done_no_finish"}]
 
 
 def start(cmd, env=None, quiet=False, preexec=None):
@@ -217,6 +223,7 @@ default_upstream = "primary"
 [upstreams.primary]
 base_url = "{faulty}/v1"
 first_byte_timeout_ms = 1000
+idle_timeout_ms = 1000
 [upstreams.healthy]
 base_url = "{healthy}/v1"
 [models.chaos]

@@ -397,7 +397,9 @@ def test_embeddings_pass_through_with_the_clients_key(gateway, upstream):
 
 def test_chaos_small_no_failures_while_a_healthy_fallback_exists(upstream, tmp_path):
     """The CI-sized chaos run: 20 % healable faults (5xx, 429, empty 200s, empty and cut-before-
-    content streams, JSON answers to stream requests) on the primary, a healthy fallback, 160
+    content streams, JSON answers to stream requests, resets, cut or error bodies behind a 200,
+    streams that stall, break or end without a finish before any content) on the primary, a
+    healthy fallback, 160
     requests from 8 threads, half streaming. Every answer is whole, none is a 502, none hangs,
     and every fault was healed by an action the client can read."""
     import concurrent.futures
@@ -411,13 +413,16 @@ def test_chaos_small_no_failures_while_a_healthy_fallback_exists(upstream, tmp_p
         faulty = Upstream(read_address(proc))
         kinds = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
                  {"kind": "status", "status": 429, "retry_after": "0"}, {"kind": "empty"},
-                 {"kind": "empty_stream"}, {"kind": "role_then_cut"}, {"kind": "json", "content": "The answer is 42."}]
+                 {"kind": "empty_stream"}, {"kind": "role_then_cut"}, {"kind": "json", "content": "The answer is 42."},
+                 {"kind": "reset"}, {"kind": "bad_json"}, {"kind": "error_body"},
+                 {"kind": "stall_after_role", "seconds": 2.0}, {"kind": "bad_chunk"},
+                 {"kind": "error_first"}, {"kind": "done_no_finish"}]
         req = urllib.request.Request(faulty.url + "/_chaos", method="POST",
                                      data=json.dumps({"rate": 0.2, "seed": 13, "kinds": kinds}).encode(),
                                      headers={"content-type": "application/json"})
         urllib.request.urlopen(req, timeout=5).read()
         upstream.script([])
-        gw = start_gateway(faulty, tmp_path, top=f"""
+        gw = start_gateway(faulty, tmp_path, upstream_extra="idle_timeout_ms = 1000", top=f"""
 [upstreams.healthy]
 base_url = "{upstream.url}/v1"
 [models.chaos]

@@ -11,12 +11,25 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
 | {"kind": "empty_stream"} (200 text/event-stream with no event)
 | {"kind": "role_then_cut"} (only the role delta, then the connection closes)
 | {"kind": "stream_error", "message": str} (some text, then an SSE error event)
+| {"kind": "reset"} (the connection is reset before any byte of an answer)
+| {"kind": "bad_json"} (200 application/json whose body is cut inside its JSON)
+| {"kind": "error_body"} (200 application/json whose body is an OpenAI error object)
+| {"kind": "stall_after_role", "seconds": float} (a stream: the role delta, then nothing for
+  `seconds`, then the connection closes; without `stream`: as "hang")
+| {"kind": "bad_chunk"} (a stream: the role delta, then an event that is not JSON, then [DONE];
+  without `stream`: as "bad_json")
+| {"kind": "error_first"} (a stream whose first event is an error event; without `stream`: as
+  "error_body")
+| {"kind": "done_no_finish"} (a stream: the role delta, then [DONE] with no finish_reason;
+  without `stream`: as "empty")
 The credential headers of every request are logged too (GET /_headers). `/v1/responses` takes
-the "status", "tool" (answered as a `function_call` item), "ok", "json", "empty", "hang" steps
-and, for `stream: true` (answered as Responses events), "empty_stream", "role_then_cut" (only the
+the "status", "tool" (answered as a `function_call` item), "ok", "json", "empty", "hang",
+"reset", "bad_json", "error_body" steps and, for `stream: true` (answered as Responses events), "empty_stream", "role_then_cut" (only the
 preamble: created, in_progress, an empty message item), "cut", "stream_error" (some text, then an
 `error` event), "failed" (a `response.failed` before any content) and "incomplete" (a
-`function_call` cut inside its arguments by max_output_tokens: `response.incomplete`); a step's
+`function_call` cut inside its arguments by max_output_tokens: `response.incomplete`),
+"stall_after_role", "bad_chunk", "error_first" and "done_no_finish" (as chat's, after the
+preamble: created, in_progress); a step's
 "id" names its response (default "resp_stub"). The "stuck" step plays `auto_reply`'s model on
 `/v1/responses` (from the last result in `input` and the tools offered), each answer and call
 with an id of its own, as a client that continues with `previous_response_id` needs. Without a
@@ -129,6 +142,39 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def reset(self):
+        """Resets the connection (RST): no byte of an answer goes out."""
+        import socket
+        import struct
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+
+    def bad_json(self):
+        data = b'{"id": "chatcmpl-stub", "object": "chat.completion", "choices": [{"index": 0, "mess'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def common_fault(self, kind, stream):
+        """Answers the faults chat and Responses share; False when `kind` is not one of them."""
+        if kind == "reset":
+            self.reset()
+        elif kind == "bad_json" or (kind == "bad_chunk" and not stream):
+            self.bad_json()
+        elif kind == "error_body" or (kind == "error_first" and not stream):
+            self.send_json(200, {"error": {"message": "The server had an error while processing your request.",
+                                           "type": "server_error", "param": None, "code": None}})
+        elif kind == "done_no_finish" and not stream:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", "0")
+            self.end_headers()
+        else:
+            return False
+        return True
+
     def do_GET(self):
         if self.path == "/_log":
             with STATE.lock:
@@ -201,9 +247,35 @@ class Handler(BaseHTTPRequestHandler):
             headers = {"retry-after": step["retry_after"]} if "retry_after" in step else {}
             self.send_json(step["status"], {"error": {"message": step.get("message", "injected")}}, headers)
             return
-        if kind == "hang":
+        if kind == "hang" or (kind == "stall_after_role" and not body.get("stream")):
             time.sleep(step["seconds"])
             self.send_json(200, completion({"role": "assistant", "content": "late"}, "stop"))
+            return
+        if self.common_fault(kind, body.get("stream")):
+            return
+        if kind in ("stall_after_role", "bad_chunk", "error_first", "done_no_finish"):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            role = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            if kind == "error_first":
+                err = {"error": {"message": "overloaded", "type": "server_error", "param": None, "code": None}}
+                self.wfile.write(f"data: {json.dumps(err)}\n\n".encode())
+                self.wfile.flush()
+                return
+            self.wfile.write(f"data: {json.dumps(role)}\n\n".encode())
+            self.wfile.flush()
+            if kind == "stall_after_role":
+                time.sleep(step["seconds"])
+            elif kind == "bad_chunk":
+                self.wfile.write(b'data: {"id": "chatcmpl-stub", "choices": [{"delta": {"content": "The\n\n')
+                self.wfile.write(b"data: [DONE]\n\n")
+            else:
+                self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
             return
         if kind == "empty":
             self.send_response(200)
@@ -265,9 +337,11 @@ class Handler(BaseHTTPRequestHandler):
         if kind == "status":
             self.send_json(step["status"], {"error": {"message": step.get("message", "boom")}})
             return
-        if kind == "hang":
+        if kind == "hang" or (kind == "stall_after_role" and not body.get("stream")):
             time.sleep(step["seconds"])
             kind = "ok"
+        if self.common_fault(kind, body.get("stream")):
+            return
         if kind == "empty":
             self.send_response(200)
             self.send_header("content-type", "application/json")
@@ -305,9 +379,21 @@ class Handler(BaseHTTPRequestHandler):
 
         if kind == "empty_stream":
             return
+        if kind == "error_first":
+            event({"type": "error", "code": "server_error", "message": "overloaded", "param": None})
+            return
         head = dict(whole, status="in_progress", output=[], incomplete_details=None)
         event({"type": "response.created", "response": head})
         event({"type": "response.in_progress", "response": head})
+        if kind == "stall_after_role":
+            time.sleep(step["seconds"])
+            return
+        if kind == "bad_chunk":
+            self.wfile.write(b'event: response.output_text.delta\ndata: {"type": "response.output_te\n\n')
+            self.wfile.flush()
+            return
+        if kind == "done_no_finish":
+            return
         if kind == "failed":
             event({"type": "response.failed", "response": dict(head, status="failed", error={
                 "code": "server_error", "message": step.get("message", "the model failed")})})
