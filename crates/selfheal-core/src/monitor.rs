@@ -16,6 +16,11 @@
 //!   arguments count as empty input;
 //! - loops are detected beyond duplicates: A/B alternation, the same error text again and again,
 //!   an identical call getting an identical result;
+//! - a loop is the agent's own: repeats are compared within one turn of the task
+//!   ([`Monitor::user_turn`]), so a user who asks for the same lookup again, or for one place
+//!   and then the other and back, is not told "this will not give a different result" and does
+//!   not end the run as `control_loop`. What counts against a tool's health (streaks, breakers,
+//!   the failure rate) spans turns;
 //! - abort actually stops the run (the controller obeys it) and says why; failures of a tool
 //!   whose circuit is already open do not count towards it (the breaker handles them, and the
 //!   run may have moved on to another tool);
@@ -429,6 +434,8 @@ impl ToolState {
 
 #[derive(Debug, Clone, Copy)]
 struct Recent {
+    /// The turn of the task ([`Monitor::user_turn`]) the call was made in.
+    turn: u64,
     tool_hash: u64,
     call_hash: u64,
     result_hash: u64,
@@ -459,6 +466,8 @@ pub struct Monitor {
     recent: VecDeque<Recent>,
     ring_cap: usize,
     calls: u64,
+    /// Turns of the task begun ([`Monitor::user_turn`]).
+    turn: u64,
     notable_tools: usize,
     last: Conditions,
     forgotten_tools: u64,
@@ -523,6 +532,7 @@ impl Monitor {
             recent: VecDeque::with_capacity(ring_cap),
             ring_cap,
             calls: 0,
+            turn: 0,
             notable_tools: 0,
             last: Conditions::default(),
             forgotten_tools: 0,
@@ -714,6 +724,18 @@ impl Monitor {
         victim
     }
 
+    /// A new turn of the task begins: the user (or whoever sets the agent's task) spoke since
+    /// the last call. Calls before it no longer count as repeats of the next ones (duplicates,
+    /// identical results, the same error, alternation): the agent was asked again, which is not
+    /// a loop. Streaks, breakers and the failure rate are about the tools and carry on. O(1).
+    pub fn user_turn(&mut self) {
+        if self.recent.back().is_some_and(|r| r.turn == self.turn) {
+            self.turn += 1;
+        }
+        self.last.duplicate_of_tool = None;
+        self.last.looping = None;
+    }
+
     /// Records one finished call and reports its badge and signals. O(window), independent of
     /// the run's length.
     pub fn record(&mut self, call: &ToolCall<'_>, now_ms: u64) -> CallReport {
@@ -779,6 +801,7 @@ impl Monitor {
             self.recent.pop_front();
         }
         self.recent.push_back(Recent {
+            turn: self.turn,
             tool_hash,
             call_hash,
             result_hash,
@@ -892,7 +915,8 @@ impl Monitor {
         let abort = self.config.abort_window;
         let mut s = Scan::default();
         for (i, r) in self.recent.iter().rev().enumerate() {
-            if i < dup {
+            // Repeats count within the current turn only (see `user_turn`).
+            if i < dup && r.turn == self.turn {
                 let same_call = r.call_hash == call_hash;
                 // An earlier call that failed hard (raised, timed out) does not make this one a
                 // duplicate: repeating it is a retry, often directed by the controller itself,
@@ -924,13 +948,9 @@ impl Monitor {
                 _ => (0, 0),
             };
             if a != b
-                && self
-                    .recent
-                    .iter()
-                    .rev()
-                    .take(w)
-                    .enumerate()
-                    .all(|(i, r)| r.call_hash == if i % 2 == 0 { a } else { b })
+                && self.recent.iter().rev().take(w).enumerate().all(|(i, r)| {
+                    r.turn == self.turn && r.call_hash == if i % 2 == 0 { a } else { b }
+                })
             {
                 return Some(LoopKind::Alternation);
             }

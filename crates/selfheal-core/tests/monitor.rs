@@ -916,3 +916,62 @@ fn repeating_a_call_that_came_back_empty_is_a_duplicate() {
     let r = m.record(&ToolCall::returned("search", &a, &empty), 0);
     assert!(r.signals.contains(MonitorSignal::DuplicateCall));
 }
+
+#[test]
+fn repeats_asked_for_by_a_new_user_turn_are_not_a_loop_or_a_duplicate() {
+    let mut m = Monitor::default();
+    let a = json!({"q": "weather"});
+    let result = json!({"temp": 21});
+    for n in 1..=4 {
+        // The user asks again each time: the same lookup, the same answer.
+        m.user_turn();
+        let r = m.record(&ToolCall::returned("w", &a, &result), 0);
+        assert!(!r.signals.contains(MonitorSignal::Loop), "turn {n}");
+        assert!(
+            !r.signals.contains(MonitorSignal::DuplicateCall),
+            "turn {n}"
+        );
+        assert_eq!(r.badge, Badge::Ok, "turn {n}");
+    }
+    assert!(m.check(0).guidance.is_empty());
+    // Within one turn the rules hold as before: two more identical calls make three.
+    m.record(&ToolCall::returned("w", &a, &result), 0);
+    let r = m.record(&ToolCall::returned("w", &a, &result), 0);
+    assert!(r.signals.contains(MonitorSignal::Loop));
+    assert!(r.signals.contains(MonitorSignal::DuplicateCall));
+}
+
+#[test]
+fn a_user_turn_clears_standing_loop_guidance_but_not_a_tools_failures() {
+    let mut m = Monitor::default();
+    let a = json!({"q": "weather"});
+    let result = json!({"temp": 21});
+    for _ in 0..3 {
+        m.record(&ToolCall::returned("w", &a, &result), 0);
+    }
+    assert!(has(&m.check(0), GuidanceKind::Loop));
+    m.user_turn();
+    assert!(!has(&m.check(0), GuidanceKind::Loop));
+    // A streak spans turns: it is the tool's health, not the agent's loop.
+    let mut m = Monitor::default();
+    for i in 0..3 {
+        m.user_turn();
+        fail(&mut m, "flaky", &args(i), &format!("error {i}"));
+    }
+    let r = fail(&mut m, "flaky", &args(3), "error 3");
+    assert!(r.consecutive_failures >= 4, "{r:?}");
+    assert!(!kinds(&m.check(0)).is_empty());
+}
+
+#[test]
+fn alternation_across_user_turns_is_not_a_loop() {
+    let mut m = Monitor::default();
+    let (a, b) = (json!({"city": "Oslo"}), json!({"city": "Rome"}));
+    for i in 0..8u64 {
+        m.user_turn();
+        let result = json!({"n": i});
+        let (tool, arg) = if i % 2 == 0 { ("a", &a) } else { ("b", &b) };
+        let r = m.record(&ToolCall::returned(tool, arg, &result), 0);
+        assert!(!r.signals.contains(MonitorSignal::Loop), "call {}", i + 1);
+    }
+}

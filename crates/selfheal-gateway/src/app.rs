@@ -575,7 +575,8 @@ async fn responses_inner(
             seed: now_ms,
             wall_ms: recover::wall_ms(),
         };
-        let replayed = heal::replay_items(&mut st, items, &ctx, now_ms);
+        let only_new = previous.is_some() || conversation.is_some();
+        let replayed = heal::replay_items(&mut st, items, only_new, &ctx, now_ms);
         let next = st.wire.take_next();
         // The calls of the model's previous turn whose values the controller took: a new call
         // identical to one of them is its repetition, re-asked as on chat completions.

@@ -251,6 +251,8 @@ pub fn replay(
     // From the newest result back to the last one the run has seen: only new results (and
     // that one) are read and hashed, however long the history.
     let mut results: Vec<(usize, std::borrow::Cow<'_, str>, u64)> = Vec::new();
+    // Where the run's last seen result is: a user turn after it is a new turn of the task.
+    let mut last_result = None;
     for (i, m) in messages.iter().enumerate().rev() {
         if m.role() != "tool" {
             continue;
@@ -259,12 +261,20 @@ pub fn replay(
         let id = m.tool_call_id.as_ref().map_or("", |i| i.as_str());
         let fp = SeenResults::fingerprint(id, &text);
         if state.seen.contains(fp) {
+            last_result = Some(i);
             break;
         }
         results.push((i, text, fp));
     }
     results.reverse();
     let Some(&(first_new, _, _)) = results.first() else {
+        // Nothing new to read; a user message after the last result read still begins a new
+        // turn (the monitor's standing loop guidance goes).
+        if let Some(l) = last_result
+            && messages[l + 1..].iter().any(|m| m.role() == "user")
+        {
+            state.monitor().user_turn();
+        }
         return Vec::new();
     };
     // The call each new result answers: the last assistant call with its id before it. A few
@@ -278,9 +288,25 @@ pub fn replay(
     }
     let mut new_results = results.iter().peekable();
     let (mut turn, mut fed_turn) = (0, None);
+    // A user message after a tool result begins a new turn of the task: repeats across it
+    // were asked for, not a loop. The opening user message does not (a history trimmed of
+    // the results the run read must not wipe out the repeats it still shows).
+    let (mut after_result, mut user_spoke) = (false, false);
     for (i, m) in messages.iter().enumerate() {
-        if m.role() == "assistant" {
-            turn = i;
+        match m.role() {
+            "assistant" => turn = i,
+            "tool" => {
+                after_result = true;
+                // A result read before: a user message before it was a turn already counted.
+                if i < first_new {
+                    user_spoke = false;
+                }
+            }
+            "user" => {
+                user_spoke |= after_result;
+                continue;
+            }
+            _ => {}
         }
         if let Some(calls) = calls.as_mut()
             && m.role() == "assistant"
@@ -304,6 +330,9 @@ pub fn replay(
         let Some((_, text, fp)) = new_results.next_if(|(j, _, _)| *j == i) else {
             continue;
         };
+        if std::mem::take(&mut user_spoke) {
+            state.monitor().user_turn();
+        }
         // The values taken are those of the last turn the run reads (a run read for the first
         // time reads its whole history at once).
         if fed_turn.is_some_and(|t| t != turn) {
@@ -324,6 +353,9 @@ pub fn replay(
             None => ("unknown", Value::Null),
         };
         out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
+    }
+    if user_spoke {
+        state.monitor().user_turn();
     }
     out
 }
@@ -369,10 +401,12 @@ fn feed(
 }
 
 /// [`replay`] for a Responses API `input`: its `function_call_output` items (by `call_id`),
-/// each matched to the `function_call` item that asked for it.
+/// each matched to the `function_call` item that asked for it. `only_new`: the input continues
+/// a stored answer and holds only what came since.
 pub fn replay_items(
     state: &mut RunState,
     items: &[Value],
+    only_new: bool,
     ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Vec<Replayed> {
@@ -381,23 +415,47 @@ pub fn replay_items(
         Some(other) => other.to_string(),
         None => String::new(),
     };
-    let mut results: Vec<(String, String, u64)> = Vec::new();
-    for item in items.iter().rev() {
-        if item.get("type").and_then(Value::as_str) != Some("function_call_output") {
+    let mut results: Vec<(usize, String, String, u64)> = Vec::new();
+    // Where the run's last seen result is (see `replay`).
+    let mut last_result = None;
+    for (i, item) in items.iter().enumerate().rev() {
+        if item_type(item) != Some("function_call_output") {
             continue;
         }
         let id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
         let text = text_of(item.get("output"));
         let fp = SeenResults::fingerprint(id, &text);
         if state.seen.contains(fp) {
+            last_result = Some(i);
             break;
         }
-        results.push((id.to_owned(), text, fp));
+        results.push((i, id.to_owned(), text, fp));
     }
     results.reverse();
     let mut out = Vec::new();
     let mut fed_turn = None;
-    for (id, text, fp) in &results {
+    // A user message after a result begins a new turn of the task, as in [`replay`]. An input
+    // that continues a stored answer (`only_new`: `previous_response_id`, a `conversation`)
+    // holds only what came since the run's last answer, so any user message in it does.
+    let mut after_result = only_new || last_result.is_some();
+    let mut user_spoke = false;
+    let mut new_results = results.iter().peekable();
+    for (i, item) in items
+        .iter()
+        .enumerate()
+        .skip(last_result.map_or(0, |l| l + 1))
+    {
+        if item.get("role").and_then(Value::as_str) == Some("user") {
+            user_spoke |= after_result;
+            continue;
+        }
+        let Some((_, id, text, fp)) = new_results.next_if(|r| r.0 == i) else {
+            continue;
+        };
+        after_result = true;
+        if std::mem::take(&mut user_spoke) {
+            state.monitor().user_turn();
+        }
         let id = id.as_str();
         let at = items.iter().position(|i| {
             item_type(i) == Some("function_call")
@@ -427,6 +485,9 @@ pub fn replay_items(
             None => ("unknown", Value::Null),
         };
         out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
+    }
+    if user_spoke {
+        state.monitor().user_turn();
     }
     out
 }
@@ -1364,6 +1425,122 @@ mod tests {
         }
     }
 
+    /// A conversation of `turns` turns, each the same call with the same result: between the
+    /// turns a user message when `users`, else nothing (the agent repeating itself). Replayed
+    /// one request at a time, as a client sends it; the run's verdicts, newest last.
+    fn repeated_lookups(turns: usize, users: bool) -> Vec<selfheal_core::monitor::Verdict> {
+        let mut messages = vec![json!({"role": "user", "content": "weather?"})];
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
+        let mut verdicts = Vec::new();
+        for i in 0..turns {
+            if i > 0 && users {
+                messages.push(json!({"role": "assistant", "content": "21 degrees."}));
+                messages.push(json!({"role": "user", "content": "and now?"}));
+            }
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": format!("c{i}"), "type": "function",
+                 "function": {"name": "search", "arguments": "{\"q\": \"weather\"}"}}]}));
+            messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                                 "content": "{\"temp\": 21}"}));
+            let bytes = request(json!(messages));
+            let req = ChatRequest::parse(&bytes).unwrap();
+            let idx = tool_index(&req);
+            assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), 1);
+            verdicts.push(state.monitor().check(0));
+        }
+        verdicts
+    }
+
+    /// A user who asks for the same lookup turn after turn is not an agent in a loop: no loop
+    /// or duplicate guidance, no abort. The same calls with no user in between are one.
+    #[test]
+    fn a_user_turn_between_identical_lookups_is_not_a_loop() {
+        use selfheal_core::monitor::GuidanceKind;
+        let kinds = |v: &selfheal_core::monitor::Verdict| {
+            v.guidance.iter().map(|g| g.kind).collect::<Vec<_>>()
+        };
+        for v in repeated_lookups(5, true) {
+            assert!(
+                v.guidance.is_empty() && v.abort.is_none(),
+                "{:?}",
+                kinds(&v)
+            );
+        }
+        let looping = repeated_lookups(3, false);
+        assert!(
+            kinds(&looping[1]).contains(&GuidanceKind::Duplicate),
+            "{looping:?}"
+        );
+        assert!(
+            kinds(&looping[2]).contains(&GuidanceKind::Loop),
+            "{looping:?}"
+        );
+    }
+
+    /// A history trimmed of the results the run read still shows the agent's repeats: its
+    /// opening user message is not a new turn.
+    #[test]
+    fn a_trimmed_history_keeps_its_repeats() {
+        let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
+        let mut last = None;
+        for i in 0..3 {
+            let messages = json!([
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": format!("c{i}"), "type": "function",
+                     "function": {"name": "search", "arguments": "{\"q\": \"weather\"}"}}]},
+                {"role": "tool", "tool_call_id": format!("c{i}"), "content": "{\"temp\": 21}"},
+            ]);
+            let bytes = request(messages);
+            let req = ChatRequest::parse(&bytes).unwrap();
+            let idx = tool_index(&req);
+            assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), 1);
+            last = Some(state.monitor().check(0));
+        }
+        let v = last.unwrap();
+        assert!(
+            v.guidance
+                .iter()
+                .any(|g| g.kind == selfheal_core::monitor::GuidanceKind::Loop),
+            "{v:?}"
+        );
+    }
+
+    /// A Responses input that continues a stored answer holds only what is new: a user
+    /// message in it is a new turn though no result precedes it there.
+    #[test]
+    fn a_continued_responses_input_with_a_user_message_is_a_new_turn() {
+        let bytes = request(json!([{"role": "user", "content": "go"}]));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let idx = tool_index(&req);
+        for only_new in [true, false] {
+            let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
+            for i in 0..3 {
+                let call = json!({"type": "function_call", "call_id": format!("c{i}"),
+                                  "name": "search", "arguments": "{\"q\": \"weather\"}"});
+                let output = json!({"type": "function_call_output", "call_id": format!("c{i}"),
+                                    "output": "{\"temp\": 21}"});
+                // The input after `previous_response_id`: the user's new question (none
+                // before the first answer), then, with the next request, the call's result.
+                if i > 0 {
+                    let ask = [json!({"role": "user", "content": "and now?"})];
+                    assert!(replay_items(&mut state, &ask, only_new, &ctx(&idx), 0).is_empty());
+                }
+                assert_eq!(
+                    replay_items(&mut state, &[call, output], only_new, &ctx(&idx), 0).len(),
+                    1
+                );
+            }
+            let looping = state
+                .monitor()
+                .check(0)
+                .guidance
+                .iter()
+                .any(|g| g.kind == selfheal_core::monitor::GuidanceKind::Loop);
+            assert_eq!(looping, !only_new, "only_new: {only_new}");
+        }
+    }
+
     /// Issue 11: on a Responses `input` too, the values taken are those of the last turn read
     /// (a turn is a run of `function_call` items), and a call repeats one of them only while
     /// the input ends in that turn: its calls and their results, nothing asked since. Its
@@ -1383,7 +1560,10 @@ mod tests {
         let req = ChatRequest::parse(&bytes).unwrap();
         let idx = tool_index(&req);
         let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
-        assert_eq!(replay_items(&mut state, &items, &ctx(&idx), 0).len(), 3);
+        assert_eq!(
+            replay_items(&mut state, &items, false, &ctx(&idx), 0).len(),
+            3
+        );
         let taken = state.wire.take_next().taken;
         let last = json!({"q": "x2"});
         assert_eq!(
