@@ -10,11 +10,14 @@ Four scenarios, one after the other, each on a fresh gateway:
            a stall past the first-byte timeout, a connection reset, a 200 whose JSON is cut or
            is an error object, a stream that stalls past the idle timeout after the role, one
            with an event that is not JSON, one that opens with an error event, one that ends
-           with [DONE] and no finish; seeded), half the requests streaming, every
-           request a new conversation; one conversation in four speaks the Responses API
-           (`/v1/responses`, streaming or not), the rest chat completions.
-- outage:  the primary answers nothing but 503 (a full provider outage); the agents are
-           conversations of TURNS turns each (one run per conversation), half streaming.
+           with [DONE] and no finish, a tool call cut inside its arguments or by `length`;
+           seeded), half the requests streaming, every turn a new conversation; one
+           conversation in four speaks the Responses API (`/v1/responses`, streaming or not),
+           one in four is an agent with a tool (each turn its call, judged whole and exact,
+           then the answer to the call's result), the rest chat completions.
+- outage:  the primary answers nothing but 503 (a full provider outage); the conversations
+           (agents among them, as above) are TURNS turns each (one run per conversation),
+           half streaming.
 - kill9:   load as in "faults" (a new conversation per request, half streaming), then SIGKILL
            of the gateway after --kill-after seconds: counts the answers a client received
            whole whose run has no `response` event in the trace (the README states the loss
@@ -73,10 +76,16 @@ EXPECTED = "The answer is 42."
 FAULTS = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
           {"kind": "status", "status": 429, "retry_after": "0"}, {"kind": "empty"},
           {"kind": "empty_stream"}, {"kind": "role_then_cut"},
-          {"kind": "json", "content": EXPECTED}, {"kind": "hang", "seconds": 2.0},
+          {"kind": "json"}, {"kind": "hang", "seconds": 2.0},
           {"kind": "reset"}, {"kind": "bad_json"}, {"kind": "error_body"},
           {"kind": "stall_after_role", "seconds": 2.0}, {"kind": "bad_chunk"},
-          {"kind": "error_first"}, {"kind": "done_no_finish"}]
+          {"kind": "error_first"}, {"kind": "done_no_finish"}, {"kind": "tool_cut"},
+          {"kind": "tool_length"}]
+# The tool the agent conversations offer; the stub's model calls it with {"query": "answer"}
+# and answers once it has a result that starts with "ok:".
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "Searches.",
+          "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                         "required": ["query"]}}}]
 
 
 def start(cmd, env=None, quiet=False, preexec=None):
@@ -105,12 +114,17 @@ class Client:
         self.last_run = None
 
     def ask(self, messages, stream, api="chat"):
+        """One request; `api` is "chat", "responses" or "agent" (chat with TOOLS offered, whose
+        answer to a user turn must be the call of `search`: the verdict's text is then the
+        call)."""
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, int(self.port), timeout=self.timeout)
         if api == "responses":
             path, body = "/v1/responses", {"model": "chaos", "input": messages}
         else:
             path, body = "/v1/chat/completions", {"model": "chaos", "messages": messages}
+        if api == "agent":
+            body["tools"] = TOOLS
         if stream:
             body["stream"] = True
         started = time.monotonic()
@@ -137,6 +151,8 @@ class Client:
             return "failed", None, elapsed, f"HTTP {status}: {data[:200]!r}"
         if api == "responses":
             return (*judge_responses(data, stream), elapsed, data[:300])
+        if api == "agent" and messages[-1]["role"] != "tool":
+            return (*judge_call(data, stream), elapsed, data[:300])
         return (*judge(data, stream), elapsed, data[:300])
 
 
@@ -177,6 +193,60 @@ def judge(data, stream):
         return "flagged", text
     ok = done and finish == "stop" and status == "complete" and text.strip() == EXPECTED
     return ("ok" if ok else "silent_bad"), text
+
+
+def judge_call(data, stream):
+    """Sorts a 200 answer that must call `search` with {"query": "answer"}; returns (verdict,
+    the call as a chat `tool_calls` entry)."""
+    calls, finish, status, done, error = {}, None, None, not stream, None
+    if not stream:
+        try:
+            b = json.loads(data)
+            choice = b["choices"][0]
+            for i, c in enumerate(choice["message"].get("tool_calls") or []):
+                calls[i] = {"id": c["id"], "name": c["function"]["name"],
+                            "arguments": c["function"]["arguments"]}
+            finish, status = choice["finish_reason"], b["selfheal"]["status"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return "silent_bad", None
+    else:
+        for line in data.decode("utf-8", "replace").splitlines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+                continue
+            try:
+                c = json.loads(payload)
+            except ValueError:
+                return "silent_bad", None
+            if "error" in c:
+                error = c["error"]
+                continue
+            if c.get("selfheal"):
+                status = c["selfheal"].get("status")
+            for ch in c.get("choices") or []:
+                for d in (ch.get("delta") or {}).get("tool_calls") or []:
+                    call = calls.setdefault(d.get("index", 0), {"id": None, "name": "", "arguments": ""})
+                    call["id"] = d.get("id") or call["id"]
+                    f = d.get("function") or {}
+                    call["name"] += f.get("name") or ""
+                    call["arguments"] += f.get("arguments") or ""
+                finish = ch.get("finish_reason") or finish
+    if error is not None or status not in (None, "complete"):
+        return "flagged", None
+    try:
+        args = [json.loads(c["arguments"]) for c in calls.values()]
+    except ValueError:
+        return "silent_bad", None
+    ok = done and status == "complete" and finish == "tool_calls" and len(calls) == 1 \
+        and calls[0]["name"] == "search" and args == [{"query": "answer"}] and calls[0]["id"]
+    if not ok:
+        return "silent_bad", None
+    c = calls[0]
+    return "ok", {"id": c["id"], "type": "function",
+                  "function": {"name": c["name"], "arguments": c["arguments"]}}
 
 
 def judge_responses(data, stream):
@@ -247,7 +317,8 @@ max_ms = 200
 
 
 def run(name, url, requests, turns, threads, timeout):
-    """`requests` requests as conversations of `turns` turns; odd conversations stream."""
+    """`requests` turns as conversations of `turns` turns; odd conversations stream. An
+    agent's turn is two requests (its call, then the answer to the call's result)."""
     local = threading.local()
     conversations = (requests + turns - 1) // turns
 
@@ -255,11 +326,21 @@ def run(name, url, requests, turns, threads, timeout):
         c = getattr(local, "c", None) or Client(url, timeout)
         local.c = c
         stream = i % 2 == 1
-        # One conversation in four speaks the Responses API (streaming or not, as the others).
-        api = "responses" if (i // 2) % 4 == 3 else "chat"
+        # One conversation in four speaks the Responses API, one in four is an agent with a
+        # tool (each of its turns a call, then the answer to its result); streaming or not, as
+        # the others.
+        api = {3: "responses", 1: "agent"}.get((i // 2) % 4, "chat")
         messages = [{"role": "user", "content": f"{name} {i} {uuid.uuid4()}"}]
         out = []
         for t in range(turns):
+            if api == "agent":
+                verdict, call, elapsed, detail = c.ask(messages, stream, api)
+                out.append((verdict, stream, elapsed, detail, api))
+                if call is None:
+                    break
+                messages = messages + [
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": "ok: 42"}]
             verdict, text, elapsed, detail = c.ask(messages, stream, api)
             out.append((verdict, stream, elapsed, detail, api))
             messages = messages + [{"role": "assistant", "content": text or ""},
@@ -287,6 +368,8 @@ def report(name, results, wall, faults):
             "responses_api": len(responses),
             "responses_streaming": sum(1 for r in responses if r[1]),
             "responses_ok": sum(1 for r in responses if r[0] == "ok"),
+            "agent_requests": sum(1 for r in results if r[4] == "agent"),
+            "agent_ok": sum(1 for r in results if r[4] == "agent" and r[0] == "ok"),
             "p50_ms": round(statistics.median(lat) * 1000, 1),
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 1),
             "wall_s": round(wall, 1)}

@@ -398,10 +398,11 @@ def test_embeddings_pass_through_with_the_clients_key(gateway, upstream):
 def test_chaos_small_no_failures_while_a_healthy_fallback_exists(upstream, tmp_path):
     """The CI-sized chaos run: 20 % healable faults (5xx, 429, empty 200s, empty and cut-before-
     content streams, JSON answers to stream requests, resets, cut or error bodies behind a 200,
-    streams that stall, break or end without a finish before any content) on the primary, a
-    healthy fallback, 160
-    requests from 8 threads, half streaming. Every answer is whole, none is a 502, none hangs,
-    and every fault was healed by an action the client can read."""
+    streams that stall, break or end without a finish before any content, tool calls cut inside
+    their arguments or by `length`) on the primary, a healthy fallback, 160 conversations from
+    8 threads, half streaming, one in three an agent with a tool (its call, then the answer to
+    its result). Every call and answer is whole, none is a 502, none hangs, and every fault was
+    healed by an action the client can read."""
     import concurrent.futures
     import sys
     import threading
@@ -413,10 +414,11 @@ def test_chaos_small_no_failures_while_a_healthy_fallback_exists(upstream, tmp_p
         faulty = Upstream(read_address(proc))
         kinds = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
                  {"kind": "status", "status": 429, "retry_after": "0"}, {"kind": "empty"},
-                 {"kind": "empty_stream"}, {"kind": "role_then_cut"}, {"kind": "json", "content": "The answer is 42."},
+                 {"kind": "empty_stream"}, {"kind": "role_then_cut"}, {"kind": "json"},
                  {"kind": "reset"}, {"kind": "bad_json"}, {"kind": "error_body"},
                  {"kind": "stall_after_role", "seconds": 2.0}, {"kind": "bad_chunk"},
-                 {"kind": "error_first"}, {"kind": "done_no_finish"}]
+                 {"kind": "error_first"}, {"kind": "done_no_finish"}, {"kind": "tool_cut"},
+                 {"kind": "tool_length"}]
         req = urllib.request.Request(faulty.url + "/_chaos", method="POST",
                                      data=json.dumps({"rate": 0.2, "seed": 13, "kinds": kinds}).encode(),
                                      headers={"content-type": "application/json"})
@@ -433,16 +435,44 @@ chain = [{{upstream = "default", model = "stub"}}, {{upstream = "healthy", model
         raise
     local = threading.local()
 
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+
+    def ask(c, messages, stream, **kw):
+        """(text, tool calls as (id, name, arguments), finish_reason, selfheal report)."""
+        if stream:
+            chunks = list(c.chat.completions.create(model="chaos", messages=messages, stream=True, **kw))
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            calls = {}
+            for ch in chunks:
+                for d in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                    got = calls.setdefault(d.index, ["", "", ""])
+                    got[0] += d.id or ""
+                    got[1] += (d.function and d.function.name) or ""
+                    got[2] += (d.function and d.function.arguments) or ""
+            return (text, [tuple(v) for v in calls.values()], chunks[-1].choices[0].finish_reason,
+                    chunks[-1].model_extra["selfheal"])
+        r = c.chat.completions.create(model="chaos", messages=messages, **kw)
+        calls = [(t.id, t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls or []]
+        return r.choices[0].message.content, calls, r.choices[0].finish_reason, r.model_extra["selfheal"]
+
     def one(i):
         c = getattr(local, "c", None) or client(gw, timeout=30)
         local.c = c
         messages = [{"role": "user", "content": f"chaos {i} {uuid.uuid4()}"}]
-        if i % 2:
-            chunks = list(c.chat.completions.create(model="chaos", messages=messages, stream=True))
-            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-            return text, chunks[-1].choices[0].finish_reason, chunks[-1].model_extra["selfheal"]
-        r = c.chat.completions.create(model="chaos", messages=messages)
-        return r.choices[0].message.content, r.choices[0].finish_reason, r.model_extra["selfheal"]
+        if i % 3 == 0:
+            # An agent: its call must come whole and exact, then the answer to its result.
+            _, calls, fin, report = ask(c, messages, i % 2, tools=tools)
+            assert report["status"] == "complete" and fin == "tool_calls", (fin, report)
+            assert [(n, json.loads(a)) for _, n, a in calls] == [("search", {"query": "answer"})], calls
+            messages += [{"role": "assistant", "content": None, "tool_calls": [{
+                "id": calls[0][0], "type": "function",
+                "function": {"name": "search", "arguments": calls[0][2]}}]},
+                {"role": "tool", "tool_call_id": calls[0][0], "content": "ok: 42"}]
+            text, _, fin, report = ask(c, messages, i % 2, tools=tools)
+            return text, fin, report
+        text, _, fin, report = ask(c, messages, i % 2)
+        return text, fin, report
 
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

@@ -7,7 +7,8 @@ receives is logged (GET /_log) so tests can check what the gateway forwarded.
 Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments": str}
 | {"kind": "status", "status": int, "retry_after": str?, "message": str?}
 | {"kind": "hang", "seconds": float} | {"kind": "empty"} | {"kind": "cut"}
-| {"kind": "json", "content": str} (JSON even when a stream was asked for)
+| {"kind": "json", "content": str?} (JSON even when a stream was asked for; without "content",
+  the answer the model would give)
 | {"kind": "empty_stream"} (200 text/event-stream with no event)
 | {"kind": "role_then_cut"} (only the role delta, then the connection closes)
 | {"kind": "stream_error", "message": str} (some text, then an SSE error event)
@@ -22,6 +23,10 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
   "error_body")
 | {"kind": "done_no_finish"} (a stream: the role delta, then [DONE] with no finish_reason;
   without `stream`: as "empty")
+| {"kind": "tool_cut"} (when the model would call a tool: a stream cut inside the call's
+  arguments, or without `stream` "bad_json"; otherwise as "role_then_cut" or "empty")
+| {"kind": "tool_length"} (when the model would call a tool: the call with half its arguments
+  and finish_reason "length", streaming or not; otherwise as "empty_stream" or "empty")
 The credential headers of every request are logged too (GET /_headers). `/v1/responses` takes
 the "status", "tool" (answered as a `function_call` item), "ok", "json", "empty", "hang",
 "reset", "bad_json", "error_body" steps and, for `stream: true` (answered as Responses events), "empty_stream", "role_then_cut" (only the
@@ -253,6 +258,24 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.common_fault(kind, body.get("stream")):
             return
+        if kind in ("tool_cut", "tool_length"):
+            message = auto_reply(body)
+            stream = body.get("stream")
+            if not message.get("tool_calls"):
+                kind = "role_then_cut" if kind == "tool_cut" and stream else \
+                    "empty_stream" if stream else "empty"
+            elif kind == "tool_cut" and not stream:
+                self.bad_json()
+                return
+            else:
+                call = message["tool_calls"][0]
+                args = call["function"]["arguments"]
+                call["function"]["arguments"] = args[:len(args) // 2]
+                if not stream:
+                    self.send_json(200, completion(message, "length"))
+                    return
+                self.stream(message, "length", cut=False, tool_cut=(kind == "tool_cut"))
+                return
         if kind in ("stall_after_role", "bad_chunk", "error_first", "done_no_finish"):
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
@@ -284,7 +307,10 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         if kind == "json":
-            self.send_json(200, completion({"role": "assistant", "content": step.get("content", "hello")}, "stop"))
+            # The model's own answer (a tool call when it would make one) unless scripted.
+            message = {"role": "assistant", "content": step["content"]} if "content" in step \
+                else auto_reply(body)
+            self.send_json(200, completion(message, "tool_calls" if message.get("tool_calls") else "stop"))
             return
         if kind == "role_then_cut":
             self.send_response(200)
@@ -342,6 +368,8 @@ class Handler(BaseHTTPRequestHandler):
             kind = "ok"
         if self.common_fault(kind, body.get("stream")):
             return
+        if kind in ("tool_cut", "tool_length"):  # no tools in these conversations
+            kind = "role_then_cut" if body.get("stream") else "empty"
         if kind == "empty":
             self.send_response(200)
             self.send_header("content-type", "application/json")
@@ -440,7 +468,7 @@ class Handler(BaseHTTPRequestHandler):
         event({"type": "response.output_item.done", "output_index": 0, "item": item})
         event({"type": "response.completed", "response": whole})
 
-    def stream(self, message, finish, cut):
+    def stream(self, message, finish, cut, tool_cut=False):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("connection", "close")
@@ -466,6 +494,9 @@ class Handler(BaseHTTPRequestHandler):
             half = len(args) // 2
             for part in (args[:half], args[half:]):
                 chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+                if tool_cut:  # the connection closes inside the arguments
+                    self.close_connection = True
+                    return
         else:
             for word in message["content"].split(" "):
                 chunk({"content": word + " "})
