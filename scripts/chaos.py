@@ -3,7 +3,7 @@
 (tests/e2e/upstream.py), with a healthy fallback. The CI-sized run of the same idea is
 `test_chaos_small_no_failures_while_a_healthy_fallback_exists` in tests/e2e/test_deploy.py.
 
-Four scenarios, one after the other, each on a fresh gateway:
+The scenarios, one after the other, each on a fresh gateway:
 
 - faults:  20 % of the primary's answers are a fault (500, 503, 429 with Retry-After, an empty
            200, an empty stream, a stream cut after the role, a JSON answer to a stream request,
@@ -18,6 +18,9 @@ Four scenarios, one after the other, each on a fresh gateway:
 - outage:  the primary answers nothing but 503 (a full provider outage); the conversations
            (agents among them, as above) are TURNS turns each (one run per conversation),
            half streaming.
+- long:    the faults of "faults", on conversations of --long-turns turns each (one run per
+           conversation, so the run's budget is spent by earlier turns' recoveries): a fault
+           the upstream caused is healed however much of it is left.
 - kill9:   load as in "faults" (a new conversation per request, half streaming), then SIGKILL
            of the gateway after --kill-after seconds: counts the answers a client received
            whole whose run has no `response` event in the trace (the README states the loss
@@ -569,11 +572,13 @@ def main():
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--outage-requests", type=int, default=2_000)
     ap.add_argument("--turns", type=int, default=5, help="turns per conversation in the outage")
+    ap.add_argument("--long-requests", type=int, default=1_500)
+    ap.add_argument("--long-turns", type=int, default=30, help="turns per conversation in long")
     ap.add_argument("--rate", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=30.0)
-    ap.add_argument("--only", default="faults,outage,kill9,slowloris,idlers",
+    ap.add_argument("--only", default="faults,outage,long,kill9,slowloris,idlers",
                     help="comma-separated scenarios to run")
     ap.add_argument("--kill-after", type=float, default=5.0, help="seconds of load before SIGKILL")
     ap.add_argument("--slow-connections", type=int, default=1000)
@@ -598,6 +603,7 @@ def main():
                 ("faults", args.requests, 1, args.rate, FAULTS),
                 ("outage", args.outage_requests, args.turns, 1.0,
                  [{"kind": "status", "status": 503, "message": "provider down"}]),
+                ("long", args.long_requests, args.long_turns, args.rate, FAULTS),
             ):
                 if name not in only:
                     continue

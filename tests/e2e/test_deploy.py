@@ -204,6 +204,30 @@ def test_a_stream_broken_before_content_is_reissued_not_an_empty_200(gateway, up
 
 
 
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_stream_broken_before_content_is_reissued_when_the_runs_budget_is_spent(
+        upstream, tmp_path, api):
+    """Upstream health is not the agent's budget: with no retry left in the run's budget (as
+    after a long conversation on a flaky provider), a stream the upstream broke before any
+    content is still re-issued, and the re-issue shows as usage beyond the limit."""
+    gw = start_gateway(upstream, tmp_path, top="[budget]\nretries = 0\nrecoveries = 0\n")
+    try:
+        upstream.script([{"kind": "role_then_cut"}, {"kind": "ok", "content": "second time lucky"}])
+        c = client(gw)
+        if api == "chat":
+            chunks = list(c.chat.completions.create(model="stub", messages=ask(), stream=True))
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            report = chunks[-1].model_extra["selfheal"]
+        else:
+            events = list(c.responses.create(model="stub", input=ask(), stream=True))
+            assert events[-1].type == "response.completed", [e.type for e in events]
+            text = events[-1].response.output_text
+            report = events[-1].response.model_extra["selfheal"]
+    finally:
+        gw.stop()
+    assert text.split() == ["second", "time", "lucky"]
+    assert report["status"] == "complete" and "reissue" in report["actions"], report
+    assert report["budget"]["spent"]["retries"] == 1 > report["budget"]["limits"]["retries"], json.dumps(report)
 def test_a_target_that_broke_a_stream_offering_tools_is_asked_without_streaming_next_time(
         gateway, upstream):
     """Once a chat stream offering tools broke and a non-streaming re-issue healed it, that

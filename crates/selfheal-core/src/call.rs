@@ -847,7 +847,9 @@ pub enum StreamBreak {
 
 /// Decides, through the ladder of [`FailureClass::MalformedOutput`] (a cut answer), whether a
 /// broken stream is re-issued. Once content went out a re-issue is not safe — the client would
-/// see the answer twice — so only a stream broken before any content can be healed.
+/// see the answer twice — so only a stream broken before any content can be healed. That one
+/// is healed whatever the run's budget ([`decide_stream`]): the upstream broke it, and upstream
+/// health is not the agent's budget.
 pub fn stream_broke(
     content_sent: bool,
     plane: &Plane,
@@ -858,16 +860,35 @@ pub fn stream_broke(
         retry_safe: !content_sent,
         ..Options::default()
     };
-    let (decision, event) = decide_traced(
-        Signal::TruncatedOutput,
-        options,
-        LadderState::default(),
+    let signal = Signal::TruncatedOutput;
+    let failure = plane
+        .classifier
+        .classify(&signal, ClassifyContext::default());
+    let input = DecisionInput {
+        surface: Surface::Stream,
+        signal,
+        consecutive: 0,
+        ladder: LadderState::default(),
+        options: options.clone(),
+        limits: *ledger.limits(),
+        spent: *ledger.spent(),
+    };
+    let decision = decide_stream(
         plane,
+        &failure,
+        &options,
+        LadderState::default(),
         ledger,
         rng,
     );
+    let before = ledger.remaining();
     let outcome = match decision.action {
-        RecoveryAction::Retry { .. } if ledger.charge(&decision.charge).is_ok() => {
+        RecoveryAction::Retry { .. } if !content_sent => {
+            // A retry the budget cannot pay for is still made (`decide_stream`): recorded as
+            // usage, so it shows.
+            if decision.forced || ledger.charge(&decision.charge).is_err() {
+                ledger.record_usage(&decision.charge);
+            }
             StreamBreak::Reissue
         }
         RecoveryAction::Retry { .. }
@@ -879,7 +900,56 @@ pub fn stream_broke(
         | RecoveryAction::Degrade
         | RecoveryAction::Terminate => StreamBreak::Fail,
     };
+    let event = Event::Action {
+        class: failure.class,
+        action: decision.action,
+        rung: decision.rung,
+        budget_before: before,
+        budget_after: ledger.remaining(),
+        input: Some(Box::new(input)),
+    };
     (outcome, event)
+}
+
+/// The stream plan's decision for a stream that broke: the policy's, plus the stream rule that
+/// a break before any content (`options.retry_safe`) is re-issued when the policy would have
+/// retried it but the budget refused (`forced`: a retry, recorded as usage rather than
+/// charged). A policy without a retry for a cut answer is obeyed. Pure, so a replay makes the
+/// same decision from the same [`DecisionInput`].
+pub fn decide_stream(
+    plane: &Plane,
+    failure: &Classification,
+    options: &Options,
+    ladder: LadderState,
+    ledger: &BudgetLedger,
+    rng: &mut dyn Rng,
+) -> CallDecision {
+    let decision = plane.policy.decide(ladder, failure, options, ledger, rng);
+    let budget_refused_retry = decision
+        .skipped
+        .contains(&(ActionKind::Retry, SkipReason::BudgetSpent));
+    if options.retry_safe
+        && budget_refused_retry
+        && !matches!(decision.action, RecoveryAction::Retry { .. })
+    {
+        return CallDecision {
+            action: RecoveryAction::Retry {
+                delay_ms: 0,
+                attempt: 1,
+            },
+            rung: None,
+            charge: ActionKind::Retry.charge(),
+            next: decision.next,
+            forced: true,
+        };
+    }
+    CallDecision {
+        action: decision.action,
+        rung: decision.rung,
+        charge: decision.charge,
+        next: decision.next,
+        forced: false,
+    }
 }
 
 #[cfg(test)]
@@ -1337,6 +1407,52 @@ mod tests {
             stream_broke(true, &plane, &mut ledger, &mut rng).0,
             StreamBreak::Fail
         );
+    }
+
+    /// A stream the upstream broke before any content is re-issued however much of the run's
+    /// budget is spent (recorded as usage, so it shows), and the traced decision replays as
+    /// made; once content went out it fails whatever the budget.
+    #[test]
+    fn a_stream_broken_before_content_is_reissued_whatever_the_budget() {
+        let plane = Plane::default();
+        let mut rng = ConstRng(0);
+        for spent in [
+            Amounts {
+                retries: 3,
+                ..Amounts::default()
+            },
+            Amounts {
+                recoveries: 5,
+                ..Amounts::default()
+            },
+        ] {
+            let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
+            ledger.record_usage(&spent);
+            let (outcome, event) = stream_broke(false, &plane, &mut ledger, &mut rng);
+            assert_eq!(outcome, StreamBreak::Reissue, "{spent:?}");
+            assert_eq!(
+                ledger.spent().retries,
+                spent.retries + 1,
+                "the re-issue shows as usage"
+            );
+            let Event::Action {
+                action,
+                input: Some(input),
+                ..
+            } = &event
+            else {
+                panic!("{event:?}")
+            };
+            assert!(matches!(action, RecoveryAction::Retry { .. }), "{action:?}");
+            assert_eq!(input.surface, Surface::Stream);
+            let comparisons = crate::replay::replay([&event], &plane);
+            assert_eq!(comparisons.len(), 1);
+            assert!(!comparisons[0].differs, "{comparisons:?}");
+            assert_eq!(
+                stream_broke(true, &plane, &mut ledger, &mut rng).0,
+                StreamBreak::Fail
+            );
+        }
     }
 
     use crate::budget::Amounts;

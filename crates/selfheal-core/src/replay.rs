@@ -15,7 +15,7 @@
 use serde::Serialize;
 
 use crate::budget::BudgetLedger;
-use crate::call::{Plane, decide_call};
+use crate::call::{Plane, decide_call, decide_stream};
 use crate::classifier::{ClassifyContext, FailureClass};
 use crate::policy::{EscalationTarget, RecoveryAction};
 use crate::rng::ConstRng;
@@ -60,6 +60,17 @@ pub fn decide_again(input: &DecisionInput, plane: &Plane) -> (FailureClass, Reco
                 .policy()
                 .decide(input.ladder, &failure, &input.options, &ledger, &mut rng)
                 .action
+        }
+        Surface::Stream => {
+            decide_stream(
+                plane,
+                &failure,
+                &input.options,
+                input.ladder,
+                &ledger,
+                &mut rng,
+            )
+            .action
         }
         Surface::Call => {
             decide_call(

@@ -55,6 +55,9 @@ pub enum Surface {
     Controller,
     /// [`crate::call::CallPlan`]: the policy plus the call rules (forced fall-backs).
     Call,
+    /// [`crate::call::stream_broke`]: the policy plus the stream rule (a break before any
+    /// content re-issued whatever the budget).
+    Stream,
 }
 
 /// Everything a recovery decision was made from: replaying it under another policy needs

@@ -858,6 +858,7 @@ async fn answer_responses_stream(
         unsettled: Some(stream_unsettled(t)),
         // Set in the relay's task: the head waits for its first frame.
         head: None,
+        budget: Some(stream_budget(t)),
     };
     let learnable = served.filter(|_| !again.tools.is_empty());
     let guides = t.s.guides.clone();
@@ -1606,6 +1607,7 @@ async fn answer_stream(
         unsettled: Some(stream_unsettled(t)),
         // Set in the relay's task: the head waits for its first frame.
         head: None,
+        budget: Some(stream_budget(t)),
     };
     let learnable = served.filter(|_| !ctx.tools.is_empty());
     let guides = t.s.guides.clone();
@@ -2116,6 +2118,15 @@ fn unread(called: Option<bool>, text: &str) -> Option<String> {
             "not read again before answering (no usable answer to the request for it): {text}"
         )),
     }
+}
+
+/// The run's budget as the final report of a stream shows it ([`stream::Hooks::budget`]).
+fn stream_budget(t: &Turn) -> stream::Budget {
+    let state = t.state.clone();
+    Box::new(move || {
+        let st = lock(&state);
+        json!({"spent": st.ledger().spent(), "limits": limits_json(st.ledger().limits())})
+    })
 }
 
 /// The core's judgement of a streamed final answer ([`stream::Hooks::unsettled`]):

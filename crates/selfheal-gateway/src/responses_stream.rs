@@ -88,6 +88,8 @@ pub struct Hooks {
     pub unsettled: Option<Unsettled>,
     /// Where the report goes when the first frame goes out, as [`crate::stream::Hooks::head`].
     pub head: Option<crate::stream::Head>,
+    /// The run's budget for the final report, as [`crate::stream::Hooks::budget`].
+    pub budget: Option<crate::stream::Budget>,
 }
 
 /// The ending of a Responses answer: `incomplete` (the token limit) is a cut-off.
@@ -613,6 +615,7 @@ impl Relay<'_> {
     }
 
     fn attach_selfheal(&mut self, v: &mut Value) {
+        self.report.budget = self.hooks.budget.as_ref().map(|b| b());
         if let Some(s) = &mut self.selfheal {
             crate::stream::note_outcome(s, &self.report);
             if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {

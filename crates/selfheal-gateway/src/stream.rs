@@ -152,6 +152,11 @@ pub type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Reread<A>>
 /// claims nothing after one), asked when the answer ends without tool calls.
 pub type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
 
+/// The run's budget as it stands (`{"spent", "limits"}`): the final report's, read when the
+/// stream ends, since what the relay asked again (a re-issue, a re-ask, a read before
+/// answering) was charged after the report was made.
+pub type Budget = Box<dyn Fn() -> Value + Send>;
+
 /// Receives, once, the `selfheal` report as it stands when the relay sends its first frame (see
 /// `head_report`): what the response's head says, since it cannot wait for the end.
 pub type Head = tokio::sync::oneshot::Sender<Value>;
@@ -171,6 +176,8 @@ pub struct Hooks {
     pub unsettled: Option<Unsettled>,
     /// Where the report goes when the first frame goes out.
     pub head: Option<Head>,
+    /// The run's budget for the final report.
+    pub budget: Option<Budget>,
 }
 
 /// The report for a stream's head, sent before its first frame: `selfheal` with what the relay
@@ -250,6 +257,9 @@ pub struct StreamReport {
     /// The Responses answer that went out whole (its id and calls), for a client that continues
     /// it with `previous_response_id`; `None` on chat completions.
     pub responded: Option<crate::runs::Responded>,
+    /// The run's budget when the stream ended ([`Hooks::budget`]), which the final report
+    /// shows in place of the one it was made with.
+    pub budget: Option<Value>,
 }
 
 #[derive(Default)]
@@ -477,6 +487,7 @@ impl Relay<'_> {
         let message = &message;
         let base = self.template.clone();
         self.report.finished = true;
+        self.report.budget = self.hooks.budget.as_ref().map(|b| b());
         let selfheal = self.selfheal.as_mut().map(|s| {
             note_outcome(s, &self.report);
             s.clone()
@@ -520,6 +531,7 @@ impl Relay<'_> {
     }
 
     fn attach_selfheal(&mut self, v: &mut Value) {
+        self.report.budget = self.hooks.budget.as_ref().map(|b| b());
         if let Some(s) = &mut self.selfheal {
             note_outcome(s, &self.report);
             if let Some(o) = v.as_object_mut() {
@@ -790,6 +802,9 @@ pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
                 actions.push(json!(name));
             }
         }
+    }
+    if let Some(b) = &report.budget {
+        o.insert("budget".into(), b.clone());
     }
     if !report.invalid.is_empty() {
         o.insert("status".into(), json!("partial"));
