@@ -18,9 +18,9 @@ The scenarios, one after the other, each on a fresh gateway:
 - outage:  the primary answers nothing but 503 (a full provider outage); the conversations
            (agents among them, as above) are TURNS turns each (one run per conversation),
            half streaming.
-- long:    the faults of "faults", on conversations of --long-turns turns each (one run per
-           conversation, so the run's budget is spent by earlier turns' recoveries): a fault
-           the upstream caused is healed however much of it is left.
+- long:    the faults of "faults" the upstream causes (all but a call cut by `length`), on
+           conversations of --long-turns turns each (one run per conversation, so earlier
+           turns' recoveries spend the run's budget): each is healed however little is left.
 - kill9:   load as in "faults" (a new conversation per request, half streaming), then SIGKILL
            of the gateway after --kill-after seconds: counts the answers a client received
            whole whose run has no `response` event in the trace (the README states the loss
@@ -603,7 +603,10 @@ def main():
                 ("faults", args.requests, 1, args.rate, FAULTS),
                 ("outage", args.outage_requests, args.turns, 1.0,
                  [{"kind": "status", "status": 503, "message": "provider down"}]),
-                ("long", args.long_requests, args.long_turns, args.rate, FAULTS),
+                # A call cut by `length` is the model's, not the upstream's: re-asked within
+                # the run's budget, `partial` once it is spent (tested in "faults").
+                ("long", args.long_requests, args.long_turns, args.rate,
+                 [k for k in FAULTS if k["kind"] != "tool_length"]),
             ):
                 if name not in only:
                     continue
