@@ -13,8 +13,9 @@ The scenarios, one after the other, each on a fresh gateway:
            with [DONE] and no finish, a tool call cut inside its arguments or by `length`;
            seeded), half the requests streaming, every turn a new conversation; one
            conversation in four speaks the Responses API (`/v1/responses`, streaming or not),
-           one in four is an agent with a tool (each turn its call, judged whole and exact,
-           then the answer to the call's result), the rest chat completions.
+           half of those agents with a tool, and one in four is an agent on chat completions
+           (an agent's turn is its call, judged whole and exact, then the answer to the call's
+           result), the rest plain chat completions.
 - outage:  the primary answers nothing but 503 (a full provider outage); the conversations
            (agents among them, as above) are TURNS turns each (one run per conversation),
            half streaming.
@@ -89,6 +90,8 @@ FAULTS = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Searches.",
           "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
                          "required": ["query"]}}}]
+RESPONSES_TOOLS = [{"type": "function", "name": "search", "description": "Searches.",
+                    "parameters": TOOLS[0]["function"]["parameters"]}]
 
 
 def start(cmd, env=None, quiet=False, preexec=None):
@@ -122,12 +125,14 @@ class Client:
         call)."""
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, int(self.port), timeout=self.timeout)
-        if api == "responses":
+        if api in ("responses", "responses_agent"):
             path, body = "/v1/responses", {"model": "chaos", "input": messages}
         else:
             path, body = "/v1/chat/completions", {"model": "chaos", "messages": messages}
         if api == "agent":
             body["tools"] = TOOLS
+        if api == "responses_agent":
+            body["tools"] = RESPONSES_TOOLS
         if stream:
             body["stream"] = True
         started = time.monotonic()
@@ -152,7 +157,9 @@ class Client:
             self.conn = None
         if status != 200:
             return "failed", None, elapsed, f"HTTP {status}: {data[:200]!r}"
-        if api == "responses":
+        if api == "responses_agent" and messages[-1].get("type") != "function_call_output":
+            return (*judge_responses_call(data, stream), elapsed, data[:300])
+        if api in ("responses", "responses_agent"):
             return (*judge_responses(data, stream), elapsed, data[:300])
         if api == "agent" and messages[-1]["role"] != "tool":
             return (*judge_call(data, stream), elapsed, data[:300])
@@ -252,6 +259,47 @@ def judge_call(data, stream):
                   "function": {"name": c["name"], "arguments": c["arguments"]}}
 
 
+def judge_responses_call(data, stream):
+    """Sorts a 200 answer of `/v1/responses` that must call `search` with {"query": "answer"}
+    (as [`judge_call`] does chat's); returns (verdict, the `function_call` item)."""
+    last, error = None, None
+    if not stream:
+        try:
+            last = {"type": "response.completed", "response": json.loads(data)}
+        except ValueError:
+            return "silent_bad", None
+    else:
+        for line in data.decode("utf-8", "replace").splitlines():
+            if not line.startswith("data:"):
+                continue
+            try:
+                e = json.loads(line[5:].strip())
+            except ValueError:
+                return "silent_bad", None
+            if e.get("type") == "error" or "error" in e:
+                error = e
+            elif e.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+                last = e
+    response = (last or {}).get("response") or {}
+    status = (response.get("selfheal") or {}).get("status")
+    if error is not None or status not in (None, "complete"):
+        return "flagged", None
+    calls = [o for o in response.get("output") or [] if o.get("type") == "function_call"]
+    try:
+        args = [json.loads(c.get("arguments") or "") for c in calls]
+    except ValueError:
+        return "silent_bad", None
+    ok = last is not None and last["type"] == "response.completed" \
+        and response.get("status") == "completed" and status == "complete" and len(calls) == 1 \
+        and calls[0].get("name") == "search" and args == [{"query": "answer"}] \
+        and calls[0].get("call_id")
+    if not ok:
+        return "silent_bad", None
+    c = calls[0]
+    return "ok", {"type": "function_call", "call_id": c["call_id"], "name": c["name"],
+                  "arguments": c["arguments"]}
+
+
 def judge_responses(data, stream):
     """Sorts a 200 answer of `/v1/responses`, as [`judge`] does chat's."""
     if not stream:
@@ -332,7 +380,7 @@ def run(name, url, requests, turns, threads, timeout):
         # One conversation in four speaks the Responses API, one in four is an agent with a
         # tool (each of its turns a call, then the answer to its result); streaming or not, as
         # the others.
-        api = {3: "responses", 1: "agent"}.get((i // 2) % 4, "chat")
+        api = {3: "responses", 7: "responses_agent", 1: "agent", 5: "agent"}.get((i // 2) % 8, "chat")
         messages = [{"role": "user", "content": f"{name} {i} {uuid.uuid4()}"}]
         out = []
         for t in range(turns):
@@ -344,6 +392,13 @@ def run(name, url, requests, turns, threads, timeout):
                 messages = messages + [
                     {"role": "assistant", "content": None, "tool_calls": [call]},
                     {"role": "tool", "tool_call_id": call["id"], "content": "ok: 42"}]
+            if api == "responses_agent":
+                verdict, call, elapsed, detail = c.ask(messages, stream, api)
+                out.append((verdict, stream, elapsed, detail, api))
+                if call is None:
+                    break
+                messages = messages + [call, {"type": "function_call_output",
+                                              "call_id": call["call_id"], "output": "ok: 42"}]
             verdict, text, elapsed, detail = c.ask(messages, stream, api)
             out.append((verdict, stream, elapsed, detail, api))
             messages = messages + [{"role": "assistant", "content": text or ""},
@@ -361,7 +416,7 @@ def report(name, results, wall, faults):
     for verdict, stream, _, _, _ in results:
         by.setdefault(verdict, [0, 0])[int(stream)] += 1
     lat = sorted(r[2] for r in results)
-    responses = [r for r in results if r[4] == "responses"]
+    responses = [r for r in results if r[4] in ("responses", "responses_agent")]
     line = {"scenario": name, "requests": len(results),
             "streaming": sum(1 for r in results if r[1]), "faults_injected": faults,
             **{k: by.get(k, [0, 0])[0] + by.get(k, [0, 0])[1]
@@ -371,8 +426,9 @@ def report(name, results, wall, faults):
             "responses_api": len(responses),
             "responses_streaming": sum(1 for r in responses if r[1]),
             "responses_ok": sum(1 for r in responses if r[0] == "ok"),
-            "agent_requests": sum(1 for r in results if r[4] == "agent"),
-            "agent_ok": sum(1 for r in results if r[4] == "agent" and r[0] == "ok"),
+            "agent_requests": sum(1 for r in results if r[4] in ("agent", "responses_agent")),
+            "agent_ok": sum(1 for r in results if r[4] in ("agent", "responses_agent")
+                            and r[0] == "ok"),
             "p50_ms": round(statistics.median(lat) * 1000, 1),
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 1),
             "wall_s": round(wall, 1)}

@@ -58,9 +58,9 @@ def test_slowloris_with_few_file_descriptors_still_serves_and_stops_in_time(upst
 
 def test_faults_small_chat_and_responses_streams_are_all_healed(upstreams, tmp_path):
     """scripts/chaos.py's faults scenario at CI size: 160 conversations of one turn from 8
-    threads, half streaming, a quarter through `/v1/responses`, a quarter agents with a tool
-    (a call, then the answer to its result: 200 requests); every call and answer whole, none
-    flagged or hung."""
+    threads, half streaming; a quarter through `/v1/responses` (half of them agents), a quarter
+    agents on chat completions (an agent's turn is its call, then the answer to its result:
+    220 requests); every call and answer whole, none flagged or hung."""
     faulty, healthy = upstreams
     gw_p, url = chaos.gateway(BIN, faulty, healthy, tmp_path)
     try:
@@ -71,6 +71,6 @@ def test_faults_small_chat_and_responses_streams_are_all_healed(upstreams, tmp_p
         gw_p.terminate()
         gw_p.wait(timeout=30)
     assert line["faults_injected"] >= 16, line
-    assert line["ok"] == line["requests"] == 200, line
-    assert line["responses_streaming"] == 20 and line["responses_ok"] == 40, line
-    assert line["agent_requests"] == line["agent_ok"] == 80, line
+    assert line["ok"] == line["requests"] == 220, line
+    assert line["responses_streaming"] == 30 and line["responses_ok"] == 60, line
+    assert line["agent_requests"] == line["agent_ok"] == 120, line

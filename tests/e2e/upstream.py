@@ -220,11 +220,14 @@ class Handler(BaseHTTPRequestHandler):
                 if step["kind"] == "auto":
                     step = {"kind": "ok"}
                     if STATE.chaos:
+                        # Under chaos the answer is the chat auto model's (after a stall too):
+                        # with tools offered, the stuck model's (a call, then the answer).
+                        model = stuck_responses_step(body) if body.get("tools") else {}
                         rng, rate, kinds = STATE.chaos
                         if rng.random() < rate:
                             step = dict(rng.choice(kinds))
                             STATE.faults += 1
-                        # Under chaos the answer is the chat auto model's (after a stall too).
+                        step = {**model, **step} if step["kind"] != "ok" else {**step, **model}
                         step.setdefault("content", "The answer is 42.")
             self.answer_responses(body, step)
             return
@@ -365,11 +368,19 @@ class Handler(BaseHTTPRequestHandler):
             return
         if kind == "hang" or (kind == "stall_after_role" and not body.get("stream")):
             time.sleep(step["seconds"])
-            kind = "ok"
+            kind = "tool" if "name" in step else "ok"
         if self.common_fault(kind, body.get("stream")):
             return
-        if kind in ("tool_cut", "tool_length"):  # no tools in these conversations
+        if kind in ("empty_stream", "role_then_cut") and not body.get("stream"):
+            kind = "empty"  # the stream faults, asked without streaming: an empty 200
+        if kind in ("tool_cut", "tool_length") and "name" not in step:  # no call to cut
             kind = "role_then_cut" if body.get("stream") else "empty"
+        elif kind == "tool_length":  # the call cut by max_output_tokens inside its arguments
+            kind = "incomplete"
+            step = dict(step, arguments=step["arguments"][:len(step["arguments"]) // 2])
+        elif kind == "tool_cut" and not body.get("stream"):
+            self.bad_json()
+            return
         if kind == "empty":
             self.send_response(200)
             self.send_header("content-type", "application/json")
@@ -378,7 +389,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         status, details = "completed", None
         text = step.get("content", "hi from responses")
-        if kind in ("tool", "incomplete"):
+        if kind in ("tool", "incomplete", "tool_cut") or (kind == "json" and "name" in step):
             item = {"type": "function_call", "id": "fc_stub", "call_id": step.get("call_id", "call_stub"),
                     "name": step["name"], "arguments": step["arguments"], "status": "completed"}
             if kind == "incomplete":
@@ -433,6 +444,8 @@ class Handler(BaseHTTPRequestHandler):
             for part in (args[:len(args) // 2], args[len(args) // 2:]):
                 event({"type": "response.function_call_arguments.delta", "item_id": "fc_stub",
                        "output_index": 0, "delta": part})
+                if kind == "tool_cut":  # the connection closes inside the arguments
+                    return
             if kind == "incomplete":  # cut by max_output_tokens inside the arguments
                 event({"type": "response.incomplete", "response": whole})
                 return
