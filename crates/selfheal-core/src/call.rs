@@ -28,6 +28,8 @@
 //!   escalation budget refused is taken anyway (and recorded as usage, so it shows): the budget
 //!   governs what the agent spends on its own failures, and a provider outage is not one. A
 //!   target whose breaker is open is skipped without a charge, unless it is the last one left.
+//!   Likewise a stream the upstream broke before any content is re-issued when the policy
+//!   would retry it but the budget refused ([`decide_stream`]).
 //! - **Each target gets its own ladder.** Falling back starts the new target's failure at the
 //!   ladder's first rung; every attempt on every target is still charged to the one ledger.
 //! - **An open circuit is not retried**: when a target's breaker (the plan's own, or one the
@@ -570,7 +572,8 @@ pub struct CallDecision {
     pub charge: crate::budget::Amounts,
     /// The failure's ladder state after it.
     pub next: LadderState,
-    /// A fall-back taken although the escalation budget was spent.
+    /// An action taken although the budget refused it: a fall-back on a call, a re-issue of
+    /// a stream broken before any content ([`decide_stream`]).
     pub forced: bool,
 }
 
