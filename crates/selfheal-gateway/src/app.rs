@@ -414,7 +414,7 @@ fn responses_tools(req: &serde_json::Map<String, Value>) -> ToolIndex {
         .into_iter()
         .flatten()
     {
-        if t.get("type").and_then(Value::as_str) != Some("function") {
+        if crate::heal::item_type(t) != Some("function") {
             continue;
         }
         let Some(name) = t.get("name").and_then(Value::as_str) else {
@@ -1119,7 +1119,7 @@ fn responses_calls(response: &Value) -> bool {
         .and_then(Value::as_array)
         .is_some_and(|o| {
             o.iter()
-                .any(|i| i.get("type").and_then(Value::as_str) == Some("function_call"))
+                .any(|i| crate::heal::item_type(i) == Some("function_call"))
         })
 }
 
@@ -2146,7 +2146,7 @@ fn replace_outputs(req: &mut serde_json::Map<String, Value>, replaced: &[(String
         return;
     };
     for item in items {
-        if item.get("type").and_then(Value::as_str) != Some("function_call_output") {
+        if crate::heal::item_type(item) != Some("function_call_output") {
             continue;
         }
         let Some(id) = item.get("call_id").and_then(Value::as_str) else {

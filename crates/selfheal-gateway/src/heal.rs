@@ -906,8 +906,9 @@ pub fn take_calls(
     problems
 }
 
-/// The `type` of a Responses item.
-fn item_type(item: &Value) -> Option<&str> {
+/// The `type` of a JSON object (a Responses item or event, a tool definition, a content part):
+/// the one spelling of that read.
+pub(crate) fn item_type(item: &Value) -> Option<&str> {
     item.get("type").and_then(Value::as_str)
 }
 

@@ -410,7 +410,7 @@ pub fn take_ungrounded(
 ) -> Vec<crate::heal::Problem> {
     let mut problems = Vec::new();
     calls.retain(|c| {
-        let item = c.get("type").and_then(Value::as_str) == Some("function_call");
+        let item = crate::heal::item_type(c) == Some("function_call");
         let field = |f: &str| {
             if item {
                 c.get(f)
@@ -539,7 +539,7 @@ pub fn responses_evidence(
         Some(Value::String(t)) => out.push(Value::String(t.clone())),
         Some(Value::Array(items)) => {
             for item in items {
-                if item.get("type").and_then(Value::as_str) == Some("function_call_output") {
+                if crate::heal::item_type(item) == Some("function_call_output") {
                     let Some(t) = item.get("output").and_then(Value::as_str) else {
                         continue;
                     };

@@ -145,7 +145,7 @@ pub fn check_response(answer: &mut Value, tools: &ToolIndex, guides: &GuideCache
         return out;
     };
     items.retain_mut(|item| {
-        if item.get("type").and_then(Value::as_str) != Some("function_call") {
+        if crate::heal::item_type(item) != Some("function_call") {
             return true;
         }
         let name = item.get("name").and_then(Value::as_str).unwrap_or("");
@@ -263,13 +263,13 @@ fn frame(v: &Value) -> Frame {
 fn is_preamble(v: &Value) -> bool {
     let empty_message = |item: Option<&Value>| {
         item.is_some_and(|i| {
-            i.get("type").and_then(Value::as_str) == Some("message")
+            crate::heal::item_type(i) == Some("message")
                 && i.get("content")
                     .and_then(Value::as_array)
                     .is_none_or(Vec::is_empty)
         })
     };
-    match v.get("type").and_then(Value::as_str) {
+    match crate::heal::item_type(v) {
         Some("response.created" | "response.in_progress" | "response.queued") => true,
         Some("response.output_item.added") => empty_message(v.get("item")),
         Some("response.content_part.added") => v
@@ -371,7 +371,7 @@ impl Relay<'_> {
             ));
         };
         // Every Responses event is an object with a `type`: anything else is not passed on.
-        let Some(ty) = v.get("type").and_then(Value::as_str).map(str::to_owned) else {
+        let Some(ty) = crate::heal::item_type(&v).map(str::to_owned) else {
             return Ok(Flow::Broken(
                 "upstream sent a stream event without a `type`".into(),
             ));
@@ -755,7 +755,7 @@ impl Relay<'_> {
 
 /// Whether an output item is a `function_call`.
 fn is_call(item: &Value) -> bool {
-    item.get("type").and_then(Value::as_str) == Some("function_call")
+    crate::heal::item_type(item) == Some("function_call")
 }
 
 /// The message text of an error object (or its JSON).
@@ -775,7 +775,7 @@ fn new_items(response: &Value) -> Vec<Value> {
     let of = |kind: &str| -> Vec<Value> {
         items
             .iter()
-            .filter(|i| i.get("type").and_then(Value::as_str) == Some(kind))
+            .filter(|i| crate::heal::item_type(i) == Some(kind))
             .cloned()
             .collect()
     };
@@ -793,7 +793,7 @@ pub fn item_events(item: &Value, index: u64) -> Vec<Value> {
     let id = item.get("id").cloned().unwrap_or(Value::Null);
     let mut added = item.clone();
     let mut out = Vec::new();
-    match item.get("type").and_then(Value::as_str) {
+    match crate::heal::item_type(item) {
         Some("function_call") => {
             let args = item.get("arguments").and_then(Value::as_str).unwrap_or("");
             if let Some(o) = added.as_object_mut() {
@@ -834,9 +834,7 @@ pub fn item_events(item: &Value, index: u64) -> Vec<Value> {
                 }
                 out.push(json!({"type": "response.content_part.added", "item_id": id,
                                 "output_index": index, "content_index": ci, "part": empty}));
-                if let (Some(text), Some("output_text")) =
-                    (text, part.get("type").and_then(Value::as_str))
-                {
+                if let (Some(text), Some("output_text")) = (text, crate::heal::item_type(part)) {
                     out.push(json!({"type": "response.output_text.delta", "item_id": id,
                                     "output_index": index, "content_index": ci,
                                     "delta": text, "logprobs": []}));

@@ -167,7 +167,7 @@ impl Responded {
         let mut bytes = 0;
         let items = response.get("output").and_then(Value::as_array);
         for item in items.into_iter().flatten() {
-            if item.get("type").and_then(Value::as_str) != Some("function_call") {
+            if crate::heal::item_type(item) != Some("function_call") {
                 continue;
             }
             let text = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or("");
@@ -191,7 +191,7 @@ impl Responded {
         use serde_json::Value;
         let mut results = 0;
         for item in input {
-            match item.get("type").and_then(Value::as_str) {
+            match crate::heal::item_type(item) {
                 Some("function_call") => return false,
                 Some("function_call_output") => {
                     let id = item.get("call_id").and_then(Value::as_str);
