@@ -10,7 +10,8 @@ The scenarios, one after the other, each on a fresh gateway:
            a stall past the first-byte timeout, a connection reset, a 200 whose JSON is cut or
            is an error object, a stream that stalls past the idle timeout after the role, one
            with an event that is not JSON, one that opens with an error event, one that ends
-           with [DONE] and no finish, a tool call cut inside its arguments or by `length`;
+           with [DONE] and no finish, a tool call cut inside its arguments or by `length`, a
+           200 whose `choices` is an object, an HTML page behind a 200;
            seeded), half the requests streaming, every turn a new conversation; one
            conversation in four speaks the Responses API (`/v1/responses`, streaming or not),
            half of those agents with a tool, and one in four is an agent on chat completions
@@ -84,7 +85,14 @@ FAULTS = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
           {"kind": "reset"}, {"kind": "bad_json"}, {"kind": "error_body"},
           {"kind": "stall_after_role", "seconds": 2.0}, {"kind": "bad_chunk"},
           {"kind": "error_first"}, {"kind": "done_no_finish"}, {"kind": "tool_cut"},
-          {"kind": "tool_length"}]
+          {"kind": "tool_length"},
+          # A 200 whose JSON has the wrong shape (a pointer would read it as a list), and an
+          # HTML error page behind a 200.
+          {"kind": "raw", "body": json.dumps({"object": "chat.completion", "choices": {"0": {
+              "index": 0, "message": {"role": "assistant", "content": "shape"},
+              "finish_reason": "stop"}}})},
+          {"kind": "raw", "body": "<html><body>502 Bad Gateway</body></html>",
+           "content_type": "text/html"}]
 # The tool the agent conversations offer; the stub's model calls it with {"query": "answer"}
 # and answers once it has a result that starts with "ok:".
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Searches.",

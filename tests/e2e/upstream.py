@@ -23,6 +23,8 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
   "error_body")
 | {"kind": "done_no_finish"} (a stream: the role delta, then [DONE] with no finish_reason;
   without `stream`: as "empty")
+| {"kind": "raw", "body": str, "content_type": str?} (200 with exactly this body; on
+  `/v1/responses` too)
 | {"kind": "tool_cut"} (when the model would call a tool: a stream cut inside the call's
   arguments, or without `stream` "bad_json"; otherwise as "role_then_cut" or "empty")
 | {"kind": "tool_length"} (when the model would call a tool: the call with half its arguments
@@ -162,6 +164,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def raw(self, step):
+        """200 with exactly the step's body."""
+        data = step["body"].encode()
+        self.send_response(200)
+        self.send_header("content-type", step.get("content_type", "application/json"))
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def common_fault(self, kind, stream):
         """Answers the faults chat and Responses share; False when `kind` is not one of them."""
         if kind == "reset":
@@ -260,6 +271,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, completion({"role": "assistant", "content": "late"}, "stop"))
             return
         if self.common_fault(kind, body.get("stream")):
+            return
+        if kind == "raw":
+            self.raw(step)
             return
         if kind in ("tool_cut", "tool_length"):
             message = auto_reply(body)
@@ -370,6 +384,9 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(step["seconds"])
             kind = "tool" if "name" in step else "ok"
         if self.common_fault(kind, body.get("stream")):
+            return
+        if kind == "raw":
+            self.raw(step)
             return
         if kind in ("empty_stream", "role_then_cut") and not body.get("stream"):
             kind = "empty"  # the stream faults, asked without streaming: an empty 200

@@ -300,14 +300,25 @@ impl ModelClient {
 }
 
 /// Decodes and checks a chat-completion body: whitespace only, no choice, or a choice with
-/// neither content nor tool calls is [`ClientError::EmptyResponse`].
+/// neither content nor tool calls is [`ClientError::EmptyResponse`]; `choices` that is not a
+/// list, or a first choice whose `message` is not an object, is [`ClientError::Decode`] (a
+/// JSON pointer would read `{"choices": {"0": ...}}` as if it were a list: a guess, refused).
 pub fn parse_completion(bytes: &[u8]) -> Result<Completion, ClientError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ClientError::EmptyResponse);
     }
     let body: Value =
         serde_json::from_slice(bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
-    let message = body.at("/choices/0/message");
+    let choice = match body.get("choices") {
+        Some(Value::Array(choices)) => choices.first(),
+        None | Some(Value::Null) => None,
+        Some(_) => return Err(ClientError::Decode("`choices` is not a list".into())),
+    };
+    let message = match choice.and_then(|c| c.get("message")) {
+        Some(m @ Value::Object(_)) => Some(m),
+        None | Some(Value::Null) => None,
+        Some(_) => return Err(ClientError::Decode("`message` is not an object".into())),
+    };
     let has_content = message
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
@@ -390,6 +401,36 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Clie
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// An answer whose shape a JSON pointer would read past (`choices` an object keyed "0", a
+    /// `message` that is a string) is a decode error, not an answer; an answer with no choice
+    /// or an empty message is empty; a well-formed one parses.
+    #[test]
+    fn only_a_list_of_choices_with_an_object_message_is_an_answer() {
+        let msg = json!({"role": "assistant", "content": "x"});
+        for odd in [
+            json!({"choices": {"0": {"message": msg}}}),
+            json!({"choices": "none"}),
+            json!({"choices": [{"message": "x"}]}),
+        ] {
+            let r = parse_completion(odd.to_string().as_bytes());
+            assert!(matches!(r, Err(ClientError::Decode(_))), "{odd}: {r:?}");
+        }
+        for empty in [
+            json!({"choices": []}),
+            json!({"choices": null}),
+            json!({"choices": [{"message": null}]}),
+        ] {
+            let r = parse_completion(empty.to_string().as_bytes());
+            assert!(
+                matches!(r, Err(ClientError::EmptyResponse)),
+                "{empty}: {r:?}"
+            );
+        }
+        let ok = json!({"choices": [{"message": msg}], "usage": {"total_tokens": 7}});
+        let c = parse_completion(ok.to_string().as_bytes()).unwrap();
+        assert_eq!(c.tokens, 7);
+    }
 
     #[test]
     fn content_null_beside_tool_calls_is_normalised() {
