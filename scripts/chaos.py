@@ -11,7 +11,8 @@ The scenarios, one after the other, each on a fresh gateway:
            is an error object, a stream that stalls past the idle timeout after the role, one
            with an event that is not JSON, one that opens with an error event, one that ends
            with [DONE] and no finish, a tool call cut inside its arguments or by `length`, a
-           200 whose `choices` is an object, an HTML page behind a 200;
+           200 whose `choices` is an object (whole or streamed), an HTML page behind a 200, a
+           stream that finishes with nothing but the role;
            seeded), half the requests streaming, every turn a new conversation; one
            conversation in four speaks the Responses API (`/v1/responses`, streaming or not),
            half of those agents with a tool, and one in four is an agent on chat completions
@@ -92,7 +93,17 @@ FAULTS = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
               "index": 0, "message": {"role": "assistant", "content": "shape"},
               "finish_reason": "stop"}}})},
           {"kind": "raw", "body": "<html><body>502 Bad Gateway</body></html>",
-           "content_type": "text/html"}]
+           "content_type": "text/html"},
+          # A stream that finishes with nothing in it but the role, and one whose `choices` is
+          # an object (sent whatever was asked: to a non-streaming request it is a fault too).
+          {"kind": "raw", "content_type": "text/event-stream", "body":
+              'data: {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, '
+              '"delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}\n\n'
+              'data: {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, '
+              '"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'},
+          {"kind": "raw", "content_type": "text/event-stream", "body":
+              'data: {"id": "x", "object": "chat.completion.chunk", "choices": {"0": {"index": 0, '
+              '"delta": {"content": "shape"}, "finish_reason": "stop"}}}\n\ndata: [DONE]\n\n'}]
 # The tool the agent conversations offer; the stub's model calls it with {"query": "answer"}
 # and answers once it has a result that starts with "ok:".
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Searches.",

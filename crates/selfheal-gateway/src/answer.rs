@@ -174,6 +174,7 @@ enum Field {
     Function,
     Name,
     Arguments,
+    Id,
     Other,
 }
 
@@ -196,6 +197,7 @@ impl<'de> Deserialize<'de> for Field {
                     "function" => Field::Function,
                     "name" => Field::Name,
                     "arguments" => Field::Arguments,
+                    "id" => Field::Id,
                     _ => Field::Other,
                 })
             }
@@ -360,7 +362,8 @@ impl<'de> Deserialize<'de> for ContentScan {
     }
 }
 
-/// One tool call: its `function`, every other value checked.
+/// One tool call: its `function`, every other value checked. A call without a non-empty string
+/// `id` is not plain: the slow path gives it one ([`heal::ensure_id`]).
 struct CallScan {
     function: FunctionScan,
 }
@@ -375,13 +378,18 @@ impl<'de> Deserialize<'de> for CallScan {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CallScan, A::Error> {
                 let mut function: Option<FunctionScan> = None;
+                let mut id: Option<IdScan> = None;
                 while let Some(key) = map.next_key::<Field>()? {
                     match key {
                         Field::Function => once(&mut function, map.next_value()?)?,
+                        Field::Id => once(&mut id, map.next_value()?)?,
                         _ => {
                             map.next_value::<Checked>()?;
                         }
                     }
+                }
+                if id.is_none() {
+                    return Err(de::Error::missing_field("id"));
                 }
                 Ok(CallScan {
                     function: function.ok_or_else(|| de::Error::missing_field("function"))?,
@@ -389,6 +397,29 @@ impl<'de> Deserialize<'de> for CallScan {
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+/// A call's `id`: a string with something in it (anything else fails the scan).
+struct IdScan;
+
+impl<'de> Deserialize<'de> for IdScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = IdScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a non-empty string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<IdScan, E> {
+                if v.is_empty() {
+                    Err(E::custom("empty id"))
+                } else {
+                    Ok(IdScan)
+                }
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 

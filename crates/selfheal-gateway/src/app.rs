@@ -458,13 +458,7 @@ fn responses_json_op<'c>(
     Box::pin(async move {
         let resp = c.send("responses", b, cr).await?;
         let bytes = crate::upstream::read_bounded(resp, c.max_body()).await?;
-        let v: Value =
-            serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
-        if v.get("output").is_some_and(Value::is_array) {
-            Ok(v)
-        } else {
-            Err(ClientError::Decode("a response without `output`".into()))
-        }
+        responses_stream::read_response(&bytes)
     })
 }
 

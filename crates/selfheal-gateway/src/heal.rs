@@ -906,6 +906,41 @@ pub fn take_calls(
     problems
 }
 
+/// Gives a tool call (`key`: chat's `id`, a Responses item's `call_id`) an id when its model
+/// sent none, or an empty or non-string one, as some OpenAI-compatible servers do: without one
+/// the client cannot send the call's result back (a number becomes its digits as a string). The id names the call and says nothing the
+/// model wrote; it is unique in this process and, through its start time, across restarts.
+/// Whether one was given.
+pub(crate) fn ensure_id(call: &mut Value, key: &str) -> bool {
+    let id = match call.get(key) {
+        Some(Value::String(id)) if !id.is_empty() => return false,
+        // A number names the call as well as its digits do.
+        Some(Value::Number(n)) => n.to_string(),
+        _ => fresh_call_id(),
+    };
+    let Some(o) = call.as_object_mut() else {
+        return false;
+    };
+    o.insert(key.into(), Value::String(id));
+    true
+}
+
+/// A new tool call id (see [`ensure_id`]).
+pub(crate) fn fresh_call_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    format!(
+        "call_selfheal_{start:x}_{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// The `type` of a JSON object (a Responses item or event, a tool definition, a content part):
 /// the one spelling of that read.
 pub(crate) fn item_type(item: &Value) -> Option<&str> {
@@ -933,6 +968,7 @@ pub fn check_message(
     // A call that cannot be used is never forwarded: it is taken out of the message (the
     // caller re-asks, or answers `partial` with the reasons).
     calls.retain_mut(|c| {
+        ensure_id(c, "id");
         let name = c
             .at("/function/name")
             .and_then(Value::as_str)
@@ -1424,6 +1460,36 @@ mod tests {
                 "{n} turns"
             );
         }
+    }
+
+    /// A call its model sent without an id (or with an empty one) gets one, unique per call; a
+    /// number becomes its digits; an id it has is kept.
+    #[test]
+    fn a_call_without_an_id_gets_one() {
+        let bytes = request(json!([{"role": "user", "content": "x"}]));
+        let req = ChatRequest::parse(&bytes).unwrap();
+        let idx = tool_index(&req);
+        let call = |id: Option<Value>| {
+            let mut c = json!({"type": "function",
+                               "function": {"name": "search", "arguments": "{\"q\": \"x\"}"}});
+            if let Some(id) = id {
+                c["id"] = id;
+            }
+            c
+        };
+        let mut message = json!({"role": "assistant", "content": null, "tool_calls": [
+            call(None), call(Some(json!(""))), call(Some(json!(7))), call(Some(json!("c1")))]});
+        let check = check_message(&mut message, &idx, &GuideCache::default(), Ending::Finished);
+        assert!(check.invalid.is_empty(), "{check:?}");
+        let ids: Vec<&str> = message["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap())
+            .collect();
+        assert!(ids[0].starts_with("call_selfheal_") && ids[1].starts_with("call_selfheal_"));
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!(&ids[2..], ["7", "c1"]);
     }
 
     /// A conversation of `turns` turns, each the same call with the same result: between the

@@ -117,6 +117,7 @@ fn check_item(
         .unwrap_or("")
         .to_owned();
     let cut = !finished || item.get("status").and_then(Value::as_str) == Some("incomplete");
+    crate::heal::ensure_id(item, "call_id");
     if cut {
         return Err(Problem::arguments(
             ArgumentsError::CutOff.reask_message("", &name),
@@ -391,6 +392,15 @@ impl Relay<'_> {
                 return Ok(Flow::Broken(format!("upstream stream error: {m}")));
             }
             "response.completed" | "response.incomplete" => {
+                // Nothing went out and the response holds no answer: an empty answer, broken
+                // like a stream that ended early (re-issued while nothing but the preamble
+                // went out).
+                if !self.sent && self.calls.is_empty() && !v.get("response").is_some_and(has_answer)
+                {
+                    return Ok(Flow::Broken(
+                        "upstream ended the response without an answer".into(),
+                    ));
+                }
                 self.finish(v).await?;
                 return Ok(Flow::Done);
             }
@@ -640,15 +650,8 @@ impl Relay<'_> {
     async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
             .await
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
-            .and_then(|v| {
-                if v.get("output").is_some_and(Value::is_array) {
-                    Ok(v)
-                } else {
-                    Err("a response without `output`".to_owned())
-                }
-            });
+            .and_then(|b| read_response(&b))
+            .map_err(|e| e.to_string());
         let mut response = match parsed {
             Ok(v) => v,
             Err(e) => {
@@ -759,6 +762,63 @@ fn is_call(item: &Value) -> bool {
 }
 
 /// The message text of an error object (or its JSON).
+/// Reads a whole Responses answer (a non-streaming one, or one sent to a streaming request): an
+/// object with an `output` list that holds an answer ([`has_answer`]). A `failed` response is
+/// the upstream's server error (its message kept); an empty one is empty; any other shape
+/// cannot be decoded. The one check for both, so the call plan retries or falls back alike.
+///
+/// # Errors
+///
+/// As above.
+pub(crate) fn read_response(bytes: &[u8]) -> Result<Value, selfheal_runtime::client::ClientError> {
+    use selfheal_runtime::client::ClientError;
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
+    if v.get("status").and_then(Value::as_str) == Some("failed") {
+        let message = v
+            .get("error")
+            .filter(|e| !e.is_null())
+            .map_or_else(|| "the response failed".to_owned(), message_of);
+        return Err(ClientError::Status {
+            status: 500,
+            retry_after_ms: None,
+            message,
+        });
+    }
+    if !v.get("output").is_some_and(Value::is_array) {
+        return Err(ClientError::Decode("a response without `output`".into()));
+    }
+    if !has_answer(&v) {
+        return Err(ClientError::EmptyResponse);
+    }
+    Ok(v)
+}
+
+/// Whether a response's `output` holds an answer: an item other than a message or reasoning
+/// (a function call, a built-in tool's call), or a message with text or a refusal in it. An
+/// empty list, or only empty messages and reasoning, is no answer.
+pub(crate) fn has_answer(response: &Value) -> bool {
+    let said = |part: &Value| {
+        ["text", "refusal"].iter().any(|k| {
+            part.get(*k)
+                .and_then(Value::as_str)
+                .is_some_and(|t| !t.trim().is_empty())
+        })
+    };
+    response
+        .get("output")
+        .and_then(Value::as_array)
+        .is_some_and(|items| {
+            items.iter().any(|i| match crate::heal::item_type(i) {
+                Some("message") => i
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .is_some_and(|parts| parts.iter().any(said)),
+                Some("reasoning") => false,
+                _ => true,
+            })
+        })
+}
+
 fn message_of(e: &Value) -> String {
     e.get("message")
         .and_then(Value::as_str)

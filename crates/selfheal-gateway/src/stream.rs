@@ -557,6 +557,17 @@ impl Relay<'_> {
                 .map_or_else(|| e.to_string(), str::to_owned);
             return Ok(Flow::Broken(format!("upstream stream error: {message}")));
         }
+        // `choices` must be a list of objects: read as a pointer would read it, `{"0": ...}`
+        // would pass for a list and go to the client as it came.
+        match v.get("choices") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(c)) if c.iter().all(Value::is_object) => {}
+            Some(_) => {
+                return Ok(Flow::Broken(
+                    "upstream sent a stream chunk whose `choices` is not a list of choices".into(),
+                ));
+            }
+        }
         if self.template.is_none() {
             self.template = Some(v.clone());
         }
@@ -591,6 +602,20 @@ impl Relay<'_> {
             }
         }
         if let Some(finish) = finish {
+            // Nothing but the role went out, no call is held and this chunk says nothing: the
+            // answer is empty, as a whole answer with no content is, and is re-issued.
+            let says = v
+                .at("/choices/0/delta")
+                .and_then(Value::as_object)
+                .is_some_and(|d| {
+                    d.iter()
+                        .any(|(k, x)| k != "role" && !x.is_null() && (k != "content" || x != ""))
+                });
+            if !self.sent && self.pending.is_empty() && !says {
+                return Ok(Flow::Broken(
+                    "upstream finished the answer without content or a tool call".into(),
+                ));
+            }
             self.finish(v, finish).await?;
             return Ok(Flow::Continue);
         }
@@ -749,7 +774,11 @@ fn complete_calls(
 ) -> (Vec<Value>, Vec<Problem>) {
     let mut out = Vec::new();
     let mut invalid = Vec::new();
-    for (idx, p) in std::mem::take(pending) {
+    for (idx, mut p) in std::mem::take(pending) {
+        if p.id.is_empty() {
+            // The model sent no id: the client needs one to send the result back.
+            p.id = crate::heal::fresh_call_id();
+        }
         let mut call = json!({
             "index": idx, "id": p.id, "type": "function",
             "function": {"name": p.name, "arguments": p.arguments}

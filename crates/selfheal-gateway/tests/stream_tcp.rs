@@ -149,22 +149,52 @@ async fn issue_13_the_error_event_arrives_before_a_clean_close() {
     );
 }
 
-/// Issue 13: `choices` sent as an object made the relay panic on `IndexMut`.
+/// Issue 13: `choices` sent as an object made the relay panic on `IndexMut`; then it went to
+/// the client as it came, a stream the client cannot read reported `complete`. Now it is a
+/// broken stream: nothing but it went out, so the request is re-issued and the client gets
+/// the second answer whole; the odd chunk's text never reaches it.
 #[tokio::test]
-async fn issue_13_choices_as_an_object_does_not_panic() {
-    let (up, _) = canned_upstream(vec![sse(&[
-        r#"{"id":"c","choices":{"0":{"delta":{"content":"odd"},"finish_reason":"stop"}}}"#,
-        "[DONE]",
-    ])])
+async fn issue_13_choices_as_an_object_is_a_broken_stream_reissued() {
+    let (up, seen) = canned_upstream(vec![
+        sse(&[
+            r#"{"id":"c","choices":{"0":{"delta":{"content":"odd"},"finish_reason":"stop"}}}"#,
+            "[DONE]",
+        ]),
+        json_answer(
+            r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"whole"},"finish_reason":"stop"}]}"#,
+        ),
+    ])
     .await;
     let url = start_gateway(up).await;
     let body = stream_body(&url).await.unwrap();
     let events = data_events(&body);
     assert_eq!(events.last(), Some(&"[DONE]"), "{body}");
-    assert!(
-        events.iter().any(|e| e.contains("\"selfheal\"")),
-        "the finish chunk carries the report: {body}"
-    );
+    assert!(!body.contains("odd"), "{body}");
+    assert!(body.contains("\"whole\""), "{body}");
+    assert!(body.contains("\"reissue\""), "{body}");
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+/// An answer that ends with nothing but the role sent (no content, no call) is empty, as a
+/// whole answer with no content is: re-issued, not relayed as a complete empty answer.
+#[tokio::test]
+async fn an_empty_streamed_answer_is_reissued() {
+    let (up, seen) = canned_upstream(vec![
+        sse(&[
+            r#"{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ]),
+        json_answer(
+            r#"{"id":"j","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"second"},"finish_reason":"stop"}]}"#,
+        ),
+    ])
+    .await;
+    let url = start_gateway(up).await;
+    let body = stream_body(&url).await.unwrap();
+    assert!(body.contains("\"second\""), "{body}");
+    assert!(body.contains("\"reissue\""), "{body}");
+    assert_eq!(seen.lock().unwrap().len(), 2);
 }
 
 #[tokio::test]
