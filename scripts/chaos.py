@@ -198,7 +198,26 @@ def judge(data, stream):
         if status != "complete":
             return "flagged", text
         return ("ok" if text == EXPECTED and finish == "stop" else "silent_bad"), text
-    text, finish, status, done, error = "", None, None, False, None
+    read = chat_stream(data)
+    if read is None:
+        return "silent_bad", None
+    text, finish, status, done, error = "", None, None, read[1], read[2]
+    for c in read[0]:
+        if c.get("selfheal"):
+            status = c["selfheal"].get("status")
+        for ch in choices_of(c):
+            text += (ch.get("delta") or {}).get("content") or ""
+            finish = ch.get("finish_reason") or finish
+    if error is not None or status not in (None, "complete"):
+        return "flagged", text
+    ok = done and finish == "stop" and status == "complete" and text.strip() == EXPECTED
+    return ("ok" if ok else "silent_bad"), text
+
+
+def chat_stream(data):
+    """A chat stream's chunks as a client reads them: (chunks, whether [DONE] came, the error
+    event's error or None); None when an event is not JSON."""
+    chunks, done, error = [], False, None
     for line in data.decode("utf-8", "replace").splitlines():
         if not line.startswith("data:"):
             continue
@@ -209,19 +228,19 @@ def judge(data, stream):
         try:
             c = json.loads(payload)
         except ValueError:
-            return "silent_bad", text
+            return None
         if "error" in c:
             error = c["error"]
-            continue
-        if c.get("selfheal"):
-            status = c["selfheal"].get("status")
-        for ch in c.get("choices") or []:
-            text += (ch.get("delta") or {}).get("content") or ""
-            finish = ch.get("finish_reason") or finish
-    if error is not None or status not in (None, "complete"):
-        return "flagged", text
-    ok = done and finish == "stop" and status == "complete" and text.strip() == EXPECTED
-    return ("ok" if ok else "silent_bad"), text
+        else:
+            chunks.append(c)
+    return chunks, done, error
+
+
+def choices_of(chunk):
+    """A chunk's choices; a `choices` that is not a list of objects is none (the answer then
+    reads as wrong, never as right)."""
+    choices = chunk.get("choices")
+    return [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
 
 
 def judge_call(data, stream):
@@ -239,23 +258,14 @@ def judge_call(data, stream):
         except (ValueError, KeyError, IndexError, TypeError):
             return "silent_bad", None
     else:
-        for line in data.decode("utf-8", "replace").splitlines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                done = True
-                continue
-            try:
-                c = json.loads(payload)
-            except ValueError:
-                return "silent_bad", None
-            if "error" in c:
-                error = c["error"]
-                continue
+        read = chat_stream(data)
+        if read is None:
+            return "silent_bad", None
+        done, error = read[1], read[2]
+        for c in read[0]:
             if c.get("selfheal"):
                 status = c["selfheal"].get("status")
-            for ch in c.get("choices") or []:
+            for ch in choices_of(c):
                 for d in (ch.get("delta") or {}).get("tool_calls") or []:
                     call = calls.setdefault(d.get("index", 0), {"id": None, "name": "", "arguments": ""})
                     call["id"] = d.get("id") or call["id"]
@@ -278,6 +288,19 @@ def judge_call(data, stream):
                   "function": {"name": c["name"], "arguments": c["arguments"]}}
 
 
+def responses_stream(data):
+    """A Responses event stream's events (each `data:` line); None when one is not JSON."""
+    events = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data:"):
+            continue
+        try:
+            events.append(json.loads(line[5:].strip()))
+        except ValueError:
+            return None
+    return events
+
+
 def judge_responses_call(data, stream):
     """Sorts a 200 answer of `/v1/responses` that must call `search` with {"query": "answer"}
     (as [`judge_call`] does chat's); returns (verdict, the `function_call` item)."""
@@ -288,13 +311,10 @@ def judge_responses_call(data, stream):
         except ValueError:
             return "silent_bad", None
     else:
-        for line in data.decode("utf-8", "replace").splitlines():
-            if not line.startswith("data:"):
-                continue
-            try:
-                e = json.loads(line[5:].strip())
-            except ValueError:
-                return "silent_bad", None
+        events = responses_stream(data)
+        if events is None:
+            return "silent_bad", None
+        for e in events:
             if e.get("type") == "error" or "error" in e:
                 error = e
             elif e.get("type") in ("response.completed", "response.incomplete", "response.failed"):
@@ -333,13 +353,10 @@ def judge_responses(data, stream):
             return "flagged", text
         return ("ok" if text == EXPECTED and state == "completed" else "silent_bad"), text
     text, last, error = "", None, None
-    for line in data.decode("utf-8", "replace").splitlines():
-        if not line.startswith("data:"):
-            continue
-        try:
-            e = json.loads(line[5:].strip())
-        except ValueError:
-            return "silent_bad", text
+    events = responses_stream(data)
+    if events is None:
+        return "silent_bad", text
+    for e in events:
         if e.get("type") == "error" or "error" in e:
             error = e
         elif e.get("type") == "response.output_text.delta":

@@ -595,25 +595,36 @@ pub fn decide_call(
         (RecoveryAction::Degrade | RecoveryAction::Terminate, Some(model))
             if budget_refused_fallback =>
         {
-            CallDecision {
-                action: RecoveryAction::Escalate {
-                    target: EscalationTarget::FallbackModel {
-                        model: model.clone(),
-                    },
-                },
-                rung: None,
-                charge: ActionKind::Escalate.charge(),
-                next: decision.next,
-                forced: true,
-            }
+            let to = EscalationTarget::FallbackModel {
+                model: model.clone(),
+            };
+            CallDecision::forced(RecoveryAction::Escalate { target: to }, decision)
         }
-        _ => CallDecision {
-            action: decision.action,
-            rung: decision.rung,
-            charge: decision.charge,
-            next: decision.next,
+        _ => CallDecision::of(decision),
+    }
+}
+
+impl CallDecision {
+    /// The policy's decision as it stands.
+    fn of(d: crate::policy::Decision) -> CallDecision {
+        CallDecision {
+            action: d.action,
+            rung: d.rung,
+            charge: d.charge,
+            next: d.next,
             forced: false,
-        },
+        }
+    }
+
+    /// `action` in place of the policy's decision `d`, which the budget alone refused.
+    fn forced(action: RecoveryAction, d: crate::policy::Decision) -> CallDecision {
+        CallDecision {
+            charge: action.kind().charge(),
+            action,
+            rung: None,
+            next: d.next,
+            forced: true,
+        }
     }
 }
 
@@ -935,24 +946,13 @@ pub fn decide_stream(
         && budget_refused_retry
         && !matches!(decision.action, RecoveryAction::Retry { .. })
     {
-        return CallDecision {
-            action: RecoveryAction::Retry {
-                delay_ms: 0,
-                attempt: 1,
-            },
-            rung: None,
-            charge: ActionKind::Retry.charge(),
-            next: decision.next,
-            forced: true,
+        let retry = RecoveryAction::Retry {
+            delay_ms: 0,
+            attempt: 1,
         };
+        return CallDecision::forced(retry, decision);
     }
-    CallDecision {
-        action: decision.action,
-        rung: decision.rung,
-        charge: decision.charge,
-        next: decision.next,
-        forced: false,
-    }
+    CallDecision::of(decision)
 }
 
 #[cfg(test)]

@@ -61,19 +61,13 @@ pub fn decide_again(input: &DecisionInput, plane: &Plane) -> (FailureClass, Reco
                 .decide(input.ladder, &failure, &input.options, &ledger, &mut rng)
                 .action
         }
-        Surface::Stream => {
-            decide_stream(
-                plane,
-                &failure,
-                &input.options,
-                input.ladder,
-                &ledger,
-                &mut rng,
-            )
-            .action
-        }
-        Surface::Call => {
-            decide_call(
+        Surface::Call | Surface::Stream => {
+            let decide = if input.surface == Surface::Call {
+                decide_call
+            } else {
+                decide_stream
+            };
+            decide(
                 plane,
                 &failure,
                 &input.options,
