@@ -761,7 +761,6 @@ fn is_call(item: &Value) -> bool {
     crate::heal::item_type(item) == Some("function_call")
 }
 
-/// The message text of an error object (or its JSON).
 /// Reads a whole Responses answer (a non-streaming one, or one sent to a streaming request): an
 /// object with an `output` list that holds an answer ([`has_answer`]). A `failed` response is
 /// the upstream's server error (its message kept); an empty one is empty; any other shape
@@ -819,6 +818,7 @@ pub(crate) fn has_answer(response: &Value) -> bool {
         })
 }
 
+/// The message text of an error object (or its JSON).
 fn message_of(e: &Value) -> String {
     e.get("message")
         .and_then(Value::as_str)
