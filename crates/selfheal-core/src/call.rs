@@ -588,9 +588,7 @@ pub fn decide_call(
     rng: &mut dyn Rng,
 ) -> CallDecision {
     let decision = plane.policy.decide(ladder, failure, options, ledger, rng);
-    let budget_refused_fallback = decision
-        .skipped
-        .contains(&(ActionKind::Escalate, SkipReason::BudgetSpent));
+    let budget_refused_fallback = budget_refused(&decision, ActionKind::Escalate);
     match (&decision.action, &options.fallback_model) {
         (RecoveryAction::Degrade | RecoveryAction::Terminate, Some(model))
             if budget_refused_fallback =>
@@ -602,6 +600,12 @@ pub fn decide_call(
         }
         _ => CallDecision::of(decision),
     }
+}
+
+/// Whether the policy passed over a rung of `kind` because the budget was spent (the case the
+/// call and stream rules take the action anyway).
+fn budget_refused(d: &crate::policy::Decision, kind: ActionKind) -> bool {
+    d.skipped.contains(&(kind, SkipReason::BudgetSpent))
 }
 
 impl CallDecision {
@@ -939,9 +943,7 @@ pub fn decide_stream(
     rng: &mut dyn Rng,
 ) -> CallDecision {
     let decision = plane.policy.decide(ladder, failure, options, ledger, rng);
-    let budget_refused_retry = decision
-        .skipped
-        .contains(&(ActionKind::Retry, SkipReason::BudgetSpent));
+    let budget_refused_retry = budget_refused(&decision, ActionKind::Retry);
     if options.retry_safe
         && budget_refused_retry
         && !matches!(decision.action, RecoveryAction::Retry { .. })

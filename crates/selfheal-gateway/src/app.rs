@@ -2117,10 +2117,12 @@ fn unread(called: Option<bool>, text: &str) -> Option<String> {
 /// The run's budget as the final report of a stream shows it ([`stream::Hooks::budget`]).
 fn stream_budget(t: &Turn) -> stream::Budget {
     let state = t.state.clone();
-    Box::new(move || {
-        let st = lock(&state);
-        json!({"spent": st.ledger().spent(), "limits": limits_json(st.ledger().limits())})
-    })
+    Box::new(move || budget_json(&lock(&state)))
+}
+
+/// The report's `budget`: what the run spent and its limits.
+fn budget_json(st: &RunState) -> Value {
+    json!({"spent": st.ledger().spent(), "limits": limits_json(st.ledger().limits())})
 }
 
 /// The core's judgement of a streamed final answer ([`stream::Hooks::unsettled`]):
@@ -2246,7 +2248,7 @@ fn selfheal_report(
         "reason": reason,
         "failures": st.failures,
         "actions": actions,
-        "budget": {"spent": st.ledger().spent(), "limits": limits_json(st.ledger().limits())},
+        "budget": budget_json(&st),
     })
 }
 
