@@ -10,9 +10,9 @@
 #   TURNS (20) turns long and then replaced by a new one; every request is the next turn of one
 #   of them, so it carries one tool result the gateway has not seen (2 to 42 messages, 22 on
 #   average). New conversations keep arriving, so the run store fills: the healing gateway is
-#   measured while it fills and again once it is full past its capacity (max_runs, 20,000;
+#   measured while it fills and again once it is full past its capacity (max_runs, 40,000;
 #   MAX_RUNS=N for another), every new run evicting an old one. The trace is on. Each phase is
-#   measured at one connection (five interleaved pairs of runs, the median delta), at
+#   measured at one connection (PAIRS, 9, interleaved pairs of runs, the median delta), at
 #   saturation (wrk -c32) and at equal load (three interleaved pairs each, the median ratio):
 #   both gateways paced alike at about 80 % of healing's saturated rate, because CPU per
 #   request depends on the load (see equal_load below) and, each at its own saturation, the
@@ -225,8 +225,9 @@ export TOOLS_FILE=$WORK/tools.json TURNS_FILE=$WORK/turns.lua CONVERSATIONS
 trace_args=(--trace-db "$WORK/real-trace.db")
 [[ ${TRACE:-on} == off ]] && trace_args=(--no-trace)
 # The store's capacity: more runs than the filling phase starts (about 15,000 at 7 k req/s
-# with 5 s runs), so that phase never evicts and the full phase always does.
-printf 'max_runs = %s\n' "${MAX_RUNS:-20000}" > "$WORK/real.toml"
+# with 5 s runs; 28,500 at 14 k req/s with nine one-connection pairs), so that phase never
+# evicts and the full phase always does.
+printf 'max_runs = %s\n' "${MAX_RUNS:-40000}" > "$WORK/real.toml"
 start REAL 0 "$BIN" serve --config "$WORK/real.toml" --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 "${trace_args[@]}" --threads 1
 metric() { # url name
   python3 -c "import urllib.request,sys; print(next((l.split()[1] for l in urllib.request.urlopen(sys.argv[1] + '/metrics').read().decode().splitlines() if l.startswith(sys.argv[2] + ' ')), '?'))" "$1" "$2"
@@ -254,17 +255,19 @@ real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic patter
   LAST_RPS=$rps LAST_CPU=$cpu_us LAST_LINE=$line
 }
 # The one-connection p50 moves by tens of µs from one run to the next on a virtual machine (the
-# same gateway, minutes apart), so a single pair of runs can show a delta that is mostly noise:
-# five pairs, interleaved, and the median of their deltas.
+# same gateway, seconds apart: 25 pairs of 1 s runs of one build put the delta anywhere from -5
+# to +103 µs), so a single pair of runs shows a delta that is mostly noise: PAIRS (9) pairs,
+# interleaved, and the median of their deltas.
+PAIRS=${PAIRS:-9}
 one_connection() {
   local deltas=() pass_p50 i
-  for i in 1 2 3 4 5; do
+  for i in $(seq "$PAIRS"); do
     real_run passthrough "$PASS_URL" "$PASS_PID" 1
     pass_p50=$(field p50_us "$LAST_LINE")
     real_run healing "$REAL_URL" "$REAL_PID" 1
     deltas+=($(($(field p50_us "$LAST_LINE") - pass_p50)))
   done
-  echo "one_connection_p50_added_us=${deltas[*]} median=$(printf '%s\n' "${deltas[@]}" | sort -n | sed -n 3p)"
+  echo "one_connection_p50_added_us=${deltas[*]} median=$(printf '%s\n' "${deltas[@]}" | sort -n | sed -n "$(((PAIRS + 1) / 2))p")"
 }
 # CPU per request depends on the load: a gateway that is not saturated wakes up for fewer
 # requests at a time, and its peers on the other core sleep more, so each wake-up costs more

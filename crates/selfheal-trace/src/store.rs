@@ -389,6 +389,7 @@ fn write_loop(
     retention: Option<std::time::Duration>,
 ) {
     use std::sync::mpsc::RecvTimeoutError;
+    yield_to_requests();
     let mut batch = Vec::with_capacity(BATCH);
     let mut ids = RunIds::default();
     let mut pruned_at: Option<std::time::Instant> = None;
@@ -419,6 +420,29 @@ fn write_loop(
             eprintln!("selfheal: trace write failed: {e}");
         }
         batch.clear();
+    }
+}
+
+/// How much nicer than the process the writer thread runs (Linux): 10, a tenth of a normal
+/// thread's share of a contended core.
+pub const WRITER_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority by [`WRITER_NICE`] (capped at 19), on Linux, where
+/// `setpriority` on a thread id affects that thread alone.
+///
+/// The writer shares the gateway's cores. At its normal priority, a writer waking from its
+/// linger preempts the request in flight and commits a batch (hundreds of microseconds) before it
+/// lets go, so a request in every batch waits out a commit (see the README's gateway table for
+/// what this moves). Nicer, it commits between
+/// requests, and still gets enough of a saturated core to keep up (0 events dropped in 60 s at
+/// 12.5 k req/s on one core). Best effort: a failure leaves the priority as it was.
+fn yield_to_requests() {
+    #[cfg(target_os = "linux")]
+    {
+        let me = Some(rustix::thread::gettid());
+        if let Ok(now) = rustix::process::getpriority_process(me) {
+            let _ = rustix::process::setpriority_process(me, (now + WRITER_NICE).min(19));
+        }
     }
 }
 
@@ -721,6 +745,43 @@ mod tests {
         assert_eq!(runs[0].requests, 1);
         assert_eq!(runs[0].status.as_deref(), Some("complete"));
         assert_eq!(r.events("r1").unwrap().len(), 3);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The writer thread runs nicer than the thread that opened it (and no other thread
+    /// does): read from /proc, by the thread's name.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_writer_thread_runs_nicer_than_the_process() {
+        let nice_of = |stat: &str| -> i32 {
+            // Field 19 of /proc/<pid>/task/<tid>/stat, counted after the parenthesised name.
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            after.split(' ').nth(16).unwrap().parse().unwrap()
+        };
+        let own = nice_of(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+        let dir = std::env::temp_dir().join(format!("selfheal-store-nice-{}", std::process::id()));
+        let w = TraceWriter::open(&dir.join("t.db")).unwrap();
+        let mut writer = None;
+        // The writer lowers its priority as it starts: give it a moment.
+        for _ in 0..200 {
+            for t in std::fs::read_dir("/proc/self/task").unwrap() {
+                let t = t.unwrap().path();
+                if std::fs::read_to_string(t.join("comm")).unwrap().trim() == "selfheal-trace" {
+                    writer = Some(nice_of(&std::fs::read_to_string(t.join("stat")).unwrap()));
+                }
+            }
+            if writer.is_some_and(|n| n != own) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(writer, Some((own + WRITER_NICE).min(19)));
+        assert_eq!(
+            nice_of(&std::fs::read_to_string("/proc/thread-self/stat").unwrap()),
+            own,
+            "the caller's own priority is left alone"
+        );
+        w.flush_and_close();
         let _ = std::fs::remove_dir_all(dir);
     }
 
