@@ -7,7 +7,9 @@
 //! load this took the writer from a fifth of the gateway's CPU to a few percent). Shutdown closes
 //! the channel and joins the writer, so every event sent before a response went out is on disk
 //! when the process exits. If the channel is ever full the event is dropped and counted rather
-//! than blocking a request. Runs get an integer key in order of first sight, and a batch writes
+//! than blocking a request. On Linux the writer runs nicer than the process
+//! ([`WRITER_NICE`]), so that a commit waits for the request in flight instead of preempting it.
+//! Runs get an integer key in order of first sight, and a batch writes
 //! each run's events as one row that refers to it (see `SCHEMA_VERSION`): one row and one index
 //! entry per gateway request, in a few hot index pages shared by the runs in flight;
 //! `cargo run --release -p selfheal-trace --example trace_load` measures the writer's CPU per
