@@ -259,6 +259,8 @@ real_run() { # name url pid conns [pace_ms]: one wrk run of the realistic patter
 # to +103 µs), so a single pair of runs shows a delta that is mostly noise: PAIRS (9) pairs,
 # interleaved, and the median of their deltas.
 PAIRS=${PAIRS:-9}
+# The median of its arguments (the lower middle of an even count).
+median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
 one_connection() {
   local deltas=() pass_p50 i
   for i in $(seq "$PAIRS"); do
@@ -267,7 +269,7 @@ one_connection() {
     real_run healing "$REAL_URL" "$REAL_PID" 1
     deltas+=($(($(field p50_us "$LAST_LINE") - pass_p50)))
   done
-  echo "one_connection_p50_added_us=${deltas[*]} median=$(printf '%s\n' "${deltas[@]}" | sort -n | sed -n "$(((PAIRS + 1) / 2))p")"
+  echo "one_connection_p50_added_us=${deltas[*]} median=$(median "${deltas[@]}")"
 }
 # CPU per request depends on the load: a gateway that is not saturated wakes up for fewer
 # requests at a time, and its peers on the other core sleep more, so each wake-up costs more
@@ -278,7 +280,6 @@ one_connection() {
 # A pair's ratio moves with what else the host runs during its 2 x SECS seconds (passthrough
 # 83 to 98 µs a request between runs minutes apart on one machine), so each comparison is three
 # interleaved pairs: every pair's ratio is printed, and their median.
-median3() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
 pairs() { # LABEL CONNS PACE_MS: three interleaved pairs at one load; sets MEDIAN_RPS (healing's)
   local label=$1 conns=$2 pace=$3 ratios=() rates=() pass_cpu i
   for i in 1 2 3; do
@@ -288,8 +289,8 @@ pairs() { # LABEL CONNS PACE_MS: three interleaved pairs at one load; sets MEDIA
     ratios+=("$(python3 -c "print(f'{$LAST_CPU / $pass_cpu:.2f}')")")
     rates+=("$LAST_RPS")
   done
-  echo "${label}_cpu_ratio=${ratios[*]} median=$(median3 "${ratios[@]}")"
-  MEDIAN_RPS=$(median3 "${rates[@]}")
+  echo "${label}_cpu_ratio=${ratios[*]} median=$(median "${ratios[@]}")"
+  MEDIAN_RPS=$(median "${rates[@]}")
 }
 equal_load() { # healing's saturated req/s
   local pace=3 conns
