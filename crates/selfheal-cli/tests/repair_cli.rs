@@ -122,11 +122,68 @@ fn valid_input_comes_back_unchanged() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
-        "{\"payload\":\"[1,2,3,]\",\"zip\":\"0789\"}\n"
+        "{\"zip\": \"0789\", \"payload\": \"[1,2,3,]\"}\n"
     );
     let report: serde_json::Value = serde_json::from_str(text(&out.stderr).trim()).unwrap();
     assert!(report["repairs"].as_array().unwrap().is_empty());
     assert!(report["coercions"].as_array().unwrap().is_empty());
+}
+
+/// Issue 29: valid input is printed byte for byte — member order, blanks, number spelling
+/// and integers past 64 bits as written; `--canonical` re-formats on request and keeps the
+/// digits.
+#[test]
+fn issue29_valid_input_comes_back_byte_for_byte() {
+    let input = "{\"z\": 1.50,  \"a\": [1180591620717411303424, 1e5],\n \"m\": \"\\u00e9\"}";
+    let out = run(&[], &format!("  {input}\n"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{input}\n"));
+    let out = run(&["--canonical"], input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"a\":[1180591620717411303424,100000.0],\"m\":\"é\",\"z\":1.5}\n"
+    );
+}
+
+/// Issue 29: a repaired document keeps every number as written, however many digits.
+#[test]
+fn issue29_repaired_numbers_keep_their_digits() {
+    let out = run(
+        &[],
+        "{'id': 1180591620717411303424, 'pi': 3.14159265358979323846, 'n': 2,}",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"id\":1180591620717411303424,\"n\":2,\"pi\":3.14159265358979323846}\n"
+    );
+}
+
+/// Issue 29: a quoted token inside a string is kept as text, never made a key.
+#[test]
+fn issue29_quotes_inside_strings_are_text() {
+    let out = run(&[], r#"{"q": "Windows "10"", "cmd": "echo "$HOME""}"#);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        r#"{"cmd":"echo \"$HOME\"","q":"Windows \"10\""}"#.to_owned() + "\n"
+    );
+}
+
+/// Issue 29: input over `--max-bytes` is a usage error (exit 2) before any parse.
+#[test]
+fn issue29_input_over_the_size_limit_exits_2() {
+    let out = run(&["--max-bytes", "10"], "{\"a\": \"0123456789\"}");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).contains("--max-bytes 10"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["--max-bytes", "17"], "{\"a\": \"0123\"}");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 /// Issue 14: a cut that lost data exits 1 with where the answer stopped; salvage is opt-in
@@ -213,7 +270,8 @@ fn schema_violations_exit_1_with_precise_reask_text() {
         "{\"unit\": \"celsius\"}",
     );
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(text(&out.stdout), "{\"unit\":\"celsius\"}\n");
+    // The value checked, as it was written (it was valid JSON).
+    assert_eq!(text(&out.stdout), "{\"unit\": \"celsius\"}\n");
     let err = text(&out.stderr);
     assert!(
         err.contains(r#"at /unit: expected one of ["c","f"], got "celsius""#),

@@ -736,7 +736,17 @@ pub fn check_arguments(
         Ok(a) => a,
         Err(e) => return Err(Problem::arguments(e.reask_message(raw, name))),
     };
-    Ok(args.changed.then(|| args.value.to_string()))
+    if !args.changed {
+        return Ok(None);
+    }
+    // Numbers go out as the model wrote them; one the schema changed past what a double
+    // holds is refused, not sent with digits the model never wrote.
+    args.to_json().map(Some).map_err(|e| {
+        Problem::arguments(format!(
+            "Your call to `{name}` was not run: {e} once its arguments were corrected. \
+                 Call `{name}` again with every argument of the type its schema asks."
+        ))
+    })
 }
 
 /// The signal of a model answer whose tool calls could not be used, from why each could not

@@ -16,8 +16,8 @@
 use serde_json::Value;
 
 use crate::{
-    Coercion, Repair, RepairError, RepairOptions, SchemaGuide, Violation, reask_message,
-    repair_with,
+    Coercion, Literals, LostDigits, Repair, RepairError, RepairOptions, SchemaGuide, Violation,
+    reask_message, repair_with,
 };
 
 /// How the model's answer ended, when the caller knows (an OpenAI-style `finish_reason`).
@@ -57,6 +57,22 @@ pub struct Arguments {
     pub coercions: Vec<Coercion>,
     /// Whether `value` differs from what the text says (false: forward the text as is).
     pub changed: bool,
+    /// Number literals of the text that `value` cannot hold exactly, kept by
+    /// [`Arguments::to_json`].
+    pub literals: Literals,
+}
+
+impl Arguments {
+    /// The arguments as JSON text to send when [`Arguments::changed`] (otherwise send the
+    /// text as the model wrote it): compact, with every number as the model wrote it.
+    ///
+    /// # Errors
+    ///
+    /// [`LostDigits`] when a number with more digits than a double holds was changed by the
+    /// schema's coercion: passing it on would send digits the model never wrote.
+    pub fn to_json(&self) -> Result<String, LostDigits> {
+        self.literals.render(&self.value)
+    }
 }
 
 /// Why arguments cannot be passed on.
@@ -100,6 +116,10 @@ pub fn repair_arguments(
     guide: Option<&SchemaGuide>,
     ending: Ending,
 ) -> Result<Arguments, ArgumentsError> {
+    let options = RepairOptions::default()
+        .with_leading_zero_strings(guide.is_some())
+        .with_input_complete(ending == Ending::Finished)
+        .with_decode_strings(guide.is_some_and(SchemaGuide::wants_container));
     let (value, repairs, parsed) = if let Ok(v) = serde_json::from_str::<Value>(raw) {
         (v, Vec::new(), true)
     } else if ending == Ending::CutOff {
@@ -107,14 +127,17 @@ pub fn repair_arguments(
     } else if raw.trim().is_empty() {
         (Value::Object(serde_json::Map::new()), Vec::new(), false)
     } else {
-        let options = RepairOptions::default()
-            .with_leading_zero_strings(guide.is_some())
-            .with_input_complete(ending == Ending::Finished)
-            .with_decode_strings(guide.is_some_and(SchemaGuide::wants_container));
         let r = repair_with(raw, &options)?;
-        (r.value, r.repairs, false)
+        let mut a = check_value(r.value, r.repairs, true, guide)?;
+        a.literals = r.literals;
+        return Ok(a);
     };
-    check_value(value, repairs, !parsed, guide)
+    let mut a = check_value(value, repairs, !parsed, guide)?;
+    if a.changed {
+        // Valid text changed by the schema: its long literals are kept when it is sent.
+        a.literals = crate::literals_of_valid(raw, &options);
+    }
+    Ok(a)
 }
 
 /// As [`repair_arguments`] for arguments that arrived as a JSON value (MCP's
@@ -142,6 +165,7 @@ fn check_value(
             repairs,
             coercions: Vec::new(),
             changed,
+            literals: Literals::default(),
         });
     };
     let outcome = guide.apply(value);
@@ -153,5 +177,6 @@ fn check_value(
         value: outcome.value,
         repairs,
         coercions: outcome.coercions,
+        literals: Literals::default(),
     })
 }

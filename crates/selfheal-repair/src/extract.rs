@@ -11,6 +11,7 @@
 
 use serde_json::Value;
 
+use crate::literal::Literals;
 use crate::parser::Parser;
 use crate::{Repair, RepairError, RepairKind, RepairOptions};
 
@@ -24,6 +25,10 @@ pub(crate) struct Found {
     /// When the value is a string: where its literal starts in the input and where that
     /// literal ends (the first one, if strings were concatenated).
     pub(crate) root_string: Option<(usize, usize)>,
+    /// Number literals the value cannot hold exactly.
+    pub(crate) literals: Literals,
+    /// Repairs made but not listed in `repairs` (past the parser's limit).
+    pub(crate) unlisted: usize,
 }
 
 /// Parses the whole input: fences first, then tag wrappers, then plain text.
@@ -241,9 +246,13 @@ fn gather(
         _ => {
             let mut repairs = Vec::new();
             let mut items = Vec::new();
+            let mut literals = Literals::default();
+            let mut unlisted = 0;
             let second = values.get(1).map_or(0, |(_, at)| *at);
             for (f, _) in values {
+                unlisted += f.unlisted;
                 repairs.extend(f.repairs);
+                literals.extend(f.literals.prefixed(&format!("/{}", items.len())));
                 items.push(f.value);
             }
             repairs.push(Repair {
@@ -254,6 +263,8 @@ fn gather(
                 value: Value::Array(items),
                 repairs,
                 root_string: None,
+                literals,
+                unlisted,
             }))
         }
     }
@@ -543,9 +554,11 @@ fn attempt(
     let first = p.parse_value()?;
     let root_string = p.root_string.take().filter(|_| first.is_string());
     let first_end = p.pos;
-    let first_repairs = p.repairs.len();
+    let first_repairs = p.noted();
     let first_is_scalar = !(first.is_object() || first.is_array());
     let mut items = vec![first];
+    // Each item's literals, pointed from its own root.
+    let mut item_literals = vec![std::mem::take(&mut p.literals)];
     let mut ndjson_at = None;
     let mut garbage = None;
     loop {
@@ -558,7 +571,7 @@ fn attempt(
                 p.pos += 1;
             }
             _ if c == b',' || (c != b'(' && p.is_clear_value_start(p.pos)) => {
-                let (save_pos, save_len) = (p.pos, p.repairs.len());
+                let (save_pos, save_len) = (p.pos, p.noted());
                 loop {
                     p.skip_ws();
                     if p.peek() == Some(b',') {
@@ -572,6 +585,7 @@ fn attempt(
                         Ok(v) => {
                             ndjson_at.get_or_insert(save_pos);
                             items.push(v);
+                            item_literals.push(std::mem::take(&mut p.literals));
                             continue;
                         }
                         Err(e) if e.is_final() => return Err(e),
@@ -579,7 +593,8 @@ fn attempt(
                     }
                 }
                 p.pos = save_pos;
-                p.repairs.truncate(save_len);
+                p.forget_since(save_len);
+                p.literals = Literals::default();
                 garbage = Some(save_pos);
                 break;
             }
@@ -589,12 +604,12 @@ fn attempt(
             }
         }
     }
-    if first_is_scalar && items.len() > 1 && (garbage.is_some() || p.repairs.len() > first_repairs)
-    {
+    if first_is_scalar && items.len() > 1 && (garbage.is_some() || p.noted() > first_repairs) {
         // Scalars in a row are a list only when they are clean JSON ("1, 2, 3"), not prose
         // that happens to start with a number or a quote ("1, 2 and 3").
         items.truncate(1);
-        p.repairs.truncate(first_repairs);
+        item_literals.truncate(1);
+        p.forget_since(first_repairs);
         garbage = Some(first_end);
     }
     let value = if items.len() > 1 {
@@ -603,15 +618,24 @@ fn attempt(
             return Err(RepairError::MultipleValues { offset: off });
         }
         p.note(RepairKind::NdjsonToArray, off);
+        for (i, l) in item_literals.iter_mut().enumerate() {
+            *l = std::mem::take(l).prefixed(&format!("/{i}"));
+        }
         Value::Array(items)
     } else {
         items.pop().unwrap_or(Value::Null)
     };
+    let mut literals = Literals::default();
+    for l in item_literals {
+        literals.extend(l);
+    }
     Ok((
         Found {
             root_string: root_string.filter(|_| value.is_string()),
             value,
             repairs: p.repairs,
+            literals,
+            unlisted: p.unlisted,
         },
         garbage,
     ))

@@ -71,6 +71,8 @@
 //! | `UnescapedQuote` | `{"a": "say "hi" now"}` | `{"a":"say \"hi\" now"}` |
 //! | `UnescapedQuote` (markup) | `{"a": "<b id="x">"}` | `{"a":"<b id=\"x\">"}` |
 //! | `UnescapedQuote` (one, proven by the next key) | `{"a": "v"alue", "b": 1}` | `{"a":"v\"alue","b":1}` |
+//! | `UnescapedQuote` (a quoted token) | `{"q": "Windows "10""}` | `{"q":"Windows \"10\""}` |
+//! | `UnescapedQuote` (a quoted `$`-word) | `{"cmd": "echo "$HOME""}` | `{"cmd":"echo \"$HOME\""}` |
 //! | `MissingQuote` (opening) | `{name": "Ann"}` | `{"name":"Ann"}` |
 //! | `UnquotedKey` | `{a: 1}` | `{"a":1}` |
 //! | `UnquotedString` | `{"unit": celsius}` | `{"unit":"celsius"}` |
@@ -147,6 +149,23 @@
 //! input itself starts with the JSON: elsewhere backticks are markdown inline code around the
 //! JSON (`` `{"a": 1}` `` is `{"a":1}`, the backticks discarded as garbage).
 //!
+//! A quote inside a string value that is not followed by a delimiter closes the string only
+//! where what follows can be the next member or element: in an object, a key and its colon
+//! (`{"a": "x" "b": 1}` lacks a comma); elsewhere, after a blank, another string, object, array
+//! or a number followed by a delimiter (`["a" "b"]`). Otherwise — a token written against the
+//! quote, whatever its shape (`"10"`, `"$HOME"`, `"[1, 2]"`) — the quote is text. **No key is
+//! ever made up from a string's text.** Where both readings give a value (`["a""b"]`, `","`
+//! inside a string that already holds quotes), the input is refused.
+//!
+//! # Numbers and valid input
+//!
+//! Valid input needs no repair ([`Repaired::was_repaired`] is false): callers pass its text on
+//! as written (the gateway, the runtime and `selfheal repair` do), so member order, spacing and
+//! number spelling stay byte for byte. A repaired value is turned back into text by
+//! [`Repaired::to_json`] / [`Arguments::to_json`], which write every number with more digits
+//! than an `f64` carries (`1180591620717411303424`) as the input wrote it ([`Literals`]); a
+//! number is never re-encoded through `f64`.
+//!
 //! # Offsets
 //!
 //! Every [`Repair`] carries the byte offset in the input where it applies. For a
@@ -168,17 +187,25 @@
 //! The parser is iterative, so input depth never overflows its stack; it stops at
 //! [`RepairOptions::max_depth`] (default [`DEFAULT_MAX_DEPTH`]) because the *result* — a
 //! `serde_json::Value` — is dropped, serialised and validated recursively.
+//!
+//! Memory is linear in the input with a small constant: a parse lists its first 10,000 repairs
+//! and counts the rest ([`Repaired::unlisted`]), so input that needs a repair at every byte (50
+//! MB of `"` or `,`) cannot grow the list past the input. `selfheal repair` peaks at about 3.1
+//! times its input on such inputs and refuses input over `--max-bytes` (256 MiB by default)
+//! with exit code 2 before parsing it.
 
 mod arguments;
 mod encoded;
 mod error;
 mod extract;
+mod literal;
 mod parser;
 mod report;
 pub mod schema;
 
 pub use arguments::{Arguments, ArgumentsError, Ending, check_arguments, repair_arguments};
 pub use error::{Cut, RepairError};
+pub use literal::{Literals, LostDigits};
 pub use report::{Repair, RepairKind};
 pub use schema::{
     Coercion, CoercionKind, Outcome, SchemaError, SchemaGuide, Violation, reask_message,
@@ -317,6 +344,12 @@ pub struct Repaired {
     pub value: Value,
     /// What was changed, in input order.
     pub repairs: Vec<Repair>,
+    /// Number literals `value` cannot hold exactly (more digits than an `f64` carries),
+    /// which [`Repaired::to_json`] writes back as written.
+    pub literals: Literals,
+    /// Repairs made but not listed in `repairs`: a parse lists its first 10,000, so input
+    /// that needs a repair at every byte cannot make the list outgrow the input.
+    pub unlisted: usize,
 }
 
 impl Repaired {
@@ -324,6 +357,18 @@ impl Repaired {
     #[must_use]
     pub fn was_repaired(&self) -> bool {
         !self.repairs.is_empty()
+    }
+
+    /// The repaired value as compact JSON text, its numbers as the input wrote them. Input
+    /// that needed no repair ([`Repaired::was_repaired`] false) is best passed on as it was
+    /// written: this text re-orders object members.
+    ///
+    /// # Errors
+    ///
+    /// [`LostDigits`] when a long number literal can no longer be placed (never for the
+    /// value as returned by [`repair_with`]).
+    pub fn to_json(&self) -> Result<String, LostDigits> {
+        self.literals.render(&self.value)
     }
 }
 
@@ -356,15 +401,19 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
         let out = Repaired {
             value,
             repairs: Vec::new(),
+            literals: literals_of_valid(input, options),
+            unlisted: 0,
         };
         (out, literal)
-    } else if let Some(value) = missing_opening_brace(input) {
+    } else if let Some((value, literals)) = missing_opening_brace(input, options) {
         let out = Repaired {
             value,
             repairs: vec![Repair {
                 kind: RepairKind::MissingOpeningBrace,
                 offset: first,
             }],
+            literals,
+            unlisted: 0,
         };
         (out, None)
     } else {
@@ -373,6 +422,8 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
                 let out = Repaired {
                     value: found.value,
                     repairs: found.repairs,
+                    literals: found.literals,
+                    unlisted: found.unlisted,
                 };
                 (out, found.root_string)
             }
@@ -394,6 +445,19 @@ pub fn repair_with(input: &str, options: &RepairOptions) -> Result<Repaired, Rep
     }
     out.repairs.sort_by_key(|r| r.offset);
     Ok(out)
+}
+
+/// The long number literals of `text`, valid JSON: none unless it holds a run of more
+/// digits than an `f64` carries, and then those the lenient parser finds (it reads valid JSON
+/// as `serde_json` does). A sparse scan of the bytes otherwise, so the valid fast path stays
+/// fast.
+pub(crate) fn literals_of_valid(text: &str, options: &RepairOptions) -> Literals {
+    if !literal::has_long_digit_run(text) {
+        return Literals::default();
+    }
+    extract::parse_document(text, options)
+        .map(|found| found.literals)
+        .unwrap_or_default()
 }
 
 /// `hello world`: input that is one line of bare text, read as the string it spells
@@ -421,12 +485,14 @@ fn bare_text(input: &str) -> Option<Repaired> {
             kind: RepairKind::UnquotedString,
             offset: first,
         }],
+        literals: Literals::default(),
+        unlisted: 0,
     })
 }
 
 /// `"a": 1, "b": [2]}`: members of an object and its closing brace, with the opening brace
 /// missing. Taken only when adding that one brace makes the input valid JSON.
-fn missing_opening_brace(input: &str) -> Option<Value> {
+fn missing_opening_brace(input: &str, options: &RepairOptions) -> Option<(Value, Literals)> {
     let t = input.trim_ascii();
     if !(t.starts_with('"') && t.ends_with('}')) {
         return None;
@@ -434,9 +500,12 @@ fn missing_opening_brace(input: &str) -> Option<Value> {
     let mut text = String::with_capacity(t.len() + 1);
     text.push('{');
     text.push_str(t);
-    serde_json::from_str::<Value>(&text)
-        .ok()
-        .filter(Value::is_object)
+    if !serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok_and(|_| text.starts_with('{')) {
+        return None;
+    }
+    // Valid JSON now: read by the lenient parser too, which keeps long number literals.
+    let found = extract::parse_document(&text, options).ok()?;
+    (found.value.is_object() && found.repairs.is_empty()).then_some((found.value, found.literals))
 }
 
 /// `{"a": 1}, "b": 2}`: an object closed one brace too early, its members going on after
@@ -482,6 +551,8 @@ fn object_closed_early(input: &str, second: usize, options: &RepairOptions) -> O
         map.insert(k, v);
     }
     let mut repairs = first.repairs;
+    let mut literals = first.literals;
+    literals.extend(rest.literals);
     repairs.push(Repair {
         kind: RepairKind::RedundantClosing,
         offset: head.len() - 1,
@@ -495,6 +566,8 @@ fn object_closed_early(input: &str, second: usize, options: &RepairOptions) -> O
     Some(Repaired {
         value: Value::Object(map),
         repairs,
+        literals,
+        unlisted: first.unlisted + rest.unlisted,
     })
 }
 
@@ -541,23 +614,22 @@ fn decode_layers(
         if !looks_like_json {
             return;
         }
-        let (value, mut inner) = match serde_json::from_str::<Value>(t) {
-            Ok(v) => (v, Vec::new()),
-            Err(_) => match extract::parse_document(t, options) {
-                Ok(found)
-                    if !found.repairs.iter().any(|r| {
-                        matches!(
-                            r.kind,
-                            RepairKind::ExtractedFromProse
-                                | RepairKind::TrailingGarbage
-                                | RepairKind::LeadingGarbage
-                        )
-                    }) =>
-                {
-                    (found.value, found.repairs)
-                }
-                _ => return,
-            },
+        // The lenient parser reads valid JSON as `serde_json` does, and keeps long number
+        // literals besides.
+        let (value, mut inner, literals) = match extract::parse_document(t, options) {
+            Ok(found)
+                if !found.repairs.iter().any(|r| {
+                    matches!(
+                        r.kind,
+                        RepairKind::ExtractedFromProse
+                            | RepairKind::TrailingGarbage
+                            | RepairKind::LeadingGarbage
+                    )
+                }) =>
+            {
+                (found.value, found.repairs, found.literals)
+            }
+            _ => return,
         };
         match literal.take() {
             Some(lit) => {
@@ -574,6 +646,7 @@ fn decode_layers(
             }
         }
         out.value = value;
+        out.literals = literals;
         out.repairs.push(Repair {
             kind: RepairKind::DoubleEncoded,
             offset,

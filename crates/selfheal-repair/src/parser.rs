@@ -10,6 +10,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::literal::{Literals, exceeds_f64};
 use crate::{Cut, Repair, RepairError, RepairKind};
 
 /// Bytes that stop the fast scan of a string body.
@@ -40,6 +41,9 @@ const MAY_START_SKIP: [bool; 256] = {
     t[0xE3] = true;
     t
 };
+
+/// How many repairs a parse lists; more are counted ([`crate::Repaired::unlisted`]).
+pub(crate) const MAX_LISTED_REPAIRS: usize = 10_000;
 
 /// How far a key is looked for after a quote that may end a string early (bytes).
 const KEY_LOOKAHEAD: usize = 256;
@@ -168,6 +172,15 @@ pub(crate) struct Parser<'a> {
     /// A missing `}` was supplied before the next element of an array
     /// (`[{"i": 1 {"i": 2}]`); a closer left over later then refuses the parse.
     brace_supplied: bool,
+    /// Number literals with more digits than an `f64` holds, where they stand, so a
+    /// rendering of the result can write them back as written.
+    pub(crate) literals: Literals,
+    /// Repairs made past [`MAX_LISTED_REPAIRS`], counted but not listed.
+    pub(crate) unlisted: usize,
+    /// Unescaped quotes taken as text so far, and that count when the string being read
+    /// began: whether the current string already holds a quote of its own.
+    quotes_taken: usize,
+    string_quotes_from: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -196,6 +209,10 @@ impl<'a> Parser<'a> {
             input_complete: false,
             loss: None,
             brace_supplied: false,
+            literals: Literals::default(),
+            unlisted: 0,
+            quotes_taken: 0,
+            string_quotes_from: 0,
         }
     }
 
@@ -252,8 +269,29 @@ impl<'a> Parser<'a> {
         self.at(self.pos)
     }
 
+    /// Records a repair: listed while fewer than [`MAX_LISTED_REPAIRS`] are, counted after,
+    /// so input that needs a repair at every byte cannot grow the list without bound.
     pub(crate) fn note(&mut self, kind: RepairKind, offset: usize) {
-        self.repairs.push(Repair { kind, offset });
+        if self.repairs.len() < MAX_LISTED_REPAIRS {
+            self.repairs.push(Repair { kind, offset });
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
+    /// How many repairs were recorded, listed or not: a mark for [`Self::forget_since`].
+    pub(crate) fn noted(&self) -> usize {
+        self.repairs.len() + self.unlisted
+    }
+
+    /// Forgets the repairs recorded since `mark` (a reading that was abandoned).
+    pub(crate) fn forget_since(&mut self, mark: usize) {
+        if mark >= self.repairs.len() {
+            self.unlisted = mark - self.repairs.len();
+        } else {
+            self.repairs.truncate(mark);
+            self.unlisted = 0;
+        }
     }
 
     fn note_truncated(&mut self) {
@@ -895,11 +933,11 @@ impl<'a> Parser<'a> {
             let mut p = self.skip_plain_ws_from(self.pos);
             if self.at(p) == Some(b'/') && self.at(p + 1) == Some(b'*') {
                 // `"a" /* c */ + "b"`: a comment before the `+`.
-                let (save, noted) = (self.pos, self.repairs.len());
+                let (save, noted) = (self.pos, self.noted());
                 self.skip_ws();
                 if self.peek() != Some(b'+') {
                     self.pos = save;
-                    self.repairs.truncate(noted);
+                    self.forget_since(noted);
                     return Ok((s, literal_end));
                 }
                 p = self.pos;
@@ -1611,9 +1649,38 @@ impl<'a> Parser<'a> {
         } else {
             self.s(start, i).into()
         };
-        number_value(&text, is_float)
-            .map(Some)
-            .ok_or_else(|| self.err(start, format!("number {text} is out of range")))
+        let value = number_value(&text, is_float)
+            .ok_or_else(|| self.err(start, format!("number {text} is out of range")))?;
+        if let Value::Number(n) = &value
+            && n.is_f64()
+            && exceeds_f64(&text)
+        {
+            let parsed = n.as_f64().unwrap_or_default();
+            let pointer = self.pointer();
+            self.literals.push(pointer, parsed, text.into_owned());
+        }
+        Ok(Some(value))
+    }
+
+    /// The JSON pointer of the value being parsed now, in the value this parse returns.
+    fn pointer(&self) -> String {
+        let mut out = String::new();
+        for frame in &self.stack {
+            match frame {
+                Frame::Arr(items) | Frame::Tuple { items, .. } => {
+                    out.push('/');
+                    out.push_str(&items.len().to_string());
+                }
+                Frame::Obj { key, .. } => {
+                    out.push('/');
+                    let k = key.as_deref().unwrap_or_default();
+                    out.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                }
+                // A wrapper call's value stands in its place.
+                Frame::Call(_) => {}
+            }
+        }
+        out
     }
 
     /// A number with leading zeros at `start`: the string it spells when the caller allows
@@ -1655,15 +1722,9 @@ impl<'a> Parser<'a> {
     /// its quote), and the two readings give different values.
     fn parse_string(&mut self, ctx: Ctx) -> Result<(String, bool), RepairError> {
         let start = self.pos;
-        let noted = self.repairs.len();
+        let quotes0 = self.quotes_taken;
         let (text, closed) = self.parse_string_body(ctx)?;
-        let inner_quotes = self
-            .repairs
-            .get(noted..)
-            .unwrap_or_default()
-            .iter()
-            .filter(|r| r.kind == RepairKind::UnescapedQuote)
-            .count();
+        let inner_quotes = self.quotes_taken - quotes0;
         if !self.salvage
             && inner_quotes % 2 == 1
             && !(closed
@@ -1711,6 +1772,7 @@ impl<'a> Parser<'a> {
             _ => self.note(RepairKind::TypographicQuotes, start),
         }
         let content_start = start + olen;
+        self.string_quotes_from = self.quotes_taken;
         let mut i = content_start;
         let mut seg = i;
         let mut out = String::new();
@@ -1779,6 +1841,7 @@ impl<'a> Parser<'a> {
                     Some(r) => return Ok(r),
                     None => {
                         self.note(RepairKind::UnescapedQuote, i);
+                        self.quotes_taken += 1;
                         i = after;
                         continue;
                     }
@@ -1968,11 +2031,13 @@ impl<'a> Parser<'a> {
         let raw = self.s(content_start, q);
         match ctx {
             Ctx::Key => {
-                if nx.is_some_and(|c| c != b':')
+                if nx.is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'$'))
                     && !raw.contains('\\')
                     && let Some(colon) = raw.find(':')
                 {
-                    // `{"a: 1, "b": 2}`: the key's closing quote is missing.
+                    // `{"a: 1, "b": 2}`: the key's closing quote is missing; this quote opens
+                    // the next key. (Before a closer, `"a: "}`, it is a closing quote, and
+                    // splitting the key at its colon would make up a member.)
                     self.note(RepairKind::MissingQuote, content_start + colon);
                     self.pos = content_start + colon;
                     return Some((raw[..colon].trim_end().to_owned(), true));
@@ -2009,10 +2074,30 @@ impl<'a> Parser<'a> {
                     if same_line && nx == Some(b'"') && self.delim_follows(nx_pos + 1) {
                         return None;
                     }
-                } else if self.inner_quote_since(content_start) && !self.continuation_fits(nx_pos) {
+                    // `"Windows "10""`, `"echo "$HOME""`: closing here would need what
+                    // follows to be the next member or element, and it is not — so it is
+                    // text of the string, whatever its shape. In an object that means a
+                    // key and its colon: a key is never made up from string text.
+                    if same_line && !self.next_item_fits(after, nx_pos) {
+                        return None;
+                    }
+                } else if self.inner_quote_since_start() && !self.continuation_fits(nx_pos) {
                     // `"a "b", c."` in an object: a string that already holds a quote of
                     // its own closes only where the JSON can go on, so `, c."` is text.
                     return None;
+                } else if self.inner_quote_since_start()
+                    && !self.in_object()
+                    && nx_pos == after
+                    && nx == Some(b',')
+                    && self.quote_at(nx_pos + 1).is_some()
+                {
+                    // `["echo "a","b""]`: in a string that already holds quotes of its own,
+                    // `","` may be a quoted comma or the end of one string and the start of
+                    // the next. Both readings give a value: refused.
+                    self.loss.get_or_insert(self.err(
+                        q,
+                        "quotes around a comma inside a string: one string or two is unclear",
+                    ));
                 }
             }
         }
@@ -2038,6 +2123,104 @@ impl<'a> Parser<'a> {
             Some(b'/') => matches!(self.at(p + 1), Some(b'/' | b'*')),
             Some(_) => false,
         }
+    }
+
+    /// After a `"` at `after - 1` that would close a value string with no delimiter after
+    /// it, at `p` (the next non-blank byte on the line): whether what starts there can be the
+    /// next member or element after a missing comma.
+    ///
+    /// In an object only a key followed by its colon can: a key is never made up from string
+    /// text. Elsewhere, after a blank, another string, object or array can (`["a" "b"]`, the
+    /// reading the public repair suites expect) and so can a number followed by a delimiter
+    /// (`"a" 10, 2`, not `"a" 10" b`); nothing else can start a value there. A token
+    /// written right against the quote (`"Windows "10""`, `"see "[1]" ok"`) is quoted text
+    /// — unless it is another string followed by a delimiter (`["a""b"]`), and then the two
+    /// readings (two strings, or one holding `""`) are both possible and the parse is
+    /// refused.
+    fn next_item_fits(&mut self, after: usize, p: usize) -> bool {
+        if self.at(p) == Some(b'`') && self.s(p, self.end).starts_with("```") {
+            // `{"a": "x"```: the closing fence of a code block, read after the value.
+            return true;
+        }
+        if self.in_object() {
+            return self.key_at(p);
+        }
+        if p > after {
+            return if self.quote_at(p).is_some() || matches!(self.at(p), Some(b'{' | b'[')) {
+                true
+            } else if self
+                .at(p)
+                .is_some_and(|c| c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.'))
+            {
+                self.number_then_delim(p)
+            } else {
+                false
+            };
+        }
+        let Some((_, qlen)) = self.quote_at(p) else {
+            return false;
+        };
+        let as_next = self.string_then_delim(p, qlen);
+        if as_next && self.quote_then_delim_ahead(p + qlen) {
+            self.loss.get_or_insert(self.err(
+                p,
+                "quotes side by side inside a string: two strings or one is unclear",
+            ));
+        }
+        as_next
+    }
+
+    /// Whether a number starting at `p` is followed by a value delimiter (bounded look-ahead):
+    /// `"a" 10, 2` and not `"a" 10" b`.
+    fn number_then_delim(&self, p: usize) -> bool {
+        let limit = (p + KEY_LOOKAHEAD).min(self.end);
+        let mut i = p + 1;
+        while i < limit
+            && self.at(i).is_some_and(|c| {
+                c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'E' | b'-' | b'+' | b'_')
+            })
+        {
+            i += 1;
+        }
+        i >= self.end || (i < limit && self.value_delim_at(self.skip_plain_ws_from(i)))
+    }
+
+    /// Whether a string opened by the quote at `p` (of `qlen` bytes) closes on the same line
+    /// and a value delimiter follows it (bounded look-ahead).
+    fn string_then_delim(&self, p: usize, qlen: usize) -> bool {
+        let limit = (p + KEY_LOOKAHEAD).min(self.end);
+        let mut i = p + qlen;
+        while i < limit {
+            match self.at(i) {
+                Some(b'\\') => i += 2,
+                Some(b'\n') | None => return false,
+                Some(_) => match self.quote_at(i) {
+                    Some((_, l)) => return self.value_delim_at(self.skip_plain_ws_from(i + l)),
+                    None => i += 1,
+                },
+            }
+        }
+        false
+    }
+
+    /// Whether a quote followed by a value delimiter comes later on the line from `i`: a
+    /// place where a string open before `i` could end (bounded look-ahead).
+    fn quote_then_delim_ahead(&self, mut i: usize) -> bool {
+        let limit = (i + KEY_LOOKAHEAD).min(self.end);
+        while i < limit {
+            match self.at(i) {
+                Some(b'\\') => i += 2,
+                Some(b'\n') | None => return false,
+                Some(_) => match self.quote_at(i) {
+                    Some((_, l)) if self.value_delim_at(self.skip_plain_ws_from(i + l)) => {
+                        return true;
+                    }
+                    Some((_, l)) => i += l,
+                    None => i += 1,
+                },
+            }
+        }
+        false
     }
 
     /// Whether `c`, right after a `"` on the same line, is more text of the string (a
@@ -2083,14 +2266,9 @@ impl<'a> Parser<'a> {
         self.in_object() && self.at(p) == Some(b',') && self.key_at(self.skip_plain_ws_from(p + 1))
     }
 
-    /// Whether an unescaped quote was already taken as text in the string whose content
-    /// starts at `content_start`.
-    fn inner_quote_since(&self, content_start: usize) -> bool {
-        self.repairs
-            .iter()
-            .rev()
-            .take_while(|r| r.offset >= content_start)
-            .any(|r| r.kind == RepairKind::UnescapedQuote)
+    /// Whether an unescaped quote was already taken as text in the string being read.
+    fn inner_quote_since_start(&self) -> bool {
+        self.quotes_taken > self.string_quotes_from
     }
 
     /// After a quote that would close a string holding quotes of its own, at `p` (the next

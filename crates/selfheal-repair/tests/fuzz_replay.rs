@@ -33,3 +33,15 @@ fn differential_seeds_and_their_mutants() {
         fuzzing::repair_differential(&m);
     }
 }
+
+#[test]
+fn quote_seeds_and_their_mutants() {
+    let seeds = seeds("repair_quotes");
+    for (name, data) in &seeds {
+        eprintln!("{name}");
+        fuzzing::quote_in_string(data);
+    }
+    for m in mutants(&seeds, 2_000) {
+        fuzzing::quote_in_string(&m);
+    }
+}

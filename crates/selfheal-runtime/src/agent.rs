@@ -798,7 +798,31 @@ impl Loop<'_> {
                     continue;
                 }
             };
-            let args_text = args.value.to_string();
+            // Arguments valid as written are recorded as written; changed ones with every
+            // number as the model wrote it, or refused if a coercion would change its digits.
+            let args_text = if args.changed {
+                match args.to_json() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": raw_text}}));
+                        let text = format!(
+                            "Your call to `{tname}` was not run: {e} once its arguments were \
+                             corrected. Call `{tname}` again with every argument of the type \
+                             its schema asks."
+                        );
+                        problems.push((
+                            id,
+                            text,
+                            Signal::InvalidArguments {
+                                errors: vec![format!("at (root): {e}")],
+                            },
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                raw_text.clone()
+            };
             history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
             let repaired = renamed || !args.repairs.is_empty() || !args.coercions.is_empty();
             if repaired {

@@ -3,6 +3,10 @@
 //! A thin shell over `selfheal_repair` so the repair can be tried on real model output and
 //! used in scripts: the exit code says whether the result can be trusted.
 //!
+//! Output: valid input is printed byte for byte as it was written (only the blanks around it
+//! trimmed), unless `--canonical` asks for compact JSON with sorted keys; a repaired value is
+//! printed compact, each number as the input wrote it.
+//!
 //! Exit codes:
 //! - 0: a value was returned, and nothing in it was invented or lost (valid input comes back
 //!   unchanged; `--report` lists every repair with its byte offset). With `--salvage` data may
@@ -10,7 +14,7 @@
 //! - 1: refused — the input was cut off, a value is missing, several values follow each
 //!   other, a number has leading zeros, or the value still violates the schema. The reason
 //!   and byte offset go to stderr, followed by the re-ask text for the model.
-//! - 2: usage errors (bad flags, unreadable or invalid schema file).
+//! - 2: usage errors (bad flags, unreadable or invalid schema file, input over `--max-bytes`).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -60,7 +64,18 @@ pub struct RepairArgs {
     /// `{"year": 20` may have been 2018.
     #[arg(long)]
     pub complete: bool,
+    /// Print valid input re-formatted as compact JSON with sorted keys, instead of byte for
+    /// byte as it was written. Numbers keep their digits either way.
+    #[arg(long)]
+    pub canonical: bool,
+    /// The largest input read, in bytes; larger input is refused with exit code 2 before it
+    /// is parsed. Repair needs up to about 4 times the input in memory.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
+    pub max_bytes: u64,
 }
+
+/// Default for `--max-bytes`: 256 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Runs `selfheal repair`; returns the process exit code.
 pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
@@ -78,7 +93,17 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
         },
     };
     let mut bytes = Vec::new();
-    std::io::stdin().read_to_end(&mut bytes)?;
+    std::io::stdin()
+        .lock()
+        .take(args.max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > args.max_bytes {
+        eprintln!(
+            "error: the input is larger than --max-bytes {} (raise it to repair larger input)",
+            args.max_bytes
+        );
+        return Ok(EXIT_USAGE);
+    }
     let Ok(input) = String::from_utf8(bytes) else {
         eprintln!("error: input is not valid UTF-8");
         return Ok(EXIT_INVALID);
@@ -112,6 +137,9 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
         r.kind == RepairKind::DroppedIncomplete
             || (args.salvage && r.kind == RepairKind::ClosedTruncated)
     });
+    let was_repaired = repaired.was_repaired();
+    let literals = repaired.literals;
+    let unlisted = repaired.unlisted;
     let (value, coercions, violations) = match &guide {
         Some(g) => {
             let o = g.apply(repaired.value);
@@ -122,13 +150,27 @@ pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
     // Buffered: stdout's own line buffering looks for a newline in every small write the
     // serialiser makes, which costs more than the repair on a large document.
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    serde_json::to_writer(&mut out, &value)?;
+    if !was_repaired && coercions.is_empty() && !args.canonical {
+        // Valid input, unchanged by the schema, is the answer as written: byte for byte.
+        out.write_all(input.trim_ascii().as_bytes())?;
+    } else if literals.is_empty() {
+        // Written as it is serialised: no second copy of a large document in memory.
+        serde_json::to_writer(&mut out, &value)?;
+    } else {
+        match literals.render(&value) {
+            Ok(text) => out.write_all(text.as_bytes())?,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(EXIT_INVALID);
+            }
+        }
+    }
     writeln!(out)?;
     out.flush()?;
     if args.report {
         eprintln!(
             "{}",
-            json!({"repairs": repaired.repairs, "coercions": coercions, "violations": violations, "salvaged": salvaged})
+            json!({"repairs": repaired.repairs, "unlisted": unlisted, "coercions": coercions, "violations": violations, "salvaged": salvaged})
         );
     }
     if violations.is_empty() {

@@ -7,6 +7,8 @@
 //! - [`repair_differential`]: the bytes choose a valid JSON value and a corruption from the
 //!   repairable set (`corrupt.rs`); `repair` gives back the value or refuses. Or they choose a
 //!   value and a cut: a prefix of valid JSON is refused or keeps only whole values.
+//! - [`quote_in_string`]: the bytes choose strings holding quoted tokens left unescaped; `repair`
+//!   gives back the value meant or refuses.
 
 // Each user of this module (two fuzz targets, one test) takes what it needs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -187,4 +189,80 @@ fn value(src: &mut Source<'_>, depth: usize) -> Value {
             Value::Object(m)
         }
     }
+}
+
+/// Issue 29's property: the bytes choose an object of tool arguments whose string values hold
+/// quoted tokens written with their quotes unescaped (`{"q": "Windows "10""}`) — digits,
+/// `$`-words, words, flags, punctuation, nested quotes — and where the strings stand (a member,
+/// among others, nested, in an array). `repair` gives back the value meant or refuses; it never
+/// returns another value, and never a key the writer did not write.
+pub fn quote_in_string(data: &[u8]) {
+    const TOKENS: &[&str] = &[
+        "10",
+        "3.5",
+        "-1",
+        "007",
+        "1e5",
+        "$HOME",
+        "${VAR}",
+        "$1",
+        "word",
+        "two words",
+        "--force",
+        "#tag",
+        "@user",
+        "/usr/bin",
+        "[1, 2]",
+        "{x}",
+        "(a)",
+        "a, b",
+        "k: v",
+        "it's",
+        "",
+        "€5",
+        "x\"y",
+    ];
+    // Not a bare `,` or `:`: in an array `["echo ","echo"]` is also exactly the text of two
+    // strings and a comma, a reading no one can rule out.
+    const PLAIN: &[&str] = &[
+        "", "Windows ", "echo ", "a: ", " now", ".", " 5", "a, b", "x y",
+    ];
+    let mut src = Source { data, pos: 0 };
+    let mut pick = |list: &[&'static str]| list[usize::from(src.byte()) % list.len()];
+    // The string: plain text and quoted tokens, one to three of each.
+    let mut meant = String::new();
+    let parts = 1 + data.len() % 3;
+    for _ in 0..parts {
+        meant.push_str(pick(PLAIN));
+        meant.push('"');
+        meant.push_str(pick(TOKENS));
+        meant.push('"');
+    }
+    meant.push_str(pick(PLAIN));
+    let raw = format!("\"{meant}\"");
+    let place = pick(&["member", "first", "last", "nested", "array", "array-first"]);
+    let (text, want) = match place {
+        "member" => (format!("{{\"q\": {raw}}}"), json!({"q": meant})),
+        "first" => (
+            format!("{{\"q\": {raw}, \"n\": 1}}"),
+            json!({"q": meant, "n": 1}),
+        ),
+        "last" => (
+            format!("{{\"n\": 1, \"q\": {raw}}}"),
+            json!({"n": 1, "q": meant}),
+        ),
+        "nested" => (
+            format!("{{\"o\": {{\"q\": {raw}}}, \"n\": 1}}"),
+            json!({"o": {"q": meant}, "n": 1}),
+        ),
+        "array" => (format!("{{\"l\": [{raw}]}}"), json!({"l": [meant]})),
+        _ => (
+            format!("{{\"l\": [{raw}, \"b\"]}}"),
+            json!({"l": [meant, "b"]}),
+        ),
+    };
+    let Ok(r) = repair(&text) else {
+        return;
+    };
+    assert_eq!(r.value, want, "from {text:?}; repairs {:?}", r.repairs);
 }
