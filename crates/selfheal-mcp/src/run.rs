@@ -82,7 +82,10 @@ async fn deliver(
         let bytes = match verbatim {
             Some(b) => b,
             None => {
-                text = v.to_string();
+                text = original
+                    .filter(|(from, _, _)| *from != to)
+                    .and_then(|(_, _, bytes)| with_arguments_as_written(v, bytes))
+                    .unwrap_or_else(|| v.to_string());
                 text.as_bytes()
             }
         };
@@ -92,6 +95,35 @@ async fn deliver(
         }
     }
     Ok(())
+}
+
+/// A call forwarded with its id rewritten: the message as `v` says, with the `arguments` of its
+/// `params` written exactly as in `original` (the line it came from) when the proxy passed them
+/// on unchanged — member order, spacing and numbers as the client wrote them, an integer past 64
+/// bits included. `None` when `v` has no arguments or the proxy changed them (a repair).
+fn with_arguments_as_written(v: &Value, original: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Line<'a> {
+        #[serde(borrow)]
+        params: Params<'a>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        arguments: &'a serde_json::value::RawValue,
+    }
+    const MARK: &str = "\u{0}selfheal: arguments as written\u{0}";
+    let args = v.pointer("/params/arguments")?;
+    let line: Line<'_> = serde_json::from_slice(original).ok()?;
+    let raw = line.params.arguments.get();
+    if serde_json::from_str::<Value>(raw).ok().as_ref() != Some(args) {
+        return None;
+    }
+    let mut marked = v.clone();
+    *marked.pointer_mut("/params/arguments")? = Value::String(MARK.to_owned());
+    let text = marked.to_string();
+    let mark = Value::String(MARK.to_owned()).to_string();
+    (text.matches(&mark).count() == 1).then(|| text.replacen(&mark, raw, 1))
 }
 
 /// What to do with a line longer than the limit, of `len` bytes, whose first bytes are `head`,

@@ -447,6 +447,38 @@ async fn unchanged_messages_and_non_utf8_lines_pass_byte_for_byte() {
     assert_eq!(read, [from_server.to_vec(), latin1.to_vec()]);
 }
 
+/// Issue 29: a call is forwarded under the proxy's own id, but its arguments, valid for the
+/// tool and so passed on unchanged, reach the server as the client wrote them: member order,
+/// spacing, `1.50` and an integer past 64 bits.
+#[tokio::test]
+async fn issue29_a_forwarded_call_keeps_its_arguments_byte_for_byte() {
+    let args = r#"{"z": 1.50,  "a": 123456789012345678901234, "s": "x"}"#;
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"echo","arguments":{args}}}}}"#
+    );
+    let server_saw = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let saw = server_saw.clone();
+    let (read, _) = session_with(&[call.as_bytes()], move |input, mut output| async move {
+        let mut r = BufReader::new(input);
+        let mut line = Vec::new();
+        r.read_until(b'\n', &mut line).await.unwrap();
+        let msg: Value = serde_json::from_slice(&line).unwrap();
+        saw.lock().unwrap().push(line);
+        let answer = json!({"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [{"type": "text", "text": "ok"}]}});
+        output.write_all(answer.to_string().as_bytes()).await.unwrap();
+        output.write_all(b"\n").await.unwrap();
+    })
+    .await;
+    let saw = server_saw.lock().unwrap().clone();
+    let line = String::from_utf8(saw[0].clone()).unwrap();
+    assert!(line.contains(&format!(r#""arguments":{args}"#)), "{line}");
+    let sent: Value = serde_json::from_str(&line).unwrap();
+    assert_ne!(sent["id"], json!(3), "the proxy's own id");
+    assert_eq!(sent["params"]["name"], "echo");
+    let answer: Value = serde_json::from_slice(&read[0]).unwrap();
+    assert_eq!(answer["id"], json!(3));
+}
+
 /// Issue 13: lines are bounded. A message longer than `max_line_bytes` is never forwarded, in
 /// part or whole: its sender gets a JSON-RPC error (with its id when the first bytes give it),
 /// a response the other side waits for becomes an error response, and the session goes on.
