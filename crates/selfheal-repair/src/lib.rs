@@ -202,6 +202,7 @@ mod literal;
 mod parser;
 mod report;
 pub mod schema;
+mod text_calls;
 
 pub use arguments::{Arguments, ArgumentsError, Ending, check_arguments, repair_arguments};
 pub use error::{Cut, RepairError};
@@ -211,6 +212,7 @@ pub use schema::{
     Coercion, CoercionKind, Outcome, SchemaError, SchemaGuide, Violation, reask_message,
     required_properties,
 };
+pub use text_calls::{TextCall, TextCalls, find_text_calls};
 
 use serde_json::Value;
 

@@ -47,6 +47,21 @@ impl Literals {
         self
     }
 
+    /// The literals under `prefix` (a JSON pointer), pointed from there: for rendering a
+    /// part of the value on its own.
+    #[must_use]
+    pub fn under(&self, prefix: &str) -> Self {
+        let entries = self
+            .entries
+            .iter()
+            .filter_map(|(p, v, l)| {
+                let rest = p.strip_prefix(prefix)?;
+                (rest.is_empty() || rest.starts_with('/')).then(|| (rest.to_owned(), *v, l.clone()))
+            })
+            .collect();
+        Self { entries }
+    }
+
     /// Appends `other`'s literals.
     pub(crate) fn extend(&mut self, other: Self) {
         self.entries.extend(other.entries);
