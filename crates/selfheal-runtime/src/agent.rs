@@ -40,7 +40,7 @@ use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryActio
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, Subject, Verifier};
-use selfheal_repair::{ArgumentsError, Ending, SchemaGuide};
+use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
 
 use crate::client::{ClientError, ModelClient};
 use crate::tool::{Effect, Tool, ToolError};
@@ -380,20 +380,57 @@ impl Loop<'_> {
                         ..Amounts::default()
                     };
                     let msg = c.message().cloned().unwrap_or(Value::Null);
-                    let content = msg
+                    let mut content = msg
                         .get("content")
                         .and_then(Value::as_str)
                         .unwrap_or("")
                         .to_owned();
-                    let calls: Vec<Value> = msg
+                    let mut calls: Vec<Value> = msg
                         .get("tool_calls")
                         .and_then(Value::as_array)
                         .cloned()
                         .unwrap_or_default();
                     let refused = c.finish_reason() == Some("content_filter")
                         || msg.get("refusal").is_some_and(|r| !r.is_null());
+                    // A call written as text (a fence, `<tool_call>` tags, …) is a call, not
+                    // an answer: taken when it reads without a guess, re-asked when not.
+                    let mut written_as_text = None;
+                    if calls.is_empty() && !refused && !offered.is_empty() {
+                        let names: Vec<&str> =
+                            offered.iter().map(|t| t.spec().name.as_str()).collect();
+                        match find_text_calls(&content, &names) {
+                            TextCalls::None => {}
+                            TextCalls::Found { calls: found, rest } => {
+                                self.log.push(format!(
+                                    "salvage: {} tool call(s) written as text taken as calls",
+                                    found.len()
+                                ));
+                                calls = found
+                                    .into_iter()
+                                    .enumerate()
+                                    .map(|(i, c)| {
+                                        json!({
+                                            "id": format!("call_text_{}_{i}", self.model_calls),
+                                            "type": "function",
+                                            "function": {"name": c.name, "arguments": c.arguments},
+                                        })
+                                    })
+                                    .collect();
+                                content = rest;
+                            }
+                            TextCalls::Doubt { reason } => written_as_text = Some(reason),
+                        }
+                    }
                     if calls.is_empty() {
-                        let signal = refused.then_some(Signal::Refusal);
+                        let signal = if refused {
+                            Some(Signal::Refusal)
+                        } else {
+                            written_as_text
+                                .as_ref()
+                                .map(|reason| Signal::InvalidArguments {
+                                    errors: vec![format!("at (root): {reason}")],
+                                })
+                        };
                         let options = Options {
                             can_replan: true,
                             fallback_model: self.fallback(),
@@ -424,6 +461,17 @@ impl Loop<'_> {
                                 AnswerVerdict::Stands => return Ok(content),
                                 AnswerVerdict::AskAgain => continue,
                             }
+                        }
+                        if let Some(reason) = written_as_text {
+                            self.model_directive(d, "a tool call written as text")
+                                .await?;
+                            self.messages
+                                .push(json!({"role": "assistant", "content": content}));
+                            self.messages.push(json!({"role": "user", "content": format!(
+                                "Your answer wrote a tool call as text, which was not run: {reason}. \
+                                 Call a tool on offer with a structured tool call, or answer in words."
+                            )}));
+                            continue;
                         }
                         self.model_directive(d, "the model refused").await?;
                         self.messages.push(json!({"role": "user", "content": "Please do the task with the tools offered."}));

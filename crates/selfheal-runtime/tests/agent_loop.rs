@@ -499,3 +499,52 @@ async fn a_run_that_went_well_or_whose_value_held_is_not_asked_again() {
         assert_eq!(requests(&s).len(), 2);
     }
 }
+
+/// Issue 31: a small local model writes its call as a fenced JSON block in `content`, never as
+/// `tool_calls`. The call is read back and run; the answer is not the fenced text.
+#[tokio::test]
+async fn a_tool_call_written_as_text_is_run_not_answered() {
+    let (r, calls, s) = run_with_weather(vec![
+        ok(answer(
+            "Let me check.\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+        )),
+        ok(answer("It is 21 degrees in Paris.")),
+    ])
+    .await;
+    assert_eq!(r.answer.as_deref(), Some("It is 21 degrees in Paris."));
+    assert_eq!(*calls.lock().unwrap(), vec![json!({"city": "Paris"})]);
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 2);
+    let last = last_message(&reqs[1]);
+    assert_eq!(last["role"], "tool");
+    assert!(last["content"].as_str().unwrap().contains("temp_c"));
+    assert!(
+        r.recovery_log.iter().any(|l| l.contains("salvage")),
+        "{:?}",
+        r.recovery_log
+    );
+}
+
+/// Issue 31: a call written as text that cannot be taken without a guess (a tool not on offer)
+/// is never the final answer: the model is asked again.
+#[tokio::test]
+async fn a_tool_call_written_as_text_that_cannot_be_taken_is_asked_again() {
+    let (r, calls, s) = run_with_weather(vec![
+        ok(answer(
+            "{\"name\": \"send_email\", \"arguments\": {\"to\": \"bob@example.com\"}}",
+        )),
+        ok(call("get_weather", r#"{"city": "Paris"}"#)),
+        ok(answer("21")),
+    ])
+    .await;
+    assert_eq!(r.answer.as_deref(), Some("21"));
+    assert_eq!(calls.lock().unwrap().len(), 1);
+    let reqs = requests(&s);
+    let reask = last_message(&reqs[1]);
+    assert_eq!(reask["role"], "user");
+    let text = reask["content"].as_str().unwrap();
+    assert!(
+        text.contains("send_email") && text.contains("not run"),
+        "{text}"
+    );
+}
