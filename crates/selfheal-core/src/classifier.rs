@@ -371,6 +371,8 @@ impl Classifier {
                 MessageHint::ContextLength => {
                     of(FailureClass::ArgumentInvalid, ErrorType::Structural)
                 }
+                MessageHint::WrongTool => of(FailureClass::WrongTool, ErrorType::ModelError),
+                MessageHint::NoResults => of(FailureClass::EmptyOutput, ErrorType::Structural),
                 MessageHint::Unknown => runtime(None),
             },
             Signal::HttpStatus {
@@ -404,7 +406,10 @@ impl Classifier {
                 MessageHint::Arguments | MessageHint::ContextLength => {
                     of(FailureClass::ArgumentInvalid, ErrorType::Structural)
                 }
-                MessageHint::Unknown => of(FailureClass::EmptyOutput, ErrorType::Structural),
+                MessageHint::WrongTool => of(FailureClass::WrongTool, ErrorType::ModelError),
+                MessageHint::NoResults | MessageHint::Unknown => {
+                    of(FailureClass::EmptyOutput, ErrorType::Structural)
+                }
             },
             Signal::Stale { .. } => of(FailureClass::StaleContext, ErrorType::Structural),
             Signal::Contradiction { .. } => {
@@ -451,6 +456,8 @@ impl Classifier {
                 MessageHint::Arguments
                 | MessageHint::Transient
                 | MessageHint::Unavailable
+                | MessageHint::WrongTool
+                | MessageHint::NoResults
                 | MessageHint::Unknown => of(FailureClass::ArgumentInvalid, ErrorType::Structural),
             },
             404 => of(FailureClass::WrongTool, ErrorType::ModelError),
@@ -470,10 +477,22 @@ impl Classifier {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MessageHint {
+    /// A timeout, a rate limit, a reset connection, an overloaded server: the same call may
+    /// work later.
     Transient,
+    /// The tool or its backend is down, or refuses this caller: use another tool.
     Unavailable,
+    /// The arguments are wrong (a validation error, a value the tool does not take, a file that
+    /// is not there): the call must change.
     Arguments,
+    /// The request is over the model's context window.
     ContextLength,
+    /// The tool does not do this (unknown tool, not relevant, an operation it lacks): use
+    /// another tool.
+    WrongTool,
+    /// The tool ran and found nothing: try a different query.
+    NoResults,
+    /// Nothing in the text says which.
     Unknown,
 }
 
@@ -483,11 +502,15 @@ pub fn transient_text(message: &str) -> bool {
     classify_message(message) == MessageHint::Transient
 }
 
-/// A coarse reading of free-text error messages. Used only to refine a signal that carries no
-/// structured cause; structured signals always win.
+/// A coarse reading of free-text error messages, in the order a person reads them: the most
+/// specific cause first (the context window, a tool that does not do this, nothing found), then
+/// what time may clear, then an outage, then wrong arguments. Used only to refine a signal
+/// that carries no structured cause; structured signals always win. The corpus in
+/// `tests/corpus/tool_errors.jsonl` measures it (`tests/error_texts.rs`).
 fn classify_message(message: &str) -> MessageHint {
     let m = message.to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| m.contains(n));
+    let trimmed = m.trim();
     if has(&[
         "context length",
         "context_length",
@@ -497,10 +520,98 @@ fn classify_message(message: &str) -> MessageHint {
     ]) {
         MessageHint::ContextLength
     } else if has(&[
-        "invalid argument",
-        "invalid_argument",
-        "missing required",
-        "validation error",
+        "unknown tool",
+        "no such tool",
+        "not relevant",
+        "method not found",
+        "unsupported operation",
+        "operation not supported",
+        "not supported by this tool",
+        "only supports",
+        "cannot answer",
+        "use another tool",
+        "use a different tool",
+    ]) || (m.contains("tool") && has(&["not found", "does not exist"]))
+    {
+        MessageHint::WrongTool
+    } else if has(&[
+        "no results",
+        "0 results",
+        "found 0",
+        "nothing found",
+        "no data",
+        "no matching",
+        "did not match any",
+        "\"results\": []",
+    ]) || trimmed == "[]"
+        || trimmed == "{}"
+    {
+        MessageHint::NoResults
+    } else if has(&[
+        "timeout",
+        "timed out",
+        "rate limit",
+        "rate_limit",
+        "too many requests",
+        "connection reset",
+        "econnreset",
+        "etimedout",
+        "hang up",
+        "temporar",
+        "try again",
+        "overloaded",
+        "bad gateway",
+        "gateway timeout",
+        "503 service unavailable",
+        "max retries exceeded",
+    ]) {
+        MessageHint::Transient
+    } else if has(&[
+        "unavailable",
+        "permission denied",
+        "forbidden",
+        "unauthorized",
+        "credentials",
+        "api key",
+        "expired",
+        "suspended",
+        "quota",
+        "gone",
+        "deprecated",
+        "disabled",
+        "econnrefused",
+        "connection refused",
+        "maintenance",
+    ]) {
+        MessageHint::Unavailable
+    } else if has(&[
+        "invalid",
+        "validation",
+        "valueerror",
+        "typeerror",
+        "keyerror",
+        "syntaxerror",
+        "unexpected token",
+        "required",
+        "missing",
+        "must be",
+        "must not",
+        "expected",
+        "malformed",
+        "bad request",
+        "unprocessable",
+        "not a valid",
+        "unsupported",
+        "out of range",
+        "cannot parse",
+        "could not parse",
+        "no such file",
+        "enoent",
+        "eisdir",
+        "not found",
+        "does not exist",
+        "division by zero",
+        "unknown ",
         "schema",
         "content: null",
         "'content'",
@@ -508,30 +619,6 @@ fn classify_message(message: &str) -> MessageHint {
         "cannot be null",
     ]) {
         MessageHint::Arguments
-    } else if has(&[
-        "not found",
-        "unavailable",
-        "permission denied",
-        "forbidden",
-        "unauthorized",
-        "gone",
-        "deprecated",
-        "disabled",
-    ]) {
-        MessageHint::Unavailable
-    } else if has(&[
-        "timeout",
-        "timed out",
-        "rate limit",
-        "too many requests",
-        "connection reset",
-        "connection refused",
-        "temporar",
-        "try again",
-        "overloaded",
-        "econnreset",
-    ]) {
-        MessageHint::Transient
     } else {
         MessageHint::Unknown
     }

@@ -1240,9 +1240,16 @@ fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Directive) 
     }
 }
 
-/// The retry's guidance.
+/// The retry's guidance: the same call, except where the class says the same arguments would
+/// find the same nothing.
 pub fn retry_text(tool: &str, class: FailureClass) -> String {
-    format!("`{tool}` failed ({class}): call it again with the same arguments.")
+    match class {
+        FailureClass::EmptyOutput => format!(
+            "`{tool}` failed ({class}): call it again; if it found nothing, with other \
+             arguments (a different query)."
+        ),
+        _ => format!("`{tool}` failed ({class}): call it again with the same arguments."),
+    }
 }
 
 /// The refresh's guidance: the same call with the tool's cache-bypass argument set.
@@ -1253,9 +1260,20 @@ pub fn refresh_text(tool: &str, class: FailureClass, arg: &str) -> String {
     )
 }
 
-/// The guidance of a repair or a model-side retry: the model writes the call again.
+/// The guidance of a repair or a model-side retry: the model writes the call again — with
+/// other arguments, or, when the tool does not do this, another tool. Never "the same
+/// arguments": the same call would fail the same way.
 pub fn rewrite_text(tool: &str, class: FailureClass) -> String {
-    format!("`{tool}` failed ({class}): check its arguments and write the call again.")
+    match class {
+        FailureClass::WrongTool => format!(
+            "`{tool}` failed ({class}): it does not do this; call another tool on offer that \
+             does, or answer without it."
+        ),
+        _ => format!(
+            "`{tool}` failed ({class}): change its arguments as the error says and write the \
+             call again."
+        ),
+    }
 }
 
 /// The substitute's guidance.
@@ -1579,5 +1597,33 @@ mod tests {
         let mut free = call("weather", "{\"code\": \"MXCs\"}");
         assert!(g.check(&mut free).is_empty());
         assert!(free.get("tool_calls").is_some());
+    }
+}
+
+#[cfg(test)]
+mod guidance_tests {
+    use super::*;
+
+    /// Issue 31: the guidance fits the class. A validation error or the wrong tool is never
+    /// told "the same arguments"; nothing found is told to change the query.
+    #[test]
+    fn guidance_fits_the_class() {
+        for class in FailureClass::ALL {
+            let text = if class.is_model_side() {
+                rewrite_text("t", class)
+            } else {
+                retry_text("t", class)
+            };
+            if matches!(
+                class,
+                FailureClass::ArgumentInvalid | FailureClass::WrongTool | FailureClass::EmptyOutput
+            ) {
+                assert!(!text.contains("the same arguments"), "{class}: {text}");
+            }
+        }
+        assert!(rewrite_text("t", FailureClass::WrongTool).contains("another tool"));
+        assert!(retry_text("t", FailureClass::EmptyOutput).contains("different query"));
+        assert!(rewrite_text("t", FailureClass::ArgumentInvalid).contains("change its arguments"));
+        assert!(retry_text("t", FailureClass::ToolTimeout).contains("the same arguments"));
     }
 }
