@@ -248,6 +248,7 @@ pub fn replay(
     ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Vec<Replayed> {
+    offer(state, ctx);
     // From the newest result back to the last one the run has seen: only new results (and
     // that one) are read and hashed, however long the history.
     let mut results: Vec<(usize, std::borrow::Cow<'_, str>, u64)> = Vec::new();
@@ -400,6 +401,15 @@ fn feed(
     }
 }
 
+/// Tells the run's controller which tools the request offers (sorted by name, so guidance
+/// names them in a stable order): a tool that keeps failing is routed around while another is
+/// on offer, as the core decides ([`selfheal_core::controller::Controller::offer`]).
+fn offer(state: &mut RunState, ctx: &Ctx<'_>) {
+    let mut names: Vec<&str> = ctx.offered.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    state.controller.offer(names);
+}
+
 /// [`replay`] for a Responses API `input`: its `function_call_output` items (by `call_id`),
 /// each matched to the `function_call` item that asked for it. `only_new`: the input continues
 /// a stored answer and holds only what came since.
@@ -410,6 +420,7 @@ pub fn replay_items(
     ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Vec<Replayed> {
+    offer(state, ctx);
     let text_of = |v: Option<&Value>| match v {
         Some(Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),

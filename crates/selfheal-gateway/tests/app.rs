@@ -263,9 +263,12 @@ async fn transient_errors_are_retried_then_exhaustion_is_a_502_with_reasons() {
 async fn issue_11_a_tool_failing_past_its_ladder_ends_the_run_partial() {
     let (url, shared) = start_upstream(vec![]).await;
     let app = gateway(GatewayConfig::for_upstream(url));
+    // Only the failing tool is on offer: with another one the failure is routed around
+    // instead (issue 30, `issue_30_a_stuck_tool_is_warned_at_3_hidden_at_5_and_the_run_goes_on`).
+    let only_search = json!([tools()[0].clone()]);
     let (status, body, headers) = post_chat(
         &app,
-        json!({"model": "m", "messages": conversation(5, 1), "tools": tools()}),
+        json!({"model": "m", "messages": conversation(5, 1), "tools": only_search}),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -1574,4 +1577,79 @@ async fn continued_turns(first: Value, next: Value) {
     // Another tenant naming the same answer does not join the run.
     let (_, other) = post_responses_as(&app, "sk-tenant-bbbb", &next).await;
     assert_ne!(other["x-selfheal-run"], head["x-selfheal-run"]);
+}
+
+/// The stuck agent of issue 30: `web_search` answers `{"error": "search backend down"}` every
+/// time and `fetch_url` is on offer. `n` failed searches so far.
+fn stuck_agent(n: usize) -> Value {
+    let mut m = vec![json!({"role": "user", "content": "What does the page say?"})];
+    for i in 0..n {
+        m.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("ws{i}"),
+            "type": "function", "function": {"name": "web_search",
+            "arguments": format!("{{\"query\": \"page {i}\"}}")}}]}),
+        );
+        m.push(json!({"role": "tool", "tool_call_id": format!("ws{i}"),
+                      "content": "{\"error\": \"search backend down\"}"}));
+    }
+    json!(m)
+}
+
+fn search_and_fetch() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "web_search", "parameters": {
+            "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+        {"type": "function", "function": {"name": "fetch_url", "parameters": {
+            "type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}}}
+    ])
+}
+
+/// Issue 30: the seeds' monitor rule where users meet it. The run is not ended at the 4th
+/// failure (the ladder's end): it warns at 3 naming `fetch_url`, hides `web_search` at 5 with
+/// guidance naming `fetch_url`, and the model is asked every time.
+#[tokio::test]
+async fn issue_30_a_stuck_tool_is_warned_at_3_hidden_at_5_and_the_run_goes_on() {
+    for n in 1..=5 {
+        let (url, shared) = start_upstream(vec![]).await;
+        let app = gateway(GatewayConfig::for_upstream(url));
+        let (status, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "messages": stuck_agent(n), "tools": search_and_fetch()}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{n}: {body}");
+        assert_ne!(headers["x-selfheal-status"], "failed", "{n}: {body}");
+        let seen = shared.lock().unwrap().seen.clone();
+        assert_eq!(seen.len(), 1, "{n}: the model is asked: {body}");
+        let guidance = guidance_seen(&seen[0]);
+        let names = offered(&seen[0]);
+        if n >= 5 {
+            assert_eq!(names, vec!["fetch_url"], "{n}");
+            assert!(guidance.contains("disabled"), "{n}: {guidance}");
+        } else {
+            assert_eq!(names, vec!["web_search", "fetch_url"], "{n}");
+        }
+        if n >= 3 {
+            assert!(guidance.contains("`fetch_url`"), "{n}: {guidance}");
+        }
+        if n == 3 || n == 4 {
+            assert!(guidance.contains("failed"), "{n}: {guidance}");
+        }
+    }
+}
+
+/// With nothing else on offer, the ladder's end stands: the run stops.
+#[tokio::test]
+async fn issue_30_with_nothing_else_on_offer_a_stuck_tool_still_ends_the_run() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let only_search = json!([search_and_fetch()[0].clone()]);
+    let (status, body, headers) = post_chat(
+        &app,
+        json!({"model": "m", "messages": stuck_agent(5), "tools": only_search}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ne!(headers["x-selfheal-status"], "complete", "{body}");
+    assert!(shared.lock().unwrap().seen.is_empty(), "{body}");
 }
