@@ -341,6 +341,17 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
         }
         Err(e) => (Err(e), "-".to_owned()),
     };
+    answered(&s, result, &tenant, started)
+}
+
+/// The end of every API request (chat completions and responses alike): an error counted and
+/// answered in OpenAI's shape, the request's duration observed, its log line written.
+fn answered(
+    s: &AppState,
+    result: Result<Response, ApiError>,
+    tenant: &str,
+    started: Instant,
+) -> Response {
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
@@ -353,7 +364,7 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
         }
     };
     s.metrics.request_seconds.observe(started.elapsed());
-    log_request(&resp, &tenant, started);
+    log_request(&resp, tenant, started);
     resp
 }
 
@@ -391,6 +402,8 @@ async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bod
         return forward(&s, &headers, body, Forwarded::Responses).await;
     }
     let started = Instant::now();
+    // Counted as chat completions are (issue 30: they were missing from both metrics).
+    Metrics::inc(&s.metrics.requests_total);
     let (result, tenant) = match s.gate.admit(&headers) {
         Ok(caller) => {
             let tenant = caller.tenant.clone();
@@ -400,9 +413,7 @@ async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bod
         }
         Err(e) => (Err(e), "-".to_owned()),
     };
-    let resp = result.unwrap_or_else(IntoResponse::into_response);
-    log_request(&resp, &tenant, started);
-    resp
+    answered(&s, result, &tenant, started)
 }
 
 /// The tools of a Responses request (`[{"type": "function", "name", "parameters"}]`).

@@ -1653,3 +1653,51 @@ async fn issue_30_with_nothing_else_on_offer_a_stuck_tool_still_ends_the_run() {
     assert_ne!(headers["x-selfheal-status"], "complete", "{body}");
     assert!(shared.lock().unwrap().seen.is_empty(), "{body}");
 }
+
+/// Issue 30: `/v1/responses` requests were missing from `selfheal_requests_total` and the
+/// request-duration histogram (1,334 counted of 2,000 in a mixed run).
+#[tokio::test]
+async fn issue_30_metrics_count_responses_requests_as_chat_ones() {
+    let shared: Shared = Arc::new(Mutex::new(Script::default()));
+    let upstream = Router::new()
+        .route("/v1/responses", post(upstream_responses))
+        .route("/v1/chat/completions", post(upstream_chat))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await });
+    let app = gateway(GatewayConfig::for_upstream(format!("http://{addr}/v1")));
+    for i in 0..2 {
+        let body = json!({"model": "m", "input": format!("hello {i}")});
+        let req = Request::post("/v1/responses")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    // One that fails to parse is counted too, as a client error.
+    let req = Request::post("/v1/responses")
+        .header("content-type", "application/json")
+        .body(Body::from("{not json"))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let (status, _, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "and chat"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = metrics_text(&app).await;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+            .unwrap_or_else(|| panic!("no `{name}` in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("selfheal_requests_total "), 4.0);
+    assert_eq!(value("selfheal_request_duration_seconds_count"), 4.0);
+    assert_eq!(value("selfheal_client_errors_total "), 1.0);
+}
