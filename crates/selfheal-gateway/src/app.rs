@@ -25,6 +25,7 @@ use selfheal_runtime::client::{ClientError, Completion};
 use crate::answer;
 use crate::auth::{Caller, Credentials, Gatekeeper, Redactor};
 use crate::config::GatewayConfig;
+use crate::config::OnPartial;
 use crate::error::ApiError;
 use crate::heal::{self, ToolIndex};
 use crate::metrics::Metrics;
@@ -416,6 +417,32 @@ async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bod
     answered(&s, result, &tenant, started)
 }
 
+/// The first tool call of a Responses `input`, `(call_id, name)`: its first `function_call`
+/// item, else (an input that continues an answer the gateway no longer knows) the call its
+/// first `function_call_output` answers, with no name. What names the run when the client gave
+/// no label ([`crate::runs::run_id_of`]).
+fn responses_first_call(req: &serde_json::Map<String, Value>) -> Option<(&str, &str)> {
+    let items = req.get("input").and_then(Value::as_array)?;
+    let of = |kind: &str| {
+        items
+            .iter()
+            .filter(|i| crate::heal::item_type(i) == Some(kind))
+            .find_map(|i| i.get("call_id").and_then(Value::as_str))
+            .map(|id| (id, i_name(items, id)))
+    };
+    of("function_call").or_else(|| of("function_call_output"))
+}
+
+/// The `name` of the `function_call` item of `call_id` in `items`, `""` if none.
+fn i_name<'a>(items: &'a [Value], call_id: &str) -> &'a str {
+    items
+        .iter()
+        .filter(|i| crate::heal::item_type(i) == Some("function_call"))
+        .find(|i| i.get("call_id").and_then(Value::as_str) == Some(call_id))
+        .and_then(|i| i.get("name").and_then(Value::as_str))
+        .unwrap_or("")
+}
+
 /// The tools of a Responses request (`[{"type": "function", "name", "parameters"}]`).
 fn responses_tools(req: &serde_json::Map<String, Value>) -> ToolIndex {
     let mut out = ToolIndex::new();
@@ -515,6 +542,7 @@ async fn responses_inner(
         (None, Some(p)) => s.runs.run_of_response(p, &caller.tenant, now),
         _ => None,
     };
+    let mut unnamed = None;
     let run = match (label, continued) {
         (Some(l), _) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
         (_, Some(run)) => run,
@@ -533,7 +561,13 @@ async fn responses_inner(
             .filter_map(|(tag, v)| v.map(|v| (tag, v.as_bytes())))
             .collect();
             let label = label.or(conversation.as_deref());
-            crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening)
+            let first = responses_first_call(&req);
+            if !crate::runs::names_its_run(label, first) {
+                unnamed = Some(Arc::new(
+                    opening.iter().map(|(k, v)| (*k, v.to_vec())).collect(),
+                ));
+            }
+            crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening, first)
         }
     };
     let t = Turn {
@@ -541,6 +575,7 @@ async fn responses_inner(
         s: s.clone(),
         caller,
         run: run.into(),
+        unnamed,
     };
     t.event(
         Kind::Request,
@@ -621,9 +656,18 @@ async fn responses_inner(
     {
         Metrics::inc(&s.metrics.aborts_total);
         t.event(Kind::Abort, json!({"reason": reason}));
-        t.finish("failed");
         let actions = vec!["abort".to_owned()];
         let text = format!("selfheal stopped this run: {reason}");
+        if s.config.server.on_partial == OnPartial::Error {
+            return Ok(partial_error(
+                &t,
+                "run_stopped",
+                &text,
+                &actions,
+                ("failed", Some(&reason)),
+            ));
+        }
+        t.finish("failed");
         let mut answer = json!({"id": format!("resp_selfheal_{}", t.run), "object": "response",
             "created_at": unix_ms() / 1000, "model": model, "status": "completed",
             "output": [{"type": "message", "id": "msg_selfheal", "role": "assistant",
@@ -801,6 +845,20 @@ async fn responses_inner(
     } else {
         ("complete", None)
     };
+    // Every call left out: the answer says so in words, or is an error the SDKs raise.
+    if !invalid.is_empty() && !responses_calls(&answer) {
+        let words = heal::left_out_text(&heal::problem_texts(&invalid));
+        if s.config.server.on_partial == OnPartial::Error {
+            return Ok(partial_error(
+                &t,
+                "calls_left_out",
+                &words,
+                &actions,
+                (status, reason.as_deref()),
+            ));
+        }
+        say_in_output(&mut answer, &words);
+    }
     if let Some(o) = answer.as_object_mut() {
         o.insert(
             "selfheal".into(),
@@ -825,6 +883,15 @@ async fn responses_inner(
 /// it with `previous_response_id` ([`crate::runs::Responded`]).
 fn remember_response(t: &Turn, responded: Option<crate::runs::Responded>) {
     let Some(r) = responded else { return };
+    adopt_first_call(
+        t,
+        r.calls.first().map(|c| {
+            (
+                c.get("call_id").and_then(Value::as_str).unwrap_or(""),
+                c.get("name").and_then(Value::as_str).unwrap_or(""),
+            )
+        }),
+    );
     t.s.runs.responded(&r.id, &t.run);
     lock(&t.state).last_response = Some(r);
 }
@@ -864,6 +931,7 @@ async fn answer_responses_stream(
         // Set in the relay's task: the head waits for its first frame.
         head: None,
         budget: Some(stream_budget(t)),
+        on_partial: t.s.config.server.on_partial,
     };
     let learnable = served.filter(|_| !again.tools.is_empty());
     let guides = t.s.guides.clone();
@@ -976,6 +1044,10 @@ fn finish_stream(t: &Turn, r: &stream::StreamReport, learnable: Option<&crate::c
         "partial"
     };
     if r.broken.is_none() {
+        adopt_first_call(
+            t,
+            r.first_call.as_ref().map(|(i, n)| (i.as_str(), n.as_str())),
+        );
         remember_response(t, r.responded.clone());
     }
     t.finish(status);
@@ -1289,6 +1361,35 @@ struct Turn {
     caller: Caller,
     run: Arc<str>,
     state: Arc<Mutex<RunState>>,
+    /// The conversation's opening when the request did not name its run (no label, no tool
+    /// call yet): the run then takes the name of the first call it answers with
+    /// ([`adopt_first_call`]).
+    unnamed: Option<Arc<Opening>>,
+}
+
+/// A conversation's opening as run ids read it ([`crate::runs::run_id_of`]).
+type Opening = Vec<(&'static str, Vec<u8>)>;
+
+/// Names the turn's fresh run after `call`, `(id, tool name)`, the first tool call it answers
+/// with, so that the conversation's next request — which carries that call — continues it.
+fn adopt_first_call(t: &Turn, call: Option<(&str, &str)>) {
+    let (Some(opening), Some(call)) = (&t.unnamed, call) else {
+        return;
+    };
+    let opening: Vec<(&str, &[u8])> = opening.iter().map(|(k, v)| (*k, &v[..])).collect();
+    let to = crate::runs::run_id_of(&t.s.run_key, &t.caller.tenant, None, &opening, Some(call));
+    t.s.runs.alias(&t.run, &to, Instant::now());
+}
+
+/// The first tool call of a chat completion, `(id, tool name)`.
+fn completion_first_call(completion: &Value) -> Option<(&str, &str)> {
+    let c = completion.pointer("/choices/0/message/tool_calls/0")?;
+    Some((
+        c.get("id").and_then(Value::as_str).unwrap_or(""),
+        c.pointer("/function/name")
+            .and_then(Value::as_str)
+            .unwrap_or(""),
+    ))
 }
 
 impl Turn {
@@ -1354,15 +1455,25 @@ async fn chat_inner(
     // back as is), else a keyed hash of tenant and label (or opening).
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     let now = Instant::now();
-    let run = match label {
-        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
-        _ => run_id(&s.run_key, &caller.tenant, label, &req.messages),
+    let (run, unnamed) = match label {
+        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => (l.to_owned(), None),
+        _ => {
+            let first = crate::runs::chat_first_call(&req.messages);
+            let first = first.as_ref().map(|(i, n)| (i.as_str(), n.as_str()));
+            let unnamed = (!crate::runs::names_its_run(label, first))
+                .then(|| Arc::new(crate::runs::chat_opening(&req.messages)));
+            (
+                run_id(&s.run_key, &caller.tenant, label, &req.messages),
+                unnamed,
+            )
+        }
     };
     let t = Turn {
         state: s.runs.get_for(&run, &caller.tenant, now),
         s: s.clone(),
         caller,
         run: run.into(),
+        unnamed,
     };
     let tools = s.tool_indexes.get(&req);
     let (verdict, newest_failed, next, answered) = rebuild_run(&t, &req, &tools, &model, &chain);
@@ -1530,6 +1641,9 @@ fn answer_abort(
         "I have to stop here: {reason}. The work so far is in the conversation above; \
          the remaining steps could not be completed."
     );
+    if s.config.server.on_partial == OnPartial::Error {
+        return partial_error(t, "run_stopped", &content, &actions, (status, Some(reason)));
+    }
     let mut completion = json!({
         "id": format!("selfheal-{}", t.run),
         "object": "chat.completion",
@@ -1613,6 +1727,7 @@ async fn answer_stream(
         // Set in the relay's task: the head waits for its first frame.
         head: None,
         budget: Some(stream_budget(t)),
+        on_partial: t.s.config.server.on_partial,
     };
     let learnable = served.filter(|_| !ctx.tools.is_empty());
     let guides = t.s.guides.clone();
@@ -1761,6 +1876,13 @@ async fn answer_complete(
         let report = selfheal_report_bytes(&t.state, "complete", None, &plain_actions);
         if let Some(body) = answer::with_report(bytes, &report, &t.caller.redactor) {
             log_calls(t, &log, &mut actions);
+            // Parsed only for a fresh run's first answer with calls (rare): its name.
+            if t.unnamed.is_some()
+                && plain.called().next().is_some()
+                && let Ok(v) = serde_json::from_slice::<Value>(bytes)
+            {
+                adopt_first_call(t, completion_first_call(&v));
+            }
             t.finish("complete");
             let mut resp = Response::new(Body::from(body));
             resp.headers_mut().insert(
@@ -1865,12 +1987,33 @@ async fn answer_complete(
     } else {
         ("complete", None)
     };
+    // Every call left out: the answer says so in words, or is an error the SDKs raise.
+    let calls_left = completion
+        .pointer("/choices/0/message/tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty());
+    if !check.invalid.is_empty() && !calls_left {
+        let words = heal::left_out_text(&heal::problem_texts(&check.invalid));
+        if s.config.server.on_partial == OnPartial::Error {
+            return Ok(partial_error(
+                t,
+                "calls_left_out",
+                &words,
+                &actions,
+                (status, reason.as_deref()),
+            ));
+        }
+        if let Some(m) = completion.pointer_mut("/choices/0/message") {
+            heal::say(m, &words);
+        }
+    }
     if let Some(o) = completion.as_object_mut() {
         o.insert(
             "selfheal".into(),
             selfheal_report(&t.state, status, reason.as_deref(), &actions),
         );
     }
+    adopt_first_call(t, completion_first_call(&completion));
     t.caller.redactor.value(&mut completion);
     t.finish(status);
     let mut resp = if req.stream {
@@ -1883,6 +2026,50 @@ async fn answer_complete(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// Puts `words` in a Responses answer: as an `output_text` part of its last `message` item,
+/// or as a message item of its own when it has none.
+fn say_in_output(answer: &mut Value, words: &str) {
+    let part = json!({"type": "output_text", "text": words, "annotations": []});
+    let Some(output) = answer.get_mut("output").and_then(Value::as_array_mut) else {
+        if let Some(o) = answer.as_object_mut() {
+            o.insert("output".into(), json!([]));
+            say_in_output(answer, words);
+        }
+        return;
+    };
+    let message = output
+        .iter_mut()
+        .rev()
+        .find(|i| crate::heal::item_type(i) == Some("message"))
+        .and_then(|m| m.get_mut("content"))
+        .and_then(Value::as_array_mut);
+    match message {
+        Some(content) => content.push(part),
+        None => output.push(
+            json!({"type": "message", "id": "msg_selfheal", "role": "assistant",
+                                   "status": "completed", "content": [part]}),
+        ),
+    }
+}
+
+/// The error a client configured with `[server] on_partial = "error"` gets in place of an
+/// answer the gateway had to write itself (`code`: `calls_left_out` or `run_stopped`), with the
+/// run's headers and its `status` (`partial` or `failed`).
+fn partial_error(
+    t: &Turn,
+    code: &'static str,
+    words: &str,
+    actions: &[String],
+    (status, reason): (&str, Option<&str>),
+) -> Response {
+    t.finish(status);
+    let words = t.caller.redactor.text(words).into_owned();
+    let mut resp = ApiError::partial(code, words).into_response();
+    let reason = reason.map(|r| t.caller.redactor.text(r).into_owned());
+    add_headers(&mut resp, &t.run, status, actions, reason.as_deref());
+    resp
 }
 
 /// The user turn that asks the model to redo tool calls that could not be used.

@@ -622,6 +622,31 @@ pub fn problems_text(problems: &[Problem]) -> String {
     problem_texts(problems).join(" ")
 }
 
+/// The words of an answer whose tool calls were left out (`problems`: why each could not be
+/// used, naming its tool): what the client gets in place of an empty assistant message, so
+/// that no SDK or framework reads the answer as `''` (issue 30).
+pub fn left_out_text(problems: &[String]) -> String {
+    format!(
+        "[selfheal] The tool calls of this answer could not be used, even after asking the \
+         model again, so they were left out and nothing was called. {} You can send the \
+         request again, or give the model more to go on.",
+        problems.join(" ")
+    )
+}
+
+/// Puts `words` in an assistant message (chat) after whatever text it has: what an answer says
+/// when the gateway left its calls out.
+pub fn say(message: &mut Value, words: &str) {
+    let Some(o) = message.as_object_mut() else {
+        return;
+    };
+    let text = match o.get("content").and_then(Value::as_str) {
+        Some(t) if !t.trim().is_empty() => format!("{t}\n\n{words}"),
+        _ => words.to_owned(),
+    };
+    o.insert("content".into(), Value::String(text));
+}
+
 /// Compiled schema guides by schema text. Agents send the same tools with every request, and
 /// compiling a JSON Schema costs far more than the rest of a request's healing; the cache holds
 /// at most [`GuideCache::CAPACITY`] schemas and [`CACHE_MAX_BYTES`] of schema text, and starts
