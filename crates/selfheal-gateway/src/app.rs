@@ -2,8 +2,9 @@
 //! together (admit → read → rebuild the run → verdict → edit request → upstream → check tool
 //! calls → answer).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
@@ -74,37 +75,129 @@ pub struct AppState {
     started: Instant,
 }
 
-/// Upstream targets (upstream and model) that answered a streaming request offering tools with
-/// an empty or broken stream that a non-streaming re-issue then healed — llama-cpp-python's
-/// server cannot stream an automatic tool choice. Such requests to them are asked without
-/// streaming from then on and the answer is sent as SSE. Holds at most
-/// [`NoStream::CAPACITY`] targets and starts over when full.
+/// What the gateway learns about upstream targets (upstream and model) that cannot stream tool
+/// calls — llama-cpp-python's server cannot with an automatic tool choice: a streaming request
+/// offering tools that came back empty or broken, and that a non-streaming re-issue healed, is
+/// *evidence*. One fault is not enough to change how every tenant is served: a target is asked
+/// without streaming (its answer still sent as SSE) only after [`NoStream::EVIDENCE`] such
+/// healed faults within [`NoStream::WINDOW`], and only for [`NoStream::TTL`], after which it is
+/// streamed again. The requests it changes say so in the `x-selfheal-stream` header, and
+/// `/metrics` shows the targets learned now, how often one was learned, and the evidence seen.
+/// At most [`NoStream::CAPACITY`] targets are tracked.
 #[derive(Debug, Default)]
 pub struct NoStream {
-    set: Mutex<std::collections::HashSet<(String, String)>>,
+    targets: Mutex<HashMap<(String, String), Learning>>,
+    learned_total: std::sync::atomic::AtomicU64,
+    evidence_total: std::sync::atomic::AtomicU64,
+}
+
+/// The evidence against one target and, once learned, until when it holds.
+#[derive(Debug, Default)]
+struct Learning {
+    /// When the newest faults were seen, at most [`NoStream::EVIDENCE`].
+    seen: std::collections::VecDeque<Instant>,
+    /// Asked without streaming until then.
+    until: Option<Instant>,
 }
 
 impl NoStream {
-    /// Most targets remembered.
+    /// Most targets tracked.
     pub const CAPACITY: usize = 256;
+    /// Healed faults within [`NoStream::WINDOW`] before a target is asked without streaming.
+    pub const EVIDENCE: usize = 3;
+    /// The window the evidence must fall within.
+    pub const WINDOW: Duration = Duration::from_secs(10 * 60);
+    /// How long a target is asked without streaming once learned.
+    pub const TTL: Duration = Duration::from_secs(30 * 60);
 
-    /// Whether `target` is known not to stream tool calls.
-    pub fn contains(&self, target: &crate::config::Target) -> bool {
-        self.set
-            .lock()
-            .map(|s| s.contains(&(target.upstream.clone(), target.model.clone())))
-            .unwrap_or(false)
-    }
-
-    /// Remembers `target`; whether it is new.
-    pub fn learn(&self, target: &crate::config::Target) -> bool {
-        let Ok(mut s) = self.set.lock() else {
+    /// Whether `target` is asked without streaming at `now` (learned, not expired).
+    pub fn contains(&self, target: &crate::config::Target, now: Instant) -> bool {
+        let Ok(mut m) = self.targets.lock() else {
             return false;
         };
-        if s.len() >= Self::CAPACITY {
-            s.clear();
+        let key = (target.upstream.clone(), target.model.clone());
+        match m.get(&key).and_then(|l| l.until) {
+            Some(until) if now < until => true,
+            Some(_) => {
+                m.remove(&key);
+                false
+            }
+            None => false,
         }
-        s.insert((target.upstream.clone(), target.model.clone()))
+    }
+
+    /// Records one healed fault of `target` at `now`; whether it makes the target learned.
+    pub fn observe(&self, target: &crate::config::Target, now: Instant) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.evidence_total.fetch_add(1, Relaxed);
+        let Ok(mut m) = self.targets.lock() else {
+            return false;
+        };
+        let key = (target.upstream.clone(), target.model.clone());
+        if !m.contains_key(&key) && m.len() >= Self::CAPACITY {
+            m.retain(|_, l| l.until.is_some_and(|u| now < u));
+            if m.len() >= Self::CAPACITY {
+                m.clear();
+            }
+        }
+        let l = m.entry(key).or_default();
+        if l.until.is_some_and(|u| now < u) {
+            return false;
+        }
+        l.until = None;
+        l.seen
+            .retain(|t| now.saturating_duration_since(*t) < Self::WINDOW);
+        if l.seen.len() == Self::EVIDENCE {
+            l.seen.pop_front();
+        }
+        l.seen.push_back(now);
+        if l.seen.len() < Self::EVIDENCE {
+            return false;
+        }
+        l.seen.clear();
+        l.until = Some(now + Self::TTL);
+        self.learned_total.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// `/metrics` lines: targets asked without streaming now, times one was learned, evidence.
+    fn render(&self, now: Instant) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let active = self.targets.lock().map_or(0, |m| {
+            m.values()
+                .filter(|l| l.until.is_some_and(|u| now < u))
+                .count()
+        });
+        format!(
+            "# HELP selfheal_no_stream_targets Upstream targets asked without streaming now (learned not to stream tool calls).\n\
+             # TYPE selfheal_no_stream_targets gauge\nselfheal_no_stream_targets {active}\n\
+             # HELP selfheal_no_stream_learned_total Times a target was learned not to stream tool calls.\n\
+             # TYPE selfheal_no_stream_learned_total counter\nselfheal_no_stream_learned_total {}\n\
+             # HELP selfheal_no_stream_evidence_total Streams offering tools that broke and a non-streaming re-issue healed.\n\
+             # TYPE selfheal_no_stream_evidence_total counter\nselfheal_no_stream_evidence_total {}\n",
+            self.learned_total.load(Relaxed),
+            self.evidence_total.load(Relaxed),
+        )
+    }
+}
+
+/// The header on a request a learned target changed ([`NoStream`]).
+const NO_STREAM_HEADER: &str = "x-selfheal-stream";
+
+/// Marks `resp` as asked without streaming because its target was learned not to stream tool
+/// calls.
+fn mark_no_stream(resp: &mut Response, target: Option<&crate::config::Target>) {
+    let text = target.map_or_else(
+        || "off (learned)".to_owned(),
+        |t| {
+            format!(
+                "off (learned: {}/{} cannot stream tool calls)",
+                t.upstream, t.model
+            )
+        },
+    );
+    if let Ok(v) = HeaderValue::from_str(&text) {
+        resp.headers_mut().insert(NO_STREAM_HEADER, v);
     }
 }
 
@@ -302,7 +395,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
             s.runs.evicted(),
             s.trace.dropped(),
             &s.upstreams.attempt_seconds,
-        ),
+        ) + &s.no_stream.render(Instant::now()),
     )
 }
 
@@ -743,8 +836,10 @@ async fn responses_inner(
     let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
     // A target learned not to stream tool calls ([`NoStream`]) is asked without streaming and
     // its answer sent as the Responses events a stream would have carried.
-    let learned =
-        wants_stream && !tools.is_empty() && chain.first().is_some_and(|c| s.no_stream.contains(c));
+    let now = Instant::now();
+    let learned = wants_stream
+        && !tools.is_empty()
+        && chain.first().is_some_and(|c| s.no_stream.contains(c, now));
     if wants_stream && !learned {
         let checks = Checks { answered, evidence };
         return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
@@ -876,6 +971,9 @@ async fn responses_inner(
     };
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
+    if learned {
+        mark_no_stream(&mut resp, chain.first());
+    }
     Ok(resp)
 }
 
@@ -1026,7 +1124,7 @@ fn finish_stream(t: &Turn, r: &stream::StreamReport, learnable: Option<&crate::c
     if let Some(why) = &r.reissued {
         t.event(Kind::Reissue, json!({"reason": why}));
         if let Some(target) = learnable
-            && t.s.no_stream.learn(target)
+            && t.s.no_stream.observe(target, Instant::now())
         {
             t.event(
                 Kind::LearnNoStream,
@@ -1515,12 +1613,20 @@ async fn chat_inner(
         tools: tools_fwd,
         answered: Arc::new(answered),
     };
-    let learned =
-        !ctx.tools.is_empty() && ctx.chain.first().is_some_and(|c| s.no_stream.contains(c));
+    let learned = req.stream
+        && !ctx.tools.is_empty()
+        && ctx
+            .chain
+            .first()
+            .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
     if req.stream && !learned {
         answer_stream(&t, &req, ctx, actions).await
     } else {
-        answer_complete(&t, &req, &ctx, actions).await
+        let mut resp = answer_complete(&t, &req, &ctx, actions).await?;
+        if learned {
+            mark_no_stream(&mut resp, ctx.chain.first());
+        }
+        Ok(resp)
     }
 }
 
@@ -2669,4 +2775,70 @@ async fn passthrough(
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, content_type);
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(model: &str) -> crate::config::Target {
+        crate::config::Target {
+            upstream: "local".into(),
+            model: model.into(),
+        }
+    }
+
+    /// Issue 30: one healed fault switched a target to non-streaming for every tenant for the
+    /// life of the process. Learning now needs repeated evidence within a window and expires.
+    #[test]
+    fn issue_30_learning_not_to_stream_needs_repeated_evidence_and_expires() {
+        let ns = NoStream::default();
+        let (m, t0) = (target("m"), Instant::now());
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(!ns.observe(&m, at(0)), "one fault teaches nothing");
+        assert!(!ns.contains(&m, at(1)));
+        assert!(!ns.observe(&m, at(10)));
+        assert!(!ns.contains(&m, at(11)));
+        // Evidence older than the window does not count: the first fault has aged out.
+        let late = NoStream::WINDOW.as_secs() + 5;
+        assert!(!ns.observe(&m, at(late)), "two faults in the window");
+        assert!(
+            ns.observe(&m, at(late + 1)),
+            "the third within the window teaches it"
+        );
+        assert!(ns.contains(&m, at(late + 2)));
+        assert!(
+            !ns.contains(&target("other"), at(late + 2)),
+            "only that target"
+        );
+        let text = ns.render(at(late + 2));
+        assert!(text.contains("selfheal_no_stream_targets 1\n"), "{text}");
+        assert!(
+            text.contains("selfheal_no_stream_learned_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("selfheal_no_stream_evidence_total 4\n"),
+            "{text}"
+        );
+        // It expires: streamed again, and learnt again only on new evidence.
+        let expired = at(late + 1) + NoStream::TTL;
+        assert!(!ns.contains(&m, expired));
+        assert!(
+            ns.render(expired)
+                .contains("selfheal_no_stream_targets 0\n")
+        );
+        assert!(!ns.observe(&m, expired));
+        assert!(!ns.contains(&m, expired));
+    }
+
+    #[test]
+    fn no_stream_tracks_a_bounded_number_of_targets() {
+        let ns = NoStream::default();
+        let t0 = Instant::now();
+        for i in 0..(NoStream::CAPACITY * 2) {
+            ns.observe(&target(&format!("m{i}")), t0);
+        }
+        assert!(ns.targets.lock().unwrap().len() <= NoStream::CAPACITY);
+    }
 }

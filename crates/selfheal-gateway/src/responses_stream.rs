@@ -1124,7 +1124,10 @@ mod tests {
         assert_eq!(output.len(), 1, "{output:?}");
         assert_eq!(output[0]["type"], "message");
         let text = output[0]["content"][0]["text"].as_str().unwrap();
-        assert!(text.contains("left out") && text.contains("cut off"), "{text}");
+        assert!(
+            text.contains("left out") && text.contains("cut off"),
+            "{text}"
+        );
     }
 
     /// Whether a `function_call` item went out.
