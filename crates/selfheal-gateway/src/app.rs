@@ -891,12 +891,19 @@ async fn responses_inner(
     let (mut repaired, mut invalid) = (check.repaired, check.invalid);
     let mut ladder = ReaskState::default();
     let mut reasked = false;
+    // The ladder's escalation moves the re-asks to the chain's next target, as on chat (issue
+    // 30: a Responses re-ask never escalated).
+    let mut reask_chain: &[crate::config::Target] = &chain;
     while !invalid.is_empty() {
-        let Some(next) = reask_granted(&t, &invalid, ladder) else {
+        let Some((next, escalate)) = reask_or_escalate(&t, &invalid, ladder, &mut reask_chain)
+        else {
             break;
         };
         ladder = next;
         reasked = true;
+        if escalate && !actions.iter().any(|a| a == "escalate") {
+            actions.push("escalate".into());
+        }
         Metrics::inc(&s.metrics.reasks_total);
         if !actions.iter().any(|a| a == "reask") {
             actions.push("reask".into());
@@ -904,7 +911,10 @@ async fn responses_inner(
         t.event(Kind::Reask, json!({"problems": invalid}));
         let turn = reask_turn(&invalid);
         let again = |m: &str| encode_responses(&req, m, Some(&turn));
-        match t.call(&chain, &again, &responses_json_op, &mut log).await {
+        match t
+            .call(reask_chain, &again, &responses_json_op, &mut log)
+            .await
+        {
             Ok(mut second) => {
                 let check = check_responses_answer(
                     s,
@@ -1218,6 +1228,8 @@ impl ResponsesAgain {
         let mut problems = problems;
         let mut guidance = guidance;
         let mut ladder = ReaskState::default();
+        // The ladder's escalation moves the re-asks to the chain's next target, as on chat.
+        let mut chain: &[crate::config::Target] = &self.chain;
         loop {
             let extra = match guidance.take() {
                 Some(g) => Some(g),
@@ -1229,7 +1241,8 @@ impl ResponsesAgain {
                     None
                 }
                 None => {
-                    ladder = reask_granted(t, &problems, ladder)?;
+                    let (next, _) = reask_or_escalate(t, &problems, ladder, &mut chain)?;
+                    ladder = next;
                     Metrics::inc(&t.s.metrics.reasks_total);
                     t.event(Kind::Reask, json!({"problems": problems}));
                     Some(reask_turn(&problems))
@@ -1239,9 +1252,7 @@ impl ResponsesAgain {
             req.insert("stream".into(), Value::Bool(false));
             let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
             let mut log = CallLog::default();
-            let result = t
-                .call(&self.chain, &encode, &responses_json_op, &mut log)
-                .await;
+            let result = t.call(chain, &encode, &responses_json_op, &mut log).await;
             log_calls(t, &log, &mut Vec::new());
             let mut response = result.ok()?;
             let check = check_responses_answer(
@@ -2213,16 +2224,12 @@ fn decided(
 
 /// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
 /// run's ledger when it does): the core's [`selfheal_core::call::reask_signal`] on the problems'
-/// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder.
-/// `Some(next state)` when it does: the caller passes it on if the new answer cannot be used
-/// either, so the ladder, not the gateway, says when to stop.
-fn reask_granted(t: &Turn, problems: &[heal::Problem], state: ReaskState) -> Option<ReaskState> {
-    reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
-}
-
-/// [`reask_granted`] along `chain`, whose second target is the fallback the ladder may escalate
-/// to: `Some((next state, escalate))`; on an escalation `chain` is advanced to the fallback
-/// (the re-ask and what follows go there) and the run records it.
+/// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder, along
+/// `chain`, whose second target is the fallback the ladder may escalate to. `Some((next state,
+/// escalate))` when it does: the caller passes the state on if the new answer cannot be used
+/// either, so the ladder, not the gateway, says when to stop; on an escalation `chain` is
+/// advanced to the fallback (the re-ask and what follows go there) and the run records it.
+/// Every API re-asks through it (chat and Responses, streaming or not).
 fn reask_or_escalate(
     t: &Turn,
     problems: &[heal::Problem],

@@ -1933,3 +1933,47 @@ async fn issue_30_a_stopped_run_is_an_error_when_so_configured() {
     assert_ne!(headers["x-selfheal-status"], "complete");
     assert!(shared.lock().unwrap().seen.is_empty());
 }
+
+/// Issue 30: a Responses re-ask never escalated to the fallback model (chat's does): a primary
+/// that keeps calling a tool that does not exist is now left, as on chat, for the chain's next
+/// model, whose usable answer goes out.
+#[tokio::test]
+async fn issue_30_a_responses_reask_escalates_to_the_fallback_model() {
+    let good = json!({"id": "resp_good", "object": "response", "created_at": 0, "model": "m2",
+        "status": "completed", "output": [{"type": "function_call", "id": "fc_2",
+        "call_id": "call_2", "name": "search", "arguments": "{\"query\": \"q\"}",
+        "status": "completed"}]});
+    let route = |r: Router<Shared>| r.route("/v1/responses", post(upstream_responses_script));
+    let (primary, primary_seen) = serve_script(vec![], route).await;
+    let (fallback, fallback_seen) = serve_script(vec![(200, good); 4], route).await;
+    let config = chain(
+        fast(GatewayConfig::for_upstream(primary.clone())),
+        &[
+            ("primary", primary.as_str()),
+            ("fallback", fallback.as_str()),
+        ],
+        "agent",
+        &[("primary", "m1"), ("fallback", "m2")],
+    );
+    let app = gateway(config);
+    let tools = json!([{"type": "function", "name": "search", "parameters": {"type": "object",
+        "properties": {"query": {"type": "string"}}, "required": ["query"]}}]);
+    let body = json!({"model": "agent", "input": "find q", "tools": tools});
+    let (status, headers, raw) = post_raw(&app, "/v1/responses", &body).await;
+    let v: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["output"][0]["name"], "search", "{v}");
+    assert_eq!(v["selfheal"]["status"], "complete", "{v}");
+    assert!(
+        headers["x-selfheal-actions"]
+            .to_str()
+            .unwrap()
+            .contains("escalate"),
+        "{headers:?}"
+    );
+    assert!(!primary_seen.lock().unwrap().seen.is_empty());
+    assert!(
+        !fallback_seen.lock().unwrap().seen.is_empty(),
+        "the fallback model was asked"
+    );
+}
