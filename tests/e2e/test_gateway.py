@@ -410,3 +410,39 @@ def test_passthrough_streams_as_is(upstream, tmp_path):
         assert all("selfheal" not in (c.model_extra or {}) for c in chunks)
     finally:
         gw.stop()
+
+
+def test_issue_30_calls_left_out_are_said_in_words_or_raised(upstream, tmp_path):
+    """Issue 30: an answer whose tool calls were all left out after a failed re-ask was an empty
+    message the `openai` SDK returned as `''`. It now says in words which call and why
+    (streaming or not); with `[server] on_partial = "error"` the SDK raises instead."""
+    nope = {"kind": "tool", "name": "nope", "arguments": "{}"}
+    gw = start_gateway(upstream, tmp_path)
+    try:
+        upstream.script([nope] * 8)
+        r = client(gw).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+        text = r.choices[0].message.content
+        assert text and "`nope`" in text and "left out" in text, r
+        assert r.choices[0].finish_reason == "stop"
+        assert r.model_extra["selfheal"]["status"] == "partial"
+        upstream.script([nope] * 8)
+        chunks = list(client(gw).chat.completions.create(model="stub", messages=ask(),
+                                                         tools=TOOLS, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert "`nope`" in text and "left out" in text, chunks
+    finally:
+        gw.stop()
+    gw = start_gateway(upstream, tmp_path, top='[server]\non_partial = "error"')
+    try:
+        upstream.script([nope] * 8)
+        with pytest.raises(openai.UnprocessableEntityError) as raised:
+            client(gw).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+        assert raised.value.code == "calls_left_out"
+        upstream.script([nope] * 8)
+        with pytest.raises(openai.APIError) as raised:
+            list(client(gw).chat.completions.create(model="stub", messages=ask(), tools=TOOLS,
+                                                    stream=True))
+        assert "`nope`" in str(raised.value)
+    finally:
+        gw.stop()
+    upstream.log()
