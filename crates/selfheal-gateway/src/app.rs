@@ -664,7 +664,11 @@ async fn responses_inner(
         }
     };
     let t = Turn {
-        state: s.runs.get_for(&run, &caller.tenant, now),
+        state: if unnamed.is_some() {
+            s.runs.detached()
+        } else {
+            s.runs.get_for(&run, &caller.tenant, now)
+        },
         s: s.clone(),
         caller,
         run: run.into(),
@@ -1479,15 +1483,19 @@ struct Turn {
 /// A conversation's opening as run ids read it ([`crate::runs::run_id_of`]).
 type Opening = Vec<(&'static str, Vec<u8>)>;
 
-/// Names the turn's fresh run after `call`, `(id, tool name)`, the first tool call it answers
-/// with, so that the conversation's next request — which carries that call — continues it.
+/// Stores the turn's detached run under the name of `call`, `(id, tool name)`, the first tool
+/// call it answers with, so that the conversation's next request — which carries that call —
+/// continues it ([`crate::runs::RunStore::adopt`]), and under the id it was answered with.
 fn adopt_first_call(t: &Turn, call: Option<(&str, &str)>) {
     let (Some(opening), Some(call)) = (&t.unnamed, call) else {
         return;
     };
     let opening: Vec<(&str, &[u8])> = opening.iter().map(|(k, v)| (*k, &v[..])).collect();
     let to = crate::runs::run_id_of(&t.s.run_key, &t.caller.tenant, None, &opening, Some(call));
-    t.s.runs.alias(&t.run, &to, Instant::now());
+    let now = Instant::now();
+    t.s.runs.adopt(&t.state, &to, &t.caller.tenant, now);
+    // Under the id it was answered with too (`x-selfheal-run`, which a client may send back).
+    t.s.runs.adopt(&t.state, &t.run, &t.caller.tenant, now);
 }
 
 /// The first tool call of a chat completion, `(id, tool name)`.
@@ -1578,7 +1586,11 @@ async fn chat_inner(
         }
     };
     let t = Turn {
-        state: s.runs.get_for(&run, &caller.tenant, now),
+        state: if unnamed.is_some() {
+            s.runs.detached()
+        } else {
+            s.runs.get_for(&run, &caller.tenant, now)
+        },
         s: s.clone(),
         caller,
         run: run.into(),

@@ -418,6 +418,49 @@ impl RunStore {
             inner.compact(self.capacity);
             return state;
         }
+        let state = self.detached();
+        self.insert(inner, id, tenant, state.clone(), now);
+        state
+    }
+
+    /// A fresh run that is not in the store: for a request that does not name its run (no
+    /// label, no tool call yet), which has no state worth sharing until it is answered with a
+    /// tool call ([`RunStore::adopt`]). A plain chat request never takes a slot of the store,
+    /// so it cannot push a real run out.
+    pub fn detached(&self) -> Arc<Mutex<RunState>> {
+        Arc::new(Mutex::new(RunState::with_policy(
+            self.monitor.clone(),
+            self.budget,
+            self.policy.clone(),
+        )))
+    }
+
+    /// Stores the detached run `state` under `id` for `tenant` — the name of the first tool
+    /// call it was answered with — unless a live run has that name already; what the run did
+    /// in its first request (a re-ask is a recovery) carries on into the next.
+    pub fn adopt(&self, state: &Arc<Mutex<RunState>>, id: &str, tenant: &str, now: Instant) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *inner;
+        if inner
+            .map
+            .get(id)
+            .is_some_and(|e| now.duration_since(e.last_seen) < self.ttl)
+        {
+            return;
+        }
+        self.insert(inner, id, tenant, state.clone(), now);
+    }
+
+    /// Inserts `state` under `id`, first dropping expired runs at the front of the recency
+    /// queue, then the least recently used while the store is full.
+    fn insert(
+        &self,
+        inner: &mut Inner,
+        id: &str,
+        tenant: &str,
+        state: Arc<Mutex<RunState>>,
+        now: Instant,
+    ) {
         let mut dropped = 0u64;
         while let Some((front, stamp)) = inner.queue.front().cloned() {
             if !inner.is_live(&front, stamp) {
@@ -442,48 +485,13 @@ impl RunStore {
             self.evicted
                 .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         }
-        let state = Arc::new(Mutex::new(RunState::with_policy(
-            self.monitor.clone(),
-            self.budget,
-            self.policy.clone(),
-        )));
         let key: Arc<str> = Arc::from(id);
         let stamp = inner.touch(key.clone());
         inner.map.insert(
             key,
             Entry {
-                state: state.clone(),
-                tenant: Arc::from(tenant),
-                last_seen: now,
-                stamp,
-            },
-        );
-        inner.compact(self.capacity);
-        state
-    }
-
-    /// Gives the live run `from` the name `to` as well (same state, same tenant), unless `to`
-    /// is taken: a conversation's first request has no tool call to name its run by, so its
-    /// run takes the name of the first call it is answered with, and what the run learnt in
-    /// that request (a re-ask is a recovery) carries on. Both names count towards the store's
-    /// capacity and expire on their own.
-    pub fn alias(&self, from: &str, to: &str, now: Instant) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let inner = &mut *inner;
-        if inner.map.contains_key(to) {
-            return;
-        }
-        let Some(e) = inner.map.get(from) else {
-            return;
-        };
-        let (state, tenant) = (e.state.clone(), e.tenant.clone());
-        let key: Arc<str> = Arc::from(to);
-        let stamp = inner.touch(key.clone());
-        inner.map.insert(
-            key,
-            Entry {
                 state,
-                tenant,
+                tenant: Arc::from(tenant),
                 last_seen: now,
                 stamp,
             },
@@ -570,7 +578,7 @@ pub fn chat_first_call(messages: &[Message<'_>]) -> Option<(String, String)> {
 
 /// Whether a request names its run (see [`run_id_of`]): by a label, or by a tool call already
 /// in the conversation. A request that does not gets a fresh run, which takes the name of the
-/// first call it answers with ([`RunStore::alias`]).
+/// first call it answers with ([`RunStore::adopt`]).
 pub fn names_its_run(label: Option<&str>, first_call: Option<(&str, &str)>) -> bool {
     label.map(str::trim).is_some_and(|l| !l.is_empty()) || first_call.is_some()
 }
@@ -836,6 +844,30 @@ mod tests {
             !r.answered_by(&[own, out("c1")]),
             "the input carries its calls"
         );
+    }
+
+    /// Issue 30: a request that does not name its run takes no slot of the store until it is
+    /// answered with a tool call; then its run is stored under that call's name, unless a live
+    /// run has it.
+    #[test]
+    fn a_detached_run_takes_no_slot_until_adopted() {
+        let s = store(2);
+        let now = Instant::now();
+        let kept = s.get_for("r-kept", "t", now);
+        for _ in 0..10 {
+            let _ = s.detached();
+        }
+        assert_eq!(s.len(), 1, "plain requests push no run out");
+        let fresh = s.detached();
+        s.adopt(&fresh, "r-call", "t", now);
+        assert!(Arc::ptr_eq(&fresh, &s.get_for("r-call", "t", now)));
+        assert!(s.owned_by("r-call", "t", now) && !s.owned_by("r-call", "u", now));
+        s.adopt(&s.detached(), "r-call", "t", now);
+        assert!(
+            Arc::ptr_eq(&fresh, &s.get_for("r-call", "t", now)),
+            "a live run keeps its name"
+        );
+        assert!(Arc::ptr_eq(&kept, &s.get_for("r-kept", "t", now)));
     }
 
     #[test]

@@ -262,7 +262,7 @@ pub struct StreamReport {
     /// it with `previous_response_id`; `None` on chat completions.
     pub responded: Option<crate::runs::Responded>,
     /// The first tool call sent to the client, `(id, tool name)`: what a fresh run is named
-    /// after (see `runs::RunStore::alias`).
+    /// after (see `runs::RunStore::adopt`).
     pub first_call: Option<(String, String)>,
     /// The run's budget when the stream ended ([`Hooks::budget`]), which the final report
     /// shows in place of the one it was made with.
