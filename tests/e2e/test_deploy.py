@@ -230,17 +230,21 @@ def test_a_stream_broken_before_content_is_reissued_when_the_runs_budget_is_spen
     assert report["budget"]["spent"]["retries"] == 1 > report["budget"]["limits"]["retries"], json.dumps(report)
 def test_a_target_that_broke_a_stream_offering_tools_is_asked_without_streaming_next_time(
         gateway, upstream):
-    """Once a chat stream offering tools broke and a non-streaming re-issue healed it, that
-    target is asked without streaming (llama-cpp-python cannot stream an automatic tool choice)
-    and the client still gets a stream."""
-    upstream.script([{"kind": "empty_stream"}, {"kind": "ok", "content": "healed"}])
-    list(client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS,
-                                                 stream=True))
-    assert [bool(r.get("stream")) for r in upstream.log()] == [True, False]
+    """Once chat streams offering tools broke three times and a non-streaming re-issue healed
+    each, that target is asked without streaming (llama-cpp-python cannot stream an automatic
+    tool choice), the client still gets a stream, and the header says why. One fault is not
+    enough (issue 30: it switched every tenant to non-streaming for the process's life)."""
+    for _ in range(3):
+        upstream.script([{"kind": "empty_stream"}, {"kind": "ok", "content": "healed"}])
+        list(client(gateway).chat.completions.create(model="stub", messages=ask(), tools=TOOLS,
+                                                     stream=True))
+        assert [bool(r.get("stream")) for r in upstream.log()] == [True, False]
     upstream.script([{"kind": "tool", "name": "search", "arguments": '{"query": "again"}'}])
-    chunks = list(client(gateway).chat.completions.create(model="stub", messages=ask(),
-                                                          tools=TOOLS, stream=True))
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model="stub", messages=ask(), tools=TOOLS, stream=True)
+    chunks = list(raw.parse())
     assert [bool(r.get("stream")) for r in upstream.log()] == [False], "learned: asked whole"
+    assert raw.headers["x-selfheal-stream"].startswith("off (learned"), raw.headers
     args = "".join(tc.function.arguments or "" for c in chunks if c.choices
                    for tc in (c.choices[0].delta.tool_calls or []))
     assert json.loads(args) == {"query": "again"}

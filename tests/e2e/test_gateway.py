@@ -263,6 +263,47 @@ def stuck_agent_finishes(gateway, upstream):
     assert any("[selfheal]" in json.dumps(req["messages"]) for req in upstream.log())
 
 
+def test_issue_30_a_stuck_agent_finishes_via_the_other_tool_under_the_default_policy(upstream,
+                                                                                    tmp_path):
+    """Issue 30: with the default policy the run was terminated at the ladder's end ("I have to
+    stop here", `failed`) though another tool was on offer. Now the seeds' rule holds: warned at
+    3 naming the other tool, `search` hidden at 5, and the agent finishes with `lookup`."""
+    gateway = start_gateway(upstream, tmp_path)
+    try:
+        upstream.script([])
+        agents.set_tracing_disabled(True)
+        calls = {"search": 0, "lookup": 0}
+
+        @agents.function_tool
+        def search(query: str) -> str:
+            """Search the web."""
+            calls["search"] += 1
+            return json.dumps({"error": "search backend down"})
+
+        @agents.function_tool
+        def lookup(key: str) -> str:
+            """Look a key up in the local index."""
+            calls["lookup"] += 1
+            return "ok: 42"
+
+        agent = agents.Agent(name="stuck", instructions="Find the answer.", tools=[search, lookup],
+                             model=agents.OpenAIChatCompletionsModel(
+                                 model="stub", openai_client=openai.AsyncOpenAI(
+                                     base_url=gateway.url + "/v1", api_key="x")))
+        result = agents.Runner.run_sync(agent, f"What is the answer? {uuid.uuid4()}",
+                                        max_turns=12)
+    finally:
+        gateway.stop()
+    assert result.final_output == "The answer is 42."
+    assert calls == {"search": 5, "lookup": 1}
+    log = upstream.log()
+    offered = [[t["function"]["name"] for t in req.get("tools", [])] for req in log]
+    assert "search" in offered[4] and "search" not in offered[5]
+    guidance = [json.dumps(req["messages"]) for req in log]
+    assert "`lookup`" in guidance[3], "warned at 3, naming the other tool"
+    assert "`lookup`" in guidance[5], "hidden at 5, naming the other tool"
+
+
 def test_a_stuck_agent_continuing_its_responses_gets_the_tool_hidden(upstream, tmp_path):
     """Issue 13: an openai-agents agent on the Responses API that continues each answer with
     `previous_response_id` (`auto_previous_response_id`) sends only its tools' results. The
@@ -369,3 +410,39 @@ def test_passthrough_streams_as_is(upstream, tmp_path):
         assert all("selfheal" not in (c.model_extra or {}) for c in chunks)
     finally:
         gw.stop()
+
+
+def test_issue_30_calls_left_out_are_said_in_words_or_raised(upstream, tmp_path):
+    """Issue 30: an answer whose tool calls were all left out after a failed re-ask was an empty
+    message the `openai` SDK returned as `''`. It now says in words which call and why
+    (streaming or not); with `[server] on_partial = "error"` the SDK raises instead."""
+    nope = {"kind": "tool", "name": "nope", "arguments": "{}"}
+    gw = start_gateway(upstream, tmp_path)
+    try:
+        upstream.script([nope] * 8)
+        r = client(gw).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+        text = r.choices[0].message.content
+        assert text and "`nope`" in text and "left out" in text, r
+        assert r.choices[0].finish_reason == "stop"
+        assert r.model_extra["selfheal"]["status"] == "partial"
+        upstream.script([nope] * 8)
+        chunks = list(client(gw).chat.completions.create(model="stub", messages=ask(),
+                                                         tools=TOOLS, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert "`nope`" in text and "left out" in text, chunks
+    finally:
+        gw.stop()
+    gw = start_gateway(upstream, tmp_path, top='[server]\non_partial = "error"')
+    try:
+        upstream.script([nope] * 8)
+        with pytest.raises(openai.UnprocessableEntityError) as raised:
+            client(gw).chat.completions.create(model="stub", messages=ask(), tools=TOOLS)
+        assert raised.value.code == "calls_left_out"
+        upstream.script([nope] * 8)
+        with pytest.raises(openai.APIError) as raised:
+            list(client(gw).chat.completions.create(model="stub", messages=ask(), tools=TOOLS,
+                                                    stream=True))
+        assert "`nope`" in str(raised.value)
+    finally:
+        gw.stop()
+    upstream.log()

@@ -212,6 +212,33 @@ pub struct Controller {
     stopped: Option<(RunStatus, String)>,
     /// Whether [`Controller::reread_due`] has said yes.
     reread: bool,
+    /// Tools whose failures were routed around (see [`Controller::offer`]), at most
+    /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
+    routed: Vec<String>,
+}
+
+/// Most tools a run keeps routed around at once (see [`Controller::offer`]).
+const MAX_ROUTED: usize = 64;
+
+/// Whether a failure of `class` may be routed around: the tool produced nothing usable (it
+/// timed out, was unavailable, answered empty or unreadable), so another tool of the agent's
+/// choosing loses nothing. A failure about a value the tool did give (stale, contradicted,
+/// rejected) is not: the policy's end of the ladder degrades rather than guess, and the model's
+/// own mistakes are the model's to fix.
+fn routable(class: FailureClass) -> bool {
+    match class {
+        FailureClass::ToolTimeout
+        | FailureClass::ToolUnavailable
+        | FailureClass::EmptyOutput
+        | FailureClass::MalformedOutput => true,
+        FailureClass::ArgumentInvalid
+        | FailureClass::WrongTool
+        | FailureClass::StaleContext
+        | FailureClass::ContradictoryEvidence
+        | FailureClass::PlanningFailure
+        | FailureClass::VerificationFailure
+        | FailureClass::ControlLoop => false,
+    }
 }
 
 impl Default for Controller {
@@ -250,7 +277,27 @@ impl Controller {
             actions: std::collections::BTreeMap::new(),
             stopped: None,
             reread: false,
+            routed: Vec::new(),
         }
+    }
+
+    /// Tells the run which tools the agent is offered now (before anything is hidden).
+    ///
+    /// This is what makes the seeds' monitor rule hold for an agent that picks its own tools
+    /// (SPEC §1): when a tool's failure has used up its class's ladder and another tool on
+    /// offer is still usable, the run does not end. The failure is *routed around* — the
+    /// directive is `Continue` with the monitor's verdict — and from then on that tool's
+    /// failures are the monitor's: a warning naming the alternatives at 3 in a row, the
+    /// circuit opened and the tool hidden at 5, and the run stopped only by the failure-rate
+    /// rule or when nothing is left (no alternative on offer, so the ladder's end stands).
+    /// A front-end that never offers tools (a plan with fixed steps) keeps the ladder's end.
+    pub fn offer<'a>(&mut self, tools: impl IntoIterator<Item = &'a str>) {
+        self.monitor.offer(tools);
+    }
+
+    /// The tools whose failures are routed around now (see [`Controller::offer`]).
+    pub fn routed(&self) -> &[String] {
+        &self.routed
     }
 
     /// The run's trace.
@@ -573,6 +620,9 @@ impl Controller {
             );
         }
         let Some(signal) = signal else {
+            if let Some(t) = tool {
+                self.routed.retain(|r| r != t);
+            }
             // Success: whatever was open on this step is resolved. A success is progress, so the
             // failure-rate abort is not applied here; the next failure is judged on its own.
             if self.open.as_ref().is_some_and(|o| o.step == step) {
@@ -633,6 +683,19 @@ impl Controller {
             self.push_unresolved(step, classification.class, tool.map(str::to_owned));
             return self.stop(now_ms, RunStatus::Failed, reason, false);
         }
+        // A tool already routed around stays the monitor's: its failures climb no ladder.
+        if let Some(t) = tool
+            && routable(classification.class)
+            && self.routed.iter().any(|r| r == t)
+        {
+            if self.open.as_ref().is_some_and(|o| o.step == step) {
+                self.open = None;
+            }
+            return Directive::Continue {
+                guidance: verdict.guidance,
+                hidden_tools: verdict.hidden_tools,
+            };
+        }
         // The same step failing again with the same class climbs its ladder. With a new class it
         // starts the new class's ladder but keeps its retry and action counts, so a failure that
         // changes its face stays bounded by the per-failure cap and the budget.
@@ -662,6 +725,15 @@ impl Controller {
         let decision = self
             .policy
             .decide(ladder, &classification, &options, &self.ledger, rng);
+        if decision.action.kind().is_terminal()
+            && let Some(t) = tool
+            && routable(classification.class)
+        {
+            let alternatives = self.monitor.alternatives(t);
+            if !alternatives.is_empty() {
+                return self.route_around(now_ms, step, t, alternatives);
+            }
+        }
         let before = self.ledger.remaining();
         // The policy only picks affordable actions, so this charge cannot fail; if a caller
         // shares the ledger in ways we cannot see, a refused charge degrades.
@@ -729,6 +801,37 @@ impl Controller {
                     action,
                 }
             }
+        }
+    }
+
+    /// Hands `tool`'s failure to the monitor (see [`Controller::offer`]): nothing stays open
+    /// or unresolved for it, since the agent goes on with `alternatives`, and the directive is
+    /// the monitor's verdict.
+    fn route_around(
+        &mut self,
+        now_ms: u64,
+        step: Option<u32>,
+        tool: &str,
+        alternatives: Vec<String>,
+    ) -> Directive {
+        self.trace.push(
+            now_ms,
+            step,
+            Event::RoutedAround {
+                tool: tool.to_owned(),
+                alternatives,
+            },
+        );
+        if !self.routed.iter().any(|r| r == tool) {
+            if self.routed.len() == MAX_ROUTED {
+                self.routed.remove(0);
+            }
+            self.routed.push(tool.to_owned());
+        }
+        let verdict = self.monitor.check(now_ms);
+        Directive::Continue {
+            guidance: verdict.guidance,
+            hidden_tools: verdict.hidden_tools,
         }
     }
 

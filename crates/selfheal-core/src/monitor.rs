@@ -471,7 +471,13 @@ pub struct Monitor {
     notable_tools: usize,
     last: Conditions,
     forgotten_tools: u64,
+    /// The tools the agent is offered now ([`Monitor::offer`]), at most [`MAX_OFFERED`]: what
+    /// guidance names as the alternatives to a failing tool.
+    offered: Vec<Box<str>>,
 }
+
+/// Most tool names a monitor keeps of what the agent is offered ([`Monitor::offer`]).
+pub const MAX_OFFERED: usize = 64;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Conditions {
@@ -536,8 +542,43 @@ impl Monitor {
             notable_tools: 0,
             last: Conditions::default(),
             forgotten_tools: 0,
+            offered: Vec::new(),
             config,
         }
+    }
+
+    /// Tells the monitor which tools the agent is offered now (the request's or the agent's
+    /// tool list, before anything is hidden), so that guidance about a failing tool names what
+    /// else the agent can use, and [`Monitor::alternatives`] can say whether anything is left.
+    /// Replaces the previous offer; at most [`MAX_OFFERED`] names are kept (the first ones).
+    pub fn offer<'a>(&mut self, tools: impl IntoIterator<Item = &'a str>) {
+        self.offered.clear();
+        for t in tools.into_iter().take(MAX_OFFERED) {
+            let t = truncate(t, MAX_NAME);
+            if !self.offered.iter().any(|o| &**o == t) {
+                self.offered.push(t.into());
+            }
+        }
+    }
+
+    /// The tools on offer ([`Monitor::offer`]) the agent can use instead of `tool`: every other
+    /// one whose circuit is not open (in [`Mode::Autonomous`], where an open circuit hides its
+    /// tool). Empty when nothing was offered or nothing else is left.
+    pub fn alternatives(&self, tool: &str) -> Vec<String> {
+        let tool = truncate(tool, MAX_NAME);
+        let autonomous = self.config.mode == Mode::Autonomous;
+        self.offered
+            .iter()
+            .filter(|o| &***o != tool)
+            .filter(|o| {
+                !(autonomous
+                    && self
+                        .index
+                        .get(&***o)
+                        .is_some_and(|&i| self.tools[i].breaker.is_open()))
+            })
+            .map(|o| o.to_string())
+            .collect()
     }
 
     /// The configuration in use.
@@ -585,7 +626,9 @@ impl Monitor {
                 + tool_heap
                 + index_heap
                 + self.recent.capacity() * std::mem::size_of::<Recent>()
-                + config_heap,
+                + config_heap
+                + self.offered.capacity() * std::mem::size_of::<Box<str>>()
+                + self.offered.iter().map(|o| o.len()).sum::<usize>(),
         }
     }
 
@@ -1004,8 +1047,9 @@ impl Monitor {
                             v.guidance.push(Guidance {
                                 kind: GuidanceKind::CircuitOpen,
                                 text: format!(
-                                    "The tool `{name}` failed {} times in a row and has been disabled for now. Use a different tool or approach.",
-                                    streak
+                                    "The tool `{name}` failed {} times in a row and has been disabled for now. {}",
+                                    streak,
+                                    instead(&self.alternatives(&name), "Use a different tool or approach.")
                                 ),
                                 tool: Some(name),
                             });
@@ -1033,9 +1077,10 @@ impl Monitor {
                         v.guidance.push(Guidance {
                             kind: GuidanceKind::Warning,
                             text: format!(
-                                "The tool `{name}` has failed {} times in a row (last errors: {}). Try a different approach.",
+                                "The tool `{name}` has failed {} times in a row (last errors: {}). {}",
                                 streak,
-                                errors.join("; ")
+                                errors.join("; "),
+                                instead(&self.alternatives(&name), "Try a different approach.")
                             ),
                             tool: Some(name),
                         });
@@ -1103,6 +1148,19 @@ impl Monitor {
         v.hidden_tools.sort_unstable();
         v
     }
+}
+
+/// What to do instead of a failing tool: use one of `alternatives` (the other tools on offer,
+/// named), or `otherwise` when none is known.
+fn instead(alternatives: &[String], otherwise: &str) -> String {
+    if alternatives.is_empty() {
+        return otherwise.to_owned();
+    }
+    let names: Vec<String> = alternatives.iter().map(|a| format!("`{a}`")).collect();
+    format!(
+        "Use another tool on offer instead ({}), or a different approach.",
+        names.join(", ")
+    )
 }
 
 fn truthy(v: &Value) -> bool {

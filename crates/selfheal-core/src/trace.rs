@@ -149,6 +149,15 @@ pub enum Event {
         /// Tokens.
         tokens: u64,
     },
+    /// A tool's failure was handed to the monitor instead of ending the run: its class's ladder
+    /// was used up, and other tools are on offer ([`crate::controller::Controller::offer`]).
+    /// From here the tool's failures are the monitor's (warning, breaker, failure-rate abort).
+    RoutedAround {
+        /// The failing tool.
+        tool: String,
+        /// The tools on offer the agent can use instead.
+        alternatives: Vec<String>,
+    },
     /// The run ended.
     Finished {
         /// How.
@@ -200,6 +209,8 @@ pub enum Kind {
     Monitor,
     /// The core's [`Event::Cost`].
     Cost,
+    /// The core's [`Event::RoutedAround`].
+    RoutedAround,
     /// The core's [`Event::Finished`].
     Finished,
     /// A model request reached the gateway.
@@ -285,6 +296,7 @@ impl Kind {
             | Kind::Verdict
             | Kind::Monitor
             | Kind::Cost
+            | Kind::RoutedAround
             | Kind::Finished
             | Kind::Request
             | Kind::ToolResult
@@ -315,6 +327,7 @@ impl From<&Event> for Kind {
             Event::Verdict { .. } => Kind::Verdict,
             Event::Monitor { .. } => Kind::Monitor,
             Event::Cost { .. } => Kind::Cost,
+            Event::RoutedAround { .. } => Kind::RoutedAround,
             Event::Finished { .. } => Kind::Finished,
         }
     }
@@ -565,6 +578,10 @@ mod tests {
                 tool_calls: 0,
                 verifier_calls: 0,
                 tokens: 0,
+            },
+            Event::RoutedAround {
+                tool: "t".into(),
+                alternatives: vec!["u".into()],
             },
             Event::Finished {
                 status: RunStatus::Complete,

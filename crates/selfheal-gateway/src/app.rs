@@ -2,8 +2,9 @@
 //! together (admit → read → rebuild the run → verdict → edit request → upstream → check tool
 //! calls → answer).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
@@ -25,6 +26,7 @@ use selfheal_runtime::client::{ClientError, Completion};
 use crate::answer;
 use crate::auth::{Caller, Credentials, Gatekeeper, Redactor};
 use crate::config::GatewayConfig;
+use crate::config::OnPartial;
 use crate::error::ApiError;
 use crate::heal::{self, ToolIndex};
 use crate::metrics::Metrics;
@@ -73,37 +75,129 @@ pub struct AppState {
     started: Instant,
 }
 
-/// Upstream targets (upstream and model) that answered a streaming request offering tools with
-/// an empty or broken stream that a non-streaming re-issue then healed — llama-cpp-python's
-/// server cannot stream an automatic tool choice. Such requests to them are asked without
-/// streaming from then on and the answer is sent as SSE. Holds at most
-/// [`NoStream::CAPACITY`] targets and starts over when full.
+/// What the gateway learns about upstream targets (upstream and model) that cannot stream tool
+/// calls — llama-cpp-python's server cannot with an automatic tool choice: a streaming request
+/// offering tools that came back empty or broken, and that a non-streaming re-issue healed, is
+/// *evidence*. One fault is not enough to change how every tenant is served: a target is asked
+/// without streaming (its answer still sent as SSE) only after [`NoStream::EVIDENCE`] such
+/// healed faults within [`NoStream::WINDOW`], and only for [`NoStream::TTL`], after which it is
+/// streamed again. The requests it changes say so in the `x-selfheal-stream` header, and
+/// `/metrics` shows the targets learned now, how often one was learned, and the evidence seen.
+/// At most [`NoStream::CAPACITY`] targets are tracked.
 #[derive(Debug, Default)]
 pub struct NoStream {
-    set: Mutex<std::collections::HashSet<(String, String)>>,
+    targets: Mutex<HashMap<(String, String), Learning>>,
+    learned_total: std::sync::atomic::AtomicU64,
+    evidence_total: std::sync::atomic::AtomicU64,
+}
+
+/// The evidence against one target and, once learned, until when it holds.
+#[derive(Debug, Default)]
+struct Learning {
+    /// When the newest faults were seen, at most [`NoStream::EVIDENCE`].
+    seen: std::collections::VecDeque<Instant>,
+    /// Asked without streaming until then.
+    until: Option<Instant>,
 }
 
 impl NoStream {
-    /// Most targets remembered.
+    /// Most targets tracked.
     pub const CAPACITY: usize = 256;
+    /// Healed faults within [`NoStream::WINDOW`] before a target is asked without streaming.
+    pub const EVIDENCE: usize = 3;
+    /// The window the evidence must fall within.
+    pub const WINDOW: Duration = Duration::from_secs(10 * 60);
+    /// How long a target is asked without streaming once learned.
+    pub const TTL: Duration = Duration::from_secs(30 * 60);
 
-    /// Whether `target` is known not to stream tool calls.
-    pub fn contains(&self, target: &crate::config::Target) -> bool {
-        self.set
-            .lock()
-            .map(|s| s.contains(&(target.upstream.clone(), target.model.clone())))
-            .unwrap_or(false)
-    }
-
-    /// Remembers `target`; whether it is new.
-    pub fn learn(&self, target: &crate::config::Target) -> bool {
-        let Ok(mut s) = self.set.lock() else {
+    /// Whether `target` is asked without streaming at `now` (learned, not expired).
+    pub fn contains(&self, target: &crate::config::Target, now: Instant) -> bool {
+        let Ok(mut m) = self.targets.lock() else {
             return false;
         };
-        if s.len() >= Self::CAPACITY {
-            s.clear();
+        let key = (target.upstream.clone(), target.model.clone());
+        match m.get(&key).and_then(|l| l.until) {
+            Some(until) if now < until => true,
+            Some(_) => {
+                m.remove(&key);
+                false
+            }
+            None => false,
         }
-        s.insert((target.upstream.clone(), target.model.clone()))
+    }
+
+    /// Records one healed fault of `target` at `now`; whether it makes the target learned.
+    pub fn observe(&self, target: &crate::config::Target, now: Instant) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.evidence_total.fetch_add(1, Relaxed);
+        let Ok(mut m) = self.targets.lock() else {
+            return false;
+        };
+        let key = (target.upstream.clone(), target.model.clone());
+        if !m.contains_key(&key) && m.len() >= Self::CAPACITY {
+            m.retain(|_, l| l.until.is_some_and(|u| now < u));
+            if m.len() >= Self::CAPACITY {
+                m.clear();
+            }
+        }
+        let l = m.entry(key).or_default();
+        if l.until.is_some_and(|u| now < u) {
+            return false;
+        }
+        l.until = None;
+        l.seen
+            .retain(|t| now.saturating_duration_since(*t) < Self::WINDOW);
+        if l.seen.len() == Self::EVIDENCE {
+            l.seen.pop_front();
+        }
+        l.seen.push_back(now);
+        if l.seen.len() < Self::EVIDENCE {
+            return false;
+        }
+        l.seen.clear();
+        l.until = Some(now + Self::TTL);
+        self.learned_total.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// `/metrics` lines: targets asked without streaming now, times one was learned, evidence.
+    fn render(&self, now: Instant) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let active = self.targets.lock().map_or(0, |m| {
+            m.values()
+                .filter(|l| l.until.is_some_and(|u| now < u))
+                .count()
+        });
+        format!(
+            "# HELP selfheal_no_stream_targets Upstream targets asked without streaming now (learned not to stream tool calls).\n\
+             # TYPE selfheal_no_stream_targets gauge\nselfheal_no_stream_targets {active}\n\
+             # HELP selfheal_no_stream_learned_total Times a target was learned not to stream tool calls.\n\
+             # TYPE selfheal_no_stream_learned_total counter\nselfheal_no_stream_learned_total {}\n\
+             # HELP selfheal_no_stream_evidence_total Streams offering tools that broke and a non-streaming re-issue healed.\n\
+             # TYPE selfheal_no_stream_evidence_total counter\nselfheal_no_stream_evidence_total {}\n",
+            self.learned_total.load(Relaxed),
+            self.evidence_total.load(Relaxed),
+        )
+    }
+}
+
+/// The header on a request a learned target changed ([`NoStream`]).
+const NO_STREAM_HEADER: &str = "x-selfheal-stream";
+
+/// Marks `resp` as asked without streaming because its target was learned not to stream tool
+/// calls.
+fn mark_no_stream(resp: &mut Response, target: Option<&crate::config::Target>) {
+    let text = target.map_or_else(
+        || "off (learned)".to_owned(),
+        |t| {
+            format!(
+                "off (learned: {}/{} cannot stream tool calls)",
+                t.upstream, t.model
+            )
+        },
+    );
+    if let Ok(v) = HeaderValue::from_str(&text) {
+        resp.headers_mut().insert(NO_STREAM_HEADER, v);
     }
 }
 
@@ -301,7 +395,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
             s.runs.evicted(),
             s.trace.dropped(),
             &s.upstreams.attempt_seconds,
-        ),
+        ) + &s.no_stream.render(Instant::now()),
     )
 }
 
@@ -341,6 +435,17 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
         }
         Err(e) => (Err(e), "-".to_owned()),
     };
+    answered(&s, result, &tenant, started)
+}
+
+/// The end of every API request (chat completions and responses alike): an error counted and
+/// answered in OpenAI's shape, the request's duration observed, its log line written.
+fn answered(
+    s: &AppState,
+    result: Result<Response, ApiError>,
+    tenant: &str,
+    started: Instant,
+) -> Response {
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
@@ -353,7 +458,7 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
         }
     };
     s.metrics.request_seconds.observe(started.elapsed());
-    log_request(&resp, &tenant, started);
+    log_request(&resp, tenant, started);
     resp
 }
 
@@ -391,6 +496,8 @@ async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bod
         return forward(&s, &headers, body, Forwarded::Responses).await;
     }
     let started = Instant::now();
+    // Counted as chat completions are (issue 30: they were missing from both metrics).
+    Metrics::inc(&s.metrics.requests_total);
     let (result, tenant) = match s.gate.admit(&headers) {
         Ok(caller) => {
             let tenant = caller.tenant.clone();
@@ -400,9 +507,33 @@ async fn responses(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bod
         }
         Err(e) => (Err(e), "-".to_owned()),
     };
-    let resp = result.unwrap_or_else(IntoResponse::into_response);
-    log_request(&resp, &tenant, started);
-    resp
+    answered(&s, result, &tenant, started)
+}
+
+/// The first tool call of a Responses `input`, `(call_id, name)`: its first `function_call`
+/// item, else (an input that continues an answer the gateway no longer knows) the call its
+/// first `function_call_output` answers, with no name. What names the run when the client gave
+/// no label ([`crate::runs::run_id_of`]).
+fn responses_first_call(req: &serde_json::Map<String, Value>) -> Option<(&str, &str)> {
+    let items = req.get("input").and_then(Value::as_array)?;
+    let of = |kind: &str| {
+        items
+            .iter()
+            .filter(|i| crate::heal::item_type(i) == Some(kind))
+            .find_map(|i| i.get("call_id").and_then(Value::as_str))
+            .map(|id| (id, i_name(items, id)))
+    };
+    of("function_call").or_else(|| of("function_call_output"))
+}
+
+/// The `name` of the `function_call` item of `call_id` in `items`, `""` if none.
+fn i_name<'a>(items: &'a [Value], call_id: &str) -> &'a str {
+    items
+        .iter()
+        .filter(|i| crate::heal::item_type(i) == Some("function_call"))
+        .find(|i| i.get("call_id").and_then(Value::as_str) == Some(call_id))
+        .and_then(|i| i.get("name").and_then(Value::as_str))
+        .unwrap_or("")
 }
 
 /// The tools of a Responses request (`[{"type": "function", "name", "parameters"}]`).
@@ -504,6 +635,7 @@ async fn responses_inner(
         (None, Some(p)) => s.runs.run_of_response(p, &caller.tenant, now),
         _ => None,
     };
+    let mut unnamed = None;
     let run = match (label, continued) {
         (Some(l), _) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
         (_, Some(run)) => run,
@@ -522,14 +654,25 @@ async fn responses_inner(
             .filter_map(|(tag, v)| v.map(|v| (tag, v.as_bytes())))
             .collect();
             let label = label.or(conversation.as_deref());
-            crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening)
+            let first = responses_first_call(&req);
+            if !crate::runs::names_its_run(label, first) {
+                unnamed = Some(Arc::new(
+                    opening.iter().map(|(k, v)| (*k, v.to_vec())).collect(),
+                ));
+            }
+            crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening, first)
         }
     };
     let t = Turn {
-        state: s.runs.get_for(&run, &caller.tenant, now),
+        state: if unnamed.is_some() {
+            s.runs.detached()
+        } else {
+            s.runs.get_for(&run, &caller.tenant, now)
+        },
         s: s.clone(),
         caller,
         run: run.into(),
+        unnamed,
     };
     t.event(
         Kind::Request,
@@ -610,9 +753,18 @@ async fn responses_inner(
     {
         Metrics::inc(&s.metrics.aborts_total);
         t.event(Kind::Abort, json!({"reason": reason}));
-        t.finish("failed");
         let actions = vec!["abort".to_owned()];
         let text = format!("selfheal stopped this run: {reason}");
+        if s.config.server.on_partial == OnPartial::Error {
+            return Ok(partial_error(
+                &t,
+                "run_stopped",
+                &text,
+                &actions,
+                ("failed", Some(&reason)),
+            ));
+        }
+        t.finish("failed");
         let mut answer = json!({"id": format!("resp_selfheal_{}", t.run), "object": "response",
             "created_at": unix_ms() / 1000, "model": model, "status": "completed",
             "output": [{"type": "message", "id": "msg_selfheal", "role": "assistant",
@@ -688,8 +840,10 @@ async fn responses_inner(
     let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
     // A target learned not to stream tool calls ([`NoStream`]) is asked without streaming and
     // its answer sent as the Responses events a stream would have carried.
-    let learned =
-        wants_stream && !tools.is_empty() && chain.first().is_some_and(|c| s.no_stream.contains(c));
+    let now = Instant::now();
+    let learned = wants_stream
+        && !tools.is_empty()
+        && chain.first().is_some_and(|c| s.no_stream.contains(c, now));
     if wants_stream && !learned {
         let checks = Checks { answered, evidence };
         return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
@@ -741,12 +895,19 @@ async fn responses_inner(
     let (mut repaired, mut invalid) = (check.repaired, check.invalid);
     let mut ladder = ReaskState::default();
     let mut reasked = false;
+    // The ladder's escalation moves the re-asks to the chain's next target, as on chat (issue
+    // 30: a Responses re-ask never escalated).
+    let mut reask_chain: &[crate::config::Target] = &chain;
     while !invalid.is_empty() {
-        let Some(next) = reask_granted(&t, &invalid, ladder) else {
+        let Some((next, escalate)) = reask_or_escalate(&t, &invalid, ladder, &mut reask_chain)
+        else {
             break;
         };
         ladder = next;
         reasked = true;
+        if escalate && !actions.iter().any(|a| a == "escalate") {
+            actions.push("escalate".into());
+        }
         Metrics::inc(&s.metrics.reasks_total);
         if !actions.iter().any(|a| a == "reask") {
             actions.push("reask".into());
@@ -754,7 +915,10 @@ async fn responses_inner(
         t.event(Kind::Reask, json!({"problems": invalid}));
         let turn = reask_turn(&invalid);
         let again = |m: &str| encode_responses(&req, m, Some(&turn));
-        match t.call(&chain, &again, &responses_json_op, &mut log).await {
+        match t
+            .call(reask_chain, &again, &responses_json_op, &mut log)
+            .await
+        {
             Ok(mut second) => {
                 let check = check_responses_answer(
                     s,
@@ -790,6 +954,20 @@ async fn responses_inner(
     } else {
         ("complete", None)
     };
+    // Every call left out: the answer says so in words, or is an error the SDKs raise.
+    if !invalid.is_empty() && !responses_calls(&answer) {
+        let words = heal::left_out_text(&heal::problem_texts(&invalid));
+        if s.config.server.on_partial == OnPartial::Error {
+            return Ok(partial_error(
+                &t,
+                "calls_left_out",
+                &words,
+                &actions,
+                (status, reason.as_deref()),
+            ));
+        }
+        say_in_output(&mut answer, &words);
+    }
     if let Some(o) = answer.as_object_mut() {
         o.insert(
             "selfheal".into(),
@@ -807,6 +985,9 @@ async fn responses_inner(
     };
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
+    if learned {
+        mark_no_stream(&mut resp, chain.first());
+    }
     Ok(resp)
 }
 
@@ -814,6 +995,15 @@ async fn responses_inner(
 /// it with `previous_response_id` ([`crate::runs::Responded`]).
 fn remember_response(t: &Turn, responded: Option<crate::runs::Responded>) {
     let Some(r) = responded else { return };
+    adopt_first_call(
+        t,
+        r.calls.first().map(|c| {
+            (
+                c.get("call_id").and_then(Value::as_str).unwrap_or(""),
+                c.get("name").and_then(Value::as_str).unwrap_or(""),
+            )
+        }),
+    );
     t.s.runs.responded(&r.id, &t.run);
     lock(&t.state).last_response = Some(r);
 }
@@ -853,6 +1043,7 @@ async fn answer_responses_stream(
         // Set in the relay's task: the head waits for its first frame.
         head: None,
         budget: Some(stream_budget(t)),
+        on_partial: t.s.config.server.on_partial,
     };
     let learnable = served.filter(|_| !again.tools.is_empty());
     let guides = t.s.guides.clone();
@@ -947,7 +1138,7 @@ fn finish_stream(t: &Turn, r: &stream::StreamReport, learnable: Option<&crate::c
     if let Some(why) = &r.reissued {
         t.event(Kind::Reissue, json!({"reason": why}));
         if let Some(target) = learnable
-            && t.s.no_stream.learn(target)
+            && t.s.no_stream.observe(target, Instant::now())
         {
             t.event(
                 Kind::LearnNoStream,
@@ -965,6 +1156,10 @@ fn finish_stream(t: &Turn, r: &stream::StreamReport, learnable: Option<&crate::c
         "partial"
     };
     if r.broken.is_none() {
+        adopt_first_call(
+            t,
+            r.first_call.as_ref().map(|(i, n)| (i.as_str(), n.as_str())),
+        );
         remember_response(t, r.responded.clone());
     }
     t.finish(status);
@@ -1037,6 +1232,8 @@ impl ResponsesAgain {
         let mut problems = problems;
         let mut guidance = guidance;
         let mut ladder = ReaskState::default();
+        // The ladder's escalation moves the re-asks to the chain's next target, as on chat.
+        let mut chain: &[crate::config::Target] = &self.chain;
         loop {
             let extra = match guidance.take() {
                 Some(g) => Some(g),
@@ -1048,7 +1245,8 @@ impl ResponsesAgain {
                     None
                 }
                 None => {
-                    ladder = reask_granted(t, &problems, ladder)?;
+                    let (next, _) = reask_or_escalate(t, &problems, ladder, &mut chain)?;
+                    ladder = next;
                     Metrics::inc(&t.s.metrics.reasks_total);
                     t.event(Kind::Reask, json!({"problems": problems}));
                     Some(reask_turn(&problems))
@@ -1058,9 +1256,7 @@ impl ResponsesAgain {
             req.insert("stream".into(), Value::Bool(false));
             let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
             let mut log = CallLog::default();
-            let result = t
-                .call(&self.chain, &encode, &responses_json_op, &mut log)
-                .await;
+            let result = t.call(chain, &encode, &responses_json_op, &mut log).await;
             log_calls(t, &log, &mut Vec::new());
             let mut response = result.ok()?;
             let check = check_responses_answer(
@@ -1278,6 +1474,39 @@ struct Turn {
     caller: Caller,
     run: Arc<str>,
     state: Arc<Mutex<RunState>>,
+    /// The conversation's opening when the request did not name its run (no label, no tool
+    /// call yet): the run then takes the name of the first call it answers with
+    /// ([`adopt_first_call`]).
+    unnamed: Option<Arc<Opening>>,
+}
+
+/// A conversation's opening as run ids read it ([`crate::runs::run_id_of`]).
+type Opening = Vec<(&'static str, Vec<u8>)>;
+
+/// Stores the turn's detached run under the name of `call`, `(id, tool name)`, the first tool
+/// call it answers with, so that the conversation's next request — which carries that call —
+/// continues it ([`crate::runs::RunStore::adopt`]), and under the id it was answered with.
+fn adopt_first_call(t: &Turn, call: Option<(&str, &str)>) {
+    let (Some(opening), Some(call)) = (&t.unnamed, call) else {
+        return;
+    };
+    let opening: Vec<(&str, &[u8])> = opening.iter().map(|(k, v)| (*k, &v[..])).collect();
+    let to = crate::runs::run_id_of(&t.s.run_key, &t.caller.tenant, None, &opening, Some(call));
+    let now = Instant::now();
+    t.s.runs.adopt(&t.state, &to, &t.caller.tenant, now);
+    // Under the id it was answered with too (`x-selfheal-run`, which a client may send back).
+    t.s.runs.adopt(&t.state, &t.run, &t.caller.tenant, now);
+}
+
+/// The first tool call of a chat completion, `(id, tool name)`.
+fn completion_first_call(completion: &Value) -> Option<(&str, &str)> {
+    let c = completion.pointer("/choices/0/message/tool_calls/0")?;
+    Some((
+        c.get("id").and_then(Value::as_str).unwrap_or(""),
+        c.pointer("/function/name")
+            .and_then(Value::as_str)
+            .unwrap_or(""),
+    ))
 }
 
 impl Turn {
@@ -1343,15 +1572,29 @@ async fn chat_inner(
     // back as is), else a keyed hash of tenant and label (or opening).
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     let now = Instant::now();
-    let run = match label {
-        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
-        _ => run_id(&s.run_key, &caller.tenant, label, &req.messages),
+    let (run, unnamed) = match label {
+        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => (l.to_owned(), None),
+        _ => {
+            let first = crate::runs::chat_first_call(&req.messages);
+            let first = first.as_ref().map(|(i, n)| (i.as_str(), n.as_str()));
+            let unnamed = (!crate::runs::names_its_run(label, first))
+                .then(|| Arc::new(crate::runs::chat_opening(&req.messages)));
+            (
+                run_id(&s.run_key, &caller.tenant, label, &req.messages),
+                unnamed,
+            )
+        }
     };
     let t = Turn {
-        state: s.runs.get_for(&run, &caller.tenant, now),
+        state: if unnamed.is_some() {
+            s.runs.detached()
+        } else {
+            s.runs.get_for(&run, &caller.tenant, now)
+        },
         s: s.clone(),
         caller,
         run: run.into(),
+        unnamed,
     };
     let tools = s.tool_indexes.get(&req);
     let (verdict, newest_failed, next, answered) = rebuild_run(&t, &req, &tools, &model, &chain);
@@ -1393,12 +1636,20 @@ async fn chat_inner(
         tools: tools_fwd,
         answered: Arc::new(answered),
     };
-    let learned =
-        !ctx.tools.is_empty() && ctx.chain.first().is_some_and(|c| s.no_stream.contains(c));
+    let learned = req.stream
+        && !ctx.tools.is_empty()
+        && ctx
+            .chain
+            .first()
+            .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
     if req.stream && !learned {
         answer_stream(&t, &req, ctx, actions).await
     } else {
-        answer_complete(&t, &req, &ctx, actions).await
+        let mut resp = answer_complete(&t, &req, &ctx, actions).await?;
+        if learned {
+            mark_no_stream(&mut resp, ctx.chain.first());
+        }
+        Ok(resp)
     }
 }
 
@@ -1519,6 +1770,9 @@ fn answer_abort(
         "I have to stop here: {reason}. The work so far is in the conversation above; \
          the remaining steps could not be completed."
     );
+    if s.config.server.on_partial == OnPartial::Error {
+        return partial_error(t, "run_stopped", &content, &actions, (status, Some(reason)));
+    }
     let mut completion = json!({
         "id": format!("selfheal-{}", t.run),
         "object": "chat.completion",
@@ -1602,6 +1856,7 @@ async fn answer_stream(
         // Set in the relay's task: the head waits for its first frame.
         head: None,
         budget: Some(stream_budget(t)),
+        on_partial: t.s.config.server.on_partial,
     };
     let learnable = served.filter(|_| !ctx.tools.is_empty());
     let guides = t.s.guides.clone();
@@ -1750,6 +2005,13 @@ async fn answer_complete(
         let report = selfheal_report_bytes(&t.state, "complete", None, &plain_actions);
         if let Some(body) = answer::with_report(bytes, &report, &t.caller.redactor) {
             log_calls(t, &log, &mut actions);
+            // Parsed only for a fresh run's first answer with calls (rare): its name.
+            if t.unnamed.is_some()
+                && plain.called().next().is_some()
+                && let Ok(v) = serde_json::from_slice::<Value>(bytes)
+            {
+                adopt_first_call(t, completion_first_call(&v));
+            }
             t.finish("complete");
             let mut resp = Response::new(Body::from(body));
             resp.headers_mut().insert(
@@ -1854,12 +2116,33 @@ async fn answer_complete(
     } else {
         ("complete", None)
     };
+    // Every call left out: the answer says so in words, or is an error the SDKs raise.
+    let calls_left = completion
+        .pointer("/choices/0/message/tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty());
+    if !check.invalid.is_empty() && !calls_left {
+        let words = heal::left_out_text(&heal::problem_texts(&check.invalid));
+        if s.config.server.on_partial == OnPartial::Error {
+            return Ok(partial_error(
+                t,
+                "calls_left_out",
+                &words,
+                &actions,
+                (status, reason.as_deref()),
+            ));
+        }
+        if let Some(m) = completion.pointer_mut("/choices/0/message") {
+            heal::say(m, &words);
+        }
+    }
     if let Some(o) = completion.as_object_mut() {
         o.insert(
             "selfheal".into(),
             selfheal_report(&t.state, status, reason.as_deref(), &actions),
         );
     }
+    adopt_first_call(t, completion_first_call(&completion));
     t.caller.redactor.value(&mut completion);
     t.finish(status);
     let mut resp = if req.stream {
@@ -1872,6 +2155,50 @@ async fn answer_complete(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// Puts `words` in a Responses answer: as an `output_text` part of its last `message` item,
+/// or as a message item of its own when it has none.
+fn say_in_output(answer: &mut Value, words: &str) {
+    let part = json!({"type": "output_text", "text": words, "annotations": []});
+    let Some(output) = answer.get_mut("output").and_then(Value::as_array_mut) else {
+        if let Some(o) = answer.as_object_mut() {
+            o.insert("output".into(), json!([]));
+            say_in_output(answer, words);
+        }
+        return;
+    };
+    let message = output
+        .iter_mut()
+        .rev()
+        .find(|i| crate::heal::item_type(i) == Some("message"))
+        .and_then(|m| m.get_mut("content"))
+        .and_then(Value::as_array_mut);
+    match message {
+        Some(content) => content.push(part),
+        None => output.push(
+            json!({"type": "message", "id": "msg_selfheal", "role": "assistant",
+                                   "status": "completed", "content": [part]}),
+        ),
+    }
+}
+
+/// The error a client configured with `[server] on_partial = "error"` gets in place of an
+/// answer the gateway had to write itself (`code`: `calls_left_out` or `run_stopped`), with the
+/// run's headers and its `status` (`partial` or `failed`).
+fn partial_error(
+    t: &Turn,
+    code: &'static str,
+    words: &str,
+    actions: &[String],
+    (status, reason): (&str, Option<&str>),
+) -> Response {
+    t.finish(status);
+    let words = t.caller.redactor.text(words).into_owned();
+    let mut resp = ApiError::partial(code, words).into_response();
+    let reason = reason.map(|r| t.caller.redactor.text(r).into_owned());
+    add_headers(&mut resp, &t.run, status, actions, reason.as_deref());
+    resp
 }
 
 /// The user turn that asks the model to redo tool calls that could not be used.
@@ -1909,16 +2236,12 @@ fn decided(
 
 /// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
 /// run's ledger when it does): the core's [`selfheal_core::call::reask_signal`] on the problems'
-/// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder.
-/// `Some(next state)` when it does: the caller passes it on if the new answer cannot be used
-/// either, so the ladder, not the gateway, says when to stop.
-fn reask_granted(t: &Turn, problems: &[heal::Problem], state: ReaskState) -> Option<ReaskState> {
-    reask_or_escalate(t, problems, state, &mut &[][..]).map(|(next, _)| next)
-}
-
-/// [`reask_granted`] along `chain`, whose second target is the fallback the ladder may escalate
-/// to: `Some((next state, escalate))`; on an escalation `chain` is advanced to the fallback
-/// (the re-ask and what follows go there) and the run records it.
+/// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder, along
+/// `chain`, whose second target is the fallback the ladder may escalate to. `Some((next state,
+/// escalate))` when it does: the caller passes the state on if the new answer cannot be used
+/// either, so the ladder, not the gateway, says when to stop; on an escalation `chain` is
+/// advanced to the fallback (the re-ask and what follows go there) and the run records it.
+/// Every API re-asks through it (chat and Responses, streaming or not).
 fn reask_or_escalate(
     t: &Turn,
     problems: &[heal::Problem],
@@ -2471,4 +2794,70 @@ async fn passthrough(
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, content_type);
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(model: &str) -> crate::config::Target {
+        crate::config::Target {
+            upstream: "local".into(),
+            model: model.into(),
+        }
+    }
+
+    /// Issue 30: one healed fault switched a target to non-streaming for every tenant for the
+    /// life of the process. Learning now needs repeated evidence within a window and expires.
+    #[test]
+    fn issue_30_learning_not_to_stream_needs_repeated_evidence_and_expires() {
+        let ns = NoStream::default();
+        let (m, t0) = (target("m"), Instant::now());
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(!ns.observe(&m, at(0)), "one fault teaches nothing");
+        assert!(!ns.contains(&m, at(1)));
+        assert!(!ns.observe(&m, at(10)));
+        assert!(!ns.contains(&m, at(11)));
+        // Evidence older than the window does not count: the first fault has aged out.
+        let late = NoStream::WINDOW.as_secs() + 5;
+        assert!(!ns.observe(&m, at(late)), "two faults in the window");
+        assert!(
+            ns.observe(&m, at(late + 1)),
+            "the third within the window teaches it"
+        );
+        assert!(ns.contains(&m, at(late + 2)));
+        assert!(
+            !ns.contains(&target("other"), at(late + 2)),
+            "only that target"
+        );
+        let text = ns.render(at(late + 2));
+        assert!(text.contains("selfheal_no_stream_targets 1\n"), "{text}");
+        assert!(
+            text.contains("selfheal_no_stream_learned_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("selfheal_no_stream_evidence_total 4\n"),
+            "{text}"
+        );
+        // It expires: streamed again, and learnt again only on new evidence.
+        let expired = at(late + 1) + NoStream::TTL;
+        assert!(!ns.contains(&m, expired));
+        assert!(
+            ns.render(expired)
+                .contains("selfheal_no_stream_targets 0\n")
+        );
+        assert!(!ns.observe(&m, expired));
+        assert!(!ns.contains(&m, expired));
+    }
+
+    #[test]
+    fn no_stream_tracks_a_bounded_number_of_targets() {
+        let ns = NoStream::default();
+        let t0 = Instant::now();
+        for i in 0..(NoStream::CAPACITY * 2) {
+            ns.observe(&target(&format!("m{i}")), t0);
+        }
+        assert!(ns.targets.lock().unwrap().len() <= NoStream::CAPACITY);
+    }
 }

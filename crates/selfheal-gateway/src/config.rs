@@ -110,6 +110,24 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// On SIGTERM, how long in-flight requests may take to finish, in milliseconds (default 10 s).
     pub drain_timeout_ms: u64,
+    /// What the client gets when the gateway writes the answer itself because the model's could
+    /// not be given: its tool calls were left out (unusable even after a re-ask) or the run was
+    /// stopped. `message` (the default): an assistant message that says so in words — which
+    /// call, why, what the agent can do — so every client and framework shows it. `error`: an
+    /// OpenAI-shaped error the SDKs raise (HTTP 422, or an `error` event on a stream whose
+    /// head already went out).
+    pub on_partial: OnPartial,
+}
+
+/// See [`ServerConfig::on_partial`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPartial {
+    /// An assistant message that says in words what was left out or why the run stopped.
+    #[default]
+    Message,
+    /// An OpenAI-shaped error.
+    Error,
 }
 
 impl Default for ServerConfig {
@@ -120,6 +138,7 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             max_connections: 1_024,
             drain_timeout_ms: 10_000,
+            on_partial: OnPartial::Message,
         }
     }
 }

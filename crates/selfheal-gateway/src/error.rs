@@ -67,6 +67,17 @@ impl ApiError {
         e
     }
 
+    /// 422: the gateway could not give the model's answer and was configured to say so as an
+    /// error (`[server] on_partial = "error"`): `code` is `calls_left_out` or `run_stopped`.
+    pub fn partial(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "selfheal_error",
+            code,
+            message,
+        )
+    }
+
     /// Any status, type, code and message.
     pub fn new(
         status: StatusCode,

@@ -248,6 +248,7 @@ pub fn replay(
     ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Vec<Replayed> {
+    offer(state, ctx);
     // From the newest result back to the last one the run has seen: only new results (and
     // that one) are read and hashed, however long the history.
     let mut results: Vec<(usize, std::borrow::Cow<'_, str>, u64)> = Vec::new();
@@ -400,6 +401,15 @@ fn feed(
     }
 }
 
+/// Tells the run's controller which tools the request offers (sorted by name, so guidance
+/// names them in a stable order): a tool that keeps failing is routed around while another is
+/// on offer, as the core decides ([`selfheal_core::controller::Controller::offer`]).
+fn offer(state: &mut RunState, ctx: &Ctx<'_>) {
+    let mut names: Vec<&str> = ctx.offered.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    state.controller.offer(names);
+}
+
 /// [`replay`] for a Responses API `input`: its `function_call_output` items (by `call_id`),
 /// each matched to the `function_call` item that asked for it. `only_new`: the input continues
 /// a stored answer and holds only what came since.
@@ -410,6 +420,7 @@ pub fn replay_items(
     ctx: &Ctx<'_>,
     now_ms: u64,
 ) -> Vec<Replayed> {
+    offer(state, ctx);
     let text_of = |v: Option<&Value>| match v {
         Some(Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
@@ -609,6 +620,31 @@ pub fn problem_texts(problems: &[Problem]) -> Vec<String> {
 /// The re-ask texts of `problems` as one text.
 pub fn problems_text(problems: &[Problem]) -> String {
     problem_texts(problems).join(" ")
+}
+
+/// The words of an answer whose tool calls were left out (`problems`: why each could not be
+/// used, naming its tool): what the client gets in place of an empty assistant message, so
+/// that no SDK or framework reads the answer as `''` (issue 30).
+pub fn left_out_text(problems: &[String]) -> String {
+    format!(
+        "[selfheal] The tool calls of this answer could not be used, even after asking the \
+         model again, so they were left out and nothing was called. {} You can send the \
+         request again, or give the model more to go on.",
+        problems.join(" ")
+    )
+}
+
+/// Puts `words` in an assistant message (chat) after whatever text it has: what an answer says
+/// when the gateway left its calls out.
+pub fn say(message: &mut Value, words: &str) {
+    let Some(o) = message.as_object_mut() else {
+        return;
+    };
+    let text = match o.get("content").and_then(Value::as_str) {
+        Some(t) if !t.trim().is_empty() => format!("{t}\n\n{words}"),
+        _ => words.to_owned(),
+    };
+    o.insert("content".into(), Value::String(text));
 }
 
 /// Compiled schema guides by schema text. Agents send the same tools with every request, and

@@ -89,6 +89,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let server = config.server;
+    let fds = raise_fd_limit();
+    if let Some(warning) = fd_shortfall(server.max_connections, fds) {
+        tracing::warn!("{warning}");
+    }
     let state = Arc::new(AppState::new(config, trace)?);
     if let Ok(addr) = listener.local_addr()
         && !addr.ip().is_loopback()
@@ -104,6 +108,56 @@ pub async fn serve(
     let result = accept_loop(listener, app, server, shutdown).await;
     state.trace.flush_and_close();
     result
+}
+
+/// Descriptors the process needs besides its client connections: upstream connections, the
+/// trace database, the listener, standard streams. What [`fd_shortfall`] keeps free.
+pub const FD_RESERVE: u64 = 64;
+
+/// Raises the soft limit on open file descriptors (`RLIMIT_NOFILE`) to the hard limit, and
+/// returns the soft limit the process has then; `None` when it is unlimited or unknown (or not
+/// on Linux). At the common default soft limit of 1,024 the connection cap (1,024 by default)
+/// never engaged: idle connections exhausted descriptors first (`accept failed: Too many open
+/// files`) and real clients waited seconds (issue 30).
+pub fn raise_fd_limit() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let now = getrlimit(Resource::Nofile);
+        if let (Some(current), Some(maximum)) = (now.current, now.maximum)
+            && current < maximum
+        {
+            let raised = Rlimit {
+                current: Some(maximum),
+                maximum: Some(maximum),
+            };
+            if setrlimit(Resource::Nofile, raised).is_ok() {
+                return Some(maximum);
+            }
+        }
+        now.current
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// The warning to give when `max_connections` client connections, plus [`FD_RESERVE`], do not
+/// fit in the descriptor limit `fds` the process got: the cap would never engage, and
+/// descriptors would run out first.
+pub fn fd_shortfall(max_connections: usize, fds: Option<u64>) -> Option<String> {
+    let fds = fds?;
+    let wanted = (max_connections as u64).saturating_add(FD_RESERVE);
+    (wanted > fds).then(|| {
+        format!(
+            "server.max_connections ({max_connections}) plus {FD_RESERVE} descriptors for \
+             upstreams and the trace exceeds the open-file limit ({fds}): descriptors run out \
+             before the connection cap engages. Lower max_connections to {} or raise the hard \
+             limit (ulimit -Hn, LimitNOFILE=).",
+            fds.saturating_sub(FD_RESERVE)
+        )
+    })
 }
 
 /// The 503 a connection past the cap gets before it is closed.
@@ -223,4 +277,34 @@ async fn accept_loop(
         conns.abort_all();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 30: the soft descriptor limit is raised to the hard one, so the connection cap,
+    /// not the descriptors, is what limits clients.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn issue_30_the_soft_descriptor_limit_is_raised_to_the_hard_one() {
+        use rustix::process::{Resource, getrlimit};
+        let got = raise_fd_limit();
+        let now = getrlimit(Resource::Nofile);
+        assert_eq!(got, now.current);
+        if let Some(max) = now.maximum {
+            assert_eq!(now.current, Some(max));
+        }
+    }
+
+    #[test]
+    fn a_connection_cap_the_descriptors_cannot_hold_is_warned_about() {
+        assert_eq!(fd_shortfall(1_024, None), None, "unlimited or unknown");
+        assert_eq!(fd_shortfall(1_024, Some(1_024 + FD_RESERVE)), None);
+        let warning = fd_shortfall(1_024, Some(1_024)).expect("a warning");
+        assert!(
+            warning.contains("1024") && warning.contains("960"),
+            "{warning}"
+        );
+    }
 }

@@ -118,7 +118,7 @@ macro_rules! counters {
                 self.request_seconds.render(
                     &mut out,
                     "selfheal_request_duration_seconds",
-                    "Chat-completion requests, received to answered (headers, when streaming).",
+                    "API requests (chat completions and responses), received to answered (headers, when streaming).",
                 );
                 upstream_seconds.render(
                     &mut out,
@@ -132,7 +132,7 @@ macro_rules! counters {
 }
 
 counters! {
-    requests_total => "Chat-completion requests received.",
+    requests_total => "API requests received (chat completions and responses).",
     guidance_total => "Requests that got monitor guidance.",
     tools_hidden_total => "Requests with circuit-broken tools removed.",
     aborts_total => "Runs ended by the monitor.",

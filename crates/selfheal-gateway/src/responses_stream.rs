@@ -90,6 +90,9 @@ pub struct Hooks {
     pub head: Option<crate::stream::Head>,
     /// The run's budget for the final report, as [`crate::stream::Hooks::budget`].
     pub budget: Option<crate::stream::Budget>,
+    /// What the client gets when every held call was left out, as
+    /// [`crate::stream::Hooks::on_partial`].
+    pub on_partial: crate::config::OnPartial,
 }
 
 /// The ending of a Responses answer: `incomplete` (the token limit) is a cut-off.
@@ -561,6 +564,24 @@ impl Relay<'_> {
             ty = terminal_type(&r.response).into();
         }
         for item in ready.into_iter().chain(replacement) {
+            self.emit_item(item).await?;
+        }
+        if !self.report.invalid.is_empty() && !self.items.values().any(is_call) {
+            // Every call was left out: the answer says so in words (never an empty answer), or
+            // is an error event the SDKs raise.
+            let words = crate::heal::left_out_text(&self.report.invalid);
+            if self.hooks.on_partial == crate::config::OnPartial::Error {
+                self.report.finished = true;
+                let e = json!({
+                    "type": "error", "code": "calls_left_out", "message": words, "param": null,
+                    "error": {"message": words, "type": "selfheal_error", "param": null,
+                              "code": "calls_left_out"},
+                });
+                return self.send(e).await;
+            }
+            let item = json!({"type": "message", "id": "msg_selfheal", "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": words, "annotations": []}]});
             self.emit_item(item).await?;
         }
         if let Some(o) = v.as_object_mut() {
@@ -1092,17 +1113,28 @@ mod tests {
                           "incomplete_details": {"reason": "max_output_tokens"}, "output": []}}),
         );
         let (out, report) = run(sse(&events), Hooks::default()).await;
-        assert!(
-            out.iter()
-                .all(|e| e["type"] != "response.output_item.added"),
-            "{out:?}"
-        );
+        assert!(!sent_a_call(&out), "{out:?}");
         assert_eq!(report.invalid.len(), 1);
         assert!(report.invalid[0].contains("cut off"), "{report:?}");
         let last = out.last().unwrap();
         assert_eq!(last["type"], "response.incomplete");
         assert_eq!(last["response"]["selfheal"]["status"], "partial");
-        assert_eq!(last["response"]["output"], json!([]));
+        // Issue 30: not an empty answer; one that says the call was left out, and why.
+        let output = last["response"]["output"].as_array().unwrap();
+        assert_eq!(output.len(), 1, "{output:?}");
+        assert_eq!(output[0]["type"], "message");
+        let text = output[0]["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.contains("left out") && text.contains("cut off"),
+            "{text}"
+        );
+    }
+
+    /// Whether a `function_call` item went out.
+    fn sent_a_call(out: &[Value]) -> bool {
+        out.iter().any(|e| {
+            e["type"] == "response.output_item.added" && e["item"]["type"] == "function_call"
+        })
     }
 
     #[tokio::test]
@@ -1116,10 +1148,7 @@ mod tests {
         );
         let (out, report) = run(sse(&events), Hooks::default()).await;
         assert_eq!(report.invalid.len(), 1);
-        assert!(
-            out.iter()
-                .all(|e| e["type"] != "response.output_item.added")
-        );
+        assert!(!sent_a_call(&out), "{out:?}");
     }
 
     #[tokio::test]
@@ -1208,13 +1237,37 @@ mod tests {
                    "output": []}}),
         ];
         let (out, report) = run(sse(&events), Hooks::default()).await;
-        assert_eq!(
-            types(&out),
-            vec!["response.created", "response.completed"],
-            "{out:?}"
-        );
+        assert!(!sent_a_call(&out), "{out:?}");
+        let ty = types(&out);
+        assert_eq!(ty.first(), Some(&"response.created"), "{out:?}");
+        assert_eq!(ty.last(), Some(&"response.completed"), "{out:?}");
         assert_eq!(report.invalid.len(), 2, "{report:?}");
-        assert_eq!(out[1]["response"]["selfheal"]["status"], "partial");
+        let last = out.last().unwrap();
+        assert_eq!(last["response"]["selfheal"]["status"], "partial");
+        // Issue 30: the answer says in words that the calls were left out.
+        assert!(last["response"]["output"].to_string().contains("left out"));
+    }
+
+    /// Issue 30: under `on_partial = "error"` an answer whose calls were all left out is an
+    /// `error` event with an `error` object, which the SDKs raise.
+    #[tokio::test]
+    async fn calls_left_out_are_an_error_event_when_so_configured() {
+        let mut events = vec![created()];
+        events.extend(call_events(r#"{"query": "ru"#, false));
+        events.push(
+            json!({"type": "response.incomplete", "response": {"status": "incomplete",
+                          "output": []}}),
+        );
+        let hooks = Hooks {
+            on_partial: crate::config::OnPartial::Error,
+            ..Hooks::default()
+        };
+        let (out, report) = run(sse(&events), hooks).await;
+        assert_eq!(report.invalid.len(), 1);
+        assert!(!sent_a_call(&out), "{out:?}");
+        let last = out.last().unwrap();
+        assert_eq!(last["type"], "error", "{out:?}");
+        assert_eq!(last["error"]["code"], "calls_left_out");
     }
 
     /// Found by `responses_relay_props`: an event that is not an object with a `type` was

@@ -11,11 +11,13 @@
 //! and each run's last answer's calls ([`Responded`]), both bounded.
 //!
 //! A run belongs to a tenant (see `auth`): its id is an HMAC-SHA256, under a per-deployment
-//! secret, of the tenant and either the client's `x-selfheal-run` label or the conversation's
-//! opening (first system and first user message). Two tenants whose conversations open alike —
-//! or who pick the same label — get different runs, so one's tool errors never become the
-//! other's guidance, and nobody can name another tenant's run. The secret makes ids
-//! unguessable and, unlike `DefaultHasher`, the construction is stable across Rust releases.
+//! secret, of the tenant and either the client's label (`x-selfheal-run`, a Responses
+//! `conversation`) or the conversation's first tool call (its provider-unique id and tool name,
+//! with the opening). Opening text alone never names a run, and a conversation with no tool call
+//! yet gets a fresh one (see [`run_id_of`]). Two tenants — or two conversations of one tenant
+//! that open alike — get different runs, so one's tool errors never become the other's guidance,
+//! and nobody can name another tenant's run. The secret makes ids unguessable and, unlike
+//! `DefaultHasher`, the construction is stable across Rust releases.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -416,6 +418,49 @@ impl RunStore {
             inner.compact(self.capacity);
             return state;
         }
+        let state = self.detached();
+        self.insert(inner, id, tenant, state.clone(), now);
+        state
+    }
+
+    /// A fresh run that is not in the store: for a request that does not name its run (no
+    /// label, no tool call yet), which has no state worth sharing until it is answered with a
+    /// tool call ([`RunStore::adopt`]). A plain chat request never takes a slot of the store,
+    /// so it cannot push a real run out.
+    pub fn detached(&self) -> Arc<Mutex<RunState>> {
+        Arc::new(Mutex::new(RunState::with_policy(
+            self.monitor.clone(),
+            self.budget,
+            self.policy.clone(),
+        )))
+    }
+
+    /// Stores the detached run `state` under `id` for `tenant` — the name of the first tool
+    /// call it was answered with — unless a live run has that name already; what the run did
+    /// in its first request (a re-ask is a recovery) carries on into the next.
+    pub fn adopt(&self, state: &Arc<Mutex<RunState>>, id: &str, tenant: &str, now: Instant) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *inner;
+        if inner
+            .map
+            .get(id)
+            .is_some_and(|e| now.duration_since(e.last_seen) < self.ttl)
+        {
+            return;
+        }
+        self.insert(inner, id, tenant, state.clone(), now);
+    }
+
+    /// Inserts `state` under `id`, first dropping expired runs at the front of the recency
+    /// queue, then the least recently used while the store is full.
+    fn insert(
+        &self,
+        inner: &mut Inner,
+        id: &str,
+        tenant: &str,
+        state: Arc<Mutex<RunState>>,
+        now: Instant,
+    ) {
         let mut dropped = 0u64;
         while let Some((front, stamp)) = inner.queue.front().cloned() {
             if !inner.is_live(&front, stamp) {
@@ -440,24 +485,18 @@ impl RunStore {
             self.evicted
                 .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         }
-        let state = Arc::new(Mutex::new(RunState::with_policy(
-            self.monitor.clone(),
-            self.budget,
-            self.policy.clone(),
-        )));
         let key: Arc<str> = Arc::from(id);
         let stamp = inner.touch(key.clone());
         inner.map.insert(
             key,
             Entry {
-                state: state.clone(),
+                state,
                 tenant: Arc::from(tenant),
                 last_seen: now,
                 stamp,
             },
         );
         inner.compact(self.capacity);
-        state
     }
 
     /// Runs held now.
@@ -505,35 +544,85 @@ impl RunKey {
     }
 }
 
-/// The run id within `tenant`: keyed by the `x-selfheal-run` label when the client sent one,
-/// else by the conversation's first system and first user message (stable across the requests
-/// of one run, different between runs and between tenants).
+/// The opening of a chat conversation, as [`run_id_of`] reads it: its first system and first
+/// user message (`(role, raw content)`).
+pub fn chat_opening(messages: &[Message<'_>]) -> Vec<(&'static str, Vec<u8>)> {
+    ["system", "user"]
+        .into_iter()
+        .filter_map(|role| {
+            let m = messages.iter().find(|m| m.role() == role)?;
+            Some((
+                role,
+                m.content
+                    .map_or_else(Vec::new, |c| c.get().as_bytes().to_vec()),
+            ))
+        })
+        .collect()
+}
+
+/// The first tool call the model issued in a chat conversation, `(id, tool name)`.
+pub fn chat_first_call(messages: &[Message<'_>]) -> Option<(String, String)> {
+    let c = messages
+        .iter()
+        .filter(|m| m.role() == "assistant")
+        .find_map(|m| m.calls().into_iter().next())?;
+    let id = c.id.as_ref().map_or("", |i| i.as_str()).to_owned();
+    let name = c
+        .function
+        .as_ref()
+        .and_then(|f| f.name.as_ref())
+        .map_or("", |n| n.as_str())
+        .to_owned();
+    Some((id, name))
+}
+
+/// Whether a request names its run (see [`run_id_of`]): by a label, or by a tool call already
+/// in the conversation. A request that does not gets a fresh run, which takes the name of the
+/// first call it answers with ([`RunStore::adopt`]).
+pub fn names_its_run(label: Option<&str>, first_call: Option<(&str, &str)>) -> bool {
+    label.map(str::trim).is_some_and(|l| !l.is_empty()) || first_call.is_some()
+}
+
+/// The run id within `tenant` of a chat conversation: keyed by the `x-selfheal-run` label
+/// when the client sent one, else by the first tool call the model issued in it (see
+/// [`run_id_of`]). A conversation with no tool call yet gets a fresh run.
 pub fn run_id(
     key: &RunKey,
     tenant: &str,
     header: Option<&str>,
     messages: &[Message<'_>],
 ) -> String {
-    let opening: Vec<(&str, &[u8])> = ["system", "user"]
-        .into_iter()
-        .filter_map(|role| {
-            let m = messages.iter().find(|m| m.role() == role)?;
-            Some((role, m.content.map_or(&b""[..], |c| c.get().as_bytes())))
-        })
-        .collect();
-    run_id_of(key, tenant, header, &opening)
+    let opening = chat_opening(messages);
+    let opening: Vec<(&str, &[u8])> = opening.iter().map(|(t, b)| (*t, &b[..])).collect();
+    let first = chat_first_call(messages);
+    let call = first
+        .as_ref()
+        .map(|(id, name)| (id.as_str(), name.as_str()));
+    run_id_of(key, tenant, header, &opening, call)
 }
 
-/// [`run_id`] from an opening given as `(tag, bytes)` pairs — for requests that are not chat
-/// completions (`/v1/responses`: its `instructions` and first input).
+/// The run id within `tenant`, for any API.
+///
+/// Named by the caller's `label` when it gave one (`x-selfheal-run`, a Responses
+/// `conversation`). Else by the conversation's first tool call (`first_call`: its id, which
+/// providers make unique, and its tool's name), together with its `opening` (`(tag, bytes)`
+/// pairs: the first system and user messages, or a Responses request's `instructions` and
+/// first input) — so an upstream that numbers its calls `call_0`, `call_1`... in every
+/// conversation does not join two either. Opening text alone never names a run: two
+/// conversations that open alike under one key (many end users behind one application key,
+/// agents with a fixed system prompt) would share one run, and one's tool failures would end
+/// the other's conversation (issue 30). A conversation with no tool call yet has no state worth
+/// sharing: it gets a fresh, random id. Always scoped by tenant, under the per-deployment key.
 pub fn run_id_of(
     key: &RunKey,
     tenant: &str,
-    header: Option<&str>,
+    label: Option<&str>,
     opening: &[(&str, &[u8])],
+    first_call: Option<(&str, &str)>,
 ) -> String {
-    let Some(mut mac) = key.0.clone() else {
-        return "r-unkeyed".to_owned();
+    let label = label.map(str::trim).filter(|h| !h.is_empty());
+    let (Some(mut mac), true) = (key.0.clone(), label.is_some() || first_call.is_some()) else {
+        return fresh_run_id();
     };
     let mut field = |tag: &[u8], bytes: &[u8]| {
         mac.update(tag);
@@ -541,44 +630,70 @@ pub fn run_id_of(
         mac.update(bytes);
     };
     field(b"tenant", tenant.as_bytes());
-    match header.map(str::trim).filter(|h| !h.is_empty()) {
-        Some(h) => {
+    match (label, first_call) {
+        (Some(h), _) => {
             let label: String = h.chars().take(128).collect();
             field(b"label", label.as_bytes());
         }
-        None => {
+        (None, Some((id, name))) => {
             for (tag, bytes) in opening {
                 field(tag.as_bytes(), bytes);
             }
+            field(b"call_id", id.as_bytes());
+            field(b"call_name", name.as_bytes());
         }
+        (None, None) => {}
     }
     let tag = mac.finalize().into_bytes();
     format!("r-{}", crate::auth::hex(&tag[..12]))
 }
 
+/// A run id nobody else has: random (or, should the system's randomness fail, a process-wide
+/// counter with the time, still never repeated within the process).
+fn fresh_run_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut b = [0u8; 12];
+    if getrandom::fill(&mut b).is_err() {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        b[..8].copy_from_slice(&n.to_le_bytes());
+        b[8..].copy_from_slice(&t.to_le_bytes()[..4]);
+    }
+    format!("r-{}", crate::auth::hex(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
+
+    fn chat_id(key: &RunKey, tenant: &str, header: Option<&str>, messages: &Value) -> String {
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
+        let req = crate::request::ChatRequest::parse(&body).unwrap();
+        run_id(key, tenant, header, &req.messages)
+    }
+
+    fn called(id: &str) -> Value {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+               "function": {"name": "search", "arguments": "{}"}}]})
+    }
 
     #[test]
     fn run_id_is_stable_over_a_growing_conversation_and_scoped_to_the_tenant() {
         let key = RunKey::from_secret("s");
-        let id = |tenant: &str, header: Option<&str>, messages: serde_json::Value| {
-            let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
-            let req = crate::request::ChatRequest::parse(&body).unwrap();
-            run_id(&key, tenant, header, &req.messages)
+        let id = |tenant: &str, header: Option<&str>, messages: Value| {
+            chat_id(&key, tenant, header, &messages)
         };
-        let a = json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]);
+        let a = json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                       called("call_a")]);
         let mut b = a.clone();
-        b.as_array_mut()
-            .unwrap()
-            .push(json!({"role": "assistant", "content": "x"}));
+        b.as_array_mut().unwrap().extend([
+            json!({"role": "tool", "tool_call_id": "call_a", "content": "x"}),
+            called("call_b"),
+        ]);
         assert_eq!(id("t", None, a.clone()), id("t", None, b));
-        assert_ne!(
-            id("t", None, a.clone()),
-            id("t", None, json!([{"role": "user", "content": "other"}]))
-        );
         assert_ne!(id("t", None, a.clone()), id("u", None, a.clone()));
         assert_eq!(
             id("t", Some("mine"), a.clone()),
@@ -589,18 +704,42 @@ mod tests {
             id("u", Some("mine"), a.clone())
         );
         let other = RunKey::from_secret("other");
-        let body = serde_json::to_vec(&json!({"model": "m", "messages": a})).unwrap();
-        let req = crate::request::ChatRequest::parse(&body).unwrap();
-        assert_ne!(
-            run_id(&other, "t", None, &req.messages),
-            id(
-                "t",
-                None,
-                json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
-            )
-        );
+        assert_ne!(chat_id(&other, "t", None, &a), id("t", None, a.clone()));
         // Fixed key and input, fixed id: the construction is stable across releases.
         assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
+    }
+
+    /// Issue 30: two conversations of one tenant with the same opening never share a run —
+    /// not with different first calls, and not before any call (each request a fresh run).
+    #[test]
+    fn issue_30_opening_text_alone_never_joins_two_conversations() {
+        let key = RunKey::from_secret("s");
+        let opening = json!([{"role": "system", "content": "You are a helpful agent."},
+                             {"role": "user", "content": "hi"}]);
+        let with_call = |call: &str| {
+            let mut m = opening.clone();
+            m.as_array_mut().unwrap().push(called(call));
+            m
+        };
+        let no_call_1 = chat_id(&key, "key:app", None, &opening);
+        let no_call_2 = chat_id(&key, "key:app", None, &opening);
+        assert_ne!(no_call_1, no_call_2, "no call yet: a fresh run each time");
+        assert_ne!(
+            chat_id(&key, "key:app", None, &with_call("call_1")),
+            chat_id(&key, "key:app", None, &with_call("call_2"))
+        );
+        assert_eq!(
+            chat_id(&key, "key:app", None, &with_call("call_1")),
+            chat_id(&key, "key:app", None, &with_call("call_1"))
+        );
+        // An upstream that numbers its calls alike in every conversation: the opening still
+        // tells them apart.
+        let mut other = with_call("call_0");
+        other[1]["content"] = json!("hello");
+        assert_ne!(
+            chat_id(&key, "key:app", None, &with_call("call_0")),
+            chat_id(&key, "key:app", None, &other)
+        );
     }
 
     /// A store of `capacity` runs with a minute's TTL and the default monitor, budget and policy.
@@ -705,6 +844,30 @@ mod tests {
             !r.answered_by(&[own, out("c1")]),
             "the input carries its calls"
         );
+    }
+
+    /// Issue 30: a request that does not name its run takes no slot of the store until it is
+    /// answered with a tool call; then its run is stored under that call's name, unless a live
+    /// run has it.
+    #[test]
+    fn a_detached_run_takes_no_slot_until_adopted() {
+        let s = store(2);
+        let now = Instant::now();
+        let kept = s.get_for("r-kept", "t", now);
+        for _ in 0..10 {
+            let _ = s.detached();
+        }
+        assert_eq!(s.len(), 1, "plain requests push no run out");
+        let fresh = s.detached();
+        s.adopt(&fresh, "r-call", "t", now);
+        assert!(Arc::ptr_eq(&fresh, &s.get_for("r-call", "t", now)));
+        assert!(s.owned_by("r-call", "t", now) && !s.owned_by("r-call", "u", now));
+        s.adopt(&s.detached(), "r-call", "t", now);
+        assert!(
+            Arc::ptr_eq(&fresh, &s.get_for("r-call", "t", now)),
+            "a live run keeps its name"
+        );
+        assert!(Arc::ptr_eq(&kept, &s.get_for("r-kept", "t", now)));
     }
 
     #[test]

@@ -50,6 +50,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
+use crate::config::OnPartial;
 use crate::heal::{GuideCache, Problem, ToolIndex, check_call, problem_texts};
 use selfheal_repair::Ending;
 
@@ -178,6 +179,9 @@ pub struct Hooks {
     pub head: Option<Head>,
     /// The run's budget for the final report.
     pub budget: Option<Budget>,
+    /// What the client gets when every held call was left out ([`OnPartial`]): the words of
+    /// [`crate::heal::left_out_text`] as content, or an `error` event.
+    pub on_partial: OnPartial,
 }
 
 /// The report for a stream's head, sent before its first frame: `selfheal` with what the relay
@@ -257,6 +261,9 @@ pub struct StreamReport {
     /// The Responses answer that went out whole (its id and calls), for a client that continues
     /// it with `previous_response_id`; `None` on chat completions.
     pub responded: Option<crate::runs::Responded>,
+    /// The first tool call sent to the client, `(id, tool name)`: what a fresh run is named
+    /// after (see `runs::RunStore::adopt`).
+    pub first_call: Option<(String, String)>,
     /// The run's budget when the stream ended ([`Hooks::budget`]), which the final report
     /// shows in place of the one it was made with.
     pub budget: Option<Value>,
@@ -377,6 +384,13 @@ impl Relay<'_> {
     }
 
     async fn send(&mut self, v: &Value) -> Result<(), Gone> {
+        if self.report.first_call.is_none()
+            && let Some(c) = v.pointer("/choices/0/delta/tool_calls/0")
+            && let Some(id) = c.get("id").and_then(Value::as_str)
+        {
+            let name = c.pointer("/function/name").and_then(Value::as_str);
+            self.report.first_call = Some((id.to_owned(), name.unwrap_or("").to_owned()));
+        }
         self.head(false);
         if let Some(role) = self.held_role.take() {
             self.tx.send(data(&role)).await.map_err(|_| Gone)?;
@@ -483,6 +497,15 @@ impl Relay<'_> {
         }
         if !calls_tools(&message) {
             self.settle();
+            if !self.report.invalid.is_empty() {
+                // Every call was left out: said in words, or an error event (see `finish`).
+                let words = crate::heal::left_out_text(&self.report.invalid);
+                if self.hooks.on_partial == OnPartial::Error {
+                    self.report.finished = true;
+                    return self.send(&left_out_error(&words)).await;
+                }
+                crate::heal::say(&mut message, &words);
+            }
         }
         let message = &message;
         let base = self.template.clone();
@@ -689,6 +712,21 @@ impl Relay<'_> {
             if !calls.is_empty() {
                 let c = chunk(Some(&v), json!({"tool_calls": calls}), Value::Null);
                 self.send(&c).await?;
+            } else if !self.report.invalid.is_empty() {
+                // Every call was left out: the answer no longer ends in calls, and says so in
+                // words (never an empty message), or is an error event the SDKs raise.
+                let words = crate::heal::left_out_text(&self.report.invalid);
+                if self.hooks.on_partial == OnPartial::Error {
+                    self.report.finished = true;
+                    return self.send(&left_out_error(&words)).await;
+                }
+                let c = chunk(
+                    Some(&v),
+                    json!({"content": format!("\n\n{words}")}),
+                    Value::Null,
+                );
+                self.send(&c).await?;
+                finish = json!("stop");
             } else if finish.as_str() == Some("tool_calls") {
                 // Every call was left out: the answer no longer ends in calls.
                 finish = json!("stop");
@@ -761,6 +799,13 @@ impl Relay<'_> {
             }})))
             .await;
     }
+}
+
+/// The error event of an answer whose calls were all left out, under
+/// `[server] on_partial = "error"`: the SDKs raise it.
+fn left_out_error(words: &str) -> Value {
+    json!({"error": {"message": words, "type": "selfheal_error", "param": null,
+                     "code": "calls_left_out"}})
 }
 
 /// Assembles the held calls, checks and repairs them. Returns the calls and the problems of

@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use selfheal_gateway::config::{ModelRoute, Target, UpstreamConfig};
+use selfheal_gateway::config::{ModelRoute, OnPartial, Target, UpstreamConfig};
 use selfheal_gateway::{AppState, GatewayConfig, TraceWriter, router};
 
 mod common;
@@ -263,9 +263,12 @@ async fn transient_errors_are_retried_then_exhaustion_is_a_502_with_reasons() {
 async fn issue_11_a_tool_failing_past_its_ladder_ends_the_run_partial() {
     let (url, shared) = start_upstream(vec![]).await;
     let app = gateway(GatewayConfig::for_upstream(url));
+    // Only the failing tool is on offer: with another one the failure is routed around
+    // instead (issue 30, `issue_30_a_stuck_tool_is_warned_at_3_hidden_at_5_and_the_run_goes_on`).
+    let only_search = json!([tools()[0].clone()]);
     let (status, body, headers) = post_chat(
         &app,
-        json!({"model": "m", "messages": conversation(5, 1), "tools": tools()}),
+        json!({"model": "m", "messages": conversation(5, 1), "tools": only_search}),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -548,7 +551,7 @@ async fn issue_13_tenants_with_the_same_opening_do_not_share_a_run() {
     let body = |m: &Value| json!({"model": "m", "messages": m, "tools": tools()});
     let (_, _, a) = post_as(&app, "sk-tenant-aaaa", body(&failing)).await;
     let (_, _, b) = post_as(&app, "sk-tenant-bbbb", body(&fine)).await;
-    let (_, _, a2) = post_as(&app, "sk-tenant-aaaa", body(&fine)).await;
+    let (_, _, a2) = post_as(&app, "sk-tenant-aaaa", body(&failing)).await;
     let seen = shared.lock().unwrap().seen.clone();
     assert!(!offered(&seen[0]).contains(&"search".to_string()));
     assert!(
@@ -558,7 +561,7 @@ async fn issue_13_tenants_with_the_same_opening_do_not_share_a_run() {
     assert!(!seen[1]["messages"].to_string().contains("[selfheal]"));
     assert!(
         !offered(&seen[2]).contains(&"search".to_string()),
-        "within A's tenant the run carries on"
+        "A's conversation carries on in its run"
     );
     assert_ne!(a["x-selfheal-run"], b["x-selfheal-run"]);
     assert_eq!(a["x-selfheal-run"], a2["x-selfheal-run"]);
@@ -1574,4 +1577,403 @@ async fn continued_turns(first: Value, next: Value) {
     // Another tenant naming the same answer does not join the run.
     let (_, other) = post_responses_as(&app, "sk-tenant-bbbb", &next).await;
     assert_ne!(other["x-selfheal-run"], head["x-selfheal-run"]);
+}
+
+/// The stuck agent of issue 30: `web_search` answers `{"error": "search backend down"}` every
+/// time and `fetch_url` is on offer. `n` failed searches so far.
+fn stuck_agent(n: usize) -> Value {
+    let mut m = vec![json!({"role": "user", "content": "What does the page say?"})];
+    for i in 0..n {
+        m.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("ws{i}"),
+            "type": "function", "function": {"name": "web_search",
+            "arguments": format!("{{\"query\": \"page {i}\"}}")}}]}),
+        );
+        m.push(json!({"role": "tool", "tool_call_id": format!("ws{i}"),
+                      "content": "{\"error\": \"search backend down\"}"}));
+    }
+    json!(m)
+}
+
+fn search_and_fetch() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "web_search", "parameters": {
+            "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+        {"type": "function", "function": {"name": "fetch_url", "parameters": {
+            "type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}}}
+    ])
+}
+
+/// Issue 30: the seeds' monitor rule where users meet it. The run is not ended at the 4th
+/// failure (the ladder's end): it warns at 3 naming `fetch_url`, hides `web_search` at 5 with
+/// guidance naming `fetch_url`, and the model is asked every time.
+#[tokio::test]
+async fn issue_30_a_stuck_tool_is_warned_at_3_hidden_at_5_and_the_run_goes_on() {
+    for n in 1..=5 {
+        let (url, shared) = start_upstream(vec![]).await;
+        let app = gateway(GatewayConfig::for_upstream(url));
+        let (status, body, headers) = post_chat(
+            &app,
+            json!({"model": "m", "messages": stuck_agent(n), "tools": search_and_fetch()}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{n}: {body}");
+        assert_ne!(headers["x-selfheal-status"], "failed", "{n}: {body}");
+        let seen = shared.lock().unwrap().seen.clone();
+        assert_eq!(seen.len(), 1, "{n}: the model is asked: {body}");
+        let guidance = guidance_seen(&seen[0]);
+        let names = offered(&seen[0]);
+        if n >= 5 {
+            assert_eq!(names, vec!["fetch_url"], "{n}");
+            assert!(guidance.contains("disabled"), "{n}: {guidance}");
+        } else {
+            assert_eq!(names, vec!["web_search", "fetch_url"], "{n}");
+        }
+        if n >= 3 {
+            assert!(guidance.contains("`fetch_url`"), "{n}: {guidance}");
+        }
+        if n == 3 || n == 4 {
+            assert!(guidance.contains("failed"), "{n}: {guidance}");
+        }
+    }
+}
+
+/// With nothing else on offer, the ladder's end stands: the run stops.
+#[tokio::test]
+async fn issue_30_with_nothing_else_on_offer_a_stuck_tool_still_ends_the_run() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let only_search = json!([search_and_fetch()[0].clone()]);
+    let (status, body, headers) = post_chat(
+        &app,
+        json!({"model": "m", "messages": stuck_agent(5), "tools": only_search}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ne!(headers["x-selfheal-status"], "complete", "{body}");
+    assert!(shared.lock().unwrap().seen.is_empty(), "{body}");
+}
+
+/// Issue 30: `/v1/responses` requests were missing from `selfheal_requests_total` and the
+/// request-duration histogram (1,334 counted of 2,000 in a mixed run).
+#[tokio::test]
+async fn issue_30_metrics_count_responses_requests_as_chat_ones() {
+    let shared: Shared = Arc::new(Mutex::new(Script::default()));
+    let upstream = Router::new()
+        .route("/v1/responses", post(upstream_responses))
+        .route("/v1/chat/completions", post(upstream_chat))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await });
+    let app = gateway(GatewayConfig::for_upstream(format!("http://{addr}/v1")));
+    for i in 0..2 {
+        let body = json!({"model": "m", "input": format!("hello {i}")});
+        let req = Request::post("/v1/responses")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    // One that fails to parse is counted too, as a client error.
+    let req = Request::post("/v1/responses")
+        .header("content-type", "application/json")
+        .body(Body::from("{not json"))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let (status, _, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "and chat"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = metrics_text(&app).await;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+            .unwrap_or_else(|| panic!("no `{name}` in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("selfheal_requests_total "), 4.0);
+    assert_eq!(value("selfheal_request_duration_seconds_count"), 4.0);
+    assert_eq!(value("selfheal_client_errors_total "), 1.0);
+}
+
+/// Issue 30: two conversations of one tenant (one application key, many end users) whose
+/// system and first user messages are the same shared one run, so one user's failing tool
+/// ended the other's healthy conversation ("I have to stop here", upstream never asked). A run
+/// is now named by a label or by the conversation's first tool call, never by its opening.
+#[tokio::test]
+async fn issue_30_conversations_of_one_tenant_with_the_same_opening_never_share_a_run() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let opening = [
+        json!({"role": "system", "content": "You are a research agent."}),
+        json!({"role": "user", "content": "hi"}),
+    ];
+    let only_search = json!([tools()[0].clone()]);
+    // Alice's search keeps failing: with nothing else on offer her run stops.
+    let mut failing: Vec<Value> = opening.to_vec();
+    for i in 0..5 {
+        failing.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_alice_{i}"),
+            "type": "function", "function": {"name": "search", "arguments": format!("{{\"query\": \"q{i}\"}}")}}]}));
+        failing.push(
+            json!({"role": "tool", "tool_call_id": format!("call_alice_{i}"),
+            "content": "Error: search backend is down"}),
+        );
+    }
+    let (_, _, alice) = post_as(
+        &app,
+        "sk-app",
+        json!({"model": "m", "messages": failing, "tools": only_search}),
+    )
+    .await;
+    assert_ne!(alice["x-selfheal-status"], "complete");
+    assert!(
+        shared.lock().unwrap().seen.is_empty(),
+        "Alice's run stopped"
+    );
+    // Bob opens alike, before any call and after a healthy one: his own run each time.
+    let (_, body, bob) = post_as(
+        &app,
+        "sk-app",
+        json!({"model": "m", "messages": opening, "tools": only_search}),
+    )
+    .await;
+    assert_eq!(bob["x-selfheal-status"], "complete", "{body}");
+    assert_ne!(alice["x-selfheal-run"], bob["x-selfheal-run"]);
+    let mut healthy: Vec<Value> = opening.to_vec();
+    healthy.push(
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_bob_0",
+        "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"b\"}"}}]}),
+    );
+    healthy.push(json!({"role": "tool", "tool_call_id": "call_bob_0", "content": "ok: 3 results"}));
+    let (_, body, bob2) = post_as(
+        &app,
+        "sk-app",
+        json!({"model": "m", "messages": healthy, "tools": only_search}),
+    )
+    .await;
+    assert_eq!(bob2["x-selfheal-status"], "complete", "{body}");
+    assert_ne!(alice["x-selfheal-run"], bob2["x-selfheal-run"]);
+    let seen = shared.lock().unwrap().seen.clone();
+    assert_eq!(seen.len(), 2, "the upstream answered Bob twice");
+    assert!(
+        !guidance_seen(&seen[1]).contains("[selfheal]"),
+        "no guidance from Alice's failures"
+    );
+}
+
+/// Reads an SSE body into its `data:` payloads (JSON; `[DONE]` left out).
+fn sse_events(body: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// POSTs `body` to `path`: the status, the headers and the raw body.
+async fn post_raw(
+    app: &Router,
+    path: &str,
+    body: &Value,
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, bytes.to_vec())
+}
+
+/// Issue 30: when a call is left out after a failed re-ask, the answer was an empty assistant
+/// message with `finish_reason: "stop"` (`partial` only in the headers and the `selfheal`
+/// field), which the `openai` SDK returns as `''`. It now says in words which call and why, on
+/// chat streaming or not; `on_partial = "error"` makes it an OpenAI-shaped error instead.
+#[tokio::test]
+async fn issue_30_an_answer_whose_calls_were_left_out_is_never_empty() {
+    for stream in [false, true] {
+        for on_partial in [OnPartial::Message, OnPartial::Error] {
+            // The model keeps calling a tool that does not exist, whatever it is asked.
+            let (url, _) = start_upstream(vec![(200, tool_call("nope", "{}")); 8]).await;
+            let mut config = fast(GatewayConfig::for_upstream(url));
+            config.server.on_partial = on_partial;
+            let app = gateway(config);
+            let body = json!({"model": "m", "tools": tools(), "stream": stream,
+                              "messages": [{"role": "user", "content": "call it"}]});
+            let (status, headers, raw) = post_raw(&app, "/v1/chat/completions", &body).await;
+            let at = format!("stream {stream}, {on_partial:?}");
+            assert_eq!(headers["x-selfheal-status"], "partial", "{at}");
+            match (on_partial, stream) {
+                (OnPartial::Message, false) => {
+                    assert_eq!(status, StatusCode::OK, "{at}");
+                    let v: Value = serde_json::from_slice(&raw).unwrap();
+                    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+                    assert!(
+                        content.contains("`nope`") && content.contains("left out"),
+                        "{at}: {content}"
+                    );
+                    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{at}");
+                }
+                (OnPartial::Message, true) => {
+                    assert_eq!(status, StatusCode::OK, "{at}");
+                    let events = sse_events(&raw);
+                    let text: String = events
+                        .iter()
+                        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+                        .collect();
+                    assert!(
+                        text.contains("`nope`") && text.contains("left out"),
+                        "{at}: {events:?}"
+                    );
+                    let last = events.last().unwrap();
+                    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{at}");
+                }
+                (OnPartial::Error, false) => {
+                    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{at}");
+                    let v: Value = serde_json::from_slice(&raw).unwrap();
+                    assert_eq!(v["error"]["code"], "calls_left_out", "{at}");
+                    assert!(
+                        v["error"]["message"].as_str().unwrap().contains("`nope`"),
+                        "{at}"
+                    );
+                }
+                (OnPartial::Error, true) => {
+                    let events = sse_events(&raw);
+                    let last = events.last().unwrap();
+                    assert_eq!(last["error"]["code"], "calls_left_out", "{at}: {events:?}");
+                    assert!(
+                        !events
+                            .iter()
+                            .any(|e| e["choices"][0]["finish_reason"] == "stop"),
+                        "{at}: no answer after all"
+                    );
+                }
+            }
+        }
+    }
+}
+
+async fn upstream_responses_script(State(s): State<Shared>, body: axum::Json<Value>) -> Response {
+    let mut s = s.lock().unwrap();
+    s.seen.push(body.0);
+    let call = |name: &str| {
+        json!({"id": "resp_c", "object": "response", "created_at": 0, "model": "m",
+               "status": "completed", "output": [{"type": "function_call", "id": "fc_1",
+               "call_id": "call_1", "name": name, "arguments": "{}", "status": "completed"}]})
+    };
+    let next = if s.steps.is_empty() {
+        call("nope")
+    } else {
+        s.steps.remove(0).1
+    };
+    axum::Json(next).into_response()
+}
+
+/// Issue 30, on `/v1/responses`: the same, an answer in words or an error, never empty.
+#[tokio::test]
+async fn issue_30_a_responses_answer_whose_calls_were_left_out_is_never_empty() {
+    for on_partial in [OnPartial::Message, OnPartial::Error] {
+        let (url, _) = serve_script(vec![], |r| {
+            r.route("/v1/responses", post(upstream_responses_script))
+        })
+        .await;
+        let mut config = fast(GatewayConfig::for_upstream(url));
+        config.server.on_partial = on_partial;
+        let app = gateway(config);
+        let tools = json!([{"type": "function", "name": "search", "parameters": {"type": "object",
+            "properties": {"query": {"type": "string"}}, "required": ["query"]}}]);
+        let body = json!({"model": "m", "input": "call it", "tools": tools});
+        let (status, headers, raw) = post_raw(&app, "/v1/responses", &body).await;
+        assert_eq!(headers["x-selfheal-status"], "partial", "{on_partial:?}");
+        let v: Value = serde_json::from_slice(&raw).unwrap();
+        match on_partial {
+            OnPartial::Message => {
+                assert_eq!(status, StatusCode::OK);
+                let text: String = v["output"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|i| i["type"] == "message")
+                    .flat_map(|m| m["content"].as_array().unwrap().clone())
+                    .filter_map(|p| p["text"].as_str().map(str::to_owned))
+                    .collect();
+                assert!(text.contains("`nope`") && text.contains("left out"), "{v}");
+                assert!(!v["output"].to_string().contains("function_call\""), "{v}");
+            }
+            OnPartial::Error => {
+                assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+                assert_eq!(v["error"]["code"], "calls_left_out", "{v}");
+            }
+        }
+    }
+}
+
+/// Issue 30: with `on_partial = "error"`, a stopped run is an error the SDKs raise, not an
+/// answer.
+#[tokio::test]
+async fn issue_30_a_stopped_run_is_an_error_when_so_configured() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let mut config = GatewayConfig::for_upstream(url);
+    config.server.on_partial = OnPartial::Error;
+    let app = gateway(config);
+    let only_search = json!([search_and_fetch()[0].clone()]);
+    let body = json!({"model": "m", "messages": stuck_agent(5), "tools": only_search});
+    let (status, headers, raw) = post_raw(&app, "/v1/chat/completions", &body).await;
+    let v: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["code"], "run_stopped", "{v}");
+    assert_ne!(headers["x-selfheal-status"], "complete");
+    assert!(shared.lock().unwrap().seen.is_empty());
+}
+
+/// Issue 30: a Responses re-ask never escalated to the fallback model (chat's does): a primary
+/// that keeps calling a tool that does not exist is now left, as on chat, for the chain's next
+/// model, whose usable answer goes out.
+#[tokio::test]
+async fn issue_30_a_responses_reask_escalates_to_the_fallback_model() {
+    let good = json!({"id": "resp_good", "object": "response", "created_at": 0, "model": "m2",
+        "status": "completed", "output": [{"type": "function_call", "id": "fc_2",
+        "call_id": "call_2", "name": "search", "arguments": "{\"query\": \"q\"}",
+        "status": "completed"}]});
+    let route = |r: Router<Shared>| r.route("/v1/responses", post(upstream_responses_script));
+    let (primary, primary_seen) = serve_script(vec![], route).await;
+    let (fallback, fallback_seen) = serve_script(vec![(200, good); 4], route).await;
+    let config = chain(
+        fast(GatewayConfig::for_upstream(primary.clone())),
+        &[
+            ("primary", primary.as_str()),
+            ("fallback", fallback.as_str()),
+        ],
+        "agent",
+        &[("primary", "m1"), ("fallback", "m2")],
+    );
+    let app = gateway(config);
+    let tools = json!([{"type": "function", "name": "search", "parameters": {"type": "object",
+        "properties": {"query": {"type": "string"}}, "required": ["query"]}}]);
+    let body = json!({"model": "agent", "input": "find q", "tools": tools});
+    let (status, headers, raw) = post_raw(&app, "/v1/responses", &body).await;
+    let v: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["output"][0]["name"], "search", "{v}");
+    assert_eq!(v["selfheal"]["status"], "complete", "{v}");
+    assert!(
+        headers["x-selfheal-actions"]
+            .to_str()
+            .unwrap()
+            .contains("escalate"),
+        "{headers:?}"
+    );
+    assert!(!primary_seen.lock().unwrap().seen.is_empty());
+    assert!(
+        !fallback_seen.lock().unwrap().seen.is_empty(),
+        "the fallback model was asked"
+    );
 }

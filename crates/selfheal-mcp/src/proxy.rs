@@ -689,6 +689,11 @@ impl Proxy {
                 },
             );
         }
+        // The monitor names the other tools the server lists when one keeps failing (the
+        // seeds' warning and breaker guidance, decided in the core).
+        let mut names: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        self.monitor.offer(names);
     }
 
     /// The server is gone: every call still waiting for it, or for a retry, is answered with a

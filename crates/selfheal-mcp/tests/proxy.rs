@@ -2002,3 +2002,36 @@ fn a_breach_is_retried_only_within_the_session_budget() {
     assert_eq!(answer(&outs)["isError"], json!(true));
     assert_eq!(p.stats().retries, 0);
 }
+
+/// Issue 30: the monitor's warning at 3 failures in a row and its circuit at 5 name the other
+/// tools the server lists, as through the gateway and the runtime (the same core rule): the
+/// agent is told what else it can use.
+#[test]
+fn issue_30_guidance_about_a_failing_tool_names_the_other_listed_tools() {
+    let mut p = proxy();
+    assert_eq!(list(&mut p, 100, 0), ["search", "put", "send"]);
+    let mut notes = Vec::new();
+    for i in 1..=5u64 {
+        let outs = round_trip(
+            &mut p,
+            json!(i),
+            "send",
+            json!({"to": format!("user{i}@example.com")}),
+            text_result("smtp: connection refused", true),
+            i,
+        );
+        notes.push(texts(&to_client(&outs)[0]["result"]).join(" "));
+    }
+    for (i, note) in notes.iter().enumerate().skip(2) {
+        assert!(
+            note.contains("`put`") && note.contains("`search`"),
+            "answer {}: {note}",
+            i + 1
+        );
+    }
+    assert!(
+        !notes[1].contains("`search`"),
+        "no guidance before 3: {}",
+        notes[1]
+    );
+}

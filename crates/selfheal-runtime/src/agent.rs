@@ -236,7 +236,12 @@ impl Agent {
     /// is spent, or the controller degrades or aborts. `seed` seeds the backoff jitter.
     pub async fn run(&self, messages: Vec<Value>, seed: u64) -> RunResult {
         let ctl = match Controller::new(self.config.clone()) {
-            Ok(c) => c,
+            // The run knows what the agent is offered, so a tool that keeps failing is routed
+            // around while another is left (the seeds' monitor rule, decided in the core).
+            Ok(mut c) => {
+                c.offer(self.tools.iter().map(|t| t.spec().name.as_str()));
+                c
+            }
             Err(e) => {
                 return RunResult {
                     status: RunStatus::Failed,

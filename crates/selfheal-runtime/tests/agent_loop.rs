@@ -548,3 +548,43 @@ async fn a_tool_call_written_as_text_that_cannot_be_taken_is_asked_again() {
         "{text}"
     );
 }
+
+/// Issue 30, in the runtime: under the default policy an agent whose `flaky` tool keeps failing,
+/// with `get_weather` on offer, is not stopped at the ladder's end. The core routes around the
+/// tool (the same decision the gateway and the MCP proxy get): warned at 3 naming
+/// `get_weather`, hidden at 5, and the agent finishes with `get_weather`.
+#[tokio::test]
+async fn issue_30_a_stuck_tool_is_routed_around_to_the_other_one() {
+    let mut replies: Vec<Reply> = (0..4).map(|_| ok(call("flaky", "{}"))).collect();
+    replies.push(ok(call("get_weather", r#"{"city": "Paris"}"#)));
+    replies.push(ok(answer("21 C in Paris")));
+    let (url, s) = server(replies, None).await;
+    let (calls, ok_calls) = (Calls::default(), Calls::default());
+    let agent = Agent::new(
+        client(&url, 2000),
+        "m",
+        vec![
+            failing("flaky", Effect::ReadOnly, &calls),
+            weather(&ok_calls),
+        ],
+    );
+    let r = agent.run(user(), 1).await;
+    assert_eq!(r.answer.as_deref(), Some("21 C in Paris"), "{:?}", r.reason);
+    assert_ne!(r.status, RunStatus::Failed, "{:?}", r.reason);
+    assert_eq!(calls.lock().unwrap().len(), 5, "the circuit opens at 5");
+    assert_eq!(ok_calls.lock().unwrap().len(), 1);
+    let reqs = requests(&s);
+    let last = reqs.last().unwrap();
+    let offered: Vec<&str> = last["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, vec!["get_weather"], "flaky is hidden");
+    assert!(
+        reqs.iter()
+            .any(|q| q["messages"].to_string().contains("`get_weather`")),
+        "guidance names the alternative"
+    );
+}
