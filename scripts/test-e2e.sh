@@ -6,7 +6,9 @@
 #  - chaos at CI size: scripts/chaos.py's faults, kill -9 and slowloris scenarios, about 15 s
 #    (tests/e2e/test_chaos.py);
 #  - MCP proxy: between the real Python `mcp` SDK and a real MCP server from npm,
-#    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py).
+#    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py);
+#  - the quickstarts in examples/ (openai, openai-agents, LangChain, pydantic-ai), each through
+#    the gateway in front of the fault-injecting upstream (tests/e2e/test_quickstarts.py).
 #
 #   scripts/test-e2e.sh           # run the tests (sets up the test environment on first use)
 #   scripts/test-e2e.sh --setup   # only (re)create the test environment
@@ -35,7 +37,7 @@ setup() {
   echo "e2e: [2/3] pip install -r tests/e2e/requirements.txt" >&2
   "$VENV/bin/pip" install --disable-pip-version-check --progress-bar off \
     -r tests/e2e/requirements.txt | grep -E '^(Collecting|Successfully)' >&2 || true
-  "$VENV/bin/python" -c 'import openai, agents, mcp, pytest' \
+  "$VENV/bin/python" -c 'import openai, agents, mcp, pytest, langchain_openai, pydantic_ai' \
     || { echo "e2e: the Python packages did not install" >&2; exit 1; }
   echo "e2e: [3/3] npm install $NPM_PACKAGE" >&2
   mkdir -p "$NPM_DIR"
