@@ -9,7 +9,9 @@
 #
 # maturin comes from PyPI into a throwaway venv (MATURIN_VERSION pins it); the wheel is built
 # with the workspace's target directory (CARGO_TARGET_DIR or target/), so the dependencies
-# compiled by the tests are reused. The only downloads are maturin; nothing but loopback at
+# compiled by the tests are reused — all but the ~30 crates whose features differ when
+# `selfheal-cli` is built alone (107 s in all after `cargo test --workspace` on a busy 2-core
+# machine; 54 s after `cargo build -p selfheal-cli`). The only downloads are maturin; nothing but loopback at
 # run time. The wheel is left in target/wheels/ for `pip install target/wheels/selfheal-*.whl`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
