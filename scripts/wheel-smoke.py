@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Smoke test of an installed `selfheal` (scripts/test-wheel.sh): `bench` prints its table, and
 `serve`, in front of the e2e fault-injecting upstream (tests/e2e/upstream.py) on port 0, answers
-/healthz and /readyz and heals a 500 into an answer. Standard library only; loopback only.
+/healthz and /readyz, serves on /metrics exactly the metrics docs/reference/metrics.md lists, and
+heals a 500 into an answer. Standard library only; loopback only.
 
     python3 scripts/wheel-smoke.py PATH/TO/selfheal
 """
@@ -31,6 +32,22 @@ def address(proc, what):
     line = proc.stdout.readline()
     check(line.startswith("listening on "), f"{what} prints its address (got {line!r})")
     return line.split("listening on ", 1)[1].strip()
+
+
+def metric_types(text):
+    """{name: type} from the `# TYPE` lines of a Prometheus text exposition."""
+    return {line.split()[2]: line.split()[3] for line in text.splitlines()
+            if line.startswith("# TYPE ")}
+
+
+def documented_metrics():
+    """{name: type} from the table of docs/reference/metrics.md."""
+    out = {}
+    for line in (ROOT / "docs/reference/metrics.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`selfheal_"):
+            out[cells[0].strip("`")] = cells[1]
+    return out
 
 
 def get(url):
@@ -66,6 +83,12 @@ def main():
             gw = address(gateway, "selfheal serve")
             check(get(gw + "/healthz")[0] == 200, "GET /healthz is 200")
             check(get(gw + "/readyz")[0] == 200, "GET /readyz is 200 (the upstream is up)")
+            served = metric_types(get(gw + "/metrics")[1].decode())
+            documented = documented_metrics()
+            check(served == documented,
+                  "GET /metrics serves exactly the metrics docs/reference/metrics.md lists "
+                  f"(only served: {sorted(set(served.items()) - set(documented.items()))}; "
+                  f"only documented: {sorted(set(documented.items()) - set(served.items()))})")
             post(up + "/_script", [{"kind": "status", "status": 500}, {"kind": "ok",
                                                                        "content": "healed"}])
             status, headers, body = post(gw + "/v1/chat/completions", {
