@@ -161,3 +161,33 @@ fn a_wrong_default_changes_the_config() {
     let with = GatewayConfig::from_toml_str("[server]\nmax_connections = 1023\n").unwrap();
     assert!(with != without);
 }
+
+/// The ```toml blocks of a page of the book.
+fn toml_blocks(page: &str) -> Vec<String> {
+    let path = format!("{}/../../docs/{page}", env!("CARGO_MANIFEST_DIR"));
+    let md = std::fs::read_to_string(&path).unwrap();
+    md.split("```toml\n")
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// The configuration the gateway guide shows and the policy the policies guide shows are
+/// accepted as written.
+#[test]
+fn the_guides_toml_examples_are_accepted() {
+    let configs = toml_blocks("guides/gateway.md");
+    assert!(
+        !configs.is_empty(),
+        "the gateway guide shows no configuration"
+    );
+    for block in &configs {
+        GatewayConfig::from_toml_str(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+    }
+    let policies = toml_blocks("guides/policies.md");
+    assert!(!policies.is_empty(), "the policies guide shows no policy");
+    for block in &policies {
+        selfheal_core::policy::Policy::from_toml_str(block)
+            .unwrap_or_else(|e| panic!("{e}\n{block}"));
+    }
+}
