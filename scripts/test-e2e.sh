@@ -7,9 +7,9 @@
 #    (tests/e2e/test_chaos.py);
 #  - MCP proxy: between the real Python `mcp` SDK and a real MCP server from npm,
 #    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py);
-#  - the quickstarts in examples/ (Python: openai, openai-agents, LangChain, pydantic-ai; Node:
-#    openai, the Vercel AI SDK), each through the gateway in front of the fault-injecting
-#    upstream (tests/e2e/test_quickstarts.py).
+#  - the quickstarts in examples/ (Python: openai, openai-agents, LangChain, pydantic-ai,
+#    LiteLLM; Node: openai, the Vercel AI SDK), each through the gateway in front of the
+#    fault-injecting upstream (tests/e2e/test_quickstarts.py).
 #
 #   scripts/test-e2e.sh           # run the tests (sets up the test environment on first use)
 #   scripts/test-e2e.sh --setup   # only (re)create the test environment

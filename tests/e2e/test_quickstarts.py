@@ -47,6 +47,7 @@ def run_example(name, gateway, tmp_path):
     "openai_agents_tool_loop.py",
     "langchain_tool_loop.py",
     "pydantic_ai_tool_loop.py",
+    "litellm_tool_loop.py",
     "openai_tool_loop.mjs",
     "vercel_ai_tool_loop.mjs",
 ])
