@@ -692,6 +692,7 @@ fn trace_replay_remakes_bench_decisions_and_finds_a_policy_change() {
 }
 
 /// The subcommand names listed under `Commands:` in a `--help` text (without `help`).
+#[cfg(all(feature = "gateway", feature = "mcp", feature = "live"))]
 fn subcommands(help: &str) -> Vec<String> {
     help.lines()
         .skip_while(|l| l.trim() != "Commands:")
@@ -704,6 +705,7 @@ fn subcommands(help: &str) -> Vec<String> {
 }
 
 /// Every command's `--help`, in order, as the Markdown of `docs/reference/cli.md`.
+#[cfg(all(feature = "gateway", feature = "mcp", feature = "live"))]
 fn cli_reference() -> String {
     let mut md = String::from(
         "# CLI reference\n\n\
