@@ -15,9 +15,9 @@
 //! `cargo run --release -p selfheal-trace --example trace_load` measures the writer's CPU per
 //! request on the gateway's realistic pattern.
 //!
-//! The trace is best-effort (see docs/guides/deploying.md for what a `kill -9` loses) and expires: events and
-//! runs older than the retention (30 days by default) are deleted when the writer starts and
-//! every hour after.
+//! The trace is best-effort (see docs/guides/deploying.md for what a `kill -9` loses) and
+//! expires: events and runs older than the retention (30 days by default) are deleted when the
+//! writer starts and every hour after.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
