@@ -26,8 +26,8 @@ The scenarios, one after the other, each on a fresh gateway:
            turns' recoveries spend the run's budget): each is healed however little is left.
 - kill9:   load as in "faults" (a new conversation per request, half streaming), then SIGKILL
            of the gateway after --kill-after seconds: counts the answers a client received
-           whole whose run has no `response` event in the trace (the README states the loss
-           window), checks that no cut stream looked whole, and restarts the gateway on the
+           whole whose run has no `response` event in the trace (docs/guides/deploying.md states the
+           loss window), checks that no cut stream looked whole, and restarts the gateway on the
            same trace file (it must open and serve).
 - slowloris: the gateway under a low file-descriptor limit (--nofile, `ulimit -n`) with
            --slow-connections connections that dribble a request head one header line at a

@@ -6,14 +6,18 @@
 #  - chaos at CI size: scripts/chaos.py's faults, kill -9 and slowloris scenarios, about 15 s
 #    (tests/e2e/test_chaos.py);
 #  - MCP proxy: between the real Python `mcp` SDK and a real MCP server from npm,
-#    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py).
+#    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py);
+#  - the quickstarts in examples/ (Python: openai, openai-agents, LangChain, pydantic-ai,
+#    LiteLLM; Node: openai, the Vercel AI SDK), each through the gateway in front of the
+#    fault-injecting upstream (tests/e2e/test_quickstarts.py).
 #
 #   scripts/test-e2e.sh           # run the tests (sets up the test environment on first use)
 #   scripts/test-e2e.sh --setup   # only (re)create the test environment
 #
-# The test environment — a Python venv with tests/e2e/requirements.txt from PyPI and the MCP
-# server from npm, the only downloads — lives in .cache/e2e/ (gitignored; `cargo clean` leaves it
-# alone) and is rebuilt when tests/e2e/requirements.txt or the npm package changes. The tests run
+# The test environment — a Python venv with tests/e2e/requirements.txt from PyPI, and the MCP
+# server and the Node quickstarts' packages from npm, the only downloads — lives in .cache/e2e/
+# (gitignored; `cargo clean` leaves it alone) and is rebuilt when tests/e2e/requirements.txt or
+# the npm packages change. The tests run
 # the binary that `cargo test --workspace` builds (same profile, same features), so after
 # `cargo test --workspace` nothing is compiled again. No network at test time but loopback.
 set -euo pipefail
@@ -22,8 +26,10 @@ E2E=${SELFHEAL_E2E_DIR:-.cache/e2e}
 VENV=$E2E/venv
 NPM_DIR=$E2E/npm
 NPM_PACKAGE=@modelcontextprotocol/server-filesystem@2026.8.31
+# The Node quickstarts' packages (examples/*.mjs, tests/e2e/test_quickstarts.py).
+NPM_QUICKSTARTS="openai@7.55.0 ai@7.0.173 @ai-sdk/openai@4.0.118 zod@4.6.7"
 # What the environment was built from: rebuilt when this changes.
-WANT="$(cat tests/e2e/requirements.txt) $NPM_PACKAGE $(python3 --version 2>&1)"
+WANT="$(cat tests/e2e/requirements.txt) $NPM_PACKAGE $NPM_QUICKSTARTS $(python3 --version 2>&1)"
 STAMP=$E2E/ready
 
 setup() {
@@ -35,11 +41,13 @@ setup() {
   echo "e2e: [2/3] pip install -r tests/e2e/requirements.txt" >&2
   "$VENV/bin/pip" install --disable-pip-version-check --progress-bar off \
     -r tests/e2e/requirements.txt | grep -E '^(Collecting|Successfully)' >&2 || true
-  "$VENV/bin/python" -c 'import openai, agents, mcp, pytest' \
+  "$VENV/bin/python" -c 'import openai, agents, mcp, pytest, langchain_openai, pydantic_ai' \
     || { echo "e2e: the Python packages did not install" >&2; exit 1; }
-  echo "e2e: [3/3] npm install $NPM_PACKAGE" >&2
+  echo "e2e: [3/3] npm install $NPM_PACKAGE $NPM_QUICKSTARTS" >&2
   mkdir -p "$NPM_DIR"
-  npm install --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error "$NPM_PACKAGE" >&2
+  # shellcheck disable=SC2086 # one word per package
+  npm install --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error "$NPM_PACKAGE" \
+    $NPM_QUICKSTARTS >&2
   printf '%s' "$WANT" > "$STAMP"
   echo "e2e: test environment ready" >&2
 }
@@ -61,4 +69,5 @@ if [[ ! -x "$SELFHEAL_BIN" ]]; then
   exit 1
 fi
 export SELFHEAL_MCP_FILESYSTEM="$PWD/$NPM_DIR/node_modules/.bin/mcp-server-filesystem"
+export SELFHEAL_E2E_NPM="$PWD/$NPM_DIR"
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e

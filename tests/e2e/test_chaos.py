@@ -1,6 +1,6 @@
 """The chaos suite at CI size (issue 13): scripts/chaos.py's kill -9 and slowloris scenarios on
 the real binary, each bounded to a few seconds. The figures of the full-size run are in the
-README."""
+book's deployment guide (docs/guides/deploying.md)."""
 
 import importlib.util
 import json
@@ -43,7 +43,7 @@ def test_kill9_under_load_loses_at_most_the_last_batch_and_the_trace_survives(up
     assert line["failed_before_kill"] == 0, line
     assert line["cut_by_kill"] <= 8, "one request per client thread at most"
     assert line["restart_ok"], "the trace file opens after a kill -9 and the gateway serves"
-    # Best-effort, as the README says: only the last batches, never most of the trace.
+    # Best-effort, as docs/guides/deploying.md says: only the last batches, never most of the trace.
     assert line["without_response_event"] <= max(25, line["delivered_whole"] // 4), line
 
 

@@ -45,7 +45,11 @@ enum Command {
     Mcp(cmd::mcp::McpArgs),
     /// Read back the decisions the gateway and the MCP proxy recorded.
     #[cfg(any(feature = "gateway", feature = "mcp"))]
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "EXAMPLES\n  selfheal trace list\n  selfheal trace show RUN\n  \
+                      selfheal trace replay RUN --policy new.toml"
+    )]
     Trace(cmd::trace::TraceCommand),
 }
 
@@ -62,9 +66,17 @@ const FEATURE_COMMANDS: [(&str, &str, bool); 3] = [
 ];
 
 const AFTER_HELP: &str = if cfg!(all(feature = "gateway", feature = "mcp", feature = "live")) {
-    "`selfheal <command> --help` documents each command."
+    concat!(
+        "EXAMPLES\n",
+        "  selfheal bench                                       the fault-injection benchmark, offline\n",
+        "  selfheal serve --upstream http://127.0.0.1:8080/v1   the gateway in front of a model\n",
+        "  selfheal mcp -- npx -y @modelcontextprotocol/server-filesystem /srv/data\n",
+        "                                                       the proxy in front of an MCP server\n\n",
+        "`selfheal <command> --help` documents each command."
+    )
 } else {
-    "`selfheal <command> --help` documents each command.\n\n\
+    "EXAMPLES\n  selfheal bench      the fault-injection benchmark, offline\n\n\
+     `selfheal <command> --help` documents each command.\n\n\
      This binary was built without some features (--no-default-features): `serve`, `mcp`, `trace` \
      or `bench --live` may be missing. The full binary: cargo install --path crates/selfheal-cli --locked"
 };

@@ -690,3 +690,91 @@ fn trace_replay_remakes_bench_decisions_and_finds_a_policy_change() {
     assert!(v["differing"].as_u64().unwrap() > 0, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The subcommand names listed under `Commands:` in a `--help` text (without `help`).
+#[cfg(all(feature = "gateway", feature = "mcp", feature = "live"))]
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| l.trim() != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .filter(|name| name != "help")
+        .collect()
+}
+
+/// Every command's `--help`, in order, as the Markdown of `docs/reference/cli.md`.
+#[cfg(all(feature = "gateway", feature = "mcp", feature = "live"))]
+fn cli_reference() -> String {
+    let mut md = String::from(
+        "# CLI reference\n\n\
+         <!-- Generated from the binary's own `--help`; do not edit by hand. Regenerate with\n     \
+         SELFHEAL_BLESS=1 cargo test -p selfheal-cli --test cli cli_reference -->\n\n\
+         Every `selfheal` command's `--help`, exactly as the full binary prints it. A test\n\
+         (`cli_reference_is_the_help_of_every_command` in `crates/selfheal-cli/tests/cli.rs`)\n\
+         fails when this page and the binary disagree.\n",
+    );
+    let mut queue: Vec<Vec<String>> = vec![vec![]];
+    while let Some(path) = queue.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let out = selfheal(&args, "");
+        assert!(
+            out.status.success(),
+            "selfheal {args:?}: {}",
+            text(&out.stderr)
+        );
+        let help = text(&out.stdout);
+        let title = if path.is_empty() {
+            "selfheal".to_owned()
+        } else {
+            format!("selfheal {}", path.join(" "))
+        };
+        md.push_str(&format!(
+            "\n## `{title}`\n\n```text\n{}\n```\n",
+            help.trim_end()
+        ));
+        let mut children: Vec<Vec<String>> = subcommands(&help)
+            .into_iter()
+            .map(|c| {
+                let mut p = path.clone();
+                p.push(c);
+                p
+            })
+            .collect();
+        children.reverse();
+        queue.extend(children);
+    }
+    md
+}
+
+/// `docs/reference/cli.md` is the help of every command, so it cannot drift from the binary; and
+/// every command's help carries an example.
+#[cfg(all(feature = "gateway", feature = "mcp", feature = "live"))]
+#[test]
+fn cli_reference_is_the_help_of_every_command() {
+    let md = cli_reference();
+    let sections: Vec<&str> = md.split("\n## `").skip(1).collect();
+    assert!(
+        sections.len() >= 10,
+        "too few commands found: {}",
+        sections.len()
+    );
+    for section in &sections {
+        assert!(
+            section.contains("EXAMPLE"),
+            "no example in the help of `{section}"
+        );
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference/cli.md");
+    if std::env::var_os("SELFHEAL_BLESS").is_some() {
+        std::fs::write(&path, &md).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == md,
+        "docs/reference/cli.md differs from the binary's --help; regenerate it with \
+         SELFHEAL_BLESS=1 cargo test -p selfheal-cli --test cli cli_reference"
+    );
+}

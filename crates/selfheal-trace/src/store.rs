@@ -15,9 +15,9 @@
 //! `cargo run --release -p selfheal-trace --example trace_load` measures the writer's CPU per
 //! request on the gateway's realistic pattern.
 //!
-//! The trace is best-effort (see the README for what a `kill -9` loses) and expires: events and
-//! runs older than the retention (30 days by default) are deleted when the writer starts and
-//! every hour after.
+//! The trace is best-effort (see docs/guides/deploying.md for what a `kill -9` loses) and
+//! expires: events and runs older than the retention (30 days by default) are deleted when the
+//! writer starts and every hour after.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -434,8 +434,8 @@ pub const WRITER_NICE: i32 = 10;
 ///
 /// The writer shares the gateway's cores. At its normal priority, a writer waking from its
 /// linger preempts the request in flight and commits a batch (hundreds of microseconds) before
-/// it lets go, so a request in every batch waits out a commit (the README's gateway table says
-/// what this moves). Nicer, it commits between requests, and still gets enough of a saturated
+/// it lets go, so a request in every batch waits out a commit (docs/benchmark/gateway-load.md
+/// says what this moves). Nicer, it commits between requests, and still gets enough of a saturated
 /// core to keep up (0 events dropped in 60 s at 12.5 k req/s on one core). Best effort: a
 /// failure leaves the priority as it was.
 fn yield_to_requests() {

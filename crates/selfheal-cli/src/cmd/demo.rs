@@ -11,6 +11,10 @@ use serde_json::{Value, json};
 
 /// Arguments of `selfheal demo`.
 #[derive(Args, Debug)]
+#[command(after_help = "\
+EXAMPLES
+  selfheal demo          the three stuck agents side by side, without and with the monitor
+  selfheal demo --json   the same as JSON, one object per scenario")]
 pub struct DemoArgs {
     /// Print machine-readable JSON instead of the side-by-side text.
     #[arg(long)]

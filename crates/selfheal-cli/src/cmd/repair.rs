@@ -32,6 +32,17 @@ const EXIT_USAGE: u8 = 2;
 
 /// Arguments of `selfheal repair`.
 #[derive(Args, Debug)]
+#[command(after_help = "\
+EXAMPLES
+  echo '{\"a\": 1, \"b\": [1, 2,] // note' | selfheal repair --report
+                                  repaired JSON on stdout, each repair on stderr
+  selfheal repair --schema args.schema.json --tool get_weather < model-output.txt
+                                  coerced and checked against the tool's schema
+  selfheal repair --salvage < truncated.json
+                                  keep what is complete of cut-off input (lossy)
+
+Exit status: 0 a value nothing was invented in, 1 refused (reason and re-ask text on stderr),
+2 usage error.")]
 pub struct RepairArgs {
     /// JSON Schema (draft 2020-12 or 7) to coerce and validate the repaired value against.
     #[arg(long, value_name = "FILE")]

@@ -11,6 +11,19 @@ use selfheal_gateway::GatewayConfig;
 
 /// Arguments of `selfheal serve`.
 #[derive(Args, Debug)]
+#[command(after_help = "\
+EXAMPLES
+  selfheal serve --upstream http://127.0.0.1:8080/v1
+                                  heal every agent pointed at http://127.0.0.1:7420/v1
+  selfheal serve --upstream http://127.0.0.1:8080/v1 --listen 127.0.0.1:0
+                                  on a free port (the first line says which)
+  selfheal serve --config selfheal.toml
+                                  upstreams, model chains, keys, tenants and bounds from a file
+  selfheal serve --upstream http://127.0.0.1:8080/v1 --policy fallback-first.toml
+                                  another recovery policy
+
+Then point the agent's OpenAI client at it, e.g. OpenAI(base_url=\"http://127.0.0.1:7420/v1\"),
+and read what it decided with `selfheal trace list`. Health: GET /healthz, GET /readyz.")]
 pub struct ServeArgs {
     /// Base URL of the upstream that serves every model name (up to and including `/v1`).
     #[arg(long)]

@@ -23,6 +23,11 @@ pub struct TraceDb {
 #[derive(Subcommand, Debug)]
 pub enum TraceCommand {
     /// List recorded runs, most recent first.
+    #[command(after_help = "\
+EXAMPLES
+  selfheal trace list                          runs of the gateway and the MCP proxy
+  selfheal trace list --limit 10 --json        the ten newest, as JSON
+  selfheal trace list --trace-db /var/lib/selfheal/trace.db")]
     List {
         /// Where and how.
         #[command(flatten)]
@@ -32,6 +37,10 @@ pub enum TraceCommand {
         limit: usize,
     },
     /// Show every recorded event of one run.
+    #[command(after_help = "\
+EXAMPLES
+  selfheal trace show RUN            RUN from `trace list` or the x-selfheal-run header
+  selfheal trace show RUN --json     every event with its full detail")]
     Show {
         /// The run id (from `trace list` or the `x-selfheal-run` header).
         run: String,
