@@ -30,6 +30,22 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use crate::auth::Redactor;
 use crate::heal::{self, GuideCache, ToolIndex};
 
+/// Whether an answer's bytes may hold a tool call written as text in its content (a quoted
+/// `"name"` key, `<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`): such an answer goes the
+/// parsed path, where [`heal::salvage_text_calls`] reads it. A scan of the bytes, no parse.
+pub fn may_write_calls(bytes: &[u8]) -> bool {
+    const MARKS: [&[u8]; 5] = [
+        b"\\\"name\\\"",
+        b"'name'",
+        b"<tool_call>",
+        b"[TOOL_CALLS]",
+        b"<|python_tag|>",
+    ];
+    MARKS
+        .iter()
+        .any(|m| bytes.windows(m.len()).any(|w| w == *m))
+}
+
 /// A successful upstream answer: its bytes and what healing reads of them when they parse as a
 /// plain answer (see the module docs), else the parsed completion.
 #[derive(Debug, Clone)]

@@ -1993,6 +1993,9 @@ async fn answer_complete(
     if let answer::Answer::Plain(plain) = &answer
         && !req.stream
         && unsettled.is_none()
+        && !(plain.called().next().is_none()
+            && !ctx.tools.is_empty()
+            && answer::may_write_calls(&plain.bytes))
         && plain.calls_usable(&ctx.tools, &s.guides)
         && !plain.repeats(&ctx.answered)
         && !plain
@@ -2039,12 +2042,14 @@ async fn answer_complete(
         tools: &s.config.tools,
         messages: &req.messages,
     };
+    let salvage = !req.tool_choice_none();
     let mut check = check_completion(
         &mut completion,
         tools_fwd,
         &s.guides,
         &ctx.answered,
         grounding,
+        salvage,
     );
     let mut ladder = ReaskState::default();
     let mut reasked = false;
@@ -2084,6 +2089,7 @@ async fn answer_complete(
                     &s.guides,
                     &ctx.answered,
                     grounding,
+                    salvage,
                 );
             }
             Err(_) => break,
@@ -2107,6 +2113,12 @@ async fn answer_complete(
     }
     if !check.repaired.is_empty() {
         actions.push("repair".into());
+    }
+    if check.salvaged > 0 {
+        // Tool calls written as text, taken as calls (issue 31).
+        Metrics::inc(&s.metrics.repairs_total);
+        t.event(Kind::Repair, json!({"salvaged": check.salvaged}));
+        actions.push("salvage".into());
     }
     let (status, reason) = if !check.invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
@@ -2369,7 +2381,16 @@ async fn ask_again(
             tools: &s.config.tools,
             messages: &req.messages,
         };
-        let check = check_completion(&mut body, &ctx.tools, &s.guides, &ctx.answered, grounding);
+        // A stream's re-ask is asked without streaming: its answer is whole, so calls written
+        // as text are taken here as on the non-streaming path.
+        let check = check_completion(
+            &mut body,
+            &ctx.tools,
+            &s.guides,
+            &ctx.answered,
+            grounding,
+            !req.tool_choice_none(),
+        );
         if !check.invalid.is_empty() {
             problems = check.invalid;
             continue;
@@ -2488,6 +2509,7 @@ fn check_completion(
     guides: &heal::GuideCache,
     answered: &heal::Answered,
     grounding: recover::Grounding<'_>,
+    salvage: bool,
 ) -> heal::CallCheck {
     let ending = selfheal_repair::Ending::from_finish_reason(
         completion
@@ -2496,13 +2518,34 @@ fn check_completion(
     );
     let check = match completion.at_mut("/choices/0/message") {
         Some(m) => {
+            // Calls written as text become calls first, then face the same checks.
+            let none = ToolIndex::new();
+            let offered = if salvage { tools } else { &none };
+            let salvaged = match heal::salvage_text_calls(m, offered) {
+                heal::Salvage::None => 0,
+                heal::Salvage::Taken(n) => n,
+                heal::Salvage::Doubt(problem) => {
+                    return heal::CallCheck {
+                        invalid: vec![problem],
+                        ..heal::CallCheck::default()
+                    };
+                }
+            };
             let mut check = heal::check_message(m, tools, guides, ending);
+            check.salvaged = salvaged;
             check.invalid.extend(answered.check(m));
             check.invalid.extend(grounding.check(m));
             check
         }
         None => heal::CallCheck::default(),
     };
+    // Calls written as text were taken: the choice ends in tool calls.
+    if check.salvaged > 0
+        && completion.at("/choices/0/message/tool_calls").is_some()
+        && let Some(f) = completion.at_mut("/choices/0/finish_reason")
+    {
+        *f = Value::String("tool_calls".into());
+    }
     // Every call was taken out: the choice no longer ends in tool calls.
     let no_calls = completion.at("/choices/0/message/tool_calls").is_none();
     if !check.invalid.is_empty()

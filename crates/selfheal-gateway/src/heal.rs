@@ -564,6 +564,8 @@ pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict, recovery: &[Strin
 pub struct CallCheck {
     /// Calls whose arguments were repaired in place (tool names).
     pub repaired: Vec<String>,
+    /// Calls the model wrote as text in its content, taken as tool calls ([`salvage_text_calls`]).
+    pub salvaged: usize,
     /// The calls that could not be used (unknown tool, invalid arguments, ...).
     pub invalid: Vec<Problem>,
 }
@@ -671,6 +673,78 @@ impl GuideCache {
             .ok()?
             .insert(key, guide.clone(), Self::CAPACITY);
         Some(guide)
+    }
+}
+
+/// What [`salvage_text_calls`] did with an answer's content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Salvage {
+    /// Nothing: the answer has structured calls, no content, or content that writes no call.
+    None,
+    /// This many calls written as text were made structured calls.
+    Taken(usize),
+    /// The content looks like a call that cannot be taken without a guess: re-ask.
+    Doubt(Problem),
+}
+
+/// Tool calls written as text (issue 31): when tools are on offer and the answer has no
+/// structured call, a call of an offered tool written in its content — a fenced or bare JSON
+/// `{"name", "arguments"}`, `<tool_call>` tags, `[TOOL_CALLS]`, `<|python_tag|>` — becomes a
+/// structured call with a fresh id (through [`selfheal_repair::find_text_calls`], which takes
+/// nothing the model did not write); the rest of the text stays as content. Such calls then
+/// go through the same checks as any call. A call-shaped text that cannot be taken is a
+/// problem to re-ask, never a final answer. The caller leaves `tools` empty when the client
+/// asked for no tool call (`tool_choice: "none"`).
+pub fn salvage_text_calls(message: &mut Value, tools: &ToolIndex) -> Salvage {
+    if tools.is_empty()
+        || message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty())
+    {
+        return Salvage::None;
+    }
+    let Some(content) = message.get("content").and_then(Value::as_str) else {
+        return Salvage::None;
+    };
+    let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    match selfheal_repair::find_text_calls(content, &names) {
+        selfheal_repair::TextCalls::None => Salvage::None,
+        selfheal_repair::TextCalls::Doubt { reason } => Salvage::Doubt(Problem {
+            kind: Unusable::Arguments,
+            text: format!(
+                "Your answer wrote a tool call as text, which was not run: {reason}. Call one of \
+                 the tools on offer ({}) with a structured tool call, or answer in words.",
+                names.join(", ")
+            ),
+        }),
+        selfheal_repair::TextCalls::Found { calls, rest } => {
+            let n = calls.len();
+            let calls: Vec<Value> = calls
+                .into_iter()
+                .map(|c| {
+                    let mut call = json!({
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    });
+                    ensure_id(&mut call, "id");
+                    call
+                })
+                .collect();
+            if let Some(m) = message.as_object_mut() {
+                m.insert(
+                    "content".into(),
+                    if rest.is_empty() {
+                        Value::Null
+                    } else {
+                        Value::String(rest)
+                    },
+                );
+                m.insert("tool_calls".into(), Value::Array(calls));
+            }
+            Salvage::Taken(n)
+        }
     }
 }
 

@@ -492,6 +492,18 @@ impl<'a> ChatRequest<'a> {
             .collect()
     }
 
+    /// Whether `tool_choice` is `"none"`: the client asked for no tool call.
+    pub fn tool_choice_none(&self) -> bool {
+        self.fields
+            .iter()
+            .rev()
+            .find_map(|(k, v)| match v {
+                Slot::Raw(v) if k.as_str() == "tool_choice" => Some(*v),
+                _ => None,
+            })
+            .is_some_and(|c| c.get().trim() == "\"none\"")
+    }
+
     /// The tool `tool_choice` names, when it names one.
     pub fn tool_choice_name(&self) -> Option<Str<'a>> {
         #[derive(Deserialize)]

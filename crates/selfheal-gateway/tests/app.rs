@@ -1977,3 +1977,79 @@ async fn issue_30_a_responses_reask_escalates_to_the_fallback_model() {
         "the fallback model was asked"
     );
 }
+
+/// Issue 31: a small local model writes its call as a fenced JSON block in `content` and no
+/// `tool_calls` (Qwen2.5-Coder behind llama-server does so for every call). The gateway hands
+/// the client a structured call of the offered tool, with an id and `finish_reason:
+/// "tool_calls"`, and says it salvaged it; with `tool_choice: "none"` the text stays text.
+#[tokio::test]
+async fn issue_31_a_tool_call_written_as_text_becomes_a_tool_call() {
+    let fenced =
+        "```json\n{\"name\": \"search\", \"arguments\": {\"query\": \"rust\", \"limit\": 3}}\n```";
+    let (url, _) = start_upstream(vec![(200, text(fenced)), (200, text(fenced))]).await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (status, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "find rust"}], "tools": tools()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "search");
+    assert!(call["id"].as_str().is_some_and(|id| !id.is_empty()));
+    assert_eq!(
+        serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap(),
+        json!({"query": "rust", "limit": 3})
+    );
+    assert!(choice["message"]["content"].is_null(), "{body}");
+    assert!(
+        body["selfheal"]["actions"].to_string().contains("salvage"),
+        "{body}"
+    );
+    assert_eq!(body["selfheal"]["status"], "complete");
+    // The client asked for no tool call: the text is the answer.
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "show me"}],
+               "tools": tools(), "tool_choice": "none"}),
+    )
+    .await;
+    assert_eq!(body["choices"][0]["message"]["content"], fenced, "{body}");
+    assert!(
+        body["choices"][0]["message"]["tool_calls"].is_null(),
+        "{body}"
+    );
+}
+
+/// Issue 31: a call written as text that cannot be taken without a guess (a tool not on offer)
+/// is never the final answer: the model is asked again, and its structured call goes out.
+#[tokio::test]
+async fn issue_31_a_text_call_that_cannot_be_taken_is_asked_again() {
+    let (url, shared) = start_upstream(vec![
+        (
+            200,
+            text("{\"name\": \"send_email\", \"arguments\": {\"to\": \"bob@example.com\"}}"),
+        ),
+        (200, tool_call("lookup", "{\"key\": \"k\"}")),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let (_, body, _) = post_chat(
+        &app,
+        json!({"model": "m", "messages": [{"role": "user", "content": "mail bob"}], "tools": tools()}),
+    )
+    .await;
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "lookup",
+        "{body}"
+    );
+    let seen = shared.lock().unwrap().seen.clone();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen[1]["messages"].to_string().contains("send_email"),
+        "the re-ask says why: {}",
+        seen[1]["messages"]
+    );
+}
