@@ -340,6 +340,14 @@ enum Slot<'a> {
     Messages,
 }
 
+/// The raw value of the top-level field `name` (the last, if written twice).
+fn raw_field<'a>(fields: &[(Str<'a>, Slot<'a>)], name: &str) -> Option<&'a RawValue> {
+    fields.iter().rev().find_map(|(k, v)| match v {
+        Slot::Raw(v) if k.as_str() == name => Some(*v),
+        _ => None,
+    })
+}
+
 /// The `messages` value: its elements, raw, when it is an array.
 struct MessagesValue<'a>(Option<Vec<&'a RawValue>>);
 
@@ -444,12 +452,7 @@ impl<'a> ChatRequest<'a> {
             }
             Err(e) => return Err(BadRequest(format!("the body is not valid JSON: {e}"))),
         };
-        let raw = |name: &str| {
-            top.fields.iter().rev().find_map(|(k, v)| match v {
-                Slot::Raw(v) if k.as_str() == name => Some(*v),
-                _ => None,
-            })
-        };
+        let raw = |name: &str| raw_field(&top.fields, name);
         let messages = top
             .messages
             .filter(|m| !m.is_empty())
@@ -492,15 +495,14 @@ impl<'a> ChatRequest<'a> {
             .collect()
     }
 
+    /// The raw `tool_choice`, when the request has one (the last, if written twice).
+    fn tool_choice_raw(&self) -> Option<&'a RawValue> {
+        raw_field(&self.fields, "tool_choice")
+    }
+
     /// Whether `tool_choice` is `"none"`: the client asked for no tool call.
     pub fn tool_choice_none(&self) -> bool {
-        self.fields
-            .iter()
-            .rev()
-            .find_map(|(k, v)| match v {
-                Slot::Raw(v) if k.as_str() == "tool_choice" => Some(*v),
-                _ => None,
-            })
+        self.tool_choice_raw()
             .is_some_and(|c| c.get().trim() == "\"none\"")
     }
 
@@ -516,13 +518,7 @@ impl<'a> ChatRequest<'a> {
             #[serde(borrow)]
             name: Str<'a>,
         }
-        self.fields
-            .iter()
-            .rev()
-            .find_map(|(k, v)| match v {
-                Slot::Raw(v) if k.as_str() == "tool_choice" => Some(*v),
-                _ => None,
-            })
+        self.tool_choice_raw()
             .and_then(|c| serde_json::from_str::<Choice<'a>>(c.get()).ok())
             .map(|c| c.function.name)
     }

@@ -2188,34 +2188,40 @@ impl<'a> Parser<'a> {
     /// Whether a string opened by the quote at `p` (of `qlen` bytes) closes on the same line
     /// and a value delimiter follows it (bounded look-ahead).
     fn string_then_delim(&self, p: usize, qlen: usize) -> bool {
-        let limit = (p + KEY_LOOKAHEAD).min(self.end);
-        let mut i = p + qlen;
-        while i < limit {
-            match self.at(i) {
-                Some(b'\\') => i += 2,
-                Some(b'\n') | None => return false,
-                Some(_) => match self.quote_at(i) {
-                    Some((_, l)) => return self.value_delim_at(self.skip_plain_ws_from(i + l)),
-                    None => i += 1,
-                },
-            }
-        }
-        false
+        self.on_line_quotes(p + qlen, |q, _, l| {
+            Some(self.value_delim_at(self.skip_plain_ws_from(q + l)))
+        })
     }
 
     /// Whether a quote followed by a value delimiter comes later on the line from `i`: a
     /// place where a string open before `i` could end (bounded look-ahead).
-    fn quote_then_delim_ahead(&self, mut i: usize) -> bool {
+    fn quote_then_delim_ahead(&self, i: usize) -> bool {
+        self.on_line_quotes(i, |q, _, l| {
+            self.value_delim_at(self.skip_plain_ws_from(q + l))
+                .then_some(true)
+        })
+    }
+
+    /// Walks the quotes on the line from `i`, escapes skipped, within [`KEY_LOOKAHEAD`] bytes:
+    /// `at_quote` gets each quote's position, kind and length and answers `Some` to stop there
+    /// with that answer. The end of the line or of the look-ahead answers `false`.
+    fn on_line_quotes(
+        &self,
+        mut i: usize,
+        mut at_quote: impl FnMut(usize, Quote, usize) -> Option<bool>,
+    ) -> bool {
         let limit = (i + KEY_LOOKAHEAD).min(self.end);
         while i < limit {
             match self.at(i) {
                 Some(b'\\') => i += 2,
                 Some(b'\n') | None => return false,
                 Some(_) => match self.quote_at(i) {
-                    Some((_, l)) if self.value_delim_at(self.skip_plain_ws_from(i + l)) => {
-                        return true;
+                    Some((q, l)) => {
+                        if let Some(answer) = at_quote(i, q, l) {
+                            return answer;
+                        }
+                        i += l;
                     }
-                    Some((_, l)) => i += l,
                     None => i += 1,
                 },
             }
@@ -2344,17 +2350,11 @@ impl<'a> Parser<'a> {
     }
 
     /// Whether a `"` followed by a colon comes later on the line from `i` (bounded look-ahead).
-    fn colon_quote_ahead(&self, mut i: usize) -> bool {
-        let limit = (i + KEY_LOOKAHEAD).min(self.end);
-        while i < limit {
-            match self.at(i) {
-                Some(b'\\') => i += 2,
-                Some(b'\n') | None => return false,
-                Some(b'"') if self.at(self.skip_plain_ws_from(i + 1)) == Some(b':') => return true,
-                Some(_) => i += 1,
-            }
-        }
-        false
+    fn colon_quote_ahead(&self, i: usize) -> bool {
+        self.on_line_quotes(i, |q, kind, _| {
+            (kind == Quote::Double && self.at(self.skip_plain_ws_from(q + 1)) == Some(b':'))
+                .then_some(true)
+        })
     }
 
     /// At a `"` at `q` after `"a, ` in a value string: whether it opens the next item — a
