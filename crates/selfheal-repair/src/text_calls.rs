@@ -145,11 +145,14 @@ fn regions(text: &str) -> Vec<Region> {
     for mark in ["[TOOL_CALLS]", "<|python_tag|>"] {
         if let Some(s) = text.find(mark) {
             let body = text.get(s + mark.len()..).unwrap_or_default();
-            // Llama writes several calls separated by `;`.
-            let body = if mark == "<|python_tag|>" && body.contains(';') {
+            // Llama writes several calls separated by `;` — between the values, never inside
+            // a string (`{"q": "a;b"}` is one call whose argument holds a `;`).
+            let parts = top_level_split(body, b';');
+            let body = if mark == "<|python_tag|>" && parts.len() > 1 {
                 format!(
                     "[{}]",
-                    body.split(';')
+                    parts
+                        .into_iter()
                         .filter(|p| !p.trim().is_empty())
                         .collect::<Vec<_>>()
                         .join(",")
@@ -212,6 +215,35 @@ fn regions(text: &str) -> Vec<Region> {
             body: t.to_owned(),
         });
     }
+    out
+}
+
+/// `text` cut at each `sep` that stands outside strings and brackets.
+fn top_level_split(text: &str, sep: u8) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut in_string, mut escaped, mut start) = (0usize, false, false, 0);
+    for (i, &b) in text.as_bytes().iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ if b == sep && depth == 0 => {
+                out.push(text.get(start..i).unwrap_or_default());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(text.get(start..).unwrap_or_default());
     out
 }
 
@@ -402,6 +434,24 @@ mod tests {
             assert_eq!(calls, paris(), "{text}");
             assert_eq!(rest, "", "{text}");
         }
+    }
+
+    #[test]
+    fn llama_calls_are_split_between_values_not_inside_strings() {
+        match find_text_calls(
+            "<|python_tag|>{\"name\": \"search\", \"parameters\": {\"q\": \"a;b\"}}; {\"name\": \"search\", \"parameters\": {\"q\": \"c\"}}",
+            OFFERED,
+        ) {
+            TextCalls::Found { calls, .. } => {
+                assert_eq!(calls.len(), 2);
+                assert_eq!(calls[0].arguments, "{\"q\": \"a;b\"}");
+                assert_eq!(calls[1].arguments, "{\"q\": \"c\"}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let (calls, _) =
+            found("<|python_tag|>{\"name\": \"search\", \"parameters\": {\"q\": \"x; y\"}}");
+        assert_eq!(calls[0].1, serde_json::json!({"q": "x; y"}));
     }
 
     #[test]
