@@ -43,7 +43,7 @@ pub fn may_write_calls(bytes: &[u8]) -> bool {
     ];
     MARKS
         .iter()
-        .any(|m| bytes.windows(m.len()).any(|w| w == *m))
+        .any(|m| memchr::memmem::find(bytes, m).is_some())
 }
 
 /// A successful upstream answer: its bytes and what healing reads of them when they parse as a

@@ -45,12 +45,23 @@ pub enum TextCalls {
 }
 
 /// Where a call may be written, and how much text the region spans.
-struct Region {
+struct Region<'a> {
     /// Byte range of the whole region in the text (wrapper included).
     start: usize,
     end: usize,
     /// The JSON inside.
-    body: String,
+    body: std::borrow::Cow<'a, str>,
+}
+
+impl<'a> Region<'a> {
+    /// The region `start..end` of `text` whose JSON is `text[body]`.
+    fn slice(text: &'a str, start: usize, body: std::ops::Range<usize>, end: usize) -> Self {
+        Region {
+            start,
+            end,
+            body: text.get(body).unwrap_or_default().into(),
+        }
+    }
 }
 
 /// Reads the tool calls written in `text`, an answer to a request that offered the tools
@@ -118,7 +129,7 @@ fn names_an_offered_tool(text: &str, offered: &[&str]) -> bool {
 
 /// The places a call is written: `<tool_call>` tags, `[TOOL_CALLS]` and `<|python_tag|>` up to
 /// the end, fenced code blocks, or the whole text when it is one JSON value.
-fn regions(text: &str) -> Vec<Region> {
+fn regions(text: &str) -> Vec<Region<'_>> {
     let mut out = Vec::new();
     // `<tool_call>{…}</tool_call>` (Qwen, Hermes), any number of them.
     let mut from = 0;
@@ -129,14 +140,7 @@ fn regions(text: &str) -> Vec<Region> {
             Some(e) => (body_start + e, body_start + e + "</tool_call>".len()),
             None => (text.len(), text.len()),
         };
-        out.push(Region {
-            start: open,
-            end,
-            body: text
-                .get(body_start..body_end)
-                .unwrap_or_default()
-                .to_owned(),
-        });
+        out.push(Region::slice(text, open, body_start..body_end, end));
         from = end;
     }
     if !out.is_empty() {
@@ -163,7 +167,7 @@ fn regions(text: &str) -> Vec<Region> {
             out.push(Region {
                 start: s,
                 end: text.len(),
-                body,
+                body: body.into(),
             });
             return out;
         }
@@ -193,14 +197,7 @@ fn regions(text: &str) -> Vec<Region> {
         };
         let body_end = body_start + close;
         let end = body_end + 3;
-        out.push(Region {
-            start: open,
-            end,
-            body: text
-                .get(body_start..body_end)
-                .unwrap_or_default()
-                .to_owned(),
-        });
+        out.push(Region::slice(text, open, body_start..body_end, end));
         from = end;
     }
     if !out.is_empty() {
@@ -212,7 +209,7 @@ fn regions(text: &str) -> Vec<Region> {
         out.push(Region {
             start: 0,
             end: text.len(),
-            body: t.to_owned(),
+            body: t.into(),
         });
     }
     out

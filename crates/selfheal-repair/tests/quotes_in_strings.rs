@@ -9,40 +9,11 @@
 //! every place a string value can stand in tool arguments, with and without a schema.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod fuzzing;
+
+use fuzzing::QUOTED_TOKENS as TOKENS;
 use selfheal_repair::{Ending, SchemaGuide, repair, repair_arguments};
 use serde_json::{Value, json};
-
-/// What models put in quotes inside a string: digits, `$`-words, words, flags, paths,
-/// punctuation, nested quotations and nothing at all. (Not a lone blank: in an array,
-/// `["" " now"]` is also exactly the text of two strings whose comma is missing, the reading
-/// the public repair suites expect — see `a_missing_comma_between_members_is_still_repaired`.)
-const TOKENS: &[&str] = &[
-    "10",
-    "3.5",
-    "2024-01-01",
-    "-1",
-    "007",
-    "1e5",
-    "$HOME",
-    "${VAR}",
-    "$1",
-    "Italian",
-    "two words",
-    "--force",
-    "-v",
-    "#tag",
-    "@user",
-    "/usr/bin",
-    "[1, 2]",
-    "{x}",
-    "(a)",
-    "a, b",
-    "key: value",
-    "it's",
-    "",
-    "€5",
-    "x\"y",
-];
 
 const PREFIXES: &[&str] = &["", "Windows ", "echo ", "find the ", "a: "];
 const SUFFIXES: &[&str] = &["", " now", ".", " and \"more\" too", " 5"];

@@ -38,6 +38,39 @@ static GUIDE: LazyLock<Option<SchemaGuide>> = LazyLock::new(|| {
     .ok()
 });
 
+/// What models put in quotes inside a string: digits, `$`-words, words, flags, paths,
+/// punctuation, nested quotations and nothing at all — shared by [`quote_in_string`] and
+/// `tests/quotes_in_strings.rs`. Not a lone blank, `,` or `:`: in an array `["" " now"]` and
+/// `["echo ","echo"]` are also exactly the text of two strings (the first with its comma
+/// missing, the reading the public repair suites expect), a reading no one can rule out.
+pub const QUOTED_TOKENS: &[&str] = &[
+    "10",
+    "3.5",
+    "2024-01-01",
+    "-1",
+    "007",
+    "1e5",
+    "$HOME",
+    "${VAR}",
+    "$1",
+    "Italian",
+    "two words",
+    "--force",
+    "-v",
+    "#tag",
+    "@user",
+    "/usr/bin",
+    "[1, 2]",
+    "{x}",
+    "(a)",
+    "a, b",
+    "key: value",
+    "it's",
+    "",
+    "€5",
+    "x\"y",
+];
+
 /// `repair` and `SchemaGuide` on arbitrary bytes: no panic, and the output is valid JSON.
 pub fn repair_no_panic(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -197,45 +230,19 @@ fn value(src: &mut Source<'_>, depth: usize) -> Value {
 /// among others, nested, in an array). `repair` gives back the value meant or refuses; it never
 /// returns another value, and never a key the writer did not write.
 pub fn quote_in_string(data: &[u8]) {
-    const TOKENS: &[&str] = &[
-        "10",
-        "3.5",
-        "-1",
-        "007",
-        "1e5",
-        "$HOME",
-        "${VAR}",
-        "$1",
-        "word",
-        "two words",
-        "--force",
-        "#tag",
-        "@user",
-        "/usr/bin",
-        "[1, 2]",
-        "{x}",
-        "(a)",
-        "a, b",
-        "k: v",
-        "it's",
-        "",
-        "€5",
-        "x\"y",
-    ];
-    // Not a bare `,` or `:`: in an array `["echo ","echo"]` is also exactly the text of two
-    // strings and a comma, a reading no one can rule out.
     const PLAIN: &[&str] = &[
         "", "Windows ", "echo ", "a: ", " now", ".", " 5", "a, b", "x y",
     ];
     let mut src = Source { data, pos: 0 };
     let mut pick = |list: &[&'static str]| list[usize::from(src.byte()) % list.len()];
+    // QUOTED_TOKENS, the shapes `tests/quotes_in_strings.rs` enumerates.
     // The string: plain text and quoted tokens, one to three of each.
     let mut meant = String::new();
     let parts = 1 + data.len() % 3;
     for _ in 0..parts {
         meant.push_str(pick(PLAIN));
         meant.push('"');
-        meant.push_str(pick(TOKENS));
+        meant.push_str(pick(QUOTED_TOKENS));
         meant.push('"');
     }
     meant.push_str(pick(PLAIN));
