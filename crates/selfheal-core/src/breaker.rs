@@ -12,10 +12,10 @@
 //!                                           └──────────── failure ◀────────────┘
 //! ```
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The state of a circuit breaker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum CircuitState {
     /// Calls flow.
@@ -44,7 +44,7 @@ pub struct BreakerConfig {
 }
 
 /// A failure streak and the circuit it drives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Breaker {
     streak: u32,
     circuit: CircuitState,

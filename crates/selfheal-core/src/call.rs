@@ -41,7 +41,7 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::breaker::{Breaker, BreakerConfig, CircuitState};
 use crate::budget::BudgetLedger;
@@ -59,8 +59,8 @@ use crate::trace::{DecisionInput, Event, Surface};
 /// the classifier. Shared by every run of a front-end (an `Arc` in the gateway).
 #[derive(Debug, Clone, Default)]
 pub struct Plane {
-    policy: Policy,
-    classifier: Classifier,
+    pub(crate) policy: Policy,
+    pub(crate) classifier: Classifier,
 }
 
 impl Plane {
@@ -147,7 +147,7 @@ impl Breakers {
 }
 
 /// Healing, or one attempt and nothing else (the gateway's `--passthrough`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mode {
     /// Retries and fall-backs as the policy decides.
     Heal,
@@ -191,7 +191,7 @@ pub enum Step {
 /// What the caller can do about a failure of what came back, beyond sending the call again:
 /// offered to the policy with the next [`CallPlan::failed`] only, since each failure is offered
 /// what is possible for it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Offer {
     /// The caller can repair what came back: for [`RepairTarget::Output`], an answer whose
     /// declared field was renamed ([`crate::contract::map_renamed`]).
@@ -203,7 +203,8 @@ pub struct Offer {
 }
 
 /// Why a plan stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "stop", rename_all = "snake_case")]
 pub enum Stop {
     /// The upstream refused the caller's own request (see the module's rules): hand its answer
     /// back as it came.
@@ -221,7 +222,7 @@ pub enum Stop {
 }
 
 /// Something the plan did, for the front-end's trace and headers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum CallEvent {
     /// A failed attempt will be repeated on the same target.
@@ -278,7 +279,7 @@ pub enum CallEvent {
 /// // ... and the retry is charged to the run's ledger.
 /// assert_eq!(ledger.spent().retries, 1);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CallPlan {
     targets: Vec<String>,
     at: usize,
@@ -331,6 +332,11 @@ impl CallPlan {
     /// The target tried now.
     pub fn current(&self) -> usize {
         self.at
+    }
+
+    /// The name of target `index`, if there is one.
+    pub fn target_name(&self, index: usize) -> Option<&str> {
+        self.targets.get(index).map(String::as_str)
     }
 
     /// What happened so far (retries, fall-backs, skips), oldest first; drains the list.

@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{Amounts, BudgetLedger, BudgetLimits, Dimension};
+use crate::call::Plane;
 use crate::classifier::{
     Classification, Classifier, ClassifierConfig, ClassifyContext, FailureClass, Signal,
 };
@@ -159,7 +160,7 @@ pub struct RunOutcome {
     pub spent: Amounts,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct OpenFailure {
     step: Option<u32>,
     class: FailureClass,
@@ -193,11 +194,15 @@ pub enum StepsBy {
 }
 
 /// The control loop of one run.
-#[derive(Debug, Clone)]
+///
+/// Serialises its state only (see [`crate::run::Run::snapshot`]): the classifier and the policy
+/// are configuration and come back with [`Controller::reattach`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Controller {
     monitor: Monitor,
-    classifier: Classifier,
-    policy: Policy,
+    /// The policy and the classifier: configuration, not state.
+    #[serde(skip)]
+    plane: Plane,
     ledger: BudgetLedger,
     trace: Trace,
     open: Option<OpenFailure>,
@@ -262,8 +267,10 @@ impl Controller {
     fn with_monitor(config: ControllerConfig, monitor: Monitor) -> Controller {
         Controller {
             monitor,
-            classifier: Classifier::new(config.classifier),
-            policy: config.policy,
+            plane: Plane {
+                policy: config.policy,
+                classifier: Classifier::new(config.classifier),
+            },
             ledger: BudgetLedger::new(config.budget),
             trace: Trace::with_capacity(if config.trace_capacity == 0 {
                 4096
@@ -279,6 +286,38 @@ impl Controller {
             reread: false,
             routed: Vec::new(),
         }
+    }
+
+    /// Gives a controller read back from a snapshot its configuration: the classifier, the
+    /// policy (validated) and the monitor's thresholds. The budget limits and the trace's
+    /// capacity stay the snapshot's: they are the run's, fixed when it began.
+    pub(crate) fn reattach(&mut self, config: ControllerConfig) -> Result<(), ConfigError> {
+        config
+            .policy
+            .validate()
+            .map_err(|e| ConfigError(e.to_string()))?;
+        Monitor::new(config.monitor.clone())?;
+        self.monitor.reattach(config.monitor);
+        self.plane = Plane {
+            policy: config.policy,
+            classifier: Classifier::new(config.classifier),
+        };
+        Ok(())
+    }
+
+    /// Writes `event` to the run's trace (a call plan's decision records).
+    pub(crate) fn record(&mut self, now_ms: u64, event: Event) {
+        self.trace.push(now_ms, None, event);
+    }
+
+    /// How the run was stopped, if it was.
+    pub(crate) fn stopped(&self) -> Option<RunStatus> {
+        self.stopped.as_ref().map(|(s, _)| *s)
+    }
+
+    /// The policy and classifier the run decides with.
+    pub(crate) fn plane(&self) -> &Plane {
+        &self.plane
     }
 
     /// Tells the run which tools the agent is offered now (before anything is hidden).
@@ -396,7 +435,7 @@ impl Controller {
     /// goes on (the gateway) flags its answer the same way. The rule is
     /// [`Policy::claim_refused`].
     pub fn claim_refused(&self) -> Option<String> {
-        self.policy.claim_refused(self.recovered())
+        self.plane.policy.claim_refused(self.recovered())
     }
 
     /// Asked once the run has its answer: whether to read once more, before answering, each
@@ -406,8 +445,9 @@ impl Controller {
     /// [`Observation::Verified`]; a value that changed is a rejection of its step, whose
     /// directive the front-end carries out as any other.
     pub fn reread_due(&mut self) -> bool {
-        let due =
-            self.policy.reread_due(self.recovered()) && !self.reread && self.stopped.is_none();
+        let due = self.plane.policy.reread_due(self.recovered())
+            && !self.reread
+            && self.stopped.is_none();
         self.reread |= due;
         due
     }
@@ -415,7 +455,7 @@ impl Controller {
     /// How many times the re-read before answering reads each value
     /// ([`Policy::reread_reads`]); the first read that differs ends it.
     pub fn reread_reads(&self) -> u32 {
-        self.policy.reread_reads.max(1)
+        self.plane.policy.reread_reads.max(1)
     }
 
     /// Takes one observation and returns the next directive.
@@ -520,7 +560,7 @@ impl Controller {
                     None => just_resolved.as_ref().filter(|o| o.step == step),
                 };
                 if let Judgement::Uncertain { reason } = &judgement
-                    && !self.policy.accept_unverified_recovery
+                    && !self.plane.policy.accept_unverified_recovery
                     && let Some(o) = recovered.filter(|o| Policy::in_doubt(o.class, o.last_action))
                 {
                     let why = format!(
@@ -656,7 +696,7 @@ impl Controller {
                 signal: signal.clone(),
             },
         );
-        let classification: Classification = self.classifier.classify(
+        let classification: Classification = self.plane.classifier.classify(
             &signal,
             ClassifyContext {
                 consecutive_failures: consecutive,
@@ -722,9 +762,10 @@ impl Controller {
             limits: *self.ledger.limits(),
             spent: *self.ledger.spent(),
         };
-        let decision = self
-            .policy
-            .decide(ladder, &classification, &options, &self.ledger, rng);
+        let decision =
+            self.plane
+                .policy
+                .decide(ladder, &classification, &options, &self.ledger, rng);
         if decision.action.kind().is_terminal()
             && let Some(t) = tool
             && routable(classification.class)

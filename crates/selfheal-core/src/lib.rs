@@ -24,6 +24,7 @@
 //! | [`controller`] | routes observations to directives; owns no policy |
 //! | [`call`] | one call across retries and a fallback chain: the front-ends' decision surface |
 //! | [`breaker`] | the one circuit breaker, per tool (monitor) and per upstream (gateway) |
+//! | [`run`] | one run behind one interface: inputs in, actions out, state that serialises |
 //! | [`replay`] | recorded decisions made again under another policy (`selfheal trace replay`) |
 //!
 //! ```
@@ -50,6 +51,7 @@ pub mod monitor;
 pub mod policy;
 pub mod replay;
 pub mod rng;
+pub mod run;
 pub mod trace;
 pub mod verifier;
 
@@ -58,5 +60,6 @@ pub use classifier::{Classification, Classifier, ErrorType, FailureClass, Signal
 pub use controller::{Controller, ControllerConfig, Directive, Observation, RunOutcome};
 pub use monitor::{Badge, Monitor, MonitorConfig, ToolCall, Verdict};
 pub use policy::{ActionKind, Decision, Options, Policy, RecoveryAction};
+pub use run::{Action, Input, Run};
 pub use trace::{RunStatus, Trace};
 pub use verifier::{Judgement, Verifier};

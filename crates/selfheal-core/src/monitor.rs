@@ -408,7 +408,7 @@ use crate::breaker::{Breaker, BreakerConfig};
 const MAX_NAME: usize = 128;
 const MAX_ERROR: usize = 240;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct ToolState {
     name: Box<str>,
     breaker: Breaker,
@@ -432,7 +432,7 @@ impl ToolState {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Recent {
     /// The turn of the task ([`Monitor::user_turn`]) the call was made in.
     turn: u64,
@@ -458,12 +458,18 @@ pub struct MemoryFootprint {
 }
 
 /// The tool-health monitor of one run.
-#[derive(Debug, Clone)]
+///
+/// Serialises its state only (a run's, see [`crate::run::Run::snapshot`]): the configuration and
+/// the name index are not written and come back with [`Monitor::reattach`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Monitor {
+    #[serde(skip)]
     config: MonitorConfig,
     tools: Vec<ToolState>,
+    #[serde(skip)]
     index: HashMap<Box<str>, usize, FoldBuildHasher>,
     recent: VecDeque<Recent>,
+    #[serde(skip)]
     ring_cap: usize,
     calls: u64,
     /// Turns of the task begun ([`Monitor::user_turn`]).
@@ -479,7 +485,7 @@ pub struct Monitor {
 /// Most tool names a monitor keeps of what the agent is offered ([`Monitor::offer`]).
 pub const MAX_OFFERED: usize = 64;
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 struct Conditions {
     duplicate_of_tool: Option<usize>,
     empty_input: bool,
@@ -504,7 +510,7 @@ struct Scan {
     failures: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum LoopKind {
     Alternation,
     SameError,
@@ -545,6 +551,27 @@ impl Monitor {
             offered: Vec::new(),
             config,
         }
+    }
+
+    /// Gives a monitor read back from a snapshot its configuration and rebuilds its name index.
+    /// The ring keeps what it holds; a smaller window than the snapshot's sees only its newest
+    /// calls, as it would have had it been configured so all along.
+    pub(crate) fn reattach(&mut self, config: MonitorConfig) {
+        self.ring_cap = config
+            .duplicate_window
+            .max(config.empty_input_window)
+            .max(config.alternation_window)
+            .max(config.abort_window);
+        while self.recent.len() > self.ring_cap {
+            self.recent.pop_front();
+        }
+        self.index = self
+            .tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        self.config = config;
     }
 
     /// Tells the monitor which tools the agent is offered now (the request's or the agent's

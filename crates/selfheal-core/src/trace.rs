@@ -389,7 +389,7 @@ impl HealingRate {
 }
 
 /// A bounded, ordered trace of one run.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Trace {
     ring: VecDeque<Record>,
     capacity: usize,

@@ -1,0 +1,535 @@
+//! One run, one brain: everything a front-end observes goes in, everything it must do comes out.
+//!
+//! A [`Run`] is the whole control plane of one agent run — its policy, its one budget ledger,
+//! its monitor, its trace and the call it has in flight — behind one event-in, action-out
+//! interface in the shape of `quinn-proto`'s `Connection`:
+//!
+//! - [`Run::handle`] takes an [`Input`]: the tools on offer, a call begun, an attempt that
+//!   failed or succeeded, a tool or model call that finished, a verdict, an answer proposed,
+//!   or time passing;
+//! - [`Run::poll`] returns the next [`Action`] the front-end must carry out (send to a target,
+//!   repair, recover a step, read again before answering, answer with a status, stop), until
+//!   there is none;
+//! - [`Run::next_deadline`] says when time next matters (a retry waiting out its backoff);
+//!   the front-end sleeps until then and hands in [`Input::Tick`].
+//!
+//! The front-end never asks the run's parts for a decision, so no front-end can keep a retry
+//! cap, a breaker rule or an "is this retryable?" test of its own: the wire call's ladder
+//! ([`crate::call::CallPlan`]) and the run's ladders ([`crate::controller::Controller`]) are
+//! private parts of one `Run` and charge one ledger.
+//!
+//! A run's state serialises ([`Run::snapshot`], [`Run::to_bytes`]) with a version, and comes
+//! back with [`Run::resume`] under the process's configuration: this is what a shared store
+//! keeps between two requests of one conversation served by two processes.
+//!
+//! ```
+//! use selfheal_core::call::{Breakers, Mode};
+//! use selfheal_core::controller::ControllerConfig;
+//! use selfheal_core::run::{Action, Env, Input, Run};
+//! use selfheal_core::rng::SplitMix64;
+//! use selfheal_core::Signal;
+//!
+//! let mut run = Run::new(ControllerConfig::default()).unwrap();
+//! let mut rng = SplitMix64::new(7);
+//! let mut breakers = Breakers::none();
+//! let mut env = Env { now_ms: 0, rng: &mut rng, breakers: &mut breakers };
+//! run.handle(Input::CallStarted { targets: vec!["main".into()], mode: Mode::Heal, retry_safe: true }, &mut env);
+//! assert!(matches!(run.poll(), Some(Action::Send { target: 0, .. })));
+//! let busy = Signal::HttpStatus { status: 503, retry_after_ms: Some(200), message: String::new() };
+//! run.handle(Input::AttemptFailed { signal: &busy, offer: Default::default() }, &mut env);
+//! // The retry waits out Retry-After: nothing to do before the deadline...
+//! assert_eq!(run.poll(), None);
+//! assert_eq!(run.next_deadline(), Some(200));
+//! // ... and at it, the call is sent again.
+//! env.now_ms = 200;
+//! run.handle(Input::Tick, &mut env);
+//! assert!(matches!(run.poll(), Some(Action::Send { target: 0, .. })));
+//! ```
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::breaker::BreakerConfig;
+use crate::budget::{BudgetLedger, Dimension};
+use crate::call::{Breakers, CallEvent, CallPlan, Mode, Offer, Step, Stop};
+use crate::classifier::{FailureClass, Signal};
+use crate::controller::{
+    Controller, ControllerConfig, Directive, Observation, RunOutcome, StepsBy, Unresolved,
+};
+use crate::monitor::{ConfigError, Guidance, Monitor};
+use crate::policy::{RecoveryAction, RepairTarget};
+use crate::rng::Rng;
+use crate::trace::{RunStatus, Trace};
+
+/// The version of [`RunSnapshot`]'s layout. A snapshot of another version is refused by
+/// [`Run::resume`], never read as something it is not.
+pub const STATE_VERSION: u32 = 1;
+
+/// What a run is given with each input: the time, the randomness, and the breakers of the
+/// targets its calls go to (kept by the process, shared by its runs).
+pub struct Env<'a> {
+    /// Milliseconds on the front-end's clock.
+    pub now_ms: u64,
+    /// The randomness of backoff jitter.
+    pub rng: &'a mut dyn Rng,
+    /// The breakers of the call targets ([`Breakers::none`] for a front-end that keeps none).
+    pub breakers: &'a mut Breakers,
+}
+
+/// Everything a front-end can observe.
+// An input is built, handed in and dropped: never stored, so its largest variant's size costs
+// one move, not memory.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Input<'a> {
+    /// The tools the agent is offered now, before anything is hidden (see
+    /// [`Controller::offer`]).
+    Offered(&'a [&'a str]),
+    /// A call (a model request, a tool call) begins over `targets`, in the order to try them.
+    /// `retry_safe`: sending it twice does no harm.
+    CallStarted {
+        /// Target names (breaker names).
+        targets: Vec<String>,
+        /// Healing or one attempt.
+        mode: Mode,
+        /// Whether a resend is harmless.
+        retry_safe: bool,
+    },
+    /// The call's current attempt succeeded: it is over.
+    AttemptSucceeded,
+    /// The call's current attempt failed with `signal`; `offer` is what the front-end can do
+    /// about what came back beyond a resend (a repair, a refresh).
+    AttemptFailed {
+        /// What went wrong, as read off the wire.
+        signal: &'a Signal,
+        /// What else is possible.
+        offer: Offer,
+    },
+    /// Time passed: a retry whose wait is over is sent.
+    Tick,
+    /// A tool call or model call finished, or a verifier judged a result.
+    Observed(Observation<'a>),
+    /// The model is about to be asked for the next step: what guidance it gets and which tools
+    /// it is not offered.
+    NextTurn,
+    /// The run has a final answer; `by` says how the front-end knows the run's steps.
+    AnswerProposed {
+        /// By plan (in-process) or by tool (on the wire).
+        by: StepsBy,
+    },
+}
+
+/// Everything a front-end must do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "do", rename_all = "snake_case")]
+pub enum Action {
+    /// Ask the model for the next step with this guidance, offering every tool but these.
+    Proceed {
+        /// Guidance for the next prompt.
+        guidance: Vec<Guidance>,
+        /// Tools not to offer.
+        hidden_tools: Vec<String>,
+    },
+    /// Send the call in flight to target `target` now.
+    Send {
+        /// Index into the call's targets.
+        target: usize,
+        /// Its name.
+        name: String,
+        /// Bypass the data's cache (the policy's `refresh`).
+        refresh: bool,
+    },
+    /// Repair what the failed attempt returned, then report it as a success or a failure.
+    Repair {
+        /// What to repair.
+        target: RepairTarget,
+    },
+    /// The call in flight is over without an answer: hand the upstream's refusal back as it
+    /// came, or give up on it.
+    GiveUp {
+        /// Why.
+        stop: Stop,
+    },
+    /// Recover a failed step with this action (retry, substitute, replan, escalate, repair...).
+    Recover {
+        /// The step concerned.
+        step: Option<u32>,
+        /// The inferred class.
+        class: FailureClass,
+        /// The action, with everything needed to carry it out.
+        action: RecoveryAction,
+    },
+    /// Before answering, read again each value no second source confirmed, `reads` times,
+    /// reporting each read as [`Observation::Verified`]; then propose the answer again.
+    ReadAgain {
+        /// Reads per value; the first that differs ends them.
+        reads: u32,
+    },
+    /// Answer now, with this status; `reason` when it is not `complete`.
+    Answer {
+        /// The answer's status.
+        status: RunStatus,
+        /// Why, when not complete.
+        reason: Option<String>,
+    },
+    /// The run is over: stop with this status and reason.
+    Stop {
+        /// `partial` (degraded) or `failed`.
+        status: RunStatus,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A retry waiting out its delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Wait {
+    target: usize,
+    at_ms: u64,
+}
+
+/// A run's state as written to a store: everything but the configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunSnapshot {
+    /// [`STATE_VERSION`] when written.
+    pub version: u32,
+    ctl: Controller,
+    call: Option<CallPlan>,
+    wait: Option<Wait>,
+    queue: VecDeque<Action>,
+    call_events: Vec<CallEvent>,
+}
+
+/// Why a snapshot could not be resumed.
+#[derive(Debug, Error)]
+pub enum ResumeError {
+    /// The snapshot was written by another layout.
+    #[error("run state version {found} is not the version this build reads ({expected})")]
+    Version {
+        /// The snapshot's.
+        found: u32,
+        /// This build's ([`STATE_VERSION`]).
+        expected: u32,
+    },
+    /// The bytes are not a snapshot.
+    #[error("run state unreadable: {0}")]
+    Unreadable(#[from] serde_json::Error),
+    /// The configuration it is resumed under is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// The control plane of one run (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Run {
+    ctl: Controller,
+    call: Option<CallPlan>,
+    wait: Option<Wait>,
+    queue: VecDeque<Action>,
+    call_events: Vec<CallEvent>,
+}
+
+impl Default for Run {
+    /// A run with [`ControllerConfig::default`].
+    fn default() -> Self {
+        Run::from_controller(Controller::default())
+    }
+}
+
+impl Breakers {
+    /// No breakers: every target is always allowed (a front-end whose targets have no health
+    /// of their own to track, such as an in-process tool).
+    pub fn none() -> Breakers {
+        Breakers::new(
+            BreakerConfig {
+                after: 1,
+                cooldown_calls: 0,
+                cooldown_ms: 0,
+            },
+            std::iter::empty(),
+        )
+    }
+}
+
+impl Run {
+    /// A new run under `config` (validated).
+    pub fn new(config: ControllerConfig) -> Result<Run, ConfigError> {
+        Ok(Run::from_controller(Controller::new(config)?))
+    }
+
+    fn from_controller(ctl: Controller) -> Run {
+        Run {
+            ctl,
+            call: None,
+            wait: None,
+            queue: VecDeque::new(),
+            call_events: Vec::new(),
+        }
+    }
+
+    /// Takes one input; what it calls for is queued for [`Run::poll`].
+    pub fn handle(&mut self, input: Input<'_>, env: &mut Env<'_>) {
+        let now = env.now_ms;
+        match input {
+            Input::Offered(tools) => self.ctl.offer(tools.iter().copied()),
+            Input::CallStarted {
+                targets,
+                mode,
+                retry_safe,
+            } => {
+                self.wait = None;
+                let mut plan = CallPlan::new(targets, mode, retry_safe);
+                let step = plan.begin(env.breakers, now);
+                self.call = Some(plan);
+                self.step(step, now);
+            }
+            Input::AttemptSucceeded => {
+                self.wait = None;
+                if let Some(mut plan) = self.call.take() {
+                    plan.succeeded(env.breakers);
+                    self.drain_plan(&mut plan, now);
+                }
+            }
+            Input::AttemptFailed { signal, offer } => {
+                self.wait = None;
+                let Some(mut plan) = self.call.take() else {
+                    // No call in flight: nothing to decide for it. Refusing is the safe
+                    // reading of an input out of order.
+                    self.queue.push_back(Action::GiveUp {
+                        stop: Stop::Exhausted {
+                            class: None,
+                            action: crate::policy::ActionKind::Terminate,
+                        },
+                    });
+                    return;
+                };
+                plan.offer(offer);
+                let plane = self.ctl.plane().clone();
+                let step = plan.failed(
+                    signal,
+                    &plane,
+                    env.breakers,
+                    self.ctl.ledger_mut(),
+                    now,
+                    env.rng,
+                );
+                self.drain_plan(&mut plan, now);
+                let over = matches!(step, Step::Stop(_));
+                if !over {
+                    self.call = Some(plan);
+                }
+                self.step(step, now);
+            }
+            Input::Tick => {
+                if let Some(w) = self.wait.filter(|w| w.at_ms <= now) {
+                    self.wait = None;
+                    self.send(w.target, false);
+                }
+            }
+            Input::Observed(obs) => {
+                let d = self.ctl.observe(obs, now, env.rng);
+                self.directive(d);
+            }
+            Input::NextTurn => {
+                let d = self.ctl.guidance(now);
+                self.directive(d);
+            }
+            Input::AnswerProposed { by } => {
+                if self.ctl.stopped().is_some() {
+                    let d = self.ctl.guidance(now);
+                    self.directive(d);
+                } else if self.ctl.reread_due() {
+                    self.queue.push_back(Action::ReadAgain {
+                        reads: self.ctl.reread_reads(),
+                    });
+                } else {
+                    let reason = self.ctl.unclaimable(by);
+                    let status = if reason.is_some() {
+                        RunStatus::Partial
+                    } else {
+                        RunStatus::Complete
+                    };
+                    self.queue.push_back(Action::Answer { status, reason });
+                }
+            }
+        }
+    }
+
+    /// The next thing to do, oldest first; `None` when there is nothing until the next input
+    /// (or [`Run::next_deadline`]).
+    pub fn poll(&mut self) -> Option<Action> {
+        self.queue.pop_front()
+    }
+
+    /// When the run next wants [`Input::Tick`]: a retry's wait ends then.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.wait.map(|w| w.at_ms)
+    }
+
+    /// What the call plans did (retries, fall-backs, skips), oldest first; drains the list.
+    pub fn take_call_events(&mut self) -> Vec<CallEvent> {
+        std::mem::take(&mut self.call_events)
+    }
+
+    /// Whether the call in flight has taken a recovery action (what it returns next is a
+    /// recovered value).
+    pub fn call_recovered(&self) -> bool {
+        self.call.as_ref().is_some_and(CallPlan::recovered)
+    }
+
+    /// Ends the run and returns its typed outcome.
+    pub fn finish(&mut self, now_ms: u64) -> RunOutcome {
+        self.call = None;
+        self.wait = None;
+        self.ctl.finish(now_ms)
+    }
+
+    /// The run's trace.
+    pub fn trace(&self) -> &Trace {
+        self.ctl.trace()
+    }
+
+    /// The run's budget ledger.
+    pub fn ledger(&self) -> &BudgetLedger {
+        self.ctl.ledger()
+    }
+
+    /// The run's monitor.
+    pub fn monitor(&self) -> &Monitor {
+        self.ctl.monitor()
+    }
+
+    /// The tools whose failures are routed around now.
+    pub fn routed(&self) -> &[String] {
+        self.ctl.routed()
+    }
+
+    /// The failures that would be reported unresolved if the run ended now.
+    pub fn unsettled(&self) -> Vec<Unresolved> {
+        self.ctl.unsettled()
+    }
+
+    /// Budget dimensions that are spent.
+    pub fn spent_dimensions(&self) -> Vec<Dimension> {
+        self.ctl.spent_dimensions()
+    }
+
+    /// The run's state, for a store.
+    pub fn snapshot(&self) -> RunSnapshot {
+        RunSnapshot {
+            version: STATE_VERSION,
+            ctl: self.ctl.clone(),
+            call: self.call.clone(),
+            wait: self.wait,
+            queue: self.queue.clone(),
+            call_events: self.call_events.clone(),
+        }
+    }
+
+    /// The run's state as bytes (JSON), for a store.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&self.snapshot())
+    }
+
+    /// A run from a snapshot, under this process's `config` (the snapshot holds no
+    /// configuration: the policy, the classifier and the monitor's thresholds are `config`'s;
+    /// the budget limits and trace capacity stay the run's own).
+    pub fn resume(snapshot: RunSnapshot, config: ControllerConfig) -> Result<Run, ResumeError> {
+        if snapshot.version != STATE_VERSION {
+            return Err(ResumeError::Version {
+                found: snapshot.version,
+                expected: STATE_VERSION,
+            });
+        }
+        let mut ctl = snapshot.ctl;
+        ctl.reattach(config)?;
+        Ok(Run {
+            ctl,
+            call: snapshot.call,
+            wait: snapshot.wait,
+            queue: snapshot.queue,
+            call_events: snapshot.call_events,
+        })
+    }
+
+    /// A run from [`Run::to_bytes`]'s bytes (see [`Run::resume`]).
+    pub fn from_bytes(bytes: &[u8], config: ControllerConfig) -> Result<Run, ResumeError> {
+        let snapshot: RunSnapshot = serde_json::from_slice(bytes)?;
+        Run::resume(snapshot, config)
+    }
+
+    fn drain_plan(&mut self, plan: &mut CallPlan, now: u64) {
+        for e in plan.take_records() {
+            self.ctl.record(now, e);
+        }
+        self.call_events.extend(plan.take_events());
+    }
+
+    fn send(&mut self, target: usize, refresh: bool) {
+        let name = self
+            .call
+            .as_ref()
+            .and_then(|p| p.target_name(target))
+            .unwrap_or_default()
+            .to_owned();
+        self.queue.push_back(Action::Send {
+            target,
+            name,
+            refresh,
+        });
+    }
+
+    fn step(&mut self, step: Step, now: u64) {
+        match step {
+            Step::Send { target } => self.send(target, false),
+            Step::Refresh { target } => self.send(target, true),
+            Step::Wait {
+                target,
+                delay_ms: 0,
+            } => self.send(target, false),
+            Step::Wait { target, delay_ms } => {
+                self.wait = Some(Wait {
+                    target,
+                    at_ms: now.saturating_add(delay_ms),
+                });
+            }
+            Step::Repair { target } => self.queue.push_back(Action::Repair { target }),
+            Step::Stop(stop) => {
+                self.call = None;
+                self.queue.push_back(Action::GiveUp { stop });
+            }
+        }
+    }
+
+    fn directive(&mut self, d: Directive) {
+        let action = match d {
+            Directive::Continue {
+                guidance,
+                hidden_tools,
+            } => Action::Proceed {
+                guidance,
+                hidden_tools,
+            },
+            Directive::Recover {
+                step,
+                class,
+                action,
+            } => Action::Recover {
+                step,
+                class,
+                action,
+            },
+            Directive::Degrade { reason } => Action::Stop {
+                status: RunStatus::Partial,
+                reason,
+            },
+            Directive::Abort { reason } => Action::Stop {
+                status: self.ctl.stopped().unwrap_or(RunStatus::Failed),
+                reason,
+            },
+        };
+        self.queue.push_back(action);
+    }
+}
