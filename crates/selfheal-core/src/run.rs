@@ -33,20 +33,27 @@
 //! let mut rng = SplitMix64::new(7);
 //! let mut breakers = Breakers::none();
 //! let mut env = Env { now_ms: 0, rng: &mut rng, breakers: &mut breakers };
-//! run.handle(Input::CallStarted { targets: vec!["main".into()], mode: Mode::Heal, retry_safe: true }, &mut env);
-//! assert!(matches!(run.poll(), Some(Action::Send { target: 0, .. })));
+//! let start = Input::CallStarted {
+//!     call: 1,
+//!     targets: vec!["main".into()],
+//!     mode: Mode::Heal,
+//!     retry_safe: true,
+//! };
+//! run.handle(start, &mut env);
+//! assert!(matches!(run.poll(), Some(Action::Send { call: 1, target: 0, .. })));
 //! let busy = Signal::HttpStatus { status: 503, retry_after_ms: Some(200), message: String::new() };
-//! run.handle(Input::AttemptFailed { signal: &busy, offer: Default::default() }, &mut env);
-//! // The retry waits out Retry-After: nothing to do before the deadline...
+//! run.handle(Input::AttemptFailed { call: 1, signal: &busy, offer: Default::default() }, &mut env);
+//! // The retry waits (at least Retry-After): nothing to do before the deadline...
 //! assert_eq!(run.poll(), None);
-//! assert_eq!(run.next_deadline(), Some(200));
+//! let at = run.next_deadline().unwrap();
+//! assert!(at >= 200);
 //! // ... and at it, the call is sent again.
-//! env.now_ms = 200;
+//! env.now_ms = at;
 //! run.handle(Input::Tick, &mut env);
-//! assert!(matches!(run.poll(), Some(Action::Send { target: 0, .. })));
+//! assert!(matches!(run.poll(), Some(Action::Send { call: 1, target: 0, .. })));
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -88,8 +95,12 @@ pub enum Input<'a> {
     /// [`Controller::offer`]).
     Offered(&'a [&'a str]),
     /// A call (a model request, a tool call) begins over `targets`, in the order to try them.
-    /// `retry_safe`: sending it twice does no harm.
+    /// `retry_safe`: sending it twice does no harm. A run may have several calls in flight
+    /// (parallel tool calls, concurrent requests of one conversation), each named by the
+    /// front-end's `call` id; starting an id again starts it afresh.
     CallStarted {
+        /// The front-end's id of the call.
+        call: CallId,
         /// Target names (breaker names).
         targets: Vec<String>,
         /// Healing or one attempt.
@@ -98,10 +109,15 @@ pub enum Input<'a> {
         retry_safe: bool,
     },
     /// The call's current attempt succeeded: it is over.
-    AttemptSucceeded,
+    AttemptSucceeded {
+        /// The call.
+        call: CallId,
+    },
     /// The call's current attempt failed with `signal`; `offer` is what the front-end can do
     /// about what came back beyond a resend (a repair, a refresh).
     AttemptFailed {
+        /// The call.
+        call: CallId,
         /// What went wrong, as read off the wire.
         signal: &'a Signal,
         /// What else is possible.
@@ -132,8 +148,10 @@ pub enum Action {
         /// Tools not to offer.
         hidden_tools: Vec<String>,
     },
-    /// Send the call in flight to target `target` now.
+    /// Send call `call` to target `target` now.
     Send {
+        /// The call.
+        call: CallId,
         /// Index into the call's targets.
         target: usize,
         /// Its name.
@@ -143,12 +161,16 @@ pub enum Action {
     },
     /// Repair what the failed attempt returned, then report it as a success or a failure.
     Repair {
+        /// The call.
+        call: CallId,
         /// What to repair.
         target: RepairTarget,
     },
     /// The call in flight is over without an answer: hand the upstream's refusal back as it
     /// came, or give up on it.
     GiveUp {
+        /// The call.
+        call: CallId,
         /// Why.
         stop: Stop,
     },
@@ -183,6 +205,9 @@ pub enum Action {
     },
 }
 
+/// A front-end's name for one call in flight (a JSON-RPC id, a request number).
+pub type CallId = u64;
+
 /// A retry waiting out its delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Wait {
@@ -190,14 +215,24 @@ struct Wait {
     at_ms: u64,
 }
 
+/// A call in flight: its plan, and the retry it waits to send, if any.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct InFlight {
+    plan: CallPlan,
+    wait: Option<Wait>,
+}
+
+/// Most calls a run keeps in flight; starting one more gives up the oldest (a front-end that
+/// forgets to end its calls cannot grow a run without bound).
+pub const MAX_IN_FLIGHT: usize = 256;
+
 /// A run's state as written to a store: everything but the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunSnapshot {
     /// [`STATE_VERSION`] when written.
     pub version: u32,
     ctl: Controller,
-    call: Option<CallPlan>,
-    wait: Option<Wait>,
+    calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
     call_events: Vec<CallEvent>,
 }
@@ -225,8 +260,7 @@ pub enum ResumeError {
 #[derive(Debug, Clone)]
 pub struct Run {
     ctl: Controller,
-    call: Option<CallPlan>,
-    wait: Option<Wait>,
+    calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
     call_events: Vec<CallEvent>,
 }
@@ -262,8 +296,7 @@ impl Run {
     fn from_controller(ctl: Controller) -> Run {
         Run {
             ctl,
-            call: None,
-            wait: None,
+            calls: BTreeMap::new(),
             queue: VecDeque::new(),
             call_events: Vec::new(),
         }
@@ -275,39 +308,45 @@ impl Run {
         match input {
             Input::Offered(tools) => self.ctl.offer(tools.iter().copied()),
             Input::CallStarted {
+                call,
                 targets,
                 mode,
                 retry_safe,
             } => {
-                self.wait = None;
+                if !self.calls.contains_key(&call)
+                    && self.calls.len() >= MAX_IN_FLIGHT
+                    && let Some((&oldest, _)) = self.calls.iter().next()
+                {
+                    self.calls.remove(&oldest);
+                    self.give_up_unknown(oldest);
+                }
                 let mut plan = CallPlan::new(targets, mode, retry_safe);
                 let step = plan.begin(env.breakers, now);
-                self.call = Some(plan);
-                self.step(step, now);
+                self.drain_plan(&mut plan, now);
+                self.calls.insert(call, InFlight { plan, wait: None });
+                self.step(call, step, now);
             }
-            Input::AttemptSucceeded => {
-                self.wait = None;
-                if let Some(mut plan) = self.call.take() {
-                    plan.succeeded(env.breakers);
-                    self.drain_plan(&mut plan, now);
+            Input::AttemptSucceeded { call } => {
+                if let Some(mut f) = self.calls.remove(&call) {
+                    f.plan.succeeded(env.breakers);
+                    self.drain_plan(&mut f.plan, now);
                 }
             }
-            Input::AttemptFailed { signal, offer } => {
-                self.wait = None;
-                let Some(mut plan) = self.call.take() else {
-                    // No call in flight: nothing to decide for it. Refusing is the safe
+            Input::AttemptFailed {
+                call,
+                signal,
+                offer,
+            } => {
+                let Some(f) = self.calls.get_mut(&call) else {
+                    // No such call in flight: nothing to decide for it. Giving up is the safe
                     // reading of an input out of order.
-                    self.queue.push_back(Action::GiveUp {
-                        stop: Stop::Exhausted {
-                            class: None,
-                            action: crate::policy::ActionKind::Terminate,
-                        },
-                    });
+                    self.give_up_unknown(call);
                     return;
                 };
-                plan.offer(offer);
+                f.wait = None;
+                f.plan.offer(offer);
                 let plane = self.ctl.plane().clone();
-                let step = plan.failed(
+                let step = f.plan.failed(
                     signal,
                     &plane,
                     env.breakers,
@@ -315,17 +354,24 @@ impl Run {
                     now,
                     env.rng,
                 );
-                self.drain_plan(&mut plan, now);
-                let over = matches!(step, Step::Stop(_));
-                if !over {
-                    self.call = Some(plan);
+                if let Some(mut f) = self.calls.remove(&call) {
+                    self.drain_plan(&mut f.plan, now);
+                    self.calls.insert(call, f);
                 }
-                self.step(step, now);
+                self.step(call, step, now);
             }
             Input::Tick => {
-                if let Some(w) = self.wait.filter(|w| w.at_ms <= now) {
-                    self.wait = None;
-                    self.send(w.target, false);
+                let due: Vec<(CallId, usize)> = self
+                    .calls
+                    .iter_mut()
+                    .filter_map(|(&id, f)| {
+                        let w = f.wait.filter(|w| w.at_ms <= now)?;
+                        f.wait = None;
+                        Some((id, w.target))
+                    })
+                    .collect();
+                for (id, target) in due {
+                    self.send(id, target, false);
                 }
             }
             Input::Observed(obs) => {
@@ -363,9 +409,12 @@ impl Run {
         self.queue.pop_front()
     }
 
-    /// When the run next wants [`Input::Tick`]: a retry's wait ends then.
+    /// When the run next wants [`Input::Tick`]: the earliest end of a retry's wait.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.wait.map(|w| w.at_ms)
+        self.calls
+            .values()
+            .filter_map(|f| f.wait.map(|w| w.at_ms))
+            .min()
     }
 
     /// What the call plans did (retries, fall-backs, skips), oldest first; drains the list.
@@ -373,16 +422,20 @@ impl Run {
         std::mem::take(&mut self.call_events)
     }
 
-    /// Whether the call in flight has taken a recovery action (what it returns next is a
-    /// recovered value).
-    pub fn call_recovered(&self) -> bool {
-        self.call.as_ref().is_some_and(CallPlan::recovered)
+    /// Whether call `call` has taken a recovery action (what it returns next is a recovered
+    /// value).
+    pub fn call_recovered(&self, call: CallId) -> bool {
+        self.calls.get(&call).is_some_and(|f| f.plan.recovered())
+    }
+
+    /// Ends call `call` without a result (the client went away): its plan is dropped.
+    pub fn forget_call(&mut self, call: CallId) {
+        self.calls.remove(&call);
     }
 
     /// Ends the run and returns its typed outcome.
     pub fn finish(&mut self, now_ms: u64) -> RunOutcome {
-        self.call = None;
-        self.wait = None;
+        self.calls.clear();
         self.ctl.finish(now_ms)
     }
 
@@ -421,8 +474,7 @@ impl Run {
         RunSnapshot {
             version: STATE_VERSION,
             ctl: self.ctl.clone(),
-            call: self.call.clone(),
-            wait: self.wait,
+            calls: self.calls.clone(),
             queue: self.queue.clone(),
             call_events: self.call_events.clone(),
         }
@@ -447,8 +499,7 @@ impl Run {
         ctl.reattach(config)?;
         Ok(Run {
             ctl,
-            call: snapshot.call,
-            wait: snapshot.wait,
+            calls: snapshot.calls,
             queue: snapshot.queue,
             call_events: snapshot.call_events,
         })
@@ -467,38 +518,51 @@ impl Run {
         self.call_events.extend(plan.take_events());
     }
 
-    fn send(&mut self, target: usize, refresh: bool) {
+    fn give_up_unknown(&mut self, call: CallId) {
+        self.queue.push_back(Action::GiveUp {
+            call,
+            stop: Stop::Exhausted {
+                class: None,
+                action: crate::policy::ActionKind::Terminate,
+            },
+        });
+    }
+
+    fn send(&mut self, call: CallId, target: usize, refresh: bool) {
         let name = self
-            .call
-            .as_ref()
-            .and_then(|p| p.target_name(target))
+            .calls
+            .get(&call)
+            .and_then(|f| f.plan.target_name(target))
             .unwrap_or_default()
             .to_owned();
         self.queue.push_back(Action::Send {
+            call,
             target,
             name,
             refresh,
         });
     }
 
-    fn step(&mut self, step: Step, now: u64) {
+    fn step(&mut self, call: CallId, step: Step, now: u64) {
         match step {
-            Step::Send { target } => self.send(target, false),
-            Step::Refresh { target } => self.send(target, true),
+            Step::Send { target } => self.send(call, target, false),
+            Step::Refresh { target } => self.send(call, target, true),
             Step::Wait {
                 target,
                 delay_ms: 0,
-            } => self.send(target, false),
+            } => self.send(call, target, false),
             Step::Wait { target, delay_ms } => {
-                self.wait = Some(Wait {
-                    target,
-                    at_ms: now.saturating_add(delay_ms),
-                });
+                if let Some(f) = self.calls.get_mut(&call) {
+                    f.wait = Some(Wait {
+                        target,
+                        at_ms: now.saturating_add(delay_ms),
+                    });
+                }
             }
-            Step::Repair { target } => self.queue.push_back(Action::Repair { target }),
+            Step::Repair { target } => self.queue.push_back(Action::Repair { call, target }),
             Step::Stop(stop) => {
-                self.call = None;
-                self.queue.push_back(Action::GiveUp { stop });
+                self.calls.remove(&call);
+                self.queue.push_back(Action::GiveUp { call, stop });
             }
         }
     }

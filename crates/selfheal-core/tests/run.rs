@@ -60,6 +60,7 @@ impl Driver {
 
     fn start(&mut self, targets: &[&str]) -> Vec<Action> {
         self.input(Input::CallStarted {
+            call: 1,
             targets: targets.iter().map(|t| (*t).to_owned()).collect(),
             mode: Mode::Heal,
             retry_safe: true,
@@ -68,6 +69,7 @@ impl Driver {
 
     fn fail(&mut self, signal: &Signal) -> Vec<Action> {
         self.input(Input::AttemptFailed {
+            call: 1,
             signal,
             offer: Offer::default(),
         })
@@ -76,6 +78,7 @@ impl Driver {
 
 fn send(target: usize, name: &str) -> Action {
     Action::Send {
+        call: 1,
         target,
         name: name.to_owned(),
         refresh: false,
@@ -95,8 +98,8 @@ fn a_retry_waits_for_its_deadline_and_is_charged_to_the_runs_ledger() {
     d.now = 1_500;
     assert_eq!(d.input(Input::Tick), vec![send(0, "main")]);
     assert_eq!(d.run.next_deadline(), None);
-    assert!(d.run.call_recovered());
-    assert_eq!(d.input(Input::AttemptSucceeded), vec![]);
+    assert!(d.run.call_recovered(1));
+    assert_eq!(d.input(Input::AttemptSucceeded { call: 1 }), vec![]);
     // The decision is in the run's one trace, where replay finds it.
     let actions: Vec<&RecoveryAction> = d
         .run
@@ -125,6 +128,7 @@ fn a_request_the_upstream_refused_as_the_callers_goes_back_as_it_came() {
     assert_eq!(
         d.fail(&refused),
         vec![Action::GiveUp {
+            call: 1,
             stop: Stop::Rejected { status: 400 }
         }]
     );
@@ -133,7 +137,8 @@ fn a_request_the_upstream_refused_as_the_callers_goes_back_as_it_came() {
     assert!(matches!(
         d.fail(&busy(None)).as_slice(),
         [Action::GiveUp {
-            stop: Stop::Exhausted { .. }
+            stop: Stop::Exhausted { .. },
+            ..
         }]
     ));
 }
@@ -160,7 +165,7 @@ fn an_outage_falls_back_to_the_next_target_and_skips_an_open_circuit_next_time()
         panic!("unexpected {actions:?}");
     }
     assert!(fell_back, "fell back after {sends} resends");
-    assert_eq!(d.input(Input::AttemptSucceeded), vec![]);
+    assert_eq!(d.input(Input::AttemptSucceeded { call: 1 }), vec![]);
     // The next call starts on the backup: main's circuit is open.
     assert_eq!(d.start(&["main", "backup"]), vec![send(1, "backup")]);
 }
@@ -217,7 +222,10 @@ fn an_answer_after_a_recovery_is_read_again_first_then_answered() {
         judgement: Judgement::Accept,
         options: Options::default(),
     }));
-    assert!(matches!(read.as_slice(), [Action::Proceed { .. }]), "{read:?}");
+    assert!(
+        matches!(read.as_slice(), [Action::Proceed { .. }]),
+        "{read:?}"
+    );
     // Read once per run: the second proposal is answered.
     let answer = d.input(Input::AnswerProposed { by: StepsBy::Tool });
     assert_eq!(
@@ -322,7 +330,7 @@ fn apply(d: &mut Driver, s: &Step) -> Vec<Action> {
     match s {
         Step::Start(n) => d.start(&TARGETS[..usize::from(*n)]),
         Step::Fail(i) => d.fail(&signals[usize::from(*i)]),
-        Step::Succeed => d.input(Input::AttemptSucceeded),
+        Step::Succeed => d.input(Input::AttemptSucceeded { call: 1 }),
         Step::Tick(ms) => {
             d.now += u64::from(*ms);
             d.input(Input::Tick)
