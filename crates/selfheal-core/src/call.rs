@@ -779,7 +779,7 @@ pub fn reask(
 /// action counts, as the controller does for a failure that changes its face on one step, so a
 /// wrong tool followed by a skipped step is not judged on the wrong tool's rung, and the
 /// per-failure cap still bounds them together.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReaskState {
     /// The class of the last re-asked calls (`None`: none yet).
     pub class: Option<FailureClass>,

@@ -310,6 +310,16 @@ impl Controller {
         self.trace.push(now_ms, None, event);
     }
 
+    /// A new turn of the task begins (see [`Monitor::user_turn`]).
+    pub(crate) fn user_turn(&mut self) {
+        self.monitor.user_turn();
+    }
+
+    /// The monitor's verdict now.
+    pub(crate) fn verdict(&mut self, now_ms: u64) -> crate::monitor::Verdict {
+        self.monitor.check(now_ms)
+    }
+
     /// How the run was stopped, if it was.
     pub(crate) fn stopped(&self) -> Option<RunStatus> {
         self.stopped.as_ref().map(|(s, _)| *s)

@@ -49,7 +49,7 @@
 //! assert!(at >= 200);
 //! // ... and at it, the call is sent again.
 //! env.now_ms = at;
-//! run.handle(Input::Tick, &mut env);
+//! run.handle(Input::Tick { call: None }, &mut env);
 //! assert!(matches!(run.poll(), Some(Action::Send { call: 1, target: 0, .. })));
 //! ```
 
@@ -60,15 +60,15 @@ use thiserror::Error;
 
 use crate::breaker::BreakerConfig;
 use crate::budget::{BudgetLedger, Dimension};
-use crate::call::{Breakers, CallEvent, CallPlan, Mode, Offer, Step, Stop};
+use crate::call::{Breakers, CallEvent, CallPlan, Mode, Offer, Reask, ReaskState, Step, Stop};
 use crate::classifier::{FailureClass, Signal};
 use crate::controller::{
     Controller, ControllerConfig, Directive, Observation, RunOutcome, StepsBy, Unresolved,
 };
-use crate::monitor::{ConfigError, Guidance, Monitor};
+use crate::monitor::{ConfigError, Guidance, Monitor, Verdict};
 use crate::policy::{RecoveryAction, RepairTarget};
 use crate::rng::Rng;
-use crate::trace::{RunStatus, Trace};
+use crate::trace::{Event, RunStatus, Trace};
 
 /// The version of [`RunSnapshot`]'s layout. A snapshot of another version is refused by
 /// [`Run::resume`], never read as something it is not.
@@ -123,8 +123,29 @@ pub enum Input<'a> {
         /// What else is possible.
         offer: Offer,
     },
-    /// Time passed: a retry whose wait is over is sent.
-    Tick,
+    /// Time passed: a retry whose wait is over is sent — of call `call` only, or of every
+    /// call when `None` (a front-end that serves several calls of one run from several tasks
+    /// ticks its own, so that it never takes another task's send).
+    Tick {
+        /// The call whose wait to check, or all.
+        call: Option<CallId>,
+    },
+    /// The user spoke: a new turn of the task begins (the monitor's loop rules look at one
+    /// turn at a time).
+    UserTurn,
+    /// The model answered with tool calls that cannot be used, read as `signal` (a tool not on
+    /// offer, a required argument missing, arguments that do not parse); `state` is where the
+    /// re-asking of this answer stands (default for the first time) and `fallback` the model
+    /// an escalation would ask. The run answers [`Action::Reask`] or, when its ladder says
+    /// no, [`Action::Answer`] `partial`.
+    CallsUnusable {
+        /// What was wrong.
+        signal: Signal,
+        /// The fallback model, if the front-end has one.
+        fallback: Option<&'a str>,
+        /// The re-asking's place on its ladder.
+        state: ReaskState,
+    },
     /// A tool call or model call finished, or a verifier judged a result.
     Observed(Observation<'a>),
     /// The model is about to be asked for the next step: what guidance it gets and which tools
@@ -182,6 +203,14 @@ pub enum Action {
         class: FailureClass,
         /// The action, with everything needed to carry it out.
         action: RecoveryAction,
+    },
+    /// Ask the model again for calls it can use (on the fallback model when `escalate`); pass
+    /// `next` back with the next [`Input::CallsUnusable`] of the same answer.
+    Reask {
+        /// Where the re-asking stands now.
+        next: ReaskState,
+        /// Ask the fallback model.
+        escalate: bool,
     },
     /// Before answering, read again each value no second source confirmed, `reads` times,
     /// reporting each read as [`Observation::Verified`]; then propose the answer again.
@@ -263,7 +292,14 @@ pub struct Run {
     calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
     call_events: Vec<CallEvent>,
+    /// The decision records of calls and re-asks since the front-end last took them
+    /// ([`Run::take_records`]); not state: a resumed run starts with none.
+    records: Vec<(u64, Event)>,
 }
+
+/// Most decision records a run holds for [`Run::take_records`]; older ones are dropped (they
+/// are in the trace).
+pub const MAX_RECORDS: usize = 256;
 
 impl Default for Run {
     /// A run with [`ControllerConfig::default`].
@@ -299,6 +335,7 @@ impl Run {
             calls: BTreeMap::new(),
             queue: VecDeque::new(),
             call_events: Vec::new(),
+            records: Vec::new(),
         }
     }
 
@@ -360,10 +397,11 @@ impl Run {
                 }
                 self.step(call, step, now);
             }
-            Input::Tick => {
+            Input::Tick { call } => {
                 let due: Vec<(CallId, usize)> = self
                     .calls
                     .iter_mut()
+                    .filter(|(id, _)| call.is_none_or(|c| c == **id))
                     .filter_map(|(&id, f)| {
                         let w = f.wait.filter(|w| w.at_ms <= now)?;
                         f.wait = None;
@@ -373,6 +411,41 @@ impl Run {
                 for (id, target) in due {
                     self.send(id, target, false);
                 }
+            }
+            Input::UserTurn => self.ctl.user_turn(),
+            Input::CallsUnusable {
+                signal,
+                fallback,
+                state,
+            } => {
+                let plane = self.ctl.plane().clone();
+                let (decision, next, event) = crate::call::reask_signal(
+                    signal,
+                    fallback,
+                    &plane,
+                    self.ctl.ledger_mut(),
+                    state,
+                    env.rng,
+                );
+                if let Event::Action { action, .. } = &event
+                    && decision != Reask::Partial
+                {
+                    // The re-ask is a recovery of the run's, counted as its own: a recovered
+                    // run is read again before it answers and claims nothing under
+                    // `claim_after_recovery = false`.
+                    self.ctl.carried_out(action);
+                }
+                self.note(now, event);
+                self.queue.push_back(match decision {
+                    Reask::Ask | Reask::Escalate => Action::Reask {
+                        next,
+                        escalate: decision == Reask::Escalate,
+                    },
+                    Reask::Partial => Action::Answer {
+                        status: RunStatus::Partial,
+                        reason: Some("the model's tool calls could not be used".to_owned()),
+                    },
+                });
             }
             Input::Observed(obs) => {
                 let d = self.ctl.observe(obs, now, env.rng);
@@ -401,6 +474,36 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// [`Run::handle`], then every action it calls for, oldest first.
+    pub fn decide(&mut self, input: Input<'_>, env: &mut Env<'_>) -> Vec<Action> {
+        self.handle(input, env);
+        self.queue.drain(..).collect()
+    }
+
+    /// The decision records (signal, classification, action with its inputs) of the calls and
+    /// re-asks decided since the last time, with their times, oldest first: what a front-end
+    /// writes to its own trace so `selfheal trace replay` can decide them again.
+    pub fn take_records(&mut self) -> Vec<(u64, Event)> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// The monitor's verdict now (warnings, hidden tools, the abort rule) without deciding
+    /// anything: what the next model step is told.
+    pub fn verdict(&mut self, now_ms: u64) -> Verdict {
+        self.ctl.verdict(now_ms)
+    }
+
+    /// Why an answer given now could not be claimed complete (see
+    /// [`Controller::unclaimable`]), without proposing it.
+    pub fn unclaimable(&self, by: StepsBy) -> Option<String> {
+        self.ctl.unclaimable(by)
+    }
+
+    /// Whether the run stopped, and how.
+    pub fn stopped(&self) -> Option<RunStatus> {
+        self.ctl.stopped()
     }
 
     /// The next thing to do, oldest first; `None` when there is nothing until the next input
@@ -502,6 +605,7 @@ impl Run {
             calls: snapshot.calls,
             queue: snapshot.queue,
             call_events: snapshot.call_events,
+            records: Vec::new(),
         })
     }
 
@@ -511,9 +615,18 @@ impl Run {
         Run::resume(snapshot, config)
     }
 
+    /// Writes a decision record to the trace and the front-end's outbox.
+    fn note(&mut self, now: u64, event: Event) {
+        if self.records.len() == MAX_RECORDS {
+            self.records.remove(0);
+        }
+        self.records.push((now, event.clone()));
+        self.ctl.record(now, event);
+    }
+
     fn drain_plan(&mut self, plan: &mut CallPlan, now: u64) {
         for e in plan.take_records() {
-            self.ctl.record(now, e);
+            self.note(now, e);
         }
         self.call_events.extend(plan.take_events());
     }

@@ -94,9 +94,9 @@ fn a_retry_waits_for_its_deadline_and_is_charged_to_the_runs_ledger() {
     assert_eq!(d.run.ledger().spent().retries, 1);
     // Early ticks do nothing.
     d.now = 1_499;
-    assert_eq!(d.input(Input::Tick), vec![]);
+    assert_eq!(d.input(Input::Tick { call: None }), vec![]);
     d.now = 1_500;
-    assert_eq!(d.input(Input::Tick), vec![send(0, "main")]);
+    assert_eq!(d.input(Input::Tick { call: None }), vec![send(0, "main")]);
     assert_eq!(d.run.next_deadline(), None);
     assert!(d.run.call_recovered(1));
     assert_eq!(d.input(Input::AttemptSucceeded { call: 1 }), vec![]);
@@ -153,7 +153,7 @@ fn an_outage_falls_back_to_the_next_target_and_skips_an_open_circuit_next_time()
         let actions = d.fail(&busy(None));
         if let Some(w) = d.run.next_deadline() {
             d.now = w;
-            let tick = d.input(Input::Tick);
+            let tick = d.input(Input::Tick { call: None });
             assert_eq!(tick, vec![send(0, "main")]);
             sends += 1;
             continue;
@@ -333,7 +333,7 @@ fn apply(d: &mut Driver, s: &Step) -> Vec<Action> {
         Step::Succeed => d.input(Input::AttemptSucceeded { call: 1 }),
         Step::Tick(ms) => {
             d.now += u64::from(*ms);
-            d.input(Input::Tick)
+            d.input(Input::Tick { call: None })
         }
         Step::Tool { tool, failed } => {
             let tool = TOOLS[usize::from(*tool)];
