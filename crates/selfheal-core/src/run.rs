@@ -133,6 +133,12 @@ pub enum Input<'a> {
     /// The user spoke: a new turn of the task begins (the monitor's loop rules look at one
     /// turn at a time).
     UserTurn,
+    /// The model's stream broke, before any content reached the client or after: the run
+    /// answers [`Action::Reissue`] (ask again, invisibly) or [`Action::EndStream`].
+    StreamBroke {
+        /// Content had already gone out.
+        after_content: bool,
+    },
     /// The model answered with tool calls that cannot be used, read as `signal` (a tool not on
     /// offer, a required argument missing, arguments that do not parse); `state` is where the
     /// re-asking of this answer stands (default for the first time) and `fallback` the model
@@ -212,6 +218,11 @@ pub enum Action {
         /// Ask the fallback model.
         escalate: bool,
     },
+    /// Ask the same request again: the stream broke before the client saw anything.
+    Reissue,
+    /// End the stream with an error event the client sees: content went out already, or the
+    /// policy says no.
+    EndStream,
     /// Before answering, read again each value no second source confirmed, `reads` times,
     /// reporting each read as [`Observation::Verified`]; then propose the answer again.
     ReadAgain {
@@ -263,7 +274,7 @@ pub struct RunSnapshot {
     ctl: Controller,
     calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
-    call_events: Vec<CallEvent>,
+    call_events: Vec<(CallId, CallEvent)>,
 }
 
 /// Why a snapshot could not be resumed.
@@ -291,7 +302,7 @@ pub struct Run {
     ctl: Controller,
     calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
-    call_events: Vec<CallEvent>,
+    call_events: Vec<(CallId, CallEvent)>,
     /// The decision records of calls and re-asks since the front-end last took them
     /// ([`Run::take_records`]); not state: a resumed run starts with none.
     records: Vec<(u64, Event)>,
@@ -359,14 +370,14 @@ impl Run {
                 }
                 let mut plan = CallPlan::new(targets, mode, retry_safe);
                 let step = plan.begin(env.breakers, now);
-                self.drain_plan(&mut plan, now);
+                self.drain_plan(call, &mut plan, now);
                 self.calls.insert(call, InFlight { plan, wait: None });
                 self.step(call, step, now);
             }
             Input::AttemptSucceeded { call } => {
                 if let Some(mut f) = self.calls.remove(&call) {
                     f.plan.succeeded(env.breakers);
-                    self.drain_plan(&mut f.plan, now);
+                    self.drain_plan(call, &mut f.plan, now);
                 }
             }
             Input::AttemptFailed {
@@ -392,7 +403,7 @@ impl Run {
                     env.rng,
                 );
                 if let Some(mut f) = self.calls.remove(&call) {
-                    self.drain_plan(&mut f.plan, now);
+                    self.drain_plan(call, &mut f.plan, now);
                     self.calls.insert(call, f);
                 }
                 self.step(call, step, now);
@@ -445,6 +456,20 @@ impl Run {
                         status: RunStatus::Partial,
                         reason: Some("the model's tool calls could not be used".to_owned()),
                     },
+                });
+            }
+            Input::StreamBroke { after_content } => {
+                let plane = self.ctl.plane().clone();
+                let (decision, event) = crate::call::stream_broke(
+                    after_content,
+                    &plane,
+                    self.ctl.ledger_mut(),
+                    env.rng,
+                );
+                self.note(now, event);
+                self.queue.push_back(match decision {
+                    crate::call::StreamBreak::Reissue => Action::Reissue,
+                    crate::call::StreamBreak::Fail => Action::EndStream,
                 });
             }
             Input::Observed(obs) => {
@@ -520,9 +545,18 @@ impl Run {
             .min()
     }
 
-    /// What the call plans did (retries, fall-backs, skips), oldest first; drains the list.
-    pub fn take_call_events(&mut self) -> Vec<CallEvent> {
-        std::mem::take(&mut self.call_events)
+    /// What call `call`'s plan did (retries, fall-backs, skips), oldest first; drains them.
+    pub fn take_call_events(&mut self, call: CallId) -> Vec<CallEvent> {
+        let (mine, rest) = std::mem::take(&mut self.call_events)
+            .into_iter()
+            .partition(|(id, _)| *id == call);
+        self.call_events = rest;
+        mine.into_iter().map(|(_, e)| e).collect()
+    }
+
+    /// When call `call`'s retry is due, if it waits for one.
+    pub fn deadline_of(&self, call: CallId) -> Option<u64> {
+        self.calls.get(&call).and_then(|f| f.wait.map(|w| w.at_ms))
     }
 
     /// Whether call `call` has taken a recovery action (what it returns next is a recovered
@@ -531,9 +565,11 @@ impl Run {
         self.calls.get(&call).is_some_and(|f| f.plan.recovered())
     }
 
-    /// Ends call `call` without a result (the client went away): its plan is dropped.
+    /// Ends call `call` without a result (the client went away): its plan and its events are
+    /// dropped.
     pub fn forget_call(&mut self, call: CallId) {
         self.calls.remove(&call);
+        self.call_events.retain(|(id, _)| *id != call);
     }
 
     /// Ends the run and returns its typed outcome.
@@ -624,11 +660,14 @@ impl Run {
         self.ctl.record(now, event);
     }
 
-    fn drain_plan(&mut self, plan: &mut CallPlan, now: u64) {
+    fn drain_plan(&mut self, call: CallId, plan: &mut CallPlan, now: u64) {
         for e in plan.take_records() {
             self.note(now, e);
         }
-        self.call_events.extend(plan.take_events());
+        if self.call_events.len() < MAX_RECORDS {
+            self.call_events
+                .extend(plan.take_events().into_iter().map(|e| (call, e)));
+        }
     }
 
     fn give_up_unknown(&mut self, call: CallId) {

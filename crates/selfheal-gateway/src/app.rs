@@ -719,7 +719,7 @@ async fn responses_inner(
         // identical to one of them is its repetition, re-asked as on chat completions.
         let answered =
             heal::Answered::of_items(items, &repeatable_out(&t, &next.taken), &next.again);
-        (st.monitor().check(now_ms), replayed, next, answered)
+        (st.run.verdict(now_ms), replayed, next, answered)
     };
     let answered = Arc::new(answered);
     // The controller's directives, carried out as the chat path does: guidance lines join the
@@ -787,7 +787,10 @@ async fn responses_inner(
         add_headers(&mut resp, &t.run, "failed", &actions, Some(&reason));
         return Ok(resp);
     }
-    let mut edited: Vec<String> = directed_actions.iter().map(|a| (*a).to_owned()).collect();
+    let mut edited: Vec<String> = directed_actions
+        .iter()
+        .map(|a| a.as_str().to_owned())
+        .collect();
     if !verdict.guidance.is_empty() || !directed.is_empty() {
         let text: Vec<String> = verdict
             .guidance
@@ -1610,7 +1613,7 @@ async fn chat_inner(
     if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
         return Ok(answer_abort(&t, &model, req.stream, &reason, "terminate"));
     }
-    let mut actions: Vec<String> = next.actions.iter().map(|a| (*a).to_owned()).collect();
+    let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
     // The calls of the model's previous turn whose results it has: a new call identical to one
     // of them is its repetition, re-asked by the core's ladder like any unusable call.
     let mut applied = edit_request(&t, &req, &verdict, &next.guidance, &mut actions);
@@ -1696,9 +1699,9 @@ fn rebuild_run(
         let replayed = heal::replay(&mut st, &req.messages, &ctx, now_ms);
         let next = st.wire.take_next();
         for a in &next.actions {
-            st.act(*a);
+            st.act(a.as_str());
         }
-        (st.monitor().check(now_ms), replayed, next)
+        (st.run.verdict(now_ms), replayed, next)
     };
     t.event(
         Kind::Request,
@@ -2221,33 +2224,27 @@ fn reask_turn(problems: &[heal::Problem]) -> Value {
     )})
 }
 
-/// Makes a core decision on the run's ledger (`decide` says whether it grants the action and
-/// returns its traced event), records the event and, when granted, the action.
-fn decided(
-    t: &Turn,
-    action: &'static str,
-    decide: impl FnOnce(
-        &selfheal_core::call::Plane,
-        &mut selfheal_core::BudgetLedger,
-    ) -> (bool, selfheal_core::trace::Event),
-) -> bool {
-    let (granted, event) = {
+/// Hands the run a decision about the model's answer (its calls unusable, its stream broken),
+/// writes the run's decision records to this turn's trace and returns what the run decided.
+fn run_decides(t: &Turn, input: selfheal_core::run::Input<'_>) -> Vec<selfheal_core::run::Action> {
+    let (actions, records) = {
         let mut st = lock(&t.state);
-        let (granted, event) = decide(t.s.upstreams.plane(), st.ledger_mut());
-        if granted {
-            st.act(action);
-        }
-        (granted, event)
+        let mut rng = time_rng();
+        let mut breakers = selfheal_core::call::Breakers::none();
+        let actions = st.decide(input, t.s.now_ms(), &mut rng, &mut breakers);
+        (actions, st.run.take_records())
     };
-    t.event(
-        Kind::from(&event),
-        serde_json::to_value(&event).unwrap_or(Value::Null),
-    );
-    granted
+    for (_, event) in records {
+        t.event(
+            Kind::from(&event),
+            serde_json::to_value(&event).unwrap_or(Value::Null),
+        );
+    }
+    actions
 }
 
-/// Whether the policy re-asks the model for tool calls that cannot be used (charged to the
-/// run's ledger when it does): the core's [`selfheal_core::call::reask_signal`] on the problems'
+/// Whether the run re-asks the model for tool calls that cannot be used (charged to the run's
+/// ledger and counted as its recovery when it does): the core's decision on the problems'
 /// signal ([`heal::unusable_signal`]) at `state`, the failure's place on its ladder, along
 /// `chain`, whose second target is the fallback the ladder may escalate to. `Some((next state,
 /// escalate))` when it does: the caller passes the state on if the new answer cannot be used
@@ -2260,33 +2257,21 @@ fn reask_or_escalate(
     state: ReaskState,
     chain: &mut &[crate::config::Target],
 ) -> Option<(ReaskState, bool)> {
-    let mut next = state;
-    let mut escalate = false;
-    let mut action = None;
-    let fallback = chain.get(1).map(|c| c.model.as_str());
-    let granted = decided(t, "reask", |plane, ledger| {
-        let (decision, n, event) = selfheal_core::call::reask_signal(
-            heal::unusable_signal(problems),
-            fallback,
-            plane,
-            ledger,
+    let fallback = chain.get(1).map(|c| c.model.clone());
+    let actions = run_decides(
+        t,
+        selfheal_core::run::Input::CallsUnusable {
+            signal: heal::unusable_signal(problems),
+            fallback: fallback.as_deref(),
             state,
-            &mut time_rng(),
-        );
-        next = n;
-        escalate = decision == selfheal_core::call::Reask::Escalate;
-        if let selfheal_core::trace::Event::Action { action: a, .. } = &event {
-            action = Some(a.clone());
-        }
-        (decision != selfheal_core::call::Reask::Partial, event)
-    });
-    // The re-ask is a recovery of the run: its controller counts it as its own (a recovered
-    // run is read again before it answers, and claims nothing under claim_after_recovery =
-    // false), as in-process, where the model's unusable answer is an observation of it.
-    if granted && let Some(a) = &action {
-        lock(&t.state).controller.carried_out(a);
-    }
-    if granted && escalate && chain.len() > 1 {
+        },
+    );
+    let (next, escalate) = actions.into_iter().find_map(|a| match a {
+        selfheal_core::run::Action::Reask { next, escalate } => Some((next, escalate)),
+        _ => None,
+    })?;
+    lock(&t.state).act("reask");
+    if escalate && chain.len() > 1 {
         // The ladder's escalation: the fallback model is asked from here on.
         *chain = &chain[1..];
         t.event(
@@ -2294,17 +2279,24 @@ fn reask_or_escalate(
             json!({"to": chain.first().map(|c| &c.model)}),
         );
     }
-    granted.then_some((next, escalate))
+    Some((next, escalate))
 }
 
-/// Whether the policy re-issues a stream that broke before any content (charged when it does):
-/// the core's [`selfheal_core::call::stream_broke`].
+/// Whether the run re-issues a stream that broke before any content (charged when it does).
 fn reissue_granted(t: &Turn) -> bool {
-    decided(t, "reissue", |plane, ledger| {
-        let (decision, event) =
-            selfheal_core::call::stream_broke(false, plane, ledger, &mut time_rng());
-        (decision == selfheal_core::call::StreamBreak::Reissue, event)
-    })
+    let actions = run_decides(
+        t,
+        selfheal_core::run::Input::StreamBroke {
+            after_content: false,
+        },
+    );
+    let granted = actions
+        .iter()
+        .any(|a| matches!(a, selfheal_core::run::Action::Reissue));
+    if granted {
+        lock(&t.state).act("reissue");
+    }
+    granted
 }
 
 /// Jitter for backoffs, seeded from the clock (the core's decisions stay reproducible from

@@ -274,7 +274,7 @@ pub fn replay(
         if let Some(l) = last_result
             && messages[l + 1..].iter().any(|m| m.role() == "user")
         {
-            state.monitor().user_turn();
+            state.tell(selfheal_core::run::Input::UserTurn);
         }
         return Vec::new();
     };
@@ -332,7 +332,7 @@ pub fn replay(
             continue;
         };
         if std::mem::take(&mut user_spoke) {
-            state.monitor().user_turn();
+            state.tell(selfheal_core::run::Input::UserTurn);
         }
         // The values taken are those of the last turn the run reads (a run read for the first
         // time reads its whole history at once).
@@ -356,7 +356,7 @@ pub fn replay(
         out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
     }
     if user_spoke {
-        state.monitor().user_turn();
+        state.tell(selfheal_core::run::Input::UserTurn);
     }
     out
 }
@@ -401,13 +401,13 @@ fn feed(
     }
 }
 
-/// Tells the run's controller which tools the request offers (sorted by name, so guidance
+/// Tells the run which tools the request offers (sorted by name, so guidance
 /// names them in a stable order): a tool that keeps failing is routed around while another is
-/// on offer, as the core decides ([`selfheal_core::controller::Controller::offer`]).
+/// on offer, as the core decides ([`selfheal_core::run::Input::Offered`]).
 fn offer(state: &mut RunState, ctx: &Ctx<'_>) {
     let mut names: Vec<&str> = ctx.offered.keys().map(String::as_str).collect();
     names.sort_unstable();
-    state.controller.offer(names);
+    state.tell(selfheal_core::run::Input::Offered(&names));
 }
 
 /// [`replay`] for a Responses API `input`: its `function_call_output` items (by `call_id`),
@@ -465,7 +465,7 @@ pub fn replay_items(
         };
         after_result = true;
         if std::mem::take(&mut user_spoke) {
-            state.monitor().user_turn();
+            state.tell(selfheal_core::run::Input::UserTurn);
         }
         let id = id.as_str();
         let at = items.iter().position(|i| {
@@ -498,7 +498,7 @@ pub fn replay_items(
         out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
     }
     if user_spoke {
-        state.monitor().user_turn();
+        state.tell(selfheal_core::run::Input::UserTurn);
     }
     out
 }
@@ -1242,7 +1242,7 @@ mod tests {
         assert!(replayed.iter().all(|r| r.outcome == "hard"));
         // Replaying the same conversation again feeds nothing new.
         assert!(replay(&mut state, &req.messages, &ctx(&idx), 0).is_empty());
-        let verdict = state.monitor().check(0);
+        let verdict = state.run.verdict(0);
         assert_eq!(verdict.hidden_tools, vec!["search".to_string()]);
         let applied = apply_verdict(&req, &verdict, &[]);
         assert_eq!(applied.hidden, vec!["search".to_string()]);
@@ -1307,7 +1307,7 @@ mod tests {
         assert_eq!(fed.len(), 1, "only the new result is fed: {fed:?}");
         assert_eq!(state.failures, 5, "nothing was reset");
         assert_eq!(
-            state.monitor().check(0).hidden_tools,
+            state.run.verdict(0).hidden_tools,
             vec!["search".to_string()]
         );
     }
@@ -1633,7 +1633,7 @@ mod tests {
             let req = ChatRequest::parse(&bytes).unwrap();
             let idx = tool_index(&req);
             assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), 1);
-            verdicts.push(state.monitor().check(0));
+            verdicts.push(state.run.verdict(0));
         }
         verdicts
     }
@@ -1682,7 +1682,7 @@ mod tests {
             let req = ChatRequest::parse(&bytes).unwrap();
             let idx = tool_index(&req);
             assert_eq!(replay(&mut state, &req.messages, &ctx(&idx), 0).len(), 1);
-            last = Some(state.monitor().check(0));
+            last = Some(state.run.verdict(0));
         }
         let v = last.unwrap();
         assert!(
@@ -1719,8 +1719,8 @@ mod tests {
                 );
             }
             let looping = state
-                .monitor()
-                .check(0)
+                .run
+                .verdict(0)
                 .guidance
                 .iter()
                 .any(|g| g.kind == selfheal_core::monitor::GuidanceKind::Loop);

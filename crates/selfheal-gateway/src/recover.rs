@@ -52,12 +52,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 
+use selfheal_core::call::Breakers;
 use selfheal_core::classifier::Signal;
 use selfheal_core::contract;
-use selfheal_core::controller::{Directive, Observation};
+use selfheal_core::controller::Observation;
 use selfheal_core::monitor::{CallOutcome, Monitor, ToolCall, canonical_hash};
-use selfheal_core::policy::{EscalationTarget, Options, RecoveryAction, RepairTarget};
+use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
 use selfheal_core::rng::SplitMix64;
+use selfheal_core::run::{Action, Input};
+use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, cross_check};
 use selfheal_core::{Amounts, FailureClass};
 
@@ -159,7 +162,7 @@ enum Verdict {
 }
 
 /// A value waiting for its cross-check.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Pending {
     step: u32,
     tool: String,
@@ -175,7 +178,7 @@ pub struct Pending {
 }
 
 /// How the run ends now, when a directive ended it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Stop {
     /// Stop with a partial result: the controller degraded.
     Degrade(String),
@@ -184,7 +187,7 @@ pub enum Stop {
 }
 
 /// What the next request carries out for the controller.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Next {
     /// Guidance lines (the ladder's actions, a cross-check request).
     pub guidance: Vec<String>,
@@ -193,7 +196,7 @@ pub struct Next {
     /// The run ends here.
     pub stop: Option<Stop>,
     /// The recovery actions taken, by name (for the answer's `selfheal.actions`).
-    pub actions: Vec<&'static str>,
+    pub actions: Vec<ActionKind>,
     /// Tool results to replace with their repair, by `tool_call_id`.
     pub replaced: Vec<(String, String)>,
     /// The tools this request asks the model to call again with the same arguments (a retry, a
@@ -207,7 +210,7 @@ pub struct Next {
 
 /// The wire side of a run's recovery: step ids, the value waiting for its cross-check, the
 /// steps already escalated, and what the next request has to carry out.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Wire {
     steps: HashMap<String, u32>,
     pending: Option<Pending>,
@@ -231,7 +234,7 @@ pub struct Wire {
 }
 
 /// A value the run went on with, as the read before answering reads it again.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Held {
     step: u32,
     tool: String,
@@ -336,8 +339,7 @@ impl Wire {
 /// front-end that knows its steps by tool ([`StepsBy::Tool`](selfheal_core::controller::StepsBy)):
 /// a tool's failure still unsettled, or a recovery under a policy that claims nothing after one.
 pub fn unsettled(st: &RunState) -> Option<String> {
-    st.controller
-        .unclaimable(selfheal_core::controller::StepsBy::Tool)
+    st.run.unclaimable(selfheal_core::controller::StepsBy::Tool)
 }
 
 /// The guidance that asks, before the run answers, for one more read of a value.
@@ -356,7 +358,20 @@ pub fn reread_before_answer(st: &mut RunState) -> Option<String> {
     if st.wire.values.is_empty() || st.wire.reread.is_some() || st.wire.pending.is_some() {
         return None;
     }
-    if !st.controller.reread_due() {
+    let mut breakers = Breakers::none();
+    let mut rng = SplitMix64::new(0);
+    let proposed = st.decide(
+        Input::AnswerProposed {
+            by: selfheal_core::controller::StepsBy::Tool,
+        },
+        0,
+        &mut rng,
+        &mut breakers,
+    );
+    if !proposed
+        .iter()
+        .any(|a| matches!(a, Action::ReadAgain { .. }))
+    {
         return None;
     }
     st.wire.rereads = st.wire.values.clone();
@@ -373,7 +388,8 @@ fn reread_verdict(st: &mut RunState, ctx: &Ctx<'_>, r: &Held, judgement: Judgeme
     let rejected = matches!(judgement, Judgement::Reject { .. });
     let options = options(st, ctx, r.step, &r.tool, None);
     let mut rng = SplitMix64::new(ctx.seed ^ u64::from(r.step));
-    let d = st.controller.observe(
+    let d = decide_on(
+        st,
         Observation::Verified {
             step: Some(r.step),
             verifier: "re_read",
@@ -383,7 +399,7 @@ fn reread_verdict(st: &mut RunState, ctx: &Ctx<'_>, r: &Held, judgement: Judgeme
         now_ms,
         &mut rng,
     );
-    if rejected || !matches!(d, Directive::Continue { .. }) {
+    if rejected || !matches!(d, Action::Proceed { .. }) {
         st.wire.rereads.clear();
         carry(st, ctx, r.step, &r.tool, d);
     } else {
@@ -848,7 +864,7 @@ pub fn observe(
             }
             let call = ToolCall::returned(tool, args, &value).with_required(&required);
             let d = finished(st, ctx, step, call, None, None, now_ms);
-            if matches!(d, Directive::Continue { .. }) {
+            if matches!(d, Action::Proceed { .. }) {
                 st.wire.keep(ctx, step, (tool, args), &value);
             }
             carry(st, ctx, step, tool, d);
@@ -868,14 +884,14 @@ pub fn observe(
                 now_ms,
             );
             match d {
-                Directive::Recover {
+                Action::Recover {
                     action:
                         RecoveryAction::Repair {
                             target: RepairTarget::Output,
                         },
                     ..
                 } => {
-                    st.wire.next.actions.push("repair");
+                    st.wire.next.actions.push(ActionKind::Repair);
                     st.wire.replace(id, &value);
                     repaired(st, ctx, step, tool, args, value, required, now_ms);
                 }
@@ -890,7 +906,10 @@ pub fn observe(
             // sees the same before calling). The tool's error text says no more than that.
             let empty: Vec<String> = required
                 .iter()
-                .filter(|r| args.get(*r).is_none_or(|v| st.monitor().is_placeholder(v)))
+                .filter(|r| {
+                    args.get(*r)
+                        .is_none_or(|v| st.run.monitor().is_placeholder(v))
+                })
                 .cloned()
                 .collect();
             let signal = if empty.is_empty() {
@@ -946,7 +965,7 @@ fn breached(
     let c = ToolCall::returned(tool, args, &value).with_required(&required);
     let d = finished(st, ctx, step, c, Some(signal), repair, now_ms);
     match d {
-        Directive::Recover {
+        Action::Recover {
             class,
             action:
                 RecoveryAction::Repair {
@@ -954,7 +973,7 @@ fn breached(
                 },
             ..
         } => {
-            st.wire.next.actions.push("repair");
+            st.wire.next.actions.push(ActionKind::Repair);
             let fields = ctx
                 .tools
                 .get(tool)
@@ -1011,7 +1030,7 @@ fn repaired(
         }
         Some(_) | None => {
             let d = verified(st, ctx, &p, Judgement::Accept, now_ms);
-            if matches!(d, Directive::Continue { .. }) {
+            if matches!(d, Action::Proceed { .. }) {
                 st.wire.keep(ctx, step, (tool, args), &p.value);
             }
             carry(st, ctx, step, tool, d);
@@ -1082,6 +1101,17 @@ fn options(
     }
 }
 
+/// Hands the run one observation and returns its decision.
+fn decide_on(st: &mut RunState, obs: Observation<'_>, now_ms: u64, rng: &mut SplitMix64) -> Action {
+    let mut breakers = Breakers::none();
+    st.decide(Input::Observed(obs), now_ms, rng, &mut breakers)
+        .pop()
+        .unwrap_or_else(|| Action::Stop {
+            status: RunStatus::Failed,
+            reason: "the run decided nothing on a tool result".to_owned(),
+        })
+}
+
 fn finished(
     st: &mut RunState,
     ctx: &Ctx<'_>,
@@ -1090,10 +1120,11 @@ fn finished(
     signal: Option<Signal>,
     repair: Option<RepairTarget>,
     now_ms: u64,
-) -> Directive {
+) -> Action {
     let options = options(st, ctx, step, call.tool, repair);
     let mut rng = SplitMix64::new(ctx.seed ^ u64::from(step));
-    st.controller.observe(
+    decide_on(
+        st,
         Observation::ToolFinished {
             step: Some(step),
             call,
@@ -1127,7 +1158,7 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
     if p.repaired {
         // A repaired answer was observed as its failure already; only the verdict is new.
         let d = verified(st, ctx, &p, judgement, now_ms);
-        if matches!(d, Directive::Continue { .. }) {
+        if matches!(d, Action::Proceed { .. }) {
             st.wire.keep(ctx, p.step, (&p.tool, &p.args), &p.value);
         }
         carry(st, ctx, p.step, &p.tool, d);
@@ -1148,10 +1179,10 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
     };
     let d = finished(st, ctx, p.step, call, signal.clone(), None, now_ms);
     let d = match (d, signal) {
-        (Directive::Continue { .. }, None) => verified(st, ctx, &p, judgement, now_ms),
+        (Action::Proceed { .. }, None) => verified(st, ctx, &p, judgement, now_ms),
         (d, _) => d,
     };
-    if matches!(d, Directive::Continue { .. }) {
+    if matches!(d, Action::Proceed { .. }) {
         st.wire.keep(ctx, p.step, (&p.tool, &p.args), &p.value);
     }
     carry(st, ctx, p.step, &p.tool, d);
@@ -1164,10 +1195,11 @@ fn verified(
     p: &Pending,
     judgement: Judgement,
     now_ms: u64,
-) -> Directive {
+) -> Action {
     let options = options(st, ctx, p.step, &p.tool, None);
     let mut rng = SplitMix64::new(ctx.seed ^ u64::from(p.step));
-    st.controller.observe(
+    decide_on(
+        st,
         Observation::Verified {
             step: Some(p.step),
             verifier: "cross_check",
@@ -1180,13 +1212,12 @@ fn verified(
 }
 
 /// Turns a directive into what the next request carries out.
-fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Directive) {
+fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Action) {
     let next = &mut st.wire.next;
     match d {
-        Directive::Continue { .. } => {}
-        Directive::Recover { class, action, .. } => {
-            let kind = action.kind().as_str();
-            next.actions.push(kind);
+        Action::Proceed { .. } => {}
+        Action::Recover { class, action, .. } => {
+            next.actions.push(action.kind());
             match action {
                 // A retry of the model's own mistake is a new call, as in-process; of a tool's
                 // failure, the same call again.
@@ -1235,8 +1266,25 @@ fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Directive) 
                 }
             }
         }
-        Directive::Degrade { reason } => next.stop = Some(Stop::Degrade(reason)),
-        Directive::Abort { reason } => next.stop = Some(Stop::Abort(reason)),
+        Action::Stop {
+            status: RunStatus::Partial,
+            reason,
+        } => next.stop = Some(Stop::Degrade(reason)),
+        Action::Stop { reason, .. } => next.stop = Some(Stop::Abort(reason)),
+        // A tool result or a verdict asks for none of these; should one come, stopping is the
+        // safe reading.
+        a @ (Action::Send { .. }
+        | Action::Repair { .. }
+        | Action::GiveUp { .. }
+        | Action::Reask { .. }
+        | Action::Reissue
+        | Action::EndStream
+        | Action::ReadAgain { .. }
+        | Action::Answer { .. }) => {
+            next.stop = Some(Stop::Abort(format!(
+                "the run asked for {a:?} on a tool result"
+            )));
+        }
     }
 }
 
@@ -1402,12 +1450,12 @@ mod tests {
                 "hard"
             );
             let next = st.wire.take_next();
-            assert_eq!(next.actions, vec!["retry"], "{next:?}");
+            assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
             assert!(next.guidance[0].contains("call it again"), "{next:?}");
         }
         observe(&mut st, &ctx, ("c", "weather", &a), DOWN, 2);
         let third = st.wire.take_next();
-        assert_eq!(third.actions, vec!["substitute"], "{third:?}");
+        assert_eq!(third.actions, vec![ActionKind::Substitute], "{third:?}");
         assert!(third.guidance[0].contains("`weather_backup`"));
         assert_eq!(st.ledger().spent().substitutions, 1);
         assert_eq!(st.ledger().spent().retries, 2);
@@ -1427,7 +1475,7 @@ mod tests {
         }
         assert_eq!(
             st.wire.take_next().actions,
-            vec!["retry", "retry", "substitute"]
+            vec![ActionKind::Retry, ActionKind::Retry, ActionKind::Substitute]
         );
         let value = r#"{"temp": 21.0}"#;
         assert_eq!(
@@ -1480,7 +1528,7 @@ mod tests {
             1,
         );
         let next = st.wire.take_next();
-        assert_eq!(next.actions, vec!["retry"], "{next:?}");
+        assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
         assert!(next.guidance[0].contains("contradictory_evidence"));
     }
 

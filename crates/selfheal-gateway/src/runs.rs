@@ -25,9 +25,12 @@ use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use selfheal_core::budget::{BudgetLedger, BudgetLimits};
-use selfheal_core::controller::{Controller, ControllerConfig};
-use selfheal_core::monitor::{Monitor, MonitorConfig};
+use selfheal_core::call::Breakers;
+use selfheal_core::controller::ControllerConfig;
+use selfheal_core::monitor::MonitorConfig;
 use selfheal_core::policy::Policy;
+use selfheal_core::rng::Rng;
+use selfheal_core::run::{Action, Env, Input, Run};
 use sha2::{Digest, Sha256};
 
 use crate::request::Message;
@@ -42,7 +45,7 @@ pub const SEEN_CAPACITY: usize = 256;
 /// only results after the last one seen, so a result forgotten here but still in the history
 /// (older than any remembered one) is not fed twice, and an agent that trims its history from
 /// the front neither resets the run nor has its newest results skipped.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SeenResults {
     set: HashSet<u64>,
     order: VecDeque<u64>,
@@ -105,12 +108,29 @@ const MAX_ACTIONS: usize = 32;
 /// 10,000 runs live at once, and 64 events each were tens of MiB of memory nobody read.
 pub const RUN_TRACE_EVENTS: usize = 1;
 
+/// The layout of [`RunState::to_bytes`] (the core's run carries its own version inside).
+pub const STORED_VERSION: u32 = 1;
+
+/// [`RunState`] as stored.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Stored {
+    version: u32,
+    run: selfheal_core::run::RunSnapshot,
+    wire: crate::recover::Wire,
+    seen: SeenResults,
+    failures: u64,
+    successes: u64,
+    actions: Vec<String>,
+    requests: u64,
+    last_response: Option<Responded>,
+}
+
 /// What the gateway remembers about one run.
 #[derive(Debug)]
 pub struct RunState {
-    /// The run's controller: its tool-health monitor, its open failure and ladder, and the
-    /// run's one budget ledger (the upstream call plans charge it too).
-    pub controller: Controller,
+    /// The core's run: its tool-health monitor, its open failures and ladders, the upstream
+    /// calls in flight and the run's one budget ledger. Every decision about the run is its.
+    pub run: Run,
     /// What the gateway is waiting on or has to carry out next for the controller (see
     /// [`crate::recover`]).
     pub wire: crate::recover::Wire,
@@ -147,7 +167,7 @@ pub const MAX_RESPONDED_BYTES: usize = 16 * 1024;
 /// gateway reads the results against these calls, as it reads a full `input` against the
 /// calls it carries. Calls past [`MAX_RESPONDED_CALLS`] or [`MAX_RESPONDED_BYTES`] are not kept,
 /// and a result whose call is not known is read as a call of no known tool, as before.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Responded {
     /// The response's `id`.
     pub id: String,
@@ -223,7 +243,7 @@ impl RunState {
     /// gateway's config is validated when it is read, so only a hand-built one) falls back to
     /// the default controller rather than leave the run without one.
     pub fn with_policy(monitor: MonitorConfig, budget: BudgetLimits, policy: Policy) -> RunState {
-        let controller = Controller::new(ControllerConfig {
+        let run = Run::new(ControllerConfig {
             monitor,
             policy,
             budget,
@@ -232,7 +252,7 @@ impl RunState {
         })
         .unwrap_or_default();
         RunState {
-            controller,
+            run,
             wire: crate::recover::Wire::default(),
             seen: SeenResults::default(),
             failures: 0,
@@ -245,17 +265,85 @@ impl RunState {
 
     /// The run's one budget ledger.
     pub fn ledger(&self) -> &BudgetLedger {
-        self.controller.ledger()
+        self.run.ledger()
     }
 
-    /// The run's one budget ledger, to charge.
-    pub fn ledger_mut(&mut self) -> &mut BudgetLedger {
-        self.controller.ledger_mut()
+    /// Hands the run an input and returns what it decided (see [`Run::decide`]).
+    pub fn decide(
+        &mut self,
+        input: Input<'_>,
+        now_ms: u64,
+        rng: &mut dyn Rng,
+        breakers: &mut Breakers,
+    ) -> Vec<Action> {
+        let mut env = Env {
+            now_ms,
+            rng,
+            breakers,
+        };
+        self.run.decide(input, &mut env)
     }
 
-    /// The run's tool-health monitor.
-    pub fn monitor(&mut self) -> &mut Monitor {
-        self.controller.monitor_mut()
+    /// Hands the run an input that needs neither time nor chance nor breakers (the tools on
+    /// offer, a user turn) and decides nothing.
+    pub fn tell(&mut self, input: Input<'_>) {
+        let mut rng = selfheal_core::rng::SplitMix64::new(0);
+        let mut breakers = Breakers::none();
+        let actions = self.decide(input, 0, &mut rng, &mut breakers);
+        debug_assert!(actions.is_empty(), "{actions:?}");
+    }
+
+    /// The run's whole state as bytes, for a store shared by replicas: the core's run
+    /// ([`Run::to_bytes`]) and what the gateway keeps beside it. No configuration and no
+    /// secret: the policy and thresholds come back from the process reading it
+    /// ([`RunState::from_bytes`]).
+    pub fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&Stored {
+            version: STORED_VERSION,
+            run: self.run.snapshot(),
+            wire: self.wire.clone(),
+            seen: self.seen.clone(),
+            failures: self.failures,
+            successes: self.successes,
+            actions: self.actions.clone(),
+            requests: self.requests,
+            last_response: self.last_response.clone(),
+        })
+    }
+
+    /// A run's state from [`RunState::to_bytes`], under this process's monitor thresholds and
+    /// policy. A state of another layout is refused, never read as something it is not.
+    pub fn from_bytes(
+        bytes: &[u8],
+        monitor: MonitorConfig,
+        policy: Policy,
+    ) -> Result<RunState, selfheal_core::run::ResumeError> {
+        let stored: Stored = serde_json::from_slice(bytes)?;
+        if stored.version != STORED_VERSION {
+            return Err(selfheal_core::run::ResumeError::Version {
+                found: stored.version,
+                expected: STORED_VERSION,
+            });
+        }
+        let run = Run::resume(
+            stored.run,
+            ControllerConfig {
+                monitor,
+                policy,
+                trace_capacity: RUN_TRACE_EVENTS,
+                ..ControllerConfig::default()
+            },
+        )?;
+        Ok(RunState {
+            run,
+            wire: stored.wire,
+            seen: stored.seen,
+            failures: stored.failures,
+            successes: stored.successes,
+            actions: stored.actions,
+            requests: stored.requests,
+            last_response: stored.last_response,
+        })
     }
 
     /// Remembers an action (the oldest is dropped past the bound).
@@ -678,6 +766,73 @@ mod tests {
     fn called(id: &str) -> Value {
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
                "function": {"name": "search", "arguments": "{}"}}]})
+    }
+
+    /// A run moved between processes (written to bytes by one, read back by another) goes
+    /// on as if it had stayed: the stuck tool warned at 3 in one process is hidden at 5 in
+    /// the other, counting both processes' observations, and what the gateway keeps beside
+    /// the core's run (results seen, counters, the last answer) comes back too.
+    #[test]
+    fn a_run_written_to_bytes_continues_in_another_process() {
+        use selfheal_core::budget::Amounts;
+        use selfheal_core::controller::Observation;
+        use selfheal_core::monitor::ToolCall;
+        use selfheal_core::run::Input;
+        let monitor = MonitorConfig::default();
+        let mut st = RunState::new(monitor.clone(), BudgetLimits::unlimited());
+        st.tell(Input::Offered(&["fetch_url", "web_search"]));
+        let body = json!({"error": "search backend down"});
+        let fail = |st: &mut RunState, i: u64| {
+            let args = json!({"q": i});
+            let mut rng = selfheal_core::rng::SplitMix64::new(i);
+            let mut breakers = Breakers::none();
+            st.decide(
+                Input::Observed(Observation::ToolFinished {
+                    step: Some(0),
+                    call: ToolCall::returned("web_search", &args, &body),
+                    signal: None,
+                    options: selfheal_core::policy::Options {
+                        can_replan: true,
+                        retry_safe: true,
+                        ..Default::default()
+                    },
+                    usage: Amounts::default(),
+                }),
+                i * 1_000,
+                &mut rng,
+                &mut breakers,
+            );
+            st.failures += 1;
+            st.seen.insert(i);
+        };
+        for i in 0..3 {
+            fail(&mut st, i);
+        }
+        st.last_response = Some(Responded {
+            id: "resp_1".into(),
+            calls: vec![json!({"type": "function_call", "call_id": "c1"})],
+        });
+        let warned = st.run.verdict(3_000);
+        assert!(warned.hidden_tools.is_empty(), "{warned:?}");
+        let bytes = st.to_bytes().unwrap();
+        let mut moved = RunState::from_bytes(&bytes, monitor.clone(), Policy::default()).unwrap();
+        assert_eq!(moved.failures, 3);
+        assert!(moved.seen.contains(2));
+        assert_eq!(moved.last_response, st.last_response);
+        for i in 3..5 {
+            fail(&mut moved, i);
+        }
+        let v = moved.run.verdict(5_000);
+        assert_eq!(v.hidden_tools, vec!["web_search".to_string()], "{v:?}");
+        assert!(
+            v.guidance.iter().any(|g| g.text.contains("`fetch_url`")),
+            "{v:?}"
+        );
+        // Another layout is refused, not misread.
+        let mut other: Value = serde_json::from_slice(&bytes).unwrap();
+        other["version"] = json!(STORED_VERSION + 1);
+        let other = serde_json::to_vec(&other).unwrap();
+        assert!(RunState::from_bytes(&other, monitor, Policy::default()).is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! healthy long streams — and a maximum body size ([`read_bounded`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -26,10 +26,11 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use selfheal_core::breaker::BreakerConfig;
-use selfheal_core::budget::{BudgetLedger, BudgetLimits};
-use selfheal_core::call::{self, Breakers, CallPlan, Mode, Plane, Step, Stop};
+use selfheal_core::budget::BudgetLimits;
+use selfheal_core::call::{self, Breakers, Mode, Offer, Stop};
 use selfheal_core::classifier::Signal;
 use selfheal_core::rng::SplitMix64;
+use selfheal_core::run::{Action, CallId, Input};
 use selfheal_core::trace::Kind;
 use selfheal_runtime::client::{
     ClientError, Completion, map_reqwest, parse_completion, retry_after_ms, status_error,
@@ -389,15 +390,16 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// All upstreams by name, the plane that decides about their failures and their breakers.
+/// All upstreams by name and their breakers (the decisions about their failures are each run's).
 #[derive(Debug)]
 pub struct Upstreams {
     /// How long each attempt took (every retry and fallback on its own).
     pub attempt_seconds: Histogram,
     map: HashMap<String, Upstream>,
-    plane: Arc<Plane>,
     breakers: Mutex<Breakers>,
     started: Instant,
+    /// The next call's id within its run.
+    calls: std::sync::atomic::AtomicU64,
 }
 
 /// A boxed operation on one upstream (`chat` or `send`) given the encoded body and the
@@ -432,17 +434,19 @@ impl Upstreams {
             cooldown_calls: 0,
             cooldown_ms: config.breaker_cooldown_ms,
         };
-        let plane = Plane::new(config.policy.clone(), Default::default()).map_err(|e| {
-            UpstreamError::Policy {
+        // The policy decides in each run (see `RunState`); a bad one is refused here, at start.
+        config
+            .policy
+            .validate()
+            .map_err(|e| UpstreamError::Policy {
                 detail: e.to_string(),
-            }
-        })?;
+            })?;
         Ok(Upstreams {
             attempt_seconds: Histogram::default(),
             breakers: Mutex::new(Breakers::new(breaker, map.keys().cloned())),
             map,
-            plane: Arc::new(plane),
             started: Instant::now(),
+            calls: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -456,11 +460,6 @@ impl Upstreams {
         self.map.iter()
     }
 
-    /// The control plane the gateway decides with (policy and classifier).
-    pub fn plane(&self) -> &Plane {
-        &self.plane
-    }
-
     fn now_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -469,10 +468,11 @@ impl Upstreams {
         self.breakers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Calls `op` along `chain` as the core's [`CallPlan`] decides: retries, fall-backs and
-    /// breaker skips, each charged to `run`'s ledger. Without a run (passthrough, forwarded
-    /// endpoints) the plan makes one attempt. `encode` writes the request for a target's model,
-    /// once per target; every retry sends the same buffer.
+    /// Calls `op` along `chain` as the core's run decides: retries, fall-backs and breaker
+    /// skips, each charged to `run`'s ledger (the run's call plan, not one of the gateway's).
+    /// Without a run (passthrough, forwarded endpoints) a run of the call's own makes one
+    /// attempt. `encode` writes the request for a target's model, once per target; every retry
+    /// sends the same buffer.
     pub async fn call<T>(
         &self,
         chain: &[Target],
@@ -488,36 +488,88 @@ impl Upstreams {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
         );
-        let names = chain.iter().map(|t| t.upstream.clone()).collect();
-        let mode = if run.is_some() {
-            Mode::Heal
-        } else {
-            Mode::Passthrough
+        let id = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let own;
+        let (state, mode) = match run {
+            Some(run) => (run, Mode::Heal),
+            None => {
+                own = Mutex::new(RunState::new(
+                    selfheal_core::monitor::MonitorConfig::default(),
+                    BudgetLimits::unlimited(),
+                ));
+                (&own, Mode::Passthrough)
+            }
         };
-        let mut plan = CallPlan::new(names, mode, true);
-        let mut step = plan.begin(&mut self.breakers(), self.now_ms());
+        // A request dropped mid-call (the client went away) ends its call in the run.
+        let _forget = Forget { state, id };
+        let mut decide =
+            |input: Input<'_>, log: &mut CallLog| -> (Vec<Action>, Vec<call::CallEvent>) {
+                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                let actions = st.decide(input, self.now_ms(), &mut rng, &mut self.breakers());
+                let t_ms = unix_ms();
+                log.decisions
+                    .extend(st.run.take_records().into_iter().map(|(_, e)| (t_ms, e)));
+                (actions, st.run.take_call_events(id))
+            };
+        let targets = chain.iter().map(|t| t.upstream.clone()).collect();
+        let start = Input::CallStarted {
+            call: id,
+            targets,
+            mode,
+            retry_safe: true,
+        };
+        let (mut pending, mut events) = decide(start, log);
         let mut encoded: Option<(usize, Bytes)> = None;
         let mut last_err: Option<ClientError> = None;
-        // Unused without a run: a passthrough plan stops at its first failure.
-        let mut spare = BudgetLedger::new(BudgetLimits::unlimited());
         loop {
-            self.log_events(&mut plan, chain, last_err.as_ref(), run, log);
-            let at = match step {
-                Step::Send { target } => target,
-                Step::Wait { target, delay_ms } => {
-                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                    target
+            self.log_events(
+                std::mem::take(&mut events),
+                chain,
+                last_err.as_ref(),
+                run,
+                log,
+            );
+            let next = (!pending.is_empty()).then(|| pending.remove(0));
+            let at = match next {
+                Some(Action::Send { target, .. }) => target,
+                Some(Action::GiveUp { stop, .. }) => {
+                    return Err(give_up(stop, last_err, reasons));
                 }
-                Step::Stop(stop) => return Err(give_up(stop, last_err, reasons)),
-                // An upstream's answer is never offered a repair or a refresh
-                // (`CallPlan::offer`), so the plan cannot ask for one: stopping is the safe
-                // reading should it ever.
-                Step::Repair { .. } | Step::Refresh { .. } => {
-                    let stop = selfheal_core::call::Stop::Exhausted {
+                // An upstream's answer is never offered a repair or a refresh, and a call's
+                // inputs ask for nothing else: stopping is the safe reading should one come.
+                Some(
+                    Action::Repair { .. }
+                    | Action::Proceed { .. }
+                    | Action::Recover { .. }
+                    | Action::Reask { .. }
+                    | Action::Reissue
+                    | Action::EndStream
+                    | Action::ReadAgain { .. }
+                    | Action::Answer { .. }
+                    | Action::Stop { .. },
+                ) => {
+                    let stop = Stop::Exhausted {
                         class: None,
                         action: selfheal_core::ActionKind::Degrade,
                     };
                     return Err(give_up(stop, last_err, reasons));
+                }
+                None => {
+                    // A retry waits out its backoff; then the run sends it.
+                    let due = state
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .run
+                        .deadline_of(id);
+                    let Some(due) = due else {
+                        return Err(ApiError::exhausted(reasons));
+                    };
+                    let wait = due.saturating_sub(self.now_ms());
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    (pending, events) = decide(Input::Tick { call: Some(id) }, log);
+                    continue;
                 }
             };
             let Some(target) = chain.get(at) else {
@@ -555,7 +607,8 @@ impl Upstreams {
             };
             let err = match result {
                 Ok(v) => {
-                    plan.succeeded(&mut self.breakers());
+                    let (_, events) = decide(Input::AttemptSucceeded { call: id }, log);
+                    self.log_events(events, chain, None, run, log);
                     log.served = Some(target.clone());
                     return Ok(v);
                 }
@@ -569,46 +622,27 @@ impl Upstreams {
                 },
                 e => e.signal(),
             };
-            let now = self.now_ms();
-            step = match run {
-                Some(run) => {
-                    let mut st = run.lock().unwrap_or_else(|p| p.into_inner());
-                    plan.failed(
-                        &signal,
-                        &self.plane,
-                        &mut self.breakers(),
-                        st.ledger_mut(),
-                        now,
-                        &mut rng,
-                    )
-                }
-                None => plan.failed(
-                    &signal,
-                    &self.plane,
-                    &mut self.breakers(),
-                    &mut spare,
-                    now,
-                    &mut rng,
-                ),
+            let failed = Input::AttemptFailed {
+                call: id,
+                signal: &signal,
+                offer: Offer::default(),
             };
-            let t_ms = unix_ms();
-            log.decisions
-                .extend(plan.take_records().into_iter().map(|e| (t_ms, e)));
+            (pending, events) = decide(failed, log);
             last_err = Some(err);
         }
     }
 
-    /// Writes what the plan did (retries, fall-backs, skips) to the call's log and the run.
+    /// Writes what the call did (retries, fall-backs, skips) to the call's log and the run.
     fn log_events(
         &self,
-        plan: &mut CallPlan,
+        events: Vec<call::CallEvent>,
         chain: &[Target],
         last_err: Option<&ClientError>,
         run: Option<&Mutex<RunState>>,
         log: &mut CallLog,
     ) {
         let name = |i: usize| chain.get(i);
-        for e in plan.take_events() {
+        for e in events {
             // What the run's report lists for it (a skip is not an action of the run's).
             let (kind, detail, act) = match e {
                 call::CallEvent::Retry {
@@ -646,6 +680,22 @@ impl Upstreams {
             }
             log.push(kind, detail);
         }
+    }
+}
+
+/// Ends a call in its run when the request that made it is dropped before the call is over.
+struct Forget<'a> {
+    state: &'a Mutex<RunState>,
+    id: CallId,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .run
+            .forget_call(self.id);
     }
 }
 
