@@ -2,6 +2,7 @@
 fault-injecting upstream."""
 
 import json
+import subprocess
 import statistics
 import threading
 import time
@@ -13,7 +14,7 @@ import agents
 import openai
 import pytest
 
-from conftest import PATIENT, start_gateway
+from conftest import BIN, PATIENT, start_gateway
 
 TOOLS = [
     {"type": "function", "function": {"name": "search", "parameters": {
@@ -302,6 +303,29 @@ def test_issue_30_a_stuck_agent_finishes_via_the_other_tool_under_the_default_po
     guidance = [json.dumps(req["messages"]) for req in log]
     assert "`lookup`" in guidance[3], "warned at 3, naming the other tool"
     assert "`lookup`" in guidance[5], "hidden at 5, naming the other tool"
+    # Issue 30: the decisions about the tool's failures are in the trace with their inputs, so
+    # `selfheal trace replay` decides them again: the same policy routes around at the same
+    # place (exit 0); one whose ladders keep retrying would not have (exit 3).
+    def replay(*extra):
+        outs = []
+        for r in gateway.trace("list"):
+            out = subprocess.run([BIN, "trace", "replay", r["run"], "--trace-db",
+                                  str(gateway.trace_db), "--json", *extra],
+                                 capture_output=True, text=True)
+            if out.returncode != 1:
+                outs.append((out.returncode, json.loads(out.stdout)))
+        return outs
+    same = replay()
+    assert same and all(code == 0 for code, _ in same), same
+    routed = [c for _, body in same for r in body["runs"] for c in r["decisions"]
+              if c["routed_around"]]
+    assert routed, same
+    patient = tmp_path / "patient.toml"
+    patient.write_text("[ladders]\n" + "".join(
+        f'{c} = ["retry", "retry", "retry", "retry", "retry", "retry", "degrade"]\n'
+        for c in ("tool_timeout", "tool_unavailable", "empty_output", "malformed_output")))
+    other = replay("--policy", str(patient))
+    assert any(code == 3 for code, _ in other), other
 
 
 def test_a_stuck_agent_continuing_its_responses_gets_the_tool_hidden(upstream, tmp_path):

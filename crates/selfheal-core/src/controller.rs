@@ -220,7 +220,14 @@ pub struct Controller {
     /// Tools whose failures were routed around (see [`Controller::offer`]), at most
     /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
     routed: Vec<String>,
+    /// Decision records not yet taken by the front-end ([`Controller::take_decisions`]); not
+    /// state: a resumed run starts with none.
+    #[serde(skip)]
+    outbox: Vec<(u64, Event)>,
 }
+
+/// Most decision records the outbox holds; older ones are dropped (they are in the trace).
+pub const MAX_OUTBOX: usize = 256;
 
 /// Most tools a run keeps routed around at once (see [`Controller::offer`]).
 const MAX_ROUTED: usize = 64;
@@ -285,6 +292,7 @@ impl Controller {
             stopped: None,
             reread: false,
             routed: Vec::new(),
+            outbox: Vec::new(),
         }
     }
 
@@ -307,7 +315,34 @@ impl Controller {
 
     /// Writes `event` to the run's trace (a call plan's decision records).
     pub(crate) fn record(&mut self, now_ms: u64, event: Event) {
-        self.trace.push(now_ms, None, event);
+        self.log(now_ms, None, event);
+    }
+
+    /// Writes `event` to the trace and, when it is a decision (a signal, its class, an action,
+    /// a tool routed around), to the outbox a front-end drains into its own trace
+    /// ([`Controller::take_decisions`]).
+    fn log(&mut self, now_ms: u64, step: Option<u32>, event: Event) {
+        if matches!(
+            event,
+            Event::Signal { .. }
+                | Event::Classified { .. }
+                | Event::Action { .. }
+                | Event::RoutedAround { .. }
+                | Event::BudgetExhausted { .. }
+        ) {
+            if self.outbox.len() == MAX_OUTBOX {
+                self.outbox.remove(0);
+            }
+            self.outbox.push((now_ms, event.clone()));
+        }
+        self.trace.push(now_ms, step, event);
+    }
+
+    /// The decisions recorded since the last call, with their times, oldest first (at most
+    /// [`MAX_OUTBOX`]): for a front-end whose own trace is where decisions are kept (the
+    /// gateway's SQLite sink), so `selfheal trace replay` can decide them again.
+    pub(crate) fn take_decisions(&mut self) -> Vec<(u64, Event)> {
+        std::mem::take(&mut self.outbox)
     }
 
     /// A new turn of the task begins (see [`Monitor::user_turn`]).
@@ -543,7 +578,7 @@ impl Controller {
                 judgement,
                 options,
             } => {
-                self.trace.push(
+                self.log(
                     now_ms,
                     step,
                     Event::Verdict {
@@ -633,7 +668,7 @@ impl Controller {
             .iter()
             .map(|s| s.as_str().to_owned())
             .collect();
-        self.trace.push(
+        self.log(
             now_ms,
             step,
             Event::Monitor {
@@ -657,8 +692,7 @@ impl Controller {
         rng: &mut dyn Rng,
     ) -> Directive {
         if let Some(d) = self.ledger.record_usage(&usage) {
-            self.trace
-                .push(now_ms, step, Event::BudgetExhausted { dimension: d });
+            self.log(now_ms, step, Event::BudgetExhausted { dimension: d });
             if let Some(o) = self.open.take() {
                 self.push_unresolved(o.step, o.class, o.tool);
             }
@@ -698,7 +732,7 @@ impl Controller {
                 hidden_tools: verdict.hidden_tools,
             };
         };
-        self.trace.push(
+        self.log(
             now_ms,
             step,
             Event::Signal {
@@ -712,7 +746,7 @@ impl Controller {
                 consecutive_failures: consecutive,
             },
         );
-        self.trace.push(
+        self.log(
             now_ms,
             step,
             Event::Classified {
@@ -782,14 +816,15 @@ impl Controller {
         {
             let alternatives = self.monitor.alternatives(t);
             if !alternatives.is_empty() {
-                return self.route_around(now_ms, step, t, alternatives);
+                let decided = (classification.class, decision.action.clone(), input);
+                return self.route_around(now_ms, step, t, alternatives, Some(decided));
             }
         }
         let before = self.ledger.remaining();
         // The policy only picks affordable actions, so this charge cannot fail; if a caller
         // shares the ledger in ways we cannot see, a refused charge degrades.
         if let Err(e) = self.ledger.charge(&decision.charge) {
-            self.trace.push(
+            self.log(
                 now_ms,
                 step,
                 Event::BudgetExhausted {
@@ -802,7 +837,7 @@ impl Controller {
         let after = self.ledger.remaining();
         let kind = decision.action.kind();
         *self.actions.entry(kind).or_insert(0) += 1;
-        self.trace.push(
+        self.log(
             now_ms,
             step,
             Event::Action {
@@ -864,13 +899,21 @@ impl Controller {
         step: Option<u32>,
         tool: &str,
         alternatives: Vec<String>,
+        decided: Option<(FailureClass, RecoveryAction, DecisionInput)>,
     ) -> Directive {
-        self.trace.push(
+        let (class, ladder_end, input) = match decided {
+            Some((c, a, i)) => (Some(c), Some(a), Some(Box::new(i))),
+            None => (None, None, None),
+        };
+        self.log(
             now_ms,
             step,
             Event::RoutedAround {
                 tool: tool.to_owned(),
                 alternatives,
+                class,
+                ladder_end,
+                input,
             },
         );
         if !self.routed.iter().any(|r| r == tool) {
@@ -928,7 +971,7 @@ impl Controller {
     }
 
     fn stop(&mut self, now_ms: u64, status: RunStatus, reason: String, degrade: bool) -> Directive {
-        self.trace.push(
+        self.log(
             now_ms,
             None,
             Event::Finished {
@@ -963,7 +1006,7 @@ impl Controller {
                 } else {
                     (RunStatus::Complete, None)
                 };
-                self.trace.push(
+                self.log(
                     now_ms,
                     None,
                     Event::Finished {

@@ -38,6 +38,9 @@ pub struct Comparison {
     pub replayed: RecoveryAction,
     /// Whether the two actions differ (a retry's wait does not count: it has jitter).
     pub differs: bool,
+    /// The recorded run routed around the failing tool where its ladder ended (`recorded` is
+    /// that end): a replayed policy whose ladder also ends there does not differ.
+    pub routed_around: bool,
     /// An earlier decision of the run already differed, so the run went on along a path the
     /// replayed policy would not have taken.
     pub after_difference: bool,
@@ -103,17 +106,29 @@ pub fn replay<'a>(events: impl IntoIterator<Item = &'a Event>, plane: &Plane) ->
     let mut out = Vec::new();
     let mut diverged = false;
     for event in events {
-        let Event::Action {
-            class,
-            action,
-            input: Some(input),
-            ..
-        } = event
-        else {
-            continue;
+        let (class, action, input, routed) = match event {
+            Event::Action {
+                class,
+                action,
+                input: Some(input),
+                ..
+            } => (class, action, input, false),
+            Event::RoutedAround {
+                class: Some(class),
+                ladder_end: Some(action),
+                input: Some(input),
+                ..
+            } => (class, action, input, true),
+            _ => continue,
         };
         let (replayed_class, replayed) = decide_again(input, plane);
-        let differs = !same(action, &replayed);
+        // A tool routed around stood for its ladder's end: another policy whose ladder also
+        // ends there routes around too, whichever end it is.
+        let differs = if routed {
+            !replayed.kind().is_terminal()
+        } else {
+            !same(action, &replayed)
+        };
         out.push(Comparison {
             index: out.len(),
             signal: input.signal.name().to_owned(),
@@ -122,6 +137,7 @@ pub fn replay<'a>(events: impl IntoIterator<Item = &'a Event>, plane: &Plane) ->
             replayed_class,
             replayed,
             differs,
+            routed_around: routed,
             after_difference: diverged,
         });
         diverged |= differs;

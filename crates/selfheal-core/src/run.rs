@@ -303,14 +303,10 @@ pub struct Run {
     calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
     call_events: Vec<(CallId, CallEvent)>,
-    /// The decision records of calls and re-asks since the front-end last took them
-    /// ([`Run::take_records`]); not state: a resumed run starts with none.
-    records: Vec<(u64, Event)>,
 }
 
-/// Most decision records a run holds for [`Run::take_records`]; older ones are dropped (they
-/// are in the trace).
-pub const MAX_RECORDS: usize = 256;
+/// Most retry, fall-back and skip events a run holds for [`Run::take_call_events`].
+pub const MAX_CALL_EVENTS: usize = 256;
 
 impl Default for Run {
     /// A run with [`ControllerConfig::default`].
@@ -346,7 +342,6 @@ impl Run {
             calls: BTreeMap::new(),
             queue: VecDeque::new(),
             call_events: Vec::new(),
-            records: Vec::new(),
         }
     }
 
@@ -507,11 +502,11 @@ impl Run {
         self.queue.drain(..).collect()
     }
 
-    /// The decision records (signal, classification, action with its inputs) of the calls and
-    /// re-asks decided since the last time, with their times, oldest first: what a front-end
+    /// The decision records (signal, classification, action with its inputs, a tool routed
+    /// around) of everything decided since the last time — tool failures, calls, re-asks, with their times, oldest first: what a front-end
     /// writes to its own trace so `selfheal trace replay` can decide them again.
     pub fn take_records(&mut self) -> Vec<(u64, Event)> {
-        std::mem::take(&mut self.records)
+        self.ctl.take_decisions()
     }
 
     /// The monitor's verdict now (warnings, hidden tools, the abort rule) without deciding
@@ -641,7 +636,6 @@ impl Run {
             calls: snapshot.calls,
             queue: snapshot.queue,
             call_events: snapshot.call_events,
-            records: Vec::new(),
         })
     }
 
@@ -651,12 +645,8 @@ impl Run {
         Run::resume(snapshot, config)
     }
 
-    /// Writes a decision record to the trace and the front-end's outbox.
+    /// Writes a decision record to the trace (and so to the front-end's outbox).
     fn note(&mut self, now: u64, event: Event) {
-        if self.records.len() == MAX_RECORDS {
-            self.records.remove(0);
-        }
-        self.records.push((now, event.clone()));
         self.ctl.record(now, event);
     }
 
@@ -664,7 +654,7 @@ impl Run {
         for e in plan.take_records() {
             self.note(now, e);
         }
-        if self.call_events.len() < MAX_RECORDS {
+        if self.call_events.len() < MAX_CALL_EVENTS {
             self.call_events
                 .extend(plan.take_events().into_iter().map(|e| (call, e)));
         }

@@ -157,6 +157,16 @@ pub enum Event {
         tool: String,
         /// The tools on offer the agent can use instead.
         alternatives: Vec<String>,
+        /// The failure's class.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        class: Option<FailureClass>,
+        /// The end of its ladder that routing around stood in for (degrade or terminate).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ladder_end: Option<RecoveryAction>,
+        /// What the policy decided from, so a replay can decide it again (see
+        /// [`crate::replay`]): another policy that would still recover does not route around.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input: Option<Box<DecisionInput>>,
     },
     /// The run ended.
     Finished {
@@ -582,6 +592,9 @@ mod tests {
             Event::RoutedAround {
                 tool: "t".into(),
                 alternatives: vec!["u".into()],
+                class: Some(FailureClass::ToolUnavailable),
+                ladder_end: Some(RecoveryAction::Degrade),
+                input: None,
             },
             Event::Finished {
                 status: RunStatus::Complete,

@@ -683,6 +683,7 @@ async fn responses_inner(
     let tools = responses_tools(&req);
     let mut req = req;
     let now_ms = s.now_ms();
+    let decisions;
     let (verdict, replayed, stop, answered) = {
         let mut st = lock(&t.state);
         st.requests += 1;
@@ -715,6 +716,7 @@ async fn responses_inner(
         let only_new = previous.is_some() || conversation.is_some();
         let replayed = heal::replay_items(&mut st, items, only_new, &ctx, now_ms);
         let next = st.wire.take_next();
+        decisions = st.run.take_records();
         // The calls of the model's previous turn whose values the controller took: a new call
         // identical to one of them is its repetition, re-asked as on chat completions.
         let answered =
@@ -744,6 +746,7 @@ async fn responses_inner(
     for r in &replayed {
         t.event(Kind::ToolResult, tool_result_detail(r));
     }
+    record_decisions(&t, decisions);
     let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
     let stopped = stop.map(|s| match s {
         recover::Stop::Degrade(r) | recover::Stop::Abort(r) => r,
@@ -1693,7 +1696,7 @@ fn rebuild_run(
         seed: now_ms,
         wall_ms: recover::wall_ms(),
     };
-    let (verdict, replayed, next) = {
+    let (verdict, replayed, next, decisions) = {
         let mut st = lock(&t.state);
         st.requests += 1;
         let replayed = heal::replay(&mut st, &req.messages, &ctx, now_ms);
@@ -1701,7 +1704,8 @@ fn rebuild_run(
         for a in &next.actions {
             st.act(a.as_str());
         }
-        (st.run.verdict(now_ms), replayed, next)
+        let decisions = st.run.take_records();
+        (st.run.verdict(now_ms), replayed, next, decisions)
     };
     t.event(
         Kind::Request,
@@ -1715,6 +1719,7 @@ fn rebuild_run(
     for r in &replayed {
         t.event(Kind::ToolResult, tool_result_detail(r));
     }
+    record_decisions(t, decisions);
     if !next.actions.is_empty() {
         t.event(Kind::Recover, json!({"actions": next.actions}));
     }
@@ -2222,6 +2227,18 @@ fn reask_turn(problems: &[heal::Problem]) -> Value {
         "Your last answer's tool calls could not be used. {}",
         heal::problems_text(problems)
     )})
+}
+
+/// Writes the run's decisions about the tool results of a request (signals, classes, actions
+/// with their inputs, tools routed around) to its trace, where `selfheal trace replay` decides
+/// them again under another policy.
+fn record_decisions(t: &Turn, decisions: Vec<(u64, selfheal_core::trace::Event)>) {
+    for (_, event) in decisions {
+        t.event(
+            Kind::from(&event),
+            serde_json::to_value(&event).unwrap_or(Value::Null),
+        );
+    }
 }
 
 /// Hands the run a decision about the model's answer (its calls unusable, its stream broken),

@@ -170,7 +170,7 @@ fn replay(
             // every decision as `{"tool", "detail"}`.
             let events = rows
                 .into_iter()
-                .filter(|r| r.kind == "action")
+                .filter(|r| r.kind == "action" || r.kind == "routed_around")
                 .filter_map(|r| {
                     let detail = match r.detail.get("detail") {
                         Some(inner) if inner.get("event").is_some() => inner.clone(),
@@ -224,7 +224,11 @@ fn replay(
                     "  {:>3}  {:<17} {:<24} {:<24} {mark}",
                     c.index,
                     c.signal,
-                    format!("{} ({})", c.recorded.kind(), c.recorded_class),
+                    if c.routed_around {
+                        format!("routed around ({})", c.recorded_class)
+                    } else {
+                        format!("{} ({})", c.recorded.kind(), c.recorded_class)
+                    },
                     format!("{} ({})", c.replayed.kind(), c.replayed_class),
                 );
             }
