@@ -593,6 +593,11 @@ impl Run {
         self.ctl.routed()
     }
 
+    /// The failures left unresolved so far (not the one being recovered now).
+    pub fn unresolved(&self) -> &[Unresolved] {
+        self.ctl.unresolved()
+    }
+
     /// The failures that would be reported unresolved if the run ended now.
     pub fn unsettled(&self) -> Vec<Unresolved> {
         self.ctl.unsettled()

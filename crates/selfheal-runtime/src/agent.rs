@@ -33,11 +33,13 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use selfheal_core::budget::Amounts;
+use selfheal_core::call::Breakers;
 use selfheal_core::classifier::{FailureClass, Signal};
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation, Unresolved};
+use selfheal_core::controller::{ControllerConfig, Observation, StepsBy, Unresolved};
 use selfheal_core::monitor::{CallOutcome, ToolCall};
 use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
 use selfheal_core::rng::SplitMix64;
+use selfheal_core::run::{Action, Env, Input, Run};
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, Subject, Verifier};
 use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
@@ -147,7 +149,9 @@ enum Stop {
 
 struct Loop<'a> {
     agent: &'a Agent,
-    ctl: Controller,
+    run: Run,
+    /// Reads per value of the re-read before answering the run asked for.
+    reread_times: u32,
     rng: SplitMix64,
     start: Instant,
     messages: Vec<Value>,
@@ -235,12 +239,18 @@ impl Agent {
     /// Runs the loop on `messages` (OpenAI chat messages) until the model answers, the budget
     /// is spent, or the controller degrades or aborts. `seed` seeds the backoff jitter.
     pub async fn run(&self, messages: Vec<Value>, seed: u64) -> RunResult {
-        let ctl = match Controller::new(self.config.clone()) {
+        let run = match Run::new(self.config.clone()) {
             // The run knows what the agent is offered, so a tool that keeps failing is routed
             // around while another is left (the seeds' monitor rule, decided in the core).
-            Ok(mut c) => {
-                c.offer(self.tools.iter().map(|t| t.spec().name.as_str()));
-                c
+            Ok(mut r) => {
+                let names: Vec<&str> = self.tools.iter().map(|t| t.spec().name.as_str()).collect();
+                let mut env = Env {
+                    now_ms: 0,
+                    rng: &mut SplitMix64::new(seed),
+                    breakers: &mut Breakers::none(),
+                };
+                r.handle(Input::Offered(&names), &mut env);
+                r
             }
             Err(e) => {
                 return RunResult {
@@ -270,7 +280,8 @@ impl Agent {
             .collect();
         let mut l = Loop {
             agent: self,
-            ctl,
+            run,
+            reread_times: 1,
             rng: SplitMix64::new(seed),
             start: Instant::now(),
             messages,
@@ -291,7 +302,54 @@ impl Agent {
     }
 }
 
+/// Why a step's decision that is none of proceed, recover or stop ends the run: the run asks
+/// for such actions only of other inputs, so one here is a bug, and stopping is the safe
+/// reading.
+fn unexpected(a: &Action) -> String {
+    format!("the run asked for {a:?} on a step")
+}
+
+impl Stop {
+    /// The stop of a run that ended with `status`.
+    fn of(status: RunStatus, reason: String) -> Stop {
+        match status {
+            RunStatus::Partial => Stop::Partial(reason),
+            RunStatus::Complete | RunStatus::Failed => Stop::Failed(reason),
+        }
+    }
+}
+
 impl Loop<'_> {
+    /// Hands the run one input and returns its decision.
+    fn decide(&mut self, input: Input<'_>) -> Action {
+        let now_ms = self.now();
+        let mut breakers = Breakers::none();
+        let mut env = Env {
+            now_ms,
+            rng: &mut self.rng,
+            breakers: &mut breakers,
+        };
+        self.run
+            .decide(input, &mut env)
+            .pop()
+            .unwrap_or_else(|| Action::Stop {
+                status: RunStatus::Failed,
+                reason: "the run decided nothing".to_owned(),
+            })
+    }
+
+    /// Proposes the answer to the run: whether it asks for the values to be read again first
+    /// (with how many reads each).
+    fn reread_due(&mut self) -> bool {
+        match self.decide(Input::AnswerProposed { by: StepsBy::Plan }) {
+            Action::ReadAgain { reads } => {
+                self.reread_times = reads;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Moves to the next model of the fallback chain (staying on the last one), and says so.
     fn fall_back(&mut self, model: &str, class: FailureClass, what: &str) {
         self.log
@@ -332,15 +390,21 @@ impl Loop<'_> {
                     self.model_calls
                 )));
             }
-            let now = self.now();
-            let (guidance, hidden) = match self.ctl.guidance(now) {
-                Directive::Continue {
+            let (guidance, hidden) = match self.decide(Input::NextTurn) {
+                Action::Proceed {
                     guidance,
                     hidden_tools,
                 } => (guidance, hidden_tools),
-                Directive::Abort { reason } => return Err(Stop::Failed(reason)),
-                Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
-                Directive::Recover { .. } => (Vec::new(), Vec::new()),
+                Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
+                a @ (Action::Send { .. }
+                | Action::Repair { .. }
+                | Action::GiveUp { .. }
+                | Action::Reask { .. }
+                | Action::Reissue
+                | Action::EndStream
+                | Action::ReadAgain { .. }
+                | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
+                Action::Recover { .. } => (Vec::new(), Vec::new()),
             };
             let offered: Vec<Arc<dyn Tool>> = self
                 .agent
@@ -444,22 +508,18 @@ impl Loop<'_> {
                             ..Options::default()
                         };
                         let failed = signal.is_some();
-                        let d = self.ctl.observe(
-                            Observation::ModelFinished {
-                                step,
-                                signal,
-                                options,
-                                usage,
-                            },
-                            self.now(),
-                            &mut self.rng,
-                        );
+                        let d = self.decide(Input::Observed(Observation::ModelFinished {
+                            step,
+                            signal,
+                            options,
+                            usage,
+                        }));
                         if !failed {
                             // An answer that arrives as the budget runs out is kept; the
                             // controller has marked the run partial.
                             self.messages
                                 .push(json!({"role": "assistant", "content": content}));
-                            if self.ctl.reread_due() && !self.reread().await? {
+                            if self.reread_due() && !self.reread().await? {
                                 continue;
                             }
                             match self.verify_answer(&content).await? {
@@ -515,7 +575,7 @@ impl Loop<'_> {
     /// stops the run.
     async fn reread(&mut self) -> Result<bool, Stop> {
         let reads: Vec<Read> = self.reads.drain(..).collect();
-        let times = self.ctl.reread_reads();
+        let times = self.reread_times;
         for read in reads
             .iter()
             .flat_map(|r| std::iter::repeat_n(r, times as usize))
@@ -542,22 +602,25 @@ impl Loop<'_> {
                 Judgement::Reject { reason } => Some(reason.clone()),
                 Judgement::Accept | Judgement::Uncertain { .. } => None,
             };
-            let d = self.ctl.observe(
-                Observation::Verified {
-                    step: read.step,
-                    verifier: "re_read",
-                    judgement,
-                    options: self.answer_options(),
-                },
-                self.now(),
-                &mut self.rng,
-            );
+            let d = self.decide(Input::Observed(Observation::Verified {
+                step: read.step,
+                verifier: "re_read",
+                judgement,
+                options: self.answer_options(),
+            }));
             let Some(why) = why else { continue };
             self.log.push(format!("re-read before answering: {why}"));
             match d {
-                Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
-                Directive::Abort { reason } => return Err(Stop::Failed(reason)),
-                Directive::Continue { .. } | Directive::Recover { .. } => {}
+                Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
+                a @ (Action::Send { .. }
+                | Action::Repair { .. }
+                | Action::GiveUp { .. }
+                | Action::Reask { .. }
+                | Action::Reissue
+                | Action::EndStream
+                | Action::ReadAgain { .. }
+                | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
+                Action::Proceed { .. } | Action::Recover { .. } => {}
             }
             self.messages.push(json!({"role": "user", "content": format!(
                 "Before your answer was accepted, the tools were read once more, and one changed: {why}. The earlier value is in doubt. Check your answer against the new value (call the tool again if you need to) and give a corrected final answer."
@@ -582,7 +645,7 @@ impl Loop<'_> {
         let output = Value::String(answer.to_owned());
         // Earlier rejections of the answer itself are not failures of the work it reports on.
         let unresolved = self
-            .ctl
+            .run
             .unresolved()
             .iter()
             .filter(|u| !(u.step.is_none() && u.class == FailureClass::VerificationFailure))
@@ -603,16 +666,12 @@ impl Loop<'_> {
             }
             Judgement::Accept => None,
         };
-        let d = self.ctl.observe(
-            Observation::Verified {
-                step: None,
-                verifier: &name,
-                judgement,
-                options: self.answer_options(),
-            },
-            self.now(),
-            &mut self.rng,
-        );
+        let d = self.decide(Input::Observed(Observation::Verified {
+            step: None,
+            verifier: &name,
+            judgement,
+            options: self.answer_options(),
+        }));
         let Some(why) = why else {
             self.rejected = None;
             return Ok(AnswerVerdict::Stands);
@@ -623,10 +682,17 @@ impl Loop<'_> {
         match d {
             // A rejection never stands: had the controller nothing to say, the model is still
             // asked again, within `max_model_calls`.
-            Directive::Continue { .. } => {}
-            Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
-            Directive::Abort { reason } => return Err(Stop::Failed(reason)),
-            Directive::Recover { action, class, .. } => match action {
+            Action::Proceed { .. } => {}
+            Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
+            a @ (Action::Send { .. }
+            | Action::Repair { .. }
+            | Action::GiveUp { .. }
+            | Action::Reask { .. }
+            | Action::Reissue
+            | Action::EndStream
+            | Action::ReadAgain { .. }
+            | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
+            Action::Recover { action, class, .. } => match action {
                 RecoveryAction::Retry { delay_ms, attempt } => {
                     self.log.push(format!(
                         "ask for the answer again #{attempt} after {delay_ms} ms ({class})"
@@ -668,12 +734,19 @@ impl Loop<'_> {
     }
 
     /// Acts on the directive after a failed model call.
-    async fn model_directive(&mut self, d: Directive, what: &str) -> Result<(), Stop> {
+    async fn model_directive(&mut self, d: Action, what: &str) -> Result<(), Stop> {
         match d {
-            Directive::Continue { .. } => Ok(()),
-            Directive::Degrade { reason } => Err(Stop::Partial(reason)),
-            Directive::Abort { reason } => Err(Stop::Failed(reason)),
-            Directive::Recover { action, class, .. } => {
+            Action::Proceed { .. } => Ok(()),
+            Action::Stop { status, reason } => Err(Stop::of(status, reason)),
+            a @ (Action::Send { .. }
+            | Action::Repair { .. }
+            | Action::GiveUp { .. }
+            | Action::Reask { .. }
+            | Action::Reissue
+            | Action::EndStream
+            | Action::ReadAgain { .. }
+            | Action::Answer { .. }) => Err(Stop::Failed(unexpected(&a))),
+            Action::Recover { action, class, .. } => {
                 match &action {
                     RecoveryAction::Retry { delay_ms, attempt } => {
                         self.log.push(format!(
@@ -739,22 +812,18 @@ impl Loop<'_> {
             partial_result: self.tool_results > 0,
             ..Options::default()
         };
-        let d = self.ctl.observe(
-            Observation::ModelFinished {
-                step,
-                signal: Some(signal.clone()),
-                options,
-                usage: Amounts {
-                    latency_ms,
-                    ..Amounts::default()
-                },
+        let d = self.decide(Input::Observed(Observation::ModelFinished {
+            step,
+            signal: Some(signal.clone()),
+            options,
+            usage: Amounts {
+                latency_ms,
+                ..Amounts::default()
             },
-            self.now(),
-            &mut self.rng,
-        );
+        }));
         if matches!(
             &d,
-            Directive::Recover {
+            Action::Recover {
                 action: RecoveryAction::Repair {
                     target: RepairTarget::Output
                 },
@@ -898,28 +967,31 @@ impl Loop<'_> {
             Some(_) => Some(RepairTarget::Arguments),
             None => None,
         };
-        let d = self.ctl.observe(
-            Observation::ModelFinished {
-                step,
-                signal: signal.clone(),
-                options: Options {
-                    repair,
-                    fallback_model: self.fallback(),
-                    retry_safe: true,
-                    partial_result: self.tool_results > 0,
-                    ..Options::default()
-                },
-                usage,
+        let d = self.decide(Input::Observed(Observation::ModelFinished {
+            step,
+            signal: signal.clone(),
+            options: Options {
+                repair,
+                fallback_model: self.fallback(),
+                retry_safe: true,
+                partial_result: self.tool_results > 0,
+                ..Options::default()
             },
-            self.now(),
-            &mut self.rng,
-        );
+            usage,
+        }));
         let mut stop = None;
         match d {
-            Directive::Continue { .. } => {}
-            Directive::Degrade { reason } => stop = Some(Stop::Partial(reason)),
-            Directive::Abort { reason } => stop = Some(Stop::Failed(reason)),
-            Directive::Recover { action, class, .. } => {
+            Action::Proceed { .. } => {}
+            Action::Stop { status, reason } => stop = Some(Stop::of(status, reason)),
+            a @ (Action::Send { .. }
+            | Action::Repair { .. }
+            | Action::GiveUp { .. }
+            | Action::Reask { .. }
+            | Action::Reissue
+            | Action::EndStream
+            | Action::ReadAgain { .. }
+            | Action::Answer { .. }) => stop = Some(Stop::Failed(unexpected(&a))),
+            Action::Recover { action, class, .. } => {
                 let what = signal.as_ref().map_or("", Signal::name);
                 match action {
                     RecoveryAction::Escalate {
@@ -1021,8 +1093,8 @@ impl Loop<'_> {
                 && (!may_have_run
                     || spec.effect != Effect::Destructive
                     || self.agent.allow_destructive_retry);
-            let hidden = match self.ctl.guidance(self.now()) {
-                Directive::Continue { hidden_tools, .. } => hidden_tools,
+            let hidden = match self.decide(Input::NextTurn) {
+                Action::Proceed { hidden_tools, .. } => hidden_tools,
                 _ => Vec::new(),
             };
             let substitute = spec
@@ -1053,26 +1125,22 @@ impl Loop<'_> {
                 Ok(v) => CallOutcome::Returned(v),
                 Err(_) => CallOutcome::Failed { error: &error_text },
             };
-            let d = self.ctl.observe(
-                Observation::ToolFinished {
-                    step,
-                    call: ToolCall {
-                        tool: &spec.name,
-                        args,
-                        outcome,
-                        required: &required,
-                        repaired,
-                    },
-                    signal,
-                    options: options.clone(),
-                    usage: Amounts {
-                        latency_ms,
-                        ..Amounts::default()
-                    },
+            let d = self.decide(Input::Observed(Observation::ToolFinished {
+                step,
+                call: ToolCall {
+                    tool: &spec.name,
+                    args,
+                    outcome,
+                    required: &required,
+                    repaired,
                 },
-                self.now(),
-                &mut self.rng,
-            );
+                signal,
+                options: options.clone(),
+                usage: Amounts {
+                    latency_ms,
+                    ..Amounts::default()
+                },
+            }));
             let (d, shown, good) = match (result, judgement) {
                 (Err(e), _) => (d, format!("Error: {e}"), None),
                 (Ok(v), None) => (d, v.to_string(), Some(v)),
@@ -1093,22 +1161,18 @@ impl Loop<'_> {
                     // instead — usually handing the failure back to the model.
                     let exhausted =
                         rejected.is_some() && rejections + 1 >= MAX_REJECTED_OUTPUTS_PER_CALL;
-                    let d = if matches!(d, Directive::Continue { .. }) {
-                        self.ctl.observe(
-                            Observation::Verified {
-                                step,
-                                verifier: &verifier,
-                                judgement,
-                                options: Options {
-                                    repair: None,
-                                    retry_safe: options.retry_safe && !exhausted,
-                                    substitute: options.substitute.clone().filter(|_| !exhausted),
-                                    ..options
-                                },
+                    let d = if matches!(d, Action::Proceed { .. }) {
+                        self.decide(Input::Observed(Observation::Verified {
+                            step,
+                            verifier: &verifier,
+                            judgement,
+                            options: Options {
+                                repair: None,
+                                retry_safe: options.retry_safe && !exhausted,
+                                substitute: options.substitute.clone().filter(|_| !exhausted),
+                                ..options
                             },
-                            self.now(),
-                            &mut self.rng,
-                        )
+                        }))
                     } else {
                         d
                     };
@@ -1132,7 +1196,7 @@ impl Loop<'_> {
             // A call whose outputs keep failing verification is handed back to the model rather
             // than retried again (see `MAX_REJECTED_OUTPUTS_PER_CALL`).
             if rejections >= MAX_REJECTED_OUTPUTS_PER_CALL
-                && let Directive::Recover {
+                && let Action::Recover {
                     action: RecoveryAction::Retry { .. } | RecoveryAction::Substitute { .. },
                     class,
                     ..
@@ -1145,7 +1209,7 @@ impl Loop<'_> {
                 return Ok(format!("{shown}\nTry a different approach."));
             }
             match d {
-                Directive::Continue { .. } => {
+                Action::Proceed { .. } => {
                     if let Some(v) = good {
                         self.progress += 1;
                         self.tool_results += 1;
@@ -1167,9 +1231,16 @@ impl Loop<'_> {
                     }
                     return Ok(shown);
                 }
-                Directive::Degrade { reason } => return Err(Stop::Partial(reason)),
-                Directive::Abort { reason } => return Err(Stop::Failed(reason)),
-                Directive::Recover { action, class, .. } => match action {
+                Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
+                a @ (Action::Send { .. }
+                | Action::Repair { .. }
+                | Action::GiveUp { .. }
+                | Action::Reask { .. }
+                | Action::Reissue
+                | Action::EndStream
+                | Action::ReadAgain { .. }
+                | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
+                Action::Recover { action, class, .. } => match action {
                     RecoveryAction::Retry { delay_ms, attempt } => {
                         self.log.push(format!(
                             "retry {} #{attempt} after {delay_ms} ms ({class})",
@@ -1224,7 +1295,7 @@ impl Loop<'_> {
 
     fn finish(mut self, ended: Result<String, Stop>) -> RunResult {
         let now = self.now();
-        let outcome = self.ctl.finish(now);
+        let outcome = self.run.finish(now);
         let (status, reason, answer) = match ended {
             Ok(answer) => (outcome.status, outcome.reason, Some(answer)),
             Err(stop) => {
@@ -1270,7 +1341,7 @@ impl Loop<'_> {
             tool_calls: self.tool_calls,
             model,
             messages: self.messages,
-            trace_jsonl: self.ctl.trace().to_jsonl(),
+            trace_jsonl: self.run.trace().to_jsonl(),
         }
     }
 }
