@@ -22,8 +22,8 @@
 use std::fmt;
 
 use bytes::Bytes;
+use selfheal_openai::client::{ClientError, Completion, parse_completion};
 use selfheal_repair::Ending;
-use selfheal_runtime::client::{ClientError, Completion, parse_completion};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 

@@ -20,8 +20,8 @@ use tokio::sync::mpsc;
 
 use selfheal_core::budget::{BudgetLimits, Dimension};
 use selfheal_core::call::ReaskState;
-use selfheal_runtime::at::At;
-use selfheal_runtime::client::{ClientError, Completion};
+use selfheal_openai::at::At;
+use selfheal_openai::client::{ClientError, Completion};
 
 use crate::answer;
 use crate::auth::{Caller, Credentials, Gatekeeper, Redactor};

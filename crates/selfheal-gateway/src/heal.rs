@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use selfheal_core::monitor::Verdict;
+use selfheal_openai::at::At;
 use selfheal_repair::{Ending, SchemaGuide, repair_arguments};
-use selfheal_runtime::at::At;
 
 use crate::recover::Ctx;
 use crate::request::{ChatRequest, Edits, Message};
