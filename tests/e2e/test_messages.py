@@ -258,6 +258,36 @@ def test_partial_answers_say_so_in_words_or_raise(upstream, tmp_path):
         gw.stop()
 
 
+def test_a_stopped_run_says_so_in_words(gateway, upstream):
+    """A conversation whose tool results keep failing: the gateway stops the run and answers
+    itself, in a text block that says why — the upstream is never asked."""
+    upstream.script([])
+    for stream in (False, True):
+        # A conversation of its own per request (its own run, its own call ids).
+        messages, run = ask(), uuid.uuid4().hex[:8]
+        for i in range(9):
+            ok = i < 1
+            messages.append({"role": "assistant", "content": [{
+                "type": "tool_use", "id": f"toolu_{run}_{i}",
+                "name": "lookup" if ok else f"tool{i % 4}", "input": {"key": f"k{i}"}}]})
+            messages.append({"role": "user", "content": [{
+                "type": "tool_result", "tool_use_id": f"toolu_{run}_{i}",
+                "content": "ok: 1" if ok else "backend down", "is_error": not ok}]})
+        if stream:
+            m, types, report = streamed(client(gateway), model="stub", max_tokens=64,
+                                        messages=messages, tools=[LOOKUP])
+            assert types[-1] == "message_stop"
+        else:
+            raw = client(gateway).messages.with_raw_response.create(
+                model="stub", max_tokens=64, messages=messages, tools=[LOOKUP])
+            m, report = raw.parse(), raw.parse().model_extra["selfheal"]
+            assert raw.headers["x-selfheal-status"] == "partial"
+        assert "I have to stop here" in text_of(m), m
+        assert m.stop_reason == "end_turn" and not tool_uses(m)
+        assert report["status"] == "partial" and "failed" in report["reason"], report
+    assert upstream.log() == [], "a stopped run is answered by the gateway"
+
+
 def test_x_api_key_is_an_inbound_key(upstream, tmp_path):
     digest = hashlib.sha256(b"sk-alice").hexdigest()
     gw = start_gateway(upstream, tmp_path, top=f'[inbound_keys]\nalice = "{digest}"')
