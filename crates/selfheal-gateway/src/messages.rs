@@ -1266,12 +1266,13 @@ mod tests {
     }
 
     /// Plays the events of a stream into a message, as the SDK's accumulator does.
-    fn accumulate(events: &[Event]) -> Result<Value, String> {
+    fn accumulate<N: AsRef<str>>(events: &[(N, Value)]) -> Result<Value, String> {
         let mut message = Value::Null;
         let mut json_parts: Vec<String> = Vec::new();
         for (name, data) in events {
+            let name = name.as_ref();
             assert_eq!(data["type"], json!(name), "{data}");
-            match *name {
+            match name {
                 "message_start" => message = data["message"].clone(),
                 "content_block_start" => {
                     message["content"]
@@ -1435,6 +1436,73 @@ mod tests {
             assert!(err.contains(says), "{err}");
             assert_eq!(ev.last().unwrap().1["type"], json!("error"));
         }
+    }
+
+    /// The events of a rendered SSE body, read back.
+    async fn read_events(resp: Response) -> Vec<(String, Value)> {
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec())
+            .unwrap()
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                let (name, data) = e.split_once('\n').unwrap();
+                (
+                    name.strip_prefix("event: ").unwrap().to_owned(),
+                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// However the chat stream's bytes are cut into chunks, the same Anthropic events come
+    /// out; a body that ends without `[DONE]` ends in an `error` event.
+    #[tokio::test]
+    async fn the_rendered_stream_does_not_depend_on_chunking() {
+        let completion = json!({"id": "chatcmpl-1", "model": "stub",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": "Let me look.",
+                "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "lookup", "arguments": "{\"key\": \"answer\"}"}}]}}],
+            "selfheal": {"status": "complete"}});
+        let body: Vec<u8> = crate::stream::answer_frames(&completion)
+            .into_iter()
+            .flat_map(|f| f.unwrap().to_vec())
+            .collect();
+        let t = Translated {
+            chat: Value::Null,
+            model: "stub".into(),
+            stop_sequences: Vec::new(),
+        };
+        let render = |chunks: Vec<Vec<u8>>| {
+            let stream =
+                futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+            stream_response(Body::from_stream(stream), &t)
+        };
+        let whole = read_events(render(vec![body.clone()])).await;
+        assert_eq!(whole.last().unwrap().0, "message_stop");
+        let message = accumulate(&whole).unwrap();
+        assert_eq!(
+            message,
+            to_message(&completion, "stub", &[])
+                .map(|mut m| {
+                    m["usage"] = json!({"input_tokens": 0, "output_tokens": 0});
+                    m
+                })
+                .unwrap()
+        );
+        for size in [1, 2, 3, 7, 64] {
+            let chunks = body.chunks(size).map(<[u8]>::to_vec).collect();
+            assert_eq!(read_events(render(chunks)).await, whole, "chunks of {size}");
+        }
+        // Cut before `[DONE]`: the text that went out, then an error, no `message_stop`.
+        let cut = body[..body.len() / 2].to_vec();
+        let events = read_events(render(vec![cut])).await;
+        assert_eq!(events.first().unwrap().0, "message_start");
+        assert_eq!(events.last().unwrap().0, "error");
+        assert!(events.iter().all(|(n, _)| n != "message_stop"));
     }
 
     #[test]
