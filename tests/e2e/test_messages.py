@@ -195,6 +195,17 @@ def test_errors_are_anthropic_shaped_with_their_status(gateway, upstream):
         c.messages.create(model="stub", max_tokens=8, messages=ask(),
                           thinking={"type": "enabled", "budget_tokens": 1024})
     assert "thinking" in raised.value.body["error"]["message"]
+    # Under max_body_bytes (262144) as sent, over it as chat completions (a `tool_use` input
+    # becomes an escaped string): a 413 that says so.
+    quotes = '"' * 100_000
+    with pytest.raises(anthropic.ContentTooLargeError) as raised:
+        c.messages.create(model="stub", max_tokens=8, messages=[
+            *ask(), {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_q", "name": "lookup", "input": {"key": quotes}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_q",
+                                          "content": "ok: 1"}]}])
+    assert raised.value.body["error"]["type"] == "request_too_large"
+    assert "translated to chat completions" in raised.value.body["error"]["message"]
     assert upstream.log() == []
     upstream.script([{"kind": "status", "status": 503}] * 10)
     with pytest.raises(anthropic.InternalServerError) as raised:

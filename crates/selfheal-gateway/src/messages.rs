@@ -878,7 +878,7 @@ pub(crate) async fn messages(
     {
         headers.insert(header::AUTHORIZATION, v);
     }
-    let translated = match edge(&s, &headers, body).await {
+    let (translated, tenant) = match edge(&s, &headers, body).await {
         Ok(t) => t,
         Err((e, tenant)) => {
             // Counted and logged as the chat pipeline's errors are, then said in Anthropic's
@@ -895,25 +895,45 @@ pub(crate) async fn messages(
             None,
         );
     };
+    // The chat form can be longer than the client's body (a `tool_use` input becomes an escaped
+    // string): said as such, not as a body the client did not send.
+    let limit = s.config.max_body_bytes;
+    if chat.len() > limit {
+        Metrics::inc(&s.metrics.requests_total);
+        let e = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!(
+                "the request, translated to chat completions, is {} bytes: more than the \
+                 gateway's max_body_bytes ({limit})",
+                chat.len()
+            ),
+        );
+        let resp = app::answered(&s, Err(e), &tenant, started);
+        return render(resp, None).await;
+    }
     // The body is the translated one: its length is not the client's.
     headers.remove(header::CONTENT_LENGTH);
     let resp = app::chat(State(s), headers, Body::from(chat)).await;
     render(resp, Some(&translated)).await
 }
 
-/// Admission, the body and its translation: the error to answer and the tenant when any fails.
+/// Admission, the body and its translation, with the caller's tenant; the error to answer and
+/// the tenant when any fails.
 async fn edge(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Translated, (ApiError, String)> {
+) -> Result<(Translated, String), (ApiError, String)> {
     let caller = s.gate.admit(headers).map_err(|e| (e, "-".to_owned()))?;
     // What goes back to the client is redacted, as the chat pipeline's errors are.
     let fail = |e: ApiError| (caller.redactor.error(e), caller.tenant.clone());
     let bytes = app::read_body(s, headers, body).await.map_err(fail)?;
     let req: Value = serde_json::from_slice(&bytes)
         .map_err(|e| fail(ApiError::bad_request(format!("the body is not JSON: {e}"))))?;
-    to_chat(&req).map_err(|r| fail(ApiError::bad_request(r.0)))
+    let translated = to_chat(&req).map_err(|r| fail(ApiError::bad_request(r.0)))?;
+    Ok((translated, caller.tenant))
 }
 
 /// An Anthropic error response.
