@@ -880,13 +880,7 @@ pub(crate) async fn messages(
     }
     let (translated, tenant) = match edge(&s, &headers, body).await {
         Ok(t) => t,
-        Err((e, tenant)) => {
-            // Counted and logged as the chat pipeline's errors are, then said in Anthropic's
-            // shape.
-            Metrics::inc(&s.metrics.requests_total);
-            let resp = app::answered(&s, Err(e), &tenant, started);
-            return render(resp, None).await;
-        }
+        Err((e, tenant)) => return refused(&s, e, &tenant, started).await,
     };
     let Ok(chat) = serde_json::to_vec(&translated.chat) else {
         return error_response(
@@ -899,7 +893,6 @@ pub(crate) async fn messages(
     // string): said as such, not as a body the client did not send.
     let limit = s.config.max_body_bytes;
     if chat.len() > limit {
-        Metrics::inc(&s.metrics.requests_total);
         let e = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
@@ -910,13 +903,19 @@ pub(crate) async fn messages(
                 chat.len()
             ),
         );
-        let resp = app::answered(&s, Err(e), &tenant, started);
-        return render(resp, None).await;
+        return refused(&s, e, &tenant, started).await;
     }
     // The body is the translated one: its length is not the client's.
     headers.remove(header::CONTENT_LENGTH);
     let resp = app::chat(State(s), headers, Body::from(chat)).await;
     render(resp, Some(&translated)).await
+}
+
+/// A request refused before it reached the chat pipeline: counted and logged as the
+/// pipeline's errors are ([`app::answered`]), then said in Anthropic's shape.
+async fn refused(s: &AppState, e: ApiError, tenant: &str, started: Instant) -> Response {
+    Metrics::inc(&s.metrics.requests_total);
+    render(app::answered(s, Err(e), tenant, started), None).await
 }
 
 /// Admission, the body and its translation, with the caller's tenant; the error to answer and
