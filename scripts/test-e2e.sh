@@ -2,17 +2,19 @@
 # End-to-end tests: the real `selfheal` binary
 #  - gateway: on port 0, between the real `openai` SDK / openai-agents and a scripted
 #    fault-injecting upstream (tests/e2e/test_gateway.py; deployment, test_deploy.py; streaming
-#    Responses API, test_responses_stream.py);
+#    Responses API, test_responses_stream.py); the Anthropic Messages dialect between the real
+#    `anthropic` SDK and the same upstream (test_messages.py);
 #  - chaos at CI size: scripts/chaos.py's faults, kill -9 and slowloris scenarios, about 15 s
 #    (tests/e2e/test_chaos.py);
 #  - MCP proxy: between the real Python `mcp` SDK and a real MCP server from npm,
 #    @modelcontextprotocol/server-filesystem (tests/e2e/test_mcp.py);
-#  - the quickstarts in examples/ (Python: openai, openai-agents, LangChain, pydantic-ai,
-#    LiteLLM; Node: openai, the Vercel AI SDK), each through the gateway in front of the
+#  - the quickstarts in examples/ (Python: openai, openai-agents, anthropic, LangChain,
+#    pydantic-ai, LiteLLM; Node: openai, the Vercel AI SDK), each through the gateway in front of the
 #    fault-injecting upstream (tests/e2e/test_quickstarts.py).
 #
 #   scripts/test-e2e.sh           # run the tests (sets up the test environment on first use)
 #   scripts/test-e2e.sh --setup   # only (re)create the test environment
+#   scripts/test-e2e.sh -k messages   # further arguments go to pytest
 #
 # The test environment — a Python venv with tests/e2e/requirements.txt from PyPI, and the MCP
 # server and the Node quickstarts' packages from npm, the only downloads — lives in .cache/e2e/
@@ -41,7 +43,7 @@ setup() {
   echo "e2e: [2/3] pip install -r tests/e2e/requirements.txt" >&2
   "$VENV/bin/pip" install --disable-pip-version-check --progress-bar off \
     -r tests/e2e/requirements.txt | grep -E '^(Collecting|Successfully)' >&2 || true
-  "$VENV/bin/python" -c 'import openai, agents, mcp, pytest, langchain_openai, pydantic_ai' \
+  "$VENV/bin/python" -c 'import openai, agents, anthropic, mcp, pytest, langchain_openai, pydantic_ai' \
     || { echo "e2e: the Python packages did not install" >&2; exit 1; }
   echo "e2e: [3/3] npm install $NPM_PACKAGE $NPM_QUICKSTARTS" >&2
   mkdir -p "$NPM_DIR"
@@ -70,4 +72,4 @@ if [[ ! -x "$SELFHEAL_BIN" ]]; then
 fi
 export SELFHEAL_MCP_FILESYSTEM="$PWD/$NPM_DIR/node_modules/.bin/mcp-server-filesystem"
 export SELFHEAL_E2E_NPM="$PWD/$NPM_DIR"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e "$@"

@@ -20,7 +20,7 @@ NPM_DIR = os.environ.get("SELFHEAL_E2E_NPM", "")
 
 def run_example(name, gateway, tmp_path):
     env = {**os.environ, "OPENAI_BASE_URL": gateway.url + "/v1", "OPENAI_API_KEY": "unused",
-           "MODEL": "stub"}
+           "ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_API_KEY": "unused", "MODEL": "stub"}
     if name.endswith(".mjs"):
         assert os.path.isdir(os.path.join(NPM_DIR, "node_modules", "ai")), (
             "no Node packages: run these tests through scripts/test-e2e.sh, which installs "
@@ -45,6 +45,7 @@ def run_example(name, gateway, tmp_path):
 @pytest.mark.parametrize("name", [
     "openai_tool_loop.py",
     "openai_agents_tool_loop.py",
+    "anthropic_tool_loop.py",
     "langchain_tool_loop.py",
     "pydantic_ai_tool_loop.py",
     "litellm_tool_loop.py",

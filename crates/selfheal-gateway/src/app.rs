@@ -301,6 +301,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/responses", post(responses))
+        .route("/v1/messages", post(crate::messages::messages))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -423,7 +424,13 @@ async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response 
     axum::Json(list).into_response()
 }
 
-async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+/// `POST /v1/chat/completions`: the healing pipeline's one entry, which the Messages dialect
+/// ([`crate::messages`]) enters too, with the chat request it translated.
+pub(crate) async fn chat(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
     Metrics::inc(&s.metrics.requests_total);
     let (result, tenant) = match s.gate.admit(&headers) {
@@ -440,7 +447,7 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
 
 /// The end of every API request (chat completions and responses alike): an error counted and
 /// answered in OpenAI's shape, the request's duration observed, its log line written.
-fn answered(
+pub(crate) fn answered(
     s: &AppState,
     result: Result<Response, ApiError>,
     tenant: &str,
@@ -1417,7 +1424,11 @@ async fn forward_inner(
 
 /// Reads the body within the body-read timeout: 413 when too large, 408 when too slow.
 /// [`ChatRequest::parse`] then checks it is a chat request.
-async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let limit = s.config.max_body_bytes;
     if headers
         .get(header::CONTENT_LENGTH)

@@ -37,6 +37,7 @@ pub mod config;
 pub mod conns;
 pub mod error;
 pub mod heal;
+mod messages;
 pub mod metrics;
 pub mod recover;
 pub mod request;
