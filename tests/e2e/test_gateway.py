@@ -212,14 +212,22 @@ def conversation(successes, failures):
 
 def test_partial_status_is_readable_by_the_client(gateway, upstream):
     upstream.script([])
+    msgs = conversation(1, 8)
     raw = client(gateway).chat.completions.with_raw_response.create(
-        model="stub", messages=conversation(1, 8), tools=TOOLS)
+        model="stub", messages=msgs, tools=TOOLS)
     r = raw.parse()
     assert r.choices[0].finish_reason == "stop"
     assert r.model_extra["selfheal"]["status"] == "partial"
     assert "failed" in r.model_extra["selfheal"]["reason"]
     assert raw.headers["x-selfheal-status"] == "partial"
     assert upstream.log() == [], "an aborted run is answered by the gateway"
+    # The same conversation sent again (a client that retries) is the same stopped run: it is
+    # answered with the stop again, never served upstream as if nothing had happened.
+    again = client(gateway).chat.completions.with_raw_response.create(
+        model="stub", messages=msgs, tools=TOOLS)
+    assert again.headers["x-selfheal-status"] != "complete"
+    assert "stopped earlier" in again.parse().model_extra["selfheal"]["reason"]
+    assert upstream.log() == []
 
 
 def test_stuck_agent_gets_the_tool_hidden_and_finishes(upstream, tmp_path):

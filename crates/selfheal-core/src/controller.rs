@@ -360,6 +360,11 @@ impl Controller {
         self.stopped.as_ref().map(|(s, _)| *s)
     }
 
+    /// How and why the run was stopped, if it was.
+    pub(crate) fn stop_reason(&self) -> Option<(RunStatus, &str)> {
+        self.stopped.as_ref().map(|(s, r)| (*s, r.as_str()))
+    }
+
     /// The policy and classifier the run decides with.
     pub(crate) fn plane(&self) -> &Plane {
         &self.plane

@@ -521,9 +521,9 @@ impl Run {
         self.ctl.unclaimable(by)
     }
 
-    /// Whether the run stopped, and how.
-    pub fn stopped(&self) -> Option<RunStatus> {
-        self.ctl.stopped()
+    /// Whether the run stopped, how and why.
+    pub fn stopped(&self) -> Option<(RunStatus, &str)> {
+        self.ctl.stop_reason()
     }
 
     /// The next thing to do, oldest first; `None` when there is nothing until the next input

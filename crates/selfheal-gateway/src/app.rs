@@ -722,7 +722,7 @@ async fn responses_inner(
         };
         let only_new = previous.is_some() || conversation.is_some();
         let replayed = heal::replay_items(&mut st, items, only_new, &ctx, now_ms);
-        let next = st.wire.take_next();
+        let next = recover::take_next(&mut st);
         decisions = st.run.take_records();
         // The calls of the model's previous turn whose values the controller took: a new call
         // identical to one of them is its repetition, re-asked as on chat completions.
@@ -1711,7 +1711,7 @@ fn rebuild_run(
         let mut st = lock(&t.state);
         st.requests += 1;
         let replayed = heal::replay(&mut st, &req.messages, &ctx, now_ms);
-        let next = st.wire.take_next();
+        let next = recover::take_next(&mut st);
         for a in &next.actions {
             st.act(a.as_str());
         }

@@ -334,6 +334,24 @@ impl Wire {
     }
 }
 
+/// Takes what the next request of the run has to carry out ([`Wire::take_next`]), for every
+/// API alike. A run the core stopped stays stopped: a later request of it (the same
+/// conversation sent again, a client that retries) is answered with the same stop, never
+/// served as if nothing had happened. A new conversation is a new run.
+pub fn take_next(st: &mut RunState) -> Next {
+    let mut next = st.wire.take_next();
+    if next.stop.is_none()
+        && let Some((status, reason)) = st.run.stopped()
+    {
+        let reason = format!("this run was stopped earlier: {reason}");
+        next.stop = Some(match status {
+            RunStatus::Partial => Stop::Degrade(reason),
+            RunStatus::Complete | RunStatus::Failed => Stop::Abort(reason),
+        });
+    }
+    next
+}
+
 /// Why a final answer cannot go out as complete now, if it cannot: the core's
 /// [`Controller::unclaimable`](selfheal_core::controller::Controller::unclaimable) for a
 /// front-end that knows its steps by tool ([`StepsBy::Tool`](selfheal_core::controller::StepsBy)):
