@@ -172,6 +172,12 @@ pub struct Task {
     pub steps: Vec<Step>,
     /// The correct final answer.
     pub oracle: Value,
+    /// The user's request: states every input the plan's calls take, and names one more entity
+    /// of the same kind (a second country, company or topic), as real requests do.
+    pub prompt: String,
+    /// The values the request names: the task's inputs and the other entity. The simulated model
+    /// draws a wrong value from the context among these and earlier results.
+    pub mentions: Vec<Value>,
 }
 
 const COUNTRIES: [&str; 20] = [
@@ -336,7 +342,8 @@ pub fn tasks() -> Vec<Task> {
         let country = COUNTRIES[rng.below(COUNTRIES.len() as u64) as usize];
         let company = COMPANIES[rng.below(COMPANIES.len() as u64) as usize];
         let topic = TOPICS[rng.below(TOPICS.len() as u64) as usize];
-        let amount = Arg::Lit(json!(10 + rng.below(990)));
+        let n = json!(10 + rng.below(990));
+        let amount = Arg::Lit(n.clone());
         let step = |group, args| Step { group, args };
         let (template, steps) = match id % 5 {
             // Temperature in a country's capital, in Fahrenheit.
@@ -392,14 +399,72 @@ pub fn tasks() -> Vec<Task> {
             ),
         };
         let oracle = run_clean(&steps).unwrap_or(Value::Null);
+        // The other entity is picked without the generator, so the tasks stay as they were.
+        let other_country = COUNTRIES[(index_of(&COUNTRIES, country) + 1 + id % 7) % COUNTRIES.len()];
+        let other_company =
+            COMPANIES[(index_of(&COMPANIES, company) + 1 + id % 5) % COMPANIES.len()];
+        let other_topic = TOPICS[(index_of(&TOPICS, topic) + 1 + id % 3) % TOPICS.len()];
+        let (prompt, mentions) = match id % 5 {
+            0 => (
+                format!(
+                    "What is the temperature in the capital of {country} right now, in Fahrenheit \
+                     (unit c_to_f)? I am calling from {other_country}."
+                ),
+                vec![json!(country), json!(other_country), json!("c_to_f")],
+            ),
+            1 => (
+                format!(
+                    "How much are {n} units of {country}'s currency worth in USD? I usually pay \
+                     in {other_country}'s."
+                ),
+                vec![json!(country), json!(other_country), json!("USD"), n.clone()],
+            ),
+            2 => (
+                format!(
+                    "What is {company}'s share price (quoted in USD) in {country}'s currency? \
+                     Not {other_company}'s."
+                ),
+                vec![
+                    json!(country),
+                    json!(company),
+                    json!(other_company),
+                    json!("USD"),
+                ],
+            ),
+            3 => (
+                format!(
+                    "Search for the {topic} document, take its figure in km, convert it \
+                     km_to_mi and multiply by {n}. (The {other_topic} one is not it.)"
+                ),
+                vec![json!(topic), json!(other_topic), json!("km_to_mi"), n.clone()],
+            ),
+            _ => (
+                format!(
+                    "Multiply {company}'s share price by the Fahrenheit (c_to_f) temperature in \
+                     the capital of {country}; I hold {other_company} too, but not for this."
+                ),
+                vec![
+                    json!(country),
+                    json!(company),
+                    json!(other_company),
+                    json!("c_to_f"),
+                ],
+            ),
+        };
         out.push(Task {
             id,
             template,
             steps,
             oracle,
+            prompt,
+            mentions,
         });
     }
     out
+}
+
+fn index_of(xs: &[&str], x: &str) -> usize {
+    xs.iter().position(|y| *y == x).unwrap_or(0)
 }
 
 /// Runs a plan with no faults and returns the final value.

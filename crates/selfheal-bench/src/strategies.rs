@@ -376,6 +376,14 @@ fn check_body(
     Ok(())
 }
 
+/// What a client can ground an argument in: the user's message(s) and the tool results it
+/// holds. No value of the plan's calls is read.
+fn grounding_evidence(plan: &Plan, outputs: &[Option<Value>]) -> Vec<Value> {
+    let mut evidence = plan.prompt_evidence();
+    evidence.extend(outputs.iter().flatten().cloned());
+    evidence
+}
+
 /// One attempt at step `s`: the model writes, the client checks, the tool runs, the client reads.
 fn attempt(
     ep: &mut Episode<'_>,
@@ -481,12 +489,10 @@ fn attempt(
             f.repair = Some(RepairTarget::Arguments);
             return Attempt::Failed(f);
         }
-        // Grounding: every argument must appear in what the client holds — the task's inputs
-        // and the outputs so far (the core's rule, which the gateway applies to the
-        // conversation).
-        let mut evidence: Vec<Value> = plan.inputs().into_iter().map(|(_, v)| v).collect();
-        evidence.extend(outputs.iter().flatten().cloned());
-        let ungrounded = ungrounded_arguments(&args, &evidence);
+        // Grounding: every argument must appear in what the client holds — the user's
+        // message(s) and the outputs so far (the core's rule, which the gateway applies to the
+        // conversation). Never the plan's values: those are the answer.
+        let ungrounded = ungrounded_arguments(&args, &grounding_evidence(plan, outputs));
         if !ungrounded.is_empty() {
             let mut f = Failure::new(
                 Signal::InvalidArguments {
@@ -1368,6 +1374,37 @@ pub fn run_self_healing(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Issue 32: the grounding check's evidence is the user's message(s) and the results so
+    /// far. Changing every value of the plan's calls changes nothing in it, and a value only
+    /// the plan holds is ungrounded.
+    #[test]
+    fn grounding_reads_no_plan_value() {
+        use crate::task::ArgSrc;
+        let task = &crate::task::builtin(1)[0];
+        let outputs = vec![Some(serde_json::json!({"city": "Kenya City"})), None, None];
+        let before = grounding_evidence(&task.plan, &outputs);
+        let mut changed = task.plan.clone();
+        for st in &mut changed.steps {
+            for (_, src) in &mut st.args {
+                if let ArgSrc::Lit(v) = src {
+                    *v = Value::String("Atlantis".into());
+                }
+            }
+        }
+        assert_eq!(before, grounding_evidence(&changed, &outputs));
+        // A value in the plan (here: put there) but in no message nor result is ungrounded...
+        let call = serde_json::json!({"country": "Atlantis"});
+        assert!(!ungrounded_arguments(&call, &grounding_evidence(&changed, &outputs)).is_empty());
+        // ...and the prompt's own values, and earlier results, ground a call.
+        let country = task.plan.steps[0].args[0].1.clone();
+        let ArgSrc::Lit(country) = country else {
+            panic!("the built-in task starts from a literal")
+        };
+        assert!(task.plan.prompt[0].contains(country.as_str().unwrap()));
+        let ok = serde_json::json!({"country": country, "unit": "c_to_f"});
+        assert!(ungrounded_arguments(&ok, &before).is_empty());
+    }
 
     #[test]
     fn cut_bodies_are_seen_and_refused() {

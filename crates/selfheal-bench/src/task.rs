@@ -261,6 +261,9 @@ pub enum AnswerSpec {
 /// A plan: what a client may know about a task.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
+    /// The user's message(s): the request as the user wrote it. With the tools' results, this
+    /// is all a client knows of the task's values (the grounding check's evidence).
+    pub prompt: Vec<String>,
     /// The tools on offer.
     pub tools: Vec<ToolSpec>,
     /// The calls, in order.
@@ -280,9 +283,15 @@ impl Plan {
         self.steps.get(s).and_then(|st| self.tool(&st.tool))
     }
 
-    /// What the task states: every literal argument of its calls, and the literal text of its
-    /// templates, by argument name. This is what the user's request says (a client holds it;
-    /// the gateway arm's agent writes it into its prompt), not what the calls should be.
+    /// The user's messages as evidence values (what a client holds before any tool ran).
+    pub fn prompt_evidence(&self) -> Vec<Value> {
+        self.prompt.iter().cloned().map(Value::String).collect()
+    }
+
+    /// Every literal argument of the plan's calls, and the literal text of its templates, by
+    /// argument name: the plan's values. The benchmark's client never reads them (its grounding
+    /// evidence is [`Plan::prompt`]); a task file without a `prompt` or `query` states them as
+    /// its message, and the gateway arm's agent writes them into its prompt.
     pub fn inputs(&self) -> Vec<(String, Value)> {
         let mut out: Vec<(String, Value)> = Vec::new();
         for st in &self.steps {
@@ -359,6 +368,9 @@ pub struct TaskSpec {
     pub plan: Plan,
     /// The expected answer (scoring only; never shown to a strategy).
     pub expected: Value,
+    /// The values the prompt names (inputs and other entities): where the simulated model
+    /// draws a wrong value from the context, besides earlier results. Never shown to a strategy.
+    pub mentions: Vec<Value>,
 }
 
 /// The parts of `path` (`a.b[0].c`): each a field name (empty for a bare index) and an optional
@@ -612,11 +624,13 @@ pub fn builtin(n: usize) -> Vec<TaskSpec> {
                 id: t.id,
                 name: t.template.to_owned(),
                 plan: Plan {
+                    prompt: vec![t.prompt],
                     tools,
                     steps,
                     answer,
                 },
                 expected: t.oracle,
+                mentions: t.mentions,
             }
         })
         .collect()
@@ -840,17 +854,73 @@ fn parse_task(id: usize, v: &Value) -> Result<TaskSpec, String> {
         ),
         Some(x) => AnswerSpec::One(parse_src(x, &labels, n)?),
     };
+    let mut plan = Plan {
+        prompt: Vec::new(),
+        tools,
+        steps,
+        answer,
+    };
+    let literals: Vec<Value> = plan.inputs().into_iter().map(|(_, x)| x).collect();
+    // The user's message(s): `prompt` (a string or an array of strings) as written; else the
+    // `query` (NESTFUL's), followed, when the plan takes values the query does not spell as
+    // they are sent (a date written out, a code), by a message stating them; else a message
+    // stating the task's inputs. See `docs/bench/tasks.md`.
+    plan.prompt = match (v.get("prompt"), v.get("query").and_then(Value::as_str)) {
+        (Some(Value::String(p)), _) => vec![p.clone()],
+        (Some(Value::Array(ps)), _) => ps
+            .iter()
+            .map(|p| {
+                p.as_str()
+                    .map(str::to_owned)
+                    .ok_or("`prompt` must be a string or an array of strings")
+            })
+            .collect::<Result<_, _>>()?,
+        (Some(_), _) => return Err("`prompt` must be a string or an array of strings".into()),
+        (None, Some(q)) => {
+            let said = vec![Value::String(q.to_owned())];
+            let unsaid: Vec<String> = literals
+                .iter()
+                .filter(|x| {
+                    !selfheal_core::verifier::ungrounded_arguments(&json!({ "x": x }), &said)
+                        .is_empty()
+                })
+                .map(plain)
+                .collect();
+            if unsaid.is_empty() {
+                vec![q.to_owned()]
+            } else {
+                vec![q.to_owned(), format!("Use these values: {}.", unsaid.join(", "))]
+            }
+        }
+        (None, None) => {
+            let stated: Vec<String> = plan
+                .inputs()
+                .iter()
+                .map(|(n, x)| format!("{n} = {}", plain(x)))
+                .collect();
+            vec![format!("Task {name}. Inputs: {}.", stated.join(", "))]
+        }
+    };
+    let mut mentions = literals;
+    if let Some(Value::Array(xs)) = v.get("mentions") {
+        mentions.extend(xs.iter().cloned());
+    }
     Ok(TaskSpec {
         id,
         name,
-        plan: Plan {
-            tools,
-            steps,
-            answer,
-        },
+        plan,
         // Filled by the world's clean run unless the file gives it.
         expected: v.get("expected").cloned().unwrap_or(Value::Null),
+        mentions,
     })
+}
+
+/// A value as a user writes it: a string without quotes, anything else as JSON.
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// Reads a JSONL tasks file (format in `docs/bench/tasks.md`). Tasks without `expected` get the
