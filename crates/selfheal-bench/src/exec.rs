@@ -24,7 +24,7 @@ use selfheal_core::rng::{Rng, SplitMix64};
 
 use crate::catalogue;
 use crate::faultmodel::{
-    ArgsOp, AsOf, Effect, FaultModel, Injected, MalformOp, RenameOp, Target, ToolOp,
+    ArgsOp, AsOf, Effect, FaultModel, Injected, MalformOp, Rates, RenameOp, Target, ToolOp,
 };
 use crate::task::{
     ANSWER_TOLERANCE, Behaviour, FieldType, Plan, TaskSpec, ToolSpec, get_path, resolve_answer,
@@ -306,17 +306,140 @@ impl<'t> Episode<'t> {
     }
 
     /// The model (or the fallback model) rewrites the plan. A missing step counts an attempt;
-    /// the fallback model may fix a permanent one.
+    /// the fallback model may fix a permanent one. A replan can fail: with the writer's
+    /// `replan_failure` rate the new plan leaves the step out again (no attempt is counted).
     pub fn replan(&mut self, writer: Writer) {
         self.charge_model(writer, latency::PLAN);
         let fix = self.fallback_fixes(writer);
         let model = self.model;
+        let rates = self.rates(writer);
+        if self.rng.next_f64() < rates.replan_failure {
+            return;
+        }
         for f in &mut self.faults {
             if matches!(model.faults[f.inj.spec].effect, Effect::MissingStep) {
                 f.agent_attempts = f.agent_attempts.saturating_add(1);
                 f.fixed |= fix(f.inj.permanent);
             }
         }
+    }
+
+    fn rates(&self, writer: Writer) -> Rates {
+        match writer {
+            Writer::Agent => self.model.model.agent,
+            Writer::Fallback => self.model.model.fallback,
+        }
+    }
+
+    /// The model's own mistake on a call it writes with no fault active (issue 32): a draw
+    /// from the writer's [`Rates`] — another tool on offer, a wrong or missing argument, a
+    /// skipped or repeated step, an answer before the last call. `None`: the call as meant.
+    fn own_mistake(
+        &mut self,
+        s: usize,
+        writer: Writer,
+        call: &Written,
+        outputs: &[Option<Value>],
+    ) -> Option<(Written, Option<FailureClass>)> {
+        let r = self.rates(writer);
+        let (u, pick, ctx) = (
+            self.rng.next_f64(),
+            self.rng.next_u64(),
+            self.rng.next_f64(),
+        );
+        let Written::Call { tool, args } = call else {
+            return None;
+        };
+        let plan = &self.task.plan;
+        let last = s + 1 == plan.steps.len();
+        let mut x = u;
+        let mut hit = |p: f64| {
+            let h = x < p;
+            x -= p;
+            h
+        };
+        if hit(if last {
+            r.premature_answer
+        } else {
+            r.skip_step
+        }) {
+            return Some((Written::Skipped, Some(FailureClass::PlanningFailure)));
+        }
+        if hit(r.repeat_step) {
+            return match s.checked_sub(1).and_then(|p| self.written[p].clone()) {
+                Some(w @ Written::Call { .. }) => Some((w, Some(FailureClass::ControlLoop))),
+                Some(Written::Skipped) | None => None,
+            };
+        }
+        if hit(r.wrong_tool) {
+            let sibling = plan.step_tool(s).and_then(|t| t.sibling.clone());
+            let others: Vec<&str> = plan
+                .tools
+                .iter()
+                .map(|t| t.name.as_str())
+                .filter(|n| n != tool)
+                .collect();
+            let chosen = match sibling.filter(|sb| others.contains(&sb.as_str())) {
+                Some(sb) if pick % 2 == 0 || others.len() == 1 => sb,
+                _ if !others.is_empty() => others[(pick >> 1) as usize % others.len()].to_owned(),
+                _ => return None,
+            };
+            return Some((
+                Written::Call {
+                    tool: chosen,
+                    args: args.clone(),
+                },
+                Some(FailureClass::WrongTool),
+            ));
+        }
+        let obj = args.as_object()?;
+        if obj.is_empty() {
+            return None;
+        }
+        let key = obj.keys().nth((pick >> 8) as usize % obj.len())?.clone();
+        if hit(r.wrong_arg) {
+            let current = obj.get(&key).cloned().unwrap_or(Value::Null);
+            // From the context: a value of the same kind that the prompt names or an earlier
+            // result holds — a grounding check finds it there.
+            let mut pool: Vec<Value> = Vec::new();
+            for v in self.task.mentions.iter().chain(outputs.iter().flatten()) {
+                leaves(v, &mut pool);
+            }
+            pool.retain(|v| {
+                *v != current
+                    && matches!(
+                        (v, &current),
+                        (Value::String(_), Value::String(_)) | (Value::Number(_), Value::Number(_))
+                    )
+            });
+            pool.dedup();
+            let wrong = if ctx < r.from_context && !pool.is_empty() {
+                pool[(pick >> 20) as usize % pool.len()].clone()
+            } else {
+                made_up(&current, pick >> 40)
+            };
+            let mut a = obj.clone();
+            a.insert(key, wrong);
+            return Some((
+                Written::Call {
+                    tool: tool.clone(),
+                    args: Value::Object(a),
+                },
+                Some(FailureClass::ArgumentInvalid),
+            ));
+        }
+        if hit(r.missing_arg) {
+            let mut a = obj.clone();
+            a.remove(&key);
+            return Some((
+                Written::Call {
+                    tool: tool.clone(),
+                    args: Value::Object(a),
+                },
+                Some(FailureClass::ArgumentInvalid),
+            ));
+        }
+        None
     }
 
     fn charge_model(&mut self, writer: Writer, base: u64) {
@@ -400,6 +523,7 @@ impl<'t> Episode<'t> {
             args: args.clone(),
         };
         let active_class = active.as_ref().and_then(|(_, c)| *c);
+        let had_fault = active.is_some();
         if let Some((effect, class)) = active {
             self.last_fault[s] = Some(class);
             written = match effect {
@@ -435,6 +559,13 @@ impl<'t> Episode<'t> {
                 | Effect::Skew { .. } => written,
             };
         }
+        if !had_fault && let Some((w, class)) = self.own_mistake(s, writer, &written, outputs) {
+            self.last_fault[s] = Some(class);
+            written = w;
+            if written == Written::Skipped {
+                self.skipped[s] = class;
+            }
+        }
         if own_error && let Written::Call { tool, args } = &written {
             written = Written::Call {
                 tool: tool.clone(),
@@ -442,7 +573,7 @@ impl<'t> Episode<'t> {
             };
         }
         self.skipped[s] = match written {
-            Written::Skipped => active_class,
+            Written::Skipped => active_class.or(self.skipped[s]),
             Written::Call { .. } => None,
         };
         self.written[s] = Some(written.clone());
@@ -494,7 +625,11 @@ impl<'t> Episode<'t> {
         let (spec, via): (&ToolSpec, Via) = match step_tool {
             Some(t) if t.name == tool => (t, Via::Primary),
             Some(t) if t.substitute.as_deref() == Some(tool) => (t, Via::Substitute),
-            Some(t) if t.sibling.as_deref() == Some(tool) => (t, Via::Sibling),
+            // A sibling on offer answers as itself; one not on offer (an old task file's
+            // `sibling` name) as the step's tool, skewed.
+            Some(t) if t.sibling.as_deref() == Some(tool) && plan.tool(tool).is_none() => {
+                (t, Via::Sibling)
+            }
             _ => match plan.tool(tool) {
                 Some(t) => (t, Via::Other),
                 None => {
@@ -623,9 +758,9 @@ impl<'t> Episode<'t> {
                 }
             }
         }
-        if via == Via::Primary || via == Via::Sibling {
+        if via != Via::Substitute {
             self.last_fault[s] = Some(met_class.flatten());
-            if via == Via::Sibling {
+            if via == Via::Sibling || via == Via::Other {
                 self.last_fault[s] = Some(Some(FailureClass::WrongTool));
             }
         }
@@ -644,7 +779,8 @@ impl<'t> Episode<'t> {
                 (Some(a), Some(b)) => !ANSWER_TOLERANCE.agrees(a, b),
                 _ => false,
             })
-            || via == Via::Sibling;
+            || via == Via::Sibling
+            || via == Via::Other;
         if purpose == Purpose::Step {
             self.last_wrong[s] = wrong;
         }
@@ -753,13 +889,17 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
         }
     }
     match spec.behaviour {
-        Behaviour::Builtin(group) => {
+        Behaviour::Builtin(group) | Behaviour::Sibling(group) => {
             let argv: Vec<Value> = group
                 .params()
                 .iter()
                 .map(|p| args.get(*p).cloned().unwrap_or(Value::Null))
                 .collect();
-            catalogue::truth(group, &argv)
+            if matches!(spec.behaviour, Behaviour::Sibling(_)) {
+                catalogue::sibling_truth(group, &argv)
+            } else {
+                catalogue::truth(group, &argv)
+            }
         }
         Behaviour::Synth => {
             // Lenient about types means one value, however it is typed: the tool reads each
@@ -953,6 +1093,49 @@ fn add_noise(body: &mut Value, spec: &ToolSpec, args: &Map<String, Value>) {
                 *v = json!((z * 10_000.0).round() / 10_000.0);
             }
         }
+    }
+}
+
+/// The scalar leaves of `v`, in order.
+fn leaves(v: &Value, out: &mut Vec<Value>) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| leaves(x, out)),
+        Value::Object(o) => o.values().for_each(|x| leaves(x, out)),
+        Value::Null => {}
+        other => out.push(other.clone()),
+    }
+}
+
+/// A value the model makes up in place of `v`: a number off by a factor, a string misspelt or
+/// truncated, in one of several ways (`pick` chooses).
+fn made_up(v: &Value, pick: u64) -> Value {
+    match v {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(0.0);
+            let y = match pick % 4 {
+                0 => x * 10.0,
+                1 => x / 10.0,
+                2 => x + 1.0,
+                _ => (x * 0.5).round(),
+            };
+            json!(y)
+        }
+        Value::String(t) => {
+            let w: String = match pick % 3 {
+                0 => format!("{t}s"),
+                1 => t.to_lowercase().replace(' ', "_"),
+                _ => t
+                    .chars()
+                    .take(t.chars().count().saturating_sub(1))
+                    .collect(),
+            };
+            Value::String(if w == *t || w.is_empty() {
+                format!("{t}s")
+            } else {
+                w
+            })
+        }
+        other => other.clone(),
     }
 }
 

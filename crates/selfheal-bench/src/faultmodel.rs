@@ -365,6 +365,128 @@ impl Default for Escalation {
     }
 }
 
+/// How often a model errs on its own, per call it writes, with no fault injected (issue 32).
+/// The rates are estimates; their grounds are in `docs/bench/faults.md` ("The model errs").
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Rates {
+    /// Calls another tool on offer (the step tool's sibling half the time when there is one).
+    pub wrong_tool: f64,
+    /// Writes one argument wrong.
+    pub wrong_arg: f64,
+    /// Share of wrong arguments taken from the context (another value the prompt names, or a
+    /// value of an earlier result) rather than made up.
+    pub from_context: f64,
+    /// Leaves one argument out.
+    pub missing_arg: f64,
+    /// Writes no call for a step that is not the last.
+    pub skip_step: f64,
+    /// Repeats the previous step's call.
+    pub repeat_step: f64,
+    /// Answers before the last call: writes no call for the last step.
+    pub premature_answer: f64,
+    /// A replan that still leaves out the step it was asked to restore.
+    pub replan_failure: f64,
+}
+
+impl Rates {
+    /// A model that never errs.
+    pub const PERFECT: Rates = Rates {
+        wrong_tool: 0.0,
+        wrong_arg: 0.0,
+        from_context: 0.0,
+        missing_arg: 0.0,
+        skip_step: 0.0,
+        repeat_step: 0.0,
+        premature_answer: 0.0,
+        replan_failure: 0.0,
+    };
+
+    /// The agent's model by default: a small open model (estimates, `docs/bench/faults.md`).
+    pub const SMALL: Rates = Rates {
+        wrong_tool: 0.02,
+        wrong_arg: 0.03,
+        from_context: 0.5,
+        missing_arg: 0.01,
+        skip_step: 0.005,
+        repeat_step: 0.005,
+        premature_answer: 0.005,
+        replan_failure: 0.2,
+    };
+
+    /// The fallback model by default: a frontier model, better, not perfect.
+    pub const FRONTIER: Rates = Rates {
+        wrong_tool: 0.005,
+        wrong_arg: 0.01,
+        from_context: 0.5,
+        missing_arg: 0.003,
+        skip_step: 0.002,
+        repeat_step: 0.002,
+        premature_answer: 0.002,
+        replan_failure: 0.05,
+    };
+
+    fn valid(&self) -> bool {
+        let xs = [
+            self.wrong_tool,
+            self.wrong_arg,
+            self.from_context,
+            self.missing_arg,
+            self.skip_step,
+            self.repeat_step,
+            self.premature_answer,
+            self.replan_failure,
+        ];
+        xs.iter().all(|x| prob(*x))
+            && self.wrong_tool
+                + self.wrong_arg
+                + self.missing_arg
+                + self.skip_step.max(self.premature_answer)
+                + self.repeat_step
+                <= 1.0
+    }
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Rates::SMALL
+    }
+}
+
+/// The `[model]` table: the agent's model's own error rates and the fallback model's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRates {
+    /// The agent's own model (`[model.agent]`; default [`Rates::SMALL`]).
+    #[serde(default)]
+    pub agent: Rates,
+    /// The fallback model escalation hands over to (`[model.fallback]`; default
+    /// [`Rates::FRONTIER`]).
+    #[serde(default = "frontier")]
+    pub fallback: Rates,
+}
+
+fn frontier() -> Rates {
+    Rates::FRONTIER
+}
+
+impl ModelRates {
+    /// Models that never err on their own (only injected faults).
+    pub const PERFECT: ModelRates = ModelRates {
+        agent: Rates::PERFECT,
+        fallback: Rates::PERFECT,
+    };
+}
+
+impl Default for ModelRates {
+    fn default() -> Self {
+        ModelRates {
+            agent: Rates::SMALL,
+            fallback: Rates::FRONTIER,
+        }
+    }
+}
+
 /// A whole fault model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -375,6 +497,10 @@ pub struct FaultModel {
     /// The fallback model.
     #[serde(default)]
     pub escalation: Escalation,
+    /// The models' own error rates (`[model]`; default: a small agent model and a frontier
+    /// fallback, see [`ModelRates`]).
+    #[serde(default)]
+    pub model: ModelRates,
     /// The faults.
     #[serde(rename = "fault")]
     pub faults: Vec<FaultSpec>,
@@ -429,6 +555,12 @@ impl FaultModel {
         if !prob(self.escalation.error_rate) || !prob(self.escalation.fixes_permanent) {
             return Err(FaultModelError::Model(
                 "escalation.error_rate and escalation.fixes_permanent must be in [0, 1]".into(),
+            ));
+        }
+        if !self.model.agent.valid() || !self.model.fallback.valid() {
+            return Err(FaultModelError::Model(
+                "[model] rates must be in [0, 1], and a model's error rates may not sum past 1"
+                    .into(),
             ));
         }
         let mut names = std::collections::BTreeSet::new();

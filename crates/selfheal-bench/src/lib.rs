@@ -183,6 +183,7 @@ impl Default for BenchConfig {
             fault_model: FaultModel::default_model().unwrap_or_else(|_| FaultModel {
                 extra_fault: 0.0,
                 escalation: faultmodel::Escalation::default(),
+                model: faultmodel::ModelRates::default(),
                 faults: Vec::new(),
             }),
             mix: None,

@@ -39,7 +39,7 @@ use selfheal_core::verifier::{Judgement, ungrounded_arguments};
 use selfheal_core::{Amounts, FailureClass};
 
 use crate::exec::{AS_OF, Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
-use crate::task::{Plan, ResolveError, get_path, resolve_answer, resolve_args};
+use crate::task::{Plan, ResolveError, ToolSpec, get_path, resolve_answer, resolve_args};
 
 /// A strategy's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -227,6 +227,9 @@ struct Failure {
     repair: Option<RepairTarget>,
     /// The call reached the tool (so the monitor records it).
     called: Option<(String, Value, Option<Value>)>,
+    /// The tool the model called (after any switch to its substitute): every decision about
+    /// the failure is made by it, never by the step's tool.
+    tool: Option<String>,
 }
 
 impl Failure {
@@ -237,6 +240,7 @@ impl Failure {
             retry_after_ms: None,
             repair: None,
             called: None,
+            tool: None,
         }
     }
 }
@@ -300,11 +304,28 @@ fn is_cut(text: &str) -> bool {
     depth > 0 || in_str
 }
 
-/// The fields step `s`'s tool declares it answers with (its output contract, from the task
+/// The spec of the tool a call went to: its own, or for a substitute's name, the spec of the
+/// tool it substitutes for (same arguments, same output). `None`: not a tool on offer. Every
+/// decision about a call is made with this — never with the step's tool, which is the plan's
+/// answer to "which tool", not what the model called.
+fn tool_spec<'p>(plan: &'p Plan, tool: &str) -> Option<&'p ToolSpec> {
+    plan.tool(tool).or_else(|| {
+        plan.tools
+            .iter()
+            .find(|t| t.substitute.as_deref() == Some(tool))
+    })
+}
+
+/// The equivalent source of the tool called (`None` for a substitute itself, or a tool with none).
+fn substitute_of(plan: &Plan, tool: &str) -> Option<String> {
+    plan.tool(tool).and_then(|t| t.substitute.clone())
+}
+
+/// The fields the called tool declares it answers with (its output contract, from the task
 /// file's tool definition): what a client checks an answer against. Not the plan's reads — which
 /// fields the task goes on to use is the task's solution, not the tool's contract.
-fn contract(plan: &Plan, s: usize) -> Vec<String> {
-    plan.step_tool(s)
+fn contract(plan: &Plan, tool: &str) -> Vec<String> {
+    tool_spec(plan, tool)
         .map(|t| t.output.iter().map(|(p, _)| p.clone()).collect())
         .unwrap_or_default()
 }
@@ -312,7 +333,7 @@ fn contract(plan: &Plan, s: usize) -> Vec<String> {
 /// Output repair on the bytes a tool returned: `selfheal-repair`, then the core's mapping of
 /// renamed fields back to the tool's declared ones ([`selfheal_core::contract::map_renamed`]).
 /// A cut body is refused: closing it would invent data.
-fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
+fn repair_output(plan: &Plan, tool: &str, body: &str) -> Result<Value, String> {
     let v: Value = match serde_json::from_str(body) {
         Ok(v) => v,
         Err(_) => {
@@ -324,18 +345,18 @@ fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
                 .value
         }
     };
-    contract::map_renamed(&v, &contract(plan, s))
+    contract::map_renamed(&v, &contract(plan, tool))
 }
 
 /// Checks a parsed body the way a client does.
 fn check_body(
     plan: &Plan,
-    s: usize,
+    tool: &str,
     v: &Value,
     det: Detectors,
     now: u64,
 ) -> Result<(), Box<Failure>> {
-    if let Some(breach) = contract::breach(v, &contract(plan, s)) {
+    if let Some(breach) = contract::breach(v, &contract(plan, tool)) {
         let p = breach.field();
         let text = v.to_string();
         if !det.soft {
@@ -385,6 +406,7 @@ fn grounding_evidence(plan: &Plan, outputs: &[Option<Value>]) -> Vec<Value> {
 }
 
 /// One attempt at step `s`: the model writes, the client checks, the tool runs, the client reads.
+/// A failure carries the tool the model called.
 fn attempt(
     ep: &mut Episode<'_>,
     s: usize,
@@ -392,6 +414,23 @@ fn attempt(
     outputs: &[Option<Value>],
     prev_call: Option<&Written>,
     det: Detectors,
+) -> Attempt {
+    let mut called = None;
+    let mut a = attempt_inner(ep, s, how, outputs, prev_call, det, &mut called);
+    if let Attempt::Failed(f) = &mut a {
+        f.tool = called;
+    }
+    a
+}
+
+fn attempt_inner(
+    ep: &mut Episode<'_>,
+    s: usize,
+    how: How,
+    outputs: &[Option<Value>],
+    prev_call: Option<&Written>,
+    det: Detectors,
+    called_tool: &mut Option<String>,
 ) -> Attempt {
     // An input nobody produced: every client sees that it cannot fill the argument.
     if let Err(e @ ResolveError::Missing { .. }) = resolve_args(ep.plan(), s, outputs) {
@@ -408,20 +447,21 @@ fn attempt(
         return Attempt::Skipped;
     };
     let plan = ep.plan();
-    let Some(spec) = plan.step_tool(s) else {
+    if plan.steps.get(s).is_none() {
         return Attempt::Failed(Failure::new(Signal::EmptyResponse, "no such step".into()));
-    };
-    let primary = spec.name.clone();
-    let substitute = spec.substitute.clone();
-    let required = spec.required();
+    }
     let mut tool = tool;
     let mut args = args;
+    // The client's switch goes to the equivalent source of the tool the model called.
     if how.substitute
-        && tool == primary
-        && let Some(sub) = &substitute
+        && let Some(sub) = substitute_of(plan, &tool)
     {
-        tool = sub.clone();
+        tool = sub;
     }
+    *called_tool = Some(tool.clone());
+    let required = tool_spec(plan, &tool)
+        .map(ToolSpec::required)
+        .unwrap_or_default();
     if det.call_checks {
         if prev_call.is_some_and(|p| {
             matches!(p, Written::Call { tool: t, args: a } if *t == tool && canonical_hash(a) == canonical_hash(&args))
@@ -431,18 +471,13 @@ fn attempt(
                 format!("the call repeats the previous step's `{tool}` call"),
             ));
         }
-        // The tools on offer are the plan's and their substitutes: a call of any other does not
-        // exist for this client. (Which offered tool a step should call is the plan's answer,
-        // not something a client checks a model against.)
-        let offered = plan.tool(&tool).is_some()
-            || plan
-                .tools
-                .iter()
-                .any(|t| t.substitute.as_deref() == Some(tool.as_str()));
-        if !offered {
+        // The tools on offer and their substitutes: a call of any other does not exist for this
+        // client. (Which offered tool a step should call is the plan's answer, not something a
+        // client checks a model against: a sibling on offer passes.)
+        if tool_spec(plan, &tool).is_none() {
             let mut f = Failure::new(
                 Signal::UnknownTool { name: tool.clone() },
-                format!("`{tool}` is not a tool on offer (the step's is `{primary}`)"),
+                format!("`{tool}` is not a tool on offer"),
             );
             f.repair = Some(RepairTarget::ToolChoice);
             return Attempt::Failed(f);
@@ -537,6 +572,7 @@ fn attempt(
                 retry_after_ms,
                 repair: None,
                 called: called(None),
+                tool: None,
             })
         }
         Response::Returned { body } => {
@@ -566,10 +602,11 @@ fn attempt(
                         retry_after_ms: None,
                         repair,
                         called: called(Some(Value::String(body))),
+                        tool: None,
                     });
                 }
             };
-            match check_body(ep.plan(), s, &v, det, now) {
+            match check_body(ep.plan(), &tool, &v, det, now) {
                 Ok(()) => Attempt::Ok(v, Sent { tool, args }),
                 Err(mut f) => {
                     f.called = called(Some(v));
@@ -618,13 +655,7 @@ fn read_again(
     // tool's substitute, that tool's — never by the step's tool: which tool a step should call
     // is the plan's answer, and a client checking a sibling tool's answer against the step's
     // source would catch a wrong tool no client (nor the gateway) can see.
-    let step_tool = plan.step_tool(s);
-    let (spec, on_substitute) = if how.substitute
-        && step_tool.is_some_and(|t| t.substitute.as_deref() == Some(sent.tool.as_str()))
-    {
-        // The client's own switch to the substitute of the tool the model called.
-        (step_tool?, true)
-    } else if let Some(t) = plan.tool(&sent.tool) {
+    let (spec, on_substitute) = if let Some(t) = plan.tool(&sent.tool) {
         (t, false)
     } else {
         let primary = plan
@@ -688,11 +719,9 @@ fn read_again(
     Some(judgement)
 }
 
-/// Whether step `s`'s tool has an equivalent source.
-fn has_substitute(ep: &Episode<'_>, s: usize) -> bool {
-    ep.plan()
-        .step_tool(s)
-        .is_some_and(|t| t.substitute.is_some())
+/// Whether the tool called has an equivalent source.
+fn has_substitute(ep: &Episode<'_>, tool: Option<&str>) -> bool {
+    tool.is_some_and(|t| substitute_of(ep.plan(), t).is_some())
 }
 
 fn finish(ep: &Episode<'_>, outputs: &[Option<Value>]) -> Ended {
@@ -770,12 +799,16 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
                 .then(|| cross_check(ep, s, how[s], &v, &sent))
                 .flatten()
             {
-                Some(Judgement::Reject { reason }) => Failure::new(
-                    Signal::VerifierRejected {
-                        reason: reason.clone(),
-                    },
-                    format!("the other source disagrees: {reason}"),
-                ),
+                Some(Judgement::Reject { reason }) => {
+                    let mut f = Failure::new(
+                        Signal::VerifierRejected {
+                            reason: reason.clone(),
+                        },
+                        format!("the other source disagrees: {reason}"),
+                    );
+                    f.tool = Some(sent.tool.clone());
+                    f
+                }
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
                     // The call that was made, for the repetition check of the next step.
                     written[s] = Some(sent.written());
@@ -799,7 +832,7 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
         let has = |xs: &[&str]| xs.iter().any(|x| m.contains(x));
         let repeated = last_error[s].as_deref() == Some(m.as_str());
         last_error[s] = Some(m.clone());
-        let can_switch = has_substitute(ep, s) && !how[s].substitute;
+        let can_switch = has_substitute(ep, failure.tool.as_deref()) && !how[s].substitute;
         if has(&["missing input"]) {
             ep.replan(Writer::Agent);
             s = outputs.iter().position(Option::is_none).unwrap_or(s).min(s);
@@ -850,6 +883,7 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             ..How::default()
         };
         let result = attempt(ep, s, how, &outputs, None, det);
+        let last_tool: Option<String>;
         let failed = match result {
             Attempt::Ok(v, sent) => match det
                 .verify
@@ -860,7 +894,8 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
                     // Replanning away from a source that disagreed: the new plan trusts the
                     // other one. A tool whose two reads disagreed has no other one: the new
                     // plan reads it again and checks it again.
-                    trusted[s] = !avoid[s] && has_substitute(ep, s);
+                    trusted[s] = !avoid[s] && has_substitute(ep, Some(&sent.tool));
+                    last_tool = Some(sent.tool);
                     true
                 }
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
@@ -880,9 +915,10 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
                     fresh[s] = true;
                     trusted[s] = true;
                 }
-                if f.called.is_some() && has_substitute(ep, s) {
+                if f.called.is_some() && has_substitute(ep, f.tool.as_deref()) {
                     avoid[s] = true;
                 }
+                last_tool = f.tool;
                 true
             }
         };
@@ -892,7 +928,7 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             }
             replans[s] += 1;
             ep.charge_recovery();
-            if det.verify && has_substitute(ep, s) {
+            if det.verify && has_substitute(ep, last_tool.as_deref()) {
                 avoid[s] = true;
             }
             ep.replan(Writer::Agent);
@@ -926,22 +962,26 @@ struct Run<'e, 'a> {
 }
 
 impl Run<'_, '_> {
+    /// The recoveries on offer for a failure of a call of `tool` (the tool called, `None` when
+    /// the model called none).
     fn options(
         &self,
-        s: usize,
+        tool: Option<&str>,
         how: How,
         repair: Option<RepairTarget>,
         outputs: &[Option<Value>],
     ) -> Options {
-        let spec = self.ep.plan().step_tool(s);
+        let plan = self.ep.plan();
         Options {
             repair,
             substitute: if how.substitute {
                 None
             } else {
-                spec.and_then(|t| t.substitute.clone())
+                tool.and_then(|t| substitute_of(plan, t))
             },
-            refreshable: spec.is_some_and(|t| t.freshness),
+            refreshable: tool
+                .and_then(|t| tool_spec(plan, t))
+                .is_some_and(|t| t.freshness),
             can_replan: true,
             fallback_model: (how.writer == Writer::Agent).then(|| "fallback-model".to_owned()),
             human_available: false,
@@ -974,11 +1014,8 @@ fn audit(
         let Some(call) = sent.get(m).and_then(Option::as_ref) else {
             continue;
         };
-        let single = st
-            .ep
-            .plan()
-            .step_tool(m)
-            .is_some_and(|t| t.substitute.is_none());
+        let single = tool_spec(st.ep.plan(), &call.tool).is_some_and(|t| t.substitute.is_none())
+            && substitute_of(st.ep.plan(), &call.tool).is_none();
         if !single {
             continue;
         }
@@ -987,7 +1024,7 @@ fn audit(
                 break;
             };
             let rejected = matches!(judgement, Judgement::Reject { .. });
-            let options = st.options(m, how[m], None, outputs);
+            let options = st.options(Some(&call.tool), how[m], None, outputs);
             let now = st.ep.now();
             let d = st.ctl.observe(
                 Observation::Verified {
@@ -1077,12 +1114,13 @@ pub fn run_self_healing(
                     continue;
                 }
                 Attempt::Ok(v, call) => {
-                    let spec = st.ep.plan().step_tool(s);
-                    let required = spec.map(|t| t.required()).unwrap_or_default();
                     // The monitor sees the call that was made, not the plan's.
                     let Sent { tool, args } = call.clone();
+                    let required = tool_spec(st.ep.plan(), &tool)
+                        .map(ToolSpec::required)
+                        .unwrap_or_default();
                     sent[s] = Some(call);
-                    let options = st.options(s, how[s], None, &outputs);
+                    let options = st.options(Some(&tool), how[s], None, &outputs);
                     let usage = Amounts {
                         latency_ms: st.ep.now() - since,
                         ..Amounts::default()
@@ -1125,7 +1163,7 @@ pub fn run_self_healing(
                         }
                         (Directive::Continue { .. }, Some(judgement)) => {
                             // Recorded in the trace; an acceptance settles the step's failures.
-                            let options = st.options(s, how[s], None, &outputs);
+                            let options = st.options(Some(&tool), how[s], None, &outputs);
                             let now = st.ep.now();
                             let d = st.ctl.observe(
                                 Observation::Verified {
@@ -1149,7 +1187,7 @@ pub fn run_self_healing(
                     }
                 }
                 Attempt::Failed(f) => {
-                    let mut options = st.options(s, how[s], f.repair, &outputs);
+                    let mut options = st.options(f.tool.as_deref(), how[s], f.repair, &outputs);
                     if matches!(f.signal, Signal::UnknownTool { .. }) {
                         // The tool the model called is not on offer: nothing is its equivalent
                         // source. (The step's own tool's substitute would be a correction from
@@ -1176,11 +1214,8 @@ pub fn run_self_healing(
                                     args: args.clone(),
                                 });
                             }
-                            let required = st
-                                .ep
-                                .plan()
-                                .step_tool(s)
-                                .map(|t| t.required())
+                            let required = tool_spec(st.ep.plan(), tool)
+                                .map(ToolSpec::required)
                                 .unwrap_or_default();
                             let outcome = match result {
                                 Some(v) => CallOutcome::Returned(v),
@@ -1244,14 +1279,16 @@ pub fn run_self_healing(
                                 how[s].regenerate = true;
                             }
                             RepairTarget::Output => {
+                                let body_tool =
+                                    sent[s].as_ref().map(|c| c.tool.clone()).unwrap_or_default();
                                 let repaired = last_body[s]
                                     .as_deref()
-                                    .map(|b| repair_output(st.ep.plan(), s, b));
+                                    .map(|b| repair_output(st.ep.plan(), &body_tool, b));
                                 let checked = repaired.map(|r| {
                                     r.and_then(|v| {
                                         check_body(
                                             st.ep.plan(),
-                                            s,
+                                            &body_tool,
                                             &v,
                                             Detectors::ALL,
                                             st.ep.data_now(),
@@ -1284,7 +1321,8 @@ pub fn run_self_healing(
                                                 },
                                             ),
                                         };
-                                        let options = st.options(s, how[s], None, &outputs);
+                                        let options =
+                                            st.options(Some(&body_tool), how[s], None, &outputs);
                                         let now = st.ep.now();
                                         let d = st.ctl.observe(
                                             Observation::Verified {
@@ -1412,11 +1450,12 @@ mod tests {
         assert!(is_cut(r#"{"a": "x}"#));
         assert!(!is_cut(r#"{'a': '}'}"#));
         let plan = &crate::task::builtin(1)[0].plan;
-        assert!(repair_output(plan, 0, r#"{"city": "Fra"#).is_err());
-        let fixed = repair_output(plan, 0, "Sure! ```json\n{'city': 'France City'}\n```").unwrap();
+        let t = "geo.capital";
+        assert!(repair_output(plan, t, r#"{"city": "Fra"#).is_err());
+        let fixed = repair_output(plan, t, "Sure! ```json\n{'city': 'France City'}\n```").unwrap();
         assert_eq!(fixed["city"], "France City");
-        let mapped = repair_output(plan, 0, r#"{"city_v2": "Paris"}"#).unwrap();
+        let mapped = repair_output(plan, t, r#"{"city_v2": "Paris"}"#).unwrap();
         assert_eq!(mapped["city"], "Paris");
-        assert!(repair_output(plan, 0, r#"{"f12": "Paris"}"#).is_err());
+        assert!(repair_output(plan, t, r#"{"f12": "Paris"}"#).is_err());
     }
 }

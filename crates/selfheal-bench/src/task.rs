@@ -152,6 +152,9 @@ pub const ANSWER_TOLERANCE: Tolerance = Tolerance {
 pub enum Behaviour {
     /// A tool of the built-in catalogue.
     Builtin(Group),
+    /// The sibling of a built-in group's tool: same arguments, a value of the wrong kind
+    /// ([`crate::catalogue::sibling_truth`]).
+    Sibling(Group),
     /// Synthesised deterministically from the output spec and the arguments.
     Synth,
 }
@@ -576,7 +579,25 @@ pub fn builtin_tool(group: Group) -> ToolSpec {
     }
 }
 
-/// The built-in tasks (the first `n` of the catalogue's 100) as [`TaskSpec`]s.
+/// The spec of a built-in group's sibling: a real tool with the primary's arguments and output
+/// field that answers with a value of the wrong kind (the largest city, yesterday's rate, a
+/// rounded product). No substitute, no sibling of its own.
+pub fn builtin_sibling(group: Group) -> ToolSpec {
+    let primary = builtin_tool(group);
+    ToolSpec {
+        name: sibling(group).to_owned(),
+        description: sibling(group).to_owned(),
+        substitute: None,
+        sibling: None,
+        noise: Noise::EXACT,
+        behaviour: Behaviour::Sibling(group),
+        ..primary
+    }
+}
+
+/// The built-in tasks (the first `n` of the catalogue's 100) as [`TaskSpec`]s. Each offers more
+/// tools than its plan uses: every step's tool, that tool's sibling, and two tools of groups the
+/// plan does not use.
 pub fn builtin(n: usize) -> Vec<TaskSpec> {
     catalogue::tasks()
         .into_iter()
@@ -586,6 +607,17 @@ pub fn builtin(n: usize) -> Vec<TaskSpec> {
             for s in &t.steps {
                 if !tools.iter().any(|x| x.name == s.group.primary()) {
                     tools.push(builtin_tool(s.group));
+                    tools.push(builtin_sibling(s.group));
+                }
+            }
+            let unused: Vec<Group> = Group::ALL
+                .into_iter()
+                .filter(|g| !t.steps.iter().any(|s| s.group == *g))
+                .collect();
+            for k in 0..2.min(unused.len()) {
+                let g = unused[(t.id + 3 * k) % unused.len()];
+                if !tools.iter().any(|x| x.name == g.primary()) {
+                    tools.push(builtin_tool(g));
                 }
             }
             let steps: Vec<PlanStep> = t
@@ -889,7 +921,10 @@ fn parse_task(id: usize, v: &Value) -> Result<TaskSpec, String> {
             if unsaid.is_empty() {
                 vec![q.to_owned()]
             } else {
-                vec![q.to_owned(), format!("Use these values: {}.", unsaid.join(", "))]
+                vec![
+                    q.to_owned(),
+                    format!("Use these values: {}.", unsaid.join(", ")),
+                ]
             }
         }
         (None, None) => {
@@ -957,7 +992,56 @@ pub fn load_jsonl(text: &str) -> Result<Vec<TaskSpec>, TaskFileError> {
             message: "the file holds no task".into(),
         });
     }
+    add_distractors(&mut out);
     Ok(out)
+}
+
+/// Every file task offers more tools than its plan uses: for each tool a step calls, its
+/// sibling (the file's `sibling` name, else `<name>_legacy`): the same parameters and output
+/// fields, synthesised under its own name, so its values are of the wrong kind; and the first
+/// step tool of the next two tasks in the file (the catalogue's other tools), unless the task
+/// has them already. The plan and its answer are unchanged.
+fn add_distractors(tasks: &mut [TaskSpec]) {
+    let n = tasks.len();
+    let foreign: Vec<Vec<ToolSpec>> = (0..n)
+        .map(|i| {
+            (1..=2)
+                .filter(|k| *k < n)
+                .filter_map(|k| {
+                    let other = &tasks[(i + k) % n].plan;
+                    other.step_tool(0).cloned()
+                })
+                .collect()
+        })
+        .collect();
+    for (task, foreign) in tasks.iter_mut().zip(foreign) {
+        let plan = &mut task.plan;
+        let used: Vec<String> = plan.steps.iter().map(|s| s.tool.clone()).collect();
+        let mut extra: Vec<ToolSpec> = Vec::new();
+        for t in plan.tools.iter_mut().filter(|t| used.contains(&t.name)) {
+            let name = t
+                .sibling
+                .get_or_insert_with(|| format!("{}_legacy", t.name))
+                .clone();
+            extra.push(ToolSpec {
+                name: name.clone(),
+                description: format!("{name}: {}", t.description),
+                substitute: None,
+                sibling: None,
+                noise: Noise::EXACT,
+                ..t.clone()
+            });
+        }
+        for t in extra.into_iter().chain(foreign) {
+            let clash = plan
+                .tools
+                .iter()
+                .any(|x| x.name == t.name || x.substitute.as_deref() == Some(t.name.as_str()));
+            if !clash {
+                plan.tools.push(t);
+            }
+        }
+    }
 }
 
 /// A real tool of the wrong kind that accepts the same arguments (the implicit wrong tool).
