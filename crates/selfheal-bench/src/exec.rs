@@ -168,6 +168,10 @@ pub struct EpisodeRecord {
     pub clock_ms: u64,
     /// Detector tallies.
     pub tally: Tally,
+    /// Whether nothing went wrong: no fault scheduled and no mistake of the model's own.
+    pub clean: bool,
+    /// Detector → how many times it fired ([`Episode::report_alarm`]).
+    pub alarms: BTreeMap<&'static str, u64>,
 }
 
 /// One episode's world.
@@ -193,6 +197,9 @@ pub struct Episode<'t> {
     /// The time of day on the world's clock, for `as_of` stamps.
     data_now: u64,
     tally: Tally,
+    /// Mistakes the model made on its own (no fault injected).
+    mistakes: u32,
+    alarms: BTreeMap<&'static str, u64>,
 }
 
 impl<'t> Episode<'t> {
@@ -224,6 +231,8 @@ impl<'t> Episode<'t> {
             answered: vec![false; n],
             data_now: NOW_DATA_MS,
             tally: Tally::default(),
+            mistakes: 0,
+            alarms: BTreeMap::new(),
         }
     }
 
@@ -560,6 +569,7 @@ impl<'t> Episode<'t> {
             };
         }
         if !had_fault && let Some((w, class)) = self.own_mistake(s, writer, &written, outputs) {
+            self.mistakes = self.mistakes.saturating_add(1);
             self.last_fault[s] = Some(class);
             written = w;
             if written == Written::Skipped {
@@ -826,12 +836,22 @@ impl<'t> Episode<'t> {
             .or_default() += 1;
     }
 
+    /// A detector of the client fired at step `s` (`detector`: its name, e.g. `grounding`).
+    /// Counted per episode; the runner reports how often each fires on episodes where nothing
+    /// went wrong (false alarms). Changes nothing in the world.
+    pub fn report_alarm(&mut self, s: usize, detector: &'static str) {
+        let _ = s;
+        *self.alarms.entry(detector).or_default() += 1;
+    }
+
     /// What the runner keeps.
     pub(crate) fn into_record(self) -> EpisodeRecord {
         EpisodeRecord {
             costs: self.costs,
             clock_ms: self.clock_ms,
             tally: self.tally,
+            clean: self.faults.is_empty() && self.mistakes == 0,
+            alarms: self.alarms,
         }
     }
 }

@@ -326,6 +326,10 @@ pub struct Detail {
     pub by_family: BTreeMap<Family, Recovered>,
     /// Outcome by fault name: met, succeeded, silent.
     pub by_fault: BTreeMap<String, KindOutcome>,
+    /// Episodes in which nothing went wrong: no fault scheduled, no mistake of the model's own.
+    pub clean_episodes: u64,
+    /// Detector → clean episodes in which it fired (false alarms; see `docs/bench/report.md`).
+    pub false_alarms_clean: BTreeMap<&'static str, u64>,
 }
 
 /// How the cross-check verifier fared.
@@ -592,6 +596,8 @@ pub fn run(
             let mut by_family: BTreeMap<Family, Recovered> = BTreeMap::new();
             let mut by_fault: BTreeMap<String, KindOutcome> = BTreeMap::new();
             let mut tally = Tally::default();
+            let mut clean_episodes = 0u64;
+            let mut false_alarms_clean: BTreeMap<&'static str, u64> = BTreeMap::new();
             let mut eps = Vec::with_capacity(seeds.len() * tasks.len());
             for (si, &seed) in seeds.iter().enumerate() {
                 for (ti, task) in tasks.iter().enumerate() {
@@ -605,6 +611,12 @@ pub fn run(
                         want_trace,
                     );
                     let rec = ep.into_record();
+                    if rec.clean {
+                        clean_episodes += 1;
+                        for d in rec.alarms.keys() {
+                            *false_alarms_clean.entry(d).or_default() += 1;
+                        }
+                    }
                     let correct = ended.answer.as_ref().is_some_and(|a| exec::score(task, a));
                     let claimed = ended.answer.is_some();
                     let is_faulted = !faults.is_empty();
@@ -735,6 +747,8 @@ pub fn run(
                 by_class,
                 by_family,
                 by_fault,
+                clean_episodes,
+                false_alarms_clean,
             });
             outcomes.insert((budget, strategy), eps);
             tallies.insert((budget, strategy), tally);

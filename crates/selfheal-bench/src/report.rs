@@ -13,6 +13,33 @@ use selfheal_core::FailureClass;
 
 use crate::Report;
 
+/// The per-detector false-alarm line: on episodes where nothing went wrong, in how many each
+/// detector fired.
+pub fn false_alarm_line(d: &crate::Detail, budget: u32) -> String {
+    let fired: Vec<String> = d
+        .false_alarms_clean
+        .iter()
+        .map(|(k, n)| {
+            let share = if d.clean_episodes == 0 {
+                0.0
+            } else {
+                *n as f64 / d.clean_episodes as f64
+            };
+            format!("{k} {n} ({})", pct(share))
+        })
+        .collect();
+    format!(
+        "false alarms ({}, R = {budget}) on {} episodes where nothing went wrong: {}",
+        d.strategy,
+        d.clean_episodes,
+        if fired.is_empty() {
+            "none".to_owned()
+        } else {
+            fired.join(", ")
+        }
+    )
+}
+
 fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
@@ -110,6 +137,13 @@ pub fn table(report: &Report) -> String {
                 d.verifier.uncertain
             );
         }
+    }
+    for d in report
+        .details
+        .iter()
+        .filter(|d| d.budget == top && d.strategy == "self-healing")
+    {
+        let _ = writeln!(out, "{}", false_alarm_line(d, top));
     }
     for c in &report.confusion {
         let _ = writeln!(
@@ -279,6 +313,13 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             p.other_wrong_self_right,
             p.other_wrong_self_none
         );
+    }
+    out.push_str(
+        "\n## False alarms where nothing went wrong\n\nPer strategy at the largest budget: of the episodes with no fault scheduled and no mistake of the model's own, how many saw each detector fire.\n\n",
+    );
+    let top = report.results.iter().map(|r| r.budget).max().unwrap_or(0);
+    for d in report.details.iter().filter(|d| d.budget == top) {
+        let _ = writeln!(out, "- {}", false_alarm_line(d, top));
     }
     let cen = &report.census;
     let total: u64 = cen.by_fault.values().sum();

@@ -419,8 +419,26 @@ fn attempt(
     let mut a = attempt_inner(ep, s, how, outputs, prev_call, det, &mut called);
     if let Attempt::Failed(f) = &mut a {
         f.tool = called;
+        if let Some(d) = detector_of(f) {
+            ep.report_alarm(s, d);
+        }
     }
     a
+}
+
+/// Which of the client's detectors a failure comes from (`None`: the tool or the model said so
+/// itself — a raised error, an unreadable body, no input to fill).
+fn detector_of(f: &Failure) -> Option<&'static str> {
+    Some(match &f.signal {
+        Signal::Repetition => "repetition",
+        Signal::UnknownTool { .. } => "tool_on_offer",
+        Signal::EmptyInput { .. } => "required_arguments",
+        Signal::InvalidArguments { .. } if f.message.contains("appear nowhere") => "grounding",
+        Signal::InvalidArguments { .. } => "arguments_json",
+        Signal::Stale { .. } => "freshness",
+        Signal::SchemaDrift { .. } | Signal::EmptyOutput if f.called.is_some() => "contract",
+        _ => return None,
+    })
 }
 
 fn attempt_inner(
@@ -462,8 +480,13 @@ fn attempt_inner(
     let required = tool_spec(plan, &tool)
         .map(ToolSpec::required)
         .unwrap_or_default();
+    // A plan that makes the same call twice in a row (a status read twice) repeats on purpose:
+    // only a repeat the plan does not have is a loop.
+    let planned_twice = s
+        .checked_sub(1)
+        .is_some_and(|p| plan.steps.get(p) == plan.steps.get(s));
     if det.call_checks {
-        if prev_call.is_some_and(|p| {
+        if !planned_twice && prev_call.is_some_and(|p| {
             matches!(p, Written::Call { tool: t, args: a } if *t == tool && canonical_hash(a) == canonical_hash(&args))
         }) {
             return Attempt::Failed(Failure::new(
@@ -713,7 +736,10 @@ fn read_again(
     };
     match &judgement {
         Judgement::Accept => ep.report_verdict(s, Some(true)),
-        Judgement::Reject { .. } => ep.report_verdict(s, Some(false)),
+        Judgement::Reject { .. } => {
+            ep.report_verdict(s, Some(false));
+            ep.report_alarm(s, if local { "re_read" } else { "cross_check" });
+        }
         Judgement::Uncertain { .. } => ep.report_verdict(s, None),
     }
     Some(judgement)

@@ -137,6 +137,8 @@ fn the_episode_exposes_no_truth_or_schedule() {
             "call",
             "report_verdict",
             "report_class",
+            // A detector fired: counted for the false-alarm rate, nothing shown back.
+            "report_alarm",
         ]
     );
 }

@@ -238,3 +238,36 @@ fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
     );
     assert!(twice > checks, "{twice} reads against {checks}");
 }
+
+/// Issue 32: a plan that reads a status twice in a row makes the same call twice on purpose; on
+/// a fault-free run with a model that never errs, no strategy takes it for a loop, every one
+/// answers, and no detector fires (the per-detector false-alarm count is what says so).
+#[test]
+fn a_status_read_twice_is_not_a_loop() {
+    let line = r#"{"id": "twice", "prompt": "Check the status of job j42 twice and report the second reading.", "tools": [{"name": "status", "parameters": {"type": "object", "properties": {"job": {"type": "string"}}, "required": ["job"]}, "output": {"state": "string"}}], "plan": [{"tool": "status", "args": {"job": "j42"}, "label": "var1"}, {"tool": "status", "args": {"job": "j42"}, "label": "var2"}], "answer": "$var2.state$"}"#;
+    let tasks = load_jsonl(line).unwrap();
+    let mut fault_model = selfheal_bench::faultmodel::FaultModel::default_model().unwrap();
+    fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    let config = BenchConfig {
+        seeds: 2,
+        tasks: 1,
+        fault_rate: 0.0,
+        task_set: TaskSet {
+            name: "twice".into(),
+            tasks,
+        },
+        fault_model,
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    for d in &report.details {
+        assert_eq!(d.clean_episodes, 2, "{}", d.strategy);
+        assert_eq!(d.successes, 2, "{}", d.strategy);
+        assert!(
+            d.false_alarms_clean.is_empty(),
+            "{}: {:?}",
+            d.strategy,
+            d.false_alarms_clean
+        );
+    }
+}
