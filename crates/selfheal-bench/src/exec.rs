@@ -45,6 +45,10 @@ pub mod latency {
     pub const ESCALATE: u64 = 2_000;
 }
 
+/// How far apart a seed's episodes start on the benchmark's clock (a seed's tasks run one after
+/// another, a minute apart): what places an episode in a fault's `window`.
+pub const EPISODE_SPACING_MS: u64 = 60_000;
+
 /// Data older than this is stale.
 pub const MAX_AGE_MS: u64 = 3_600_000;
 
@@ -140,6 +144,24 @@ struct Armed {
     substitute_attempts: u32,
     agent_attempts: u32,
     fixed: bool,
+    /// When it first hit (benchmark clock), for faults that clear by time.
+    first_hit_ms: Option<u64>,
+}
+
+impl Armed {
+    /// Whether a fault that clears by time or lives in a window is on at `t` (`None`: it
+    /// clears by attempts).
+    fn on_in_time(&mut self, spec: &crate::faultmodel::FaultSpec, t: u64) -> Option<bool> {
+        if let Some(w) = spec.window {
+            return Some(w.contains(t));
+        }
+        if self.inj.permanent {
+            return None;
+        }
+        let d = spec.duration_ms(self.inj.k)?;
+        let first = *self.first_hit_ms.get_or_insert(t);
+        Some(t < first.saturating_add(d))
+    }
 }
 
 /// How the detectors fared against the truth (counted by the episode, never shown).
@@ -199,6 +221,8 @@ pub struct Episode<'t> {
     tally: Tally,
     /// Mistakes the model made on its own (no fault injected).
     mistakes: u32,
+    /// When the episode started on the benchmark's clock.
+    start_ms: u64,
     alarms: BTreeMap<&'static str, u64>,
 }
 
@@ -218,6 +242,7 @@ impl<'t> Episode<'t> {
                     substitute_attempts: 0,
                     agent_attempts: 0,
                     fixed: false,
+                    first_hit_ms: None,
                 })
                 .collect(),
             rng: SplitMix64::new(seed ^ (task.id as u64).rotate_left(29) ^ 0xE1E1_0DE5),
@@ -233,7 +258,32 @@ impl<'t> Episode<'t> {
             tally: Tally::default(),
             mistakes: 0,
             alarms: BTreeMap::new(),
+            start_ms: 0,
         }
+    }
+
+    /// Places the episode on the benchmark's clock (ms; the runner sets a seed's `i`-th episode
+    /// to `i ×` [`EPISODE_SPACING_MS`]): faults with a `window` are on while the clock is
+    /// inside it. A windowed fault in `faults` is armed on every step it applies to. World setup,
+    /// like [`Episode::set_data_now`]; a strategy never calls it.
+    pub fn start_at(&mut self, ms: u64) {
+        self.start_ms = ms;
+        let task = self.task;
+        let model = self.model;
+        let mut extra = Vec::new();
+        for f in &self.faults {
+            let spec = &model.faults[f.inj.spec];
+            if spec.window.is_some() {
+                for s in (0..task.plan.steps.len()).filter(|&s| s != f.inj.step) {
+                    if spec.applies(task, s) {
+                        let mut g = f.clone();
+                        g.inj.step = s;
+                        extra.push(g);
+                    }
+                }
+            }
+        }
+        self.faults.extend(extra);
     }
 
     /// Executes a call of `tool` made by a client that has no plan of its own (a live model that
@@ -493,9 +543,12 @@ impl<'t> Episode<'t> {
             writer == Writer::Fallback && self.rng.next_f64() < model.escalation.error_rate;
         let fix = self.fallback_fixes(writer);
         let mut active: Option<(Effect, Option<FailureClass>)> = None;
+        let t = self.start_ms + self.clock_ms;
+        let armed_now = self.successes;
         for f in self.faults.iter_mut().filter(|f| f.inj.step == s) {
             let spec = &model.faults[f.inj.spec];
-            if spec.target != Target::Agent {
+            // `onset` holds for model-side faults as for tool-side ones.
+            if spec.target != Target::Agent || spec.onset > armed_now {
                 continue;
             }
             let missing = matches!(spec.effect, Effect::MissingStep);
@@ -508,7 +561,9 @@ impl<'t> Episode<'t> {
             } else {
                 f.agent_attempts
             };
-            let on = !f.fixed && (f.inj.permanent || attempts <= f.inj.k);
+            let on = !f.fixed
+                && f.on_in_time(spec, t)
+                    .unwrap_or(f.inj.permanent || attempts <= f.inj.k);
             if on && active.is_none() {
                 active = Some((spec.effect.clone(), spec.class_of(f.inj.permanent)));
             }
@@ -537,9 +592,14 @@ impl<'t> Episode<'t> {
             self.last_fault[s] = Some(class);
             written = match effect {
                 Effect::MissingStep => Written::Skipped,
-                Effect::WrongArgs { op } => Written::Call {
+                Effect::WrongArgs { op, broken } => Written::Call {
                     tool: step.tool.clone(),
-                    args: wrong_args(&args, op),
+                    args: match (op, broken) {
+                        (ArgsOp::BrokenJson, Some(kind)) => {
+                            Value::String(malform(&args.to_string(), kind, 0.66))
+                        }
+                        _ => wrong_args(&args, op),
+                    },
                 },
                 Effect::WrongTool { op } => {
                     let tool = match op {
@@ -706,7 +766,10 @@ impl<'t> Episode<'t> {
                     f.substitute_attempts
                 };
                 let (permanent, k, skew) = (f.inj.permanent, f.inj.k, f.inj.skew);
-                let mut on = permanent || attempts <= k;
+                let t = self.start_ms + self.clock_ms;
+                let mut on = f
+                    .on_in_time(spec_f, t)
+                    .unwrap_or(permanent || attempts <= k);
                 if matches!(spec_f.effect, Effect::Stale { .. }) && fresh && !permanent {
                     on = false;
                 }
@@ -1200,7 +1263,63 @@ fn malform(text: &str, op: MalformOp, keep: f64) -> String {
         MalformOp::Prose => format!("Sure! Here is the result you asked for: {text} Let me know if you need anything else."),
         MalformOp::Fence => format!("```json\n{text}\n```"),
         MalformOp::Html => "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>".to_owned(),
+        MalformOp::Comments => {
+            let t = text.replacen('{', "{ /* result */ ", 1);
+            match t.rfind('}') {
+                Some(i) => format!("{} // end\n}}", &t[..i]),
+                None => t,
+            }
+        }
+        MalformOp::Python => text
+            .replace("true", "True")
+            .replace("false", "False")
+            .replace("null", "None")
+            .replace('"', "'"),
+        MalformOp::UnquotedKeys => unquote_keys(text),
+        MalformOp::MissingComma => text.replacen(",\"", " \"", 1),
+        MalformOp::MissingBrace => text.strip_suffix('}').unwrap_or(text).to_owned(),
     }
+}
+
+/// `{"a": 1}` → `{a: 1}`: every key that is a plain identifier loses its quotes.
+fn unquote_keys(text: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return text.to_owned();
+    };
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(o) => {
+                out.push('{');
+                for (i, (k, x)) in o.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !k.is_empty() {
+                        out.push_str(k);
+                    } else {
+                        out.push_str(&Value::String(k.clone()).to_string());
+                    }
+                    out.push_str(": ");
+                    write(x, out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(&v, &mut out);
+    out
 }
 
 /// A raised response with this message and status.
@@ -1262,6 +1381,30 @@ mod tests {
         assert!(malform(body, MalformOp::Fence, 0.0).starts_with("```json"));
         assert!(malform(body, MalformOp::Prose, 0.0).contains(body));
         assert!(selfheal_repair::repair(&malform(body, MalformOp::Html, 0.0)).is_err());
+        // The kinds of broken JSON the repair suites name: each breaks the parse, and each but
+        // the lost brace (a cut, which a client refuses to close) still holds all its data.
+        let body = r#"{"rate":1.2345,"ok":true,"note":null}"#;
+        let want: Value = serde_json::from_str(body).unwrap();
+        for op in [
+            MalformOp::Comments,
+            MalformOp::Python,
+            MalformOp::UnquotedKeys,
+            MalformOp::MissingComma,
+            MalformOp::MissingBrace,
+        ] {
+            let broken = malform(body, op, 0.0);
+            assert!(
+                serde_json::from_str::<Value>(&broken).is_err(),
+                "{op:?}: {broken}"
+            );
+            if op != MalformOp::MissingBrace {
+                assert_eq!(
+                    selfheal_repair::repair(&broken).map(|r| r.value).ok(),
+                    Some(want.clone()),
+                    "{op:?}: {broken}"
+                );
+            }
+        }
     }
 
     #[test]

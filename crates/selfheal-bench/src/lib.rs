@@ -523,7 +523,13 @@ pub fn schedules(config: &BenchConfig) -> Vec<Vec<Vec<Injected>>> {
         .map(|i| {
             tasks
                 .iter()
-                .map(|t| draw(t, config.seed + i, config.fault_rate, &model))
+                .enumerate()
+                .map(|(ti, t)| {
+                    let mut fs = draw(t, config.seed + i, config.fault_rate, &model);
+                    let start = ti as u64 * exec::EPISODE_SPACING_MS;
+                    fs.extend(faultmodel::windowed(t, start, &model));
+                    fs
+                })
                 .collect()
         })
         .collect()
@@ -603,6 +609,7 @@ pub fn run(
                 for (ti, task) in tasks.iter().enumerate() {
                     let faults = &schedules[si][ti];
                     let mut ep = Episode::new(task, faults, &model, seed);
+                    ep.start_at(ti as u64 * exec::EPISODE_SPACING_MS);
                     let ended = strategy.run(
                         &mut ep,
                         budget,

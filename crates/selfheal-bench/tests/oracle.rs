@@ -24,6 +24,7 @@ const FORBIDDEN: &[&str] = &[
     "draw(",
     "schedule(",
     "set_data_now",
+    "start_at",
     // The plan's values are the answer: grounding reads the prompt (issue 32).
     "inputs()",
     "mentions",
@@ -119,6 +120,9 @@ fn the_episode_exposes_no_truth_or_schedule() {
         public,
         [
             "new",
+            // Where the episode sits on the benchmark's clock (for faults in a window): world
+            // setup by the runner; a strategy never calls it (scanned for above).
+            "start_at",
             // A call by tool name, for a live model that has no plan: a client operation.
             "execute_named",
             "plan",
