@@ -184,7 +184,7 @@ const COUNTRIES: [&str; 20] = [
     "France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway", "Chile", "Egypt", "Vietnam",
     "Mexico", "Poland", "Ghana", "Peru", "Spain", "Korea", "Turkey", "Nepal", "Chad", "Fiji",
 ];
-const COMPANIES: [&str; 12] = [
+pub(crate) const COMPANIES: [&str; 12] = [
     "Acme",
     "Globex",
     "Initech",

@@ -965,7 +965,12 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
             }
             // Synthesised tools (imported specs) are lenient about types, as most real APIs
             // that take query strings are.
-            Some(v) if spec.behaviour != Behaviour::Synth && !(v.is_null() || p.ty.accepts(v)) => {
+            Some(v)
+                if matches!(
+                    spec.behaviour,
+                    Behaviour::Builtin(_) | Behaviour::Sibling(_)
+                ) && !(v.is_null() || p.ty.accepts(v)) =>
+            {
                 return Err(format!("argument `{}` must be a {}", p.name, p.ty.as_str()));
             }
             _ => {}
@@ -984,6 +989,7 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
                 catalogue::truth(group, &argv)
             }
         }
+        Behaviour::Semantic(op) => semantic(spec, op, args),
         Behaviour::Synth => {
             // Lenient about types means one value, however it is typed: the tool reads each
             // argument as its declared type (`"4"` and `4` for a string parameter are the same
@@ -1010,6 +1016,62 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
             Ok(out)
         }
     }
+}
+
+/// A tool with real semantics: its value, in its first output field.
+fn semantic(
+    spec: &ToolSpec,
+    op: crate::task::Op,
+    args: &Map<String, Value>,
+) -> Result<Value, String> {
+    use crate::task::Op;
+    let (path, _) = spec
+        .output
+        .first()
+        .ok_or_else(|| format!("`{}` declares no output", spec.name))?;
+    let v = if op == Op::Lookup {
+        let key = spec
+            .params
+            .first()
+            .and_then(|p| args.get(&p.name))
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .ok_or("lookup needs a key")?;
+        json!((fnv(&[&spec.name, "table", &key]) % 1_000_000) as f64 / 100.0)
+    } else {
+        let nums: Vec<f64> = spec
+            .params
+            .iter()
+            .filter_map(|p| args.get(&p.name))
+            .map(|v| match v {
+                Value::Number(n) => n.as_f64(),
+                Value::String(s) => s.trim().parse::<f64>().ok(),
+                _ => None,
+            })
+            .collect::<Option<Vec<f64>>>()
+            .ok_or("arguments must be numbers")?;
+        let [a, b] = nums[..] else {
+            return Err(format!("`{}` takes two numbers", spec.name));
+        };
+        let r = |x: f64| json!((x * 10_000.0).round() / 10_000.0);
+        match op {
+            Op::Add => r(a + b),
+            Op::Subtract => r(a - b),
+            Op::Multiply => r(a * b),
+            Op::Divide if b == 0.0 => return Err("division by zero".into()),
+            Op::Divide => r(a / b),
+            Op::Greater => json!(a > b),
+            Op::Less => json!(a < b),
+            Op::Max => r(a.max(b)),
+            Op::Min => r(a.min(b)),
+            Op::Lookup => Value::Null,
+        }
+    };
+    let mut out = Value::Object(Map::new());
+    set_path(&mut out, path, v);
+    Ok(out)
 }
 
 /// `args` with each scalar read as its parameter's declared type where it reads as one (a

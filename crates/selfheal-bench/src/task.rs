@@ -157,6 +157,51 @@ pub enum Behaviour {
     Sibling(Group),
     /// Synthesised deterministically from the output spec and the arguments.
     Synth,
+    /// Real semantics over the arguments (a file's `"semantics"`, or the built-in comparison).
+    Semantic(Op),
+}
+
+/// What a tool with real semantics computes, into its first output field: arithmetic and
+/// comparisons over its numeric parameters in declaration order (numeric strings read as
+/// numbers), or a lookup of its first parameter in a seeded table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `a + b`.
+    Add,
+    /// `a − b`.
+    Subtract,
+    /// `a · b`.
+    Multiply,
+    /// `a / b` (`b = 0` is refused).
+    Divide,
+    /// `a > b`.
+    Greater,
+    /// `a < b`.
+    Less,
+    /// The larger.
+    Max,
+    /// The smaller.
+    Min,
+    /// The first argument's entry in a table seeded by the tool's name: the same key, the same
+    /// value, whatever the other arguments.
+    Lookup,
+}
+
+impl Op {
+    fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "add" => Op::Add,
+            "subtract" => Op::Subtract,
+            "multiply" => Op::Multiply,
+            "divide" => Op::Divide,
+            "greater" => Op::Greater,
+            "less" => Op::Less,
+            "max" => Op::Max,
+            "min" => Op::Min,
+            "lookup" => Op::Lookup,
+            _ => return None,
+        })
+    }
 }
 
 /// A tool as the agent knows it (name, description, schema) plus the simulation facts.
@@ -595,10 +640,105 @@ pub fn builtin_sibling(group: Group) -> ToolSpec {
     }
 }
 
-/// The built-in tasks (the first `n` of the catalogue's 100) as [`TaskSpec`]s. Each offers more
-/// tools than its plan uses: every step's tool, that tool's sibling, and two tools of groups the
-/// plan does not use.
+/// The built-in comparison: whether `a` is greater than `b` (real semantics, local).
+pub fn compare_tool() -> ToolSpec {
+    ToolSpec {
+        name: "calc.compare".into(),
+        description: "Whether a is greater than b.".into(),
+        params: ["a", "b"]
+            .iter()
+            .map(|p| Param {
+                name: (*p).to_owned(),
+                ty: FieldType::Number,
+                required: true,
+            })
+            .collect(),
+        output: vec![("greater".into(), FieldType::Boolean)],
+        external: false,
+        freshness: false,
+        substitute: None,
+        sibling: None,
+        noise: Noise::EXACT,
+        tolerance: Tolerance { rel: 0.0, abs: 0.0 },
+        behaviour: Behaviour::Semantic(Op::Greater),
+    }
+}
+
+/// The `j`-th built-in comparison task: is one company's share price above another's? A DAG —
+/// two chains (ticker → quote) joined by the comparison — whose answer is a real comparison.
+fn compare_task(id: usize, j: usize) -> TaskSpec {
+    let names = catalogue::COMPANIES;
+    let a = names[(j * 5) % names.len()];
+    let b = names[(j * 5 + 1 + j % 7) % names.len()];
+    let mut tools = vec![
+        builtin_tool(Group::Ticker),
+        builtin_sibling(Group::Ticker),
+        builtin_tool(Group::Price),
+        builtin_sibling(Group::Price),
+        compare_tool(),
+    ];
+    let unused = [Group::Fx, Group::Convert, Group::Capital, Group::Fetch];
+    tools.push(builtin_tool(unused[j % unused.len()]));
+    let lit = |s: &str| ArgSrc::Lit(Value::String(s.to_owned()));
+    let at = |step: usize, path: &str| ArgSrc::Ref {
+        step,
+        path: path.to_owned(),
+    };
+    let step = |tool: &str, args: Vec<(&str, ArgSrc)>| PlanStep {
+        tool: tool.to_owned(),
+        args: args.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+    };
+    let steps = vec![
+        step("company.ticker", vec![("company", lit(a))]),
+        step("stock.quote", vec![("ticker", at(0, "ticker"))]),
+        step("company.ticker", vec![("company", lit(b))]),
+        step("stock.quote", vec![("ticker", at(2, "ticker"))]),
+        step(
+            "calc.compare",
+            vec![("a", at(1, "price")), ("b", at(3, "price"))],
+        ),
+    ];
+    let plan = Plan {
+        prompt: vec![format!(
+            "Is {a}'s share price higher than {b}'s right now? Answer yes or no."
+        )],
+        tools,
+        steps,
+        answer: AnswerSpec::One(at(4, "greater")),
+    };
+    let expected = crate::exec::clean_answer(&plan).unwrap_or(Value::Null);
+    TaskSpec {
+        id,
+        name: "compare-share-prices".into(),
+        plan,
+        expected,
+        mentions: vec![json!(a), json!(b)],
+    }
+}
+
+/// The built-in tasks: every sixth (index 5, 11, …) a comparison of two share prices
+/// ([`compare_task`], a DAG with fan-in), the others the catalogue's tasks in order. Each offers
+/// more tools than its plan uses: every step's tool, that tool's sibling, and tools of groups
+/// the plan does not use.
 pub fn builtin(n: usize) -> Vec<TaskSpec> {
+    let catalogue = catalogue_tasks(n);
+    let mut cat = catalogue.into_iter();
+    (0..n)
+        .map_while(|i| {
+            if i % 6 == 5 {
+                Some(compare_task(i, i / 6))
+            } else {
+                cat.next().map(|mut t| {
+                    t.id = i;
+                    t
+                })
+            }
+        })
+        .collect()
+}
+
+/// The catalogue's tasks as [`TaskSpec`]s (at most `n`).
+fn catalogue_tasks(n: usize) -> Vec<TaskSpec> {
     catalogue::tasks()
         .into_iter()
         .take(n)
@@ -819,7 +959,15 @@ fn parse_tool(v: &Value) -> Result<ToolSpec, String> {
         sibling: v.get("sibling").and_then(Value::as_str).map(str::to_owned),
         noise,
         tolerance,
-        behaviour: Behaviour::Synth,
+        behaviour: match v.get("semantics") {
+            None => Behaviour::Synth,
+            Some(x) => Behaviour::Semantic(x.as_str().and_then(Op::parse).ok_or_else(|| {
+                format!(
+                    "tool `{name}`: `semantics` must be one of add, subtract, multiply, divide, \
+                     greater, less, max, min, lookup"
+                )
+            })?),
+        },
         name,
     })
 }

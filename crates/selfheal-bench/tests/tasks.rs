@@ -271,3 +271,49 @@ fn a_status_read_twice_is_not_a_loop() {
         );
     }
 }
+
+/// Issue 32: tools with real semantics. The built-in comparison tasks (a DAG: two chains joined
+/// by `calc.compare`) answer with the comparison of the two prices the plan fetches, and both
+/// answers occur; a file's `"semantics": "add"` adds and `"greater"` compares what it is given.
+#[test]
+fn comparisons_compare_and_arithmetic_computes() {
+    use selfheal_bench::task::{ArgSrc, builtin, resolve_args};
+    let tasks = builtin(100);
+    let compare: Vec<_> = tasks
+        .iter()
+        .filter(|t| t.name == "compare-share-prices")
+        .collect();
+    assert_eq!(compare.len(), 16);
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &compare {
+        // Fan-in: the last step reads two different earlier steps.
+        let reads: Vec<usize> = t.plan.steps[4]
+            .args
+            .iter()
+            .filter_map(|(_, a)| match a {
+                ArgSrc::Ref { step, .. } => Some(*step),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reads, [1, 3]);
+        seen.insert(t.expected.as_bool().unwrap());
+    }
+    assert_eq!(seen.len(), 2, "every comparison came out the same way");
+
+    let tool = |name: &str, sem: &str, out: &str| {
+        format!(
+            r#"{{"name":"{name}","semantics":"{sem}","external":false,"parameters":{{"type":"object","properties":{{"a":{{"type":"number"}},"b":{{"type":"number"}}}},"required":["a","b"]}},"output":{{"{out}":"number"}}}}"#
+        )
+    };
+    let line = format!(
+        r#"{{"id":"sum","prompt":"Is 2.5 + 4 more than 6?","tools":[{},{}],"plan":[{{"tool":"add","args":{{"a":2.5,"b":4}},"label":"var1"}},{{"tool":"gt","args":{{"a":"$var1.value$","b":6}},"label":"var2"}}],"answer":{{"sum":"$var1.value$","more":"$var2.greater$"}}}}"#,
+        tool("add", "add", "value"),
+        tool("gt", "greater", "greater").replace(r#""greater":"number""#, r#""greater":"boolean""#)
+    );
+    let t = &load_jsonl(&line).unwrap()[0];
+    assert_eq!(t.expected["sum"], 6.5);
+    assert_eq!(t.expected["more"], true);
+    assert!(resolve_args(&t.plan, 0, &[]).is_ok());
+    let bad = line.replace(r#""semantics":"add""#, r#""semantics":"pow""#);
+    assert!(load_jsonl(&bad).is_err_and(|e| e.message.contains("semantics")));
+}
