@@ -169,6 +169,9 @@ pub struct BenchConfig {
     /// The policy `self-healing` runs with (`None`: the default policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<Policy>,
+    /// A deployment: a seed's episodes run in sequence against one world whose tools keep their
+    /// state — a tool that breaks for good stays broken for every later episode that calls it.
+    pub deployment: bool,
 }
 
 impl Default for BenchConfig {
@@ -193,6 +196,7 @@ impl Default for BenchConfig {
             weights: CostWeights::default(),
             strategies: Strategy::ALL.to_vec(),
             policy: None,
+            deployment: false,
         }
     }
 }
@@ -521,6 +525,8 @@ pub fn schedules(config: &BenchConfig) -> Vec<Vec<Vec<Injected>>> {
     let tasks = &config.task_set.tasks[..config.tasks.min(config.task_set.tasks.len())];
     (0..u64::from(config.seeds))
         .map(|i| {
+            // In a deployment, the tools broken for good so far: (tool, fault, skew).
+            let mut broken: Vec<(String, usize, f64)> = Vec::new();
             tasks
                 .iter()
                 .enumerate()
@@ -528,11 +534,53 @@ pub fn schedules(config: &BenchConfig) -> Vec<Vec<Vec<Injected>>> {
                     let mut fs = draw(t, config.seed + i, config.fault_rate, &model);
                     let start = ti as u64 * exec::EPISODE_SPACING_MS;
                     fs.extend(faultmodel::windowed(t, start, &model));
+                    if config.deployment {
+                        inherit(t, &model, &mut fs, &mut broken);
+                    }
                     fs
                 })
                 .collect()
         })
         .collect()
+}
+
+/// A deployment's memory of the world: the task meets every permanent tool-side fault an earlier
+/// episode of the seed drew on a tool it calls (at each step calling that tool), and adds its own
+/// to what later episodes meet.
+fn inherit(
+    task: &TaskSpec,
+    model: &FaultModel,
+    faults: &mut Vec<Injected>,
+    broken: &mut Vec<(String, usize, f64)>,
+) {
+    let plan = &task.plan;
+    for s in 0..plan.steps.len() {
+        let tool = &plan.steps[s].tool;
+        for (t, spec, skew) in broken.iter() {
+            let applies = model.faults.get(*spec).is_some_and(|f| f.applies(task, s));
+            if t == tool && applies && !faults.iter().any(|f| f.step == s && f.spec == *spec) {
+                faults.push(Injected {
+                    step: s,
+                    spec: *spec,
+                    permanent: true,
+                    k: 1,
+                    skew: *skew,
+                });
+            }
+        }
+    }
+    for f in faults.iter() {
+        let Some(spec) = model.faults.get(f.spec) else {
+            continue;
+        };
+        let tool_side = spec.target != faultmodel::Target::Agent && spec.window.is_none();
+        if f.permanent && tool_side {
+            let tool = plan.steps[f.step].tool.clone();
+            if !broken.iter().any(|(t, s, _)| *t == tool && *s == f.spec) {
+                broken.push((tool, f.spec, f.skew));
+            }
+        }
+    }
 }
 
 fn census_of(model: &FaultModel, schedules: &[Vec<Vec<Injected>>]) -> Census {

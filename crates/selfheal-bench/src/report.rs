@@ -13,6 +13,26 @@ use selfheal_core::FailureClass;
 
 use crate::Report;
 
+/// What a deployment run is, and which strategies carry memory across its episodes.
+pub fn deployment_line(report: &Report) -> String {
+    let memory: Vec<&str> = report
+        .config
+        .strategies
+        .iter()
+        .filter(|s| s.carries_memory())
+        .map(|s| s.as_str())
+        .collect();
+    format!(
+        "deployment: each seed's {} episodes run in sequence against one world (a tool broken for good stays broken); strategies carrying memory across episodes: {}",
+        report.config.tasks,
+        if memory.is_empty() {
+            "none".to_owned()
+        } else {
+            memory.join(", ")
+        }
+    )
+}
+
 /// The per-detector false-alarm line: on episodes where nothing went wrong, in how many each
 /// detector fired.
 pub fn false_alarm_line(d: &crate::Detail, budget: u32) -> String {
@@ -75,7 +95,11 @@ fn header(report: &Report) -> String {
         } else {
             ""
         }
-    )
+    ) + if c.deployment {
+        ", deployment (episodes in sequence, one world)"
+    } else {
+        ""
+    }
 }
 
 /// The results as a terminal table: RSR first, TSR next to it.
@@ -109,6 +133,9 @@ pub fn table(report: &Report) -> String {
             per_success(d.cost_per_success),
             r.latency_ms
         );
+    }
+    if report.config.deployment {
+        let _ = writeln!(out, "{}", deployment_line(report));
     }
     let cen = &report.census;
     let _ = writeln!(

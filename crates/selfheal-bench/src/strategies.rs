@@ -97,6 +97,22 @@ impl Strategy {
         }
     }
 
+    /// Whether the strategy carries memory from one episode to the next (in a `--deployment`,
+    /// a strategy that does could learn which tools stay broken). None of these does: each
+    /// episode starts a fresh client and a fresh controller.
+    pub fn carries_memory(self) -> bool {
+        match self {
+            Strategy::Static
+            | Strategy::RetryOnly
+            | Strategy::React
+            | Strategy::ReactVerify
+            | Strategy::FullReplan
+            | Strategy::FullReplanVerify
+            | Strategy::ClassAgnostic
+            | Strategy::SelfHealing => false,
+        }
+    }
+
     /// Parses a name.
     pub fn parse(s: &str) -> Option<Strategy> {
         Strategy::ALL.into_iter().find(|x| x.as_str() == s)

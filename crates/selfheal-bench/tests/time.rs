@@ -133,3 +133,49 @@ fn onset_holds_for_model_side_faults_and_at_aims_at_a_position() {
         }
     }
 }
+
+/// Issue 32: in a deployment a tool broken for good stays broken for every later episode of the
+/// seed that calls it; without one, each episode draws its own faults. No strategy carries
+/// memory across episodes, and the report says so.
+#[test]
+fn a_deployment_keeps_broken_tools_broken() {
+    let m = model(
+        "name = \"down\"\nfamily = \"runtime\"\nweight = 1\ntarget = \"primary\"\npermanent = 1.0\n\
+         effect = { kind = \"http\", status = 503, message = \"503\" }",
+    );
+    let base = BenchConfig {
+        seeds: 1,
+        tasks: 30,
+        fault_rate: 0.05,
+        fault_model: m,
+        ..BenchConfig::default()
+    };
+    let deployed = BenchConfig {
+        deployment: true,
+        ..base.clone()
+    };
+    let (a, b) = (&schedules(&base)[0], &schedules(&deployed)[0]);
+    let tasks = builtin(30);
+    let count = |s: &[Vec<Injected>]| s.iter().map(Vec::len).sum::<usize>();
+    assert!(count(b) > count(a), "{} vs {}", count(b), count(a));
+    // Every fault of the independent schedule is still there; each added one sits on a tool an
+    // earlier episode broke.
+    for (ti, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(x.iter().all(|f| y.contains(f)));
+        for f in y.iter().filter(|f| !x.contains(f)) {
+            let tool = &tasks[ti].plan.steps[f.step].tool;
+            let earlier = (0..ti).any(|tj| {
+                b[tj]
+                    .iter()
+                    .any(|g| g.permanent && tasks[tj].plan.steps[g.step].tool == *tool)
+            });
+            assert!(earlier, "task {ti} step {} inherited from nowhere", f.step);
+        }
+    }
+    let report = selfheal_bench::run(&deployed, &mut |_, _| {}, None);
+    let text = selfheal_bench::report::table(&report);
+    assert!(
+        text.contains("strategies carrying memory across episodes: none"),
+        "{text}"
+    );
+}

@@ -65,6 +65,11 @@ pub struct BenchArgs {
     /// The semantic silent-failure setting: only plausible-but-wrong faults.
     #[arg(long)]
     pub silent: bool,
+    /// A deployment: each seed's episodes run in sequence against one world whose tools keep
+    /// their state (a tool broken for good stays broken for every later episode that calls it);
+    /// the report says which strategies carry memory across episodes. Simulated runs only.
+    #[arg(long, conflicts_with = "live")]
+    pub deployment: bool,
     /// Cost weights a,b,c,d[,e] of K = a·model + b·tool + c·verifier + d·recovery + e·fallback-model
     /// calls (e defaults to 5: escalation has its own price).
     #[arg(long, value_name = "A,B,C,D[,E]")]
@@ -263,6 +268,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         budget: args.budget,
         sweep: args.sweep,
         silent: args.silent,
+        deployment: args.deployment,
         ..BenchConfig::default()
     };
     config.fault_model =
