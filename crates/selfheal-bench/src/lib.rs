@@ -461,6 +461,61 @@ pub struct Report {
     pub confusion: Vec<Confusion>,
     /// What the schedule contained.
     pub census: Census,
+    /// Risk and coverage at the largest budget: each strategy's (recovered, silent) point on
+    /// the faulted episodes, and whether it is on the frontier.
+    pub frontier: Vec<RiskPoint>,
+}
+
+/// One strategy's risk/coverage point: of the faulted episodes, the share recovered (RSR) and
+/// the share answered wrongly as if correct.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RiskPoint {
+    /// Strategy.
+    pub strategy: &'static str,
+    /// Budget.
+    pub budget: u32,
+    /// Recovered share of the faulted episodes (RSR), with its Wilson interval.
+    pub recovered: f64,
+    /// Its 95 % interval.
+    pub recovered_ci: [f64; 2],
+    /// Silent share of the faulted episodes, with its Wilson interval.
+    pub silent: f64,
+    /// Its 95 % interval.
+    pub silent_ci: [f64; 2],
+    /// No other strategy recovers at least as much with at most as many silent failures (and
+    /// strictly better on one).
+    pub on_frontier: bool,
+}
+
+/// The risk/coverage points of the strategies at budget `budget`, frontier marked.
+pub fn risk_points(details: &[Detail], budget: u32) -> Vec<RiskPoint> {
+    let mut pts: Vec<RiskPoint> = details
+        .iter()
+        .filter(|d| d.budget == budget)
+        .map(|d| RiskPoint {
+            strategy: d.strategy,
+            budget,
+            recovered: ratio(d.recovered, d.faulted),
+            recovered_ci: d.rsr_ci,
+            silent: ratio(d.silent_faulted, d.faulted),
+            silent_ci: wilson(d.silent_faulted, d.faulted),
+            on_frontier: false,
+        })
+        .collect();
+    let dominated: Vec<bool> = pts
+        .iter()
+        .map(|p| {
+            pts.iter().any(|q| {
+                q.recovered >= p.recovered
+                    && q.silent <= p.silent
+                    && (q.recovered > p.recovered || q.silent < p.silent)
+            })
+        })
+        .collect();
+    for (p, d) in pts.iter_mut().zip(dominated) {
+        p.on_frontier = !d;
+    }
+    pts
 }
 
 /// The Wilson score interval at 95 %.
@@ -836,6 +891,7 @@ pub fn run(
             Some(c)
         })
         .collect();
+    let frontier = risk_points(&details, top);
     Report {
         config: config.clone(),
         results,
@@ -843,6 +899,7 @@ pub fn run(
         paired,
         confusion,
         census,
+        frontier,
     }
 }
 

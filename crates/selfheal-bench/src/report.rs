@@ -13,6 +13,45 @@ use selfheal_core::FailureClass;
 
 use crate::Report;
 
+/// The risk/coverage frontier in one line: the strategies on it, and where self-healing sits.
+pub fn frontier_line(report: &Report) -> String {
+    let top = report.frontier.first().map_or(0, |p| p.budget);
+    let on: Vec<String> = report
+        .frontier
+        .iter()
+        .filter(|p| p.on_frontier)
+        .map(|p| {
+            format!(
+                "{} ({} recovered, {} silent)",
+                p.strategy,
+                pct(p.recovered),
+                pct(p.silent)
+            )
+        })
+        .collect();
+    let sh = report
+        .frontier
+        .iter()
+        .find(|p| p.strategy == "self-healing")
+        .map(|p| {
+            format!(
+                "; self-healing {} ({} recovered, {} silent)",
+                if p.on_frontier {
+                    "is on it"
+                } else {
+                    "is not on it"
+                },
+                pct(p.recovered),
+                pct(p.silent)
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "risk/coverage (R = {top}, faulted episodes): frontier {}{sh}",
+        on.join(", ")
+    )
+}
+
 /// What a deployment run is, and which strategies carry memory across its episodes.
 pub fn deployment_line(report: &Report) -> String {
     let memory: Vec<&str> = report
@@ -172,6 +211,7 @@ pub fn table(report: &Report) -> String {
     {
         let _ = writeln!(out, "{}", false_alarm_line(d, top));
     }
+    let _ = writeln!(out, "{}", frontier_line(report));
     for c in &report.confusion {
         let _ = writeln!(
             out,
@@ -341,6 +381,25 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             p.other_wrong_self_none
         );
     }
+    let _ = writeln!(
+        out,
+        "\n## Risk and coverage\n\nOf the faulted episodes at the largest budget: the share each strategy recovered and the share it answered wrongly as if correct. A strategy is on the frontier when no other recovers at least as much with at most as many silent failures.\n\n{}\n\n| strategy | recovered | 95 % CI | silent | 95 % CI | frontier |\n|---|---:|---|---:|---|---|",
+        frontier_line(report)
+    );
+    for p in &report.frontier {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1}–{:.1} | {} | {:.1}–{:.1} | {} |",
+            p.strategy,
+            pct(p.recovered),
+            p.recovered_ci[0] * 100.0,
+            p.recovered_ci[1] * 100.0,
+            pct(p.silent),
+            p.silent_ci[0] * 100.0,
+            p.silent_ci[1] * 100.0,
+            if p.on_frontier { "yes" } else { "" }
+        );
+    }
     out.push_str(
         "\n## False alarms where nothing went wrong\n\nPer strategy at the largest budget: of the episodes with no fault scheduled and no mistake of the model's own, how many saw each detector fire.\n\n",
     );
@@ -440,6 +499,11 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
 /// (`--sweep`), TSR against R. See [`crate::plot`].
 pub fn svg_tsr_by_budget(report: &Report) -> String {
     crate::plot::tsr_by_budget(report)
+}
+
+/// Risk against coverage at the largest budget, the frontier marked. See [`crate::plot`].
+pub fn svg_risk_coverage(report: &Report) -> String {
+    crate::plot::risk_coverage(report)
 }
 
 /// Recovery by failure class at the largest budget, grouped bars. See [`crate::plot`].

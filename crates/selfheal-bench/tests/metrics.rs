@@ -101,3 +101,35 @@ fn rsr_uses_only_faulted_episodes() {
     assert_eq!(row.rsr, 0.0);
     assert_eq!(row.sfr, 0.0);
 }
+
+/// Issue 32: the risk/coverage points are the faulted episodes' recovered and silent shares, and
+/// a point is on the frontier exactly when no other dominates it.
+#[test]
+fn the_frontier_is_the_undominated_points() {
+    let config = BenchConfig {
+        seeds: 2,
+        tasks: 40,
+        fault_rate: 0.3,
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    assert_eq!(report.frontier.len(), Strategy::ALL.len());
+    for p in &report.frontier {
+        let d = report
+            .details
+            .iter()
+            .find(|d| d.strategy == p.strategy)
+            .unwrap();
+        assert_eq!(p.recovered, round4(d.recovered as f64 / d.faulted as f64));
+        assert_eq!(p.silent, round4(d.silent_faulted as f64 / d.faulted as f64));
+        let dominated = report.frontier.iter().any(|q| {
+            q.recovered >= p.recovered
+                && q.silent <= p.silent
+                && (q.recovered > p.recovered || q.silent < p.silent)
+        });
+        assert_eq!(p.on_frontier, !dominated, "{}", p.strategy);
+    }
+    assert!(report.frontier.iter().any(|p| p.on_frontier));
+    let svg = selfheal_bench::report::svg_risk_coverage(&report);
+    assert!(svg.starts_with("<svg") && svg.contains("self-healing"));
+}

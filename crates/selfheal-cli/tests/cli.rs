@@ -141,7 +141,7 @@ fn bench_rejects_bad_options_with_exit_2() {
 }
 
 #[test]
-fn bench_out_writes_a_report_and_two_svgs() {
+fn bench_out_writes_a_report_and_three_svgs() {
     let dir = temp_dir("bench-out");
     let out = selfheal(&[SMALL, &["--out", dir.to_str().unwrap()]].concat(), "");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -152,7 +152,7 @@ fn bench_out_writes_a_report_and_two_svgs() {
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "svg"))
         .collect();
-    assert_eq!(svgs.len(), 2, "{svgs:?}");
+    assert_eq!(svgs.len(), 3, "{svgs:?}");
     for p in &svgs {
         let body = std::fs::read_to_string(p).unwrap();
         assert!(

@@ -381,9 +381,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         };
         write("tsr-by-budget.svg", report::svg_tsr_by_budget(&report))?;
         write("recovery-by-class.svg", report::svg_class_bars(&report))?;
+        write("risk-coverage.svg", report::svg_risk_coverage(&report))?;
         write(
             "report.md",
-            report::markdown(&report, &["tsr-by-budget.svg", "recovery-by-class.svg"]),
+            report::markdown(
+                &report,
+                &[
+                    "tsr-by-budget.svg",
+                    "recovery-by-class.svg",
+                    "risk-coverage.svg",
+                ],
+            ),
         )?;
         write("results.json", serde_json::to_string_pretty(&report)?)?;
     }
