@@ -71,7 +71,11 @@ async fn every_episode_completes_over_http_on_the_in_process_schedule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_faults_both_sides_solve_everything_and_the_gateway_does_nothing() {
-    let report = selfheal_bench_gateway::run(&small(1, 10, 0.0), &mut |_, _| {})
+    // Without faults, and with a model that makes no mistakes of its own (issue 32: the default
+    // simulated model errs on its own).
+    let mut config = small(1, 10, 0.0);
+    config.fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    let report = selfheal_bench_gateway::run(&config, &mut |_, _| {})
         .await
         .expect("every request came back");
     assert_eq!(report.agreement.both, 10, "{:?}", report.episodes);

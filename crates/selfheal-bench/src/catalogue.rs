@@ -172,13 +172,19 @@ pub struct Task {
     pub steps: Vec<Step>,
     /// The correct final answer.
     pub oracle: Value,
+    /// The user's request: states every input the plan's calls take, and names one more entity
+    /// of the same kind (a second country, company or topic), as real requests do.
+    pub prompt: String,
+    /// The values the request names: the task's inputs and the other entity. The simulated model
+    /// draws a wrong value from the context among these and earlier results.
+    pub mentions: Vec<Value>,
 }
 
 const COUNTRIES: [&str; 20] = [
     "France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway", "Chile", "Egypt", "Vietnam",
     "Mexico", "Poland", "Ghana", "Peru", "Spain", "Korea", "Turkey", "Nepal", "Chad", "Fiji",
 ];
-const COMPANIES: [&str; 12] = [
+pub(crate) const COMPANIES: [&str; 12] = [
     "Acme",
     "Globex",
     "Initech",
@@ -311,6 +317,47 @@ pub fn truth(group: Group, args: &[Value]) -> Result<Value, String> {
     Ok(v)
 }
 
+/// What a group's sibling tool returns (`crate::task::sibling` names it): a real answer to a
+/// different question, of the same shape — the largest city rather than the capital, the old
+/// currency code, tomorrow's forecast, yesterday's rate, the parent company's ticker, the
+/// opening price, a news hit, a summary's rounded figure, a rule-of-thumb conversion, a product
+/// of rounded factors. Refuses what the primary refuses.
+pub fn sibling_truth(group: Group, args: &[Value]) -> Result<Value, String> {
+    let base = truth(group, args)?;
+    let s = |i: usize| args.get(i).and_then(Value::as_str).unwrap_or("");
+    let n = |i: usize| args.get(i).and_then(Value::as_f64).unwrap_or(0.0);
+    let num = |f: &str| base.get(f).and_then(Value::as_f64).unwrap_or(0.0);
+    // A signed offset in ±[lo, hi] of the value, fixed per call.
+    let off = |tag: &str, lo: f64, hi: f64| {
+        let h = h(&[tag, &args.iter().map(Value::to_string).collect::<String>()]);
+        let mag = lo + (hi - lo) * ((h % 1000) as f64 / 1000.0);
+        if h & 1024 == 0 { mag } else { -mag }
+    };
+    let v = match group {
+        Group::Capital => json!({"city": format!("Port {} City", s(0))}),
+        Group::Currency => {
+            json!({"currency": s(0).chars().take(3).collect::<String>().to_uppercase()})
+        }
+        Group::Weather => json!({"temp_c": round(num("temp_c") + off("fc", 1.5, 6.0), 1)}),
+        Group::Fx => json!({"rate": round(num("rate") * (1.0 + off("fy", 0.02, 0.08)), 4)}),
+        Group::Ticker => {
+            json!({"ticker": format!("P{}", s(0).chars().take(3).collect::<String>().to_uppercase())})
+        }
+        Group::Price => json!({"price": round(num("price") * (1.0 + off("op", 0.03, 0.09)), 2)}),
+        Group::Search => json!({"results": [format!("doc-{}", h(&["news", s(0)]) % 1000)]}),
+        Group::Fetch => json!({"figure": round(num("figure") * (1.0 + off("sm", 0.05, 0.2)), 0)}),
+        Group::Convert => {
+            let y = match s(1) {
+                "c_to_f" => n(0) * 2.0 + 30.0,
+                _ => n(0) * 0.6,
+            };
+            json!({"value": round(y, 0)})
+        }
+        Group::Multiply => json!({"value": n(0).round() * n(1).round()}),
+    };
+    Ok(v)
+}
+
 /// The value a step passes on: its output field, or the first search result.
 pub fn extract(group: Group, output: &Value) -> Result<Value, String> {
     let field = group.field();
@@ -336,7 +383,8 @@ pub fn tasks() -> Vec<Task> {
         let country = COUNTRIES[rng.below(COUNTRIES.len() as u64) as usize];
         let company = COMPANIES[rng.below(COMPANIES.len() as u64) as usize];
         let topic = TOPICS[rng.below(TOPICS.len() as u64) as usize];
-        let amount = Arg::Lit(json!(10 + rng.below(990)));
+        let n = json!(10 + rng.below(990));
+        let amount = Arg::Lit(n.clone());
         let step = |group, args| Step { group, args };
         let (template, steps) = match id % 5 {
             // Temperature in a country's capital, in Fahrenheit.
@@ -392,14 +440,83 @@ pub fn tasks() -> Vec<Task> {
             ),
         };
         let oracle = run_clean(&steps).unwrap_or(Value::Null);
+        // The other entity is picked without the generator, so the tasks stay as they were.
+        let other_country =
+            COUNTRIES[(index_of(&COUNTRIES, country) + 1 + id % 7) % COUNTRIES.len()];
+        let other_company =
+            COMPANIES[(index_of(&COMPANIES, company) + 1 + id % 5) % COMPANIES.len()];
+        let other_topic = TOPICS[(index_of(&TOPICS, topic) + 1 + id % 3) % TOPICS.len()];
+        let (prompt, mentions) = match id % 5 {
+            0 => (
+                format!(
+                    "What is the temperature in the capital of {country} right now, in Fahrenheit \
+                     (unit c_to_f)? I am calling from {other_country}."
+                ),
+                vec![json!(country), json!(other_country), json!("c_to_f")],
+            ),
+            1 => (
+                format!(
+                    "How much are {n} units of {country}'s currency worth in USD? I usually pay \
+                     in {other_country}'s."
+                ),
+                vec![
+                    json!(country),
+                    json!(other_country),
+                    json!("USD"),
+                    n.clone(),
+                ],
+            ),
+            2 => (
+                format!(
+                    "What is {company}'s share price (quoted in USD) in {country}'s currency? \
+                     Not {other_company}'s."
+                ),
+                vec![
+                    json!(country),
+                    json!(company),
+                    json!(other_company),
+                    json!("USD"),
+                ],
+            ),
+            3 => (
+                format!(
+                    "Search for the {topic} document, take its figure in km, convert it \
+                     km_to_mi and multiply by {n}. (The {other_topic} one is not it.)"
+                ),
+                vec![
+                    json!(topic),
+                    json!(other_topic),
+                    json!("km_to_mi"),
+                    n.clone(),
+                ],
+            ),
+            _ => (
+                format!(
+                    "Multiply {company}'s share price by the Fahrenheit (c_to_f) temperature in \
+                     the capital of {country}; I hold {other_company} too, but not for this."
+                ),
+                vec![
+                    json!(country),
+                    json!(company),
+                    json!(other_company),
+                    json!("c_to_f"),
+                ],
+            ),
+        };
         out.push(Task {
             id,
             template,
             steps,
             oracle,
+            prompt,
+            mentions,
         });
     }
     out
+}
+
+fn index_of(xs: &[&str], x: &str) -> usize {
+    xs.iter().position(|y| *y == x).unwrap_or(0)
 }
 
 /// Runs a plan with no faults and returns the final value.

@@ -24,7 +24,7 @@ use selfheal_core::rng::{Rng, SplitMix64};
 
 use crate::catalogue;
 use crate::faultmodel::{
-    ArgsOp, AsOf, Effect, FaultModel, Injected, MalformOp, RenameOp, Target, ToolOp,
+    ArgsOp, AsOf, Effect, FaultModel, Injected, MalformOp, Rates, RenameOp, Target, ToolOp,
 };
 use crate::task::{
     ANSWER_TOLERANCE, Behaviour, FieldType, Plan, TaskSpec, ToolSpec, get_path, resolve_answer,
@@ -44,6 +44,10 @@ pub mod latency {
     /// A call to the stronger fallback model.
     pub const ESCALATE: u64 = 2_000;
 }
+
+/// How far apart a seed's episodes start on the benchmark's clock (a seed's tasks run one after
+/// another, a minute apart): what places an episode in a fault's `window`.
+pub const EPISODE_SPACING_MS: u64 = 60_000;
 
 /// Data older than this is stale.
 pub const MAX_AGE_MS: u64 = 3_600_000;
@@ -140,6 +144,24 @@ struct Armed {
     substitute_attempts: u32,
     agent_attempts: u32,
     fixed: bool,
+    /// When it first hit (benchmark clock), for faults that clear by time.
+    first_hit_ms: Option<u64>,
+}
+
+impl Armed {
+    /// Whether a fault that clears by time or lives in a window is on at `t` (`None`: it
+    /// clears by attempts).
+    fn on_in_time(&mut self, spec: &crate::faultmodel::FaultSpec, t: u64) -> Option<bool> {
+        if let Some(w) = spec.window {
+            return Some(w.contains(t));
+        }
+        if self.inj.permanent {
+            return None;
+        }
+        let d = spec.duration_ms(self.inj.k)?;
+        let first = *self.first_hit_ms.get_or_insert(t);
+        Some(t < first.saturating_add(d))
+    }
 }
 
 /// How the detectors fared against the truth (counted by the episode, never shown).
@@ -168,6 +190,10 @@ pub struct EpisodeRecord {
     pub clock_ms: u64,
     /// Detector tallies.
     pub tally: Tally,
+    /// Whether nothing went wrong: no fault scheduled and no mistake of the model's own.
+    pub clean: bool,
+    /// Detector → how many times it fired ([`Episode::report_alarm`]).
+    pub alarms: BTreeMap<&'static str, u64>,
 }
 
 /// One episode's world.
@@ -193,6 +219,11 @@ pub struct Episode<'t> {
     /// The time of day on the world's clock, for `as_of` stamps.
     data_now: u64,
     tally: Tally,
+    /// Mistakes the model made on its own (no fault injected).
+    mistakes: u32,
+    /// When the episode started on the benchmark's clock.
+    start_ms: u64,
+    alarms: BTreeMap<&'static str, u64>,
 }
 
 impl<'t> Episode<'t> {
@@ -211,6 +242,7 @@ impl<'t> Episode<'t> {
                     substitute_attempts: 0,
                     agent_attempts: 0,
                     fixed: false,
+                    first_hit_ms: None,
                 })
                 .collect(),
             rng: SplitMix64::new(seed ^ (task.id as u64).rotate_left(29) ^ 0xE1E1_0DE5),
@@ -224,7 +256,34 @@ impl<'t> Episode<'t> {
             answered: vec![false; n],
             data_now: NOW_DATA_MS,
             tally: Tally::default(),
+            mistakes: 0,
+            alarms: BTreeMap::new(),
+            start_ms: 0,
         }
+    }
+
+    /// Places the episode on the benchmark's clock (ms; the runner sets a seed's `i`-th episode
+    /// to `i ×` [`EPISODE_SPACING_MS`]): faults with a `window` are on while the clock is
+    /// inside it. A windowed fault in `faults` is armed on every step it applies to. World setup,
+    /// like [`Episode::set_data_now`]; a strategy never calls it.
+    pub fn start_at(&mut self, ms: u64) {
+        self.start_ms = ms;
+        let task = self.task;
+        let model = self.model;
+        let mut extra = Vec::new();
+        for f in &self.faults {
+            let spec = &model.faults[f.inj.spec];
+            if spec.window.is_some() {
+                for s in (0..task.plan.steps.len()).filter(|&s| s != f.inj.step) {
+                    if spec.applies(task, s) {
+                        let mut g = f.clone();
+                        g.inj.step = s;
+                        extra.push(g);
+                    }
+                }
+            }
+        }
+        self.faults.extend(extra);
     }
 
     /// Executes a call of `tool` made by a client that has no plan of its own (a live model that
@@ -306,17 +365,140 @@ impl<'t> Episode<'t> {
     }
 
     /// The model (or the fallback model) rewrites the plan. A missing step counts an attempt;
-    /// the fallback model may fix a permanent one.
+    /// the fallback model may fix a permanent one. A replan can fail: with the writer's
+    /// `replan_failure` rate the new plan leaves the step out again (no attempt is counted).
     pub fn replan(&mut self, writer: Writer) {
         self.charge_model(writer, latency::PLAN);
         let fix = self.fallback_fixes(writer);
         let model = self.model;
+        let rates = self.rates(writer);
+        if self.rng.next_f64() < rates.replan_failure {
+            return;
+        }
         for f in &mut self.faults {
             if matches!(model.faults[f.inj.spec].effect, Effect::MissingStep) {
                 f.agent_attempts = f.agent_attempts.saturating_add(1);
                 f.fixed |= fix(f.inj.permanent);
             }
         }
+    }
+
+    fn rates(&self, writer: Writer) -> Rates {
+        match writer {
+            Writer::Agent => self.model.model.agent,
+            Writer::Fallback => self.model.model.fallback,
+        }
+    }
+
+    /// The model's own mistake on a call it writes with no fault active (issue 32): a draw
+    /// from the writer's [`Rates`] — another tool on offer, a wrong or missing argument, a
+    /// skipped or repeated step, an answer before the last call. `None`: the call as meant.
+    fn own_mistake(
+        &mut self,
+        s: usize,
+        writer: Writer,
+        call: &Written,
+        outputs: &[Option<Value>],
+    ) -> Option<(Written, Option<FailureClass>)> {
+        let r = self.rates(writer);
+        let (u, pick, ctx) = (
+            self.rng.next_f64(),
+            self.rng.next_u64(),
+            self.rng.next_f64(),
+        );
+        let Written::Call { tool, args } = call else {
+            return None;
+        };
+        let plan = &self.task.plan;
+        let last = s + 1 == plan.steps.len();
+        let mut x = u;
+        let mut hit = |p: f64| {
+            let h = x < p;
+            x -= p;
+            h
+        };
+        if hit(if last {
+            r.premature_answer
+        } else {
+            r.skip_step
+        }) {
+            return Some((Written::Skipped, Some(FailureClass::PlanningFailure)));
+        }
+        if hit(r.repeat_step) {
+            return match s.checked_sub(1).and_then(|p| self.written[p].clone()) {
+                Some(w @ Written::Call { .. }) => Some((w, Some(FailureClass::ControlLoop))),
+                Some(Written::Skipped) | None => None,
+            };
+        }
+        if hit(r.wrong_tool) {
+            let sibling = plan.step_tool(s).and_then(|t| t.sibling.clone());
+            let others: Vec<&str> = plan
+                .tools
+                .iter()
+                .map(|t| t.name.as_str())
+                .filter(|n| n != tool)
+                .collect();
+            let chosen = match sibling.filter(|sb| others.contains(&sb.as_str())) {
+                Some(sb) if pick % 2 == 0 || others.len() == 1 => sb,
+                _ if !others.is_empty() => others[(pick >> 1) as usize % others.len()].to_owned(),
+                _ => return None,
+            };
+            return Some((
+                Written::Call {
+                    tool: chosen,
+                    args: args.clone(),
+                },
+                Some(FailureClass::WrongTool),
+            ));
+        }
+        let obj = args.as_object()?;
+        if obj.is_empty() {
+            return None;
+        }
+        let key = obj.keys().nth((pick >> 8) as usize % obj.len())?.clone();
+        if hit(r.wrong_arg) {
+            let current = obj.get(&key).cloned().unwrap_or(Value::Null);
+            // From the context: a value of the same kind that the prompt names or an earlier
+            // result holds — a grounding check finds it there.
+            let mut pool: Vec<Value> = Vec::new();
+            for v in self.task.mentions.iter().chain(outputs.iter().flatten()) {
+                leaves(v, &mut pool);
+            }
+            pool.retain(|v| {
+                *v != current
+                    && matches!(
+                        (v, &current),
+                        (Value::String(_), Value::String(_)) | (Value::Number(_), Value::Number(_))
+                    )
+            });
+            pool.dedup();
+            let wrong = if ctx < r.from_context && !pool.is_empty() {
+                pool[(pick >> 20) as usize % pool.len()].clone()
+            } else {
+                made_up(&current, pick >> 40)
+            };
+            let mut a = obj.clone();
+            a.insert(key, wrong);
+            return Some((
+                Written::Call {
+                    tool: tool.clone(),
+                    args: Value::Object(a),
+                },
+                Some(FailureClass::ArgumentInvalid),
+            ));
+        }
+        if hit(r.missing_arg) {
+            let mut a = obj.clone();
+            a.remove(&key);
+            return Some((
+                Written::Call {
+                    tool: tool.clone(),
+                    args: Value::Object(a),
+                },
+                Some(FailureClass::ArgumentInvalid),
+            ));
+        }
+        None
     }
 
     fn charge_model(&mut self, writer: Writer, base: u64) {
@@ -361,9 +543,12 @@ impl<'t> Episode<'t> {
             writer == Writer::Fallback && self.rng.next_f64() < model.escalation.error_rate;
         let fix = self.fallback_fixes(writer);
         let mut active: Option<(Effect, Option<FailureClass>)> = None;
+        let t = self.start_ms + self.clock_ms;
+        let armed_now = self.successes;
         for f in self.faults.iter_mut().filter(|f| f.inj.step == s) {
             let spec = &model.faults[f.inj.spec];
-            if spec.target != Target::Agent {
+            // `onset` holds for model-side faults as for tool-side ones.
+            if spec.target != Target::Agent || spec.onset > armed_now {
                 continue;
             }
             let missing = matches!(spec.effect, Effect::MissingStep);
@@ -376,7 +561,9 @@ impl<'t> Episode<'t> {
             } else {
                 f.agent_attempts
             };
-            let on = !f.fixed && (f.inj.permanent || attempts <= f.inj.k);
+            let on = !f.fixed
+                && f.on_in_time(spec, t)
+                    .unwrap_or(f.inj.permanent || attempts <= f.inj.k);
             if on && active.is_none() {
                 active = Some((spec.effect.clone(), spec.class_of(f.inj.permanent)));
             }
@@ -400,13 +587,19 @@ impl<'t> Episode<'t> {
             args: args.clone(),
         };
         let active_class = active.as_ref().and_then(|(_, c)| *c);
+        let had_fault = active.is_some();
         if let Some((effect, class)) = active {
             self.last_fault[s] = Some(class);
             written = match effect {
                 Effect::MissingStep => Written::Skipped,
-                Effect::WrongArgs { op } => Written::Call {
+                Effect::WrongArgs { op, broken } => Written::Call {
                     tool: step.tool.clone(),
-                    args: wrong_args(&args, op),
+                    args: match (op, broken) {
+                        (ArgsOp::BrokenJson, Some(kind)) => {
+                            Value::String(malform(&args.to_string(), kind, 0.66))
+                        }
+                        _ => wrong_args(&args, op),
+                    },
                 },
                 Effect::WrongTool { op } => {
                     let tool = match op {
@@ -435,6 +628,14 @@ impl<'t> Episode<'t> {
                 | Effect::Skew { .. } => written,
             };
         }
+        if !had_fault && let Some((w, class)) = self.own_mistake(s, writer, &written, outputs) {
+            self.mistakes = self.mistakes.saturating_add(1);
+            self.last_fault[s] = Some(class);
+            written = w;
+            if written == Written::Skipped {
+                self.skipped[s] = class;
+            }
+        }
         if own_error && let Written::Call { tool, args } = &written {
             written = Written::Call {
                 tool: tool.clone(),
@@ -442,7 +643,7 @@ impl<'t> Episode<'t> {
             };
         }
         self.skipped[s] = match written {
-            Written::Skipped => active_class,
+            Written::Skipped => active_class.or(self.skipped[s]),
             Written::Call { .. } => None,
         };
         self.written[s] = Some(written.clone());
@@ -494,7 +695,11 @@ impl<'t> Episode<'t> {
         let (spec, via): (&ToolSpec, Via) = match step_tool {
             Some(t) if t.name == tool => (t, Via::Primary),
             Some(t) if t.substitute.as_deref() == Some(tool) => (t, Via::Substitute),
-            Some(t) if t.sibling.as_deref() == Some(tool) => (t, Via::Sibling),
+            // A sibling on offer answers as itself; one not on offer (an old task file's
+            // `sibling` name) as the step's tool, skewed.
+            Some(t) if t.sibling.as_deref() == Some(tool) && plan.tool(tool).is_none() => {
+                (t, Via::Sibling)
+            }
             _ => match plan.tool(tool) {
                 Some(t) => (t, Via::Other),
                 None => {
@@ -561,7 +766,10 @@ impl<'t> Episode<'t> {
                     f.substitute_attempts
                 };
                 let (permanent, k, skew) = (f.inj.permanent, f.inj.k, f.inj.skew);
-                let mut on = permanent || attempts <= k;
+                let t = self.start_ms + self.clock_ms;
+                let mut on = f
+                    .on_in_time(spec_f, t)
+                    .unwrap_or(permanent || attempts <= k);
                 if matches!(spec_f.effect, Effect::Stale { .. }) && fresh && !permanent {
                     on = false;
                 }
@@ -623,9 +831,9 @@ impl<'t> Episode<'t> {
                 }
             }
         }
-        if via == Via::Primary || via == Via::Sibling {
+        if via != Via::Substitute {
             self.last_fault[s] = Some(met_class.flatten());
-            if via == Via::Sibling {
+            if via == Via::Sibling || via == Via::Other {
                 self.last_fault[s] = Some(Some(FailureClass::WrongTool));
             }
         }
@@ -644,7 +852,8 @@ impl<'t> Episode<'t> {
                 (Some(a), Some(b)) => !ANSWER_TOLERANCE.agrees(a, b),
                 _ => false,
             })
-            || via == Via::Sibling;
+            || via == Via::Sibling
+            || via == Via::Other;
         if purpose == Purpose::Step {
             self.last_wrong[s] = wrong;
         }
@@ -690,12 +899,22 @@ impl<'t> Episode<'t> {
             .or_default() += 1;
     }
 
+    /// A detector of the client fired at step `s` (`detector`: its name, e.g. `grounding`).
+    /// Counted per episode; the runner reports how often each fires on episodes where nothing
+    /// went wrong (false alarms). Changes nothing in the world.
+    pub fn report_alarm(&mut self, s: usize, detector: &'static str) {
+        let _ = s;
+        *self.alarms.entry(detector).or_default() += 1;
+    }
+
     /// What the runner keeps.
     pub(crate) fn into_record(self) -> EpisodeRecord {
         EpisodeRecord {
             costs: self.costs,
             clock_ms: self.clock_ms,
             tally: self.tally,
+            clean: self.faults.is_empty() && self.mistakes == 0,
+            alarms: self.alarms,
         }
     }
 }
@@ -746,21 +965,31 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
             }
             // Synthesised tools (imported specs) are lenient about types, as most real APIs
             // that take query strings are.
-            Some(v) if spec.behaviour != Behaviour::Synth && !(v.is_null() || p.ty.accepts(v)) => {
+            Some(v)
+                if matches!(
+                    spec.behaviour,
+                    Behaviour::Builtin(_) | Behaviour::Sibling(_)
+                ) && !(v.is_null() || p.ty.accepts(v)) =>
+            {
                 return Err(format!("argument `{}` must be a {}", p.name, p.ty.as_str()));
             }
             _ => {}
         }
     }
     match spec.behaviour {
-        Behaviour::Builtin(group) => {
+        Behaviour::Builtin(group) | Behaviour::Sibling(group) => {
             let argv: Vec<Value> = group
                 .params()
                 .iter()
                 .map(|p| args.get(*p).cloned().unwrap_or(Value::Null))
                 .collect();
-            catalogue::truth(group, &argv)
+            if matches!(spec.behaviour, Behaviour::Sibling(_)) {
+                catalogue::sibling_truth(group, &argv)
+            } else {
+                catalogue::truth(group, &argv)
+            }
         }
+        Behaviour::Semantic(op) => semantic(spec, op, args),
         Behaviour::Synth => {
             // Lenient about types means one value, however it is typed: the tool reads each
             // argument as its declared type (`"4"` and `4` for a string parameter are the same
@@ -787,6 +1016,62 @@ fn truth(spec: &ToolSpec, args: &Map<String, Value>) -> Result<Value, String> {
             Ok(out)
         }
     }
+}
+
+/// A tool with real semantics: its value, in its first output field.
+fn semantic(
+    spec: &ToolSpec,
+    op: crate::task::Op,
+    args: &Map<String, Value>,
+) -> Result<Value, String> {
+    use crate::task::Op;
+    let (path, _) = spec
+        .output
+        .first()
+        .ok_or_else(|| format!("`{}` declares no output", spec.name))?;
+    let v = if op == Op::Lookup {
+        let key = spec
+            .params
+            .first()
+            .and_then(|p| args.get(&p.name))
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .ok_or("lookup needs a key")?;
+        json!((fnv(&[&spec.name, "table", &key]) % 1_000_000) as f64 / 100.0)
+    } else {
+        let nums: Vec<f64> = spec
+            .params
+            .iter()
+            .filter_map(|p| args.get(&p.name))
+            .map(|v| match v {
+                Value::Number(n) => n.as_f64(),
+                Value::String(s) => s.trim().parse::<f64>().ok(),
+                _ => None,
+            })
+            .collect::<Option<Vec<f64>>>()
+            .ok_or("arguments must be numbers")?;
+        let [a, b] = nums[..] else {
+            return Err(format!("`{}` takes two numbers", spec.name));
+        };
+        let r = |x: f64| json!((x * 10_000.0).round() / 10_000.0);
+        match op {
+            Op::Add => r(a + b),
+            Op::Subtract => r(a - b),
+            Op::Multiply => r(a * b),
+            Op::Divide if b == 0.0 => return Err("division by zero".into()),
+            Op::Divide => r(a / b),
+            Op::Greater => json!(a > b),
+            Op::Less => json!(a < b),
+            Op::Max => r(a.max(b)),
+            Op::Min => r(a.min(b)),
+            Op::Lookup => Value::Null,
+        }
+    };
+    let mut out = Value::Object(Map::new());
+    set_path(&mut out, path, v);
+    Ok(out)
 }
 
 /// `args` with each scalar read as its parameter's declared type where it reads as one (a
@@ -956,6 +1241,49 @@ fn add_noise(body: &mut Value, spec: &ToolSpec, args: &Map<String, Value>) {
     }
 }
 
+/// The scalar leaves of `v`, in order.
+fn leaves(v: &Value, out: &mut Vec<Value>) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| leaves(x, out)),
+        Value::Object(o) => o.values().for_each(|x| leaves(x, out)),
+        Value::Null => {}
+        other => out.push(other.clone()),
+    }
+}
+
+/// A value the model makes up in place of `v`: a number off by a factor, a string misspelt or
+/// truncated, in one of several ways (`pick` chooses).
+fn made_up(v: &Value, pick: u64) -> Value {
+    match v {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(0.0);
+            let y = match pick % 4 {
+                0 => x * 10.0,
+                1 => x / 10.0,
+                2 => x + 1.0,
+                _ => (x * 0.5).round(),
+            };
+            json!(y)
+        }
+        Value::String(t) => {
+            let w: String = match pick % 3 {
+                0 => format!("{t}s"),
+                1 => t.to_lowercase().replace(' ', "_"),
+                _ => t
+                    .chars()
+                    .take(t.chars().count().saturating_sub(1))
+                    .collect(),
+            };
+            Value::String(if w == *t || w.is_empty() {
+                format!("{t}s")
+            } else {
+                w
+            })
+        }
+        other => other.clone(),
+    }
+}
+
 fn wrong_args(args: &Value, op: ArgsOp) -> Value {
     match op {
         ArgsOp::BrokenJson => Value::String(garble(&args.to_string())),
@@ -997,7 +1325,63 @@ fn malform(text: &str, op: MalformOp, keep: f64) -> String {
         MalformOp::Prose => format!("Sure! Here is the result you asked for: {text} Let me know if you need anything else."),
         MalformOp::Fence => format!("```json\n{text}\n```"),
         MalformOp::Html => "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>".to_owned(),
+        MalformOp::Comments => {
+            let t = text.replacen('{', "{ /* result */ ", 1);
+            match t.rfind('}') {
+                Some(i) => format!("{} // end\n}}", &t[..i]),
+                None => t,
+            }
+        }
+        MalformOp::Python => text
+            .replace("true", "True")
+            .replace("false", "False")
+            .replace("null", "None")
+            .replace('"', "'"),
+        MalformOp::UnquotedKeys => unquote_keys(text),
+        MalformOp::MissingComma => text.replacen(",\"", " \"", 1),
+        MalformOp::MissingBrace => text.strip_suffix('}').unwrap_or(text).to_owned(),
     }
+}
+
+/// `{"a": 1}` → `{a: 1}`: every key that is a plain identifier loses its quotes.
+fn unquote_keys(text: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return text.to_owned();
+    };
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(o) => {
+                out.push('{');
+                for (i, (k, x)) in o.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !k.is_empty() {
+                        out.push_str(k);
+                    } else {
+                        out.push_str(&Value::String(k.clone()).to_string());
+                    }
+                    out.push_str(": ");
+                    write(x, out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(&v, &mut out);
+    out
 }
 
 /// A raised response with this message and status.
@@ -1059,6 +1443,30 @@ mod tests {
         assert!(malform(body, MalformOp::Fence, 0.0).starts_with("```json"));
         assert!(malform(body, MalformOp::Prose, 0.0).contains(body));
         assert!(selfheal_repair::repair(&malform(body, MalformOp::Html, 0.0)).is_err());
+        // The kinds of broken JSON the repair suites name: each breaks the parse, and each but
+        // the lost brace (a cut, which a client refuses to close) still holds all its data.
+        let body = r#"{"rate":1.2345,"ok":true,"note":null}"#;
+        let want: Value = serde_json::from_str(body).unwrap();
+        for op in [
+            MalformOp::Comments,
+            MalformOp::Python,
+            MalformOp::UnquotedKeys,
+            MalformOp::MissingComma,
+            MalformOp::MissingBrace,
+        ] {
+            let broken = malform(body, op, 0.0);
+            assert!(
+                serde_json::from_str::<Value>(&broken).is_err(),
+                "{op:?}: {broken}"
+            );
+            if op != MalformOp::MissingBrace {
+                assert_eq!(
+                    selfheal_repair::repair(&broken).map(|r| r.value).ok(),
+                    Some(want.clone()),
+                    "{op:?}: {broken}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -52,6 +52,16 @@ pub enum MalformOp {
     Fence,
     /// An HTML error page instead of JSON (no data in it).
     Html,
+    /// `//` and `/* */` comments among the values (the repair suites' "comments").
+    Comments,
+    /// Python literals: `True`, `False`, `None` and single quotes ("python literals").
+    Python,
+    /// Keys without quotes (JavaScript object syntax).
+    UnquotedKeys,
+    /// A comma lost between two members ("missing values").
+    MissingComma,
+    /// The closing brace lost (a cut of one character: "truncation / missing brackets").
+    MissingBrace,
 }
 
 /// How a drifted schema renames the fields.
@@ -164,6 +174,10 @@ pub enum Effect {
     WrongArgs {
         /// How.
         op: ArgsOp,
+        /// For `broken_json`: which kind of broken JSON (default: `garble`, single quotes and a
+        /// trailing comma).
+        #[serde(default)]
+        broken: Option<MalformOp>,
     },
     /// The agent calls the wrong tool.
     WrongTool {
@@ -204,6 +218,7 @@ impl Effect {
             } => true,
             Effect::WrongArgs {
                 op: ArgsOp::BrokenJson | ArgsOp::EmptyArg,
+                ..
             } => true,
             Effect::MissingStep => true,
             Effect::Slow { .. }
@@ -213,6 +228,7 @@ impl Effect {
             | Effect::Skew { .. }
             | Effect::WrongArgs {
                 op: ArgsOp::WrongValue,
+                ..
             }
             | Effect::WrongTool {
                 op: ToolOp::Sibling,
@@ -273,6 +289,65 @@ pub struct FaultSpec {
     /// A note for people (why the fault is in the model).
     #[serde(default)]
     pub note: Option<String>,
+    /// Aim at one step position: `"first"`, `"last"` or a 0-based index (default: any step).
+    #[serde(default)]
+    pub at: Option<At>,
+    /// A fault in time: not drawn per step but on for every call, of every episode, made while
+    /// the benchmark's clock is inside the window (see `docs/bench/faults.md`, "Faults in time").
+    #[serde(default)]
+    pub window: Option<Window>,
+    /// A transient draw clears after this long (ms, `[min, max]`) from the first call it hits,
+    /// instead of after `k` attempts: waiting, not retrying, is what clears it.
+    #[serde(default)]
+    pub clears_after_ms: Option<[u64; 2]>,
+}
+
+/// A step position a fault is aimed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum At {
+    /// A 0-based step index.
+    Index(usize),
+    /// The first or the last step.
+    Named(AtName),
+}
+
+/// `"first"` or `"last"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AtName {
+    /// Step 0.
+    First,
+    /// The plan's last step.
+    Last,
+}
+
+impl At {
+    /// Whether step `s` of a plan of `n` steps is this position.
+    pub fn matches(self, s: usize, n: usize) -> bool {
+        match self {
+            At::Index(i) => i == s,
+            At::Named(AtName::First) => s == 0,
+            At::Named(AtName::Last) => s + 1 == n,
+        }
+    }
+}
+
+/// A stretch of the benchmark's clock (ms since a seed's first episode started).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    /// Start, inclusive.
+    pub start_ms: u64,
+    /// End, exclusive.
+    pub end_ms: u64,
+}
+
+impl Window {
+    /// Whether `t` is inside.
+    pub fn contains(&self, t: u64) -> bool {
+        self.start_ms <= t && t < self.end_ms
+    }
 }
 
 impl FaultSpec {
@@ -309,9 +384,25 @@ impl FaultSpec {
         })
     }
 
+    /// How long a transient draw with `k` attempts lasts when it clears by time (`None`: it
+    /// clears by attempts). The duration spans `clears_after_ms` as `k` spans `transient_k`.
+    pub fn duration_ms(&self, k: u32) -> Option<u64> {
+        let [lo, hi] = self.clears_after_ms?;
+        let [klo, khi] = self.transient_k;
+        let u = if khi > klo {
+            f64::from(k.saturating_sub(klo)) / f64::from(khi - klo)
+        } else {
+            0.5
+        };
+        Some(lo + ((hi - lo) as f64 * u.clamp(0.0, 1.0)) as u64)
+    }
+
     /// Whether the fault can strike step `s` of `task`.
     pub fn applies(&self, task: &TaskSpec, s: usize) -> bool {
         let plan = &task.plan;
+        if self.at.is_some_and(|at| !at.matches(s, plan.steps.len())) {
+            return false;
+        }
         let Some(tool) = plan.step_tool(s) else {
             return false;
         };
@@ -365,6 +456,128 @@ impl Default for Escalation {
     }
 }
 
+/// How often a model errs on its own, per call it writes, with no fault injected (issue 32).
+/// The rates are estimates; their grounds are in `docs/bench/faults.md` ("The model errs").
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Rates {
+    /// Calls another tool on offer (the step tool's sibling half the time when there is one).
+    pub wrong_tool: f64,
+    /// Writes one argument wrong.
+    pub wrong_arg: f64,
+    /// Share of wrong arguments taken from the context (another value the prompt names, or a
+    /// value of an earlier result) rather than made up.
+    pub from_context: f64,
+    /// Leaves one argument out.
+    pub missing_arg: f64,
+    /// Writes no call for a step that is not the last.
+    pub skip_step: f64,
+    /// Repeats the previous step's call.
+    pub repeat_step: f64,
+    /// Answers before the last call: writes no call for the last step.
+    pub premature_answer: f64,
+    /// A replan that still leaves out the step it was asked to restore.
+    pub replan_failure: f64,
+}
+
+impl Rates {
+    /// A model that never errs.
+    pub const PERFECT: Rates = Rates {
+        wrong_tool: 0.0,
+        wrong_arg: 0.0,
+        from_context: 0.0,
+        missing_arg: 0.0,
+        skip_step: 0.0,
+        repeat_step: 0.0,
+        premature_answer: 0.0,
+        replan_failure: 0.0,
+    };
+
+    /// The agent's model by default: a small open model (estimates, `docs/bench/faults.md`).
+    pub const SMALL: Rates = Rates {
+        wrong_tool: 0.02,
+        wrong_arg: 0.03,
+        from_context: 0.5,
+        missing_arg: 0.01,
+        skip_step: 0.005,
+        repeat_step: 0.005,
+        premature_answer: 0.005,
+        replan_failure: 0.2,
+    };
+
+    /// The fallback model by default: a frontier model, better, not perfect.
+    pub const FRONTIER: Rates = Rates {
+        wrong_tool: 0.005,
+        wrong_arg: 0.01,
+        from_context: 0.5,
+        missing_arg: 0.003,
+        skip_step: 0.002,
+        repeat_step: 0.002,
+        premature_answer: 0.002,
+        replan_failure: 0.05,
+    };
+
+    fn valid(&self) -> bool {
+        let xs = [
+            self.wrong_tool,
+            self.wrong_arg,
+            self.from_context,
+            self.missing_arg,
+            self.skip_step,
+            self.repeat_step,
+            self.premature_answer,
+            self.replan_failure,
+        ];
+        xs.iter().all(|x| prob(*x))
+            && self.wrong_tool
+                + self.wrong_arg
+                + self.missing_arg
+                + self.skip_step.max(self.premature_answer)
+                + self.repeat_step
+                <= 1.0
+    }
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Rates::SMALL
+    }
+}
+
+/// The `[model]` table: the agent's model's own error rates and the fallback model's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRates {
+    /// The agent's own model (`[model.agent]`; default [`Rates::SMALL`]).
+    #[serde(default)]
+    pub agent: Rates,
+    /// The fallback model escalation hands over to (`[model.fallback]`; default
+    /// [`Rates::FRONTIER`]).
+    #[serde(default = "frontier")]
+    pub fallback: Rates,
+}
+
+fn frontier() -> Rates {
+    Rates::FRONTIER
+}
+
+impl ModelRates {
+    /// Models that never err on their own (only injected faults).
+    pub const PERFECT: ModelRates = ModelRates {
+        agent: Rates::PERFECT,
+        fallback: Rates::PERFECT,
+    };
+}
+
+impl Default for ModelRates {
+    fn default() -> Self {
+        ModelRates {
+            agent: Rates::SMALL,
+            fallback: Rates::FRONTIER,
+        }
+    }
+}
+
 /// A whole fault model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -375,6 +588,10 @@ pub struct FaultModel {
     /// The fallback model.
     #[serde(default)]
     pub escalation: Escalation,
+    /// The models' own error rates (`[model]`; default: a small agent model and a frontier
+    /// fallback, see [`ModelRates`]).
+    #[serde(default)]
+    pub model: ModelRates,
     /// The faults.
     #[serde(rename = "fault")]
     pub faults: Vec<FaultSpec>,
@@ -431,6 +648,12 @@ impl FaultModel {
                 "escalation.error_rate and escalation.fixes_permanent must be in [0, 1]".into(),
             ));
         }
+        if !self.model.agent.valid() || !self.model.fallback.valid() {
+            return Err(FaultModelError::Model(
+                "[model] rates must be in [0, 1], and a model's error rates may not sum past 1"
+                    .into(),
+            ));
+        }
         let mut names = std::collections::BTreeSet::new();
         for f in &self.faults {
             let bad = |message: &str| FaultModelError::Invalid {
@@ -470,6 +693,14 @@ impl FaultModel {
                 {
                     return Err(bad(
                         "a skew range must be [min, max] with 0 ≤ min ≤ max < 1",
+                    ));
+                }
+                _ if f.window.is_some_and(|w| w.start_ms >= w.end_ms) => {
+                    return Err(bad("window needs start_ms < end_ms"));
+                }
+                _ if f.clears_after_ms.is_some_and(|[a, b]| a > b || b == 0) => {
+                    return Err(bad(
+                        "clears_after_ms must be [min, max] with min ≤ max, max > 0",
                     ));
                 }
                 Effect::Http { status, .. } if !(400..=599).contains(status) => {
@@ -560,7 +791,10 @@ pub fn draw(task: &TaskSpec, seed: u64, fault_rate: f64, model: &FaultModel) -> 
             continue;
         }
         let applicable: Vec<usize> = (0..model.faults.len())
-            .filter(|&i| model.faults[i].weight > 0.0 && model.faults[i].applies(task, s))
+            .filter(|&i| {
+                let f = &model.faults[i];
+                f.weight > 0.0 && f.window.is_none() && f.applies(task, s)
+            })
             .collect();
         let total: f64 = applicable.iter().map(|&i| model.faults[i].weight).sum();
         if total <= 0.0 {
@@ -616,6 +850,28 @@ pub fn draw(task: &TaskSpec, seed: u64, fault_rate: f64, model: &FaultModel) -> 
         }
     }
     out
+}
+
+/// The faults in time an episode starting at `start_ms` meets: one entry per windowed fault
+/// whose window holds the start and that applies to some step (the episode arms it on every
+/// step it applies to, and it is on while the clock is inside the window).
+pub fn windowed(task: &TaskSpec, start_ms: u64, model: &FaultModel) -> Vec<Injected> {
+    model
+        .faults
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.window.is_some_and(|w| w.contains(start_ms)))
+        .filter_map(|(i, f)| {
+            let step = (0..task.plan.steps.len()).find(|&s| f.applies(task, s))?;
+            Some(Injected {
+                step,
+                spec: i,
+                permanent: true,
+                k: 1,
+                skew: 0.0,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

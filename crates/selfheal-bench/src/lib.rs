@@ -169,6 +169,9 @@ pub struct BenchConfig {
     /// The policy `self-healing` runs with (`None`: the default policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<Policy>,
+    /// A deployment: a seed's episodes run in sequence against one world whose tools keep their
+    /// state — a tool that breaks for good stays broken for every later episode that calls it.
+    pub deployment: bool,
 }
 
 impl Default for BenchConfig {
@@ -183,6 +186,7 @@ impl Default for BenchConfig {
             fault_model: FaultModel::default_model().unwrap_or_else(|_| FaultModel {
                 extra_fault: 0.0,
                 escalation: faultmodel::Escalation::default(),
+                model: faultmodel::ModelRates::default(),
                 faults: Vec::new(),
             }),
             mix: None,
@@ -192,6 +196,7 @@ impl Default for BenchConfig {
             weights: CostWeights::default(),
             strategies: Strategy::ALL.to_vec(),
             policy: None,
+            deployment: false,
         }
     }
 }
@@ -325,6 +330,10 @@ pub struct Detail {
     pub by_family: BTreeMap<Family, Recovered>,
     /// Outcome by fault name: met, succeeded, silent.
     pub by_fault: BTreeMap<String, KindOutcome>,
+    /// Episodes in which nothing went wrong: no fault scheduled, no mistake of the model's own.
+    pub clean_episodes: u64,
+    /// Detector → clean episodes in which it fired (false alarms; see `docs/bench/report.md`).
+    pub false_alarms_clean: BTreeMap<&'static str, u64>,
 }
 
 /// How the cross-check verifier fared.
@@ -452,6 +461,61 @@ pub struct Report {
     pub confusion: Vec<Confusion>,
     /// What the schedule contained.
     pub census: Census,
+    /// Risk and coverage at the largest budget: each strategy's (recovered, silent) point on
+    /// the faulted episodes, and whether it is on the frontier.
+    pub frontier: Vec<RiskPoint>,
+}
+
+/// One strategy's risk/coverage point: of the faulted episodes, the share recovered (RSR) and
+/// the share answered wrongly as if correct.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RiskPoint {
+    /// Strategy.
+    pub strategy: &'static str,
+    /// Budget.
+    pub budget: u32,
+    /// Recovered share of the faulted episodes (RSR), with its Wilson interval.
+    pub recovered: f64,
+    /// Its 95 % interval.
+    pub recovered_ci: [f64; 2],
+    /// Silent share of the faulted episodes, with its Wilson interval.
+    pub silent: f64,
+    /// Its 95 % interval.
+    pub silent_ci: [f64; 2],
+    /// No other strategy recovers at least as much with at most as many silent failures (and
+    /// strictly better on one).
+    pub on_frontier: bool,
+}
+
+/// The risk/coverage points of the strategies at budget `budget`, frontier marked.
+pub fn risk_points(details: &[Detail], budget: u32) -> Vec<RiskPoint> {
+    let mut pts: Vec<RiskPoint> = details
+        .iter()
+        .filter(|d| d.budget == budget)
+        .map(|d| RiskPoint {
+            strategy: d.strategy,
+            budget,
+            recovered: ratio(d.recovered, d.faulted),
+            recovered_ci: d.rsr_ci,
+            silent: ratio(d.silent_faulted, d.faulted),
+            silent_ci: wilson(d.silent_faulted, d.faulted),
+            on_frontier: false,
+        })
+        .collect();
+    let dominated: Vec<bool> = pts
+        .iter()
+        .map(|p| {
+            pts.iter().any(|q| {
+                q.recovered >= p.recovered
+                    && q.silent <= p.silent
+                    && (q.recovered > p.recovered || q.silent < p.silent)
+            })
+        })
+        .collect();
+    for (p, d) in pts.iter_mut().zip(dominated) {
+        p.on_frontier = !d;
+    }
+    pts
 }
 
 /// The Wilson score interval at 95 %.
@@ -516,12 +580,62 @@ pub fn schedules(config: &BenchConfig) -> Vec<Vec<Vec<Injected>>> {
     let tasks = &config.task_set.tasks[..config.tasks.min(config.task_set.tasks.len())];
     (0..u64::from(config.seeds))
         .map(|i| {
+            // In a deployment, the tools broken for good so far: (tool, fault, skew).
+            let mut broken: Vec<(String, usize, f64)> = Vec::new();
             tasks
                 .iter()
-                .map(|t| draw(t, config.seed + i, config.fault_rate, &model))
+                .enumerate()
+                .map(|(ti, t)| {
+                    let mut fs = draw(t, config.seed + i, config.fault_rate, &model);
+                    let start = ti as u64 * exec::EPISODE_SPACING_MS;
+                    fs.extend(faultmodel::windowed(t, start, &model));
+                    if config.deployment {
+                        inherit(t, &model, &mut fs, &mut broken);
+                    }
+                    fs
+                })
                 .collect()
         })
         .collect()
+}
+
+/// A deployment's memory of the world: the task meets every permanent tool-side fault an earlier
+/// episode of the seed drew on a tool it calls (at each step calling that tool), and adds its own
+/// to what later episodes meet.
+fn inherit(
+    task: &TaskSpec,
+    model: &FaultModel,
+    faults: &mut Vec<Injected>,
+    broken: &mut Vec<(String, usize, f64)>,
+) {
+    let plan = &task.plan;
+    for s in 0..plan.steps.len() {
+        let tool = &plan.steps[s].tool;
+        for (t, spec, skew) in broken.iter() {
+            let applies = model.faults.get(*spec).is_some_and(|f| f.applies(task, s));
+            if t == tool && applies && !faults.iter().any(|f| f.step == s && f.spec == *spec) {
+                faults.push(Injected {
+                    step: s,
+                    spec: *spec,
+                    permanent: true,
+                    k: 1,
+                    skew: *skew,
+                });
+            }
+        }
+    }
+    for f in faults.iter() {
+        let Some(spec) = model.faults.get(f.spec) else {
+            continue;
+        };
+        let tool_side = spec.target != faultmodel::Target::Agent && spec.window.is_none();
+        if f.permanent && tool_side {
+            let tool = plan.steps[f.step].tool.clone();
+            if !broken.iter().any(|(t, s, _)| *t == tool && *s == f.spec) {
+                broken.push((tool, f.spec, f.skew));
+            }
+        }
+    }
 }
 
 fn census_of(model: &FaultModel, schedules: &[Vec<Vec<Injected>>]) -> Census {
@@ -591,11 +705,14 @@ pub fn run(
             let mut by_family: BTreeMap<Family, Recovered> = BTreeMap::new();
             let mut by_fault: BTreeMap<String, KindOutcome> = BTreeMap::new();
             let mut tally = Tally::default();
+            let mut clean_episodes = 0u64;
+            let mut false_alarms_clean: BTreeMap<&'static str, u64> = BTreeMap::new();
             let mut eps = Vec::with_capacity(seeds.len() * tasks.len());
             for (si, &seed) in seeds.iter().enumerate() {
                 for (ti, task) in tasks.iter().enumerate() {
                     let faults = &schedules[si][ti];
                     let mut ep = Episode::new(task, faults, &model, seed);
+                    ep.start_at(ti as u64 * exec::EPISODE_SPACING_MS);
                     let ended = strategy.run(
                         &mut ep,
                         budget,
@@ -604,6 +721,12 @@ pub fn run(
                         want_trace,
                     );
                     let rec = ep.into_record();
+                    if rec.clean {
+                        clean_episodes += 1;
+                        for d in rec.alarms.keys() {
+                            *false_alarms_clean.entry(d).or_default() += 1;
+                        }
+                    }
                     let correct = ended.answer.as_ref().is_some_and(|a| exec::score(task, a));
                     let claimed = ended.answer.is_some();
                     let is_faulted = !faults.is_empty();
@@ -734,6 +857,8 @@ pub fn run(
                 by_class,
                 by_family,
                 by_fault,
+                clean_episodes,
+                false_alarms_clean,
             });
             outcomes.insert((budget, strategy), eps);
             tallies.insert((budget, strategy), tally);
@@ -766,6 +891,7 @@ pub fn run(
             Some(c)
         })
         .collect();
+    let frontier = risk_points(&details, top);
     Report {
         config: config.clone(),
         results,
@@ -773,6 +899,7 @@ pub fn run(
         paired,
         confusion,
         census,
+        frontier,
     }
 }
 

@@ -641,6 +641,121 @@ pub fn tsr_by_budget(report: &Report) -> String {
     })
 }
 
+/// Risk against coverage at the largest budget: each strategy as a point — x the share of faulted
+/// episodes answered wrongly as if correct, y the share recovered — with Wilson whiskers both
+/// ways; the frontier (no other strategy recovers more with fewer silent failures) is joined by a
+/// line and its points are ringed.
+pub fn risk_coverage(report: &Report) -> String {
+    let pts = &report.frontier;
+    let budget = pts.first().map_or(0, |p| p.budget);
+    let f = Frame {
+        width: 760.0,
+        height: 520.0,
+        left: 70.0,
+        top: 60.0,
+        right: 170.0,
+        bottom: 60.0,
+    };
+    let chart = Chart {
+        title: format!("Risk and coverage at R = {budget}"),
+        subtitle: "faulted episodes: recovered (up) against answered wrongly as if correct (left is better); ringed: the frontier".into(),
+        axis: String::new(),
+        category_axis: String::new(),
+        categories: Vec::new(),
+        series: Vec::new(),
+    };
+    let ymax = 100.0;
+    let xmax = pts
+        .iter()
+        .map(|p| p.silent_ci[1] * 100.0)
+        .fold(5.0_f64, f64::max)
+        .ceil();
+    let xmax = (xmax / 5.0).ceil() * 5.0;
+    let mut s = String::new();
+    open(&mut s, &f, &chart);
+    value_axis_left(&mut s, &f, 0.0, ymax, "recovered (RSR)");
+    let pw = f.width - f.left - f.right;
+    let ph = f.height - f.top - f.bottom;
+    let x = |v: f64| f.left + v * 100.0 / xmax * pw;
+    let y = |v: f64| f.top + (ymax - v * 100.0) / ymax * ph;
+    let base = f.height - f.bottom;
+    let mut t = 0.0;
+    while t <= xmax + 1e-9 {
+        let _ = writeln!(
+            s,
+            r#"<line x1="{xx:.1}" x2="{xx:.1}" y1="{base}" y2="{:.1}" stroke="{INK}"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{t:.0} %</text>"#,
+            base + 5.0,
+            base + 19.0,
+            xx = f.left + t / xmax * pw,
+        );
+        t += if xmax > 30.0 { 10.0 } else { 5.0 };
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">silent: answered wrongly as if correct</text>"#,
+        f.left + pw / 2.0,
+        f.height - 14.0
+    );
+    let mut front: Vec<&crate::RiskPoint> = pts.iter().filter(|p| p.on_frontier).collect();
+    front.sort_by(|a, b| a.silent.total_cmp(&b.silent));
+    if front.len() > 1 {
+        let path: Vec<String> = front
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.silent), y(p.recovered)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r##"<polyline class="frontier" fill="none" stroke="#999999" stroke-dasharray="4 3" points="{}"/>"##,
+            path.join(" ")
+        );
+    }
+    let mut labels: Vec<(f64, &crate::RiskPoint)> = Vec::new();
+    for p in pts {
+        let c = strategy_color(p.strategy);
+        let (px, py) = (x(p.silent), y(p.recovered));
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" x2="{:.1}" y1="{py:.1}" y2="{py:.1}" stroke="{c}"/><line x1="{px:.1}" x2="{px:.1}" y1="{:.1}" y2="{:.1}" stroke="{c}"/>"#,
+            x(p.silent_ci[0]),
+            x(p.silent_ci[1]),
+            y(p.recovered_ci[0]),
+            y(p.recovered_ci[1]),
+        );
+        if p.on_frontier {
+            let _ = writeln!(
+                s,
+                r#"<circle cx="{px:.1}" cy="{py:.1}" r="8" fill="none" stroke="{INK}"/>"#
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<circle class="point" cx="{px:.1}" cy="{py:.1}" r="5" fill="{c}" stroke="white"><title>{}: recovered {:.1} %, silent {:.1} %</title></circle>"#,
+            esc(p.strategy),
+            p.recovered * 100.0,
+            p.silent * 100.0
+        );
+        labels.push((py, p));
+    }
+    // Names in a column on the right, in the order of the points' heights, with leader lines.
+    labels.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut at = f64::NEG_INFINITY;
+    let lx = f.width - f.right + 20.0;
+    for (py, p) in labels {
+        at = py.max(at + 16.0);
+        let _ = writeln!(
+            s,
+            r#"<path d="M{:.1} {py:.1}L{:.1} {at:.1}" stroke="{}" fill="none" stroke-opacity="0.5"/><text x="{lx:.1}" y="{:.1}">{}</text>"#,
+            x(p.silent) + 6.0,
+            lx - 4.0,
+            strategy_color(p.strategy),
+            at + 4.0,
+            esc(p.strategy)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 /// Recovery by failure class at the largest budget run: for each class met, the share of the
 /// episodes that met it and still succeeded, per strategy.
 pub fn recovery_by_class(report: &Report) -> String {

@@ -13,6 +13,92 @@ use selfheal_core::FailureClass;
 
 use crate::Report;
 
+/// The risk/coverage frontier in one line: the strategies on it, and where self-healing sits.
+pub fn frontier_line(report: &Report) -> String {
+    let top = report.frontier.first().map_or(0, |p| p.budget);
+    let on: Vec<String> = report
+        .frontier
+        .iter()
+        .filter(|p| p.on_frontier)
+        .map(|p| {
+            format!(
+                "{} ({} recovered, {} silent)",
+                p.strategy,
+                pct(p.recovered),
+                pct(p.silent)
+            )
+        })
+        .collect();
+    let sh = report
+        .frontier
+        .iter()
+        .find(|p| p.strategy == "self-healing")
+        .map(|p| {
+            format!(
+                "; self-healing {} ({} recovered, {} silent)",
+                if p.on_frontier {
+                    "is on it"
+                } else {
+                    "is not on it"
+                },
+                pct(p.recovered),
+                pct(p.silent)
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "risk/coverage (R = {top}, faulted episodes): frontier {}{sh}",
+        on.join(", ")
+    )
+}
+
+/// What a deployment run is, and which strategies carry memory across its episodes.
+pub fn deployment_line(report: &Report) -> String {
+    let memory: Vec<&str> = report
+        .config
+        .strategies
+        .iter()
+        .filter(|s| s.carries_memory())
+        .map(|s| s.as_str())
+        .collect();
+    format!(
+        "deployment: each seed's {} episodes run in sequence against one world (a tool broken for good stays broken); strategies carrying memory across episodes: {}",
+        report.config.tasks,
+        if memory.is_empty() {
+            "none".to_owned()
+        } else {
+            memory.join(", ")
+        }
+    )
+}
+
+/// The per-detector false-alarm line: on episodes where nothing went wrong, in how many each
+/// detector fired.
+pub fn false_alarm_line(d: &crate::Detail, budget: u32) -> String {
+    let fired: Vec<String> = d
+        .false_alarms_clean
+        .iter()
+        .map(|(k, n)| {
+            let share = if d.clean_episodes == 0 {
+                0.0
+            } else {
+                *n as f64 / d.clean_episodes as f64
+            };
+            format!("{k} {n} ({})", pct(share))
+        })
+        .collect();
+    format!(
+        "false alarms ({}, R = {budget}) on {} episodes where nothing went wrong: {}",
+        d.strategy,
+        d.clean_episodes,
+        if fired.is_empty() {
+            "none".to_owned()
+        } else {
+            fired.join(", ")
+        }
+    )
+}
+
 fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
@@ -48,7 +134,11 @@ fn header(report: &Report) -> String {
         } else {
             ""
         }
-    )
+    ) + if c.deployment {
+        ", deployment (episodes in sequence, one world)"
+    } else {
+        ""
+    }
 }
 
 /// The results as a terminal table: RSR first, TSR next to it.
@@ -83,6 +173,9 @@ pub fn table(report: &Report) -> String {
             r.latency_ms
         );
     }
+    if report.config.deployment {
+        let _ = writeln!(out, "{}", deployment_line(report));
+    }
     let cen = &report.census;
     let _ = writeln!(
         out,
@@ -111,6 +204,14 @@ pub fn table(report: &Report) -> String {
             );
         }
     }
+    for d in report
+        .details
+        .iter()
+        .filter(|d| d.budget == top && d.strategy == "self-healing")
+    {
+        let _ = writeln!(out, "{}", false_alarm_line(d, top));
+    }
+    let _ = writeln!(out, "{}", frontier_line(report));
     for c in &report.confusion {
         let _ = writeln!(
             out,
@@ -280,6 +381,32 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             p.other_wrong_self_none
         );
     }
+    let _ = writeln!(
+        out,
+        "\n## Risk and coverage\n\nOf the faulted episodes at the largest budget: the share each strategy recovered and the share it answered wrongly as if correct. A strategy is on the frontier when no other recovers at least as much with at most as many silent failures.\n\n{}\n\n| strategy | recovered | 95 % CI | silent | 95 % CI | frontier |\n|---|---:|---|---:|---|---|",
+        frontier_line(report)
+    );
+    for p in &report.frontier {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1}–{:.1} | {} | {:.1}–{:.1} | {} |",
+            p.strategy,
+            pct(p.recovered),
+            p.recovered_ci[0] * 100.0,
+            p.recovered_ci[1] * 100.0,
+            pct(p.silent),
+            p.silent_ci[0] * 100.0,
+            p.silent_ci[1] * 100.0,
+            if p.on_frontier { "yes" } else { "" }
+        );
+    }
+    out.push_str(
+        "\n## False alarms where nothing went wrong\n\nPer strategy at the largest budget: of the episodes with no fault scheduled and no mistake of the model's own, how many saw each detector fire.\n\n",
+    );
+    let top = report.results.iter().map(|r| r.budget).max().unwrap_or(0);
+    for d in report.details.iter().filter(|d| d.budget == top) {
+        let _ = writeln!(out, "- {}", false_alarm_line(d, top));
+    }
     let cen = &report.census;
     let total: u64 = cen.by_fault.values().sum();
     let _ = writeln!(
@@ -372,6 +499,11 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
 /// (`--sweep`), TSR against R. See [`crate::plot`].
 pub fn svg_tsr_by_budget(report: &Report) -> String {
     crate::plot::tsr_by_budget(report)
+}
+
+/// Risk against coverage at the largest budget, the frontier marked. See [`crate::plot`].
+pub fn svg_risk_coverage(report: &Report) -> String {
+    crate::plot::risk_coverage(report)
 }
 
 /// Recovery by failure class at the largest budget, grouped bars. See [`crate::plot`].

@@ -39,7 +39,7 @@ use selfheal_core::verifier::{Judgement, ungrounded_arguments};
 use selfheal_core::{Amounts, FailureClass};
 
 use crate::exec::{AS_OF, Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
-use crate::task::{Plan, ResolveError, get_path, resolve_answer, resolve_args};
+use crate::task::{Plan, ResolveError, ToolSpec, get_path, resolve_answer, resolve_args};
 
 /// A strategy's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -94,6 +94,22 @@ impl Strategy {
             Strategy::FullReplanVerify => "full-replan+verify",
             Strategy::ClassAgnostic => "class-agnostic",
             Strategy::SelfHealing => "self-healing",
+        }
+    }
+
+    /// Whether the strategy carries memory from one episode to the next (in a `--deployment`,
+    /// a strategy that does could learn which tools stay broken). None of these does: each
+    /// episode starts a fresh client and a fresh controller.
+    pub fn carries_memory(self) -> bool {
+        match self {
+            Strategy::Static
+            | Strategy::RetryOnly
+            | Strategy::React
+            | Strategy::ReactVerify
+            | Strategy::FullReplan
+            | Strategy::FullReplanVerify
+            | Strategy::ClassAgnostic
+            | Strategy::SelfHealing => false,
         }
     }
 
@@ -227,6 +243,9 @@ struct Failure {
     repair: Option<RepairTarget>,
     /// The call reached the tool (so the monitor records it).
     called: Option<(String, Value, Option<Value>)>,
+    /// The tool the model called (after any switch to its substitute): every decision about
+    /// the failure is made by it, never by the step's tool.
+    tool: Option<String>,
 }
 
 impl Failure {
@@ -237,6 +256,7 @@ impl Failure {
             retry_after_ms: None,
             repair: None,
             called: None,
+            tool: None,
         }
     }
 }
@@ -300,11 +320,28 @@ fn is_cut(text: &str) -> bool {
     depth > 0 || in_str
 }
 
-/// The fields step `s`'s tool declares it answers with (its output contract, from the task
+/// The spec of the tool a call went to: its own, or for a substitute's name, the spec of the
+/// tool it substitutes for (same arguments, same output). `None`: not a tool on offer. Every
+/// decision about a call is made with this — never with the step's tool, which is the plan's
+/// answer to "which tool", not what the model called.
+fn tool_spec<'p>(plan: &'p Plan, tool: &str) -> Option<&'p ToolSpec> {
+    plan.tool(tool).or_else(|| {
+        plan.tools
+            .iter()
+            .find(|t| t.substitute.as_deref() == Some(tool))
+    })
+}
+
+/// The equivalent source of the tool called (`None` for a substitute itself, or a tool with none).
+fn substitute_of(plan: &Plan, tool: &str) -> Option<String> {
+    plan.tool(tool).and_then(|t| t.substitute.clone())
+}
+
+/// The fields the called tool declares it answers with (its output contract, from the task
 /// file's tool definition): what a client checks an answer against. Not the plan's reads — which
 /// fields the task goes on to use is the task's solution, not the tool's contract.
-fn contract(plan: &Plan, s: usize) -> Vec<String> {
-    plan.step_tool(s)
+fn contract(plan: &Plan, tool: &str) -> Vec<String> {
+    tool_spec(plan, tool)
         .map(|t| t.output.iter().map(|(p, _)| p.clone()).collect())
         .unwrap_or_default()
 }
@@ -312,7 +349,7 @@ fn contract(plan: &Plan, s: usize) -> Vec<String> {
 /// Output repair on the bytes a tool returned: `selfheal-repair`, then the core's mapping of
 /// renamed fields back to the tool's declared ones ([`selfheal_core::contract::map_renamed`]).
 /// A cut body is refused: closing it would invent data.
-fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
+fn repair_output(plan: &Plan, tool: &str, body: &str) -> Result<Value, String> {
     let v: Value = match serde_json::from_str(body) {
         Ok(v) => v,
         Err(_) => {
@@ -324,18 +361,18 @@ fn repair_output(plan: &Plan, s: usize, body: &str) -> Result<Value, String> {
                 .value
         }
     };
-    contract::map_renamed(&v, &contract(plan, s))
+    contract::map_renamed(&v, &contract(plan, tool))
 }
 
 /// Checks a parsed body the way a client does.
 fn check_body(
     plan: &Plan,
-    s: usize,
+    tool: &str,
     v: &Value,
     det: Detectors,
     now: u64,
 ) -> Result<(), Box<Failure>> {
-    if let Some(breach) = contract::breach(v, &contract(plan, s)) {
+    if let Some(breach) = contract::breach(v, &contract(plan, tool)) {
         let p = breach.field();
         let text = v.to_string();
         if !det.soft {
@@ -376,7 +413,16 @@ fn check_body(
     Ok(())
 }
 
+/// What a client can ground an argument in: the user's message(s) and the tool results it
+/// holds. No value of the plan's calls is read.
+fn grounding_evidence(plan: &Plan, outputs: &[Option<Value>]) -> Vec<Value> {
+    let mut evidence = plan.prompt_evidence();
+    evidence.extend(outputs.iter().flatten().cloned());
+    evidence
+}
+
 /// One attempt at step `s`: the model writes, the client checks, the tool runs, the client reads.
+/// A failure carries the tool the model called.
 fn attempt(
     ep: &mut Episode<'_>,
     s: usize,
@@ -384,6 +430,41 @@ fn attempt(
     outputs: &[Option<Value>],
     prev_call: Option<&Written>,
     det: Detectors,
+) -> Attempt {
+    let mut called = None;
+    let mut a = attempt_inner(ep, s, how, outputs, prev_call, det, &mut called);
+    if let Attempt::Failed(f) = &mut a {
+        f.tool = called;
+        if let Some(d) = detector_of(f) {
+            ep.report_alarm(s, d);
+        }
+    }
+    a
+}
+
+/// Which of the client's detectors a failure comes from (`None`: the tool or the model said so
+/// itself — a raised error, an unreadable body, no input to fill).
+fn detector_of(f: &Failure) -> Option<&'static str> {
+    Some(match &f.signal {
+        Signal::Repetition => "repetition",
+        Signal::UnknownTool { .. } => "tool_on_offer",
+        Signal::EmptyInput { .. } => "required_arguments",
+        Signal::InvalidArguments { .. } if f.message.contains("appear nowhere") => "grounding",
+        Signal::InvalidArguments { .. } => "arguments_json",
+        Signal::Stale { .. } => "freshness",
+        Signal::SchemaDrift { .. } | Signal::EmptyOutput if f.called.is_some() => "contract",
+        _ => return None,
+    })
+}
+
+fn attempt_inner(
+    ep: &mut Episode<'_>,
+    s: usize,
+    how: How,
+    outputs: &[Option<Value>],
+    prev_call: Option<&Written>,
+    det: Detectors,
+    called_tool: &mut Option<String>,
 ) -> Attempt {
     // An input nobody produced: every client sees that it cannot fill the argument.
     if let Err(e @ ResolveError::Missing { .. }) = resolve_args(ep.plan(), s, outputs) {
@@ -400,22 +481,28 @@ fn attempt(
         return Attempt::Skipped;
     };
     let plan = ep.plan();
-    let Some(spec) = plan.step_tool(s) else {
+    if plan.steps.get(s).is_none() {
         return Attempt::Failed(Failure::new(Signal::EmptyResponse, "no such step".into()));
-    };
-    let primary = spec.name.clone();
-    let substitute = spec.substitute.clone();
-    let required = spec.required();
+    }
     let mut tool = tool;
     let mut args = args;
+    // The client's switch goes to the equivalent source of the tool the model called.
     if how.substitute
-        && tool == primary
-        && let Some(sub) = &substitute
+        && let Some(sub) = substitute_of(plan, &tool)
     {
-        tool = sub.clone();
+        tool = sub;
     }
+    *called_tool = Some(tool.clone());
+    let required = tool_spec(plan, &tool)
+        .map(ToolSpec::required)
+        .unwrap_or_default();
+    // A plan that makes the same call twice in a row (a status read twice) repeats on purpose:
+    // only a repeat the plan does not have is a loop.
+    let planned_twice = s
+        .checked_sub(1)
+        .is_some_and(|p| plan.steps.get(p) == plan.steps.get(s));
     if det.call_checks {
-        if prev_call.is_some_and(|p| {
+        if !planned_twice && prev_call.is_some_and(|p| {
             matches!(p, Written::Call { tool: t, args: a } if *t == tool && canonical_hash(a) == canonical_hash(&args))
         }) {
             return Attempt::Failed(Failure::new(
@@ -423,18 +510,13 @@ fn attempt(
                 format!("the call repeats the previous step's `{tool}` call"),
             ));
         }
-        // The tools on offer are the plan's and their substitutes: a call of any other does not
-        // exist for this client. (Which offered tool a step should call is the plan's answer,
-        // not something a client checks a model against.)
-        let offered = plan.tool(&tool).is_some()
-            || plan
-                .tools
-                .iter()
-                .any(|t| t.substitute.as_deref() == Some(tool.as_str()));
-        if !offered {
+        // The tools on offer and their substitutes: a call of any other does not exist for this
+        // client. (Which offered tool a step should call is the plan's answer, not something a
+        // client checks a model against: a sibling on offer passes.)
+        if tool_spec(plan, &tool).is_none() {
             let mut f = Failure::new(
                 Signal::UnknownTool { name: tool.clone() },
-                format!("`{tool}` is not a tool on offer (the step's is `{primary}`)"),
+                format!("`{tool}` is not a tool on offer"),
             );
             f.repair = Some(RepairTarget::ToolChoice);
             return Attempt::Failed(f);
@@ -481,12 +563,10 @@ fn attempt(
             f.repair = Some(RepairTarget::Arguments);
             return Attempt::Failed(f);
         }
-        // Grounding: every argument must appear in what the client holds — the task's inputs
-        // and the outputs so far (the core's rule, which the gateway applies to the
-        // conversation).
-        let mut evidence: Vec<Value> = plan.inputs().into_iter().map(|(_, v)| v).collect();
-        evidence.extend(outputs.iter().flatten().cloned());
-        let ungrounded = ungrounded_arguments(&args, &evidence);
+        // Grounding: every argument must appear in what the client holds — the user's
+        // message(s) and the outputs so far (the core's rule, which the gateway applies to the
+        // conversation). Never the plan's values: those are the answer.
+        let ungrounded = ungrounded_arguments(&args, &grounding_evidence(plan, outputs));
         if !ungrounded.is_empty() {
             let mut f = Failure::new(
                 Signal::InvalidArguments {
@@ -531,6 +611,7 @@ fn attempt(
                 retry_after_ms,
                 repair: None,
                 called: called(None),
+                tool: None,
             })
         }
         Response::Returned { body } => {
@@ -560,10 +641,11 @@ fn attempt(
                         retry_after_ms: None,
                         repair,
                         called: called(Some(Value::String(body))),
+                        tool: None,
                     });
                 }
             };
-            match check_body(ep.plan(), s, &v, det, now) {
+            match check_body(ep.plan(), &tool, &v, det, now) {
                 Ok(()) => Attempt::Ok(v, Sent { tool, args }),
                 Err(mut f) => {
                     f.called = called(Some(v));
@@ -612,13 +694,7 @@ fn read_again(
     // tool's substitute, that tool's — never by the step's tool: which tool a step should call
     // is the plan's answer, and a client checking a sibling tool's answer against the step's
     // source would catch a wrong tool no client (nor the gateway) can see.
-    let step_tool = plan.step_tool(s);
-    let (spec, on_substitute) = if how.substitute
-        && step_tool.is_some_and(|t| t.substitute.as_deref() == Some(sent.tool.as_str()))
-    {
-        // The client's own switch to the substitute of the tool the model called.
-        (step_tool?, true)
-    } else if let Some(t) = plan.tool(&sent.tool) {
+    let (spec, on_substitute) = if let Some(t) = plan.tool(&sent.tool) {
         (t, false)
     } else {
         let primary = plan
@@ -676,17 +752,18 @@ fn read_again(
     };
     match &judgement {
         Judgement::Accept => ep.report_verdict(s, Some(true)),
-        Judgement::Reject { .. } => ep.report_verdict(s, Some(false)),
+        Judgement::Reject { .. } => {
+            ep.report_verdict(s, Some(false));
+            ep.report_alarm(s, if local { "re_read" } else { "cross_check" });
+        }
         Judgement::Uncertain { .. } => ep.report_verdict(s, None),
     }
     Some(judgement)
 }
 
-/// Whether step `s`'s tool has an equivalent source.
-fn has_substitute(ep: &Episode<'_>, s: usize) -> bool {
-    ep.plan()
-        .step_tool(s)
-        .is_some_and(|t| t.substitute.is_some())
+/// Whether the tool called has an equivalent source.
+fn has_substitute(ep: &Episode<'_>, tool: Option<&str>) -> bool {
+    tool.is_some_and(|t| substitute_of(ep.plan(), t).is_some())
 }
 
 fn finish(ep: &Episode<'_>, outputs: &[Option<Value>]) -> Ended {
@@ -764,12 +841,16 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
                 .then(|| cross_check(ep, s, how[s], &v, &sent))
                 .flatten()
             {
-                Some(Judgement::Reject { reason }) => Failure::new(
-                    Signal::VerifierRejected {
-                        reason: reason.clone(),
-                    },
-                    format!("the other source disagrees: {reason}"),
-                ),
+                Some(Judgement::Reject { reason }) => {
+                    let mut f = Failure::new(
+                        Signal::VerifierRejected {
+                            reason: reason.clone(),
+                        },
+                        format!("the other source disagrees: {reason}"),
+                    );
+                    f.tool = Some(sent.tool.clone());
+                    f
+                }
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
                     // The call that was made, for the repetition check of the next step.
                     written[s] = Some(sent.written());
@@ -793,7 +874,7 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
         let has = |xs: &[&str]| xs.iter().any(|x| m.contains(x));
         let repeated = last_error[s].as_deref() == Some(m.as_str());
         last_error[s] = Some(m.clone());
-        let can_switch = has_substitute(ep, s) && !how[s].substitute;
+        let can_switch = has_substitute(ep, failure.tool.as_deref()) && !how[s].substitute;
         if has(&["missing input"]) {
             ep.replan(Writer::Agent);
             s = outputs.iter().position(Option::is_none).unwrap_or(s).min(s);
@@ -844,6 +925,7 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             ..How::default()
         };
         let result = attempt(ep, s, how, &outputs, None, det);
+        let last_tool: Option<String>;
         let failed = match result {
             Attempt::Ok(v, sent) => match det
                 .verify
@@ -854,7 +936,8 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
                     // Replanning away from a source that disagreed: the new plan trusts the
                     // other one. A tool whose two reads disagreed has no other one: the new
                     // plan reads it again and checks it again.
-                    trusted[s] = !avoid[s] && has_substitute(ep, s);
+                    trusted[s] = !avoid[s] && has_substitute(ep, Some(&sent.tool));
+                    last_tool = Some(sent.tool);
                     true
                 }
                 Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => {
@@ -874,9 +957,10 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
                     fresh[s] = true;
                     trusted[s] = true;
                 }
-                if f.called.is_some() && has_substitute(ep, s) {
+                if f.called.is_some() && has_substitute(ep, f.tool.as_deref()) {
                     avoid[s] = true;
                 }
+                last_tool = f.tool;
                 true
             }
         };
@@ -886,7 +970,7 @@ pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
             }
             replans[s] += 1;
             ep.charge_recovery();
-            if det.verify && has_substitute(ep, s) {
+            if det.verify && has_substitute(ep, last_tool.as_deref()) {
                 avoid[s] = true;
             }
             ep.replan(Writer::Agent);
@@ -920,22 +1004,26 @@ struct Run<'e, 'a> {
 }
 
 impl Run<'_, '_> {
+    /// The recoveries on offer for a failure of a call of `tool` (the tool called, `None` when
+    /// the model called none).
     fn options(
         &self,
-        s: usize,
+        tool: Option<&str>,
         how: How,
         repair: Option<RepairTarget>,
         outputs: &[Option<Value>],
     ) -> Options {
-        let spec = self.ep.plan().step_tool(s);
+        let plan = self.ep.plan();
         Options {
             repair,
             substitute: if how.substitute {
                 None
             } else {
-                spec.and_then(|t| t.substitute.clone())
+                tool.and_then(|t| substitute_of(plan, t))
             },
-            refreshable: spec.is_some_and(|t| t.freshness),
+            refreshable: tool
+                .and_then(|t| tool_spec(plan, t))
+                .is_some_and(|t| t.freshness),
             can_replan: true,
             fallback_model: (how.writer == Writer::Agent).then(|| "fallback-model".to_owned()),
             human_available: false,
@@ -968,11 +1056,8 @@ fn audit(
         let Some(call) = sent.get(m).and_then(Option::as_ref) else {
             continue;
         };
-        let single = st
-            .ep
-            .plan()
-            .step_tool(m)
-            .is_some_and(|t| t.substitute.is_none());
+        let single = tool_spec(st.ep.plan(), &call.tool).is_some_and(|t| t.substitute.is_none())
+            && substitute_of(st.ep.plan(), &call.tool).is_none();
         if !single {
             continue;
         }
@@ -981,7 +1066,7 @@ fn audit(
                 break;
             };
             let rejected = matches!(judgement, Judgement::Reject { .. });
-            let options = st.options(m, how[m], None, outputs);
+            let options = st.options(Some(&call.tool), how[m], None, outputs);
             let now = st.ep.now();
             let d = st.ctl.observe(
                 Observation::Verified {
@@ -1071,12 +1156,13 @@ pub fn run_self_healing(
                     continue;
                 }
                 Attempt::Ok(v, call) => {
-                    let spec = st.ep.plan().step_tool(s);
-                    let required = spec.map(|t| t.required()).unwrap_or_default();
                     // The monitor sees the call that was made, not the plan's.
                     let Sent { tool, args } = call.clone();
+                    let required = tool_spec(st.ep.plan(), &tool)
+                        .map(ToolSpec::required)
+                        .unwrap_or_default();
                     sent[s] = Some(call);
-                    let options = st.options(s, how[s], None, &outputs);
+                    let options = st.options(Some(&tool), how[s], None, &outputs);
                     let usage = Amounts {
                         latency_ms: st.ep.now() - since,
                         ..Amounts::default()
@@ -1119,7 +1205,7 @@ pub fn run_self_healing(
                         }
                         (Directive::Continue { .. }, Some(judgement)) => {
                             // Recorded in the trace; an acceptance settles the step's failures.
-                            let options = st.options(s, how[s], None, &outputs);
+                            let options = st.options(Some(&tool), how[s], None, &outputs);
                             let now = st.ep.now();
                             let d = st.ctl.observe(
                                 Observation::Verified {
@@ -1143,7 +1229,7 @@ pub fn run_self_healing(
                     }
                 }
                 Attempt::Failed(f) => {
-                    let mut options = st.options(s, how[s], f.repair, &outputs);
+                    let mut options = st.options(f.tool.as_deref(), how[s], f.repair, &outputs);
                     if matches!(f.signal, Signal::UnknownTool { .. }) {
                         // The tool the model called is not on offer: nothing is its equivalent
                         // source. (The step's own tool's substitute would be a correction from
@@ -1170,11 +1256,8 @@ pub fn run_self_healing(
                                     args: args.clone(),
                                 });
                             }
-                            let required = st
-                                .ep
-                                .plan()
-                                .step_tool(s)
-                                .map(|t| t.required())
+                            let required = tool_spec(st.ep.plan(), tool)
+                                .map(ToolSpec::required)
                                 .unwrap_or_default();
                             let outcome = match result {
                                 Some(v) => CallOutcome::Returned(v),
@@ -1238,14 +1321,16 @@ pub fn run_self_healing(
                                 how[s].regenerate = true;
                             }
                             RepairTarget::Output => {
+                                let body_tool =
+                                    sent[s].as_ref().map(|c| c.tool.clone()).unwrap_or_default();
                                 let repaired = last_body[s]
                                     .as_deref()
-                                    .map(|b| repair_output(st.ep.plan(), s, b));
+                                    .map(|b| repair_output(st.ep.plan(), &body_tool, b));
                                 let checked = repaired.map(|r| {
                                     r.and_then(|v| {
                                         check_body(
                                             st.ep.plan(),
-                                            s,
+                                            &body_tool,
                                             &v,
                                             Detectors::ALL,
                                             st.ep.data_now(),
@@ -1278,7 +1363,8 @@ pub fn run_self_healing(
                                                 },
                                             ),
                                         };
-                                        let options = st.options(s, how[s], None, &outputs);
+                                        let options =
+                                            st.options(Some(&body_tool), how[s], None, &outputs);
                                         let now = st.ep.now();
                                         let d = st.ctl.observe(
                                             Observation::Verified {
@@ -1369,17 +1455,49 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Issue 32: the grounding check's evidence is the user's message(s) and the results so
+    /// far. Changing every value of the plan's calls changes nothing in it, and a value only
+    /// the plan holds is ungrounded.
+    #[test]
+    fn grounding_reads_no_plan_value() {
+        use crate::task::ArgSrc;
+        let task = &crate::task::builtin(1)[0];
+        let outputs = vec![Some(serde_json::json!({"city": "Kenya City"})), None, None];
+        let before = grounding_evidence(&task.plan, &outputs);
+        let mut changed = task.plan.clone();
+        for st in &mut changed.steps {
+            for (_, src) in &mut st.args {
+                if let ArgSrc::Lit(v) = src {
+                    *v = Value::String("Atlantis".into());
+                }
+            }
+        }
+        assert_eq!(before, grounding_evidence(&changed, &outputs));
+        // A value in the plan (here: put there) but in no message nor result is ungrounded...
+        let call = serde_json::json!({"country": "Atlantis"});
+        assert!(!ungrounded_arguments(&call, &grounding_evidence(&changed, &outputs)).is_empty());
+        // ...and the prompt's own values, and earlier results, ground a call.
+        let country = task.plan.steps[0].args[0].1.clone();
+        let ArgSrc::Lit(country) = country else {
+            panic!("the built-in task starts from a literal")
+        };
+        assert!(task.plan.prompt[0].contains(country.as_str().unwrap()));
+        let ok = serde_json::json!({"country": country, "unit": "c_to_f"});
+        assert!(ungrounded_arguments(&ok, &before).is_empty());
+    }
+
     #[test]
     fn cut_bodies_are_seen_and_refused() {
         assert!(is_cut(r#"{"a": [1, 2"#));
         assert!(is_cut(r#"{"a": "x}"#));
         assert!(!is_cut(r#"{'a': '}'}"#));
         let plan = &crate::task::builtin(1)[0].plan;
-        assert!(repair_output(plan, 0, r#"{"city": "Fra"#).is_err());
-        let fixed = repair_output(plan, 0, "Sure! ```json\n{'city': 'France City'}\n```").unwrap();
+        let t = "geo.capital";
+        assert!(repair_output(plan, t, r#"{"city": "Fra"#).is_err());
+        let fixed = repair_output(plan, t, "Sure! ```json\n{'city': 'France City'}\n```").unwrap();
         assert_eq!(fixed["city"], "France City");
-        let mapped = repair_output(plan, 0, r#"{"city_v2": "Paris"}"#).unwrap();
+        let mapped = repair_output(plan, t, r#"{"city_v2": "Paris"}"#).unwrap();
         assert_eq!(mapped["city"], "Paris");
-        assert!(repair_output(plan, 0, r#"{"f12": "Paris"}"#).is_err());
+        assert!(repair_output(plan, t, r#"{"f12": "Paris"}"#).is_err());
     }
 }

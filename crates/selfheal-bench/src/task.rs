@@ -152,8 +152,56 @@ pub const ANSWER_TOLERANCE: Tolerance = Tolerance {
 pub enum Behaviour {
     /// A tool of the built-in catalogue.
     Builtin(Group),
+    /// The sibling of a built-in group's tool: same arguments, a value of the wrong kind
+    /// ([`crate::catalogue::sibling_truth`]).
+    Sibling(Group),
     /// Synthesised deterministically from the output spec and the arguments.
     Synth,
+    /// Real semantics over the arguments (a file's `"semantics"`, or the built-in comparison).
+    Semantic(Op),
+}
+
+/// What a tool with real semantics computes, into its first output field: arithmetic and
+/// comparisons over its numeric parameters in declaration order (numeric strings read as
+/// numbers), or a lookup of its first parameter in a seeded table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `a + b`.
+    Add,
+    /// `a − b`.
+    Subtract,
+    /// `a · b`.
+    Multiply,
+    /// `a / b` (`b = 0` is refused).
+    Divide,
+    /// `a > b`.
+    Greater,
+    /// `a < b`.
+    Less,
+    /// The larger.
+    Max,
+    /// The smaller.
+    Min,
+    /// The first argument's entry in a table seeded by the tool's name: the same key, the same
+    /// value, whatever the other arguments.
+    Lookup,
+}
+
+impl Op {
+    fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "add" => Op::Add,
+            "subtract" => Op::Subtract,
+            "multiply" => Op::Multiply,
+            "divide" => Op::Divide,
+            "greater" => Op::Greater,
+            "less" => Op::Less,
+            "max" => Op::Max,
+            "min" => Op::Min,
+            "lookup" => Op::Lookup,
+            _ => return None,
+        })
+    }
 }
 
 /// A tool as the agent knows it (name, description, schema) plus the simulation facts.
@@ -261,6 +309,9 @@ pub enum AnswerSpec {
 /// A plan: what a client may know about a task.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
+    /// The user's message(s): the request as the user wrote it. With the tools' results, this
+    /// is all a client knows of the task's values (the grounding check's evidence).
+    pub prompt: Vec<String>,
     /// The tools on offer.
     pub tools: Vec<ToolSpec>,
     /// The calls, in order.
@@ -280,9 +331,15 @@ impl Plan {
         self.steps.get(s).and_then(|st| self.tool(&st.tool))
     }
 
-    /// What the task states: every literal argument of its calls, and the literal text of its
-    /// templates, by argument name. This is what the user's request says (a client holds it;
-    /// the gateway arm's agent writes it into its prompt), not what the calls should be.
+    /// The user's messages as evidence values (what a client holds before any tool ran).
+    pub fn prompt_evidence(&self) -> Vec<Value> {
+        self.prompt.iter().cloned().map(Value::String).collect()
+    }
+
+    /// Every literal argument of the plan's calls, and the literal text of its templates, by
+    /// argument name: the plan's values. The benchmark's client never reads them (its grounding
+    /// evidence is [`Plan::prompt`]); a task file without a `prompt` or `query` states them as
+    /// its message, and the gateway arm's agent writes them into its prompt.
     pub fn inputs(&self) -> Vec<(String, Value)> {
         let mut out: Vec<(String, Value)> = Vec::new();
         for st in &self.steps {
@@ -359,6 +416,9 @@ pub struct TaskSpec {
     pub plan: Plan,
     /// The expected answer (scoring only; never shown to a strategy).
     pub expected: Value,
+    /// The values the prompt names (inputs and other entities): where the simulated model
+    /// draws a wrong value from the context, besides earlier results. Never shown to a strategy.
+    pub mentions: Vec<Value>,
 }
 
 /// The parts of `path` (`a.b[0].c`): each a field name (empty for a bare index) and an optional
@@ -564,8 +624,121 @@ pub fn builtin_tool(group: Group) -> ToolSpec {
     }
 }
 
-/// The built-in tasks (the first `n` of the catalogue's 100) as [`TaskSpec`]s.
+/// The spec of a built-in group's sibling: a real tool with the primary's arguments and output
+/// field that answers with a value of the wrong kind (the largest city, yesterday's rate, a
+/// rounded product). No substitute, no sibling of its own.
+pub fn builtin_sibling(group: Group) -> ToolSpec {
+    let primary = builtin_tool(group);
+    ToolSpec {
+        name: sibling(group).to_owned(),
+        description: sibling(group).to_owned(),
+        substitute: None,
+        sibling: None,
+        noise: Noise::EXACT,
+        behaviour: Behaviour::Sibling(group),
+        ..primary
+    }
+}
+
+/// The built-in comparison: whether `a` is greater than `b` (real semantics, local).
+pub fn compare_tool() -> ToolSpec {
+    ToolSpec {
+        name: "calc.compare".into(),
+        description: "Whether a is greater than b.".into(),
+        params: ["a", "b"]
+            .iter()
+            .map(|p| Param {
+                name: (*p).to_owned(),
+                ty: FieldType::Number,
+                required: true,
+            })
+            .collect(),
+        output: vec![("greater".into(), FieldType::Boolean)],
+        external: false,
+        freshness: false,
+        substitute: None,
+        sibling: None,
+        noise: Noise::EXACT,
+        tolerance: Tolerance { rel: 0.0, abs: 0.0 },
+        behaviour: Behaviour::Semantic(Op::Greater),
+    }
+}
+
+/// The `j`-th built-in comparison task: is one company's share price above another's? A DAG —
+/// two chains (ticker → quote) joined by the comparison — whose answer is a real comparison.
+fn compare_task(id: usize, j: usize) -> TaskSpec {
+    let names = catalogue::COMPANIES;
+    let a = names[(j * 5) % names.len()];
+    let b = names[(j * 5 + 1 + j % 7) % names.len()];
+    let mut tools = vec![
+        builtin_tool(Group::Ticker),
+        builtin_sibling(Group::Ticker),
+        builtin_tool(Group::Price),
+        builtin_sibling(Group::Price),
+        compare_tool(),
+    ];
+    let unused = [Group::Fx, Group::Convert, Group::Capital, Group::Fetch];
+    tools.push(builtin_tool(unused[j % unused.len()]));
+    let lit = |s: &str| ArgSrc::Lit(Value::String(s.to_owned()));
+    let at = |step: usize, path: &str| ArgSrc::Ref {
+        step,
+        path: path.to_owned(),
+    };
+    let step = |tool: &str, args: Vec<(&str, ArgSrc)>| PlanStep {
+        tool: tool.to_owned(),
+        args: args.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+    };
+    let steps = vec![
+        step("company.ticker", vec![("company", lit(a))]),
+        step("stock.quote", vec![("ticker", at(0, "ticker"))]),
+        step("company.ticker", vec![("company", lit(b))]),
+        step("stock.quote", vec![("ticker", at(2, "ticker"))]),
+        step(
+            "calc.compare",
+            vec![("a", at(1, "price")), ("b", at(3, "price"))],
+        ),
+    ];
+    let plan = Plan {
+        prompt: vec![format!(
+            "Is {a}'s share price higher than {b}'s right now? Answer yes or no."
+        )],
+        tools,
+        steps,
+        answer: AnswerSpec::One(at(4, "greater")),
+    };
+    let expected = crate::exec::clean_answer(&plan).unwrap_or(Value::Null);
+    TaskSpec {
+        id,
+        name: "compare-share-prices".into(),
+        plan,
+        expected,
+        mentions: vec![json!(a), json!(b)],
+    }
+}
+
+/// The built-in tasks: every sixth (index 5, 11, …) a comparison of two share prices
+/// ([`compare_task`], a DAG with fan-in), the others the catalogue's tasks in order. Each offers
+/// more tools than its plan uses: every step's tool, that tool's sibling, and tools of groups
+/// the plan does not use.
 pub fn builtin(n: usize) -> Vec<TaskSpec> {
+    let catalogue = catalogue_tasks(n);
+    let mut cat = catalogue.into_iter();
+    (0..n)
+        .map_while(|i| {
+            if i % 6 == 5 {
+                Some(compare_task(i, i / 6))
+            } else {
+                cat.next().map(|mut t| {
+                    t.id = i;
+                    t
+                })
+            }
+        })
+        .collect()
+}
+
+/// The catalogue's tasks as [`TaskSpec`]s (at most `n`).
+fn catalogue_tasks(n: usize) -> Vec<TaskSpec> {
     catalogue::tasks()
         .into_iter()
         .take(n)
@@ -574,6 +747,17 @@ pub fn builtin(n: usize) -> Vec<TaskSpec> {
             for s in &t.steps {
                 if !tools.iter().any(|x| x.name == s.group.primary()) {
                     tools.push(builtin_tool(s.group));
+                    tools.push(builtin_sibling(s.group));
+                }
+            }
+            let unused: Vec<Group> = Group::ALL
+                .into_iter()
+                .filter(|g| !t.steps.iter().any(|s| s.group == *g))
+                .collect();
+            for k in 0..2.min(unused.len()) {
+                let g = unused[(t.id + 3 * k) % unused.len()];
+                if !tools.iter().any(|x| x.name == g.primary()) {
+                    tools.push(builtin_tool(g));
                 }
             }
             let steps: Vec<PlanStep> = t
@@ -612,11 +796,13 @@ pub fn builtin(n: usize) -> Vec<TaskSpec> {
                 id: t.id,
                 name: t.template.to_owned(),
                 plan: Plan {
+                    prompt: vec![t.prompt],
                     tools,
                     steps,
                     answer,
                 },
                 expected: t.oracle,
+                mentions: t.mentions,
             }
         })
         .collect()
@@ -773,7 +959,15 @@ fn parse_tool(v: &Value) -> Result<ToolSpec, String> {
         sibling: v.get("sibling").and_then(Value::as_str).map(str::to_owned),
         noise,
         tolerance,
-        behaviour: Behaviour::Synth,
+        behaviour: match v.get("semantics") {
+            None => Behaviour::Synth,
+            Some(x) => Behaviour::Semantic(x.as_str().and_then(Op::parse).ok_or_else(|| {
+                format!(
+                    "tool `{name}`: `semantics` must be one of add, subtract, multiply, divide, \
+                     greater, less, max, min, lookup"
+                )
+            })?),
+        },
         name,
     })
 }
@@ -840,17 +1034,76 @@ fn parse_task(id: usize, v: &Value) -> Result<TaskSpec, String> {
         ),
         Some(x) => AnswerSpec::One(parse_src(x, &labels, n)?),
     };
+    let mut plan = Plan {
+        prompt: Vec::new(),
+        tools,
+        steps,
+        answer,
+    };
+    let literals: Vec<Value> = plan.inputs().into_iter().map(|(_, x)| x).collect();
+    // The user's message(s): `prompt` (a string or an array of strings) as written; else the
+    // `query` (NESTFUL's), followed, when the plan takes values the query does not spell as
+    // they are sent (a date written out, a code), by a message stating them; else a message
+    // stating the task's inputs. See `docs/bench/tasks.md`.
+    plan.prompt = match (v.get("prompt"), v.get("query").and_then(Value::as_str)) {
+        (Some(Value::String(p)), _) => vec![p.clone()],
+        (Some(Value::Array(ps)), _) => ps
+            .iter()
+            .map(|p| {
+                p.as_str()
+                    .map(str::to_owned)
+                    .ok_or("`prompt` must be a string or an array of strings")
+            })
+            .collect::<Result<_, _>>()?,
+        (Some(_), _) => return Err("`prompt` must be a string or an array of strings".into()),
+        (None, Some(q)) => {
+            let said = vec![Value::String(q.to_owned())];
+            let unsaid: Vec<String> = literals
+                .iter()
+                .filter(|x| {
+                    !selfheal_core::verifier::ungrounded_arguments(&json!({ "x": x }), &said)
+                        .is_empty()
+                })
+                .map(plain)
+                .collect();
+            if unsaid.is_empty() {
+                vec![q.to_owned()]
+            } else {
+                vec![
+                    q.to_owned(),
+                    format!("Use these values: {}.", unsaid.join(", ")),
+                ]
+            }
+        }
+        (None, None) => {
+            let stated: Vec<String> = plan
+                .inputs()
+                .iter()
+                .map(|(n, x)| format!("{n} = {}", plain(x)))
+                .collect();
+            vec![format!("Task {name}. Inputs: {}.", stated.join(", "))]
+        }
+    };
+    let mut mentions = literals;
+    if let Some(Value::Array(xs)) = v.get("mentions") {
+        mentions.extend(xs.iter().cloned());
+    }
     Ok(TaskSpec {
         id,
         name,
-        plan: Plan {
-            tools,
-            steps,
-            answer,
-        },
+        plan,
         // Filled by the world's clean run unless the file gives it.
         expected: v.get("expected").cloned().unwrap_or(Value::Null),
+        mentions,
     })
+}
+
+/// A value as a user writes it: a string without quotes, anything else as JSON.
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// Reads a JSONL tasks file (format in `docs/bench/tasks.md`). Tasks without `expected` get the
@@ -887,7 +1140,56 @@ pub fn load_jsonl(text: &str) -> Result<Vec<TaskSpec>, TaskFileError> {
             message: "the file holds no task".into(),
         });
     }
+    add_distractors(&mut out);
     Ok(out)
+}
+
+/// Every file task offers more tools than its plan uses: for each tool a step calls, its
+/// sibling (the file's `sibling` name, else `<name>_legacy`): the same parameters and output
+/// fields, synthesised under its own name, so its values are of the wrong kind; and the first
+/// step tool of the next two tasks in the file (the catalogue's other tools), unless the task
+/// has them already. The plan and its answer are unchanged.
+fn add_distractors(tasks: &mut [TaskSpec]) {
+    let n = tasks.len();
+    let foreign: Vec<Vec<ToolSpec>> = (0..n)
+        .map(|i| {
+            (1..=2)
+                .filter(|k| *k < n)
+                .filter_map(|k| {
+                    let other = &tasks[(i + k) % n].plan;
+                    other.step_tool(0).cloned()
+                })
+                .collect()
+        })
+        .collect();
+    for (task, foreign) in tasks.iter_mut().zip(foreign) {
+        let plan = &mut task.plan;
+        let used: Vec<String> = plan.steps.iter().map(|s| s.tool.clone()).collect();
+        let mut extra: Vec<ToolSpec> = Vec::new();
+        for t in plan.tools.iter_mut().filter(|t| used.contains(&t.name)) {
+            let name = t
+                .sibling
+                .get_or_insert_with(|| format!("{}_legacy", t.name))
+                .clone();
+            extra.push(ToolSpec {
+                name: name.clone(),
+                description: format!("{name}: {}", t.description),
+                substitute: None,
+                sibling: None,
+                noise: Noise::EXACT,
+                ..t.clone()
+            });
+        }
+        for t in extra.into_iter().chain(foreign) {
+            let clash = plan
+                .tools
+                .iter()
+                .any(|x| x.name == t.name || x.substitute.as_deref() == Some(t.name.as_str()));
+            if !clash {
+                plan.tools.push(t);
+            }
+        }
+    }
 }
 
 /// A real tool of the wrong kind that accepts the same arguments (the implicit wrong tool).

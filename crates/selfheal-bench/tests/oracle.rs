@@ -24,6 +24,10 @@ const FORBIDDEN: &[&str] = &[
     "draw(",
     "schedule(",
     "set_data_now",
+    "start_at",
+    // The plan's values are the answer: grounding reads the prompt (issue 32).
+    "inputs()",
+    "mentions",
 ];
 
 fn code_lines(src: &str) -> impl Iterator<Item = (usize, &str)> {
@@ -116,6 +120,9 @@ fn the_episode_exposes_no_truth_or_schedule() {
         public,
         [
             "new",
+            // Where the episode sits on the benchmark's clock (for faults in a window): world
+            // setup by the runner; a strategy never calls it (scanned for above).
+            "start_at",
             // A call by tool name, for a live model that has no plan: a client operation.
             "execute_named",
             "plan",
@@ -134,6 +141,68 @@ fn the_episode_exposes_no_truth_or_schedule() {
             "call",
             "report_verdict",
             "report_class",
+            // A detector fired: counted for the false-alarm rate, nothing shown back.
+            "report_alarm",
         ]
+    );
+}
+
+/// Issue 32: the call the simulated model writes is a draw from its error rates, not the
+/// plan's call. With no fault injected, some first calls of the built-in tasks differ from the
+/// plan's (another tool on offer, a wrong or missing argument, no call); a perfect model writes
+/// the plan's call every time; and a rewrite is a fresh draw, not the plan's call restored.
+#[test]
+fn the_models_call_is_a_draw_not_the_plan() {
+    use selfheal_bench::exec::{Episode, Writer, Written};
+    use selfheal_bench::faultmodel::{FaultModel, ModelRates, Rates};
+    use selfheal_bench::task::{builtin, resolve_args};
+
+    let tasks = builtin(100);
+    let plan_call = |t: &selfheal_bench::task::TaskSpec| Written::Call {
+        tool: t.plan.steps[0].tool.clone(),
+        args: resolve_args(&t.plan, 0, &[]).unwrap(),
+    };
+    let count_differing = |model: &FaultModel| {
+        let mut differ = 0;
+        for seed in 0..20 {
+            for t in &tasks {
+                let mut ep = Episode::new(t, &[], model, seed);
+                differ += usize::from(ep.write(0, Writer::Agent, true, &[]) != plan_call(t));
+            }
+        }
+        differ
+    };
+    let default = FaultModel::default_model().unwrap();
+    let differ = count_differing(&default);
+    // 2,000 draws at the default small model's ~7 % per call.
+    assert!((40..=400).contains(&differ), "{differ} of 2000 differ");
+    let mut perfect = default.clone();
+    perfect.model = ModelRates::PERFECT;
+    assert_eq!(count_differing(&perfect), 0);
+
+    let mut always_wrong_tool = default.clone();
+    always_wrong_tool.model.agent = Rates {
+        wrong_tool: 1.0,
+        ..Rates::PERFECT
+    };
+    let t = &tasks[0];
+    let mut ep = Episode::new(t, &[], &always_wrong_tool, 5);
+    let mut tools = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        match ep.write(0, Writer::Agent, true, &[]) {
+            Written::Call { tool, .. } => {
+                assert_ne!(
+                    tool, t.plan.steps[0].tool,
+                    "a rewrite restored the plan's tool"
+                );
+                assert!(t.plan.tool(&tool).is_some(), "{tool} is not on offer");
+                tools.insert(tool);
+            }
+            Written::Skipped => panic!("no call written"),
+        }
+    }
+    assert!(
+        tools.len() >= 2,
+        "every rewrite chose the same tool: {tools:?}"
     );
 }

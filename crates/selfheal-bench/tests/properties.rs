@@ -1,6 +1,7 @@
 //! What each strategy can and cannot do against single faults of the default model, on the
 //! first built-in task (capital → weather → convert). These pin properties of the world and of
-//! the strategies' mechanics, never a headline score.
+//! the strategies' mechanics, never a headline score. The models' own errors are switched off
+//! (`ModelRates::PERFECT`) so that each test meets its one fault and nothing else.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use selfheal_bench::exec::Episode;
@@ -26,8 +27,14 @@ enum Verdict {
     NoAnswer,
 }
 
+fn perfect_model() -> FaultModel {
+    let mut model = FaultModel::default_model().unwrap();
+    model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    model
+}
+
 fn one(name: &str, step: usize, permanent: bool, k: u32, skew: f64) -> (FaultModel, Injected) {
-    let model = FaultModel::default_model().unwrap();
+    let model = perfect_model();
     let spec = model.faults.iter().position(|f| f.name == name).unwrap();
     (
         model,
@@ -109,7 +116,7 @@ fn a_wrong_substitute_behind_a_dead_primary_is_not_claimed() {
     // The primary is down for good and the substitute is wrong: whoever takes the substitute's
     // answer unchecked returns a wrong one.
     let task = &builtin(2)[1];
-    let model = FaultModel::default_model().unwrap();
+    let model = perfect_model();
     let at = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
     let faults = [
         Injected {

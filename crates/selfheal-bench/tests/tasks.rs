@@ -17,6 +17,8 @@ fn the_nestful_set_loads_and_runs() {
         .args
         .iter()
         .any(|(_, a)| matches!(a, selfheal_bench::task::ArgSrc::Ref { path, .. } if path.contains('.'))))));
+    let mut fault_model = selfheal_bench::faultmodel::FaultModel::default_model().unwrap();
+    fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
     let config = BenchConfig {
         seeds: 1,
         tasks: 85,
@@ -26,13 +28,16 @@ fn the_nestful_set_loads_and_runs() {
             tasks,
         },
         strategies: vec![Strategy::Static, Strategy::SelfHealing],
+        fault_model,
         ..BenchConfig::default()
     };
     config.validate().unwrap();
     let report = run(&config, &mut |_, _| {}, None);
     assert_eq!(report.results.len(), 2);
     assert!(report.census.faulted_episodes > 0);
-    // Unfaulted episodes succeed for every strategy: the simulated world answers its own plan.
+    // With a model that never errs on its own, unfaulted episodes succeed for every strategy:
+    // the simulated world answers its own plan, and nothing in the prompt-grounded checks
+    // refuses a right call.
     for d in &report.details {
         assert_eq!(d.successes - d.recovered, 85 - d.faulted, "{}", d.strategy);
     }
@@ -232,4 +237,83 @@ fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
         "one re-read agrees with the wrong value"
     );
     assert!(twice > checks, "{twice} reads against {checks}");
+}
+
+/// Issue 32: a plan that reads a status twice in a row makes the same call twice on purpose; on
+/// a fault-free run with a model that never errs, no strategy takes it for a loop, every one
+/// answers, and no detector fires (the per-detector false-alarm count is what says so).
+#[test]
+fn a_status_read_twice_is_not_a_loop() {
+    let line = r#"{"id": "twice", "prompt": "Check the status of job j42 twice and report the second reading.", "tools": [{"name": "status", "parameters": {"type": "object", "properties": {"job": {"type": "string"}}, "required": ["job"]}, "output": {"state": "string"}}], "plan": [{"tool": "status", "args": {"job": "j42"}, "label": "var1"}, {"tool": "status", "args": {"job": "j42"}, "label": "var2"}], "answer": "$var2.state$"}"#;
+    let tasks = load_jsonl(line).unwrap();
+    let mut fault_model = selfheal_bench::faultmodel::FaultModel::default_model().unwrap();
+    fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    let config = BenchConfig {
+        seeds: 2,
+        tasks: 1,
+        fault_rate: 0.0,
+        task_set: TaskSet {
+            name: "twice".into(),
+            tasks,
+        },
+        fault_model,
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    for d in &report.details {
+        assert_eq!(d.clean_episodes, 2, "{}", d.strategy);
+        assert_eq!(d.successes, 2, "{}", d.strategy);
+        assert!(
+            d.false_alarms_clean.is_empty(),
+            "{}: {:?}",
+            d.strategy,
+            d.false_alarms_clean
+        );
+    }
+}
+
+/// Issue 32: tools with real semantics. The built-in comparison tasks (a DAG: two chains joined
+/// by `calc.compare`) answer with the comparison of the two prices the plan fetches, and both
+/// answers occur; a file's `"semantics": "add"` adds and `"greater"` compares what it is given.
+#[test]
+fn comparisons_compare_and_arithmetic_computes() {
+    use selfheal_bench::task::{ArgSrc, builtin, resolve_args};
+    let tasks = builtin(100);
+    let compare: Vec<_> = tasks
+        .iter()
+        .filter(|t| t.name == "compare-share-prices")
+        .collect();
+    assert_eq!(compare.len(), 16);
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &compare {
+        // Fan-in: the last step reads two different earlier steps.
+        let reads: Vec<usize> = t.plan.steps[4]
+            .args
+            .iter()
+            .filter_map(|(_, a)| match a {
+                ArgSrc::Ref { step, .. } => Some(*step),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reads, [1, 3]);
+        seen.insert(t.expected.as_bool().unwrap());
+    }
+    assert_eq!(seen.len(), 2, "every comparison came out the same way");
+
+    let tool = |name: &str, sem: &str, out: &str| {
+        format!(
+            r#"{{"name":"{name}","semantics":"{sem}","external":false,"parameters":{{"type":"object","properties":{{"a":{{"type":"number"}},"b":{{"type":"number"}}}},"required":["a","b"]}},"output":{{"{out}":"number"}}}}"#
+        )
+    };
+    let line = format!(
+        r#"{{"id":"sum","prompt":"Is 2.5 + 4 more than 6?","tools":[{},{}],"plan":[{{"tool":"add","args":{{"a":2.5,"b":4}},"label":"var1"}},{{"tool":"gt","args":{{"a":"$var1.value$","b":6}},"label":"var2"}}],"answer":{{"sum":"$var1.value$","more":"$var2.greater$"}}}}"#,
+        tool("add", "add", "value"),
+        tool("gt", "greater", "greater").replace(r#""greater":"number""#, r#""greater":"boolean""#)
+    );
+    let t = &load_jsonl(&line).unwrap()[0];
+    assert_eq!(t.expected["sum"], 6.5);
+    assert_eq!(t.expected["more"], true);
+    assert!(resolve_args(&t.plan, 0, &[]).is_ok());
+    let bad = line.replace(r#""semantics":"add""#, r#""semantics":"pow""#);
+    assert!(load_jsonl(&bad).is_err_and(|e| e.message.contains("semantics")));
 }

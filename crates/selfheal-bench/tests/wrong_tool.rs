@@ -29,3 +29,44 @@ fn a_tool_not_on_offer_is_not_substituted() {
     assert!(actions.contains(&"escalate".to_owned()), "{actions:?}");
     assert!(!actions.contains(&"substitute".to_owned()), "{actions:?}");
 }
+
+/// Issue 32: a call of a sibling tool on offer is decided by the tool called. Here the sibling
+/// answers with its own field (`w`) and has no equivalent source, while the step's tool answers
+/// with `v` and has one. Judged by the step's tool, the sibling's body would breach the contract
+/// (no `v`) and be "recovered" with the step tool's substitute; judged by the tool called, the
+/// body is whole, nothing is substituted, and the one check there is — a second read of the
+/// sibling — is what runs.
+#[test]
+fn a_sibling_call_is_decided_by_the_tool_called() {
+    let line = r#"{"id": "s", "prompt": "look up x1", "tools": [
+        {"name": "a", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}, "output": {"v": "number"}, "substitute": "a_alt", "sibling": "b"},
+        {"name": "b", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}, "output": {"w": "number"}}],
+        "plan": [{"tool": "a", "args": {"q": "x1"}, "label": "var1"}], "answer": "$var1.v$"}"#
+        .replace('\n', " ");
+    let task = &selfheal_bench::task::load_jsonl(&line).unwrap()[0];
+    let (mut model, fault) = common::permanent("wrong_tool_sibling", 0);
+    model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    let faults = [fault];
+    let mut ep = Episode::new(task, &faults, &model, 3);
+    let ended = Strategy::SelfHealing.run(&mut ep, 5, None, 3, true);
+    let trace = ended.trace.unwrap();
+    let events: Vec<Value> = trace
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["event"] == "action" && e["action"]["action"] == "substitute"),
+        "the step tool's substitute was used for a sibling call: {trace}"
+    );
+    assert!(
+        !events.iter().any(|e| e["event"] == "action"),
+        "the sibling's own body was judged against the step tool's contract: {trace}"
+    );
+    // The sibling's value was read twice (its own second read), never checked against `a_alt`.
+    assert_eq!(ep.costs().verifier_calls, 1);
+    assert_eq!(ep.costs().tool_calls, 1);
+    // The answer reads `v`, which the sibling does not have: no answer, not a wrong one.
+    assert_eq!(ended.answer, None);
+}

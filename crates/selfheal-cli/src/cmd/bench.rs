@@ -65,6 +65,11 @@ pub struct BenchArgs {
     /// The semantic silent-failure setting: only plausible-but-wrong faults.
     #[arg(long)]
     pub silent: bool,
+    /// A deployment: each seed's episodes run in sequence against one world whose tools keep
+    /// their state (a tool broken for good stays broken for every later episode that calls it);
+    /// the report says which strategies carry memory across episodes. Simulated runs only.
+    #[arg(long, conflicts_with = "live")]
+    pub deployment: bool,
     /// Cost weights a,b,c,d[,e] of K = a·model + b·tool + c·verifier + d·recovery + e·fallback-model
     /// calls (e defaults to 5: escalation has its own price).
     #[arg(long, value_name = "A,B,C,D[,E]")]
@@ -263,6 +268,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         budget: args.budget,
         sweep: args.sweep,
         silent: args.silent,
+        deployment: args.deployment,
         ..BenchConfig::default()
     };
     config.fault_model =
@@ -375,9 +381,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         };
         write("tsr-by-budget.svg", report::svg_tsr_by_budget(&report))?;
         write("recovery-by-class.svg", report::svg_class_bars(&report))?;
+        write("risk-coverage.svg", report::svg_risk_coverage(&report))?;
         write(
             "report.md",
-            report::markdown(&report, &["tsr-by-budget.svg", "recovery-by-class.svg"]),
+            report::markdown(
+                &report,
+                &[
+                    "tsr-by-budget.svg",
+                    "recovery-by-class.svg",
+                    "risk-coverage.svg",
+                ],
+            ),
         )?;
         write("results.json", serde_json::to_string_pretty(&report)?)?;
     }
