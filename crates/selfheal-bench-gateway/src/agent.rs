@@ -190,24 +190,15 @@ impl Client {
     }
 }
 
-/// The task as the user states it: its name and its inputs (the values the task gives, which
-/// the in-process client holds as well; the calls that use them are the model's to write).
+/// The task as the user states it: the task's user message(s) (`Plan::prompt`), what the
+/// in-process client holds as well; the calls that use its values are the model's to write.
 pub fn task_prompt(task: &TaskSpec) -> String {
-    let inputs: Vec<String> = task
-        .plan
-        .inputs()
-        .iter()
-        .map(|(name, v)| format!("{name} = {v}"))
-        .collect();
-    if inputs.is_empty() {
+    // The user's own words, as in-process: never the plan's values, which a real client
+    // does not have.
+    if task.plan.prompt.is_empty() {
         format!("Task {}: {}", task.id, task.name)
     } else {
-        format!(
-            "Task {}: {}. Inputs: {}.",
-            task.id,
-            task.name,
-            inputs.join(", ")
-        )
+        task.plan.prompt.join("\n")
     }
 }
 
