@@ -392,12 +392,25 @@ fn grounded(leaf: &Value, evidence: &[Value]) -> bool {
     let Some(text) = leaf.as_str() else {
         return false;
     };
+    let all_grounded = |parts: &[&str]| {
+        parts.len() > 1
+            && parts.iter().all(|w| {
+                let w = Value::String((*w).to_owned());
+                evidence.iter().any(|e| grounds(e, &w))
+            })
+    };
     let parts: Vec<&str> = words(text).filter(|w| !w.is_empty()).collect();
-    parts.len() > 1
-        && parts.iter().all(|w| {
-            let w = Value::String((*w).to_owned());
-            evidence.iter().any(|e| grounds(e, &w))
-        })
+    if all_grounded(&parts) {
+        return true;
+    }
+    // Identifiers joined with `-` (`US-MX` from `US` and `MX`): each part is a word of the
+    // evidence. Only parts with a letter: numbers joined so (a date, `2024-01-05`) are a value
+    // of their own, and digits found somewhere else do not make one up.
+    let joined: Vec<&str> = text.split('-').collect();
+    joined
+        .iter()
+        .all(|p| p.chars().any(char::is_alphabetic))
+        && all_grounded(&joined)
 }
 
 /// The words of a text: runs of letters, digits and the characters identifiers and numbers are
@@ -488,6 +501,20 @@ mod tests {
         ));
         s.claims_success = false;
         assert!(EvidenceVerifier::default().verify(&s).is_accept());
+    }
+
+    #[test]
+    fn identifiers_joined_with_a_dash_are_grounded_by_their_parts_but_dates_are_not() {
+        let evidence = [json!("rates for US and MX on day 5 of 2024, month 1")];
+        assert!(ungrounded_arguments(&json!({"pair": "US-MX"}), &evidence).is_empty());
+        assert_eq!(
+            ungrounded_arguments(&json!({"pair": "US-CA"}), &evidence),
+            vec!["`pair` = \"US-CA\"".to_string()]
+        );
+        assert_eq!(
+            ungrounded_arguments(&json!({"day": "2024-01-05"}), &evidence),
+            vec!["`day` = \"2024-01-05\"".to_string()]
+        );
     }
 
     #[test]
