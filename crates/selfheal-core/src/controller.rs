@@ -365,9 +365,9 @@ impl Controller {
         self.stopped.as_ref().map(|(s, r)| (*s, r.as_str()))
     }
 
-    /// The policy and classifier the run decides with.
-    pub(crate) fn plane(&self) -> &Plane {
-        &self.plane
+    /// The policy and classifier the run decides with, beside the ledger its decisions charge.
+    pub(crate) fn plane_and_ledger(&mut self) -> (&Plane, &mut BudgetLedger) {
+        (&self.plane, &mut self.ledger)
     }
 
     /// Tells the run which tools the agent is offered now (before anything is hidden).

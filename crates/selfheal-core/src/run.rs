@@ -388,15 +388,10 @@ impl Run {
                 };
                 f.wait = None;
                 f.plan.offer(offer);
-                let plane = self.ctl.plane().clone();
-                let step = f.plan.failed(
-                    signal,
-                    &plane,
-                    env.breakers,
-                    self.ctl.ledger_mut(),
-                    now,
-                    env.rng,
-                );
+                let (plane, ledger) = self.ctl.plane_and_ledger();
+                let step = f
+                    .plan
+                    .failed(signal, plane, env.breakers, ledger, now, env.rng);
                 if let Some(mut f) = self.calls.remove(&call) {
                     self.drain_plan(call, &mut f.plan, now);
                     self.calls.insert(call, f);
@@ -424,15 +419,9 @@ impl Run {
                 fallback,
                 state,
             } => {
-                let plane = self.ctl.plane().clone();
-                let (decision, next, event) = crate::call::reask_signal(
-                    signal,
-                    fallback,
-                    &plane,
-                    self.ctl.ledger_mut(),
-                    state,
-                    env.rng,
-                );
+                let (plane, ledger) = self.ctl.plane_and_ledger();
+                let (decision, next, event) =
+                    crate::call::reask_signal(signal, fallback, plane, ledger, state, env.rng);
                 if let Event::Action { action, .. } = &event
                     && decision != Reask::Partial
                 {
@@ -454,13 +443,9 @@ impl Run {
                 });
             }
             Input::StreamBroke { after_content } => {
-                let plane = self.ctl.plane().clone();
-                let (decision, event) = crate::call::stream_broke(
-                    after_content,
-                    &plane,
-                    self.ctl.ledger_mut(),
-                    env.rng,
-                );
+                let (plane, ledger) = self.ctl.plane_and_ledger();
+                let (decision, event) =
+                    crate::call::stream_broke(after_content, plane, ledger, env.rng);
                 self.note(now, event);
                 self.queue.push_back(match decision {
                     crate::call::StreamBreak::Reissue => Action::Reissue,

@@ -407,10 +407,7 @@ fn grounded(leaf: &Value, evidence: &[Value]) -> bool {
     // evidence. Only parts with a letter: numbers joined so (a date, `2024-01-05`) are a value
     // of their own, and digits found somewhere else do not make one up.
     let joined: Vec<&str> = text.split('-').collect();
-    joined
-        .iter()
-        .all(|p| p.chars().any(char::is_alphabetic))
-        && all_grounded(&joined)
+    joined.iter().all(|p| p.chars().any(char::is_alphabetic)) && all_grounded(&joined)
 }
 
 /// The words of a text: runs of letters, digits and the characters identifiers and numbers are
