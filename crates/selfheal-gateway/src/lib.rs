@@ -110,6 +110,30 @@ pub async fn serve(
     result
 }
 
+/// The shared tier `[state]` asks for: synced through Redis when `url` is set (the connection is
+/// made lazily, so a Redis that is down at startup is an outage like any other), else local.
+/// With Redis, must be called within a tokio runtime.
+pub fn shared_tier(
+    config: &config::StateConfig,
+) -> Result<selfheal_state::Shared, selfheal_state::StoreError> {
+    let Some(url) = &config.url else {
+        return Ok(selfheal_state::Shared::local());
+    };
+    let options = selfheal_state::RedisOptions {
+        prefix: config.prefix.clone(),
+        timeout: Duration::from_millis(config.timeout_ms),
+        probe_every: Duration::from_millis(config.refresh_ms),
+    };
+    let store = selfheal_state::RedisStore::new(url, options)?;
+    tracing::info!(
+        target: "selfheal::state",
+        url = store.url(),
+        refresh_ms = config.refresh_ms,
+        "sharing breakers and learned targets through Redis"
+    );
+    selfheal_state::Shared::with_store(Arc::new(store), Duration::from_millis(config.refresh_ms))
+}
+
 /// Descriptors the process needs besides its client connections: upstream connections, the
 /// trace database, the listener, standard streams. What [`fd_shortfall`] keeps free.
 pub const FD_RESERVE: u64 = 64;

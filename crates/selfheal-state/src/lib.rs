@@ -43,7 +43,7 @@ use futures_util::future::BoxFuture;
 
 pub use health::Health;
 pub use memory::MemoryStore;
-pub use redis_store::{RedisOptions, RedisStore};
+pub use redis_store::{RedisOptions, RedisStore, redact_url};
 pub use shared::{Shared, SharedRecord};
 
 /// Why a store operation did not happen. The callers' answer to all of them is the same: keep
