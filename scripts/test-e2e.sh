@@ -3,6 +3,9 @@
 #  - gateway: on port 0, between the real `openai` SDK / openai-agents and a scripted
 #    fault-injecting upstream (tests/e2e/test_gateway.py; deployment, test_deploy.py; streaming
 #    Responses API, test_responses_stream.py);
+#  - replicas: three gateways sharing one real redis-server (`--state`) behind a real HAProxy,
+#    a provider outage shared and Redis stopped and restarted mid-run (tests/e2e/test_replicas.py;
+#    redis-server and haproxy from Debian, installed by scripts/install-system-deps.sh);
 #  - chaos at CI size: scripts/chaos.py's faults, kill -9 and slowloris scenarios, about 15 s
 #    (tests/e2e/test_chaos.py);
 #  - MCP proxy: between the real Python `mcp` SDK and a real MCP server from npm,
