@@ -30,7 +30,8 @@ fn command(port: u16, args: &[&str]) -> String {
         req += &format!("${}\r\n{a}\r\n", a.len());
     }
     s.write_all(req.as_bytes()).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
     let mut out = Vec::new();
     let mut buf = [0; 65536];
     while let Ok(n) = s.read(&mut buf) {
@@ -121,7 +122,10 @@ async fn main() {
         pct(&mem_lat, 0.5),
         pct(&mem_lat, 0.99)
     );
-    let usage = command(port, &["MEMORY", "USAGE", "selfheal:run:10:key:tenant:run-0"]);
+    let usage = command(
+        port,
+        &["MEMORY", "USAGE", "selfheal:run:10:key:tenant:run-0"],
+    );
     println!(
         "  redis memory per run of {size} bytes: {} bytes",
         usage.trim().trim_start_matches(':')
