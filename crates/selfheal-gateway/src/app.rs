@@ -1496,6 +1496,7 @@ fn answer_op<'c>(
     Box::pin(async move {
         let resp = c.send("chat/completions", b, cr).await?;
         let bytes = crate::upstream::read_bounded(resp, c.max_body()).await?;
+        crate::telemetry::usage_of(&bytes);
         answer::read(bytes)
     })
 }

@@ -288,6 +288,8 @@ pub struct GatewayConfig {
     pub tools: BTreeMap<String, ToolConfig>,
     /// Where replicas share state (`[state]`; in memory when unset).
     pub state: StateConfig,
+    /// Where spans are exported (`[telemetry]`; nowhere when unset).
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 impl Default for GatewayConfig {
@@ -312,6 +314,7 @@ impl Default for GatewayConfig {
             server: ServerConfig::default(),
             tools: BTreeMap::new(),
             state: StateConfig::default(),
+            telemetry: crate::telemetry::TelemetryConfig::default(),
         }
     }
 }

@@ -44,6 +44,7 @@ pub mod responses_stream;
 pub mod runs;
 pub use selfheal_trace::store;
 pub mod stream;
+pub mod telemetry;
 pub mod upstream;
 
 use std::future::Future;
@@ -71,6 +72,9 @@ pub enum ServeError {
     /// The listener failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// OTLP export (`[telemetry]`) could not be set up.
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
 }
 
 /// Serves the gateway on `listener` until `shutdown` resolves, then drains in-flight requests
@@ -93,6 +97,12 @@ pub async fn serve(
     if let Some(warning) = fd_shortfall(server.max_connections, fds) {
         tracing::warn!("{warning}");
     }
+    // The exporter's HTTP client blocks: built off the async workers.
+    let otel = config.telemetry.clone();
+    let telemetry =
+        tokio::task::spawn_blocking(move || telemetry::init(&otel, |v| std::env::var(v).ok()))
+            .await
+            .map_err(|e| telemetry::TelemetryError::from_join(&e))??;
     let state = Arc::new(AppState::new(config, trace)?);
     if let Ok(addr) = listener.local_addr()
         && !addr.ip().is_loopback()
@@ -104,9 +114,10 @@ pub async fn serve(
              this port can use the gateway (and, with auth = \"env\", the operator's key)"
         );
     }
-    let app = router(state.clone());
+    let app = router(state.clone()).layer(axum::middleware::from_fn(telemetry::request_span));
     let result = accept_loop(listener, app, server, shutdown).await;
     state.trace.flush_and_close();
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     result
 }
 

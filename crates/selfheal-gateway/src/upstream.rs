@@ -211,6 +211,8 @@ impl UpstreamClient {
     /// Sends `req` and waits for the answer's head within the first-byte timeout; a non-success
     /// status becomes [`ClientError::Status`].
     async fn head(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        // The attempt's span (when spans are exported) is the upstream's parent.
+        let req = crate::telemetry::inject(req);
         let mut resp = tokio::time::timeout(self.first_byte, req.send())
             .await
             .map_err(|_| ClientError::Timeout)?
@@ -246,7 +248,9 @@ impl UpstreamClient {
     pub async fn chat(&self, body: Bytes, creds: &Credentials) -> Result<Completion, ClientError> {
         let resp = self.send("chat/completions", body, creds).await?;
         let bytes = read_bounded(resp, self.max_body).await?;
-        parse_completion(&bytes)
+        let completion = parse_completion(&bytes)?;
+        crate::telemetry::usage(&completion.body);
+        Ok(completion)
     }
 
     /// `GET path` (e.g. `models`), decoded as JSON.
@@ -583,6 +587,7 @@ impl Upstreams {
         let mut last_err: Option<ClientError> = None;
         // Unused without a run: a passthrough plan stops at its first failure.
         let mut spare = BudgetLedger::new(BudgetLimits::unlimited());
+        let mut attempts = 0usize;
         loop {
             self.log_events(&mut plan, chain, last_err.as_ref(), run, log);
             let at = match step {
@@ -617,8 +622,18 @@ impl Upstreams {
                         }
                     };
                     let started = Instant::now();
-                    let result = op(&up.client, body, creds).await;
+                    let first = if attempts == 0 { chain.first() } else { None };
+                    let span = crate::telemetry::attempt(target, first, attempts);
+                    attempts += 1;
+                    let result = match span.clone() {
+                        Some(cx) => {
+                            use opentelemetry::context::FutureExt as _;
+                            op(&up.client, body, creds).with_context(cx).await
+                        }
+                        None => op(&up.client, body, creds).await,
+                    };
                     self.attempt_seconds.observe(started.elapsed());
+                    crate::telemetry::attempt_done(span, &attempt_outcome(&result));
                     // Every attempt at debug: the outcome's kind, never the upstream's message
                     // (providers quote keys in it; the redacted message goes to the trace).
                     tracing::debug!(
@@ -728,6 +743,14 @@ impl Upstreams {
                     None,
                 ),
             };
+            crate::telemetry::decision(
+                match kind {
+                    Kind::Retry => "retry",
+                    Kind::Fallback => "fallback",
+                    _ => "cooldown_skip",
+                },
+                &detail,
+            );
             if let Some(run) = run
                 && let Some(act) = act
             {
