@@ -180,12 +180,16 @@ pub async fn request_span(req: Request, next: Next) -> Response {
 
 /// The context of one upstream attempt: a client span `chat {model}` under the request's span.
 /// The first attempt also names the request's span after the model asked for. `None` without
-/// export.
+/// export, or outside a chat request.
 pub fn attempt(target: &Target, first: Option<&Target>, number: usize) -> Option<Context> {
     if !enabled() {
         return None;
     }
     let parent = Context::current();
+    // Only under a chat request's span (not the forwarded endpoints').
+    if !parent.has_active_span() {
+        return None;
+    }
     if let Some(first) = first {
         let request = parent.span();
         request.update_name(format!("chat {}", first.model));

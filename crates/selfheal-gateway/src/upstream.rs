@@ -655,7 +655,9 @@ impl Upstreams {
                 Ok(v) => {
                     plan.succeeded(&mut self.breakers());
                     // Closed here: the others may use it again.
-                    self.shared.remove(&circuit_key(&target.upstream));
+                    if !self.shared.is_empty() {
+                        self.shared.remove(&circuit_key(&target.upstream));
+                    }
                     log.served = Some(target.clone());
                     return Ok(v);
                 }

@@ -134,6 +134,15 @@ impl Shared {
         self.inner.store.as_ref().is_none_or(|s| s.health().is_up())
     }
 
+    /// Whether no record is held (expired ones included): one read lock, no allocation.
+    pub fn is_empty(&self) -> bool {
+        self.inner
+            .local
+            .read()
+            .map(|l| l.is_empty())
+            .unwrap_or(true)
+    }
+
     /// The record under `key` if it holds at `now_unix_ms`. Local memory only.
     pub fn get(&self, key: &str, now_unix_ms: u64) -> Option<SharedRecord> {
         let local = self.inner.local.read().unwrap_or_else(|p| p.into_inner());
