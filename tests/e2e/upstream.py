@@ -29,7 +29,8 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
   arguments, or without `stream` "bad_json"; otherwise as "role_then_cut" or "empty")
 | {"kind": "tool_length"} (when the model would call a tool: the call with half its arguments
   and finish_reason "length", streaming or not; otherwise as "empty_stream" or "empty")
-The credential headers of every request are logged too (GET /_headers). `/v1/responses` takes
+The credential headers of every request, and its W3C `traceparent`, are logged too (GET
+/_headers). `/v1/responses` takes
 the "status", "tool" (answered as a `function_call` item), "ok", "json", "empty", "hang",
 "reset", "bad_json", "error_body" steps and, for `stream: true` (answered as Responses events), "empty_stream", "role_then_cut" (only the
 preamble: created, in_progress, an empty message item), "cut", "stream_error" (some text, then an
@@ -254,7 +255,8 @@ class Handler(BaseHTTPRequestHandler):
             STATE.log.append(body)
             STATE.headers.append({k.lower(): v for k, v in self.headers.items()
                                   if k.lower() in ("authorization", "api-key", "openai-organization",
-                                                   "openai-project", "x-selfheal-key")})
+                                                   "openai-project", "x-selfheal-key",
+                                                   "traceparent")})
             step = STATE.script.pop(0) if STATE.script else {"kind": "auto"}
             if step["kind"] == "auto" and STATE.chaos:
                 rng, rate, kinds = STATE.chaos

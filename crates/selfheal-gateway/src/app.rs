@@ -50,6 +50,9 @@ pub enum StateError {
     /// No randomness for the run-id secret.
     #[error("cannot draw a random run-id secret: {0}")]
     Random(String),
+    /// The state store (`[state]`) cannot be set up.
+    #[error(transparent)]
+    Store(#[from] selfheal_state::StoreError),
 }
 
 /// Everything the handlers share.
@@ -72,6 +75,9 @@ pub struct AppState {
     tool_indexes: heal::ToolIndexCache,
     /// Targets learned not to stream tool calls (see [`NoStream`]).
     pub no_stream: NoStream,
+    /// What replicas share (`[state]`): the local tier, synced through the store when there is
+    /// one.
+    pub shared: selfheal_state::Shared,
     started: Instant,
 }
 
@@ -83,12 +89,15 @@ pub struct AppState {
 /// healed faults within [`NoStream::WINDOW`], and only for [`NoStream::TTL`], after which it is
 /// streamed again. The requests it changes say so in the `x-selfheal-stream` header, and
 /// `/metrics` shows the targets learned now, how often one was learned, and the evidence seen.
-/// At most [`NoStream::CAPACITY`] targets are tracked.
+/// At most [`NoStream::CAPACITY`] targets are tracked. A target learned here is published to
+/// the other replicas through the shared tier (`[state]`), which ask it without streaming too
+/// until the same expiry; the evidence itself is counted per replica.
 #[derive(Debug, Default)]
 pub struct NoStream {
     targets: Mutex<HashMap<(String, String), Learning>>,
     learned_total: std::sync::atomic::AtomicU64,
     evidence_total: std::sync::atomic::AtomicU64,
+    shared: Option<selfheal_state::Shared>,
 }
 
 /// The evidence against one target and, once learned, until when it holds.
@@ -110,20 +119,41 @@ impl NoStream {
     /// How long a target is asked without streaming once learned.
     pub const TTL: Duration = Duration::from_secs(30 * 60);
 
-    /// Whether `target` is asked without streaming at `now` (learned, not expired).
+    /// Learned targets are shared through `shared` with the other replicas.
+    pub fn shared(shared: selfheal_state::Shared) -> NoStream {
+        NoStream {
+            shared: Some(shared),
+            ..NoStream::default()
+        }
+    }
+
+    /// The shared record of `target`, learned not to stream tool calls.
+    fn shared_key(target: &crate::config::Target) -> String {
+        format!(
+            "no_stream:{}",
+            json!([target.upstream.as_str(), target.model.as_str()])
+        )
+    }
+
+    /// Whether `target` is asked without streaming at `now` (learned here or by another
+    /// replica, not expired).
     pub fn contains(&self, target: &crate::config::Target, now: Instant) -> bool {
         let Ok(mut m) = self.targets.lock() else {
             return false;
         };
         let key = (target.upstream.clone(), target.model.clone());
         match m.get(&key).and_then(|l| l.until) {
-            Some(until) if now < until => true,
+            Some(until) if now < until => return true,
             Some(_) => {
                 m.remove(&key);
-                false
             }
-            None => false,
+            None => {}
         }
+        drop(m);
+        self.shared.as_ref().is_some_and(|s| {
+            s.get(&Self::shared_key(target), unix_ms())
+                .is_some_and(|r| r.origin != s.origin())
+        })
     }
 
     /// Records one healed fault of `target` at `now`; whether it makes the target learned.
@@ -157,6 +187,14 @@ impl NoStream {
         l.seen.clear();
         l.until = Some(now + Self::TTL);
         self.learned_total.fetch_add(1, Relaxed);
+        if let Some(s) = &self.shared {
+            let ttl = u64::try_from(Self::TTL.as_millis()).unwrap_or(u64::MAX);
+            s.publish(
+                &Self::shared_key(target),
+                "learned",
+                unix_ms().saturating_add(ttl),
+            );
+        }
         true
     }
 
@@ -213,7 +251,9 @@ impl AppState {
         trace: TraceWriter,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AppState, StateError> {
-        let upstreams = Upstreams::new(&config, &env)?;
+        let mut upstreams = Upstreams::new(&config, &env)?;
+        let shared = crate::shared_tier(&config.state)?;
+        upstreams.share(shared.clone());
         let run_key = match &config.run_secret_env {
             Some(var) => RunKey::from_secret(
                 &env(var)
@@ -245,7 +285,8 @@ impl AppState {
             run_key,
             guides: Arc::new(heal::GuideCache::default()),
             tool_indexes: heal::ToolIndexCache::default(),
-            no_stream: NoStream::default(),
+            no_stream: NoStream::shared(shared.clone()),
+            shared,
             started: Instant::now(),
         })
     }
@@ -358,6 +399,9 @@ async fn readyz(State(s): State<Arc<AppState>>) -> Response {
         .map(|(name, u)| async move { (name.clone(), u.client.reachable(READY_PROBE).await) });
     let results = futures_util::future::join_all(checks).await;
     let up: Vec<&String> = results.iter().filter(|r| r.1).map(|r| &r.0).collect();
+    // A state store that is down does not make the replica unready: it serves from local
+    // state (see the deployment guide); it is reported.
+    let store = crate::metrics::store_status(&s.shared);
     if up.is_empty() {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -367,7 +411,7 @@ async fn readyz(State(s): State<Arc<AppState>>) -> Response {
         )
         .into_response();
     }
-    axum::Json(json!({"status": "ready", "reachable": up})).into_response()
+    axum::Json(json!({"status": "ready", "reachable": up, "state_store": store})).into_response()
 }
 
 async fn method_not_allowed() -> ApiError {
@@ -396,7 +440,8 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
             s.runs.evicted(),
             s.trace.dropped(),
             &s.upstreams.attempt_seconds,
-        ) + &s.no_stream.render(Instant::now()),
+        ) + &s.no_stream.render(Instant::now())
+            + &crate::metrics::render_state(&s.shared, s.upstreams.shared_skips()),
     )
 }
 
@@ -1468,6 +1513,7 @@ fn answer_op<'c>(
     Box::pin(async move {
         let resp = c.send("chat/completions", b, cr).await?;
         let bytes = crate::upstream::read_bounded(resp, c.max_body()).await?;
+        crate::telemetry::usage_of(&bytes);
         answer::read(bytes)
     })
 }

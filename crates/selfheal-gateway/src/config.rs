@@ -143,6 +143,75 @@ impl Default for ServerConfig {
     }
 }
 
+/// `[state]`: where replicas of the gateway share what they learn (see the deployment guide).
+///
+/// Without `url` the gateway keeps everything in its own memory, which is right for one
+/// process. With `url = "redis://host:6379/0"` every replica pointed at that Redis shares its
+/// upstream breakers (an open circuit is skipped by the others) and the targets it learned not
+/// to stream tool calls, read from a local copy refreshed every `refresh_ms`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StateConfig {
+    /// `redis://[user:password@]host:port[/db]`; unset: in memory, nothing shared.
+    pub url: Option<String>,
+    /// Prefix of every Redis key (default `selfheal`): deployments sharing one server keep
+    /// theirs apart.
+    pub prefix: String,
+    /// How often the local copy of the shared records is refreshed, in milliseconds (default
+    /// 1,000): the bound on how stale another replica's news can be, plus a round trip.
+    pub refresh_ms: u64,
+    /// Longest wait for one Redis operation, in milliseconds (default 250). Past it, the
+    /// operation counts as failed and the gateway goes on with its local state.
+    pub timeout_ms: u64,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            url: None,
+            prefix: "selfheal".into(),
+            refresh_ms: 1_000,
+            timeout_ms: 250,
+        }
+    }
+}
+
+impl std::fmt::Debug for StateConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold Redis's password.
+        f.debug_struct("StateConfig")
+            .field("url", &self.url.as_deref().map(selfheal_state::redact_url))
+            .field("prefix", &self.prefix)
+            .field("refresh_ms", &self.refresh_ms)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
+}
+
+impl StateConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.url
+            && !url.starts_with("redis://")
+        {
+            return Err(ConfigError::Invalid(format!(
+                "state.url `{}` must be a redis:// URL",
+                selfheal_state::redact_url(url)
+            )));
+        }
+        if self.refresh_ms < 10 || self.timeout_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "state.refresh_ms must be at least 10 and state.timeout_ms at least 1".into(),
+            ));
+        }
+        if self.prefix.is_empty() || self.prefix.contains(char::is_whitespace) {
+            return Err(ConfigError::Invalid(
+                "state.prefix must be a non-empty word".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One step of a fallback chain: which upstream, under which model name.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -217,6 +286,10 @@ pub struct GatewayConfig {
     pub server: ServerConfig,
     /// The agents' tools the operator describes, by name (see [`ToolConfig`]).
     pub tools: BTreeMap<String, ToolConfig>,
+    /// Where replicas share state (`[state]`; in memory when unset).
+    pub state: StateConfig,
+    /// Where spans are exported (`[telemetry]`; nowhere when unset).
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 impl Default for GatewayConfig {
@@ -240,6 +313,8 @@ impl Default for GatewayConfig {
             run_secret_env: None,
             server: ServerConfig::default(),
             tools: BTreeMap::new(),
+            state: StateConfig::default(),
+            telemetry: crate::telemetry::TelemetryConfig::default(),
         }
     }
 }
@@ -368,6 +443,7 @@ impl GatewayConfig {
         if self.max_runs == 0 {
             return Err(ConfigError::Invalid("max_runs must be at least 1".into()));
         }
+        self.state.validate()?;
         self.monitor
             .validate()
             .map_err(|e| ConfigError::Invalid(e.0))?;
@@ -529,6 +605,33 @@ mod tests {
             let e = GatewayConfig::from_toml_str(toml).unwrap_err().to_string();
             assert!(e.contains(needle), "{toml:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_state_table_is_read_checked_and_its_password_never_shown() {
+        let c = GatewayConfig::from_toml_str(
+            "[state]\nurl = \"redis://:hunter2@10.0.0.5:6379/0\"\nrefresh_ms = 500\n",
+        )
+        .unwrap();
+        assert_eq!(c.state.refresh_ms, 500);
+        assert_eq!(c.state.timeout_ms, 250, "default");
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        assert!(
+            GatewayConfig::default().state.url.is_none(),
+            "memory by default"
+        );
+        for (toml, needle) in [
+            ("[state]\nurl = \"http://h:6379\"\n", "redis://"),
+            ("[state]\nrefresh_ms = 0\n", "refresh_ms"),
+            ("[state]\nprefix = \"\"\n", "prefix"),
+        ] {
+            let e = GatewayConfig::from_toml_str(toml).unwrap_err().to_string();
+            assert!(e.contains(needle), "{toml:?}: {e}");
+        }
+        let e = GatewayConfig::from_toml_str("[state]\nurl = \"rediss://u:hunter2@h\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
     }
 
     #[test]

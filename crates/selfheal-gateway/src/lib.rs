@@ -45,6 +45,7 @@ pub mod responses_stream;
 pub mod runs;
 pub use selfheal_trace::store;
 pub mod stream;
+pub mod telemetry;
 pub mod upstream;
 
 use std::future::Future;
@@ -72,6 +73,9 @@ pub enum ServeError {
     /// The listener failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// OTLP export (`[telemetry]`) could not be set up.
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
 }
 
 /// Serves the gateway on `listener` until `shutdown` resolves, then drains in-flight requests
@@ -94,6 +98,12 @@ pub async fn serve(
     if let Some(warning) = fd_shortfall(server.max_connections, fds) {
         tracing::warn!("{warning}");
     }
+    // The exporter's HTTP client blocks: built off the async workers.
+    let otel = config.telemetry.clone();
+    let telemetry =
+        tokio::task::spawn_blocking(move || telemetry::init(&otel, |v| std::env::var(v).ok()))
+            .await
+            .map_err(|e| telemetry::TelemetryError::from_join(&e))??;
     let state = Arc::new(AppState::new(config, trace)?);
     if let Ok(addr) = listener.local_addr()
         && !addr.ip().is_loopback()
@@ -105,10 +115,35 @@ pub async fn serve(
              this port can use the gateway (and, with auth = \"env\", the operator's key)"
         );
     }
-    let app = router(state.clone());
+    let app = router(state.clone()).layer(axum::middleware::from_fn(telemetry::request_span));
     let result = accept_loop(listener, app, server, shutdown).await;
     state.trace.flush_and_close();
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     result
+}
+
+/// The shared tier `[state]` asks for: synced through Redis when `url` is set (the connection is
+/// made lazily, so a Redis that is down at startup is an outage like any other), else local.
+/// With Redis, must be called within a tokio runtime.
+pub fn shared_tier(
+    config: &config::StateConfig,
+) -> Result<selfheal_state::Shared, selfheal_state::StoreError> {
+    let Some(url) = &config.url else {
+        return Ok(selfheal_state::Shared::local());
+    };
+    let options = selfheal_state::RedisOptions {
+        prefix: config.prefix.clone(),
+        timeout: Duration::from_millis(config.timeout_ms),
+        probe_every: Duration::from_millis(config.refresh_ms),
+    };
+    let store = selfheal_state::RedisStore::new(url, options)?;
+    tracing::info!(
+        target: "selfheal::state",
+        url = store.url(),
+        refresh_ms = config.refresh_ms,
+        "sharing breakers and learned targets through Redis"
+    );
+    selfheal_state::Shared::with_store(Arc::new(store), Duration::from_millis(config.refresh_ms))
 }
 
 /// Descriptors the process needs besides its client connections: upstream connections, the

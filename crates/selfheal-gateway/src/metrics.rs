@@ -144,3 +144,34 @@ counters! {
     client_errors_total => "Requests refused as malformed, oversize or for an unknown model.",
     streams_broken_total => "Streams that broke mid-answer.",
 }
+
+/// What `/readyz` says about the state store: `{"backend": "memory" | "redis", "up": bool}`.
+pub fn store_status(shared: &selfheal_state::Shared) -> serde_json::Value {
+    serde_json::json!({
+        "backend": shared.store().map_or("memory", |s| s.backend()),
+        "up": shared.store_up(),
+    })
+}
+
+/// `/metrics` lines of the state store and the shared tier: whether the store answers, its
+/// failures and outages, the shared records held, and the upstream attempts other replicas'
+/// open circuits spared (`skips`).
+pub fn render_state(shared: &selfheal_state::Shared, skips: u64) -> String {
+    let (errors, outages) = shared.store().map_or((0, 0), |s| {
+        (s.health().errors_total(), s.health().down_episodes())
+    });
+    let records = shared.scan("", selfheal_state::unix_ms()).len();
+    format!(
+        "# HELP selfheal_state_store_up Whether the state store answers (1; always with the in-memory store). 0: serving from local state.\n\
+         # TYPE selfheal_state_store_up gauge\nselfheal_state_store_up {}\n\
+         # HELP selfheal_state_store_errors_total State store operations that failed or timed out.\n\
+         # TYPE selfheal_state_store_errors_total counter\nselfheal_state_store_errors_total {errors}\n\
+         # HELP selfheal_state_store_outages_total Times the state store became unreachable (each logged once).\n\
+         # TYPE selfheal_state_store_outages_total counter\nselfheal_state_store_outages_total {outages}\n\
+         # HELP selfheal_state_shared_records Shared records held by this replica (open circuits, learned targets).\n\
+         # TYPE selfheal_state_shared_records gauge\nselfheal_state_shared_records {records}\n\
+         # HELP selfheal_upstream_shared_skips_total Upstream attempts not made because another replica had its circuit open.\n\
+         # TYPE selfheal_upstream_shared_skips_total counter\nselfheal_upstream_shared_skips_total {skips}\n",
+        u8::from(shared.store_up()),
+    )
+}

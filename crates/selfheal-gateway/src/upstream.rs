@@ -14,9 +14,19 @@
 //! every answer: a connect timeout, a first-byte timeout until the answer's head, an idle
 //! timeout between two pieces of its body ([`body_stream`]) — never a total deadline, which cut
 //! healthy long streams — and a maximum body size ([`read_bounded`]).
+//!
+//! Replicas share their breakers' verdicts through the shared tier ([`Shared`], `[state]`):
+//! when the core opens an upstream's circuit here, the open circuit and its remaining cooldown
+//! are published; another replica leaves that upstream out of its chains until the cooldown
+//! ends or a success anywhere removes the record — except the chain's last target, which the
+//! core always tries, as it does with its own open circuits. Failure streaks are not summed
+//! across replicas: each opens the circuit on its own evidence, as the core decides. Reading
+//! the shared record is a local map lookup: no request waits on Redis.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -25,7 +35,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
-use selfheal_core::breaker::BreakerConfig;
+use selfheal_core::breaker::{BreakerConfig, CircuitState};
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::call::{self, Breakers, Mode, Offer, Stop};
 use selfheal_core::classifier::Signal;
@@ -35,6 +45,8 @@ use selfheal_core::trace::Kind;
 use selfheal_openai::client::{
     ClientError, Completion, map_reqwest, parse_completion, retry_after_ms, status_error,
 };
+
+use selfheal_state::Shared;
 
 use crate::auth::Credentials;
 use crate::config::{Auth, GatewayConfig, Target, UpstreamConfig};
@@ -201,6 +213,8 @@ impl UpstreamClient {
     /// Sends `req` and waits for the answer's head within the first-byte timeout; a non-success
     /// status becomes [`ClientError::Status`].
     async fn head(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        // The attempt's span (when spans are exported) is the upstream's parent.
+        let req = crate::telemetry::inject(req);
         let mut resp = tokio::time::timeout(self.first_byte, req.send())
             .await
             .map_err(|_| ClientError::Timeout)?
@@ -236,7 +250,9 @@ impl UpstreamClient {
     pub async fn chat(&self, body: Bytes, creds: &Credentials) -> Result<Completion, ClientError> {
         let resp = self.send("chat/completions", body, creds).await?;
         let bytes = read_bounded(resp, self.max_body).await?;
-        parse_completion(&bytes)
+        let completion = parse_completion(&bytes)?;
+        crate::telemetry::usage(&completion.body);
+        Ok(completion)
     }
 
     /// `GET path` (e.g. `models`), decoded as JSON.
@@ -399,7 +415,18 @@ pub struct Upstreams {
     breakers: Mutex<Breakers>,
     started: Instant,
     /// The next call's id within its run.
-    calls: std::sync::atomic::AtomicU64,
+    calls: AtomicU64,
+    /// What the replicas share (a local tier that shares with no one by default).
+    shared: Shared,
+    /// How long an open circuit stays open (what a published one is good for).
+    cooldown_ms: u64,
+    /// Attempts not made because another replica had the upstream's circuit open.
+    shared_skips: AtomicU64,
+}
+
+/// The shared record of upstream `name`'s open circuit.
+fn circuit_key(name: &str) -> String {
+    format!("circuit:{name}")
 }
 
 /// A boxed operation on one upstream (`chat` or `send`) given the encoded body and the
@@ -446,8 +473,67 @@ impl Upstreams {
             breakers: Mutex::new(Breakers::new(breaker, map.keys().cloned())),
             map,
             started: Instant::now(),
-            calls: std::sync::atomic::AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            shared: Shared::local(),
+            cooldown_ms: config.breaker_cooldown_ms,
+            shared_skips: AtomicU64::new(0),
         })
+    }
+
+    /// Shares the breakers' open circuits through `shared` (see the module's docs).
+    pub fn share(&mut self, shared: Shared) {
+        self.shared = shared;
+    }
+
+    /// Attempts not made because another replica had the upstream's circuit open.
+    pub fn shared_skips(&self) -> u64 {
+        self.shared_skips.load(Ordering::Relaxed)
+    }
+
+    /// `chain` without the targets whose upstream another replica has an open circuit for,
+    /// except the last (the core always tries it); each one left out is logged.
+    fn shared_view<'c>(&self, chain: &'c [Target], log: &mut CallLog) -> Cow<'c, [Target]> {
+        let now = unix_ms();
+        let own = self.shared.origin();
+        let open = |t: &Target| {
+            self.shared
+                .get(&circuit_key(&t.upstream), now)
+                .is_some_and(|r| r.origin != own)
+        };
+        let last = chain.len().saturating_sub(1);
+        if !chain[..last].iter().any(open) {
+            return Cow::Borrowed(chain);
+        }
+        let mut kept = Vec::with_capacity(chain.len());
+        for (i, t) in chain.iter().enumerate() {
+            if i < last && open(t) {
+                self.shared_skips.fetch_add(1, Ordering::Relaxed);
+                log.push(
+                    Kind::CooldownSkip,
+                    format!("{} (circuit open on another replica)", t.upstream),
+                );
+            } else {
+                kept.push(t.clone());
+            }
+        }
+        Cow::Owned(kept)
+    }
+
+    /// After a failure of `name`: when the core has just opened its circuit, the others are
+    /// told until when it stays open.
+    fn share_failure(&self, name: &str, was_open: bool) {
+        let state = self.breakers().state(name);
+        if let CircuitState::Open { since_ms, .. } = state
+            && !was_open
+        {
+            let left = self
+                .cooldown_ms
+                .saturating_sub(self.now_ms().saturating_sub(since_ms));
+            if left > 0 {
+                self.shared
+                    .publish(&circuit_key(name), "open", unix_ms().saturating_add(left));
+            }
+        }
     }
 
     /// The upstream called `name`.
@@ -482,15 +568,15 @@ impl Upstreams {
         creds: &Credentials,
         log: &mut CallLog,
     ) -> Result<T, ApiError> {
+        let chain = self.shared_view(chain, log);
+        let chain = chain.as_ref();
         let mut reasons = Vec::new();
         let mut rng = SplitMix64::new(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
         );
-        let id = self
-            .calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.calls.fetch_add(1, Ordering::Relaxed);
         let own;
         let (state, mode) = match run {
             Some(run) => (run, Mode::Heal),
@@ -523,6 +609,7 @@ impl Upstreams {
         let (mut pending, mut events) = decide(start, log);
         let mut encoded: Option<(usize, Bytes)> = None;
         let mut last_err: Option<ClientError> = None;
+        let mut attempts = 0usize;
         loop {
             self.log_events(
                 std::mem::take(&mut events),
@@ -586,8 +673,18 @@ impl Upstreams {
                         }
                     };
                     let started = Instant::now();
-                    let result = op(&up.client, body, creds).await;
+                    let first = if attempts == 0 { chain.first() } else { None };
+                    let span = crate::telemetry::attempt(target, first, attempts);
+                    attempts += 1;
+                    let result = match span.clone() {
+                        Some(cx) => {
+                            use opentelemetry::context::FutureExt as _;
+                            op(&up.client, body, creds).with_context(cx).await
+                        }
+                        None => op(&up.client, body, creds).await,
+                    };
                     self.attempt_seconds.observe(started.elapsed());
+                    crate::telemetry::attempt_done(span, &attempt_outcome(&result));
                     // Every attempt at debug: the outcome's kind, never the upstream's message
                     // (providers quote keys in it; the redacted message goes to the trace).
                     tracing::debug!(
@@ -609,6 +706,10 @@ impl Upstreams {
                 Ok(v) => {
                     let (_, events) = decide(Input::AttemptSucceeded { call: id }, log);
                     self.log_events(events, chain, None, run, log);
+                    // Closed here: the others may use it again.
+                    if !self.shared.is_empty() {
+                        self.shared.remove(&circuit_key(&target.upstream));
+                    }
                     log.served = Some(target.clone());
                     return Ok(v);
                 }
@@ -627,7 +728,12 @@ impl Upstreams {
                 signal: &signal,
                 offer: Offer::default(),
             };
+            let was_open = matches!(
+                self.breakers().state(&target.upstream),
+                CircuitState::Open { .. }
+            );
             (pending, events) = decide(failed, log);
+            self.share_failure(&target.upstream, was_open);
             last_err = Some(err);
         }
     }
@@ -672,6 +778,14 @@ impl Upstreams {
                     None,
                 ),
             };
+            crate::telemetry::decision(
+                match kind {
+                    Kind::Retry => "retry",
+                    Kind::Fallback => "fallback",
+                    _ => "cooldown_skip",
+                },
+                &detail,
+            );
             if let Some(run) = run
                 && let Some(act) = act
             {
@@ -740,6 +854,115 @@ fn attempt_outcome<T>(r: &Result<T, ClientError>) -> std::borrow::Cow<'static, s
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Attempts on the failing upstream, over every test of this module.
+    static DOWN_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+    /// The upstream on port 1 answers 503, every other one answers `ok`, without any network.
+    fn fake<'c>(
+        c: &'c UpstreamClient,
+        _: Bytes,
+        _: &'c Credentials,
+    ) -> BoxFuture<'c, Result<String, ClientError>> {
+        Box::pin(async move {
+            if c.base.contains(":1/") {
+                DOWN_CALLS.fetch_add(1, Ordering::SeqCst);
+                Err(status_error(503, None, "down"))
+            } else {
+                Ok("ok".to_owned())
+            }
+        })
+    }
+
+    fn two_upstreams(shared: Shared) -> Upstreams {
+        let mut c = GatewayConfig::default();
+        c.upstreams.insert(
+            "main".into(),
+            crate::config::UpstreamConfig::new("http://127.0.0.1:1/v1"),
+        );
+        c.upstreams.insert(
+            "backup".into(),
+            crate::config::UpstreamConfig::new("http://127.0.0.1:2/v1"),
+        );
+        c.breaker_failures = 1;
+        let mut u = Upstreams::new(&c, |_| None).unwrap();
+        u.share(shared);
+        u
+    }
+
+    /// An upstream whose circuit one replica's core opened is left out of the other replica's
+    /// chains (logged, counted), until a success closes it.
+    #[tokio::test]
+    async fn an_open_circuit_on_one_replica_is_skipped_by_another() {
+        let store: Arc<dyn selfheal_state::StateStore> =
+            Arc::new(selfheal_state::MemoryStore::new());
+        let refresh = Duration::from_secs(3600);
+        let a_tier = Shared::with_store(store.clone(), refresh).unwrap();
+        let b_tier = Shared::with_store(store, refresh).unwrap();
+        let (a, b) = (two_upstreams(a_tier.clone()), two_upstreams(b_tier.clone()));
+        let chain = vec![
+            Target {
+                upstream: "main".into(),
+                model: "m".into(),
+            },
+            Target {
+                upstream: "backup".into(),
+                model: "m".into(),
+            },
+        ];
+        let encode = |_: &str| Bytes::new();
+        let creds = Credentials::default();
+        let run = Mutex::new(RunState::new(
+            selfheal_core::monitor::MonitorConfig::default(),
+            BudgetLimits::defaults(),
+        ));
+        let mut log = CallLog::default();
+        let got = a
+            .call(&chain, &encode, &fake, Some(&run), &creds, &mut log)
+            .await;
+        assert_eq!(got.unwrap(), "ok", "a fell back to the backup");
+        let down_after_a = DOWN_CALLS.load(Ordering::SeqCst);
+        assert!(down_after_a >= 1);
+        a_tier.sync_now().await.unwrap();
+        b_tier.sync_now().await.unwrap();
+
+        let mut log = CallLog::default();
+        let got = b
+            .call(&chain, &encode, &fake, Some(&run), &creds, &mut log)
+            .await;
+        assert_eq!(got.unwrap(), "ok");
+        assert_eq!(
+            DOWN_CALLS.load(Ordering::SeqCst),
+            down_after_a,
+            "b never tried the upstream a learned was down"
+        );
+        assert_eq!(b.shared_skips(), 1);
+        assert!(
+            log.events.iter().any(|e| e.kind == Kind::CooldownSkip
+                && e.detail == "main (circuit open on another replica)"),
+            "{:?}",
+            log.events
+        );
+        assert_eq!(
+            log.served.as_ref().map(|t| t.upstream.as_str()),
+            Some("backup")
+        );
+        // A chain of the down upstream alone still tries it: the last target always is.
+        let only = &chain[..1];
+        let mut log = CallLog::default();
+        assert!(
+            b.call(only, &encode, &fake, Some(&run), &creds, &mut log)
+                .await
+                .is_err()
+        );
+        assert!(DOWN_CALLS.load(Ordering::SeqCst) > down_after_a);
+        // Its own open circuit is the core's business on a: a keeps no shared skip of its own.
+        assert_eq!(a.shared_skips(), 0);
+    }
+
     /// Issue 12: three retries of one request were stamped with the same millisecond, because
     /// the log was stamped when written to the trace. Each entry now keeps its own time.
     #[test]

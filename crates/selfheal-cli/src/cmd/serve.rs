@@ -21,6 +21,8 @@ EXAMPLES
                                   upstreams, model chains, keys, tenants and bounds from a file
   selfheal serve --upstream http://127.0.0.1:8080/v1 --policy fallback-first.toml
                                   another recovery policy
+  selfheal serve --config selfheal.toml --state redis://10.0.0.5:6379/0
+                                  one of several replicas sharing breakers through Redis
 
 Then point the agent's OpenAI client at it, e.g. OpenAI(base_url=\"http://127.0.0.1:7420/v1\"),
 and read what it decided with `selfheal trace list`. Health: GET /healthz, GET /readyz.")]
@@ -53,6 +55,12 @@ pub struct ServeArgs {
     /// every hour.
     #[arg(long, default_value_t = 30)]
     pub trace_retention_days: u64,
+    /// Where replicas share state: `redis://[user:password@]host:port[/db]` — every replica
+    /// pointed at the same Redis shares its upstreams' open circuits and the targets it learned
+    /// not to stream tool calls — or `memory` (the default: this process only). Overrides the
+    /// config's `[state] url`.
+    #[arg(long, value_name = "URL")]
+    pub state: Option<String>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -90,6 +98,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
         anyhow::bail!("no upstream: pass --upstream URL or --config FILE");
     }
     config.passthrough |= args.passthrough;
+    if let Some(url) = &args.state {
+        config.state.url = (url != "memory").then(|| url.clone());
+    }
     if let Some(path) = &args.policy {
         config.policy = super::read_policy(path)?;
     }

@@ -1,0 +1,342 @@
+"""Three `selfheal serve` replicas sharing one real redis-server (`--state redis://...`) behind a
+real round-robin load balancer (HAProxy), driven by the `openai` SDK through the fault-injecting
+upstream (docs/guides/replicas.md):
+
+- a provider outage learned on one replica is skipped by the others within the documented
+  staleness (`[state] refresh_ms` plus two round trips);
+- Redis stopped mid-run and restarted empty: no request fails, every replica reports the outage
+  on /readyz and /metrics and logs it once, and sharing resumes — with what was learned during
+  the outage.
+
+redis-server and haproxy come from Debian (scripts/install-system-deps.sh, run by .ci/run); a
+missing one fails these tests, it does not skip them.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from openai import OpenAI
+
+from conftest import Upstream, read_address, start_gateway
+
+REFRESH_MS = 200
+# The documented staleness is refresh_ms plus two round trips; the margin covers a debug build
+# on a loaded 2-core machine.
+STALENESS_S = REFRESH_MS / 1000 + 0.3
+EXPECTED = "The answer is 42."
+UNREACHABLE = "the state store is unreachable"
+HEALABLE = [{"kind": "status", "status": 500}, {"kind": "status", "status": 503},
+            {"kind": "status", "status": 429, "retry_after": "0"}, {"kind": "empty"},
+            {"kind": "empty_stream"}, {"kind": "role_then_cut"}, {"kind": "reset"},
+            {"kind": "bad_json"}]
+
+
+def program(name):
+    path = shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None)
+    if path is None:
+        pytest.fail(f"{name} is not installed: these tests need the real one "
+                    f"(scripts/install-system-deps.sh installs it; .ci/run runs that)")
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+class Redis:
+    def __init__(self):
+        self.bin = program("redis-server")
+        self.port = free_port()
+        self.proc = None
+        self.start()
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [self.bin, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port)
+
+    def command(self, *args):
+        """One command over RESP (redis-cli is another package)."""
+        req = f"*{len(args)}\r\n" + "".join(f"${len(a)}\r\n{a}\r\n" for a in args)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(req.encode())
+            return s.recv(65536).decode()
+
+    def stop(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def start_upstream():
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "upstream.py")],
+                            stdout=subprocess.PIPE, text=True)
+    return proc, Upstream(read_address(proc))
+
+
+def post(url, path, body):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+
+
+def get(url, path):
+    try:
+        with urllib.request.urlopen(url + path, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metrics(url):
+    out = {}
+    for line in get(url, "/metrics")[1].splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()
+            out[name] = float(value)
+    return out
+
+
+def eventually(within, check):
+    deadline = time.monotonic() + within
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+class Fleet:
+    """redis-server, three upstreams, three replicas and HAProxy in front of them."""
+
+    def __init__(self, tmp_path):
+        self.procs = []
+        self.redis = Redis()
+        self.main, self.backup, self.flaky = (self._upstream() for _ in range(3))
+        top = f"""
+breaker_failures = 2
+breaker_cooldown_ms = 60000
+[state]
+refresh_ms = {REFRESH_MS}
+[upstreams.backup]
+base_url = "{self.backup.url}/v1"
+timeout_ms = 1500
+[upstreams.flaky]
+base_url = "{self.flaky.url}/v1"
+timeout_ms = 1500
+[models.smart]
+chain = [{{upstream = "default", model = "m"}}, {{upstream = "backup", model = "m"}}]
+[models.other]
+chain = [{{upstream = "flaky", model = "m"}}, {{upstream = "backup", model = "m"}}]
+"""
+        self.replicas, self.logs = [], []
+        for i in range(3):
+            d = tmp_path / f"replica{i}"
+            d.mkdir()
+            log = open(d / "stderr.log", "w")
+            self.logs.append(d / "stderr.log")
+            gw = start_gateway(self.main, d, extra=("--state", self.redis.url), top=top,
+                               stderr=log)
+            self.replicas.append(gw)
+        self.lb_port = free_port()
+        cfg = tmp_path / "haproxy.cfg"
+        servers = "\n".join(f"  server r{i} {gw.url.removeprefix('http://')}"
+                            for i, gw in enumerate(self.replicas))
+        cfg.write_text(f"""
+global
+  maxconn 512
+defaults
+  mode http
+  option http-server-close
+  timeout connect 2s
+  timeout client 30s
+  timeout server 30s
+frontend gateways
+  bind 127.0.0.1:{self.lb_port}
+  default_backend replicas
+backend replicas
+  balance roundrobin
+{servers}
+""")
+        self.lb = subprocess.Popen([program("haproxy"), "-db", "-f", str(cfg)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.lb_port)
+        self.lb_url = f"http://127.0.0.1:{self.lb_port}"
+
+    def _upstream(self):
+        proc, up = start_upstream()
+        self.procs.append(proc)
+        return up
+
+    def client(self, base):
+        return OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0, timeout=20)
+
+    def close(self):
+        self.lb.kill()
+        self.lb.wait()
+        for gw in self.replicas:
+            if gw.proc.poll() is None:
+                gw.stop()
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.redis.stop()
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = Fleet(tmp_path)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def ask(client, model="smart", stream=False):
+    messages = [{"role": "user", "content": "what is the answer?"}]
+    if stream:
+        chunks = client.chat.completions.create(model=model, messages=messages, stream=True)
+        # The stub streams word by word, each with its space.
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
+    return client.chat.completions.create(model=model, messages=messages).choices[0].message.content
+
+
+def shared_within_staleness(fleet):
+    """Waits until replica 0's open circuit of `flaky` is in Redis (it is sent at once), then
+    for the documented staleness: by then every replica must have read it."""
+    assert eventually(5, lambda: fleet.redis.command("HEXISTS", "selfheal:shared",
+                                                     "circuit:flaky").strip() == ":1"), \
+        "replica 0 published the open circuit"
+    time.sleep(STALENESS_S)
+
+
+def an_outage_learned_on_one_replica_is_skipped_by_the_others(fleet):
+    """`flaky` is down: replica 0 learns it (its core opens the circuit after two failures);
+    within the staleness the other two leave it out of their chains, and no request through the
+    load balancer reaches it again."""
+    fleet.flaky.script([{"kind": "status", "status": 503, "message": "provider outage"}] * 100)
+    assert ask(fleet.client(fleet.replicas[0].url), model="other") == EXPECTED
+    tried = len(fleet.flaky.log())
+    assert tried >= 2, "replica 0 tried the down provider until its circuit opened"
+    shared_within_staleness(fleet)
+    others = fleet.replicas[1:]
+    lb = fleet.client(fleet.lb_url)
+    for i in range(6):
+        assert ask(lb, model="other", stream=i % 2 == 1) == EXPECTED
+    assert len(fleet.flaky.log()) == tried, \
+        "no replica tried the provider another had learned was down"
+    for gw in others:
+        assert metrics(gw.url)["selfheal_upstream_shared_skips_total"] >= 1, \
+            "round robin sent requests to every replica, and each skipped the provider"
+
+
+def test_a_provider_outage_learned_on_one_replica_is_skipped_by_the_others(fleet):
+    for gw in fleet.replicas:
+        status, body = get(gw.url, "/readyz")
+        assert status == 200, body
+        assert json.loads(body)["state_store"] == {"backend": "redis", "up": True}
+    an_outage_learned_on_one_replica_is_skipped_by_the_others(fleet)
+
+
+def test_redis_stopped_and_restarted_mid_run_fails_no_request_and_sharing_resumes(fleet):
+    # 20 % healable faults on the main provider, streams and not, through the load balancer.
+    post(fleet.main.url, "/_chaos", {"rate": 0.2, "seed": 11, "kinds": HEALABLE})
+    stop, lock = threading.Event(), threading.Lock()
+    results = {"ok": 0, "failed": [], "bad": []}
+
+    def traffic(n):
+        client = fleet.client(fleet.lb_url)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                got = ask(client, stream=(i + n) % 2 == 0)
+            except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+                with lock:
+                    results["failed"].append(repr(e))
+                continue
+            with lock:
+                if got == EXPECTED:
+                    results["ok"] += 1
+                else:
+                    results["bad"].append(got)
+
+    threads = [threading.Thread(target=traffic, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        fleet.redis.stop()
+        assert eventually(10, lambda: all(
+            metrics(gw.url)["selfheal_state_store_up"] == 0 for gw in fleet.replicas)), \
+            "every replica reports the store down on /metrics"
+        for gw in fleet.replicas:
+            status, body = get(gw.url, "/readyz")
+            assert status == 200, "a replica without Redis still serves: it stays ready"
+            assert json.loads(body)["state_store"] == {"backend": "redis", "up": False}
+        during = results["ok"]
+        time.sleep(1.5)
+        assert results["ok"] > during, "requests were answered while Redis was down"
+        # Learned while Redis is down: shared once it is back.
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        fleet.flaky.script([{"kind": "status", "status": 503}] * 100)
+        assert ask(fleet.client(fleet.replicas[0].url), model="other") == EXPECTED
+        tried = len(fleet.flaky.log())
+        fleet.redis.start()
+        assert eventually(10, lambda: all(
+            metrics(gw.url)["selfheal_state_store_up"] == 1 for gw in fleet.replicas)), \
+            "every replica reconnects by itself"
+        # What replica 0 learned during the outage reaches the others once Redis is back.
+        shared_within_staleness(fleet)
+        lb = fleet.client(fleet.lb_url)
+        for i in range(6):
+            assert ask(lb, model="other", stream=i % 2 == 0) == EXPECTED
+        assert len(fleet.flaky.log()) == tried, "sharing resumed: no replica tried it again"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert results["failed"] == [], results["failed"][:5]
+    assert results["bad"] == [], results["bad"][:5]
+    assert results["ok"] >= 20, results
+    for gw in fleet.replicas:
+        m = metrics(gw.url)
+        assert m["selfheal_requests_total"] >= 3, "round robin reached every replica"
+        assert m["selfheal_state_store_outages_total"] == 1, m
+    for gw, log in zip(fleet.replicas, fleet.logs):
+        gw.stop()
+        text = log.read_text()
+        assert text.count(UNREACHABLE) == 1, f"one warning per outage, not per request:\n{text}"
+        assert "sharing resumes" in text, text
