@@ -245,6 +245,36 @@ pub enum Action {
     },
 }
 
+/// What the run says about a step — a tool or model call that finished, a verdict, the next
+/// turn ([`Run::decide_step`]): the three of [`Action`]'s answers such an input can call for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "do", rename_all = "snake_case")]
+pub enum StepAction {
+    /// See [`Action::Proceed`].
+    Proceed {
+        /// Guidance for the next prompt.
+        guidance: Vec<Guidance>,
+        /// Tools not to offer.
+        hidden_tools: Vec<String>,
+    },
+    /// See [`Action::Recover`].
+    Recover {
+        /// The step concerned.
+        step: Option<u32>,
+        /// The inferred class.
+        class: FailureClass,
+        /// The action, with everything needed to carry it out.
+        action: RecoveryAction,
+    },
+    /// See [`Action::Stop`].
+    Stop {
+        /// `partial` (degraded) or `failed`.
+        status: RunStatus,
+        /// Why.
+        reason: String,
+    },
+}
+
 /// A front-end's name for one call in flight (a JSON-RPC id, a request number).
 pub type CallId = u64;
 
@@ -485,6 +515,51 @@ impl Run {
     pub fn decide(&mut self, input: Input<'_>, env: &mut Env<'_>) -> Vec<Action> {
         self.handle(input, env);
         self.queue.drain(..).collect()
+    }
+
+    /// [`Run::decide`] for an input about a step ([`Input::Observed`], [`Input::NextTurn`]),
+    /// whose answer is one [`StepAction`]. Any other action (none is asked of such an input)
+    /// stops the run as failed, naming it: the safe reading of a bug, decided here once for
+    /// every front-end.
+    pub fn decide_step(&mut self, input: Input<'_>, env: &mut Env<'_>) -> StepAction {
+        let actions = self.decide(input, env);
+        let mut step = None;
+        for a in actions {
+            step = Some(match a {
+                Action::Proceed {
+                    guidance,
+                    hidden_tools,
+                } => StepAction::Proceed {
+                    guidance,
+                    hidden_tools,
+                },
+                Action::Recover {
+                    step,
+                    class,
+                    action,
+                } => StepAction::Recover {
+                    step,
+                    class,
+                    action,
+                },
+                Action::Stop { status, reason } => StepAction::Stop { status, reason },
+                other @ (Action::Send { .. }
+                | Action::Repair { .. }
+                | Action::GiveUp { .. }
+                | Action::Reask { .. }
+                | Action::Reissue
+                | Action::EndStream
+                | Action::ReadAgain { .. }
+                | Action::Answer { .. }) => StepAction::Stop {
+                    status: RunStatus::Failed,
+                    reason: format!("the run asked for {other:?} on a step"),
+                },
+            });
+        }
+        step.unwrap_or_else(|| StepAction::Stop {
+            status: RunStatus::Failed,
+            reason: "the run decided nothing on a step".to_owned(),
+        })
     }
 
     /// The decision records (signal, classification, action with its inputs, a tool routed

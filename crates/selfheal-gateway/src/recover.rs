@@ -59,7 +59,7 @@ use selfheal_core::controller::Observation;
 use selfheal_core::monitor::{CallOutcome, Monitor, ToolCall, canonical_hash};
 use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
 use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Input};
+use selfheal_core::run::{Action, Input, StepAction};
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, cross_check};
 use selfheal_core::{Amounts, FailureClass};
@@ -417,7 +417,7 @@ fn reread_verdict(st: &mut RunState, ctx: &Ctx<'_>, r: &Held, judgement: Judgeme
         now_ms,
         &mut rng,
     );
-    if rejected || !matches!(d, Action::Proceed { .. }) {
+    if rejected || !matches!(d, StepAction::Proceed { .. }) {
         st.wire.rereads.clear();
         carry(st, ctx, r.step, &r.tool, d);
     } else {
@@ -882,7 +882,7 @@ pub fn observe(
             }
             let call = ToolCall::returned(tool, args, &value).with_required(&required);
             let d = finished(st, ctx, step, call, None, None, now_ms);
-            if matches!(d, Action::Proceed { .. }) {
+            if matches!(d, StepAction::Proceed { .. }) {
                 st.wire.keep(ctx, step, (tool, args), &value);
             }
             carry(st, ctx, step, tool, d);
@@ -902,7 +902,7 @@ pub fn observe(
                 now_ms,
             );
             match d {
-                Action::Recover {
+                StepAction::Recover {
                     action:
                         RecoveryAction::Repair {
                             target: RepairTarget::Output,
@@ -983,7 +983,7 @@ fn breached(
     let c = ToolCall::returned(tool, args, &value).with_required(&required);
     let d = finished(st, ctx, step, c, Some(signal), repair, now_ms);
     match d {
-        Action::Recover {
+        StepAction::Recover {
             class,
             action:
                 RecoveryAction::Repair {
@@ -1048,7 +1048,7 @@ fn repaired(
         }
         Some(_) | None => {
             let d = verified(st, ctx, &p, Judgement::Accept, now_ms);
-            if matches!(d, Action::Proceed { .. }) {
+            if matches!(d, StepAction::Proceed { .. }) {
                 st.wire.keep(ctx, step, (tool, args), &p.value);
             }
             carry(st, ctx, step, tool, d);
@@ -1120,14 +1120,19 @@ fn options(
 }
 
 /// Hands the run one observation and returns its decision.
-fn decide_on(st: &mut RunState, obs: Observation<'_>, now_ms: u64, rng: &mut SplitMix64) -> Action {
+fn decide_on(
+    st: &mut RunState,
+    obs: Observation<'_>,
+    now_ms: u64,
+    rng: &mut SplitMix64,
+) -> StepAction {
     let mut breakers = Breakers::none();
-    st.decide(Input::Observed(obs), now_ms, rng, &mut breakers)
-        .pop()
-        .unwrap_or_else(|| Action::Stop {
-            status: RunStatus::Failed,
-            reason: "the run decided nothing on a tool result".to_owned(),
-        })
+    let mut env = selfheal_core::run::Env {
+        now_ms,
+        rng,
+        breakers: &mut breakers,
+    };
+    st.run.decide_step(Input::Observed(obs), &mut env)
 }
 
 fn finished(
@@ -1138,7 +1143,7 @@ fn finished(
     signal: Option<Signal>,
     repair: Option<RepairTarget>,
     now_ms: u64,
-) -> Action {
+) -> StepAction {
     let options = options(st, ctx, step, call.tool, repair);
     let mut rng = SplitMix64::new(ctx.seed ^ u64::from(step));
     decide_on(
@@ -1176,7 +1181,7 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
     if p.repaired {
         // A repaired answer was observed as its failure already; only the verdict is new.
         let d = verified(st, ctx, &p, judgement, now_ms);
-        if matches!(d, Action::Proceed { .. }) {
+        if matches!(d, StepAction::Proceed { .. }) {
             st.wire.keep(ctx, p.step, (&p.tool, &p.args), &p.value);
         }
         carry(st, ctx, p.step, &p.tool, d);
@@ -1197,10 +1202,10 @@ fn settle(st: &mut RunState, ctx: &Ctx<'_>, p: Pending, verdict: Verdict, now_ms
     };
     let d = finished(st, ctx, p.step, call, signal.clone(), None, now_ms);
     let d = match (d, signal) {
-        (Action::Proceed { .. }, None) => verified(st, ctx, &p, judgement, now_ms),
+        (StepAction::Proceed { .. }, None) => verified(st, ctx, &p, judgement, now_ms),
         (d, _) => d,
     };
-    if matches!(d, Action::Proceed { .. }) {
+    if matches!(d, StepAction::Proceed { .. }) {
         st.wire.keep(ctx, p.step, (&p.tool, &p.args), &p.value);
     }
     carry(st, ctx, p.step, &p.tool, d);
@@ -1213,7 +1218,7 @@ fn verified(
     p: &Pending,
     judgement: Judgement,
     now_ms: u64,
-) -> Action {
+) -> StepAction {
     let options = options(st, ctx, p.step, &p.tool, None);
     let mut rng = SplitMix64::new(ctx.seed ^ u64::from(p.step));
     decide_on(
@@ -1230,11 +1235,11 @@ fn verified(
 }
 
 /// Turns a directive into what the next request carries out.
-fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Action) {
+fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: StepAction) {
     let next = &mut st.wire.next;
     match d {
-        Action::Proceed { .. } => {}
-        Action::Recover { class, action, .. } => {
+        StepAction::Proceed { .. } => {}
+        StepAction::Recover { class, action, .. } => {
             next.actions.push(action.kind());
             match action {
                 // A retry of the model's own mistake is a new call, as in-process; of a tool's
@@ -1284,25 +1289,11 @@ fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: Action) {
                 }
             }
         }
-        Action::Stop {
+        StepAction::Stop {
             status: RunStatus::Partial,
             reason,
         } => next.stop = Some(Stop::Degrade(reason)),
-        Action::Stop { reason, .. } => next.stop = Some(Stop::Abort(reason)),
-        // A tool result or a verdict asks for none of these; should one come, stopping is the
-        // safe reading.
-        a @ (Action::Send { .. }
-        | Action::Repair { .. }
-        | Action::GiveUp { .. }
-        | Action::Reask { .. }
-        | Action::Reissue
-        | Action::EndStream
-        | Action::ReadAgain { .. }
-        | Action::Answer { .. }) => {
-            next.stop = Some(Stop::Abort(format!(
-                "the run asked for {a:?} on a tool result"
-            )));
-        }
+        StepAction::Stop { reason, .. } => next.stop = Some(Stop::Abort(reason)),
     }
 }
 

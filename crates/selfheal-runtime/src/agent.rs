@@ -39,7 +39,7 @@ use selfheal_core::controller::{ControllerConfig, Observation, StepsBy, Unresolv
 use selfheal_core::monitor::{CallOutcome, ToolCall};
 use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
 use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, Run};
+use selfheal_core::run::{Action, Env, Input, Run, StepAction};
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, Subject, Verifier};
 use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
@@ -302,13 +302,6 @@ impl Agent {
     }
 }
 
-/// Why a step's decision that is none of proceed, recover or stop ends the run: the run asks
-/// for such actions only of other inputs, so one here is a bug, and stopping is the safe
-/// reading.
-fn unexpected(a: &Action) -> String {
-    format!("the run asked for {a:?} on a step")
-}
-
 impl Stop {
     /// The stop of a run that ended with `status`.
     fn of(status: RunStatus, reason: String) -> Stop {
@@ -320,8 +313,8 @@ impl Stop {
 }
 
 impl Loop<'_> {
-    /// Hands the run one input and returns its decision.
-    fn decide(&mut self, input: Input<'_>) -> Action {
+    /// Hands the run one input about a step and returns its decision.
+    fn decide(&mut self, input: Input<'_>) -> StepAction {
         let now_ms = self.now();
         let mut breakers = Breakers::none();
         let mut env = Env {
@@ -329,25 +322,32 @@ impl Loop<'_> {
             rng: &mut self.rng,
             breakers: &mut breakers,
         };
-        self.run
-            .decide(input, &mut env)
-            .pop()
-            .unwrap_or_else(|| Action::Stop {
-                status: RunStatus::Failed,
-                reason: "the run decided nothing".to_owned(),
-            })
+        self.run.decide_step(input, &mut env)
     }
 
     /// Proposes the answer to the run: whether it asks for the values to be read again first
     /// (with how many reads each).
     fn reread_due(&mut self) -> bool {
-        match self.decide(Input::AnswerProposed { by: StepsBy::Plan }) {
-            Action::ReadAgain { reads } => {
-                self.reread_times = reads;
-                true
-            }
-            _ => false,
+        let now_ms = self.now();
+        let mut breakers = Breakers::none();
+        let mut env = Env {
+            now_ms,
+            rng: &mut self.rng,
+            breakers: &mut breakers,
+        };
+        let proposed = Input::AnswerProposed { by: StepsBy::Plan };
+        let reads = self
+            .run
+            .decide(proposed, &mut env)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::ReadAgain { reads } => Some(reads),
+                _ => None,
+            });
+        if let Some(reads) = reads {
+            self.reread_times = reads;
         }
+        reads.is_some()
     }
 
     /// Moves to the next model of the fallback chain (staying on the last one), and says so.
@@ -391,20 +391,12 @@ impl Loop<'_> {
                 )));
             }
             let (guidance, hidden) = match self.decide(Input::NextTurn) {
-                Action::Proceed {
+                StepAction::Proceed {
                     guidance,
                     hidden_tools,
                 } => (guidance, hidden_tools),
-                Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
-                a @ (Action::Send { .. }
-                | Action::Repair { .. }
-                | Action::GiveUp { .. }
-                | Action::Reask { .. }
-                | Action::Reissue
-                | Action::EndStream
-                | Action::ReadAgain { .. }
-                | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
-                Action::Recover { .. } => (Vec::new(), Vec::new()),
+                StepAction::Stop { status, reason } => return Err(Stop::of(status, reason)),
+                StepAction::Recover { .. } => (Vec::new(), Vec::new()),
             };
             let offered: Vec<Arc<dyn Tool>> = self
                 .agent
@@ -611,16 +603,8 @@ impl Loop<'_> {
             let Some(why) = why else { continue };
             self.log.push(format!("re-read before answering: {why}"));
             match d {
-                Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
-                a @ (Action::Send { .. }
-                | Action::Repair { .. }
-                | Action::GiveUp { .. }
-                | Action::Reask { .. }
-                | Action::Reissue
-                | Action::EndStream
-                | Action::ReadAgain { .. }
-                | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
-                Action::Proceed { .. } | Action::Recover { .. } => {}
+                StepAction::Stop { status, reason } => return Err(Stop::of(status, reason)),
+                StepAction::Proceed { .. } | StepAction::Recover { .. } => {}
             }
             self.messages.push(json!({"role": "user", "content": format!(
                 "Before your answer was accepted, the tools were read once more, and one changed: {why}. The earlier value is in doubt. Check your answer against the new value (call the tool again if you need to) and give a corrected final answer."
@@ -682,17 +666,9 @@ impl Loop<'_> {
         match d {
             // A rejection never stands: had the controller nothing to say, the model is still
             // asked again, within `max_model_calls`.
-            Action::Proceed { .. } => {}
-            Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
-            a @ (Action::Send { .. }
-            | Action::Repair { .. }
-            | Action::GiveUp { .. }
-            | Action::Reask { .. }
-            | Action::Reissue
-            | Action::EndStream
-            | Action::ReadAgain { .. }
-            | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
-            Action::Recover { action, class, .. } => match action {
+            StepAction::Proceed { .. } => {}
+            StepAction::Stop { status, reason } => return Err(Stop::of(status, reason)),
+            StepAction::Recover { action, class, .. } => match action {
                 RecoveryAction::Retry { delay_ms, attempt } => {
                     self.log.push(format!(
                         "ask for the answer again #{attempt} after {delay_ms} ms ({class})"
@@ -734,19 +710,11 @@ impl Loop<'_> {
     }
 
     /// Acts on the directive after a failed model call.
-    async fn model_directive(&mut self, d: Action, what: &str) -> Result<(), Stop> {
+    async fn model_directive(&mut self, d: StepAction, what: &str) -> Result<(), Stop> {
         match d {
-            Action::Proceed { .. } => Ok(()),
-            Action::Stop { status, reason } => Err(Stop::of(status, reason)),
-            a @ (Action::Send { .. }
-            | Action::Repair { .. }
-            | Action::GiveUp { .. }
-            | Action::Reask { .. }
-            | Action::Reissue
-            | Action::EndStream
-            | Action::ReadAgain { .. }
-            | Action::Answer { .. }) => Err(Stop::Failed(unexpected(&a))),
-            Action::Recover { action, class, .. } => {
+            StepAction::Proceed { .. } => Ok(()),
+            StepAction::Stop { status, reason } => Err(Stop::of(status, reason)),
+            StepAction::Recover { action, class, .. } => {
                 match &action {
                     RecoveryAction::Retry { delay_ms, attempt } => {
                         self.log.push(format!(
@@ -823,7 +791,7 @@ impl Loop<'_> {
         }));
         if matches!(
             &d,
-            Action::Recover {
+            StepAction::Recover {
                 action: RecoveryAction::Repair {
                     target: RepairTarget::Output
                 },
@@ -981,17 +949,9 @@ impl Loop<'_> {
         }));
         let mut stop = None;
         match d {
-            Action::Proceed { .. } => {}
-            Action::Stop { status, reason } => stop = Some(Stop::of(status, reason)),
-            a @ (Action::Send { .. }
-            | Action::Repair { .. }
-            | Action::GiveUp { .. }
-            | Action::Reask { .. }
-            | Action::Reissue
-            | Action::EndStream
-            | Action::ReadAgain { .. }
-            | Action::Answer { .. }) => stop = Some(Stop::Failed(unexpected(&a))),
-            Action::Recover { action, class, .. } => {
+            StepAction::Proceed { .. } => {}
+            StepAction::Stop { status, reason } => stop = Some(Stop::of(status, reason)),
+            StepAction::Recover { action, class, .. } => {
                 let what = signal.as_ref().map_or("", Signal::name);
                 match action {
                     RecoveryAction::Escalate {
@@ -1094,7 +1054,7 @@ impl Loop<'_> {
                     || spec.effect != Effect::Destructive
                     || self.agent.allow_destructive_retry);
             let hidden = match self.decide(Input::NextTurn) {
-                Action::Proceed { hidden_tools, .. } => hidden_tools,
+                StepAction::Proceed { hidden_tools, .. } => hidden_tools,
                 _ => Vec::new(),
             };
             let substitute = spec
@@ -1161,7 +1121,7 @@ impl Loop<'_> {
                     // instead — usually handing the failure back to the model.
                     let exhausted =
                         rejected.is_some() && rejections + 1 >= MAX_REJECTED_OUTPUTS_PER_CALL;
-                    let d = if matches!(d, Action::Proceed { .. }) {
+                    let d = if matches!(d, StepAction::Proceed { .. }) {
                         self.decide(Input::Observed(Observation::Verified {
                             step,
                             verifier: &verifier,
@@ -1196,7 +1156,7 @@ impl Loop<'_> {
             // A call whose outputs keep failing verification is handed back to the model rather
             // than retried again (see `MAX_REJECTED_OUTPUTS_PER_CALL`).
             if rejections >= MAX_REJECTED_OUTPUTS_PER_CALL
-                && let Action::Recover {
+                && let StepAction::Recover {
                     action: RecoveryAction::Retry { .. } | RecoveryAction::Substitute { .. },
                     class,
                     ..
@@ -1209,7 +1169,7 @@ impl Loop<'_> {
                 return Ok(format!("{shown}\nTry a different approach."));
             }
             match d {
-                Action::Proceed { .. } => {
+                StepAction::Proceed { .. } => {
                     if let Some(v) = good {
                         self.progress += 1;
                         self.tool_results += 1;
@@ -1231,16 +1191,8 @@ impl Loop<'_> {
                     }
                     return Ok(shown);
                 }
-                Action::Stop { status, reason } => return Err(Stop::of(status, reason)),
-                a @ (Action::Send { .. }
-                | Action::Repair { .. }
-                | Action::GiveUp { .. }
-                | Action::Reask { .. }
-                | Action::Reissue
-                | Action::EndStream
-                | Action::ReadAgain { .. }
-                | Action::Answer { .. }) => return Err(Stop::Failed(unexpected(&a))),
-                Action::Recover { action, class, .. } => match action {
+                StepAction::Stop { status, reason } => return Err(Stop::of(status, reason)),
+                StepAction::Recover { action, class, .. } => match action {
                     RecoveryAction::Retry { delay_ms, attempt } => {
                         self.log.push(format!(
                             "retry {} #{attempt} after {delay_ms} ms ({class})",
