@@ -797,3 +797,18 @@ fn cli_reference_is_the_help_of_every_command() {
          SELFHEAL_BLESS=1 cargo test -p selfheal-cli --test cli cli_reference"
     );
 }
+
+/// A config file that does not read is named in the error, with the place and the keys allowed.
+#[cfg(feature = "gateway")]
+#[test]
+fn a_bad_serve_config_names_its_file() {
+    let dir = temp_dir("bad-config");
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, "bogus = 1\n").unwrap();
+    let out = selfheal(&["serve", "--config", path.to_str().unwrap()], "");
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(path.to_str().unwrap()), "{err}");
+    assert!(err.contains("line 1, column 1"), "{err}");
+    assert!(err.contains("`upstreams`"), "{err}");
+}

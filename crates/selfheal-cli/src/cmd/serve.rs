@@ -85,7 +85,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
-            GatewayConfig::from_toml_str(&text)?
+            GatewayConfig::from_toml_str(&text)
+                .map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?
         }
         None => GatewayConfig::default(),
     };
