@@ -313,8 +313,9 @@ impl Stop {
 }
 
 impl Loop<'_> {
-    /// Hands the run one input about a step and returns its decision.
-    fn decide(&mut self, input: Input<'_>) -> StepAction {
+    /// Runs `f` on the run with this loop's clock and randomness (an in-process agent keeps
+    /// no breakers of its own: its tools' health is the monitor's).
+    fn with_env<R>(&mut self, f: impl FnOnce(&mut Run, &mut Env<'_>) -> R) -> R {
         let now_ms = self.now();
         let mut breakers = Breakers::none();
         let mut env = Env {
@@ -322,23 +323,20 @@ impl Loop<'_> {
             rng: &mut self.rng,
             breakers: &mut breakers,
         };
-        self.run.decide_step(input, &mut env)
+        f(&mut self.run, &mut env)
+    }
+
+    /// Hands the run one input about a step and returns its decision.
+    fn decide(&mut self, input: Input<'_>) -> StepAction {
+        self.with_env(|run, env| run.decide_step(input, env))
     }
 
     /// Proposes the answer to the run: whether it asks for the values to be read again first
     /// (with how many reads each).
     fn reread_due(&mut self) -> bool {
-        let now_ms = self.now();
-        let mut breakers = Breakers::none();
-        let mut env = Env {
-            now_ms,
-            rng: &mut self.rng,
-            breakers: &mut breakers,
-        };
         let proposed = Input::AnswerProposed { by: StepsBy::Plan };
         let reads = self
-            .run
-            .decide(proposed, &mut env)
+            .with_env(|run, env| run.decide(proposed, env))
             .into_iter()
             .find_map(|a| match a {
                 Action::ReadAgain { reads } => Some(reads),
