@@ -64,15 +64,16 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use selfheal_core::breaker::BreakerConfig;
-use selfheal_core::budget::{BudgetLedger, BudgetLimits};
-use selfheal_core::call::{Breakers, CallPlan, Mode, Offer, Plane, Step};
+use selfheal_core::budget::{Amounts, BudgetLimits};
+use selfheal_core::call::Breakers;
 use selfheal_core::classifier::Signal;
 use selfheal_core::contract::{self, Breach, ToolConfig};
-use selfheal_core::monitor::{Monitor, MonitorConfig, ToolCall};
-use selfheal_core::policy::{Policy, RepairTarget};
+use selfheal_core::controller::{ControllerConfig, Observation};
+use selfheal_core::monitor::{Guidance, MonitorConfig, ToolCall};
+use selfheal_core::policy::{Options, Policy, RecoveryAction, RepairTarget};
 use selfheal_core::rng::Rng;
-use selfheal_core::trace::Kind;
+use selfheal_core::run::{Env, Input, Run, StepAction};
+use selfheal_core::trace::{Kind, RunStatus};
 use selfheal_repair::{SchemaGuide, check_arguments};
 
 /// How the proxy behaves.
@@ -208,8 +209,9 @@ struct Pending {
     /// The request as sent to the server, with its internal id.
     request: Value,
     attempt: u32,
-    /// The core's plan for this call's attempts (one target: the tool).
-    plan: CallPlan,
+    /// The run took a recovery action for this call (a retry, a refresh, a mapped field): what
+    /// it answers next is a recovered value.
+    recovered: bool,
     deadline_ms: u64,
     /// When this attempt was sent: progress pushes the deadline back, up to
     /// [`MAX_PROGRESS_EXTENSION`] call timeouts after it.
@@ -271,23 +273,21 @@ fn result_text(result: &Value) -> String {
         .unwrap_or_default()
 }
 
-/// What the contract check made of an answer.
+/// What the contract check made of an answer the run left unrecovered.
 enum Kept {
-    /// Send the call again after `delay_ms` (a retry, or a refresh: the request was updated).
-    Again {
-        /// The wait first.
-        delay_ms: u64,
-        /// The retry's trace detail.
-        detail: Value,
-    },
-    /// Answer the client with the result (as it came, repaired or flagged), these guidance
-    /// notes added, and the breach left, if one was (`drifted`, `empty`, `stale`).
+    /// Answer the client with the result (flagged), these guidance notes added, and the breach
+    /// left (`drifted`, `empty`, `stale`).
     Answer {
         /// Guidance for the model.
         notes: Vec<String>,
         /// The breach the result was flagged for.
         breach: Option<&'static str>,
     },
+}
+
+/// The texts of the run's guidance.
+fn texts_of(guidance: Vec<Guidance>) -> impl Iterator<Item = String> {
+    guidance.into_iter().map(|g| g.text)
 }
 
 /// The value of a tool result, as its contract is read: its `structuredContent` (`true`), else
@@ -331,12 +331,12 @@ fn error_result(text: String) -> Value {
 #[derive(Debug)]
 pub struct Proxy {
     config: McpConfig,
-    plane: Plane,
-    ledger: BudgetLedger,
-    /// The call plans' breakers: none tracked, the monitor is the tools' breaker (a paused tool
-    /// reaches the plan as unavailable).
+    /// The session's one decision surface: every tool result goes in, what to do comes out.
+    run: Run,
+    /// No target breakers: the run's monitor is the tools' breaker.
     breakers: Breakers,
-    monitor: Monitor,
+    /// The run's step id of each tool (one step per tool name, in the order first listed).
+    steps: HashMap<String, u32>,
     tools: HashMap<String, ToolInfo>,
     /// Forwarded `tools/call` requests by internal id.
     pending: BTreeMap<String, Pending>,
@@ -351,8 +351,8 @@ pub struct Proxy {
     last_now: u64,
     /// Unix time in milliseconds at `now_ms == 0` (what `as_of` stamps are read against).
     epoch_ms: u64,
-    /// The paused tools changed while an answer was read, and the client is not told yet.
-    unannounced: bool,
+    /// A call was answered well in this session: stopping now leaves a partial result.
+    had_result: bool,
     stats: Stats,
     decisions: Vec<Decision>,
 }
@@ -361,20 +361,16 @@ impl Proxy {
     /// A proxy for a new session.
     pub fn new(config: McpConfig) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
         check_tools(&config.tools).map_err(selfheal_core::monitor::ConfigError)?;
-        let plane = Plane::new(config.policy.clone(), Default::default())
-            .map_err(|e| selfheal_core::monitor::ConfigError(e.to_string()))?;
+        let run = Run::new(ControllerConfig {
+            monitor: config.monitor.clone(),
+            policy: config.policy.clone(),
+            budget: config.budget,
+            ..ControllerConfig::default()
+        })?;
         Ok(Proxy {
-            plane,
-            ledger: BudgetLedger::new(config.budget),
-            breakers: Breakers::new(
-                BreakerConfig {
-                    after: config.monitor.circuit_after,
-                    cooldown_calls: config.monitor.cooldown_calls,
-                    cooldown_ms: config.monitor.cooldown_ms,
-                },
-                [],
-            ),
-            monitor: Monitor::new(config.monitor.clone())?,
+            run,
+            breakers: Breakers::none(),
+            steps: HashMap::new(),
             config,
             tools: HashMap::new(),
             pending: BTreeMap::new(),
@@ -385,7 +381,7 @@ impl Proxy {
             next_id: 0,
             last_now: 0,
             epoch_ms: 0,
-            unannounced: false,
+            had_result: false,
             stats: Stats::default(),
             decisions: Vec::new(),
         })
@@ -408,9 +404,15 @@ impl Proxy {
         std::mem::take(&mut self.decisions)
     }
 
-    /// Tools paused now (their circuit is open).
+    /// Tools paused now (the session's run hides them: their circuit is open).
     pub fn paused(&self) -> &[String] {
         &self.paused
+    }
+
+    /// Whether the session's run has stopped, how and why: from then on every call is
+    /// answered by the proxy with the reason.
+    pub fn stopped(&self) -> Option<(RunStatus, &str)> {
+        self.run.stopped()
     }
 
     /// When [`Proxy::tick`] next has something to do: the earliest call deadline or retry.
@@ -489,15 +491,11 @@ impl Proxy {
             .unwrap_or_else(|| json!({}));
         // A cooldown may have ended since the last message: say so first.
         let mut out = self.announce(now_ms);
-        // A paused tool is answered here: calling it again would fail again and cost the wait.
-        if self.paused.contains(&tool) {
+        // A tool the run hides is answered here: calling it again would fail again and cost
+        // the wait. Once the run has stopped, every call is: the run is over.
+        if let Some(text) = self.refusal(&tool) {
             self.stats.answered += 1;
             self.decide(Kind::Blocked, &tool, json!({}));
-            let text = format!(
-                "selfheal: the tool `{tool}` failed {} times in a row and is paused for a cooldown, \
-                 so this call was not sent. Use another tool, or continue without it.",
-                self.config.monitor.circuit_after
-            );
             out.push(Out::ToClient(reply(&client_id, error_result(text))));
             return out;
         }
@@ -533,16 +531,13 @@ impl Proxy {
         let internal = format!("{INTERNAL_PREFIX}{}", self.next_id);
         msg["id"] = Value::String(internal.clone());
         let progress_token = msg.pointer("/params/_meta/progressToken").cloned();
-        let retry_safe = self.tools.get(&tool).is_some_and(|t| t.retry_safe);
-        let mut plan = CallPlan::new(vec![tool.clone()], Mode::Heal, retry_safe);
-        plan.begin(&mut self.breakers, now_ms);
         let pending = Pending {
             client_id,
             tool,
             args,
             request: msg.clone(),
             attempt: 0,
-            plan,
+            recovered: false,
             deadline_ms: now_ms.saturating_add(self.config.call_timeout_ms),
             sent_ms: now_ms,
             progress_token,
@@ -693,7 +688,18 @@ impl Proxy {
         // seeds' warning and breaker guidance, decided in the core).
         let mut names: Vec<&str> = self.tools.keys().map(String::as_str).collect();
         names.sort_unstable();
-        self.monitor.offer(names);
+        for n in &names {
+            let next = u32::try_from(self.steps.len()).unwrap_or(u32::MAX);
+            self.steps.entry((*n).to_owned()).or_insert(next);
+        }
+        // Nothing random is drawn for an offer.
+        let mut rng = selfheal_core::rng::SplitMix64::new(0);
+        let mut env = Env {
+            now_ms: self.last_now,
+            rng: &mut rng,
+            breakers: &mut self.breakers,
+        };
+        self.run.handle(Input::Offered(&names), &mut env);
     }
 
     /// The server is gone: every call still waiting for it, or for a retry, is answered with a
@@ -764,7 +770,15 @@ impl Proxy {
         out
     }
 
-    /// One attempt is over: record it, retry it, or answer the client.
+    /// One attempt is over: the run decides what comes of it (see [`Proxy::carry_out`]).
+    ///
+    /// The attempt goes to the session's [`Run`] as one [`Observation::ToolFinished`] (step:
+    /// the tool's), with the failure read off the wire as the core's [`Signal`] and, for an
+    /// answer of a tool the operator describes, the breach of its declared contract
+    /// ([`ToolConfig::judge`]) as the signal: a declared field missing, renamed or empty is a
+    /// failed call, stale data is data with a signal. What the proxy can do beyond answering is
+    /// offered ([`Options`]): a resend of a tool the server marks read-only or idempotent, a
+    /// repair of a drifted answer, a refresh of a tool that declares its cache-bypass argument.
     fn settle(
         &mut self,
         mut p: Pending,
@@ -778,7 +792,6 @@ impl Proxy {
             .map(|t| t.required.clone())
             .unwrap_or_default();
         let failure = match &attempt {
-            // Recorded by `contract`, once its declared contract is read.
             Attempt::Ok(_) => None,
             Attempt::ToolError(result) => Some(result_text(result)),
             Attempt::RpcError(e) => Some(
@@ -792,70 +805,206 @@ impl Proxy {
                 self.config.call_timeout_ms
             )),
         };
-        let mut changed = false;
-        if let Some(text) = &failure {
+        if failure.is_some() {
             self.stats.failures += 1;
-            let call = ToolCall::failed(&p.tool, &p.args, text).with_required(&required);
-            self.monitor.record(&call, now_ms);
-            changed = self.update_paused(now_ms);
-            let signal = if self.paused.contains(&p.tool) {
-                // The monitor opened the tool's circuit: the tool is down, not slow, and an open
-                // circuit is not retried.
-                p.plan.circuit_opened();
-                Signal::Unavailable {
-                    consecutive: self.monitor.streak(&p.tool),
-                }
-            } else {
-                match &attempt {
-                    Attempt::Timeout => Signal::Timeout,
-                    Attempt::RpcError(e) => rpc_signal(e),
-                    Attempt::ToolError(_) | Attempt::Ok(_) => Signal::ToolError {
-                        message: text.clone(),
-                    },
-                }
-            };
-            let step = p.plan.failed(
-                &signal,
-                &self.plane,
-                &mut self.breakers,
-                &mut self.ledger,
-                now_ms,
-                rng,
-            );
-            // The core's typed decision events, for `selfheal trace replay`.
-            self.record_plan(&mut p);
-            let delay = match step {
-                Step::Wait { delay_ms, .. } => Some(delay_ms),
-                Step::Send { .. } => Some(0),
-                // Never offered for a failed call (nothing came back to repair or refresh).
-                Step::Repair { .. } | Step::Refresh { .. } | Step::Stop(_) => None,
-            };
-            if let Some(delay) = delay {
-                let detail = json!({"after": text, "wait_ms": delay});
-                return self.again(p, delay, detail, now_ms, changed);
-            }
         }
+        let wall_ms = self.epoch_ms.saturating_add(now_ms);
+        let declared = self.config.tools.get(&p.tool).cloned();
         // An answer is read against its tool's declared contract before it counts as one.
-        let mut notes = Vec::new();
-        let mut breached = None;
+        let judged = match (&attempt, &declared) {
+            (Attempt::Ok(result), Some(c)) => {
+                let (value, structured) = answer_value(result);
+                c.judge(&value, wall_ms)
+                    .map(|(signal, breach)| (signal, breach, value, structured))
+            }
+            _ => None,
+        };
+        if judged.is_some() {
+            self.stats.breaches += 1;
+        }
+        let signal = match (&attempt, &failure, &judged) {
+            (_, _, Some((s, ..))) => Some(s.clone()),
+            (Attempt::Timeout, ..) => Some(Signal::Timeout),
+            (Attempt::RpcError(e), ..) => Some(rpc_signal(e)),
+            (Attempt::ToolError(_), Some(text), _) => Some(Signal::ToolError {
+                message: text.clone(),
+            }),
+            _ => None,
+        };
+        let breach = judged.as_ref().and_then(|(_, b, ..)| b.clone());
+        let retry_safe = self.tools.get(&p.tool).is_some_and(|t| t.retry_safe);
+        let refresh_arg = declared
+            .as_ref()
+            .and_then(|c| c.refresh.clone())
+            .filter(|_| p.args.is_object());
+        // A repair is offered only when the proxy can carry it out: the renamed field mapped
+        // back, keeping the contract and the tool's outputSchema. Otherwise why not is told.
+        let mapped = match (&judged, &declared) {
+            (Some((_, Some(Breach::Drifted { .. }), value, structured)), Some(c)) => {
+                Some(self.map_back(&p.tool, c, value, *structured, wall_ms))
+            }
+            _ => None,
+        };
+        let options = Options {
+            repair: matches!(mapped, Some(Ok(_))).then_some(RepairTarget::Output),
+            substitute: None,
+            refreshable: refresh_arg.is_some() && retry_safe,
+            can_replan: true,
+            fallback_model: None,
+            human_available: false,
+            retry_safe,
+            // Something to report exists: an earlier good answer, or this one's data (stale
+            // data is data).
+            partial_result: self.had_result
+                || (matches!(attempt, Attempt::Ok(_)) && breach.is_none()),
+        };
+        // What the monitor reads: the structured value, else the text read as JSON (a tool
+        // that answers `{"error": ...}` as text has failed softly), else the text.
+        let returned = match &attempt {
+            Attempt::Ok(result) => answer_value(result).0,
+            _ => Value::Null,
+        };
+        let breach_text = match (&judged, &breach) {
+            (Some((s, ..)), Some(b)) => Some(format!("{}: {}", s.name(), b.field())),
+            _ => None,
+        };
+        let step = self.step_of(&p.tool);
+        let outcome_text = failure.clone().or(breach_text);
+        let call = match &outcome_text {
+            Some(text) => ToolCall::failed(&p.tool, &p.args, text),
+            None => ToolCall::returned(&p.tool, &p.args, &returned),
+        }
+        .with_required(&required);
+        let mut env = Env {
+            now_ms,
+            rng,
+            breakers: &mut self.breakers,
+        };
+        let decided = self.run.decide_step(
+            Input::Observed(Observation::ToolFinished {
+                step: Some(step),
+                call,
+                signal,
+                options,
+                usage: Amounts::default(),
+            }),
+            &mut env,
+        );
+        self.record_run(&p.tool);
+        let changed = self.update_paused(now_ms);
+        let after = outcome_text.clone().unwrap_or_else(|| {
+            judged
+                .as_ref()
+                .map(|(s, ..)| s.name().to_owned())
+                .unwrap_or_default()
+        });
         let mut attempt = attempt;
-        if let Attempt::Ok(result) = &mut attempt {
-            match self.contract(&mut p, result, &required, now_ms, rng) {
-                Kept::Again { delay_ms, detail } => {
-                    let changed = std::mem::take(&mut self.unannounced);
+        let mut notes: Vec<String> = Vec::new();
+        let mut stop: Option<(RunStatus, String)> = None;
+        let refused = match &mapped {
+            Some(Err(why)) => {
+                self.decide(
+                    Kind::Repair,
+                    &p.tool,
+                    json!({"target": "output", "refused": why}),
+                );
+                Some(why.clone())
+            }
+            Some(Ok(_)) | None => None,
+        };
+        let mut repaired = false;
+        match decided {
+            StepAction::Proceed { guidance, .. } => notes.extend(texts_of(guidance)),
+            StepAction::Stop { status, reason } => stop = Some((status, reason)),
+            StepAction::Recover { class, action, .. } => match action {
+                RecoveryAction::Retry { delay_ms, .. } => {
+                    p.recovered = true;
+                    let detail = json!({"after": after, "wait_ms": delay_ms, "class": class});
                     return self.again(p, delay_ms, detail, now_ms, changed);
                 }
-                Kept::Answer { notes: n, breach } => {
-                    notes = n;
-                    breached = breach;
+                RecoveryAction::Refresh => {
+                    p.recovered = true;
+                    if let Some(arg) = &refresh_arg
+                        && let Some(args) = p.args.as_object_mut()
+                    {
+                        args.insert(arg.clone(), Value::Bool(true));
+                        if let Some(params) =
+                            p.request.get_mut("params").and_then(Value::as_object_mut)
+                        {
+                            params.insert("arguments".into(), p.args.clone());
+                        }
+                    }
+                    let detail = json!({"after": after, "wait_ms": 0, "refresh": refresh_arg});
+                    return self.again(p, 0, detail, now_ms, changed);
                 }
-            }
-            // A value a recovery produced, of a tool the operator wants read again: the
-            // proxy does not see the answer the value goes into, so it says so with the value.
-            if breached.is_none()
-                && p.plan.recovered()
-                && self.config.tools.get(&p.tool).is_some_and(|c| c.reread)
-                && self.plane.policy().reread_due(true)
+                RecoveryAction::Repair {
+                    target: RepairTarget::Output,
+                } if matches!(mapped, Some(Ok(_))) => {
+                    if let (Attempt::Ok(result), Some((_, _, _, structured)), Some(Ok(v))) =
+                        (&mut attempt, &judged, &mapped)
+                    {
+                        put_value(result, v, *structured);
+                        let field = breach.as_ref().map(Breach::field).unwrap_or_default();
+                        self.decide(
+                            Kind::Repair,
+                            &p.tool,
+                            json!({"target": "output", "field": field}),
+                        );
+                        notes.push(format!(
+                            "`{}` answered with its declared field `{field}` under another \
+                             name (schema drift); selfheal mapped it back.",
+                            p.tool
+                        ));
+                        p.recovered = true;
+                        repaired = true;
+                    }
+                }
+                RecoveryAction::Repair { .. } => notes.push(format!(
+                    "The call of `{}` failed ({class}); rewrite its arguments from the \
+                     error before calling it again.",
+                    p.tool
+                )),
+                RecoveryAction::Substitute { alternative } => notes.push(format!(
+                    "`{}` failed ({class}); try a different approach: use \
+                     `{alternative}` instead.",
+                    p.tool
+                )),
+                RecoveryAction::Replan
+                | RecoveryAction::Escalate { .. }
+                | RecoveryAction::Degrade
+                | RecoveryAction::Terminate => {
+                    let alternatives = self.run.monitor().alternatives(&p.tool);
+                    let instead = if alternatives.is_empty() {
+                        String::new()
+                    } else {
+                        let names: Vec<String> =
+                            alternatives.iter().map(|a| format!("`{a}`")).collect();
+                        format!(" (other tools on offer: {})", names.join(", "))
+                    };
+                    notes.push(format!(
+                        "`{}` failed ({class}); try a different approach{instead}.",
+                        p.tool
+                    ));
+                }
+            },
+        }
+        // A breach the run left unrecovered reaches the model flagged.
+        let mut breached = None;
+        if !repaired
+            && let (Attempt::Ok(result), Some((s, ..)), Some(c)) =
+                (&mut attempt, &judged, &declared)
+        {
+            let Kept::Answer { notes: n, breach } =
+                self.flag(&p, c, result, s, breach.as_ref(), refused);
+            notes.extend(n);
+            breached = breach;
+        }
+        if matches!(attempt, Attempt::Ok(_)) && breached.is_none() {
+            // A value a recovery produced, of a tool the operator wants read again: the proxy
+            // does not see the answer the value goes into, so it says so with the value.
+            if p.recovered
+                && declared.as_ref().is_some_and(|c| c.reread)
+                && self.config.policy.reread_due(true)
             {
                 self.decide(Kind::Guidance, &p.tool, json!({"reread": p.args}));
                 notes.push(format!(
@@ -867,9 +1016,7 @@ impl Proxy {
             // A value a recovery produced, under a policy that claims nothing after one: the
             // proxy cannot flag the run's answer `partial`, so the value says it is not to be
             // claimed.
-            if breached.is_none()
-                && let Some(why) = self.plane.policy().claim_refused(p.plan.recovered())
-            {
+            if let Some(why) = self.config.policy.claim_refused(p.recovered) {
                 self.decide(Kind::Guidance, &p.tool, json!({"unconfirmed": why}));
                 notes.push(format!(
                     "`{}` answered only after a recovery: {why}. Report any answer that rests \
@@ -878,8 +1025,10 @@ impl Proxy {
                 ));
             }
         }
+        let ok = failure.is_none() && breached.is_none();
+        self.had_result |= ok;
         let mut detail = json!({
-            "ok": failure.is_none() && breached.is_none(),
+            "ok": ok,
             "attempts": p.attempt + 1,
         });
         if let Some(b) = breached {
@@ -892,7 +1041,7 @@ impl Proxy {
                 let mut out = vec![Out::ToClient(
                     json!({"jsonrpc": "2.0", "id": p.client_id, "error": e}),
                 )];
-                if self.update_paused(now_ms) || changed {
+                if changed {
                     out.push(list_changed());
                 }
                 return out;
@@ -902,34 +1051,115 @@ impl Proxy {
                 p.tool, self.config.call_timeout_ms
             )),
         };
-        let verdict = self.monitor.check(now_ms);
-        let mut texts = notes;
-        texts.extend(verdict.guidance.iter().map(|g| g.text.clone()));
-        if let Some(reason) = selfheal_core::call::abort_now(
-            verdict.abort.clone(),
-            failure.is_some() || breached.is_some(),
-        ) {
-            texts.push(format!(
-                "This run is failing ({reason}): stop calling tools and report what you have."
+        if let Some((status, reason)) = &stop {
+            // The run is over. Failed: the result is an error the model cannot take for an
+            // answer. Degraded (`partial`): what came back is what there is, and says so.
+            if *status == RunStatus::Failed
+                && let Some(o) = result.as_object_mut()
+            {
+                o.insert("isError".into(), Value::Bool(true));
+            }
+            notes.push(format!(
+                "This run is stopped ({reason}): stop calling tools and report what \
+                 you have{}.",
+                if *status == RunStatus::Failed {
+                    ""
+                } else {
+                    " as partial"
+                }
             ));
         }
-        if !texts.is_empty() {
-            self.decide(Kind::Guidance, &p.tool, json!({"text": texts}));
+        if !notes.is_empty() {
+            self.decide(Kind::Guidance, &p.tool, json!({"text": notes}));
             if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {
                 content.push(
-                    json!({"type": "text", "text": format!("[selfheal] {}", texts.join(" "))}),
+                    json!({"type": "text", "text": format!("[selfheal] {}", notes.join(" "))}),
                 );
             }
         }
         let mut out = vec![Out::ToClient(reply(&p.client_id, result))];
-        let changed = changed || std::mem::take(&mut self.unannounced);
-        if self.update_paused(now_ms) || changed {
+        if changed {
             out.push(list_changed());
         }
         out
     }
 
-    /// Sends the call again after `delay_ms` (a retry or a refresh the core decided).
+    /// The step id of `tool` in the run: one per tool name, given in the order first seen.
+    fn step_of(&mut self, tool: &str) -> u32 {
+        let next = u32::try_from(self.steps.len()).unwrap_or(u32::MAX);
+        *self.steps.entry(tool.to_owned()).or_insert(next)
+    }
+
+    /// The run's decision records since the last time (signal, class, action with its
+    /// inputs, a tool routed around), for the trace and `selfheal trace replay`.
+    fn record_run(&mut self, tool: &str) {
+        for (_, e) in self.run.take_records() {
+            let detail = serde_json::to_value(&e).unwrap_or(Value::Null);
+            self.decide(Kind::from(&e), tool, detail);
+        }
+    }
+
+    /// Why a call of `tool` is answered here rather than sent: the run hides the tool (its
+    /// circuit is open), or the run has stopped.
+    fn refusal(&mut self, tool: &str) -> Option<String> {
+        if let Some((_, reason)) = self.run.stopped() {
+            return Some(format!(
+                "selfheal: this session's run is stopped ({reason}), so this call was not \
+                 sent. Stop calling tools and report what you have."
+            ));
+        }
+        if !self.paused.iter().any(|t| t == tool) {
+            return None;
+        }
+        let alternatives = self.run.monitor().alternatives(tool);
+        let instead = if alternatives.is_empty() {
+            "Continue without it.".to_owned()
+        } else {
+            let names: Vec<String> = alternatives.iter().map(|a| format!("`{a}`")).collect();
+            format!(
+                "Use another tool on offer instead ({}), or continue without it.",
+                names.join(", ")
+            )
+        };
+        Some(format!(
+            "selfheal: the tool `{tool}` failed {} times in a row and is paused for a cooldown, \
+             so this call was not sent. {instead}",
+            self.config.monitor.circuit_after
+        ))
+    }
+
+    /// The one renamed declared field of a drifted answer mapped back
+    /// ([`contract::map_renamed`]), if the result then keeps its contract and fits the tool's
+    /// `outputSchema`; otherwise why not.
+    fn map_back(
+        &self,
+        tool: &str,
+        c: &ToolConfig,
+        value: &Value,
+        structured: bool,
+        wall_ms: u64,
+    ) -> Result<Value, String> {
+        let schema = self.tools.get(tool).and_then(|t| t.output.clone());
+        contract::map_renamed(value, &c.output).and_then(|v| {
+            if let Some((s, _)) = c.judge(&v, wall_ms) {
+                return Err(format!(
+                    "mapped, the answer still breaks the contract ({})",
+                    s.name()
+                ));
+            }
+            // Structured content a client would refuse is no repair.
+            let fits =
+                |g: &SchemaGuide| check_arguments(v.clone(), Some(g)).is_ok_and(|a| !a.changed);
+            match schema.as_deref() {
+                Some(g) if structured && !fits(g) => {
+                    Err("mapped, the answer would not fit the tool's outputSchema".into())
+                }
+                Some(_) | None => Ok(v),
+            }
+        })
+    }
+
+    /// Sends the call again after `delay_ms` (a retry or a refresh the run decided).
     fn again(
         &mut self,
         mut p: Pending,
@@ -948,174 +1178,6 @@ impl Proxy {
         } else {
             Vec::new()
         }
-    }
-
-    /// The core's decision events of `p`'s plan, for the trace.
-    fn record_plan(&mut self, p: &mut Pending) {
-        for e in p.plan.take_records() {
-            let detail = serde_json::to_value(&e).unwrap_or(Value::Null);
-            self.decide(Kind::from(&e), &p.tool, detail);
-        }
-    }
-
-    /// Reads an answer against what the operator declared of its tool ([`McpConfig::tools`])
-    /// by the core's rules ([`ToolConfig::judge`]) and carries out the core's decision on a
-    /// breach: the call plan, offered a repair of a drifted answer and a refresh of a tool
-    /// that declares its cache-bypass argument, says retry, refresh, repair or stop.
-    ///
-    /// The monitor records the attempt here: as returned, or — an answer without a declared
-    /// field, which the proxy discards or flags as an error — as failed, before the plan
-    /// decides (so a retry is never read as the model repeating itself, and a tool the
-    /// monitor pauses is not retried). Stale data is data: returned.
-    fn contract(
-        &mut self,
-        p: &mut Pending,
-        result: &mut Value,
-        required: &[String],
-        now_ms: u64,
-        rng: &mut dyn Rng,
-    ) -> Kept {
-        let held = Kept::Answer {
-            notes: Vec::new(),
-            breach: None,
-        };
-        let returned = |proxy: &mut Proxy, p: &Pending, result: &Value| {
-            let value = result
-                .get("structuredContent")
-                .cloned()
-                .unwrap_or_else(|| Value::String(result_text(result)));
-            let call = ToolCall::returned(&p.tool, &p.args, &value).with_required(required);
-            proxy.monitor.record(&call, now_ms);
-        };
-        let wall_ms = self.epoch_ms.saturating_add(now_ms);
-        // A tool nobody described costs nothing more than before.
-        let Some(c) = self.config.tools.get(&p.tool).cloned() else {
-            returned(self, p, result);
-            return held;
-        };
-        let (value, structured) = answer_value(result);
-        let Some((signal, breach)) = c.judge(&value, wall_ms) else {
-            returned(self, p, result);
-            return held;
-        };
-        // The plan's records trace the signal, its class and the decision.
-        self.stats.breaches += 1;
-        match &breach {
-            Some(b) => {
-                let text = format!("{}: {}", signal.name(), b.field());
-                let call = ToolCall::failed(&p.tool, &p.args, &text).with_required(required);
-                self.monitor.record(&call, now_ms);
-                if self.update_paused(now_ms) {
-                    self.unannounced = true;
-                    if self.paused.contains(&p.tool) {
-                        p.plan.circuit_opened();
-                    }
-                }
-            }
-            None => returned(self, p, result),
-        }
-        let mut refused: Option<String> = None;
-        // At most two decisions: a repair the core asks for and the proxy refuses is asked
-        // again without the offer, and the core never returns an action it was not offered.
-        for _ in 0..2 {
-            let repair = match (&breach, &refused) {
-                (Some(Breach::Drifted { .. }), None) => Some(RepairTarget::Output),
-                _ => None,
-            };
-            let refresh = c.refresh.is_some() && p.args.is_object();
-            p.plan.offer(Offer { repair, refresh });
-            let step = p.plan.failed(
-                &signal,
-                &self.plane,
-                &mut self.breakers,
-                &mut self.ledger,
-                now_ms,
-                rng,
-            );
-            self.record_plan(p);
-            match step {
-                Step::Repair {
-                    target: RepairTarget::Output,
-                } => {
-                    let schema = self.tools.get(&p.tool).and_then(|t| t.output.clone());
-                    let mapped = contract::map_renamed(&value, &c.output).and_then(|v| {
-                        if let Some((s, _)) = c.judge(&v, wall_ms) {
-                            return Err(format!(
-                                "mapped, the answer still breaks the contract ({})",
-                                s.name()
-                            ));
-                        }
-                        // Structured content a client would refuse is no repair.
-                        let fits = |g: &SchemaGuide| {
-                            check_arguments(v.clone(), Some(g)).is_ok_and(|a| !a.changed)
-                        };
-                        match schema.as_deref() {
-                            Some(g) if structured && !fits(g) => {
-                                Err("mapped, the answer would not fit the tool's outputSchema"
-                                    .into())
-                            }
-                            Some(_) | None => Ok(v),
-                        }
-                    });
-                    match mapped {
-                        Ok(v) => {
-                            put_value(result, &v, structured);
-                            let field = breach.as_ref().map(Breach::field).unwrap_or_default();
-                            self.decide(
-                                Kind::Repair,
-                                &p.tool,
-                                json!({"target": "output", "field": field}),
-                            );
-                            return Kept::Answer {
-                                notes: vec![format!(
-                                    "`{}` answered with its declared field `{field}` under \
-                                     another name (schema drift); selfheal mapped it back.",
-                                    p.tool
-                                )],
-                                breach: None,
-                            };
-                        }
-                        Err(why) => {
-                            self.decide(
-                                Kind::Repair,
-                                &p.tool,
-                                json!({"target": "output", "refused": why}),
-                            );
-                            refused = Some(why);
-                        }
-                    }
-                }
-                Step::Wait { delay_ms, .. } => {
-                    let detail = json!({"after": signal.name(), "wait_ms": delay_ms});
-                    return Kept::Again { delay_ms, detail };
-                }
-                Step::Send { .. } => {
-                    return Kept::Again {
-                        delay_ms: 0,
-                        detail: json!({"after": signal.name(), "wait_ms": 0}),
-                    };
-                }
-                Step::Refresh { .. } => {
-                    if let Some(arg) = c.refresh.as_deref()
-                        && let Some(args) = p.args.as_object_mut()
-                    {
-                        args.insert(arg.to_owned(), Value::Bool(true));
-                        if let Some(params) =
-                            p.request.get_mut("params").and_then(Value::as_object_mut)
-                        {
-                            params.insert("arguments".into(), p.args.clone());
-                        }
-                        return Kept::Again {
-                            delay_ms: 0,
-                            detail: json!({"after": signal.name(), "wait_ms": 0, "refresh": arg}),
-                        };
-                    }
-                    break;
-                }
-                Step::Repair { .. } | Step::Stop(_) => break,
-            }
-        }
-        self.flag(p, &c, result, &signal, breach.as_ref(), refused)
     }
 
     /// An answer whose breach the core left unrecovered reaches the model flagged: one without
@@ -1205,7 +1267,7 @@ impl Proxy {
     }
 
     fn update_paused(&mut self, now_ms: u64) -> bool {
-        let mut now = self.monitor.check(now_ms).hidden_tools;
+        let mut now = self.run.verdict(now_ms).hidden_tools;
         now.sort();
         if now == self.paused {
             return false;

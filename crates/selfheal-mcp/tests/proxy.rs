@@ -439,8 +439,18 @@ fn fail_send_five_times(p: &mut Proxy) {
         );
         let client = to_client(&outs);
         assert!(to_server(&outs).is_empty());
-        if i < 3 {
-            // No guidance yet: the server's result, untouched.
+        if i == 1 {
+            // The session's run decides on the first failure: `send` is not marked safe to
+            // call twice, so its ladder for an unavailable tool gives a re-plan, carried out
+            // as guidance to try a different approach. (The proxy used to keep its own rule —
+            // nothing before the monitor's warning — which the run now decides.)
+            let t = texts(&client[0]["result"]);
+            assert_eq!(t.len(), 2, "answer {i}: {t:?}");
+            assert_eq!(t[0], "smtp: connection refused");
+            assert!(t[1].starts_with("[selfheal] "), "answer {i}: {t:?}");
+            assert!(t[1].contains("different approach"), "answer {i}: {t:?}");
+        } else if i == 2 {
+            // Routed around by the run: the monitor's, which has nothing to say yet.
             assert_eq!(outs, vec![Out::ToClient(response(i, result))], "answer {i}");
         } else {
             // From the warning threshold on, the monitor's guidance is appended.
@@ -814,8 +824,15 @@ fn timeout_of_a_tool_without_hints_is_not_retried() {
     assert_eq!(client[0]["id"], json!(3));
     assert_eq!(client[0]["result"]["isError"], json!(true));
     let t = texts(&client[0]["result"]);
-    assert_eq!(t.len(), 1, "{t:?}");
+    // Not retried: the run's ladder for a timeout of a tool not safe to call twice gives a
+    // re-plan, carried out as guidance naming the other tools (the proxy used to answer the
+    // timeout alone, its call plan giving up).
+    assert_eq!(t.len(), 2, "{t:?}");
     assert!(t[0].contains("`send`") && t[0].contains("1000 ms"), "{t:?}");
+    assert!(
+        t[1].contains("different approach") && t[1].contains("`search`"),
+        "{t:?}"
+    );
     assert_eq!(p.next_deadline(), None, "no retry is scheduled");
     assert!(p.tick(100_000, &mut rng).is_empty());
     let s = p.stats();
@@ -1251,6 +1268,8 @@ fn stats_and_decisions_report_what_happened() {
             ("retry", "search".to_owned()),
             ("tool_result", "search".to_owned()),
             ("tool_result", "send".to_owned()),
+            // The run's re-plan of the tool error, carried out as guidance.
+            ("guidance", "send".to_owned()),
         ]
     );
     assert_eq!(d[1].detail, json!({"ok": true, "attempts": 1}));
@@ -1270,6 +1289,9 @@ fn invalid_monitor_config_is_refused() {
 fn an_idle_client_hears_when_a_paused_tool_is_back() {
     let mut p = proxy();
     let mut rng = ConstRng(0);
+    // Listed first: with other tools on offer the run routes around `send`; with none, the
+    // run would stop at the end of its ladder instead (nothing else left to do).
+    list(&mut p, 100, 0);
     fail_send_five_times(&mut p);
     p.take_decisions();
     let cooldown = config().monitor.cooldown_ms;
@@ -1539,7 +1561,10 @@ fn a_drift_that_cannot_be_mapped_is_retried_then_flagged_as_an_error() {
         .filter(|d| d.kind.as_str() == "action")
         .map(|d| &d.detail["action"]["action"])
         .collect();
-    assert_eq!(actions, [&json!("repair"), &json!("retry")]);
+    // The proxy offers the run a repair only when it can carry it out: the mapping is
+    // refused first (traced above), so the run's ladder goes straight to the retry. (The
+    // proxy used to let its call plan choose the repair, refuse it, and ask again.)
+    assert_eq!(actions, [&json!("retry")]);
     // The read-only tool is asked again after the policy's backoff.
     let sent = to_server(&p.tick(510, &mut rng));
     assert_eq!(sent.len(), 1, "{sent:?}");
@@ -1557,7 +1582,7 @@ fn a_drift_that_cannot_be_mapped_is_retried_then_flagged_as_an_error() {
         t[0].contains("`city`") && t[0].contains("schema drift"),
         "{t:?}"
     );
-    // The ladder's repair rung was spent on the first answer: the second is not mapped.
+    // Never mappable: the second answer is not mapped either.
     assert!(t[0].contains("after 2 attempts"), "{t:?}");
     assert_eq!(
         r["structuredContent"]["city_a"], "Paris",
