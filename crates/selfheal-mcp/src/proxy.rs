@@ -409,6 +409,12 @@ impl Proxy {
         &self.paused
     }
 
+    /// Ends the session's run and returns its outcome (status, reason, what was left
+    /// unresolved), as any front-end's run ends: what the session amounted to.
+    pub fn finish(&mut self, now_ms: u64) -> selfheal_core::controller::RunOutcome {
+        self.run.finish(now_ms)
+    }
+
     /// Whether the session's run has stopped, how and why: from then on every call is
     /// answered by the proxy with the reason.
     pub fn stopped(&self) -> Option<(RunStatus, &str)> {
@@ -855,8 +861,7 @@ impl Proxy {
             retry_safe,
             // Something to report exists: an earlier good answer, or this one's data (stale
             // data is data).
-            partial_result: self.had_result
-                || (matches!(attempt, Attempt::Ok(_)) && breach.is_none()),
+            partial_result: self.had_result || matches!(signal, Some(Signal::Stale { .. })),
         };
         // What the monitor reads: the structured value, else the text read as JSON (a tool
         // that answers `{"error": ...}` as text has failed softly), else the text.
@@ -913,6 +918,7 @@ impl Proxy {
             Some(Ok(_)) | None => None,
         };
         let mut repaired = false;
+        let recovering = matches!(decided, StepAction::Recover { .. });
         match decided {
             StepAction::Proceed { guidance, .. } => notes.extend(texts_of(guidance)),
             StepAction::Stop { status, reason } => stop = Some((status, reason)),
@@ -988,6 +994,22 @@ impl Proxy {
                 }
             },
         }
+        // A recovery the model carries out (another approach, other arguments) goes with
+        // what the run tells the model's next step, as on every front-end: the monitor's
+        // warnings, or the stop.
+        if recovering {
+            let mut env = Env {
+                now_ms,
+                rng,
+                breakers: &mut self.breakers,
+            };
+            match self.run.decide_step(Input::NextTurn, &mut env) {
+                StepAction::Proceed { guidance, .. } => notes.extend(texts_of(guidance)),
+                StepAction::Stop { status, reason } => stop = Some((status, reason)),
+                StepAction::Recover { .. } => {}
+            }
+            self.record_run(&p.tool);
+        }
         // A breach the run left unrecovered reaches the model flagged.
         let mut breached = None;
         if !repaired
@@ -1025,7 +1047,9 @@ impl Proxy {
                 ));
             }
         }
-        let ok = failure.is_none() && breached.is_none();
+        // An answer the run's monitor read as a failure (an error body, an empty one) is no
+        // result either.
+        let ok = failure.is_none() && breached.is_none() && self.run.monitor().streak(&p.tool) == 0;
         self.had_result |= ok;
         let mut detail = json!({
             "ok": ok,
