@@ -852,7 +852,12 @@ impl Proxy {
             _ => None,
         };
         let options = Options {
-            repair: matches!(mapped, Some(Ok(_))).then_some(RepairTarget::Output),
+            // The model can always rewrite a call given its error (as in-process).
+            repair: match (&mapped, &failure) {
+                (Some(Ok(_)), _) => Some(RepairTarget::Output),
+                (_, Some(_)) => Some(RepairTarget::Arguments),
+                _ => None,
+            },
             substitute: None,
             refreshable: refresh_arg.is_some() && retry_safe,
             can_replan: true,
