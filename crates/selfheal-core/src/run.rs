@@ -482,18 +482,7 @@ impl Run {
                     crate::call::StreamBreak::Fail => Action::EndStream,
                 });
             }
-            Input::Observed(mut obs) => {
-                // A refused request cannot be helped by resending it unchanged: no front-end
-                // decides that for itself, the run does, for every tool result it is handed.
-                if let Observation::ToolFinished {
-                    signal: Some(signal),
-                    options,
-                    ..
-                } = &mut obs
-                    && crate::call::resend_futile(signal)
-                {
-                    options.retry_safe = false;
-                }
+            Input::Observed(obs) => {
                 let d = self.ctl.observe(obs, now, env.rng);
                 self.directive(d);
             }

@@ -10,9 +10,10 @@
 //!                          │ tools/list: remember schemas and hints, leave paused tools out
 //!                          │ tools/call: paused tool → answered here; arguments checked and
 //!                          │            coerced to the input schema, or answered with the errors
-//!                          │ results:   monitor (streaks, circuit, duplicates, loops); retry
-//!                          │            timeouts of read-only/idempotent tools; declared output
-//!                          │            contracts and freshness (`--config`); guidance added
+//!                          │ results:   one core `Run` per session decides (streaks, circuit,
+//!                          │            failure rate, ladders): retry read-only/idempotent
+//!                          │            tools, declared output contracts and freshness
+//!                          │            (`--config`), guidance added, hidden tools, stop
 //!                          └ everything else passes through untouched
 //! ```
 //!

@@ -5,29 +5,36 @@
 //! know, future protocol versions; the driver forwards such messages byte for byte — except the
 //! few it heals:
 //!
-//! - `tools/list` answers: each tool's input schema and annotations are remembered, and tools
-//!   whose circuit the monitor has opened are left out of the list;
-//! - `tools/call` requests: a call to a paused tool is answered by the proxy (an `isError` result
-//!   that says why and what to do) without reaching the server; arguments are checked against the
+//! - `tools/list` answers: each tool's input schema and annotations are remembered, the tools are
+//!   handed to the session's [`Run`] as the tools on offer, and the tools the run hides (their
+//!   circuit is open) are left out of the list;
+//! - `tools/call` requests: a call to a hidden tool, or any call once the run has stopped, is
+//!   answered by the proxy (an `isError` result that says why and what to do) without reaching
+//!   the server; arguments are checked against the
 //!   tool's input schema, safe mismatches coerced, and arguments that cannot be used are answered
 //!   with the precise schema errors, so the model can fix them;
-//! - `tools/call` answers: every outcome is fed to the core's tool-health [`Monitor`]; a failure
-//!   is read off the wire into the core's [`Signal`] ([`rpc_signal`] is the one place JSON-RPC
-//!   errors are parsed) and the core's call plan decides whether to retry — the policy's ladder
-//!   for the failure's class, charged to the session's budget ledger, and only for a tool the
-//!   server declares read-only or idempotent; the monitor's guidance is added to the result the
-//!   model reads; when the set of paused tools changes the client is told
-//!   (`notifications/tools/list_changed`) so it lists the tools again;
+//! - `tools/call` answers: every outcome goes to the session's one [`Run`] as an
+//!   [`Observation::ToolFinished`] (one step per tool name) — the proxy keeps no retry cap,
+//!   breaker or "is this retryable?" rule of its own. A failure is read off the wire into the
+//!   core's [`Signal`] ([`rpc_signal`] is the one place JSON-RPC errors are parsed), and what
+//!   the proxy can do is offered ([`Options`]): a resend only of a tool the server declares
+//!   read-only or idempotent, a rewrite by the model, a mapped-back field, a refresh. The run's
+//!   answer is carried out: proceed (its guidance added to the result the model reads, its
+//!   hidden tools left out, the client told when they change with
+//!   `notifications/tools/list_changed`), a retry after the run's delay or a refresh, the
+//!   repaired output, guidance to try a different approach naming the other tools (a rewrite, a
+//!   re-plan, a substitute, an escalation), or a stop (an error result that says to stop and
+//!   report);
 //! - `tools/call` answers of a tool the operator describes ([`McpConfig::tools`], the gateway's
 //!   `[tools.NAME]` tables): the value (`structuredContent`, else the text read as JSON) is
 //!   read against the declared contract by the core's rules ([`ToolConfig::judge`]) — a
 //!   declared field missing or renamed is schema drift, one null or empty an empty output, an
-//!   `as_of` stamp older than `max_age_ms` stale data — and the breach goes to the call's plan
-//!   like any failure, offered what the proxy can do: a repair of a drift (the one renamed key
-//!   mapped back by [`selfheal_core::contract::map_renamed`]; when that refuses, the plan is
-//!   asked again without the offer) and, for a tool that declares `refresh`, the call again
-//!   with that argument set to `true` (only for a read-only or idempotent tool, as a retry).
-//!   What the plan decides is carried out: retry, refresh, the mapped value in place of the
+//!   `as_of` stamp older than `max_age_ms` stale data — and the breach goes
+//!   to the run like any failure, offered what the proxy can do: a repair of a drift (the one
+//!   renamed key mapped back by [`selfheal_core::contract::map_renamed`], offered only when the
+//!   mapping works) and, for a tool that declares `refresh`, the call again with that argument
+//!   set to `true` (only for a read-only or idempotent tool, as a retry). What the run decides
+//!   is carried out: retry, refresh, the mapped value in place of the
 //!   answer (with a note that it was mapped), or — when the ladder or the budget leaves
 //!   nothing — the answer flagged: a drifted or empty one becomes an `isError` result whose
 //!   first text says which field broke the contract (the tool did not deliver what it
@@ -50,8 +57,9 @@
 //! - `notifications/progress` for a call pushes its deadline back (up to ten call timeouts), and
 //!   when the server exits every call still waiting is answered with an error.
 //!
-//! What it does not do: end the run on the monitor's failure-rate abort — a proxy does not own
-//! the run, so the abort's reason reaches the model as guidance (stop and report) instead. Request ids of the form
+//! One session is one run: when the run stops (the failure-rate rule, or a ladder's end with
+//! nothing else on offer), the result says so and every later call is answered with the reason;
+//! [`Proxy::finish`] gives the run's outcome. Request ids of the form
 //! `selfheal-N` are the proxy's own; a client that used such string ids could see answers
 //! dropped.
 //!
@@ -838,7 +846,12 @@ impl Proxy {
             _ => None,
         };
         let breach = judged.as_ref().and_then(|(_, b, ..)| b.clone());
-        let retry_safe = self.tools.get(&p.tool).is_some_and(|t| t.retry_safe);
+        // A resend only of a tool the server says can take one, and never of a request the
+        // tool refused: sent again unchanged it can only get the same answer (the core's rule).
+        let retry_safe = self.tools.get(&p.tool).is_some_and(|t| t.retry_safe)
+            && !signal
+                .as_ref()
+                .is_some_and(selfheal_core::call::resend_futile);
         let refresh_arg = declared
             .as_ref()
             .and_then(|c| c.refresh.clone())
