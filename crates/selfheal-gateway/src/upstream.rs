@@ -4,7 +4,7 @@
 //! chain, skip an upstream whose breaker is open, give up, hand the caller's own bad request
 //! back — is not decided here: [`Upstreams::call`] turns each failure into the core's
 //! [`Signal`] (the OpenAI wire is parsed in one place, `ClientError`),
-//! hands it to a [`CallPlan`] and does what the plan says. The plan charges every attempt to the
+//! hands it to the core's `CallPlan` and does what the plan says. The plan charges every attempt to the
 //! run's one ledger and keeps one [`Breaker`](selfheal_core::breaker::Breaker) per upstream, the
 //! same breaker the monitor keeps per tool. A `--policy` file therefore changes what the gateway
 //! does exactly as it changes the benchmark.
