@@ -149,7 +149,7 @@ pub(crate) fn log_request(resp: &Response, tenant: &str, started: Instant) {
 }
 
 /// Reads the body within the body-read timeout: 413 when too large, 408 when too slow.
-/// [`ChatRequest::parse`] then checks it is a chat request.
+/// [`ChatRequest::parse`](crate::request::ChatRequest::parse) then checks it is a chat request.
 pub(crate) async fn read_body(
     s: &AppState,
     headers: &HeaderMap,

@@ -47,7 +47,7 @@ pub(crate) fn grounding_check(t: &Turn, evidence: Arc<Vec<Value>>) -> stream::Ch
 /// Records how a relayed stream ended (repairs, unusable calls, a re-issue, a break) and the
 /// run's `response` event. A stream offering tools that broke and was healed by a
 /// non-streaming re-issue teaches the gateway that its target (`learnable`) cannot stream tool
-/// calls ([`NoStream`]).
+/// calls ([`NoStream`](crate::state::NoStream)).
 pub(crate) fn finish_stream(
     t: &Turn,
     r: &stream::StreamReport,
@@ -164,7 +164,7 @@ pub(crate) fn completion_first_call(completion: &Value) -> Option<(&str, &str)> 
 
 impl Turn {
     /// Calls `op` along `chain` within this run (its ledger, the caller's credentials): the
-    /// core's call plan decides the retries and fall-backs (see [`Upstreams::call`]).
+    /// core's call plan decides the retries and fall-backs (see [`Upstreams::call`](crate::upstream::Upstreams::call)).
     pub(crate) async fn call<T>(
         &self,
         chain: &[crate::config::Target],

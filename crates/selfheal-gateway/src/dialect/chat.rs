@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// `POST /v1/chat/completions`: the healing pipeline's one entry, which the Messages dialect
-/// ([`crate::messages`]) enters too, with the chat request it translated.
+/// ([`crate::dialect::messages`]) enters too, with the chat request it translated.
 pub(crate) async fn chat(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -214,7 +214,7 @@ pub(crate) async fn answer_stream(
 
 /// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
 /// re-asked once within the budget), the answer with its `selfheal` report — as SSE when the
-/// client asked for a stream from a target learned not to stream tool calls ([`NoStream`]).
+/// client asked for a stream from a target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)).
 pub(crate) async fn answer_complete(
     t: &Turn,
     req: &ChatRequest<'_>,

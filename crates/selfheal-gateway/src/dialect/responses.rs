@@ -641,7 +641,7 @@ pub(crate) struct Checks {
 /// repaired in place, or taken out as unusable), then those that repeat the model's previous
 /// turn (`answered`) and, when a grounded tool is offered (`evidence`), the calls of grounded
 /// tools the request does not support ([`recover::take_ungrounded`]) taken out — as a chat
-/// answer's ([`check_completion`]).
+/// answer's ([`check_completion`](crate::pipeline::check_completion)).
 pub(crate) fn check_responses_answer(
     s: &AppState,
     answer: &mut Value,
@@ -663,7 +663,7 @@ pub(crate) fn check_responses_answer(
 
 impl ResponsesAgain {
     /// Non-streaming calls through the chain, charged to the run like the chat stream's
-    /// ([`stream_reask`]): with problems, a re-ask along the ladder of their class; without,
+    /// ([`stream_reask`](crate::pipeline::stream_reask)): with problems, a re-ask along the ladder of their class; without,
     /// a re-issue decided by the core's `stream_broke`; each answer checked, and unusable calls
     /// in it re-asked in turn.
     pub(crate) fn hook(&self) -> responses_stream::Reask {
@@ -729,7 +729,7 @@ impl ResponsesAgain {
     }
 
     /// The read before answering of a streamed Responses answer, decided and asked as for a
-    /// chat stream ([`stream_reread`]).
+    /// chat stream ([`stream_reread`](crate::pipeline::stream_reread)).
     pub(crate) fn reread(&self) -> stream::ReadAgain<responses_stream::Reanswered> {
         let me = self.clone();
         Box::new(move || {
