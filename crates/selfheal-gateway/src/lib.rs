@@ -52,6 +52,7 @@ pub use selfheal_trace::store;
 pub mod stream;
 pub mod telemetry;
 pub mod upstream;
+mod wire;
 
 use std::future::Future;
 use std::sync::Arc;
