@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::recover;
 use crate::request::{ChatRequest, Edits};
 use crate::runs::RunState;
-use crate::state::{AppState, lock, unix_ms};
+use crate::state::{AppState, lock};
 use crate::store::{Detail, Kind, RunSummary};
 use crate::stream;
 use crate::upstream::{CallLog, UpstreamClient};
@@ -298,16 +298,55 @@ pub(crate) fn failed(outcome: &str) -> bool {
     matches!(outcome, "hard" | "soft")
 }
 
-/// Stage 2 (abort): the run ends here, with a final answer that says why.
-pub(crate) fn answer_abort(
+/// How the core ended a run, as the answer's `selfheal.actions`, the run's actions and the
+/// trace name it (the same on every API).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopAction {
+    /// The controller degraded: the run ends with what it has (`"degrade"`).
+    Degrade,
+    /// The controller aborted, or the monitor's failure-rate rule did (`"terminate"`).
+    Terminate,
+}
+
+impl StopAction {
+    /// The name on the wire.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StopAction::Degrade => "degrade",
+            StopAction::Terminate => "terminate",
+        }
+    }
+}
+
+/// Why and how the run ends now, if it does: the controller's stop first, else the monitor's
+/// abort rule when the newest result failed ([`selfheal_core::call::abort_now`]).
+pub(crate) fn stopping(
+    stop: Option<recover::Stop>,
+    abort: Option<String>,
+    newest_failed: bool,
+) -> Option<(String, StopAction)> {
+    match stop {
+        Some(recover::Stop::Degrade(reason)) => Some((reason, StopAction::Degrade)),
+        Some(recover::Stop::Abort(reason)) => Some((reason, StopAction::Terminate)),
+        None => selfheal_core::call::abort_now(abort, newest_failed)
+            .map(|reason| (reason, StopAction::Terminate)),
+    }
+}
+
+/// Stage 2 (stop): the run ends here, with a final answer that says why — the same status,
+/// action and words on every API. The dialect only shapes the answer: `render` wraps the words
+/// in its answer object (the report is added here), `frames` cuts that into its stream events
+/// when the client asked for a stream.
+pub(crate) fn stop_run(
     t: &Turn,
-    model: &str,
+    (reason, action): (&str, StopAction),
     streaming: bool,
-    reason: &str,
-    action: &'static str,
+    render: impl FnOnce(&str) -> Value,
+    frames: fn(&Value) -> Vec<stream::Frame>,
 ) -> Response {
     let s = &t.s;
     Metrics::inc(&s.metrics.aborts_total);
+    let action = action.as_str();
     let status = {
         let mut st = lock(&t.state);
         st.act(action);
@@ -327,23 +366,17 @@ pub(crate) fn answer_abort(
     if s.config.server.on_partial == OnPartial::Error {
         return partial_error(t, "run_stopped", &content, &actions, (status, Some(reason)));
     }
-    let mut completion = json!({
-        "id": format!("selfheal-{}", t.run),
-        "object": "chat.completion",
-        "created": unix_ms() / 1000,
-        "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        "selfheal": report,
-    });
-    t.caller.redactor.value(&mut completion);
+    let mut answer = render(&content);
+    if let Some(o) = answer.as_object_mut() {
+        o.insert("selfheal".into(), report);
+    }
+    t.caller.redactor.value(&mut answer);
     t.finish(status);
     let mut resp = if streaming {
-        let frames = stream::answer_frames(&completion);
+        let frames = frames(&answer);
         sse_response(Body::from_stream(futures_util::stream::iter(frames)))
     } else {
-        axum::Json(completion).into_response()
+        axum::Json(answer).into_response()
     };
     add_headers(
         &mut resp,

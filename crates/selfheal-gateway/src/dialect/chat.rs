@@ -11,16 +11,16 @@ use crate::heal::{self};
 use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    Call, Turn, adopt_first_call, answer_abort, answer_op, chat_op, check_completion,
-    completion_first_call, edit_request, log_calls, partial_error, reask_or_escalate, reask_turn,
-    rebuild_run, relay_response, reread_due, reread_item, send_op, stream_budget, stream_check,
-    stream_reask, stream_reread, stream_unsettled,
+    Call, Turn, adopt_first_call, answer_op, chat_op, check_completion, completion_first_call,
+    edit_request, log_calls, partial_error, reask_or_escalate, reask_turn, rebuild_run,
+    relay_response, reread_due, reread_item, send_op, stop_run, stopping, stream_budget,
+    stream_check, stream_reask, stream_reread, stream_unsettled,
 };
 use crate::recover;
 use crate::report::{add_headers, call_actions, selfheal_report, selfheal_report_bytes};
 use crate::request::{ChatRequest, Edits};
 use crate::runs::run_id;
-use crate::state::{AppState, lock, mark_no_stream};
+use crate::state::{AppState, lock, mark_no_stream, unix_ms};
 use crate::store::Kind;
 use crate::stream;
 use crate::upstream::CallLog;
@@ -100,17 +100,12 @@ pub(crate) async fn chat_inner(
     };
     let tools = s.tool_indexes.get(&req);
     let (verdict, newest_failed, next, answered) = rebuild_run(&t, &req, &tools, &model, &chain);
-    match next.stop {
-        Some(recover::Stop::Degrade(reason)) => {
-            return Ok(answer_abort(&t, &model, req.stream, &reason, "degrade"));
-        }
-        Some(recover::Stop::Abort(reason)) => {
-            return Ok(answer_abort(&t, &model, req.stream, &reason, "terminate"));
-        }
-        None => {}
-    }
-    if let Some(reason) = selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed) {
-        return Ok(answer_abort(&t, &model, req.stream, &reason, "terminate"));
+    if let Some((reason, action)) =
+        stopping(next.stop.clone(), verdict.abort.clone(), newest_failed)
+    {
+        let render = |words: &str| stopped_completion(&t, &model, words);
+        let frames = stream::answer_frames;
+        return Ok(stop_run(&t, (&reason, action), req.stream, render, frames));
     }
     let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
     // The calls of the model's previous turn whose results it has: a new call identical to one
@@ -464,4 +459,17 @@ pub(crate) async fn answer_complete(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// A stopped run's answer as a chat completion: `words` as the assistant's message.
+fn stopped_completion(t: &Turn, model: &str, words: &str) -> Value {
+    json!({
+        "id": format!("selfheal-{}", t.run),
+        "object": "chat.completion",
+        "created": unix_ms() / 1000,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": words},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    })
 }

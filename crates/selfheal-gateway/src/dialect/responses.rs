@@ -12,8 +12,8 @@ use crate::metrics::Metrics;
 use crate::pipeline::{
     Turn, calls_check, failed, grounding_check, log_calls, partial_error, reask_or_escalate,
     reask_turn, record_decisions, reissue_granted, relay_response, remember_response,
-    repeatable_out, reread_due, reread_item, say_in_output, stream_budget, stream_unsettled,
-    unread,
+    repeatable_out, reread_due, reread_item, say_in_output, stop_run, stopping, stream_budget,
+    stream_unsettled, unread,
 };
 use crate::recover;
 use crate::report::{add_headers, selfheal_report, tool_result_detail};
@@ -152,12 +152,27 @@ pub(crate) fn responses_json_op<'c>(
     })
 }
 
-pub(crate) async fn responses_inner(
+/// A Responses request as the pipeline reads it: the body, the model and its chain, and what
+/// names its conversation (`previous_response_id`, `conversation`).
+pub(crate) struct Parsed {
+    /// The request body.
+    pub(crate) req: serde_json::Map<String, Value>,
+    /// The model asked for.
+    pub(crate) model: String,
+    /// The model's chain of targets.
+    pub(crate) chain: Vec<crate::config::Target>,
+    /// The answer this request continues (`previous_response_id`).
+    pub(crate) previous: Option<String>,
+    /// The conversation kept upstream, as a run label (`conversation:<id>`).
+    pub(crate) conversation: Option<String>,
+}
+
+/// Parse: the body read and checked to be a Responses request for a model the gateway routes.
+pub(crate) async fn parse_request(
     s: &Arc<AppState>,
-    caller: Caller,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Response, ApiError> {
+) -> Result<Parsed, ApiError> {
     let bytes = read_body(s, headers, body).await?;
     let req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
@@ -170,7 +185,6 @@ pub(crate) async fn responses_inner(
         .config
         .route(&model)
         .ok_or_else(|| ApiError::unknown_model(&model))?;
-    let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     // A client that continues an answer (`previous_response_id`) sends only what is new: the
     // run is the one that sent that answer, if this tenant's, and the answer's calls are read
     // with the results that came back for them.
@@ -178,7 +192,6 @@ pub(crate) async fn responses_inner(
         .get("previous_response_id")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let previous = previous.as_deref();
     // A client that keeps its conversation upstream (`conversation`: an id, or an object with
     // one) sends only what is new too: the conversation names the run, as a label would.
     let conversation = match req.get("conversation") {
@@ -189,9 +202,23 @@ pub(crate) async fn responses_inner(
             .map(|id| format!("conversation:{id}")),
         _ => None,
     };
+    Ok(Parsed {
+        req,
+        model,
+        chain,
+        previous,
+        conversation,
+    })
+}
+
+/// Name the run: the caller's label, else the run that sent the answer continued, else one
+/// named by the conversation, its opening and its first call, within the caller's tenant.
+pub(crate) fn name_run(s: &Arc<AppState>, caller: Caller, headers: &HeaderMap, p: &Parsed) -> Turn {
+    let req = &p.req;
+    let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     let now = Instant::now();
-    let continued = match (label, previous) {
-        (None, Some(p)) => s.runs.run_of_response(p, &caller.tenant, now),
+    let continued = match (label, p.previous.as_deref()) {
+        (None, Some(prev)) => s.runs.run_of_response(prev, &caller.tenant, now),
         _ => None,
     };
     let mut unnamed = None;
@@ -212,8 +239,8 @@ pub(crate) async fn responses_inner(
             .into_iter()
             .filter_map(|(tag, v)| v.map(|v| (tag, v.as_bytes())))
             .collect();
-            let label = label.or(conversation.as_deref());
-            let first = responses_first_call(&req);
+            let label = label.or(p.conversation.as_deref());
+            let first = responses_first_call(req);
             if !crate::runs::names_its_run(label, first) {
                 unnamed = Some(Arc::new(
                     opening.iter().map(|(k, v)| (*k, v.to_vec())).collect(),
@@ -222,7 +249,7 @@ pub(crate) async fn responses_inner(
             crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening, first)
         }
     };
-    let t = Turn {
+    Turn {
         state: if unnamed.is_some() {
             s.runs.detached()
         } else {
@@ -232,18 +259,29 @@ pub(crate) async fn responses_inner(
         caller,
         run: run.into(),
         unnamed,
-    };
-    t.event(
-        Kind::Request,
-        json!({"model": model, "api": "responses", "tenant": t.caller.tenant}),
-    );
-    // The tool results in `input` go to the run's monitor, as a chat history's do; its verdict
-    // edits the request (guidance in `instructions`, hidden tools out of `tools`) or ends the run.
-    let tools = responses_tools(&req);
-    let mut req = req;
+    }
+}
+
+/// What replaying the request's tool results into the run decided.
+pub(crate) struct Replay {
+    /// The monitor's verdict.
+    pub(crate) verdict: selfheal_core::monitor::Verdict,
+    /// The results read, in order.
+    pub(crate) replayed: Vec<heal::Replayed>,
+    /// What this request carries out for the controller.
+    pub(crate) next: recover::Next,
+    /// The calls of the model's previous turn whose values the run took.
+    pub(crate) answered: heal::Answered,
+}
+
+/// Rebuild the run: the tool results in `input` go to the run's monitor, as a chat history's
+/// do, and the decisions they led to are recorded.
+pub(crate) fn replay_input(t: &Turn, p: &Parsed, tools: &ToolIndex) -> Replay {
+    let s = &t.s;
+    let req = &p.req;
     let now_ms = s.now_ms();
     let decisions;
-    let (verdict, replayed, stop, answered) = {
+    let replay = {
         let mut st = lock(&t.state);
         st.requests += 1;
         let input = req
@@ -253,9 +291,9 @@ pub(crate) async fn responses_inner(
         // The calls of the answer continued, ahead of their results, as a full input has them:
         // the answer named by `previous_response_id`, or in a conversation the run's last
         // answer when the input answers its calls and nothing else.
-        let continues = |r: &crate::runs::Responded| match previous {
-            Some(p) => p == r.id,
-            None => conversation.is_some() && r.answered_by(input),
+        let continues = |r: &crate::runs::Responded| match p.previous.as_deref() {
+            Some(prev) => prev == r.id,
+            None => p.conversation.is_some() && r.answered_by(input),
         };
         let with_calls: Vec<Value>;
         let items = match st.last_response.as_ref() {
@@ -267,92 +305,45 @@ pub(crate) async fn responses_inner(
         };
         let ctx = recover::Ctx {
             tools: &s.config.tools,
-            offered: &tools,
-            fallback: chain.get(1).map(|c| c.model.as_str()),
+            offered: tools,
+            fallback: p.chain.get(1).map(|c| c.model.as_str()),
             seed: now_ms,
             wall_ms: recover::wall_ms(),
         };
-        let only_new = previous.is_some() || conversation.is_some();
+        let only_new = p.previous.is_some() || p.conversation.is_some();
         let replayed = heal::replay_items(&mut st, items, only_new, &ctx, now_ms);
         let next = recover::take_next(&mut st);
         decisions = st.run.take_records();
         // The calls of the model's previous turn whose values the controller took: a new call
         // identical to one of them is its repetition, re-asked as on chat completions.
         let answered =
-            heal::Answered::of_items(items, &repeatable_out(&t, &next.taken), &next.again);
-        (st.run.verdict(now_ms), replayed, next, answered)
+            heal::Answered::of_items(items, &repeatable_out(t, &next.taken), &next.again);
+        Replay {
+            verdict: st.run.verdict(now_ms),
+            replayed,
+            next,
+            answered,
+        }
     };
-    let answered = Arc::new(answered);
-    // The controller's directives, carried out as the chat path does: guidance lines join the
-    // monitor's in `instructions`, repaired tool results replace their `function_call_output`,
-    // an escalation sends this request to the chain's next target; a stop ends the run below.
-    let recover::Next {
-        guidance: directed,
-        escalate,
-        stop,
-        actions: directed_actions,
-        replaced,
-        again: _,
-        taken: _,
-    } = stop;
-    replace_outputs(&mut req, &replaced);
-    let chain = if escalate && stop.is_none() && chain.len() > 1 {
-        t.event(Kind::Escalate, json!({"to": chain[1].model}));
-        chain[1..].to_vec()
-    } else {
-        chain
-    };
-    for r in &replayed {
+    for r in &replay.replayed {
         t.event(Kind::ToolResult, tool_result_detail(r));
     }
-    record_decisions(&t, decisions);
-    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
-    let stopped = stop.map(|s| match s {
-        recover::Stop::Degrade(r) | recover::Stop::Abort(r) => r,
-    });
-    if let Some(reason) =
-        stopped.or_else(|| selfheal_core::call::abort_now(verdict.abort.clone(), newest_failed))
-    {
-        Metrics::inc(&s.metrics.aborts_total);
-        t.event(Kind::Abort, json!({"reason": reason}));
-        let actions = vec!["abort".to_owned()];
-        let text = format!("selfheal stopped this run: {reason}");
-        if s.config.server.on_partial == OnPartial::Error {
-            return Ok(partial_error(
-                &t,
-                "run_stopped",
-                &text,
-                &actions,
-                ("failed", Some(&reason)),
-            ));
-        }
-        t.finish("failed");
-        let mut answer = json!({"id": format!("resp_selfheal_{}", t.run), "object": "response",
-            "created_at": unix_ms() / 1000, "model": model, "status": "completed",
-            "output": [{"type": "message", "id": "msg_selfheal", "role": "assistant",
-                        "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]});
-        if let Some(o) = answer.as_object_mut() {
-            o.insert(
-                "selfheal".into(),
-                selfheal_report(&t.state, "failed", Some(&reason), &actions),
-            );
-        }
-        t.caller.redactor.value(&mut answer);
-        let mut resp = if req.get("stream").and_then(Value::as_bool) == Some(true) {
-            let frames = responses_stream::answer_frames(&answer);
-            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
-        } else {
-            axum::Json(answer).into_response()
-        };
-        let reason = t.caller.redactor.text(&reason).into_owned();
-        add_headers(&mut resp, &t.run, "failed", &actions, Some(&reason));
-        return Ok(resp);
-    }
-    let mut edited: Vec<String> = directed_actions
-        .iter()
-        .map(|a| a.as_str().to_owned())
-        .collect();
+    record_decisions(t, decisions);
+    replay
+}
+
+/// Edit: the monitor's guidance and the controller's directed lines join `instructions`, and
+/// hidden tools leave `tools` (and `tool_choice`, if it named one). The actions taken, and the
+/// tools still on offer.
+pub(crate) fn edit_input(
+    t: &Turn,
+    req: &mut serde_json::Map<String, Value>,
+    verdict: &selfheal_core::monitor::Verdict,
+    directed: Vec<String>,
+    mut tools: ToolIndex,
+) -> (Vec<String>, ToolIndex) {
+    let s = &t.s;
+    let mut edited = Vec::new();
     if !verdict.guidance.is_empty() || !directed.is_empty() {
         let text: Vec<String> = verdict
             .guidance
@@ -396,114 +387,144 @@ pub(crate) async fn responses_inner(
         edited.push("hide".to_owned());
         t.event(Kind::Hide, json!({"tools": hidden}));
     }
-    let mut tools = tools;
     tools.retain(|name, _| !hidden.contains(name));
+    (edited, tools)
+}
+
+/// A stopped run's answer as a Responses object: `words` as the assistant's message.
+fn stopped_response(t: &Turn, model: &str, words: &str) -> Value {
+    json!({"id": format!("resp_selfheal_{}", t.run), "object": "response",
+        "created_at": unix_ms() / 1000, "model": model, "status": "completed",
+        "output": [{"type": "message", "id": "msg_selfheal", "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": words, "annotations": []}]}]})
+}
+
+pub(crate) async fn responses_inner(
+    s: &Arc<AppState>,
+    caller: Caller,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let parsed = parse_request(s, headers, body).await?;
+    let t = name_run(s, caller, headers, &parsed);
+    t.event(
+        Kind::Request,
+        json!({"model": parsed.model, "api": "responses", "tenant": t.caller.tenant}),
+    );
+    let tools = responses_tools(&parsed.req);
+    let Replay {
+        verdict,
+        replayed,
+        next,
+        answered,
+    } = replay_input(&t, &parsed, &tools);
+    let Parsed {
+        mut req,
+        model,
+        chain,
+        ..
+    } = parsed;
+    // The controller's directives, carried out as the chat path does: guidance lines join the
+    // monitor's in `instructions`, repaired tool results replace their `function_call_output`,
+    // an escalation sends this request to the chain's next target; a stop ends the run here.
+    replace_outputs(&mut req, &next.replaced);
+    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
+    if let Some((reason, action)) = stopping(next.stop, verdict.abort.clone(), newest_failed) {
+        let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
+        let render = |words: &str| stopped_response(&t, &model, words);
+        let frames = responses_stream::answer_frames;
+        return Ok(stop_run(&t, (&reason, action), streaming, render, frames));
+    }
+    let chain = if next.escalate && chain.len() > 1 {
+        t.event(Kind::Escalate, json!({"to": chain[1].model}));
+        chain[1..].to_vec()
+    } else {
+        chain
+    };
+    let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
+    let (edited, tools) = edit_input(&t, &mut req, &verdict, next.guidance, tools);
+    actions.extend(edited);
     // Grounded tools' calls are judged against what the request holds.
     let evidence = recover::responses_evidence(&s.config.tools, &req, &tools).map(Arc::new);
-    let mut actions = edited;
-    let mut log = CallLog::default();
+    let checks = Checks {
+        answered: Arc::new(answered),
+        evidence,
+    };
     let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
-    // A target learned not to stream tool calls ([`NoStream`]) is asked without streaming and
-    // its answer sent as the Responses events a stream would have carried.
-    let now = Instant::now();
+    // A target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)) is asked
+    // without streaming and its answer sent as the Responses events a stream would have carried.
     let learned = wants_stream
         && !tools.is_empty()
-        && chain.first().is_some_and(|c| s.no_stream.contains(c, now));
+        && chain
+            .first()
+            .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
     if wants_stream && !learned {
-        let checks = Checks { answered, evidence };
         return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
     }
     if learned {
         req.insert("stream".into(), Value::Bool(false));
     }
-    let encode = |m: &str| encode_responses(&req, m, None);
-    let result = t.call(&chain, &encode, &responses_json_op, &mut log).await;
+    let asked = Asked {
+        req: &req,
+        chain: &chain,
+        tools: &tools,
+        checks: &checks,
+    };
+    answer_whole(&t, asked, actions, learned).await
+}
+
+/// What a whole (not streamed) Responses answer is asked with.
+#[derive(Clone, Copy)]
+pub(crate) struct Asked<'a> {
+    /// The edited request.
+    pub(crate) req: &'a serde_json::Map<String, Value>,
+    /// The targets to ask, in order.
+    pub(crate) chain: &'a [crate::config::Target],
+    /// The tools on offer.
+    pub(crate) tools: &'a ToolIndex,
+    /// What the answer's calls are checked against.
+    pub(crate) checks: &'a Checks,
+}
+
+/// Call, check, re-ask and answer: a whole Responses answer, judged by the core as on chat
+/// completions, its unusable calls re-asked, rendered with its report (as Responses events when
+/// the target was `learned` not to stream).
+pub(crate) async fn answer_whole(
+    t: &Turn,
+    asked: Asked<'_>,
+    mut actions: Vec<String>,
+    learned: bool,
+) -> Result<Response, ApiError> {
+    let s = &t.s;
+    let mut log = CallLog::default();
+    let encode = |m: &str| encode_responses(asked.req, m, None);
+    let result = t
+        .call(asked.chain, &encode, &responses_json_op, &mut log)
+        .await;
     let mut answer = match result {
         Ok(v) => v,
         Err(e) => {
-            log_calls(&t, &log, &mut actions);
+            log_calls(t, &log, &mut actions);
             return Err(t.failed(e));
         }
     };
-    // A final answer is judged by the core as on chat completions (see `answer_complete`):
-    // `partial` over an open failure, or held for the read before answering, which the model
-    // is asked for with the guidance appended.
-    let mut unsettled = None;
-    if !responses_calls(&answer) {
-        unsettled = recover::unsettled(&lock(&t.state));
-        if let Some(text) = unsettled.is_none().then(|| reread_due(&t)).flatten() {
-            if !actions.iter().any(|a| a == "reread") {
-                actions.push("reread".into());
-            }
-            let extra = reread_item(&text);
-            let again = |m: &str| encode_responses(&req, m, Some(&extra));
-            let called = match t.call(&chain, &again, &responses_json_op, &mut log).await {
-                Ok(a) => {
-                    answer = a;
-                    Some(responses_calls(&answer))
-                }
-                Err(_) => None,
-            };
-            unsettled = unread(called, &text);
-        }
-    }
-    // Unusable calls: re-asked as long as the ladder of their class (`heal::unusable_signal`)
-    // says so, within the budget; the last usable answer stands, an unusable call is never
-    // forwarded.
-    let check = check_responses_answer(
-        s,
-        &mut answer,
-        &tools,
-        &answered,
-        evidence.as_deref().map(Vec::as_slice),
-    );
-    let (mut repaired, mut invalid) = (check.repaired, check.invalid);
-    let mut ladder = ReaskState::default();
-    let mut reasked = false;
-    // The ladder's escalation moves the re-asks to the chain's next target, as on chat (issue
-    // 30: a Responses re-ask never escalated).
-    let mut reask_chain: &[crate::config::Target] = &chain;
-    while !invalid.is_empty() {
-        let Some((next, escalate)) = reask_or_escalate(&t, &invalid, ladder, &mut reask_chain)
-        else {
-            break;
-        };
-        ladder = next;
-        reasked = true;
-        if escalate && !actions.iter().any(|a| a == "escalate") {
-            actions.push("escalate".into());
-        }
-        Metrics::inc(&s.metrics.reasks_total);
-        if !actions.iter().any(|a| a == "reask") {
-            actions.push("reask".into());
-        }
-        t.event(Kind::Reask, json!({"problems": invalid}));
-        let turn = reask_turn(&invalid);
-        let again = |m: &str| encode_responses(&req, m, Some(&turn));
-        match t
-            .call(reask_chain, &again, &responses_json_op, &mut log)
-            .await
-        {
-            Ok(mut second) => {
-                let check = check_responses_answer(
-                    s,
-                    &mut second,
-                    &tools,
-                    &answered,
-                    evidence.as_deref().map(Vec::as_slice),
-                );
-                answer = second;
-                repaired = check.repaired;
-                invalid = check.invalid;
-            }
-            Err(_) => break,
-        }
-    }
+    let unsettled = read_before_answering(t, asked, &mut answer, &mut actions, &mut log).await;
+    let checked = reask_calls(t, asked, answer, &mut actions, &mut log).await;
+    let Checked {
+        mut answer,
+        repaired,
+        invalid,
+        reasked,
+    } = checked;
     // A re-ask answered with a final answer: judged by the core as the first answer would be.
-    if unsettled.is_none() && invalid.is_empty() && reasked && !responses_calls(&answer) {
-        unsettled = recover::unsettled(&lock(&t.state));
-    }
-    log_calls(&t, &log, &mut actions);
+    let unsettled =
+        if unsettled.is_none() && invalid.is_empty() && reasked && !responses_calls(&answer) {
+            recover::unsettled(&lock(&t.state))
+        } else {
+            unsettled
+        };
+    log_calls(t, &log, &mut actions);
     for name in &repaired {
         Metrics::inc(&s.metrics.repairs_total);
         t.event(Kind::Repair, json!({"tool": name}));
@@ -524,7 +545,7 @@ pub(crate) async fn responses_inner(
         let words = heal::left_out_text(&heal::problem_texts(&invalid));
         if s.config.server.on_partial == OnPartial::Error {
             return Ok(partial_error(
-                &t,
+                t,
                 "calls_left_out",
                 &words,
                 &actions,
@@ -540,7 +561,7 @@ pub(crate) async fn responses_inner(
         );
     }
     t.caller.redactor.value(&mut answer);
-    remember_response(&t, crate::runs::Responded::of(&answer));
+    remember_response(t, crate::runs::Responded::of(&answer));
     t.finish(status);
     let mut resp = if learned {
         let frames = responses_stream::answer_frames(&answer);
@@ -551,9 +572,104 @@ pub(crate) async fn responses_inner(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     if learned {
-        mark_no_stream(&mut resp, chain.first());
+        mark_no_stream(&mut resp, asked.chain.first());
     }
     Ok(resp)
+}
+
+/// Check: a final answer is judged by the core as on chat completions (see `answer_complete`):
+/// `partial` over an open failure (its reason returned), or held for the read before
+/// answering, which the model is asked for with the guidance appended.
+async fn read_before_answering(
+    t: &Turn,
+    asked: Asked<'_>,
+    answer: &mut Value,
+    actions: &mut Vec<String>,
+    log: &mut CallLog,
+) -> Option<String> {
+    if responses_calls(answer) {
+        return None;
+    }
+    let unsettled = recover::unsettled(&lock(&t.state));
+    let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() else {
+        return unsettled;
+    };
+    if !actions.iter().any(|a| a == "reread") {
+        actions.push("reread".into());
+    }
+    let extra = reread_item(&text);
+    let again = |m: &str| encode_responses(asked.req, m, Some(&extra));
+    let called = match t.call(asked.chain, &again, &responses_json_op, log).await {
+        Ok(a) => {
+            *answer = a;
+            Some(responses_calls(answer))
+        }
+        Err(_) => None,
+    };
+    unread(called, &text)
+}
+
+/// A Responses answer once its calls are checked and, where unusable, re-asked.
+struct Checked {
+    answer: Value,
+    repaired: Vec<String>,
+    invalid: Vec<heal::Problem>,
+    reasked: bool,
+}
+
+/// Re-ask: unusable calls are re-asked as long as the ladder of their class
+/// (`heal::unusable_signal`) says so, within the budget; the last usable answer stands, an
+/// unusable call is never forwarded.
+async fn reask_calls(
+    t: &Turn,
+    asked: Asked<'_>,
+    mut answer: Value,
+    actions: &mut Vec<String>,
+    log: &mut CallLog,
+) -> Checked {
+    let s = &t.s;
+    let evidence = asked.checks.evidence.as_deref().map(Vec::as_slice);
+    let answered = &asked.checks.answered;
+    let check = check_responses_answer(s, &mut answer, asked.tools, answered, evidence);
+    let (mut repaired, mut invalid) = (check.repaired, check.invalid);
+    let mut ladder = ReaskState::default();
+    let mut reasked = false;
+    // The ladder's escalation moves the re-asks to the chain's next target, as on chat (issue
+    // 30: a Responses re-ask never escalated).
+    let mut reask_chain: &[crate::config::Target] = asked.chain;
+    while !invalid.is_empty() {
+        let Some((next, escalate)) = reask_or_escalate(t, &invalid, ladder, &mut reask_chain)
+        else {
+            break;
+        };
+        ladder = next;
+        reasked = true;
+        if escalate && !actions.iter().any(|a| a == "escalate") {
+            actions.push("escalate".into());
+        }
+        Metrics::inc(&s.metrics.reasks_total);
+        if !actions.iter().any(|a| a == "reask") {
+            actions.push("reask".into());
+        }
+        t.event(Kind::Reask, json!({"problems": invalid}));
+        let turn = reask_turn(&invalid);
+        let again = |m: &str| encode_responses(asked.req, m, Some(&turn));
+        match t.call(reask_chain, &again, &responses_json_op, log).await {
+            Ok(mut second) => {
+                let check = check_responses_answer(s, &mut second, asked.tools, answered, evidence);
+                answer = second;
+                repaired = check.repaired;
+                invalid = check.invalid;
+            }
+            Err(_) => break,
+        }
+    }
+    Checked {
+        answer,
+        repaired,
+        invalid,
+        reasked,
+    }
 }
 
 /// `POST /v1/responses` with `stream: true`: the upstream stream relayed and healed by
