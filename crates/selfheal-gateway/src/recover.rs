@@ -674,6 +674,106 @@ fn is_cut(text: &str) -> bool {
     depth > 0 || in_str
 }
 
+/// The read again before answering, if one is awaited: judged by `text` when this result is
+/// the read asked for (`true`: it was, and is no step's), else judged not made.
+fn observe_reread(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    (tool, args): (&str, &Value),
+    text: &str,
+    now_ms: u64,
+) -> bool {
+    let Some(r) = st.wire.reread.take() else {
+        return false;
+    };
+    let made = r.tool == tool && canonical_hash(&r.args) == canonical_hash(args);
+    // The second read is read as it came, as a cross-check's: one that does not parse or
+    // did not answer cannot tell, and leaves the value as it was.
+    let judgement = if !made {
+        Judgement::Uncertain {
+            reason: format!("the read again of `{}` was not made", r.tool),
+        }
+    } else {
+        match read_result(text) {
+            Read::Value(again) => cross_check(
+                &ctx.comparable(&r.tool, &r.value),
+                &ctx.comparable(&r.tool, &again),
+                ctx.tools
+                    .get(&r.tool)
+                    .map(|c| c.tolerance)
+                    .unwrap_or_default(),
+            ),
+            Read::Repairable { .. } => Judgement::Uncertain {
+                reason: format!("`{}` sent an unreadable body", r.tool),
+            },
+            Read::Failed(_) => Judgement::Uncertain {
+                reason: format!("`{}` did not answer: {}", r.tool, clip(text)),
+            },
+        }
+    };
+    reread_verdict(st, ctx, &r, judgement, now_ms);
+    if made {
+        return true;
+    }
+    st.wire.reread = None;
+    st.wire.rereads.clear();
+    false
+}
+
+/// The value held for its cross-check, if one is: settled by `text` when this result is the
+/// cross-check call asked for (`true`: it was, and is a verifier's call, not a step's), else
+/// settled as uncertain.
+fn observe_cross_check(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    (tool, args): (&str, &Value),
+    text: &str,
+    now_ms: u64,
+) -> bool {
+    let Some(p) = st.wire.pending.take() else {
+        return false;
+    };
+    if p.against == tool && canonical_hash(&p.args) == canonical_hash(args) {
+        // The second source's answer is read as it came: one that does not parse is no
+        // evidence (the verifier does not repair what it checks against).
+        let verdict = match read_result(text) {
+            // The second source's answer without a declared field is no evidence either
+            // way (as in-process: nothing to compare the value with).
+            Read::Value(other) => match ctx.breach(&p.against, &other) {
+                Some((Signal::SchemaDrift { detail }, _)) => {
+                    Verdict::Judged(Judgement::Uncertain {
+                        reason: format!(
+                            "`{}` answered without a declared field: {detail}",
+                            p.against
+                        ),
+                    })
+                }
+                Some(_) | None => match holes(&p.value, &other) {
+                    Some(signal) => Verdict::Hole(signal),
+                    None => Verdict::Judged(cross_check(
+                        &ctx.comparable(&p.tool, &p.value),
+                        &ctx.comparable(&p.against, &other),
+                        p.tolerance,
+                    )),
+                },
+            },
+            Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
+                reason: format!("`{}` sent an unreadable body", p.against),
+            }),
+            Read::Failed(_) => Verdict::Judged(Judgement::Uncertain {
+                reason: format!("`{}` did not answer: {}", p.against, clip(text)),
+            }),
+        };
+        settle(st, ctx, p, verdict, now_ms);
+        return true;
+    }
+    let judgement = Judgement::Uncertain {
+        reason: format!("the cross-check call of `{}` was not made", p.against),
+    };
+    settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
+    false
+}
+
 /// Observes one new tool result of the run: `ok`, `hard`, `soft`, `check` (the cross-check call
 /// the gateway asked for, which is a verifier's call, not a step's) or `held` (a value waiting
 /// for its cross-check).
@@ -685,78 +785,10 @@ pub fn observe(
     now_ms: u64,
 ) -> &'static str {
     let (id, tool, args) = call;
-    if let Some(r) = st.wire.reread.take() {
-        let made = r.tool == tool && canonical_hash(&r.args) == canonical_hash(args);
-        // The second read is read as it came, as a cross-check's: one that does not parse or
-        // did not answer cannot tell, and leaves the value as it was.
-        let judgement = if !made {
-            Judgement::Uncertain {
-                reason: format!("the read again of `{}` was not made", r.tool),
-            }
-        } else {
-            match read_result(text) {
-                Read::Value(again) => cross_check(
-                    &ctx.comparable(&r.tool, &r.value),
-                    &ctx.comparable(&r.tool, &again),
-                    ctx.tools
-                        .get(&r.tool)
-                        .map(|c| c.tolerance)
-                        .unwrap_or_default(),
-                ),
-                Read::Repairable { .. } => Judgement::Uncertain {
-                    reason: format!("`{}` sent an unreadable body", r.tool),
-                },
-                Read::Failed(_) => Judgement::Uncertain {
-                    reason: format!("`{}` did not answer: {}", r.tool, clip(text)),
-                },
-            }
-        };
-        reread_verdict(st, ctx, &r, judgement, now_ms);
-        if made {
-            return "check";
-        }
-        st.wire.reread = None;
-        st.wire.rereads.clear();
-    }
-    if let Some(p) = st.wire.pending.take() {
-        if p.against == tool && canonical_hash(&p.args) == canonical_hash(args) {
-            // The second source's answer is read as it came: one that does not parse is no
-            // evidence (the verifier does not repair what it checks against).
-            let verdict = match read_result(text) {
-                // The second source's answer without a declared field is no evidence either
-                // way (as in-process: nothing to compare the value with).
-                Read::Value(other) => match ctx.breach(&p.against, &other) {
-                    Some((Signal::SchemaDrift { detail }, _)) => {
-                        Verdict::Judged(Judgement::Uncertain {
-                            reason: format!(
-                                "`{}` answered without a declared field: {detail}",
-                                p.against
-                            ),
-                        })
-                    }
-                    Some(_) | None => match holes(&p.value, &other) {
-                        Some(signal) => Verdict::Hole(signal),
-                        None => Verdict::Judged(cross_check(
-                            &ctx.comparable(&p.tool, &p.value),
-                            &ctx.comparable(&p.against, &other),
-                            p.tolerance,
-                        )),
-                    },
-                },
-                Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
-                    reason: format!("`{}` sent an unreadable body", p.against),
-                }),
-                Read::Failed(_) => Verdict::Judged(Judgement::Uncertain {
-                    reason: format!("`{}` did not answer: {}", p.against, clip(text)),
-                }),
-            };
-            settle(st, ctx, p, verdict, now_ms);
-            return "check";
-        }
-        let judgement = Judgement::Uncertain {
-            reason: format!("the cross-check call of `{}` was not made", p.against),
-        };
-        settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
+    if observe_reread(st, ctx, (tool, args), text, now_ms)
+        || observe_cross_check(st, ctx, (tool, args), text, now_ms)
+    {
+        return "check";
     }
     let required: Vec<String> = ctx
         .offered

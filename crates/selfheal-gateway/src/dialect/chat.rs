@@ -207,6 +207,34 @@ pub(crate) async fn answer_stream(
     )
 }
 
+/// What a whole chat answer is asked with: the turn, the client's request, what the pipeline
+/// made of it, and the edits every request to the upstream carries.
+#[derive(Clone, Copy)]
+pub(crate) struct Asked<'a> {
+    /// The turn.
+    pub(crate) t: &'a Turn,
+    /// The client's request.
+    pub(crate) req: &'a ChatRequest<'a>,
+    /// The call's context (chain, bytes, edits, tools, answered calls).
+    pub(crate) ctx: &'a Call,
+    /// The edits of every request sent upstream for this answer.
+    pub(crate) edits: Edits<'a>,
+}
+
+impl Asked<'_> {
+    /// The request for target model `m`, with `append` added as a last turn.
+    fn encode(&self, m: &str, append: Option<&Value>) -> bytes::Bytes {
+        self.req.encode(
+            &Edits {
+                model: Some(m),
+                append,
+                ..self.edits
+            },
+            &self.ctx.bytes,
+        )
+    }
+}
+
 /// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
 /// re-asked once within the budget), the answer with its `selfheal` report — as SSE when the
 /// client asked for a stream from a target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)).
@@ -216,21 +244,12 @@ pub(crate) async fn answer_complete(
     ctx: &Call,
     mut actions: Vec<String>,
 ) -> Result<Response, ApiError> {
-    let s = &t.s;
     let edits = Edits {
         stream: req.stream.then_some(false),
         ..ctx.applied.edits()
     };
-    let bytes = &ctx.bytes;
-    let encode = |m: &str| {
-        req.encode(
-            &Edits {
-                model: Some(m),
-                ..edits
-            },
-            bytes,
-        )
-    };
+    let asked = Asked { t, req, ctx, edits };
+    let encode = |m: &str| asked.encode(m, None);
     let mut log = CallLog::default();
     let result = t.call(&ctx.chain, &encode, &answer_op, &mut log).await;
     let mut answer = match result {
@@ -240,84 +259,11 @@ pub(crate) async fn answer_complete(
             return Err(t.failed(e));
         }
     };
-    // A final answer is judged by the core as its `finish` would judge the run: with a failure
-    // open or unresolved it is `partial` (in-process such a run never reaches its answer).
-    // Otherwise the core's read before answering: the final answer of a run that needed a
-    // recovery is held, and the model asked to read its unconfirmed values once more first.
-    let mut unsettled = None;
-    if !answer.calls_tools() {
-        unsettled = recover::unsettled(&lock(&t.state));
-        if let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() {
-            if !actions.iter().any(|a| a == "reread") {
-                actions.push("reread".into());
-            }
-            let extra = reread_item(&text);
-            let again = |m: &str| {
-                req.encode(
-                    &Edits {
-                        model: Some(m),
-                        append: Some(&extra),
-                        ..edits
-                    },
-                    bytes,
-                )
-            };
-            // The read is the model's to ask for. An upstream that fails, or a model that answers
-            // again without the call, leaves the answer unread: it goes out `partial`, not
-            // claimed as if the read had confirmed it.
-            match t.call(&ctx.chain, &again, &answer_op, &mut log).await {
-                Ok(a) if a.calls_tools() => answer = a,
-                Ok(a) => {
-                    answer = a;
-                    unsettled = Some(format!("not read again before answering: {text}"));
-                }
-                Err(_) => {
-                    unsettled = Some(format!(
-                        "not read again before answering (the upstream failed): {text}"
-                    ));
-                }
-            }
-        }
+    let unsettled = read_before_answering(asked, &mut answer, &mut actions, &mut log).await;
+    if let Some(resp) = answer_plain(asked, &answer, unsettled.is_none(), &mut actions, &log) {
+        return Ok(resp);
     }
-    // The common case: every tool call usable as written; the upstream's bytes go back with
-    // the report spliced in (see `answer`). A call of a `grounded` tool is judged against the
-    // conversation first, on the parsed path below.
-    if let answer::Answer::Plain(plain) = &answer
-        && !req.stream
-        && unsettled.is_none()
-        && !(plain.called().next().is_none()
-            && !ctx.tools.is_empty()
-            && answer::may_write_calls(&plain.bytes))
-        && plain.calls_usable(&ctx.tools, &s.guides)
-        && !plain.repeats(&ctx.answered)
-        && !plain
-            .called()
-            .any(|n| s.config.tools.get(n).is_some_and(|c| c.grounded))
-    {
-        let bytes = &plain.bytes;
-        let mut plain_actions = actions.clone();
-        call_actions(&log, &mut plain_actions);
-        let report = selfheal_report_bytes(&t.state, "complete", None, &plain_actions);
-        if let Some(body) = answer::with_report(bytes, &report, &t.caller.redactor) {
-            log_calls(t, &log, &mut actions);
-            // Parsed only for a fresh run's first answer with calls (rare): its name.
-            if t.unnamed.is_some()
-                && plain.called().next().is_some()
-                && let Ok(v) = serde_json::from_slice::<Value>(bytes)
-            {
-                adopt_first_call(t, completion_first_call(&v));
-            }
-            t.finish("complete");
-            let mut resp = Response::new(Body::from(body));
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            add_headers(&mut resp, &t.run, "complete", &actions, None);
-            return Ok(resp);
-        }
-    }
-    let mut completion = match answer.into_completion() {
+    let completion = match answer.into_completion() {
         Ok(c) => c.body,
         Err(e) => {
             // Not reached: a plain answer passed the checks `parse_completion` makes.
@@ -326,23 +272,145 @@ pub(crate) async fn answer_complete(
             return Err(t.failed(e));
         }
     };
+    let (completion, check, reasked) = reask_calls(asked, completion, &mut actions, &mut log).await;
+    // A re-ask answered with a final answer: judged by the core as the first answer would be.
+    let unsettled = if unsettled.is_none()
+        && check.invalid.is_empty()
+        && reasked
+        && completion
+            .pointer("/choices/0/message/tool_calls")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+    {
+        recover::unsettled(&lock(&t.state))
+    } else {
+        unsettled
+    };
+    log_calls(t, &log, &mut actions);
+    answer_checked(asked, completion, &check, unsettled, actions)
+}
 
-    // Tool calls: repair in place, or re-ask as long as the policy's ladder says so, within
-    // the budget (each re-ask climbs the ladder of the one failure: unusable calls).
-    let tools_fwd = &ctx.tools;
+/// Check: a final answer is judged by the core as its `finish` would judge the run: with a
+/// failure open or unresolved it is `partial` (in-process such a run never reaches its answer;
+/// the reason is returned). Otherwise the core's read before answering: the final answer of a
+/// run that needed a recovery is held, and the model asked to read its unconfirmed values once
+/// more first.
+async fn read_before_answering(
+    asked: Asked<'_>,
+    answer: &mut answer::Answer,
+    actions: &mut Vec<String>,
+    log: &mut CallLog,
+) -> Option<String> {
+    let t = asked.t;
+    if answer.calls_tools() {
+        return None;
+    }
+    let unsettled = recover::unsettled(&lock(&t.state));
+    let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() else {
+        return unsettled;
+    };
+    if !actions.iter().any(|a| a == "reread") {
+        actions.push("reread".into());
+    }
+    let extra = reread_item(&text);
+    let again = |m: &str| asked.encode(m, Some(&extra));
+    // The read is the model's to ask for. An upstream that fails, or a model that answers
+    // again without the call, leaves the answer unread: it goes out `partial`, not claimed as
+    // if the read had confirmed it.
+    match t.call(&asked.ctx.chain, &again, &answer_op, log).await {
+        Ok(a) if a.calls_tools() => {
+            *answer = a;
+            None
+        }
+        Ok(a) => {
+            *answer = a;
+            Some(format!("not read again before answering: {text}"))
+        }
+        Err(_) => Some(format!(
+            "not read again before answering (the upstream failed): {text}"
+        )),
+    }
+}
+
+/// The common case: every tool call usable as written, the answer `settled`; the upstream's
+/// bytes go back with the report spliced in (see `answer`). A call of a `grounded` tool is
+/// judged against the conversation first, on the parsed path. `None` when the answer needs
+/// that path (`actions` then untouched).
+fn answer_plain(
+    asked: Asked<'_>,
+    answer: &answer::Answer,
+    settled: bool,
+    actions: &mut Vec<String>,
+    log: &CallLog,
+) -> Option<Response> {
+    let (t, req, ctx) = (asked.t, asked.req, asked.ctx);
+    let s = &t.s;
+    let answer::Answer::Plain(plain) = answer else {
+        return None;
+    };
+    let usable = !req.stream
+        && settled
+        && !(plain.called().next().is_none()
+            && !ctx.tools.is_empty()
+            && answer::may_write_calls(&plain.bytes))
+        && plain.calls_usable(&ctx.tools, &s.guides)
+        && !plain.repeats(&ctx.answered)
+        && !plain
+            .called()
+            .any(|n| s.config.tools.get(n).is_some_and(|c| c.grounded));
+    if !usable {
+        return None;
+    }
+    let bytes = &plain.bytes;
+    let mut plain_actions = actions.clone();
+    call_actions(log, &mut plain_actions);
+    let report = selfheal_report_bytes(&t.state, "complete", None, &plain_actions);
+    let body = answer::with_report(bytes, &report, &t.caller.redactor)?;
+    log_calls(t, log, actions);
+    // Parsed only for a fresh run's first answer with calls (rare): its name.
+    if t.unnamed.is_some()
+        && plain.called().next().is_some()
+        && let Ok(v) = serde_json::from_slice::<Value>(bytes)
+    {
+        adopt_first_call(t, completion_first_call(&v));
+    }
+    t.finish("complete");
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    add_headers(&mut resp, &t.run, "complete", actions, None);
+    Some(resp)
+}
+
+/// Tool calls: repair in place, or re-ask as long as the policy's ladder says so, within the
+/// budget (each re-ask climbs the ladder of the one failure: unusable calls). The last answer,
+/// its check, and whether it was re-asked.
+async fn reask_calls(
+    asked: Asked<'_>,
+    mut completion: Value,
+    actions: &mut Vec<String>,
+    log: &mut CallLog,
+) -> (Value, heal::CallCheck, bool) {
+    let (t, req, ctx) = (asked.t, asked.req, asked.ctx);
+    let s = &t.s;
     let grounding = recover::Grounding {
         tools: &s.config.tools,
         messages: &req.messages,
     };
     let salvage = !req.tool_choice_none();
-    let mut check = check_completion(
-        &mut completion,
-        tools_fwd,
-        &s.guides,
-        &ctx.answered,
-        grounding,
-        salvage,
-    );
+    let check_of = |completion: &mut Value| {
+        check_completion(
+            completion,
+            &ctx.tools,
+            &s.guides,
+            &ctx.answered,
+            grounding,
+            salvage,
+        )
+    };
+    let mut check = check_of(&mut completion);
     let mut ladder = ReaskState::default();
     let mut reasked = false;
     let mut chain: &[crate::config::Target] = &ctx.chain;
@@ -362,43 +430,29 @@ pub(crate) async fn answer_complete(
         }
         t.event(Kind::Reask, json!({"problems": check.invalid}));
         let extra = reask_turn(&check.invalid);
-        let again = |m: &str| {
-            req.encode(
-                &Edits {
-                    model: Some(m),
-                    append: Some(&extra),
-                    ..edits
-                },
-                bytes,
-            )
-        };
-        match t.call(chain, &again, &chat_op, &mut log).await {
+        let again = |m: &str| asked.encode(m, Some(&extra));
+        match t.call(chain, &again, &chat_op, log).await {
             Ok(c) => {
                 completion = c.body;
-                check = check_completion(
-                    &mut completion,
-                    tools_fwd,
-                    &s.guides,
-                    &ctx.answered,
-                    grounding,
-                    salvage,
-                );
+                check = check_of(&mut completion);
             }
             Err(_) => break,
         }
     }
-    // A re-ask answered with a final answer: judged by the core as the first answer would be.
-    if unsettled.is_none()
-        && check.invalid.is_empty()
-        && reasked
-        && completion
-            .pointer("/choices/0/message/tool_calls")
-            .and_then(Value::as_array)
-            .is_none_or(Vec::is_empty)
-    {
-        unsettled = recover::unsettled(&lock(&t.state));
-    }
-    log_calls(t, &log, &mut actions);
+    (completion, check, reasked)
+}
+
+/// Answer: the checked completion with its `selfheal` report, its repairs recorded, and the
+/// calls left out said in words (or an error the SDKs raise).
+fn answer_checked(
+    asked: Asked<'_>,
+    mut completion: Value,
+    check: &heal::CallCheck,
+    unsettled: Option<String>,
+    mut actions: Vec<String>,
+) -> Result<Response, ApiError> {
+    let t = asked.t;
+    let s = &t.s;
     for name in &check.repaired {
         Metrics::inc(&s.metrics.repairs_total);
         t.event(Kind::Repair, json!({"tool": name}));
@@ -449,7 +503,7 @@ pub(crate) async fn answer_complete(
     adopt_first_call(t, completion_first_call(&completion));
     t.caller.redactor.value(&mut completion);
     t.finish(status);
-    let mut resp = if req.stream {
+    let mut resp = if asked.req.stream {
         sse_response(Body::from_stream(futures_util::stream::iter(
             stream::answer_frames(&completion),
         )))
