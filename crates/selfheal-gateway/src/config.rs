@@ -289,7 +289,7 @@ pub struct GatewayConfig {
     /// Where replicas share state (`[state]`; in memory when unset).
     pub state: StateConfig,
     /// Where spans are exported (`[telemetry]`; nowhere when unset).
-    pub telemetry: crate::telemetry::TelemetryConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for GatewayConfig {
@@ -314,7 +314,7 @@ impl Default for GatewayConfig {
             server: ServerConfig::default(),
             tools: BTreeMap::new(),
             state: StateConfig::default(),
-            telemetry: crate::telemetry::TelemetryConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -495,6 +495,15 @@ fn validate_base_url(name: &str, url: &str) -> Result<(), ConfigError> {
             "upstream `{name}`: base_url `{url}` is not a URL ({e})"
         ))),
     }
+}
+
+/// `[telemetry]`: where spans go.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// OTLP/HTTP base URL, e.g. `http://127.0.0.1:4318` (`/v1/traces` is appended). Unset: the
+    /// standard `OTEL_EXPORTER_OTLP_*ENDPOINT` variables, else no export.
+    pub otlp_endpoint: Option<String>,
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@
 //! a tool and its configured substitute are one step (the question they both answer) and every
 //! other tool is its own.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 
@@ -65,8 +65,10 @@ use selfheal_core::verifier::{Judgement, cross_check};
 use selfheal_core::{Amounts, FailureClass};
 
 use crate::config::ToolConfig;
-use crate::heal::ToolIndex;
-use crate::runs::RunState;
+use crate::runs::{Held, Pending, RunState};
+use crate::wire::{self, ToolIndex};
+
+pub use crate::runs::{MAX_HELD, MAX_REPAIRED, Next, Stop, Wire};
 
 /// Most tools a run gives a step id of its own; later ones share the last id.
 pub const MAX_STEPS: u32 = 256;
@@ -160,93 +162,6 @@ enum Verdict {
     /// The other source's answer shows this one is empty or drifted (the signal).
     Hole(Signal),
 }
-
-/// A value waiting for its cross-check.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Pending {
-    step: u32,
-    tool: String,
-    args: Value,
-    value: Value,
-    required: Vec<String>,
-    /// The tool asked to confirm it.
-    against: String,
-    tolerance: selfheal_core::verifier::Tolerance,
-    /// The value is the gateway's repair of an answer that did not parse (observed already as
-    /// that failure): only the verdict is observed.
-    repaired: bool,
-}
-
-/// How the run ends now, when a directive ended it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Stop {
-    /// Stop with a partial result: the controller degraded.
-    Degrade(String),
-    /// Stop: the controller aborted.
-    Abort(String),
-}
-
-/// What the next request carries out for the controller.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Next {
-    /// Guidance lines (the ladder's actions, a cross-check request).
-    pub guidance: Vec<String>,
-    /// Send this request to the fallback target.
-    pub escalate: bool,
-    /// The run ends here.
-    pub stop: Option<Stop>,
-    /// The recovery actions taken, by name (for the answer's `selfheal.actions`).
-    pub actions: Vec<ActionKind>,
-    /// Tool results to replace with their repair, by `tool_call_id`.
-    pub replaced: Vec<(String, String)>,
-    /// The tools this request asks the model to call again with the same arguments (a retry, a
-    /// cross-check, a read before answering): such a call is not a repetition
-    /// ([`crate::heal::Answered`]).
-    pub again: Vec<String>,
-    /// The calls, `(tool, canonical hash of the arguments)`, whose values the run took as it
-    /// read this request's results ([`crate::heal::Answered`]).
-    pub taken: Vec<(String, u64)>,
-}
-
-/// The wire side of a run's recovery: step ids, the value waiting for its cross-check, the
-/// steps already escalated, and what the next request has to carry out.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct Wire {
-    steps: HashMap<String, u32>,
-    pending: Option<Pending>,
-    escalated: HashSet<u32>,
-    /// Steps the controller moved to the substitute because the primary's data was stale: the
-    /// substitute's answers are not checked back against the source known to be old (as
-    /// in-process).
-    trusted: HashSet<u32>,
-    /// Tool results the gateway repaired, by `tool_call_id`, with the text the model reads
-    /// instead (at most [`MAX_REPAIRED`], oldest first out).
-    repaired: std::collections::VecDeque<(String, String)>,
-    /// The last value of each call of a tool the operator marked [`ToolConfig::reread`], that
-    /// the run went on with (at most [`MAX_HELD`], oldest first out): what the read before
-    /// answering reads again.
-    values: std::collections::VecDeque<Held>,
-    /// The values still to read again before the run answers.
-    rereads: std::collections::VecDeque<Held>,
-    /// The read again that is awaited.
-    reread: Option<Held>,
-    next: Next,
-}
-
-/// A value the run went on with, as the read before answering reads it again.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Held {
-    step: u32,
-    tool: String,
-    args: Value,
-    value: Value,
-}
-
-/// Most values a run keeps for its read before answering.
-pub const MAX_HELD: usize = 64;
-
-/// Most repaired tool results a run keeps replacing in the requests it forwards.
-pub const MAX_REPAIRED: usize = 64;
 
 impl Wire {
     /// The step id of `tool`: its substitute's or primary's if that has one, else a new one.
@@ -441,10 +356,10 @@ pub fn take_ungrounded(
     tools: &BTreeMap<String, ToolConfig>,
     calls: &mut Vec<Value>,
     evidence: &[Value],
-) -> Vec<crate::heal::Problem> {
+) -> Vec<wire::Problem> {
     let mut problems = Vec::new();
     calls.retain(|c| {
-        let item = crate::heal::item_type(c) == Some("function_call");
+        let item = wire::item_type(c) == Some("function_call");
         let field = |f: &str| {
             if item {
                 c.get(f)
@@ -466,7 +381,7 @@ pub fn take_ungrounded(
         if missing.is_empty() {
             return true;
         }
-        problems.push(crate::heal::Problem::arguments(format!(
+        problems.push(wire::Problem::arguments(format!(
             "The arguments of `{name}` must be copied from the task or an earlier tool \
              result, and these appear in neither: {}.",
             missing.join(", ")
@@ -492,8 +407,8 @@ pub struct Grounding<'a> {
 
 impl Grounding<'_> {
     /// Takes the ungrounded calls out of an assistant `message`; returns the problem of each.
-    pub fn check(&self, message: &mut Value) -> Vec<crate::heal::Problem> {
-        crate::heal::take_calls(message, |calls| {
+    pub fn check(&self, message: &mut Value) -> Vec<wire::Problem> {
+        wire::take_calls(message, |calls| {
             let names = calls
                 .iter()
                 .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str));
@@ -573,7 +488,7 @@ pub fn responses_evidence(
         Some(Value::String(t)) => out.push(Value::String(t.clone())),
         Some(Value::Array(items)) => {
             for item in items {
-                if crate::heal::item_type(item) == Some("function_call_output") {
+                if wire::item_type(item) == Some("function_call_output") {
                     let Some(t) = item.get("output").and_then(Value::as_str) else {
                         continue;
                     };
@@ -625,7 +540,7 @@ pub enum Read {
 
 /// Reads one tool result's text (the one place the gateway parses a tool's answer):
 ///
-/// - an error text ([`crate::heal::is_hard_failure_text`]) is a failure; a leading HTTP status
+/// - an error text ([`wire::is_hard_failure_text`]) is a failure; a leading HTTP status
 ///   (`Error: 503 Service Unavailable`) becomes that status, a timeout a timeout, anything else
 ///   an exception with the text;
 /// - JSON with a string `error` field is the tool's error;
@@ -636,7 +551,7 @@ pub enum Read {
 ///   or a string are left open);
 /// - other JSON or text is a value (the monitor still judges empty and null answers soft).
 pub fn read_result(text: &str) -> Read {
-    if crate::heal::is_hard_failure_text(text) {
+    if wire::is_hard_failure_text(text) {
         return Read::Failed(Some(error_signal(text)));
     }
     match serde_json::from_str::<Value>(text) {
@@ -759,6 +674,106 @@ fn is_cut(text: &str) -> bool {
     depth > 0 || in_str
 }
 
+/// The read again before answering, if one is awaited: judged by `text` when this result is
+/// the read asked for (`true`: it was, and is no step's), else judged not made.
+fn observe_reread(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    (tool, args): (&str, &Value),
+    text: &str,
+    now_ms: u64,
+) -> bool {
+    let Some(r) = st.wire.reread.take() else {
+        return false;
+    };
+    let made = r.tool == tool && canonical_hash(&r.args) == canonical_hash(args);
+    // The second read is read as it came, as a cross-check's: one that does not parse or
+    // did not answer cannot tell, and leaves the value as it was.
+    let judgement = if !made {
+        Judgement::Uncertain {
+            reason: format!("the read again of `{}` was not made", r.tool),
+        }
+    } else {
+        match read_result(text) {
+            Read::Value(again) => cross_check(
+                &ctx.comparable(&r.tool, &r.value),
+                &ctx.comparable(&r.tool, &again),
+                ctx.tools
+                    .get(&r.tool)
+                    .map(|c| c.tolerance)
+                    .unwrap_or_default(),
+            ),
+            Read::Repairable { .. } => Judgement::Uncertain {
+                reason: format!("`{}` sent an unreadable body", r.tool),
+            },
+            Read::Failed(_) => Judgement::Uncertain {
+                reason: format!("`{}` did not answer: {}", r.tool, clip(text)),
+            },
+        }
+    };
+    reread_verdict(st, ctx, &r, judgement, now_ms);
+    if made {
+        return true;
+    }
+    st.wire.reread = None;
+    st.wire.rereads.clear();
+    false
+}
+
+/// The value held for its cross-check, if one is: settled by `text` when this result is the
+/// cross-check call asked for (`true`: it was, and is a verifier's call, not a step's), else
+/// settled as uncertain.
+fn observe_cross_check(
+    st: &mut RunState,
+    ctx: &Ctx<'_>,
+    (tool, args): (&str, &Value),
+    text: &str,
+    now_ms: u64,
+) -> bool {
+    let Some(p) = st.wire.pending.take() else {
+        return false;
+    };
+    if p.against == tool && canonical_hash(&p.args) == canonical_hash(args) {
+        // The second source's answer is read as it came: one that does not parse is no
+        // evidence (the verifier does not repair what it checks against).
+        let verdict = match read_result(text) {
+            // The second source's answer without a declared field is no evidence either
+            // way (as in-process: nothing to compare the value with).
+            Read::Value(other) => match ctx.breach(&p.against, &other) {
+                Some((Signal::SchemaDrift { detail }, _)) => {
+                    Verdict::Judged(Judgement::Uncertain {
+                        reason: format!(
+                            "`{}` answered without a declared field: {detail}",
+                            p.against
+                        ),
+                    })
+                }
+                Some(_) | None => match holes(&p.value, &other) {
+                    Some(signal) => Verdict::Hole(signal),
+                    None => Verdict::Judged(cross_check(
+                        &ctx.comparable(&p.tool, &p.value),
+                        &ctx.comparable(&p.against, &other),
+                        p.tolerance,
+                    )),
+                },
+            },
+            Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
+                reason: format!("`{}` sent an unreadable body", p.against),
+            }),
+            Read::Failed(_) => Verdict::Judged(Judgement::Uncertain {
+                reason: format!("`{}` did not answer: {}", p.against, clip(text)),
+            }),
+        };
+        settle(st, ctx, p, verdict, now_ms);
+        return true;
+    }
+    let judgement = Judgement::Uncertain {
+        reason: format!("the cross-check call of `{}` was not made", p.against),
+    };
+    settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
+    false
+}
+
 /// Observes one new tool result of the run: `ok`, `hard`, `soft`, `check` (the cross-check call
 /// the gateway asked for, which is a verifier's call, not a step's) or `held` (a value waiting
 /// for its cross-check).
@@ -770,78 +785,10 @@ pub fn observe(
     now_ms: u64,
 ) -> &'static str {
     let (id, tool, args) = call;
-    if let Some(r) = st.wire.reread.take() {
-        let made = r.tool == tool && canonical_hash(&r.args) == canonical_hash(args);
-        // The second read is read as it came, as a cross-check's: one that does not parse or
-        // did not answer cannot tell, and leaves the value as it was.
-        let judgement = if !made {
-            Judgement::Uncertain {
-                reason: format!("the read again of `{}` was not made", r.tool),
-            }
-        } else {
-            match read_result(text) {
-                Read::Value(again) => cross_check(
-                    &ctx.comparable(&r.tool, &r.value),
-                    &ctx.comparable(&r.tool, &again),
-                    ctx.tools
-                        .get(&r.tool)
-                        .map(|c| c.tolerance)
-                        .unwrap_or_default(),
-                ),
-                Read::Repairable { .. } => Judgement::Uncertain {
-                    reason: format!("`{}` sent an unreadable body", r.tool),
-                },
-                Read::Failed(_) => Judgement::Uncertain {
-                    reason: format!("`{}` did not answer: {}", r.tool, clip(text)),
-                },
-            }
-        };
-        reread_verdict(st, ctx, &r, judgement, now_ms);
-        if made {
-            return "check";
-        }
-        st.wire.reread = None;
-        st.wire.rereads.clear();
-    }
-    if let Some(p) = st.wire.pending.take() {
-        if p.against == tool && canonical_hash(&p.args) == canonical_hash(args) {
-            // The second source's answer is read as it came: one that does not parse is no
-            // evidence (the verifier does not repair what it checks against).
-            let verdict = match read_result(text) {
-                // The second source's answer without a declared field is no evidence either
-                // way (as in-process: nothing to compare the value with).
-                Read::Value(other) => match ctx.breach(&p.against, &other) {
-                    Some((Signal::SchemaDrift { detail }, _)) => {
-                        Verdict::Judged(Judgement::Uncertain {
-                            reason: format!(
-                                "`{}` answered without a declared field: {detail}",
-                                p.against
-                            ),
-                        })
-                    }
-                    Some(_) | None => match holes(&p.value, &other) {
-                        Some(signal) => Verdict::Hole(signal),
-                        None => Verdict::Judged(cross_check(
-                            &ctx.comparable(&p.tool, &p.value),
-                            &ctx.comparable(&p.against, &other),
-                            p.tolerance,
-                        )),
-                    },
-                },
-                Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
-                    reason: format!("`{}` sent an unreadable body", p.against),
-                }),
-                Read::Failed(_) => Verdict::Judged(Judgement::Uncertain {
-                    reason: format!("`{}` did not answer: {}", p.against, clip(text)),
-                }),
-            };
-            settle(st, ctx, p, verdict, now_ms);
-            return "check";
-        }
-        let judgement = Judgement::Uncertain {
-            reason: format!("the cross-check call of `{}` was not made", p.against),
-        };
-        settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
+    if observe_reread(st, ctx, (tool, args), text, now_ms)
+        || observe_cross_check(st, ctx, (tool, args), text, now_ms)
+    {
+        return "check";
     }
     let required: Vec<String> = ctx
         .offered
@@ -940,7 +887,7 @@ pub fn observe(
             // The monitor records what it would have seen: an error text as a failed call,
             // anything the tool returned as returned (it judges error bodies and empty answers
             // soft itself); the signal says why it failed.
-            let hard = crate::heal::is_hard_failure_text(text);
+            let hard = wire::is_hard_failure_text(text);
             let parsed: Value =
                 serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()));
             let call = if hard {

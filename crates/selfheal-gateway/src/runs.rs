@@ -28,12 +28,15 @@ use selfheal_core::budget::{BudgetLedger, BudgetLimits};
 use selfheal_core::call::Breakers;
 use selfheal_core::controller::ControllerConfig;
 use selfheal_core::monitor::MonitorConfig;
+use selfheal_core::policy::ActionKind;
 use selfheal_core::policy::Policy;
 use selfheal_core::rng::Rng;
 use selfheal_core::run::{Action, Env, Input, Run};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::request::Message;
+use crate::wire;
 
 /// Most tool results remembered per run (see [`SeenResults`]). Replay only needs the newest
 /// result it has seen to still be remembered, so this bounds memory (8 bytes a result, a few KB
@@ -116,7 +119,7 @@ pub const STORED_VERSION: u32 = 1;
 struct Stored {
     version: u32,
     run: selfheal_core::run::RunSnapshot,
-    wire: crate::recover::Wire,
+    wire: Wire,
     seen: SeenResults,
     failures: u64,
     successes: u64,
@@ -133,7 +136,7 @@ pub struct RunState {
     pub run: Run,
     /// What the gateway is waiting on or has to carry out next for the controller (see
     /// [`crate::recover`]).
-    pub wire: crate::recover::Wire,
+    pub wire: Wire,
     /// The tool results already fed to the monitor.
     pub seen: SeenResults,
     /// Tool failures seen so far.
@@ -189,7 +192,7 @@ impl Responded {
         let mut bytes = 0;
         let items = response.get("output").and_then(Value::as_array);
         for item in items.into_iter().flatten() {
-            if crate::heal::item_type(item) != Some("function_call") {
+            if wire::item_type(item) != Some("function_call") {
                 continue;
             }
             let text = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or("");
@@ -213,7 +216,7 @@ impl Responded {
         use serde_json::Value;
         let mut results = 0;
         for item in input {
-            match crate::heal::item_type(item) {
+            match wire::item_type(item) {
                 Some("function_call") => return false,
                 Some("function_call_output") => {
                     let id = item.get("call_id").and_then(Value::as_str);
@@ -253,7 +256,7 @@ impl RunState {
         .unwrap_or_default();
         RunState {
             run,
-            wire: crate::recover::Wire::default(),
+            wire: Wire::default(),
             seen: SeenResults::default(),
             failures: 0,
             successes: 0,
@@ -751,6 +754,93 @@ fn fresh_run_id() -> String {
     }
     format!("r-{}", crate::auth::hex(&b))
 }
+
+/// The wire side of a run's recovery: step ids, the value waiting for its cross-check, the
+/// steps already escalated, and what the next request has to carry out.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Wire {
+    pub(crate) steps: HashMap<String, u32>,
+    pub(crate) pending: Option<Pending>,
+    pub(crate) escalated: HashSet<u32>,
+    /// Steps the controller moved to the substitute because the primary's data was stale: the
+    /// substitute's answers are not checked back against the source known to be old (as
+    /// in-process).
+    pub(crate) trusted: HashSet<u32>,
+    /// Tool results the gateway repaired, by `tool_call_id`, with the text the model reads
+    /// instead (at most [`MAX_REPAIRED`], oldest first out).
+    pub(crate) repaired: std::collections::VecDeque<(String, String)>,
+    /// The last value of each call of a tool the operator marked [`ToolConfig::reread`](crate::config::ToolConfig::reread), that
+    /// the run went on with (at most [`MAX_HELD`], oldest first out): what the read before
+    /// answering reads again.
+    pub(crate) values: std::collections::VecDeque<Held>,
+    /// The values still to read again before the run answers.
+    pub(crate) rereads: std::collections::VecDeque<Held>,
+    /// The read again that is awaited.
+    pub(crate) reread: Option<Held>,
+    pub(crate) next: Next,
+}
+
+/// A value waiting for its cross-check.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Pending {
+    pub(crate) step: u32,
+    pub(crate) tool: String,
+    pub(crate) args: Value,
+    pub(crate) value: Value,
+    pub(crate) required: Vec<String>,
+    /// The tool asked to confirm it.
+    pub(crate) against: String,
+    pub(crate) tolerance: selfheal_core::verifier::Tolerance,
+    /// The value is the gateway's repair of an answer that did not parse (observed already as
+    /// that failure): only the verdict is observed.
+    pub(crate) repaired: bool,
+}
+
+/// A value the run went on with, as the read before answering reads it again.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Held {
+    pub(crate) step: u32,
+    pub(crate) tool: String,
+    pub(crate) args: Value,
+    pub(crate) value: Value,
+}
+
+/// What the next request carries out for the controller.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Next {
+    /// Guidance lines (the ladder's actions, a cross-check request).
+    pub guidance: Vec<String>,
+    /// Send this request to the fallback target.
+    pub escalate: bool,
+    /// The run ends here.
+    pub stop: Option<Stop>,
+    /// The recovery actions taken, by name (for the answer's `selfheal.actions`).
+    pub actions: Vec<ActionKind>,
+    /// Tool results to replace with their repair, by `tool_call_id`.
+    pub replaced: Vec<(String, String)>,
+    /// The tools this request asks the model to call again with the same arguments (a retry, a
+    /// cross-check, a read before answering): such a call is not a repetition
+    /// ([`crate::heal::Answered`]).
+    pub again: Vec<String>,
+    /// The calls, `(tool, canonical hash of the arguments)`, whose values the run took as it
+    /// read this request's results ([`crate::heal::Answered`]).
+    pub taken: Vec<(String, u64)>,
+}
+
+/// How the run ends now, when a directive ended it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Stop {
+    /// Stop with a partial result: the controller degraded.
+    Degrade(String),
+    /// Stop: the controller aborted.
+    Abort(String),
+}
+
+/// Most values a run keeps for its read before answering.
+pub const MAX_HELD: usize = 64;
+
+/// Most repaired tool results a run keeps replacing in the requests it forwards.
+pub const MAX_REPAIRED: usize = 64;
 
 #[cfg(test)]
 mod tests {

@@ -31,20 +31,14 @@ use serde_json::Value;
 
 use crate::config::Target;
 
+/// `[telemetry]`, kept with the rest of the configuration.
+pub use crate::config::TelemetryConfig;
+
 /// Whether spans are exported (set once, by [`init`]).
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// The instrumentation scope's name.
 const SCOPE: &str = "selfheal-gateway";
-
-/// `[telemetry]`: where spans go.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TelemetryConfig {
-    /// OTLP/HTTP base URL, e.g. `http://127.0.0.1:4318` (`/v1/traces` is appended). Unset: the
-    /// standard `OTEL_EXPORTER_OTLP_*ENDPOINT` variables, else no export.
-    pub otlp_endpoint: Option<String>,
-}
 
 /// Why export could not be set up.
 #[derive(Debug, thiserror::Error)]

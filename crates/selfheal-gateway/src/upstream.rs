@@ -4,7 +4,7 @@
 //! chain, skip an upstream whose breaker is open, give up, hand the caller's own bad request
 //! back — is not decided here: [`Upstreams::call`] turns each failure into the core's
 //! [`Signal`] (the OpenAI wire is parsed in one place, `ClientError`),
-//! hands it to a [`CallPlan`] and does what the plan says. The plan charges every attempt to the
+//! hands it to the core's `CallPlan` and does what the plan says. The plan charges every attempt to the
 //! run's one ledger and keeps one [`Breaker`](selfheal_core::breaker::Breaker) per upstream, the
 //! same breaker the monitor keeps per tool. A `--policy` file therefore changes what the gateway
 //! does exactly as it changes the benchmark.
@@ -571,11 +571,7 @@ impl Upstreams {
         let chain = self.shared_view(chain, log);
         let chain = chain.as_ref();
         let mut reasons = Vec::new();
-        let mut rng = SplitMix64::new(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64),
-        );
+        let mut rng = clock_seeded_rng();
         let id = self.calls.fetch_add(1, Ordering::Relaxed);
         let own;
         let (state, mode) = match run {
@@ -672,30 +668,11 @@ impl Upstreams {
                             b
                         }
                     };
-                    let started = Instant::now();
                     let first = if attempts == 0 { chain.first() } else { None };
                     let span = crate::telemetry::attempt(target, first, attempts);
                     attempts += 1;
-                    let result = match span.clone() {
-                        Some(cx) => {
-                            use opentelemetry::context::FutureExt as _;
-                            op(&up.client, body, creds).with_context(cx).await
-                        }
-                        None => op(&up.client, body, creds).await,
-                    };
-                    self.attempt_seconds.observe(started.elapsed());
-                    crate::telemetry::attempt_done(span, &attempt_outcome(&result));
-                    // Every attempt at debug: the outcome's kind, never the upstream's message
-                    // (providers quote keys in it; the redacted message goes to the trace).
-                    tracing::debug!(
-                        target: "selfheal::upstream",
-                        upstream = %target.upstream,
-                        model = %target.model,
-                        outcome = %attempt_outcome(&result),
-                        elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-                        "upstream attempt"
-                    );
-                    result
+                    self.attempt(target, span, || op(&up.client, body, creds))
+                        .await
                 }
                 None => Err(ClientError::Invalid(format!(
                     "upstream `{}` is not configured",
@@ -716,13 +693,7 @@ impl Upstreams {
                 Err(e) => e,
             };
             reasons.push(format!("{}/{}: {err}", target.upstream, target.model));
-            let signal = match &err {
-                // Not the upstream's failure but ours: nothing on this target can work.
-                ClientError::Invalid(_) => Signal::Unavailable {
-                    consecutive: u32::MAX,
-                },
-                e => e.signal(),
-            };
+            let signal = signal_of(&err);
             let failed = Input::AttemptFailed {
                 call: id,
                 signal: &signal,
@@ -736,6 +707,37 @@ impl Upstreams {
             self.share_failure(&target.upstream, was_open);
             last_err = Some(err);
         }
+    }
+
+    /// One attempt on `target` (`send` sends it through `client`), timed, in its telemetry
+    /// `span`, and logged at debug.
+    async fn attempt<'c, T>(
+        &self,
+        target: &Target,
+        span: Option<opentelemetry::Context>,
+        send: impl FnOnce() -> BoxFuture<'c, Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        let started = Instant::now();
+        let result = match span.clone() {
+            Some(cx) => {
+                use opentelemetry::context::FutureExt as _;
+                send().with_context(cx).await
+            }
+            None => send().await,
+        };
+        self.attempt_seconds.observe(started.elapsed());
+        crate::telemetry::attempt_done(span, &attempt_outcome(&result));
+        // Every attempt at debug: the outcome's kind, never the upstream's message (providers
+        // quote keys in it; the redacted message goes to the trace).
+        tracing::debug!(
+            target: "selfheal::upstream",
+            upstream = %target.upstream,
+            model = %target.model,
+            outcome = %attempt_outcome(&result),
+            elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "upstream attempt"
+        );
+        result
     }
 
     /// Writes what the call did (retries, fall-backs, skips) to the call's log and the run.
@@ -850,6 +852,26 @@ fn attempt_outcome<T>(r: &Result<T, ClientError>) -> std::borrow::Cow<'static, s
         Err(ClientError::EmptyResponse) => "empty".into(),
         Err(ClientError::Invalid(_)) => "invalid".into(),
     }
+}
+
+/// The core's signal for a failed attempt.
+fn signal_of(err: &ClientError) -> Signal {
+    match err {
+        // Not the upstream's failure but ours: nothing on this target can work.
+        ClientError::Invalid(_) => Signal::Unavailable {
+            consecutive: u32::MAX,
+        },
+        e => e.signal(),
+    }
+}
+
+/// Randomness for a call's backoff jitter, seeded from the wall clock.
+fn clock_seeded_rng() -> SplitMix64 {
+    SplitMix64::new(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    )
 }
 
 #[cfg(test)]

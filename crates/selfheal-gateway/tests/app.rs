@@ -2053,3 +2053,104 @@ async fn issue_31_a_text_call_that_cannot_be_taken_is_asked_again() {
         seen[1]["messages"]
     );
 }
+
+/// Posts `body` to `path`; the status, the `x-selfheal-*` status and actions headers, and the
+/// body.
+async fn post_with_headers(
+    app: &Router,
+    path: &str,
+    body: &Value,
+) -> (StatusCode, String, String, Value) {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (run_status, actions) = (header("x-selfheal-status"), header("x-selfheal-actions"));
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        run_status,
+        actions,
+        serde_json::from_slice(&bytes).unwrap(),
+    )
+}
+
+/// Issue 30: a run the core stops is answered alike on chat completions and on
+/// `/v1/responses` — the same status, the same action, the same words — where the Responses
+/// path used to answer `failed` with an `abort` action and words of its own.
+#[tokio::test]
+async fn issue_30_a_stopped_run_answers_alike_on_chat_and_responses() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let config = GatewayConfig::for_upstream(url);
+    // Several different tools, each failing below its breaker threshold: the failure rate
+    // stops the run, on either API.
+    let mut messages = vec![json!({"role": "user", "content": "find it"})];
+    let mut items = vec![json!({"role": "user", "content": "find it"})];
+    for i in 0..8 {
+        let (tool, id, args) = (
+            format!("t{}", i % 4),
+            format!("f{i}"),
+            format!("{{\"x\": {i}}}"),
+        );
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": tool, "arguments": args}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "Error: failed"}));
+        items
+            .push(json!({"type": "function_call", "call_id": id, "name": tool, "arguments": args}));
+        items.push(
+            json!({"type": "function_call_output", "call_id": id, "output": "Error: failed"}),
+        );
+    }
+    let chat = post_with_headers(
+        &gateway(config.clone()),
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": messages, "tools": tools()}),
+    )
+    .await;
+    let responses = post_with_headers(
+        &gateway(config),
+        "/v1/responses",
+        &json!({"model": "m", "input": items, "tools": [
+            {"type": "function", "name": "search", "parameters": {"type": "object"}}]}),
+    )
+    .await;
+    assert!(
+        shared.lock().unwrap().seen.is_empty(),
+        "a stopped run is not sent upstream"
+    );
+    let (chat_http, chat_status, chat_actions, chat_body) = chat;
+    let (resp_http, resp_status, resp_actions, resp_body) = responses;
+    assert_eq!((chat_http, resp_http), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(chat_status, "failed", "{chat_body}");
+    assert_eq!(resp_status, chat_status, "{resp_body}");
+    assert_eq!(chat_actions, "terminate", "{chat_body}");
+    assert_eq!(resp_actions, chat_actions, "{resp_body}");
+    assert_eq!(
+        resp_body["selfheal"]["status"],
+        chat_body["selfheal"]["status"]
+    );
+    assert_eq!(
+        resp_body["selfheal"]["actions"],
+        chat_body["selfheal"]["actions"]
+    );
+    let chat_words = chat_body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
+    let resp_words = resp_body["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        chat_words.starts_with("I have to stop here: "),
+        "{chat_words}"
+    );
+    assert_eq!(resp_words, chat_words);
+}

@@ -34,9 +34,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
-use crate::app::{self, AppState};
+use crate::dialect::chat;
 use crate::error::ApiError;
+use crate::http::{answered, read_body};
 use crate::metrics::Metrics;
+use crate::state::AppState;
 
 /// Why an Anthropic request (or an answer for one) cannot be translated without loss.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -863,7 +865,7 @@ fn frame((name, data): &Event) -> Bytes {
 }
 
 /// `POST /v1/messages`: admitted (`x-api-key` read as a bearer key), translated, healed by the
-/// chat pipeline ([`app::chat`]), and its answer rendered back in Anthropic's shape.
+/// chat pipeline ([`chat::chat`]), and its answer rendered back in Anthropic's shape.
 pub(crate) async fn messages(
     State(s): State<Arc<AppState>>,
     mut headers: HeaderMap,
@@ -907,15 +909,15 @@ pub(crate) async fn messages(
     }
     // The body is the translated one: its length is not the client's.
     headers.remove(header::CONTENT_LENGTH);
-    let resp = app::chat(State(s), headers, Body::from(chat)).await;
+    let resp = chat::chat(State(s), headers, Body::from(chat)).await;
     render(resp, Some(&translated)).await
 }
 
 /// A request refused before it reached the chat pipeline: counted and logged as the
-/// pipeline's errors are ([`app::answered`]), then said in Anthropic's shape.
+/// pipeline's errors are ([`answered`]), then said in Anthropic's shape.
 async fn refused(s: &AppState, e: ApiError, tenant: &str, started: Instant) -> Response {
     Metrics::inc(&s.metrics.requests_total);
-    render(app::answered(s, Err(e), tenant, started), None).await
+    render(answered(s, Err(e), tenant, started), None).await
 }
 
 /// Admission, the body and its translation, with the caller's tenant; the error to answer and
@@ -928,7 +930,7 @@ async fn edge(
     let caller = s.gate.admit(headers).map_err(|e| (e, "-".to_owned()))?;
     // What goes back to the client is redacted, as the chat pipeline's errors are.
     let fail = |e: ApiError| (caller.redactor.error(e), caller.tenant.clone());
-    let bytes = app::read_body(s, headers, body).await.map_err(fail)?;
+    let bytes = read_body(s, headers, body).await.map_err(fail)?;
     let req: Value = serde_json::from_slice(&bytes)
         .map_err(|e| fail(ApiError::bad_request(format!("the body is not JSON: {e}"))))?;
     let translated = to_chat(&req).map_err(|r| fail(ApiError::bad_request(r.0)))?;

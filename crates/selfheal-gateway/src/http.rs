@@ -1,0 +1,213 @@
+//! The HTTP edge every route shares: the operational endpoints (`/healthz`, `/readyz`,
+//! `/metrics`, `/v1/models`), the head guard, the 404/405 answers, reading a bounded body, the
+//! SSE response shape and the request log. Kept apart from the dialects so that a new API reuses
+//! them instead of copying them.
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::state::AppState;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Most header lines a request may carry (more is a 431).
+pub const MAX_HEADERS: usize = 100;
+
+/// 431 in OpenAI's shape for a head with too many or too large headers (hyper's own limit,
+/// set well above this one by `serve`, answers a bare 431 only past it).
+pub(crate) async fn guard_head(
+    State(s): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let head_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum::<usize>()
+        + req.uri().to_string().len();
+    if req.headers().len() > MAX_HEADERS || head_bytes > s.config.server.max_header_bytes {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "invalid_request_error",
+            "headers_too_large",
+            format!(
+                "the request head exceeds {} bytes or {MAX_HEADERS} headers",
+                s.config.server.max_header_bytes
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+pub(crate) async fn healthz() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+/// How long `/readyz` waits for an upstream (probes time out in seconds).
+pub(crate) const READY_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Ready when at least one upstream answers within [`READY_PROBE`] (any HTTP status: it is
+/// reachable). The upstreams are asked at once.
+pub(crate) async fn readyz(State(s): State<Arc<AppState>>) -> Response {
+    let checks = s
+        .upstreams
+        .iter()
+        .map(|(name, u)| async move { (name.clone(), u.client.reachable(READY_PROBE).await) });
+    let results = futures_util::future::join_all(checks).await;
+    let up: Vec<&String> = results.iter().filter(|r| r.1).map(|r| &r.0).collect();
+    // A state store that is down does not make the replica unready: it serves from local
+    // state (see the deployment guide); it is reported.
+    let store = crate::metrics::store_status(&s.shared);
+    if up.is_empty() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "upstream_error",
+            "not_ready",
+            "no upstream is reachable",
+        )
+        .into_response();
+    }
+    axum::Json(json!({"status": "ready", "reachable": up, "state_store": store})).into_response()
+}
+
+pub(crate) async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        "this endpoint does not accept that method",
+    )
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        "no such endpoint",
+    )
+}
+
+pub(crate) async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(
+            s.runs.len(),
+            s.runs.evicted(),
+            s.trace.dropped(),
+            &s.upstreams.attempt_seconds,
+        ) + &s.no_stream.render(Instant::now())
+            + &crate::metrics::render_state(&s.shared, s.upstreams.shared_skips()),
+    )
+}
+
+pub(crate) async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let caller = match s.gate.admit(&headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let mut data: Vec<Value> = Vec::new();
+    if let Some(u) = s
+        .config
+        .default_upstream
+        .as_ref()
+        .and_then(|d| s.upstreams.get(d))
+        && let Ok(v) = u.client.get_json("models", &caller.credentials).await
+        && let Some(list) = v.get("data").and_then(Value::as_array)
+    {
+        data.extend(list.iter().cloned());
+    }
+    for alias in s.config.models.keys() {
+        data.push(json!({"id": alias, "object": "model", "owned_by": "selfheal"}));
+    }
+    let mut list = json!({"object": "list", "data": data});
+    caller.redactor.value(&mut list);
+    axum::Json(list).into_response()
+}
+
+/// One structured line per request at `info` (what a log pipeline needs to find a run).
+pub(crate) fn log_request(resp: &Response, tenant: &str, started: Instant) {
+    let h = resp.headers();
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("-");
+    tracing::info!(
+        target: "selfheal::request",
+        run = get("x-selfheal-run"),
+        tenant,
+        http_status = resp.status().as_u16(),
+        heal_status = get("x-selfheal-status"),
+        actions = get("x-selfheal-actions"),
+        latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "request"
+    );
+}
+
+/// Reads the body within the body-read timeout: 413 when too large, 408 when too slow.
+/// [`ChatRequest::parse`](crate::request::ChatRequest::parse) then checks it is a chat request.
+pub(crate) async fn read_body(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
+    let limit = s.config.max_body_bytes;
+    if headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|n| n > limit)
+    {
+        return Err(ApiError::too_large(limit));
+    }
+    let timeout = std::time::Duration::from_millis(s.config.server.body_read_timeout_ms);
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(ApiError::too_large(limit)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            "the request body did not arrive in time",
+        )),
+    }
+}
+
+pub(crate) fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// The end of every API request (chat completions and responses alike): an error counted and
+/// answered in OpenAI's shape, the request's duration observed, its log line written.
+pub(crate) fn answered(
+    s: &AppState,
+    result: Result<Response, ApiError>,
+    tenant: &str,
+    started: Instant,
+) -> Response {
+    let resp = match result {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status == StatusCode::BAD_GATEWAY {
+                Metrics::inc(&s.metrics.upstream_errors_total);
+            } else {
+                Metrics::inc(&s.metrics.client_errors_total);
+            }
+            e.into_response()
+        }
+    };
+    s.metrics.request_seconds.observe(started.elapsed());
+    log_request(&resp, tenant, started);
+    resp
+}

@@ -1,0 +1,185 @@
+//! What a healed answer tells about itself: the `selfheal` report (actions, budget, limits),
+//! the `x-selfheal-*` headers, and the trace details recorded for a request. Shared by every
+//! dialect so that chat, Responses and Messages report a run the same way.
+
+use crate::heal::{self};
+use crate::runs::RunState;
+use crate::state::lock;
+use crate::store::Detail;
+use crate::upstream::CallLog;
+use axum::http::{HeaderName, HeaderValue};
+use axum::response::Response;
+use selfheal_core::budget::{BudgetLimits, Dimension};
+use serde_json::{Value, json};
+use std::sync::Mutex;
+
+/// The report's `budget`: what the run spent and its limits.
+pub(crate) fn budget_json(st: &RunState) -> Value {
+    json!({"spent": st.ledger().spent(), "limits": limits_json(st.ledger().limits())})
+}
+
+/// Adds the kinds of the call's events (retry, fallback, ...) to `actions`, each once.
+pub(crate) fn call_actions(log: &CallLog, actions: &mut Vec<String>) {
+    for e in &log.events {
+        if !actions.iter().any(|a| a == e.kind.as_str()) {
+            actions.push(e.kind.as_str().to_owned());
+        }
+    }
+}
+
+pub(crate) fn selfheal_report(
+    state: &Mutex<RunState>,
+    status: &str,
+    reason: Option<&str>,
+    actions: &[String],
+) -> Value {
+    let st = lock(state);
+    json!({
+        "status": status,
+        "reason": reason,
+        "failures": st.failures,
+        "actions": actions,
+        "budget": budget_json(&st),
+    })
+}
+
+/// [`selfheal_report`] written as JSON text, without building a `Value`: the same keys and
+/// values.
+pub(crate) fn selfheal_report_bytes(
+    state: &Mutex<RunState>,
+    status: &str,
+    reason: Option<&str>,
+    actions: &[String],
+) -> Vec<u8> {
+    let st = lock(state);
+    let report = Report {
+        actions,
+        budget: BudgetReport {
+            limits: LimitsReport(st.ledger().limits()),
+            spent: st.ledger().spent(),
+        },
+        failures: st.failures,
+        reason,
+        status,
+    };
+    // About 330 bytes: one allocation, not a buffer grown from empty a field at a time.
+    let mut out = Vec::with_capacity(512);
+    match serde_json::to_writer(&mut out, &report) {
+        Ok(()) => out,
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The `selfheal` report as [`selfheal_report`] builds it, for writing straight to text.
+#[derive(serde::Serialize)]
+pub(crate) struct Report<'a> {
+    pub(crate) actions: &'a [String],
+    pub(crate) budget: BudgetReport<'a>,
+    pub(crate) failures: u64,
+    pub(crate) reason: Option<&'a str>,
+    pub(crate) status: &'a str,
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct BudgetReport<'a> {
+    pub(crate) limits: LimitsReport<'a>,
+    pub(crate) spent: &'a selfheal_core::budget::Amounts,
+}
+
+/// [`limits_json`] as a serializer: an unlimited dimension is `null`.
+pub(crate) struct LimitsReport<'a>(&'a BudgetLimits);
+
+impl serde::Serialize for LimitsReport<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(Dimension::ALL.len()))?;
+        for d in Dimension::ALL {
+            let v = self.0.get(d);
+            map.serialize_entry(&d, &(v != u64::MAX).then_some(v))?;
+        }
+        map.end()
+    }
+}
+
+/// Budget limits for clients: an unlimited dimension is `null`, not `u64::MAX`, which
+/// JavaScript cannot even read exactly.
+pub(crate) fn limits_json(limits: &BudgetLimits) -> Value {
+    Value::Object(
+        Dimension::ALL
+            .into_iter()
+            .map(|d| {
+                let v = limits.get(d);
+                (d.to_string(), (v != u64::MAX).then_some(v).into())
+            })
+            .collect(),
+    )
+}
+
+/// A chat request's `request` event (fields in the order `json!` would sort them, so the
+/// trace reads as it did when these were maps).
+#[derive(serde::Serialize)]
+pub(crate) struct RequestDetail<'a> {
+    pub(crate) messages: usize,
+    pub(crate) model: &'a str,
+    pub(crate) stream: bool,
+    pub(crate) tenant: &'a str,
+}
+
+/// A `tool_result` event.
+#[derive(serde::Serialize)]
+pub(crate) struct ToolResultDetail<'a> {
+    pub(crate) outcome: &'a str,
+    pub(crate) tool: &'a str,
+}
+
+pub(crate) fn tool_result_detail(r: &heal::Replayed) -> Detail {
+    Detail::of(&ToolResultDetail {
+        outcome: r.outcome,
+        tool: &r.tool,
+    })
+}
+
+/// A `response` event.
+#[derive(serde::Serialize)]
+pub(crate) struct ResponseDetail<'a> {
+    pub(crate) status: &'a str,
+}
+
+pub(crate) fn add_headers(
+    resp: &mut Response,
+    run: &str,
+    status: &str,
+    actions: &[String],
+    reason: Option<&str>,
+) {
+    let h = resp.headers_mut();
+    let mut put = |name: &'static str, value: String| {
+        // The common case, a value that is already clean, goes in as it is.
+        if value.len() <= 512 && value.bytes().all(|b| b.is_ascii() && !b.is_ascii_control()) {
+            if let Ok(v) = HeaderValue::try_from(value) {
+                h.insert(HeaderName::from_static(name), v);
+            }
+            return;
+        }
+        let clean: String = value
+            .chars()
+            .map(|c| {
+                if c.is_ascii() && !c.is_ascii_control() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .take(512)
+            .collect();
+        if let Ok(v) = HeaderValue::from_str(&clean) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    put("x-selfheal-run", run.to_owned());
+    put("x-selfheal-status", status.to_owned());
+    put("x-selfheal-actions", actions.join(","));
+    if let Some(r) = reason {
+        put("x-selfheal-reason", r.to_owned());
+    }
+}
