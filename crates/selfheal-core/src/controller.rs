@@ -827,7 +827,7 @@ impl Controller {
         let verdict = self.monitor.check(now_ms);
         if let Some(reason) = verdict
             .abort
-            .filter(|_| !recovering_this_step && !(self.open.is_none() && self.healed()))
+            .filter(|_| !(recovering_this_step || self.open.is_none() && self.healed()))
         {
             if let Some(o) = self.open.take() {
                 self.push_unresolved(o.step, o.class, o.tool);
