@@ -761,6 +761,19 @@ fn read_again(
     Some(judgement)
 }
 
+/// Whether two readings of `tool` agree on every value the tool declares, within its tolerance.
+fn same_reading(plan: &Plan, tool: &str, a: &Value, b: &Value) -> bool {
+    let Some(spec) = tool_spec(plan, tool) else {
+        return false;
+    };
+    spec.output
+        .iter()
+        .all(|(p, _)| match (get_path(a, p), get_path(b, p)) {
+            (Some(x), Some(y)) => spec.tolerance.agrees(x, y),
+            _ => false,
+        })
+}
+
 /// Whether the tool called has an equivalent source.
 fn has_substitute(ep: &Episode<'_>, tool: Option<&str>) -> bool {
     tool.is_some_and(|t| substitute_of(ep.plan(), t).is_some())
@@ -1132,11 +1145,15 @@ pub fn run_self_healing(
     };
     // Past the last step, the core says whether the run reads its unconfirmed values once more
     // before answering (the policy's `reread_after_recovery`, once, after a recovery).
+    // The value the re-read before answering found changed, and its step: a confirmed value
+    // (the core's `contested`) is kept when the retry brings it back.
+    let mut audited: Option<(usize, Value)> = None;
     'steps: while s < n || st.ctl.reread_due() {
         let directive = if s >= n {
             let Some((m, d)) = audit(&mut st, &how, &outputs, &sent) else {
                 break;
             };
+            audited = outputs[m].clone().map(|v| (m, v));
             // The answer is rebuilt from the step whose value changed.
             outputs[m..].iter_mut().for_each(|o| *o = None);
             written[m..].iter_mut().for_each(|w| *w = None);
@@ -1169,9 +1186,22 @@ pub fn run_self_healing(
                     };
                     // The cross-check runs before the call is reported: two sources that disagree
                     // are the monitor's contradiction signal on this call, not a later verdict.
-                    let judgement = sent[s]
+                    let mut verifier = "cross_check";
+                    let mut judgement = sent[s]
                         .clone()
                         .and_then(|c| cross_check(st.ep, s, how[s], &v, &c));
+                    // A contested step's retry that brings back the value that had been
+                    // confirmed: the change did not last, and the core is told so. A retry that
+                    // brings another value leaves the step contested (the run claims nothing).
+                    if judgement.is_none()
+                        && let Some((m, old)) = &audited
+                        && *m == s
+                        && st.ctl.contested().contains(&Some(s as u32))
+                        && same_reading(st.ep.plan(), &tool, old, &v)
+                    {
+                        verifier = "confirmed_value";
+                        judgement = Some(Judgement::Accept);
+                    }
                     let signal = match &judgement {
                         Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {
                             detail: reason.clone(),
@@ -1210,7 +1240,7 @@ pub fn run_self_healing(
                             let d = st.ctl.observe(
                                 Observation::Verified {
                                     step: Some(s as u32),
-                                    verifier: "cross_check",
+                                    verifier,
                                     judgement,
                                     options,
                                 },

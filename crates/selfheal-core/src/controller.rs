@@ -217,6 +217,17 @@ pub struct Controller {
     stopped: Option<(RunStatus, String)>,
     /// Whether [`Controller::reread_due`] has said yes.
     reread: bool,
+    /// Steps whose value a verifier has accepted in this run (a cross-check that agreed, a
+    /// second reading that matched), at most [`MAX_CONTESTED`]: confirmed values.
+    #[serde(default)]
+    confirmed: Vec<Option<u32>>,
+    /// Confirmed steps whose value a verifier rejected during the read before answering
+    /// (after [`Controller::reread_due`] said yes), at most [`MAX_CONTESTED`]: a confirmed value
+    /// that changed when read again is not replaced by whatever the retry brings — that value
+    /// has nothing that checks it — so the run claims nothing over it (see
+    /// [`Controller::claim_refused`]) until a verifier other than the re-read accepts that step.
+    #[serde(default)]
+    contested: Vec<Option<u32>>,
     /// Tools whose failures were routed around (see [`Controller::offer`]), at most
     /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
     routed: Vec<String>,
@@ -231,6 +242,14 @@ pub const MAX_OUTBOX: usize = 256;
 
 /// Most tools a run keeps routed around at once (see [`Controller::offer`]).
 const MAX_ROUTED: usize = 64;
+
+/// Most steps a run keeps confirmed or contested (see `Controller::contested`); a run with
+/// more contested ones claims nothing anyway.
+const MAX_CONTESTED: usize = 64;
+
+/// The verifier name of the read before answering ([`Controller::reread_due`]): its acceptance
+/// of a value that already changed once is not an independent confirmation.
+pub const REREAD_VERIFIER: &str = "re_read";
 
 /// Whether a failure of `class` may be routed around: the tool produced nothing usable (it
 /// timed out, was unavailable, answered empty or unreadable), so another tool of the agent's
@@ -291,6 +310,8 @@ impl Controller {
             actions: std::collections::BTreeMap::new(),
             stopped: None,
             reread: false,
+            confirmed: Vec::new(),
+            contested: Vec::new(),
             routed: Vec::new(),
             outbox: Vec::new(),
         }
@@ -416,6 +437,14 @@ impl Controller {
         &mut self.monitor
     }
 
+    /// Confirmed steps whose value changed when read again before answering, and that no
+    /// verifier but the re-read has accepted since (see [`Controller::claim_refused`]). A
+    /// front-end that retries such a step may report, as a verifier's acceptance, that the
+    /// retry brought back the value that had been confirmed: the change did not last.
+    pub fn contested(&self) -> &[Option<u32>] {
+        &self.contested
+    }
+
     /// Failures still unresolved.
     pub fn unresolved(&self) -> &[Unresolved] {
         &self.unresolved
@@ -484,7 +513,19 @@ impl Controller {
     /// [`Controller::finish`] ends such a run `partial`; a front-end that answers while the run
     /// goes on (the gateway) flags its answer the same way. The rule is
     /// [`Policy::claim_refused`].
+    ///
+    /// It is also refused when a confirmed value (one a verifier had accepted) changed as it was
+    /// read before answering (issue 33): the source turned bad after it was confirmed, and the
+    /// value a retry brings has nothing that checks it. A confirmed value is never replaced by
+    /// an unverifiable one and claimed; the run ends `partial` with the step named, unless a
+    /// verifier other than the re-read accepted it since.
     pub fn claim_refused(&self) -> Option<String> {
+        if let Some(step) = self.contested.first() {
+            return Some(format!(
+                "the value at step {} changed when read again before answering, and nothing independent confirms either reading",
+                step.map_or_else(|| "-".to_owned(), |s| s.to_string())
+            ));
+        }
         self.plane.policy.claim_refused(self.recovered())
     }
 
@@ -597,6 +638,25 @@ impl Controller {
                     self.unresolved.retain(|u| {
                         !(u.step == step && u.class == FailureClass::VerificationFailure)
                     });
+                    // A contested value is settled only by a check other than reading the same
+                    // source again.
+                    if verifier != REREAD_VERIFIER {
+                        self.contested.retain(|c| *c != step);
+                    }
+                    if !self.confirmed.contains(&step) && self.confirmed.len() < MAX_CONTESTED {
+                        self.confirmed.push(step);
+                    }
+                } else if matches!(judgement, Judgement::Reject { .. })
+                    && self.reread
+                    && self.confirmed.contains(&step)
+                    && !self.contested.contains(&step)
+                    && self.contested.len() < MAX_CONTESTED
+                {
+                    // A confirmed value rejected while the run reads its values again before
+                    // answering: its source turned bad since, and whatever replaces it is
+                    // contested. (A value nothing had confirmed is retried as any rejected
+                    // value: the first reading was no better than the later ones.)
+                    self.contested.push(step);
                 }
                 // A verifier that could not judge a recovered value has not settled it: unless the
                 // policy accepts unverified recoveries, the failure stays unresolved and the run
@@ -765,7 +825,10 @@ impl Controller {
         // the failed attempts must not abort the recovery that is about to fix them.
         let recovering_this_step = self.open.as_ref().is_some_and(|o| o.step == step);
         let verdict = self.monitor.check(now_ms);
-        if let Some(reason) = verdict.abort.filter(|_| !recovering_this_step) {
+        if let Some(reason) = verdict
+            .abort
+            .filter(|_| !(recovering_this_step || self.open.is_none() && self.healed()))
+        {
             if let Some(o) = self.open.take() {
                 self.push_unresolved(o.step, o.class, o.tool);
             }
@@ -934,9 +997,18 @@ impl Controller {
         }
     }
 
+    /// Whether every failure the run met so far was healed or is being recovered: none was left
+    /// unresolved. The failure-rate rule counts calls, healed failures included; a run whose
+    /// every failure was healed is working, and a new failure gets its own ladder (bounded by
+    /// the budget) instead of an abort over failures already fixed — as a failure being
+    /// recovered is not aborted over its own failed attempts.
+    fn healed(&self) -> bool {
+        self.unresolved.is_empty() && self.unresolved_dropped == 0
+    }
+
     fn continue_or_abort(&mut self, now_ms: u64) -> Directive {
         let verdict = self.monitor.check(now_ms);
-        if let Some(reason) = verdict.abort {
+        if let Some(reason) = verdict.abort.filter(|_| !self.healed()) {
             return self.stop(now_ms, RunStatus::Failed, reason, false);
         }
         Directive::Continue {

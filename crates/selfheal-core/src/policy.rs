@@ -729,6 +729,36 @@ impl Policy {
         action.map(|a| (a, state.retries))
     }
 
+    /// The action a failure gets when only one is left for it ([`Policy::last_chance`]), unless
+    /// that action's result would be one the policy then refuses to claim (issue 33): a
+    /// substitute's value is checked against the primary, and when the primary is the tool that
+    /// cannot answer now (it timed out or is unavailable) and unverified recoveries are not
+    /// accepted, the substitute's value is held in doubt and the run degrades. The last action
+    /// is then a retry of the primary — when it is safe and affordable — whose value the
+    /// substitute can check; a `Retry-After` within [`RetryPolicy::max_retry_after_ms`] is waited
+    /// out.
+    pub fn last_chance_kind(
+        &self,
+        failure: &Classification,
+        options: &Options,
+        budget: &BudgetLedger,
+    ) -> Option<ActionKind> {
+        let kind = *self.last_chance.get(&failure.class)?;
+        let primary_down = matches!(
+            failure.class,
+            FailureClass::ToolTimeout | FailureClass::ToolUnavailable
+        );
+        if kind == ActionKind::Substitute
+            && primary_down
+            && !self.accept_unverified_recovery
+            && options.retry_safe
+            && budget.can_afford(&ActionKind::Retry.charge())
+        {
+            return Some(ActionKind::Retry);
+        }
+        Some(kind)
+    }
+
     /// Picks the cheapest feasible action for `failure`, starting at `state.rung`.
     ///
     /// Never returns an action whose budget is spent; when the ladder is used up it returns
@@ -750,7 +780,7 @@ impl Policy {
         if !ended
             && let Some(cap) = self.max_actions_per_failure
             && state.actions + 1 == cap
-            && let Some(&kind) = self.last_chance.get(&failure.class)
+            && let Some(kind) = self.last_chance_kind(failure, options, budget)
             && !kind.is_terminal()
             && budget.can_afford(&kind.charge())
             && let Some((action, retries)) = self.instantiate(kind, state, failure, options, rng)
@@ -895,6 +925,55 @@ mod tests {
                 alternative: "alt".into()
             }
         );
+    }
+
+    #[test]
+    fn the_last_action_for_a_primary_that_is_down_is_not_a_substitute_nothing_could_check() {
+        // Issue 33, item 4: with one action left, a substitute's value would be checked against
+        // the primary that just failed, held in doubt and not claimed; a retry's value is
+        // checked by the substitute. A Retry-After that fits is waited out.
+        let p = Policy {
+            max_actions_per_failure: Some(1),
+            ..Policy::default()
+        };
+        let ledger = BudgetLedger::new(BudgetLimits::unlimited());
+        let opts = Options::all("alt", "big");
+        let mut f = failure(FailureClass::ToolTimeout);
+        f.retry_after_ms = Some(3_000);
+        let d = p.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
+        assert!(
+            matches!(d.action, RecoveryAction::Retry { delay_ms, .. } if delay_ms >= 3_000),
+            "{:?}",
+            d.action
+        );
+        // Accepting unverified recoveries, or a call that is not safe to retry, keeps the
+        // substitute.
+        let accepting = Policy {
+            accept_unverified_recovery: true,
+            ..p.clone()
+        };
+        let d = accepting.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
+        assert_eq!(d.action.kind(), ActionKind::Substitute);
+        let mut unsafe_opts = opts.clone();
+        unsafe_opts.retry_safe = false;
+        let d = p.decide(
+            LadderState::default(),
+            &f,
+            &unsafe_opts,
+            &ledger,
+            &mut ConstRng(0),
+        );
+        assert_eq!(d.action.kind(), ActionKind::Substitute);
+        // A failure about the value keeps its own last chance.
+        let stale = failure(FailureClass::StaleContext);
+        let d = p.decide(
+            LadderState::default(),
+            &stale,
+            &opts,
+            &ledger,
+            &mut ConstRng(0),
+        );
+        assert_eq!(d.action.kind(), ActionKind::Substitute);
     }
 
     #[test]

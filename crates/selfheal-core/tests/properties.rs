@@ -251,7 +251,7 @@ proptest! {
             match d.rung {
                 // The last-chance action: only when exactly one action is left.
                 None => {
-                    prop_assert_eq!(policy.last_chance.get(&class), Some(&kind));
+                    prop_assert_eq!(policy.last_chance_kind(&failure, &opts, &ledger), Some(kind));
                     prop_assert_eq!(cap, Some(actions + 1));
                 }
                 Some(r) => {
