@@ -18,13 +18,13 @@ use crate::world::World;
 
 /// The agent's turn limit: requests it sends before it gives up on an episode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaxTurns(pub u32);
+pub(crate) struct MaxTurns(pub u32);
 
 impl MaxTurns {
     /// `2·(R + 2)` requests per step of a plan of `steps` steps: room for the gateway's own
     /// recoveries at every step, each of which may be followed by a cross-check call — never
     /// the reason an episode that heals ends early.
-    pub fn for_plan(steps: usize, budget: u32) -> MaxTurns {
+    pub(crate) fn for_plan(steps: usize, budget: u32) -> MaxTurns {
         MaxTurns(
             u32::try_from(steps)
                 .unwrap_or(u32::MAX)
@@ -35,7 +35,7 @@ impl MaxTurns {
 
 /// How one episode ended, as the client saw it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Ended {
+pub(crate) struct Ended {
     /// The answer, when the last message was JSON and the gateway called the run complete.
     pub answer: Option<Value>,
     /// The last message's text.
@@ -69,21 +69,21 @@ pub enum ClientError {
 
 /// The client's HTTP side.
 #[derive(Debug, Clone)]
-pub struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     url: String,
 }
 
 /// The boolean argument with which a tool that stamps its data (`freshness` in the task file)
 /// bypasses its cache: the world's refresh ([`crate::world::World::execute`]).
-pub const REFRESH_ARGUMENT: &str = "refresh";
+pub(crate) const REFRESH_ARGUMENT: &str = "refresh";
 
 /// The model name the client asks for (the gateway routes it to the scripted model).
-pub const MODEL: &str = "bench-model";
+pub(crate) const MODEL: &str = "bench-model";
 
 impl Client {
     /// A client of the gateway at `base_url` (up to `/v1`), each request bounded by `timeout`.
-    pub fn new(base_url: &str, timeout: Duration) -> Result<Client, ClientError> {
+    pub(crate) fn new(base_url: &str, timeout: Duration) -> Result<Client, ClientError> {
         Ok(Client {
             http: reqwest::Client::builder().timeout(timeout).build()?,
             url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
@@ -93,7 +93,7 @@ impl Client {
     /// Runs one episode: the conversation goes through the gateway until an answer without tool
     /// calls, an error, or the turn limit. While a request is out, the model's requests that
     /// arrive on `asks` are answered from `world`.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         world: &mut World<'_>,
         asks: &mut mpsc::Receiver<Ask>,
@@ -192,7 +192,7 @@ impl Client {
 
 /// The task as the user states it: the task's user message(s) (`Plan::prompt`), what the
 /// in-process client holds as well; the calls that use its values are the model's to write.
-pub fn task_prompt(task: &TaskSpec) -> String {
+pub(crate) fn task_prompt(task: &TaskSpec) -> String {
     // The user's own words, as in-process: never the plan's values, which a real client
     // does not have.
     if task.plan.prompt.is_empty() {
@@ -204,7 +204,7 @@ pub fn task_prompt(task: &TaskSpec) -> String {
 
 /// The tools the agent offers: every tool of the plan and its substitute, with their schemas
 /// (a tool that stamps its data takes the optional [`REFRESH_ARGUMENT`] too).
-pub fn offered_tools(task: &TaskSpec) -> Vec<Value> {
+pub(crate) fn offered_tools(task: &TaskSpec) -> Vec<Value> {
     let mut out = Vec::new();
     for t in &task.plan.tools {
         let mut schema = t.schema();

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// One chat-completions request the endpoint received, and where its answer goes.
 #[derive(Debug)]
-pub struct Ask {
+pub(crate) struct Ask {
     /// The request body.
     pub body: Value,
     /// The completion to answer with.
@@ -24,7 +24,7 @@ pub struct Ask {
 }
 
 /// The endpoint's routes: `POST /v1/chat/completions`, every request handed to `asks`.
-pub fn router(asks: mpsc::Sender<Ask>) -> Router {
+pub(crate) fn router(asks: mpsc::Sender<Ask>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .with_state(asks)

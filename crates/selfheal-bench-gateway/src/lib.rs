@@ -26,7 +26,7 @@
 //! re-asked before the agent runs it (`[tools.NAME] grounded`), an answer judged against its
 //! tool's declared fields and `as_of` stamp (`output`, `as_of`) and a refresh as guidance to
 //! set the tool's cache-bypass argument (`refresh`) — and the scripted model reacts to those
-//! ([`model`]). It executes no tool and knows no plan: what it knows of the tools is what the
+//! (the `model` module). It executes no tool and knows no plan: what it knows of the tools is what the
 //! arm declares in `[tools]` from the task file, as an operator would. Each episode row keeps
 //! both sides' costs and, where they differ, the transcript.
 //!
@@ -38,11 +38,12 @@
 //! print!("{}", selfheal_bench_gateway::table(&report));
 //! # Ok(()) }
 //! ```
+#![warn(unreachable_pub)]
 
-pub mod agent;
-pub mod endpoint;
-pub mod model;
-pub mod world;
+mod agent;
+mod endpoint;
+mod model;
+mod world;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -296,9 +297,9 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 ///   in-process client checks calls with; its declared output fields (`output`, the contract
 ///   the in-process client checks answers against) and, for a tool that stamps its data, the
 ///   stamp (`as_of`, with the in-process maximum age) and its cache-bypass argument
-///   (`refresh`, [`agent::REFRESH_ARGUMENT`]);
+///   (`refresh`, `agent::REFRESH_ARGUMENT`);
 /// - the model's chain: the scripted model, then the fallback model
-///   ([`model::FALLBACK_MODEL`]) the ladder's escalation goes to;
+///   (`model::FALLBACK_MODEL`) the ladder's escalation goes to;
 /// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
 ///   task set's longest plan (a deployment has one budget for every run).
 pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {

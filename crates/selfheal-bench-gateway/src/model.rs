@@ -45,17 +45,17 @@ use selfheal_bench::task::{Plan, get_path, resolve_answer};
 use selfheal_core::monitor::canonical_hash;
 
 /// The text the gateway opens a re-ask turn with (`selfheal_gateway::app`'s re-ask).
-pub const REASK_PREFIX: &str = "Your last answer's tool calls could not be used.";
+pub(crate) const REASK_PREFIX: &str = "Your last answer's tool calls could not be used.";
 
 /// The model name the gateway's escalation asks for (the second target of the arm's chain).
-pub const FALLBACK_MODEL: &str = "bench-fallback";
+pub(crate) const FALLBACK_MODEL: &str = "bench-fallback";
 
 /// The prefix of the gateway's guidance system message.
-pub const GUIDANCE_PREFIX: &str = "[selfheal] ";
+pub(crate) const GUIDANCE_PREFIX: &str = "[selfheal] ";
 
 /// What the model makes of one line of the gateway's guidance.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Heard {
+pub(crate) enum Heard {
     /// The tool keeps failing or has been disabled.
     Failing(String),
     /// The last call repeated an earlier one of this tool.
@@ -96,7 +96,7 @@ pub enum Heard {
 /// Reads the gateway's guidance out of a request's messages. The wire carries text only; these
 /// are the sentences of `selfheal_core::monitor`'s guidance a model acts on (a half-open tool and
 /// the failure-rate note need no action).
-pub fn heard(messages: &[Value]) -> Vec<Heard> {
+pub(crate) fn heard(messages: &[Value]) -> Vec<Heard> {
     let mut out = Vec::new();
     for m in messages {
         if m.get("role").and_then(Value::as_str) != Some("system") {
@@ -163,7 +163,7 @@ pub fn heard(messages: &[Value]) -> Vec<Heard> {
 /// which the in-process client reads as the tool's error whatever the plan reads of the step),
 /// with every path the plan reads from the step present, not null and not an empty array (what
 /// the benchmark's plain client checks).
-pub fn usable(plan: &Plan, s: usize, text: &str) -> Option<Value> {
+pub(crate) fn usable(plan: &Plan, s: usize, text: &str) -> Option<Value> {
     let v: Value = serde_json::from_str(text).ok()?;
     if v.get("error").is_some_and(Value::is_string) {
         return None;
@@ -178,7 +178,7 @@ pub fn usable(plan: &Plan, s: usize, text: &str) -> Option<Value> {
 
 /// What the model answers.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// One tool call.
     Call {
         /// The call's id.
@@ -196,7 +196,7 @@ pub enum Reply {
 
 impl Reply {
     /// The chat completion that carries this reply.
-    pub fn completion(&self, n: u64) -> Value {
+    pub(crate) fn completion(&self, n: u64) -> Value {
         let (message, finish) = match self {
             Reply::Call {
                 id,
@@ -236,7 +236,7 @@ struct Pending {
 
 /// The scripted model of one episode.
 #[derive(Debug, Clone)]
-pub struct Script<'t> {
+pub(crate) struct Script<'t> {
     plan: &'t Plan,
     /// The step it works on.
     s: usize,
@@ -266,7 +266,7 @@ pub struct Script<'t> {
 
 impl<'t> Script<'t> {
     /// The model at the start of an episode of `plan`.
-    pub fn new(plan: &'t Plan) -> Script<'t> {
+    pub(crate) fn new(plan: &'t Plan) -> Script<'t> {
         let n = plan.steps.len();
         Script {
             plan,
@@ -287,22 +287,22 @@ impl<'t> Script<'t> {
     }
 
     /// Whether the call `id` was a cross-check (the world charges it as a verifier's call).
-    pub fn is_check(&self, id: &str) -> bool {
+    pub(crate) fn is_check(&self, id: &str) -> bool {
         self.checks.contains(id)
     }
 
     /// The step the call `id` was written for (the world executes it there).
-    pub fn step_of(&self, id: &str) -> Option<usize> {
+    pub(crate) fn step_of(&self, id: &str) -> Option<usize> {
         self.issued.get(id).copied()
     }
 
     /// Requests answered so far.
-    pub fn asks(&self) -> u64 {
+    pub(crate) fn asks(&self) -> u64 {
         self.asks
     }
 
     /// Answers one chat-completions request body.
-    pub fn answer(&mut self, ep: &mut Episode<'_>, request: &Value) -> Reply {
+    pub(crate) fn answer(&mut self, ep: &mut Episode<'_>, request: &Value) -> Reply {
         self.asks += 1;
         self.replanned = false;
         self.just_read = None;

@@ -17,7 +17,7 @@ use crate::model::{Reply, Script};
 
 /// An episode and its scripted model.
 #[derive(Debug)]
-pub struct World<'t> {
+pub(crate) struct World<'t> {
     /// The benchmark's episode.
     pub ep: Episode<'t>,
     /// The scripted model.
@@ -27,7 +27,7 @@ pub struct World<'t> {
 impl<'t> World<'t> {
     /// A world for `task` around the episode `ep` (built from the same task). The model plans
     /// first, as the benchmark's model does for every strategy.
-    pub fn new(task: &'t TaskSpec, mut ep: Episode<'t>) -> World<'t> {
+    pub(crate) fn new(task: &'t TaskSpec, mut ep: Episode<'t>) -> World<'t> {
         ep.plan_call();
         World {
             ep,
@@ -36,14 +36,14 @@ impl<'t> World<'t> {
     }
 
     /// The model answers one chat-completions request body.
-    pub fn answer(&mut self, request: &Value) -> Reply {
+    pub(crate) fn answer(&mut self, request: &Value) -> Reply {
         self.model.answer(&mut self.ep, request)
     }
 
     /// Executes one tool call as the agent client received it, at the step the model wrote it
     /// for, and returns the tool message's text: the body the tool returned, or `Error: ...`
     /// when it raised (what agent frameworks send back).
-    pub fn execute(&mut self, id: &str, tool: &str, arguments: &str) -> String {
+    pub(crate) fn execute(&mut self, id: &str, tool: &str, arguments: &str) -> String {
         let Some(step) = self.model.step_of(id) else {
             return format!("Error: no call `{id}` was made");
         };

@@ -586,7 +586,7 @@ fn issue12_trace_refuses_a_path_that_does_not_exist() {
 #[cfg(any(feature = "gateway", feature = "mcp"))]
 #[test]
 fn issue12_trace_list_prints_local_times_and_counts_actions_like_show() {
-    use selfheal_trace::store::{Kind, RunSummary, TraceEvent, TraceWriter};
+    use selfheal_trace::{Kind, RunSummary, TraceEvent, TraceWriter};
     let dir = temp_dir("trace-list");
     let path = dir.join("trace.db");
     let writer = TraceWriter::open(&path).unwrap();

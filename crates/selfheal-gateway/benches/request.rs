@@ -13,7 +13,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 
 use selfheal_gateway::request::{ChatRequest, Edits};
-use selfheal_openai::client::normalize_request;
+use selfheal_openai::normalize_request;
 
 fn body() -> Bytes {
     let tools: Vec<Value> = ["search", "lookup", "fetch"]

@@ -22,7 +22,7 @@
 use std::fmt;
 
 use bytes::Bytes;
-use selfheal_openai::client::{ClientError, Completion, parse_completion};
+use selfheal_openai::{ClientError, Completion, parse_completion};
 use selfheal_repair::Ending;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};

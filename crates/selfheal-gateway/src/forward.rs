@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use selfheal_openai::client::ClientError;
+use selfheal_openai::ClientError;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use selfheal_core::monitor::Verdict;
-use selfheal_openai::at::At;
+use selfheal_openai::At;
 use selfheal_repair::{Ending, SchemaGuide, repair_arguments};
 
 use crate::recover::Ctx;

@@ -48,7 +48,7 @@ pub mod request;
 pub mod responses_stream;
 pub mod runs;
 mod state;
-pub use selfheal_trace::store;
+pub(crate) use selfheal_trace as store;
 pub mod stream;
 pub mod telemetry;
 pub mod upstream;

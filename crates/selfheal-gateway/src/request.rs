@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use bytes::Bytes;
-use selfheal_openai::at::At;
+use selfheal_openai::At;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::Value;

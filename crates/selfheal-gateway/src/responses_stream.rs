@@ -790,8 +790,8 @@ fn is_call(item: &Value) -> bool {
 /// # Errors
 ///
 /// As above.
-pub(crate) fn read_response(bytes: &[u8]) -> Result<Value, selfheal_openai::client::ClientError> {
-    use selfheal_openai::client::ClientError;
+pub(crate) fn read_response(bytes: &[u8]) -> Result<Value, selfheal_openai::ClientError> {
+    use selfheal_openai::ClientError;
     let v: Value = serde_json::from_slice(bytes).map_err(|e| ClientError::Decode(e.to_string()))?;
     if v.get("status").and_then(Value::as_str) == Some("failed") {
         let message = v

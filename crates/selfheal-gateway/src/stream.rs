@@ -42,7 +42,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use selfheal_openai::at::At;
+use selfheal_openai::At;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
@@ -437,7 +437,7 @@ impl Relay<'_> {
     async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
         let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
             .await
-            .and_then(|b| selfheal_openai::client::parse_completion(&b));
+            .and_then(|b| selfheal_openai::parse_completion(&b));
         let mut body = match parsed {
             Ok(c) => c.body,
             Err(e) => {

@@ -42,7 +42,7 @@ use selfheal_core::classifier::Signal;
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::run::{Action, CallId, Input};
 use selfheal_core::trace::Kind;
-use selfheal_openai::client::{
+use selfheal_openai::{
     ClientError, Completion, map_reqwest, parse_completion, retry_after_ms, status_error,
 };
 

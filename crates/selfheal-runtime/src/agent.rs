@@ -44,8 +44,8 @@ use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{Judgement, Subject, Verifier};
 use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
 
-use crate::client::{ClientError, ModelClient};
 use crate::tool::{Effect, Tool, ToolError};
+use selfheal_openai::{ClientError, ModelClient};
 
 /// An agent: a fallback chain of models, its tools and its control-plane configuration.
 #[derive(Clone)]
@@ -1298,7 +1298,7 @@ impl Loop<'_> {
 
 /// Rewrites every message into the plainest shape servers accept: `content` always a string,
 /// no `function_call`, `refusal` or `audio` fields. Returns how many messages changed.
-pub fn repair_request(messages: &mut [Value]) -> usize {
+pub(crate) fn repair_request(messages: &mut [Value]) -> usize {
     let mut changed = 0;
     for m in messages.iter_mut() {
         let Some(o) = m.as_object_mut() else {

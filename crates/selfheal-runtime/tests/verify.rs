@@ -16,7 +16,7 @@ use selfheal_core::classifier::FailureClass;
 use selfheal_core::policy::{ActionKind, Policy};
 use selfheal_core::trace::RunStatus;
 use selfheal_core::verifier::{EvidenceVerifier, Judgement, Subject, Verifier};
-use selfheal_runtime::tool::OutputSchema;
+use selfheal_runtime::OutputSchema;
 use selfheal_runtime::{Agent, Effect, FnTool, RunResult, Tool, ToolSpec};
 
 fn user(text: &str) -> Vec<Value> {

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use selfheal_trace::store::{Kind, RunSummary, TraceEvent, TraceWriter};
+use selfheal_trace::{Kind, RunSummary, TraceEvent, TraceWriter};
 use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -10,10 +10,11 @@
 //! JSON Lines file are two sinks of one decision schema and `selfheal trace replay` reads both.
 //! The front-ends' own bookkeeping (`request`, `response`, `guidance`, `hide`, ...) is recorded
 //! beside it as kinds with a JSON detail.
+#![warn(unreachable_pub)]
 
-pub mod store;
+mod store;
 
 pub use store::{
-    Detail, EventRow, RawJson, RunRow, RunSummary, StoreError, TraceEvent, TraceReader,
-    TraceWriter, is_action,
+    DEFAULT_RETENTION, Detail, EventRow, Kind, RawJson, RunRow, RunSummary, StoreError, TraceEvent,
+    TraceReader, TraceWriter, default_path, is_action,
 };

@@ -427,7 +427,7 @@ fn write_loop(
 
 /// How much nicer than the process the writer thread runs (Linux): 10, a tenth of a normal
 /// thread's share of a contended core.
-pub const WRITER_NICE: i32 = 10;
+pub(crate) const WRITER_NICE: i32 = 10;
 
 /// Lowers the calling thread's priority by [`WRITER_NICE`] (capped at 19), on Linux, where
 /// `setpriority` on a thread id affects that thread alone.

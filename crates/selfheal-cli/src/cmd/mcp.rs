@@ -11,7 +11,7 @@ use serde_json::json;
 use selfheal_core::monitor::MonitorConfig;
 use selfheal_core::trace::Kind;
 use selfheal_mcp::{McpConfig, Proxy};
-use selfheal_trace::store::{RunSummary, TraceEvent};
+use selfheal_trace::{RunSummary, TraceEvent};
 
 /// Arguments of `selfheal mcp`.
 #[derive(Args, Debug)]

@@ -29,11 +29,7 @@ pub fn open_trace(
     no_trace: bool,
     path: Option<&std::path::Path>,
 ) -> anyhow::Result<selfheal_trace::TraceWriter> {
-    open_trace_kept(
-        no_trace,
-        path,
-        Some(selfheal_trace::store::DEFAULT_RETENTION),
-    )
+    open_trace_kept(no_trace, path, Some(selfheal_trace::DEFAULT_RETENTION))
 }
 
 /// [`open_trace`] keeping events for `retention` (`None`: for ever).
@@ -47,10 +43,7 @@ pub fn open_trace_kept(
     if no_trace {
         return Ok(selfheal_trace::TraceWriter::disabled());
     }
-    let path = path.map_or_else(
-        selfheal_trace::store::default_path,
-        std::path::Path::to_path_buf,
-    );
+    let path = path.map_or_else(selfheal_trace::default_path, std::path::Path::to_path_buf);
     selfheal_trace::TraceWriter::open_with_retention(&path, retention)
         .with_context(|| format!("cannot open the trace at {}", path.display()))
 }

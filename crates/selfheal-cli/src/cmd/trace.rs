@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 
 use selfheal_trace::TraceReader;
-use selfheal_trace::store::{StoreError, is_action};
+use selfheal_trace::{StoreError, is_action};
 
 /// Where the trace is.
 #[derive(Args, Debug)]
@@ -83,7 +83,7 @@ fn open(db: &TraceDb) -> anyhow::Result<Option<TraceReader>> {
     let path = db
         .trace_db
         .clone()
-        .unwrap_or_else(selfheal_trace::store::default_path);
+        .unwrap_or_else(selfheal_trace::default_path);
     match TraceReader::open(&path) {
         Err(StoreError::NotFound(p)) if db.trace_db.is_none() => {
             eprintln!(

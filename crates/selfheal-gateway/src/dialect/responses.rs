@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use selfheal_core::call::ReaskState;
-use selfheal_openai::client::ClientError;
+use selfheal_openai::ClientError;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
