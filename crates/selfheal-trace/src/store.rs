@@ -1082,9 +1082,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("selfheal-store-two-{}", std::process::id()));
         let path = dir.join("t.db");
         let _ = std::fs::remove_dir_all(&dir);
+        // No retention: the events are stamped near 1970, and a second writer's start-up
+        // expiry would otherwise delete what the first had already committed (a flake under
+        // load, when the first commits before the second starts).
         let writers = [
-            TraceWriter::open(&path).unwrap(),
-            TraceWriter::open(&path).unwrap(),
+            TraceWriter::open_with_retention(&path, None).unwrap(),
+            TraceWriter::open_with_retention(&path, None).unwrap(),
         ];
         for i in 0..300u64 {
             for (w, writer) in writers.iter().enumerate() {
