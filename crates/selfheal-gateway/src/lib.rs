@@ -43,6 +43,7 @@ mod http;
 pub mod metrics;
 mod pipeline;
 pub mod recover;
+mod relay;
 mod report;
 pub mod request;
 pub mod responses_stream;

@@ -12,6 +12,7 @@ use crate::heal::{self, ToolIndex};
 use crate::http::sse_response;
 use crate::metrics::Metrics;
 use crate::recover;
+use crate::relay::{AskAgain, Grammar, Hooks, ReadAgain};
 use crate::request::{ChatRequest, Edits};
 use crate::runs::RunState;
 use crate::state::{AppState, lock};
@@ -597,92 +598,76 @@ pub(crate) fn time_rng() -> selfheal_core::rng::SplitMix64 {
     )
 }
 
-/// The streaming relay's second asking: non-streaming calls through the chain, charged to the
-/// run's budget like the non-streaming re-ask, each answer checked the same way. With problems,
-/// they are appended as a user turn (a re-ask of unusable tool calls, repeated while the
-/// policy's ladder allows); without, the same request is asked again (a re-issue of a stream
-/// that broke before any content), and unusable calls in that answer are re-asked in turn.
-pub(crate) fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
-    let (t, ctx) = (t.clone(), ctx.clone());
-    Box::new(move |problems: Vec<heal::Problem>| Box::pin(ask_again(t, ctx, problems, None)))
+/// One API's second asking of a streamed request, without streaming: the request with `extra`
+/// appended (a re-ask's problems, the read before answering's guidance; nothing for a re-issue)
+/// asked along `chain`, charged to the run's budget, and its answer's calls checked as a whole
+/// answer's are — `Ok` when they can be used, else their problems. The decisions around it
+/// (whether to ask at all, along which chain) are [`ask_again`]'s, the same for every API.
+pub(crate) trait AskStream: Clone + Send + Sync + 'static {
+    /// The API's whole, checked answer.
+    type Answer: Send + 'static;
+    /// The turn the stream belongs to.
+    fn turn(&self) -> &Turn;
+    /// The chain the stream was asked along.
+    fn chain(&self) -> &[crate::config::Target];
+    /// Asks once, as above.
+    fn ask_once<'a>(
+        &'a self,
+        chain: &'a [crate::config::Target],
+        extra: Option<Value>,
+    ) -> BoxFuture<'a, Option<Result<Self::Answer, Vec<heal::Problem>>>>;
+    /// Whether an answer calls tools.
+    fn calls_tools(answer: &Self::Answer) -> bool;
 }
 
-/// [`stream_reask`]'s calls. With `guidance` (the read before answering), the first call
-/// appends it as a system message, as the non-streaming path does, and needs no decision of
-/// its own (the core's `reread_due` made it); unusable calls in its answer are re-asked in turn.
-pub(crate) async fn ask_again(
-    t: Turn,
-    ctx: Call,
+/// The relay's hook that asks again ([`ask_again`] without guidance).
+pub(crate) fn again_hook<A: AskStream>(a: &A) -> AskAgain<A::Answer> {
+    let a = a.clone();
+    Box::new(move |problems: Vec<heal::Problem>| {
+        Box::pin(async move { ask_again(&a, problems, None).await })
+    })
+}
+
+/// The streaming relay's second asking, for every API: non-streaming calls through the chain,
+/// each answer checked ([`AskStream::ask_once`]). With `guidance` (the read before answering),
+/// the first call appends it and needs no decision of its own (the core's `reread_due` made
+/// it); with problems, they are appended as a user turn (a re-ask of unusable tool calls,
+/// repeated while the policy's ladder allows, its escalation moving to the chain's next
+/// target); with neither, the same request is asked again (a re-issue of a stream that broke
+/// before any content, when the core grants it). Unusable calls in an answer are re-asked in
+/// turn.
+pub(crate) async fn ask_again<A: AskStream>(
+    a: &A,
     problems: Vec<heal::Problem>,
     guidance: Option<Value>,
-) -> Option<stream::Reasked> {
-    let s = &t.s;
-    let req = ChatRequest::parse(&ctx.bytes).ok()?;
+) -> Option<A::Answer> {
+    let t = a.turn();
     let mut problems = problems;
     let mut guidance = guidance;
     let mut ladder = ReaskState::default();
-    // The ladder's escalation moves the re-asks to the chain's next target, as the
-    // non-streaming re-ask does.
-    let mut chain: &[crate::config::Target] = &ctx.chain;
+    let mut chain = a.chain();
     loop {
         let extra = match guidance.take() {
             Some(g) => Some(g),
             None if problems.is_empty() => {
-                if !reissue_granted(&t) {
+                if !reissue_granted(t) {
                     return None;
                 }
                 t.event(Kind::Reissue, json!({"stream": false}));
                 None
             }
             None => {
-                let (next, _) = reask_or_escalate(&t, &problems, ladder, &mut chain)?;
+                let (next, _) = reask_or_escalate(t, &problems, ladder, &mut chain)?;
                 ladder = next;
-                Metrics::inc(&s.metrics.reasks_total);
+                Metrics::inc(&t.s.metrics.reasks_total);
                 t.event(Kind::Reask, json!({"problems": problems}));
                 Some(reask_turn(&problems))
             }
         };
-        let encode = |m: &str| {
-            req.encode(
-                &Edits {
-                    model: Some(m),
-                    append: extra.as_ref(),
-                    stream: Some(false),
-                    ..ctx.applied.edits()
-                },
-                &ctx.bytes,
-            )
-        };
-        let mut log = CallLog::default();
-        let result = t.call(chain, &encode, &chat_op, &mut log).await;
-        log_calls(&t, &log, &mut Vec::new());
-        let mut body = result.ok()?.body;
-        let grounding = recover::Grounding {
-            tools: &s.config.tools,
-            messages: &req.messages,
-        };
-        // A stream's re-ask is asked without streaming: its answer is whole, so calls written
-        // as text are taken here as on the non-streaming path.
-        let check = check_completion(
-            &mut body,
-            &ctx.tools,
-            &s.guides,
-            &ctx.answered,
-            grounding,
-            !req.tool_choice_none(),
-        );
-        if !check.invalid.is_empty() {
-            problems = check.invalid;
-            continue;
+        match a.ask_once(chain, extra).await? {
+            Ok(answer) => return Some(answer),
+            Err(again) => problems = again,
         }
-        return Some(stream::Reasked {
-            message: body.at("/choices/0/message").cloned()?,
-            finish_reason: body
-                .at("/choices/0/finish_reason")
-                .cloned()
-                .unwrap_or_else(|| json!("stop")),
-            repaired: check.repaired,
-        });
     }
 }
 
@@ -691,25 +676,97 @@ pub(crate) async fn ask_again(
 /// out `partial` instead), else the core's `reread_due` ([`recover::reread_before_answer`]);
 /// when due, the request asked again with the guidance appended ([`ask_again`]). An answer
 /// without a tool call, or none, leaves the value unread.
-pub(crate) fn stream_reread(t: &Turn, ctx: &Call) -> stream::ReadAgain<stream::Reasked> {
-    let (t, ctx) = (t.clone(), ctx.clone());
+pub(crate) fn reread_hook<A: AskStream>(a: &A) -> ReadAgain<A::Answer> {
+    let a = a.clone();
     Box::new(move || {
         Box::pin(async move {
-            let text = reread_due(&t)?;
-            let extra = reread_item(&text);
-            let answer = ask_again(t, ctx, Vec::new(), Some(extra)).await;
-            let called = answer.as_ref().map(|a| {
-                a.message
-                    .get("tool_calls")
-                    .and_then(Value::as_array)
-                    .is_some_and(|c| !c.is_empty())
-            });
-            Some(stream::Reread {
+            let text = reread_due(a.turn())?;
+            let answer = ask_again(&a, Vec::new(), Some(reread_item(&text))).await;
+            let called = answer.as_ref().map(A::calls_tools);
+            Some(crate::relay::Reread {
                 answer,
                 unread: unread(called, &text),
             })
         })
     })
+}
+
+/// A chat stream's second asking ([`AskStream`]): the turn and the call's context.
+#[derive(Clone)]
+pub(crate) struct ChatAgain {
+    /// The turn.
+    pub(crate) t: Turn,
+    /// The call's context (chain, bytes, edits, tools, answered calls).
+    pub(crate) ctx: Call,
+}
+
+impl AskStream for ChatAgain {
+    type Answer = stream::Reasked;
+
+    fn turn(&self) -> &Turn {
+        &self.t
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.ctx.chain
+    }
+
+    fn ask_once<'a>(
+        &'a self,
+        chain: &'a [crate::config::Target],
+        extra: Option<Value>,
+    ) -> BoxFuture<'a, Option<Result<stream::Reasked, Vec<heal::Problem>>>> {
+        Box::pin(async move {
+            let (t, ctx, s) = (&self.t, &self.ctx, &self.t.s);
+            let req = ChatRequest::parse(&ctx.bytes).ok()?;
+            let encode = |m: &str| {
+                let edits = Edits {
+                    model: Some(m),
+                    append: extra.as_ref(),
+                    stream: Some(false),
+                    ..ctx.applied.edits()
+                };
+                req.encode(&edits, &ctx.bytes)
+            };
+            let mut log = CallLog::default();
+            let result = t.call(chain, &encode, &chat_op, &mut log).await;
+            log_calls(t, &log, &mut Vec::new());
+            let mut body = result.ok()?.body;
+            let grounding = recover::Grounding {
+                tools: &s.config.tools,
+                messages: &req.messages,
+            };
+            // A stream's re-ask is asked without streaming: its answer is whole, so calls
+            // written as text are taken here as on the non-streaming path.
+            let check = check_completion(
+                &mut body,
+                &ctx.tools,
+                &s.guides,
+                &ctx.answered,
+                grounding,
+                !req.tool_choice_none(),
+            );
+            if !check.invalid.is_empty() {
+                return Some(Err(check.invalid));
+            }
+            Some(Ok(stream::Reasked {
+                message: body.at("/choices/0/message").cloned()?,
+                finish_reason: body
+                    .at("/choices/0/finish_reason")
+                    .cloned()
+                    .unwrap_or_else(|| json!("stop")),
+                repaired: check.repaired,
+            }))
+        })
+    }
+
+    fn calls_tools(answer: &stream::Reasked) -> bool {
+        answer
+            .message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty())
+    }
 }
 
 /// Whether a final answer is held for the read before answering: its guidance, when the run is
@@ -736,19 +793,6 @@ pub(crate) fn unread(called: Option<bool>, text: &str) -> Option<String> {
             "not read again before answering (no usable answer to the request for it): {text}"
         )),
     }
-}
-
-/// The run's budget as the final report of a stream shows it ([`stream::Hooks::budget`]).
-pub(crate) fn stream_budget(t: &Turn) -> stream::Budget {
-    let state = t.state.clone();
-    Box::new(move || budget_json(&lock(&state)))
-}
-
-/// The core's judgement of a streamed final answer ([`stream::Hooks::unsettled`]):
-/// [`recover::unsettled`] on the run's state when the answer ends.
-pub(crate) fn stream_unsettled(t: &Turn) -> stream::Unsettled {
-    let state = t.state.clone();
-    Box::new(move || recover::unsettled(&lock(&state)))
 }
 
 /// Records the call's decisions and events (trace, metrics) and adds their kinds to `actions`.
@@ -885,27 +929,65 @@ pub(crate) fn reread_item(text: &str) -> Value {
     json!({"role": "system", "content": format!("[selfheal] {text}")})
 }
 
-/// Runs a relay in its own task and answers the client with the frames it sends (redacted,
-/// as SSE). When the relay is done the run's end is recorded ([`finish_stream`]) before its
-/// sender is dropped, so the trace has the `response` event before the client sees the end.
-/// The response's head waits for the relay's first frame and carries the report as it stood
-/// then ([`stream::head_report`]: the actions taken, a re-read, a `partial` or `failed` already
-/// known), not a `complete` written before the upstream answered.
-pub(crate) async fn relay_response<F>(
+/// The hooks of a stream's relay, for any API: `again` asks again (a re-ask, a re-issue, the
+/// read before answering: [`ask_again`]), `check` checks the held calls further; the core's
+/// judgement of a final answer ([`recover::unsettled`] when it ends), the run's budget as the
+/// final report shows it and what a client gets for calls left out are the same on every API. The head is set in the relay's task
+/// ([`relay_stream`]).
+pub(crate) fn stream_hooks<A: AskStream>(
     t: &Turn,
-    actions: &[String],
-    learnable: Option<crate::config::Target>,
-    relay: impl FnOnce(mpsc::Sender<stream::Frame>, stream::Head) -> F,
-) -> Response
-where
-    F: Future<Output = (stream::StreamReport, mpsc::Sender<stream::Frame>)> + Send + 'static,
-{
+    again: &A,
+    check: Option<stream::Check>,
+) -> Hooks<A::Answer> {
+    let (state, budget) = (t.state.clone(), t.state.clone());
+    Hooks {
+        reask: Some(again_hook(again)),
+        reissue: Some(again_hook(again)),
+        check,
+        reread: Some(reread_hook(again)),
+        unsettled: Some(Box::new(move || recover::unsettled(&lock(&state)))),
+        head: None,
+        budget: Some(Box::new(move || budget_json(&lock(&budget)))),
+        on_partial: t.s.config.server.on_partial,
+    }
+}
+
+/// How a request is written for a target model.
+pub(crate) type Encode<'a> = &'a (dyn Fn(&str) -> Bytes + Send + Sync);
+
+/// Stage 4 (streaming), for every API: the request asked along `chain` for a stream (`op`), and
+/// the stream relayed in grammar `G` ([`crate::relay`]) with `hooks`, in its own task; the
+/// client is answered with the frames it sends (redacted, as SSE). When the relay is done the
+/// run's end is recorded ([`finish_stream`]) before its sender is dropped, so the trace has the
+/// `response` event before the client sees the end. The response's head waits for the relay's
+/// first frame and carries the report as it stood then ([`crate::relay`]'s head report: the
+/// actions taken, a re-read, a `partial` or `failed` already known), not a `complete` written
+/// before the upstream answered.
+pub(crate) async fn relay_stream<G: Grammar + Default + 'static>(
+    t: &Turn,
+    (chain, encode): (&[crate::config::Target], Encode<'_>),
+    op: crate::upstream::Op<'_, reqwest::Response>,
+    tools: Arc<ToolIndex>,
+    hooks: Hooks<G::Answer>,
+    mut actions: Vec<String>,
+) -> Result<Response, ApiError> {
+    let mut log = CallLog::default();
+    let result = t.call(chain, encode, op, &mut log).await;
+    log_calls(t, &log, &mut actions);
+    let upstream = result.map_err(|e| t.failed(e))?;
+    let report = selfheal_report(&t.state, "complete", None, &actions);
+    let learnable = log.served.clone().filter(|_| !tools.is_empty());
+    let guides = t.s.guides.clone();
     let (tx, rx) = mpsc::channel(64);
     let (head_tx, head_rx) = tokio::sync::oneshot::channel();
-    let run = relay(tx, head_tx);
+    let hooks = Hooks {
+        head: Some(head_tx),
+        ..hooks
+    };
     let t2 = t.clone();
     tokio::spawn(async move {
-        let (r, tx) = run.await;
+        let g = G::default();
+        let r = crate::relay::relay(g, upstream, tools, guides, Some(report), hooks, &tx).await;
         finish_stream(&t2, &r, learnable.as_ref());
         drop(tx);
     });
@@ -925,8 +1007,8 @@ where
             .filter_map(Value::as_str)
             .map(str::to_owned)
             .collect(),
-        _ => actions.to_vec(),
+        _ => actions,
     };
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
-    resp
+    Ok(resp)
 }

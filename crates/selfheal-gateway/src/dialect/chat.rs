@@ -11,10 +11,10 @@ use crate::heal::{self};
 use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    Call, Turn, adopt_first_call, answer_op, chat_op, check_completion, completion_first_call,
-    edit_request, log_calls, partial_error, reask_or_escalate, reask_turn, rebuild_run,
-    relay_response, reread_due, reread_item, send_op, stop_run, stopping, stream_budget,
-    stream_check, stream_reask, stream_reread, stream_unsettled,
+    Call, ChatAgain, Turn, adopt_first_call, answer_op, chat_op, check_completion,
+    completion_first_call, edit_request, log_calls, partial_error, reask_or_escalate, reask_turn,
+    rebuild_run, relay_stream, reread_due, reread_item, send_op, stop_run, stopping, stream_check,
+    stream_hooks,
 };
 use crate::recover;
 use crate::report::{add_headers, call_actions, selfheal_report, selfheal_report_bytes};
@@ -150,12 +150,13 @@ pub(crate) async fn chat_inner(
     }
 }
 
-/// Stage 4 (streaming): the upstream stream relayed, tool calls held and checked.
+/// Stage 4 (streaming): the upstream stream relayed in the chat grammar, tool calls held and
+/// checked ([`relay_stream`]).
 pub(crate) async fn answer_stream(
     t: &Turn,
     req: &ChatRequest<'_>,
     ctx: Call,
-    mut actions: Vec<String>,
+    actions: Vec<String>,
 ) -> Result<Response, ApiError> {
     let edits = ctx.applied.edits();
     let encode = |m: &str| {
@@ -167,44 +168,14 @@ pub(crate) async fn answer_stream(
             &ctx.bytes,
         )
     };
-    let mut log = CallLog::default();
-    let result = t.call(&ctx.chain, &encode, &send_op, &mut log).await;
-    log_calls(t, &log, &mut actions);
-    let upstream = result.map_err(|e| t.failed(e))?;
-    let served = log.served.clone();
-    let report = selfheal_report(&t.state, "complete", None, &actions);
-    let hooks = stream::Hooks {
-        reask: Some(stream_reask(t, &ctx)),
-        reissue: Some(stream_reask(t, &ctx)),
-        check: stream_check(t, req, &ctx),
-        reread: Some(stream_reread(t, &ctx)),
-        unsettled: Some(stream_unsettled(t)),
-        // Set in the relay's task: the head waits for its first frame.
-        head: None,
-        budget: Some(stream_budget(t)),
-        on_partial: t.s.config.server.on_partial,
+    let check = stream_check(t, req, &ctx);
+    let again = ChatAgain {
+        t: t.clone(),
+        ctx: ctx.clone(),
     };
-    let learnable = served.filter(|_| !ctx.tools.is_empty());
-    let guides = t.s.guides.clone();
-    Ok(
-        relay_response(t, &actions, learnable, move |tx, head| async move {
-            let hooks = stream::Hooks {
-                head: Some(head),
-                ..hooks
-            };
-            let r = stream::relay(
-                upstream,
-                ctx.tools.clone(),
-                guides,
-                Some(report),
-                hooks,
-                &tx,
-            )
-            .await;
-            (r, tx)
-        })
-        .await,
-    )
+    let hooks = stream_hooks(t, &again, check);
+    let (chain, tools) = (&ctx.chain, ctx.tools.clone());
+    relay_stream::<stream::Chat>(t, (chain, &encode), &send_op, tools, hooks, actions).await
 }
 
 /// What a whole chat answer is asked with: the turn, the client's request, what the pipeline

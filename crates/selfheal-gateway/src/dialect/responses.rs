@@ -10,17 +10,16 @@ use crate::heal::{self, ToolIndex};
 use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    Turn, calls_check, failed, grounding_check, log_calls, partial_error, reask_or_escalate,
-    reask_turn, record_decisions, reissue_granted, relay_response, remember_response,
-    repeatable_out, reread_due, reread_item, say_in_output, stop_run, stopping, stream_budget,
-    stream_unsettled, unread,
+    AskStream, Turn, calls_check, failed, grounding_check, log_calls, partial_error,
+    reask_or_escalate, reask_turn, record_decisions, relay_stream, remember_response,
+    repeatable_out, reread_due, reread_item, say_in_output, stop_run, stopping, stream_hooks,
+    unread,
 };
 use crate::recover;
 use crate::report::{add_headers, selfheal_report, tool_result_detail};
 use crate::responses_stream;
 use crate::state::{AppState, lock, mark_no_stream, unix_ms};
 use crate::store::Kind;
-use crate::stream;
 use crate::upstream::{CallLog, UpstreamClient};
 use axum::body::Body;
 use axum::extract::State;
@@ -681,55 +680,23 @@ pub(crate) async fn answer_responses_stream(
     chain: Vec<crate::config::Target>,
     tools: ToolIndex,
     checks: Checks,
-    mut actions: Vec<String>,
+    actions: Vec<String>,
 ) -> Result<Response, ApiError> {
-    let encode = |m: &str| encode_responses(&req, m, None);
-    let mut log = CallLog::default();
-    let result = t.call(&chain, &encode, &responses_op, &mut log).await;
-    log_calls(t, &log, &mut actions);
-    let served = log.served.clone();
-    let upstream = result.map_err(|e| t.failed(e))?;
-    let report = selfheal_report(&t.state, "complete", None, &actions);
     let again = ResponsesAgain {
         t: t.clone(),
         req: Arc::new(req),
         chain: Arc::new(chain),
         tools: Arc::new(tools),
-        checks: checks.clone(),
+        checks,
     };
-    let grounded = checks.evidence.map(|evidence| grounding_check(t, evidence));
-    let hooks = responses_stream::Hooks {
-        reask: Some(again.hook()),
-        reissue: Some(again.hook()),
-        check: calls_check(checks.answered, grounded),
-        reread: Some(again.reread()),
-        unsettled: Some(stream_unsettled(t)),
-        // Set in the relay's task: the head waits for its first frame.
-        head: None,
-        budget: Some(stream_budget(t)),
-        on_partial: t.s.config.server.on_partial,
-    };
-    let learnable = served.filter(|_| !again.tools.is_empty());
-    let guides = t.s.guides.clone();
-    Ok(
-        relay_response(t, &actions, learnable, move |tx, head| async move {
-            let hooks = responses_stream::Hooks {
-                head: Some(head),
-                ..hooks
-            };
-            let r = responses_stream::relay(
-                upstream,
-                again.tools.clone(),
-                guides,
-                Some(report),
-                hooks,
-                &tx,
-            )
-            .await;
-            (r, tx)
-        })
-        .await,
-    )
+    let encode = |m: &str| encode_responses(&again.req, m, None);
+    let grounded = again.checks.evidence.clone().map(|e| grounding_check(t, e));
+    let check = calls_check(again.checks.answered.clone(), grounded);
+    let hooks = stream_hooks(t, &again, check);
+    let on = (&again.chain[..], &encode as crate::pipeline::Encode<'_>);
+    let op = &responses_op;
+    relay_stream::<responses_stream::Responses>(t, on, op, again.tools.clone(), hooks, actions)
+        .await
 }
 
 /// What a Responses stream's second asking needs (owned: it runs in the relay's task).
@@ -777,48 +744,24 @@ pub(crate) fn check_responses_answer(
     check
 }
 
-impl ResponsesAgain {
-    /// Non-streaming calls through the chain, charged to the run like the chat stream's
-    /// ([`stream_reask`](crate::pipeline::stream_reask)): with problems, a re-ask along the ladder of their class; without,
-    /// a re-issue decided by the core's `stream_broke`; each answer checked, and unusable calls
-    /// in it re-asked in turn.
-    pub(crate) fn hook(&self) -> responses_stream::Reask {
-        let me = self.clone();
-        Box::new(move |problems: Vec<heal::Problem>| Box::pin(me.ask(problems, None)))
+impl AskStream for ResponsesAgain {
+    type Answer = responses_stream::Reanswered;
+
+    fn turn(&self) -> &Turn {
+        &self.t
     }
 
-    /// [`ResponsesAgain::hook`]'s calls. With `guidance` (the read before answering), the
-    /// first call appends it as a system message and needs no decision of its own; unusable
-    /// calls in its answer are re-asked in turn.
-    pub(crate) async fn ask(
-        self,
-        problems: Vec<heal::Problem>,
-        guidance: Option<Value>,
-    ) -> Option<responses_stream::Reanswered> {
-        let t = &self.t;
-        let mut problems = problems;
-        let mut guidance = guidance;
-        let mut ladder = ReaskState::default();
-        // The ladder's escalation moves the re-asks to the chain's next target, as on chat.
-        let mut chain: &[crate::config::Target] = &self.chain;
-        loop {
-            let extra = match guidance.take() {
-                Some(g) => Some(g),
-                None if problems.is_empty() => {
-                    if !reissue_granted(t) {
-                        return None;
-                    }
-                    t.event(Kind::Reissue, json!({"stream": false}));
-                    None
-                }
-                None => {
-                    let (next, _) = reask_or_escalate(t, &problems, ladder, &mut chain)?;
-                    ladder = next;
-                    Metrics::inc(&t.s.metrics.reasks_total);
-                    t.event(Kind::Reask, json!({"problems": problems}));
-                    Some(reask_turn(&problems))
-                }
-            };
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.chain
+    }
+
+    fn ask_once<'a>(
+        &'a self,
+        chain: &'a [crate::config::Target],
+        extra: Option<Value>,
+    ) -> BoxFuture<'a, Option<Result<Self::Answer, Vec<heal::Problem>>>> {
+        Box::pin(async move {
+            let t = &self.t;
             let mut req = (*self.req).clone();
             req.insert("stream".into(), Value::Bool(false));
             let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
@@ -834,32 +777,17 @@ impl ResponsesAgain {
                 self.checks.evidence.as_deref().map(Vec::as_slice),
             );
             if !check.invalid.is_empty() {
-                problems = check.invalid;
-                continue;
+                return Some(Err(check.invalid));
             }
-            return Some(responses_stream::Reanswered {
+            Some(Ok(responses_stream::Reanswered {
                 response,
                 repaired: check.repaired,
-            });
-        }
+            }))
+        })
     }
 
-    /// The read before answering of a streamed Responses answer, decided and asked as for a
-    /// chat stream ([`stream_reread`](crate::pipeline::stream_reread)).
-    pub(crate) fn reread(&self) -> stream::ReadAgain<responses_stream::Reanswered> {
-        let me = self.clone();
-        Box::new(move || {
-            Box::pin(async move {
-                let text = reread_due(&me.t)?;
-                let extra = reread_item(&text);
-                let answer = me.ask(Vec::new(), Some(extra)).await;
-                let called = answer.as_ref().map(|a| responses_calls(&a.response));
-                Some(stream::Reread {
-                    answer,
-                    unread: unread(called, &text),
-                })
-            })
-        })
+    fn calls_tools(answer: &Self::Answer) -> bool {
+        responses_calls(&answer.response)
     }
 }
 
