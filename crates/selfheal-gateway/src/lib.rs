@@ -53,6 +53,7 @@ pub use selfheal_trace::store;
 pub mod stream;
 pub mod telemetry;
 pub mod upstream;
+mod whole;
 mod wire;
 
 use std::future::Future;

@@ -4,7 +4,6 @@
 
 use crate::answer;
 use crate::auth::Caller;
-use crate::config::OnPartial;
 use crate::error::ApiError;
 use crate::forward::passthrough;
 use crate::heal::{self};
@@ -12,23 +11,22 @@ use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
     Call, ChatAgain, Turn, adopt_first_call, answer_op, chat_op, check_completion,
-    completion_first_call, edit_request, log_calls, partial_error, reask_or_escalate, reask_turn,
-    rebuild_run, relay_stream, reread_due, reread_item, send_op, stop_run, stopping, stream_check,
-    stream_hooks,
+    completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op, stop_run,
+    stopping, stream_check, stream_hooks,
 };
 use crate::recover;
-use crate::report::{add_headers, call_actions, selfheal_report, selfheal_report_bytes};
+use crate::report::{add_headers, call_actions, selfheal_report_bytes};
 use crate::request::{ChatRequest, Edits};
 use crate::runs::run_id;
-use crate::state::{AppState, lock, mark_no_stream, unix_ms};
+use crate::state::{AppState, mark_no_stream, unix_ms};
 use crate::store::Kind;
 use crate::stream;
 use crate::upstream::CallLog;
+use crate::whole::{Plain, WholeDialect, heal_whole};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use selfheal_core::call::ReaskState;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
@@ -206,100 +204,108 @@ impl Asked<'_> {
     }
 }
 
-/// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
-/// re-asked once within the budget), the answer with its `selfheal` report — as SSE when the
-/// client asked for a stream from a target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)).
+/// Stages 4–6 (non-streaming): the whole answer ([`heal_whole`]) — as SSE when the client asked
+/// for a stream from a target learned not to stream tool calls
+/// ([`NoStream`](crate::state::NoStream)).
 pub(crate) async fn answer_complete(
     t: &Turn,
     req: &ChatRequest<'_>,
     ctx: &Call,
-    mut actions: Vec<String>,
+    actions: Vec<String>,
 ) -> Result<Response, ApiError> {
     let edits = Edits {
         stream: req.stream.then_some(false),
         ..ctx.applied.edits()
     };
-    let asked = Asked { t, req, ctx, edits };
-    let encode = |m: &str| asked.encode(m, None);
-    let mut log = CallLog::default();
-    let result = t.call(&ctx.chain, &encode, &answer_op, &mut log).await;
-    let mut answer = match result {
-        Ok(a) => a,
-        Err(e) => {
-            log_calls(t, &log, &mut actions);
-            return Err(t.failed(e));
-        }
-    };
-    let unsettled = read_before_answering(asked, &mut answer, &mut actions, &mut log).await;
-    if let Some(resp) = answer_plain(asked, &answer, unsettled.is_none(), &mut actions, &log) {
-        return Ok(resp);
-    }
-    let completion = match answer.into_completion() {
-        Ok(c) => c.body,
-        Err(e) => {
-            // Not reached: a plain answer passed the checks `parse_completion` makes.
-            let e = ApiError::exhausted(vec![e.to_string()]);
-            log_calls(t, &log, &mut actions);
-            return Err(t.failed(e));
-        }
-    };
-    let (completion, check, reasked) = reask_calls(asked, completion, &mut actions, &mut log).await;
-    // A re-ask answered with a final answer: judged by the core as the first answer would be.
-    let unsettled = if unsettled.is_none()
-        && check.invalid.is_empty()
-        && reasked
-        && completion
-            .pointer("/choices/0/message/tool_calls")
-            .and_then(Value::as_array)
-            .is_none_or(Vec::is_empty)
-    {
-        recover::unsettled(&lock(&t.state))
-    } else {
-        unsettled
-    };
-    log_calls(t, &log, &mut actions);
-    answer_checked(asked, completion, &check, unsettled, actions)
+    heal_whole(&Asked { t, req, ctx, edits }, actions).await
 }
 
-/// Check: a final answer is judged by the core as its `finish` would judge the run: with a
-/// failure open or unresolved it is `partial` (in-process such a run never reaches its answer;
-/// the reason is returned). Otherwise the core's read before answering: the final answer of a
-/// run that needed a recovery is held, and the model asked to read its unconfirmed values once
-/// more first.
-async fn read_before_answering(
-    asked: Asked<'_>,
-    answer: &mut answer::Answer,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> Option<String> {
-    let t = asked.t;
-    if answer.calls_tools() {
-        return None;
+impl WholeDialect for Asked<'_> {
+    type First = answer::Answer;
+
+    fn turn(&self) -> &Turn {
+        self.t
     }
-    let unsettled = recover::unsettled(&lock(&t.state));
-    let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() else {
-        return unsettled;
-    };
-    if !actions.iter().any(|a| a == "reread") {
-        actions.push("reread".into());
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.ctx.chain
     }
-    let extra = reread_item(&text);
-    let again = |m: &str| asked.encode(m, Some(&extra));
-    // The read is the model's to ask for. An upstream that fails, or a model that answers
-    // again without the call, leaves the answer unread: it goes out `partial`, not claimed as
-    // if the read had confirmed it.
-    match t.call(&asked.ctx.chain, &again, &answer_op, log).await {
-        Ok(a) if a.calls_tools() => {
-            *answer = a;
-            None
+
+    async fn ask_first(
+        &self,
+        extra: Option<&Value>,
+        log: &mut CallLog,
+    ) -> Result<answer::Answer, ApiError> {
+        let encode = |m: &str| self.encode(m, extra);
+        self.t.call(&self.ctx.chain, &encode, &answer_op, log).await
+    }
+
+    fn first_calls_tools(first: &answer::Answer) -> bool {
+        first.calls_tools()
+    }
+
+    fn plain(
+        &self,
+        first: answer::Answer,
+        settled: bool,
+        actions: &mut Vec<String>,
+        log: &CallLog,
+    ) -> Result<Plain, ApiError> {
+        if let Some(resp) = answer_plain(*self, &first, settled, actions, log) {
+            return Ok(Plain::Answered(resp));
         }
-        Ok(a) => {
-            *answer = a;
-            Some(format!("not read again before answering: {text}"))
+        // Not failing: a plain answer passed the checks `parse_completion` makes.
+        let c = first.into_completion();
+        c.map(|c| Plain::Parsed(c.body))
+            .map_err(|e| ApiError::exhausted(vec![e.to_string()]))
+    }
+
+    async fn ask(
+        &self,
+        chain: &[crate::config::Target],
+        extra: &Value,
+        log: &mut CallLog,
+    ) -> Result<Value, ApiError> {
+        let again = |m: &str| self.encode(m, Some(extra));
+        Ok(self.t.call(chain, &again, &chat_op, log).await?.body)
+    }
+
+    fn check(&self, completion: &mut Value) -> heal::CallCheck {
+        let (s, req, ctx) = (&self.t.s, self.req, self.ctx);
+        let grounding = recover::Grounding {
+            tools: &s.config.tools,
+            messages: &req.messages,
+        };
+        let salvage = !req.tool_choice_none();
+        let (tools, answered) = (&ctx.tools, &ctx.answered);
+        check_completion(completion, tools, &s.guides, answered, grounding, salvage)
+    }
+
+    fn calls_tools(completion: &Value) -> bool {
+        completion
+            .pointer("/choices/0/message/tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty())
+    }
+
+    fn say(completion: &mut Value, words: &str) {
+        if let Some(m) = completion.pointer_mut("/choices/0/message") {
+            heal::say(m, words);
         }
-        Err(_) => Some(format!(
-            "not read again before answering (the upstream failed): {text}"
-        )),
+    }
+
+    fn seal(&self, completion: &mut Value) {
+        adopt_first_call(self.t, completion_first_call(completion));
+        self.t.caller.redactor.value(completion);
+    }
+
+    fn render(&self, completion: Value) -> Response {
+        if self.req.stream {
+            let frames = stream::answer_frames(&completion);
+            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
+        } else {
+            axum::Json(completion).into_response()
+        }
     }
 }
 
@@ -353,137 +359,6 @@ fn answer_plain(
     );
     add_headers(&mut resp, &t.run, "complete", actions, None);
     Some(resp)
-}
-
-/// Tool calls: repair in place, or re-ask as long as the policy's ladder says so, within the
-/// budget (each re-ask climbs the ladder of the one failure: unusable calls). The last answer,
-/// its check, and whether it was re-asked.
-async fn reask_calls(
-    asked: Asked<'_>,
-    mut completion: Value,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> (Value, heal::CallCheck, bool) {
-    let (t, req, ctx) = (asked.t, asked.req, asked.ctx);
-    let s = &t.s;
-    let grounding = recover::Grounding {
-        tools: &s.config.tools,
-        messages: &req.messages,
-    };
-    let salvage = !req.tool_choice_none();
-    let check_of = |completion: &mut Value| {
-        check_completion(
-            completion,
-            &ctx.tools,
-            &s.guides,
-            &ctx.answered,
-            grounding,
-            salvage,
-        )
-    };
-    let mut check = check_of(&mut completion);
-    let mut ladder = ReaskState::default();
-    let mut reasked = false;
-    let mut chain: &[crate::config::Target] = &ctx.chain;
-    while !check.invalid.is_empty() {
-        let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, &mut chain)
-        else {
-            break;
-        };
-        ladder = next;
-        reasked = true;
-        if escalate && !actions.iter().any(|a| a == "escalate") {
-            actions.push("escalate".into());
-        }
-        Metrics::inc(&s.metrics.reasks_total);
-        if !actions.iter().any(|a| a == "reask") {
-            actions.push("reask".into());
-        }
-        t.event(Kind::Reask, json!({"problems": check.invalid}));
-        let extra = reask_turn(&check.invalid);
-        let again = |m: &str| asked.encode(m, Some(&extra));
-        match t.call(chain, &again, &chat_op, log).await {
-            Ok(c) => {
-                completion = c.body;
-                check = check_of(&mut completion);
-            }
-            Err(_) => break,
-        }
-    }
-    (completion, check, reasked)
-}
-
-/// Answer: the checked completion with its `selfheal` report, its repairs recorded, and the
-/// calls left out said in words (or an error the SDKs raise).
-fn answer_checked(
-    asked: Asked<'_>,
-    mut completion: Value,
-    check: &heal::CallCheck,
-    unsettled: Option<String>,
-    mut actions: Vec<String>,
-) -> Result<Response, ApiError> {
-    let t = asked.t;
-    let s = &t.s;
-    for name in &check.repaired {
-        Metrics::inc(&s.metrics.repairs_total);
-        t.event(Kind::Repair, json!({"tool": name}));
-    }
-    if !check.repaired.is_empty() {
-        actions.push("repair".into());
-    }
-    if check.salvaged > 0 {
-        // Tool calls written as text, taken as calls (issue 31).
-        Metrics::inc(&s.metrics.repairs_total);
-        t.event(Kind::Repair, json!({"salvaged": check.salvaged}));
-        actions.push("salvage".into());
-    }
-    let (status, reason) = if !check.invalid.is_empty() {
-        t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
-        ("partial", Some(heal::problems_text(&check.invalid)))
-    } else if let Some(why) = unsettled {
-        ("partial", Some(why))
-    } else {
-        ("complete", None)
-    };
-    // Every call left out: the answer says so in words, or is an error the SDKs raise.
-    let calls_left = completion
-        .pointer("/choices/0/message/tool_calls")
-        .and_then(Value::as_array)
-        .is_some_and(|c| !c.is_empty());
-    if !check.invalid.is_empty() && !calls_left {
-        let words = heal::left_out_text(&heal::problem_texts(&check.invalid));
-        if s.config.server.on_partial == OnPartial::Error {
-            return Ok(partial_error(
-                t,
-                "calls_left_out",
-                &words,
-                &actions,
-                (status, reason.as_deref()),
-            ));
-        }
-        if let Some(m) = completion.pointer_mut("/choices/0/message") {
-            heal::say(m, &words);
-        }
-    }
-    if let Some(o) = completion.as_object_mut() {
-        o.insert(
-            "selfheal".into(),
-            selfheal_report(&t.state, status, reason.as_deref(), &actions),
-        );
-    }
-    adopt_first_call(t, completion_first_call(&completion));
-    t.caller.redactor.value(&mut completion);
-    t.finish(status);
-    let mut resp = if asked.req.stream {
-        sse_response(Body::from_stream(futures_util::stream::iter(
-            stream::answer_frames(&completion),
-        )))
-    } else {
-        axum::Json(completion).into_response()
-    };
-    let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
-    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
-    Ok(resp)
 }
 
 /// A stopped run's answer as a chat completion: `words` as the assistant's message.

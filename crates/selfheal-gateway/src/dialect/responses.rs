@@ -3,31 +3,29 @@
 //! whole answers and streamed ones (relayed by [`crate::responses_stream`]).
 
 use crate::auth::{Caller, Credentials};
-use crate::config::OnPartial;
 use crate::error::ApiError;
 use crate::forward::{Forwarded, forward, responses_op};
 use crate::heal::{self, ToolIndex};
 use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    AskStream, Turn, calls_check, failed, grounding_check, log_calls, partial_error,
-    reask_or_escalate, reask_turn, record_decisions, relay_stream, remember_response,
-    repeatable_out, reread_due, reread_item, say_in_output, stop_run, stopping, stream_hooks,
-    unread,
+    AskStream, Turn, calls_check, failed, grounding_check, log_calls, record_decisions,
+    relay_stream, remember_response, repeatable_out, say_in_output, stop_run, stopping,
+    stream_hooks,
 };
 use crate::recover;
-use crate::report::{add_headers, selfheal_report, tool_result_detail};
+use crate::report::tool_result_detail;
 use crate::responses_stream;
 use crate::state::{AppState, lock, mark_no_stream, unix_ms};
 use crate::store::Kind;
 use crate::upstream::{CallLog, UpstreamClient};
+use crate::whole::{Plain, WholeDialect, heal_whole};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use selfheal_core::call::ReaskState;
 use selfheal_openai::client::ClientError;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -465,17 +463,25 @@ pub(crate) async fn responses_inner(
         req.insert("stream".into(), Value::Bool(false));
     }
     let asked = Asked {
+        t: &t,
         req: &req,
         chain: &chain,
         tools: &tools,
         checks: &checks,
+        learned,
     };
-    answer_whole(&t, asked, actions, learned).await
+    let mut resp = heal_whole(&asked, actions).await?;
+    if learned {
+        mark_no_stream(&mut resp, chain.first());
+    }
+    Ok(resp)
 }
 
 /// What a whole (not streamed) Responses answer is asked with.
 #[derive(Clone, Copy)]
 pub(crate) struct Asked<'a> {
+    /// The turn.
+    pub(crate) t: &'a Turn,
     /// The edited request.
     pub(crate) req: &'a serde_json::Map<String, Value>,
     /// The targets to ask, in order.
@@ -484,190 +490,88 @@ pub(crate) struct Asked<'a> {
     pub(crate) tools: &'a ToolIndex,
     /// What the answer's calls are checked against.
     pub(crate) checks: &'a Checks,
+    /// The target was learned not to stream tool calls: the answer goes out as the events a
+    /// stream would have carried.
+    pub(crate) learned: bool,
 }
 
-/// Call, check, re-ask and answer: a whole Responses answer, judged by the core as on chat
-/// completions, its unusable calls re-asked, rendered with its report (as Responses events when
-/// the target was `learned` not to stream).
-pub(crate) async fn answer_whole(
-    t: &Turn,
-    asked: Asked<'_>,
-    mut actions: Vec<String>,
-    learned: bool,
-) -> Result<Response, ApiError> {
-    let s = &t.s;
-    let mut log = CallLog::default();
-    let encode = |m: &str| encode_responses(asked.req, m, None);
-    let result = t
-        .call(asked.chain, &encode, &responses_json_op, &mut log)
-        .await;
-    let mut answer = match result {
-        Ok(v) => v,
-        Err(e) => {
-            log_calls(t, &log, &mut actions);
-            return Err(t.failed(e));
-        }
-    };
-    let unsettled = read_before_answering(t, asked, &mut answer, &mut actions, &mut log).await;
-    let checked = reask_calls(t, asked, answer, &mut actions, &mut log).await;
-    let Checked {
-        mut answer,
-        repaired,
-        invalid,
-        reasked,
-    } = checked;
-    // A re-ask answered with a final answer: judged by the core as the first answer would be.
-    let unsettled =
-        if unsettled.is_none() && invalid.is_empty() && reasked && !responses_calls(&answer) {
-            recover::unsettled(&lock(&t.state))
+impl Asked<'_> {
+    /// Asks along `chain` without streaming, `extra` appended to the input.
+    async fn call(
+        &self,
+        chain: &[crate::config::Target],
+        extra: Option<&Value>,
+        log: &mut CallLog,
+    ) -> Result<Value, ApiError> {
+        let encode = |m: &str| encode_responses(self.req, m, extra);
+        self.t.call(chain, &encode, &responses_json_op, log).await
+    }
+}
+
+impl WholeDialect for Asked<'_> {
+    type First = Value;
+
+    fn turn(&self) -> &Turn {
+        self.t
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        self.chain
+    }
+
+    async fn ask_first(&self, extra: Option<&Value>, log: &mut CallLog) -> Result<Value, ApiError> {
+        self.call(self.chain, extra, log).await
+    }
+
+    fn first_calls_tools(first: &Value) -> bool {
+        responses_calls(first)
+    }
+
+    fn plain(
+        &self,
+        first: Value,
+        _: bool,
+        _: &mut Vec<String>,
+        _: &CallLog,
+    ) -> Result<Plain, ApiError> {
+        Ok(Plain::Parsed(first))
+    }
+
+    async fn ask(
+        &self,
+        chain: &[crate::config::Target],
+        extra: &Value,
+        log: &mut CallLog,
+    ) -> Result<Value, ApiError> {
+        self.call(chain, Some(extra), log).await
+    }
+
+    fn check(&self, answer: &mut Value) -> heal::CallCheck {
+        let evidence = self.checks.evidence.as_deref().map(Vec::as_slice);
+        let answered = &self.checks.answered;
+        check_responses_answer(&self.t.s, answer, self.tools, answered, evidence)
+    }
+
+    fn calls_tools(answer: &Value) -> bool {
+        responses_calls(answer)
+    }
+
+    fn say(answer: &mut Value, words: &str) {
+        say_in_output(answer, words);
+    }
+
+    fn seal(&self, answer: &mut Value) {
+        self.t.caller.redactor.value(answer);
+        remember_response(self.t, crate::runs::Responded::of(answer));
+    }
+
+    fn render(&self, answer: Value) -> Response {
+        if self.learned {
+            let frames = responses_stream::answer_frames(&answer);
+            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
         } else {
-            unsettled
-        };
-    log_calls(t, &log, &mut actions);
-    for name in &repaired {
-        Metrics::inc(&s.metrics.repairs_total);
-        t.event(Kind::Repair, json!({"tool": name}));
-    }
-    if !repaired.is_empty() {
-        actions.push("repair".into());
-    }
-    let (status, reason) = if !invalid.is_empty() {
-        t.event(Kind::InvalidCall, json!({"problems": invalid}));
-        ("partial", Some(heal::problems_text(&invalid)))
-    } else if let Some(why) = unsettled {
-        ("partial", Some(why))
-    } else {
-        ("complete", None)
-    };
-    // Every call left out: the answer says so in words, or is an error the SDKs raise.
-    if !invalid.is_empty() && !responses_calls(&answer) {
-        let words = heal::left_out_text(&heal::problem_texts(&invalid));
-        if s.config.server.on_partial == OnPartial::Error {
-            return Ok(partial_error(
-                t,
-                "calls_left_out",
-                &words,
-                &actions,
-                (status, reason.as_deref()),
-            ));
+            axum::Json(answer).into_response()
         }
-        say_in_output(&mut answer, &words);
-    }
-    if let Some(o) = answer.as_object_mut() {
-        o.insert(
-            "selfheal".into(),
-            selfheal_report(&t.state, status, reason.as_deref(), &actions),
-        );
-    }
-    t.caller.redactor.value(&mut answer);
-    remember_response(t, crate::runs::Responded::of(&answer));
-    t.finish(status);
-    let mut resp = if learned {
-        let frames = responses_stream::answer_frames(&answer);
-        sse_response(Body::from_stream(futures_util::stream::iter(frames)))
-    } else {
-        axum::Json(answer).into_response()
-    };
-    let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
-    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
-    if learned {
-        mark_no_stream(&mut resp, asked.chain.first());
-    }
-    Ok(resp)
-}
-
-/// Check: a final answer is judged by the core as on chat completions (see `answer_complete`):
-/// `partial` over an open failure (its reason returned), or held for the read before
-/// answering, which the model is asked for with the guidance appended.
-async fn read_before_answering(
-    t: &Turn,
-    asked: Asked<'_>,
-    answer: &mut Value,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> Option<String> {
-    if responses_calls(answer) {
-        return None;
-    }
-    let unsettled = recover::unsettled(&lock(&t.state));
-    let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() else {
-        return unsettled;
-    };
-    if !actions.iter().any(|a| a == "reread") {
-        actions.push("reread".into());
-    }
-    let extra = reread_item(&text);
-    let again = |m: &str| encode_responses(asked.req, m, Some(&extra));
-    let called = match t.call(asked.chain, &again, &responses_json_op, log).await {
-        Ok(a) => {
-            *answer = a;
-            Some(responses_calls(answer))
-        }
-        Err(_) => None,
-    };
-    unread(called, &text)
-}
-
-/// A Responses answer once its calls are checked and, where unusable, re-asked.
-struct Checked {
-    answer: Value,
-    repaired: Vec<String>,
-    invalid: Vec<heal::Problem>,
-    reasked: bool,
-}
-
-/// Re-ask: unusable calls are re-asked as long as the ladder of their class
-/// (`heal::unusable_signal`) says so, within the budget; the last usable answer stands, an
-/// unusable call is never forwarded.
-async fn reask_calls(
-    t: &Turn,
-    asked: Asked<'_>,
-    mut answer: Value,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> Checked {
-    let s = &t.s;
-    let evidence = asked.checks.evidence.as_deref().map(Vec::as_slice);
-    let answered = &asked.checks.answered;
-    let check = check_responses_answer(s, &mut answer, asked.tools, answered, evidence);
-    let (mut repaired, mut invalid) = (check.repaired, check.invalid);
-    let mut ladder = ReaskState::default();
-    let mut reasked = false;
-    // The ladder's escalation moves the re-asks to the chain's next target, as on chat (issue
-    // 30: a Responses re-ask never escalated).
-    let mut reask_chain: &[crate::config::Target] = asked.chain;
-    while !invalid.is_empty() {
-        let Some((next, escalate)) = reask_or_escalate(t, &invalid, ladder, &mut reask_chain)
-        else {
-            break;
-        };
-        ladder = next;
-        reasked = true;
-        if escalate && !actions.iter().any(|a| a == "escalate") {
-            actions.push("escalate".into());
-        }
-        Metrics::inc(&s.metrics.reasks_total);
-        if !actions.iter().any(|a| a == "reask") {
-            actions.push("reask".into());
-        }
-        t.event(Kind::Reask, json!({"problems": invalid}));
-        let turn = reask_turn(&invalid);
-        let again = |m: &str| encode_responses(asked.req, m, Some(&turn));
-        match t.call(reask_chain, &again, &responses_json_op, log).await {
-            Ok(mut second) => {
-                let check = check_responses_answer(s, &mut second, asked.tools, answered, evidence);
-                answer = second;
-                repaired = check.repaired;
-                invalid = check.invalid;
-            }
-            Err(_) => break,
-        }
-    }
-    Checked {
-        answer,
-        repaired,
-        invalid,
-        reasked,
     }
 }
 
