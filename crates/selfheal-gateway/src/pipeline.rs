@@ -32,7 +32,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
 use crate::report::{
-    RequestDetail, ResponseDetail, add_headers, budget_json, call_actions, selfheal_report,
+    RequestDetail, ResponseDetail, Status, add_headers, budget_json, call_actions, selfheal_report,
     tool_result_detail,
 };
 
@@ -75,11 +75,11 @@ pub(crate) fn finish_stream(
     let status = if let Some(b) = &r.broken {
         Metrics::inc(&t.s.metrics.streams_broken_total);
         t.event(Kind::StreamBroken, json!({"reason": b}));
-        "failed"
+        Status::Failed
     } else if r.invalid.is_empty() && r.unsettled.is_none() {
-        "complete"
+        Status::Complete
     } else {
-        "partial"
+        Status::Partial
     };
     if r.broken.is_none() {
         adopt_first_call(
@@ -193,7 +193,7 @@ impl Turn {
     }
 
     /// Records the run's `response` event with its summary.
-    pub(crate) fn finish(&self, status: &str) {
+    pub(crate) fn finish(&self, status: Status) {
         finish_trace(self, status);
     }
 
@@ -201,7 +201,7 @@ impl Turn {
     /// run's `failed` response, and the error to answer the client with.
     pub(crate) fn failed(&self, e: ApiError) -> ApiError {
         self.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
-        self.finish("failed");
+        self.finish(Status::Failed);
         e
     }
 }
@@ -270,7 +270,7 @@ pub(crate) fn rebuild_run(
     if !next.actions.is_empty() {
         t.event(Kind::Recover, json!({"actions": next.actions}));
     }
-    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
+    let newest_failed = replayed.last().is_some_and(|r| r.outcome.failed());
     let answered = heal::Answered::of(&req.messages, &repeatable_out(t, &next.taken), &next.again);
     (verdict, newest_failed, next, answered)
 }
@@ -292,11 +292,6 @@ pub(crate) fn repeatable_out<'a>(
         .cloned()
         .collect::<Vec<_>>()
         .into()
-}
-
-/// Whether a replayed result's outcome is a failure (the abort rule's condition).
-pub(crate) fn failed(outcome: &str) -> bool {
-    matches!(outcome, "hard" | "soft")
 }
 
 /// How the core ended a run, as the answer's `selfheal.actions`, the run's actions and the
@@ -352,9 +347,9 @@ pub(crate) fn stop_run(
         let mut st = lock(&t.state);
         st.act(action);
         if st.successes > 0 {
-            "partial"
+            Status::Partial
         } else {
-            "failed"
+            Status::Failed
         }
     };
     let actions = vec![action.to_owned()];
@@ -480,7 +475,7 @@ pub(crate) fn partial_error(
     code: &'static str,
     words: &str,
     actions: &[String],
-    (status, reason): (&str, Option<&str>),
+    (status, reason): (Status, Option<&str>),
 ) -> Response {
     t.finish(status);
     let words = t.caller.redactor.text(words).into_owned();
@@ -830,7 +825,7 @@ pub(crate) fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
     }
 }
 
-pub(crate) fn finish_trace(t: &Turn, status: &str) {
+pub(crate) fn finish_trace(t: &Turn, status: Status) {
     let (failures, actions) = {
         let st = lock(&t.state);
         (st.failures, st.ledger().spent().recoveries)
@@ -841,7 +836,7 @@ pub(crate) fn finish_trace(t: &Turn, status: &str) {
         Kind::Response,
         Detail::of(&ResponseDetail { status }),
         Some(RunSummary {
-            status: status.to_owned(),
+            status: status.as_str().to_owned(),
             failures,
             actions,
         }),
@@ -975,7 +970,7 @@ pub(crate) async fn relay_stream<G: Grammar + Default + 'static>(
     let result = t.call(chain, encode, op, &mut log).await;
     log_calls(t, &log, &mut actions);
     let upstream = result.map_err(|e| t.failed(e))?;
-    let report = selfheal_report(&t.state, "complete", None, &actions);
+    let report = selfheal_report(&t.state, Status::Complete, None, &actions);
     let learnable = log.served.clone().filter(|_| !tools.is_empty());
     let guides = t.s.guides.clone();
     let (tx, rx) = mpsc::channel(64);
@@ -999,7 +994,8 @@ pub(crate) async fn relay_stream<G: Grammar + Default + 'static>(
     });
     let mut resp = sse_response(Body::from_stream(body));
     let text = |k: &str| head.as_ref().and_then(|h| h.get(k)).and_then(Value::as_str);
-    let status = text("status").unwrap_or("complete");
+    let status = text("status").and_then(|s| s.parse().ok());
+    let status = status.unwrap_or(Status::Complete);
     let reason = text("reason").map(|r| t.caller.redactor.text(r).into_owned());
     let actions: Vec<String> = match head.as_ref().and_then(|h| h.get("actions")) {
         Some(Value::Array(a)) => a

@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 
 use crate::config::OnPartial;
 use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, left_out_text, problem_texts};
+use crate::report::Status;
 
 /// Largest SSE event accepted from an upstream (and largest non-SSE answer to a stream request).
 pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
@@ -291,12 +292,12 @@ pub(crate) fn head_report(
         return head;
     };
     if let Some(why) = &report.broken {
-        o.insert("status".into(), json!("failed"));
+        o.insert("status".into(), json!(Status::Failed));
         o.insert("reason".into(), json!(why));
-    } else if o.get("status").and_then(Value::as_str) != Some("partial")
+    } else if o.get("status").and_then(Value::as_str) != Some(Status::Partial.as_str())
         && let Some(why) = provisional
     {
-        o.insert("status".into(), json!("partial"));
+        o.insert("status".into(), json!(Status::Partial));
         o.insert("reason".into(), json!(why));
     }
     head
@@ -323,10 +324,10 @@ pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
         o.insert("budget".into(), b.clone());
     }
     if !report.invalid.is_empty() {
-        o.insert("status".into(), json!("partial"));
+        o.insert("status".into(), json!(Status::Partial));
         o.insert("reason".into(), json!(report.invalid.join(" ")));
     } else if let Some(why) = &report.unsettled {
-        o.insert("status".into(), json!("partial"));
+        o.insert("status".into(), json!(Status::Partial));
         o.insert("reason".into(), json!(why));
     }
 }

@@ -17,7 +17,7 @@ use crate::pipeline::{
     Turn, log_calls, partial_error, reask_or_escalate, reask_turn, reread_due, reread_item, unread,
 };
 use crate::recover;
-use crate::report::{add_headers, selfheal_report};
+use crate::report::{Status, add_headers, selfheal_report};
 use crate::state::lock;
 use crate::store::Kind;
 use crate::upstream::CallLog;
@@ -218,11 +218,11 @@ fn answer_checked<D: WholeDialect>(
     }
     let (status, reason) = if !check.invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
-        ("partial", Some(heal::problems_text(&check.invalid)))
+        (Status::Partial, Some(heal::problems_text(&check.invalid)))
     } else if let Some(why) = unsettled {
-        ("partial", Some(why))
+        (Status::Partial, Some(why))
     } else {
-        ("complete", None)
+        (Status::Complete, None)
     };
     // Every call left out: the answer says so in words, or is an error the SDKs raise.
     if !check.invalid.is_empty() && !D::calls_tools(&answer) {

@@ -15,7 +15,7 @@ use crate::pipeline::{
     stopping, stream_check, stream_hooks,
 };
 use crate::recover;
-use crate::report::{add_headers, call_actions, selfheal_report_bytes};
+use crate::report::{Status, add_headers, call_actions, selfheal_report_bytes};
 use crate::request::{ChatRequest, Edits};
 use crate::runs::run_id;
 use crate::state::{AppState, mark_no_stream, unix_ms};
@@ -341,7 +341,7 @@ fn answer_plain(
     let bytes = &plain.bytes;
     let mut plain_actions = actions.clone();
     call_actions(log, &mut plain_actions);
-    let report = selfheal_report_bytes(&t.state, "complete", None, &plain_actions);
+    let report = selfheal_report_bytes(&t.state, Status::Complete, None, &plain_actions);
     let body = answer::with_report(bytes, &report, &t.caller.redactor)?;
     log_calls(t, log, actions);
     // Parsed only for a fresh run's first answer with calls (rare): its name.
@@ -351,13 +351,13 @@ fn answer_plain(
     {
         adopt_first_call(t, completion_first_call(&v));
     }
-    t.finish("complete");
+    t.finish(Status::Complete);
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    add_headers(&mut resp, &t.run, "complete", actions, None);
+    add_headers(&mut resp, &t.run, Status::Complete, actions, None);
     Some(resp)
 }
 

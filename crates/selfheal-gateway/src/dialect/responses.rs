@@ -9,9 +9,8 @@ use crate::heal::{self, ToolIndex};
 use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    AskStream, Turn, calls_check, failed, grounding_check, log_calls, record_decisions,
-    relay_stream, remember_response, repeatable_out, say_in_output, stop_run, stopping,
-    stream_hooks,
+    AskStream, Turn, calls_check, grounding_check, log_calls, record_decisions, relay_stream,
+    remember_response, repeatable_out, say_in_output, stop_run, stopping, stream_hooks,
 };
 use crate::recover;
 use crate::report::tool_result_detail;
@@ -426,7 +425,7 @@ pub(crate) async fn responses_inner(
     // monitor's in `instructions`, repaired tool results replace their `function_call_output`,
     // an escalation sends this request to the chain's next target; a stop ends the run here.
     replace_outputs(&mut req, &next.replaced);
-    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
+    let newest_failed = replayed.last().is_some_and(|r| r.outcome.failed());
     if let Some((reason, action)) = stopping(next.stop, verdict.abort.clone(), newest_failed) {
         let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
         let render = |words: &str| stopped_response(&t, &model, words);
