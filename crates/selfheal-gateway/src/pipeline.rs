@@ -13,7 +13,7 @@ use crate::http::sse_response;
 use crate::metrics::Metrics;
 use crate::recover;
 use crate::relay::{AskAgain, Grammar, Hooks, ReadAgain};
-use crate::request::{ChatRequest, Edits};
+use crate::request::ChatRequest;
 use crate::runs::RunState;
 use crate::state::{AppState, lock};
 use crate::store::{Detail, Kind, RunSummary};
@@ -684,84 +684,6 @@ pub(crate) fn reread_hook<A: AskStream>(a: &A) -> ReadAgain<A::Answer> {
             })
         })
     })
-}
-
-/// A chat stream's second asking ([`AskStream`]): the turn and the call's context.
-#[derive(Clone)]
-pub(crate) struct ChatAgain {
-    /// The turn.
-    pub(crate) t: Turn,
-    /// The call's context (chain, bytes, edits, tools, answered calls).
-    pub(crate) ctx: Call,
-}
-
-impl AskStream for ChatAgain {
-    type Answer = stream::Reasked;
-
-    fn turn(&self) -> &Turn {
-        &self.t
-    }
-
-    fn chain(&self) -> &[crate::config::Target] {
-        &self.ctx.chain
-    }
-
-    fn ask_once<'a>(
-        &'a self,
-        chain: &'a [crate::config::Target],
-        extra: Option<Value>,
-    ) -> BoxFuture<'a, Option<Result<stream::Reasked, Vec<heal::Problem>>>> {
-        Box::pin(async move {
-            let (t, ctx, s) = (&self.t, &self.ctx, &self.t.s);
-            let req = ChatRequest::parse(&ctx.bytes).ok()?;
-            let encode = |m: &str| {
-                let edits = Edits {
-                    model: Some(m),
-                    append: extra.as_ref(),
-                    stream: Some(false),
-                    ..ctx.applied.edits()
-                };
-                req.encode(&edits, &ctx.bytes)
-            };
-            let mut log = CallLog::default();
-            let result = t.call(chain, &encode, &chat_op, &mut log).await;
-            log_calls(t, &log, &mut Vec::new());
-            let mut body = result.ok()?.body;
-            let grounding = recover::Grounding {
-                tools: &s.config.tools,
-                messages: &req.messages,
-            };
-            // A stream's re-ask is asked without streaming: its answer is whole, so calls
-            // written as text are taken here as on the non-streaming path.
-            let check = check_completion(
-                &mut body,
-                &ctx.tools,
-                &s.guides,
-                &ctx.answered,
-                grounding,
-                !req.tool_choice_none(),
-            );
-            if !check.invalid.is_empty() {
-                return Some(Err(check.invalid));
-            }
-            Some(Ok(stream::Reasked {
-                message: body.at("/choices/0/message").cloned()?,
-                finish_reason: body
-                    .at("/choices/0/finish_reason")
-                    .cloned()
-                    .unwrap_or_else(|| json!("stop")),
-                repaired: check.repaired,
-            }))
-        })
-    }
-
-    fn calls_tools(answer: &stream::Reasked) -> bool {
-        answer
-            .message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .is_some_and(|c| !c.is_empty())
-    }
 }
 
 /// Whether a final answer is held for the read before answering: its guidance, when the run is

@@ -538,15 +538,9 @@ impl<G: Grammar> Relay<'_, G> {
             called = any;
             self.send_all(events).await?;
             if !called && !self.report.invalid.is_empty() {
-                // Every call was left out: the answer says so in words (never an empty
-                // answer), or is an error event the SDKs raise.
-                let words = left_out_text(&self.report.invalid);
-                if self.hooks.on_partial == OnPartial::Error {
-                    self.report.finished = true;
-                    return self
-                        .send(G::error_event(&words, "selfheal_error", "calls_left_out"))
-                        .await;
-                }
+                let Some(words) = self.left_out().await? else {
+                    return Ok(());
+                };
                 let events = self.g.say_left_out(&mut v, &words);
                 self.send_all(events).await?;
             } else if !called {
@@ -560,6 +554,20 @@ impl<G: Grammar> Relay<'_, G> {
         self.g.seal(&mut v, selfheal.as_ref(), &mut self.report);
         self.report.finished = true;
         self.send(v).await
+    }
+
+    /// Every call was left out: the words that say so (never an empty answer), or, under
+    /// `on_partial = "error"`, `None` once the error event the SDKs raise went out in the
+    /// answer's place.
+    async fn left_out(&mut self) -> Result<Option<String>, Gone> {
+        let words = left_out_text(&self.report.invalid);
+        if self.hooks.on_partial != OnPartial::Error {
+            return Ok(Some(words));
+        }
+        self.report.finished = true;
+        let e = G::error_event(&words, "selfheal_error", "calls_left_out");
+        self.send(e).await?;
+        Ok(None)
     }
 
     /// The `selfheal` report as it stands now, with the run's budget.
@@ -638,13 +646,9 @@ impl<G: Grammar> Relay<'_, G> {
         if !G::calls_tools(&answer) {
             self.settle();
             if !self.report.invalid.is_empty() {
-                let words = left_out_text(&self.report.invalid);
-                if self.hooks.on_partial == OnPartial::Error {
-                    self.report.finished = true;
-                    return self
-                        .send(G::error_event(&words, "selfheal_error", "calls_left_out"))
-                        .await;
-                }
+                let Some(words) = self.left_out().await? else {
+                    return Ok(());
+                };
                 G::say(&mut answer, &words);
             }
         }

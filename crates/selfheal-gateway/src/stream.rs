@@ -443,7 +443,7 @@ fn indexed_calls(message: &Value) -> Vec<Value> {
 }
 
 /// Whether a complete assistant message calls tools.
-fn calls_tools(message: &Value) -> bool {
+pub(crate) fn calls_tools(message: &Value) -> bool {
     message
         .get("tool_calls")
         .and_then(Value::as_array)

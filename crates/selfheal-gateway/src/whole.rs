@@ -56,11 +56,12 @@ pub(crate) trait WholeDialect {
         actions: &mut Vec<String>,
         log: &CallLog,
     ) -> Result<Plain, ApiError>;
-    /// Asks again along `chain` with `extra` appended (a re-ask of unusable calls).
+    /// Asks again along `chain` with `extra` appended (a re-ask of unusable calls, the read
+    /// before answering; nothing for a stream's re-issue), without streaming: the answer parsed.
     async fn ask(
         &self,
         chain: &[Target],
-        extra: &Value,
+        extra: Option<&Value>,
         log: &mut CallLog,
     ) -> Result<Value, ApiError>;
     /// Checks the answer's calls in place: repaired, or taken out as unusable.
@@ -181,7 +182,7 @@ async fn reask_calls<D: WholeDialect>(
         }
         t.event(Kind::Reask, json!({"problems": check.invalid}));
         let extra = reask_turn(&check.invalid);
-        match d.ask(chain, &extra, log).await {
+        match d.ask(chain, Some(&extra), log).await {
             Ok(v) => {
                 answer = v;
                 check = d.check(&mut answer);
@@ -243,4 +244,24 @@ fn answer_checked<D: WholeDialect>(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// A stream's second asking through a dialect ([`crate::pipeline::AskStream::ask_once`]): asked
+/// along `chain` with `extra` appended, its decisions recorded, its calls checked — the answer
+/// with the names of its repaired calls, or the problems of the calls that cannot be used.
+/// `None` when the upstream failed.
+pub(crate) async fn ask_checked<D: WholeDialect>(
+    d: &D,
+    chain: &[Target],
+    extra: Option<&Value>,
+) -> Option<Result<(Value, Vec<String>), Vec<heal::Problem>>> {
+    let mut log = CallLog::default();
+    let result = d.ask(chain, extra, &mut log).await;
+    log_calls(d.turn(), &log, &mut Vec::new());
+    let mut answer = result.ok()?;
+    let check = d.check(&mut answer);
+    if !check.invalid.is_empty() {
+        return Some(Err(check.invalid));
+    }
+    Some(Ok((answer, check.repaired)))
 }

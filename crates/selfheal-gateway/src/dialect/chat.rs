@@ -10,7 +10,7 @@ use crate::heal::{self};
 use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    Call, ChatAgain, Turn, adopt_first_call, answer_op, chat_op, check_completion,
+    AskStream, Call, Turn, adopt_first_call, answer_op, chat_op, check_completion,
     completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op, stop_run,
     stopping, stream_check, stream_hooks,
 };
@@ -22,11 +22,13 @@ use crate::state::{AppState, mark_no_stream, unix_ms};
 use crate::store::Kind;
 use crate::stream;
 use crate::upstream::CallLog;
-use crate::whole::{Plain, WholeDialect, heal_whole};
+use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
+use selfheal_openai::at::At;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
@@ -263,10 +265,10 @@ impl WholeDialect for Asked<'_> {
     async fn ask(
         &self,
         chain: &[crate::config::Target],
-        extra: &Value,
+        extra: Option<&Value>,
         log: &mut CallLog,
     ) -> Result<Value, ApiError> {
-        let again = |m: &str| self.encode(m, Some(extra));
+        let again = |m: &str| self.encode(m, extra);
         Ok(self.t.call(chain, &again, &chat_op, log).await?.body)
     }
 
@@ -306,6 +308,67 @@ impl WholeDialect for Asked<'_> {
         } else {
             axum::Json(completion).into_response()
         }
+    }
+}
+
+/// A chat stream's second asking ([`AskStream`]): the turn and the call's context, owned (it
+/// runs in the relay's task).
+#[derive(Clone)]
+pub(crate) struct ChatAgain {
+    /// The turn.
+    pub(crate) t: Turn,
+    /// The call's context (chain, bytes, edits, tools, answered calls).
+    pub(crate) ctx: Call,
+}
+
+impl AskStream for ChatAgain {
+    type Answer = stream::Reasked;
+
+    fn turn(&self) -> &Turn {
+        &self.t
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.ctx.chain
+    }
+
+    /// Asked as a whole answer is ([`Asked`]), without streaming: its answer is whole, so
+    /// calls written as text are taken here as on the non-streaming path.
+    fn ask_once<'a>(
+        &'a self,
+        chain: &'a [crate::config::Target],
+        extra: Option<Value>,
+    ) -> BoxFuture<'a, Option<Result<stream::Reasked, Vec<heal::Problem>>>> {
+        Box::pin(async move {
+            let (t, ctx) = (&self.t, &self.ctx);
+            let req = ChatRequest::parse(&ctx.bytes).ok()?;
+            let edits = Edits {
+                stream: Some(false),
+                ..ctx.applied.edits()
+            };
+            let asked = Asked {
+                t,
+                req: &req,
+                ctx,
+                edits,
+            };
+            let (body, repaired) = match ask_checked(&asked, chain, extra.as_ref()).await? {
+                Ok(a) => a,
+                Err(problems) => return Some(Err(problems)),
+            };
+            Some(Ok(stream::Reasked {
+                message: body.at("/choices/0/message").cloned()?,
+                finish_reason: body
+                    .at("/choices/0/finish_reason")
+                    .cloned()
+                    .unwrap_or_else(|| json!("stop")),
+                repaired,
+            }))
+        })
+    }
+
+    fn calls_tools(answer: &stream::Reasked) -> bool {
+        stream::calls_tools(&answer.message)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::heal::{self, ToolIndex};
 use crate::http::{answered, read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    AskStream, Turn, calls_check, grounding_check, log_calls, record_decisions, relay_stream,
+    AskStream, Turn, calls_check, grounding_check, record_decisions, relay_stream,
     remember_response, repeatable_out, say_in_output, stop_run, stopping, stream_hooks,
 };
 use crate::recover;
@@ -18,7 +18,7 @@ use crate::responses_stream;
 use crate::state::{AppState, lock, mark_no_stream, unix_ms};
 use crate::store::Kind;
 use crate::upstream::{CallLog, UpstreamClient};
-use crate::whole::{Plain, WholeDialect, heal_whole};
+use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -539,10 +539,10 @@ impl WholeDialect for Asked<'_> {
     async fn ask(
         &self,
         chain: &[crate::config::Target],
-        extra: &Value,
+        extra: Option<&Value>,
         log: &mut CallLog,
     ) -> Result<Value, ApiError> {
-        self.call(chain, Some(extra), log).await
+        self.call(chain, extra, log).await
     }
 
     fn check(&self, answer: &mut Value) -> heal::CallCheck {
@@ -658,34 +658,30 @@ impl AskStream for ResponsesAgain {
         &self.chain
     }
 
+    /// Asked as a whole answer is ([`Asked`]), without streaming.
     fn ask_once<'a>(
         &'a self,
         chain: &'a [crate::config::Target],
         extra: Option<Value>,
     ) -> BoxFuture<'a, Option<Result<Self::Answer, Vec<heal::Problem>>>> {
         Box::pin(async move {
-            let t = &self.t;
             let mut req = (*self.req).clone();
             req.insert("stream".into(), Value::Bool(false));
-            let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
-            let mut log = CallLog::default();
-            let result = t.call(chain, &encode, &responses_json_op, &mut log).await;
-            log_calls(t, &log, &mut Vec::new());
-            let mut response = result.ok()?;
-            let check = check_responses_answer(
-                &t.s,
-                &mut response,
-                &self.tools,
-                &self.checks.answered,
-                self.checks.evidence.as_deref().map(Vec::as_slice),
-            );
-            if !check.invalid.is_empty() {
-                return Some(Err(check.invalid));
-            }
-            Some(Ok(responses_stream::Reanswered {
-                response,
-                repaired: check.repaired,
-            }))
+            let asked = Asked {
+                t: &self.t,
+                req: &req,
+                chain: &self.chain,
+                tools: &self.tools,
+                checks: &self.checks,
+                learned: false,
+            };
+            let again = ask_checked(&asked, chain, extra.as_ref()).await?;
+            Some(
+                again.map(|(response, repaired)| responses_stream::Reanswered {
+                    response,
+                    repaired,
+                }),
+            )
         })
     }
 
