@@ -384,6 +384,35 @@ pub(crate) fn stop_run(
     resp
 }
 
+/// The controller's escalation (`escalate`): the request goes to the chain's next target,
+/// recorded; else the chain as it is.
+pub(crate) fn escalated(
+    t: &Turn,
+    escalate: bool,
+    chain: Vec<crate::config::Target>,
+) -> Vec<crate::config::Target> {
+    if escalate && chain.len() > 1 {
+        t.event(Kind::Escalate, json!({"to": chain[1].model}));
+        chain[1..].to_vec()
+    } else {
+        chain
+    }
+}
+
+/// Whether a streaming request offering `tools` is asked without streaming: its first target
+/// was learned not to stream tool calls ([`NoStream`](crate::state::NoStream)), and its answer
+/// goes out as the events a stream would have carried.
+pub(crate) fn learned_no_stream(
+    s: &AppState,
+    tools: &ToolIndex,
+    chain: &[crate::config::Target],
+) -> bool {
+    !tools.is_empty()
+        && chain
+            .first()
+            .is_some_and(|c| s.no_stream.contains(c, Instant::now()))
+}
+
 /// Stage 3: what the verdict changes in the request (guidance, hidden tools), recorded.
 pub(crate) fn edit_request(
     t: &Turn,

@@ -7,19 +7,19 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::forward::passthrough;
 use crate::heal::{self};
-use crate::http::{answered, read_body, sse_response};
-use crate::metrics::Metrics;
+use crate::http::admitted;
+use crate::http::{read_body, sse_response};
 use crate::pipeline::{
     AskStream, Call, Turn, adopt_first_call, answer_op, chat_op, check_completion,
     completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op, stop_run,
     stopping, stream_check, stream_hooks,
 };
+use crate::pipeline::{escalated, learned_no_stream};
 use crate::recover;
 use crate::report::{Status, add_headers, call_actions, selfheal_report_bytes};
 use crate::request::{ChatRequest, Edits};
 use crate::runs::run_id;
 use crate::state::{AppState, mark_no_stream, unix_ms};
-use crate::store::Kind;
 use crate::stream;
 use crate::upstream::CallLog;
 use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
@@ -40,18 +40,10 @@ pub(crate) async fn chat(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
-    Metrics::inc(&s.metrics.requests_total);
-    let (result, tenant) = match s.gate.admit(&headers) {
-        Ok(caller) => {
-            let tenant = caller.tenant.clone();
-            let redactor = caller.redactor.clone();
-            let r = chat_inner(&s, caller, &headers, body).await;
-            (r.map_err(|e| redactor.error(e)), tenant)
-        }
-        Err(e) => (Err(e), "-".to_owned()),
-    };
-    answered(&s, result, &tenant, started)
+    admitted(&s, &headers, |caller| {
+        chat_inner(&s, caller, &headers, body)
+    })
+    .await
 }
 
 pub(crate) async fn chat_inner(
@@ -112,13 +104,7 @@ pub(crate) async fn chat_inner(
     // of them is its repetition, re-asked by the core's ladder like any unusable call.
     let mut applied = edit_request(&t, &req, &verdict, &next.guidance, &mut actions);
     applied.replaced = next.replaced;
-    // The controller's escalation: this request goes to the chain's next target.
-    let chain = if next.escalate && chain.len() > 1 {
-        t.event(Kind::Escalate, json!({"to": chain[1].model}));
-        chain[1..].to_vec()
-    } else {
-        chain
-    };
+    let chain = escalated(&t, next.escalate, chain);
     let tools_fwd = if applied.hidden.is_empty() {
         tools
     } else {
@@ -133,12 +119,7 @@ pub(crate) async fn chat_inner(
         tools: tools_fwd,
         answered: Arc::new(answered),
     };
-    let learned = req.stream
-        && !ctx.tools.is_empty()
-        && ctx
-            .chain
-            .first()
-            .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
+    let learned = req.stream && learned_no_stream(s, &ctx.tools, &ctx.chain);
     if req.stream && !learned {
         answer_stream(&t, &req, ctx, actions).await
     } else {

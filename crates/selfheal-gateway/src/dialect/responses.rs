@@ -6,12 +6,14 @@ use crate::auth::{Caller, Credentials};
 use crate::error::ApiError;
 use crate::forward::{Forwarded, forward, responses_op};
 use crate::heal::{self, ToolIndex};
-use crate::http::{answered, read_body, sse_response};
+use crate::http::admitted;
+use crate::http::{read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
     AskStream, Turn, calls_check, grounding_check, record_decisions, relay_stream,
     remember_response, repeatable_out, say_in_output, stop_run, stopping, stream_hooks,
 };
+use crate::pipeline::{escalated, learned_no_stream};
 use crate::recover;
 use crate::report::tool_result_detail;
 use crate::responses_stream;
@@ -46,19 +48,11 @@ pub(crate) async fn responses(
     if s.config.passthrough {
         return forward(&s, &headers, body, Forwarded::Responses).await;
     }
-    let started = Instant::now();
     // Counted as chat completions are (issue 30: they were missing from both metrics).
-    Metrics::inc(&s.metrics.requests_total);
-    let (result, tenant) = match s.gate.admit(&headers) {
-        Ok(caller) => {
-            let tenant = caller.tenant.clone();
-            let redactor = caller.redactor.clone();
-            let r = responses_inner(&s, caller, &headers, body).await;
-            (r.map_err(|e| redactor.error(e)), tenant)
-        }
-        Err(e) => (Err(e), "-".to_owned()),
-    };
-    answered(&s, result, &tenant, started)
+    admitted(&s, &headers, |caller| {
+        responses_inner(&s, caller, &headers, body)
+    })
+    .await
 }
 
 /// The first tool call of a Responses `input`, `(call_id, name)`: its first `function_call`
@@ -432,12 +426,7 @@ pub(crate) async fn responses_inner(
         let frames = responses_stream::answer_frames;
         return Ok(stop_run(&t, (&reason, action), streaming, render, frames));
     }
-    let chain = if next.escalate && chain.len() > 1 {
-        t.event(Kind::Escalate, json!({"to": chain[1].model}));
-        chain[1..].to_vec()
-    } else {
-        chain
-    };
+    let chain = escalated(&t, next.escalate, chain);
     let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
     let (edited, tools) = edit_input(&t, &mut req, &verdict, next.guidance, tools);
     actions.extend(edited);
@@ -450,11 +439,7 @@ pub(crate) async fn responses_inner(
     let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
     // A target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)) is asked
     // without streaming and its answer sent as the Responses events a stream would have carried.
-    let learned = wants_stream
-        && !tools.is_empty()
-        && chain
-            .first()
-            .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
+    let learned = wants_stream && learned_no_stream(s, &tools, &chain);
     if wants_stream && !learned {
         return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
     }
