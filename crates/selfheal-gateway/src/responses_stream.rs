@@ -1041,6 +1041,27 @@ mod tests {
         assert_eq!(last["error"]["code"], "calls_left_out");
     }
 
+    /// Issue 30: a whole answer to a streaming request whose calls cannot be used and are not
+    /// re-asked says so in words, as a streamed one does (and chat's did): never an empty
+    /// answer.
+    #[tokio::test]
+    async fn a_whole_answer_whose_calls_are_left_out_says_so() {
+        let body = json!({"id": "resp_1", "status": "completed", "output": [
+            {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "nope",
+             "arguments": "{}", "status": "completed"}]});
+        let http = axum::http::Response::builder()
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .unwrap();
+        let (out, report) = run(reqwest::Response::from(http), Hooks::default()).await;
+        assert_eq!(report.invalid.len(), 1, "{report:?}");
+        assert!(!sent_a_call(&out), "{out:?}");
+        let last = out.last().unwrap();
+        assert_eq!(last["type"], "response.completed", "{out:?}");
+        assert_eq!(last["response"]["selfheal"]["status"], "partial");
+        assert!(last["response"]["output"].to_string().contains("left out"));
+    }
+
     /// Found by `responses_relay_props`: an event that is not an object with a `type` was
     /// passed on to the client.
     #[tokio::test]
