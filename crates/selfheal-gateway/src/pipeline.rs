@@ -314,6 +314,92 @@ impl StopAction {
     }
 }
 
+/// What replaying a request's tool results decided: the monitor's verdict, whether the newest
+/// result failed, the controller's directives, and the calls of the model's previous turn whose
+/// values the run took.
+pub(crate) struct Decided {
+    /// The monitor's verdict.
+    pub(crate) verdict: selfheal_core::monitor::Verdict,
+    /// Whether the newest result failed (the abort rule's condition).
+    pub(crate) newest_failed: bool,
+    /// What this request carries out for the controller.
+    pub(crate) next: recover::Next,
+    /// The calls of the model's previous turn whose results it has.
+    pub(crate) answered: heal::Answered,
+}
+
+/// One API's part of a turn ([`heal_turn`]): it parsed the request and named the run; it
+/// replays the request's tool results, applies the run's edits, renders a stopped run's
+/// answer, and answers — streamed or whole — through the shared paths.
+pub(crate) trait Dialect: Sized {
+    /// Whether the client asked for a stream.
+    fn streaming(&self) -> bool;
+    /// Rebuild the run: the request's tool results replayed, and what that decided.
+    fn replay(&mut self, t: &Turn) -> Decided;
+    /// A stopped run's answer in this API: `words` as the assistant's message.
+    fn stopped(&self, t: &Turn, words: &str) -> Value;
+    /// The frames of a whole answer as this API streams it.
+    fn frames(answer: &Value) -> Vec<stream::Frame>;
+    /// Edit: the verdict's guidance and hidden tools and the controller's directives applied to
+    /// the request, the actions taken added to `actions`.
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>);
+    /// The targets to ask, in order.
+    fn chain(&self) -> &[crate::config::Target];
+    /// Sets the targets to ask (the controller's escalation).
+    fn set_chain(&mut self, chain: Vec<crate::config::Target>);
+    /// The tools still on offer.
+    fn tools(&self) -> &ToolIndex;
+    /// Stage 4, streamed ([`relay_stream`]).
+    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError>;
+    /// Stages 4–6, whole ([`crate::whole::heal_whole`]); `learned`: asked without streaming
+    /// for a client that asked for a stream.
+    async fn whole(
+        self,
+        t: &Turn,
+        actions: Vec<String>,
+        learned: bool,
+    ) -> Result<Response, ApiError>;
+}
+
+/// One turn, for every API, once its request is parsed and its run named: replay → decide
+/// (stop here, or the controller's actions) → edit → escalate → answer, streamed through the one
+/// relay or whole through the one whole-answer path. A target learned not to stream tool calls
+/// ([`NoStream`](crate::state::NoStream)) is asked without streaming and its answer sent as the
+/// events a stream would have carried.
+pub(crate) async fn heal_turn<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, ApiError> {
+    let decided = d.replay(t);
+    let (stop, abort) = (decided.next.stop.clone(), decided.verdict.abort.clone());
+    if let Some((reason, action)) = stopping(stop, abort, decided.newest_failed) {
+        let render = |words: &str| d.stopped(t, words);
+        return Ok(stop_run(
+            t,
+            (&reason, action),
+            d.streaming(),
+            render,
+            D::frames,
+        ));
+    }
+    let mut actions: Vec<String> = decided
+        .next
+        .actions
+        .iter()
+        .map(|a| a.as_str().to_owned())
+        .collect();
+    let escalate = decided.next.escalate;
+    d.edit(t, decided, &mut actions);
+    d.set_chain(escalated(t, escalate, d.chain().to_vec()));
+    let first = d.chain().first().cloned();
+    let learned = d.streaming() && learned_no_stream(&t.s, d.tools(), d.chain());
+    if d.streaming() && !learned {
+        return d.stream(t, actions).await;
+    }
+    let mut resp = d.whole(t, actions, learned).await?;
+    if learned {
+        crate::state::mark_no_stream(&mut resp, first.as_ref());
+    }
+    Ok(resp)
+}
+
 /// Why and how the run ends now, if it does: the controller's stop first, else the monitor's
 /// abort rule when the newest result failed ([`selfheal_core::call::abort_now`]).
 pub(crate) fn stopping(

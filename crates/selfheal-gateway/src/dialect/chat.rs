@@ -11,15 +11,15 @@ use crate::http::admitted;
 use crate::http::{read_body, sse_response};
 use crate::pipeline::{
     AskStream, Call, Turn, adopt_first_call, answer_op, chat_op, check_completion,
-    completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op, stop_run,
-    stopping, stream_check, stream_hooks,
+    completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op,
+    stream_check, stream_hooks,
 };
-use crate::pipeline::{escalated, learned_no_stream};
+use crate::pipeline::{Decided, Dialect, heal_turn};
 use crate::recover;
 use crate::report::{Status, add_headers, call_actions, selfheal_report_bytes};
 use crate::request::{ChatRequest, Edits};
 use crate::runs::run_id;
-use crate::state::{AppState, mark_no_stream, unix_ms};
+use crate::state::{AppState, unix_ms};
 use crate::stream;
 use crate::upstream::CallLog;
 use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
@@ -90,44 +90,102 @@ pub(crate) async fn chat_inner(
         run: run.into(),
         unnamed,
     };
-    let tools = s.tool_indexes.get(&req);
-    let (verdict, newest_failed, next, answered) = rebuild_run(&t, &req, &tools, &model, &chain);
-    if let Some((reason, action)) =
-        stopping(next.stop.clone(), verdict.abort.clone(), newest_failed)
-    {
-        let render = |words: &str| stopped_completion(&t, &model, words);
-        let frames = stream::answer_frames;
-        return Ok(stop_run(&t, (&reason, action), req.stream, render, frames));
-    }
-    let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
-    // The calls of the model's previous turn whose results it has: a new call identical to one
-    // of them is its repetition, re-asked by the core's ladder like any unusable call.
-    let mut applied = edit_request(&t, &req, &verdict, &next.guidance, &mut actions);
-    applied.replaced = next.replaced;
-    let chain = escalated(&t, next.escalate, chain);
-    let tools_fwd = if applied.hidden.is_empty() {
-        tools
-    } else {
-        let mut idx = (*tools).clone();
-        idx.retain(|name, _| !applied.hidden.contains(name));
-        Arc::new(idx)
-    };
-    let ctx = Call {
+    let d = ChatTurn {
+        req: &req,
+        bytes: &bytes,
+        model: &model,
+        tools: s.tool_indexes.get(&req),
         chain,
-        bytes: bytes.clone(),
-        applied,
-        tools: tools_fwd,
-        answered: Arc::new(answered),
+        applied: heal::Applied::default(),
+        answered: Arc::default(),
     };
-    let learned = req.stream && learned_no_stream(s, &ctx.tools, &ctx.chain);
-    if req.stream && !learned {
-        answer_stream(&t, &req, ctx, actions).await
-    } else {
-        let mut resp = answer_complete(&t, &req, &ctx, actions).await?;
-        if learned {
-            mark_no_stream(&mut resp, ctx.chain.first());
+    heal_turn(&t, d).await
+}
+
+/// A chat completions turn ([`Dialect`]): the parsed request, and what the pipeline makes of it.
+struct ChatTurn<'a> {
+    req: &'a ChatRequest<'a>,
+    bytes: &'a bytes::Bytes,
+    model: &'a str,
+    chain: Vec<crate::config::Target>,
+    tools: Arc<heal::ToolIndex>,
+    /// What the edit changed in the request.
+    applied: heal::Applied,
+    /// The calls of the model's previous turn whose results it has: a new call identical to one
+    /// of them is its repetition, re-asked by the core's ladder like any unusable call.
+    answered: Arc<heal::Answered>,
+}
+
+impl ChatTurn<'_> {
+    /// The call's context: what the answer is asked with.
+    fn call(self) -> Call {
+        Call {
+            chain: self.chain,
+            bytes: self.bytes.clone(),
+            applied: self.applied,
+            tools: self.tools,
+            answered: self.answered,
         }
-        Ok(resp)
+    }
+}
+
+impl Dialect for ChatTurn<'_> {
+    fn streaming(&self) -> bool {
+        self.req.stream
+    }
+
+    fn replay(&mut self, t: &Turn) -> Decided {
+        let (verdict, newest_failed, next, answered) =
+            rebuild_run(t, self.req, &self.tools, self.model, &self.chain);
+        Decided {
+            verdict,
+            newest_failed,
+            next,
+            answered,
+        }
+    }
+
+    fn stopped(&self, t: &Turn, words: &str) -> Value {
+        stopped_completion(t, self.model, words)
+    }
+
+    fn frames(answer: &Value) -> Vec<stream::Frame> {
+        stream::answer_frames(answer)
+    }
+
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>) {
+        let guidance = &decided.next.guidance;
+        let mut applied = edit_request(t, self.req, &decided.verdict, guidance, actions);
+        applied.replaced = decided.next.replaced;
+        if !applied.hidden.is_empty() {
+            let mut idx = (*self.tools).clone();
+            idx.retain(|name, _| !applied.hidden.contains(name));
+            self.tools = Arc::new(idx);
+        }
+        self.applied = applied;
+        self.answered = Arc::new(decided.answered);
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.chain
+    }
+
+    fn set_chain(&mut self, chain: Vec<crate::config::Target>) {
+        self.chain = chain;
+    }
+
+    fn tools(&self) -> &heal::ToolIndex {
+        &self.tools
+    }
+
+    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError> {
+        let req = self.req;
+        answer_stream(t, req, self.call(), actions).await
+    }
+
+    async fn whole(self, t: &Turn, actions: Vec<String>, _: bool) -> Result<Response, ApiError> {
+        let req = self.req;
+        answer_complete(t, req, &self.call(), actions).await
     }
 }
 

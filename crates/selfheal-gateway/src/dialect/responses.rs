@@ -11,13 +11,13 @@ use crate::http::{read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
     AskStream, Turn, calls_check, grounding_check, record_decisions, relay_stream,
-    remember_response, repeatable_out, say_in_output, stop_run, stopping, stream_hooks,
+    remember_response, repeatable_out, say_in_output, stream_hooks,
 };
-use crate::pipeline::{escalated, learned_no_stream};
+use crate::pipeline::{Decided, Dialect, heal_turn};
 use crate::recover;
 use crate::report::tool_result_detail;
 use crate::responses_stream;
-use crate::state::{AppState, lock, mark_no_stream, unix_ms};
+use crate::state::{AppState, lock, unix_ms};
 use crate::store::Kind;
 use crate::upstream::{CallLog, UpstreamClient};
 use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
@@ -402,63 +402,106 @@ pub(crate) async fn responses_inner(
         Kind::Request,
         json!({"model": parsed.model, "api": "responses", "tenant": t.caller.tenant}),
     );
-    let tools = responses_tools(&parsed.req);
-    let Replay {
-        verdict,
-        replayed,
-        next,
-        answered,
-    } = replay_input(&t, &parsed, &tools);
-    let Parsed {
-        mut req,
-        model,
-        chain,
-        ..
-    } = parsed;
-    // The controller's directives, carried out as the chat path does: guidance lines join the
-    // monitor's in `instructions`, repaired tool results replace their `function_call_output`,
-    // an escalation sends this request to the chain's next target; a stop ends the run here.
-    replace_outputs(&mut req, &next.replaced);
-    let newest_failed = replayed.last().is_some_and(|r| r.outcome.failed());
-    if let Some((reason, action)) = stopping(next.stop, verdict.abort.clone(), newest_failed) {
-        let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
-        let render = |words: &str| stopped_response(&t, &model, words);
-        let frames = responses_stream::answer_frames;
-        return Ok(stop_run(&t, (&reason, action), streaming, render, frames));
-    }
-    let chain = escalated(&t, next.escalate, chain);
-    let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
-    let (edited, tools) = edit_input(&t, &mut req, &verdict, next.guidance, tools);
-    actions.extend(edited);
-    // Grounded tools' calls are judged against what the request holds.
-    let evidence = recover::responses_evidence(&s.config.tools, &req, &tools).map(Arc::new);
-    let checks = Checks {
-        answered: Arc::new(answered),
-        evidence,
+    let d = ResponsesTurn {
+        tools: responses_tools(&parsed.req),
+        parsed,
+        checks: Checks::default(),
     };
-    let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
-    // A target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)) is asked
-    // without streaming and its answer sent as the Responses events a stream would have carried.
-    let learned = wants_stream && learned_no_stream(s, &tools, &chain);
-    if wants_stream && !learned {
-        return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
+    heal_turn(&t, d).await
+}
+
+/// A Responses turn ([`Dialect`]): the parsed request, and what the pipeline makes of it.
+struct ResponsesTurn {
+    parsed: Parsed,
+    tools: ToolIndex,
+    /// What the answer's calls are checked against (after [`Dialect::edit`]).
+    checks: Checks,
+}
+
+impl Dialect for ResponsesTurn {
+    fn streaming(&self) -> bool {
+        self.parsed.req.get("stream").and_then(Value::as_bool) == Some(true)
     }
-    if learned {
-        req.insert("stream".into(), Value::Bool(false));
+
+    /// The tool results in `input` replayed ([`replay_input`]), and the controller's repaired
+    /// results put in place of their `function_call_output`, as the chat path does.
+    fn replay(&mut self, t: &Turn) -> Decided {
+        let Replay {
+            verdict,
+            replayed,
+            next,
+            answered,
+        } = replay_input(t, &self.parsed, &self.tools);
+        replace_outputs(&mut self.parsed.req, &next.replaced);
+        let newest_failed = replayed.last().is_some_and(|r| r.outcome.failed());
+        Decided {
+            verdict,
+            newest_failed,
+            next,
+            answered,
+        }
     }
-    let asked = Asked {
-        t: &t,
-        req: &req,
-        chain: &chain,
-        tools: &tools,
-        checks: &checks,
-        learned,
-    };
-    let mut resp = heal_whole(&asked, actions).await?;
-    if learned {
-        mark_no_stream(&mut resp, chain.first());
+
+    fn stopped(&self, t: &Turn, words: &str) -> Value {
+        stopped_response(t, &self.parsed.model, words)
     }
-    Ok(resp)
+
+    fn frames(answer: &Value) -> Vec<crate::stream::Frame> {
+        responses_stream::answer_frames(answer)
+    }
+
+    /// The guidance joins `instructions`, hidden tools leave `tools` ([`edit_input`]); grounded
+    /// tools' calls are judged against what the request holds.
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>) {
+        let tools = std::mem::take(&mut self.tools);
+        let req = &mut self.parsed.req;
+        let guidance = decided.next.guidance;
+        let (edited, tools) = edit_input(t, req, &decided.verdict, guidance, tools);
+        actions.extend(edited);
+        let evidence = recover::responses_evidence(&t.s.config.tools, req, &tools).map(Arc::new);
+        self.checks = Checks {
+            answered: Arc::new(decided.answered),
+            evidence,
+        };
+        self.tools = tools;
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.parsed.chain
+    }
+
+    fn set_chain(&mut self, chain: Vec<crate::config::Target>) {
+        self.parsed.chain = chain;
+    }
+
+    fn tools(&self) -> &ToolIndex {
+        &self.tools
+    }
+
+    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError> {
+        let Parsed { req, chain, .. } = self.parsed;
+        answer_responses_stream(t, req, chain, self.tools, self.checks, actions).await
+    }
+
+    async fn whole(
+        mut self,
+        t: &Turn,
+        actions: Vec<String>,
+        learned: bool,
+    ) -> Result<Response, ApiError> {
+        if learned {
+            self.parsed.req.insert("stream".into(), Value::Bool(false));
+        }
+        let asked = Asked {
+            t,
+            req: &self.parsed.req,
+            chain: &self.parsed.chain,
+            tools: &self.tools,
+            checks: &self.checks,
+            learned,
+        };
+        heal_whole(&asked, actions).await
+    }
 }
 
 /// What a whole (not streamed) Responses answer is asked with.
@@ -600,7 +643,7 @@ pub(crate) struct ResponsesAgain {
 
 /// What a Responses request's answers are checked against beyond their tools' schemas, read
 /// while the request was at hand.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct Checks {
     /// The calls of the model's previous turn whose results it has ([`heal::Answered`]).
     pub(crate) answered: Arc<heal::Answered>,
