@@ -96,16 +96,16 @@ fn ending_of(response: &Value) -> Ending {
     }
 }
 
-/// Checks one `function_call` item in place (repaired arguments written back). `finished`:
-/// whether the item was seen whole (its `output_item.done`, status not `incomplete`); a call
-/// that is not is refused as cut off, whatever its arguments look like.
+/// Checks one `function_call` item in place (repaired arguments written back, its name added to
+/// `repaired`). `finished`: whether the item was seen whole (its `output_item.done`, status not
+/// `incomplete`); a call that is not is refused as cut off, whatever its arguments look like.
 fn check_item(
     item: &mut Value,
-    finished: bool,
-    ending: Ending,
+    (finished, ending): (bool, Ending),
     tools: &ToolIndex,
     guides: &GuideCache,
-) -> Result<bool, Problem> {
+    repaired: &mut Vec<String>,
+) -> Result<(), Problem> {
     let name = item
         .get("name")
         .and_then(Value::as_str)
@@ -128,7 +128,10 @@ fn check_item(
     {
         o.insert("arguments".into(), a.clone());
     }
-    Ok(changed)
+    if changed {
+        repaired.push(name);
+    }
+    Ok(())
 }
 
 /// Checks the `function_call` items of a whole Responses answer in place: repaired arguments are
@@ -144,20 +147,8 @@ pub fn check_response(answer: &mut Value, tools: &ToolIndex, guides: &GuideCache
         if crate::heal::item_type(item) != Some("function_call") {
             return true;
         }
-        let name = item.get("name").and_then(Value::as_str).unwrap_or("");
-        let name = name.to_owned();
-        match check_item(item, true, ending, tools, guides) {
-            Ok(changed) => {
-                if changed {
-                    out.repaired.push(name);
-                }
-                true
-            }
-            Err(reask) => {
-                out.invalid.push(reask);
-                false
-            }
-        }
+        let checked = check_item(item, (true, ending), tools, guides, &mut out.repaired);
+        checked.map_err(|e| out.invalid.push(e)).is_ok()
     });
     out
 }
@@ -398,15 +389,8 @@ impl Grammar for Responses {
             if let Some(o) = c.item.as_object_mut() {
                 o.insert("arguments".into(), Value::String(c.arguments.clone()));
             }
-            let name = c.item.get("name").and_then(Value::as_str).unwrap_or("");
-            let name = name.to_owned();
-            match check_item(&mut c.item, c.done, ending, tools, guides) {
-                Ok(changed) => {
-                    if changed {
-                        repaired.push(name);
-                    }
-                    ready.push(c.item);
-                }
+            match check_item(&mut c.item, (c.done, ending), tools, guides, repaired) {
+                Ok(()) => ready.push(c.item),
                 Err(e) => invalid.push(e),
             }
         }
