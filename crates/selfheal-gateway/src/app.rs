@@ -1,9 +1,13 @@
 //! The axum application: the routes, and where each leads. The work lives in the modules the
 //! routes name: `http` (the operational endpoints and what every handler shares), `dialect`
-//! (one module per API: chat completions, Responses, Anthropic Messages), `pipeline` (the
-//! protocol-neutral parts of a healed turn), `forward` (the endpoints passed through unhealed)
-//! and `report` (the `selfheal` report, headers and trace). They are private: this module
-//! re-exports what callers use ([`router`], [`AppState`], [`StateError`], [`MAX_HEADERS`]).
+//! (one module per API: chat completions, Responses, Anthropic Messages — each only parses,
+//! replays, edits, asks, checks and renders in its wire), `pipeline` (the protocol-neutral
+//! parts of a healed turn, and `heal_turn`, the one turn every dialect runs), `whole` (the
+//! whole answer, healed once for every API), `relay` (the stream relay, healed once for every
+//! API and generic over the event grammars of `stream` and `responses_stream`), `forward` (the
+//! endpoints passed through unhealed) and `report` (the `selfheal` report, its typed `Status`,
+//! headers and trace). They are private: this module re-exports what callers use ([`router`],
+//! [`AppState`], [`StateError`], [`MAX_HEADERS`]).
 
 use std::sync::Arc;
 

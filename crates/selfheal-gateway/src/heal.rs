@@ -111,9 +111,8 @@ impl ToolIndexCache {
 pub struct Replayed {
     /// The tool's name.
     pub tool: String,
-    /// `ok`, `hard` or `soft`; `held` for a value waiting for its cross-check, `check` for the
-    /// cross-check call itself (see [`crate::recover::observe`]).
-    pub outcome: &'static str,
+    /// What the result was to the run ([`crate::recover::observe`]).
+    pub outcome: crate::recover::Outcome,
 }
 
 /// Feeds the tool results the run's monitor has not seen yet, by `tool_call_id` (and content):
@@ -1011,7 +1010,11 @@ mod tests {
         let mut state = patient_run();
         let replayed = replay(&mut state, &req.messages, &ctx(&idx), 0);
         assert_eq!(replayed.len(), 5);
-        assert!(replayed.iter().all(|r| r.outcome == "hard"));
+        assert!(
+            replayed
+                .iter()
+                .all(|r| r.outcome == crate::recover::Outcome::Hard)
+        );
         // Replaying the same conversation again feeds nothing new.
         assert!(replay(&mut state, &req.messages, &ctx(&idx), 0).is_empty());
         let verdict = state.run.verdict(0);

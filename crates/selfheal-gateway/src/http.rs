@@ -188,6 +188,29 @@ pub(crate) fn sse_response(body: Body) -> Response {
     resp
 }
 
+/// Every healed API request: counted, its caller admitted (or refused), `inner` run for the
+/// caller with its errors redacted, and the end recorded ([`answered`]).
+pub(crate) async fn admitted<F>(
+    s: &AppState,
+    headers: &HeaderMap,
+    inner: impl FnOnce(crate::auth::Caller) -> F,
+) -> Response
+where
+    F: Future<Output = Result<Response, ApiError>>,
+{
+    let started = Instant::now();
+    Metrics::inc(&s.metrics.requests_total);
+    let (result, tenant) = match s.gate.admit(headers) {
+        Ok(caller) => {
+            let tenant = caller.tenant.clone();
+            let redactor = caller.redactor.clone();
+            (inner(caller).await.map_err(|e| redactor.error(e)), tenant)
+        }
+        Err(e) => (Err(e), "-".to_owned()),
+    };
+    answered(s, result, &tenant, started)
+}
+
 /// The end of every API request (chat completions and responses alike): an error counted and
 /// answered in OpenAI's shape, the request's duration observed, its log line written.
 pub(crate) fn answered(

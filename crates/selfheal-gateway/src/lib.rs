@@ -16,8 +16,9 @@
 //! ```
 //!
 //! Runs are scoped to the caller's tenant ([`auth`], [`runs`]); streams are relayed with tool
-//! calls held back and re-issued when they break before any content ([`stream`]; the
-//! Responses API's event streams likewise, [`responses_stream`]); every
+//! calls held back and re-issued when they break before any content, by one relay generic over
+//! each API's event grammar (chat's, [`stream`]; the Responses API's, [`responses_stream`]);
+//! every
 //! upstream answer and every client connection is bounded in time and size ([`upstream`],
 //! [`serve`]).
 //!
@@ -43,6 +44,7 @@ mod http;
 pub mod metrics;
 mod pipeline;
 pub mod recover;
+mod relay;
 mod report;
 pub mod request;
 pub mod responses_stream;
@@ -52,6 +54,7 @@ pub(crate) use selfheal_trace as store;
 pub mod stream;
 pub mod telemetry;
 pub mod upstream;
+mod whole;
 mod wire;
 
 use std::future::Future;

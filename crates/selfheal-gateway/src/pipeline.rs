@@ -12,7 +12,8 @@ use crate::heal::{self, ToolIndex};
 use crate::http::sse_response;
 use crate::metrics::Metrics;
 use crate::recover;
-use crate::request::{ChatRequest, Edits};
+use crate::relay::{AskAgain, Grammar, Hooks, ReadAgain};
+use crate::request::ChatRequest;
 use crate::runs::RunState;
 use crate::state::{AppState, lock};
 use crate::store::{Detail, Kind, RunSummary};
@@ -31,7 +32,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
 use crate::report::{
-    RequestDetail, ResponseDetail, add_headers, budget_json, call_actions, selfheal_report,
+    RequestDetail, ResponseDetail, Status, add_headers, budget_json, call_actions, selfheal_report,
     tool_result_detail,
 };
 
@@ -74,11 +75,11 @@ pub(crate) fn finish_stream(
     let status = if let Some(b) = &r.broken {
         Metrics::inc(&t.s.metrics.streams_broken_total);
         t.event(Kind::StreamBroken, json!({"reason": b}));
-        "failed"
+        Status::Failed
     } else if r.invalid.is_empty() && r.unsettled.is_none() {
-        "complete"
+        Status::Complete
     } else {
-        "partial"
+        Status::Partial
     };
     if r.broken.is_none() {
         adopt_first_call(
@@ -192,7 +193,7 @@ impl Turn {
     }
 
     /// Records the run's `response` event with its summary.
-    pub(crate) fn finish(&self, status: &str) {
+    pub(crate) fn finish(&self, status: Status) {
         finish_trace(self, status);
     }
 
@@ -200,7 +201,7 @@ impl Turn {
     /// run's `failed` response, and the error to answer the client with.
     pub(crate) fn failed(&self, e: ApiError) -> ApiError {
         self.event(Kind::UpstreamError, json!({"reasons": e.reasons}));
-        self.finish("failed");
+        self.finish(Status::Failed);
         e
     }
 }
@@ -269,7 +270,7 @@ pub(crate) fn rebuild_run(
     if !next.actions.is_empty() {
         t.event(Kind::Recover, json!({"actions": next.actions}));
     }
-    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
+    let newest_failed = replayed.last().is_some_and(|r| r.outcome.failed());
     let answered = heal::Answered::of(&req.messages, &repeatable_out(t, &next.taken), &next.again);
     (verdict, newest_failed, next, answered)
 }
@@ -293,11 +294,6 @@ pub(crate) fn repeatable_out<'a>(
         .into()
 }
 
-/// Whether a replayed result's outcome is a failure (the abort rule's condition).
-pub(crate) fn failed(outcome: &str) -> bool {
-    matches!(outcome, "hard" | "soft")
-}
-
 /// How the core ended a run, as the answer's `selfheal.actions`, the run's actions and the
 /// trace name it (the same on every API).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,6 +312,92 @@ impl StopAction {
             StopAction::Terminate => "terminate",
         }
     }
+}
+
+/// What replaying a request's tool results decided: the monitor's verdict, whether the newest
+/// result failed, the controller's directives, and the calls of the model's previous turn whose
+/// values the run took.
+pub(crate) struct Decided {
+    /// The monitor's verdict.
+    pub(crate) verdict: selfheal_core::monitor::Verdict,
+    /// Whether the newest result failed (the abort rule's condition).
+    pub(crate) newest_failed: bool,
+    /// What this request carries out for the controller.
+    pub(crate) next: recover::Next,
+    /// The calls of the model's previous turn whose results it has.
+    pub(crate) answered: heal::Answered,
+}
+
+/// One API's part of a turn ([`heal_turn`]): it parsed the request and named the run; it
+/// replays the request's tool results, applies the run's edits, renders a stopped run's
+/// answer, and answers — streamed or whole — through the shared paths.
+pub(crate) trait Dialect: Sized {
+    /// Whether the client asked for a stream.
+    fn streaming(&self) -> bool;
+    /// Rebuild the run: the request's tool results replayed, and what that decided.
+    fn replay(&mut self, t: &Turn) -> Decided;
+    /// A stopped run's answer in this API: `words` as the assistant's message.
+    fn stopped(&self, t: &Turn, words: &str) -> Value;
+    /// The frames of a whole answer as this API streams it.
+    fn frames(answer: &Value) -> Vec<stream::Frame>;
+    /// Edit: the verdict's guidance and hidden tools and the controller's directives applied to
+    /// the request, the actions taken added to `actions`.
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>);
+    /// The targets to ask, in order.
+    fn chain(&self) -> &[crate::config::Target];
+    /// Sets the targets to ask (the controller's escalation).
+    fn set_chain(&mut self, chain: Vec<crate::config::Target>);
+    /// The tools still on offer.
+    fn tools(&self) -> &ToolIndex;
+    /// Stage 4, streamed ([`relay_stream`]).
+    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError>;
+    /// Stages 4–6, whole ([`crate::whole::heal_whole`]); `learned`: asked without streaming
+    /// for a client that asked for a stream.
+    async fn whole(
+        self,
+        t: &Turn,
+        actions: Vec<String>,
+        learned: bool,
+    ) -> Result<Response, ApiError>;
+}
+
+/// One turn, for every API, once its request is parsed and its run named: replay → decide
+/// (stop here, or the controller's actions) → edit → escalate → answer, streamed through the one
+/// relay or whole through the one whole-answer path. A target learned not to stream tool calls
+/// ([`NoStream`](crate::state::NoStream)) is asked without streaming and its answer sent as the
+/// events a stream would have carried.
+pub(crate) async fn heal_turn<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, ApiError> {
+    let decided = d.replay(t);
+    let (stop, abort) = (decided.next.stop.clone(), decided.verdict.abort.clone());
+    if let Some((reason, action)) = stopping(stop, abort, decided.newest_failed) {
+        let render = |words: &str| d.stopped(t, words);
+        return Ok(stop_run(
+            t,
+            (&reason, action),
+            d.streaming(),
+            render,
+            D::frames,
+        ));
+    }
+    let mut actions: Vec<String> = decided
+        .next
+        .actions
+        .iter()
+        .map(|a| a.as_str().to_owned())
+        .collect();
+    let escalate = decided.next.escalate;
+    d.edit(t, decided, &mut actions);
+    d.set_chain(escalated(t, escalate, d.chain().to_vec()));
+    let first = d.chain().first().cloned();
+    let learned = d.streaming() && learned_no_stream(&t.s, d.tools(), d.chain());
+    if d.streaming() && !learned {
+        return d.stream(t, actions).await;
+    }
+    let mut resp = d.whole(t, actions, learned).await?;
+    if learned {
+        crate::state::mark_no_stream(&mut resp, first.as_ref());
+    }
+    Ok(resp)
 }
 
 /// Why and how the run ends now, if it does: the controller's stop first, else the monitor's
@@ -351,9 +433,9 @@ pub(crate) fn stop_run(
         let mut st = lock(&t.state);
         st.act(action);
         if st.successes > 0 {
-            "partial"
+            Status::Partial
         } else {
-            "failed"
+            Status::Failed
         }
     };
     let actions = vec![action.to_owned()];
@@ -386,6 +468,35 @@ pub(crate) fn stop_run(
         Some(&t.caller.redactor.text(reason)),
     );
     resp
+}
+
+/// The controller's escalation (`escalate`): the request goes to the chain's next target,
+/// recorded; else the chain as it is.
+pub(crate) fn escalated(
+    t: &Turn,
+    escalate: bool,
+    chain: Vec<crate::config::Target>,
+) -> Vec<crate::config::Target> {
+    if escalate && chain.len() > 1 {
+        t.event(Kind::Escalate, json!({"to": chain[1].model}));
+        chain[1..].to_vec()
+    } else {
+        chain
+    }
+}
+
+/// Whether a streaming request offering `tools` is asked without streaming: its first target
+/// was learned not to stream tool calls ([`NoStream`](crate::state::NoStream)), and its answer
+/// goes out as the events a stream would have carried.
+pub(crate) fn learned_no_stream(
+    s: &AppState,
+    tools: &ToolIndex,
+    chain: &[crate::config::Target],
+) -> bool {
+    !tools.is_empty()
+        && chain
+            .first()
+            .is_some_and(|c| s.no_stream.contains(c, Instant::now()))
 }
 
 /// Stage 3: what the verdict changes in the request (guidance, hidden tools), recorded.
@@ -479,7 +590,7 @@ pub(crate) fn partial_error(
     code: &'static str,
     words: &str,
     actions: &[String],
-    (status, reason): (&str, Option<&str>),
+    (status, reason): (Status, Option<&str>),
 ) -> Response {
     t.finish(status);
     let words = t.caller.redactor.text(words).into_owned();
@@ -597,92 +708,76 @@ pub(crate) fn time_rng() -> selfheal_core::rng::SplitMix64 {
     )
 }
 
-/// The streaming relay's second asking: non-streaming calls through the chain, charged to the
-/// run's budget like the non-streaming re-ask, each answer checked the same way. With problems,
-/// they are appended as a user turn (a re-ask of unusable tool calls, repeated while the
-/// policy's ladder allows); without, the same request is asked again (a re-issue of a stream
-/// that broke before any content), and unusable calls in that answer are re-asked in turn.
-pub(crate) fn stream_reask(t: &Turn, ctx: &Call) -> stream::Reask {
-    let (t, ctx) = (t.clone(), ctx.clone());
-    Box::new(move |problems: Vec<heal::Problem>| Box::pin(ask_again(t, ctx, problems, None)))
+/// One API's second asking of a streamed request, without streaming: the request with `extra`
+/// appended (a re-ask's problems, the read before answering's guidance; nothing for a re-issue)
+/// asked along `chain`, charged to the run's budget, and its answer's calls checked as a whole
+/// answer's are — `Ok` when they can be used, else their problems. The decisions around it
+/// (whether to ask at all, along which chain) are [`ask_again`]'s, the same for every API.
+pub(crate) trait AskStream: Clone + Send + Sync + 'static {
+    /// The API's whole, checked answer.
+    type Answer: Send + 'static;
+    /// The turn the stream belongs to.
+    fn turn(&self) -> &Turn;
+    /// The chain the stream was asked along.
+    fn chain(&self) -> &[crate::config::Target];
+    /// Asks once, as above.
+    fn ask_once<'a>(
+        &'a self,
+        chain: &'a [crate::config::Target],
+        extra: Option<Value>,
+    ) -> BoxFuture<'a, Option<Result<Self::Answer, Vec<heal::Problem>>>>;
+    /// Whether an answer calls tools.
+    fn calls_tools(answer: &Self::Answer) -> bool;
 }
 
-/// [`stream_reask`]'s calls. With `guidance` (the read before answering), the first call
-/// appends it as a system message, as the non-streaming path does, and needs no decision of
-/// its own (the core's `reread_due` made it); unusable calls in its answer are re-asked in turn.
-pub(crate) async fn ask_again(
-    t: Turn,
-    ctx: Call,
+/// The relay's hook that asks again ([`ask_again`] without guidance).
+pub(crate) fn again_hook<A: AskStream>(a: &A) -> AskAgain<A::Answer> {
+    let a = a.clone();
+    Box::new(move |problems: Vec<heal::Problem>| {
+        Box::pin(async move { ask_again(&a, problems, None).await })
+    })
+}
+
+/// The streaming relay's second asking, for every API: non-streaming calls through the chain,
+/// each answer checked ([`AskStream::ask_once`]). With `guidance` (the read before answering),
+/// the first call appends it and needs no decision of its own (the core's `reread_due` made
+/// it); with problems, they are appended as a user turn (a re-ask of unusable tool calls,
+/// repeated while the policy's ladder allows, its escalation moving to the chain's next
+/// target); with neither, the same request is asked again (a re-issue of a stream that broke
+/// before any content, when the core grants it). Unusable calls in an answer are re-asked in
+/// turn.
+pub(crate) async fn ask_again<A: AskStream>(
+    a: &A,
     problems: Vec<heal::Problem>,
     guidance: Option<Value>,
-) -> Option<stream::Reasked> {
-    let s = &t.s;
-    let req = ChatRequest::parse(&ctx.bytes).ok()?;
+) -> Option<A::Answer> {
+    let t = a.turn();
     let mut problems = problems;
     let mut guidance = guidance;
     let mut ladder = ReaskState::default();
-    // The ladder's escalation moves the re-asks to the chain's next target, as the
-    // non-streaming re-ask does.
-    let mut chain: &[crate::config::Target] = &ctx.chain;
+    let mut chain = a.chain();
     loop {
         let extra = match guidance.take() {
             Some(g) => Some(g),
             None if problems.is_empty() => {
-                if !reissue_granted(&t) {
+                if !reissue_granted(t) {
                     return None;
                 }
                 t.event(Kind::Reissue, json!({"stream": false}));
                 None
             }
             None => {
-                let (next, _) = reask_or_escalate(&t, &problems, ladder, &mut chain)?;
+                let (next, _) = reask_or_escalate(t, &problems, ladder, &mut chain)?;
                 ladder = next;
-                Metrics::inc(&s.metrics.reasks_total);
+                Metrics::inc(&t.s.metrics.reasks_total);
                 t.event(Kind::Reask, json!({"problems": problems}));
                 Some(reask_turn(&problems))
             }
         };
-        let encode = |m: &str| {
-            req.encode(
-                &Edits {
-                    model: Some(m),
-                    append: extra.as_ref(),
-                    stream: Some(false),
-                    ..ctx.applied.edits()
-                },
-                &ctx.bytes,
-            )
-        };
-        let mut log = CallLog::default();
-        let result = t.call(chain, &encode, &chat_op, &mut log).await;
-        log_calls(&t, &log, &mut Vec::new());
-        let mut body = result.ok()?.body;
-        let grounding = recover::Grounding {
-            tools: &s.config.tools,
-            messages: &req.messages,
-        };
-        // A stream's re-ask is asked without streaming: its answer is whole, so calls written
-        // as text are taken here as on the non-streaming path.
-        let check = check_completion(
-            &mut body,
-            &ctx.tools,
-            &s.guides,
-            &ctx.answered,
-            grounding,
-            !req.tool_choice_none(),
-        );
-        if !check.invalid.is_empty() {
-            problems = check.invalid;
-            continue;
+        match a.ask_once(chain, extra).await? {
+            Ok(answer) => return Some(answer),
+            Err(again) => problems = again,
         }
-        return Some(stream::Reasked {
-            message: body.at("/choices/0/message").cloned()?,
-            finish_reason: body
-                .at("/choices/0/finish_reason")
-                .cloned()
-                .unwrap_or_else(|| json!("stop")),
-            repaired: check.repaired,
-        });
     }
 }
 
@@ -691,20 +786,14 @@ pub(crate) async fn ask_again(
 /// out `partial` instead), else the core's `reread_due` ([`recover::reread_before_answer`]);
 /// when due, the request asked again with the guidance appended ([`ask_again`]). An answer
 /// without a tool call, or none, leaves the value unread.
-pub(crate) fn stream_reread(t: &Turn, ctx: &Call) -> stream::ReadAgain<stream::Reasked> {
-    let (t, ctx) = (t.clone(), ctx.clone());
+pub(crate) fn reread_hook<A: AskStream>(a: &A) -> ReadAgain<A::Answer> {
+    let a = a.clone();
     Box::new(move || {
         Box::pin(async move {
-            let text = reread_due(&t)?;
-            let extra = reread_item(&text);
-            let answer = ask_again(t, ctx, Vec::new(), Some(extra)).await;
-            let called = answer.as_ref().map(|a| {
-                a.message
-                    .get("tool_calls")
-                    .and_then(Value::as_array)
-                    .is_some_and(|c| !c.is_empty())
-            });
-            Some(stream::Reread {
+            let text = reread_due(a.turn())?;
+            let answer = ask_again(&a, Vec::new(), Some(reread_item(&text))).await;
+            let called = answer.as_ref().map(A::calls_tools);
+            Some(crate::relay::Reread {
                 answer,
                 unread: unread(called, &text),
             })
@@ -736,19 +825,6 @@ pub(crate) fn unread(called: Option<bool>, text: &str) -> Option<String> {
             "not read again before answering (no usable answer to the request for it): {text}"
         )),
     }
-}
-
-/// The run's budget as the final report of a stream shows it ([`stream::Hooks::budget`]).
-pub(crate) fn stream_budget(t: &Turn) -> stream::Budget {
-    let state = t.state.clone();
-    Box::new(move || budget_json(&lock(&state)))
-}
-
-/// The core's judgement of a streamed final answer ([`stream::Hooks::unsettled`]):
-/// [`recover::unsettled`] on the run's state when the answer ends.
-pub(crate) fn stream_unsettled(t: &Turn) -> stream::Unsettled {
-    let state = t.state.clone();
-    Box::new(move || recover::unsettled(&lock(&state)))
 }
 
 /// Records the call's decisions and events (trace, metrics) and adds their kinds to `actions`.
@@ -786,7 +862,7 @@ pub(crate) fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
     }
 }
 
-pub(crate) fn finish_trace(t: &Turn, status: &str) {
+pub(crate) fn finish_trace(t: &Turn, status: Status) {
     let (failures, actions) = {
         let st = lock(&t.state);
         (st.failures, st.ledger().spent().recoveries)
@@ -797,7 +873,7 @@ pub(crate) fn finish_trace(t: &Turn, status: &str) {
         Kind::Response,
         Detail::of(&ResponseDetail { status }),
         Some(RunSummary {
-            status: status.to_owned(),
+            status: status.as_str().to_owned(),
             failures,
             actions,
         }),
@@ -885,27 +961,65 @@ pub(crate) fn reread_item(text: &str) -> Value {
     json!({"role": "system", "content": format!("[selfheal] {text}")})
 }
 
-/// Runs a relay in its own task and answers the client with the frames it sends (redacted,
-/// as SSE). When the relay is done the run's end is recorded ([`finish_stream`]) before its
-/// sender is dropped, so the trace has the `response` event before the client sees the end.
-/// The response's head waits for the relay's first frame and carries the report as it stood
-/// then ([`stream::head_report`]: the actions taken, a re-read, a `partial` or `failed` already
-/// known), not a `complete` written before the upstream answered.
-pub(crate) async fn relay_response<F>(
+/// The hooks of a stream's relay, for any API: `again` asks again (a re-ask, a re-issue, the
+/// read before answering: [`ask_again`]), `check` checks the held calls further; the core's
+/// judgement of a final answer ([`recover::unsettled`] when it ends), the run's budget as the
+/// final report shows it and what a client gets for calls left out are the same on every API. The head is set in the relay's task
+/// ([`relay_stream`]).
+pub(crate) fn stream_hooks<A: AskStream>(
     t: &Turn,
-    actions: &[String],
-    learnable: Option<crate::config::Target>,
-    relay: impl FnOnce(mpsc::Sender<stream::Frame>, stream::Head) -> F,
-) -> Response
-where
-    F: Future<Output = (stream::StreamReport, mpsc::Sender<stream::Frame>)> + Send + 'static,
-{
+    again: &A,
+    check: Option<stream::Check>,
+) -> Hooks<A::Answer> {
+    let (state, budget) = (t.state.clone(), t.state.clone());
+    Hooks {
+        reask: Some(again_hook(again)),
+        reissue: Some(again_hook(again)),
+        check,
+        reread: Some(reread_hook(again)),
+        unsettled: Some(Box::new(move || recover::unsettled(&lock(&state)))),
+        head: None,
+        budget: Some(Box::new(move || budget_json(&lock(&budget)))),
+        on_partial: t.s.config.server.on_partial,
+    }
+}
+
+/// How a request is written for a target model.
+pub(crate) type Encode<'a> = &'a (dyn Fn(&str) -> Bytes + Send + Sync);
+
+/// Stage 4 (streaming), for every API: the request asked along `chain` for a stream (`op`), and
+/// the stream relayed in grammar `G` ([`crate::relay`]) with `hooks`, in its own task; the
+/// client is answered with the frames it sends (redacted, as SSE). When the relay is done the
+/// run's end is recorded ([`finish_stream`]) before its sender is dropped, so the trace has the
+/// `response` event before the client sees the end. The response's head waits for the relay's
+/// first frame and carries the report as it stood then ([`crate::relay`]'s head report: the
+/// actions taken, a re-read, a `partial` or `failed` already known), not a `complete` written
+/// before the upstream answered.
+pub(crate) async fn relay_stream<G: Grammar + Default + 'static>(
+    t: &Turn,
+    (chain, encode): (&[crate::config::Target], Encode<'_>),
+    op: crate::upstream::Op<'_, reqwest::Response>,
+    tools: Arc<ToolIndex>,
+    hooks: Hooks<G::Answer>,
+    mut actions: Vec<String>,
+) -> Result<Response, ApiError> {
+    let mut log = CallLog::default();
+    let result = t.call(chain, encode, op, &mut log).await;
+    log_calls(t, &log, &mut actions);
+    let upstream = result.map_err(|e| t.failed(e))?;
+    let report = selfheal_report(&t.state, Status::Complete, None, &actions);
+    let learnable = log.served.clone().filter(|_| !tools.is_empty());
+    let guides = t.s.guides.clone();
     let (tx, rx) = mpsc::channel(64);
     let (head_tx, head_rx) = tokio::sync::oneshot::channel();
-    let run = relay(tx, head_tx);
+    let hooks = Hooks {
+        head: Some(head_tx),
+        ..hooks
+    };
     let t2 = t.clone();
     tokio::spawn(async move {
-        let (r, tx) = run.await;
+        let g = G::default();
+        let r = crate::relay::relay(g, upstream, tools, guides, Some(report), hooks, &tx).await;
         finish_stream(&t2, &r, learnable.as_ref());
         drop(tx);
     });
@@ -917,7 +1031,8 @@ where
     });
     let mut resp = sse_response(Body::from_stream(body));
     let text = |k: &str| head.as_ref().and_then(|h| h.get(k)).and_then(Value::as_str);
-    let status = text("status").unwrap_or("complete");
+    let status = text("status").and_then(|s| s.parse().ok());
+    let status = status.unwrap_or(Status::Complete);
     let reason = text("reason").map(|r| t.caller.redactor.text(r).into_owned());
     let actions: Vec<String> = match head.as_ref().and_then(|h| h.get("actions")) {
         Some(Value::Array(a)) => a
@@ -925,8 +1040,8 @@ where
             .filter_map(Value::as_str)
             .map(str::to_owned)
             .collect(),
-        _ => actions.to_vec(),
+        _ => actions,
     };
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
-    resp
+    Ok(resp)
 }

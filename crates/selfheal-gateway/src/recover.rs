@@ -774,21 +774,44 @@ fn observe_cross_check(
     false
 }
 
-/// Observes one new tool result of the run: `ok`, `hard`, `soft`, `check` (the cross-check call
-/// the gateway asked for, which is a verifier's call, not a step's) or `held` (a value waiting
-/// for its cross-check).
+/// What one tool result was to the run, as [`observe`] found it. Spelled (`ok`, `hard`, ...)
+/// only where it is written out: the trace's `tool_result` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A usable value.
+    Ok,
+    /// A failure: an error the tool reported, or a result repaired in place.
+    Hard,
+    /// A soft failure: a value the run cannot use (an error body, an empty or breached answer).
+    Soft,
+    /// The cross-check call the gateway asked for (a verifier's call, not a step's), or the
+    /// read again before answering.
+    Check,
+    /// A value waiting for its cross-check.
+    Held,
+}
+
+impl Outcome {
+    /// Whether the result is a failure (the abort rule's condition).
+    pub fn failed(self) -> bool {
+        matches!(self, Outcome::Hard | Outcome::Soft)
+    }
+}
+
+/// Observes one new tool result of the run: its [`Outcome`].
 pub fn observe(
     st: &mut RunState,
     ctx: &Ctx<'_>,
     call: (&str, &str, &Value),
     text: &str,
     now_ms: u64,
-) -> &'static str {
+) -> Outcome {
     let (id, tool, args) = call;
     if observe_reread(st, ctx, (tool, args), text, now_ms)
         || observe_cross_check(st, ctx, (tool, args), text, now_ms)
     {
-        return "check";
+        return Outcome::Check;
     }
     let required: Vec<String> = ctx
         .offered
@@ -808,7 +831,7 @@ pub fn observe(
                     required,
                     now_ms,
                 );
-                return "soft";
+                return Outcome::Soft;
             }
             st.successes += 1;
             if let Some((against, tolerance)) = ctx.check_against(tool)
@@ -825,7 +848,7 @@ pub fn observe(
                     tolerance,
                     repaired: false,
                 });
-                return "held";
+                return Outcome::Held;
             }
             let call = ToolCall::returned(tool, args, &value).with_required(&required);
             let d = finished(st, ctx, step, call, None, None, now_ms);
@@ -833,7 +856,7 @@ pub fn observe(
                 st.wire.keep(ctx, step, (tool, args), &value);
             }
             carry(st, ctx, step, tool, d);
-            "ok"
+            Outcome::Ok
         }
         Read::Repairable { signal, value } => {
             st.failures += 1;
@@ -862,7 +885,7 @@ pub fn observe(
                 }
                 d => carry(st, ctx, step, tool, d),
             }
-            "hard"
+            Outcome::Hard
         }
         Read::Failed(signal) => {
             st.failures += 1;
@@ -898,7 +921,7 @@ pub fn observe(
             .with_required(&required);
             let d = finished(st, ctx, step, call, signal, None, now_ms);
             carry(st, ctx, step, tool, d);
-            if hard { "hard" } else { "soft" }
+            if hard { Outcome::Hard } else { Outcome::Soft }
         }
     }
 }
@@ -1403,7 +1426,7 @@ mod tests {
         for t in 0..2 {
             assert_eq!(
                 observe(&mut st, &ctx, ("c", "weather", &a), DOWN, t),
-                "hard"
+                Outcome::Hard
             );
             let next = st.wire.take_next();
             assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
@@ -1436,13 +1459,13 @@ mod tests {
         let value = r#"{"temp": 21.0}"#;
         assert_eq!(
             observe(&mut st, &ctx, ("c", "weather_backup", &a), value, 2),
-            "held"
+            Outcome::Held
         );
         let ask = st.wire.take_next();
         assert!(ask.guidance[0].starts_with("Cross-check"), "{ask:?}");
         assert_eq!(
             observe(&mut st, &ctx, ("c", "weather", &a), DOWN, 3),
-            "check"
+            Outcome::Check
         );
         assert!(matches!(
             st.wire.take_next().stop,
@@ -1505,12 +1528,12 @@ mod tests {
         let a = json!({"pair": "EURUSD"});
         let mut st = run();
         let held = observe(&mut st, &ctx, ("c1", "rate", &a), r#"{"rate": 1.08}"#, 0);
-        assert_eq!(held, "held");
+        assert_eq!(held, Outcome::Held);
         let next = st.wire.take_next();
         assert_eq!(next.guidance, vec![cross_check_text("rate", "rate")]);
         assert_eq!(next.again, vec!["rate"], "the same call again is asked for");
         let same = observe(&mut st, &ctx, ("c2", "rate", &a), r#"{"rate": 1.08}"#, 1);
-        assert_eq!(same, "check");
+        assert_eq!(same, Outcome::Check);
         assert_eq!(
             st.wire.take_next(),
             Next {

@@ -27,9 +27,33 @@ pub(crate) fn call_actions(log: &CallLog, actions: &mut Vec<String>) {
     }
 }
 
+/// How a turn ended, as the report, the headers and the trace spell it (`complete`, `partial`,
+/// `failed`): spelled only there.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, strum::IntoStaticStr, strum::EnumString,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub(crate) enum Status {
+    /// The answer is whole and claimed.
+    Complete,
+    /// The answer went out, but not all of it can be claimed (calls left out, a failure open,
+    /// a value not read again): the reason says why.
+    Partial,
+    /// No answer could be had.
+    Failed,
+}
+
+impl Status {
+    /// The status's name.
+    pub(crate) fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 pub(crate) fn selfheal_report(
     state: &Mutex<RunState>,
-    status: &str,
+    status: Status,
     reason: Option<&str>,
     actions: &[String],
 ) -> Value {
@@ -47,7 +71,7 @@ pub(crate) fn selfheal_report(
 /// values.
 pub(crate) fn selfheal_report_bytes(
     state: &Mutex<RunState>,
-    status: &str,
+    status: Status,
     reason: Option<&str>,
     actions: &[String],
 ) -> Vec<u8> {
@@ -77,7 +101,7 @@ pub(crate) struct Report<'a> {
     pub(crate) budget: BudgetReport<'a>,
     pub(crate) failures: u64,
     pub(crate) reason: Option<&'a str>,
-    pub(crate) status: &'a str,
+    pub(crate) status: Status,
 }
 
 #[derive(serde::Serialize)]
@@ -128,7 +152,7 @@ pub(crate) struct RequestDetail<'a> {
 /// A `tool_result` event.
 #[derive(serde::Serialize)]
 pub(crate) struct ToolResultDetail<'a> {
-    pub(crate) outcome: &'a str,
+    pub(crate) outcome: crate::recover::Outcome,
     pub(crate) tool: &'a str,
 }
 
@@ -141,14 +165,14 @@ pub(crate) fn tool_result_detail(r: &heal::Replayed) -> Detail {
 
 /// A `response` event.
 #[derive(serde::Serialize)]
-pub(crate) struct ResponseDetail<'a> {
-    pub(crate) status: &'a str,
+pub(crate) struct ResponseDetail {
+    pub(crate) status: Status,
 }
 
 pub(crate) fn add_headers(
     resp: &mut Response,
     run: &str,
-    status: &str,
+    status: Status,
     actions: &[String],
     reason: Option<&str>,
 ) {
@@ -177,9 +201,43 @@ pub(crate) fn add_headers(
         }
     };
     put("x-selfheal-run", run.to_owned());
-    put("x-selfheal-status", status.to_owned());
+    put("x-selfheal-status", status.as_str().to_owned());
     put("x-selfheal-actions", actions.join(","));
     if let Some(r) = reason {
         put("x-selfheal-reason", r.to_owned());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::recover::Outcome;
+
+    /// The typed statuses and outcomes are spelled, where they are written out (the report,
+    /// the headers, the trace), as the wire always spelled them, and read back from it.
+    #[test]
+    fn statuses_and_outcomes_are_spelled_as_on_the_wire() {
+        for (status, name) in [
+            (Status::Complete, "complete"),
+            (Status::Partial, "partial"),
+            (Status::Failed, "failed"),
+        ] {
+            assert_eq!(status.as_str(), name);
+            assert_eq!(serde_json::to_value(status).unwrap(), json!(name));
+            assert_eq!(name.parse::<Status>().unwrap(), status);
+        }
+        assert!("completed".parse::<Status>().is_err());
+        for (outcome, name, failed) in [
+            (Outcome::Ok, "ok", false),
+            (Outcome::Hard, "hard", true),
+            (Outcome::Soft, "soft", true),
+            (Outcome::Check, "check", false),
+            (Outcome::Held, "held", false),
+        ] {
+            assert_eq!(serde_json::to_value(outcome).unwrap(), json!(name));
+            assert_eq!(outcome.failed(), failed, "{name}");
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! Streaming for OpenAI's Responses API (`POST /v1/responses` with `stream: true`), healed as
-//! chat streams are (see [`crate::stream`]).
+//! Streaming for OpenAI's Responses API (`POST /v1/responses` with `stream: true`): its event
+//! grammar for the one relay, [`crate::relay`], which heals it as it heals a chat stream.
 //!
 //! A Responses stream is a sequence of typed events (`response.created`, `response.in_progress`,
 //! `response.output_item.added`, `response.output_text.delta`, ...,
@@ -46,10 +46,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call};
-use crate::stream::{
-    AskAgain, Events, Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, Reanswer, StreamReport,
-    Unsettled, is_event_stream, reask_once,
-};
+use crate::relay::{AskAgain, Check, Frame, Grammar, MAX_HELD_BYTES, Read, Reanswer, StreamReport};
 use selfheal_repair::{ArgumentsError, Ending};
 
 /// A new, checked answer from a non-streaming call: a whole Responses object.
@@ -66,33 +63,28 @@ pub struct Reanswered {
 /// policy or the budget refuses, the upstream fails, or the new answer's calls cannot be used.
 pub type Reask = AskAgain<Reanswered>;
 
+/// What the relay may ask of the pipeline for a Responses stream.
+pub type Hooks = crate::relay::Hooks<Reanswered>;
+
 impl Reanswer for Reanswered {
     fn take_repaired(&mut self) -> Vec<String> {
         std::mem::take(&mut self.repaired)
     }
 }
 
-/// What the relay may ask of the pipeline.
-#[derive(Default)]
-pub struct Hooks {
-    /// Re-asks unusable function calls.
-    pub reask: Option<Reask>,
-    /// Re-issues a request whose stream broke before any content.
-    pub reissue: Option<Reask>,
-    /// Checks the usable held `function_call` items further before they go out (the
-    /// gateway's grounding check), as [`crate::stream::Hooks::check`].
-    pub check: Option<crate::stream::Check>,
-    /// The read before answering of a final answer, as [`crate::stream::Hooks::reread`].
-    pub reread: Option<ReadAgain<Reanswered>>,
-    /// The core's judgement of a final answer, as [`crate::stream::Hooks::unsettled`].
-    pub unsettled: Option<Unsettled>,
-    /// Where the report goes when the first frame goes out, as [`crate::stream::Hooks::head`].
-    pub head: Option<crate::stream::Head>,
-    /// The run's budget for the final report, as [`crate::stream::Hooks::budget`].
-    pub budget: Option<crate::stream::Budget>,
-    /// What the client gets when every held call was left out, as
-    /// [`crate::stream::Hooks::on_partial`].
-    pub on_partial: crate::config::OnPartial,
+/// Relays an upstream Responses stream to `tx`, healed by [`crate::relay`] (see the module
+/// docs). `selfheal` is added to the terminal event's `response`, updated with what the relay
+/// did.
+pub async fn relay(
+    upstream: reqwest::Response,
+    tools: Arc<ToolIndex>,
+    guides: Arc<GuideCache>,
+    selfheal: Option<Value>,
+    hooks: Hooks,
+    tx: &mpsc::Sender<Frame>,
+) -> StreamReport {
+    let g = Responses::default();
+    crate::relay::relay(g, upstream, tools, guides, selfheal, hooks, tx).await
 }
 
 /// The ending of a Responses answer: `incomplete` (the token limit) is a cut-off.
@@ -104,16 +96,16 @@ fn ending_of(response: &Value) -> Ending {
     }
 }
 
-/// Checks one `function_call` item in place (repaired arguments written back). `finished`:
-/// whether the item was seen whole (its `output_item.done`, status not `incomplete`); a call
-/// that is not is refused as cut off, whatever its arguments look like.
+/// Checks one `function_call` item in place (repaired arguments written back, its name added to
+/// `repaired`). `finished`: whether the item was seen whole (its `output_item.done`, status not
+/// `incomplete`); a call that is not is refused as cut off, whatever its arguments look like.
 fn check_item(
     item: &mut Value,
-    finished: bool,
-    ending: Ending,
+    (finished, ending): (bool, Ending),
     tools: &ToolIndex,
     guides: &GuideCache,
-) -> Result<bool, Problem> {
+    repaired: &mut Vec<String>,
+) -> Result<(), Problem> {
     let name = item
         .get("name")
         .and_then(Value::as_str)
@@ -136,7 +128,10 @@ fn check_item(
     {
         o.insert("arguments".into(), a.clone());
     }
-    Ok(changed)
+    if changed {
+        repaired.push(name);
+    }
+    Ok(())
 }
 
 /// Checks the `function_call` items of a whole Responses answer in place: repaired arguments are
@@ -152,20 +147,8 @@ pub fn check_response(answer: &mut Value, tools: &ToolIndex, guides: &GuideCache
         if crate::heal::item_type(item) != Some("function_call") {
             return true;
         }
-        let name = item.get("name").and_then(Value::as_str).unwrap_or("");
-        let name = name.to_owned();
-        match check_item(item, true, ending, tools, guides) {
-            Ok(changed) => {
-                if changed {
-                    out.repaired.push(name);
-                }
-                true
-            }
-            Err(reask) => {
-                out.invalid.push(reask);
-                false
-            }
-        }
+        let checked = check_item(item, (true, ending), tools, guides, &mut out.repaired);
+        checked.map_err(|e| out.invalid.push(e)).is_ok()
     });
     out
 }
@@ -178,79 +161,6 @@ struct HeldCall {
     /// Whether its `response.output_item.done` arrived.
     done: bool,
 }
-
-/// What one upstream event meant.
-enum Flow {
-    Continue,
-    Done,
-    Broken(String),
-}
-
-/// The client went away: stop relaying.
-struct Gone;
-
-struct Relay<'t> {
-    tools: Arc<ToolIndex>,
-    guides: Arc<GuideCache>,
-    selfheal: Option<Value>,
-    hooks: Hooks,
-    tx: &'t mpsc::Sender<Frame>,
-    report: StreamReport,
-    /// Preamble events not sent yet (sent before the first content).
-    held: Vec<Value>,
-    held_bytes: usize,
-    /// `function_call` items by their upstream `output_index`.
-    calls: BTreeMap<u64, HeldCall>,
-    /// Upstream `output_index` → the client's, for the items passed on.
-    index: HashMap<u64, u64>,
-    /// The output items the client got whole, by the client's `output_index`.
-    items: BTreeMap<u64, Value>,
-    next_index: u64,
-    seq: u64,
-    /// Whether anything but held preamble went to the client.
-    sent: bool,
-    /// Why the answer was not read again before answering, as in [`crate::stream`].
-    unread: Option<String>,
-}
-
-/// Relays an upstream Responses stream to `tx` (see the module docs). `selfheal` is added to the
-/// terminal event's `response`, updated with what the relay did.
-pub async fn relay(
-    upstream: reqwest::Response,
-    tools: Arc<ToolIndex>,
-    guides: Arc<GuideCache>,
-    selfheal: Option<Value>,
-    hooks: Hooks,
-    tx: &mpsc::Sender<Frame>,
-) -> StreamReport {
-    let mut r = Relay {
-        tools,
-        guides,
-        selfheal,
-        hooks,
-        tx,
-        report: StreamReport::default(),
-        held: Vec::new(),
-        held_bytes: 0,
-        calls: BTreeMap::new(),
-        index: HashMap::new(),
-        items: BTreeMap::new(),
-        next_index: 0,
-        seq: 0,
-        sent: false,
-        unread: None,
-    };
-    let outcome = if is_event_stream(&upstream) {
-        r.pump(upstream).await
-    } else {
-        r.convert(upstream).await
-    };
-    if outcome.is_ok() {
-        r.end().await;
-    }
-    r.report
-}
-
 /// The SSE frame of one event: `event: <type>` (when it is a plain name) and its data.
 fn frame(v: &Value) -> Frame {
     let ty = v
@@ -284,44 +194,24 @@ fn is_preamble(v: &Value) -> bool {
     }
 }
 
-impl Relay<'_> {
-    /// Sends the head's report ([`crate::stream::head_report`]) before the first frame, once;
-    /// `provisional` when the frame is the first content of an answer that calls no tools so
-    /// far.
-    fn head(&mut self, provisional: bool) {
-        let Some(tx) = self.hooks.head.take() else {
-            return;
-        };
-        let why = provisional
-            .then(|| crate::stream::unsettled_now(&self.unread, self.hooks.unsettled.as_ref()))
-            .flatten();
-        let _ = tx.send(crate::stream::head_report(
-            self.selfheal.as_ref(),
-            &self.report,
-            why,
-        ));
-    }
+/// The Responses grammar's state: the held preamble and calls, and the numbering of what went
+/// out.
+#[derive(Default)]
+pub(crate) struct Responses {
+    /// Preamble events not sent yet (sent before the first content).
+    held: Vec<Value>,
+    held_bytes: usize,
+    /// `function_call` items by their upstream `output_index`.
+    calls: BTreeMap<u64, HeldCall>,
+    /// Upstream `output_index` → the client's, for the items passed on.
+    index: HashMap<u64, u64>,
+    /// The output items the client got whole, by the client's `output_index`.
+    items: BTreeMap<u64, Value>,
+    next_index: u64,
+    seq: u64,
+}
 
-    /// Sends one event (renumbered), after the held preamble.
-    async fn send(&mut self, mut v: Value) -> Result<(), Gone> {
-        self.head(false);
-        for mut h in std::mem::take(&mut self.held) {
-            self.stamp(&mut h);
-            self.tx.send(frame(&h)).await.map_err(|_| Gone)?;
-        }
-        self.held_bytes = 0;
-        self.sent = true;
-        self.stamp(&mut v);
-        self.tx.send(frame(&v)).await.map_err(|_| Gone)
-    }
-
-    fn stamp(&mut self, v: &mut Value) {
-        if let Some(o) = v.as_object_mut() {
-            o.insert("sequence_number".into(), json!(self.seq));
-        }
-        self.seq += 1;
-    }
-
+impl Responses {
     /// The client's `output_index` for upstream index `i` (a new one on first sight).
     fn client_index(&mut self, i: u64) -> u64 {
         if let Some(c) = self.index.get(&i) {
@@ -333,143 +223,8 @@ impl Relay<'_> {
         c
     }
 
-    /// Reads the upstream's SSE events and handles each.
-    async fn pump(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
-        let mut events = Events::new(upstream);
-        while let Some(text) = events.next_or_break(&mut self.report.broken).await {
-            if self.sse_event(&text).await? {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// One SSE event's text: its `data:` lines joined, handled; `true` once the stream is over.
-    async fn sse_event(&mut self, text: &str) -> Result<bool, Gone> {
-        let data: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| d.strip_prefix(' ').unwrap_or(d))
-            .collect();
-        if data.is_empty() {
-            return Ok(false);
-        }
-        match self.event(&data.join("\n")).await? {
-            Flow::Continue => Ok(false),
-            Flow::Done => Ok(true),
-            Flow::Broken(why) => {
-                self.report.broken = Some(why);
-                Ok(true)
-            }
-        }
-    }
-
-    /// Handles one event's data.
-    async fn event(&mut self, payload: &str) -> Result<Flow, Gone> {
-        if payload.trim() == "[DONE]" {
-            return Ok(Flow::Done);
-        }
-        let Ok(mut v) = serde_json::from_str::<Value>(payload) else {
-            return Ok(Flow::Broken(
-                "upstream sent an unreadable stream event".into(),
-            ));
-        };
-        // Every Responses event is an object with a `type`: anything else is not passed on.
-        let Some(ty) = crate::heal::item_type(&v).map(str::to_owned) else {
-            return Ok(Flow::Broken(
-                "upstream sent a stream event without a `type`".into(),
-            ));
-        };
-        let upstream_index = v.get("output_index").and_then(Value::as_u64);
-        match ty.as_str() {
-            "error" => {
-                return Ok(Flow::Broken(format!(
-                    "upstream stream error: {}",
-                    message_of(&v)
-                )));
-            }
-            "response.failed" => {
-                let m = v
-                    .pointer("/response/error")
-                    .map_or_else(|| "the response failed".to_owned(), message_of);
-                return Ok(Flow::Broken(format!("upstream stream error: {m}")));
-            }
-            "response.completed" | "response.incomplete" => {
-                // Nothing went out and the response holds no answer: an empty answer, broken
-                // like a stream that ended early (re-issued while nothing but the preamble
-                // went out).
-                if !self.sent && self.calls.is_empty() && !v.get("response").is_some_and(has_answer)
-                {
-                    return Ok(Flow::Broken(
-                        "upstream ended the response without an answer".into(),
-                    ));
-                }
-                self.finish(v).await?;
-                return Ok(Flow::Done);
-            }
-            _ => {}
-        }
-        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-            return Ok(Flow::Broken(format!(
-                "upstream stream error: {}",
-                message_of(e)
-            )));
-        }
-        // Function calls: held whole until the response ends — every event of one, whatever
-        // order they come in; none is passed on as it came.
-        let of_call = v.pointer("/item/type").and_then(Value::as_str) == Some("function_call")
-            || ty.starts_with("response.function_call_arguments.");
-        match upstream_index {
-            Some(i) if of_call || self.calls.contains_key(&i) => {
-                return Ok(self.hold_call(i, &ty, v));
-            }
-            None if of_call => {
-                return Ok(Flow::Broken(
-                    "upstream sent a function call event without `output_index`".into(),
-                ));
-            }
-            _ => {}
-        }
-        if is_preamble(&v) && !self.sent {
-            if let Some(i) = upstream_index {
-                let c = self.client_index(i);
-                v["output_index"] = json!(c);
-            }
-            self.held_bytes += payload.len();
-            if self.held_bytes > MAX_HELD_BYTES {
-                return Ok(Flow::Broken(format!(
-                    "upstream preamble exceeds {MAX_HELD_BYTES} bytes"
-                )));
-            }
-            self.held.push(v);
-            return Ok(Flow::Continue);
-        }
-        // The first content of an answer that has called no tools so far: the last moment the
-        // read before answering can hold it.
-        if self.calls.is_empty()
-            && let Some(r) = self.reread().await
-        {
-            self.emit_response(r.response).await?;
-            return Ok(Flow::Done);
-        }
-        if self.calls.is_empty() {
-            self.head(true);
-        }
-        if let Some(i) = upstream_index {
-            let c = self.client_index(i);
-            v["output_index"] = json!(c);
-            if ty == "response.output_item.done"
-                && let Some(item) = v.get("item")
-            {
-                self.items.insert(c, item.clone());
-            }
-        }
-        self.send(v).await?;
-        Ok(Flow::Continue)
-    }
-
     /// One event of a held `function_call` item.
-    fn hold_call(&mut self, i: u64, ty: &str, v: Value) -> Flow {
+    fn hold_call(&mut self, i: u64, ty: &str, v: Value) -> Read {
         let call = self.calls.entry(i).or_insert_with(|| HeldCall {
             item: json!({"type": "function_call"}),
             arguments: String::new(),
@@ -504,30 +259,129 @@ impl Relay<'_> {
             _ => {}
         }
         if self.held_bytes > MAX_HELD_BYTES {
-            return Flow::Broken(format!(
+            return Read::Broken(format!(
                 "upstream function calls exceed {MAX_HELD_BYTES} bytes"
             ));
         }
-        Flow::Continue
+        Read::Held
     }
 
-    /// The terminal event: the held calls checked (re-asked while the ladder allows), sent, then
-    /// the terminal event with the output the client got and the `selfheal` report.
-    async fn finish(&mut self, mut v: Value) -> Result<(), Gone> {
-        if self.calls.is_empty()
-            && let Some(r) = self.reread().await
-        {
-            return self.emit_response(r.response).await;
+    /// The events of a whole output item, numbered as the next one out (and remembered for the
+    /// terminal event's `output`).
+    fn item(&mut self, item: Value) -> Vec<Value> {
+        let c = self.next_index;
+        self.next_index += 1;
+        let events = item_events(&item, c);
+        self.items.insert(c, item);
+        events
+    }
+
+    /// Whether a call went out.
+    fn called(&self) -> bool {
+        self.items.values().any(is_call)
+    }
+
+    /// An event that is neither a call's nor the terminal one: held when it is preamble and
+    /// nothing went out, else renumbered content.
+    fn other(&mut self, mut v: Value, ty: &str, payload: &str, sent: bool) -> Read {
+        let upstream_index = v.get("output_index").and_then(Value::as_u64);
+        let client = upstream_index.map(|i| self.client_index(i));
+        if let Some(c) = client {
+            v["output_index"] = json!(c);
         }
-        let mut ty = v
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("response.completed")
-            .to_owned();
-        let ending = if ty == "response.incomplete" {
+        if is_preamble(&v) && !sent {
+            self.held_bytes += payload.len();
+            if self.held_bytes > MAX_HELD_BYTES {
+                return Read::Broken(format!("upstream preamble exceeds {MAX_HELD_BYTES} bytes"));
+            }
+            self.held.push(v);
+            return Read::Held;
+        }
+        if let Some(c) = client
+            && ty == "response.output_item.done"
+            && let Some(item) = v.get("item")
+        {
+            self.items.insert(c, item.clone());
+        }
+        Read::Content(v)
+    }
+}
+
+impl Grammar for Responses {
+    type Answer = Reanswered;
+    const READS_PAST_FINISH: bool = false;
+    const UNFINISHED: &'static str = "upstream stream ended before the response was finished";
+
+    fn payloads(text: &str) -> Vec<String> {
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if data.is_empty() {
+            return Vec::new();
+        }
+        vec![data.join("\n")]
+    }
+
+    fn read(&mut self, payload: &str, sent: bool) -> Read {
+        if payload.trim() == "[DONE]" {
+            return Read::Done;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(payload) else {
+            return Read::Broken("upstream sent an unreadable stream event".into());
+        };
+        // Every Responses event is an object with a `type`: anything else is not passed on.
+        let Some(ty) = crate::heal::item_type(&v).map(str::to_owned) else {
+            return Read::Broken("upstream sent a stream event without a `type`".into());
+        };
+        match ty.as_str() {
+            "error" => return Read::Broken(format!("upstream stream error: {}", message_of(&v))),
+            "response.failed" => {
+                let m = v
+                    .pointer("/response/error")
+                    .map_or_else(|| "the response failed".to_owned(), message_of);
+                return Read::Broken(format!("upstream stream error: {m}"));
+            }
+            "response.completed" | "response.incomplete" => return Read::Finish(v),
+            _ => {}
+        }
+        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+            return Read::Broken(format!("upstream stream error: {}", message_of(e)));
+        }
+        // Function calls: held whole until the response ends — every event of one, whatever
+        // order they come in; none is passed on as it came.
+        let of_call = v.pointer("/item/type").and_then(Value::as_str) == Some("function_call")
+            || ty.starts_with("response.function_call_arguments.");
+        match v.get("output_index").and_then(Value::as_u64) {
+            Some(i) if of_call || self.calls.contains_key(&i) => self.hold_call(i, &ty, v),
+            None if of_call => {
+                Read::Broken("upstream sent a function call event without `output_index`".into())
+            }
+            _ => self.other(v, &ty, payload, sent),
+        }
+    }
+
+    fn says_nothing(&self, finish: &Value) -> Option<String> {
+        let said = finish.get("response").is_some_and(has_answer);
+        (!said).then(|| "upstream ended the response without an answer".into())
+    }
+
+    fn holds_calls(&self) -> bool {
+        !self.calls.is_empty()
+    }
+
+    fn take_calls(
+        &mut self,
+        finish: &Value,
+        tools: &ToolIndex,
+        guides: &GuideCache,
+        repaired: &mut Vec<String>,
+    ) -> (Vec<Value>, Vec<Problem>) {
+        let ending = if crate::heal::item_type(finish) == Some("response.incomplete") {
             Ending::CutOff
         } else {
-            v.get("response").map_or(Ending::Finished, ending_of)
+            finish.get("response").map_or(Ending::Finished, ending_of)
         };
         let mut ready = Vec::new();
         let mut invalid = Vec::new();
@@ -535,107 +389,90 @@ impl Relay<'_> {
             if let Some(o) = c.item.as_object_mut() {
                 o.insert("arguments".into(), Value::String(c.arguments.clone()));
             }
-            let name = c.item.get("name").and_then(Value::as_str).unwrap_or("");
-            let name = name.to_owned();
-            match check_item(&mut c.item, c.done, ending, &self.tools, &self.guides) {
-                Ok(changed) => {
-                    if changed {
-                        self.report.repaired.push(name);
-                    }
-                    ready.push(c.item);
-                }
+            match check_item(&mut c.item, (c.done, ending), tools, guides, repaired) {
+                Ok(()) => ready.push(c.item),
                 Err(e) => invalid.push(e),
             }
         }
-        if let Some(check) = &self.hooks.check {
-            invalid.extend(check(&mut ready));
-        }
+        (ready, invalid)
+    }
+
+    fn calls_out(
+        &mut self,
+        finish: &mut Value,
+        ready: Vec<Value>,
+        again: Option<Reanswered>,
+    ) -> (Vec<Value>, bool) {
         let mut replacement = Vec::new();
-        if let Some(r) = reask_once(&mut self.hooks.reask, &invalid, &mut self.report).await {
+        if let Some(r) = again {
             replacement = new_items(&r.response);
             // The answer is now the new one's: its status, its reason if incomplete.
-            if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
+            if let Some(resp) = finish.get_mut("response").and_then(Value::as_object_mut) {
                 for key in ["status", "incomplete_details"] {
                     if let Some(x) = r.response.get(key) {
                         resp.insert(key.into(), x.clone());
                     }
                 }
             }
-            ty = terminal_type(&r.response).into();
-        }
-        for item in ready.into_iter().chain(replacement) {
-            self.emit_item(item).await?;
-        }
-        if !self.report.invalid.is_empty() && !self.items.values().any(is_call) {
-            // Every call was left out: the answer says so in words (never an empty answer), or
-            // is an error event the SDKs raise.
-            let words = crate::heal::left_out_text(&self.report.invalid);
-            if self.hooks.on_partial == crate::config::OnPartial::Error {
-                self.report.finished = true;
-                let e = json!({
-                    "type": "error", "code": "calls_left_out", "message": words, "param": null,
-                    "error": {"message": words, "type": "selfheal_error", "param": null,
-                              "code": "calls_left_out"},
-                });
-                return self.send(e).await;
+            if let Some(o) = finish.as_object_mut() {
+                o.insert("type".into(), json!(terminal_type(&r.response)));
             }
-            let item = json!({"type": "message", "id": "msg_selfheal", "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": words, "annotations": []}]});
-            self.emit_item(item).await?;
         }
-        if let Some(o) = v.as_object_mut() {
-            o.insert("type".into(), Value::String(ty));
+        let mut out = Vec::new();
+        for item in ready.into_iter().chain(replacement) {
+            out.extend(self.item(item));
         }
-        if !self.items.values().any(is_call) {
-            self.settle();
-        }
-        self.send_terminal(v).await
+        (out, self.called())
     }
 
-    /// Sends the terminal event `v`: its `response` lists exactly the items the client got and
-    /// carries the `selfheal` report; the stream is finished, and the answer is what a client
-    /// continuing it (`previous_response_id`) continues ([`StreamReport::responded`]).
-    async fn send_terminal(&mut self, mut v: Value) -> Result<(), Gone> {
+    fn say_left_out(&mut self, _: &mut Value, words: &str) -> Vec<Value> {
+        let item = json!({"type": "message", "id": "msg_selfheal", "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": words, "annotations": []}]});
+        self.item(item)
+    }
+
+    fn uncalled(&mut self, _: &mut Value) {}
+
+    /// The terminal event's `response` lists exactly the items the client got and carries the
+    /// `selfheal` report; the answer is what a client continuing it (`previous_response_id`)
+    /// continues ([`StreamReport::responded`]).
+    fn seal(&mut self, finish: &mut Value, selfheal: Option<&Value>, report: &mut StreamReport) {
         let output: Vec<Value> = self.items.values().cloned().collect();
-        if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
+        if let Some(resp) = finish.get_mut("response").and_then(Value::as_object_mut) {
             resp.insert("output".into(), Value::Array(output));
+            if let Some(s) = selfheal {
+                resp.insert("selfheal".into(), s.clone());
+            }
         }
-        self.attach_selfheal(&mut v);
-        self.report.finished = true;
-        self.report.responded = v.get("response").and_then(crate::runs::Responded::of);
-        self.send(v).await
+        report.responded = finish.get("response").and_then(crate::runs::Responded::of);
     }
 
-    /// The read before answering of a final answer about to go out, while nothing but the
-    /// preamble has ([`Hooks::reread`], decided once): the answer to send in its place, if one
-    /// came; the held preamble and calls are dropped then. A read that was not made is
-    /// remembered for [`Relay::settle`].
-    async fn reread(&mut self) -> Option<Reanswered> {
-        if self.sent {
-            return None;
+    fn error_event(message: &str, kind: &str, code: &str) -> Value {
+        // The SDKs raise `APIError` for an event with an `error` object.
+        json!({
+            "type": "error", "code": code, "message": message, "param": null,
+            "error": {"message": message, "type": kind, "param": null, "code": code},
+        })
+    }
+
+    fn done_marker() -> Option<Frame> {
+        None
+    }
+
+    fn take_held(&mut self) -> Vec<Value> {
+        self.held_bytes = 0;
+        std::mem::take(&mut self.held)
+    }
+
+    fn frame(&mut self, mut v: Value) -> Frame {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("sequence_number".into(), json!(self.seq));
         }
-        let ask = self.hooks.reread.take()?;
-        let outcome = ask().await?;
-        self.report.reread = true;
-        self.unread = outcome.unread;
-        let answer = outcome.answer?;
-        self.reset();
-        self.report.repaired.extend(answer.repaired.iter().cloned());
-        Some(answer)
+        self.seq += 1;
+        frame(&v)
     }
 
-    /// A final answer (no `function_call` item) is ending: the core's judgement of the run, or
-    /// a read before answering that was not made, flags it `partial`.
-    fn settle(&mut self) {
-        crate::stream::settle(
-            &mut self.report,
-            &mut self.unread,
-            self.hooks.unsettled.as_ref(),
-        );
-    }
-
-    /// Forgets everything held and numbered, while nothing went out: another answer follows.
     fn reset(&mut self) {
         self.calls.clear();
         self.held.clear();
@@ -645,72 +482,50 @@ impl Relay<'_> {
         self.next_index = 0;
     }
 
-    fn attach_selfheal(&mut self, v: &mut Value) {
-        self.report.budget = self.hooks.budget.as_ref().map(|b| b());
-        if let Some(s) = &mut self.selfheal {
-            crate::stream::note_outcome(s, &self.report);
-            if let Some(resp) = v.get_mut("response").and_then(Value::as_object_mut) {
-                resp.insert("selfheal".into(), s.clone());
-            }
-        }
+    fn parse_whole(&mut self, bytes: &[u8]) -> Result<Reanswered, String> {
+        let response = read_response(bytes).map_err(crate::relay::unusable_stream)?;
+        Ok(Reanswered {
+            response,
+            repaired: Vec::new(),
+        })
     }
 
-    /// Sends a whole output item as the events that announce, fill and close it.
-    async fn emit_item(&mut self, item: Value) -> Result<(), Gone> {
-        let c = self.next_index;
-        self.next_index += 1;
-        for e in item_events(&item, c) {
-            self.send(e).await?;
-        }
-        self.items.insert(c, item);
-        Ok(())
-    }
-
-    /// A non-SSE answer to a streaming request: checked (re-asked if its calls cannot be used)
-    /// and sent as a stream, or broken.
-    async fn convert(&mut self, upstream: reqwest::Response) -> Result<(), Gone> {
-        let parsed = crate::upstream::read_bounded(upstream, MAX_EVENT_BYTES)
-            .await
-            .and_then(|b| read_response(&b))
-            .map_err(|e| e.to_string());
-        let mut response = match parsed {
-            Ok(v) => v,
-            Err(e) => {
-                self.report.broken = Some(format!(
-                    "upstream answered a streaming request without a usable stream: {e}"
-                ));
-                return Ok(());
-            }
-        };
-        let mut check = check_response(&mut response, &self.tools, &self.guides);
-        if let Some(more) = &self.hooks.check
+    fn check_whole(
+        &self,
+        answer: &mut Reanswered,
+        tools: &ToolIndex,
+        guides: &GuideCache,
+        more: Option<&Check>,
+    ) -> CallCheck {
+        let response = &mut answer.response;
+        let mut check = check_response(response, tools, guides);
+        if let Some(more) = more
             && let Some(items) = response.get_mut("output").and_then(Value::as_array_mut)
         {
             check.invalid.extend(more(items));
         }
-        self.report.repaired.extend(check.repaired);
-        if let Some(r) = reask_once(&mut self.hooks.reask, &check.invalid, &mut self.report).await {
-            response = r.response;
-        }
-        self.emit_response(response).await
+        check
     }
 
-    /// Sends a whole (checked) response as a complete event stream.
-    async fn emit_response(&mut self, response: Value) -> Result<(), Gone> {
-        let calls = |r: &Value| {
-            r.get("output")
-                .and_then(Value::as_array)
-                .is_some_and(|o| o.iter().any(is_call))
-        };
-        let mut response = response;
-        if !calls(&response)
-            && let Some(r) = self.reread().await
-        {
-            response = r.response;
-        }
-        if !calls(&response) {
-            self.settle();
-        }
+    fn calls_tools(answer: &Reanswered) -> bool {
+        answer
+            .response
+            .get("output")
+            .and_then(Value::as_array)
+            .is_some_and(|o| o.iter().any(is_call))
+    }
+
+    fn say(answer: &mut Reanswered, words: &str) {
+        crate::pipeline::say_in_output(&mut answer.response, words);
+    }
+
+    fn whole_events(
+        &mut self,
+        answer: Reanswered,
+        selfheal: Option<&Value>,
+        report: &mut StreamReport,
+    ) -> Vec<Value> {
+        let response = answer.response;
         let mut head = response.clone();
         if let Some(o) = head.as_object_mut() {
             o.insert("status".into(), json!("in_progress"));
@@ -718,62 +533,22 @@ impl Relay<'_> {
             o.remove("usage");
             o.remove("selfheal");
         }
-        self.send(json!({"type": "response.created", "response": head.clone()}))
-            .await?;
-        self.send(json!({"type": "response.in_progress", "response": head}))
-            .await?;
+        let mut out = vec![
+            json!({"type": "response.created", "response": head.clone()}),
+            json!({"type": "response.in_progress", "response": head}),
+        ];
         let items: Vec<Value> = response
             .get("output")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
         for item in items {
-            self.emit_item(item).await?;
+            out.extend(self.item(item));
         }
-        self.report.broken = None;
-        self.send_terminal(json!({"type": terminal_type(&response), "response": response}))
-            .await
-    }
-
-    /// After the upstream ended: nothing more after a terminal event; a re-issue when nothing
-    /// but preamble went out; else an error event, flushed, then a clean end.
-    async fn end(&mut self) {
-        if self.report.finished {
-            // A terminal event went out (a break after it cannot change the answer).
-            self.report.broken = None;
-            return;
-        }
-        let why = self
-            .report
-            .broken
-            .clone()
-            .unwrap_or_else(|| "upstream stream ended before the response was finished".into());
-        if !self.sent
-            && let Some(f) = self.hooks.reissue.take()
-        {
-            self.reset();
-            if let Some(again) = f(Vec::new()).await {
-                self.report.reissued = Some(why);
-                self.report.broken = None;
-                self.report.repaired.extend(again.repaired);
-                let _ = self.emit_response(again.response).await;
-                return;
-            }
-        }
-        self.report.broken = Some(why.clone());
-        let mut e = json!({
-            "type": "error", "code": "stream_broken", "message": why, "param": null,
-            // The SDKs raise `APIError` for an event with an `error` object.
-            "error": {"message": why, "type": "upstream_error", "param": null,
-                      "code": "stream_broken"},
-        });
-        if !self.sent {
-            // Nothing went out and nothing could be re-issued: the preamble is not sent either.
-            self.held.clear();
-        }
-        self.head(false);
-        self.stamp(&mut e);
-        let _ = self.tx.send(frame(&e)).await;
+        let mut terminal = json!({"type": terminal_type(&response), "response": response});
+        self.seal(&mut terminal, selfheal, report);
+        out.push(terminal);
+        out
     }
 }
 
@@ -936,37 +711,17 @@ pub fn item_events(item: &Value, index: u64) -> Vec<Value> {
     out
 }
 
-/// Frames of a whole Responses answer sent as a stream (the gateway answering by itself).
+/// Frames of a whole Responses answer sent as a stream (the gateway answering by itself): the
+/// events the relay sends for a whole answer, its `selfheal` report in the terminal one.
 pub fn answer_frames(response: &Value) -> Vec<Frame> {
-    let mut out = Vec::new();
-    let mut seq = 0u64;
-    let mut push = |mut v: Value| {
-        if let Some(o) = v.as_object_mut() {
-            o.insert("sequence_number".into(), json!(seq));
-        }
-        seq += 1;
-        out.push(frame(&v));
+    let mut g = Responses::default();
+    let selfheal = response.get("selfheal").cloned();
+    let answer = Reanswered {
+        response: response.clone(),
+        repaired: Vec::new(),
     };
-    let mut head = response.clone();
-    if let Some(o) = head.as_object_mut() {
-        o.insert("status".into(), json!("in_progress"));
-        o.insert("output".into(), json!([]));
-        o.remove("selfheal");
-    }
-    push(json!({"type": "response.created", "response": head}));
-    for (i, item) in response
-        .get("output")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        for e in item_events(item, i as u64) {
-            push(e);
-        }
-    }
-    push(json!({"type": terminal_type(response), "response": response}));
-    out
+    let events = g.whole_events(answer, selfheal.as_ref(), &mut StreamReport::default());
+    events.into_iter().map(|e| g.frame(e)).collect()
 }
 
 /// The terminal event of a whole response: `response.incomplete` when its status says so (cut
@@ -1268,6 +1023,27 @@ mod tests {
         let last = out.last().unwrap();
         assert_eq!(last["type"], "error", "{out:?}");
         assert_eq!(last["error"]["code"], "calls_left_out");
+    }
+
+    /// Issue 30: a whole answer to a streaming request whose calls cannot be used and are not
+    /// re-asked says so in words, as a streamed one does (and chat's did): never an empty
+    /// answer.
+    #[tokio::test]
+    async fn a_whole_answer_whose_calls_are_left_out_says_so() {
+        let body = json!({"id": "resp_1", "status": "completed", "output": [
+            {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "nope",
+             "arguments": "{}", "status": "completed"}]});
+        let http = axum::http::Response::builder()
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .unwrap();
+        let (out, report) = run(reqwest::Response::from(http), Hooks::default()).await;
+        assert_eq!(report.invalid.len(), 1, "{report:?}");
+        assert!(!sent_a_call(&out), "{out:?}");
+        let last = out.last().unwrap();
+        assert_eq!(last["type"], "response.completed", "{out:?}");
+        assert_eq!(last["response"]["selfheal"]["status"], "partial");
+        assert!(last["response"]["output"].to_string().contains("left out"));
     }
 
     /// Found by `responses_relay_props`: an event that is not an object with a `type` was

@@ -4,31 +4,31 @@
 
 use crate::answer;
 use crate::auth::Caller;
-use crate::config::OnPartial;
 use crate::error::ApiError;
 use crate::forward::passthrough;
 use crate::heal::{self};
-use crate::http::{answered, read_body, sse_response};
-use crate::metrics::Metrics;
+use crate::http::admitted;
+use crate::http::{read_body, sse_response};
 use crate::pipeline::{
-    Call, Turn, adopt_first_call, answer_op, chat_op, check_completion, completion_first_call,
-    edit_request, log_calls, partial_error, reask_or_escalate, reask_turn, rebuild_run,
-    relay_response, reread_due, reread_item, send_op, stop_run, stopping, stream_budget,
-    stream_check, stream_reask, stream_reread, stream_unsettled,
+    AskStream, Call, Turn, adopt_first_call, answer_op, chat_op, check_completion,
+    completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op,
+    stream_check, stream_hooks,
 };
+use crate::pipeline::{Decided, Dialect, heal_turn};
 use crate::recover;
-use crate::report::{add_headers, call_actions, selfheal_report, selfheal_report_bytes};
+use crate::report::{Status, add_headers, call_actions, selfheal_report_bytes};
 use crate::request::{ChatRequest, Edits};
 use crate::runs::run_id;
-use crate::state::{AppState, lock, mark_no_stream, unix_ms};
-use crate::store::Kind;
+use crate::state::{AppState, unix_ms};
 use crate::stream;
 use crate::upstream::CallLog;
+use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use selfheal_core::call::ReaskState;
+use futures_util::future::BoxFuture;
+use selfheal_openai::At;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,18 +40,10 @@ pub(crate) async fn chat(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
-    Metrics::inc(&s.metrics.requests_total);
-    let (result, tenant) = match s.gate.admit(&headers) {
-        Ok(caller) => {
-            let tenant = caller.tenant.clone();
-            let redactor = caller.redactor.clone();
-            let r = chat_inner(&s, caller, &headers, body).await;
-            (r.map_err(|e| redactor.error(e)), tenant)
-        }
-        Err(e) => (Err(e), "-".to_owned()),
-    };
-    answered(&s, result, &tenant, started)
+    admitted(&s, &headers, |caller| {
+        chat_inner(&s, caller, &headers, body)
+    })
+    .await
 }
 
 pub(crate) async fn chat_inner(
@@ -98,64 +90,112 @@ pub(crate) async fn chat_inner(
         run: run.into(),
         unnamed,
     };
-    let tools = s.tool_indexes.get(&req);
-    let (verdict, newest_failed, next, answered) = rebuild_run(&t, &req, &tools, &model, &chain);
-    if let Some((reason, action)) =
-        stopping(next.stop.clone(), verdict.abort.clone(), newest_failed)
-    {
-        let render = |words: &str| stopped_completion(&t, &model, words);
-        let frames = stream::answer_frames;
-        return Ok(stop_run(&t, (&reason, action), req.stream, render, frames));
-    }
-    let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
-    // The calls of the model's previous turn whose results it has: a new call identical to one
-    // of them is its repetition, re-asked by the core's ladder like any unusable call.
-    let mut applied = edit_request(&t, &req, &verdict, &next.guidance, &mut actions);
-    applied.replaced = next.replaced;
-    // The controller's escalation: this request goes to the chain's next target.
-    let chain = if next.escalate && chain.len() > 1 {
-        t.event(Kind::Escalate, json!({"to": chain[1].model}));
-        chain[1..].to_vec()
-    } else {
-        chain
-    };
-    let tools_fwd = if applied.hidden.is_empty() {
-        tools
-    } else {
-        let mut idx = (*tools).clone();
-        idx.retain(|name, _| !applied.hidden.contains(name));
-        Arc::new(idx)
-    };
-    let ctx = Call {
+    let d = ChatTurn {
+        req: &req,
+        bytes: &bytes,
+        model: &model,
+        tools: s.tool_indexes.get(&req),
         chain,
-        bytes: bytes.clone(),
-        applied,
-        tools: tools_fwd,
-        answered: Arc::new(answered),
+        applied: heal::Applied::default(),
+        answered: Arc::default(),
     };
-    let learned = req.stream
-        && !ctx.tools.is_empty()
-        && ctx
-            .chain
-            .first()
-            .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
-    if req.stream && !learned {
-        answer_stream(&t, &req, ctx, actions).await
-    } else {
-        let mut resp = answer_complete(&t, &req, &ctx, actions).await?;
-        if learned {
-            mark_no_stream(&mut resp, ctx.chain.first());
+    heal_turn(&t, d).await
+}
+
+/// A chat completions turn ([`Dialect`]): the parsed request, and what the pipeline makes of it.
+struct ChatTurn<'a> {
+    req: &'a ChatRequest<'a>,
+    bytes: &'a bytes::Bytes,
+    model: &'a str,
+    chain: Vec<crate::config::Target>,
+    tools: Arc<heal::ToolIndex>,
+    /// What the edit changed in the request.
+    applied: heal::Applied,
+    /// The calls of the model's previous turn whose results it has: a new call identical to one
+    /// of them is its repetition, re-asked by the core's ladder like any unusable call.
+    answered: Arc<heal::Answered>,
+}
+
+impl ChatTurn<'_> {
+    /// The call's context: what the answer is asked with.
+    fn call(self) -> Call {
+        Call {
+            chain: self.chain,
+            bytes: self.bytes.clone(),
+            applied: self.applied,
+            tools: self.tools,
+            answered: self.answered,
         }
-        Ok(resp)
     }
 }
 
-/// Stage 4 (streaming): the upstream stream relayed, tool calls held and checked.
+impl Dialect for ChatTurn<'_> {
+    fn streaming(&self) -> bool {
+        self.req.stream
+    }
+
+    fn replay(&mut self, t: &Turn) -> Decided {
+        let (verdict, newest_failed, next, answered) =
+            rebuild_run(t, self.req, &self.tools, self.model, &self.chain);
+        Decided {
+            verdict,
+            newest_failed,
+            next,
+            answered,
+        }
+    }
+
+    fn stopped(&self, t: &Turn, words: &str) -> Value {
+        stopped_completion(t, self.model, words)
+    }
+
+    fn frames(answer: &Value) -> Vec<stream::Frame> {
+        stream::answer_frames(answer)
+    }
+
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>) {
+        let guidance = &decided.next.guidance;
+        let mut applied = edit_request(t, self.req, &decided.verdict, guidance, actions);
+        applied.replaced = decided.next.replaced;
+        if !applied.hidden.is_empty() {
+            let mut idx = (*self.tools).clone();
+            idx.retain(|name, _| !applied.hidden.contains(name));
+            self.tools = Arc::new(idx);
+        }
+        self.applied = applied;
+        self.answered = Arc::new(decided.answered);
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.chain
+    }
+
+    fn set_chain(&mut self, chain: Vec<crate::config::Target>) {
+        self.chain = chain;
+    }
+
+    fn tools(&self) -> &heal::ToolIndex {
+        &self.tools
+    }
+
+    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError> {
+        let req = self.req;
+        answer_stream(t, req, self.call(), actions).await
+    }
+
+    async fn whole(self, t: &Turn, actions: Vec<String>, _: bool) -> Result<Response, ApiError> {
+        let req = self.req;
+        answer_complete(t, req, &self.call(), actions).await
+    }
+}
+
+/// Stage 4 (streaming): the upstream stream relayed in the chat grammar, tool calls held and
+/// checked ([`relay_stream`]).
 pub(crate) async fn answer_stream(
     t: &Turn,
     req: &ChatRequest<'_>,
     ctx: Call,
-    mut actions: Vec<String>,
+    actions: Vec<String>,
 ) -> Result<Response, ApiError> {
     let edits = ctx.applied.edits();
     let encode = |m: &str| {
@@ -167,44 +207,14 @@ pub(crate) async fn answer_stream(
             &ctx.bytes,
         )
     };
-    let mut log = CallLog::default();
-    let result = t.call(&ctx.chain, &encode, &send_op, &mut log).await;
-    log_calls(t, &log, &mut actions);
-    let upstream = result.map_err(|e| t.failed(e))?;
-    let served = log.served.clone();
-    let report = selfheal_report(&t.state, "complete", None, &actions);
-    let hooks = stream::Hooks {
-        reask: Some(stream_reask(t, &ctx)),
-        reissue: Some(stream_reask(t, &ctx)),
-        check: stream_check(t, req, &ctx),
-        reread: Some(stream_reread(t, &ctx)),
-        unsettled: Some(stream_unsettled(t)),
-        // Set in the relay's task: the head waits for its first frame.
-        head: None,
-        budget: Some(stream_budget(t)),
-        on_partial: t.s.config.server.on_partial,
+    let check = stream_check(t, req, &ctx);
+    let again = ChatAgain {
+        t: t.clone(),
+        ctx: ctx.clone(),
     };
-    let learnable = served.filter(|_| !ctx.tools.is_empty());
-    let guides = t.s.guides.clone();
-    Ok(
-        relay_response(t, &actions, learnable, move |tx, head| async move {
-            let hooks = stream::Hooks {
-                head: Some(head),
-                ..hooks
-            };
-            let r = stream::relay(
-                upstream,
-                ctx.tools.clone(),
-                guides,
-                Some(report),
-                hooks,
-                &tx,
-            )
-            .await;
-            (r, tx)
-        })
-        .await,
-    )
+    let hooks = stream_hooks(t, &again, check);
+    let (chain, tools) = (&ctx.chain, ctx.tools.clone());
+    relay_stream::<stream::Chat>(t, (chain, &encode), &send_op, tools, hooks, actions).await
 }
 
 /// What a whole chat answer is asked with: the turn, the client's request, what the pipeline
@@ -235,100 +245,169 @@ impl Asked<'_> {
     }
 }
 
-/// Stages 4–6 (non-streaming): the upstream call, its tool calls checked (repaired in place or
-/// re-asked once within the budget), the answer with its `selfheal` report — as SSE when the
-/// client asked for a stream from a target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)).
+/// Stages 4–6 (non-streaming): the whole answer ([`heal_whole`]) — as SSE when the client asked
+/// for a stream from a target learned not to stream tool calls
+/// ([`NoStream`](crate::state::NoStream)).
 pub(crate) async fn answer_complete(
     t: &Turn,
     req: &ChatRequest<'_>,
     ctx: &Call,
-    mut actions: Vec<String>,
+    actions: Vec<String>,
 ) -> Result<Response, ApiError> {
     let edits = Edits {
         stream: req.stream.then_some(false),
         ..ctx.applied.edits()
     };
-    let asked = Asked { t, req, ctx, edits };
-    let encode = |m: &str| asked.encode(m, None);
-    let mut log = CallLog::default();
-    let result = t.call(&ctx.chain, &encode, &answer_op, &mut log).await;
-    let mut answer = match result {
-        Ok(a) => a,
-        Err(e) => {
-            log_calls(t, &log, &mut actions);
-            return Err(t.failed(e));
-        }
-    };
-    let unsettled = read_before_answering(asked, &mut answer, &mut actions, &mut log).await;
-    if let Some(resp) = answer_plain(asked, &answer, unsettled.is_none(), &mut actions, &log) {
-        return Ok(resp);
-    }
-    let completion = match answer.into_completion() {
-        Ok(c) => c.body,
-        Err(e) => {
-            // Not reached: a plain answer passed the checks `parse_completion` makes.
-            let e = ApiError::exhausted(vec![e.to_string()]);
-            log_calls(t, &log, &mut actions);
-            return Err(t.failed(e));
-        }
-    };
-    let (completion, check, reasked) = reask_calls(asked, completion, &mut actions, &mut log).await;
-    // A re-ask answered with a final answer: judged by the core as the first answer would be.
-    let unsettled = if unsettled.is_none()
-        && check.invalid.is_empty()
-        && reasked
-        && completion
-            .pointer("/choices/0/message/tool_calls")
-            .and_then(Value::as_array)
-            .is_none_or(Vec::is_empty)
-    {
-        recover::unsettled(&lock(&t.state))
-    } else {
-        unsettled
-    };
-    log_calls(t, &log, &mut actions);
-    answer_checked(asked, completion, &check, unsettled, actions)
+    heal_whole(&Asked { t, req, ctx, edits }, actions).await
 }
 
-/// Check: a final answer is judged by the core as its `finish` would judge the run: with a
-/// failure open or unresolved it is `partial` (in-process such a run never reaches its answer;
-/// the reason is returned). Otherwise the core's read before answering: the final answer of a
-/// run that needed a recovery is held, and the model asked to read its unconfirmed values once
-/// more first.
-async fn read_before_answering(
-    asked: Asked<'_>,
-    answer: &mut answer::Answer,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> Option<String> {
-    let t = asked.t;
-    if answer.calls_tools() {
-        return None;
+impl WholeDialect for Asked<'_> {
+    type First = answer::Answer;
+
+    fn turn(&self) -> &Turn {
+        self.t
     }
-    let unsettled = recover::unsettled(&lock(&t.state));
-    let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() else {
-        return unsettled;
-    };
-    if !actions.iter().any(|a| a == "reread") {
-        actions.push("reread".into());
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.ctx.chain
     }
-    let extra = reread_item(&text);
-    let again = |m: &str| asked.encode(m, Some(&extra));
-    // The read is the model's to ask for. An upstream that fails, or a model that answers
-    // again without the call, leaves the answer unread: it goes out `partial`, not claimed as
-    // if the read had confirmed it.
-    match t.call(&asked.ctx.chain, &again, &answer_op, log).await {
-        Ok(a) if a.calls_tools() => {
-            *answer = a;
-            None
+
+    async fn ask_first(
+        &self,
+        extra: Option<&Value>,
+        log: &mut CallLog,
+    ) -> Result<answer::Answer, ApiError> {
+        let encode = |m: &str| self.encode(m, extra);
+        self.t.call(&self.ctx.chain, &encode, &answer_op, log).await
+    }
+
+    fn first_calls_tools(first: &answer::Answer) -> bool {
+        first.calls_tools()
+    }
+
+    fn plain(
+        &self,
+        first: answer::Answer,
+        settled: bool,
+        actions: &mut Vec<String>,
+        log: &CallLog,
+    ) -> Result<Plain, ApiError> {
+        if let Some(resp) = answer_plain(*self, &first, settled, actions, log) {
+            return Ok(Plain::Answered(resp));
         }
-        Ok(a) => {
-            *answer = a;
-            Some(format!("not read again before answering: {text}"))
+        // Not failing: a plain answer passed the checks `parse_completion` makes.
+        let c = first.into_completion();
+        c.map(|c| Plain::Parsed(c.body))
+            .map_err(|e| ApiError::exhausted(vec![e.to_string()]))
+    }
+
+    async fn ask(
+        &self,
+        chain: &[crate::config::Target],
+        extra: Option<&Value>,
+        log: &mut CallLog,
+    ) -> Result<Value, ApiError> {
+        let again = |m: &str| self.encode(m, extra);
+        Ok(self.t.call(chain, &again, &chat_op, log).await?.body)
+    }
+
+    fn check(&self, completion: &mut Value) -> heal::CallCheck {
+        let (s, req, ctx) = (&self.t.s, self.req, self.ctx);
+        let grounding = recover::Grounding {
+            tools: &s.config.tools,
+            messages: &req.messages,
+        };
+        let salvage = !req.tool_choice_none();
+        let (tools, answered) = (&ctx.tools, &ctx.answered);
+        check_completion(completion, tools, &s.guides, answered, grounding, salvage)
+    }
+
+    fn calls_tools(completion: &Value) -> bool {
+        completion
+            .pointer("/choices/0/message/tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty())
+    }
+
+    fn say(completion: &mut Value, words: &str) {
+        if let Some(m) = completion.pointer_mut("/choices/0/message") {
+            heal::say(m, words);
         }
-        Err(_) => Some(format!(
-            "not read again before answering (the upstream failed): {text}"
-        )),
+    }
+
+    fn seal(&self, completion: &mut Value) {
+        adopt_first_call(self.t, completion_first_call(completion));
+        self.t.caller.redactor.value(completion);
+    }
+
+    fn render(&self, completion: Value) -> Response {
+        if self.req.stream {
+            let frames = stream::answer_frames(&completion);
+            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
+        } else {
+            axum::Json(completion).into_response()
+        }
+    }
+}
+
+/// A chat stream's second asking ([`AskStream`]): the turn and the call's context, owned (it
+/// runs in the relay's task).
+#[derive(Clone)]
+pub(crate) struct ChatAgain {
+    /// The turn.
+    pub(crate) t: Turn,
+    /// The call's context (chain, bytes, edits, tools, answered calls).
+    pub(crate) ctx: Call,
+}
+
+impl AskStream for ChatAgain {
+    type Answer = stream::Reasked;
+
+    fn turn(&self) -> &Turn {
+        &self.t
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.ctx.chain
+    }
+
+    /// Asked as a whole answer is ([`Asked`]), without streaming: its answer is whole, so
+    /// calls written as text are taken here as on the non-streaming path.
+    fn ask_once<'a>(
+        &'a self,
+        chain: &'a [crate::config::Target],
+        extra: Option<Value>,
+    ) -> BoxFuture<'a, Option<Result<stream::Reasked, Vec<heal::Problem>>>> {
+        Box::pin(async move {
+            let (t, ctx) = (&self.t, &self.ctx);
+            let req = ChatRequest::parse(&ctx.bytes).ok()?;
+            let edits = Edits {
+                stream: Some(false),
+                ..ctx.applied.edits()
+            };
+            let asked = Asked {
+                t,
+                req: &req,
+                ctx,
+                edits,
+            };
+            let (body, repaired) = match ask_checked(&asked, chain, extra.as_ref()).await? {
+                Ok(a) => a,
+                Err(problems) => return Some(Err(problems)),
+            };
+            Some(Ok(stream::Reasked {
+                message: body.at("/choices/0/message").cloned()?,
+                finish_reason: body
+                    .at("/choices/0/finish_reason")
+                    .cloned()
+                    .unwrap_or_else(|| json!("stop")),
+                repaired,
+            }))
+        })
+    }
+
+    fn calls_tools(answer: &stream::Reasked) -> bool {
+        stream::calls_tools(&answer.message)
     }
 }
 
@@ -364,7 +443,7 @@ fn answer_plain(
     let bytes = &plain.bytes;
     let mut plain_actions = actions.clone();
     call_actions(log, &mut plain_actions);
-    let report = selfheal_report_bytes(&t.state, "complete", None, &plain_actions);
+    let report = selfheal_report_bytes(&t.state, Status::Complete, None, &plain_actions);
     let body = answer::with_report(bytes, &report, &t.caller.redactor)?;
     log_calls(t, log, actions);
     // Parsed only for a fresh run's first answer with calls (rare): its name.
@@ -374,145 +453,14 @@ fn answer_plain(
     {
         adopt_first_call(t, completion_first_call(&v));
     }
-    t.finish("complete");
+    t.finish(Status::Complete);
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    add_headers(&mut resp, &t.run, "complete", actions, None);
+    add_headers(&mut resp, &t.run, Status::Complete, actions, None);
     Some(resp)
-}
-
-/// Tool calls: repair in place, or re-ask as long as the policy's ladder says so, within the
-/// budget (each re-ask climbs the ladder of the one failure: unusable calls). The last answer,
-/// its check, and whether it was re-asked.
-async fn reask_calls(
-    asked: Asked<'_>,
-    mut completion: Value,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> (Value, heal::CallCheck, bool) {
-    let (t, req, ctx) = (asked.t, asked.req, asked.ctx);
-    let s = &t.s;
-    let grounding = recover::Grounding {
-        tools: &s.config.tools,
-        messages: &req.messages,
-    };
-    let salvage = !req.tool_choice_none();
-    let check_of = |completion: &mut Value| {
-        check_completion(
-            completion,
-            &ctx.tools,
-            &s.guides,
-            &ctx.answered,
-            grounding,
-            salvage,
-        )
-    };
-    let mut check = check_of(&mut completion);
-    let mut ladder = ReaskState::default();
-    let mut reasked = false;
-    let mut chain: &[crate::config::Target] = &ctx.chain;
-    while !check.invalid.is_empty() {
-        let Some((next, escalate)) = reask_or_escalate(t, &check.invalid, ladder, &mut chain)
-        else {
-            break;
-        };
-        ladder = next;
-        reasked = true;
-        if escalate && !actions.iter().any(|a| a == "escalate") {
-            actions.push("escalate".into());
-        }
-        Metrics::inc(&s.metrics.reasks_total);
-        if !actions.iter().any(|a| a == "reask") {
-            actions.push("reask".into());
-        }
-        t.event(Kind::Reask, json!({"problems": check.invalid}));
-        let extra = reask_turn(&check.invalid);
-        let again = |m: &str| asked.encode(m, Some(&extra));
-        match t.call(chain, &again, &chat_op, log).await {
-            Ok(c) => {
-                completion = c.body;
-                check = check_of(&mut completion);
-            }
-            Err(_) => break,
-        }
-    }
-    (completion, check, reasked)
-}
-
-/// Answer: the checked completion with its `selfheal` report, its repairs recorded, and the
-/// calls left out said in words (or an error the SDKs raise).
-fn answer_checked(
-    asked: Asked<'_>,
-    mut completion: Value,
-    check: &heal::CallCheck,
-    unsettled: Option<String>,
-    mut actions: Vec<String>,
-) -> Result<Response, ApiError> {
-    let t = asked.t;
-    let s = &t.s;
-    for name in &check.repaired {
-        Metrics::inc(&s.metrics.repairs_total);
-        t.event(Kind::Repair, json!({"tool": name}));
-    }
-    if !check.repaired.is_empty() {
-        actions.push("repair".into());
-    }
-    if check.salvaged > 0 {
-        // Tool calls written as text, taken as calls (issue 31).
-        Metrics::inc(&s.metrics.repairs_total);
-        t.event(Kind::Repair, json!({"salvaged": check.salvaged}));
-        actions.push("salvage".into());
-    }
-    let (status, reason) = if !check.invalid.is_empty() {
-        t.event(Kind::InvalidCall, json!({"problems": check.invalid}));
-        ("partial", Some(heal::problems_text(&check.invalid)))
-    } else if let Some(why) = unsettled {
-        ("partial", Some(why))
-    } else {
-        ("complete", None)
-    };
-    // Every call left out: the answer says so in words, or is an error the SDKs raise.
-    let calls_left = completion
-        .pointer("/choices/0/message/tool_calls")
-        .and_then(Value::as_array)
-        .is_some_and(|c| !c.is_empty());
-    if !check.invalid.is_empty() && !calls_left {
-        let words = heal::left_out_text(&heal::problem_texts(&check.invalid));
-        if s.config.server.on_partial == OnPartial::Error {
-            return Ok(partial_error(
-                t,
-                "calls_left_out",
-                &words,
-                &actions,
-                (status, reason.as_deref()),
-            ));
-        }
-        if let Some(m) = completion.pointer_mut("/choices/0/message") {
-            heal::say(m, &words);
-        }
-    }
-    if let Some(o) = completion.as_object_mut() {
-        o.insert(
-            "selfheal".into(),
-            selfheal_report(&t.state, status, reason.as_deref(), &actions),
-        );
-    }
-    adopt_first_call(t, completion_first_call(&completion));
-    t.caller.redactor.value(&mut completion);
-    t.finish(status);
-    let mut resp = if asked.req.stream {
-        sse_response(Body::from_stream(futures_util::stream::iter(
-            stream::answer_frames(&completion),
-        )))
-    } else {
-        axum::Json(completion).into_response()
-    };
-    let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
-    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
-    Ok(resp)
 }
 
 /// A stopped run's answer as a chat completion: `words` as the assistant's message.

@@ -3,32 +3,30 @@
 //! whole answers and streamed ones (relayed by [`crate::responses_stream`]).
 
 use crate::auth::{Caller, Credentials};
-use crate::config::OnPartial;
 use crate::error::ApiError;
 use crate::forward::{Forwarded, forward, responses_op};
 use crate::heal::{self, ToolIndex};
-use crate::http::{answered, read_body, sse_response};
+use crate::http::admitted;
+use crate::http::{read_body, sse_response};
 use crate::metrics::Metrics;
 use crate::pipeline::{
-    Turn, calls_check, failed, grounding_check, log_calls, partial_error, reask_or_escalate,
-    reask_turn, record_decisions, reissue_granted, relay_response, remember_response,
-    repeatable_out, reread_due, reread_item, say_in_output, stop_run, stopping, stream_budget,
-    stream_unsettled, unread,
+    AskStream, Turn, calls_check, grounding_check, record_decisions, relay_stream,
+    remember_response, repeatable_out, say_in_output, stream_hooks,
 };
+use crate::pipeline::{Decided, Dialect, heal_turn};
 use crate::recover;
-use crate::report::{add_headers, selfheal_report, tool_result_detail};
+use crate::report::tool_result_detail;
 use crate::responses_stream;
-use crate::state::{AppState, lock, mark_no_stream, unix_ms};
+use crate::state::{AppState, lock, unix_ms};
 use crate::store::Kind;
-use crate::stream;
 use crate::upstream::{CallLog, UpstreamClient};
+use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use selfheal_core::call::ReaskState;
 use selfheal_openai::ClientError;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -50,19 +48,11 @@ pub(crate) async fn responses(
     if s.config.passthrough {
         return forward(&s, &headers, body, Forwarded::Responses).await;
     }
-    let started = Instant::now();
     // Counted as chat completions are (issue 30: they were missing from both metrics).
-    Metrics::inc(&s.metrics.requests_total);
-    let (result, tenant) = match s.gate.admit(&headers) {
-        Ok(caller) => {
-            let tenant = caller.tenant.clone();
-            let redactor = caller.redactor.clone();
-            let r = responses_inner(&s, caller, &headers, body).await;
-            (r.map_err(|e| redactor.error(e)), tenant)
-        }
-        Err(e) => (Err(e), "-".to_owned()),
-    };
-    answered(&s, result, &tenant, started)
+    admitted(&s, &headers, |caller| {
+        responses_inner(&s, caller, &headers, body)
+    })
+    .await
 }
 
 /// The first tool call of a Responses `input`, `(call_id, name)`: its first `function_call`
@@ -412,71 +402,113 @@ pub(crate) async fn responses_inner(
         Kind::Request,
         json!({"model": parsed.model, "api": "responses", "tenant": t.caller.tenant}),
     );
-    let tools = responses_tools(&parsed.req);
-    let Replay {
-        verdict,
-        replayed,
-        next,
-        answered,
-    } = replay_input(&t, &parsed, &tools);
-    let Parsed {
-        mut req,
-        model,
-        chain,
-        ..
-    } = parsed;
-    // The controller's directives, carried out as the chat path does: guidance lines join the
-    // monitor's in `instructions`, repaired tool results replace their `function_call_output`,
-    // an escalation sends this request to the chain's next target; a stop ends the run here.
-    replace_outputs(&mut req, &next.replaced);
-    let newest_failed = replayed.last().is_some_and(|r| failed(r.outcome));
-    if let Some((reason, action)) = stopping(next.stop, verdict.abort.clone(), newest_failed) {
-        let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
-        let render = |words: &str| stopped_response(&t, &model, words);
-        let frames = responses_stream::answer_frames;
-        return Ok(stop_run(&t, (&reason, action), streaming, render, frames));
-    }
-    let chain = if next.escalate && chain.len() > 1 {
-        t.event(Kind::Escalate, json!({"to": chain[1].model}));
-        chain[1..].to_vec()
-    } else {
-        chain
+    let d = ResponsesTurn {
+        tools: responses_tools(&parsed.req),
+        parsed,
+        checks: Checks::default(),
     };
-    let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
-    let (edited, tools) = edit_input(&t, &mut req, &verdict, next.guidance, tools);
-    actions.extend(edited);
-    // Grounded tools' calls are judged against what the request holds.
-    let evidence = recover::responses_evidence(&s.config.tools, &req, &tools).map(Arc::new);
-    let checks = Checks {
-        answered: Arc::new(answered),
-        evidence,
-    };
-    let wants_stream = req.get("stream").and_then(Value::as_bool) == Some(true);
-    // A target learned not to stream tool calls ([`NoStream`](crate::state::NoStream)) is asked
-    // without streaming and its answer sent as the Responses events a stream would have carried.
-    let learned = wants_stream
-        && !tools.is_empty()
-        && chain
-            .first()
-            .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
-    if wants_stream && !learned {
-        return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
+    heal_turn(&t, d).await
+}
+
+/// A Responses turn ([`Dialect`]): the parsed request, and what the pipeline makes of it.
+struct ResponsesTurn {
+    parsed: Parsed,
+    tools: ToolIndex,
+    /// What the answer's calls are checked against (after [`Dialect::edit`]).
+    checks: Checks,
+}
+
+impl Dialect for ResponsesTurn {
+    fn streaming(&self) -> bool {
+        self.parsed.req.get("stream").and_then(Value::as_bool) == Some(true)
     }
-    if learned {
-        req.insert("stream".into(), Value::Bool(false));
+
+    /// The tool results in `input` replayed ([`replay_input`]), and the controller's repaired
+    /// results put in place of their `function_call_output`, as the chat path does.
+    fn replay(&mut self, t: &Turn) -> Decided {
+        let Replay {
+            verdict,
+            replayed,
+            next,
+            answered,
+        } = replay_input(t, &self.parsed, &self.tools);
+        replace_outputs(&mut self.parsed.req, &next.replaced);
+        let newest_failed = replayed.last().is_some_and(|r| r.outcome.failed());
+        Decided {
+            verdict,
+            newest_failed,
+            next,
+            answered,
+        }
     }
-    let asked = Asked {
-        req: &req,
-        chain: &chain,
-        tools: &tools,
-        checks: &checks,
-    };
-    answer_whole(&t, asked, actions, learned).await
+
+    fn stopped(&self, t: &Turn, words: &str) -> Value {
+        stopped_response(t, &self.parsed.model, words)
+    }
+
+    fn frames(answer: &Value) -> Vec<crate::stream::Frame> {
+        responses_stream::answer_frames(answer)
+    }
+
+    /// The guidance joins `instructions`, hidden tools leave `tools` ([`edit_input`]); grounded
+    /// tools' calls are judged against what the request holds.
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>) {
+        let tools = std::mem::take(&mut self.tools);
+        let req = &mut self.parsed.req;
+        let guidance = decided.next.guidance;
+        let (edited, tools) = edit_input(t, req, &decided.verdict, guidance, tools);
+        actions.extend(edited);
+        let evidence = recover::responses_evidence(&t.s.config.tools, req, &tools).map(Arc::new);
+        self.checks = Checks {
+            answered: Arc::new(decided.answered),
+            evidence,
+        };
+        self.tools = tools;
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.parsed.chain
+    }
+
+    fn set_chain(&mut self, chain: Vec<crate::config::Target>) {
+        self.parsed.chain = chain;
+    }
+
+    fn tools(&self) -> &ToolIndex {
+        &self.tools
+    }
+
+    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError> {
+        let Parsed { req, chain, .. } = self.parsed;
+        answer_responses_stream(t, req, chain, self.tools, self.checks, actions).await
+    }
+
+    async fn whole(
+        mut self,
+        t: &Turn,
+        actions: Vec<String>,
+        learned: bool,
+    ) -> Result<Response, ApiError> {
+        if learned {
+            self.parsed.req.insert("stream".into(), Value::Bool(false));
+        }
+        let asked = Asked {
+            t,
+            req: &self.parsed.req,
+            chain: &self.parsed.chain,
+            tools: &self.tools,
+            checks: &self.checks,
+            learned,
+        };
+        heal_whole(&asked, actions).await
+    }
 }
 
 /// What a whole (not streamed) Responses answer is asked with.
 #[derive(Clone, Copy)]
 pub(crate) struct Asked<'a> {
+    /// The turn.
+    pub(crate) t: &'a Turn,
     /// The edited request.
     pub(crate) req: &'a serde_json::Map<String, Value>,
     /// The targets to ask, in order.
@@ -485,190 +517,88 @@ pub(crate) struct Asked<'a> {
     pub(crate) tools: &'a ToolIndex,
     /// What the answer's calls are checked against.
     pub(crate) checks: &'a Checks,
+    /// The target was learned not to stream tool calls: the answer goes out as the events a
+    /// stream would have carried.
+    pub(crate) learned: bool,
 }
 
-/// Call, check, re-ask and answer: a whole Responses answer, judged by the core as on chat
-/// completions, its unusable calls re-asked, rendered with its report (as Responses events when
-/// the target was `learned` not to stream).
-pub(crate) async fn answer_whole(
-    t: &Turn,
-    asked: Asked<'_>,
-    mut actions: Vec<String>,
-    learned: bool,
-) -> Result<Response, ApiError> {
-    let s = &t.s;
-    let mut log = CallLog::default();
-    let encode = |m: &str| encode_responses(asked.req, m, None);
-    let result = t
-        .call(asked.chain, &encode, &responses_json_op, &mut log)
-        .await;
-    let mut answer = match result {
-        Ok(v) => v,
-        Err(e) => {
-            log_calls(t, &log, &mut actions);
-            return Err(t.failed(e));
-        }
-    };
-    let unsettled = read_before_answering(t, asked, &mut answer, &mut actions, &mut log).await;
-    let checked = reask_calls(t, asked, answer, &mut actions, &mut log).await;
-    let Checked {
-        mut answer,
-        repaired,
-        invalid,
-        reasked,
-    } = checked;
-    // A re-ask answered with a final answer: judged by the core as the first answer would be.
-    let unsettled =
-        if unsettled.is_none() && invalid.is_empty() && reasked && !responses_calls(&answer) {
-            recover::unsettled(&lock(&t.state))
+impl Asked<'_> {
+    /// Asks along `chain` without streaming, `extra` appended to the input.
+    async fn call(
+        &self,
+        chain: &[crate::config::Target],
+        extra: Option<&Value>,
+        log: &mut CallLog,
+    ) -> Result<Value, ApiError> {
+        let encode = |m: &str| encode_responses(self.req, m, extra);
+        self.t.call(chain, &encode, &responses_json_op, log).await
+    }
+}
+
+impl WholeDialect for Asked<'_> {
+    type First = Value;
+
+    fn turn(&self) -> &Turn {
+        self.t
+    }
+
+    fn chain(&self) -> &[crate::config::Target] {
+        self.chain
+    }
+
+    async fn ask_first(&self, extra: Option<&Value>, log: &mut CallLog) -> Result<Value, ApiError> {
+        self.call(self.chain, extra, log).await
+    }
+
+    fn first_calls_tools(first: &Value) -> bool {
+        responses_calls(first)
+    }
+
+    fn plain(
+        &self,
+        first: Value,
+        _: bool,
+        _: &mut Vec<String>,
+        _: &CallLog,
+    ) -> Result<Plain, ApiError> {
+        Ok(Plain::Parsed(first))
+    }
+
+    async fn ask(
+        &self,
+        chain: &[crate::config::Target],
+        extra: Option<&Value>,
+        log: &mut CallLog,
+    ) -> Result<Value, ApiError> {
+        self.call(chain, extra, log).await
+    }
+
+    fn check(&self, answer: &mut Value) -> heal::CallCheck {
+        let evidence = self.checks.evidence.as_deref().map(Vec::as_slice);
+        let answered = &self.checks.answered;
+        check_responses_answer(&self.t.s, answer, self.tools, answered, evidence)
+    }
+
+    fn calls_tools(answer: &Value) -> bool {
+        responses_calls(answer)
+    }
+
+    fn say(answer: &mut Value, words: &str) {
+        say_in_output(answer, words);
+    }
+
+    fn seal(&self, answer: &mut Value) {
+        self.t.caller.redactor.value(answer);
+        remember_response(self.t, crate::runs::Responded::of(answer));
+    }
+
+    fn render(&self, answer: Value) -> Response {
+        if self.learned {
+            let frames = responses_stream::answer_frames(&answer);
+            sse_response(Body::from_stream(futures_util::stream::iter(frames)))
         } else {
-            unsettled
-        };
-    log_calls(t, &log, &mut actions);
-    for name in &repaired {
-        Metrics::inc(&s.metrics.repairs_total);
-        t.event(Kind::Repair, json!({"tool": name}));
-    }
-    if !repaired.is_empty() {
-        actions.push("repair".into());
-    }
-    let (status, reason) = if !invalid.is_empty() {
-        t.event(Kind::InvalidCall, json!({"problems": invalid}));
-        ("partial", Some(heal::problems_text(&invalid)))
-    } else if let Some(why) = unsettled {
-        ("partial", Some(why))
-    } else {
-        ("complete", None)
-    };
-    // Every call left out: the answer says so in words, or is an error the SDKs raise.
-    if !invalid.is_empty() && !responses_calls(&answer) {
-        let words = heal::left_out_text(&heal::problem_texts(&invalid));
-        if s.config.server.on_partial == OnPartial::Error {
-            return Ok(partial_error(
-                t,
-                "calls_left_out",
-                &words,
-                &actions,
-                (status, reason.as_deref()),
-            ));
+            axum::Json(answer).into_response()
         }
-        say_in_output(&mut answer, &words);
-    }
-    if let Some(o) = answer.as_object_mut() {
-        o.insert(
-            "selfheal".into(),
-            selfheal_report(&t.state, status, reason.as_deref(), &actions),
-        );
-    }
-    t.caller.redactor.value(&mut answer);
-    remember_response(t, crate::runs::Responded::of(&answer));
-    t.finish(status);
-    let mut resp = if learned {
-        let frames = responses_stream::answer_frames(&answer);
-        sse_response(Body::from_stream(futures_util::stream::iter(frames)))
-    } else {
-        axum::Json(answer).into_response()
-    };
-    let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
-    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
-    if learned {
-        mark_no_stream(&mut resp, asked.chain.first());
-    }
-    Ok(resp)
-}
-
-/// Check: a final answer is judged by the core as on chat completions (see `answer_complete`):
-/// `partial` over an open failure (its reason returned), or held for the read before
-/// answering, which the model is asked for with the guidance appended.
-async fn read_before_answering(
-    t: &Turn,
-    asked: Asked<'_>,
-    answer: &mut Value,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> Option<String> {
-    if responses_calls(answer) {
-        return None;
-    }
-    let unsettled = recover::unsettled(&lock(&t.state));
-    let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() else {
-        return unsettled;
-    };
-    if !actions.iter().any(|a| a == "reread") {
-        actions.push("reread".into());
-    }
-    let extra = reread_item(&text);
-    let again = |m: &str| encode_responses(asked.req, m, Some(&extra));
-    let called = match t.call(asked.chain, &again, &responses_json_op, log).await {
-        Ok(a) => {
-            *answer = a;
-            Some(responses_calls(answer))
-        }
-        Err(_) => None,
-    };
-    unread(called, &text)
-}
-
-/// A Responses answer once its calls are checked and, where unusable, re-asked.
-struct Checked {
-    answer: Value,
-    repaired: Vec<String>,
-    invalid: Vec<heal::Problem>,
-    reasked: bool,
-}
-
-/// Re-ask: unusable calls are re-asked as long as the ladder of their class
-/// (`heal::unusable_signal`) says so, within the budget; the last usable answer stands, an
-/// unusable call is never forwarded.
-async fn reask_calls(
-    t: &Turn,
-    asked: Asked<'_>,
-    mut answer: Value,
-    actions: &mut Vec<String>,
-    log: &mut CallLog,
-) -> Checked {
-    let s = &t.s;
-    let evidence = asked.checks.evidence.as_deref().map(Vec::as_slice);
-    let answered = &asked.checks.answered;
-    let check = check_responses_answer(s, &mut answer, asked.tools, answered, evidence);
-    let (mut repaired, mut invalid) = (check.repaired, check.invalid);
-    let mut ladder = ReaskState::default();
-    let mut reasked = false;
-    // The ladder's escalation moves the re-asks to the chain's next target, as on chat (issue
-    // 30: a Responses re-ask never escalated).
-    let mut reask_chain: &[crate::config::Target] = asked.chain;
-    while !invalid.is_empty() {
-        let Some((next, escalate)) = reask_or_escalate(t, &invalid, ladder, &mut reask_chain)
-        else {
-            break;
-        };
-        ladder = next;
-        reasked = true;
-        if escalate && !actions.iter().any(|a| a == "escalate") {
-            actions.push("escalate".into());
-        }
-        Metrics::inc(&s.metrics.reasks_total);
-        if !actions.iter().any(|a| a == "reask") {
-            actions.push("reask".into());
-        }
-        t.event(Kind::Reask, json!({"problems": invalid}));
-        let turn = reask_turn(&invalid);
-        let again = |m: &str| encode_responses(asked.req, m, Some(&turn));
-        match t.call(reask_chain, &again, &responses_json_op, log).await {
-            Ok(mut second) => {
-                let check = check_responses_answer(s, &mut second, asked.tools, answered, evidence);
-                answer = second;
-                repaired = check.repaired;
-                invalid = check.invalid;
-            }
-            Err(_) => break,
-        }
-    }
-    Checked {
-        answer,
-        repaired,
-        invalid,
-        reasked,
     }
 }
 
@@ -681,55 +611,23 @@ pub(crate) async fn answer_responses_stream(
     chain: Vec<crate::config::Target>,
     tools: ToolIndex,
     checks: Checks,
-    mut actions: Vec<String>,
+    actions: Vec<String>,
 ) -> Result<Response, ApiError> {
-    let encode = |m: &str| encode_responses(&req, m, None);
-    let mut log = CallLog::default();
-    let result = t.call(&chain, &encode, &responses_op, &mut log).await;
-    log_calls(t, &log, &mut actions);
-    let served = log.served.clone();
-    let upstream = result.map_err(|e| t.failed(e))?;
-    let report = selfheal_report(&t.state, "complete", None, &actions);
     let again = ResponsesAgain {
         t: t.clone(),
         req: Arc::new(req),
         chain: Arc::new(chain),
         tools: Arc::new(tools),
-        checks: checks.clone(),
+        checks,
     };
-    let grounded = checks.evidence.map(|evidence| grounding_check(t, evidence));
-    let hooks = responses_stream::Hooks {
-        reask: Some(again.hook()),
-        reissue: Some(again.hook()),
-        check: calls_check(checks.answered, grounded),
-        reread: Some(again.reread()),
-        unsettled: Some(stream_unsettled(t)),
-        // Set in the relay's task: the head waits for its first frame.
-        head: None,
-        budget: Some(stream_budget(t)),
-        on_partial: t.s.config.server.on_partial,
-    };
-    let learnable = served.filter(|_| !again.tools.is_empty());
-    let guides = t.s.guides.clone();
-    Ok(
-        relay_response(t, &actions, learnable, move |tx, head| async move {
-            let hooks = responses_stream::Hooks {
-                head: Some(head),
-                ..hooks
-            };
-            let r = responses_stream::relay(
-                upstream,
-                again.tools.clone(),
-                guides,
-                Some(report),
-                hooks,
-                &tx,
-            )
-            .await;
-            (r, tx)
-        })
-        .await,
-    )
+    let encode = |m: &str| encode_responses(&again.req, m, None);
+    let grounded = again.checks.evidence.clone().map(|e| grounding_check(t, e));
+    let check = calls_check(again.checks.answered.clone(), grounded);
+    let hooks = stream_hooks(t, &again, check);
+    let on = (&again.chain[..], &encode as crate::pipeline::Encode<'_>);
+    let op = &responses_op;
+    relay_stream::<responses_stream::Responses>(t, on, op, again.tools.clone(), hooks, actions)
+        .await
 }
 
 /// What a Responses stream's second asking needs (owned: it runs in the relay's task).
@@ -745,7 +643,7 @@ pub(crate) struct ResponsesAgain {
 
 /// What a Responses request's answers are checked against beyond their tools' schemas, read
 /// while the request was at hand.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct Checks {
     /// The calls of the model's previous turn whose results it has ([`heal::Answered`]).
     pub(crate) answered: Arc<heal::Answered>,
@@ -777,89 +675,46 @@ pub(crate) fn check_responses_answer(
     check
 }
 
-impl ResponsesAgain {
-    /// Non-streaming calls through the chain, charged to the run like the chat stream's
-    /// ([`stream_reask`](crate::pipeline::stream_reask)): with problems, a re-ask along the ladder of their class; without,
-    /// a re-issue decided by the core's `stream_broke`; each answer checked, and unusable calls
-    /// in it re-asked in turn.
-    pub(crate) fn hook(&self) -> responses_stream::Reask {
-        let me = self.clone();
-        Box::new(move |problems: Vec<heal::Problem>| Box::pin(me.ask(problems, None)))
+impl AskStream for ResponsesAgain {
+    type Answer = responses_stream::Reanswered;
+
+    fn turn(&self) -> &Turn {
+        &self.t
     }
 
-    /// [`ResponsesAgain::hook`]'s calls. With `guidance` (the read before answering), the
-    /// first call appends it as a system message and needs no decision of its own; unusable
-    /// calls in its answer are re-asked in turn.
-    pub(crate) async fn ask(
-        self,
-        problems: Vec<heal::Problem>,
-        guidance: Option<Value>,
-    ) -> Option<responses_stream::Reanswered> {
-        let t = &self.t;
-        let mut problems = problems;
-        let mut guidance = guidance;
-        let mut ladder = ReaskState::default();
-        // The ladder's escalation moves the re-asks to the chain's next target, as on chat.
-        let mut chain: &[crate::config::Target] = &self.chain;
-        loop {
-            let extra = match guidance.take() {
-                Some(g) => Some(g),
-                None if problems.is_empty() => {
-                    if !reissue_granted(t) {
-                        return None;
-                    }
-                    t.event(Kind::Reissue, json!({"stream": false}));
-                    None
-                }
-                None => {
-                    let (next, _) = reask_or_escalate(t, &problems, ladder, &mut chain)?;
-                    ladder = next;
-                    Metrics::inc(&t.s.metrics.reasks_total);
-                    t.event(Kind::Reask, json!({"problems": problems}));
-                    Some(reask_turn(&problems))
-                }
-            };
+    fn chain(&self) -> &[crate::config::Target] {
+        &self.chain
+    }
+
+    /// Asked as a whole answer is ([`Asked`]), without streaming.
+    fn ask_once<'a>(
+        &'a self,
+        chain: &'a [crate::config::Target],
+        extra: Option<Value>,
+    ) -> BoxFuture<'a, Option<Result<Self::Answer, Vec<heal::Problem>>>> {
+        Box::pin(async move {
             let mut req = (*self.req).clone();
             req.insert("stream".into(), Value::Bool(false));
-            let encode = |m: &str| encode_responses(&req, m, extra.as_ref());
-            let mut log = CallLog::default();
-            let result = t.call(chain, &encode, &responses_json_op, &mut log).await;
-            log_calls(t, &log, &mut Vec::new());
-            let mut response = result.ok()?;
-            let check = check_responses_answer(
-                &t.s,
-                &mut response,
-                &self.tools,
-                &self.checks.answered,
-                self.checks.evidence.as_deref().map(Vec::as_slice),
-            );
-            if !check.invalid.is_empty() {
-                problems = check.invalid;
-                continue;
-            }
-            return Some(responses_stream::Reanswered {
-                response,
-                repaired: check.repaired,
-            });
-        }
+            let asked = Asked {
+                t: &self.t,
+                req: &req,
+                chain: &self.chain,
+                tools: &self.tools,
+                checks: &self.checks,
+                learned: false,
+            };
+            let again = ask_checked(&asked, chain, extra.as_ref()).await?;
+            Some(
+                again.map(|(response, repaired)| responses_stream::Reanswered {
+                    response,
+                    repaired,
+                }),
+            )
+        })
     }
 
-    /// The read before answering of a streamed Responses answer, decided and asked as for a
-    /// chat stream ([`stream_reread`](crate::pipeline::stream_reread)).
-    pub(crate) fn reread(&self) -> stream::ReadAgain<responses_stream::Reanswered> {
-        let me = self.clone();
-        Box::new(move || {
-            Box::pin(async move {
-                let text = reread_due(&me.t)?;
-                let extra = reread_item(&text);
-                let answer = me.ask(Vec::new(), Some(extra)).await;
-                let called = answer.as_ref().map(|a| responses_calls(&a.response));
-                Some(stream::Reread {
-                    answer,
-                    unread: unread(called, &text),
-                })
-            })
-        })
+    fn calls_tools(answer: &Self::Answer) -> bool {
+        responses_calls(&answer.response)
     }
 }
 
