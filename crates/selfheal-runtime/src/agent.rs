@@ -368,6 +368,28 @@ impl Loop<'_> {
             .map(|(_, m)| m.clone())
     }
 
+    /// The step id of a call of `tool` now: one per tool and per point of progress (odd; the
+    /// model's steps are even). A failure is the failing tool's, as on the gateway and the MCP
+    /// proxy: another tool's success does not settle it, and another tool's failure is not
+    /// the recovery of it (the failure-rate rule applies across tools).
+    fn tool_step(&self, tool: &str) -> u32 {
+        let n = u32::try_from(self.agent.tools.len())
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let idx = self
+            .agent
+            .tools
+            .iter()
+            .position(|t| t.spec().name == tool)
+            .and_then(|i| u32::try_from(i).ok())
+            .unwrap_or(0);
+        self.progress
+            .saturating_mul(n)
+            .saturating_add(idx)
+            .saturating_mul(2)
+            .saturating_add(1)
+    }
+
     fn find_tool(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.agent
             .tools
@@ -999,7 +1021,7 @@ impl Loop<'_> {
         args: &Value,
         repaired: bool,
     ) -> Result<String, Stop> {
-        let step = Some(2 * self.progress + 1);
+        let step = Some(self.tool_step(&tool.spec().name));
         let mut tried = vec![tool.spec().name.clone()];
         let mut rejections = 0u32;
         loop {
@@ -1020,13 +1042,16 @@ impl Loop<'_> {
                     status,
                     retry_after_ms,
                 })) => {
+                    // A tool that says it failed, with a text and no status, is read as the
+                    // MCP proxy reads a result with `isError: true`: one observation, one
+                    // signal on every front-end (the conformance table runs both).
                     let sig = match status {
                         Some(status) => Signal::HttpStatus {
                             status,
                             retry_after_ms,
                             message: message.clone(),
                         },
-                        None => Signal::Exception {
+                        None => Signal::ToolError {
                             message: message.clone(),
                         },
                     };
