@@ -123,7 +123,7 @@ pub fn table() -> Result<Vec<Row>, serde_json::Error> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seen {
     /// The result never reached the model or client: the front-end sent the call again (a
-    /// retry the run asked for), and a later line is its answer.
+    /// retry the run asked for), and the next line, of the same tool, is its answer.
     Unseen,
     /// The run stopped.
     Stopped,
@@ -165,6 +165,10 @@ pub fn judge(row: &Row, seen: &[Seen], finished: RunStatus) -> Result<(), String
         let at = |what: &str| format!("{} — result {}: {what}: {s:?}", row.name, i + 1);
         match s {
             Seen::Unseen if line.stop => return Err(at("the stop never reached the client")),
+            // Only a resend is unseen: the next line answers the same call.
+            Seen::Unseen if row.script.get(i + 1).is_none_or(|n| n.tool != line.tool) => {
+                return Err(at("unseen, and the next result is not a resend of this call"));
+            }
             Seen::Unseen => {}
             Seen::Stopped if !line.stop => return Err(at("stopped")),
             Seen::Stopped => {}

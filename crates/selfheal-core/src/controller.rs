@@ -797,6 +797,18 @@ impl Controller {
                 hidden_tools: verdict.hidden_tools,
             };
         };
+        // A request the receiver refused as such (a 4xx, arguments that failed validation, a
+        // tool's error that says nothing transient) gets the same answer if it is sent again
+        // unchanged: no resend is offered, whatever the front-end could do. Decided here once,
+        // so a front-end only reports what it observed ([`crate::call::resend_futile`]).
+        let options = if crate::call::resend_futile(&signal) {
+            Options {
+                retry_safe: false,
+                ..options
+            }
+        } else {
+            options
+        };
         self.log(
             now_ms,
             step,

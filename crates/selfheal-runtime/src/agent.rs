@@ -784,19 +784,18 @@ impl Loop<'_> {
         latency_ms: u64,
     ) -> Result<(), Stop> {
         let signal = e.signal();
-        let rejected = selfheal_core::call::resend_futile(&signal);
-        let repair = if rejected {
-            Some(RepairTarget::Request)
-        } else if matches!(e, ClientError::EmptyResponse | ClientError::Decode(_)) {
+        // What the runtime can do about it: reshape the request, or re-ask for a reply it can
+        // read. Whether a resend can help is the run's decision (a request the server refused
+        // as such is never resent unchanged), as is which of these the failure's ladder takes.
+        let repair = if matches!(e, ClientError::EmptyResponse | ClientError::Decode(_)) {
             Some(RepairTarget::Output)
         } else {
-            None
+            Some(RepairTarget::Request)
         };
         let options = Options {
             repair,
             fallback_model: self.fallback(),
-            // A request the server rejects for its shape must never be resent as it was.
-            retry_safe: !rejected,
+            retry_safe: true,
             partial_result: self.tool_results > 0,
             ..Options::default()
         };
@@ -1067,15 +1066,11 @@ impl Loop<'_> {
                     true,
                 ),
             };
-            // A refused request cannot be helped by resending it unchanged, so the model is
-            // asked to rewrite it instead (the core's rule, shared with the gateway and MCP).
-            let request_rejected = signal
-                .as_ref()
-                .is_some_and(selfheal_core::call::resend_futile);
-            let retry_safe = !request_rejected
-                && (!may_have_run
-                    || spec.effect != Effect::Destructive
-                    || self.agent.allow_destructive_retry);
+            // Whether the call may be sent twice as far as its effect goes; whether a resend
+            // can help at all (a refused request cannot) is the run's decision.
+            let retry_safe = !may_have_run
+                || spec.effect != Effect::Destructive
+                || self.agent.allow_destructive_retry;
             let hidden = match self.decide(Input::NextTurn) {
                 StepAction::Proceed { hidden_tools, .. } => hidden_tools,
                 _ => Vec::new(),
