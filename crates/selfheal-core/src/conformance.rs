@@ -167,7 +167,9 @@ pub fn judge(row: &Row, seen: &[Seen], finished: RunStatus) -> Result<(), String
             Seen::Unseen if line.stop => return Err(at("the stop never reached the client")),
             // Only a resend is unseen: the next line answers the same call.
             Seen::Unseen if row.script.get(i + 1).is_none_or(|n| n.tool != line.tool) => {
-                return Err(at("unseen, and the next result is not a resend of this call"));
+                return Err(at(
+                    "unseen, and the next result is not a resend of this call",
+                ));
             }
             Seen::Unseen => {}
             Seen::Stopped if !line.stop => return Err(at("stopped")),

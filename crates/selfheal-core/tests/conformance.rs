@@ -277,3 +277,66 @@ fn without_an_offer_the_ladders_end_stands() {
     assert_eq!(stopped_at, Some(3));
     assert!(ctl.routed().is_empty());
 }
+
+/// Issue 30 item 9: every decision a run makes about the table's tool failures is recorded
+/// with its input, so `selfheal trace replay` decides it again — a ladder's rung or a tool
+/// routed around at its end. Under the same policy nothing differs; under one whose ladders
+/// keep retrying, the routing around does.
+#[test]
+fn every_decision_about_the_tables_tool_failures_replays() {
+    use selfheal_core::call::Plane;
+    use selfheal_core::classifier::ClassifierConfig;
+    use selfheal_core::policy::Policy;
+    use selfheal_core::replay::replay;
+    use selfheal_core::trace::Event;
+    let patient = Plane::new(
+        Policy::from_toml_str(
+            "[ladders]\nempty_output = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
+             tool_timeout = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
+             tool_unavailable = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
+             argument_invalid = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n",
+        )
+        .unwrap(),
+        ClassifierConfig::default(),
+    )
+    .unwrap();
+    let mut routed_rows = 0;
+    for row in &conformance::table().unwrap() {
+        let mut via = ViaRun::new(false);
+        conforms(&mut via, row, "run");
+        let events: Vec<Event> = via.run.take_records().into_iter().map(|(_, e)| e).collect();
+        let failures = events
+            .iter()
+            .filter(|e| matches!(e, Event::Signal { tool: Some(_), .. }))
+            .count();
+        let decided = events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Action { input: Some(_), .. })
+                    || matches!(e, Event::RoutedAround { input: Some(_), .. })
+            })
+            .count();
+        let untraced = events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Action { input: None, .. })
+                    || matches!(e, Event::RoutedAround { input: None, .. })
+            })
+            .count();
+        assert!(failures > 0, "{}: {events:?}", row.name);
+        assert_eq!(untraced, 0, "{}: a decision without its input", row.name);
+        let same = replay(&events, &Plane::default());
+        assert_eq!(same.len(), decided, "{}: every decision replays", row.name);
+        assert!(same.iter().all(|c| !c.differs), "{}: {same:?}", row.name);
+        if same.iter().any(|c| c.routed_around) {
+            routed_rows += 1;
+            let other = replay(&events, &patient);
+            assert!(
+                other.iter().any(|c| c.routed_around && c.differs),
+                "{}: {other:?}",
+                row.name
+            );
+        }
+    }
+    assert!(routed_rows >= 3, "the rows that route around are replayed");
+}
