@@ -645,7 +645,9 @@ fn error_signal(text: &str) -> Signal {
             message: body.to_owned(),
         },
         None if lower.contains("timed out") || lower.starts_with("timeout") => Signal::Timeout,
-        None => Signal::Exception {
+        // The tool said it failed, with a text: read as the MCP proxy reads `isError` and the
+        // runtime a tool's error (one observation, one signal on every front-end).
+        None => Signal::ToolError {
             message: body.to_owned(),
         },
     }
@@ -897,7 +899,10 @@ pub fn observe(
                 ToolCall::returned(tool, args, &parsed)
             }
             .with_required(&required);
-            let d = finished(st, ctx, step, call, signal, None, now_ms);
+            // The model can always rewrite a call that raised, given its error (as the MCP
+            // proxy and the runtime offer).
+            let repair = hard.then_some(RepairTarget::Arguments);
+            let d = finished(st, ctx, step, call, signal, repair, now_ms);
             carry(st, ctx, step, tool, d);
             if hard { "hard" } else { "soft" }
         }
