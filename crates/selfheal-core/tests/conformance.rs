@@ -13,7 +13,7 @@
 
 use selfheal_core::budget::{Amounts, BudgetLimits};
 use selfheal_core::call::Breakers;
-use selfheal_core::conformance::{self, Line, Outcome, Row, Seen};
+use selfheal_core::conformance::{self, Line, Row, Seen};
 use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
 use selfheal_core::monitor::{Guidance, GuidanceKind, ToolCall};
 use selfheal_core::policy::Options;
@@ -173,16 +173,10 @@ fn conforms(adapter: &mut dyn Adapter, row: &Row, how: &str) {
         let args: Value = conformance::args(i);
         let value = result.value();
         let step = offered.iter().position(|t| t == tool).unwrap() as u32;
-        let call = match (result, &value, result.error()) {
-            (_, _, Some(error)) => ToolCall::failed(tool, &args, error),
-            (_, Some(v), None) => ToolCall::returned(tool, &args, v),
-            (
-                Outcome::Answered | Outcome::ErrorBody | Outcome::Raised | Outcome::MissingFile,
-                None,
-                None,
-            ) => {
-                unreachable!("every outcome answers or raises")
-            }
+        let call = match (&value, result.error()) {
+            (_, Some(error)) => ToolCall::failed(tool, &args, error),
+            (Some(v), None) => ToolCall::returned(tool, &args, v),
+            (None, None) => unreachable!("every outcome answers or raises"),
         };
         let decided = adapter.result(step, call, i as u64 * 1_000);
         let Decided::Going { guidance, hidden } = decided else {
