@@ -64,8 +64,9 @@ def test_a_tool_failing_five_times_is_paused_and_others_keep_working(tmp_path):
         errors = []
         # Paths outside the server's allowed directory: the server refuses every one, a tool
         # that does not work for this agent. (A missing file, ENOENT, is the model's own
-        # mistake: the session's run has it rewrite the call, then re-plan, then stops at its
-        # ladder's end; the circuit is for a tool that keeps failing.)
+        # mistake: the session's run has it rewrite the call, then re-plan, then — other tools
+        # being on offer — the same rules as here: warned at 3, paused at 5; see
+        # test_missing_files_are_the_models_to_fix_and_never_stop_the_session.)
         for i in range(5):
             r = await s.call_tool("read_text_file", {"path": str(data.parent / f"outside{i}.txt")})
             assert r.is_error
@@ -88,6 +89,31 @@ def test_a_tool_failing_five_times_is_paused_and_others_keep_working(tmp_path):
     kinds = [e["kind"] for e in trace(trace_db, "show", run["run"])]
     assert "paused" in kinds and "blocked" in kinds and kinds[-1] == "session"
     assert run["failures"] == 5
+
+
+def test_missing_files_are_the_models_to_fix_and_never_stop_the_session(tmp_path):
+    async def body(s, data, notifications):
+        await s.list_tools()
+        errors = []
+        for i in range(5):
+            r = await s.call_tool("read_text_file", {"path": str(data / f"missing{i}.txt")})
+            assert r.is_error
+            errors.append(text(r))
+        assert all("ENOENT" in e for e in errors), errors
+        # The first two: rewrite, then re-plan; from the third the monitor's warning, naming
+        # other tools. Never a stop: the session goes on.
+        assert "rewrite" in errors[0], errors[0]
+        assert all("`list_directory`" in e for e in errors[1:]), errors
+        assert not any("stop calling tools" in e for e in errors), errors
+        r = await s.call_tool("read_text_file", {"path": str(data / "a.txt")})
+        assert r.is_error and "paused" in text(r), text(r)
+        ok = await s.call_tool("list_directory", {"path": str(data)})
+        assert not ok.is_error and "a.txt" in text(ok)
+        return errors
+
+    _, trace_db = session(tmp_path, body)
+    [run] = [r for r in trace(trace_db, "list") if r["run"].startswith("mcp-")]
+    assert run["status"] != "failed", run
 
 
 def test_arguments_are_checked_against_the_tool_schema(tmp_path):

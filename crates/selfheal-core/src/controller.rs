@@ -253,17 +253,22 @@ pub const REREAD_VERIFIER: &str = "re_read";
 
 /// Whether a failure of `class` may be routed around: the tool produced nothing usable (it
 /// timed out, was unavailable, answered empty or unreadable), so another tool of the agent's
-/// choosing loses nothing. A failure about a value the tool did give (stale, contradicted,
-/// rejected) is not: the policy's end of the ladder degrades rather than guess, and the model's
-/// own mistakes are the model's to fix.
+/// choosing loses nothing. So may the model's own bad arguments (a path that does not exist):
+/// its ladder (a rewrite, a re-plan) hands the model the precise error, and once that is used
+/// up the run does not end over the model's mistakes while other tools are on offer — the
+/// seeds' rules take over (warned at 3, the tool hidden at 5, a stop only on the failure rate),
+/// as for a failing tool. With nothing else on offer the ladder's end stands. A failure about a
+/// value the tool did give (stale, contradicted, rejected) is not routable: the policy's end of
+/// the ladder degrades rather than guess; nor are the model's other mistakes (a wrong tool, a
+/// loop, a plan), whose ladders end in a re-plan or a stop of their own.
 fn routable(class: FailureClass) -> bool {
     match class {
         FailureClass::ToolTimeout
         | FailureClass::ToolUnavailable
         | FailureClass::EmptyOutput
-        | FailureClass::MalformedOutput => true,
-        FailureClass::ArgumentInvalid
-        | FailureClass::WrongTool
+        | FailureClass::MalformedOutput
+        | FailureClass::ArgumentInvalid => true,
+        FailureClass::WrongTool
         | FailureClass::StaleContext
         | FailureClass::ContradictoryEvidence
         | FailureClass::PlanningFailure
@@ -796,6 +801,18 @@ impl Controller {
                 guidance: verdict.guidance,
                 hidden_tools: verdict.hidden_tools,
             };
+        };
+        // A request the receiver refused as such (a 4xx, arguments that failed validation, a
+        // tool's error that says nothing transient) gets the same answer if it is sent again
+        // unchanged: no resend is offered, whatever the front-end could do. Decided here once,
+        // so a front-end only reports what it observed ([`crate::call::resend_futile`]).
+        let options = if crate::call::resend_futile(&signal) {
+            Options {
+                retry_safe: false,
+                ..options
+            }
+        } else {
+            options
         };
         self.log(
             now_ms,

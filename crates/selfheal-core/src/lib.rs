@@ -26,6 +26,7 @@
 //! | [`breaker`] | the one circuit breaker, per tool (monitor) and per upstream (gateway) |
 //! | [`run`] | one run behind one interface: inputs in, actions out, state that serialises |
 //! | [`replay`] | recorded decisions made again under another policy (`selfheal trace replay`) |
+//! | `conformance` | (feature `conformance`, tests only) the table every front-end must reproduce |
 //!
 //! ```
 //! use selfheal_core::monitor::{Monitor, ToolCall};
@@ -45,6 +46,8 @@ pub mod breaker;
 pub mod budget;
 pub mod call;
 pub mod classifier;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod contract;
 pub mod controller;
 pub mod monitor;

@@ -1,7 +1,8 @@
 //! The conformance table of the seeds' tool-health rules (SPEC §1) as an agent that picks its
 //! own tools meets them: scripted tool results in, the run's decisions out.
 //!
-//! The table is data, `tests/conformance/tool_health.json`, so that every front-end runs the
+//! The table is data, `tests/conformance/tool_health.json`, read and judged by
+//! `selfheal_core::conformance` (feature `conformance`), so that every front-end runs the
 //! same rows through its own adapter: here the core's [`Run`] (as the runtime, the gateway and
 //! the MCP proxy drive it), the same run written to bytes and resumed after every input (as a
 //! shared store keeps it between two requests), and the bare [`Controller`] it is built on. The
@@ -12,68 +13,14 @@
 
 use selfheal_core::budget::{Amounts, BudgetLimits};
 use selfheal_core::call::Breakers;
+use selfheal_core::conformance::{self, Line, Row, Seen};
 use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
 use selfheal_core::monitor::{Guidance, GuidanceKind, ToolCall};
 use selfheal_core::policy::Options;
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::run::{Action, Env, Input, Run};
 use selfheal_core::trace::RunStatus;
-use serde::Deserialize;
 use serde_json::{Value, json};
-
-/// What a tool returned.
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Outcome {
-    /// A useful answer.
-    Answered,
-    /// It raised: an error text (a hard failure).
-    Raised,
-    /// It answered `{"error": ...}` (a soft failure), as in the issue's stuck agent.
-    ErrorBody,
-}
-
-/// One result and what the run must decide after it.
-#[derive(Deserialize)]
-struct Line {
-    tool: String,
-    result: Outcome,
-    /// Whether the run stopped (`Abort` or `Degrade`).
-    #[serde(default)]
-    stop: bool,
-    /// The tools with a warning (3 or 4 failures in a row).
-    #[serde(default)]
-    warned: Vec<String>,
-    /// The tools hidden.
-    #[serde(default)]
-    hidden: Vec<String>,
-    /// Tool names every warning or circuit guidance must name as alternatives.
-    #[serde(default)]
-    names: Vec<String>,
-}
-
-#[derive(Deserialize)]
-struct Row {
-    name: String,
-    offered: Vec<String>,
-    script: Vec<Line>,
-    /// The run's status when it finishes (after the script).
-    finished: RunStatus,
-}
-
-#[derive(Deserialize)]
-struct Table {
-    rows: Vec<Row>,
-}
-
-fn table() -> Vec<Row> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/conformance/tool_health.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_json::from_str::<Table>(&text).unwrap().rows
-}
 
 /// What a front-end on the wire can offer: no substitute or fallback configured, a re-plan is
 /// a line of guidance, nothing useful produced yet.
@@ -99,7 +46,7 @@ fn config() -> ControllerConfig {
 
 /// What the run decided after one result, as a front-end reads it before the next model step.
 #[derive(Debug)]
-enum Seen {
+enum Decided {
     Stopped,
     Going {
         guidance: Vec<Guidance>,
@@ -110,7 +57,7 @@ enum Seen {
 /// One way of driving a run.
 trait Adapter {
     fn offer(&mut self, tools: &[&str]);
-    fn result(&mut self, step: u32, call: ToolCall<'_>, now: u64) -> Seen;
+    fn result(&mut self, step: u32, call: ToolCall<'_>, now: u64) -> Decided;
     fn finish(&mut self, now: u64) -> RunStatus;
 }
 
@@ -124,15 +71,15 @@ impl Adapter for Bare {
     fn offer(&mut self, tools: &[&str]) {
         self.ctl.offer(tools.iter().copied());
     }
-    fn result(&mut self, step: u32, call: ToolCall<'_>, now: u64) -> Seen {
+    fn result(&mut self, step: u32, call: ToolCall<'_>, now: u64) -> Decided {
         let d = self
             .ctl
             .observe(tool_finished(step, call), now, &mut self.rng);
         match d {
-            Directive::Abort { .. } | Directive::Degrade { .. } => Seen::Stopped,
+            Directive::Abort { .. } | Directive::Degrade { .. } => Decided::Stopped,
             Directive::Continue { .. } | Directive::Recover { .. } => {
                 let v = self.ctl.monitor_mut().check(now);
-                Seen::Going {
+                Decided::Going {
                     guidance: v.guidance,
                     hidden: v.hidden_tools,
                 }
@@ -191,7 +138,7 @@ impl Adapter for ViaRun {
     fn offer(&mut self, tools: &[&str]) {
         assert!(self.input(Input::Offered(tools), 0).is_empty());
     }
-    fn result(&mut self, step: u32, call: ToolCall<'_>, now: u64) -> Seen {
+    fn result(&mut self, step: u32, call: ToolCall<'_>, now: u64) -> Decided {
         let mut actions = self.input(Input::Observed(tool_finished(step, call)), now);
         // A step being recovered (the ladder's retry) is followed by the next model step.
         if actions.iter().all(|a| matches!(a, Action::Recover { .. })) {
@@ -199,11 +146,11 @@ impl Adapter for ViaRun {
         }
         assert_eq!(actions.len(), 1, "one decision per input: {actions:?}");
         match actions.remove(0) {
-            Action::Stop { .. } => Seen::Stopped,
+            Action::Stop { .. } => Decided::Stopped,
             Action::Proceed {
                 guidance,
                 hidden_tools,
-            } => Seen::Going {
+            } => Decided::Going {
                 guidance,
                 hidden: hidden_tools,
             },
@@ -215,63 +162,66 @@ impl Adapter for ViaRun {
     }
 }
 
+/// Plays `row` through `adapter` and judges what it decided against the table. Beyond the
+/// table: a hidden tool is never offered as an alternative.
 fn conforms(adapter: &mut dyn Adapter, row: &Row, how: &str) {
-    let error_body = json!({"error": "search backend down"});
-    let answer = json!({"text": "the page"});
     let offered: Vec<&str> = row.offered.iter().map(String::as_str).collect();
     adapter.offer(&offered);
+    let mut seen = Vec::new();
     for (i, line) in row.script.iter().enumerate() {
-        let tool = line.tool.as_str();
-        let args: Value = json!({"q": format!("query {i}")});
-        let step = offered.iter().position(|t| *t == tool).unwrap() as u32;
-        let call = match line.result {
-            Outcome::Answered => ToolCall::returned(tool, &args, &answer),
-            Outcome::Raised => ToolCall::failed(tool, &args, "search backend down"),
-            Outcome::ErrorBody => ToolCall::returned(tool, &args, &error_body),
+        let Line { tool, result, .. } = line;
+        let args: Value = conformance::args(i);
+        let value = result.value();
+        let step = offered.iter().position(|t| t == tool).unwrap() as u32;
+        let call = match (&value, result.error()) {
+            (_, Some(error)) => ToolCall::failed(tool, &args, error),
+            (Some(v), None) => ToolCall::returned(tool, &args, v),
+            (None, None) => unreachable!("every outcome answers or raises"),
         };
-        let now = i as u64 * 1_000;
-        let seen = adapter.result(step, call, now);
-        let at = format!("{how}: {} — result {}: {seen:?}", row.name, i + 1);
-        let (guidance, hidden) = match seen {
-            Seen::Stopped => {
-                assert!(line.stop, "stopped: {at}");
-                continue;
-            }
-            Seen::Going { guidance, hidden } => (guidance, hidden),
+        let decided = adapter.result(step, call, i as u64 * 1_000);
+        let Decided::Going { guidance, hidden } = decided else {
+            seen.push(Seen::Stopped);
+            break;
         };
-        assert!(!line.stop, "did not stop: {at}");
-        let warned: Vec<&str> = guidance
-            .iter()
-            .filter(|g| g.kind == GuidanceKind::Warning)
-            .filter_map(|g| g.tool.as_deref())
-            .collect();
-        assert_eq!(warned, line.warned, "warnings: {at}");
-        assert_eq!(hidden, line.hidden, "hidden: {at}");
-        for g in guidance
+        let shown: Vec<&Guidance> = guidance
             .iter()
             .filter(|g| matches!(g.kind, GuidanceKind::Warning | GuidanceKind::CircuitOpen))
-        {
-            for name in &line.names {
-                assert!(
-                    g.text.contains(&format!("`{name}`")),
-                    "guidance names `{name}`: {at} {}",
-                    g.text
-                );
-            }
-            // A hidden tool is never offered as an alternative.
+            .collect();
+        for g in &shown {
             for h in &hidden {
                 if g.tool.as_deref() != Some(h) {
-                    assert!(!g.text.contains(&format!("`{h}`")), "{at} {}", g.text);
+                    assert!(
+                        !g.text.contains(&format!("`{h}`")),
+                        "{how}: {} {}",
+                        row.name,
+                        g.text
+                    );
                 }
             }
         }
+        seen.push(Seen::Going {
+            warned: guidance
+                .iter()
+                .filter(|g| g.kind == GuidanceKind::Warning)
+                .filter_map(|g| g.tool.clone())
+                .collect(),
+            hidden,
+            told: shown
+                .iter()
+                .map(|g| g.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        });
     }
-    assert_eq!(adapter.finish(99_000), row.finished, "{how}: {}", row.name);
+    let finished = adapter.finish(99_000);
+    if let Err(e) = conformance::judge(row, &seen, finished) {
+        panic!("{how}: {e}");
+    }
 }
 
 #[test]
 fn the_seeds_monitor_rules_hold_for_an_agent_that_picks_its_tools() {
-    let rows = table();
+    let rows = conformance::table().unwrap();
     assert!(rows.len() >= 5);
     for row in &rows {
         let mut bare = Bare {
@@ -320,4 +270,67 @@ fn without_an_offer_the_ladders_end_stands() {
     }
     assert_eq!(stopped_at, Some(3));
     assert!(ctl.routed().is_empty());
+}
+
+/// Issue 30 item 9: every decision a run makes about the table's tool failures is recorded
+/// with its input, so `selfheal trace replay` decides it again — a ladder's rung or a tool
+/// routed around at its end. Under the same policy nothing differs; under one whose ladders
+/// keep retrying, the routing around does.
+#[test]
+fn every_decision_about_the_tables_tool_failures_replays() {
+    use selfheal_core::call::Plane;
+    use selfheal_core::classifier::ClassifierConfig;
+    use selfheal_core::policy::Policy;
+    use selfheal_core::replay::replay;
+    use selfheal_core::trace::Event;
+    let patient = Plane::new(
+        Policy::from_toml_str(
+            "[ladders]\nempty_output = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
+             tool_timeout = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
+             tool_unavailable = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
+             argument_invalid = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n",
+        )
+        .unwrap(),
+        ClassifierConfig::default(),
+    )
+    .unwrap();
+    let mut routed_rows = 0;
+    for row in &conformance::table().unwrap() {
+        let mut via = ViaRun::new(false);
+        conforms(&mut via, row, "run");
+        let events: Vec<Event> = via.run.take_records().into_iter().map(|(_, e)| e).collect();
+        let failures = events
+            .iter()
+            .filter(|e| matches!(e, Event::Signal { tool: Some(_), .. }))
+            .count();
+        let decided = events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Action { input: Some(_), .. })
+                    || matches!(e, Event::RoutedAround { input: Some(_), .. })
+            })
+            .count();
+        let untraced = events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Action { input: None, .. })
+                    || matches!(e, Event::RoutedAround { input: None, .. })
+            })
+            .count();
+        assert!(failures > 0, "{}: {events:?}", row.name);
+        assert_eq!(untraced, 0, "{}: a decision without its input", row.name);
+        let same = replay(&events, &Plane::default());
+        assert_eq!(same.len(), decided, "{}: every decision replays", row.name);
+        assert!(same.iter().all(|c| !c.differs), "{}: {same:?}", row.name);
+        if same.iter().any(|c| c.routed_around) {
+            routed_rows += 1;
+            let other = replay(&events, &patient);
+            assert!(
+                other.iter().any(|c| c.routed_around && c.differs),
+                "{}: {other:?}",
+                row.name
+            );
+        }
+    }
+    assert!(routed_rows >= 3, "the rows that route around are replayed");
 }

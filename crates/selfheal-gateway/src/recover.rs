@@ -543,7 +543,7 @@ pub enum Read {
 /// - an error text ([`wire::is_hard_failure_text`]) is a failure; a leading HTTP status
 ///   (`Error: 503 Service Unavailable`) becomes that status, a timeout a timeout, anything else
 ///   an exception with the text;
-/// - JSON with a string `error` field is the tool's error;
+/// - JSON with a string `error` field is the tool's error (a soft failure);
 /// - text that does not parse but from which `selfheal-repair` reads an object or an array is
 ///   malformed output that can be repaired — unless it was cut off (brackets or a string left
 ///   open: closing it would invent data) or what it reads has an empty field;
@@ -556,10 +556,11 @@ pub fn read_result(text: &str) -> Read {
     }
     match serde_json::from_str::<Value>(text) {
         Ok(v) => {
-            if let Some(e) = v.get("error").and_then(Value::as_str) {
-                return Read::Failed(Some(Signal::Exception {
-                    message: e.to_owned(),
-                }));
+            // An error body is a soft failure the monitor reads itself, as the MCP proxy, the
+            // runtime and the core read one: one observation, one signal on every front-end
+            // (the conformance table runs them all).
+            if v.get("error").is_some_and(Value::is_string) {
+                return Read::Failed(None);
             }
             if Monitor::is_soft_failure(&v) {
                 return Read::Failed(None);
@@ -644,7 +645,9 @@ fn error_signal(text: &str) -> Signal {
             message: body.to_owned(),
         },
         None if lower.contains("timed out") || lower.starts_with("timeout") => Signal::Timeout,
-        None => Signal::Exception {
+        // The tool said it failed, with a text: read as the MCP proxy reads `isError` and the
+        // runtime a tool's error (one observation, one signal on every front-end).
+        None => Signal::ToolError {
             message: body.to_owned(),
         },
     }
@@ -919,7 +922,10 @@ pub fn observe(
                 ToolCall::returned(tool, args, &parsed)
             }
             .with_required(&required);
-            let d = finished(st, ctx, step, call, signal, None, now_ms);
+            // The model can always rewrite a call that raised, given its error (as the MCP
+            // proxy and the runtime offer).
+            let repair = hard.then_some(RepairTarget::Arguments);
+            let d = finished(st, ctx, step, call, signal, repair, now_ms);
             carry(st, ctx, step, tool, d);
             if hard { Outcome::Hard } else { Outcome::Soft }
         }
@@ -1389,10 +1395,11 @@ mod tests {
             read_result(r#"{"temp": 2"#),
             Read::Failed(Some(Signal::TruncatedOutput))
         );
-        assert!(matches!(
+        // An error body is a soft failure, read as every front-end reads one (the monitor's).
+        assert_eq!(
             read_result(r#"{"error": "quota exceeded"}"#),
-            Read::Failed(Some(Signal::Exception { .. }))
-        ));
+            Read::Failed(None)
+        );
         assert_eq!(read_result("null"), Read::Failed(None));
         assert!(matches!(
             read_result("```json\n{\"temp\": 21}\n```"),

@@ -846,12 +846,9 @@ impl Proxy {
             _ => None,
         };
         let breach = judged.as_ref().and_then(|(_, b, ..)| b.clone());
-        // A resend only of a tool the server says can take one, and never of a request the
-        // tool refused: sent again unchanged it can only get the same answer (the core's rule).
-        let retry_safe = self.tools.get(&p.tool).is_some_and(|t| t.retry_safe)
-            && !signal
-                .as_ref()
-                .is_some_and(selfheal_core::call::resend_futile);
+        // A resend only of a tool the server says can take one; whether a resend can help at
+        // all (a request the tool refused cannot) is the run's decision.
+        let retry_safe = self.tools.get(&p.tool).is_some_and(|t| t.retry_safe);
         let refresh_arg = declared
             .as_ref()
             .and_then(|c| c.refresh.clone())

@@ -368,6 +368,28 @@ impl Loop<'_> {
             .map(|(_, m)| m.clone())
     }
 
+    /// The step id of a call of `tool` now: one per tool and per point of progress (odd; the
+    /// model's steps are even). A failure is the failing tool's, as on the gateway and the MCP
+    /// proxy: another tool's success does not settle it, and another tool's failure is not
+    /// the recovery of it (the failure-rate rule applies across tools).
+    fn tool_step(&self, tool: &str) -> u32 {
+        let n = u32::try_from(self.agent.tools.len())
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let idx = self
+            .agent
+            .tools
+            .iter()
+            .position(|t| t.spec().name == tool)
+            .and_then(|i| u32::try_from(i).ok())
+            .unwrap_or(0);
+        self.progress
+            .saturating_mul(n)
+            .saturating_add(idx)
+            .saturating_mul(2)
+            .saturating_add(1)
+    }
+
     fn find_tool(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.agent
             .tools
@@ -762,19 +784,18 @@ impl Loop<'_> {
         latency_ms: u64,
     ) -> Result<(), Stop> {
         let signal = e.signal();
-        let rejected = selfheal_core::call::resend_futile(&signal);
-        let repair = if rejected {
-            Some(RepairTarget::Request)
-        } else if matches!(e, ClientError::EmptyResponse | ClientError::Decode(_)) {
+        // What the runtime can do about it: reshape the request, or re-ask for a reply it can
+        // read. Whether a resend can help is the run's decision (a request the server refused
+        // as such is never resent unchanged), as is which of these the failure's ladder takes.
+        let repair = if matches!(e, ClientError::EmptyResponse | ClientError::Decode(_)) {
             Some(RepairTarget::Output)
         } else {
-            None
+            Some(RepairTarget::Request)
         };
         let options = Options {
             repair,
             fallback_model: self.fallback(),
-            // A request the server rejects for its shape must never be resent as it was.
-            retry_safe: !rejected,
+            retry_safe: true,
             partial_result: self.tool_results > 0,
             ..Options::default()
         };
@@ -999,7 +1020,7 @@ impl Loop<'_> {
         args: &Value,
         repaired: bool,
     ) -> Result<String, Stop> {
-        let step = Some(2 * self.progress + 1);
+        let step = Some(self.tool_step(&tool.spec().name));
         let mut tried = vec![tool.spec().name.clone()];
         let mut rejections = 0u32;
         loop {
@@ -1020,13 +1041,16 @@ impl Loop<'_> {
                     status,
                     retry_after_ms,
                 })) => {
+                    // A tool that says it failed, with a text and no status, is read as the
+                    // MCP proxy reads a result with `isError: true`: one observation, one
+                    // signal on every front-end (the conformance table runs both).
                     let sig = match status {
                         Some(status) => Signal::HttpStatus {
                             status,
                             retry_after_ms,
                             message: message.clone(),
                         },
-                        None => Signal::Exception {
+                        None => Signal::ToolError {
                             message: message.clone(),
                         },
                     };
@@ -1042,15 +1066,11 @@ impl Loop<'_> {
                     true,
                 ),
             };
-            // A refused request cannot be helped by resending it unchanged, so the model is
-            // asked to rewrite it instead (the core's rule, shared with the gateway and MCP).
-            let request_rejected = signal
-                .as_ref()
-                .is_some_and(selfheal_core::call::resend_futile);
-            let retry_safe = !request_rejected
-                && (!may_have_run
-                    || spec.effect != Effect::Destructive
-                    || self.agent.allow_destructive_retry);
+            // Whether the call may be sent twice as far as its effect goes; whether a resend
+            // can help at all (a refused request cannot) is the run's decision.
+            let retry_safe = !may_have_run
+                || spec.effect != Effect::Destructive
+                || self.agent.allow_destructive_retry;
             let hidden = match self.decide(Input::NextTurn) {
                 StepAction::Proceed { hidden_tools, .. } => hidden_tools,
                 _ => Vec::new(),
