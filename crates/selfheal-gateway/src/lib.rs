@@ -47,6 +47,7 @@ mod report;
 pub mod request;
 pub mod responses_stream;
 pub mod runs;
+mod sharing;
 mod state;
 pub use selfheal_trace::store;
 pub mod stream;

@@ -886,8 +886,9 @@ pub(crate) fn reread_item(text: &str) -> Value {
 }
 
 /// Runs a relay in its own task and answers the client with the frames it sends (redacted,
-/// as SSE). When the relay is done the run's end is recorded ([`finish_stream`]) before its
-/// sender is dropped, so the trace has the `response` event before the client sees the end.
+/// as SSE). When the relay is done the run's end is recorded ([`finish_stream`]) and the run
+/// written to the shared store ([`crate::sharing::save`]) before its sender is dropped, so the
+/// trace has the `response` event, and another replica the run, before the client sees the end.
 /// The response's head waits for the relay's first frame and carries the report as it stood
 /// then ([`stream::head_report`]: the actions taken, a re-read, a `partial` or `failed` already
 /// known), not a `complete` written before the upstream answered.
@@ -904,9 +905,11 @@ where
     let (head_tx, head_rx) = tokio::sync::oneshot::channel();
     let run = relay(tx, head_tx);
     let t2 = t.clone();
+    crate::sharing::hold(&t.s, &t.state);
     tokio::spawn(async move {
         let (r, tx) = run.await;
         finish_stream(&t2, &r, learnable.as_ref());
+        crate::sharing::save(&t2.s, &t2.state).await;
         drop(tx);
     });
     let head = head_rx.await.ok();

@@ -87,12 +87,10 @@ pub(crate) async fn chat_inner(
             )
         }
     };
+    let fallback = chain.get(1).map(|c| c.model.as_str());
+    let redo = || crate::sharing::chat_redo(s, &bytes, fallback);
     let t = Turn {
-        state: if unnamed.is_some() {
-            s.runs.detached()
-        } else {
-            s.runs.get_for(&run, &caller.tenant, now)
-        },
+        state: crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await,
         s: s.clone(),
         caller,
         run: run.into(),
@@ -105,7 +103,9 @@ pub(crate) async fn chat_inner(
     {
         let render = |words: &str| stopped_completion(&t, &model, words);
         let frames = stream::answer_frames;
-        return Ok(stop_run(&t, (&reason, action), req.stream, render, frames));
+        let resp = stop_run(&t, (&reason, action), req.stream, render, frames);
+        crate::sharing::save(s, &t.state).await;
+        return Ok(resp);
     }
     let mut actions: Vec<String> = next.actions.iter().map(|a| a.as_str().to_owned()).collect();
     // The calls of the model's previous turn whose results it has: a new call identical to one
@@ -139,15 +139,19 @@ pub(crate) async fn chat_inner(
             .chain
             .first()
             .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
-    if req.stream && !learned {
+    let answer = if req.stream && !learned {
         answer_stream(&t, &req, ctx, actions).await
     } else {
-        let mut resp = answer_complete(&t, &req, &ctx, actions).await?;
-        if learned {
-            mark_no_stream(&mut resp, ctx.chain.first());
-        }
-        Ok(resp)
-    }
+        let answer = answer_complete(&t, &req, &ctx, actions).await;
+        answer.map(|mut resp| {
+            if learned {
+                mark_no_stream(&mut resp, ctx.chain.first());
+            }
+            resp
+        })
+    };
+    crate::sharing::save(s, &t.state).await;
+    answer
 }
 
 /// Stage 4 (streaming): the upstream stream relayed, tool calls held and checked.

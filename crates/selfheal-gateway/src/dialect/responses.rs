@@ -213,7 +213,12 @@ pub(crate) async fn parse_request(
 
 /// Name the run: the caller's label, else the run that sent the answer continued, else one
 /// named by the conversation, its opening and its first call, within the caller's tenant.
-pub(crate) fn name_run(s: &Arc<AppState>, caller: Caller, headers: &HeaderMap, p: &Parsed) -> Turn {
+pub(crate) async fn name_run(
+    s: &Arc<AppState>,
+    caller: Caller,
+    headers: &HeaderMap,
+    p: &Parsed,
+) -> Turn {
     let req = &p.req;
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     let now = Instant::now();
@@ -249,12 +254,18 @@ pub(crate) fn name_run(s: &Arc<AppState>, caller: Caller, headers: &HeaderMap, p
             crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening, first)
         }
     };
+    let redo = || {
+        let input = match req.get("input") {
+            Some(Value::Array(items)) => items.clone(),
+            _ => Vec::new(),
+        };
+        let fallback = p.chain.get(1).map(|c| c.model.as_str());
+        let (previous, conversation) = (p.previous.clone(), p.conversation.is_some());
+        let tools = responses_tools(req);
+        crate::sharing::responses_redo(s, input, tools, previous, conversation, fallback)
+    };
     Turn {
-        state: if unnamed.is_some() {
-            s.runs.detached()
-        } else {
-            s.runs.get_for(&run, &caller.tenant, now)
-        },
+        state: crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await,
         s: s.clone(),
         caller,
         run: run.into(),
@@ -407,7 +418,7 @@ pub(crate) async fn responses_inner(
     body: Body,
 ) -> Result<Response, ApiError> {
     let parsed = parse_request(s, headers, body).await?;
-    let t = name_run(s, caller, headers, &parsed);
+    let t = name_run(s, caller, headers, &parsed).await;
     t.event(
         Kind::Request,
         json!({"model": parsed.model, "api": "responses", "tenant": t.caller.tenant}),
@@ -434,7 +445,9 @@ pub(crate) async fn responses_inner(
         let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
         let render = |words: &str| stopped_response(&t, &model, words);
         let frames = responses_stream::answer_frames;
-        return Ok(stop_run(&t, (&reason, action), streaming, render, frames));
+        let resp = stop_run(&t, (&reason, action), streaming, render, frames);
+        crate::sharing::save(s, &t.state).await;
+        return Ok(resp);
     }
     let chain = if next.escalate && chain.len() > 1 {
         t.event(Kind::Escalate, json!({"to": chain[1].model}));
@@ -460,7 +473,9 @@ pub(crate) async fn responses_inner(
             .first()
             .is_some_and(|c| s.no_stream.contains(c, Instant::now()));
     if wants_stream && !learned {
-        return answer_responses_stream(&t, req, chain, tools, checks, actions).await;
+        let answer = answer_responses_stream(&t, req, chain, tools, checks, actions).await;
+        crate::sharing::save(s, &t.state).await;
+        return answer;
     }
     if learned {
         req.insert("stream".into(), Value::Bool(false));
@@ -471,7 +486,9 @@ pub(crate) async fn responses_inner(
         tools: &tools,
         checks: &checks,
     };
-    answer_whole(&t, asked, actions, learned).await
+    let answer = answer_whole(&t, asked, actions, learned).await;
+    crate::sharing::save(s, &t.state).await;
+    answer
 }
 
 /// What a whole (not streamed) Responses answer is asked with.
