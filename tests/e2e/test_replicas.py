@@ -439,3 +439,39 @@ def test_a_replica_killed_mid_conversation_loses_nothing_it_answered(fleet):
     assert [r["failures"] for r in first + then] == [2, 3, 4, 5], first + then
     assert sum(spent(then[-1]).values()) >= sum(spent(first[-1]).values()) > 0
     assert offered(answered[-1]) == ["fetch_url"], "hidden at the 5th failure, on another replica"
+
+
+def test_chaos_across_three_replicas_fails_nothing(tmp_path):
+    """scripts/chaos.py's replicas scenario at CI size: 20 % upstream faults (seeded), half the
+    requests streaming, conversations of three turns (agents among them, on chat completions and
+    the Responses API) through HAProxy to three replicas sharing one redis-server: no
+    client-visible failure, no silent bad answer, nothing hung, and the agents' runs went
+    through Redis. The 2,000-request run's figures are in docs/guides/replicas.md."""
+    import importlib.util
+
+    from conftest import BIN, ROOT
+
+    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+    chaos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chaos)
+    procs = [subprocess.Popen([sys.executable, str(chaos.UPSTREAM)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
+    try:
+        faulty, healthy = (read_address(p) for p in procs)
+        chaos.post(healthy, "/_script", [])
+        chaos.post(healthy, "/_chaos", {"rate": 0, "seed": 0, "kinds": []})
+        chaos.post(faulty, "/_chaos", {"rate": 0.2, "seed": 13, "kinds": chaos.FAULTS})
+        line = chaos.replicas(BIN, faulty, healthy, tmp_path, requests=300, turns=3, threads=8,
+                              timeout=15)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert line["requests"] >= 300 and line["streaming"] > 0, line
+    assert line["faults_injected"] > 0, line
+    for k in ("failed", "silent_bad", "hung", "flagged"):
+        assert line[k] == 0, line
+    shared = line["per_replica"]
+    assert all(n > 0 for n in shared["selfheal_requests_total"]), shared
+    assert sum(shared["selfheal_state_runs_loaded_total"]) > 0, shared
+    assert line["runs_in_redis"] > 0, line
