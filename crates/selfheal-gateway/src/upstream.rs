@@ -542,8 +542,10 @@ impl Upstreams {
     }
 
     /// After a failure of `name`: when the core has just opened its circuit, the others are
-    /// told until when it stays open.
+    /// told until when it stays open. From then on the circuit's state is this replica's own
+    /// evidence, not another's.
     fn share_failure(&self, name: &str, was_open: bool) {
+        self.learned().remove(name);
         let state = self.breakers().state(name);
         if let CircuitState::Open { since_ms, .. } = state
             && !was_open
@@ -726,8 +728,6 @@ impl Upstreams {
                 CircuitState::Open { .. }
             );
             (pending, events) = decide(failed, log);
-            // The circuit's state is this replica's own evidence from now on.
-            self.learned().remove(&target.upstream);
             self.share_failure(&target.upstream, was_open);
             last_err = Some(err);
         }
