@@ -162,8 +162,8 @@ PY
 echo "rss_kib_after_1000_runs=$(rss "$HEAL_PID") runs_live=$(python3 -c "import urllib.request,sys; print([l.split()[1] for l in urllib.request.urlopen('$HEAL_URL/metrics').read().decode().splitlines() if l.startswith('selfheal_runs_live ')][0])")"
 fi
 
-# The realistic pattern: a new healing gateway with an empty run store and its own trace.
-if [[ " $PATTERNS " == *" realistic "* ]]; then
+# The realistic pattern: a new healing gateway with an empty run store and its own trace. (Its
+# request generator is written for the redis pattern too.)
 python3 - "$WORK/tools.json" "$WORK/turns.lua" "$TURNS" <<'PY'
 import json, sys
 tools = [{"type": "function", "function": {"name": n, "description": f"{n} things",
@@ -221,6 +221,7 @@ done = function(summary, latency, requests)
 end
 LUA
 export TOOLS_FILE=$WORK/tools.json TURNS_FILE=$WORK/turns.lua CONVERSATIONS
+if [[ " $PATTERNS " == *" realistic "* ]]; then
 # TRACE=off runs the realistic healing gateway without its trace, to tell the trace's share.
 trace_args=(--trace-db "$WORK/real-trace.db")
 [[ ${TRACE:-on} == off ]] && trace_args=(--no-trace)
@@ -314,4 +315,59 @@ one_connection
 pairs saturated 32 0
 equal_load "$MEDIAN_RPS"
 echo "# after the full runs: $(store) rss_kib=$(awk '/VmRSS/ {print $2}' "/proc/$REAL_PID/status")"
+fi
+
+# The Redis arm: runs shared through a real redis-server (`--state`), against the in-memory
+# store, on both patterns. Two healing gateways, alike but for the store (same run secret, no
+# trace); redis-server shares core 1 with wrk and the stub. Each comparison is PAIRS_REDIS (5)
+# interleaved pairs: the one-connection p50 added (median of the deltas) and the CPU per request
+# at saturation (wrk -c32; median ratio), and at the end Redis's memory per stored run.
+#   PATTERNS=redis scripts/bench-gateway.sh 5
+if [[ " $PATTERNS " == *" redis "* ]]; then
+REDIS=$(command -v redis-server || echo /usr/bin/redis-server)
+RPORT=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+taskset -c 1 "$REDIS" --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" &
+PIDS+=("$!")
+for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$RPORT") 2>/dev/null && break; sleep 0.1; done
+printf 'run_secret_env = "SELFHEAL_RUN_SECRET"\n' > "$WORK/shared.toml"
+export SELFHEAL_RUN_SECRET=bench
+start MEM 0 "$BIN" serve --config "$WORK/shared.toml" --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 --no-trace --threads 1
+start RED 0 "$BIN" serve --config "$WORK/shared.toml" --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 --no-trace --threads 1 --state "redis://127.0.0.1:$RPORT"
+median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
+one_run() { # url pid conns script: one wrk run; sets P50 and CPU (µs per request, from /proc)
+  local before after line rps
+  before=$(cpu_ticks "$2")
+  line=$(RUN_TAG="r$RANDOM$RANDOM" taskset -c 1 wrk -t1 -c"$3" -d"${SECS}s" -s "$4" "$1/v1/chat/completions" | grep RESULT)
+  after=$(cpu_ticks "$2")
+  rps=$(field rps "$line")
+  P50=$(field p50_us "$line")
+  CPU=$(python3 -c "print(f'{($after-$before)/$(getconf CLK_TCK)*1e6/($rps*$SECS):.1f}')")
+}
+for pattern in repeated realistic; do
+  script=$WORK/post.lua
+  [[ $pattern == realistic ]] && script=$WORK/realistic.lua
+  for conns in 1 32; do
+    deltas=() ratios=() mem=() red=()
+    for _ in $(seq "${PAIRS_REDIS:-5}"); do
+      one_run "$MEM_URL" "$MEM_PID" "$conns" "$script"; mp=$P50; mc=$CPU
+      one_run "$RED_URL" "$RED_PID" "$conns" "$script"
+      deltas+=($((P50 - mp))); ratios+=("$(python3 -c "print(f'{$CPU / $mc:.2f}')")")
+      mem+=("$mc"); red+=("$CPU")
+    done
+    echo "redis_$pattern c=$conns p50_added_us=${deltas[*]} median=$(median "${deltas[@]}") cpu_us_memory=${mem[*]} cpu_us_redis=${red[*]} cpu_ratio=${ratios[*]} median=$(median "${ratios[@]}")"
+  done
+done
+python3 - "$RPORT" "$RED_URL" <<'PY'
+import socket, statistics, sys, time, urllib.request
+port = int(sys.argv[1])
+def cmd(*a):
+    req = f"*{len(a)}\r\n" + "".join(f"${len(x)}\r\n{x}\r\n" for x in a)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(req.encode()); time.sleep(0.05); return s.recv(1 << 22).decode()
+keys = [k for k in cmd("SCAN", "0", "MATCH", "*:run:*", "COUNT", "100000").split("\r\n") if ":run:" in k]
+sizes = [int(cmd("MEMORY", "USAGE", k).strip(":\r\n")) for k in keys[:200]]
+m = {l.split()[0]: l.split()[1] for l in urllib.request.urlopen(sys.argv[2] + "/metrics").read().decode().splitlines()
+     if l.startswith("selfheal_state_run")}
+print(f"redis_runs_sampled={len(sizes)} bytes_per_run_p50={statistics.median(sizes) if sizes else '?'} {' '.join(f'{k}={v}' for k, v in m.items())}")
+PY
 fi

@@ -24,6 +24,11 @@ The scenarios, one after the other, each on a fresh gateway:
 - long:    the faults of "faults" the upstream causes (all but a call cut by `length`), on
            conversations of --long-turns turns each (one run per conversation, so earlier
            turns' recoveries spend the run's budget): each is healed however little is left.
+- replicas: (not in the default --only; needs redis-server and haproxy) the load of "faults"
+           as conversations of --replica-turns turns through a real HAProxy in round robin to
+           three gateways sharing one real redis-server (--state): an agent's run continues on
+           whichever replica its next request reaches. Adds the replicas' shared-run counters
+           and the Redis memory per stored run.
 - kill9:   load as in "faults" (a new conversation per request, half streaming), then SIGKILL
            of the gateway after --kill-after seconds: counts the answers a client received
            whole whose run has no `response` event in the trace (docs/guides/deploying.md states the
@@ -62,6 +67,7 @@ import http.client
 import json
 import os
 import resource
+import shutil
 import signal
 import sqlite3
 import pathlib
@@ -371,12 +377,14 @@ def judge_responses(data, stream):
     return ("ok" if ok else "silent_bad"), text
 
 
-def gateway(binary, faulty, healthy, tmp, trace=None, server="", nofile=None):
+def gateway(binary, faulty, healthy, tmp, trace=None, server="", nofile=None, top="", extra=()):
     """The gateway between `faulty` (primary) and `healthy` (fallback); `server` adds keys of
-    `[server]`, `nofile` lowers its file-descriptor limit. Returns (process, url)."""
+    `[server]`, `nofile` lowers its file-descriptor limit, `top` adds top-level keys and
+    `extra` command-line arguments. Returns (process, url)."""
     config = pathlib.Path(tmp) / f"selfheal-{uuid.uuid4()}.toml"
     config.write_text(f"""
 default_upstream = "primary"
+{top}
 [upstreams.primary]
 base_url = "{faulty}/v1"
 first_byte_timeout_ms = 1000
@@ -398,9 +406,109 @@ max_ms = 200
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     return start([binary, "serve", "--listen", "127.0.0.1:0", "--config", str(config),
-                  "--trace-db", str(trace)],
-                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+                  "--trace-db", str(trace), *extra],
+                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
+                      "SELFHEAL_RUN_SECRET": "chaos"},
                  preexec=limit)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise SystemExit(f"nothing listens on {port}")
+
+
+def program(name):
+    path = shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None)
+    if path is None:
+        raise SystemExit(f"{name} is not installed (scripts/install-system-deps.sh)")
+    return path
+
+
+def replicas(binary, faulty, healthy, tmp, requests, turns, threads, timeout, count=3):
+    """`count` gateways sharing one real redis-server (runs, open circuits, learned targets),
+    behind a real HAProxy in round robin, under the load of "faults" as conversations of
+    `turns` turns (an agent's run continues on whichever replica its next request reaches).
+    The report adds what the replicas did with the shared runs (their /metrics) and the runs
+    Redis holds with their memory."""
+    redis_port, lb_port = free_port(), free_port()
+    procs = [subprocess.Popen(
+        [program("redis-server"), "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        wait_port(redis_port)
+        gws = []
+        for _ in range(count):
+            p, url = gateway(binary, faulty, healthy, tmp, top='run_secret_env = "SELFHEAL_RUN_SECRET"',
+                             extra=("--state", f"redis://127.0.0.1:{redis_port}"))
+            procs.append(p)
+            gws.append(url)
+        cfg = pathlib.Path(tmp) / f"haproxy-{uuid.uuid4()}.cfg"
+        servers = "\n".join(f"  server r{i} {u.removeprefix('http://')}" for i, u in enumerate(gws))
+        cfg.write_text(f"""
+global
+  maxconn 1024
+defaults
+  mode http
+  option http-server-close
+  timeout connect 2s
+  timeout client 60s
+  timeout server 60s
+frontend gateways
+  bind 127.0.0.1:{lb_port}
+  default_backend replicas
+backend replicas
+  balance roundrobin
+{servers}
+""")
+        procs.append(subprocess.Popen([program("haproxy"), "-db", "-f", str(cfg)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_port(lb_port)
+        results, wall = run("replicas", f"http://127.0.0.1:{lb_port}", requests, turns, threads,
+                            timeout)
+        faults = json.loads(urllib.request.urlopen(faulty + "/_chaos", timeout=10).read())["faults"]
+        line = report("replicas", results, wall, faults)
+        shared = {}
+        for url in gws:
+            text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+            for l in text.splitlines():
+                if l.startswith("selfheal_state_run") or l.startswith("selfheal_requests_total"):
+                    name, value = l.split()
+                    shared.setdefault(name, []).append(int(float(value)))
+        keys = redis_command(redis_port, "KEYS", "*:run:*")
+        runs = [k for k in keys.split("\r\n") if ":run:" in k]
+        sample = [int(redis_command(redis_port, "MEMORY", "USAGE", k).strip(":\r\n") or 0)
+                  for k in runs[:50]]
+        extra = {"per_replica": shared, "runs_in_redis": len(runs),
+                 "redis_bytes_per_run_p50": statistics.median(sample) if sample else None}
+        print(json.dumps(extra), flush=True)
+        return {**line, **extra}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def redis_command(port, *args):
+    """One command over RESP (redis-cli is another package): the raw answer."""
+    req = f"*{len(args)}\r\n" + "".join(f"${len(a)}\r\n{a}\r\n" for a in args)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(req.encode())
+        time.sleep(0.05)
+        return s.recv(1 << 20).decode()
 
 
 def run(name, url, requests, turns, threads, timeout):
@@ -670,6 +778,8 @@ def main():
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--replica-requests", type=int, default=2_000)
+    ap.add_argument("--replica-turns", type=int, default=3, help="turns per conversation")
     ap.add_argument("--only", default="faults,outage,long,kill9,slowloris,idlers",
                     help="comma-separated scenarios to run")
     ap.add_argument("--kill-after", type=float, default=5.0, help="seconds of load before SIGKILL")
@@ -711,6 +821,10 @@ def main():
                 gw_p.terminate()
                 gw_p.wait(timeout=30)
             post(faulty, "/_chaos", {"rate": args.rate, "seed": args.seed, "kinds": FAULTS})
+            if "replicas" in only:
+                lines.append(replicas(args.bin, faulty, healthy, tmp, args.replica_requests,
+                                      args.replica_turns, args.threads, args.timeout))
+                post(faulty, "/_chaos", {"rate": args.rate, "seed": args.seed, "kinds": FAULTS})
             if "kill9" in only:
                 k = kill9(args.bin, faulty, healthy, tmp, args.kill_after, args.threads, args.timeout)
                 bad_extra.append(k["silent_bad"] + k["failed_before_kill"] + (not k["restart_ok"]))

@@ -2,6 +2,9 @@
 real round-robin load balancer (HAProxy), driven by the `openai` SDK through the fault-injecting
 upstream (docs/guides/replicas.md):
 
+- a conversation whose requests alternate replicas is one run: its failing tool is warned at
+  the 3rd failure and hidden at the 5th counting every replica's observations, and its budget
+  is charged once; a replica killed with `kill -9` mid-conversation loses nothing it answered;
 - a provider outage learned on one replica is skipped by the others within the documented
   staleness (`[state] refresh_ms` plus two round trips);
 - Redis stopped mid-run and restarted empty: no request fails, every replica reports the outage
@@ -144,6 +147,7 @@ class Fleet:
         self.redis = Redis()
         self.main, self.backup, self.flaky = (self._upstream() for _ in range(3))
         top = f"""
+run_secret_env = "SELFHEAL_RUN_SECRET"
 breaker_failures = 2
 breaker_cooldown_ms = 60000
 [state]
@@ -166,7 +170,7 @@ chain = [{{upstream = "flaky", model = "m"}}, {{upstream = "backup", model = "m"
             log = open(d / "stderr.log", "w")
             self.logs.append(d / "stderr.log")
             gw = start_gateway(self.main, d, extra=("--state", self.redis.url), top=top,
-                               stderr=log)
+                               stderr=log, env={"SELFHEAL_RUN_SECRET": "one deployment"})
             self.replicas.append(gw)
         self.lb_port = free_port()
         cfg = tmp_path / "haproxy.cfg"
@@ -340,3 +344,134 @@ def test_redis_stopped_and_restarted_mid_run_fails_no_request_and_sharing_resume
         text = log.read_text()
         assert text.count(UNREACHABLE) == 1, f"one warning per outage, not per request:\n{text}"
         assert "sharing resumes" in text, text
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "web_search", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+    {"type": "function", "function": {"name": "fetch_url", "parameters": {
+        "type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}}},
+]
+
+
+def failing_turn(client, i, run, stream=False):
+    """The `i`th request of an agent whose search keeps failing. It keeps only its newest tool
+    result in the history (as agents with a context budget do) and names its run with a label,
+    so a replica that had not seen the earlier requests could not count them from the history:
+    only the shared run can. Its `selfheal` report."""
+    messages = [
+        {"role": "user", "content": "What does the page say?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"ws{i}", "type": "function",
+             "function": {"name": "web_search", "arguments": json.dumps({"query": f"page {i}"})}}]},
+        {"role": "tool", "tool_call_id": f"ws{i}", "content": '{"error": "search backend down"}'},
+    ]
+    extra = {"extra_headers": {"x-selfheal-run": run}}
+    if stream:
+        chunks = list(client.chat.completions.create(
+            model="smart", messages=messages, tools=TOOLS, stream=True, **extra))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
+        return None
+    resp = client.chat.completions.create(model="smart", messages=messages, tools=TOOLS, **extra)
+    assert resp.choices[0].message.content
+    return resp.model_extra["selfheal"]
+
+
+def offered(body):
+    return [t["function"]["name"] for t in body.get("tools", [])]
+
+
+def system_text(body):
+    return "\n".join(m["content"] for m in body["messages"]
+                     if m["role"] == "system" and isinstance(m.get("content"), str))
+
+
+def spent(report):
+    """What the run's ledger has spent, in the dimensions that count events."""
+    return {k: v for k, v in report["budget"]["spent"].items() if k not in ("latency_ms", "cost")}
+
+
+def conversation(fleet, clients, run, start=0, fault=True):
+    """Failing turns of one run, the `i`th through `clients[i]`, each meeting one upstream
+    fault the gateway heals (with `fault`): the reports, and the request each answer came from
+    as the upstreams saw it (the main provider, or the fallback the controller escalated to)."""
+    reports, answered = [], []
+    for i, client in enumerate(clients):
+        fleet.main.script([{"kind": "status", "status": 500}] if fault else [])
+        fleet.backup.script([])
+        reports.append(failing_turn(client, start + i, run))
+        seen = [b for b in fleet.backup.log() + fleet.main.log() if b.get("tools")]
+        answered.append(seen[0] if fleet.backup.log() else seen[-1])
+    return reports, answered
+
+
+def test_a_conversation_alternating_replicas_is_one_run(fleet):
+    """Five requests through the round-robin balancer land on r0, r1, r2, r0, r1: the 3rd is
+    warned and the 5th has the tool hidden, though no replica saw more than two of the five
+    failures. The run's one ledger is charged as one process would charge it: the same
+    conversation served by one replica alone spends exactly the same (no upstream fault here:
+    the breakers they open would make the two differ for another reason)."""
+    lb = fleet.client(fleet.lb_url)
+    reports, answered = conversation(fleet, [lb] * 5, "alternating", fault=False)
+    assert offered(answered[1]) == ["web_search", "fetch_url"]
+    assert "`fetch_url`" in system_text(answered[2]), system_text(answered[2])
+    assert offered(answered[3]) == ["web_search", "fetch_url"]
+    assert offered(answered[4]) == ["fetch_url"], "hidden at the 5th failure"
+    assert [r["failures"] for r in reports] == [1, 2, 3, 4, 5], reports
+    alone, _ = conversation(fleet, [fleet.client(fleet.replicas[2].url)] * 5, "alone",
+                            fault=False)
+    assert [spent(r) for r in reports] == [spent(r) for r in alone]
+    assert sum(spent(reports[-1]).values()) > sum(spent(reports[1]).values()) > 0
+    loaded = [metrics(gw.url)["selfheal_state_runs_loaded_total"] for gw in fleet.replicas]
+    assert all(n >= 1 for n in loaded), f"every replica continued the run from Redis: {loaded}"
+
+
+def test_a_replica_killed_mid_conversation_loses_nothing_it_answered(fleet):
+    """Three requests on r0 (the first streamed), then `kill -9` of r0: the conversation goes on on r1 and r2 with
+    its state — the 5th failure hides the tool, and the budget and failures carry on from
+    where r0 left them, as they would have on r0 alone."""
+    r0, r1, r2 = (fleet.client(gw.url) for gw in fleet.replicas)
+    failing_turn(r0, 0, "killed", stream=True)
+    first, _ = conversation(fleet, [r0, r0], "killed", start=1)
+    fleet.replicas[0].proc.kill()
+    fleet.replicas[0].proc.wait()
+    then, answered = conversation(fleet, [r1, r2], "killed", start=3)
+    assert [r["failures"] for r in first + then] == [2, 3, 4, 5], first + then
+    assert sum(spent(then[-1]).values()) >= sum(spent(first[-1]).values()) > 0
+    assert offered(answered[-1]) == ["fetch_url"], "hidden at the 5th failure, on another replica"
+
+
+def test_chaos_across_three_replicas_fails_nothing(tmp_path):
+    """scripts/chaos.py's replicas scenario at CI size: 20 % upstream faults (seeded), half the
+    requests streaming, conversations of three turns (agents among them, on chat completions and
+    the Responses API) through HAProxy to three replicas sharing one redis-server: no
+    client-visible failure, no silent bad answer, nothing hung, and the agents' runs went
+    through Redis. The 2,000-request run's figures are in docs/guides/replicas.md."""
+    import importlib.util
+
+    from conftest import BIN, ROOT
+
+    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+    chaos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chaos)
+    procs = [subprocess.Popen([sys.executable, str(chaos.UPSTREAM)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
+    try:
+        faulty, healthy = (read_address(p) for p in procs)
+        chaos.post(healthy, "/_script", [])
+        chaos.post(healthy, "/_chaos", {"rate": 0, "seed": 0, "kinds": []})
+        chaos.post(faulty, "/_chaos", {"rate": 0.2, "seed": 13, "kinds": chaos.FAULTS})
+        line = chaos.replicas(BIN, faulty, healthy, tmp_path, requests=300, turns=3, threads=8,
+                              timeout=15)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert line["requests"] >= 300 and line["streaming"] > 0, line
+    assert line["faults_injected"] > 0, line
+    for k in ("failed", "silent_bad", "hung", "flagged"):
+        assert line[k] == 0, line
+    shared = line["per_replica"]
+    assert all(n > 0 for n in shared["selfheal_requests_total"]), shared
+    assert sum(shared["selfheal_state_runs_loaded_total"]) > 0, shared
+    assert line["runs_in_redis"] > 0, line

@@ -98,6 +98,20 @@ impl Breaker {
         self.circuit = CircuitState::Closed;
     }
 
+    /// Opens a closed circuit as if at (`call`, `since_ms`), on evidence from elsewhere (another
+    /// replica's breaker of the same target); the streak is left as it is. An open or half-open
+    /// circuit is left as it is: it has evidence of its own. Returns whether it opened.
+    pub fn open_at(&mut self, call: u64, since_ms: u64) -> bool {
+        if self.circuit != CircuitState::Closed {
+            return false;
+        }
+        self.circuit = CircuitState::Open {
+            since_call: call,
+            since_ms,
+        };
+        true
+    }
+
     /// Lets time pass: an open circuit whose cooldown is over goes half-open. Returns whether it
     /// changed.
     pub fn cool(&mut self, config: &BreakerConfig, call: u64, now_ms: u64) -> bool {

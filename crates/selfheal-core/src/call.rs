@@ -130,6 +130,28 @@ impl Breakers {
         self.map.get(name).map_or(0, Breaker::streak)
     }
 
+    /// An open circuit of `name` learned from elsewhere (another replica's, shared): a closed
+    /// circuit here opens as if at `since_ms`, so that it cools when that one does (by time;
+    /// cooldowns in calls count from now), and plans skip it as they skip their own — unless
+    /// it is their last target. A circuit open or half-open here is left to its own evidence.
+    /// Returns whether it opened.
+    pub fn open_elsewhere(&mut self, name: &str, since_ms: u64) -> bool {
+        let calls = self.calls;
+        self.map
+            .get_mut(name)
+            .is_some_and(|b| b.open_at(calls, since_ms))
+    }
+
+    /// `name` answered elsewhere (another replica closed its circuit): an open or half-open
+    /// circuit here closes, as a success of its own would close it.
+    pub fn closed_elsewhere(&mut self, name: &str) {
+        if let Some(b) = self.map.get_mut(name)
+            && b.circuit() != CircuitState::Closed
+        {
+            b.success();
+        }
+    }
+
     fn success(&mut self, name: &str) {
         self.calls += 1;
         if let Some(b) = self.map.get_mut(name) {
@@ -1137,6 +1159,33 @@ mod tests {
             plan.failed(&status(404), &plane, &mut br, &mut ledger, 0, &mut rng),
             Step::Send { target: 1 }
         );
+    }
+
+    #[test]
+    fn a_circuit_opened_elsewhere_is_skipped_unless_last_and_cools_when_the_other_does() {
+        let config = BreakerConfig {
+            after: 3,
+            cooldown_calls: 0,
+            cooldown_ms: 1_000,
+        };
+        let mut br = Breakers::new(config, ["a".to_string(), "b".to_string()]);
+        assert!(br.open_elsewhere("a", 400), "opened at 400 elsewhere");
+        assert!(!br.open_elsewhere("a", 900), "open already: left as it is");
+        assert!(!br.open_elsewhere("zzz", 0), "not tracked");
+        assert!(!br.allows("a", 1_399));
+        assert!(br.allows("a", 1_400), "cools when the other's does");
+        br.closed_elsewhere("a");
+        assert!(br.open_elsewhere("b", 0));
+        assert!(br.open_elsewhere("a", 0));
+        let mut plan = CallPlan::new(vec!["a".into(), "b".into()], Mode::Heal, true);
+        let step = plan.begin(&mut br, 10);
+        assert_eq!(
+            step,
+            Step::Send { target: 1 },
+            "a skipped; b is the last: tried"
+        );
+        br.closed_elsewhere("a");
+        assert!(br.allows("a", 10), "closed elsewhere: called again");
     }
 
     #[test]

@@ -49,6 +49,7 @@ mod report;
 pub mod request;
 pub mod responses_stream;
 pub mod runs;
+mod sharing;
 mod state;
 pub(crate) use selfheal_trace as store;
 pub mod stream;

@@ -365,8 +365,16 @@ pub(crate) trait Dialect: Sized {
 /// (stop here, or the controller's actions) → edit → escalate → answer, streamed through the one
 /// relay or whole through the one whole-answer path. A target learned not to stream tool calls
 /// ([`NoStream`](crate::state::NoStream)) is asked without streaming and its answer sent as the
-/// events a stream would have carried.
-pub(crate) async fn heal_turn<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, ApiError> {
+/// events a stream would have carried. The run is written back to the shared store when the
+/// turn ends ([`crate::sharing::save`]; a streamed answer's relay holds it until the stream ends).
+pub(crate) async fn heal_turn<D: Dialect>(t: &Turn, d: D) -> Result<Response, ApiError> {
+    let answer = decide_and_answer(t, d).await;
+    crate::sharing::save(&t.s, &t.state).await;
+    answer
+}
+
+/// [`heal_turn`] before the run is written back.
+async fn decide_and_answer<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, ApiError> {
     let decided = d.replay(t);
     let (stop, abort) = (decided.next.stop.clone(), decided.verdict.abort.clone());
     if let Some((reason, action)) = stopping(stop, abort, decided.newest_failed) {
@@ -1017,10 +1025,12 @@ pub(crate) async fn relay_stream<G: Grammar + Default + 'static>(
         ..hooks
     };
     let t2 = t.clone();
+    crate::sharing::hold(&t.s, &t.state);
     tokio::spawn(async move {
         let g = G::default();
         let r = crate::relay::relay(g, upstream, tools, guides, Some(report), hooks, &tx).await;
         finish_stream(&t2, &r, learnable.as_ref());
+        crate::sharing::save(&t2.s, &t2.state).await;
         drop(tx);
     });
     let head = head_rx.await.ok();

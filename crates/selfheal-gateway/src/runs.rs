@@ -150,6 +150,44 @@ pub struct RunState {
     /// The last Responses answer the run sent, with its calls: what a client continuing with
     /// `previous_response_id` no longer sends back.
     pub last_response: Option<Responded>,
+    /// Where the run stands with the store replicas share (`[state]`); not stored itself.
+    pub share: Share,
+}
+
+/// Re-applies one request's effect on a run's state to another copy of it: the request's tool
+/// results replayed (the replay skips results the run has seen, so running it again is
+/// harmless). What a compare-and-set that lost to another replica runs on the fresh state.
+pub type Redo = Arc<dyn Fn(&mut RunState) + Send + Sync>;
+
+/// A run's standing with the state store replicas share (`[state]`, see `crate::sharing`):
+/// the version its local state was read or written as, what it had spent then, and what the
+/// requests in flight on this replica did to it (to re-apply on a fresher state). Untouched
+/// with the in-memory default.
+#[derive(Default)]
+pub struct Share {
+    /// The stored version the local state was read as or written as (`0`: none).
+    pub(crate) version: u64,
+    /// The tenant and name it is stored under (`None`: a detached run not stored).
+    pub(crate) key: Option<(Arc<str>, Arc<str>)>,
+    /// Requests of this run in flight on this replica.
+    pub(crate) users: u32,
+    /// Spent and requests served as of `version`: what is local only is the difference.
+    pub(crate) base: (selfheal_core::budget::Amounts, u64),
+    /// The effects of the requests in flight ([`Redo`]).
+    pub(crate) redo: Vec<Redo>,
+    /// One write of this run at a time from this replica.
+    pub(crate) writing: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl std::fmt::Debug for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Share")
+            .field("version", &self.version)
+            .field("key", &self.key)
+            .field("users", &self.users)
+            .field("redo", &self.redo.len())
+            .finish()
+    }
 }
 
 /// Longest response id remembered (an upstream's are a few dozen bytes): the ids the store
@@ -263,6 +301,7 @@ impl RunState {
             actions: Vec::new(),
             requests: 0,
             last_response: None,
+            share: Share::default(),
         }
     }
 
@@ -346,6 +385,7 @@ impl RunState {
             actions: stored.actions,
             requests: stored.requests,
             last_response: stored.last_response,
+            share: Share::default(),
         })
     }
 
@@ -414,6 +454,42 @@ pub struct RunStore {
     budget: BudgetLimits,
     policy: Policy,
     evicted: std::sync::atomic::AtomicU64,
+    /// How runs went through the shared store (`[state]`), for `/metrics`.
+    pub shared: ShareStats,
+}
+
+/// Counts of runs read from and written to the store replicas share (see `crate::sharing`).
+#[derive(Debug, Default)]
+pub struct ShareStats {
+    /// Requests that found a newer state of their run in the store than this replica had.
+    pub loaded: std::sync::atomic::AtomicU64,
+    /// Runs written back.
+    pub stored: std::sync::atomic::AtomicU64,
+    /// Writes that lost a compare-and-set to another replica and were re-applied.
+    pub conflicts: std::sync::atomic::AtomicU64,
+    /// Writes still conflicting after every attempt (the local state stands).
+    pub contended: std::sync::atomic::AtomicU64,
+}
+
+impl ShareStats {
+    /// `/metrics` lines.
+    pub fn render(&self) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        format!(
+            "# HELP selfheal_state_runs_loaded_total Requests that continued a run from a newer state another replica wrote.\n\
+             # TYPE selfheal_state_runs_loaded_total counter\nselfheal_state_runs_loaded_total {}\n\
+             # HELP selfheal_state_runs_stored_total Run states written to the shared store.\n\
+             # TYPE selfheal_state_runs_stored_total counter\nselfheal_state_runs_stored_total {}\n\
+             # HELP selfheal_state_run_conflicts_total Run writes that lost to another replica's and were re-applied on its state.\n\
+             # TYPE selfheal_state_run_conflicts_total counter\nselfheal_state_run_conflicts_total {}\n\
+             # HELP selfheal_state_run_contended_total Run writes given up after every attempt conflicted (the local state stands).\n\
+             # TYPE selfheal_state_run_contended_total counter\nselfheal_state_run_contended_total {}\n",
+            self.loaded.load(Relaxed),
+            self.stored.load(Relaxed),
+            self.conflicts.load(Relaxed),
+            self.contended.load(Relaxed),
+        )
+    }
 }
 
 impl std::fmt::Debug for RunStore {
@@ -442,6 +518,7 @@ impl RunStore {
             budget,
             policy,
             evicted: std::sync::atomic::AtomicU64::new(0),
+            shared: ShareStats::default(),
         }
     }
 
@@ -530,8 +607,8 @@ impl RunStore {
     /// call it was answered with — unless a live run has that name already; what the run did
     /// in its first request (a re-ask is a recovery) carries on into the next.
     pub fn adopt(&self, state: &Arc<Mutex<RunState>>, id: &str, tenant: &str, now: Instant) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let inner = &mut *inner;
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *guard;
         if inner
             .map
             .get(id)
@@ -540,6 +617,11 @@ impl RunStore {
             return;
         }
         self.insert(inner, id, tenant, state.clone(), now);
+        drop(guard);
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.share.key.is_none() {
+            st.share.key = Some((Arc::from(tenant), Arc::from(id)));
+        }
     }
 
     /// Inserts `state` under `id`, first dropping expired runs at the front of the recency
@@ -588,6 +670,17 @@ impl RunStore {
             },
         );
         inner.compact(self.capacity);
+    }
+
+    /// How long an idle run is kept (its time to live in a shared store too).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// A run's state read back from [`RunState::to_bytes`] under this store's monitor
+    /// thresholds and policy.
+    pub fn resume(&self, bytes: &[u8]) -> Result<RunState, selfheal_core::run::ResumeError> {
+        RunState::from_bytes(bytes, self.monitor.clone(), self.policy.clone())
     }
 
     /// Runs held now.

@@ -22,7 +22,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::propagation::{Extractor, Injector};
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt as _, Tracer as _};
+use opentelemetry::trace::{
+    SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
 use opentelemetry::{Context, KeyValue, global};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -36,6 +38,18 @@ pub use crate::config::TelemetryConfig;
 
 /// Whether spans are exported (set once, by [`init`]).
 static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// The tracer spans are started with, set by [`init`]: the SDK's own type, so that starting a
+/// span neither looks the global provider up (a lock and a boxed tracer per call) nor boxes
+/// the span.
+static TRACER: std::sync::RwLock<Option<opentelemetry_sdk::trace::SdkTracer>> =
+    std::sync::RwLock::new(None);
+
+/// Runs `f` with the tracer, when there is one.
+fn with_tracer<T>(f: impl FnOnce(&opentelemetry_sdk::trace::SdkTracer) -> T) -> Option<T> {
+    let tracer = TRACER.read().unwrap_or_else(|p| p.into_inner());
+    tracer.as_ref().map(f)
+}
 
 /// The instrumentation scope's name.
 const SCOPE: &str = "selfheal-gateway";
@@ -94,6 +108,7 @@ pub fn init(
         .with_batch_exporter(exporter)
         .with_resource(resource)
         .build();
+    *TRACER.write().unwrap_or_else(|p| p.into_inner()) = Some(provider.tracer(SCOPE));
     global::set_tracer_provider(provider.clone());
     global::set_text_map_propagator(opentelemetry_sdk::propagation::TraceContextPropagator::new());
     ENABLED.store(true, Ordering::Relaxed);
@@ -107,6 +122,7 @@ impl Telemetry {
     pub fn shutdown(self) {
         if let Some(p) = self.provider {
             ENABLED.store(false, Ordering::Relaxed);
+            *TRACER.write().unwrap_or_else(|p| p.into_inner()) = None;
             if let Err(e) = p.shutdown() {
                 tracing::warn!(error = %e, "OTLP export did not flush at shutdown");
             }
@@ -143,20 +159,28 @@ impl Injector for Outgoing {
 /// of the client's `traceparent`; the handler runs in its context. Ends when the answer's head
 /// is sent.
 pub async fn request_span(req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    if !enabled() || !matches!(path, "/v1/chat/completions" | "/v1/responses") {
+    let endpoint = match req.uri().path() {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/responses" => "/v1/responses",
+        _ => return next.run(req).await,
+    };
+    if !enabled() {
         return next.run(req).await;
     }
     let parent = global::get_text_map_propagator(|p| p.extract(&Headers(req.headers())));
-    let tracer = global::tracer(SCOPE);
-    let span = tracer
-        .span_builder("chat")
-        .with_kind(SpanKind::Server)
-        .with_attributes([
-            KeyValue::new("gen_ai.operation.name", "chat"),
-            KeyValue::new("selfheal.endpoint", path.to_owned()),
-        ])
-        .start_with_context(&tracer, &parent);
+    let started = with_tracer(|tracer| {
+        tracer
+            .span_builder("chat")
+            .with_kind(SpanKind::Server)
+            .with_attributes([
+                KeyValue::new("gen_ai.operation.name", "chat"),
+                KeyValue::new("selfheal.endpoint", endpoint),
+            ])
+            .start_with_context(tracer, &parent)
+    });
+    let Some(span) = started else {
+        return next.run(req).await;
+    };
     let cx = parent.with_span(span);
     let resp = next.run(req).with_context(cx.clone()).await;
     let span = cx.span();
@@ -184,25 +208,35 @@ pub fn attempt(target: &Target, first: Option<&Target>, number: usize) -> Option
     if !parent.has_active_span() {
         return None;
     }
+    let name = format!("chat {}", target.model);
+    let model =
+        opentelemetry::StringValue::from(std::sync::Arc::<str>::from(target.model.as_str()));
     if let Some(first) = first {
         let request = parent.span();
-        request.update_name(format!("chat {}", first.model));
-        request.set_attribute(KeyValue::new("gen_ai.request.model", first.model.clone()));
+        // The first attempt's target is the chain's first: its name and model serve both.
+        if first == target {
+            request.update_name(name.clone());
+            request.set_attribute(KeyValue::new("gen_ai.request.model", model.clone()));
+        } else {
+            request.update_name(format!("chat {}", first.model));
+            request.set_attribute(KeyValue::new("gen_ai.request.model", first.model.clone()));
+        }
     }
-    let tracer = global::tracer(SCOPE);
-    let span = tracer
-        .span_builder(format!("chat {}", target.model))
-        .with_kind(SpanKind::Client)
-        .with_attributes([
-            KeyValue::new("gen_ai.operation.name", "chat"),
-            KeyValue::new("gen_ai.request.model", target.model.clone()),
-            KeyValue::new("selfheal.upstream", target.upstream.clone()),
-            KeyValue::new(
-                "selfheal.attempt",
-                i64::try_from(number).unwrap_or(i64::MAX),
-            ),
-        ])
-        .start_with_context(&tracer, &parent);
+    let span = with_tracer(|tracer| {
+        tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                KeyValue::new("gen_ai.operation.name", "chat"),
+                KeyValue::new("gen_ai.request.model", model),
+                KeyValue::new("selfheal.upstream", target.upstream.clone()),
+                KeyValue::new(
+                    "selfheal.attempt",
+                    i64::try_from(number).unwrap_or(i64::MAX),
+                ),
+            ])
+            .start_with_context(tracer, &parent)
+    })?;
     Some(parent.with_span(span))
 }
 

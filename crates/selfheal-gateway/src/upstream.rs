@@ -17,13 +17,14 @@
 //!
 //! Replicas share their breakers' verdicts through the shared tier ([`Shared`], `[state]`):
 //! when the core opens an upstream's circuit here, the open circuit and its remaining cooldown
-//! are published; another replica leaves that upstream out of its chains until the cooldown
-//! ends or a success anywhere removes the record — except the chain's last target, which the
-//! core always tries, as it does with its own open circuits. Failure streaks are not summed
-//! across replicas: each opens the circuit on its own evidence, as the core decides. Reading
-//! the shared record is a local map lookup: no request waits on Redis.
+//! are published; another replica hands it to its own core's breakers
+//! ([`Breakers::open_elsewhere`]), whose call plans skip it as they skip their own open
+//! circuits — never the chain's last target — until the cooldown ends or a success anywhere
+//! removes the record ([`Breakers::closed_elsewhere`]). One brain: the gateway filters no
+//! chain itself. Failure streaks are not summed across replicas: each opens the circuit on its
+//! own evidence, as the core decides. Reading the shared record is a local map lookup: no
+//! request waits on Redis.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -422,6 +423,9 @@ pub struct Upstreams {
     cooldown_ms: u64,
     /// Attempts not made because another replica had the upstream's circuit open.
     shared_skips: AtomicU64,
+    /// Upstreams whose circuit is open here on another replica's evidence only
+    /// ([`Upstreams::apply_shared`]).
+    opened_elsewhere: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The shared record of upstream `name`'s open circuit.
@@ -477,6 +481,7 @@ impl Upstreams {
             shared: Shared::local(),
             cooldown_ms: config.breaker_cooldown_ms,
             shared_skips: AtomicU64::new(0),
+            opened_elsewhere: Mutex::default(),
         })
     }
 
@@ -490,38 +495,57 @@ impl Upstreams {
         self.shared_skips.load(Ordering::Relaxed)
     }
 
-    /// `chain` without the targets whose upstream another replica has an open circuit for,
-    /// except the last (the core always tries it); each one left out is logged.
-    fn shared_view<'c>(&self, chain: &'c [Target], log: &mut CallLog) -> Cow<'c, [Target]> {
-        let now = unix_ms();
-        let own = self.shared.origin();
-        let open = |t: &Target| {
-            self.shared
-                .get(&circuit_key(&t.upstream), now)
-                .is_some_and(|r| r.origin != own)
-        };
-        let last = chain.len().saturating_sub(1);
-        if !chain[..last].iter().any(open) {
-            return Cow::Borrowed(chain);
+    /// Hands the core's breakers what the other replicas know about `chain`'s upstreams: an
+    /// open circuit published by another replica opens the circuit here as if it had opened
+    /// when the other's did (so it cools when that one does), and one no longer published
+    /// (closed there by a success, or expired) closes a circuit that only that evidence had
+    /// opened. The core's call plan then skips it as it skips its own open circuits — never
+    /// the chain's last target. One brain: the gateway filters nothing itself.
+    fn apply_shared(&self, chain: &[Target]) {
+        if self.shared.is_empty() {
+            if self.learned().is_empty() {
+                return;
+            }
+            let mut br = self.breakers();
+            for name in self.learned().drain() {
+                br.closed_elsewhere(&name);
+            }
+            return;
         }
-        let mut kept = Vec::with_capacity(chain.len());
-        for (i, t) in chain.iter().enumerate() {
-            if i < last && open(t) {
-                self.shared_skips.fetch_add(1, Ordering::Relaxed);
-                log.push(
-                    Kind::CooldownSkip,
-                    format!("{} (circuit open on another replica)", t.upstream),
-                );
-            } else {
-                kept.push(t.clone());
+        let (now, own, local_now) = (unix_ms(), self.shared.origin(), self.now_ms());
+        let mut br = self.breakers();
+        let mut learned = self.learned();
+        for t in chain {
+            let remote = self
+                .shared
+                .get(&circuit_key(&t.upstream), now)
+                .filter(|r| r.origin != own);
+            match remote {
+                Some(r) => {
+                    let left = r.until_ms.saturating_sub(now).min(self.cooldown_ms);
+                    let since = local_now.saturating_sub(self.cooldown_ms - left);
+                    if br.open_elsewhere(&t.upstream, since) {
+                        learned.insert(t.upstream.clone());
+                    }
+                }
+                None if learned.remove(&t.upstream) => br.closed_elsewhere(&t.upstream),
+                None => {}
             }
         }
-        Cow::Owned(kept)
+    }
+
+    /// Upstreams whose circuit is open here on another replica's evidence only.
+    fn learned(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.opened_elsewhere
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// After a failure of `name`: when the core has just opened its circuit, the others are
-    /// told until when it stays open.
+    /// told until when it stays open. From then on the circuit's state is this replica's own
+    /// evidence, not another's.
     fn share_failure(&self, name: &str, was_open: bool) {
+        self.learned().remove(name);
         let state = self.breakers().state(name);
         if let CircuitState::Open { since_ms, .. } = state
             && !was_open
@@ -568,8 +592,7 @@ impl Upstreams {
         creds: &Credentials,
         log: &mut CallLog,
     ) -> Result<T, ApiError> {
-        let chain = self.shared_view(chain, log);
-        let chain = chain.as_ref();
+        self.apply_shared(chain);
         let mut reasons = Vec::new();
         let mut rng = clock_seeded_rng();
         let id = self.calls.fetch_add(1, Ordering::Relaxed);
@@ -683,7 +706,8 @@ impl Upstreams {
                 Ok(v) => {
                     let (_, events) = decide(Input::AttemptSucceeded { call: id }, log);
                     self.log_events(events, chain, None, run, log);
-                    // Closed here: the others may use it again.
+                    // Closed here, on its own evidence: the others may use it again.
+                    self.learned().remove(&target.upstream);
                     if !self.shared.is_empty() {
                         self.shared.remove(&circuit_key(&target.upstream));
                     }
@@ -774,11 +798,16 @@ impl Upstreams {
                     };
                     (Kind::Fallback, format!("{model}{why}"), Some("escalate"))
                 }
-                call::CallEvent::Skip { target } => (
-                    Kind::CooldownSkip,
-                    name(target).map_or_else(String::new, |t| t.upstream.clone()),
-                    None,
-                ),
+                call::CallEvent::Skip { target } => {
+                    let upstream = name(target).map_or("", |t| t.upstream.as_str());
+                    let detail = if self.learned().contains(upstream) {
+                        self.shared_skips.fetch_add(1, Ordering::Relaxed);
+                        format!("{upstream} (circuit open on another replica)")
+                    } else {
+                        upstream.to_owned()
+                    };
+                    (Kind::CooldownSkip, detail, None)
+                }
             };
             crate::telemetry::decision(
                 match kind {
@@ -972,6 +1001,11 @@ mod tests {
             log.served.as_ref().map(|t| t.upstream.as_str()),
             Some("backup")
         );
+        // One brain: the skip was the core's, through b's own breaker of the upstream.
+        assert!(matches!(
+            b.breakers().state("main"),
+            CircuitState::Open { .. }
+        ));
         // A chain of the down upstream alone still tries it: the last target always is.
         let only = &chain[..1];
         let mut log = CallLog::default();
@@ -980,9 +1014,39 @@ mod tests {
                 .await
                 .is_err()
         );
-        assert!(DOWN_CALLS.load(Ordering::SeqCst) > down_after_a);
+        let down_after_b = DOWN_CALLS.load(Ordering::SeqCst);
+        assert!(down_after_b > down_after_a);
+        // Closed elsewhere (a success removed the record): a circuit opened on that evidence
+        // alone closes, and the upstream is tried again.
+        let c_tier = Shared::with_store(store_of(&a_tier), refresh).unwrap();
+        let c = two_upstreams(c_tier.clone());
+        c_tier.sync_now().await.unwrap();
+        let mut log = CallLog::default();
+        let _ = c
+            .call(&chain, &encode, &fake, Some(&run), &creds, &mut log)
+            .await;
+        assert_eq!(
+            DOWN_CALLS.load(Ordering::SeqCst),
+            down_after_b,
+            "c skipped it"
+        );
+        a_tier.remove(&circuit_key("main"));
+        a_tier.sync_now().await.unwrap();
+        c_tier.sync_now().await.unwrap();
+        let mut log = CallLog::default();
+        let _ = c
+            .call(&chain, &encode, &fake, Some(&run), &creds, &mut log)
+            .await;
+        assert!(
+            DOWN_CALLS.load(Ordering::SeqCst) > down_after_b,
+            "closed elsewhere: c tries it again"
+        );
         // Its own open circuit is the core's business on a: a keeps no shared skip of its own.
         assert_eq!(a.shared_skips(), 0);
+    }
+
+    fn store_of(tier: &Shared) -> Arc<dyn selfheal_state::StateStore> {
+        tier.store().unwrap().clone()
     }
 
     /// Issue 12: three retries of one request were stamped with the same millisecond, because

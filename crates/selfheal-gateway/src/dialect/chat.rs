@@ -79,12 +79,10 @@ pub(crate) async fn chat_inner(
             )
         }
     };
+    let fallback = chain.get(1).map(|c| c.model.as_str());
+    let redo = || crate::sharing::chat_redo(s, &bytes, fallback);
     let t = Turn {
-        state: if unnamed.is_some() {
-            s.runs.detached()
-        } else {
-            s.runs.get_for(&run, &caller.tenant, now)
-        },
+        state: crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await,
         s: s.clone(),
         caller,
         run: run.into(),

@@ -203,7 +203,12 @@ pub(crate) async fn parse_request(
 
 /// Name the run: the caller's label, else the run that sent the answer continued, else one
 /// named by the conversation, its opening and its first call, within the caller's tenant.
-pub(crate) fn name_run(s: &Arc<AppState>, caller: Caller, headers: &HeaderMap, p: &Parsed) -> Turn {
+pub(crate) async fn name_run(
+    s: &Arc<AppState>,
+    caller: Caller,
+    headers: &HeaderMap,
+    p: &Parsed,
+) -> Turn {
     let req = &p.req;
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     let now = Instant::now();
@@ -239,12 +244,18 @@ pub(crate) fn name_run(s: &Arc<AppState>, caller: Caller, headers: &HeaderMap, p
             crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening, first)
         }
     };
+    let redo = || {
+        let input = match req.get("input") {
+            Some(Value::Array(items)) => items.clone(),
+            _ => Vec::new(),
+        };
+        let fallback = p.chain.get(1).map(|c| c.model.as_str());
+        let (previous, conversation) = (p.previous.clone(), p.conversation.is_some());
+        let tools = responses_tools(req);
+        crate::sharing::responses_redo(s, input, tools, previous, conversation, fallback)
+    };
     Turn {
-        state: if unnamed.is_some() {
-            s.runs.detached()
-        } else {
-            s.runs.get_for(&run, &caller.tenant, now)
-        },
+        state: crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await,
         s: s.clone(),
         caller,
         run: run.into(),
@@ -397,7 +408,7 @@ pub(crate) async fn responses_inner(
     body: Body,
 ) -> Result<Response, ApiError> {
     let parsed = parse_request(s, headers, body).await?;
-    let t = name_run(s, caller, headers, &parsed);
+    let t = name_run(s, caller, headers, &parsed).await;
     t.event(
         Kind::Request,
         json!({"model": parsed.model, "api": "responses", "tenant": t.caller.tenant}),

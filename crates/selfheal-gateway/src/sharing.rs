@@ -1,0 +1,343 @@
+//! Runs shared by replicas: a run's state read from the state store (`[state]`) when a request
+//! of it begins and written back when it ends, so that a conversation whose requests land on
+//! several replicas is one run — one monitor counting every replica's observations, one budget
+//! — and a replica that dies loses nothing it had answered.
+//!
+//! Apart from the run registry ([`crate::runs`]) because it is the only part of it that waits
+//! on the network, and apart from the pipeline because a request only enters it ([`load`]) and
+//! leaves it ([`save`]).
+//!
+//! - **Read** ([`load`]): one `get_run` (`HMGET` on Redis). A stored version newer than the
+//!   local one replaces the local state; what requests still in flight here did to it is
+//!   re-applied to the fresh state (see below).
+//! - **Write** ([`save`]): one compare-and-set (`EVALSHA`) on the version read. A conflict —
+//!   another replica wrote the run meanwhile — answers with the fresh state, on which this
+//!   replica's part is re-applied and written again (at most [`ATTEMPTS`] times): its requests'
+//!   tool results are replayed (the replay skips results the run has seen, so nothing is
+//!   counted twice) and what they spent is added to the fresh ledger. What the other replica
+//!   decided for the run's next step stands. Nothing is lost and nothing is merged blindly.
+//! - The store down or slow: the local state serves (the store's health logs one warning per
+//!   outage); the next write after it returns carries everything.
+//! - With the in-memory default there is no store: nothing here runs and one process behaves
+//!   as before.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use selfheal_core::budget::Amounts;
+use selfheal_state::{Put, RunId, Versioned};
+use serde_json::Value;
+
+use crate::heal;
+use crate::recover;
+use crate::request::ChatRequest;
+use crate::runs::{Redo, RunState};
+use crate::state::{AppState, lock};
+
+/// Compare-and-set attempts of one write before it gives up (the local state stands and the
+/// next request's write carries it).
+pub const ATTEMPTS: u32 = 4;
+
+/// The run a request continues: `run` of `tenant` (or, `named` false, a fresh detached run
+/// that is stored once adopted), read from the shared store when there is one. `redo` builds
+/// the request's [`Redo`], only when there is a store.
+pub(crate) async fn load(
+    s: &Arc<AppState>,
+    run: &str,
+    tenant: &str,
+    named: bool,
+    redo: impl FnOnce() -> Redo,
+) -> Arc<Mutex<RunState>> {
+    let state = if named {
+        s.runs.get_for(run, tenant, Instant::now())
+    } else {
+        s.runs.detached()
+    };
+    let Some(store) = s.shared.store() else {
+        return state;
+    };
+    if named {
+        let id = RunId::new(tenant, run);
+        let got = store.get_run(&id).await;
+        let mut st = lock(&state);
+        st.share.key = Some((Arc::from(tenant), Arc::from(run)));
+        match got {
+            Ok(Some(fresh)) if fresh.version > st.share.version => {
+                s.runs.shared.loaded.fetch_add(1, RELAXED);
+                rebase(s, &mut st, &fresh);
+            }
+            // Expired or lost with the store: written afresh from the local state.
+            Ok(None) => st.share.version = 0,
+            Ok(Some(_)) | Err(_) => {}
+        }
+    }
+    let mut st = lock(&state);
+    st.share.users += 1;
+    st.share.redo.push(redo());
+    drop(st);
+    state
+}
+
+/// Writes the run back when a request of it ends (see the module documentation) — when the
+/// last of its requests in flight on this replica ends ([`hold`]); nothing without a store, or
+/// for a detached run never adopted.
+pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
+    let Some(store) = s.shared.store() else {
+        return;
+    };
+    let writing = {
+        let mut st = lock(state);
+        st.share.users = st.share.users.saturating_sub(1);
+        if st.share.users > 0 {
+            // Another request of the run is in flight here: the last one out writes.
+            return;
+        }
+        st.share.writing.clone()
+    };
+    let _one_at_a_time = writing.lock().await;
+    for _ in 0..ATTEMPTS {
+        let (id, expected, bytes, base) = {
+            let st = lock(state);
+            let Some((tenant, run)) = st.share.key.clone() else {
+                return;
+            };
+            let Ok(bytes) = st.to_bytes() else {
+                return;
+            };
+            let base = (*st.ledger().spent(), st.requests);
+            (RunId::new(&*tenant, &*run), st.share.version, bytes, base)
+        };
+        let put = store
+            .put_run(&id, expected, Bytes::from(bytes), s.runs.ttl())
+            .await;
+        let mut st = lock(state);
+        match put {
+            Ok(Put::Stored { version }) => {
+                s.runs.shared.stored.fetch_add(1, RELAXED);
+                st.share.version = version;
+                st.share.base = base;
+                if st.share.users == 0 {
+                    st.share.redo.clear();
+                }
+                return;
+            }
+            Ok(Put::Conflict {
+                current: Some(fresh),
+            }) => {
+                s.runs.shared.conflicts.fetch_add(1, RELAXED);
+                rebase(s, &mut st, &fresh);
+            }
+            Ok(Put::Conflict { current: None }) => st.share.version = 0,
+            // The store is down: the local state serves, and the next write carries it.
+            Err(_) => return,
+        }
+    }
+    s.runs.shared.contended.fetch_add(1, RELAXED);
+}
+
+/// One more holder of the run until its [`save`]: a streamed answer relayed after its handler
+/// returned writes the run when the relay ends, not before.
+pub(crate) fn hold(s: &AppState, state: &Arc<Mutex<RunState>>) {
+    if s.shared.store().is_some() {
+        lock(state).share.users += 1;
+    }
+}
+
+const RELAXED: std::sync::atomic::Ordering = std::sync::atomic::Ordering::Relaxed;
+
+/// Replaces the local state with `fresh`, re-applying what is local only: the spending and
+/// requests since the version it was read as, and the tool results of the requests in flight
+/// ([`Redo`]). A fresh state that cannot be read (another layout) leaves the local one.
+fn rebase(s: &AppState, st: &mut RunState, fresh: &Versioned) {
+    let (mut spent, requests) = (*st.ledger().spent(), st.requests);
+    spent.saturating_sub_of(&st.share.base.0);
+    let requests = requests.saturating_sub(st.share.base.1);
+    let Some((bytes, fresh_spent)) = with_spending(&fresh.bytes, &spent) else {
+        tracing::warn!(target: "selfheal::state", "a stored run's state is not of this layout: kept the local one");
+        return;
+    };
+    let mut next = match s.runs.resume(&bytes) {
+        Ok(next) => next,
+        Err(e) => {
+            tracing::warn!(target: "selfheal::state", error = %e, "a stored run's state cannot be read: kept the local one");
+            return;
+        }
+    };
+    next.share = std::mem::take(&mut st.share);
+    next.share.version = fresh.version;
+    next.share.base = (fresh_spent, next.requests);
+    next.requests += requests;
+    if next.last_response.is_none() {
+        next.last_response = st.last_response.take();
+    }
+    let redo = next.share.redo.clone();
+    for r in &redo {
+        r(&mut next);
+    }
+    // The replays' decisions were traced when they were first made.
+    let _ = next.run.take_records();
+    *st = next;
+}
+
+/// `bytes` (a stored [`RunState`]) with `spent` added to its ledger's spending, and what it had
+/// spent before; `None` when the ledger is not where this build writes it.
+fn with_spending(bytes: &[u8], spent: &Amounts) -> Option<(Vec<u8>, Amounts)> {
+    let mut v: Value = serde_json::from_slice(bytes).ok()?;
+    let at = v.pointer_mut("/run/ctl/ledger/spent")?;
+    let before: Amounts = serde_json::from_value(at.clone()).ok()?;
+    if *spent == Amounts::default() {
+        return Some((bytes.to_vec(), before));
+    }
+    let mut after = before;
+    after.saturating_add(spent);
+    *at = serde_json::to_value(after).ok()?;
+    Some((serde_json::to_vec(&v).ok()?, before))
+}
+
+/// The [`Redo`] of a chat request: its messages' tool results replayed.
+pub(crate) fn chat_redo(s: &Arc<AppState>, body: &Bytes, fallback: Option<&str>) -> Redo {
+    let (s, body) = (s.clone(), body.clone());
+    let fallback = fallback.map(str::to_owned);
+    Arc::new(move |st: &mut RunState| {
+        let Ok(req) = ChatRequest::parse(&body) else {
+            return;
+        };
+        let tools = s.tool_indexes.get(&req);
+        let now_ms = s.now_ms();
+        let ctx = recover::Ctx {
+            tools: &s.config.tools,
+            offered: &tools,
+            fallback: fallback.as_deref(),
+            seed: now_ms,
+            wall_ms: recover::wall_ms(),
+        };
+        heal::replay(st, &req.messages, &ctx, now_ms);
+    })
+}
+
+/// The [`Redo`] of a Responses request: its `input` items' tool results replayed, after the
+/// calls of the answer it continues (`previous`, or in a `conversation` the run's last answer
+/// when the input answers its calls), as the request itself read them.
+pub(crate) fn responses_redo(
+    s: &Arc<AppState>,
+    input: Vec<Value>,
+    tools: heal::ToolIndex,
+    previous: Option<String>,
+    conversation: bool,
+    fallback: Option<&str>,
+) -> Redo {
+    let s = s.clone();
+    let fallback = fallback.map(str::to_owned);
+    Arc::new(move |st: &mut RunState| {
+        let now_ms = s.now_ms();
+        let ctx = recover::Ctx {
+            tools: &s.config.tools,
+            offered: &tools,
+            fallback: fallback.as_deref(),
+            seed: now_ms,
+            wall_ms: recover::wall_ms(),
+        };
+        let continues = |r: &&crate::runs::Responded| match previous.as_deref() {
+            Some(prev) => prev == r.id,
+            None => conversation && r.answered_by(&input),
+        };
+        let continued = st
+            .last_response
+            .as_ref()
+            .filter(continues)
+            .map(|r| r.calls.clone());
+        let items: Vec<Value> = continued
+            .into_iter()
+            .flatten()
+            .chain(input.iter().cloned())
+            .collect();
+        let only_new = previous.is_some() || conversation;
+        heal::replay_items(st, &items, only_new, &ctx, now_ms);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GatewayConfig;
+    use crate::store::TraceWriter;
+    use selfheal_state::{MemoryStore, Shared, StateStore};
+
+    fn replica(store: &Arc<dyn StateStore>) -> Arc<AppState> {
+        let config = GatewayConfig::for_upstream("http://127.0.0.1:1/v1");
+        let mut s = AppState::new(config, TraceWriter::disabled()).unwrap();
+        s.shared = Shared::with_store(store.clone(), std::time::Duration::from_secs(60)).unwrap();
+        Arc::new(s)
+    }
+
+    /// A request's effect as the pipeline applies it: one tool result observed, once.
+    fn observe(fp: u64) -> Redo {
+        Arc::new(move |st: &mut RunState| {
+            if !st.seen.contains(fp) {
+                st.seen.insert(fp);
+                st.failures += 1;
+            }
+        })
+    }
+
+    /// Two replicas serve requests of one run at once: the second write conflicts, and its
+    /// request is re-applied on the state the first wrote — both results counted, both
+    /// requests, none twice.
+    #[tokio::test]
+    async fn a_conflicting_write_is_reapplied_on_the_fresh_state() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        let (a, b) = (replica(&store), replica(&store));
+        let on_a = load(&a, "r-1", "t", true, || observe(1)).await;
+        let on_b = load(&b, "r-1", "t", true, || observe(2)).await;
+        for (st, fp) in [(&on_a, 1), (&on_b, 2)] {
+            let mut st = lock(st);
+            st.requests += 1;
+            observe(fp)(&mut st);
+        }
+        save(&a, &on_a).await;
+        save(&b, &on_b).await;
+        assert_eq!(b.runs.shared.conflicts.load(RELAXED), 1);
+        let c = replica(&store);
+        let on_c = load(&c, "r-1", "t", true, || observe(3)).await;
+        let st = lock(&on_c);
+        assert_eq!((st.failures, st.requests), (2, 2));
+        assert!(st.seen.contains(1) && st.seen.contains(2));
+        assert_eq!(st.share.version, 2);
+    }
+
+    /// What a request spent is added to the fresh state's ledger where this build writes it.
+    #[test]
+    fn spending_is_added_to_a_stored_ledger() {
+        use selfheal_core::budget::BudgetLimits;
+        let st = RunState::new(Default::default(), BudgetLimits::unlimited());
+        let bytes = st.to_bytes().unwrap();
+        let spent = Amounts {
+            retries: 2,
+            recoveries: 3,
+            ..Amounts::default()
+        };
+        let (with, before) = with_spending(&bytes, &spent).unwrap();
+        assert_eq!(before, Amounts::default());
+        let back = RunState::from_bytes(&with, Default::default(), Default::default()).unwrap();
+        assert_eq!(*back.ledger().spent(), spent);
+    }
+
+    /// Without a store nothing is read or written: the local run is the run.
+    #[tokio::test]
+    async fn without_a_store_the_local_run_is_the_run() {
+        let config = GatewayConfig::for_upstream("http://127.0.0.1:1/v1");
+        let s = Arc::new(AppState::new(config, TraceWriter::disabled()).unwrap());
+        let first = load(&s, "r-1", "t", true, || observe(1)).await;
+        lock(&first).requests += 1;
+        save(&s, &first).await;
+        let again = load(&s, "r-1", "t", true, || observe(1)).await;
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(
+            lock(&again).share.users,
+            0,
+            "no bookkeeping without a store"
+        );
+        assert!(lock(&again).share.redo.is_empty());
+    }
+}
