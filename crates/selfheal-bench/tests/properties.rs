@@ -15,7 +15,7 @@ use selfheal_core::policy::Policy;
 /// it (a substitute's answer while the primary is down).
 fn accepting() -> Policy {
     Policy {
-        accept_unverified_recovery: true,
+        accept_unverified_recovery: Some(true),
         ..Policy::default()
     }
 }

@@ -299,18 +299,24 @@ fn every_recovered_value_is_in_doubt() {
             );
         }
     }
-    assert!(!Policy::default().accept_unverified_recovery);
+    assert_eq!(Policy::default().accept_unverified_recovery, None);
     let p = Policy::from_toml_str("accept_unverified_recovery = true").unwrap();
-    assert!(p.accept_unverified_recovery);
+    assert_eq!(p.accept_unverified_recovery, Some(true));
+    assert!(
+        p.claims_unverified(Some(0.0)),
+        "the override wins over any trust"
+    );
+    let p = Policy::from_toml_str("accept_unverified_recovery = false").unwrap();
+    assert!(!p.claims_unverified(Some(1.0)));
 }
 
 #[test]
 fn the_reads_before_answering_are_set_in_the_file_and_never_zero() {
-    assert_eq!(Policy::default().reread_reads, 2);
+    assert_eq!(Policy::default().reread_count(), 2);
     assert_eq!(
         Policy::from_toml_str("reread_reads = 3")
             .unwrap()
-            .reread_reads,
+            .reread_count(),
         3
     );
     let err = Policy::from_toml_str("reread_reads = 0").unwrap_err();
