@@ -365,6 +365,51 @@ impl Trust {
     }
 }
 
+/// One trust store shared by the runs of a process (the runtime's agent, the gateway, the MCP
+/// proxy): each run starts from a [`Shared::snapshot`] and hands its evidence back with
+/// [`Shared::report`]. Cloning shares the store. No clock is read here: a front-end whose runs
+/// keep their own clocks (each starting at 0) passes the run's start on its process clock as
+/// `offset_ms`, so that evidence from runs far apart decays as it should.
+#[derive(Debug, Clone, Default)]
+pub struct Shared(std::sync::Arc<std::sync::Mutex<Trust>>);
+
+impl Shared {
+    /// An empty shared store.
+    pub fn new() -> Shared {
+        Shared::default()
+    }
+
+    /// A shared store starting from `trust`.
+    pub fn from_trust(trust: Trust) -> Shared {
+        Shared(std::sync::Arc::new(std::sync::Mutex::new(trust)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Trust> {
+        // A run that panicked while holding the lock left a store that is still a store.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A copy of the store now, for a run to start from.
+    pub fn snapshot(&self) -> Trust {
+        self.lock().clone()
+    }
+
+    /// Applies a run's evidence, its times shifted by `offset_ms` onto the process clock.
+    pub fn report(&self, reports: &[Report], offset_ms: u64, config: &TrustConfig) {
+        let mut t = self.lock();
+        for r in reports {
+            t.observe(
+                &r.source,
+                r.evidence,
+                r.at_ms.saturating_add(offset_ms),
+                config,
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,6 +32,7 @@ use selfheal_core::policy::ActionKind;
 use selfheal_core::policy::Policy;
 use selfheal_core::rng::Rng;
 use selfheal_core::run::{Action, Env, Input, Run};
+use selfheal_core::trust::TrustConfig;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -150,6 +151,9 @@ pub struct RunState {
     /// The last Responses answer the run sent, with its calls: what a client continuing with
     /// `previous_response_id` no longer sends back.
     pub last_response: Option<Responded>,
+    /// The gateway's trust store this run reports its evidence to (issue 33), and how it is
+    /// read; not part of the run's bytes. `None`: the run keeps what it learns to itself.
+    trust: Option<(crate::state::TrustMemory, TrustConfig)>,
 }
 
 /// Longest response id remembered (an upstream's are a few dozen bytes): the ids the store
@@ -246,11 +250,26 @@ impl RunState {
     /// gateway's config is validated when it is read, so only a hand-built one) falls back to
     /// the default controller rather than leave the run without one.
     pub fn with_policy(monitor: MonitorConfig, budget: BudgetLimits, policy: Policy) -> RunState {
+        RunState::with_trust(monitor, budget, policy, None)
+    }
+
+    /// [`RunState::with_policy`], the run starting from what the gateway's `trust` store has
+    /// learned of its sources and reporting what it sees back to it.
+    pub fn with_trust(
+        monitor: MonitorConfig,
+        budget: BudgetLimits,
+        policy: Policy,
+        trust: Option<&crate::state::TrustMemory>,
+    ) -> RunState {
+        let trust_config = policy.trust;
         let run = Run::new(ControllerConfig {
             monitor,
             policy,
             budget,
             trace_capacity: RUN_TRACE_EVENTS,
+            trust: trust
+                .map(crate::state::TrustMemory::snapshot)
+                .unwrap_or_default(),
             ..ControllerConfig::default()
         })
         .unwrap_or_default();
@@ -263,6 +282,7 @@ impl RunState {
             actions: Vec::new(),
             requests: 0,
             last_response: None,
+            trust: trust.map(|t| (t.clone(), trust_config)),
         }
     }
 
@@ -284,7 +304,11 @@ impl RunState {
             rng,
             breakers,
         };
-        self.run.decide(input, &mut env)
+        let actions = self.run.decide(input, &mut env);
+        if let Some((store, config)) = &self.trust {
+            store.report(&self.run.take_trust_evidence(), config);
+        }
+        actions
     }
 
     /// Hands the run an input that needs neither time nor chance nor breakers (the tools on
@@ -346,6 +370,7 @@ impl RunState {
             actions: stored.actions,
             requests: stored.requests,
             last_response: stored.last_response,
+            trust: None,
         })
     }
 
@@ -414,6 +439,8 @@ pub struct RunStore {
     budget: BudgetLimits,
     policy: Policy,
     evicted: std::sync::atomic::AtomicU64,
+    /// What the runs learn of their sources, kept for the process (issue 33).
+    trust: crate::state::TrustMemory,
 }
 
 impl std::fmt::Debug for RunStore {
@@ -442,7 +469,13 @@ impl RunStore {
             budget,
             policy,
             evicted: std::sync::atomic::AtomicU64::new(0),
+            trust: crate::state::TrustMemory::default(),
         }
+    }
+
+    /// The trust store the runs of this process start from and report to.
+    pub fn trust(&self) -> &crate::state::TrustMemory {
+        &self.trust
     }
 
     /// The run's state, created if new or expired (for no tenant; see [`RunStore::get_for`]).
@@ -519,10 +552,11 @@ impl RunStore {
     /// tool call ([`RunStore::adopt`]). A plain chat request never takes a slot of the store,
     /// so it cannot push a real run out.
     pub fn detached(&self) -> Arc<Mutex<RunState>> {
-        Arc::new(Mutex::new(RunState::with_policy(
+        Arc::new(Mutex::new(RunState::with_trust(
             self.monitor.clone(),
             self.budget,
             self.policy.clone(),
+            Some(&self.trust),
         )))
     }
 
