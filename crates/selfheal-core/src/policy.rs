@@ -35,12 +35,18 @@
 //! the plan's tool gave after failing as trustworthy as one it gave at once: faults come together,
 //! so a source that just timed out or sent broken bytes is likelier to be wrong in a second way on
 //! the same answer, and a repair rebuilds the value from what it was given. Every recovered value
-//! is therefore *in doubt* ([`Policy::in_doubt`]) until a verifier accepts it; when the verifier
-//! runs and cannot tell, the default policy does not claim it as correct but degrades
-//! ([`Policy::accept_unverified_recovery`]). This trades recoveries for silent failures: without
-//! it a wrong substitute, the other side of a disagreement, or a re-mapped body whose other
-//! source cannot be read either, is returned as if it were right. With no verifier at all
-//! nothing is held back: a value nothing can check is claimed whether or not it was recovered.
+//! is therefore *in doubt* ([`Policy::in_doubt`]) until a verifier accepts it. When the verifier
+//! runs and cannot tell, the policy's one [`Policy::risk`] setting decides
+//! ([`Policy::claims_unverified`]): the value is claimed when the trust its source has earned
+//! ([`crate::trust`]: cross-checks, verdicts, contract breaches and re-reads this process has
+//! seen) puts its chance of being right at `1 − risk` or more; otherwise the run degrades with the
+//! value flagged. A fixed rule cannot tell a good substitute from a wrong one — claiming every
+//! such value returns a wrong substitute, the other side of a disagreement, or a re-mapped body
+//! whose other source cannot be read either, as if it were right; claiming none throws away every
+//! recovery from an outage — evidence can. An outage of the primary is not evidence against the
+//! substitute. [`Policy::accept_unverified_recovery`] overrides the rule either way. With no
+//! verifier at all nothing is held back: a value nothing can check is claimed whether or not it
+//! was recovered.
 
 use std::collections::BTreeMap;
 
