@@ -805,7 +805,7 @@ impl Policy {
     /// `accept_unverified_recovery = false`), the substitute's value is held in doubt and the
     /// run degrades. The last action
     /// is then a retry of the primary — when it is safe and affordable — whose value the
-    /// substitute can check; a `Retry-After` within [`RetryPolicy::max_retry_after_ms`] is waited
+    /// substitute can check; a `Retry-After` within [`RetryConfig::max_retry_after_ms`] is waited
     /// out.
     pub fn last_chance_kind(
         &self,
