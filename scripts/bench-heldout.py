@@ -17,7 +17,8 @@ failures (wrong answers returned as correct) per strategy, and three verdicts:
 side (self-healing's recovered and silent counts, the verdicts). Usage:
 
     scripts/bench-heldout.py [--bin target/release/selfheal] [--seeds 10] [--rates 0.1,0.3]
-        [--budgets 5,1] [--sets heldout,shipped,nestful] [--policy FILE] [--save FILE]
+        [--budgets 5,1] [--sets heldout,shipped,nestful] [--policy FILE] [--deployment]
+        [--save FILE]
     scripts/bench-heldout.py --compare BEFORE.json AFTER.json
 """
 import argparse
@@ -49,9 +50,11 @@ def combos(sets):
     return out
 
 
-def run(binary, faults, tasks, rate, budget, seeds, policy):
+def run(binary, faults, tasks, rate, budget, seeds, policy, deployment=False):
     cmd = [binary, "bench", "--json", "--seeds", str(seeds), "--fault-rate", str(rate),
            "--budget", str(budget)]
+    if deployment:
+        cmd.append("--deployment")
     if faults:
         cmd += ["--faults", faults]
     if tasks:
@@ -134,6 +137,8 @@ def main():
     p.add_argument("--sets", default="heldout,shipped,nestful")
     p.add_argument("--policy", default=None)
     p.add_argument("--save", default=None)
+    p.add_argument("--deployment", action="store_true",
+                   help="run each seed's episodes as one deployment (trust carried across them)")
     p.add_argument("--compare", nargs=2, default=None)
     a = p.parse_args()
     if a.compare:
@@ -143,7 +148,7 @@ def main():
     for name, faults, tasks in combos(a.sets.split(",")):
         for rate in [float(x) for x in a.rates.split(",")]:
             for budget in [int(x) for x in a.budgets.split(",")]:
-                r = run(a.bin, faults, tasks, rate, budget, a.seeds, a.policy)
+                r = run(a.bin, faults, tasks, rate, budget, a.seeds, a.policy, a.deployment)
                 r.update(set=name, rate=rate, budget=budget)
                 rows.append(r)
     show(rows)

@@ -709,16 +709,24 @@ pub fn run(
             let mut false_alarms_clean: BTreeMap<&'static str, u64> = BTreeMap::new();
             let mut eps = Vec::with_capacity(seeds.len() * tasks.len());
             for (si, &seed) in seeds.iter().enumerate() {
+                // In a deployment, what a strategy that carries memory learned of the tools is
+                // carried from one of the seed's episodes to the next; otherwise each episode
+                // starts with none.
+                let mut trust = selfheal_core::trust::Trust::new();
                 for (ti, task) in tasks.iter().enumerate() {
                     let faults = &schedules[si][ti];
                     let mut ep = Episode::new(task, faults, &model, seed);
                     ep.start_at(ti as u64 * exec::EPISODE_SPACING_MS);
-                    let ended = strategy.run(
+                    if !(config.deployment && strategy.carries_memory()) {
+                        trust = selfheal_core::trust::Trust::new();
+                    }
+                    let ended = strategy.run_with_trust(
                         &mut ep,
                         budget,
                         config.policy.as_ref(),
                         seed.wrapping_mul(1_000_003).wrapping_add(task.id as u64),
                         want_trace,
+                        &mut trust,
                     );
                     let rec = ep.into_record();
                     if rec.clean {

@@ -35,6 +35,7 @@ use selfheal_core::policy::{
 };
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::trace::RunStatus;
+use selfheal_core::trust::Trust;
 use selfheal_core::verifier::{Judgement, ungrounded_arguments};
 use selfheal_core::{Amounts, FailureClass};
 
@@ -98,8 +99,10 @@ impl Strategy {
     }
 
     /// Whether the strategy carries memory from one episode to the next (in a `--deployment`,
-    /// a strategy that does could learn which tools stay broken). None of these does: each
-    /// episode starts a fresh client and a fresh controller.
+    /// a strategy that does learns which sources to trust). The strategies that run the core's
+    /// controller do: its trust store ([`selfheal_core::trust`]) is carried across a seed's
+    /// episodes, as a deployed front-end keeps it per process. The baselines start each episode
+    /// afresh.
     pub fn carries_memory(self) -> bool {
         match self {
             Strategy::Static
@@ -107,9 +110,8 @@ impl Strategy {
             | Strategy::React
             | Strategy::ReactVerify
             | Strategy::FullReplan
-            | Strategy::FullReplanVerify
-            | Strategy::ClassAgnostic
-            | Strategy::SelfHealing => false,
+            | Strategy::FullReplanVerify => false,
+            Strategy::ClassAgnostic | Strategy::SelfHealing => true,
         }
     }
 
@@ -127,6 +129,21 @@ impl Strategy {
         seed: u64,
         want_trace: bool,
     ) -> Ended {
+        self.run_with_trust(ep, r, policy, seed, want_trace, &mut Trust::new())
+    }
+
+    /// Runs one episode with what earlier episodes taught of the tools (`trust`, the
+    /// core's [`selfheal_core::trust`] store), and adds what this one sees. Only the strategies
+    /// that run the core's controller read and feed it ([`Strategy::carries_memory`]).
+    pub fn run_with_trust(
+        self,
+        ep: &mut Episode<'_>,
+        r: u32,
+        policy: Option<&Policy>,
+        seed: u64,
+        want_trace: bool,
+        trust: &mut Trust,
+    ) -> Ended {
         let mut rng = SplitMix64::new(seed.wrapping_mul(31) ^ 0xBA5E);
         match self {
             Strategy::Static => run_static(ep),
@@ -135,10 +152,15 @@ impl Strategy {
             Strategy::ReactVerify => run_react(ep, r, &mut rng, Detectors::ALL),
             Strategy::FullReplan => run_full_replan(ep, r, Detectors::PLAIN),
             Strategy::FullReplanVerify => run_full_replan(ep, r, Detectors::ALL),
-            Strategy::ClassAgnostic => {
-                run_self_healing(ep, Some(&class_agnostic_policy()), r, seed, want_trace)
-            }
-            Strategy::SelfHealing => run_self_healing(ep, policy, r, seed, want_trace),
+            Strategy::ClassAgnostic => run_self_healing(
+                ep,
+                Some(&class_agnostic_policy()),
+                r,
+                seed,
+                want_trace,
+                trust,
+            ),
+            Strategy::SelfHealing => run_self_healing(ep, policy, r, seed, want_trace, trust),
         }
     }
 }
@@ -1107,9 +1129,11 @@ pub fn run_self_healing(
     r: u32,
     seed: u64,
     want_trace: bool,
+    trust: &mut Trust,
 ) -> Ended {
     let n = ep.plan().steps.len();
     let base = policy.cloned().unwrap_or_default();
+    let trust_config = base.trust;
     let policy = Policy {
         max_actions_per_failure: Some(base.max_actions_per_failure.map_or(r, |cap| cap.min(r))),
         ..base
@@ -1117,6 +1141,7 @@ pub fn run_self_healing(
     let config = ControllerConfig {
         policy,
         budget: self_healing_budget(n, r),
+        trust: trust.clone(),
         ..ControllerConfig::default()
     };
     let Ok(ctl) = Controller::new(config) else {
@@ -1135,9 +1160,10 @@ pub fn run_self_healing(
     let mut how = vec![How::default(); n];
     let mut last_body: Vec<Option<String>> = vec![None; n];
     let mut s = 0;
-    let end = |st: &mut Run<'_, '_>| {
+    let end = |st: &mut Run<'_, '_>, trust: &mut Trust| {
         let now = st.ep.now();
         st.ctl.finish(now);
+        trust.apply(&st.ctl.take_trust_reports(), &trust_config);
         Ended {
             answer: None,
             trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
@@ -1414,7 +1440,7 @@ pub fn run_self_healing(
                                             }
                                             Directive::Recover { .. } => next = Some(d),
                                             Directive::Degrade { .. } | Directive::Abort { .. } => {
-                                                return end(&mut st);
+                                                return end(&mut st, trust);
                                             }
                                         }
                                     }
@@ -1460,15 +1486,18 @@ pub fn run_self_healing(
                                 }
                             }
                         }
-                        RecoveryAction::Degrade | RecoveryAction::Terminate => return end(&mut st),
+                        RecoveryAction::Degrade | RecoveryAction::Terminate => {
+                            return end(&mut st, trust);
+                        }
                     }
                 }
-                Directive::Degrade { .. } | Directive::Abort { .. } => return end(&mut st),
+                Directive::Degrade { .. } | Directive::Abort { .. } => return end(&mut st, trust),
             }
         }
     }
     let now = st.ep.now();
     let outcome = st.ctl.finish(now);
+    trust.apply(&st.ctl.take_trust_reports(), &trust_config);
     let answer = if outcome.status == RunStatus::Complete {
         resolve_answer(st.ep.plan(), &outputs).ok()
     } else {

@@ -10,12 +10,12 @@ use selfheal_bench::strategies::Strategy;
 use selfheal_bench::task::{TaskSpec, builtin};
 use selfheal_bench::{BenchConfig, run};
 use selfheal_core::policy::Policy;
+use selfheal_core::trust::{Evidence, Source, Trust};
 
-/// The default policy, but taking a value a recovery put in doubt when the verifier cannot judge
-/// it (a substitute's answer while the primary is down).
-fn accepting() -> Policy {
+/// The default policy, but never taking such a value, whatever its source's trust.
+fn refusing() -> Policy {
     Policy {
-        accept_unverified_recovery: true,
+        accept_unverified_recovery: Some(false),
         ..Policy::default()
     }
 }
@@ -99,14 +99,15 @@ fn a_permanent_503_needs_a_substitute_not_a_retry() {
     );
     // react switches tools on a permanent-looking failure, as does self-healing.
     assert_eq!(play(task, &m, f, Strategy::React, 5).0, Verdict::Correct);
-    // The substitute's answer cannot be checked against a primary that is down: the default
-    // policy does not claim it; a policy that accepts unverified recoveries does.
+    // The substitute's answer cannot be checked against a primary that is down: a policy
+    // that refuses unverified recoveries does not claim it; the default claims it while nothing
+    // speaks against the substitute (the primary's outage does not).
     assert_eq!(
-        play(task, &m, f, Strategy::SelfHealing, 5).0,
+        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&refusing())).0,
         Verdict::NoAnswer
     );
     assert_eq!(
-        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&accepting())).0,
+        play(task, &m, f, Strategy::SelfHealing, 5).0,
         Verdict::Correct
     );
 }
@@ -134,15 +135,40 @@ fn a_wrong_substitute_behind_a_dead_primary_is_not_claimed() {
             skew: 0.08,
         },
     ];
-    let run = |s: Strategy, policy: Option<&Policy>| {
+    let run = |s: Strategy, policy: Option<&Policy>, trust: &mut Trust| {
         let mut ep = Episode::new(task, &faults, &model, 7);
-        verdict(task, s.run(&mut ep, 5, policy, 7, false).answer.as_ref())
+        let ended = s.run_with_trust(&mut ep, 5, policy, 7, false, trust);
+        verdict(task, ended.answer.as_ref())
     };
-    assert_eq!(run(Strategy::React, None), Verdict::Wrong);
-    assert_eq!(run(Strategy::SelfHealing, None), Verdict::NoAnswer);
     assert_eq!(
-        run(Strategy::SelfHealing, Some(&accepting())),
+        run(Strategy::React, None, &mut Trust::new()),
         Verdict::Wrong
+    );
+    assert_eq!(
+        run(Strategy::SelfHealing, Some(&refusing()), &mut Trust::new()),
+        Verdict::NoAnswer
+    );
+    // Nothing known against the substitute: one run has no evidence to tell it is wrong.
+    assert_eq!(
+        run(Strategy::SelfHealing, None, &mut Trust::new()),
+        Verdict::Wrong
+    );
+    // A deployment that caught the substitute disagreeing with its primary before no longer
+    // claims its unchecked value.
+    let step_tool = &task.plan.steps[1].tool;
+    let sub = task
+        .plan
+        .tools
+        .iter()
+        .find(|t| t.name == *step_tool)
+        .and_then(|t| t.substitute.clone())
+        .unwrap();
+    let config = Policy::default().trust;
+    let mut caught = Trust::new();
+    caught.observe(&Source::tool(&sub), Evidence::Disagreed, 0, &config);
+    assert_eq!(
+        run(Strategy::SelfHealing, None, &mut caught),
+        Verdict::NoAnswer
     );
 }
 
@@ -189,14 +215,15 @@ fn both_sources_wrong_fools_every_cross_check() {
 fn a_cut_body_is_not_repaired_into_an_answer() {
     let task = &builtin(1)[0];
     // Permanently cut on the primary: repair must refuse; the substitute has the data, but the
-    // cut primary cannot confirm it, so only a policy that accepts unverified recoveries takes it.
+    // cut primary cannot confirm it, so a policy that refuses unverified recoveries does not
+    // take it, and the default takes it while nothing speaks against the substitute.
     let (m, f) = one("truncated", 1, true, 1, 0.0);
     assert_eq!(
-        play(task, &m, f, Strategy::SelfHealing, 5).0,
+        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&refusing())).0,
         Verdict::NoAnswer
     );
     assert_eq!(
-        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&accepting())).0,
+        play(task, &m, f, Strategy::SelfHealing, 5).0,
         Verdict::Correct
     );
     let mut ep = Episode::new(task, &[f], &m, 7);

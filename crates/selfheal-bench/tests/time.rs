@@ -135,8 +135,9 @@ fn onset_holds_for_model_side_faults_and_at_aims_at_a_position() {
 }
 
 /// Issue 32: in a deployment a tool broken for good stays broken for every later episode of the
-/// seed that calls it; without one, each episode draws its own faults. No strategy carries
-/// memory across episodes, and the report says so.
+/// seed that calls it; without one, each episode draws its own faults. The strategies that run
+/// the core's controller carry its trust store across episodes (issue 33), and the report says
+/// which.
 #[test]
 fn a_deployment_keeps_broken_tools_broken() {
     let m = model(
@@ -175,7 +176,7 @@ fn a_deployment_keeps_broken_tools_broken() {
     let report = selfheal_bench::run(&deployed, &mut |_, _| {}, None);
     let text = selfheal_bench::report::table(&report);
     assert!(
-        text.contains("strategies carrying memory across episodes: none"),
+        text.contains("strategies carrying memory across episodes: class-agnostic, self-healing"),
         "{text}"
     );
 }

@@ -29,6 +29,7 @@ use crate::monitor::{
 use crate::policy::{ActionKind, LadderState, Options, Policy, RecoveryAction};
 use crate::rng::Rng;
 use crate::trace::{DecisionInput, Event, RunStatus, Surface, Trace};
+use crate::trust::{Evidence, MAX_PENDING, Report, Source, Trust};
 use crate::verifier::Judgement;
 
 /// Everything a controller is built from.
@@ -47,6 +48,10 @@ pub struct ControllerConfig {
     pub budget: BudgetLimits,
     /// Trace capacity in events (`0` means the default, 4096).
     pub trace_capacity: usize,
+    /// What the front-end has learned of its sources so far ([`crate::trust`]): the run starts
+    /// from a copy, adds what it sees, and reports that evidence back
+    /// ([`Controller::take_trust_reports`]). Empty: every source stands at the policy's prior.
+    pub trust: Trust,
 }
 
 impl Default for ControllerConfig {
@@ -57,6 +62,7 @@ impl Default for ControllerConfig {
             policy: Policy::default(),
             budget: BudgetLimits::defaults(),
             trace_capacity: 0,
+            trust: Trust::new(),
         }
     }
 }
@@ -231,6 +237,20 @@ pub struct Controller {
     /// Tools whose failures were routed around (see [`Controller::offer`]), at most
     /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
     routed: Vec<String>,
+    /// The run's copy of the front-end's trust store, with this run's evidence added.
+    #[serde(default)]
+    trust: Trust,
+    /// Evidence this run saw, not yet taken by the front-end (at most [`MAX_PENDING`]).
+    #[serde(default)]
+    trust_reports: Vec<Report>,
+    /// The tool of the last call on each step seen (at most [`MAX_CONTESTED`]): the source of
+    /// the value a verdict on that step judges.
+    #[serde(default)]
+    step_tools: Vec<(Option<u32>, String)>,
+    /// Tools whose last call failed for want of an answer (an outage), at most [`MAX_ROUTED`]:
+    /// their next answer ends the outage.
+    #[serde(default)]
+    down: Vec<String>,
     /// Decision records not yet taken by the front-end ([`Controller::take_decisions`]); not
     /// state: a resumed run starts with none.
     #[serde(skip)]
@@ -250,6 +270,11 @@ const MAX_CONTESTED: usize = 64;
 /// The verifier name of the read before answering ([`Controller::reread_due`]): its acceptance
 /// of a value that already changed once is not an independent confirmation.
 pub const REREAD_VERIFIER: &str = "re_read";
+
+/// The verifier name of a cross-check against a second source (the one named in the
+/// observation's `options.substitute`): its verdict is evidence about both sources
+/// ([`crate::trust`]); another verifier's is about the value's own source only.
+pub const CROSS_CHECK_VERIFIER: &str = "cross_check";
 
 /// Whether a failure of `class` may be routed around: the tool produced nothing usable (it
 /// timed out, was unavailable, answered empty or unreadable), so another tool of the agent's
@@ -318,6 +343,10 @@ impl Controller {
             confirmed: Vec::new(),
             contested: Vec::new(),
             routed: Vec::new(),
+            trust: config.trust,
+            trust_reports: Vec::new(),
+            step_tools: Vec::new(),
+            down: Vec::new(),
             outbox: Vec::new(),
         }
     }
@@ -551,7 +580,157 @@ impl Controller {
     /// How many times the re-read before answering reads each value
     /// ([`Policy::reread_reads`]); the first read that differs ends it.
     pub fn reread_reads(&self) -> u32 {
-        self.plane.policy.reread_reads.max(1)
+        self.plane.policy.reread_count()
+    }
+
+    /// The run's copy of the trust store, with this run's evidence in it.
+    pub fn trust(&self) -> &Trust {
+        &self.trust
+    }
+
+    /// The evidence this run saw since the last call, oldest first, for the front-end to apply
+    /// to the store it keeps across runs ([`Trust::apply`]).
+    pub fn take_trust_reports(&mut self) -> Vec<Report> {
+        std::mem::take(&mut self.trust_reports)
+    }
+
+    /// Records evidence about the tool `name` at `now_ms`: in the run's copy at once (later
+    /// decisions of this run read it) and for the front-end's store.
+    fn evidence(&mut self, name: &str, evidence: Evidence, now_ms: u64) {
+        let source = Source::tool(name);
+        self.trust
+            .observe(&source, evidence, now_ms, &self.plane.policy.trust);
+        if self.trust_reports.len() == MAX_PENDING {
+            self.trust_reports.remove(0);
+        }
+        self.trust_reports.push(Report {
+            source,
+            evidence,
+            at_ms: now_ms,
+        });
+    }
+
+    /// The evidence a finished call of `tool` gives, given the signal it raised (`None`: it
+    /// answered well) and the second source a cross-check read (`other`). An outage is evidence
+    /// about the tool's availability only, never about another source.
+    fn call_evidence(
+        &mut self,
+        tool: &str,
+        signal: Option<&Signal>,
+        other: Option<&str>,
+        now_ms: u64,
+    ) {
+        match signal {
+            None => {
+                if let Some(i) = self.down.iter().position(|t| t == tool) {
+                    self.down.remove(i);
+                    self.evidence(tool, Evidence::OutageEnded, now_ms);
+                }
+            }
+            Some(Signal::Contradiction { .. }) => {
+                self.evidence(tool, Evidence::Disagreed, now_ms);
+                if let Some(o) = other.filter(|o| *o != tool) {
+                    self.evidence(o, Evidence::Disagreed, now_ms);
+                }
+            }
+            Some(
+                Signal::MalformedOutput { .. }
+                | Signal::TruncatedOutput
+                | Signal::SchemaDrift { .. }
+                | Signal::EmptyOutput
+                | Signal::Stale { .. },
+            ) => self.evidence(tool, Evidence::ContractBreach, now_ms),
+            Some(Signal::HttpStatus { status, .. })
+                if !(*status >= 500 || matches!(*status, 408 | 429)) => {}
+            Some(
+                Signal::Timeout
+                | Signal::Exception { .. }
+                | Signal::HttpStatus { .. }
+                | Signal::Unavailable { .. }
+                | Signal::ToolError { .. },
+            ) => {
+                if !self.down.iter().any(|t| t == tool) && self.down.len() < MAX_ROUTED {
+                    self.down.push(tool.to_owned());
+                }
+                self.evidence(tool, Evidence::Outage, now_ms);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The tool whose value a verdict on `step` judges: the last one called on that step.
+    fn step_tool(&self, step: Option<u32>) -> Option<&str> {
+        self.step_tools
+            .iter()
+            .find(|(s, _)| *s == step)
+            .map(|(_, t)| t.as_str())
+    }
+
+    /// The evidence a verifier's judgement of the value at `step` gives. A cross-check
+    /// ([`CROSS_CHECK_VERIFIER`], reading the second source `other`) that agreed speaks for both sources; one
+    /// that disagreed blames each by half. A re-read that differed says the value did not
+    /// last; one that agreed says nothing of its being right.
+    fn verdict_evidence(
+        &mut self,
+        step: Option<u32>,
+        verifier: &str,
+        judgement: &Judgement,
+        other: Option<&str>,
+        now_ms: u64,
+    ) {
+        let Some(tool) = self.step_tool(step).map(str::to_owned) else {
+            return;
+        };
+        let other = other
+            .filter(|o| *o != tool && verifier == CROSS_CHECK_VERIFIER)
+            .map(str::to_owned);
+        let reread = verifier == REREAD_VERIFIER;
+        match judgement {
+            Judgement::Accept if reread => {}
+            Judgement::Accept => {
+                self.evidence(&tool, Evidence::Accepted, now_ms);
+                if let Some(o) = other {
+                    self.evidence(&o, Evidence::Agreed, now_ms);
+                }
+            }
+            Judgement::Reject { .. } if reread => {
+                self.evidence(&tool, Evidence::ChangedOnReread, now_ms);
+            }
+            Judgement::Reject { .. } => match other {
+                Some(o) => {
+                    self.evidence(&tool, Evidence::Disagreed, now_ms);
+                    self.evidence(&o, Evidence::Disagreed, now_ms);
+                }
+                None => self.evidence(&tool, Evidence::Rejected, now_ms),
+            },
+            Judgement::Uncertain { .. } => {}
+        }
+    }
+
+    /// Whether a recovered value no verifier could judge is claimed: the policy's override, or
+    /// its risk against the trust the value's source has earned
+    /// ([`Policy::claims_unverified`]). The source is the substitute a substitution went to,
+    /// else the tool last called on the step, else the failed tool.
+    fn claims_unverified(&self, o: &OpenFailure, now_ms: u64) -> bool {
+        let source = match (o.last_action, &o.alternative) {
+            (Some(ActionKind::Substitute), Some(alt)) => Some(alt.as_str()),
+            _ => self.step_tool(o.step).or(o.tool.as_deref()),
+        };
+        let policy = &self.plane.policy;
+        let p = source.map(|s| self.trust.p_right(&Source::tool(s), now_ms, &policy.trust));
+        policy.claims_unverified(p)
+    }
+
+    /// Remembers `tool` as the source of the value at `step`.
+    fn note_step_tool(&mut self, step: Option<u32>, tool: &str) {
+        if let Some(e) = self.step_tools.iter_mut().find(|(s, _)| *s == step) {
+            tool.clone_into(&mut e.1);
+        } else {
+            if self.step_tools.len() == MAX_CONTESTED {
+                self.step_tools.remove(0);
+            }
+            self.step_tools.push((step, tool.to_owned()));
+        }
     }
 
     /// Takes one observation and returns the next directive.
@@ -597,6 +776,13 @@ impl Controller {
                     }
                     (None, _) => None,
                 });
+                self.note_step_tool(step, call.tool);
+                self.call_evidence(
+                    call.tool,
+                    signal.as_ref(),
+                    options.substitute.as_deref(),
+                    now_ms,
+                );
                 self.after(
                     now_ms,
                     step,
@@ -637,6 +823,13 @@ impl Controller {
                         judgement: judgement.clone(),
                     },
                 );
+                self.verdict_evidence(
+                    step,
+                    verifier,
+                    &judgement,
+                    options.substitute.as_deref(),
+                    now_ms,
+                );
                 if judgement.is_accept() {
                     // An accepted result settles the verification failures of its step, also one
                     // that another failure had pushed aside into the unresolved list.
@@ -675,8 +868,10 @@ impl Controller {
                     None => just_resolved.as_ref().filter(|o| o.step == step),
                 };
                 if let Judgement::Uncertain { reason } = &judgement
-                    && !self.plane.policy.accept_unverified_recovery
-                    && let Some(o) = recovered.filter(|o| Policy::in_doubt(o.class, o.last_action))
+                    && let Some(o) = recovered.filter(|o| {
+                        Policy::in_doubt(o.class, o.last_action)
+                            && !self.claims_unverified(o, now_ms)
+                    })
                 {
                     let why = format!(
                         "the value recovered from {} at step {} could not be verified ({verifier}: {reason})",

@@ -25,6 +25,7 @@
 //! | [`call`] | one call across retries and a fallback chain: the front-ends' decision surface |
 //! | [`breaker`] | the one circuit breaker, per tool (monitor) and per upstream (gateway) |
 //! | [`run`] | one run behind one interface: inputs in, actions out, state that serialises |
+//! | [`trust`] | per-source trust learned from evidence, decaying; read by the policy's `risk` |
 //! | [`replay`] | recorded decisions made again under another policy (`selfheal trace replay`) |
 //! | `conformance` | (feature `conformance`, tests only) the table every front-end must reproduce |
 //!
@@ -56,6 +57,7 @@ pub mod replay;
 pub mod rng;
 pub mod run;
 pub mod trace;
+pub mod trust;
 pub mod verifier;
 
 pub use budget::{Amounts, BudgetLedger, BudgetLimits, Dimension};

@@ -35,12 +35,18 @@
 //! the plan's tool gave after failing as trustworthy as one it gave at once: faults come together,
 //! so a source that just timed out or sent broken bytes is likelier to be wrong in a second way on
 //! the same answer, and a repair rebuilds the value from what it was given. Every recovered value
-//! is therefore *in doubt* ([`Policy::in_doubt`]) until a verifier accepts it; when the verifier
-//! runs and cannot tell, the default policy does not claim it as correct but degrades
-//! ([`Policy::accept_unverified_recovery`]). This trades recoveries for silent failures: without
-//! it a wrong substitute, the other side of a disagreement, or a re-mapped body whose other
-//! source cannot be read either, is returned as if it were right. With no verifier at all
-//! nothing is held back: a value nothing can check is claimed whether or not it was recovered.
+//! is therefore *in doubt* ([`Policy::in_doubt`]) until a verifier accepts it. When the verifier
+//! runs and cannot tell, the policy's one [`Policy::risk`] setting decides
+//! ([`Policy::claims_unverified`]): the value is claimed when the trust its source has earned
+//! ([`crate::trust`]: cross-checks, verdicts, contract breaches and re-reads this process has
+//! seen) puts its chance of being right at `1 − risk` or more; otherwise the run degrades with the
+//! value flagged. A fixed rule cannot tell a good substitute from a wrong one — claiming every
+//! such value returns a wrong substitute, the other side of a disagreement, or a re-mapped body
+//! whose other source cannot be read either, as if it were right; claiming none throws away every
+//! recovery from an outage — evidence can. An outage of the primary is not evidence against the
+//! substitute. [`Policy::accept_unverified_recovery`] overrides the rule either way. With no
+//! verifier at all nothing is held back: a value nothing can check is claimed whether or not it
+//! was recovered.
 
 use std::collections::BTreeMap;
 
@@ -50,6 +56,7 @@ use thiserror::Error;
 use crate::budget::{Amounts, BudgetLedger, Dimension};
 use crate::classifier::{Classification, FailureClass};
 use crate::rng::Rng;
+use crate::trust::TrustConfig;
 
 /// The kind of a recovery action, without parameters: what a policy ladder is made of.
 #[derive(
@@ -395,59 +402,70 @@ pub struct Policy {
     /// ladder and the budget limit it). The benchmark's per-failure budget `R`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_actions_per_failure: Option<u32>,
-    /// Whether a value is taken as correct when a verifier could not judge it although a recovery
-    /// put it in doubt: every recovered value is (see [`Policy::in_doubt`]). `false`, the default: such a value is not claimed as correct;
-    /// the failure stays unresolved and the run degrades with a partial result. A recovery must
-    /// not leave a value checked less than the plan's own tool would have been: when the verifier
-    /// can run, a value it could not confirm is a guess, and a guess returned as correct is a
-    /// silent failure. (With no verifier at all, nothing is held back.)
+    /// The share of answers claimed complete that the user accepts being wrong (in `[0, 1)`;
+    /// default 0.01). A recovered value a verifier could not judge is claimed when its estimated
+    /// chance of being right — the trust its source has earned ([`crate::trust`]) — is at least
+    /// `1 − risk`; otherwise it is not claimed and the run ends `partial` with the value
+    /// flagged. `accept_unverified_recovery`, `claim_after_recovery`, `reread_after_recovery`
+    /// and `reread_reads` are derived from it ([`Policy::claims_unverified`],
+    /// [`Policy::claims_after_recovery`], [`Policy::rereads_after_recovery`],
+    /// [`Policy::reread_count`]) unless set explicitly.
+    #[serde(default = "default_risk")]
+    pub risk: f64,
+    /// How trust in a source is estimated: the prior, its decay and cap (`[trust]`).
     #[serde(default)]
-    pub accept_unverified_recovery: bool,
+    pub trust: TrustConfig,
+    /// Override: whether a value is taken as correct when a verifier could not judge it although
+    /// a recovery put it in doubt (see [`Policy::in_doubt`]). Unset, the default: derived from
+    /// `risk` and the trust the value's source has earned ([`Policy::claims_unverified`]).
+    /// `false`: such a value is never claimed as correct; the failure stays unresolved and the
+    /// run degrades with a partial result. `true`: it always is. (With no verifier at all,
+    /// nothing is held back.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_unverified_recovery: Option<bool>,
     /// The action to take when only one is left for a failure (see `max_actions_per_failure`):
     /// not the cheapest rung but the one that fixes the most causes of the class. A last retry of
     /// a tool that may be down is a coin toss; a substitute is not. Used only when feasible;
     /// otherwise the ladder applies.
     #[serde(default = "default_last_chance")]
     pub last_chance: BTreeMap<FailureClass, ActionKind>,
-    /// Whether a run that needed a recovery reads once more, before it answers, each value no
-    /// second source confirmed (see *Values in doubt*; asked through
-    /// [`Controller::reread_due`](crate::controller::Controller::reread_due)). `true`, the
-    /// default: faults come together in time, so a source that failed openly in this run may,
-    /// before that, have given a value that did not last; one more read of each such value,
-    /// charged like any call, is the one check there is for a value nothing else can confirm.
-    /// A run that went well is not read again.
-    #[serde(default = "yes")]
-    pub reread_after_recovery: bool,
-    /// How many times that read before answering reads each such value (at least 1; the first
-    /// read that differs ends it). Default 2. A source whose bad spell outlasts one read repeats
-    /// its wrong value on the next, which then agrees with it; each further read reaches one
-    /// call further past the value it checks, at one charged call per value and read, on runs
-    /// that needed a recovery only. A wrong value that lasts for good agrees with every read.
-    #[serde(default = "two")]
-    pub reread_reads: u32,
-    /// Whether a run that carried out a recovery may end `complete`. `true`, the default.
-    /// `false`: such a run ends `partial` (its answer kept, with the reason), whatever its checks
-    /// said, and makes no read before answering. Recovering gets a run further than giving up
-    /// would, so it meets more values that no check can see (two sources agreeing on a wrong
-    /// value, a calculator wrong for good); with this off, self-healing claims what a strategy
-    /// that stops at the first fault claims and no more, and gives up every recovery's answer.
-    /// On the benchmark's built-in tasks, each of which ends in a calculator no independent check
-    /// reaches, this is the same as withholding the answers that rest on a value no independent
-    /// check confirmed.
-    #[serde(default = "yes")]
-    pub claim_after_recovery: bool,
+    /// Override: whether a run that needed a recovery reads once more, before it answers, each
+    /// value no second source confirmed (see *Values in doubt*; asked through
+    /// [`Controller::reread_due`](crate::controller::Controller::reread_due)). Unset: yes unless
+    /// `risk` is 1 or more ([`Policy::rereads_after_recovery`]). Faults come together in time,
+    /// so a source that failed openly in this run may, before that, have given a value that did
+    /// not last; one more read of each such value, charged like any call, is the one check
+    /// there is for a value nothing else can confirm. A run that went well is not read again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reread_after_recovery: Option<bool>,
+    /// Override: how many times that read before answering reads each such value (at least 1;
+    /// the first read that differs ends it). Unset: derived from `risk`
+    /// ([`Policy::reread_count`]: 2 at the default 0.01). A source whose bad spell outlasts one
+    /// read repeats its wrong value on the next, which then agrees with it; each further read
+    /// reaches one call further past the value it checks. A wrong value that lasts for good
+    /// agrees with every read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reread_reads: Option<u32>,
+    /// Override: whether a run that carried out a recovery may end `complete`. Unset: yes unless
+    /// `risk` is 0 ([`Policy::claims_after_recovery`]). `false`: such a run ends `partial` (its
+    /// answer kept, with the reason), whatever its checks said, and makes no read before
+    /// answering. Recovering gets a run further than giving up would, so it meets more values
+    /// that no check can see (two sources agreeing on a wrong value, a calculator wrong for
+    /// good); with this off, self-healing claims what a strategy that stops at the first fault
+    /// claims and no more, and gives up every recovery's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_after_recovery: Option<bool>,
     /// Backoff parameters for retries.
     pub retry: RetryConfig,
     /// One ladder per failure class, cheapest action first.
     pub ladders: BTreeMap<FailureClass, Vec<ActionKind>>,
 }
 
-fn yes() -> bool {
-    true
-}
+/// The default `risk`: one claimed answer in a hundred may be wrong.
+pub const DEFAULT_RISK: f64 = 0.01;
 
-fn two() -> u32 {
-    2
+fn default_risk() -> f64 {
+    DEFAULT_RISK
 }
 
 impl Default for Policy {
@@ -492,10 +510,12 @@ impl Default for Policy {
             ladders,
             max_actions_per_failure: None,
             last_chance: default_last_chance(),
-            accept_unverified_recovery: false,
-            reread_after_recovery: true,
-            reread_reads: two(),
-            claim_after_recovery: true,
+            risk: DEFAULT_RISK,
+            trust: TrustConfig::default(),
+            accept_unverified_recovery: None,
+            reread_after_recovery: None,
+            reread_reads: None,
+            claim_after_recovery: None,
         }
     }
 }
@@ -511,14 +531,18 @@ struct PolicyFile {
     max_actions_per_failure: Option<u32>,
     #[serde(default)]
     last_chance: BTreeMap<FailureClass, ActionKind>,
+    #[serde(default = "default_risk")]
+    risk: f64,
     #[serde(default)]
-    accept_unverified_recovery: bool,
-    #[serde(default = "yes")]
-    reread_after_recovery: bool,
-    #[serde(default = "two")]
-    reread_reads: u32,
-    #[serde(default = "yes")]
-    claim_after_recovery: bool,
+    trust: TrustConfig,
+    #[serde(default)]
+    accept_unverified_recovery: Option<bool>,
+    #[serde(default)]
+    reread_after_recovery: Option<bool>,
+    #[serde(default)]
+    reread_reads: Option<u32>,
+    #[serde(default)]
+    claim_after_recovery: Option<bool>,
 }
 
 /// The default last-chance actions: substitute for tool and data failures, escalate for the
@@ -562,6 +586,8 @@ impl Policy {
         let mut policy = Policy {
             retry: file.retry,
             max_actions_per_failure: file.max_actions_per_failure,
+            risk: file.risk,
+            trust: file.trust,
             accept_unverified_recovery: file.accept_unverified_recovery,
             reread_after_recovery: file.reread_after_recovery,
             reread_reads: file.reread_reads,
@@ -588,7 +614,11 @@ impl Policy {
     pub fn validate(&self) -> Result<(), PolicyError> {
         let mut problems = Vec::new();
         self.retry.problems(&mut problems);
-        if self.reread_reads == 0 {
+        if !(self.risk.is_finite() && (0.0..1.0).contains(&self.risk)) {
+            problems.push(format!("risk must be in [0, 1), got {}", self.risk));
+        }
+        self.trust.problems(&mut problems);
+        if self.reread_reads == Some(0) {
             problems.push(
                 "reread_reads is 0: use reread_after_recovery = false to read nothing again"
                     .to_owned(),
@@ -659,7 +689,45 @@ impl Policy {
     /// front-end that sees single calls but not the run's answer (the MCP proxy) applies to a
     /// recovered call.
     pub fn reread_due(&self, recovered: bool) -> bool {
-        self.reread_after_recovery && self.claim_after_recovery && recovered
+        self.rereads_after_recovery() && self.claims_after_recovery() && recovered
+    }
+
+    /// Whether a run that carried out a recovery may end `complete`: the
+    /// `claim_after_recovery` override, else yes unless `risk` is 0 (a user who accepts no
+    /// wrong answer accepts no answer resting on a recovered value).
+    pub fn claims_after_recovery(&self) -> bool {
+        self.claim_after_recovery.unwrap_or(self.risk > 0.0)
+    }
+
+    /// Whether a run that needed a recovery reads its unconfirmed values once more before
+    /// answering: the `reread_after_recovery` override, else yes (any `risk` below 1 wants the
+    /// one check there is for a value nothing else confirms).
+    pub fn rereads_after_recovery(&self) -> bool {
+        self.reread_after_recovery.unwrap_or(self.risk < 1.0)
+    }
+
+    /// How many times the read before answering reads each value: the `reread_reads`
+    /// override, else one read per order of magnitude of `1 / risk`, from 1 to 4 (2 at the
+    /// default 0.01). Each read that agrees reaches one call further past a bad spell the value
+    /// may have come from; asking for ten times fewer wrong answers asks for one read more.
+    pub fn reread_count(&self) -> u32 {
+        self.reread_reads
+            .unwrap_or_else(|| {
+                let r = self.risk.clamp(1e-4, 0.5);
+                (1.0 / r).log10().ceil().clamp(1.0, 4.0) as u32
+            })
+            .max(1)
+    }
+
+    /// Whether a recovered value no verifier could judge is claimed, given the estimated
+    /// chance that it is right (`p_right`, from the trust its source earned; `None` when no
+    /// source is known): the `accept_unverified_recovery` override, else `p_right ≥ 1 − risk`.
+    /// A value whose source is unknown is not claimed.
+    pub fn claims_unverified(&self, p_right: Option<f64>) -> bool {
+        match self.accept_unverified_recovery {
+            Some(b) => b,
+            None => p_right.is_some_and(|p| p >= 1.0 - self.risk),
+        }
     }
 
     /// Why no answer may be claimed, given whether a recovery was carried out (`recovered`):
@@ -669,9 +737,9 @@ impl Policy {
     /// a front-end that sees single calls but not the run's answer (the MCP proxy) applies to a
     /// recovered call's value.
     pub fn claim_refused(&self, recovered: bool) -> Option<String> {
-        (!self.claim_after_recovery && recovered).then(|| {
+        (!self.claims_after_recovery() && recovered).then(|| {
             "a recovery was carried out, and the policy claims no answer after one \
-             (claim_after_recovery = false)"
+             (claim_after_recovery = false, or risk = 0)"
                 .to_owned()
         })
     }
@@ -732,10 +800,12 @@ impl Policy {
     /// The action a failure gets when only one is left for it ([`Policy::last_chance`]), unless
     /// that action's result would be one the policy then refuses to claim (issue 33): a
     /// substitute's value is checked against the primary, and when the primary is the tool that
-    /// cannot answer now (it timed out or is unavailable) and unverified recoveries are not
-    /// accepted, the substitute's value is held in doubt and the run degrades. The last action
+    /// cannot answer now (it timed out or is unavailable) and the policy would not claim an
+    /// unchecked value of a source it knows nothing of (its trust prior against `risk`, or
+    /// `accept_unverified_recovery = false`), the substitute's value is held in doubt and the
+    /// run degrades. The last action
     /// is then a retry of the primary — when it is safe and affordable — whose value the
-    /// substitute can check; a `Retry-After` within [`RetryPolicy::max_retry_after_ms`] is waited
+    /// substitute can check; a `Retry-After` within [`RetryConfig::max_retry_after_ms`] is waited
     /// out.
     pub fn last_chance_kind(
         &self,
@@ -750,7 +820,7 @@ impl Policy {
         );
         if kind == ActionKind::Substitute
             && primary_down
-            && !self.accept_unverified_recovery
+            && !self.claims_unverified(Some(self.trust.prior_mean()))
             && options.retry_safe
             && budget.can_afford(&ActionKind::Retry.charge())
         {
@@ -894,7 +964,7 @@ mod tests {
         let mut p = Policy::default();
         assert_eq!(p.claim_refused(true), None);
         assert!(p.reread_due(true));
-        p.claim_after_recovery = false;
+        p.claim_after_recovery = Some(false);
         assert_eq!(p.claim_refused(false), None);
         let why = p.claim_refused(true).unwrap_or_default();
         assert!(why.contains("claim_after_recovery = false"), "{why}");
@@ -931,11 +1001,15 @@ mod tests {
     fn the_last_action_for_a_primary_that_is_down_is_not_a_substitute_nothing_could_check() {
         // Issue 33, item 4: with one action left, a substitute's value would be checked against
         // the primary that just failed, held in doubt and not claimed; a retry's value is
-        // checked by the substitute. A Retry-After that fits is waited out.
+        // checked by the substitute. A Retry-After that fits is waited out. That is so when the
+        // policy would not claim an unchecked value of a source it knows nothing of: a risk
+        // below what the trust prior gives such a source.
         let p = Policy {
             max_actions_per_failure: Some(1),
+            risk: 0.001,
             ..Policy::default()
         };
+        assert!(!p.claims_unverified(Some(p.trust.prior_mean())));
         let ledger = BudgetLedger::new(BudgetLimits::unlimited());
         let opts = Options::all("alt", "big");
         let mut f = failure(FailureClass::ToolTimeout);
@@ -949,7 +1023,7 @@ mod tests {
         // Accepting unverified recoveries, or a call that is not safe to retry, keeps the
         // substitute.
         let accepting = Policy {
-            accept_unverified_recovery: true,
+            accept_unverified_recovery: Some(true),
             ..p.clone()
         };
         let d = accepting.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));

@@ -633,6 +633,12 @@ impl Run {
         self.ctl.finish(now_ms)
     }
 
+    /// The evidence about its sources this run saw since the last call, for the front-end's
+    /// trust store ([`crate::trust::Trust::apply`]).
+    pub fn take_trust_evidence(&mut self) -> Vec<crate::trust::Report> {
+        self.ctl.take_trust_reports()
+    }
+
     /// The run's trace.
     pub fn trace(&self) -> &Trace {
         self.ctl.trace()

@@ -299,22 +299,58 @@ fn every_recovered_value_is_in_doubt() {
             );
         }
     }
-    assert!(!Policy::default().accept_unverified_recovery);
+    assert_eq!(Policy::default().accept_unverified_recovery, None);
     let p = Policy::from_toml_str("accept_unverified_recovery = true").unwrap();
-    assert!(p.accept_unverified_recovery);
+    assert_eq!(p.accept_unverified_recovery, Some(true));
+    assert!(
+        p.claims_unverified(Some(0.0)),
+        "the override wins over any trust"
+    );
+    let p = Policy::from_toml_str("accept_unverified_recovery = false").unwrap();
+    assert!(!p.claims_unverified(Some(1.0)));
 }
 
 #[test]
 fn the_reads_before_answering_are_set_in_the_file_and_never_zero() {
-    assert_eq!(Policy::default().reread_reads, 2);
+    assert_eq!(Policy::default().reread_count(), 2);
     assert_eq!(
         Policy::from_toml_str("reread_reads = 3")
             .unwrap()
-            .reread_reads,
+            .reread_count(),
         3
     );
     let err = Policy::from_toml_str("reread_reads = 0").unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, PolicyError::Invalid(_)), "{msg}");
     assert!(msg.contains("reread_reads"), "{msg}");
+}
+
+#[test]
+fn risk_and_trust_are_read_from_the_file_and_checked() {
+    let p = Policy::from_toml_str("risk = 0.05\n[trust]\nprior_right = 9.0\nprior_wrong = 1.0\n")
+        .unwrap();
+    assert_eq!(p.risk, 0.05);
+    assert_eq!(p.trust.prior_right, 9.0);
+    // A source at 0.9 is below 1 − 0.05; at 0.96 above.
+    assert!(!p.claims_unverified(Some(0.9)));
+    assert!(p.claims_unverified(Some(0.96)));
+    assert!(
+        !p.claims_unverified(None),
+        "a value of no known source is not claimed"
+    );
+    // A smaller risk asks for more reads before answering; risk 0 claims nothing after a recovery.
+    let strict = Policy::from_toml_str("risk = 0.001").unwrap();
+    assert!(strict.reread_count() > Policy::default().reread_count());
+    let zero = Policy::from_toml_str("risk = 0.0").unwrap();
+    assert!(!zero.claims_after_recovery());
+    assert!(Policy::default().claims_after_recovery());
+    for bad in [
+        "risk = 1.5",
+        "risk = -0.1",
+        "[trust]\nprior_wrong = 0.0",
+        "[trust]\ncap = 0.5",
+    ] {
+        let err = Policy::from_toml_str(bad).unwrap_err();
+        assert!(matches!(err, PolicyError::Invalid(_)), "{bad}: {err}");
+    }
 }

@@ -19,7 +19,7 @@ use crate::forward::embeddings;
 use crate::http::{guard_head, healthz, method_not_allowed, metrics, models, not_found, readyz};
 
 pub use crate::http::MAX_HEADERS;
-pub use crate::state::{AppState, NoStream, StateError};
+pub use crate::state::{AppState, NoStream, StateError, TrustMemory};
 
 /// The router.
 pub fn router(state: Arc<AppState>) -> Router {

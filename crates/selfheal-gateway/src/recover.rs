@@ -1447,14 +1447,22 @@ mod tests {
         assert_eq!(st.ledger().spent().retries, 2);
     }
 
-    /// A substitute's value that its primary cannot confirm is not returned as correct: the
-    /// run degrades (the core's doubt rule), as in-process.
+    /// A substitute's value that its primary cannot confirm is not returned as correct when
+    /// the policy's risk is below what a source with no record is trusted for: the run degrades
+    /// (the core's doubt rule), as in-process.
     #[test]
     fn an_unconfirmed_substitute_degrades_the_run() {
         let cfg = tools(true);
         let idx = offered(&["weather", "weather_backup"]);
         let ctx = ctx(&cfg, &idx, None);
-        let mut st = run();
+        let mut st = RunState::with_policy(
+            MonitorConfig::default(),
+            BudgetLimits::defaults(),
+            Policy {
+                risk: 0.001,
+                ..Policy::default()
+            },
+        );
         let a = json!({"city": "Paris"});
         for t in 0..3 {
             observe(&mut st, &ctx, ("c", "weather", &a), DOWN, t);

@@ -32,6 +32,7 @@ use selfheal_core::policy::ActionKind;
 use selfheal_core::policy::Policy;
 use selfheal_core::rng::Rng;
 use selfheal_core::run::{Action, Env, Input, Run};
+use selfheal_core::trust::TrustConfig;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -152,6 +153,9 @@ pub struct RunState {
     pub last_response: Option<Responded>,
     /// Where the run stands with the store replicas share (`[state]`); not stored itself.
     pub share: Share,
+    /// The gateway's trust store this run reports its evidence to (issue 33), and how it is
+    /// read; not part of the run's bytes. `None`: the run keeps what it learns to itself.
+    trust: Option<(crate::state::TrustMemory, TrustConfig)>,
 }
 
 /// Re-applies one request's effect on a run's state to another copy of it: the request's tool
@@ -284,11 +288,26 @@ impl RunState {
     /// gateway's config is validated when it is read, so only a hand-built one) falls back to
     /// the default controller rather than leave the run without one.
     pub fn with_policy(monitor: MonitorConfig, budget: BudgetLimits, policy: Policy) -> RunState {
+        RunState::with_trust(monitor, budget, policy, None)
+    }
+
+    /// [`RunState::with_policy`], the run starting from what the gateway's `trust` store has
+    /// learned of its sources and reporting what it sees back to it.
+    pub fn with_trust(
+        monitor: MonitorConfig,
+        budget: BudgetLimits,
+        policy: Policy,
+        trust: Option<&crate::state::TrustMemory>,
+    ) -> RunState {
+        let trust_config = policy.trust;
         let run = Run::new(ControllerConfig {
             monitor,
             policy,
             budget,
             trace_capacity: RUN_TRACE_EVENTS,
+            trust: trust
+                .map(crate::state::TrustMemory::snapshot)
+                .unwrap_or_default(),
             ..ControllerConfig::default()
         })
         .unwrap_or_default();
@@ -302,6 +321,7 @@ impl RunState {
             requests: 0,
             last_response: None,
             share: Share::default(),
+            trust: trust.map(|t| (t.clone(), trust_config)),
         }
     }
 
@@ -323,7 +343,11 @@ impl RunState {
             rng,
             breakers,
         };
-        self.run.decide(input, &mut env)
+        let actions = self.run.decide(input, &mut env);
+        if let Some((store, config)) = &self.trust {
+            store.report(&self.run.take_trust_evidence(), config);
+        }
+        actions
     }
 
     /// Hands the run an input that needs neither time nor chance nor breakers (the tools on
@@ -386,6 +410,7 @@ impl RunState {
             requests: stored.requests,
             last_response: stored.last_response,
             share: Share::default(),
+            trust: None,
         })
     }
 
@@ -456,6 +481,8 @@ pub struct RunStore {
     evicted: std::sync::atomic::AtomicU64,
     /// How runs went through the shared store (`[state]`), for `/metrics`.
     pub shared: ShareStats,
+    /// What the runs learn of their sources, kept for the process (issue 33).
+    trust: crate::state::TrustMemory,
 }
 
 /// Counts of runs read from and written to the store replicas share (see `crate::sharing`).
@@ -519,7 +546,13 @@ impl RunStore {
             policy,
             evicted: std::sync::atomic::AtomicU64::new(0),
             shared: ShareStats::default(),
+            trust: crate::state::TrustMemory::default(),
         }
+    }
+
+    /// The trust store the runs of this process start from and report to.
+    pub fn trust(&self) -> &crate::state::TrustMemory {
+        &self.trust
     }
 
     /// The run's state, created if new or expired (for no tenant; see [`RunStore::get_for`]).
@@ -596,10 +629,11 @@ impl RunStore {
     /// tool call ([`RunStore::adopt`]). A plain chat request never takes a slot of the store,
     /// so it cannot push a real run out.
     pub fn detached(&self) -> Arc<Mutex<RunState>> {
-        Arc::new(Mutex::new(RunState::with_policy(
+        Arc::new(Mutex::new(RunState::with_trust(
             self.monitor.clone(),
             self.budget,
             self.policy.clone(),
+            Some(&self.trust),
         )))
     }
 

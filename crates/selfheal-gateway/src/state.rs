@@ -57,7 +57,35 @@ pub struct AppState {
     /// What replicas share (`[state]`): the local tier, synced through the store when there is
     /// one.
     pub shared: selfheal_state::Shared,
+    /// What the runs have learned of their sources ([`TrustMemory`]).
+    pub trust: TrustMemory,
     pub(crate) started: Instant,
+}
+
+/// What this gateway process has learned of its sources (issue 33, [`selfheal_core::trust`]):
+/// one store for every run, kept in process memory. A run starts from a copy of it and reports
+/// the evidence it sees (cross-checks, verdicts, contract breaches, outages) as it decides; the
+/// policy's `risk` reads it when a recovered value nothing could check is to be claimed. Times
+/// are the gateway's own clock (`AppState::now_ms`). Not shared between replicas yet.
+#[derive(Debug, Clone, Default)]
+pub struct TrustMemory(selfheal_core::trust::Shared);
+
+impl TrustMemory {
+    /// A copy of the store now, for a run to start from.
+    pub fn snapshot(&self) -> selfheal_core::trust::Trust {
+        self.0.snapshot()
+    }
+
+    /// Applies a run's evidence.
+    pub fn report(
+        &self,
+        reports: &[selfheal_core::trust::Report],
+        config: &selfheal_core::trust::TrustConfig,
+    ) {
+        if !reports.is_empty() {
+            self.0.report(reports, 0, config);
+        }
+    }
 }
 
 /// What the gateway learns about upstream targets (upstream and model) that cannot stream tool
@@ -255,6 +283,7 @@ impl AppState {
             config.policy.clone(),
         );
         Ok(AppState {
+            trust: runs.trust().clone(),
             config,
             upstreams,
             runs,

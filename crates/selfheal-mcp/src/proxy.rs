@@ -363,13 +363,26 @@ pub struct Proxy {
     had_result: bool,
     stats: Stats,
     decisions: Vec<Decision>,
+    /// What the process has learned of the server's tools ([`selfheal_core::trust`]): the
+    /// session's run started from it, and its evidence is reported back as it comes.
+    trust: selfheal_core::trust::Shared,
 }
 
 impl Proxy {
-    /// A proxy for a new session.
+    /// A proxy for a new session, with a trust store of its own.
     pub fn new(config: McpConfig) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
+        Proxy::with_trust(config, selfheal_core::trust::Shared::new())
+    }
+
+    /// A proxy for a new session whose run starts from, and reports to, the process's trust
+    /// store `trust` (on the session's clock: the proxy's `now_ms`).
+    pub fn with_trust(
+        config: McpConfig,
+        trust: selfheal_core::trust::Shared,
+    ) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
         check_tools(&config.tools).map_err(selfheal_core::monitor::ConfigError)?;
         let run = Run::new(ControllerConfig {
+            trust: trust.snapshot(),
             monitor: config.monitor.clone(),
             policy: config.policy.clone(),
             budget: config.budget,
@@ -392,7 +405,21 @@ impl Proxy {
             had_result: false,
             stats: Stats::default(),
             decisions: Vec::new(),
+            trust,
         })
+    }
+
+    /// The process's trust store this session reports to.
+    pub fn trust(&self) -> &selfheal_core::trust::Shared {
+        &self.trust
+    }
+
+    /// Hands the evidence the run saw since the last call to the process's trust store.
+    fn report_trust(&mut self) {
+        let reports = self.run.take_trust_evidence();
+        if !reports.is_empty() {
+            self.trust.report(&reports, 0, &self.config.policy.trust);
+        }
     }
 
     /// Sets the wall clock: `unix_ms` is Unix time in milliseconds at `now_ms == 0` (the
@@ -420,7 +447,9 @@ impl Proxy {
     /// Ends the session's run and returns its outcome (status, reason, what was left
     /// unresolved), as any front-end's run ends: what the session amounted to.
     pub fn finish(&mut self, now_ms: u64) -> selfheal_core::controller::RunOutcome {
-        self.run.finish(now_ms)
+        let outcome = self.run.finish(now_ms);
+        self.report_trust();
+        outcome
     }
 
     /// Whether the session's run has stopped, how and why: from then on every call is
@@ -576,6 +605,7 @@ impl Proxy {
             Vec::new()
         };
         out.extend(self.answer(msg, is_response, now_ms, rng));
+        self.report_trust();
         out
     }
 

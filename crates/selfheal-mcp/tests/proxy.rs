@@ -1679,7 +1679,7 @@ fn an_empty_output_is_retried_and_a_recovered_reread_tool_is_read_again() {
 fn the_policy_decides_no_reread_when_it_asks_for_none() {
     let mut p = contract_proxy_with(
         "[tools.search]\noutput = [\"hits\"]\nreread = true\n",
-        |cfg| cfg.policy.reread_after_recovery = false,
+        |cfg| cfg.policy.reread_after_recovery = Some(false),
     );
     let mut rng = ConstRng(0);
     round_trip(
@@ -1704,7 +1704,7 @@ fn a_recovered_value_is_unconfirmed_when_the_policy_claims_nothing_after_a_recov
         "[tools.search]\noutput = [\"hits\"]\nreread = true\n",
         "[tools.search]\noutput = [\"hits\"]\n",
     ] {
-        let mut p = contract_proxy_with(tools, |cfg| cfg.policy.claim_after_recovery = false);
+        let mut p = contract_proxy_with(tools, |cfg| cfg.policy.claim_after_recovery = Some(false));
         let mut rng = ConstRng(0);
         round_trip(
             &mut p,

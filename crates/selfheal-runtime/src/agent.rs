@@ -74,6 +74,34 @@ pub struct Agent {
     /// schema — the most recent [`MAX_EVIDENCE`] of them. A rejection is recovered like any
     /// failure; acceptance or uncertainty lets the answer stand.
     pub answer_verifier: Option<Arc<dyn Verifier + Send + Sync>>,
+    /// What this agent's runs have learned of their tools ([`selfheal_core::trust`]): each run
+    /// starts from it and reports its evidence back; a clone of it shares the store.
+    pub trust: ProcessTrust,
+}
+
+/// The trust a process keeps across its runs: the core's shared store and the process clock
+/// the runs' own clocks (each starting at 0) are placed on, so evidence decays across runs.
+#[derive(Debug, Clone)]
+pub struct ProcessTrust {
+    /// The store.
+    pub store: selfheal_core::trust::Shared,
+    epoch: Instant,
+}
+
+impl Default for ProcessTrust {
+    fn default() -> Self {
+        ProcessTrust {
+            store: selfheal_core::trust::Shared::new(),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl ProcessTrust {
+    /// Milliseconds since the store was made: where a run starting now sits on its clock.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// At most this many tool outputs are kept as evidence for the answer verifier (the most recent).
@@ -171,6 +199,8 @@ struct Loop<'a> {
     /// The run's successful calls of read-only tools, the most recent [`MAX_EVIDENCE`]: what a
     /// re-read before answering ([`Controller::reread_due`]) reads again.
     reads: VecDeque<Read>,
+    /// Where this run's clock starts on the agent's trust clock ([`ProcessTrust::now_ms`]).
+    trust_offset: u64,
 }
 
 /// A successful call of a read-only tool, kept to be read again before the answer.
@@ -221,6 +251,7 @@ impl Agent {
             tool_choice: json!("auto"),
             temperature: None,
             answer_verifier: None,
+            trust: ProcessTrust::default(),
         }
     }
 
@@ -239,7 +270,12 @@ impl Agent {
     /// Runs the loop on `messages` (OpenAI chat messages) until the model answers, the budget
     /// is spent, or the controller degrades or aborts. `seed` seeds the backoff jitter.
     pub async fn run(&self, messages: Vec<Value>, seed: u64) -> RunResult {
-        let run = match Run::new(self.config.clone()) {
+        let trust_offset = self.trust.now_ms();
+        let config = ControllerConfig {
+            trust: self.trust.store.snapshot(),
+            ..self.config.clone()
+        };
+        let run = match Run::new(config) {
             // The run knows what the agent is offered, so a tool that keeps failing is routed
             // around while another is left (the seeds' monitor rule, decided in the core).
             Ok(mut r) => {
@@ -296,6 +332,7 @@ impl Agent {
             evidence: VecDeque::new(),
             rejected: None,
             reads: VecDeque::new(),
+            trust_offset,
         };
         let ended = l.drive().await;
         l.finish(ended)
@@ -1266,6 +1303,11 @@ impl Loop<'_> {
     fn finish(mut self, ended: Result<String, Stop>) -> RunResult {
         let now = self.now();
         let outcome = self.run.finish(now);
+        self.agent.trust.store.report(
+            &self.run.take_trust_evidence(),
+            self.trust_offset,
+            &self.agent.config.policy.trust,
+        );
         let (status, reason, answer) = match ended {
             Ok(answer) => (outcome.status, outcome.reason, Some(answer)),
             Err(stop) => {

@@ -588,3 +588,39 @@ async fn issue_30_a_stuck_tool_is_routed_around_to_the_other_one() {
         "guidance names the alternative"
     );
 }
+
+/// Issue 33: the agent keeps what its runs learn of their tools across runs (one store per
+/// agent). An outage is availability, never evidence that the tool's values are wrong.
+#[tokio::test]
+async fn the_agent_keeps_what_its_runs_learn_of_a_tool() {
+    let calls = Calls::default();
+    let (url, _s) = server(
+        vec![ok(call("flaky", "{}")), ok(answer("done"))],
+        Some(ok(answer("done"))),
+    )
+    .await;
+    let agent = fast(Agent::new(
+        client(&url, 2000),
+        "m",
+        vec![failing("flaky", Effect::ReadOnly, &calls)],
+    ));
+    let source = selfheal_core::trust::Source::tool("flaky");
+    let config = agent.config.policy.trust;
+    assert_eq!(
+        agent
+            .trust
+            .store
+            .snapshot()
+            .posterior(&source, 0, &config)
+            .down,
+        0.0
+    );
+    let _ = agent.run(user(), 1).await;
+    let p = agent
+        .trust
+        .store
+        .snapshot()
+        .posterior(&source, agent.trust.now_ms(), &config);
+    assert!(p.down > 0.0, "the run's outage is kept: {p:?}");
+    assert_eq!(p.wrong, 0.0, "an outage says nothing of the values: {p:?}");
+}

@@ -1,0 +1,433 @@
+//! Trust learned from evidence: how likely a source's value is to be right.
+//!
+//! # Why this module exists
+//!
+//! A recovered value that nothing could check (a substitute's answer while the primary is down,
+//! a retry's answer whose second source cannot be read) is either claimed or withheld. A fixed
+//! rule cannot be right for both a good substitute and a wrong one; what the runs have *seen* of
+//! that source can. This module keeps, per source — a tool, a second source (a tool under its
+//! own name) or an upstream target — a Beta-style posterior over the chance that a value it
+//! gives is right, updated by evidence the runs report, decaying with time, and capped so that
+//! old evidence cannot outweigh what happens now. The policy's `risk` setting reads it
+//! ([`crate::policy::Policy::claims_unverified`]): a value is claimed when its chance of being
+//! right is at least `1 − risk`.
+//!
+//! The store outlives a run. A front-end keeps one per process (or per benchmark deployment),
+//! hands a copy to each run it starts (`ControllerConfig::trust`), and applies the evidence the
+//! run reports ([`Trust::apply`]) when it takes it back (`Run::take_trust_evidence`). Sans-IO:
+//! time arrives as `now_ms`.
+//!
+//! # Evidence
+//!
+//! | evidence | right | wrong | why |
+//! |---|---:|---:|---|
+//! | a cross-check agreed | 1 | – | two independent sources gave the same value: both sides |
+//! | a cross-check disagreed | – | ½ | one of two sources is wrong and nothing says which: each side takes half |
+//! | a verifier accepted / rejected | 1 / – | – / 1 | a judgement of this source's value |
+//! | a contract breach (unreadable, drifted, empty, stale body) | – | 1 | the source's output was wrong in a way that shows |
+//! | a value changed on a re-read | – | 1 | the source did not give a settled value |
+//! | an outage / an outage that ended | – | – | availability, not correctness: counted apart ([`Posterior::down`], [`Posterior::up`]) |
+//!
+//! An outage of the primary is not evidence about its substitute, nor about the primary's
+//! values once it answers: availability and correctness are kept apart.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The layout version of a serialised [`Trust`] store.
+pub const TRUST_VERSION: u32 = 1;
+
+/// Most sources a store keeps; the one seen longest ago is dropped first.
+pub const MAX_SOURCES: usize = 1024;
+
+/// Most evidence reports a run holds before the oldest is dropped.
+pub const MAX_PENDING: usize = 512;
+
+/// How the posterior is formed: the prior, the decay and the cap (`[policy.trust]`).
+///
+/// The defaults are chosen from principle, not fitted to any benchmark file:
+///
+/// - **Prior** `Beta(19.9, 0.1)`: mean 0.995, strength 20. A source the operator declared (the
+///   plan's tool, or its declared equivalent) starts with the standing of the plan's own tool on
+///   its first try, whose unchecked values every front-end already claims: right well within the
+///   default risk (half of it wrong). Strength 20 makes that standing easy to lose and slow to win
+///   back: one disagreement (half the blame) takes the mean to 0.971, below the default
+///   threshold of 0.99, and about forty agreements are needed to regain it. A claimed wrong
+///   answer costs more than a withheld recovery.
+/// - **Half-life** one hour: incidents last minutes to hours; yesterday's evidence says little
+///   about today.
+/// - **Cap** 50 observations of evidence (after decay): the prior and the last few dozen
+///   observations always matter, so a long good record cannot hide a source that just turned.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrustConfig {
+    /// Prior pseudo-count of right values (`α₀` > 0).
+    pub prior_right: f64,
+    /// Prior pseudo-count of wrong values (`β₀` > 0).
+    pub prior_wrong: f64,
+    /// Evidence loses half its weight every this many milliseconds (0: never decays).
+    pub half_life_ms: u64,
+    /// Most evidence (right + wrong, after decay) a source holds; more is scaled down to it.
+    pub cap: f64,
+}
+
+impl Default for TrustConfig {
+    fn default() -> Self {
+        TrustConfig {
+            prior_right: 19.9,
+            prior_wrong: 0.1,
+            half_life_ms: 3_600_000,
+            cap: 50.0,
+        }
+    }
+}
+
+impl TrustConfig {
+    /// Appends every problem with these parameters to `out`.
+    pub fn problems(&self, out: &mut Vec<String>) {
+        if !(self.prior_right.is_finite() && self.prior_right > 0.0) {
+            out.push(format!(
+                "trust.prior_right must be a number > 0, got {}",
+                self.prior_right
+            ));
+        }
+        if !(self.prior_wrong.is_finite() && self.prior_wrong > 0.0) {
+            out.push(format!(
+                "trust.prior_wrong must be a number > 0, got {}",
+                self.prior_wrong
+            ));
+        }
+        if !(self.cap.is_finite() && self.cap >= 1.0) {
+            out.push(format!("trust.cap must be a number ≥ 1, got {}", self.cap));
+        }
+    }
+
+    /// The chance a source with no evidence gives a right value.
+    pub fn prior_mean(&self) -> f64 {
+        self.prior_right / (self.prior_right + self.prior_wrong)
+    }
+}
+
+/// What kind of source a posterior is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A tool, by name; a second source is a tool under its own name.
+    Tool,
+    /// An upstream target of the gateway (a model endpoint), by name.
+    Upstream,
+}
+
+/// A source: what trust is about.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Source {
+    /// Its kind.
+    pub kind: SourceKind,
+    /// Its name.
+    pub name: String,
+}
+
+impl Source {
+    /// A tool (or a second source) by name.
+    pub fn tool(name: &str) -> Source {
+        Source {
+            kind: SourceKind::Tool,
+            name: name.to_owned(),
+        }
+    }
+
+    /// An upstream target by name.
+    pub fn upstream(name: &str) -> Source {
+        Source {
+            kind: SourceKind::Upstream,
+            name: name.to_owned(),
+        }
+    }
+
+    fn key(&self) -> String {
+        match self.kind {
+            SourceKind::Tool => format!("tool:{}", self.name),
+            SourceKind::Upstream => format!("upstream:{}", self.name),
+        }
+    }
+}
+
+/// One piece of evidence about a source (see the module documentation for its weights).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evidence {
+    /// A cross-check against another source agreed.
+    Agreed,
+    /// A cross-check against another source disagreed.
+    Disagreed,
+    /// A verifier accepted the source's value.
+    Accepted,
+    /// A verifier rejected the source's value.
+    Rejected,
+    /// The source's output broke its contract (unreadable, drifted, empty, stale).
+    ContractBreach,
+    /// The source's value changed when read again.
+    ChangedOnReread,
+    /// The source was unavailable (timed out, refused, down).
+    Outage,
+    /// The source answered after being unavailable.
+    OutageEnded,
+}
+
+impl Evidence {
+    /// The (right, wrong, up, down) weights of this evidence.
+    fn weights(self) -> (f64, f64, f64, f64) {
+        match self {
+            Evidence::Agreed | Evidence::Accepted => (1.0, 0.0, 0.0, 0.0),
+            Evidence::Disagreed => (0.0, 0.5, 0.0, 0.0),
+            Evidence::Rejected | Evidence::ContractBreach | Evidence::ChangedOnReread => {
+                (0.0, 1.0, 0.0, 0.0)
+            }
+            Evidence::Outage => (0.0, 0.0, 0.0, 1.0),
+            Evidence::OutageEnded => (0.0, 0.0, 1.0, 0.0),
+        }
+    }
+}
+
+/// One report of evidence a run made: what, about whom, when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The source.
+    pub source: Source,
+    /// The evidence.
+    pub evidence: Evidence,
+    /// When (the run's clock).
+    pub at_ms: u64,
+}
+
+/// The evidence held about one source, decayed to `at_ms`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Posterior {
+    /// Weight of evidence that its values were right.
+    pub right: f64,
+    /// Weight of evidence that its values were wrong.
+    pub wrong: f64,
+    /// Weight of evidence that it answered after an outage (availability only).
+    pub up: f64,
+    /// Weight of evidence that it was unavailable (availability only).
+    pub down: f64,
+    /// When these weights were last brought up to date.
+    pub at_ms: u64,
+}
+
+impl Posterior {
+    /// These weights decayed to `now_ms` and capped under `config`.
+    fn at(&self, now_ms: u64, config: &TrustConfig) -> Posterior {
+        let mut p = *self;
+        if config.half_life_ms > 0 && now_ms > self.at_ms {
+            let f = 0.5f64.powf((now_ms - self.at_ms) as f64 / config.half_life_ms as f64);
+            p.right *= f;
+            p.wrong *= f;
+            p.up *= f;
+            p.down *= f;
+        }
+        p.at_ms = p.at_ms.max(now_ms);
+        let total = p.right + p.wrong;
+        if total > config.cap && total > 0.0 {
+            let s = config.cap / total;
+            p.right *= s;
+            p.wrong *= s;
+        }
+        let avail = p.up + p.down;
+        if avail > config.cap && avail > 0.0 {
+            let s = config.cap / avail;
+            p.up *= s;
+            p.down *= s;
+        }
+        p
+    }
+
+    /// The posterior mean of the chance a value of this source is right, under `config`'s prior.
+    pub fn mean(&self, config: &TrustConfig) -> f64 {
+        let a = config.prior_right + self.right;
+        let b = config.prior_wrong + self.wrong;
+        a / (a + b)
+    }
+}
+
+/// A store of trust, per source: outlives runs, serialises with a version.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trust {
+    /// [`TRUST_VERSION`] when written.
+    #[serde(default = "version")]
+    pub version: u32,
+    sources: BTreeMap<String, (Source, Posterior)>,
+}
+
+fn version() -> u32 {
+    TRUST_VERSION
+}
+
+/// Why bytes could not be read back as a [`Trust`] store.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    /// Written by another layout.
+    #[error("trust store version {found} is not the version this build reads ({expected})")]
+    Version {
+        /// The bytes'.
+        found: u32,
+        /// This build's.
+        expected: u32,
+    },
+    /// Not a store.
+    #[error("trust store unreadable: {0}")]
+    Unreadable(#[from] serde_json::Error),
+}
+
+impl Trust {
+    /// An empty store: every source stands at the prior.
+    pub fn new() -> Trust {
+        Trust {
+            version: TRUST_VERSION,
+            sources: BTreeMap::new(),
+        }
+    }
+
+    /// Records one piece of evidence about `source` at `now_ms`.
+    pub fn observe(
+        &mut self,
+        source: &Source,
+        evidence: Evidence,
+        now_ms: u64,
+        config: &TrustConfig,
+    ) {
+        let key = source.key();
+        if !self.sources.contains_key(&key)
+            && self.sources.len() >= MAX_SOURCES
+            && let Some(oldest) = self
+                .sources
+                .iter()
+                .min_by_key(|(_, (_, p))| p.at_ms)
+                .map(|(k, _)| k.clone())
+        {
+            self.sources.remove(&oldest);
+        }
+        let entry = self
+            .sources
+            .entry(key)
+            .or_insert_with(|| (source.clone(), Posterior::default()));
+        let mut p = entry.1.at(now_ms, config);
+        let (r, w, u, d) = evidence.weights();
+        p.right += r;
+        p.wrong += w;
+        p.up += u;
+        p.down += d;
+        entry.1 = p.at(now_ms, config);
+    }
+
+    /// Applies reports a run made (in order).
+    pub fn apply(&mut self, reports: &[Report], config: &TrustConfig) {
+        for r in reports {
+            self.observe(&r.source, r.evidence, r.at_ms, config);
+        }
+    }
+
+    /// The evidence about `source` as of `now_ms` (none: all zero).
+    pub fn posterior(&self, source: &Source, now_ms: u64, config: &TrustConfig) -> Posterior {
+        self.sources
+            .get(&source.key())
+            .map_or_else(Posterior::default, |(_, p)| p.at(now_ms, config))
+    }
+
+    /// The estimated chance that a value `source` gives now is right.
+    pub fn p_right(&self, source: &Source, now_ms: u64, config: &TrustConfig) -> f64 {
+        self.posterior(source, now_ms, config).mean(config)
+    }
+
+    /// The sources held, with their evidence as last updated.
+    pub fn sources(&self) -> impl Iterator<Item = (&Source, &Posterior)> {
+        self.sources.values().map(|(s, p)| (s, p))
+    }
+
+    /// The store as versioned JSON bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        let mut t = self.clone();
+        t.version = TRUST_VERSION;
+        serde_json::to_vec(&t)
+    }
+
+    /// A store read back from [`Trust::to_bytes`]; another version is refused.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Trust, TrustError> {
+        let t: Trust = serde_json::from_slice(bytes)?;
+        if t.version != TRUST_VERSION {
+            return Err(TrustError::Version {
+                found: t.version,
+                expected: TRUST_VERSION,
+            });
+        }
+        Ok(t)
+    }
+}
+
+/// One trust store shared by the runs of a process (the runtime's agent, the gateway, the MCP
+/// proxy): each run starts from a [`Shared::snapshot`] and hands its evidence back with
+/// [`Shared::report`]. Cloning shares the store. No clock is read here: a front-end whose runs
+/// keep their own clocks (each starting at 0) passes the run's start on its process clock as
+/// `offset_ms`, so that evidence from runs far apart decays as it should.
+#[derive(Debug, Clone, Default)]
+pub struct Shared(std::sync::Arc<std::sync::Mutex<Trust>>);
+
+impl Shared {
+    /// An empty shared store.
+    pub fn new() -> Shared {
+        Shared::default()
+    }
+
+    /// A shared store starting from `trust`.
+    pub fn from_trust(trust: Trust) -> Shared {
+        Shared(std::sync::Arc::new(std::sync::Mutex::new(trust)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Trust> {
+        // A run that panicked while holding the lock left a store that is still a store.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A copy of the store now, for a run to start from.
+    pub fn snapshot(&self) -> Trust {
+        self.lock().clone()
+    }
+
+    /// Applies a run's evidence, its times shifted by `offset_ms` onto the process clock.
+    pub fn report(&self, reports: &[Report], offset_ms: u64, config: &TrustConfig) {
+        let mut t = self.lock();
+        for r in reports {
+            t.observe(
+                &r.source,
+                r.evidence,
+                r.at_ms.saturating_add(offset_ms),
+                config,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agreement_raises_and_disagreement_lowers() {
+        let c = TrustConfig::default();
+        let s = Source::tool("sub");
+        let mut t = Trust::new();
+        let p0 = t.p_right(&s, 0, &c);
+        assert!((p0 - c.prior_mean()).abs() < 1e-12);
+        t.observe(&s, Evidence::Agreed, 0, &c);
+        let p1 = t.p_right(&s, 0, &c);
+        assert!(p1 > p0);
+        t.observe(&s, Evidence::Disagreed, 0, &c);
+        let p2 = t.p_right(&s, 0, &c);
+        assert!(p2 < p1);
+        t.observe(&s, Evidence::Outage, 0, &c);
+        assert_eq!(t.p_right(&s, 0, &c), p2, "an outage says nothing of values");
+    }
+}

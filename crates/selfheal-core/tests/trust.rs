@@ -1,0 +1,287 @@
+//! Issue 33, item 1: trust learned from evidence — the posterior moves the right way, decays
+//! toward the prior, is capped, survives a round trip, and a wrong substitute caught by
+//! cross-checks loses trust and stops being claimed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use proptest::prelude::*;
+use selfheal_core::budget::{Amounts, BudgetLimits};
+use selfheal_core::classifier::Signal;
+use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
+use selfheal_core::monitor::ToolCall;
+use selfheal_core::policy::{Options, RecoveryAction};
+use selfheal_core::rng::ConstRng;
+use selfheal_core::trace::RunStatus;
+use selfheal_core::trust::{Evidence, Source, Trust, TrustConfig};
+use selfheal_core::verifier::Judgement;
+use serde_json::{Value, json};
+
+const ALL: [Evidence; 8] = [
+    Evidence::Agreed,
+    Evidence::Disagreed,
+    Evidence::Accepted,
+    Evidence::Rejected,
+    Evidence::ContractBreach,
+    Evidence::ChangedOnReread,
+    Evidence::Outage,
+    Evidence::OutageEnded,
+];
+
+fn history() -> impl Strategy<Value = Vec<(usize, u64)>> {
+    prop::collection::vec((0..ALL.len(), 0u64..600_000), 0..80)
+}
+
+/// Applies `h` (evidence, gap before it) to a fresh store; returns the store and the last time.
+fn replay(h: &[(usize, u64)], c: &TrustConfig) -> (Trust, u64) {
+    let s = Source::tool("t");
+    let mut t = Trust::new();
+    let mut now = 0;
+    for &(e, gap) in h {
+        now += gap;
+        t.observe(&s, ALL[e], now, c);
+    }
+    (t, now)
+}
+
+proptest! {
+    #[test]
+    fn evidence_moves_the_posterior_the_right_way(h in history(), e in 0..ALL.len()) {
+        let c = TrustConfig::default();
+        let s = Source::tool("t");
+        let (mut t, now) = replay(&h, &c);
+        let before = t.p_right(&s, now, &c);
+        t.observe(&s, ALL[e], now, &c);
+        let after = t.p_right(&s, now, &c);
+        match ALL[e] {
+            Evidence::Agreed | Evidence::Accepted => prop_assert!(after > before, "{before} → {after}"),
+            Evidence::Disagreed | Evidence::Rejected | Evidence::ContractBreach
+            | Evidence::ChangedOnReread => prop_assert!(after < before, "{before} → {after}"),
+            // Availability is not correctness: an outage, or its end, leaves it.
+            Evidence::Outage | Evidence::OutageEnded => prop_assert!((after - before).abs() < 1e-12),
+        }
+        let p = t.posterior(&s, now, &c);
+        prop_assert!(p.right + p.wrong <= c.cap + 1e-9, "capped: {p:?}");
+    }
+
+    #[test]
+    fn evidence_decays_toward_the_prior(h in history(), later in 1u64..100_000_000) {
+        let c = TrustConfig::default();
+        let s = Source::tool("t");
+        let (t, now) = replay(&h, &c);
+        let prior = c.prior_mean();
+        let p_now = t.p_right(&s, now, &c);
+        let p_later = t.p_right(&s, now + later, &c);
+        prop_assert!((p_later - prior).abs() <= (p_now - prior).abs() + 1e-12,
+            "{p_now} → {p_later}, prior {prior}");
+        // A day of silence leaves next to nothing of any record.
+        let p_day = t.p_right(&s, now + 24 * 3_600_000, &c);
+        prop_assert!((p_day - prior).abs() < 1e-4, "{p_day}");
+    }
+
+    #[test]
+    fn a_store_round_trips_through_bytes(h in history()) {
+        let c = TrustConfig::default();
+        let (t, _) = replay(&h, &c);
+        let back = Trust::from_bytes(&t.to_bytes().unwrap()).unwrap();
+        prop_assert_eq!(back, t);
+    }
+}
+
+#[test]
+fn old_evidence_cannot_outweigh_new() {
+    // A long good record, then a source that turns: the cap keeps the record from hiding it.
+    let c = TrustConfig::default();
+    let s = Source::tool("t");
+    let mut t = Trust::new();
+    for i in 0..10_000 {
+        t.observe(&s, Evidence::Agreed, i, &c);
+    }
+    let good = t.p_right(&s, 10_000, &c);
+    for i in 0..5 {
+        t.observe(&s, Evidence::Rejected, 10_000 + i, &c);
+    }
+    let turned = t.p_right(&s, 10_005, &c);
+    assert!(
+        good - turned > 0.05,
+        "five rejections after 10,000 agreements: {good} → {turned}"
+    );
+}
+
+#[test]
+fn another_version_is_refused() {
+    let bytes = br#"{"version": 999, "sources": {}}"#;
+    assert!(Trust::from_bytes(bytes).is_err());
+}
+
+fn opts(substitute: Option<&str>) -> Options {
+    let mut o = Options::all("backup_search", "big-model");
+    o.substitute = substitute.map(str::to_owned);
+    o
+}
+
+fn controller(trust: Trust) -> Controller {
+    Controller::new(ControllerConfig {
+        budget: BudgetLimits::defaults(),
+        trust,
+        ..ControllerConfig::default()
+    })
+    .unwrap()
+}
+
+/// One run: the primary `search` is down on step 1, the run substitutes `backup_search`,
+/// whose answer the cross-check cannot judge (the primary is down). Returns the directive after
+/// that verdict and the run's status.
+fn outage_run(trust: Trust) -> (Directive, RunStatus, Controller) {
+    let mut c = controller(trust);
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let result = json!({"hits": [1]});
+    for t in 0..4 {
+        let d = c.observe(
+            Observation::ToolFinished {
+                step: Some(1),
+                call: ToolCall::failed("search", &a, "HTTP 503"),
+                signal: Some(Signal::HttpStatus {
+                    status: 503,
+                    retry_after_ms: None,
+                    message: String::new(),
+                }),
+                options: opts(Some("backup_search")),
+                usage: Amounts::default(),
+            },
+            t,
+            &mut rng,
+        );
+        let Directive::Recover { action, .. } = d else {
+            panic!("expected a recovery, got {d:?}");
+        };
+        if matches!(action, RecoveryAction::Substitute { .. }) {
+            break;
+        }
+    }
+    let d = c.observe(
+        Observation::ToolFinished {
+            step: Some(1),
+            call: ToolCall::returned("backup_search", &a, &result),
+            signal: None,
+            options: opts(None),
+            usage: Amounts::default(),
+        },
+        10,
+        &mut rng,
+    );
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(
+        Observation::Verified {
+            step: Some(1),
+            verifier: "cross_check",
+            judgement: Judgement::Uncertain {
+                reason: "`search` did not answer".into(),
+            },
+            options: opts(None),
+        },
+        11,
+        &mut rng,
+    );
+    let status = c.finish(12).status;
+    (d, status, c)
+}
+
+/// One run in which both sources answer and the cross-check of the primary's value against
+/// `backup_search` disagrees; then the primary's value is confirmed by another verifier.
+fn caught_run(trust: Trust, at: u64) -> Controller {
+    let mut c = controller(trust);
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let result: Value = json!({"hits": [1]});
+    c.observe(
+        Observation::ToolFinished {
+            step: Some(1),
+            call: ToolCall::returned("search", &a, &result),
+            signal: Some(Signal::Contradiction {
+                detail: "`hits`: 1 here, 2 from `backup_search`".into(),
+            }),
+            options: opts(Some("backup_search")),
+            usage: Amounts::default(),
+        },
+        at,
+        &mut rng,
+    );
+    c.observe(
+        Observation::Verified {
+            step: Some(1),
+            verifier: "grounding",
+            judgement: Judgement::Accept,
+            options: opts(Some("backup_search")),
+        },
+        at + 1,
+        &mut rng,
+    );
+    c.finish(at + 2);
+    c
+}
+
+#[test]
+fn a_wrong_substitute_caught_by_cross_checks_loses_trust_and_stops_being_claimed() {
+    let config = TrustConfig::default();
+    let backup = Source::tool("backup_search");
+    // With nothing known against it, the substitute's unchecked value is claimed: an outage of
+    // the primary is no evidence against the substitute.
+    let (d, status, mut first) = outage_run(Trust::new());
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(status, RunStatus::Complete);
+    let mut store = Trust::new();
+    store.apply(&first.take_trust_reports(), &config);
+    assert!(
+        store.p_right(&backup, 12, &config) >= store.p_right(&Source::tool("nobody"), 12, &config),
+        "the primary's outage did not count against the substitute"
+    );
+    // A later run catches the substitute disagreeing with the primary, whose value holds.
+    let mut caught = caught_run(store.clone(), 100);
+    store.apply(&caught.take_trust_reports(), &config);
+    let p = store.p_right(&backup, 103, &config);
+    assert!(
+        p < 0.99,
+        "the disagreement costs the substitute its standing: {p}"
+    );
+    assert!(
+        store.p_right(&Source::tool("search"), 103, &config) > p,
+        "the source whose value was confirmed keeps more"
+    );
+    // The next outage: the substitute's unchecked value is no longer claimed.
+    let (d, status, _) = outage_run(store);
+    assert!(
+        matches!(d, Directive::Degrade { ref reason } if reason.contains("could not be verified")),
+        "{d:?}"
+    );
+    assert_eq!(status, RunStatus::Partial);
+}
+
+#[test]
+fn trust_within_one_run_counts_at_once() {
+    // The run's own copy is updated as evidence arrives: a disagreement earlier in the run
+    // already withholds the substitute's value later in the same run.
+    let config = TrustConfig::default();
+    let mut c = controller(Trust::new());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let result = json!({"hits": [1]});
+    c.observe(
+        Observation::ToolFinished {
+            step: Some(0),
+            call: ToolCall::returned("search", &a, &result),
+            signal: Some(Signal::Contradiction {
+                detail: "disagree".into(),
+            }),
+            options: opts(Some("backup_search")),
+            usage: Amounts::default(),
+        },
+        0,
+        &mut rng,
+    );
+    assert!(
+        c.trust()
+            .p_right(&Source::tool("backup_search"), 0, &config)
+            < 0.99
+    );
+}
