@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 /// The seeds of one target, sorted by name.
-pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../fuzz/seeds")
         .join(target);
@@ -23,7 +23,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
 
 /// `n` mutants of each seed (bytes overwritten, inserted, removed; the end cut), from a fixed
 /// seed: the same inputs on every run.
-pub fn mutants(seeds: &[(String, Vec<u8>)], n: usize) -> Vec<Vec<u8>> {
+pub(crate) fn mutants(seeds: &[(String, Vec<u8>)], n: usize) -> Vec<Vec<u8>> {
     let mut state = 0x5eed_u64;
     let mut next = move || {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);

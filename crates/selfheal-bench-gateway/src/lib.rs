@@ -38,7 +38,6 @@
 //! print!("{}", selfheal_bench_gateway::table(&report));
 //! # Ok(()) }
 //! ```
-#![warn(unreachable_pub)]
 
 mod agent;
 mod endpoint;

@@ -37,7 +37,7 @@ use crate::state::{AppState, lock};
 
 /// Compare-and-set attempts of one write before it gives up (the local state stands and the
 /// next request's write carries it).
-pub const ATTEMPTS: u32 = 4;
+pub(crate) const ATTEMPTS: u32 = 4;
 
 /// The run a request continues: `run` of `tenant` (or, `named` false, a fresh detached run
 /// that is stored once adopted), read from the shared store when there is one. `redo` builds

@@ -6,7 +6,6 @@
 //! allocation-free JSON-path reader ([`At`]). The runtime's agent and the gateway both sit on it,
 //! so the gateway does not depend on the agent runtime, and a failure is read off the wire the
 //! same way wherever it happens.
-#![warn(unreachable_pub)]
 
 mod at;
 mod client;

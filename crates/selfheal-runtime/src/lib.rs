@@ -5,7 +5,6 @@
 //! that obeys the controller's directives and verifies tool outputs and final answers
 //! ([`Agent`]). The live-model benchmark that drives the simulated benchmark's tasks with a real
 //! tool-calling model is built on this crate, in `selfheal-live`.
-#![warn(unreachable_pub)]
 
 mod agent;
 mod tool;

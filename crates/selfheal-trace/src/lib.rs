@@ -10,7 +10,6 @@
 //! JSON Lines file are two sinks of one decision schema and `selfheal trace replay` reads both.
 //! The front-ends' own bookkeeping (`request`, `response`, `guidance`, `hide`, ...) is recorded
 //! beside it as kinds with a JSON detail.
-#![warn(unreachable_pub)]
 
 mod store;
 

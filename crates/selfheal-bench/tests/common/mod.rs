@@ -4,7 +4,7 @@
 use selfheal_bench::faultmodel::{FaultModel, Injected};
 
 /// The default fault model and a fault of its kind `name` on `step` that never clears.
-pub fn permanent(name: &str, step: usize) -> (FaultModel, Injected) {
+pub(crate) fn permanent(name: &str, step: usize) -> (FaultModel, Injected) {
     let model = FaultModel::default_model().unwrap();
     let spec = model.faults.iter().position(|f| f.name == name).unwrap();
     let fault = Injected {

@@ -34,7 +34,7 @@ EXAMPLES
                                          in-process self-healing on the same seeds
 
 Every result is a pure function of the options: the same options give byte-identical JSON.")]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// First seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -257,7 +257,7 @@ fn run_live(args: &BenchArgs) -> anyhow::Result<u8> {
 }
 
 /// Runs `selfheal bench`; returns the process exit code.
-pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
+pub(crate) fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.live {
         return run_live(&args);
     }

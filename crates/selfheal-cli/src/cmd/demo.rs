@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 EXAMPLES
   selfheal demo          the three stuck agents side by side, without and with the monitor
   selfheal demo --json   the same as JSON, one object per scenario")]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Print machine-readable JSON instead of the side-by-side text.
     #[arg(long)]
     pub json: bool,
@@ -250,7 +250,7 @@ fn report(s: Scenario) -> ScenarioReport {
 }
 
 /// Runs `selfheal demo`; returns the process exit code.
-pub fn run(args: DemoArgs) -> anyhow::Result<u8> {
+pub(crate) fn run(args: DemoArgs) -> anyhow::Result<u8> {
     let reports: Vec<ScenarioReport> = [
         Scenario::BlankSearches,
         Scenario::FailingSearch,

@@ -41,7 +41,7 @@ the conversation and are refused here (use `selfheal serve`).
 In an MCP client's configuration, put `selfheal` as the command and `mcp -- <the server's command>`
 in front of the server's arguments. The proxy speaks MCP on its stdin/stdout; the server's stderr
 passes through. Decisions go to the trace (`selfheal trace list`, run `mcp-<pid>`).")]
-pub struct McpArgs {
+pub(crate) struct McpArgs {
     /// Seconds a tool call may take before it is cancelled and failed.
     #[arg(long, default_value_t = 60)]
     pub call_timeout: u64,
@@ -79,7 +79,7 @@ pub struct McpArgs {
 }
 
 /// Runs `selfheal mcp`; returns the process exit code.
-pub fn run(args: McpArgs) -> anyhow::Result<u8> {
+pub(crate) fn run(args: McpArgs) -> anyhow::Result<u8> {
     let monitor = match &args.monitor_config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

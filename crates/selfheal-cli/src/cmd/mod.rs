@@ -1,20 +1,20 @@
 //! One module per subcommand.
 
-pub mod bench;
-pub mod demo;
+pub(crate) mod bench;
+pub(crate) mod demo;
 #[cfg(feature = "mcp")]
-pub mod mcp;
-pub mod monitor;
-pub mod repair;
+pub(crate) mod mcp;
+pub(crate) mod monitor;
+pub(crate) mod repair;
 #[cfg(feature = "gateway")]
-pub mod serve;
+pub(crate) mod serve;
 #[cfg(any(feature = "gateway", feature = "mcp"))]
-pub mod trace;
+pub(crate) mod trace;
 
 /// Reads a recovery-policy file (`[ladders]`, `[last_chance]`, `[retry]`,
 /// `max_actions_per_failure`; classes left out keep the default ladders): the one format
 /// `bench`, `serve` and `mcp` take with `--policy`.
-pub fn read_policy(path: &std::path::Path) -> anyhow::Result<selfheal_core::policy::Policy> {
+pub(crate) fn read_policy(path: &std::path::Path) -> anyhow::Result<selfheal_core::policy::Policy> {
     use anyhow::Context as _;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--policy: cannot read {}", path.display()))?;
@@ -25,7 +25,7 @@ pub fn read_policy(path: &std::path::Path) -> anyhow::Result<selfheal_core::poli
 /// The trace writer `serve` and `mcp` record into: none with `--no-trace`, else the SQLite file
 /// at `path` (default: `$XDG_DATA_HOME/selfheal/trace.db`).
 #[cfg(feature = "mcp")]
-pub fn open_trace(
+pub(crate) fn open_trace(
     no_trace: bool,
     path: Option<&std::path::Path>,
 ) -> anyhow::Result<selfheal_trace::TraceWriter> {
@@ -34,7 +34,7 @@ pub fn open_trace(
 
 /// [`open_trace`] keeping events for `retention` (`None`: for ever).
 #[cfg(any(feature = "gateway", feature = "mcp"))]
-pub fn open_trace_kept(
+pub(crate) fn open_trace_kept(
     no_trace: bool,
     path: Option<&std::path::Path>,
     retention: Option<std::time::Duration>,

@@ -31,7 +31,7 @@ EXAMPLE
                  '{\"tool\":\"search\",\"args\":{\"q\":\"\"},\"result\":[],\"required\":[\"q\"]}' \\
     | selfheal monitor
 ")]
-pub struct MonitorArgs {
+pub(crate) struct MonitorArgs {
     /// TOML file overriding thresholds (warn_after, circuit_after, abort_failure_rate, mode, ...).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -80,7 +80,7 @@ struct ErrorLine<'a> {
 }
 
 /// Runs `selfheal monitor`; returns the process exit code.
-pub fn run(args: MonitorArgs) -> anyhow::Result<u8> {
+pub(crate) fn run(args: MonitorArgs) -> anyhow::Result<u8> {
     let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

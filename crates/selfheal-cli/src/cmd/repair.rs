@@ -43,7 +43,7 @@ EXAMPLES
 
 Exit status: 0 a value nothing was invented in, 1 refused (reason and re-ask text on stderr),
 2 usage error.")]
-pub struct RepairArgs {
+pub(crate) struct RepairArgs {
     /// JSON Schema (draft 2020-12 or 7) to coerce and validate the repaired value against.
     #[arg(long, value_name = "FILE")]
     pub schema: Option<PathBuf>,
@@ -86,10 +86,10 @@ pub struct RepairArgs {
 }
 
 /// Default for `--max-bytes`: 256 MiB.
-pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Runs `selfheal repair`; returns the process exit code.
-pub fn run(args: RepairArgs) -> anyhow::Result<u8> {
+pub(crate) fn run(args: RepairArgs) -> anyhow::Result<u8> {
     let guide = match &args.schema {
         None => None,
         Some(path) => match load_schema(path) {

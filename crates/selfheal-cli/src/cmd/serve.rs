@@ -26,7 +26,7 @@ EXAMPLES
 
 Then point the agent's OpenAI client at it, e.g. OpenAI(base_url=\"http://127.0.0.1:7420/v1\"),
 and read what it decided with `selfheal trace list`. Health: GET /healthz, GET /readyz.")]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Base URL of the upstream that serves every model name (up to and including `/v1`).
     #[arg(long)]
     pub upstream: Option<String>,
@@ -79,7 +79,7 @@ fn init_logging() {
 }
 
 /// Runs `selfheal serve`; returns the process exit code.
-pub fn run(args: ServeArgs) -> anyhow::Result<u8> {
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<u8> {
     init_logging();
     let mut config = match &args.config {
         Some(path) => {

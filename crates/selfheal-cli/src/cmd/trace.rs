@@ -10,7 +10,7 @@ use selfheal_trace::{StoreError, is_action};
 
 /// Where the trace is.
 #[derive(Args, Debug)]
-pub struct TraceDb {
+pub(crate) struct TraceDb {
     /// The trace database (default: `$XDG_DATA_HOME/selfheal/trace.db`).
     #[arg(long)]
     pub trace_db: Option<PathBuf>,
@@ -21,7 +21,7 @@ pub struct TraceDb {
 
 /// Subcommands of `selfheal trace`.
 #[derive(Subcommand, Debug)]
-pub enum TraceCommand {
+pub(crate) enum TraceCommand {
     /// List recorded runs, most recent first.
     #[command(after_help = "\
 EXAMPLES
@@ -98,7 +98,7 @@ fn open(db: &TraceDb) -> anyhow::Result<Option<TraceReader>> {
 
 /// A Unix time in ms as a local ISO-8601 time with milliseconds and the UTC offset, e.g.
 /// `2026-11-30T07:41:05.123+01:00` (the raw number if it is out of range).
-pub fn local_time(unix_ms: i64) -> String {
+pub(crate) fn local_time(unix_ms: i64) -> String {
     match jiff::Timestamp::from_millisecond(unix_ms) {
         Ok(t) => t
             .to_zoned_datetime(jiff::tz::TimeZone::system())
@@ -249,7 +249,7 @@ fn replay(
 }
 
 /// Runs `selfheal trace`; returns the process exit code.
-pub fn run(command: TraceCommand) -> anyhow::Result<u8> {
+pub(crate) fn run(command: TraceCommand) -> anyhow::Result<u8> {
     match command {
         TraceCommand::Replay {
             run,

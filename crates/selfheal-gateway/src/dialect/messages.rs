@@ -43,7 +43,7 @@ use crate::state::AppState;
 /// Why an Anthropic request (or an answer for one) cannot be translated without loss.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct Refusal(pub String);
+pub(crate) struct Refusal(pub String);
 
 fn refuse<T>(message: impl Into<String>) -> Result<T, Refusal> {
     Err(Refusal(message.into()))
@@ -70,7 +70,7 @@ const FIELDS: &[&str] = &[
 
 /// An Anthropic request translated for the chat pipeline.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Translated {
+pub(crate) struct Translated {
     /// The chat-completions request.
     pub chat: Value,
     /// The model asked for.
@@ -80,7 +80,7 @@ pub struct Translated {
 }
 
 /// Translates a Messages request into the chat-completions request the pipeline heals.
-pub fn to_chat(req: &Value) -> Result<Translated, Refusal> {
+pub(crate) fn to_chat(req: &Value) -> Result<Translated, Refusal> {
     let Some(o) = req.as_object() else {
         return refuse("the body must be a JSON object");
     };
@@ -552,7 +552,11 @@ fn message_text(message: &Value) -> String {
 }
 
 /// Renders a healed chat completion as an Anthropic `message`, its `selfheal` report kept.
-pub fn to_message(completion: &Value, model: &str, stops: &[String]) -> Result<Value, Refusal> {
+pub(crate) fn to_message(
+    completion: &Value,
+    model: &str,
+    stops: &[String],
+) -> Result<Value, Refusal> {
     let Some(choice) = completion.pointer("/choices/0") else {
         return refuse("the answer has no choice");
     };
@@ -601,7 +605,7 @@ pub fn to_message(completion: &Value, model: &str, stops: &[String]) -> Result<V
 
 /// An Anthropic error body: `{"type": "error", "error": {"type", "message"}}`, with the
 /// gateway's own `code` (`calls_left_out`, `upstream_exhausted`, ...) when there is one.
-pub fn error_body(status: StatusCode, message: &str, code: Option<&str>) -> Value {
+pub(crate) fn error_body(status: StatusCode, message: &str, code: Option<&str>) -> Value {
     let kind = match status.as_u16() {
         401 => "authentication_error",
         403 => "permission_error",
@@ -622,7 +626,7 @@ pub fn error_body(status: StatusCode, message: &str, code: Option<&str>) -> Valu
 }
 
 /// One Anthropic stream event: its name and data.
-pub type Event = (&'static str, Value);
+pub(crate) type Event = (&'static str, Value);
 
 /// The open content block of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -638,7 +642,7 @@ enum Open {
 /// finish; an `error` event for an error chunk, an unreadable chunk, or a stream that ended
 /// (or broke) before it finished — never a `message_stop` for an answer that did not finish.
 #[derive(Debug, Clone)]
-pub struct StreamRender {
+pub(crate) struct StreamRender {
     model: String,
     stops: Vec<String>,
     started: bool,
@@ -656,7 +660,7 @@ pub struct StreamRender {
 
 impl StreamRender {
     /// A renderer for an answer to `model`, asked with `stops`.
-    pub fn new(model: &str, stops: &[String]) -> StreamRender {
+    pub(crate) fn new(model: &str, stops: &[String]) -> StreamRender {
         StreamRender {
             model: model.to_owned(),
             stops: stops.to_vec(),
@@ -674,12 +678,12 @@ impl StreamRender {
     }
 
     /// Whether the stream is over (`message_stop` or `error` sent): nothing more is read.
-    pub fn ended(&self) -> bool {
+    pub(crate) fn ended(&self) -> bool {
         self.ended
     }
 
     /// Handles one `data:` payload of the chat stream.
-    pub fn payload(&mut self, payload: &str, out: &mut Vec<Event>) {
+    pub(crate) fn payload(&mut self, payload: &str, out: &mut Vec<Event>) {
         if self.ended {
             return;
         }
@@ -750,14 +754,14 @@ impl StreamRender {
     }
 
     /// The chat stream's body ended: an answer not closed by then was cut.
-    pub fn end(&mut self, out: &mut Vec<Event>) {
+    pub(crate) fn end(&mut self, out: &mut Vec<Event>) {
         if !self.ended {
             self.broke("the stream ended before the answer was finished", out);
         }
     }
 
     /// The stream broke (`why`): an `error` event, and nothing after it.
-    pub fn broke(&mut self, why: &str, out: &mut Vec<Event>) {
+    pub(crate) fn broke(&mut self, why: &str, out: &mut Vec<Event>) {
         if self.ended {
             return;
         }

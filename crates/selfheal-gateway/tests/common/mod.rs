@@ -11,7 +11,7 @@ use selfheal_gateway::{GatewayConfig, TraceWriter, serve};
 
 /// The gateway (`serve`) on 127.0.0.1, port 0, with retries a millisecond apart and no trace:
 /// its base URL, `http://…/v1`.
-pub async fn gateway(mut config: GatewayConfig) -> String {
+pub(crate) async fn gateway(mut config: GatewayConfig) -> String {
     config.policy.retry.base_ms = 1;
     config.policy.retry.max_ms = 2;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -26,7 +26,7 @@ pub async fn gateway(mut config: GatewayConfig) -> String {
 }
 
 /// The system texts of a chat request the upstream saw (where the gateway's guidance goes).
-pub fn guidance_seen(seen: &Value) -> String {
+pub(crate) fn guidance_seen(seen: &Value) -> String {
     seen["messages"]
         .as_array()
         .unwrap()

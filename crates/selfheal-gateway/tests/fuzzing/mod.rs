@@ -27,7 +27,7 @@ use selfheal_gateway::request::{ChatRequest, Edits};
 use selfheal_gateway::stream::{Frame, Hooks, Reask, Reasked, relay};
 
 /// The request view on a client's body, with the edits the first byte picks.
-pub fn request(data: &[u8]) {
+pub(crate) fn request(data: &[u8]) {
     let (flags, body) = data.split_first().map_or((0, data), |(f, b)| (*f, b));
     let b = Bytes::copy_from_slice(body);
     let Ok(view) = ChatRequest::parse(&b) else {
@@ -118,7 +118,7 @@ pub fn request(data: &[u8]) {
 }
 
 /// The edits applied to a `Value`, as the gateway did before it had views.
-pub fn reference(mut v: Value, e: &Edits<'_>) -> Value {
+pub(crate) fn reference(mut v: Value, e: &Edits<'_>) -> Value {
     let o = v.as_object_mut().expect("a request is an object");
     if let Some(m) = e.model {
         o.insert("model".into(), json!(m));
@@ -304,7 +304,7 @@ fn failing() -> Reask {
 }
 
 /// The SSE relay on an upstream's stream.
-pub fn sse(data: &[u8]) {
+pub(crate) fn sse(data: &[u8]) {
     let (head, body) = data.split_at(data.len().min(4));
     let byte = |i: usize| head.get(i).copied().unwrap_or(0);
     let flags = byte(0);

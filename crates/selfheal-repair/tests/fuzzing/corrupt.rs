@@ -6,7 +6,7 @@ use serde_json::Value;
 
 /// The repairable corruptions, each one a liberty models take that loses nothing.
 #[derive(Debug, Clone, Copy)]
-pub struct Corruption {
+pub(crate) struct Corruption {
     pub unquoted_keys: bool,
     pub single_quotes: bool,
     pub python_literals: bool,
@@ -130,7 +130,7 @@ fn write(out: &mut String, v: &Value, c: Corruption, depth: usize) {
     }
 }
 
-pub fn corrupt(v: &Value, c: Corruption) -> String {
+pub(crate) fn corrupt(v: &Value, c: Corruption) -> String {
     let mut text = String::new();
     write(&mut text, v, c, 0);
     for _ in 0..c.drop_closers {
@@ -152,7 +152,7 @@ pub fn corrupt(v: &Value, c: Corruption) -> String {
 
 /// Whether `got` keeps only what `v` holds: containers may lack trailing members, every
 /// scalar is exact.
-pub fn structural_prefix(got: &Value, v: &Value) -> bool {
+pub(crate) fn structural_prefix(got: &Value, v: &Value) -> bool {
     match (got, v) {
         (Value::Array(g), Value::Array(o)) => {
             g.len() <= o.len()

@@ -13,7 +13,7 @@
 // Each user of this module (two fuzz targets, one test) takes what it needs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-pub mod corrupt;
+pub(crate) mod corrupt;
 
 use std::sync::LazyLock;
 
@@ -43,7 +43,7 @@ static GUIDE: LazyLock<Option<SchemaGuide>> = LazyLock::new(|| {
 /// `tests/quotes_in_strings.rs`. Not a lone blank, `,` or `:`: in an array `["" " now"]` and
 /// `["echo ","echo"]` are also exactly the text of two strings (the first with its comma
 /// missing, the reading the public repair suites expect), a reading no one can rule out.
-pub const QUOTED_TOKENS: &[&str] = &[
+pub(crate) const QUOTED_TOKENS: &[&str] = &[
     "10",
     "3.5",
     "2024-01-01",
@@ -72,7 +72,7 @@ pub const QUOTED_TOKENS: &[&str] = &[
 ];
 
 /// `repair` and `SchemaGuide` on arbitrary bytes: no panic, and the output is valid JSON.
-pub fn repair_no_panic(data: &[u8]) {
+pub(crate) fn repair_no_panic(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
@@ -99,7 +99,7 @@ pub fn repair_no_panic(data: &[u8]) {
 }
 
 /// Issue 14's differential property, driven by bytes instead of proptest's strategies.
-pub fn repair_differential(data: &[u8]) {
+pub(crate) fn repair_differential(data: &[u8]) {
     let mut src = Source { data, pos: 0 };
     let mode = src.byte();
     let v = value(&mut src, 0);
@@ -229,7 +229,7 @@ fn value(src: &mut Source<'_>, depth: usize) -> Value {
 /// `$`-words, words, flags, punctuation, nested quotes — and where the strings stand (a member,
 /// among others, nested, in an array). `repair` gives back the value meant or refuses; it never
 /// returns another value, and never a key the writer did not write.
-pub fn quote_in_string(data: &[u8]) {
+pub(crate) fn quote_in_string(data: &[u8]) {
     const PLAIN: &[&str] = &[
         "", "Windows ", "echo ", "a: ", " now", ".", " 5", "a, b", "x y",
     ];

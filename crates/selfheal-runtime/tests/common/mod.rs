@@ -19,7 +19,7 @@ use selfheal_runtime::{Agent, ClientConfig, ModelClient, RunResult};
 
 /// One scripted reply of the server.
 #[derive(Clone)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// A JSON body with this status and, if given, a `Retry-After` header.
     Json(u16, Value, Option<&'static str>),
     /// A raw text body with this status.
@@ -30,13 +30,13 @@ pub enum Reply {
 
 /// The replies still to give, the one given once they run out, and every request received.
 #[derive(Default)]
-pub struct Script {
+pub(crate) struct Script {
     queue: VecDeque<Reply>,
     forever: Option<Reply>,
     requests: Vec<Value>,
 }
 
-pub type Shared = Arc<Mutex<Script>>;
+pub(crate) type Shared = Arc<Mutex<Script>>;
 
 async fn handler(State(s): State<Shared>, body: axum::body::Bytes) -> Response {
     let reply = {
@@ -68,7 +68,7 @@ async fn handler(State(s): State<Shared>, body: axum::body::Bytes) -> Response {
 }
 
 /// Serves `app` on 127.0.0.1:0 in the background; returns its base URL (`http://…/v1`).
-pub async fn serve(app: Router) -> String {
+pub(crate) async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -79,7 +79,7 @@ pub async fn serve(app: Router) -> String {
 
 /// A server that gives `replies` in turn, then `forever` to every request (or a 500 "script
 /// empty" if there is none).
-pub async fn server(replies: Vec<Reply>, forever: Option<Reply>) -> (String, Shared) {
+pub(crate) async fn server(replies: Vec<Reply>, forever: Option<Reply>) -> (String, Shared) {
     let shared: Shared = Arc::new(Mutex::new(Script {
         queue: replies.into(),
         forever,
@@ -92,14 +92,14 @@ pub async fn server(replies: Vec<Reply>, forever: Option<Reply>) -> (String, Sha
 }
 
 /// A completion whose message is the final answer `text`.
-pub fn answer(text: &str) -> Value {
+pub(crate) fn answer(text: &str) -> Value {
     json!({"choices": [{"index": 0, "finish_reason": "stop",
         "message": {"role": "assistant", "content": text}}],
         "usage": {"total_tokens": 10}})
 }
 
 /// A completion whose message calls the tool `name` with the raw `args`.
-pub fn call(name: &str, args: &str) -> Value {
+pub(crate) fn call(name: &str, args: &str) -> Value {
     json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
         "message": {"role": "assistant", "content": null, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}}],
@@ -107,41 +107,41 @@ pub fn call(name: &str, args: &str) -> Value {
 }
 
 /// A 200 with the body `v`.
-pub fn ok(v: Value) -> Reply {
+pub(crate) fn ok(v: Value) -> Reply {
     Reply::Json(200, v, None)
 }
 
 /// An OpenAI-style error with this status and message.
-pub fn err(status: u16, msg: &str) -> Reply {
+pub(crate) fn err(status: u16, msg: &str) -> Reply {
     Reply::Json(status, json!({"error": {"message": msg}}), None)
 }
 
 /// A client of the server at `url` with this request timeout.
-pub fn client(url: &str, timeout_ms: u64) -> ModelClient {
+pub(crate) fn client(url: &str, timeout_ms: u64) -> ModelClient {
     let mut c = ClientConfig::new(url);
     c.timeout = Duration::from_millis(timeout_ms);
     ModelClient::new(c).unwrap()
 }
 
 /// `agent` with a 10 ms retry backoff and no jitter, so retries do not slow the tests.
-pub fn fast(mut agent: Agent) -> Agent {
+pub(crate) fn fast(mut agent: Agent) -> Agent {
     agent.config.policy.retry.base_ms = 10;
     agent.config.policy.retry.jitter = 0.0;
     agent
 }
 
 /// The requests the server has received, in order.
-pub fn requests(s: &Shared) -> Vec<Value> {
+pub(crate) fn requests(s: &Shared) -> Vec<Value> {
     s.lock().unwrap().requests.clone()
 }
 
 /// The last message of a request.
-pub fn last_message(req: &Value) -> Value {
+pub(crate) fn last_message(req: &Value) -> Value {
     req["messages"].as_array().unwrap().last().unwrap().clone()
 }
 
 /// How many times the run took an action of this kind.
-pub fn took(r: &RunResult, kind: ActionKind) -> u64 {
+pub(crate) fn took(r: &RunResult, kind: ActionKind) -> u64 {
     r.actions
         .iter()
         .find(|(k, _)| *k == kind)

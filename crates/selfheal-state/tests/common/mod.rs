@@ -7,21 +7,21 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A `redis-server` this test started.
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     child: Option<Child>,
     /// Its port on 127.0.0.1.
     pub port: u16,
 }
 
 /// A port free now (bound to 0, then released).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
 
 impl RedisServer {
     /// Starts one on a free port. Fails — never skips — when `redis-server` is not installed.
-    pub fn start() -> RedisServer {
+    pub(crate) fn start() -> RedisServer {
         let mut s = RedisServer {
             child: None,
             port: free_port(),
@@ -31,12 +31,12 @@ impl RedisServer {
     }
 
     /// `redis://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
     /// Starts it (again) on its port, empty, and waits until it accepts connections.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
@@ -59,7 +59,7 @@ impl RedisServer {
     }
 
     /// Kills it (its data is gone: it saves nothing).
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -67,7 +67,7 @@ impl RedisServer {
     }
 
     /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) it: a server that accepts but does not answer.
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().unwrap().id().to_string();
         let ok = Command::new("kill")
             .args([sig, &pid])
@@ -78,7 +78,7 @@ impl RedisServer {
     }
 
     /// `redis-cli` would need another package: one command over RESP by hand.
-    pub fn command(&self, args: &[&str]) -> String {
+    pub(crate) fn command(&self, args: &[&str]) -> String {
         use std::io::{Read, Write};
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -106,7 +106,7 @@ impl Drop for RedisServer {
 }
 
 /// Polls `f` every 20 ms until it holds, for at most `within`.
-pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub(crate) async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
     loop {
         if f() {
