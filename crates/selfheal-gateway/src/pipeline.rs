@@ -981,6 +981,8 @@ pub(crate) fn stream_hooks<A: AskStream>(
         head: None,
         budget: Some(Box::new(move || budget_json(&lock(&budget)))),
         on_partial: t.s.config.server.on_partial,
+        // The dialect says whether its request allows it (`tool_choice`).
+        salvage: false,
     }
 }
 

@@ -624,7 +624,8 @@ pub(crate) async fn answer_responses_stream(
     let encode = |m: &str| encode_responses(&again.req, m, None);
     let grounded = again.checks.evidence.clone().map(|e| grounding_check(t, e));
     let check = calls_check(again.checks.answered.clone(), grounded);
-    let hooks = stream_hooks(t, &again, check);
+    let mut hooks = stream_hooks(t, &again, check);
+    hooks.salvage = salvage_on(&again.req);
     let on = (&again.chain[..], &encode as crate::pipeline::Encode<'_>);
     let op = &responses_op;
     relay_stream::<responses_stream::Responses>(t, on, op, again.tools.clone(), hooks, actions)
