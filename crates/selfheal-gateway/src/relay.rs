@@ -647,10 +647,17 @@ impl<G: Grammar> Relay<'_, G> {
     /// unusable), and the answer sent whole — or, when it writes none, the held content sent
     /// as it was. A text that looks like a call but cannot be taken without a guess is
     /// re-asked; when no usable answer comes, the text goes out as it was and the answer is
-    /// `partial`. Whether the answer was sent whole.
+    /// `partial`. An answer that went on to stream structured calls is not read: its text goes
+    /// out as it was, its calls as any. Whether the answer was sent whole.
     async fn salvage_held(&mut self, held: HeldText, finish: &Value) -> Result<bool, Gone> {
         let mut answer = self.g.held_answer(held.text, finish);
-        match G::salvage(&mut answer, &self.tools) {
+        // Structured calls followed the text: they are the answer's calls, the text its words.
+        let salvage = if self.g.holds_calls() {
+            Salvage::None
+        } else {
+            G::salvage(&mut answer, &self.tools)
+        };
+        match salvage {
             Salvage::Taken(n) => {
                 self.report.salvaged += n;
                 let (tools, guides) = (&self.tools, &self.guides);

@@ -232,6 +232,53 @@ proptest! {
     }
 }
 
+/// Text that opens like a call, followed by structured calls: the structured call is the
+/// answer's call (never replaced by a salvaged one), and the text goes out as it was.
+#[test]
+fn structured_calls_after_held_text_are_kept() {
+    let text = "{\"name\": \"search\", \"arguments\": {\"query\": \"text\"}}";
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let events = [
+        chunk(json!({"role": "assistant"}), Value::Null),
+        chunk(json!({"content": text}), Value::Null),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "t1", "type": "function",
+                "function": {"name": "search", "arguments": "{\"query\": \"real\"}"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+    ];
+    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    let out = block_on(async move {
+        let (tx, rx) = mpsc::channel(4096);
+        let hooks = selfheal_gateway::stream::Hooks {
+            salvage: true,
+            ..Default::default()
+        };
+        selfheal_gateway::stream::relay(
+            upstream(body),
+            Arc::new(tools()),
+            Arc::new(GuideCache::default()),
+            Some(json!({"status": "complete", "actions": []})),
+            hooks,
+            &tx,
+        )
+        .await;
+        drop(tx);
+        collect(rx).await
+    });
+    let calls = chat_calls(&out);
+    assert_eq!(calls.len(), 1, "{out:?}");
+    assert_eq!(calls[0].1, json!({"query": "real"}));
+    assert_eq!(calls[0].2, "t1");
+    assert_eq!(chat_text(&out), text);
+    assert!(!says_salvage(&out));
+}
+
 /// Holding is bounded: content that opens like a call but grows past the relay's held-bytes
 /// limit is released as it was and streams on.
 #[test]
