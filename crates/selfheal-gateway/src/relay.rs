@@ -22,6 +22,11 @@
 //!   grammar's error event, flushed, and a clean end of the body;
 //! - an upstream that answers a streaming request with a whole answer has it checked as a
 //!   streamed one is and sent as a stream;
+//! - when the request allows it ([`Hooks::salvage`]), a final answer whose first non-space
+//!   content opens a fence, a `{` or a call tag ([`opens_text_call`]) is held to its end
+//!   (within [`MAX_HELD_BYTES`]) and the calls of offered tools it writes as text are taken as
+//!   calls ([`Grammar::salvage`], issue 31) and sent as a whole answer; text that writes none
+//!   goes out as it was;
 //! - the response's head gets the report as it stood at the first frame ([`Hooks::head`]), the
 //!   final event the whole one, and the pipeline a [`StreamReport`].
 //!
@@ -802,12 +807,22 @@ impl<G: Grammar> Relay<'_, G> {
                 return Ok(());
             }
         };
+        // Calls written as text, taken as a streamed answer's are (issue 31).
+        let mut doubt = Vec::new();
+        if self.hooks.salvage {
+            match G::salvage(&mut answer, &self.tools) {
+                Salvage::Taken(n) => self.report.salvaged += n,
+                Salvage::Doubt(problem) => doubt.push(problem),
+                Salvage::None => {}
+            }
+        }
         let more = self.hooks.check.as_ref();
         let check = self
             .g
             .check_whole(&mut answer, &self.tools, &self.guides, more);
         self.report.repaired.extend(check.repaired);
-        if let Some(r) = reask_once(&mut self.hooks.reask, &check.invalid, &mut self.report).await {
+        doubt.extend(check.invalid);
+        if let Some(r) = reask_once(&mut self.hooks.reask, &doubt, &mut self.report).await {
             answer = r;
         }
         self.emit_whole(answer).await

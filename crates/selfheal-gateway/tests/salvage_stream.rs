@@ -279,6 +279,42 @@ fn structured_calls_after_held_text_are_kept() {
     assert!(!says_salvage(&out));
 }
 
+/// A whole JSON answer to a streaming request is salvaged as a streamed one: its fenced call
+/// goes out as a structured call in the stream.
+#[test]
+fn a_json_answer_to_a_stream_request_is_salvaged_too() {
+    let answer = json!({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": FENCED},
+        "finish_reason": "stop"}]});
+    let out = block_on(async move {
+        let http = axum::http::Response::builder()
+            .header("content-type", "application/json")
+            .body(reqwest::Body::from(answer.to_string()))
+            .unwrap();
+        let (tx, rx) = mpsc::channel(4096);
+        let hooks = selfheal_gateway::stream::Hooks {
+            salvage: true,
+            ..Default::default()
+        };
+        selfheal_gateway::stream::relay(
+            reqwest::Response::from(http),
+            Arc::new(tools()),
+            Arc::new(GuideCache::default()),
+            Some(json!({"status": "complete", "actions": []})),
+            hooks,
+            &tx,
+        )
+        .await;
+        drop(tx);
+        collect(rx).await
+    });
+    let calls = chat_calls(&out);
+    assert_eq!(calls.len(), 1, "{out:?}");
+    assert_eq!(calls[0].1, json!({"query": "rust"}));
+    assert_eq!(finish_reason(&out), Some("tool_calls".to_owned()));
+    assert!(says_salvage(&out));
+}
+
 /// Holding is bounded: content that opens like a call but grows past the relay's held-bytes
 /// limit is released as it was and streams on.
 #[test]
