@@ -121,6 +121,31 @@ def test_stream_text_and_tool_calls(gateway, upstream):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+FENCED_CALL = '```json\n{"name": "search", "arguments": {"query": "rust"}}\n```'
+
+
+def test_issue_31_a_streamed_fenced_json_call_reaches_the_sdk_as_tool_calls(gateway, upstream):
+    """Issue 31: a small model streams its call as a fenced JSON block in `content` (word by
+    word); the real SDK gets a structured call with an id and `finish_reason: "tool_calls"`,
+    never the fence, and the report says `salvage`. Words still stream as they were."""
+    upstream.script([{"kind": "ok", "content": FENCED_CALL}])
+    chunks = list(client(gateway).chat.completions.create(
+        model="stub", messages=ask(), tools=TOOLS, stream=True))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [c.function.name for c in calls] == ["search"], chunks
+    assert json.loads(calls[0].function.arguments) == {"query": "rust"}
+    assert calls[0].id
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert "```" not in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "salvage" in chunks[-1].model_extra["selfheal"]["actions"]
+    upstream.script([{"kind": "ok", "content": "no call here"}])
+    chunks = list(client(gateway).chat.completions.create(
+        model="stub", messages=ask(), tools=TOOLS, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).split() == \
+        ["no", "call", "here"]
+    assert not [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+
+
 def stream_calls(chunks):
     return [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
 

@@ -246,3 +246,20 @@ def test_a_client_continuing_an_answer_continues_its_run(gateway, upstream):
     log = upstream.log()
     assert len(log) == 3
     assert log[1]["previous_response_id"] == "resp_a" and len(log[1]["input"]) == 1
+
+
+def test_issue_31_a_streamed_fenced_json_call_reaches_the_sdk_as_a_function_call(gateway, upstream):
+    """Issue 31 on the Responses stream: the model streams its call as a fenced JSON block in
+    its message text; the real SDK gets a `function_call` item with a call id (in its
+    `output_item.done` and the completed response), never the fence, and `salvage` reported."""
+    fenced = '```json\n{"name": "search", "arguments": {"query": "rust"}}\n```'
+    upstream.script([{"kind": "ok", "content": fenced}])
+    evs = events(gateway, tools=RESPONSES_TOOLS)
+    assert evs[-1].type == "response.completed"
+    calls = [o for o in evs[-1].response.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["search"], evs
+    assert json.loads(calls[0].arguments) == {"query": "rust"} and calls[0].call_id
+    assert ("item", calls[0].arguments) in calls_sent(evs)
+    assert "```" not in text_of(evs)
+    assert [e.sequence_number for e in evs] == list(range(len(evs)))
+    assert "salvage" in report(evs)["actions"]

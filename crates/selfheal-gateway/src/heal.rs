@@ -529,22 +529,113 @@ pub enum Salvage {
 /// problem to re-ask, never a final answer. The caller leaves `tools` empty when the client
 /// asked for no tool call (`tool_choice: "none"`).
 pub fn salvage_text_calls(message: &mut Value, tools: &ToolIndex) -> Salvage {
-    if tools.is_empty()
-        || message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .is_some_and(|c| !c.is_empty())
+    if message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty())
     {
         return Salvage::None;
     }
     let Some(content) = message.get("content").and_then(Value::as_str) else {
         return Salvage::None;
     };
+    let (calls, rest) = match text_calls(content, tools) {
+        Ok(Some(found)) => found,
+        Ok(None) => return Salvage::None,
+        Err(problem) => return Salvage::Doubt(problem),
+    };
+    let n = calls.len();
+    let calls: Vec<Value> = calls
+        .into_iter()
+        .map(|c| {
+            let mut call = json!({
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            });
+            ensure_id(&mut call, "id");
+            call
+        })
+        .collect();
+    if let Some(m) = message.as_object_mut() {
+        let content = if rest.is_empty() {
+            Value::Null
+        } else {
+            Value::String(rest)
+        };
+        m.insert("content".into(), content);
+        m.insert("tool_calls".into(), Value::Array(calls));
+    }
+    Salvage::Taken(n)
+}
+
+/// [`salvage_text_calls`] for a Responses answer (`{"output": [...]}`): when it has no
+/// `function_call` item, the text of its `message` items is read for calls of offered tools;
+/// each becomes a `function_call` item with a fresh `call_id`, after one message that keeps
+/// the rest of the text (none when nothing is left). The same reading, the same refusals.
+pub fn salvage_output_calls(response: &mut Value, tools: &ToolIndex) -> Salvage {
+    let Some(output) = response.get_mut("output").and_then(Value::as_array_mut) else {
+        return Salvage::None;
+    };
+    if output.iter().any(|i| item_type(i) == Some("function_call")) {
+        return Salvage::None;
+    }
+    let is_message = |i: &Value| item_type(i) == Some("message");
+    let text: String = output
+        .iter()
+        .filter(|i| is_message(i))
+        .filter_map(|i| i.get("content").and_then(Value::as_array))
+        .flatten()
+        .filter(|p| item_type(p) == Some("output_text"))
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect();
+    let (calls, rest) = match text_calls(&text, tools) {
+        Ok(Some(found)) => found,
+        Ok(None) => return Salvage::None,
+        Err(problem) => return Salvage::Doubt(problem),
+    };
+    let n = calls.len();
+    // The first message keeps the rest of the text; the others go.
+    let mut kept = false;
+    output.retain_mut(|item| {
+        if !is_message(item) {
+            return true;
+        }
+        if kept || rest.is_empty() {
+            return false;
+        }
+        kept = true;
+        item["content"] = json!([{"type": "output_text", "text": rest, "annotations": []}]);
+        true
+    });
+    for c in calls {
+        let call_id = fresh_call_id();
+        output.push(json!({
+            "type": "function_call",
+            "id": format!("fc_{}", call_id.trim_start_matches("call_")),
+            "call_id": call_id,
+            "name": c.name,
+            "arguments": c.arguments,
+            "status": "completed",
+        }));
+    }
+    Salvage::Taken(n)
+}
+
+/// The calls of offered `tools` written as text in `content` and the rest of the text
+/// (`Ok(None)`: none written, or no tool on offer), or the problem to re-ask when the text
+/// looks like a call that cannot be taken without a guess.
+fn text_calls(
+    content: &str,
+    tools: &ToolIndex,
+) -> Result<Option<(Vec<selfheal_repair::TextCall>, String)>, Problem> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
     let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
     names.sort_unstable();
     match selfheal_repair::find_text_calls(content, &names) {
-        selfheal_repair::TextCalls::None => Salvage::None,
-        selfheal_repair::TextCalls::Doubt { reason } => Salvage::Doubt(Problem {
+        selfheal_repair::TextCalls::None => Ok(None),
+        selfheal_repair::TextCalls::Doubt { reason } => Err(Problem {
             kind: Unusable::Arguments,
             text: format!(
                 "Your answer wrote a tool call as text, which was not run: {reason}. Call one of \
@@ -552,32 +643,7 @@ pub fn salvage_text_calls(message: &mut Value, tools: &ToolIndex) -> Salvage {
                 names.join(", ")
             ),
         }),
-        selfheal_repair::TextCalls::Found { calls, rest } => {
-            let n = calls.len();
-            let calls: Vec<Value> = calls
-                .into_iter()
-                .map(|c| {
-                    let mut call = json!({
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments},
-                    });
-                    ensure_id(&mut call, "id");
-                    call
-                })
-                .collect();
-            if let Some(m) = message.as_object_mut() {
-                m.insert(
-                    "content".into(),
-                    if rest.is_empty() {
-                        Value::Null
-                    } else {
-                        Value::String(rest)
-                    },
-                );
-                m.insert("tool_calls".into(), Value::Array(calls));
-            }
-            Salvage::Taken(n)
-        }
+        selfheal_repair::TextCalls::Found { calls, rest } => Ok(Some((calls, rest))),
     }
 }
 

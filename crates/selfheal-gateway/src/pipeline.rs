@@ -58,6 +58,11 @@ pub(crate) fn finish_stream(
         Metrics::inc(&t.s.metrics.repairs_total);
         t.event(Kind::Repair, json!({"tool": name}));
     }
+    if r.salvaged > 0 {
+        // Tool calls written as text, taken as calls (issue 31), as a whole answer records them.
+        Metrics::inc(&t.s.metrics.repairs_total);
+        t.event(Kind::Repair, json!({"salvaged": r.salvaged}));
+    }
     for p in &r.invalid {
         t.event(Kind::InvalidCall, json!({"problems": [p]}));
     }
@@ -989,6 +994,8 @@ pub(crate) fn stream_hooks<A: AskStream>(
         head: None,
         budget: Some(Box::new(move || budget_json(&lock(&budget)))),
         on_partial: t.s.config.server.on_partial,
+        // The dialect says whether its request allows it (`tool_choice`).
+        salvage: false,
     }
 }
 

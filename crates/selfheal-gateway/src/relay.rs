@@ -22,6 +22,11 @@
 //!   grammar's error event, flushed, and a clean end of the body;
 //! - an upstream that answers a streaming request with a whole answer has it checked as a
 //!   streamed one is and sent as a stream;
+//! - when the request allows it ([`Hooks::salvage`]), a final answer whose first non-space
+//!   content opens a fence, a `{` or a call tag ([`opens_text_call`]) is held to its end
+//!   (within [`MAX_HELD_BYTES`]) and the calls of offered tools it writes as text are taken as
+//!   calls ([`Grammar::salvage`], issue 31) and sent as a whole answer; text that writes none
+//!   goes out as it was;
 //! - the response's head gets the report as it stood at the first frame ([`Hooks::head`]), the
 //!   final event the whole one, and the pipeline a [`StreamReport`].
 //!
@@ -38,7 +43,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::config::OnPartial;
-use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, left_out_text, problem_texts};
+use crate::heal::{
+    CallCheck, GuideCache, Problem, Salvage, ToolIndex, left_out_text, problem_texts,
+};
 use crate::report::Status;
 
 /// Largest SSE event accepted from an upstream (and largest non-SSE answer to a stream request).
@@ -120,6 +127,10 @@ pub struct Hooks<A> {
     /// What the client gets when every held call was left out ([`OnPartial`]): the words of
     /// [`crate::heal::left_out_text`] as content, or an error event.
     pub on_partial: OnPartial,
+    /// Whether calls written as text may be taken as calls (issue 31): the request offered
+    /// tools and did not set `tool_choice: "none"`. A final answer whose first content opens
+    /// a fence, a `{` or a call tag is then held to its end ([`opens_text_call`]).
+    pub salvage: bool,
 }
 
 impl<A> Default for Hooks<A> {
@@ -133,6 +144,7 @@ impl<A> Default for Hooks<A> {
             head: None,
             budget: None,
             on_partial: OnPartial::default(),
+            salvage: false,
         }
     }
 }
@@ -144,6 +156,8 @@ pub struct StreamReport {
     pub finished: bool,
     /// Tool calls repaired in place.
     pub repaired: Vec<String>,
+    /// Tool calls the model wrote as text in its content, taken as calls (issue 31).
+    pub salvaged: usize,
     /// Tool calls that could not be used (left out).
     pub invalid: Vec<String>,
     /// The problems of the calls that were re-asked and replaced by a usable answer.
@@ -260,6 +274,15 @@ pub(crate) trait Grammar: Send {
     fn calls_tools(answer: &Self::Answer) -> bool;
     /// Puts `words` into a whole answer that calls no tools (and no longer ends in calls).
     fn say(answer: &mut Self::Answer, words: &str);
+    /// The text a content event carries (`None` for one without text).
+    fn content_text(v: &Value) -> Option<&str>;
+    /// A whole answer made of `text` — the content held while it might write a tool call as
+    /// text — ended as `finish` ends it.
+    fn held_answer(&self, text: String, finish: &Value) -> Self::Answer;
+    /// Takes the calls of offered `tools` written as text in a whole answer as calls
+    /// ([`crate::heal::salvage_text_calls`], [`crate::heal::salvage_output_calls`]); an answer
+    /// whose calls were taken ends in calls.
+    fn salvage(answer: &mut Self::Answer, tools: &ToolIndex) -> Salvage;
     /// The events of a whole answer, its last carrying `selfheal`.
     fn whole_events(
         &mut self,
@@ -311,6 +334,7 @@ pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
     if let Some(actions) = o.get_mut("actions").and_then(Value::as_array_mut) {
         for (did, name) in [
             (!report.repaired.is_empty(), "repair"),
+            (report.salvaged > 0, "salvage"),
             (!report.reasked.is_empty(), "reask"),
             (report.reissued.is_some(), "reissue"),
             (report.reread, "reread"),
@@ -365,6 +389,53 @@ async fn reask_once<R: Reanswer>(
 /// The client went away: stop relaying.
 struct Gone;
 
+/// How the model's text opens, for the salvage of calls written as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// Only space so far, or the start of an opener: read on.
+    Undecided,
+    /// A fence, a `{` or a call tag: the answer may write a tool call as text.
+    Call,
+    /// Anything else: an answer in words.
+    Words,
+}
+
+/// What a tool call written as text opens with.
+const OPENERS: [&str; 5] = ["```", "{", "<tool_call>", "[TOOL_CALLS]", "<|python_tag|>"];
+
+/// How `text`, the start of an answer's content, opens: whether the relay holds it to the end
+/// to read calls written as text out of it (issue 31).
+pub fn opens_text_call(text: &str) -> Opening {
+    let t = text.trim_start();
+    if t.is_empty() {
+        Opening::Undecided
+    } else if OPENERS.iter().any(|o| t.starts_with(o)) {
+        Opening::Call
+    } else if OPENERS.iter().any(|o| o.starts_with(t)) {
+        Opening::Undecided
+    } else {
+        Opening::Words
+    }
+}
+
+/// Content held while it may write a tool call as text.
+struct HeldText {
+    /// The text so far.
+    text: String,
+    /// The events that carried it (and any that came between), as they were.
+    events: Vec<Value>,
+    /// Whether it opened like a call: held to the end, whatever follows.
+    call: bool,
+}
+
+/// What became of a content event offered to the held text.
+enum Hold {
+    /// Held.
+    Held,
+    /// To send now, in order: the text is an answer in words (or too long to hold).
+    Release(Vec<Value>),
+}
+
 /// What one upstream event meant for the relay.
 enum Flow {
     Continue,
@@ -385,9 +456,11 @@ struct Relay<'t, G: Grammar> {
     /// Why the answer was not read again before answering, when a read was asked for and not
     /// made: the reason of a final answer's `partial`.
     unread: Option<String>,
-    /// The upstream's answer was replaced by the one to the read before answering: the rest of
-    /// the upstream stream is not read.
+    /// The upstream's answer was replaced by the one to the read before answering (or by a
+    /// salvaged one): the rest of the upstream stream is not read.
     replaced: bool,
+    /// Content held while it may write a tool call as text.
+    held: Option<HeldText>,
 }
 
 /// Relays an upstream response (an event stream, or a whole answer) to `tx` in grammar `g`
@@ -413,6 +486,7 @@ pub(crate) async fn relay<G: Grammar>(
         sent: false,
         unread: None,
         replaced: false,
+        held: None,
     };
     let outcome = if is_event_stream(&upstream) {
         r.pump(upstream).await
@@ -486,23 +560,24 @@ impl<G: Grammar> Relay<'_, G> {
             Read::Held => {}
             Read::Done => return Ok(Flow::Done),
             Read::Broken(why) => return Ok(Flow::Broken(why)),
-            Read::Pass(v) => self.send(v).await?,
-            Read::Content(v) => {
-                // The first content of an answer that has called no tools so far: the last
-                // moment the read before answering can hold it.
-                if !self.g.holds_calls() {
-                    if let Some(r) = self.reread().await {
-                        self.emit_whole(r).await?;
+            Read::Pass(v) => match &mut self.held {
+                Some(h) => h.events.push(v),
+                None => self.send(v).await?,
+            },
+            Read::Content(v) => match self.hold(v) {
+                Hold::Held => {}
+                Hold::Release(events) => {
+                    if self.first_content().await? {
                         return Ok(Flow::Done);
                     }
-                    self.head(true);
+                    self.send_all(events).await?;
                 }
-                self.send(v).await?;
-            }
+            },
             Read::Finish(v) => {
                 // Nothing went out, no call is held and the answer holds nothing: an empty
                 // answer, broken like a stream that ended early (re-issued).
                 if !self.sent
+                    && self.held.is_none()
                     && !self.g.holds_calls()
                     && let Some(why) = self.g.says_nothing(&v)
                 {
@@ -517,9 +592,119 @@ impl<G: Grammar> Relay<'_, G> {
         Ok(Flow::Continue)
     }
 
+    /// Before the first content of an answer goes out, if it calls no tools so far: the last
+    /// moment the read before answering can hold it. Whether the answer was replaced (and sent).
+    async fn first_content(&mut self) -> Result<bool, Gone> {
+        if self.sent || self.g.holds_calls() {
+            return Ok(false);
+        }
+        if let Some(r) = self.reread().await {
+            self.emit_whole(r).await?;
+            return Ok(true);
+        }
+        self.head(true);
+        Ok(false)
+    }
+
+    /// Offers a content event to the held text: the first content of a final answer is held
+    /// when it may open a tool call written as text, and then everything up to the end of the
+    /// answer, as long as it opened like a call and [`MAX_HELD_BYTES`] are not passed.
+    fn hold(&mut self, v: Value) -> Hold {
+        let text = G::content_text(&v).unwrap_or_default().to_owned();
+        let Some(h) = &mut self.held else {
+            let may =
+                self.hooks.salvage && !self.tools.is_empty() && !self.sent && !self.g.holds_calls();
+            return match (may, opens_text_call(&text)) {
+                (false, _) | (_, Opening::Words) => Hold::Release(vec![v]),
+                (true, opening) => {
+                    let call = opening == Opening::Call;
+                    self.held = Some(HeldText {
+                        text,
+                        events: vec![v],
+                        call,
+                    });
+                    Hold::Held
+                }
+            };
+        };
+        h.text.push_str(&text);
+        h.events.push(v);
+        if !h.call {
+            h.call = match opens_text_call(&h.text) {
+                Opening::Call => true,
+                Opening::Undecided => false,
+                Opening::Words => return self.release(),
+            };
+        }
+        if h.text.len() > MAX_HELD_BYTES {
+            return self.release();
+        }
+        Hold::Held
+    }
+
+    /// The held text's events, to send as they were.
+    fn release(&mut self) -> Hold {
+        Hold::Release(self.held.take().map(|h| h.events).unwrap_or_default())
+    }
+
+    /// The end of an answer whose content was held: the calls of offered tools it writes as
+    /// text taken as calls ([`Grammar::salvage`]), checked as any call (re-asked once if
+    /// unusable), and the answer sent whole — or, when it writes none, the held content sent
+    /// as it was. A text that looks like a call but cannot be taken without a guess is
+    /// re-asked; when no usable answer comes, the text goes out as it was and the answer is
+    /// `partial`. An answer that went on to stream structured calls is not read: its text goes
+    /// out as it was, its calls as any. Whether the answer was sent whole.
+    async fn salvage_held(&mut self, held: HeldText, finish: &Value) -> Result<bool, Gone> {
+        let mut answer = self.g.held_answer(held.text, finish);
+        // Structured calls followed the text: they are the answer's calls, the text its words.
+        let salvage = if self.g.holds_calls() {
+            Salvage::None
+        } else {
+            G::salvage(&mut answer, &self.tools)
+        };
+        match salvage {
+            Salvage::Taken(n) => {
+                self.report.salvaged += n;
+                let (tools, guides) = (&self.tools, &self.guides);
+                let more = self.hooks.check.as_ref();
+                let check = self.g.check_whole(&mut answer, tools, guides, more);
+                self.report.repaired.extend(check.repaired);
+                let reask = &mut self.hooks.reask;
+                if let Some(r) = reask_once(reask, &check.invalid, &mut self.report).await {
+                    answer = r;
+                }
+                self.g.reset();
+                self.replaced = true;
+                self.emit_whole(answer).await?;
+                return Ok(true);
+            }
+            Salvage::Doubt(problem) => {
+                let reask = &mut self.hooks.reask;
+                if let Some(r) = reask_once(reask, &[problem], &mut self.report).await {
+                    self.g.reset();
+                    self.replaced = true;
+                    self.emit_whole(r).await?;
+                    return Ok(true);
+                }
+            }
+            Salvage::None => {}
+        }
+        if self.first_content().await? {
+            self.replaced = true;
+            return Ok(true);
+        }
+        self.send_all(held.events).await?;
+        Ok(false)
+    }
+
     /// The event that ends the answer: the held calls go out first, checked (re-asked once if
     /// unusable, else left out and said so), then the ending event with the `selfheal` report.
     async fn finish(&mut self, mut v: Value) -> Result<(), Gone> {
+        if let Some(held) = self.held.take()
+            && self.salvage_held(held, &v).await?
+        {
+            return Ok(());
+        }
         if !self.g.holds_calls()
             && let Some(r) = self.reread().await
         {
@@ -622,12 +807,22 @@ impl<G: Grammar> Relay<'_, G> {
                 return Ok(());
             }
         };
+        // Calls written as text, taken as a streamed answer's are (issue 31).
+        let mut doubt = Vec::new();
+        if self.hooks.salvage {
+            match G::salvage(&mut answer, &self.tools) {
+                Salvage::Taken(n) => self.report.salvaged += n,
+                Salvage::Doubt(problem) => doubt.push(problem),
+                Salvage::None => {}
+            }
+        }
         let more = self.hooks.check.as_ref();
         let check = self
             .g
             .check_whole(&mut answer, &self.tools, &self.guides, more);
         self.report.repaired.extend(check.repaired);
-        if let Some(r) = reask_once(&mut self.hooks.reask, &check.invalid, &mut self.report).await {
+        doubt.extend(check.invalid);
+        if let Some(r) = reask_once(&mut self.hooks.reask, &doubt, &mut self.report).await {
             answer = r;
         }
         self.emit_whole(answer).await

@@ -519,6 +519,44 @@ impl Grammar for Responses {
         crate::pipeline::say_in_output(&mut answer.response, words);
     }
 
+    fn content_text(v: &Value) -> Option<&str> {
+        if crate::heal::item_type(v) != Some("response.output_text.delta") {
+            return None;
+        }
+        v.get("delta").and_then(Value::as_str)
+    }
+
+    fn held_answer(&self, text: String, finish: &Value) -> Reanswered {
+        let mut response = finish.get("response").cloned().unwrap_or_else(|| json!({}));
+        let message = json!({"type": "message", "id": "msg_selfheal", "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]});
+        if let Some(o) = response.as_object_mut() {
+            // The held text in one message, in place of the messages that carried it.
+            let mut output: Vec<Value> = o
+                .get("output")
+                .and_then(Value::as_array)
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter(|i| crate::heal::item_type(i) != Some("message"))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            output.insert(0, message);
+            o.insert("output".into(), Value::Array(output));
+        }
+        Reanswered {
+            response,
+            repaired: Vec::new(),
+        }
+    }
+
+    fn salvage(answer: &mut Reanswered, tools: &ToolIndex) -> crate::heal::Salvage {
+        crate::heal::salvage_output_calls(&mut answer.response, tools)
+    }
+
     fn whole_events(
         &mut self,
         answer: Reanswered,

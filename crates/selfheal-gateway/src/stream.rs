@@ -23,8 +23,8 @@ use std::sync::Arc;
 use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call};
 pub(crate) use crate::relay::find_event_end;
 pub use crate::relay::{
-    AskAgain, Budget, Check, Frame, Head, MAX_EVENT_BYTES, MAX_HELD_BYTES, ReadAgain, Reanswer,
-    Reread, StreamReport, Unsettled,
+    AskAgain, Budget, Check, Frame, Head, MAX_EVENT_BYTES, MAX_HELD_BYTES, Opening, ReadAgain,
+    Reanswer, Reread, StreamReport, Unsettled, opens_text_call,
 };
 use crate::relay::{Grammar, Read};
 use selfheal_repair::Ending;
@@ -377,6 +377,30 @@ impl Grammar for Chat {
         if answer.finish_reason.as_str() == Some("tool_calls") {
             answer.finish_reason = json!("stop");
         }
+    }
+
+    fn content_text(v: &Value) -> Option<&str> {
+        v.at("/choices/0/delta/content").and_then(Value::as_str)
+    }
+
+    fn held_answer(&self, text: String, finish: &Value) -> Reasked {
+        let finish_reason = finish
+            .at("/choices/0/finish_reason")
+            .cloned()
+            .unwrap_or(Value::Null);
+        Reasked {
+            message: json!({"role": "assistant", "content": text}),
+            finish_reason,
+            repaired: Vec::new(),
+        }
+    }
+
+    fn salvage(answer: &mut Reasked, tools: &ToolIndex) -> crate::heal::Salvage {
+        let salvage = crate::heal::salvage_text_calls(&mut answer.message, tools);
+        if matches!(salvage, crate::heal::Salvage::Taken(_)) {
+            answer.finish_reason = json!("tool_calls");
+        }
+        salvage
     }
 
     fn whole_events(

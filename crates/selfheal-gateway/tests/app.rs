@@ -2023,6 +2023,68 @@ async fn issue_31_a_tool_call_written_as_text_becomes_a_tool_call() {
     );
 }
 
+/// Issue 31 on `/v1/responses`, through the one whole-answer path: a message whose text writes
+/// a call of an offered tool (prose, then a fenced JSON block) becomes a `function_call` item
+/// with a fresh call id, the prose stays as the message, and `salvage` is recorded in the
+/// report and the headers; with `tool_choice: "none"` the text stays text; a call of a tool not
+/// on offer is never taken: the model is asked again.
+#[tokio::test]
+async fn issue_31_a_responses_text_call_becomes_a_function_call_item() {
+    let said =
+        "Let me look.\n```json\n{\"name\": \"search\", \"arguments\": {\"query\": \"rust\"}}\n```";
+    let message = |text: &str| {
+        responses_answer(
+            json!([{"type": "message", "id": "msg_1", "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}]),
+        )
+    };
+    let unknown = "{\"name\": \"send_email\", \"arguments\": {\"to\": \"bob\"}}";
+    let (url, shared) = start_responses_upstream(vec![
+        message(said),
+        message(said),
+        message(unknown),
+        responses_call("lookup", "{\"key\": \"k\"}"),
+    ])
+    .await;
+    let app = gateway(GatewayConfig::for_upstream(url));
+    let body = json!({"model": "m", "input": "find rust", "tools": responses_tools()});
+    let (status, headers, raw) = post_raw(&app, "/v1/responses", &body).await;
+    let v: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let output = v["output"].as_array().unwrap();
+    assert_eq!(output.len(), 2, "{v}");
+    assert_eq!(output[0]["type"], "message");
+    assert_eq!(output[0]["content"][0]["text"], "Let me look.", "{v}");
+    let call = &output[1];
+    assert_eq!(call["type"], "function_call", "{v}");
+    assert_eq!(call["name"], "search");
+    assert!(call["call_id"].as_str().is_some_and(|id| !id.is_empty()));
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"query": "rust"}));
+    assert!(
+        v["selfheal"]["actions"].to_string().contains("salvage"),
+        "{v}"
+    );
+    let actions = headers["x-selfheal-actions"].to_str().unwrap();
+    assert!(actions.contains("salvage"), "{actions}");
+    assert_eq!(v["selfheal"]["status"], "complete", "{v}");
+    // The client asked for no tool call: the text is the answer.
+    let none = json!({"model": "m", "input": "show me", "tools": responses_tools(),
+        "tool_choice": "none"});
+    let (_, v) = post_json(&app, "/v1/responses", &none).await;
+    assert_eq!(v["output"][0]["content"][0]["text"], said, "{v}");
+    assert!(!v["output"].to_string().contains("function_call"), "{v}");
+    // A tool not on offer: asked again, the structured call goes out.
+    let (_, v) = post_json(&app, "/v1/responses", &body).await;
+    assert_eq!(v["output"][0]["name"], "lookup", "{v}");
+    assert!(
+        v["selfheal"]["actions"].to_string().contains("reask"),
+        "{v}"
+    );
+    assert_eq!(shared.lock().unwrap().seen.len(), 4);
+}
+
 /// Issue 31: a call written as text that cannot be taken without a guess (a tool not on offer)
 /// is never the final answer: the model is asked again, and its structured call goes out.
 #[tokio::test]

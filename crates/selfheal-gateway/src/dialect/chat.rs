@@ -210,7 +210,8 @@ pub(crate) async fn answer_stream(
         t: t.clone(),
         ctx: ctx.clone(),
     };
-    let hooks = stream_hooks(t, &again, check);
+    let mut hooks = stream_hooks(t, &again, check);
+    hooks.salvage = !req.tool_choice_none();
     let (chain, tools) = (&ctx.chain, ctx.tools.clone());
     relay_stream::<stream::Chat>(t, (chain, &encode), &send_op, tools, hooks, actions).await
 }

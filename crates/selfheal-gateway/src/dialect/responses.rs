@@ -587,7 +587,8 @@ impl WholeDialect for Asked<'_> {
     fn check(&self, answer: &mut Value) -> heal::CallCheck {
         let evidence = self.checks.evidence.as_deref().map(Vec::as_slice);
         let answered = &self.checks.answered;
-        check_responses_answer(&self.t.s, answer, self.tools, answered, evidence)
+        let salvage = salvage_on(self.req);
+        check_responses_answer(&self.t.s, answer, (self.tools, salvage), answered, evidence)
     }
 
     fn calls_tools(answer: &Value) -> bool {
@@ -634,7 +635,8 @@ pub(crate) async fn answer_responses_stream(
     let encode = |m: &str| encode_responses(&again.req, m, None);
     let grounded = again.checks.evidence.clone().map(|e| grounding_check(t, e));
     let check = calls_check(again.checks.answered.clone(), grounded);
-    let hooks = stream_hooks(t, &again, check);
+    let mut hooks = stream_hooks(t, &again, check);
+    hooks.salvage = salvage_on(&again.req);
     let on = (&again.chain[..], &encode as crate::pipeline::Encode<'_>);
     let op = &responses_op;
     relay_stream::<responses_stream::Responses>(t, on, op, again.tools.clone(), hooks, actions)
@@ -666,15 +668,30 @@ pub(crate) struct Checks {
 /// repaired in place, or taken out as unusable), then those that repeat the model's previous
 /// turn (`answered`) and, when a grounded tool is offered (`evidence`), the calls of grounded
 /// tools the request does not support ([`recover::take_ungrounded`]) taken out — as a chat
-/// answer's ([`check_completion`](crate::pipeline::check_completion)).
+/// answer's ([`check_completion`](crate::pipeline::check_completion)). First, when `salvage`
+/// (the request did not set `tool_choice: "none"`), calls of offered tools written as text in
+/// its message become `function_call` items ([`heal::salvage_output_calls`]); a text that looks
+/// like a call but cannot be taken is re-asked.
 pub(crate) fn check_responses_answer(
     s: &AppState,
     answer: &mut Value,
-    tools: &ToolIndex,
+    (tools, salvage): (&ToolIndex, bool),
     answered: &heal::Answered,
     evidence: Option<&[Value]>,
 ) -> heal::CallCheck {
+    let none = ToolIndex::new();
+    let salvaged = match heal::salvage_output_calls(answer, if salvage { tools } else { &none }) {
+        heal::Salvage::None => 0,
+        heal::Salvage::Taken(n) => n,
+        heal::Salvage::Doubt(problem) => {
+            return heal::CallCheck {
+                invalid: vec![problem],
+                ..heal::CallCheck::default()
+            };
+        }
+    };
     let mut check = responses_stream::check_response(answer, tools, &s.guides);
+    check.salvaged = salvaged;
     if let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut) {
         check.invalid.extend(answered.take_repeated(items));
         if let Some(evidence) = evidence {
@@ -727,6 +744,12 @@ impl AskStream for ResponsesAgain {
     fn calls_tools(answer: &Self::Answer) -> bool {
         responses_calls(&answer.response)
     }
+}
+
+/// Whether calls written as text may be taken as calls for this request: it did not set
+/// `tool_choice: "none"`.
+pub(crate) fn salvage_on(req: &serde_json::Map<String, Value>) -> bool {
+    req.get("tool_choice").and_then(Value::as_str) != Some("none")
 }
 
 /// Whether a Responses answer calls tools (has a `function_call` item).
