@@ -155,7 +155,7 @@ pub struct RunState {
     pub share: Share,
     /// The gateway's trust store this run reports its evidence to (issue 33), and how it is
     /// read; not part of the run's bytes. `None`: the run keeps what it learns to itself.
-    trust: Option<(crate::state::TrustMemory, TrustConfig)>,
+    trust: Option<(TrustMemory, TrustConfig)>,
 }
 
 /// Re-applies one request's effect on a run's state to another copy of it: the request's tool
@@ -297,7 +297,7 @@ impl RunState {
         monitor: MonitorConfig,
         budget: BudgetLimits,
         policy: Policy,
-        trust: Option<&crate::state::TrustMemory>,
+        trust: Option<&TrustMemory>,
     ) -> RunState {
         let trust_config = policy.trust;
         let run = Run::new(ControllerConfig {
@@ -305,9 +305,7 @@ impl RunState {
             policy,
             budget,
             trace_capacity: RUN_TRACE_EVENTS,
-            trust: trust
-                .map(crate::state::TrustMemory::snapshot)
-                .unwrap_or_default(),
+            trust: trust.map(TrustMemory::snapshot).unwrap_or_default(),
             ..ControllerConfig::default()
         })
         .unwrap_or_default();
@@ -482,7 +480,7 @@ pub struct RunStore {
     /// How runs went through the shared store (`[state]`), for `/metrics`.
     pub shared: ShareStats,
     /// What the runs learn of their sources, kept for the process (issue 33).
-    trust: crate::state::TrustMemory,
+    trust: TrustMemory,
 }
 
 /// Counts of runs read from and written to the store replicas share (see `crate::sharing`).
@@ -546,12 +544,12 @@ impl RunStore {
             policy,
             evicted: std::sync::atomic::AtomicU64::new(0),
             shared: ShareStats::default(),
-            trust: crate::state::TrustMemory::default(),
+            trust: TrustMemory::default(),
         }
     }
 
     /// The trust store the runs of this process start from and report to.
-    pub fn trust(&self) -> &crate::state::TrustMemory {
+    pub fn trust(&self) -> &TrustMemory {
         &self.trust
     }
 
@@ -968,6 +966,32 @@ pub const MAX_HELD: usize = 64;
 
 /// Most repaired tool results a run keeps replacing in the requests it forwards.
 pub const MAX_REPAIRED: usize = 64;
+
+/// What this gateway process has learned of its sources (issue 33, [`selfheal_core::trust`]):
+/// one store for every run, kept in process memory. A run starts from a copy of it and reports
+/// the evidence it sees (cross-checks, verdicts, contract breaches, outages) as it decides; the
+/// policy's `risk` reads it when a recovered value nothing could check is to be claimed. Times
+/// are the gateway's own clock (`AppState::now_ms`). Not shared between replicas yet.
+#[derive(Debug, Clone, Default)]
+pub struct TrustMemory(selfheal_core::trust::Shared);
+
+impl TrustMemory {
+    /// A copy of the store now, for a run to start from.
+    pub fn snapshot(&self) -> selfheal_core::trust::Trust {
+        self.0.snapshot()
+    }
+
+    /// Applies a run's evidence.
+    pub fn report(
+        &self,
+        reports: &[selfheal_core::trust::Report],
+        config: &selfheal_core::trust::TrustConfig,
+    ) {
+        if !reports.is_empty() {
+            self.0.report(reports, 0, config);
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

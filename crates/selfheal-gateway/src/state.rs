@@ -7,6 +7,7 @@ use crate::auth::{Gatekeeper, Redactor};
 use crate::config::GatewayConfig;
 use crate::heal::{self};
 use crate::metrics::Metrics;
+pub use crate::runs::TrustMemory;
 use crate::runs::{RunKey, RunState, RunStore};
 use crate::store::{Detail, Kind, RunSummary, TraceEvent, TraceWriter};
 use crate::upstream::{UpstreamError, Upstreams};
@@ -60,32 +61,6 @@ pub struct AppState {
     /// What the runs have learned of their sources ([`TrustMemory`]).
     pub trust: TrustMemory,
     pub(crate) started: Instant,
-}
-
-/// What this gateway process has learned of its sources (issue 33, [`selfheal_core::trust`]):
-/// one store for every run, kept in process memory. A run starts from a copy of it and reports
-/// the evidence it sees (cross-checks, verdicts, contract breaches, outages) as it decides; the
-/// policy's `risk` reads it when a recovered value nothing could check is to be claimed. Times
-/// are the gateway's own clock (`AppState::now_ms`). Not shared between replicas yet.
-#[derive(Debug, Clone, Default)]
-pub struct TrustMemory(selfheal_core::trust::Shared);
-
-impl TrustMemory {
-    /// A copy of the store now, for a run to start from.
-    pub fn snapshot(&self) -> selfheal_core::trust::Trust {
-        self.0.snapshot()
-    }
-
-    /// Applies a run's evidence.
-    pub fn report(
-        &self,
-        reports: &[selfheal_core::trust::Report],
-        config: &selfheal_core::trust::TrustConfig,
-    ) {
-        if !reports.is_empty() {
-            self.0.report(reports, 0, config);
-        }
-    }
 }
 
 /// What the gateway learns about upstream targets (upstream and model) that cannot stream tool
