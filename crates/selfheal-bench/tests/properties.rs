@@ -20,6 +20,15 @@ fn refusing() -> Policy {
     }
 }
 
+/// The optimistic trust prior (mean 0.995, above the default risk's 0.99): a substitute with no
+/// record is claimed. The default prior (0.96) claims nothing unchecked until evidence earns it.
+fn optimistic() -> Policy {
+    let mut p = Policy::default();
+    p.trust.prior_right = 19.9;
+    p.trust.prior_wrong = 0.1;
+    p
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
     Correct,
@@ -100,14 +109,19 @@ fn a_permanent_503_needs_a_substitute_not_a_retry() {
     // react switches tools on a permanent-looking failure, as does self-healing.
     assert_eq!(play(task, &m, f, Strategy::React, 5).0, Verdict::Correct);
     // The substitute's answer cannot be checked against a primary that is down: a policy
-    // that refuses unverified recoveries does not claim it; the default claims it while nothing
-    // speaks against the substitute (the primary's outage does not).
+    // that refuses unverified recoveries does not claim it, nor does the default (a substitute
+    // with no record stands below the default risk); the optimistic prior claims it while
+    // nothing speaks against the substitute (the primary's outage does not).
     assert_eq!(
         play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&refusing())).0,
         Verdict::NoAnswer
     );
     assert_eq!(
         play(task, &m, f, Strategy::SelfHealing, 5).0,
+        Verdict::NoAnswer
+    );
+    assert_eq!(
+        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&optimistic())).0,
         Verdict::Correct
     );
 }
@@ -148,9 +162,16 @@ fn a_wrong_substitute_behind_a_dead_primary_is_not_claimed() {
         run(Strategy::SelfHealing, Some(&refusing()), &mut Trust::new()),
         Verdict::NoAnswer
     );
-    // Nothing known against the substitute: one run has no evidence to tell it is wrong.
+    // The default does not claim a substitute with no record.
     assert_eq!(
         run(Strategy::SelfHealing, None, &mut Trust::new()),
+        Verdict::NoAnswer
+    );
+    // Under the optimistic prior nothing is known against the substitute: one run has no
+    // evidence to tell it is wrong.
+    let optimistic = optimistic();
+    assert_eq!(
+        run(Strategy::SelfHealing, Some(&optimistic), &mut Trust::new()),
         Verdict::Wrong
     );
     // A deployment that caught the substitute disagreeing with its primary before no longer
@@ -163,11 +184,11 @@ fn a_wrong_substitute_behind_a_dead_primary_is_not_claimed() {
         .find(|t| t.name == *step_tool)
         .and_then(|t| t.substitute.clone())
         .unwrap();
-    let config = Policy::default().trust;
+    let config = optimistic.trust;
     let mut caught = Trust::new();
     caught.observe(&Source::tool(&sub), Evidence::Disagreed, 0, &config);
     assert_eq!(
-        run(Strategy::SelfHealing, None, &mut caught),
+        run(Strategy::SelfHealing, Some(&optimistic), &mut caught),
         Verdict::NoAnswer
     );
 }
@@ -216,7 +237,8 @@ fn a_cut_body_is_not_repaired_into_an_answer() {
     let task = &builtin(1)[0];
     // Permanently cut on the primary: repair must refuse; the substitute has the data, but the
     // cut primary cannot confirm it, so a policy that refuses unverified recoveries does not
-    // take it, and the default takes it while nothing speaks against the substitute.
+    // take it, nor does the default; the optimistic prior takes it while nothing speaks against
+    // the substitute.
     let (m, f) = one("truncated", 1, true, 1, 0.0);
     assert_eq!(
         play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&refusing())).0,
@@ -224,10 +246,15 @@ fn a_cut_body_is_not_repaired_into_an_answer() {
     );
     assert_eq!(
         play(task, &m, f, Strategy::SelfHealing, 5).0,
+        Verdict::NoAnswer
+    );
+    let optimistic = optimistic();
+    assert_eq!(
+        play_with(task, &m, f, Strategy::SelfHealing, 5, Some(&optimistic)).0,
         Verdict::Correct
     );
     let mut ep = Episode::new(task, &[f], &m, 7);
-    Strategy::SelfHealing.run(&mut ep, 5, None, 7, false);
+    Strategy::SelfHealing.run(&mut ep, 5, Some(&optimistic), 7, false);
     assert!(
         ep.costs().tool_calls >= 3,
         "the step was fetched again, not invented"

@@ -48,13 +48,15 @@ pub const MAX_PENDING: usize = 512;
 ///
 /// The defaults are chosen from principle, not fitted to any benchmark file:
 ///
-/// - **Prior** `Beta(19.9, 0.1)`: mean 0.995, strength 20. A source the operator declared (the
-///   plan's tool, or its declared equivalent) starts with the standing of the plan's own tool on
-///   its first try, whose unchecked values every front-end already claims: right well within the
-///   default risk (half of it wrong). Strength 20 makes that standing easy to lose and slow to win
-///   back: one disagreement (half the blame) takes the mean to 0.971, below the default
-///   threshold of 0.99, and about forty agreements are needed to regain it. A claimed wrong
-///   answer costs more than a withheld recovery.
+/// - **Prior** `Beta(9.6, 0.4)`: mean 0.96, strength 10. A second source is asked because
+///   something already went wrong, and a value claimed wrong costs more than a recovery withheld
+///   (refuse rather than guess): a source with no record stands *below* the default threshold
+///   of 0.99, so its unchecked values are not claimed until evidence earns it — about thirty
+///   agreeing cross-checks or accepting verdicts with nothing against it. One disagreement (half
+///   the blame) takes it to 0.91. With these defaults a single run behaves as
+///   `accept_unverified_recovery = false` did; what changes is what a process (or a benchmark
+///   deployment) learns across runs. `Beta(19.9, 0.1)` (mean 0.995) is the optimistic
+///   alternative: it claims a substitute nothing speaks against (measured in the CHANGELOG).
 /// - **Half-life** one hour: incidents last minutes to hours; yesterday's evidence says little
 ///   about today.
 /// - **Cap** 50 observations of evidence (after decay): the prior and the last few dozen
@@ -75,8 +77,8 @@ pub struct TrustConfig {
 impl Default for TrustConfig {
     fn default() -> Self {
         TrustConfig {
-            prior_right: 19.9,
-            prior_wrong: 0.1,
+            prior_right: 9.6,
+            prior_wrong: 0.4,
             half_life_ms: 3_600_000,
             cap: 50.0,
         }

@@ -878,7 +878,7 @@ fn substituted(c: &mut Controller, rng: &mut ConstRng) {
 }
 
 /// A controller whose risk is below what a source with no record is trusted for (the prior's
-/// mean, 0.995): a recovered value nothing could check is not claimed.
+/// mean): a recovered value nothing could check is not claimed.
 fn cautious() -> Controller {
     let mut cfg = ControllerConfig {
         budget: BudgetLimits::defaults(),

@@ -119,9 +119,23 @@ fn opts(substitute: Option<&str>) -> Options {
     o
 }
 
+/// The optimistic prior (mean 0.995, above the default risk's 0.99): a source with no record
+/// is claimed, so these tests see what evidence against it changes. The default prior (0.96)
+/// claims nothing unchecked until evidence earns it.
+fn optimistic() -> TrustConfig {
+    TrustConfig {
+        prior_right: 19.9,
+        prior_wrong: 0.1,
+        ..TrustConfig::default()
+    }
+}
+
 fn controller(trust: Trust) -> Controller {
+    let mut policy = selfheal_core::policy::Policy::default();
+    policy.trust = optimistic();
     Controller::new(ControllerConfig {
         budget: BudgetLimits::defaults(),
+        policy,
         trust,
         ..ControllerConfig::default()
     })
@@ -223,7 +237,7 @@ fn caught_run(trust: Trust, at: u64) -> Controller {
 
 #[test]
 fn a_wrong_substitute_caught_by_cross_checks_loses_trust_and_stops_being_claimed() {
-    let config = TrustConfig::default();
+    let config = optimistic();
     let backup = Source::tool("backup_search");
     // With nothing known against it, the substitute's unchecked value is claimed: an outage of
     // the primary is no evidence against the substitute.
@@ -261,7 +275,7 @@ fn a_wrong_substitute_caught_by_cross_checks_loses_trust_and_stops_being_claimed
 fn trust_within_one_run_counts_at_once() {
     // The run's own copy is updated as evidence arrives: a disagreement earlier in the run
     // already withholds the substitute's value later in the same run.
-    let config = TrustConfig::default();
+    let config = optimistic();
     let mut c = controller(Trust::new());
     let mut rng = ConstRng(0);
     let a = json!({"q": "rust"});
