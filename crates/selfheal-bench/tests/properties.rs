@@ -23,10 +23,15 @@ fn refusing() -> Policy {
 /// The optimistic trust prior (mean 0.995, above the default risk's 0.99): a substitute with no
 /// record is claimed. The default prior (0.96) claims nothing unchecked until evidence earns it.
 fn optimistic() -> Policy {
-    let mut p = Policy::default();
-    p.trust.prior_right = 19.9;
-    p.trust.prior_wrong = 0.1;
-    p
+    let d = Policy::default();
+    Policy {
+        trust: selfheal_core::trust::TrustConfig {
+            prior_right: 19.9,
+            prior_wrong: 0.1,
+            ..d.trust
+        },
+        ..d
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -131,11 +131,12 @@ fn optimistic() -> TrustConfig {
 }
 
 fn controller(trust: Trust) -> Controller {
-    let mut policy = selfheal_core::policy::Policy::default();
-    policy.trust = optimistic();
     Controller::new(ControllerConfig {
         budget: BudgetLimits::defaults(),
-        policy,
+        policy: selfheal_core::policy::Policy {
+            trust: optimistic(),
+            ..selfheal_core::policy::Policy::default()
+        },
         trust,
         ..ControllerConfig::default()
     })
