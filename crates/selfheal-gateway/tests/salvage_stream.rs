@@ -201,12 +201,14 @@ proptest! {
         let calls = chat_calls(&out);
         prop_assert_eq!(calls.len(), 1, "{:?}", out);
         prop_assert_eq!(&calls[0].0, "search");
-        prop_assert_eq!(&calls[0].1, &json!({"query": "rust"}));
+        let args = json!({"query": "rust"});
+        prop_assert_eq!(&calls[0].1, &args);
         prop_assert!(!calls[0].2.is_empty());
         prop_assert_eq!(finish_reason(&out), Some("tool_calls".to_owned()));
         prop_assert!(!chat_text(&out).contains("```"), "{:?}", out);
         prop_assert!(says_salvage(&out), "{:?}", out);
-        prop_assert_eq!(out.last(), Some(&json!("[DONE]")));
+        let done = json!("[DONE]");
+        prop_assert_eq!(out.last(), Some(&done));
     }
 
     /// Text that is not a call of an offered tool goes out as it was, however cut: words,
@@ -228,7 +230,8 @@ proptest! {
         prop_assert!(chat_calls(&out).is_empty(), "{:?}", out);
         prop_assert_eq!(finish_reason(&out), Some("stop".to_owned()));
         prop_assert!(!says_salvage(&out));
-        prop_assert_eq!(out.last(), Some(&json!("[DONE]")));
+        let done = json!("[DONE]");
+        prop_assert_eq!(out.last(), Some(&done));
     }
 }
 
