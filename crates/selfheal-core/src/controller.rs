@@ -421,6 +421,12 @@ impl Controller {
     }
 
     /// The policy and classifier the run decides with, beside the ledger its decisions charge.
+    /// Records spending that happened outside this copy of the run (another replica's copy,
+    /// re-applied on a fresher state): always recorded, never refused, as usage already spent.
+    pub(crate) fn add_spent(&mut self, spent: &Amounts) {
+        let _ = self.ledger.record_usage(spent);
+    }
+
     pub(crate) fn plane_and_ledger(&mut self) -> (&Plane, &mut BudgetLedger) {
         (&self.plane, &mut self.ledger)
     }

@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::breaker::BreakerConfig;
-use crate::budget::{BudgetLedger, Dimension};
+use crate::budget::{Amounts, BudgetLedger, Dimension};
 use crate::call::{Breakers, CallEvent, CallPlan, Mode, Offer, Reask, ReaskState, Step, Stop};
 use crate::classifier::{FailureClass, Signal};
 use crate::controller::{
@@ -647,6 +647,14 @@ impl Run {
     /// The run's budget ledger.
     pub fn ledger(&self) -> &BudgetLedger {
         self.ctl.ledger()
+    }
+
+    /// Adds spending that happened in another copy of this run — a front-end that keeps the run
+    /// in a shared store and lost a compare-and-set re-applies its own request's spending on the
+    /// fresher state. Recorded like usage already spent: never refused, even past a limit (the
+    /// next decision sees the budget as it is).
+    pub fn add_spent(&mut self, spent: &Amounts) {
+        self.ctl.add_spent(spent);
     }
 
     /// The run's monitor.

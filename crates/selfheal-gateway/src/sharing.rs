@@ -25,7 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use selfheal_core::budget::Amounts;
 use selfheal_state::{Put, RunId, Versioned};
 use serde_json::Value;
 
@@ -153,17 +152,15 @@ fn rebase(s: &AppState, st: &mut RunState, fresh: &Versioned) {
     let (mut spent, requests) = (*st.ledger().spent(), st.requests);
     spent.saturating_sub_of(&st.share.base.0);
     let requests = requests.saturating_sub(st.share.base.1);
-    let Some((bytes, fresh_spent)) = with_spending(&fresh.bytes, &spent) else {
-        tracing::warn!(target: "selfheal::state", "a stored run's state is not of this layout: kept the local one");
-        return;
-    };
-    let mut next = match s.runs.resume(&bytes) {
+    let mut next = match s.runs.resume(&fresh.bytes) {
         Ok(next) => next,
         Err(e) => {
             tracing::warn!(target: "selfheal::state", error = %e, "a stored run's state cannot be read: kept the local one");
             return;
         }
     };
+    let fresh_spent = *next.ledger().spent();
+    next.run.add_spent(&spent);
     next.share = std::mem::take(&mut st.share);
     next.share.version = fresh.version;
     next.share.base = (fresh_spent, next.requests);
@@ -178,21 +175,6 @@ fn rebase(s: &AppState, st: &mut RunState, fresh: &Versioned) {
     // The replays' decisions were traced when they were first made.
     let _ = next.run.take_records();
     *st = next;
-}
-
-/// `bytes` (a stored [`RunState`]) with `spent` added to its ledger's spending, and what it had
-/// spent before; `None` when the ledger is not where this build writes it.
-fn with_spending(bytes: &[u8], spent: &Amounts) -> Option<(Vec<u8>, Amounts)> {
-    let mut v: Value = serde_json::from_slice(bytes).ok()?;
-    let at = v.pointer_mut("/run/ctl/ledger/spent")?;
-    let before: Amounts = serde_json::from_value(at.clone()).ok()?;
-    if *spent == Amounts::default() {
-        return Some((bytes.to_vec(), before));
-    }
-    let mut after = before;
-    after.saturating_add(spent);
-    *at = serde_json::to_value(after).ok()?;
-    Some((serde_json::to_vec(&v).ok()?, before))
 }
 
 /// The [`Redo`] of a chat request: its messages' tool results replayed.
@@ -262,6 +244,7 @@ mod tests {
     use super::*;
     use crate::config::GatewayConfig;
     use crate::store::TraceWriter;
+    use selfheal_core::budget::Amounts;
     use selfheal_state::{MemoryStore, Shared, StateStore};
 
     fn replica(store: &Arc<dyn StateStore>) -> Arc<AppState> {
@@ -306,7 +289,7 @@ mod tests {
         assert_eq!(st.share.version, 2);
     }
 
-    /// What a request spent is added to the fresh state's ledger where this build writes it.
+    /// What a request spent is added to a resumed state's ledger through the run.
     #[test]
     fn spending_is_added_to_a_stored_ledger() {
         use selfheal_core::budget::BudgetLimits;
@@ -317,10 +300,17 @@ mod tests {
             recoveries: 3,
             ..Amounts::default()
         };
-        let (with, before) = with_spending(&bytes, &spent).unwrap();
-        assert_eq!(before, Amounts::default());
-        let back = RunState::from_bytes(&with, Default::default(), Default::default()).unwrap();
-        assert_eq!(*back.ledger().spent(), spent);
+        let mut back =
+            RunState::from_bytes(&bytes, Default::default(), Default::default()).unwrap();
+        assert_eq!(*back.ledger().spent(), Amounts::default());
+        back.run.add_spent(&spent);
+        back.run.add_spent(&spent);
+        let twice = Amounts {
+            retries: 4,
+            recoveries: 6,
+            ..Amounts::default()
+        };
+        assert_eq!(*back.ledger().spent(), twice);
     }
 
     /// Without a store nothing is read or written: the local run is the run.
