@@ -421,7 +421,10 @@ def test_a_conversation_alternating_replicas_is_one_run(fleet):
     alone, _ = conversation(fleet, [fleet.client(fleet.replicas[2].url)] * 5, "alone",
                             fault=False)
     assert [spent(r) for r in reports] == [spent(r) for r in alone]
-    assert sum(spent(reports[-1]).values()) > sum(spent(reports[1]).values()) > 0
+    # What the equality compares is real spending: the ladder's actions before the run routes
+    # around the tool (warning and hiding are not charged, so the ledger stops growing there).
+    assert sum(spent(reports[1]).values()) > 0, reports
+    assert sum(spent(reports[-1]).values()) >= sum(spent(reports[1]).values()), reports
     loaded = [metrics(gw.url)["selfheal_state_runs_loaded_total"] for gw in fleet.replicas]
     assert all(n >= 1 for n in loaded), f"every replica continued the run from Redis: {loaded}"
 
