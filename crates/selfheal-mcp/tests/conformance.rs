@@ -17,7 +17,10 @@ use serde_json::{Value, json};
 use selfheal_core::conformance::{self, Outcome, Seen};
 use selfheal_core::rng::ConstRng;
 use selfheal_core::trace::RunStatus;
-use selfheal_mcp::{McpConfig, Out, Proxy};
+use selfheal_mcp::{McpConfig, Proxy};
+
+mod common;
+use common::{to_client, to_server};
 
 /// The server's answer for an outcome: a result (an error body is a result the tool did not
 /// flag, `{"error": ...}` as its text), or an `isError` result for a tool that raised.
@@ -29,24 +32,6 @@ fn server_result(outcome: Outcome) -> Value {
         }
         (None, None) => unreachable!("every outcome answers or raises"),
     }
-}
-
-fn to_server(outs: &[Out]) -> Vec<Value> {
-    outs.iter()
-        .filter_map(|o| match o {
-            Out::ToServer(v) => Some(v.clone()),
-            Out::ToClient(_) => None,
-        })
-        .collect()
-}
-
-fn to_client(outs: &[Out]) -> Vec<Value> {
-    outs.iter()
-        .filter_map(|o| match o {
-            Out::ToClient(v) => Some(v.clone()),
-            Out::ToServer(_) => None,
-        })
-        .collect()
 }
 
 /// The MCP client and server around one proxy session.

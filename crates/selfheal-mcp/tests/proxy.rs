@@ -8,6 +8,9 @@ use serde_json::{Value, json};
 use selfheal_core::rng::{ConstRng, SplitMix64};
 use selfheal_mcp::{Decision, McpConfig, Out, Proxy, Stats};
 
+mod common;
+use common::{to_client, to_server};
+
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
@@ -21,24 +24,6 @@ fn config() -> McpConfig {
 
 fn proxy() -> Proxy {
     Proxy::new(config()).unwrap()
-}
-
-fn to_server(outs: &[Out]) -> Vec<Value> {
-    outs.iter()
-        .filter_map(|o| match o {
-            Out::ToServer(v) => Some(v.clone()),
-            Out::ToClient(_) => None,
-        })
-        .collect()
-}
-
-fn to_client(outs: &[Out]) -> Vec<Value> {
-    outs.iter()
-        .filter_map(|o| match o {
-            Out::ToClient(v) => Some(v.clone()),
-            Out::ToServer(_) => None,
-        })
-        .collect()
 }
 
 fn call_req(id: Value, name: &str, args: Value) -> Value {
