@@ -31,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+mod action;
 pub mod answer;
 pub mod app;
 pub mod auth;

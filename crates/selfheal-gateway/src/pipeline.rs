@@ -4,6 +4,7 @@
 //! again, and the checks of an answer's tool calls. A dialect parses its wire request into these
 //! steps and renders what they return; it holds no healing rule of its own.
 
+use crate::action::Action;
 use crate::answer;
 use crate::auth::{Caller, Credentials};
 use crate::config::OnPartial;
@@ -254,7 +255,7 @@ pub(crate) fn rebuild_run(
         let replayed = heal::replay(&mut st, &req.messages, &ctx, now_ms);
         let next = recover::take_next(&mut st);
         for a in &next.actions {
-            st.act(a.as_str());
+            st.act(Action::from(*a));
         }
         let decisions = st.run.take_records();
         (st.run.verdict(now_ms), replayed, next, decisions)
@@ -299,26 +300,6 @@ pub(crate) fn repeatable_out<'a>(
         .into()
 }
 
-/// How the core ended a run, as the answer's `selfheal.actions`, the run's actions and the
-/// trace name it (the same on every API).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StopAction {
-    /// The controller degraded: the run ends with what it has (`"degrade"`).
-    Degrade,
-    /// The controller aborted, or the monitor's failure-rate rule did (`"terminate"`).
-    Terminate,
-}
-
-impl StopAction {
-    /// The name on the wire.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            StopAction::Degrade => "degrade",
-            StopAction::Terminate => "terminate",
-        }
-    }
-}
-
 /// What replaying a request's tool results decided: the monitor's verdict, whether the newest
 /// result failed, the controller's directives, and the calls of the model's previous turn whose
 /// values the run took.
@@ -347,7 +328,7 @@ pub(crate) trait Dialect: Sized {
     fn frames(answer: &Value) -> Vec<stream::Frame>;
     /// Edit: the verdict's guidance and hidden tools and the controller's directives applied to
     /// the request, the actions taken added to `actions`.
-    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>);
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<Action>);
     /// The targets to ask, in order.
     fn chain(&self) -> &[crate::config::Target];
     /// Sets the targets to ask (the controller's escalation).
@@ -355,13 +336,13 @@ pub(crate) trait Dialect: Sized {
     /// The tools still on offer.
     fn tools(&self) -> &ToolIndex;
     /// Stage 4, streamed ([`relay_stream`]).
-    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError>;
+    async fn stream(self, t: &Turn, actions: Vec<Action>) -> Result<Response, ApiError>;
     /// Stages 4–6, whole ([`crate::whole::heal_whole`]); `learned`: asked without streaming
     /// for a client that asked for a stream.
     async fn whole(
         self,
         t: &Turn,
-        actions: Vec<String>,
+        actions: Vec<Action>,
         learned: bool,
     ) -> Result<Response, ApiError>;
 }
@@ -392,11 +373,12 @@ async fn decide_and_answer<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, A
             D::frames,
         ));
     }
-    let mut actions: Vec<String> = decided
+    let mut actions: Vec<Action> = decided
         .next
         .actions
         .iter()
-        .map(|a| a.as_str().to_owned())
+        .copied()
+        .map(Action::from)
         .collect();
     let escalate = decided.next.escalate;
     d.edit(t, decided, &mut actions);
@@ -419,12 +401,12 @@ pub(crate) fn stopping(
     stop: Option<recover::Stop>,
     abort: Option<String>,
     newest_failed: bool,
-) -> Option<(String, StopAction)> {
+) -> Option<(String, Action)> {
     match stop {
-        Some(recover::Stop::Degrade(reason)) => Some((reason, StopAction::Degrade)),
-        Some(recover::Stop::Abort(reason)) => Some((reason, StopAction::Terminate)),
+        Some(recover::Stop::Degrade(reason)) => Some((reason, Action::Degrade)),
+        Some(recover::Stop::Abort(reason)) => Some((reason, Action::Terminate)),
         None => selfheal_core::call::abort_now(abort, newest_failed)
-            .map(|reason| (reason, StopAction::Terminate)),
+            .map(|reason| (reason, Action::Terminate)),
     }
 }
 
@@ -434,14 +416,13 @@ pub(crate) fn stopping(
 /// when the client asked for a stream.
 pub(crate) fn stop_run(
     t: &Turn,
-    (reason, action): (&str, StopAction),
+    (reason, action): (&str, Action),
     streaming: bool,
     render: impl FnOnce(&str) -> Value,
     frames: fn(&Value) -> Vec<stream::Frame>,
 ) -> Response {
     let s = &t.s;
     Metrics::inc(&s.metrics.aborts_total);
-    let action = action.as_str();
     let status = {
         let mut st = lock(&t.state);
         st.act(action);
@@ -451,7 +432,7 @@ pub(crate) fn stop_run(
             Status::Failed
         }
     };
-    let actions = vec![action.to_owned()];
+    let actions = vec![action];
     t.event(Kind::Abort, json!({"reason": reason, "action": action}));
     let report = selfheal_report(&t.state, status, Some(reason), &actions);
     let content = format!(
@@ -518,18 +499,18 @@ pub(crate) fn edit_request(
     req: &ChatRequest<'_>,
     verdict: &selfheal_core::monitor::Verdict,
     recovery: &[String],
-    actions: &mut Vec<String>,
+    actions: &mut Vec<Action>,
 ) -> heal::Applied {
     let s = &t.s;
     let applied = heal::apply_verdict(req, verdict, recovery);
     if !applied.guidance.is_empty() {
         Metrics::inc(&s.metrics.guidance_total);
-        actions.push("guidance".into());
+        actions.push(Action::Guidance);
         t.event(Kind::Guidance, json!({"text": applied.guidance}));
     }
     if !applied.hidden.is_empty() {
         Metrics::inc(&s.metrics.tools_hidden_total);
-        actions.push("hide".into());
+        actions.push(Action::Hide);
         t.event(Kind::Hide, json!({"tools": applied.hidden}));
     }
     applied
@@ -602,7 +583,7 @@ pub(crate) fn partial_error(
     t: &Turn,
     code: &'static str,
     words: &str,
-    actions: &[String],
+    actions: &[Action],
     (status, reason): (Status, Option<&str>),
 ) -> Response {
     t.finish(status);
@@ -682,7 +663,7 @@ pub(crate) fn reask_or_escalate(
         selfheal_core::run::Action::Reask { next, escalate } => Some((next, escalate)),
         _ => None,
     })?;
-    lock(&t.state).act("reask");
+    lock(&t.state).act(Action::Reask);
     if escalate && chain.len() > 1 {
         // The ladder's escalation: the fallback model is asked from here on.
         *chain = &chain[1..];
@@ -706,7 +687,7 @@ pub(crate) fn reissue_granted(t: &Turn) -> bool {
         .iter()
         .any(|a| matches!(a, selfheal_core::run::Action::Reissue));
     if granted {
-        lock(&t.state).act("reissue");
+        lock(&t.state).act(Action::Reissue);
     }
     granted
 }
@@ -841,7 +822,7 @@ pub(crate) fn unread(called: Option<bool>, text: &str) -> Option<String> {
 }
 
 /// Records the call's decisions and events (trace, metrics) and adds their kinds to `actions`.
-pub(crate) fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<String>) {
+pub(crate) fn log_calls(t: &Turn, log: &CallLog, actions: &mut Vec<Action>) {
     call_actions(log, actions);
     let s = &t.s;
     // The core's typed decision events: the schema `selfheal trace replay` reads.
@@ -1016,7 +997,7 @@ pub(crate) async fn relay_stream<G: Grammar + Default + 'static>(
     op: crate::upstream::Op<'_, reqwest::Response>,
     tools: Arc<ToolIndex>,
     hooks: Hooks<G::Answer>,
-    mut actions: Vec<String>,
+    mut actions: Vec<Action>,
 ) -> Result<Response, ApiError> {
     let mut log = CallLog::default();
     let result = t.call(chain, encode, op, &mut log).await;
@@ -1051,11 +1032,10 @@ pub(crate) async fn relay_stream<G: Grammar + Default + 'static>(
     let status = text("status").and_then(|s| s.parse().ok());
     let status = status.unwrap_or(Status::Complete);
     let reason = text("reason").map(|r| t.caller.redactor.text(r).into_owned());
-    let actions: Vec<String> = match head.as_ref().and_then(|h| h.get("actions")) {
+    let actions: Vec<Action> = match head.as_ref().and_then(|h| h.get("actions")) {
         Some(Value::Array(a)) => a
             .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_owned)
+            .filter_map(|a| serde::Deserialize::deserialize(a).ok())
             .collect(),
         _ => actions,
     };

@@ -42,6 +42,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::action::Action;
 use crate::config::OnPartial;
 use crate::heal::{
     CallCheck, GuideCache, Problem, Salvage, ToolIndex, left_out_text, problem_texts,
@@ -333,12 +334,13 @@ pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
     };
     if let Some(actions) = o.get_mut("actions").and_then(Value::as_array_mut) {
         for (did, name) in [
-            (!report.repaired.is_empty(), "repair"),
-            (report.salvaged > 0, "salvage"),
-            (!report.reasked.is_empty(), "reask"),
-            (report.reissued.is_some(), "reissue"),
-            (report.reread, "reread"),
+            (!report.repaired.is_empty(), Action::Repair),
+            (report.salvaged > 0, Action::Salvage),
+            (!report.reasked.is_empty(), Action::Reask),
+            (report.reissued.is_some(), Action::Reissue),
+            (report.reread, Action::Reread),
         ] {
+            let name = name.as_str();
             if did && !actions.iter().any(|a| a == name) {
                 actions.push(json!(name));
             }

@@ -2,6 +2,7 @@
 //! the `x-selfheal-*` headers, and the trace details recorded for a request. Shared by every
 //! dialect so that chat, Responses and Messages report a run the same way.
 
+use crate::action::{Action, joined, push_once};
 use crate::heal::{self};
 use crate::runs::RunState;
 use crate::state::lock;
@@ -19,11 +20,13 @@ pub(crate) fn budget_json(st: &RunState) -> Value {
 }
 
 /// Adds the kinds of the call's events (retry, fallback, ...) to `actions`, each once.
-pub(crate) fn call_actions(log: &CallLog, actions: &mut Vec<String>) {
-    for e in &log.events {
-        if !actions.iter().any(|a| a == e.kind.as_str()) {
-            actions.push(e.kind.as_str().to_owned());
-        }
+pub(crate) fn call_actions(log: &CallLog, actions: &mut Vec<Action>) {
+    for a in log
+        .events
+        .iter()
+        .filter_map(|e| Action::of_call_event(e.kind))
+    {
+        push_once(actions, a);
     }
 }
 
@@ -55,7 +58,7 @@ pub(crate) fn selfheal_report(
     state: &Mutex<RunState>,
     status: Status,
     reason: Option<&str>,
-    actions: &[String],
+    actions: &[Action],
 ) -> Value {
     let st = lock(state);
     json!({
@@ -73,7 +76,7 @@ pub(crate) fn selfheal_report_bytes(
     state: &Mutex<RunState>,
     status: Status,
     reason: Option<&str>,
-    actions: &[String],
+    actions: &[Action],
 ) -> Vec<u8> {
     let st = lock(state);
     let report = Report {
@@ -97,7 +100,7 @@ pub(crate) fn selfheal_report_bytes(
 /// The `selfheal` report as [`selfheal_report`] builds it, for writing straight to text.
 #[derive(serde::Serialize)]
 pub(crate) struct Report<'a> {
-    pub(crate) actions: &'a [String],
+    pub(crate) actions: &'a [Action],
     pub(crate) budget: BudgetReport<'a>,
     pub(crate) failures: u64,
     pub(crate) reason: Option<&'a str>,
@@ -173,7 +176,7 @@ pub(crate) fn add_headers(
     resp: &mut Response,
     run: &str,
     status: Status,
-    actions: &[String],
+    actions: &[Action],
     reason: Option<&str>,
 ) {
     let h = resp.headers_mut();
@@ -202,7 +205,7 @@ pub(crate) fn add_headers(
     };
     put("x-selfheal-run", run.to_owned());
     put("x-selfheal-status", status.as_str().to_owned());
-    put("x-selfheal-actions", actions.join(","));
+    put("x-selfheal-actions", joined(actions));
     if let Some(r) = reason {
         put("x-selfheal-reason", r.to_owned());
     }

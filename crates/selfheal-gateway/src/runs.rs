@@ -124,7 +124,7 @@ struct Stored {
     seen: SeenResults,
     failures: u64,
     successes: u64,
-    actions: Vec<String>,
+    actions: Vec<crate::action::Action>,
     requests: u64,
     last_response: Option<Responded>,
 }
@@ -145,7 +145,7 @@ pub struct RunState {
     /// Tool calls that succeeded so far.
     pub successes: u64,
     /// The last recovery actions taken (bounded).
-    pub actions: Vec<String>,
+    pub(crate) actions: Vec<crate::action::Action>,
     /// Requests served for this run.
     pub requests: u64,
     /// The last Responses answer the run sent, with its calls: what a client continuing with
@@ -413,11 +413,11 @@ impl RunState {
     }
 
     /// Remembers an action (the oldest is dropped past the bound).
-    pub fn act(&mut self, action: impl Into<String>) {
+    pub(crate) fn act(&mut self, action: crate::action::Action) {
         if self.actions.len() == MAX_ACTIONS {
             self.actions.remove(0);
         }
-        self.actions.push(action.into());
+        self.actions.push(action);
     }
 }
 

@@ -786,7 +786,7 @@ impl Upstreams {
                     (
                         Kind::Retry,
                         format!("{label}{err} (waiting {delay_ms} ms)"),
-                        Some("retry"),
+                        Some(crate::action::Action::Retry),
                     )
                 }
                 call::CallEvent::Fallback { to, forced, .. } => {
@@ -796,7 +796,11 @@ impl Upstreams {
                     } else {
                         ""
                     };
-                    (Kind::Fallback, format!("{model}{why}"), Some("escalate"))
+                    (
+                        Kind::Fallback,
+                        format!("{model}{why}"),
+                        Some(crate::action::Action::Escalate),
+                    )
                 }
                 call::CallEvent::Skip { target } => {
                     let upstream = name(target).map_or("", |t| t.upstream.as_str());
@@ -809,14 +813,7 @@ impl Upstreams {
                     (Kind::CooldownSkip, detail, None)
                 }
             };
-            crate::telemetry::decision(
-                match kind {
-                    Kind::Retry => "retry",
-                    Kind::Fallback => "fallback",
-                    _ => "cooldown_skip",
-                },
-                &detail,
-            );
+            crate::telemetry::decision(kind.as_str(), &detail);
             if let Some(run) = run
                 && let Some(act) = act
             {

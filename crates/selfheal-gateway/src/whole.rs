@@ -9,6 +9,7 @@ use axum::response::Response;
 use selfheal_core::call::ReaskState;
 use serde_json::{Value, json};
 
+use crate::action::{Action, push_once};
 use crate::config::{OnPartial, Target};
 use crate::error::ApiError;
 use crate::heal::{self, CallCheck};
@@ -53,7 +54,7 @@ pub(crate) trait WholeDialect {
         &self,
         first: Self::First,
         settled: bool,
-        actions: &mut Vec<String>,
+        actions: &mut Vec<Action>,
         log: &CallLog,
     ) -> Result<Plain, ApiError>;
     /// Asks again along `chain` with `extra` appended (a re-ask of unusable calls, the read
@@ -84,7 +85,7 @@ pub(crate) trait WholeDialect {
 /// (or an error the SDKs raise).
 pub(crate) async fn heal_whole<D: WholeDialect>(
     d: &D,
-    mut actions: Vec<String>,
+    mut actions: Vec<Action>,
 ) -> Result<Response, ApiError> {
     let t = d.turn();
     let mut log = CallLog::default();
@@ -126,7 +127,7 @@ pub(crate) async fn heal_whole<D: WholeDialect>(
 async fn read_before_answering<D: WholeDialect>(
     d: &D,
     first: &mut D::First,
-    actions: &mut Vec<String>,
+    actions: &mut Vec<Action>,
     log: &mut CallLog,
 ) -> Option<String> {
     let t = d.turn();
@@ -137,9 +138,7 @@ async fn read_before_answering<D: WholeDialect>(
     let Some(text) = unsettled.is_none().then(|| reread_due(t)).flatten() else {
         return unsettled;
     };
-    if !actions.iter().any(|a| a == "reread") {
-        actions.push("reread".into());
-    }
+    push_once(actions, Action::Reread);
     let extra = reread_item(&text);
     let called = match d.ask_first(Some(&extra), log).await {
         Ok(a) => {
@@ -158,7 +157,7 @@ async fn read_before_answering<D: WholeDialect>(
 async fn reask_calls<D: WholeDialect>(
     d: &D,
     mut answer: Value,
-    actions: &mut Vec<String>,
+    actions: &mut Vec<Action>,
     log: &mut CallLog,
 ) -> (Value, CallCheck, bool) {
     let t = d.turn();
@@ -173,13 +172,11 @@ async fn reask_calls<D: WholeDialect>(
         };
         ladder = next;
         reasked = true;
-        if escalate && !actions.iter().any(|a| a == "escalate") {
-            actions.push("escalate".into());
+        if escalate {
+            push_once(actions, Action::Escalate);
         }
         Metrics::inc(&t.s.metrics.reasks_total);
-        if !actions.iter().any(|a| a == "reask") {
-            actions.push("reask".into());
-        }
+        push_once(actions, Action::Reask);
         t.event(Kind::Reask, json!({"problems": check.invalid}));
         let extra = reask_turn(&check.invalid);
         match d.ask(chain, Some(&extra), log).await {
@@ -200,7 +197,7 @@ fn answer_checked<D: WholeDialect>(
     mut answer: Value,
     check: &CallCheck,
     unsettled: Option<String>,
-    mut actions: Vec<String>,
+    mut actions: Vec<Action>,
 ) -> Result<Response, ApiError> {
     let t = d.turn();
     let s = &t.s;
@@ -209,13 +206,13 @@ fn answer_checked<D: WholeDialect>(
         t.event(Kind::Repair, json!({"tool": name}));
     }
     if !check.repaired.is_empty() {
-        actions.push("repair".into());
+        actions.push(Action::Repair);
     }
     if check.salvaged > 0 {
         // Tool calls written as text, taken as calls (issue 31).
         Metrics::inc(&s.metrics.repairs_total);
         t.event(Kind::Repair, json!({"salvaged": check.salvaged}));
-        actions.push("salvage".into());
+        actions.push(Action::Salvage);
     }
     let (status, reason) = if !check.invalid.is_empty() {
         t.event(Kind::InvalidCall, json!({"problems": check.invalid}));

@@ -2,6 +2,7 @@
 //! parse and render around the shared [`crate::pipeline`] — the whole answer (with its checks,
 //! re-asks and read before answering) and the streamed one (relayed by [`crate::stream`]).
 
+use crate::action::Action;
 use crate::answer;
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -151,7 +152,7 @@ impl Dialect for ChatTurn<'_> {
         stream::answer_frames(answer)
     }
 
-    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>) {
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<Action>) {
         let guidance = &decided.next.guidance;
         let mut applied = edit_request(t, self.req, &decided.verdict, guidance, actions);
         applied.replaced = decided.next.replaced;
@@ -176,12 +177,12 @@ impl Dialect for ChatTurn<'_> {
         &self.tools
     }
 
-    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError> {
+    async fn stream(self, t: &Turn, actions: Vec<Action>) -> Result<Response, ApiError> {
         let req = self.req;
         answer_stream(t, req, self.call(), actions).await
     }
 
-    async fn whole(self, t: &Turn, actions: Vec<String>, _: bool) -> Result<Response, ApiError> {
+    async fn whole(self, t: &Turn, actions: Vec<Action>, _: bool) -> Result<Response, ApiError> {
         let req = self.req;
         answer_complete(t, req, &self.call(), actions).await
     }
@@ -193,7 +194,7 @@ pub(crate) async fn answer_stream(
     t: &Turn,
     req: &ChatRequest<'_>,
     ctx: Call,
-    actions: Vec<String>,
+    actions: Vec<Action>,
 ) -> Result<Response, ApiError> {
     let edits = ctx.applied.edits();
     let encode = |m: &str| {
@@ -251,7 +252,7 @@ pub(crate) async fn answer_complete(
     t: &Turn,
     req: &ChatRequest<'_>,
     ctx: &Call,
-    actions: Vec<String>,
+    actions: Vec<Action>,
 ) -> Result<Response, ApiError> {
     let edits = Edits {
         stream: req.stream.then_some(false),
@@ -288,7 +289,7 @@ impl WholeDialect for Asked<'_> {
         &self,
         first: answer::Answer,
         settled: bool,
-        actions: &mut Vec<String>,
+        actions: &mut Vec<Action>,
         log: &CallLog,
     ) -> Result<Plain, ApiError> {
         if let Some(resp) = answer_plain(*self, &first, settled, actions, log) {
@@ -418,7 +419,7 @@ fn answer_plain(
     asked: Asked<'_>,
     answer: &answer::Answer,
     settled: bool,
-    actions: &mut Vec<String>,
+    actions: &mut Vec<Action>,
     log: &CallLog,
 ) -> Option<Response> {
     let (t, req, ctx) = (asked.t, asked.req, asked.ctx);

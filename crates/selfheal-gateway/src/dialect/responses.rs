@@ -2,6 +2,7 @@
 //! (input items, tools, the first call) and render around the shared [`crate::pipeline`] —
 //! whole answers and streamed ones (relayed by [`crate::responses_stream`]).
 
+use crate::action::Action;
 use crate::auth::{Caller, Credentials};
 use crate::error::ApiError;
 use crate::forward::{Forwarded, forward, responses_op};
@@ -342,7 +343,7 @@ pub(crate) fn edit_input(
     verdict: &selfheal_core::monitor::Verdict,
     directed: Vec<String>,
     mut tools: ToolIndex,
-) -> (Vec<String>, ToolIndex) {
+) -> (Vec<Action>, ToolIndex) {
     let s = &t.s;
     let mut edited = Vec::new();
     if !verdict.guidance.is_empty() || !directed.is_empty() {
@@ -359,7 +360,7 @@ pub(crate) fn edit_input(
         };
         req.insert("instructions".into(), Value::String(instructions));
         Metrics::inc(&s.metrics.guidance_total);
-        edited.push("guidance".to_owned());
+        edited.push(Action::Guidance);
         t.event(Kind::Guidance, json!({"text": text}));
     }
     let hidden: Vec<String> = verdict
@@ -385,7 +386,7 @@ pub(crate) fn edit_input(
             req.insert("tool_choice".into(), Value::from("auto"));
         }
         Metrics::inc(&s.metrics.tools_hidden_total);
-        edited.push("hide".to_owned());
+        edited.push(Action::Hide);
         t.event(Kind::Hide, json!({"tools": hidden}));
     }
     tools.retain(|name, _| !hidden.contains(name));
@@ -463,7 +464,7 @@ impl Dialect for ResponsesTurn {
 
     /// The guidance joins `instructions`, hidden tools leave `tools` ([`edit_input`]); grounded
     /// tools' calls are judged against what the request holds.
-    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<String>) {
+    fn edit(&mut self, t: &Turn, decided: Decided, actions: &mut Vec<Action>) {
         let tools = std::mem::take(&mut self.tools);
         let req = &mut self.parsed.req;
         let guidance = decided.next.guidance;
@@ -489,7 +490,7 @@ impl Dialect for ResponsesTurn {
         &self.tools
     }
 
-    async fn stream(self, t: &Turn, actions: Vec<String>) -> Result<Response, ApiError> {
+    async fn stream(self, t: &Turn, actions: Vec<Action>) -> Result<Response, ApiError> {
         let Parsed { req, chain, .. } = self.parsed;
         answer_responses_stream(t, req, chain, self.tools, self.checks, actions).await
     }
@@ -497,7 +498,7 @@ impl Dialect for ResponsesTurn {
     async fn whole(
         mut self,
         t: &Turn,
-        actions: Vec<String>,
+        actions: Vec<Action>,
         learned: bool,
     ) -> Result<Response, ApiError> {
         if learned {
@@ -569,7 +570,7 @@ impl WholeDialect for Asked<'_> {
         &self,
         first: Value,
         _: bool,
-        _: &mut Vec<String>,
+        _: &mut Vec<Action>,
         _: &CallLog,
     ) -> Result<Plain, ApiError> {
         Ok(Plain::Parsed(first))
@@ -623,7 +624,7 @@ pub(crate) async fn answer_responses_stream(
     chain: Vec<crate::config::Target>,
     tools: ToolIndex,
     checks: Checks,
-    actions: Vec<String>,
+    actions: Vec<Action>,
 ) -> Result<Response, ApiError> {
     let again = ResponsesAgain {
         t: t.clone(),
