@@ -5,31 +5,31 @@
 
 use crate::auth::{Caller, Credentials};
 use crate::error::ApiError;
-use crate::http::{log_request, read_body, sse_response};
+use crate::http::sse_response;
+use crate::layers::{Received, Refused};
 use crate::request::{ChatRequest, Edits};
 use crate::state::AppState;
 use crate::upstream::{CallLog, UpstreamClient};
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use selfheal_openai::ClientError;
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::pipeline::send_op;
 
 /// `POST /v1/embeddings`, passed through (see [`forward`]).
 pub(crate) async fn embeddings(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    forward(&s, &headers, body, Forwarded::Embeddings).await
+    caller: Caller,
+    Received(bytes): Received,
+) -> Result<Response, Refused> {
+    Ok(forward(&s, &caller, bytes, Forwarded::Embeddings).await?)
 }
 
 /// The endpoints the gateway forwards without healing.
@@ -55,37 +55,15 @@ pub(crate) fn responses_op<'c>(
     Box::pin(c.send("responses", b, cr))
 }
 
-/// Forwards a request as is: the caller admitted, the model routed (an alias's first target,
+/// Forwards a request of an admitted caller as is: the model routed (an alias's first target,
 /// its model name written in), one attempt, the answer — a stream when `stream` is true — read
-/// bounded and redacted.
+/// bounded and redacted. Admitted, bounded and logged by the route's layers, as every API is.
 pub(crate) async fn forward(
     s: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-    what: Forwarded,
-) -> Response {
-    let started = Instant::now();
-    let (result, tenant) = match s.gate.admit(headers) {
-        Ok(caller) => {
-            let tenant = caller.tenant.clone();
-            let r = forward_inner(s, &caller, headers, body, what).await;
-            (r.map_err(|e| caller.redactor.error(e)), tenant)
-        }
-        Err(e) => (Err(e), "-".to_owned()),
-    };
-    let resp = result.unwrap_or_else(IntoResponse::into_response);
-    log_request(&resp, &tenant, started);
-    resp
-}
-
-pub(crate) async fn forward_inner(
-    s: &AppState,
     caller: &Caller,
-    headers: &HeaderMap,
-    body: Body,
+    bytes: Bytes,
     what: Forwarded,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(s, headers, body).await?;
     let mut req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
     let model = req

@@ -1,16 +1,16 @@
 //! The HTTP edge every route shares: the operational endpoints (`/healthz`, `/readyz`,
-//! `/metrics`, `/v1/models`), the head guard, the 404/405 answers, reading a bounded body, the
-//! SSE response shape and the request log. Kept apart from the dialects so that a new API reuses
-//! them instead of copying them.
+//! `/metrics`, `/v1/models`), the head guard, the 404/405 answers and the SSE response shape.
+//! Kept apart from the dialects so that a new API reuses them instead of copying them; what every
+//! API route runs through (admission, body limits, redaction, the request log) is in
+//! [`crate::layers`].
 
+use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::metrics::Metrics;
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
@@ -109,11 +109,9 @@ pub(crate) async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse
     )
 }
 
-pub(crate) async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let caller = match s.gate.admit(&headers) {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
+/// `GET /v1/models`: the default upstream's models (asked with the caller's credentials) and
+/// the gateway's aliases. Admitted and redacted by the route's layers ([`crate::layers`]).
+pub(crate) async fn models(State(s): State<Arc<AppState>>, caller: Caller) -> Response {
     let mut data: Vec<Value> = Vec::new();
     if let Some(u) = s
         .config
@@ -133,51 +131,6 @@ pub(crate) async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -
     axum::Json(list).into_response()
 }
 
-/// One structured line per request at `info` (what a log pipeline needs to find a run).
-pub(crate) fn log_request(resp: &Response, tenant: &str, started: Instant) {
-    let h = resp.headers();
-    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("-");
-    tracing::info!(
-        target: "selfheal::request",
-        run = get("x-selfheal-run"),
-        tenant,
-        http_status = resp.status().as_u16(),
-        heal_status = get("x-selfheal-status"),
-        actions = get("x-selfheal-actions"),
-        latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        "request"
-    );
-}
-
-/// Reads the body within the body-read timeout: 413 when too large, 408 when too slow.
-/// [`ChatRequest::parse`](crate::request::ChatRequest::parse) then checks it is a chat request.
-pub(crate) async fn read_body(
-    s: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Bytes, ApiError> {
-    let limit = s.config.max_body_bytes;
-    if headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        .is_some_and(|n| n > limit)
-    {
-        return Err(ApiError::too_large(limit));
-    }
-    let timeout = std::time::Duration::from_millis(s.config.server.body_read_timeout_ms);
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(_)) => Err(ApiError::too_large(limit)),
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            "request_timeout",
-            "the request body did not arrive in time",
-        )),
-    }
-}
-
 pub(crate) fn sse_response(body: Body) -> Response {
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
@@ -186,52 +139,5 @@ pub(crate) fn sse_response(body: Body) -> Response {
         HeaderValue::from_static("text/event-stream"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
-}
-
-/// Every healed API request: counted, its caller admitted (or refused), `inner` run for the
-/// caller with its errors redacted, and the end recorded ([`answered`]).
-pub(crate) async fn admitted<F>(
-    s: &AppState,
-    headers: &HeaderMap,
-    inner: impl FnOnce(crate::auth::Caller) -> F,
-) -> Response
-where
-    F: Future<Output = Result<Response, ApiError>>,
-{
-    let started = Instant::now();
-    Metrics::inc(&s.metrics.requests_total);
-    let (result, tenant) = match s.gate.admit(headers) {
-        Ok(caller) => {
-            let tenant = caller.tenant.clone();
-            let redactor = caller.redactor.clone();
-            (inner(caller).await.map_err(|e| redactor.error(e)), tenant)
-        }
-        Err(e) => (Err(e), "-".to_owned()),
-    };
-    answered(s, result, &tenant, started)
-}
-
-/// The end of every API request (chat completions and responses alike): an error counted and
-/// answered in OpenAI's shape, the request's duration observed, its log line written.
-pub(crate) fn answered(
-    s: &AppState,
-    result: Result<Response, ApiError>,
-    tenant: &str,
-    started: Instant,
-) -> Response {
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            if e.status == StatusCode::BAD_GATEWAY {
-                Metrics::inc(&s.metrics.upstream_errors_total);
-            } else {
-                Metrics::inc(&s.metrics.client_errors_total);
-            }
-            e.into_response()
-        }
-    };
-    s.metrics.request_seconds.observe(started.elapsed());
-    log_request(&resp, tenant, started);
     resp
 }

@@ -42,6 +42,7 @@ pub mod error;
 mod forward;
 pub mod heal;
 mod http;
+mod layers;
 pub mod metrics;
 mod pipeline;
 pub mod recover;

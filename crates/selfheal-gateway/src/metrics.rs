@@ -132,7 +132,7 @@ macro_rules! counters {
 }
 
 counters! {
-    requests_total => "API requests received (chat completions and responses).",
+    requests_total => "API requests received, on every /v1 route alike.",
     guidance_total => "Requests that got monitor guidance.",
     tools_hidden_total => "Requests with circuit-broken tools removed.",
     aborts_total => "Runs ended by the monitor.",

@@ -607,6 +607,68 @@ async fn a_required_inbound_key_is_a_401_in_openai_shape() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// Issue 30: admission, the body limits and the request log are layers on every API route, so
+/// the endpoints passed through (`/v1/embeddings`) and `/v1/models` are admitted, bounded and
+/// counted as the healed ones are; a 404 or 405 is answered before any of them.
+#[tokio::test]
+async fn issue_30_every_api_route_is_admitted_bounded_and_counted_alike() {
+    let (url, shared) = start_upstream(vec![]).await;
+    let mut c = GatewayConfig::for_upstream(url);
+    c.inbound_keys.insert(
+        "alice".into(),
+        selfheal_gateway::auth::key_hash("sk-gateway-alice"),
+    );
+    c.max_body_bytes = 64;
+    let app = gateway(c);
+    let send = |req: Request<Body>| {
+        let app = app.clone();
+        async move {
+            let resp = app.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<Value>(&bytes).ok())
+        }
+    };
+    let small = json!({"model": "m", "input": "hi"}).to_string();
+    let large = json!({"model": "m", "input": "x".repeat(100)}).to_string();
+    for path in ["/v1/embeddings", "/v1/chat/completions", "/v1/responses"] {
+        // No key: refused before the body is read, even an oversize one.
+        let req = Request::post(path).body(Body::from(large.clone())).unwrap();
+        let (status, err) = send(req).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(err.unwrap()["error"]["code"], "invalid_api_key", "{path}");
+        // A key, and a body past the limit: 413 in OpenAI's shape.
+        let req = Request::post(path)
+            .header("authorization", "Bearer sk-gateway-alice")
+            .body(Body::from(large.clone()))
+            .unwrap();
+        let (status, err) = send(req).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+        assert_eq!(err.unwrap()["error"]["code"], "request_too_large", "{path}");
+    }
+    let req = Request::get("/v1/models").body(Body::empty()).unwrap();
+    assert_eq!(send(req).await.0, StatusCode::UNAUTHORIZED);
+    // The wrong method and no such path are answered as before, unadmitted and uncounted.
+    let req = Request::get("/v1/embeddings").body(Body::empty()).unwrap();
+    assert_eq!(send(req).await.0, StatusCode::METHOD_NOT_ALLOWED);
+    let req = Request::post("/v1/nothing")
+        .body(Body::from(small))
+        .unwrap();
+    assert_eq!(send(req).await.0, StatusCode::NOT_FOUND);
+    assert!(shared.lock().unwrap().seen.is_empty());
+    let text = metrics_text(&app).await;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+            .unwrap_or_else(|| panic!("no `{name}` in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("selfheal_requests_total "), 7.0);
+    assert_eq!(value("selfheal_client_errors_total "), 7.0);
+    assert_eq!(value("selfheal_request_duration_seconds_count"), 7.0);
+}
+
 async fn metrics_text(app: &Router) -> String {
     let resp = app
         .clone()

@@ -8,8 +8,8 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::forward::passthrough;
 use crate::heal::{self};
-use crate::http::admitted;
-use crate::http::{read_body, sse_response};
+use crate::http::sse_response;
+use crate::layers::{Received, Refused};
 use crate::pipeline::{
     AskStream, Call, Turn, adopt_first_call, answer_op, chat_op, check_completion,
     completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op,
@@ -36,24 +36,24 @@ use std::time::Instant;
 
 /// `POST /v1/chat/completions`: the healing pipeline's one entry, which the Messages dialect
 /// ([`crate::dialect::messages`]) enters too, with the chat request it translated.
+/// Admitted, bounded and logged by the route's layers ([`crate::layers`]): parse → `heal_turn`
+/// → render.
 pub(crate) async fn chat(
     State(s): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
-    body: Body,
-) -> Response {
-    admitted(&s, &headers, |caller| {
-        chat_inner(&s, caller, &headers, body)
-    })
-    .await
+    Received(bytes): Received,
+) -> Result<Response, Refused> {
+    Ok(chat_inner(&s, caller, &headers, bytes).await?)
 }
 
+/// A chat completions request, `bytes`, of an admitted `caller`: parsed, its run named, healed.
 pub(crate) async fn chat_inner(
     s: &Arc<AppState>,
     caller: Caller,
     headers: &HeaderMap,
-    body: Body,
+    bytes: bytes::Bytes,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(s, headers, body).await?;
     let req = ChatRequest::parse(&bytes).map_err(|e| ApiError::bad_request(e.0))?;
     let model = req.model.as_str().to_owned();
     let chain = s

@@ -24,20 +24,20 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
+use crate::auth::Caller;
 use crate::dialect::chat;
 use crate::error::ApiError;
-use crate::http::{answered, read_body};
-use crate::metrics::Metrics;
+use crate::layers::{self, Received, Refused};
 use crate::state::AppState;
 
 /// Why an Anthropic request (or an answer for one) cannot be translated without loss.
@@ -868,38 +868,30 @@ fn frame((name, data): &Event) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
 }
 
-/// `POST /v1/messages`: admitted (`x-api-key` read as a bearer key), translated, healed by the
-/// chat pipeline ([`chat::chat`]), and its answer rendered back in Anthropic's shape.
+/// `POST /v1/messages`: admitted, bounded and logged by the route's layers ([`crate::layers`],
+/// with the Messages [`edge`]), translated, healed by the chat pipeline
+/// ([`chat::chat_inner`]), and its answer rendered back in Anthropic's shape.
 pub(crate) async fn messages(
     State(s): State<Arc<AppState>>,
-    mut headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let started = Instant::now();
-    // The `anthropic` SDK sends its key as `x-api-key`: the gateway reads it as a bearer key
-    // (tenant, redaction, and the client's credentials upstream), as it does `Authorization`.
-    if !headers.contains_key(header::AUTHORIZATION)
-        && let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok())
-        && let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
-    {
-        headers.insert(header::AUTHORIZATION, v);
-    }
-    let (translated, tenant) = match edge(&s, &headers, body).await {
-        Ok(t) => t,
-        Err((e, tenant)) => return refused(&s, e, &tenant, started).await,
-    };
+    caller: Caller,
+    headers: HeaderMap,
+    Received(bytes): Received,
+) -> Result<Response, Refused> {
+    let req: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
+    let translated = to_chat(&req).map_err(|r| ApiError::bad_request(r.0))?;
     let Ok(chat) = serde_json::to_vec(&translated.chat) else {
-        return error_response(
+        return Ok(error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             "could not encode the request",
             None,
-        );
+        ));
     };
     // The chat form can be longer than the client's body (a `tool_use` input becomes an escaped
     // string): said as such, not as a body the client did not send.
     let limit = s.config.max_body_bytes;
     if chat.len() > limit {
-        let e = ApiError::new(
+        return Err(Refused(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             "request_too_large",
@@ -908,37 +900,29 @@ pub(crate) async fn messages(
                  gateway's max_body_bytes ({limit})",
                 chat.len()
             ),
-        );
-        return refused(&s, e, &tenant, started).await;
+        )));
     }
-    // The body is the translated one: its length is not the client's.
-    headers.remove(header::CONTENT_LENGTH);
-    let resp = chat::chat(State(s), headers, Body::from(chat)).await;
-    render(resp, Some(&translated)).await
+    let resp = chat::chat_inner(&s, caller, &headers, Bytes::from(chat)).await?;
+    Ok(render(resp, Some(&translated)).await)
 }
 
-/// A request refused before it reached the chat pipeline: counted and logged as the
-/// pipeline's errors are ([`answered`]), then said in Anthropic's shape.
-async fn refused(s: &AppState, e: ApiError, tenant: &str, started: Instant) -> Response {
-    Metrics::inc(&s.metrics.requests_total);
-    render(answered(s, Err(e), tenant, started), None).await
-}
-
-/// Admission, the body and its translation, with the caller's tenant; the error to answer and
-/// the tenant when any fails.
-async fn edge(
-    s: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(Translated, String), (ApiError, String)> {
-    let caller = s.gate.admit(headers).map_err(|e| (e, "-".to_owned()))?;
-    // What goes back to the client is redacted, as the chat pipeline's errors are.
-    let fail = |e: ApiError| (caller.redactor.error(e), caller.tenant.clone());
-    let bytes = read_body(s, headers, body).await.map_err(fail)?;
-    let req: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| fail(ApiError::bad_request(format!("the body is not JSON: {e}"))))?;
-    let translated = to_chat(&req).map_err(|r| fail(ApiError::bad_request(r.0)))?;
-    Ok((translated, caller.tenant))
+/// The Messages API's edge, around the layers every API shares: the `anthropic` SDK sends its
+/// key as `x-api-key`, read here as a bearer key (tenant, redaction, and the client's
+/// credentials upstream), as `Authorization` is; and every refusal — admission's, the body
+/// limits', the pipeline's — is said in Anthropic's shape.
+pub(crate) async fn edge(mut req: Request, next: Next) -> Response {
+    let headers = req.headers_mut();
+    if !headers.contains_key(header::AUTHORIZATION)
+        && let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok())
+        && let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+    {
+        headers.insert(header::AUTHORIZATION, v);
+    }
+    let resp = next.run(req).await;
+    if resp.extensions().get::<layers::Refusal>().is_some() {
+        return render(resp, None).await;
+    }
+    resp
 }
 
 /// An Anthropic error response.

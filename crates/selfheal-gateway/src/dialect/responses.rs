@@ -7,8 +7,8 @@ use crate::auth::{Caller, Credentials};
 use crate::error::ApiError;
 use crate::forward::{Forwarded, forward, responses_op};
 use crate::heal::{self, ToolIndex};
-use crate::http::admitted;
-use crate::http::{read_body, sse_response};
+use crate::http::sse_response;
+use crate::layers::{Received, Refused};
 use crate::metrics::Metrics;
 use crate::pipeline::{
     AskStream, Turn, calls_check, grounding_check, record_decisions, relay_stream,
@@ -41,19 +41,19 @@ use std::time::Instant;
 /// `selfheal` report. A streamed answer is healed as a chat stream is
 /// ([`responses_stream`]): re-issued invisibly when it breaks before any content, its function
 /// calls held until the end and checked, an error event after content.
+///
+/// Admitted, bounded and logged by the route's layers ([`crate::layers`]), as every API is
+/// (issue 30: Responses requests were missing from the metrics).
 pub(crate) async fn responses(
     State(s): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
-    body: Body,
-) -> Response {
+    Received(bytes): Received,
+) -> Result<Response, Refused> {
     if s.config.passthrough {
-        return forward(&s, &headers, body, Forwarded::Responses).await;
+        return Ok(forward(&s, &caller, bytes, Forwarded::Responses).await?);
     }
-    // Counted as chat completions are (issue 30: they were missing from both metrics).
-    admitted(&s, &headers, |caller| {
-        responses_inner(&s, caller, &headers, body)
-    })
-    .await
+    Ok(responses_inner(&s, caller, &headers, bytes).await?)
 }
 
 /// The first tool call of a Responses `input`, `(call_id, name)`: its first `function_call`
@@ -159,12 +159,7 @@ pub(crate) struct Parsed {
 }
 
 /// Parse: the body read and checked to be a Responses request for a model the gateway routes.
-pub(crate) async fn parse_request(
-    s: &Arc<AppState>,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Parsed, ApiError> {
-    let bytes = read_body(s, headers, body).await?;
+pub(crate) fn parse_request(s: &Arc<AppState>, bytes: &[u8]) -> Result<Parsed, ApiError> {
     let req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
     let model = req
@@ -406,9 +401,9 @@ pub(crate) async fn responses_inner(
     s: &Arc<AppState>,
     caller: Caller,
     headers: &HeaderMap,
-    body: Body,
+    bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let parsed = parse_request(s, headers, body).await?;
+    let parsed = parse_request(s, &bytes)?;
     let t = name_run(s, caller, headers, &parsed).await;
     t.event(
         Kind::Request,
