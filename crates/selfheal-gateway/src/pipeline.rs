@@ -143,6 +143,54 @@ pub(crate) struct Turn {
 /// A conversation's opening as run ids read it ([`crate::runs::run_id_of`]).
 pub(crate) type Opening = Vec<(&'static str, Vec<u8>)>;
 
+/// What names a run, as a dialect reads it from its request (issue 30, item 6).
+pub(crate) struct Naming<'a> {
+    /// The caller's label, `x-selfheal-run`.
+    pub(crate) label: Option<&'a str>,
+    /// The conversation kept upstream (a Responses `conversation`, as `conversation:<id>`): a
+    /// label when the caller gave none.
+    pub(crate) conversation: Option<&'a str>,
+    /// The answer this request continues (a Responses `previous_response_id`).
+    pub(crate) previous: Option<&'a str>,
+    /// The first tool call the model issued in the conversation, `(id, tool name)`.
+    pub(crate) first_call: Option<(&'a str, &'a str)>,
+}
+
+/// Names the run of a request, the same way for every API (chat, Responses, Messages), always
+/// within the caller's `tenant`: the caller's label when it is an id this tenant was answered
+/// with (sent back as is); else, without a label, the run that sent the answer the request
+/// continues; else the run keyed by the label (or the conversation), or by the conversation's
+/// first tool call together with its `opening` ([`crate::runs::run_id_of`]). Opening text alone
+/// never names a run: a request that names none gets a fresh run, and its opening back
+/// (`Some`), under which the run takes the name of the first call it answers with
+/// ([`adopt_first_call`]).
+pub(crate) fn name_run(
+    s: &AppState,
+    tenant: &str,
+    n: &Naming<'_>,
+    opening: impl FnOnce() -> Opening,
+) -> (String, Option<Arc<Opening>>) {
+    let now = Instant::now();
+    if let Some(l) = n.label
+        && s.runs.owned_by(l, tenant, now)
+    {
+        return (l.to_owned(), None);
+    }
+    if n.label.is_none()
+        && let Some(run) = n
+            .previous
+            .and_then(|prev| s.runs.run_of_response(prev, tenant, now))
+    {
+        return (run, None);
+    }
+    let label = n.label.or(n.conversation);
+    let opening = opening();
+    let refs: Vec<(&str, &[u8])> = opening.iter().map(|(k, v)| (*k, &v[..])).collect();
+    let run = crate::runs::run_id_of(&s.run_key, tenant, label, &refs, n.first_call);
+    let unnamed = (!crate::runs::names_its_run(label, n.first_call)).then(|| Arc::new(opening));
+    (run, unnamed)
+}
+
 /// Stores the turn's detached run under the name of `call`, `(id, tool name)`, the first tool
 /// call it answers with, so that the conversation's next request — which carries that call —
 /// continues it ([`crate::runs::RunStore::adopt`]), and under the id it was answered with.

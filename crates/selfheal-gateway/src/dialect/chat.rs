@@ -15,11 +15,10 @@ use crate::pipeline::{
     completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op,
     stream_check, stream_hooks,
 };
-use crate::pipeline::{Decided, Dialect, heal_turn};
+use crate::pipeline::{Decided, Dialect, Naming, heal_turn, name_run};
 use crate::recover;
 use crate::report::{Status, add_headers, call_actions, selfheal_report_bytes};
 use crate::request::{ChatRequest, Edits};
-use crate::runs::run_id;
 use crate::state::{AppState, unix_ms};
 use crate::stream;
 use crate::upstream::CallLog;
@@ -32,7 +31,6 @@ use futures_util::future::BoxFuture;
 use selfheal_openai::At;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// `POST /v1/chat/completions`: the healing pipeline's one entry, which the Messages dialect
 /// ([`crate::dialect::messages`]) enters too, with the chat request it translated.
@@ -63,23 +61,15 @@ pub(crate) async fn chat_inner(
     if s.config.passthrough {
         return passthrough(s, &caller, &chain, &req, &bytes).await;
     }
-    // A label names a run within the caller's tenant: the id this tenant was answered (sent
-    // back as is), else a keyed hash of tenant and label (or opening).
-    let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
-    let now = Instant::now();
-    let (run, unnamed) = match label {
-        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => (l.to_owned(), None),
-        _ => {
-            let first = crate::runs::chat_first_call(&req.messages);
-            let first = first.as_ref().map(|(i, n)| (i.as_str(), n.as_str()));
-            let unnamed = (!crate::runs::names_its_run(label, first))
-                .then(|| Arc::new(crate::runs::chat_opening(&req.messages)));
-            (
-                run_id(&s.run_key, &caller.tenant, label, &req.messages),
-                unnamed,
-            )
-        }
+    let first = crate::runs::chat_first_call(&req.messages);
+    let naming = Naming {
+        label: headers.get("x-selfheal-run").and_then(|v| v.to_str().ok()),
+        conversation: None,
+        previous: None,
+        first_call: first.as_ref().map(|(i, n)| (i.as_str(), n.as_str())),
     };
+    let opening = || crate::runs::chat_opening(&req.messages);
+    let (run, unnamed) = name_run(s, &caller.tenant, &naming, opening);
     let fallback = chain.get(1).map(|c| c.model.as_str());
     let redo = || crate::sharing::chat_redo(s, &bytes, fallback);
     let t = Turn {

@@ -14,7 +14,7 @@ use crate::pipeline::{
     AskStream, Turn, calls_check, grounding_check, record_decisions, relay_stream,
     remember_response, repeatable_out, say_in_output, stream_hooks,
 };
-use crate::pipeline::{Decided, Dialect, heal_turn};
+use crate::pipeline::{Decided, Dialect, Naming, heal_turn, name_run};
 use crate::recover;
 use crate::report::tool_result_detail;
 use crate::responses_stream;
@@ -31,7 +31,6 @@ use futures_util::future::BoxFuture;
 use selfheal_openai::ClientError;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// `POST /v1/responses` (OpenAI's Responses API), healed like chat completions where the wire
 /// allows: the run's upstream attempts go through the core's call plan (retries, the fallback
@@ -197,49 +196,35 @@ pub(crate) fn parse_request(s: &Arc<AppState>, bytes: &[u8]) -> Result<Parsed, A
     })
 }
 
-/// Name the run: the caller's label, else the run that sent the answer continued, else one
-/// named by the conversation, its opening and its first call, within the caller's tenant.
-pub(crate) async fn name_run(
+/// Opens the turn: the run named ([`name_run`], as on every API: the caller's label, else
+/// the run that sent the answer continued, else the conversation and its first call, within the
+/// caller's tenant) and loaded.
+pub(crate) async fn open_turn(
     s: &Arc<AppState>,
     caller: Caller,
     headers: &HeaderMap,
     p: &Parsed,
 ) -> Turn {
     let req = &p.req;
-    let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
-    let now = Instant::now();
-    let continued = match (label, p.previous.as_deref()) {
-        (None, Some(prev)) => s.runs.run_of_response(prev, &caller.tenant, now),
-        _ => None,
+    let naming = Naming {
+        label: headers.get("x-selfheal-run").and_then(|v| v.to_str().ok()),
+        conversation: p.conversation.as_deref(),
+        previous: p.previous.as_deref(),
+        first_call: responses_first_call(req),
     };
-    let mut unnamed = None;
-    let run = match (label, continued) {
-        (Some(l), _) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
-        (_, Some(run)) => run,
-        _ => {
-            let first_input = match req.get("input") {
-                Some(Value::Array(items)) => items.first().map(Value::to_string),
-                Some(v) => Some(v.to_string()),
-                None => None,
-            };
-            let instructions = req.get("instructions").map(Value::to_string);
-            let opening: Vec<(&str, &[u8])> = [
-                ("instructions", instructions.as_deref()),
-                ("input", first_input.as_deref()),
-            ]
+    let opening = || {
+        let first_input = match req.get("input") {
+            Some(Value::Array(items)) => items.first().map(Value::to_string),
+            Some(v) => Some(v.to_string()),
+            None => None,
+        };
+        let instructions = req.get("instructions").map(Value::to_string);
+        [("instructions", instructions), ("input", first_input)]
             .into_iter()
-            .filter_map(|(tag, v)| v.map(|v| (tag, v.as_bytes())))
-            .collect();
-            let label = label.or(p.conversation.as_deref());
-            let first = responses_first_call(req);
-            if !crate::runs::names_its_run(label, first) {
-                unnamed = Some(Arc::new(
-                    opening.iter().map(|(k, v)| (*k, v.to_vec())).collect(),
-                ));
-            }
-            crate::runs::run_id_of(&s.run_key, &caller.tenant, label, &opening, first)
-        }
+            .filter_map(|(tag, v)| v.map(|v| (tag, v.into_bytes())))
+            .collect()
     };
+    let (run, unnamed) = name_run(s, &caller.tenant, &naming, opening);
     let redo = || {
         let input = match req.get("input") {
             Some(Value::Array(items)) => items.clone(),
@@ -404,7 +389,7 @@ pub(crate) async fn responses_inner(
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
     let parsed = parse_request(s, &bytes)?;
-    let t = name_run(s, caller, headers, &parsed).await;
+    let t = open_turn(s, caller, headers, &parsed).await;
     t.event(
         Kind::Request,
         json!({"model": parsed.model, "api": "responses", "tenant": t.caller.tenant}),
