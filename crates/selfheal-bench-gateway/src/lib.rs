@@ -80,7 +80,7 @@ pub enum ArmError {
     Listen(#[from] std::io::Error),
     /// The gateway could not be built.
     #[error("the gateway did not start: {0}")]
-    Gateway(#[from] selfheal_gateway::app::StateError),
+    Gateway(#[from] selfheal_gateway::StateError),
     /// The agent client could not be built.
     #[error("the agent client did not start: {0}")]
     ClientSetup(agent::ClientError),
@@ -302,7 +302,7 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 /// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
 ///   task set's longest plan (a deployment has one budget for every run).
 pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
-    use selfheal_gateway::config::{ModelRoute, Target, ToolConfig};
+    use selfheal_gateway::{ModelRoute, Target, ToolConfig};
     let mut g = GatewayConfig::for_upstream(model_url);
     g.policy = capped_policy(config);
     // The in-process run's budget vector; the gateway's is one per deployment, so it is sized
@@ -451,7 +451,7 @@ pub async fn run(
             // The world's tools stamp `as_of` on the gateway's clock (the wall clock), as a
             // deployed tool does; the ages are the world's.
             let mut gateway_ep = Episode::new(task, faults, &model, seed);
-            gateway_ep.set_data_now(selfheal_gateway::recover::wall_ms());
+            gateway_ep.set_data_now(selfheal_gateway::wall_ms());
             let mut world = World::new(task, gateway_ep);
             let run_label = format!("bench-{seed}-{}", task.id);
             let max = MaxTurns::for_plan(task.plan.steps.len(), budget);

@@ -630,17 +630,19 @@ mod tests {
         );
     }
 
-    /// The controller's guidance, as `selfheal_gateway::recover` writes it, is heard.
+    /// The controller's guidance, as the gateway writes it, is heard.
     #[test]
     fn the_controllers_guidance_is_heard() {
         use selfheal_core::FailureClass;
-        use selfheal_gateway::recover;
+        use selfheal_gateway::{
+            cross_check_text, refresh_text, replan_text, retry_text, substitute_text,
+        };
         let lines = [
-            recover::retry_text("fx.rate", FailureClass::ToolTimeout),
-            recover::refresh_text("fx.rate", FailureClass::StaleContext, "refresh"),
-            recover::replan_text("fx.rate", FailureClass::PlanningFailure),
-            recover::cross_check_text("fx.rate", "fx.mirror"),
-            recover::substitute_text("fx.rate", FailureClass::ToolUnavailable, "fx.mirror"),
+            retry_text("fx.rate", FailureClass::ToolTimeout),
+            refresh_text("fx.rate", FailureClass::StaleContext, "refresh"),
+            replan_text("fx.rate", FailureClass::PlanningFailure),
+            cross_check_text("fx.rate", "fx.mirror"),
+            substitute_text("fx.rate", FailureClass::ToolUnavailable, "fx.mirror"),
         ];
         let messages = vec![json!({"role": "system",
             "content": format!("[selfheal] {}", lines.join("\n"))})];
@@ -680,7 +682,7 @@ mod tests {
         };
         let out = world.execute(&id, &primary, &arguments);
         let check = json!({"role": "system", "content": format!(
-            "[selfheal] {}", selfheal_gateway::recover::cross_check_text(&primary, &sub))});
+            "[selfheal] {}", selfheal_gateway::cross_check_text(&primary, &sub))});
         let req = request(
             task,
             vec![
@@ -858,7 +860,7 @@ mod tests {
             "the fault serves old data: {first}"
         );
         msgs.push(json!({"role": "system", "content": format!("[selfheal] {}",
-            selfheal_gateway::recover::refresh_text(&stale_tool,
+            selfheal_gateway::refresh_text(&stale_tool,
                 selfheal_core::FailureClass::StaleContext, crate::agent::REFRESH_ARGUMENT))}));
         let (tool, arguments, out) = exchange(&mut world, &mut msgs);
         assert_eq!(tool, stale_tool);
@@ -895,7 +897,7 @@ mod tests {
         assert_eq!(&exchange(&mut world, &mut msgs), first);
         assert_eq!(&exchange(&mut world, &mut msgs), second);
         msgs.push(json!({"role": "system", "content": format!("[selfheal] {}",
-            selfheal_gateway::recover::retry_text(first,
+            selfheal_gateway::retry_text(first,
                 selfheal_core::FailureClass::VerificationFailure))}));
         assert_eq!(&exchange(&mut world, &mut msgs), first);
         // The guidance was that request's.

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 
-use selfheal_gateway::request::{ChatRequest, Edits};
+use selfheal_gateway::{ChatRequest, Edits};
 use selfheal_openai::normalize_request;
 
 fn body() -> Bytes {

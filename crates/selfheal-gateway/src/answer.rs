@@ -33,7 +33,7 @@ use crate::heal::{self, GuideCache, ToolIndex};
 /// Whether an answer's bytes may hold a tool call written as text in its content (a quoted
 /// `"name"` key, `<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`): such an answer goes the
 /// parsed path, where [`heal::salvage_text_calls`] reads it. A scan of the bytes, no parse.
-pub fn may_write_calls(bytes: &[u8]) -> bool {
+pub(crate) fn may_write_calls(bytes: &[u8]) -> bool {
     const MARKS: [&[u8]; 5] = [
         b"\\\"name\\\"",
         b"'name'",
@@ -49,7 +49,7 @@ pub fn may_write_calls(bytes: &[u8]) -> bool {
 /// A successful upstream answer: its bytes and what healing reads of them when they parse as a
 /// plain answer (see the module docs), else the parsed completion.
 #[derive(Debug, Clone)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// A well-formed answer with content or tool calls, as the upstream sent it.
     Plain(Plain),
     /// Any other usable answer, parsed.
@@ -58,7 +58,7 @@ pub enum Answer {
 
 impl Answer {
     /// Whether the answer calls a tool (else it is the model's final answer).
-    pub fn calls_tools(&self) -> bool {
+    pub(crate) fn calls_tools(&self) -> bool {
         match self {
             Answer::Plain(p) => p.calls.as_ref().is_some_and(|c| !c.is_empty()),
             Answer::Parsed(c) => c
@@ -75,7 +75,7 @@ impl Answer {
     ///
     /// The error [`parse_completion`] gives (never for [`Answer::Plain`], whose bytes passed the
     /// same checks).
-    pub fn into_completion(self) -> Result<Completion, ClientError> {
+    pub(crate) fn into_completion(self) -> Result<Completion, ClientError> {
         match self {
             Answer::Plain(p) => parse_completion(&p.bytes),
             Answer::Parsed(c) => Ok(c),
@@ -85,7 +85,7 @@ impl Answer {
 
 /// A plain answer: the upstream's bytes and what healing reads of its first choice.
 #[derive(Debug, Clone)]
-pub struct Plain {
+pub(crate) struct Plain {
     /// The answer as the upstream sent it.
     pub bytes: Bytes,
     ending: Ending,
@@ -95,12 +95,12 @@ pub struct Plain {
 
 impl Plain {
     /// The names of the tools the answer calls, in order.
-    pub fn called(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn called(&self) -> impl Iterator<Item = &str> {
         self.calls.iter().flatten().map(|(name, _)| name.as_str())
     }
 
     /// Whether any tool call repeats, name and arguments, one of `answered`.
-    pub fn repeats(&self, answered: &heal::Answered) -> bool {
+    pub(crate) fn repeats(&self, answered: &heal::Answered) -> bool {
         self.calls
             .iter()
             .flatten()
@@ -110,7 +110,7 @@ impl Plain {
     /// Whether every tool call can go to the client as written: each names an offered tool
     /// and its arguments need no repair. `false` when any call needs repairing or re-asking,
     /// or when `tool_calls` is an empty list (the slow path takes it out of the message).
-    pub fn calls_usable(&self, tools: &ToolIndex, guides: &GuideCache) -> bool {
+    pub(crate) fn calls_usable(&self, tools: &ToolIndex, guides: &GuideCache) -> bool {
         let Some(calls) = &self.calls else {
             return true;
         };
@@ -131,7 +131,7 @@ impl Plain {
 /// # Errors
 ///
 /// [`ClientError::EmptyResponse`] or [`ClientError::Decode`], as [`parse_completion`].
-pub fn read(bytes: Bytes) -> Result<Answer, ClientError> {
+pub(crate) fn read(bytes: Bytes) -> Result<Answer, ClientError> {
     if let Some(first) = scan(&bytes)
         && (first.message.has_content
             || first.message.calls.as_ref().is_some_and(|c| !c.is_empty()))
@@ -153,7 +153,7 @@ pub fn read(bytes: Bytes) -> Result<Answer, ClientError> {
 /// The answer `bytes` (a JSON object) with `"selfheal": report` added as its last key: the
 /// upstream's bytes unchanged around it. `None` when the bytes do not end in `}`, or when
 /// `redactor` would change the result (the caller then redacts a parsed answer).
-pub fn with_report(bytes: &[u8], report: &[u8], redactor: &Redactor) -> Option<Bytes> {
+pub(crate) fn with_report(bytes: &[u8], report: &[u8], redactor: &Redactor) -> Option<Bytes> {
     let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace())?;
     if bytes.get(end) != Some(&b'}') {
         return None;

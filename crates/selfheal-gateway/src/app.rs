@@ -7,8 +7,7 @@
 //! whole answer, healed once for every API), `relay` (the stream relay, healed once for every
 //! API and generic over the event grammars of `stream` and `responses_stream`), `forward` (the
 //! endpoints passed through unhealed) and `report` (the `selfheal` report, its typed `Status`,
-//! headers and trace). They are private: this module re-exports what callers use ([`router`],
-//! [`AppState`], [`StateError`], [`MAX_HEADERS`]).
+//! headers and trace). They are private; the crate root re-exports what callers use.
 
 use std::sync::Arc;
 
@@ -21,8 +20,7 @@ use crate::forward::embeddings;
 use crate::http::{guard_head, healthz, method_not_allowed, metrics, models, not_found, readyz};
 use crate::layers;
 
-pub use crate::http::MAX_HEADERS;
-pub use crate::state::{AppState, NoStream, StateError, TrustMemory};
+use crate::state::AppState;
 
 /// The router. Every API route runs through the same layers ([`crate::layers`]): the request
 /// log, admission, error redaction and — for the routes with a body — the body limits; the

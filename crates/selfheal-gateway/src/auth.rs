@@ -28,13 +28,13 @@ use sha2::{Digest, Sha256};
 use crate::error::ApiError;
 
 /// Keys shorter than this are not redacted (a test key like `x` would blank every answer).
-pub const MIN_SECRET_LEN: usize = 8;
+pub(crate) const MIN_SECRET_LEN: usize = 8;
 
 /// What replaces a secret.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 /// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -335,7 +335,7 @@ fn sensitive(mut v: HeaderValue) -> HeaderValue {
 }
 
 /// 401 in OpenAI's shape.
-pub fn unauthorized() -> ApiError {
+pub(crate) fn unauthorized() -> ApiError {
     ApiError::new(
         StatusCode::UNAUTHORIZED,
         "invalid_request_error",

@@ -38,7 +38,7 @@ const IDLE: u8 = 2;
 
 /// What one connection's task and the accept loop share.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     phase: AtomicU8,
     /// Milliseconds since the registry's start when the last answer was sent.
     idle_since_ms: AtomicU64,
@@ -58,7 +58,7 @@ impl Conn {
     }
 
     /// A request head was read: the connection is busy until its answer is sent.
-    pub fn request_started(&self) {
+    pub(crate) fn request_started(&self) {
         self.phase.store(BUSY, Ordering::Release);
     }
 
@@ -70,13 +70,13 @@ impl Conn {
     }
 
     /// Resolves when the accept loop asks this connection to close gracefully.
-    pub async fn closing(&self) {
+    pub(crate) async fn closing(&self) {
         self.close.notified().await;
     }
 
     /// Wraps an answer's body so that the connection counts as idle once the body has been
     /// sent or dropped.
-    pub fn track(self: &Arc<Self>, body: Body) -> Body {
+    pub(crate) fn track(self: &Arc<Self>, body: Body) -> Body {
         Body::new(Tracked {
             inner: body,
             conn: self.clone(),
@@ -119,7 +119,7 @@ impl Drop for Tracked {
 
 /// How the registry took back a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reclaimed {
+pub(crate) enum Reclaimed {
     /// A connection that had sent no whole request head was aborted.
     Waiting,
     /// A kept-alive connection without a request in flight was asked to close.
@@ -128,7 +128,7 @@ pub enum Reclaimed {
 
 /// The open connections, oldest first, with their tasks.
 #[derive(Debug)]
-pub struct Registry {
+pub(crate) struct Registry {
     queue: VecDeque<(Arc<Conn>, AbortHandle)>,
     start: Instant,
 }
@@ -144,13 +144,13 @@ impl Default for Registry {
 
 impl Registry {
     /// A new connection's shared state, to be [`Registry::push`]ed with its task.
-    pub fn conn(&self) -> Arc<Conn> {
+    pub(crate) fn conn(&self) -> Arc<Conn> {
         Arc::new(Conn::new(self.start))
     }
 
     /// Registers an accepted connection's task. Ended connections are dropped as they reach
     /// the front, and all of them once the queue holds twice `cap`, so it stays bounded.
-    pub fn push(&mut self, conn: Arc<Conn>, handle: AbortHandle, cap: usize) {
+    pub(crate) fn push(&mut self, conn: Arc<Conn>, handle: AbortHandle, cap: usize) {
         while self.queue.front().is_some_and(|e| e.1.is_finished()) {
             self.queue.pop_front();
         }
@@ -162,7 +162,7 @@ impl Registry {
 
     /// Takes back one slot for a new connection (see the module's order); `None` when every
     /// open connection has a request in flight.
-    pub fn reclaim(&mut self) -> Option<Reclaimed> {
+    pub(crate) fn reclaim(&mut self) -> Option<Reclaimed> {
         self.queue.retain(|e| !e.1.is_finished());
         if let Some(i) = self
             .queue
@@ -187,7 +187,7 @@ impl Registry {
 
     /// Aborts every connection still waiting for its first whole request head (at shutdown: it
     /// has no request to finish, so it must not hold the drain up).
-    pub fn abort_waiting(&mut self) {
+    pub(crate) fn abort_waiting(&mut self) {
         for (conn, handle) in self.queue.drain(..) {
             if conn.phase.load(Ordering::Acquire) == WAITING {
                 handle.abort();

@@ -21,9 +21,7 @@ use crate::recover::Ctx;
 use crate::request::{ChatRequest, Edits, Message};
 use crate::runs::{RunState, SeenResults};
 
-pub use crate::wire::{
-    Problem, ToolIndex, ToolSpec, Unusable, is_hard_failure_text, take_calls, tool_index,
-};
+pub(crate) use crate::wire::{Problem, ToolIndex, ToolSpec, Unusable, take_calls, tool_index};
 pub(crate) use crate::wire::{ensure_id, fresh_call_id, item_type};
 
 /// Tool indexes by the text of the request's `tools` array. Agents send the same tools with
@@ -32,15 +30,15 @@ pub(crate) use crate::wire::{ensure_id, fresh_call_id, item_type};
 /// its keys ([`CACHE_MAX_BYTES`]; a tool set larger than [`CACHE_MAX_ENTRY_BYTES`] is indexed
 /// but not kept), it starts over when full.
 #[derive(Debug, Default)]
-pub struct ToolIndexCache {
+pub(crate) struct ToolIndexCache {
     map: Mutex<Sized<Arc<ToolIndex>>>,
 }
 
 /// Most key bytes a cache holds (tool-set or schema text; the values are of the same order).
-pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
 
 /// Largest key a cache keeps.
-pub const CACHE_MAX_ENTRY_BYTES: usize = 1024 * 1024;
+pub(crate) const CACHE_MAX_ENTRY_BYTES: usize = 1024 * 1024;
 
 /// A map that knows the bytes of its keys.
 #[derive(Debug)]
@@ -80,10 +78,10 @@ impl<V: Clone> Sized<V> {
 
 impl ToolIndexCache {
     /// Most tool sets held.
-    pub const CAPACITY: usize = 1_024;
+    pub(crate) const CAPACITY: usize = 1_024;
 
     /// The index of the request's tools.
-    pub fn get(&self, req: &ChatRequest<'_>) -> Arc<ToolIndex> {
+    pub(crate) fn get(&self, req: &ChatRequest<'_>) -> Arc<ToolIndex> {
         let Some(raw) = req.tools_raw else {
             return Arc::new(ToolIndex::new());
         };
@@ -101,14 +99,15 @@ impl ToolIndexCache {
     }
 
     /// Key bytes held now.
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
         self.map.lock().map_or(0, |m| m.bytes)
     }
 }
 
 /// What replaying one tool result concluded, for the trace.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     /// The tool's name.
     pub tool: String,
     /// What the result was to the run ([`crate::recover::observe`]).
@@ -119,7 +118,7 @@ pub struct Replayed {
 /// the results after the last one the run has seen (see [`crate::runs::SeenResults`]). A
 /// history trimmed from the front feeds only its new results; nothing is reset. Only the
 /// arguments of calls whose results are new are parsed.
-pub fn replay(
+pub(crate) fn replay(
     state: &mut RunState,
     messages: &[Message<'_>],
     ctx: &Ctx<'_>,
@@ -290,7 +289,7 @@ fn offer(state: &mut RunState, ctx: &Ctx<'_>) {
 /// [`replay`] for a Responses API `input`: its `function_call_output` items (by `call_id`),
 /// each matched to the `function_call` item that asked for it. `only_new`: the input continues
 /// a stored answer and holds only what came since.
-pub fn replay_items(
+pub(crate) fn replay_items(
     state: &mut RunState,
     items: &[Value],
     only_new: bool,
@@ -382,7 +381,7 @@ pub fn replay_items(
 
 /// What a verdict changes in the request.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// Guidance texts to add.
     pub guidance: Vec<String>,
     /// The system message that carries them (`[selfheal] ...`), when there is guidance.
@@ -395,7 +394,7 @@ pub struct Applied {
 
 impl Applied {
     /// The request edits that carry this out (plus `content: ""` normalisation).
-    pub fn edits(&self) -> Edits<'_> {
+    pub(crate) fn edits(&self) -> Edits<'_> {
         Edits {
             normalize: true,
             system: self.system.as_deref(),
@@ -410,7 +409,11 @@ impl Applied {
 /// (`recovery`, see [`crate::recover`]): guidance as a system message after the leading
 /// system messages; the hidden tools the request offers removed, `tool_choice` fixed if it named
 /// one (see [`ChatRequest::encode`]).
-pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict, recovery: &[String]) -> Applied {
+pub(crate) fn apply_verdict(
+    req: &ChatRequest<'_>,
+    verdict: &Verdict,
+    recovery: &[String],
+) -> Applied {
     let hidden = if verdict.hidden_tools.is_empty() {
         Vec::new()
     } else {
@@ -438,7 +441,7 @@ pub fn apply_verdict(req: &ChatRequest<'_>, verdict: &Verdict, recovery: &[Strin
 
 /// What checking a response's tool calls found.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CallCheck {
+pub(crate) struct CallCheck {
     /// Calls whose arguments were repaired in place (tool names).
     pub repaired: Vec<String>,
     /// Calls the model wrote as text in its content, taken as tool calls ([`salvage_text_calls`]).
@@ -448,19 +451,19 @@ pub struct CallCheck {
 }
 
 /// The re-ask texts of `problems`, in order.
-pub fn problem_texts(problems: &[Problem]) -> Vec<String> {
+pub(crate) fn problem_texts(problems: &[Problem]) -> Vec<String> {
     problems.iter().map(|p| p.text.clone()).collect()
 }
 
 /// The re-ask texts of `problems` as one text.
-pub fn problems_text(problems: &[Problem]) -> String {
+pub(crate) fn problems_text(problems: &[Problem]) -> String {
     problem_texts(problems).join(" ")
 }
 
 /// The words of an answer whose tool calls were left out (`problems`: why each could not be
 /// used, naming its tool): what the client gets in place of an empty assistant message, so
 /// that no SDK or framework reads the answer as `''` (issue 30).
-pub fn left_out_text(problems: &[String]) -> String {
+pub(crate) fn left_out_text(problems: &[String]) -> String {
     format!(
         "[selfheal] The tool calls of this answer could not be used, even after asking the \
          model again, so they were left out and nothing was called. {} You can send the \
@@ -471,7 +474,7 @@ pub fn left_out_text(problems: &[String]) -> String {
 
 /// Puts `words` in an assistant message (chat) after whatever text it has: what an answer says
 /// when the gateway left its calls out.
-pub fn say(message: &mut Value, words: &str) {
+pub(crate) fn say(message: &mut Value, words: &str) {
     let Some(o) = message.as_object_mut() else {
         return;
     };
@@ -511,7 +514,7 @@ impl GuideCache {
 
 /// What [`salvage_text_calls`] did with an answer's content.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Salvage {
+pub(crate) enum Salvage {
     /// Nothing: the answer has structured calls, no content, or content that writes no call.
     None,
     /// This many calls written as text were made structured calls.
@@ -528,7 +531,7 @@ pub enum Salvage {
 /// go through the same checks as any call. A call-shaped text that cannot be taken is a
 /// problem to re-ask, never a final answer. The caller leaves `tools` empty when the client
 /// asked for no tool call (`tool_choice: "none"`).
-pub fn salvage_text_calls(message: &mut Value, tools: &ToolIndex) -> Salvage {
+pub(crate) fn salvage_text_calls(message: &mut Value, tools: &ToolIndex) -> Salvage {
     if message
         .get("tool_calls")
         .and_then(Value::as_array)
@@ -572,7 +575,7 @@ pub fn salvage_text_calls(message: &mut Value, tools: &ToolIndex) -> Salvage {
 /// `function_call` item, the text of its `message` items is read for calls of offered tools;
 /// each becomes a `function_call` item with a fresh `call_id`, after one message that keeps
 /// the rest of the text (none when nothing is left). The same reading, the same refusals.
-pub fn salvage_output_calls(response: &mut Value, tools: &ToolIndex) -> Salvage {
+pub(crate) fn salvage_output_calls(response: &mut Value, tools: &ToolIndex) -> Salvage {
     let Some(output) = response.get_mut("output").and_then(Value::as_array_mut) else {
         return Salvage::None;
     };
@@ -653,7 +656,7 @@ fn text_calls(
 /// refused, no default is written. `ending` is how the choice ended (its `finish_reason`):
 /// after `length`, arguments that are not JSON as written are refused, never repaired into a
 /// call. Returns `Ok(true)` when repaired, `Err(problem)` when it cannot be used.
-pub fn check_call(
+pub(crate) fn check_call(
     call: &mut Value,
     tools: &ToolIndex,
     guides: &GuideCache,
@@ -679,7 +682,7 @@ pub fn check_call(
 /// The check of [`check_call`] on a call's tool `name` and arguments text `raw`, without the
 /// call: `Ok(None)` when the arguments are valid as written, `Ok(Some(text))` when they were
 /// repaired into `text`, `Err(problem)` when the call cannot be used.
-pub fn check_arguments(
+pub(crate) fn check_arguments(
     name: &str,
     raw: &str,
     tools: &ToolIndex,
@@ -764,7 +767,7 @@ pub fn check_arguments(
 /// refusal of such a call, and the in-process client the call before it makes it), anything
 /// else invalid arguments — or, with none of those, a repeated call is the model's repetition.
 /// The first of these that any problem shows, in that order.
-pub fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signal {
+pub(crate) fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signal {
     use selfheal_core::classifier::Signal;
     if let Some(name) = problems.iter().find_map(|p| match &p.kind {
         Unusable::UnknownTool(name) => Some(name.clone()),
@@ -796,7 +799,7 @@ pub fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signa
 /// already in the conversation (the in-process client's repetition, the previous step's call
 /// again).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Answered {
+pub(crate) struct Answered {
     /// `(tool, canonical hash of the arguments)`.
     calls: Vec<(String, u64)>,
 }
@@ -804,7 +807,11 @@ pub struct Answered {
 impl Answered {
     /// The calls of `taken` (`(tool, canonical hash of the arguments)`), less those of the tools
     /// in `again`, when `messages` end in a turn of tool calls and their results.
-    pub fn of(messages: &[Message<'_>], taken: &[(String, u64)], again: &[String]) -> Answered {
+    pub(crate) fn of(
+        messages: &[Message<'_>],
+        taken: &[(String, u64)],
+        again: &[String],
+    ) -> Answered {
         if taken.is_empty() {
             return Answered::default();
         }
@@ -825,7 +832,7 @@ impl Answered {
     /// [`Answered::of`] for a Responses API `input`: its `items` end in a turn when nothing but
     /// `function_call_output` items follows its last `function_call` item (the model's calls
     /// and their results, nothing asked since).
-    pub fn of_items(items: &[Value], taken: &[(String, u64)], again: &[String]) -> Answered {
+    pub(crate) fn of_items(items: &[Value], taken: &[(String, u64)], again: &[String]) -> Answered {
         let turn = items
             .iter()
             .rev()
@@ -850,12 +857,12 @@ impl Answered {
     }
 
     /// Whether no call is answered (nothing can repeat one).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
 
     /// Whether a call of `name` with arguments text `raw` repeats an answered call.
-    pub fn repeats(&self, name: &str, raw: &str) -> bool {
+    pub(crate) fn repeats(&self, name: &str, raw: &str) -> bool {
         !self.calls.is_empty()
             && args_hash(raw).is_some_and(|h| self.calls.iter().any(|(n, c)| n == name && *c == h))
     }
@@ -864,7 +871,7 @@ impl Answered {
     /// (`{"function": {"name", "arguments"}}`) or Responses `function_call` items
     /// (`{"type": "function_call", "name", "arguments"}`; items of other types stay); returns
     /// the problem of each.
-    pub fn take_repeated(&self, calls: &mut Vec<Value>) -> Vec<Problem> {
+    pub(crate) fn take_repeated(&self, calls: &mut Vec<Value>) -> Vec<Problem> {
         let mut problems = Vec::new();
         if self.calls.is_empty() {
             return problems;
@@ -898,7 +905,7 @@ impl Answered {
 
     /// [`Answered::take_repeated`] on an assistant `message` (its `tool_calls` removed when
     /// none is left, as [`check_message`] does).
-    pub fn check(&self, message: &mut Value) -> Vec<Problem> {
+    pub(crate) fn check(&self, message: &mut Value) -> Vec<Problem> {
         take_calls(message, |calls| self.take_repeated(calls))
     }
 }
@@ -911,7 +918,7 @@ fn args_hash(raw: &str) -> Option<u64> {
 }
 
 /// Checks every tool call of an assistant message.
-pub fn check_message(
+pub(crate) fn check_message(
     message: &mut Value,
     tools: &ToolIndex,
     guides: &GuideCache,
@@ -956,7 +963,7 @@ pub fn check_message(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{HARD_PHRASES, HARD_PREFIXES};
+    use crate::wire::{HARD_PHRASES, HARD_PREFIXES, is_hard_failure_text};
 
     /// The allocating form `is_hard_failure_text` replaced: lowercase a `String`, search it.
     fn hard_failure_reference(text: &str) -> bool {

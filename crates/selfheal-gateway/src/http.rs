@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Most header lines a request may carry (more is a 431).
-pub const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 
 /// 431 in OpenAI's shape for a head with too many or too large headers (hyper's own limit,
 /// set well above this one by `serve`, answers a bare 431 only past it).

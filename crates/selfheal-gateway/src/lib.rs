@@ -15,12 +15,17 @@
 //!                                        └ every decision → SQLite trace (keys redacted)
 //! ```
 //!
-//! Runs are scoped to the caller's tenant ([`auth`], [`runs`]); streams are relayed with tool
-//! calls held back and re-issued when they break before any content, by one relay generic over
-//! each API's event grammar (chat's, [`stream`]; the Responses API's, [`responses_stream`]);
-//! every
-//! upstream answer and every client connection is bounded in time and size ([`upstream`],
-//! [`serve`]).
+//! Runs are scoped to the caller's tenant (`auth`, `runs`); every API (chat completions,
+//! Responses, Anthropic Messages) is one dialect over one healing pipeline (`pipeline`); streams
+//! are relayed with tool calls held back and re-issued when they break before any content, by
+//! one relay generic over each API's event grammar (`relay`); every upstream answer and every
+//! client connection is bounded in time and size (`upstream`, [`serve`]). What every API route
+//! runs through — the request log, admission, error redaction, the body limits — is a set of
+//! route layers (`layers`).
+//!
+//! The modules are private: the crate root re-exports what the CLI, the benchmark and the tests
+//! use (the server, its configuration and state, the stream relays and the texts of the
+//! controller's guidance).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,31 +37,31 @@
 //! ```
 
 mod action;
-pub mod answer;
-pub mod app;
-pub mod auth;
-pub mod config;
-pub mod conns;
+mod answer;
+mod app;
+mod auth;
+mod config;
+mod conns;
 mod dialect;
-pub mod error;
+mod error;
 mod forward;
-pub mod heal;
+mod heal;
 mod http;
 mod layers;
-pub mod metrics;
+mod metrics;
 mod pipeline;
-pub mod recover;
+mod recover;
 mod relay;
 mod report;
-pub mod request;
-pub mod responses_stream;
-pub mod runs;
+mod request;
+mod responses_stream;
+mod runs;
 mod sharing;
 mod state;
 pub(crate) use selfheal_trace as store;
-pub mod stream;
-pub mod telemetry;
-pub mod upstream;
+mod stream;
+mod telemetry;
+mod upstream;
 mod whole;
 mod wire;
 
@@ -69,19 +74,50 @@ use hyper_util::service::TowerToHyperService;
 use thiserror::Error;
 use tokio::sync::{Semaphore, watch};
 
-pub use app::{AppState, router};
-pub use config::GatewayConfig;
-pub use error::ApiError;
-pub use store::{TraceReader, TraceWriter};
+// The curated public API: what the CLI, the benchmark and the tests use. The modules are
+// private; everything else is the gateway's own.
 
-use config::ServerConfig;
+/// The application: its state and its routes.
+pub use app::router;
+/// Inbound keys are configured by their hash.
+pub use auth::key_hash;
+/// The configuration (`selfheal serve --config`; see `docs/reference/config.md`).
+pub use config::{
+    GatewayConfig, ModelRoute, OnPartial, ServerConfig, StateConfig, Target, ToolConfig,
+    UpstreamConfig,
+};
+/// Errors in OpenAI's shape.
+pub use error::ApiError;
+/// A request's tools as the gateway checks calls against them.
+pub use heal::GuideCache;
+/// The texts of the controller's guidance, as the gateway writes them (the benchmark's model
+/// reads them), and the wall clock the gateway reads data ages against.
+pub use recover::{
+    cross_check_text, refresh_text, replan_text, retry_text, substitute_text, wall_ms,
+};
+/// The stream relay's frames, checks and bounds, shared by both event grammars.
+pub use relay::{Check, Frame, MAX_HELD_BYTES, Opening as TextCallOpening, opens_text_call};
+/// A chat completions request, read once and re-encoded with the gateway's edits.
+pub use request::{ChatRequest, Edits};
+/// Responses streams relayed and healed.
+pub use responses_stream::{
+    Hooks as ResponsesHooks, Reanswered, Reask as ResponsesReask, relay as relay_responses,
+};
+/// The gateway's state, shared by every request.
+pub use state::{AppState, StateError};
+/// The trace every decision is written to.
+pub use store::{TraceReader, TraceWriter};
+/// Chat completions streams relayed and healed.
+pub use stream::{Hooks as ChatHooks, Reask as ChatReask, Reasked, relay as relay_chat};
+/// A request's tools and what is wrong with a call to one.
+pub use wire::{Problem, ToolIndex, ToolSpec, tool_index};
 
 /// Why the gateway could not run.
 #[derive(Debug, Error)]
 pub enum ServeError {
     /// The state could not be built (an upstream's URL or key, the run secret).
     #[error(transparent)]
-    State(#[from] app::StateError),
+    State(#[from] StateError),
     /// The listener failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -96,7 +132,7 @@ pub enum ServeError {
 /// Inbound connections are bounded (see [`ServerConfig`]): a request head must arrive within
 /// the header-read timeout — which also closes kept-alive connections left idle that long — a
 /// body within the body-read timeout, and at `max_connections` a new connection takes the slot
-/// of one that has no request in flight ([`conns`]) or, when every one has, is answered 503 in
+/// of one that has no request in flight (`conns`) or, when every one has, is answered 503 in
 /// OpenAI's shape and closed, so a slow or idle client cannot hold the process, its file
 /// descriptors or the slots real clients need. Every accepted connection gets `TCP_NODELAY`.
 pub async fn serve(
@@ -138,7 +174,7 @@ pub async fn serve(
 /// made lazily, so a Redis that is down at startup is an outage like any other), else local.
 /// With Redis, must be called within a tokio runtime.
 pub fn shared_tier(
-    config: &config::StateConfig,
+    config: &StateConfig,
 ) -> Result<selfheal_state::Shared, selfheal_state::StoreError> {
     let Some(url) = &config.url else {
         return Ok(selfheal_state::Shared::local());
@@ -240,7 +276,7 @@ async fn accept_loop(
     http.timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(server.header_read_timeout_ms))
         // hyper's own limits sit above the gateway's, which answer 431 in OpenAI's shape.
-        .max_headers(app::MAX_HEADERS * 2)
+        .max_headers(http::MAX_HEADERS * 2)
         .max_buf_size((server.max_header_bytes * 2).max(8 * 1024));
     let shutdown = std::pin::pin!(shutdown);
     let mut shutdown = shutdown;

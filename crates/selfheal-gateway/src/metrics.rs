@@ -146,7 +146,7 @@ counters! {
 }
 
 /// What `/readyz` says about the state store: `{"backend": "memory" | "redis", "up": bool}`.
-pub fn store_status(shared: &selfheal_state::Shared) -> serde_json::Value {
+pub(crate) fn store_status(shared: &selfheal_state::Shared) -> serde_json::Value {
     serde_json::json!({
         "backend": shared.store().map_or("memory", |s| s.backend()),
         "up": shared.store_up(),
@@ -156,7 +156,7 @@ pub fn store_status(shared: &selfheal_state::Shared) -> serde_json::Value {
 /// `/metrics` lines of the state store and the shared tier: whether the store answers, its
 /// failures and outages, the shared records held, and the upstream attempts other replicas'
 /// open circuits spared (`skips`).
-pub fn render_state(shared: &selfheal_state::Shared, skips: u64) -> String {
+pub(crate) fn render_state(shared: &selfheal_state::Shared, skips: u64) -> String {
     let (errors, outages) = shared.store().map_or((0, 0), |s| {
         (s.health().errors_total(), s.health().down_episodes())
     });

@@ -68,15 +68,15 @@ use crate::config::ToolConfig;
 use crate::runs::{Held, Pending, RunState};
 use crate::wire::{self, ToolIndex};
 
-pub use crate::runs::{MAX_HELD, MAX_REPAIRED, Next, Stop, Wire};
+pub(crate) use crate::runs::{MAX_HELD, MAX_REPAIRED, Next, Stop, Wire};
 
 /// Most tools a run gives a step id of its own; later ones share the last id.
-pub const MAX_STEPS: u32 = 256;
+pub(crate) const MAX_STEPS: u32 = 256;
 
 /// What a request's recovery knows beyond the run: the operator's tool descriptions, the tools
 /// the request offers, and the fallback model the run can escalate to.
 #[derive(Debug, Clone, Copy)]
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     /// `[tools]` of the gateway's config.
     pub tools: &'a BTreeMap<String, ToolConfig>,
     /// The tools the request offers.
@@ -253,7 +253,7 @@ impl Wire {
 /// API alike. A run the core stopped stays stopped: a later request of it (the same
 /// conversation sent again, a client that retries) is answered with the same stop, never
 /// served as if nothing had happened. A new conversation is a new run.
-pub fn take_next(st: &mut RunState) -> Next {
+pub(crate) fn take_next(st: &mut RunState) -> Next {
     let mut next = st.wire.take_next();
     if next.stop.is_none()
         && let Some((status, reason)) = st.run.stopped()
@@ -271,12 +271,12 @@ pub fn take_next(st: &mut RunState) -> Next {
 /// [`Controller::unclaimable`](selfheal_core::controller::Controller::unclaimable) for a
 /// front-end that knows its steps by tool ([`StepsBy::Tool`](selfheal_core::controller::StepsBy)):
 /// a tool's failure still unsettled, or a recovery under a policy that claims nothing after one.
-pub fn unsettled(st: &RunState) -> Option<String> {
+pub(crate) fn unsettled(st: &RunState) -> Option<String> {
     st.run.unclaimable(selfheal_core::controller::StepsBy::Tool)
 }
 
 /// The guidance that asks, before the run answers, for one more read of a value.
-pub fn reread_text(tool: &str, args: &Value) -> String {
+pub(crate) fn reread_text(tool: &str, args: &Value) -> String {
     format!("Before you answer, read `{tool}` again: call it with the arguments {args}.")
 }
 
@@ -287,7 +287,7 @@ pub fn reread_text(tool: &str, args: &Value) -> String {
 /// guidance that asks for the first read; the gateway holds the answer and asks the model for
 /// the call, and each read that arrives is the verifier `re_read` of its value
 /// ([`observe`]), the next read asked for while the values hold.
-pub fn reread_before_answer(st: &mut RunState) -> Option<String> {
+pub(crate) fn reread_before_answer(st: &mut RunState) -> Option<String> {
     if st.wire.values.is_empty() || st.wire.reread.is_some() || st.wire.pending.is_some() {
         return None;
     }
@@ -352,7 +352,7 @@ pub fn cross_check_text(tool: &str, against: &str) -> String {
 /// `calls` — chat tool calls (`{"function": {"name", "arguments"}}`) or Responses
 /// `function_call` items (`{"type": "function_call", "name", "arguments"}`; items of other
 /// types stay) — and returns the problem of each, unusable arguments ([`Grounding`] says why).
-pub fn take_ungrounded(
+pub(crate) fn take_ungrounded(
     tools: &BTreeMap<String, ToolConfig>,
     calls: &mut Vec<Value>,
     evidence: &[Value],
@@ -398,7 +398,7 @@ pub fn take_ungrounded(
 /// re-asks is the core's too). The evidence is the request's user and system texts and its tool
 /// results; it is read only when the answer calls a grounded tool.
 #[derive(Debug, Clone, Copy)]
-pub struct Grounding<'a> {
+pub(crate) struct Grounding<'a> {
     /// `[tools]` of the gateway's config.
     pub tools: &'a BTreeMap<String, ToolConfig>,
     /// The request's messages.
@@ -407,7 +407,7 @@ pub struct Grounding<'a> {
 
 impl Grounding<'_> {
     /// Takes the ungrounded calls out of an assistant `message`; returns the problem of each.
-    pub fn check(&self, message: &mut Value) -> Vec<wire::Problem> {
+    pub(crate) fn check(&self, message: &mut Value) -> Vec<wire::Problem> {
         wire::take_calls(message, |calls| {
             let names = calls
                 .iter()
@@ -420,14 +420,14 @@ impl Grounding<'_> {
     }
 
     /// Whether any of `offered` is a grounded tool (then a check is worth its evidence).
-    pub fn any_grounded<'n>(&self, mut offered: impl Iterator<Item = &'n str>) -> bool {
+    pub(crate) fn any_grounded<'n>(&self, mut offered: impl Iterator<Item = &'n str>) -> bool {
         offered.any(|n| self.tools.get(n).is_some_and(|c| c.grounded))
     }
 
     /// The user and system texts and the tool results of the request, as values (a result that
     /// is JSON as its value, any other text as a string): owned, for a check made once the
     /// request is gone (a stream's held calls, [`take_ungrounded`]).
-    pub fn evidence(&self) -> Vec<Value> {
+    pub(crate) fn evidence(&self) -> Vec<Value> {
         let mut out = Vec::new();
         for m in self.messages {
             let role = m.role.as_ref().map(|r| r.as_str());
@@ -469,7 +469,7 @@ impl Grounding<'_> {
 /// `None`: nothing to check): its `instructions`, the texts of its `input` (a string, or the
 /// user, system and developer messages' texts) and its `function_call_output` items read as
 /// [`Grounding::evidence`] reads chat tool results.
-pub fn responses_evidence(
+pub(crate) fn responses_evidence(
     tools: &BTreeMap<String, ToolConfig>,
     req: &serde_json::Map<String, Value>,
     offered: &ToolIndex,
@@ -521,7 +521,7 @@ pub fn responses_evidence(
 
 /// How a tool result reads on the wire: what failed, or the value.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Read {
+pub(crate) enum Read {
     /// The tool raised (the client sent back its error text), or returned an error body,
     /// JSON it could not finish, or an empty answer: the signal, if the monitor's hard/soft
     /// reading is not enough.
@@ -550,7 +550,7 @@ pub enum Read {
 /// - text that opens like JSON (`{`, `[`) and cannot be read is malformed (cut, when brackets
 ///   or a string are left open);
 /// - other JSON or text is a value (the monitor still judges empty and null answers soft).
-pub fn read_result(text: &str) -> Read {
+pub(crate) fn read_result(text: &str) -> Read {
     if wire::is_hard_failure_text(text) {
         return Read::Failed(Some(error_signal(text)));
     }
@@ -781,7 +781,7 @@ fn observe_cross_check(
 /// only where it is written out: the trace's `tool_result` event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// A usable value.
     Ok,
     /// A failure: an error the tool reported, or a result repaired in place.
@@ -797,13 +797,13 @@ pub enum Outcome {
 
 impl Outcome {
     /// Whether the result is a failure (the abort rule's condition).
-    pub fn failed(self) -> bool {
+    pub(crate) fn failed(self) -> bool {
         matches!(self, Outcome::Hard | Outcome::Soft)
     }
 }
 
 /// Observes one new tool result of the run: its [`Outcome`].
-pub fn observe(
+pub(crate) fn observe(
     st: &mut RunState,
     ctx: &Ctx<'_>,
     call: (&str, &str, &Value),
@@ -1052,16 +1052,6 @@ fn holes(value: &Value, other: &Value) -> Option<Signal> {
     })
 }
 
-/// A run that ends with a value still held is judged now (the cross-check was never made).
-pub fn settle_pending(st: &mut RunState, ctx: &Ctx<'_>, now_ms: u64) {
-    if let Some(p) = st.wire.pending.take() {
-        let judgement = Judgement::Uncertain {
-            reason: format!("the cross-check call of `{}` was not made", p.against),
-        };
-        settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
-    }
-}
-
 fn clip(text: &str) -> String {
     text.chars().take(120).collect()
 }
@@ -1296,7 +1286,7 @@ pub fn refresh_text(tool: &str, class: FailureClass, arg: &str) -> String {
 /// The guidance of a repair or a model-side retry: the model writes the call again — with
 /// other arguments, or, when the tool does not do this, another tool. Never "the same
 /// arguments": the same call would fail the same way.
-pub fn rewrite_text(tool: &str, class: FailureClass) -> String {
+pub(crate) fn rewrite_text(tool: &str, class: FailureClass) -> String {
     match class {
         FailureClass::WrongTool => format!(
             "`{tool}` failed ({class}): it does not do this; call another tool on offer that \

@@ -50,7 +50,7 @@ use crate::heal::{
 use crate::report::Status;
 
 /// Largest SSE event accepted from an upstream (and largest non-SSE answer to a stream request).
-pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
 /// Most bytes held back per stream (tool-call arguments and names, a held preamble).
 pub const MAX_HELD_BYTES: usize = 4 * 1024 * 1024;
@@ -60,7 +60,7 @@ pub type Frame = Result<Bytes, std::io::Error>;
 
 /// A hook that asks the upstream again with the problems of unusable calls (none for a
 /// re-issue): the new answer, of either API, or `None`.
-pub type AskAgain<R> = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<R>> + Send>;
+pub(crate) type AskAgain<R> = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static, Option<R>> + Send>;
 
 /// A further check of the held calls once each is usable as written: takes out the calls it
 /// refuses and returns their problems, which are re-asked like any unusable call (the
@@ -85,25 +85,25 @@ pub struct Reread<A> {
 /// Decides, once, whether a final answer is held for the read before answering, and if so
 /// asks the upstream again, without streaming, with the guidance appended. `None` when no read
 /// is due.
-pub type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Reread<A>>> + Send>;
+pub(crate) type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Reread<A>>> + Send>;
 
 /// Why a final answer cannot go out as complete, when it cannot: the core's judgement of the
 /// run ([`crate::recover::unsettled`]: a failure still open, or a recovery under a policy that
 /// claims nothing after one), asked when the answer ends without tool calls.
-pub type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
+pub(crate) type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
 
 /// The run's budget as it stands (`{"spent", "limits"}`): the final report's, read when the
 /// stream ends, since what the relay asked again (a re-issue, a re-ask, a read before
 /// answering) was charged after the report was made.
-pub type Budget = Box<dyn Fn() -> Value + Send>;
+pub(crate) type Budget = Box<dyn Fn() -> Value + Send>;
 
 /// Receives, once, the `selfheal` report as it stands when the relay sends its first frame (see
 /// `head_report`): what the response's head says, since it cannot wait for the end.
-pub type Head = tokio::sync::oneshot::Sender<Value>;
+pub(crate) type Head = tokio::sync::oneshot::Sender<Value>;
 
 /// A second answer that a re-ask brought, whichever API it answers: the calls in it whose
 /// arguments were repaired go into the stream's report.
-pub trait Reanswer {
+pub(crate) trait Reanswer {
     /// Takes the names of the repaired calls out of the answer.
     fn take_repaired(&mut self) -> Vec<String>;
 }

@@ -137,7 +137,11 @@ fn check_item(
 /// Checks the `function_call` items of a whole Responses answer in place: repaired arguments are
 /// written back, unusable calls taken out (never forwarded). After `status: "incomplete"` only
 /// arguments that are JSON as written are taken, and an item marked `incomplete` is refused.
-pub fn check_response(answer: &mut Value, tools: &ToolIndex, guides: &GuideCache) -> CallCheck {
+pub(crate) fn check_response(
+    answer: &mut Value,
+    tools: &ToolIndex,
+    guides: &GuideCache,
+) -> CallCheck {
     let ending = ending_of(answer);
     let mut out = CallCheck::default();
     let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut) else {
@@ -683,7 +687,7 @@ fn new_items(response: &Value) -> Vec<Value> {
 
 /// The events of one whole output item at client index `index` (sequence numbers are stamped
 /// when sent): `output_item.added`, its content or arguments, `output_item.done`.
-pub fn item_events(item: &Value, index: u64) -> Vec<Value> {
+pub(crate) fn item_events(item: &Value, index: u64) -> Vec<Value> {
     let id = item.get("id").cloned().unwrap_or(Value::Null);
     let mut added = item.clone();
     let mut out = Vec::new();
@@ -751,7 +755,7 @@ pub fn item_events(item: &Value, index: u64) -> Vec<Value> {
 
 /// Frames of a whole Responses answer sent as a stream (the gateway answering by itself): the
 /// events the relay sends for a whole answer, its `selfheal` report in the terminal one.
-pub fn answer_frames(response: &Value) -> Vec<Frame> {
+pub(crate) fn answer_frames(response: &Value) -> Vec<Frame> {
     let mut g = Responses::default();
     let selfheal = response.get("selfheal").cloned();
     let answer = Reanswered {

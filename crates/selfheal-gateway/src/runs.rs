@@ -42,7 +42,7 @@ use crate::wire;
 /// Most tool results remembered per run (see [`SeenResults`]). Replay only needs the newest
 /// result it has seen to still be remembered, so this bounds memory (8 bytes a result, a few KB
 /// a run) rather than how long a run may be.
-pub const SEEN_CAPACITY: usize = 256;
+pub(crate) const SEEN_CAPACITY: usize = 256;
 
 /// The tool results a run's monitor has been fed, by fingerprint (SHA-256 of `tool_call_id` and
 /// content, 8 bytes), at most [`SEEN_CAPACITY`]: the oldest is forgotten first. Replay feeds
@@ -110,10 +110,10 @@ const MAX_ACTIONS: usize = 32;
 /// Events a run's controller keeps in its own trace ring. The gateway never reads that ring (its
 /// trace is the SQLite sink, written as things happen), so it keeps the newest event only: up to
 /// 10,000 runs live at once, and 64 events each were tens of MiB of memory nobody read.
-pub const RUN_TRACE_EVENTS: usize = 1;
+pub(crate) const RUN_TRACE_EVENTS: usize = 1;
 
 /// The layout of [`RunState::to_bytes`] (the core's run carries its own version inside).
-pub const STORED_VERSION: u32 = 1;
+pub(crate) const STORED_VERSION: u32 = 1;
 
 /// [`RunState`] as stored.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -161,7 +161,7 @@ pub struct RunState {
 /// Re-applies one request's effect on a run's state to another copy of it: the request's tool
 /// results replayed (the replay skips results the run has seen, so running it again is
 /// harmless). What a compare-and-set that lost to another replica runs on the fresh state.
-pub type Redo = Arc<dyn Fn(&mut RunState) + Send + Sync>;
+pub(crate) type Redo = Arc<dyn Fn(&mut RunState) + Send + Sync>;
 
 /// A run's standing with the state store replicas share (`[state]`, see `crate::sharing`):
 /// the version its local state was read or written as, what it had spent then, and what the
@@ -196,15 +196,15 @@ impl std::fmt::Debug for Share {
 
 /// Longest response id remembered (an upstream's are a few dozen bytes): the ids the store
 /// keeps are bounded in bytes as well as in number.
-pub const MAX_RESPONSE_ID_BYTES: usize = 256;
+pub(crate) const MAX_RESPONSE_ID_BYTES: usize = 256;
 
 /// Most `function_call` items remembered of a response (see [`Responded`]).
-pub const MAX_RESPONDED_CALLS: usize = 64;
+pub(crate) const MAX_RESPONDED_CALLS: usize = 64;
 
 /// Most bytes of arguments remembered of a response's calls (see [`Responded`]): one run's
 /// share, so 10,000 live runs hold at most about 160 MiB of them, and an agent's calls are
 /// rarely more than a few hundred bytes.
-pub const MAX_RESPONDED_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_RESPONDED_BYTES: usize = 16 * 1024;
 
 /// A Responses answer the gateway sent: its id and its `function_call` items (`call_id`,
 /// `name`, `arguments`). A client that continues with `previous_response_id` sends only the
@@ -734,7 +734,7 @@ impl RunStore {
 /// The per-deployment secret that keys run ids: kept as the MAC already keyed with it, so
 /// that an id costs hashing the opening only, not the key's two blocks again.
 #[derive(Clone)]
-pub struct RunKey(Option<Hmac<Sha256>>);
+pub(crate) struct RunKey(Option<Hmac<Sha256>>);
 
 impl std::fmt::Debug for RunKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -744,7 +744,7 @@ impl std::fmt::Debug for RunKey {
 
 impl RunKey {
     /// A key derived from a configured secret (stable across restarts).
-    pub fn from_secret(secret: &str) -> RunKey {
+    pub(crate) fn from_secret(secret: &str) -> RunKey {
         RunKey::keyed(&Sha256::digest(secret.as_bytes()))
     }
 
@@ -753,7 +753,7 @@ impl RunKey {
     }
 
     /// A random key (run ids do not survive a restart).
-    pub fn random() -> Result<RunKey, getrandom::Error> {
+    pub(crate) fn random() -> Result<RunKey, getrandom::Error> {
         let mut k = [0u8; 32];
         getrandom::fill(&mut k)?;
         Ok(RunKey::keyed(&k))
@@ -762,7 +762,7 @@ impl RunKey {
 
 /// The opening of a chat conversation, as [`run_id_of`] reads it: its first system and first
 /// user message (`(role, raw content)`).
-pub fn chat_opening(messages: &[Message<'_>]) -> Vec<(&'static str, Vec<u8>)> {
+pub(crate) fn chat_opening(messages: &[Message<'_>]) -> Vec<(&'static str, Vec<u8>)> {
     ["system", "user"]
         .into_iter()
         .filter_map(|role| {
@@ -777,7 +777,7 @@ pub fn chat_opening(messages: &[Message<'_>]) -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// The first tool call the model issued in a chat conversation, `(id, tool name)`.
-pub fn chat_first_call(messages: &[Message<'_>]) -> Option<(String, String)> {
+pub(crate) fn chat_first_call(messages: &[Message<'_>]) -> Option<(String, String)> {
     let c = messages
         .iter()
         .filter(|m| m.role() == "assistant")
@@ -795,14 +795,16 @@ pub fn chat_first_call(messages: &[Message<'_>]) -> Option<(String, String)> {
 /// Whether a request names its run (see [`run_id_of`]): by a label, or by a tool call already
 /// in the conversation. A request that does not gets a fresh run, which takes the name of the
 /// first call it answers with ([`RunStore::adopt`]).
-pub fn names_its_run(label: Option<&str>, first_call: Option<(&str, &str)>) -> bool {
+pub(crate) fn names_its_run(label: Option<&str>, first_call: Option<(&str, &str)>) -> bool {
     label.map(str::trim).is_some_and(|l| !l.is_empty()) || first_call.is_some()
 }
 
 /// The run id within `tenant` of a chat conversation: keyed by the `x-selfheal-run` label
 /// when the client sent one, else by the first tool call the model issued in it (see
-/// [`run_id_of`]). A conversation with no tool call yet gets a fresh run.
-pub fn run_id(
+/// [`run_id_of`]). A conversation with no tool call yet gets a fresh run. The dialects name
+/// their runs through [`crate::pipeline::name_run`]; this is the chat case, for the tests.
+#[cfg(test)]
+pub(crate) fn run_id(
     key: &RunKey,
     tenant: &str,
     header: Option<&str>,
@@ -829,7 +831,7 @@ pub fn run_id(
 /// agents with a fixed system prompt) would share one run, and one's tool failures would end
 /// the other's conversation (issue 30). A conversation with no tool call yet has no state worth
 /// sharing: it gets a fresh, random id. Always scoped by tenant, under the per-deployment key.
-pub fn run_id_of(
+pub(crate) fn run_id_of(
     key: &RunKey,
     tenant: &str,
     label: Option<&str>,
@@ -907,7 +909,7 @@ pub struct Wire {
 
 /// A value waiting for its cross-check.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Pending {
+pub(crate) struct Pending {
     pub(crate) step: u32,
     pub(crate) tool: String,
     pub(crate) args: Value,
@@ -962,10 +964,10 @@ pub enum Stop {
 }
 
 /// Most values a run keeps for its read before answering.
-pub const MAX_HELD: usize = 64;
+pub(crate) const MAX_HELD: usize = 64;
 
 /// Most repaired tool results a run keeps replacing in the requests it forwards.
-pub const MAX_REPAIRED: usize = 64;
+pub(crate) const MAX_REPAIRED: usize = 64;
 
 /// What this gateway process has learned of its sources (issue 33, [`selfheal_core::trust`]):
 /// one store for every run, kept in process memory. A run starts from a copy of it and reports

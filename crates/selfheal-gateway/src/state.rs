@@ -7,7 +7,7 @@ use crate::auth::{Gatekeeper, Redactor};
 use crate::config::GatewayConfig;
 use crate::heal::{self};
 use crate::metrics::Metrics;
-pub use crate::runs::TrustMemory;
+pub(crate) use crate::runs::TrustMemory;
 use crate::runs::{RunKey, RunState, RunStore};
 use crate::store::{Detail, Kind, RunSummary, TraceEvent, TraceWriter};
 use crate::upstream::{UpstreamError, Upstreams};

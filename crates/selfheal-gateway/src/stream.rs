@@ -22,9 +22,8 @@ use std::sync::Arc;
 
 use crate::heal::{CallCheck, GuideCache, Problem, ToolIndex, check_call};
 pub(crate) use crate::relay::find_event_end;
-pub use crate::relay::{
-    AskAgain, Budget, Check, Frame, Head, MAX_EVENT_BYTES, MAX_HELD_BYTES, Opening, ReadAgain,
-    Reanswer, Reread, StreamReport, Unsettled, opens_text_call,
+pub(crate) use crate::relay::{
+    AskAgain, Check, Frame, MAX_EVENT_BYTES, MAX_HELD_BYTES, Reanswer, StreamReport,
 };
 use crate::relay::{Grammar, Read};
 use selfheal_repair::Ending;
@@ -477,7 +476,7 @@ pub(crate) fn calls_tools(message: &Value) -> bool {
 /// The chunks of a complete assistant message as a stream, `[DONE]` excluded: the role with the
 /// text, the tool calls (each with its `index`), then the finish with `selfheal` when given.
 /// `base` lends its `id`, `created` and `model`.
-pub fn message_chunks(
+pub(crate) fn message_chunks(
     base: Option<&Value>,
     message: &Value,
     finish: Value,
@@ -507,7 +506,7 @@ pub fn message_chunks(
 
 /// Frames of a complete answer sent as a stream: when the gateway answers by itself, or asked
 /// the upstream without streaming (see [`message_chunks`]).
-pub fn answer_frames(completion: &Value) -> Vec<Frame> {
+pub(crate) fn answer_frames(completion: &Value) -> Vec<Frame> {
     let message = completion
         .at("/choices/0/message")
         .cloned()

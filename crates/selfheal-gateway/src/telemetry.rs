@@ -34,7 +34,7 @@ use serde_json::Value;
 use crate::config::Target;
 
 /// `[telemetry]`, kept with the rest of the configuration.
-pub use crate::config::TelemetryConfig;
+pub(crate) use crate::config::TelemetryConfig;
 
 /// Whether spans are exported (set once, by [`init`]).
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -68,13 +68,13 @@ impl TelemetryError {
 
 /// The exporter while it runs; [`Telemetry::shutdown`] flushes it.
 #[derive(Debug, Default)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
 /// Sets up export when an endpoint is configured (the config's, else the environment's).
 /// Blocking (the exporter's HTTP client is built): call it off the async workers.
-pub fn init(
+pub(crate) fn init(
     config: &TelemetryConfig,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Telemetry, TelemetryError> {
@@ -119,7 +119,7 @@ pub fn init(
 
 impl Telemetry {
     /// Exports what is queued and stops. Blocking: call it off the async workers.
-    pub fn shutdown(self) {
+    pub(crate) fn shutdown(self) {
         if let Some(p) = self.provider {
             ENABLED.store(false, Ordering::Relaxed);
             *TRACER.write().unwrap_or_else(|p| p.into_inner()) = None;
@@ -131,7 +131,7 @@ impl Telemetry {
 }
 
 /// Whether spans are exported.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
@@ -158,7 +158,7 @@ impl Injector for Outgoing {
 /// Middleware: a server span per chat request (`/v1/chat/completions`, `/v1/responses`), child
 /// of the client's `traceparent`; the handler runs in its context. Ends when the answer's head
 /// is sent.
-pub async fn request_span(req: Request, next: Next) -> Response {
+pub(crate) async fn request_span(req: Request, next: Next) -> Response {
     let endpoint = match req.uri().path() {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/responses" => "/v1/responses",
@@ -199,7 +199,7 @@ pub async fn request_span(req: Request, next: Next) -> Response {
 /// The context of one upstream attempt: a client span `chat {model}` under the request's span.
 /// The first attempt also names the request's span after the model asked for. `None` without
 /// export, or outside a chat request.
-pub fn attempt(target: &Target, first: Option<&Target>, number: usize) -> Option<Context> {
+pub(crate) fn attempt(target: &Target, first: Option<&Target>, number: usize) -> Option<Context> {
     if !enabled() {
         return None;
     }
@@ -241,7 +241,7 @@ pub fn attempt(target: &Target, first: Option<&Target>, number: usize) -> Option
 }
 
 /// Ends an attempt's span with its outcome (`ok`, `http_503`, `timeout`, ...).
-pub fn attempt_done(cx: Option<Context>, outcome: &str) {
+pub(crate) fn attempt_done(cx: Option<Context>, outcome: &str) {
     let Some(cx) = cx else { return };
     let span = cx.span();
     span.set_attribute(KeyValue::new("selfheal.outcome", outcome.to_owned()));
@@ -252,7 +252,7 @@ pub fn attempt_done(cx: Option<Context>, outcome: &str) {
 }
 
 /// A decision of the call plan (retry, fallback, skip) as an event of the request's span.
-pub fn decision(kind: &str, detail: &str) {
+pub(crate) fn decision(kind: &str, detail: &str) {
     if !enabled() {
         return;
     }
@@ -263,7 +263,7 @@ pub fn decision(kind: &str, detail: &str) {
 }
 
 /// The current attempt's `traceparent` (and `tracestate`), as headers for the upstream.
-pub fn inject(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+pub(crate) fn inject(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
     if !enabled() {
         return req;
     }
@@ -276,7 +276,7 @@ pub fn inject(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
 }
 
 /// [`usage`] of an answer still in bytes (read only when spans are exported).
-pub fn usage_of(bytes: &[u8]) {
+pub(crate) fn usage_of(bytes: &[u8]) {
     #[derive(Deserialize)]
     struct Head {
         usage: Option<Value>,
@@ -294,7 +294,7 @@ pub fn usage_of(bytes: &[u8]) {
 }
 
 /// The token usage of a non-streaming answer, on the current attempt's span.
-pub fn usage(body: &Value) {
+pub(crate) fn usage(body: &Value) {
     if !enabled() {
         return;
     }

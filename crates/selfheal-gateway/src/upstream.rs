@@ -280,7 +280,7 @@ impl UpstreamClient {
 /// The longest silence allowed between two pieces of an upstream answer's body, carried in the
 /// response's extensions from [`UpstreamClient`] to whoever reads the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IdleTimeout(pub Duration);
+pub(crate) struct IdleTimeout(pub Duration);
 
 /// Why an upstream body stopped before its end.
 #[derive(Debug, thiserror::Error)]
@@ -304,7 +304,7 @@ impl From<BodyError> for ClientError {
 
 /// The body of an upstream answer, piece by piece, each within the answer's [`IdleTimeout`]
 /// (none when it has none). The stream ends after the first error.
-pub fn body_stream(
+pub(crate) fn body_stream(
     resp: reqwest::Response,
 ) -> futures_util::stream::BoxStream<'static, Result<Bytes, BodyError>> {
     let idle = resp.extensions().get::<IdleTimeout>().map(|i| i.0);
@@ -327,7 +327,10 @@ pub fn body_stream(
 }
 
 /// Reads a body of at most `limit` bytes; past it, [`ClientError::Decode`].
-pub async fn read_bounded(resp: reqwest::Response, limit: usize) -> Result<Bytes, ClientError> {
+pub(crate) async fn read_bounded(
+    resp: reqwest::Response,
+    limit: usize,
+) -> Result<Bytes, ClientError> {
     if resp.content_length().is_some_and(|n| n > limit as u64) {
         return Err(ClientError::Decode(format!(
             "the upstream answer exceeds {limit} bytes"
@@ -435,7 +438,7 @@ fn circuit_key(name: &str) -> String {
 
 /// A boxed operation on one upstream (`chat` or `send`) given the encoded body and the
 /// client's credentials.
-pub type Op<'o, T> = &'o (
+pub(crate) type Op<'o, T> = &'o (
         dyn for<'c> Fn(
     &'c UpstreamClient,
     Bytes,

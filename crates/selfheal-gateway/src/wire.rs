@@ -61,7 +61,7 @@ pub fn tool_index(req: &ChatRequest<'_>) -> ToolIndex {
 ///
 /// Anything else is a result, which the monitor may still judge a *soft* failure (`{"error": …}`,
 /// empty or null).
-pub fn is_hard_failure_text(text: &str) -> bool {
+pub(crate) fn is_hard_failure_text(text: &str) -> bool {
     let t = text.trim();
     let first_line = t.lines().next().unwrap_or("");
     // The first 200 characters of the first line, ASCII-lowercased on the stack: this runs on
@@ -166,7 +166,7 @@ pub struct Problem {
 /// Runs `take` on the tool calls of an assistant `message` (it takes out the calls it refuses
 /// and returns their problems); `tool_calls` is removed, and `content` made a string, when no
 /// call is left, as [`check_message`](crate::heal::check_message) does.
-pub fn take_calls(
+pub(crate) fn take_calls(
     message: &mut Value,
     take: impl FnOnce(&mut Vec<Value>) -> Vec<Problem>,
 ) -> Vec<Problem> {

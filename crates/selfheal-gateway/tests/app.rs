@@ -16,8 +16,8 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use selfheal_gateway::config::{ModelRoute, OnPartial, Target, UpstreamConfig};
 use selfheal_gateway::{AppState, GatewayConfig, TraceWriter, router};
+use selfheal_gateway::{ModelRoute, OnPartial, Target, UpstreamConfig};
 
 mod common;
 use common::guidance_seen;
@@ -595,7 +595,7 @@ async fn a_required_inbound_key_is_a_401_in_openai_shape() {
     let mut c = GatewayConfig::for_upstream(url);
     c.inbound_keys.insert(
         "alice".into(),
-        selfheal_gateway::auth::key_hash("sk-gateway-alice"),
+        selfheal_gateway::key_hash("sk-gateway-alice"),
     );
     let app = gateway(c);
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
@@ -616,7 +616,7 @@ async fn issue_30_every_api_route_is_admitted_bounded_and_counted_alike() {
     let mut c = GatewayConfig::for_upstream(url);
     c.inbound_keys.insert(
         "alice".into(),
-        selfheal_gateway::auth::key_hash("sk-gateway-alice"),
+        selfheal_gateway::key_hash("sk-gateway-alice"),
     );
     c.max_body_bytes = 64;
     let app = gateway(c);
@@ -937,7 +937,7 @@ fn fx_tools() -> Value {
 #[tokio::test]
 async fn issue_11_a_stale_answer_is_refreshed_through_the_declared_argument() {
     let declared = "output = [\"rate\"]\nas_of = \"as_of\"\nrefresh = \"no_cache\"\n";
-    let now = selfheal_gateway::recover::wall_ms();
+    let now = selfheal_gateway::wall_ms();
     let cases = [
         (declared, now - 86_400_000, true),
         (declared, now - 1_000, false),

@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use selfheal_gateway::heal::{GuideCache, ToolIndex};
-use selfheal_gateway::stream::{Hooks, relay};
+use selfheal_gateway::{ChatHooks as Hooks, relay_chat as relay};
+use selfheal_gateway::{GuideCache, ToolIndex};
 
 fn event() -> impl Strategy<Value = String> {
     prop_oneof![

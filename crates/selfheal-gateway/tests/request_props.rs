@@ -8,7 +8,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use selfheal_gateway::request::{ChatRequest, Edits};
+use selfheal_gateway::{ChatRequest, Edits};
 
 mod fuzzing;
 use fuzzing::reference;

@@ -16,8 +16,8 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use selfheal_gateway::heal::{GuideCache, ToolIndex, ToolSpec};
-use selfheal_gateway::responses_stream::{Hooks, relay};
+use selfheal_gateway::{GuideCache, ToolIndex, ToolSpec};
+use selfheal_gateway::{ResponsesHooks as Hooks, relay_responses as relay};
 
 fn event() -> impl Strategy<Value = String> {
     let item = |i: u64| {

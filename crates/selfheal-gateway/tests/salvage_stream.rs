@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use selfheal_gateway::heal::{GuideCache, ToolIndex, ToolSpec};
-use selfheal_gateway::stream::{Opening, opens_text_call};
+use selfheal_gateway::{GuideCache, ToolIndex, ToolSpec};
+use selfheal_gateway::{TextCallOpening as Opening, opens_text_call};
 
 const FENCED: &str = "```json\n{\"name\": \"search\", \"arguments\": {\"query\": \"rust\"}}\n```";
 
@@ -70,7 +70,7 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// The client's data payloads, parsed (`[DONE]` as a string).
-async fn collect(mut rx: mpsc::Receiver<selfheal_gateway::stream::Frame>) -> Vec<Value> {
+async fn collect(mut rx: mpsc::Receiver<selfheal_gateway::Frame>) -> Vec<Value> {
     let mut out = Vec::new();
     while let Some(f) = rx.recv().await {
         let text = String::from_utf8(f.unwrap().to_vec()).unwrap();
@@ -101,11 +101,11 @@ fn chat(parts: &[String], salvage: bool) -> Vec<Value> {
     body.push_str("data: [DONE]\n\n");
     block_on(async move {
         let (tx, rx) = mpsc::channel(4096);
-        let hooks = selfheal_gateway::stream::Hooks {
+        let hooks = selfheal_gateway::ChatHooks {
             salvage,
             ..Default::default()
         };
-        selfheal_gateway::stream::relay(
+        selfheal_gateway::relay_chat(
             upstream(body),
             Arc::new(tools()),
             Arc::new(GuideCache::default()),
@@ -258,11 +258,11 @@ fn structured_calls_after_held_text_are_kept() {
     body.push_str("data: [DONE]\n\n");
     let out = block_on(async move {
         let (tx, rx) = mpsc::channel(4096);
-        let hooks = selfheal_gateway::stream::Hooks {
+        let hooks = selfheal_gateway::ChatHooks {
             salvage: true,
             ..Default::default()
         };
-        selfheal_gateway::stream::relay(
+        selfheal_gateway::relay_chat(
             upstream(body),
             Arc::new(tools()),
             Arc::new(GuideCache::default()),
@@ -295,11 +295,11 @@ fn a_json_answer_to_a_stream_request_is_salvaged_too() {
             .body(reqwest::Body::from(answer.to_string()))
             .unwrap();
         let (tx, rx) = mpsc::channel(4096);
-        let hooks = selfheal_gateway::stream::Hooks {
+        let hooks = selfheal_gateway::ChatHooks {
             salvage: true,
             ..Default::default()
         };
-        selfheal_gateway::stream::relay(
+        selfheal_gateway::relay_chat(
             reqwest::Response::from(http),
             Arc::new(tools()),
             Arc::new(GuideCache::default()),
@@ -327,7 +327,7 @@ fn held_text_past_the_limit_is_released_as_it_was() {
     parts.extend(std::iter::repeat_n(piece, 9));
     parts.push("\"}}".into());
     let text: String = parts.concat();
-    assert!(text.len() > selfheal_gateway::stream::MAX_HELD_BYTES);
+    assert!(text.len() > selfheal_gateway::MAX_HELD_BYTES);
     let out = chat(&parts, true);
     assert_eq!(chat_text(&out), text);
     assert!(chat_calls(&out).is_empty());
@@ -365,11 +365,11 @@ fn responses(parts: &[String]) -> Vec<Value> {
         .collect();
     block_on(async move {
         let (tx, rx) = mpsc::channel(4096);
-        let hooks = selfheal_gateway::responses_stream::Hooks {
+        let hooks = selfheal_gateway::ResponsesHooks {
             salvage: true,
             ..Default::default()
         };
-        selfheal_gateway::responses_stream::relay(
+        selfheal_gateway::relay_responses(
             upstream(body),
             Arc::new(tools()),
             Arc::new(GuideCache::default()),

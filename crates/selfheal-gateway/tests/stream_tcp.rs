@@ -404,7 +404,7 @@ async fn a_last_event_without_its_blank_line_still_counts() {
 /// non-streaming re-ask does — instead of passing over it.
 #[tokio::test]
 async fn issue_11_a_streaming_reask_escalates_to_the_fallback_model() {
-    use selfheal_gateway::config::{ModelRoute, Target};
+    use selfheal_gateway::{ModelRoute, Target};
     let unknown_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"nope","arguments":"{}"}}]},"finish_reason":null}]}"#;
     let end_chunk = r#"{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
     let unknown = json_answer(

@@ -159,7 +159,7 @@ pub(crate) struct Parsed {
 
 /// Parse: the body read and checked to be a Responses request for a model the gateway routes.
 pub(crate) fn parse_request(s: &Arc<AppState>, bytes: &[u8]) -> Result<Parsed, ApiError> {
-    let req: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
+    let req: serde_json::Map<String, Value> = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
     let model = req
         .get("model")

@@ -22,9 +22,11 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use selfheal_gateway::heal::{GuideCache, ToolIndex, tool_index};
-use selfheal_gateway::request::{ChatRequest, Edits};
-use selfheal_gateway::stream::{Frame, Hooks, Reask, Reasked, relay};
+use selfheal_gateway::{
+    ChatHooks as Hooks, ChatReask as Reask, Frame, Reasked, relay_chat as relay,
+};
+use selfheal_gateway::{ChatRequest, Edits};
+use selfheal_gateway::{GuideCache, ToolIndex, tool_index};
 
 /// The request view on a client's body, with the edits the first byte picks.
 pub(crate) fn request(data: &[u8]) {
@@ -349,11 +351,11 @@ pub(crate) fn sse(data: &[u8]) {
             )),
         },
         // A further check that refuses every call (as grounding refuses an invented one).
-        check: bit(6).then(|| -> selfheal_gateway::stream::Check {
+        check: bit(6).then(|| -> selfheal_gateway::Check {
             Box::new(|calls: &mut Vec<serde_json::Value>| {
                 let n = calls.len();
                 calls.clear();
-                vec![selfheal_gateway::heal::Problem::arguments("refused".to_owned()); n]
+                vec![selfheal_gateway::Problem::arguments("refused".to_owned()); n]
             })
         }),
         ..Hooks::default()
