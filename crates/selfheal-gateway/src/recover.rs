@@ -271,7 +271,15 @@ pub(crate) fn take_next(st: &mut RunState) -> Next {
 /// [`Controller::unclaimable`](selfheal_core::controller::Controller::unclaimable) for a
 /// front-end that knows its steps by tool ([`StepsBy::Tool`](selfheal_core::controller::StepsBy)):
 /// a tool's failure still unsettled, or a recovery under a policy that claims nothing after one.
+/// A value held for its cross-check that the model answered without checking is unsettled too:
+/// the core never saw it judged, so the answer built on it is not claimed.
 pub(crate) fn unsettled(st: &RunState) -> Option<String> {
+    if let Some(p) = &st.wire.pending {
+        return Some(format!(
+            "the value `{}` returned was not cross-checked against `{}` before the answer",
+            p.tool, p.against
+        ));
+    }
     st.run.unclaimable(selfheal_core::controller::StepsBy::Tool)
 }
 
@@ -1514,6 +1522,30 @@ mod tests {
         let next = st.wire.take_next();
         assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
         assert!(next.guidance[0].contains("contradictory_evidence"));
+    }
+
+    /// An answer that comes while a value awaits its cross-check is not claimed: the held value
+    /// was never judged (before, the run could end `complete` on it).
+    #[test]
+    fn an_answer_before_the_cross_check_is_unsettled() {
+        let cfg = tools(true);
+        let idx = offered(&["weather", "weather_backup"]);
+        let ctx = ctx(&cfg, &idx, None);
+        let a = json!({"city": "Paris"});
+        let mut st = run();
+        assert_eq!(unsettled(&st), None);
+        let held = observe(&mut st, &ctx, ("c", "weather", &a), r#"{"temp": 21.0}"#, 0);
+        assert_eq!(held, Outcome::Held);
+        let why = unsettled(&st).unwrap_or_default();
+        assert!(why.contains("`weather_backup`"), "{why}");
+        observe(
+            &mut st,
+            &ctx,
+            ("c", "weather_backup", &a),
+            r#"{"temp": 21.1}"#,
+            1,
+        );
+        assert_eq!(unsettled(&st), None, "checked and confirmed: claimable");
     }
 
     /// A tool with no equivalent that the operator marks `cross_check` is checked by a second
