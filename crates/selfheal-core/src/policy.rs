@@ -699,6 +699,53 @@ impl Policy {
         self.claim_after_recovery.unwrap_or(self.risk > 0.0)
     }
 
+    /// Whether a recovered value that a check could not judge (its second source did not
+    /// answer, or sent bytes nothing reads) is read and checked again, and how: a retry of the
+    /// call that recovered it — after the backoff a retry would wait, so that a source busy or
+    /// down for a moment can answer — whose value the same check then judges (issue 33: "it is
+    /// cross-checked or read again while the budget allows"). `rechecks` is how many times this
+    /// was done already for the failure; `retry_after_ms` is the wait the failure's source asked
+    /// for, honoured as a retry honours it. Allowed while fewer than [`Policy::reread_count`]
+    /// rechecks were made (the reads `risk` asks of a value nothing else confirms), the call is
+    /// safe to send again, the per-failure cap leaves an action and the budget affords a retry.
+    /// `None`: the value stays unsettled, and the run ends `partial` with it flagged.
+    pub fn check_again(
+        &self,
+        state: LadderState,
+        rechecks: u32,
+        retry_after_ms: Option<u64>,
+        options: &Options,
+        budget: &BudgetLedger,
+        rng: &mut dyn Rng,
+    ) -> Option<Decision> {
+        let charge = ActionKind::Retry.charge();
+        let allowed = rechecks < self.reread_count()
+            && options.retry_safe
+            && self
+                .max_actions_per_failure
+                .is_none_or(|cap| state.actions < cap)
+            && budget.exhausted().is_none()
+            && budget.can_afford(&charge);
+        if !allowed {
+            return None;
+        }
+        let attempt = state.retries + 1;
+        Some(Decision {
+            action: RecoveryAction::Retry {
+                delay_ms: self.retry.delay_ms(attempt, retry_after_ms, rng),
+                attempt,
+            },
+            rung: None,
+            charge,
+            next: LadderState {
+                rung: state.rung,
+                retries: attempt,
+                actions: state.actions + 1,
+            },
+            skipped: Vec::new(),
+        })
+    }
+
     /// Whether a run that needed a recovery reads its unconfirmed values once more before
     /// answering: the `reread_after_recovery` override, else yes (any `risk` below 1 wants the
     /// one check there is for a value nothing else confirms).
