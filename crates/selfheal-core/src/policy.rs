@@ -39,8 +39,10 @@
 //! runs and cannot tell, the policy's one [`Policy::risk`] setting decides
 //! ([`Policy::claims_unverified`]): the value is claimed when the trust its source has earned
 //! ([`crate::trust`]: cross-checks, verdicts, contract breaches and re-reads this process has
-//! seen) puts its chance of being right at `1 − risk` or more; otherwise the run degrades with the
-//! value flagged. A fixed rule cannot tell a good substitute from a wrong one — claiming every
+//! seen) puts its chance of being right at `1 − risk` or more; otherwise it is read and checked
+//! again while the policy and the budget allow ([`Policy::check_again`]: a check that could not
+//! answer now — a busy or briefly down second source — may answer later), and the run degrades
+//! with the value flagged only when that cannot settle it. A fixed rule cannot tell a good substitute from a wrong one — claiming every
 //! such value returns a wrong substitute, the other side of a disagreement, or a re-mapped body
 //! whose other source cannot be read either, as if it were right; claiming none throws away every
 //! recovery from an outage — evidence can. An outage of the primary is not evidence against the
@@ -405,8 +407,9 @@ pub struct Policy {
     /// The share of answers claimed complete that the user accepts being wrong (in `[0, 1)`;
     /// default 0.01). A recovered value a verifier could not judge is claimed when its estimated
     /// chance of being right — the trust its source has earned ([`crate::trust`]) — is at least
-    /// `1 − risk`; otherwise it is not claimed and the run ends `partial` with the value
-    /// flagged. `accept_unverified_recovery`, `claim_after_recovery`, `reread_after_recovery`
+    /// `1 − risk`; otherwise it is read and checked again while the budget allows
+    /// ([`Policy::check_again`]), and the run ends `partial` with the value flagged when that
+    /// cannot settle it. `accept_unverified_recovery`, `claim_after_recovery`, `reread_after_recovery`
     /// and `reread_reads` are derived from it ([`Policy::claims_unverified`],
     /// [`Policy::claims_after_recovery`], [`Policy::rereads_after_recovery`],
     /// [`Policy::reread_count`]) unless set explicitly.
