@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs every strategy of `selfheal bench` over the held-out fault models
-(crates/selfheal-bench/faults/heldout/), the shipped ones and NESTFUL, and judges self-healing
+(crates/selfheal-bench/faults/heldout/), the shipped ones and NESTFUL (and, with `--sets fresh`,
+the fresh out-of-sample models in crates/selfheal-bench/faults/fresh/, reported on their own), and judges self-healing
 against the equal-detector baselines with the bench's own paired statistics (`--json`'s
 `paired`: the RSR difference's 95 % interval, a paired bootstrap clustered by task).
 
@@ -17,7 +18,7 @@ failures (wrong answers returned as correct) per strategy, and three verdicts:
 side (self-healing's recovered and silent counts, the verdicts). Usage:
 
     scripts/bench-heldout.py [--bin target/release/selfheal] [--seeds 10] [--rates 0.1,0.3]
-        [--budgets 5,1] [--sets heldout,shipped,nestful] [--policy FILE] [--deployment]
+        [--budgets 5,1] [--sets heldout,shipped,nestful,fresh] [--policy FILE] [--deployment]
         [--save FILE]
     scripts/bench-heldout.py --compare BEFORE.json AFTER.json
 """
@@ -42,6 +43,8 @@ def combos(sets):
     out = []
     if "heldout" in sets:
         out += [(f"heldout/{f.stem}", str(f), None) for f in sorted((FAULTS / "heldout").glob("*.toml"))]
+    if "fresh" in sets:
+        out += [(f"fresh/{f.stem}", str(f), None) for f in sorted((FAULTS / "fresh").glob("*.toml"))]
     if "shipped" in sets:
         out.append(("default", None, None))
         out += [(f.stem, str(f), None) for f in sorted(FAULTS.glob("*.toml")) if f.stem != "default"]
@@ -98,10 +101,16 @@ def show(rows):
     summary(rows)
 
 
+def kind(r):
+    """The set a row belongs to: held-out, fresh (never looked at while tuning) or shipped."""
+    return r["set"].split("/")[0] if "/" in r["set"] else "shipped+nestful"
+
+
 def summary(rows):
-    for group in sorted({(r["set"].startswith("heldout/"), r["budget"]) for r in rows}):
-        sel = [r for r in rows if (r["set"].startswith("heldout/"), r["budget"]) == group]
-        name = "held-out" if group[0] else "shipped+nestful"
+    names = {"heldout": "held-out", "fresh": "fresh (out of sample)", "shipped+nestful": "shipped+nestful"}
+    for group in sorted({(kind(r), r["budget"]) for r in rows}):
+        sel = [r for r in rows if (kind(r), r["budget"]) == group]
+        name = names[group[0]]
         print(f"\n{name}, R = {group[1]}: {len(sel)} rows; lose {sum(r['lose'] for r in sel)}, "
               f"win {sum(r['win'] for r in sel)}, sfr+ {sum(r['sfr_plus'] for r in sel)}; "
               f"self-healing recovered {sum(r['recovered']['self-healing'] for r in sel)}, "

@@ -181,6 +181,13 @@ struct OpenFailure {
     /// answer that no verifier confirms sends the failure up its ladder again as this signal.
     signal: Signal,
     consecutive: u32,
+    /// How many times its recovered value was read and checked again because a check could
+    /// not judge it ([`Policy::check_again`]).
+    #[serde(default)]
+    rechecks: u32,
+    /// The wait the failure's source asked for (`Retry-After`), honoured before a recheck.
+    #[serde(default)]
+    retry_after_ms: Option<u64>,
 }
 
 const MAX_UNRESOLVED: usize = 64;
@@ -727,6 +734,65 @@ impl Controller {
         policy.claims_unverified(p)
     }
 
+    /// Whether the failure open on `step` is having its recovered value read again
+    /// ([`Controller::check_again`]).
+    fn rechecking(&self, step: Option<u32>) -> bool {
+        self.open
+            .as_ref()
+            .is_some_and(|o| o.step == step && o.rechecks > 0)
+    }
+
+    /// Reads a recovered value again and checks it again ([`Policy::check_again`]) after a
+    /// check could not judge it: the failure `o` that recovered it is opened again with the
+    /// re-read as its next action, charged like any retry. `None` when the policy or the
+    /// budget allows no more.
+    fn check_again(
+        &mut self,
+        now_ms: u64,
+        step: Option<u32>,
+        o: OpenFailure,
+        options: &Options,
+        rng: &mut dyn Rng,
+    ) -> Option<Directive> {
+        let decision = self.plane.policy.check_again(
+            o.ladder,
+            o.rechecks,
+            o.retry_after_ms,
+            options,
+            &self.ledger,
+            rng,
+        )?;
+        let before = self.ledger.remaining();
+        self.ledger.charge(&decision.charge).ok()?;
+        let after = self.ledger.remaining();
+        let kind = decision.action.kind();
+        *self.actions.entry(kind).or_insert(0) += 1;
+        self.trace.healing.healed += 1;
+        self.log(
+            now_ms,
+            step,
+            Event::Action {
+                class: o.class,
+                action: decision.action.clone(),
+                rung: None,
+                budget_before: before,
+                budget_after: after,
+                input: None,
+            },
+        );
+        let class = o.class;
+        self.open = Some(OpenFailure {
+            ladder: decision.next,
+            rechecks: o.rechecks + 1,
+            ..o
+        });
+        Some(Directive::Recover {
+            step,
+            class,
+            action: decision.action,
+        })
+    }
+
     /// Remembers `tool` as the source of the value at `step`.
     fn note_step_tool(&mut self, step: Option<u32>, tool: &str) {
         if let Some(e) = self.step_tools.iter_mut().find(|(s, _)| *s == step) {
@@ -777,7 +843,12 @@ impl Controller {
                         })
                     }
                     (Some(FailureKind::Soft), _) => Some(Signal::EmptyOutput),
-                    (None, _) if report.signals.contains(MonitorSignal::Loop) => {
+                    // A read the run itself asked for to check a value again
+                    // ([`Policy::check_again`]) repeats the call on purpose: not a loop.
+                    (None, _)
+                        if report.signals.contains(MonitorSignal::Loop)
+                            && !self.rechecking(step) =>
+                    {
                         Some(Signal::Repetition)
                     }
                     (None, _) => None,
@@ -905,6 +976,14 @@ impl Controller {
                             Amounts::default(),
                             rng,
                         );
+                    }
+                    // A check that could not judge the value this time (its source did not
+                    // answer, sent bytes nothing reads) may judge it on a later read: the value
+                    // is read and checked again while the policy and the budget allow, and the
+                    // run ends `partial` with the value flagged only when that cannot settle it.
+                    let again = o.clone();
+                    if let Some(d) = self.check_again(now_ms, step, again, &options, rng) {
+                        return d;
                     }
                     self.push_unresolved(step, FailureClass::VerificationFailure, tool);
                     return self.stop(now_ms, RunStatus::Partial, why, true);
@@ -1166,6 +1245,8 @@ impl Controller {
                     alternative,
                     signal,
                     consecutive,
+                    rechecks: 0,
+                    retry_after_ms: classification.retry_after_ms,
                 });
                 Directive::Recover {
                     step,

@@ -39,8 +39,10 @@
 //! runs and cannot tell, the policy's one [`Policy::risk`] setting decides
 //! ([`Policy::claims_unverified`]): the value is claimed when the trust its source has earned
 //! ([`crate::trust`]: cross-checks, verdicts, contract breaches and re-reads this process has
-//! seen) puts its chance of being right at `1 − risk` or more; otherwise the run degrades with the
-//! value flagged. A fixed rule cannot tell a good substitute from a wrong one — claiming every
+//! seen) puts its chance of being right at `1 − risk` or more; otherwise it is read and checked
+//! again while the policy and the budget allow ([`Policy::check_again`]: a check that could not
+//! answer now — a busy or briefly down second source — may answer later), and the run degrades
+//! with the value flagged only when that cannot settle it. A fixed rule cannot tell a good substitute from a wrong one — claiming every
 //! such value returns a wrong substitute, the other side of a disagreement, or a re-mapped body
 //! whose other source cannot be read either, as if it were right; claiming none throws away every
 //! recovery from an outage — evidence can. An outage of the primary is not evidence against the
@@ -405,8 +407,9 @@ pub struct Policy {
     /// The share of answers claimed complete that the user accepts being wrong (in `[0, 1)`;
     /// default 0.01). A recovered value a verifier could not judge is claimed when its estimated
     /// chance of being right — the trust its source has earned ([`crate::trust`]) — is at least
-    /// `1 − risk`; otherwise it is not claimed and the run ends `partial` with the value
-    /// flagged. `accept_unverified_recovery`, `claim_after_recovery`, `reread_after_recovery`
+    /// `1 − risk`; otherwise it is read and checked again while the budget allows
+    /// ([`Policy::check_again`]), and the run ends `partial` with the value flagged when that
+    /// cannot settle it. `accept_unverified_recovery`, `claim_after_recovery`, `reread_after_recovery`
     /// and `reread_reads` are derived from it ([`Policy::claims_unverified`],
     /// [`Policy::claims_after_recovery`], [`Policy::rereads_after_recovery`],
     /// [`Policy::reread_count`]) unless set explicitly.
@@ -697,6 +700,53 @@ impl Policy {
     /// wrong answer accepts no answer resting on a recovered value).
     pub fn claims_after_recovery(&self) -> bool {
         self.claim_after_recovery.unwrap_or(self.risk > 0.0)
+    }
+
+    /// Whether a recovered value that a check could not judge (its second source did not
+    /// answer, or sent bytes nothing reads) is read and checked again, and how: a retry of the
+    /// call that recovered it — after the backoff a retry would wait, so that a source busy or
+    /// down for a moment can answer — whose value the same check then judges (issue 33: "it is
+    /// cross-checked or read again while the budget allows"). `rechecks` is how many times this
+    /// was done already for the failure; `retry_after_ms` is the wait the failure's source asked
+    /// for, honoured as a retry honours it. Allowed while fewer than [`Policy::reread_count`]
+    /// rechecks were made (the reads `risk` asks of a value nothing else confirms), the call is
+    /// safe to send again, the per-failure cap leaves an action and the budget affords a retry.
+    /// `None`: the value stays unsettled, and the run ends `partial` with it flagged.
+    pub fn check_again(
+        &self,
+        state: LadderState,
+        rechecks: u32,
+        retry_after_ms: Option<u64>,
+        options: &Options,
+        budget: &BudgetLedger,
+        rng: &mut dyn Rng,
+    ) -> Option<Decision> {
+        let charge = ActionKind::Retry.charge();
+        let allowed = rechecks < self.reread_count()
+            && options.retry_safe
+            && self
+                .max_actions_per_failure
+                .is_none_or(|cap| state.actions < cap)
+            && budget.exhausted().is_none()
+            && budget.can_afford(&charge);
+        if !allowed {
+            return None;
+        }
+        let attempt = state.retries + 1;
+        Some(Decision {
+            action: RecoveryAction::Retry {
+                delay_ms: self.retry.delay_ms(attempt, retry_after_ms, rng),
+                attempt,
+            },
+            rung: None,
+            charge,
+            next: LadderState {
+                rung: state.rung,
+                retries: attempt,
+                actions: state.actions + 1,
+            },
+            skipped: Vec::new(),
+        })
     }
 
     /// Whether a run that needed a recovery reads its unconfirmed values once more before

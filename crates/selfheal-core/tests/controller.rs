@@ -888,15 +888,56 @@ fn cautious() -> Controller {
     Controller::new(cfg).unwrap()
 }
 
+/// Issue 33: a recovered value whose check could not judge it is read and checked again
+/// (a retry of the call that recovered it) while the policy allows; each re-read of `tool`
+/// comes back and its check still cannot judge it. Returns the directive that ended it and
+/// how many re-reads were asked for.
+fn never_settled(
+    c: &mut Controller,
+    rng: &mut ConstRng,
+    step: u32,
+    tool: &str,
+    at: u64,
+) -> (Directive, u32) {
+    let a = json!({"q": "rust"});
+    let result = json!({"hits": [1]});
+    let mut rechecks = 0;
+    for t in 0..10 {
+        let now = at + 2 * t;
+        let d = c.observe(uncertain(step), now, rng);
+        match &d {
+            Directive::Recover {
+                action: RecoveryAction::Retry { .. },
+                ..
+            } => {
+                rechecks += 1;
+                let d = c.observe(tool_ok(step, tool, &a, &result), now + 1, rng);
+                assert!(
+                    matches!(d, Directive::Continue { .. }),
+                    "the re-read the run asked for is not a loop: {d:?}"
+                );
+            }
+            _ => return (d, rechecks),
+        }
+    }
+    panic!("the value was read again without end");
+}
+
 #[test]
 fn a_substitute_the_verifier_could_not_judge_degrades() {
     let mut c = cautious();
     let mut rng = ConstRng(0);
     substituted(&mut c, &mut rng);
-    let d = c.observe(uncertain(1), 11, &mut rng);
+    let (d, rechecks) = never_settled(&mut c, &mut rng, 1, "backup_search", 11);
     assert!(
         matches!(d, Directive::Degrade { ref reason } if reason.contains("could not be verified")),
         "{d:?}"
+    );
+    // Read again as many times as the risk asks of a value nothing else confirms, no more.
+    assert!(rechecks >= 1, "checked again before giving up");
+    assert!(
+        rechecks <= Policy::default().reread_count() + 1,
+        "{rechecks}"
     );
     let out = c.finish(12);
     assert_eq!(out.status, RunStatus::Partial);
@@ -963,11 +1004,118 @@ fn a_retried_value_the_verifier_could_not_judge_degrades() {
     let result = json!({"hits": [1]});
     let d = c.observe(tool_ok(1, "search", &a, &result), 1, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
-    let d = c.observe(uncertain(1), 2, &mut rng);
+    let (d, rechecks) = never_settled(&mut c, &mut rng, 1, "search", 2);
     assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
-    let out = c.finish(3);
+    assert!(rechecks >= 1);
+    let out = c.finish(40);
     assert_eq!(out.status, RunStatus::Partial);
     assert_eq!(out.unresolved[0].class, FailureClass::VerificationFailure);
+}
+
+#[test]
+fn an_unjudged_substitute_is_checked_again_and_claimed_once_the_check_agrees() {
+    // Issue 33, item 2: "otherwise it is cross-checked or read again while the budget allows".
+    // The other source was busy when the substitute's value was first checked; on the re-read
+    // it answers and agrees, and the value is claimed.
+    let mut c = cautious();
+    let mut rng = ConstRng(0);
+    substituted(&mut c, &mut rng);
+    let d = c.observe(uncertain(1), 11, &mut rng);
+    let Directive::Recover {
+        action: RecoveryAction::Retry { delay_ms, .. },
+        ..
+    } = d
+    else {
+        panic!("expected a re-read, got {d:?}");
+    };
+    assert!(delay_ms > 0, "it waits before reading again");
+    let a = json!({"q": "rust"});
+    let result = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "backup_search", &a, &result), 12, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(verified(1, "cross_check", Judgement::Accept), 13, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    assert_eq!(c.finish(14).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_recheck_honours_the_wait_the_failure_asked_for() {
+    let mut c = cautious();
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let limited = Some(Signal::HttpStatus {
+        status: 429,
+        retry_after_ms: Some(7_000),
+        message: "429 Too Many Requests".into(),
+    });
+    let d = c.observe(
+        tool_failed(1, "search", &a, "HTTP 429", limited),
+        0,
+        &mut rng,
+    );
+    assert!(action(&d).is_some(), "{d:?}");
+    let result = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "search", &a, &result), 8_000, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(uncertain(1), 8_001, &mut rng);
+    assert!(
+        matches!(
+            d,
+            Directive::Recover {
+                action: RecoveryAction::Retry { delay_ms, .. },
+                ..
+            } if delay_ms >= 7_000
+        ),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn no_recheck_when_no_action_is_left_for_the_failure() {
+    // Item 4's rule for every check: at the per-failure cap, an unjudged value is not read again
+    // (the cap is the user's), and the run degrades with the value flagged.
+    let mut cfg = ControllerConfig {
+        budget: BudgetLimits::unlimited(),
+        ..ControllerConfig::default()
+    };
+    cfg.policy.max_actions_per_failure = Some(1);
+    cfg.policy.risk = 0.001;
+    let mut c = Controller::new(cfg).unwrap();
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let d = c.observe(timed_out(1, "search", &a), 0, &mut rng);
+    assert!(action(&d).is_some(), "{d:?}");
+    let result = json!({"hits": [1]});
+    let d = c.observe(tool_ok(1, "search", &a, &result), 1, &mut rng);
+    assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
+    let d = c.observe(uncertain(1), 2, &mut rng);
+    assert!(
+        matches!(d, Directive::Degrade { ref reason } if reason.contains("could not be verified")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn no_recheck_of_a_call_that_is_not_safe_to_send_again() {
+    let mut c = cautious();
+    let mut rng = ConstRng(0);
+    substituted(&mut c, &mut rng);
+    let d = c.observe(
+        Observation::Verified {
+            step: Some(1),
+            verifier: "cross_check",
+            judgement: Judgement::Uncertain {
+                reason: "the other source did not answer".into(),
+            },
+            options: Options {
+                retry_safe: false,
+                ..opts()
+            },
+        },
+        11,
+        &mut rng,
+    );
+    assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
 }
 
 #[test]
@@ -1120,9 +1268,9 @@ fn a_disagreement_left_unsettled_degrades() {
     );
     let d = c.observe(tool_ok(2, "weather", &a, &result), 1, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
-    let d = c.observe(uncertain(2), 2, &mut rng);
+    let (d, _) = never_settled(&mut c, &mut rng, 2, "weather", 2);
     assert!(matches!(d, Directive::Degrade { .. }), "{d:?}");
-    assert_eq!(c.finish(3).status, RunStatus::Partial);
+    assert_eq!(c.finish(40).status, RunStatus::Partial);
 }
 
 #[test]
