@@ -24,6 +24,7 @@ pub mod catalogue;
 pub mod exec;
 pub mod faultmodel;
 pub mod faults;
+pub mod healer;
 pub mod plot;
 pub mod report;
 pub mod stats;
