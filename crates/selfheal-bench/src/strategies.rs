@@ -168,7 +168,7 @@ impl Strategy {
 }
 
 /// The policy of `class-agnostic`: the same ladder for every class.
-pub fn class_agnostic_policy() -> Policy {
+pub(crate) fn class_agnostic_policy() -> Policy {
     use ActionKind::*;
     let ladder = vec![
         Retry, Repair, Substitute, Refresh, Replan, Escalate, Degrade,
@@ -203,7 +203,7 @@ impl Ended {
 
 /// Which detectors a client runs beyond a plain client's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Detectors {
+pub(crate) struct Detectors {
     /// Tool name checked against the plan, arguments against the schema, repetition.
     pub call_checks: bool,
     /// Soft failures and drift told apart from missing fields.
@@ -217,14 +217,14 @@ pub struct Detectors {
 
 impl Detectors {
     /// A plain client.
-    pub const PLAIN: Detectors = Detectors {
+    pub(crate) const PLAIN: Detectors = Detectors {
         call_checks: false,
         soft: false,
         freshness: false,
         verify: false,
     };
     /// Everything self-healing uses.
-    pub const ALL: Detectors = Detectors {
+    pub(crate) const ALL: Detectors = Detectors {
         call_checks: true,
         soft: true,
         freshness: true,
@@ -846,7 +846,7 @@ fn finish(ep: &Episode<'_>, outputs: &[Option<Value>]) -> Ended {
 }
 
 /// `static`: run the plan; the first error ends the task.
-pub fn run_static(ep: &mut Episode<'_>) -> Ended {
+pub(crate) fn run_static(ep: &mut Episode<'_>) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -861,7 +861,7 @@ pub fn run_static(ep: &mut Episode<'_>) -> Ended {
 }
 
 /// `retry-only`: resend the same call up to `r` times per failure.
-pub fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> Ended {
+pub(crate) fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -891,7 +891,12 @@ pub fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> End
 }
 
 /// `react` (and `react+verify`): the model reads the error and picks the next action.
-pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detectors) -> Ended {
+pub(crate) fn run_react(
+    ep: &mut Episode<'_>,
+    r: u32,
+    rng: &mut SplitMix64,
+    det: Detectors,
+) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -980,7 +985,7 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
 
 /// `full-replan` (and `full-replan+verify`): on any failure, replan from scratch, avoiding
 /// tools that failed.
-pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
+pub(crate) fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -1185,7 +1190,7 @@ fn offered_way(heal: &Healer, plan: &Plan, s: usize, how: &mut How) -> bool {
 
 /// `self-healing` (and `class-agnostic`, with its policy): the core controller with `policy`
 /// (the default when `None`), its actions per failure capped at `r` or the policy's own cap.
-pub fn run_self_healing(
+pub(crate) fn run_self_healing(
     ep: &mut Episode<'_>,
     policy: Option<&Policy>,
     r: u32,
