@@ -17,10 +17,10 @@
 
 use serde_json::{Value, json};
 
-use selfheal_bench::exec::Response;
-use selfheal_bench::healer::Healer;
-use selfheal_bench::strategies::{read_for_run, self_healing_budget};
-use selfheal_bench::task::{Plan, load_jsonl};
+use selfheal_bench::Healer;
+use selfheal_bench::Response;
+use selfheal_bench::{Plan, load_jsonl};
+use selfheal_bench::{read_for_run, self_healing_budget};
 use selfheal_core::Amounts;
 use selfheal_core::conformance::{self, Outcome, Row, Seen};
 use selfheal_core::controller::{ControllerConfig, Observation};
