@@ -1,13 +1,14 @@
-//! The benchmark's front-end to the core: one [`Run`] per episode, the tools on offer told to
-//! it, every observation handed in and every decision read out through its one surface.
+//! The benchmark's front-end to the core: one [`Run`] per episode, every observation handed in
+//! and every decision read out through its one surface.
 //!
 //! Why this module exists: the controller strategies (`self-healing`, `class-agnostic`) must
 //! decide as the runtime's agent, the gateway's wire run and the MCP proxy do — through the
-//! core's [`Run`], never through a part of it — so that the seeds' tool-health rules (a warning
-//! at 3 failures in a row naming the alternatives, the tool hidden at 5, a stop only on the
-//! failure rate or when nothing else is on offer) hold in an episode as everywhere else. The
+//! core's [`Run`], never through a part of it. Told the tools on offer, the run applies the
+//! seeds' tool-health rules (a warning at 3 failures in a row naming the alternatives, the tool
+//! hidden at 5, a stop only on the failure rate or when nothing else is on offer); the
 //! benchmark's conformance test (`tests/conformance.rs`) plays the core's table
-//! (`selfheal_core::conformance`) through this type. It decides nothing itself: it only keeps
+//! (`selfheal_core::conformance`) through this type so. The strategies offer nothing yet (see
+//! `run_self_healing`): their plan has fixed steps, and the ladder's end stands. It decides nothing itself: it only keeps
 //! the clock, the randomness and what the last decision hid, for the strategy to act on.
 
 use selfheal_core::call::Breakers;

@@ -10,6 +10,11 @@
 //! what the model writes next with ([`Healer::next_turn`]: the guidance, the tools no longer
 //! offered, or the stop). A stop after either is the stop the strategy carries out.
 //!
+//! The rows need the tools on offer told to the run; the strategy itself does not tell them yet
+//! (told them, routed failures raised its silent failures: the value a later attempt brings is
+//! claimed without the verification a recovered value gets), so this checks the benchmark's
+//! reading and its run, not yet the strategy's whole episode.
+//!
 //! The benchmark's agent has a fallback model, another rung of most ladders; the table's
 //! ladders are those of a front-end with none, so the rows are played as the fallback model
 //! writes (no further escalation), the way an episode's calls go once it escalated.
