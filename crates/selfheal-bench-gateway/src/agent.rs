@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use selfheal_bench::task::TaskSpec;
+use selfheal_bench::TaskSpec;
 
 use crate::endpoint::Ask;
 use crate::world::World;

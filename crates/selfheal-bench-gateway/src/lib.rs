@@ -51,9 +51,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
-use selfheal_bench::exec::{AS_OF, Costs, Episode, MAX_AGE_MS};
-use selfheal_bench::strategies::Strategy;
-use selfheal_bench::task::ANSWER_TOLERANCE;
+use selfheal_bench::ANSWER_TOLERANCE;
+use selfheal_bench::Strategy;
+use selfheal_bench::{AS_OF, Costs, Episode, MAX_AGE_MS};
 use selfheal_bench::{BenchConfig, CostWeights, ResultRow, schedules, wilson};
 use selfheal_core::policy::Policy;
 use selfheal_gateway::{GatewayConfig, TraceWriter};
@@ -299,7 +299,7 @@ pub fn capped_policy(config: &BenchConfig) -> Policy {
 ///   (`refresh`, `agent::REFRESH_ARGUMENT`);
 /// - the model's chain: the scripted model, then the fallback model
 ///   (`model::FALLBACK_MODEL`) the ladder's escalation goes to;
-/// - the in-process budget vector ([`selfheal_bench::strategies::self_healing_budget`]) for the
+/// - the in-process budget vector ([`selfheal_bench::self_healing_budget`]) for the
 ///   task set's longest plan (a deployment has one budget for every run).
 pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
     use selfheal_gateway::{ModelRoute, Target, ToolConfig};
@@ -314,7 +314,7 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
         .map(|t| t.plan.steps.len())
         .max()
         .unwrap_or(1);
-    g.budget = selfheal_bench::strategies::self_healing_budget(longest, config.budget);
+    g.budget = selfheal_bench::self_healing_budget(longest, config.budget);
     let target = |model: &str| Target {
         upstream: "default".into(),
         model: model.into(),

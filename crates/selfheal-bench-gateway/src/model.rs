@@ -40,8 +40,8 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use selfheal_bench::exec::{Episode, Writer, Written};
-use selfheal_bench::task::{Plan, get_path, resolve_answer};
+use selfheal_bench::{Episode, Writer, Written};
+use selfheal_bench::{Plan, get_path, resolve_answer};
 use selfheal_core::monitor::canonical_hash;
 
 /// The text the gateway opens a re-ask turn with (`selfheal_gateway::app`'s re-ask).
@@ -668,7 +668,7 @@ mod tests {
     /// call of the checked one, and the world charges that call as a verifier's.
     #[test]
     fn a_cross_check_is_the_same_arguments_charged_as_a_verifier_call() {
-        let task = &selfheal_bench::task::builtin(1)[0];
+        let task = &selfheal_bench::builtin(1)[0];
         let model = FaultModel::default_model().unwrap();
         let primary = task.plan.steps[0].tool.clone();
         let sub = task.plan.step_tool(0).unwrap().substitute.clone().unwrap();
@@ -712,7 +712,7 @@ mod tests {
         assert_eq!(after.tool_calls, before.tool_calls);
     }
 
-    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    use selfheal_bench::{FaultModel, Injected};
 
     fn fault(model: &FaultModel, name: &str, k: u32) -> Injected {
         Injected {
@@ -724,7 +724,7 @@ mod tests {
         }
     }
 
-    fn request(task: &selfheal_bench::task::TaskSpec, messages: Vec<Value>) -> Value {
+    fn request(task: &selfheal_bench::TaskSpec, messages: Vec<Value>) -> Value {
         json!({"messages": messages, "tools": crate::agent::offered_tools(task)})
     }
 
@@ -732,7 +732,7 @@ mod tests {
     /// call, the call executed and both appended (the call, and the tool's answer); the tool,
     /// the arguments and the answer. A reply that is not a call comes back as it is.
     fn exchange(
-        task: &selfheal_bench::task::TaskSpec,
+        task: &selfheal_bench::TaskSpec,
         world: &mut crate::world::World<'_>,
         msgs: &mut Vec<Value>,
     ) -> Result<(String, String, String), Reply> {
@@ -763,7 +763,7 @@ mod tests {
 
     #[test]
     fn a_transient_wrong_tool_is_written_again_after_a_reask() {
-        let task = &selfheal_bench::task::builtin(1)[0];
+        let task = &selfheal_bench::builtin(1)[0];
         let model = FaultModel::default_model().unwrap();
         let faults = [fault(&model, "wrong_tool_unknown", 1)];
         let mut ep = Episode::new(task, &faults, &model, 1);
@@ -794,7 +794,7 @@ mod tests {
 
     #[test]
     fn a_hidden_or_failing_tool_sends_the_model_to_the_substitute() {
-        let task = &selfheal_bench::task::builtin(1)[0];
+        let task = &selfheal_bench::builtin(1)[0];
         let model = FaultModel::default_model().unwrap();
         let primary = task.plan.steps[0].tool.clone();
         let sub = task.plan.step_tool(0).unwrap().substitute.clone().unwrap();
@@ -826,7 +826,7 @@ mod tests {
     #[test]
     fn a_refresh_is_the_same_call_with_the_cache_bypass_argument() {
         let model = FaultModel::default_model().unwrap();
-        let tasks = selfheal_bench::task::builtin(100);
+        let tasks = selfheal_bench::builtin(100);
         let (task, s) = tasks
             .iter()
             .find_map(|t| {
@@ -882,7 +882,7 @@ mod tests {
     #[test]
     fn a_step_called_again_makes_the_steps_after_it_again() {
         let model = FaultModel::default_model().unwrap();
-        let tasks = selfheal_bench::task::builtin(100);
+        let tasks = selfheal_bench::builtin(100);
         let task = tasks
             .iter()
             .find(|t| t.plan.steps.len() >= 2 && t.plan.steps[0].tool != t.plan.steps[1].tool)
@@ -911,7 +911,7 @@ mod tests {
 
     #[test]
     fn a_result_is_usable_only_with_the_fields_the_plan_reads() {
-        let task = &selfheal_bench::task::builtin(1)[0];
+        let task = &selfheal_bench::builtin(1)[0];
         let plan = &task.plan;
         let path = plan.read_paths(0)[0].clone();
         let good = json!({ path.clone(): "France City" }).to_string();
@@ -925,7 +925,7 @@ mod tests {
     /// whole (no path of it is read, so nothing would be found missing).
     #[test]
     fn an_error_body_is_never_a_usable_result() {
-        let task = &selfheal_bench::task::builtin(1)[0];
+        let task = &selfheal_bench::builtin(1)[0];
         let plan = &task.plan;
         let path = plan.read_paths(0)[0].clone();
         let body = json!({ path: "France City", "error": "service unavailable" }).to_string();

@@ -9,8 +9,8 @@
 
 use serde_json::Value;
 
-use selfheal_bench::exec::{Episode, Purpose, Response};
-use selfheal_bench::task::TaskSpec;
+use selfheal_bench::TaskSpec;
+use selfheal_bench::{Episode, Purpose, Response};
 
 use crate::agent::REFRESH_ARGUMENT;
 use crate::model::{Reply, Script};

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use selfheal_bench::strategies::Strategy;
+use selfheal_bench::Strategy;
 use selfheal_bench::{BenchConfig, schedules};
 
 fn small(seed: u64, tasks: usize, fault_rate: f64) -> BenchConfig {
@@ -74,7 +74,7 @@ async fn without_faults_both_sides_solve_everything_and_the_gateway_does_nothing
     // Without faults, and with a model that makes no mistakes of its own (issue 32: the default
     // simulated model errs on its own).
     let mut config = small(1, 10, 0.0);
-    config.fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    config.fault_model.model = selfheal_bench::ModelRates::PERFECT;
     let report = selfheal_bench_gateway::run(&config, &mut |_, _| {})
         .await
         .expect("every request came back");

@@ -229,7 +229,7 @@ fn round(x: f64, places: i32) -> f64 {
 }
 
 /// The world's ground truth: what each tool returns when nothing is wrong.
-pub fn truth(group: Group, args: &[Value]) -> Result<Value, String> {
+pub(crate) fn truth(group: Group, args: &[Value]) -> Result<Value, String> {
     let s = |i: usize| args.get(i).and_then(Value::as_str).unwrap_or("");
     let n = |i: usize| args.get(i).and_then(Value::as_f64);
     let v = match group {
@@ -322,7 +322,7 @@ pub fn truth(group: Group, args: &[Value]) -> Result<Value, String> {
 /// currency code, tomorrow's forecast, yesterday's rate, the parent company's ticker, the
 /// opening price, a news hit, a summary's rounded figure, a rule-of-thumb conversion, a product
 /// of rounded factors. Refuses what the primary refuses.
-pub fn sibling_truth(group: Group, args: &[Value]) -> Result<Value, String> {
+pub(crate) fn sibling_truth(group: Group, args: &[Value]) -> Result<Value, String> {
     let base = truth(group, args)?;
     let s = |i: usize| args.get(i).and_then(Value::as_str).unwrap_or("");
     let n = |i: usize| args.get(i).and_then(Value::as_f64).unwrap_or(0.0);
@@ -359,7 +359,7 @@ pub fn sibling_truth(group: Group, args: &[Value]) -> Result<Value, String> {
 }
 
 /// The value a step passes on: its output field, or the first search result.
-pub fn extract(group: Group, output: &Value) -> Result<Value, String> {
+pub(crate) fn extract(group: Group, output: &Value) -> Result<Value, String> {
     let field = group.field();
     match output.get(field) {
         Some(Value::Array(a)) => a
@@ -520,7 +520,7 @@ fn index_of(xs: &[&str], x: &str) -> usize {
 }
 
 /// Runs a plan with no faults and returns the final value.
-pub fn run_clean(steps: &[Step]) -> Result<Value, String> {
+pub(crate) fn run_clean(steps: &[Step]) -> Result<Value, String> {
     let mut values: Vec<Option<Value>> = Vec::with_capacity(steps.len());
     for s in steps {
         let args = resolve_present(s, &values)?;
@@ -535,7 +535,7 @@ pub fn run_clean(steps: &[Step]) -> Result<Value, String> {
 }
 
 /// Resolves a step's arguments against the values produced so far (some may be missing).
-pub fn resolve_present(step: &Step, values: &[Option<Value>]) -> Result<Vec<Value>, String> {
+pub(crate) fn resolve_present(step: &Step, values: &[Option<Value>]) -> Result<Vec<Value>, String> {
     step.args
         .iter()
         .zip(step.group.params())
@@ -548,18 +548,6 @@ pub fn resolve_present(step: &Step, values: &[Option<Value>]) -> Result<Vec<Valu
                 .ok_or_else(|| format!("missing input `{p}`: no step produced it")),
         })
         .collect()
-}
-
-/// The arguments as a JSON object keyed by parameter name.
-pub fn args_object(group: Group, args: &[Value]) -> Value {
-    Value::Object(
-        group
-            .params()
-            .iter()
-            .zip(args)
-            .map(|(p, v)| ((*p).to_owned(), v.clone()))
-            .collect(),
-    )
 }
 
 #[cfg(test)]

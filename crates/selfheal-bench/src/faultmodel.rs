@@ -855,7 +855,7 @@ pub fn draw(task: &TaskSpec, seed: u64, fault_rate: f64, model: &FaultModel) -> 
 /// The faults in time an episode starting at `start_ms` meets: one entry per windowed fault
 /// whose window holds the start and that applies to some step (the episode arms it on every
 /// step it applies to, and it is on while the clock is inside the window).
-pub fn windowed(task: &TaskSpec, start_ms: u64, model: &FaultModel) -> Vec<Injected> {
+pub(crate) fn windowed(task: &TaskSpec, start_ms: u64, model: &FaultModel) -> Vec<Injected> {
     model
         .faults
         .iter()

@@ -1,9 +1,9 @@
 //! # selfheal-bench — a seeded fault-injection benchmark for tool-using agents
 //!
-//! Tasks ([`task`]: the built-in catalogue of 100, or a JSONL file such as the imported NESTFUL
-//! set), a fault model read from TOML ([`faultmodel`], default `faults/default.toml`), one
-//! simulated world per episode ([`exec`], the only code that reads the truth and the schedule),
-//! and eight strategies that see only what a client sees ([`strategies`]). A result is a pure
+//! Tasks ([`TaskSpec`]: the built-in catalogue of 100, or a JSONL file such as the imported NESTFUL
+//! set), a fault model read from TOML ([`FaultModel`], default `faults/default.toml`), one
+//! simulated world per episode ([`Episode`], the only code that reads the truth and the schedule),
+//! and eight strategies that see only what a client sees ([`Strategy`]). A result is a pure
 //! function of `(config, seed)`: the same inputs give byte-identical JSON.
 //!
 //! The benchmark is built so that it can show the winner losing: the cross-check verifier is a
@@ -20,15 +20,49 @@
 //! assert!(report.results.iter().all(|r| (0.0..=1.0).contains(&r.tsr)));
 //! ```
 
-pub mod catalogue;
-pub mod exec;
-pub mod faultmodel;
-pub mod faults;
-pub mod plot;
-pub mod report;
-pub mod stats;
-pub mod strategies;
-pub mod task;
+// The modules are private: what callers use is re-exported below.
+mod catalogue;
+mod exec;
+mod faultmodel;
+mod faults;
+mod healer;
+mod plot;
+mod report;
+mod stats;
+mod strategies;
+mod task;
+
+/// The NESTFUL-style catalogue the built-in tasks are drawn from.
+pub use catalogue::{Arg, Group, Step, Task, tasks};
+/// The world of one episode: what a client can do, and what it costs.
+pub use exec::{
+    AS_OF, Costs, EPISODE_SPACING_MS, Episode, EpisodeRecord, MAX_AGE_MS, Purpose, Response, Tally,
+    ToolResponse, Writer, Written, latency,
+};
+/// Fault models as data, and the schedule drawn from one.
+pub use faultmodel::{
+    ArgsOp, AsOf, At, AtName, DEFAULT_TOML, Effect, Escalation, FaultModel, FaultModelError,
+    FaultSpec, Injected, MalformOp, ModelRates, Rates, RenameOp, Target, ToolOp, Window, draw,
+};
+/// Fault families and the mix of them a run draws.
+pub use faults::{Family, Mix};
+/// The episode's one core run.
+pub use healer::{Healer, Proposal};
+/// The report's charts.
+pub use plot::{Chart, Rate, Series, grouped_bars, strategy_color};
+/// The report: the terminal table, the Markdown report and its SVG charts.
+pub use report::{
+    markdown as report_markdown, svg_class_bars, svg_risk_coverage, svg_tsr_by_budget,
+    table as report_table,
+};
+/// The strategies, and the client they share.
+pub use strategies::{Ended, Strategy, read_for_run, self_healing_budget};
+/// Tasks, plans and their tools.
+pub use task::{
+    ANSWER_TOLERANCE, AnswerSpec, ArgSrc, Behaviour, FieldType, Noise, Op, Param, Piece, Plan,
+    PlanStep, ResolveError, TaskFileError, TaskSpec, Tolerance, ToolSpec, builtin, get_path,
+    load_jsonl, resolve_answer, resolve_args,
+};
 
 use std::collections::BTreeMap;
 
@@ -36,12 +70,6 @@ use serde::Serialize;
 
 use selfheal_core::FailureClass;
 use selfheal_core::policy::Policy;
-
-use crate::exec::{Episode, Tally};
-use crate::faultmodel::{FaultModel, Injected, draw};
-use crate::faults::{Family, Mix};
-use crate::strategies::Strategy;
-use crate::task::TaskSpec;
 
 /// The weights of the cost model `K = a·M + b·U + c·V + d·R + e·E`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

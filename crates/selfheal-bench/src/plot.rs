@@ -356,7 +356,7 @@ pub(crate) fn lines_frame(_chart: &Chart) -> Frame {
 
 /// One line per series across the categories (e.g. budgets), with Wilson whiskers, on a value
 /// axis fitted to the data; series are named at the end of their line.
-pub fn lines(chart: &Chart) -> String {
+pub(crate) fn lines(chart: &Chart) -> String {
     let f = lines_frame(chart);
     let (lo, hi) = fitted_range(&chart.series);
     let mut s = String::new();
@@ -464,7 +464,7 @@ pub(crate) fn horizontal_bars_frame(chart: &Chart) -> Frame {
 
 /// Horizontal bars, one row of bars per category (label on the left), on a 0–100 % axis at the
 /// bottom, each bar with its Wilson whisker and value.
-pub fn horizontal_bars(chart: &Chart) -> String {
+pub(crate) fn horizontal_bars(chart: &Chart) -> String {
     let f = horizontal_bars_frame(chart);
     let mut s = String::new();
     open(&mut s, &f, chart);
@@ -564,7 +564,7 @@ fn strategies_of<'a>(details: &[&'a Detail]) -> Vec<&'a str> {
 
 /// The report's main figure. With one budget: TSR, RSR and SFR of every strategy as grouped
 /// bars. With several (`--sweep`): TSR against R, one line per strategy.
-pub fn tsr_by_budget(report: &Report) -> String {
+pub(crate) fn tsr_by_budget(report: &Report) -> String {
     let mut budgets: Vec<u32> = report.details.iter().map(|d| d.budget).collect();
     budgets.sort_unstable();
     budgets.dedup();
@@ -645,7 +645,7 @@ pub fn tsr_by_budget(report: &Report) -> String {
 /// episodes answered wrongly as if correct, y the share recovered — with Wilson whiskers both
 /// ways; the frontier (no other strategy recovers more with fewer silent failures) is joined by a
 /// line and its points are ringed.
-pub fn risk_coverage(report: &Report) -> String {
+pub(crate) fn risk_coverage(report: &Report) -> String {
     let pts = &report.frontier;
     let budget = pts.first().map_or(0, |p| p.budget);
     let f = Frame {
@@ -758,7 +758,7 @@ pub fn risk_coverage(report: &Report) -> String {
 
 /// Recovery by failure class at the largest budget run: for each class met, the share of the
 /// episodes that met it and still succeeded, per strategy.
-pub fn recovery_by_class(report: &Report) -> String {
+pub(crate) fn recovery_by_class(report: &Report) -> String {
     let budget = report.details.iter().map(|d| d.budget).max().unwrap_or(0);
     let details: Vec<&Detail> = report
         .details

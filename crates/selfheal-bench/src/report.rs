@@ -14,7 +14,7 @@ use selfheal_core::FailureClass;
 use crate::Report;
 
 /// The risk/coverage frontier in one line: the strategies on it, and where self-healing sits.
-pub fn frontier_line(report: &Report) -> String {
+pub(crate) fn frontier_line(report: &Report) -> String {
     let top = report.frontier.first().map_or(0, |p| p.budget);
     let on: Vec<String> = report
         .frontier
@@ -53,7 +53,7 @@ pub fn frontier_line(report: &Report) -> String {
 }
 
 /// What a deployment run is, and which strategies carry memory across its episodes.
-pub fn deployment_line(report: &Report) -> String {
+pub(crate) fn deployment_line(report: &Report) -> String {
     let memory: Vec<&str> = report
         .config
         .strategies
@@ -74,7 +74,7 @@ pub fn deployment_line(report: &Report) -> String {
 
 /// The per-detector false-alarm line: on episodes where nothing went wrong, in how many each
 /// detector fired.
-pub fn false_alarm_line(d: &crate::Detail, budget: u32) -> String {
+pub(crate) fn false_alarm_line(d: &crate::Detail, budget: u32) -> String {
     let fired: Vec<String> = d
         .false_alarms_clean
         .iter()
@@ -262,7 +262,7 @@ fn top_details(report: &Report) -> (u32, Vec<&crate::Detail>) {
 }
 
 /// Per-class recovery at the largest budget run, as a Markdown table.
-pub fn class_table(report: &Report) -> String {
+pub(crate) fn class_table(report: &Report) -> String {
     let (budget, details) = top_details(report);
     let mut out = String::new();
     let _ = write!(out, "| class (R = {budget}) |");
@@ -295,7 +295,7 @@ pub fn class_table(report: &Report) -> String {
 /// The per-fault truth table at the largest budget: success (and silent failures) of every
 /// strategy on the episodes that drew each fault. Cells at exactly 0 % or 100 % are marked `*`:
 /// check whether the world makes them so by construction.
-pub fn truth_table(report: &Report) -> String {
+pub(crate) fn truth_table(report: &Report) -> String {
     let (budget, details) = top_details(report);
     let mut out = String::new();
     let _ = write!(out, "| fault (R = {budget}) | drawn |");

@@ -10,7 +10,7 @@ use selfheal_core::rng::{Rng, SplitMix64};
 
 /// One episode seen by two strategies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pair {
+pub(crate) struct Pair {
     /// The cluster (task index).
     pub cluster: usize,
     /// Whether the episode met a fault.
@@ -27,7 +27,7 @@ pub struct Pair {
 
 /// A difference and its 95 % interval.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Diff {
+pub(crate) struct Diff {
     /// A − B.
     pub diff: f64,
     /// Lower bound.
@@ -38,7 +38,7 @@ pub struct Diff {
 
 /// A paired comparison of A against B.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     /// RSR difference (faulted episodes).
     pub rsr: Diff,
     /// TSR difference.
@@ -54,7 +54,7 @@ pub struct Comparison {
 }
 
 /// The exact two-sided McNemar p-value for `b` and `c` discordant pairs.
-pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+pub(crate) fn mcnemar_exact(b: u64, c: u64) -> f64 {
     let n = b + c;
     if n == 0 {
         return 1.0;
@@ -117,7 +117,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 /// Compares A with B on `pairs` (clusters `0..n_clusters`), with 2,000 bootstrap resamples
 /// drawn from `seed`.
-pub fn compare(pairs: &[Pair], n_clusters: usize, seed: u64) -> Comparison {
+pub(crate) fn compare(pairs: &[Pair], n_clusters: usize, seed: u64) -> Comparison {
     let mut per: Vec<Sums> = vec![Sums::default(); n_clusters.max(1)];
     let (mut only_a, mut only_b) = (0u64, 0u64);
     for p in pairs {

@@ -13,7 +13,7 @@
 //! | `full-replan` | the same | discards the plan and replans from scratch, avoiding tools that failed; each replan is one unit of `R` |
 //! | `react+verify`, `full-replan+verify` | everything self-healing detects: the tool name against the tools on offer, argument schema and grounding checks (no plan values put into a call), repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
 //! | `class-agnostic` | as self-healing | the core controller with one ladder for every class (retry, repair, substitute, refresh, replan, escalate, degrade): the same actions without the classifier's choice |
-//! | `self-healing` | as above; before a run that needed recovery answers, the values only a second read of their own source confirmed are read once more | the core [`Controller`] with the default policy |
+//! | `self-healing` | as above; before a run that needed recovery answers, the values only a second read of their own source confirmed are read once more | the core's run ([`crate::healer::Healer`]) with the default policy; a step tool the run hides gives way to its equivalent source |
 //!
 //! The cross-check verifier is a real call of the substitute ([`Purpose::Verify`]): it costs
 //! latency and `V`, meets the substitute's faults, and compares with the tool's documented
@@ -28,18 +28,20 @@ use serde_json::Value;
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::classifier::Signal;
 use selfheal_core::contract;
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
+use selfheal_core::controller::{ControllerConfig, Observation};
 use selfheal_core::monitor::{CallOutcome, ToolCall, canonical_hash};
 use selfheal_core::policy::{
     ActionKind, Options, Policy, RecoveryAction, RepairTarget, RetryConfig,
 };
 use selfheal_core::rng::SplitMix64;
+use selfheal_core::run::StepAction;
 use selfheal_core::trace::RunStatus;
 use selfheal_core::trust::Trust;
 use selfheal_core::verifier::{Judgement, ungrounded_arguments};
 use selfheal_core::{Amounts, FailureClass};
 
 use crate::exec::{AS_OF, Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
+use crate::healer::{Healer, Proposal};
 use crate::task::{Plan, ResolveError, ToolSpec, get_path, resolve_answer, resolve_args};
 
 /// A strategy's name.
@@ -166,7 +168,7 @@ impl Strategy {
 }
 
 /// The policy of `class-agnostic`: the same ladder for every class.
-pub fn class_agnostic_policy() -> Policy {
+pub(crate) fn class_agnostic_policy() -> Policy {
     use ActionKind::*;
     let ladder = vec![
         Retry, Repair, Substitute, Refresh, Replan, Escalate, Degrade,
@@ -201,7 +203,7 @@ impl Ended {
 
 /// Which detectors a client runs beyond a plain client's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Detectors {
+pub(crate) struct Detectors {
     /// Tool name checked against the plan, arguments against the schema, repetition.
     pub call_checks: bool,
     /// Soft failures and drift told apart from missing fields.
@@ -215,14 +217,14 @@ pub struct Detectors {
 
 impl Detectors {
     /// A plain client.
-    pub const PLAIN: Detectors = Detectors {
+    pub(crate) const PLAIN: Detectors = Detectors {
         call_checks: false,
         soft: false,
         freshness: false,
         verify: false,
     };
     /// Everything self-healing uses.
-    pub const ALL: Detectors = Detectors {
+    pub(crate) const ALL: Detectors = Detectors {
         call_checks: true,
         soft: true,
         freshness: true,
@@ -268,6 +270,9 @@ struct Failure {
     /// The tool the model called (after any switch to its substitute): every decision about
     /// the failure is made by it, never by the step's tool.
     tool: Option<String>,
+    /// The tool answered an error body: a soft failure the core's monitor reads itself, as on
+    /// every other front-end, so the run is told the call and no signal of the client's.
+    error_body: bool,
 }
 
 impl Failure {
@@ -279,7 +284,13 @@ impl Failure {
             repair: None,
             called: None,
             tool: None,
+            error_body: false,
         }
+    }
+
+    /// The signal the run is told with the call: none for an error body (the core reads it).
+    fn core_signal(&self) -> Option<Signal> {
+        (!self.error_body).then(|| self.signal.clone())
     }
 }
 
@@ -404,12 +415,14 @@ fn check_body(
             )));
         }
         if let Some(e) = v.get("error").and_then(Value::as_str) {
-            return Err(Box::new(Failure::new(
+            let mut f = Failure::new(
                 Signal::Exception {
                     message: e.to_owned(),
                 },
                 format!("the tool returned an error body: {e}"),
-            )));
+            );
+            f.error_body = true;
+            return Err(Box::new(f));
         }
         let signal = breach.signal(v);
         return Err(Box::new(match breach {
@@ -605,8 +618,32 @@ fn attempt_inner(
     }
     let resp = ep.call(s, &tool, &args, Purpose::Step, how.fresh);
     let now = ep.data_now();
-    let called = |result: Option<Value>| Some((tool.clone(), args.clone(), result));
-    match resp.response {
+    let result = read_response(ep.plan(), &tool, resp.response, det, now);
+    let called = Some((
+        tool.clone(),
+        args.clone(),
+        result.as_ref().err().and_then(|(_, v)| v.clone()),
+    ));
+    match result {
+        Ok(v) => Attempt::Ok(v, Sent { tool, args }),
+        Err((mut f, _)) => {
+            f.called = called;
+            Attempt::Failed(*f)
+        }
+    }
+}
+
+/// How the benchmark's client reads what a call of `tool` came back with, as every strategy
+/// with detectors `det` does: a usable value, or the failure with what the tool returned
+/// (`None` when it raised).
+fn read_response(
+    plan: &Plan,
+    tool: &str,
+    response: Response,
+    det: Detectors,
+    now: u64,
+) -> Result<Value, (Box<Failure>, Option<Value>)> {
+    match response {
         Response::Raised {
             message,
             status,
@@ -627,14 +664,9 @@ fn attempt_inner(
                     },
                 }
             };
-            Attempt::Failed(Failure {
-                signal,
-                message,
-                retry_after_ms,
-                repair: None,
-                called: called(None),
-                tool: None,
-            })
+            let mut f = Failure::new(signal, message);
+            f.retry_after_ms = retry_after_ms;
+            Err((Box::new(f), None))
         }
         Response::Returned { body } => {
             let v: Value = match serde_json::from_str(&body) {
@@ -657,25 +689,30 @@ fn attempt_inner(
                             Some(RepairTarget::Output),
                         )
                     };
-                    return Attempt::Failed(Failure {
-                        signal,
-                        message: format!("JSONDecodeError: {e}"),
-                        retry_after_ms: None,
-                        repair,
-                        called: called(Some(Value::String(body))),
-                        tool: None,
-                    });
+                    let mut f = Failure::new(signal, format!("JSONDecodeError: {e}"));
+                    f.repair = repair;
+                    return Err((Box::new(f), Some(Value::String(body))));
                 }
             };
-            match check_body(ep.plan(), &tool, &v, det, now) {
-                Ok(()) => Attempt::Ok(v, Sent { tool, args }),
-                Err(mut f) => {
-                    f.called = called(Some(v));
-                    Attempt::Failed(*f)
-                }
+            match check_body(plan, tool, &v, det, now) {
+                Ok(()) => Ok(v),
+                Err(f) => Err((f, Some(v))),
             }
         }
     }
+}
+
+/// How the `self-healing` client reads `response`, a call of `tool` (a tool of `plan`'s) at
+/// `data_now` on the world's clock: the usable value, or a failure with the signal it tells
+/// the run (`None`: one the core's monitor reads itself, an error body). For the conformance
+/// test, which plays the core's table through the benchmark's own reading.
+pub fn read_for_run(
+    plan: &Plan,
+    tool: &str,
+    response: Response,
+    data_now: u64,
+) -> Result<Value, Option<Signal>> {
+    read_response(plan, tool, response, Detectors::ALL, data_now).map_err(|(f, _)| f.core_signal())
 }
 
 /// The cross-check: calls the equivalent source with the arguments of the call that was made
@@ -809,7 +846,7 @@ fn finish(ep: &Episode<'_>, outputs: &[Option<Value>]) -> Ended {
 }
 
 /// `static`: run the plan; the first error ends the task.
-pub fn run_static(ep: &mut Episode<'_>) -> Ended {
+pub(crate) fn run_static(ep: &mut Episode<'_>) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -824,7 +861,7 @@ pub fn run_static(ep: &mut Episode<'_>) -> Ended {
 }
 
 /// `retry-only`: resend the same call up to `r` times per failure.
-pub fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> Ended {
+pub(crate) fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -854,7 +891,12 @@ pub fn run_retry_only(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64) -> End
 }
 
 /// `react` (and `react+verify`): the model reads the error and picks the next action.
-pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detectors) -> Ended {
+pub(crate) fn run_react(
+    ep: &mut Episode<'_>,
+    r: u32,
+    rng: &mut SplitMix64,
+    det: Detectors,
+) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -943,7 +985,7 @@ pub fn run_react(ep: &mut Episode<'_>, r: u32, rng: &mut SplitMix64, det: Detect
 
 /// `full-replan` (and `full-replan+verify`): on any failure, replan from scratch, avoiding
 /// tools that failed.
-pub fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
+pub(crate) fn run_full_replan(ep: &mut Episode<'_>, r: u32, det: Detectors) -> Ended {
     ep.plan_call();
     let n = ep.plan().steps.len();
     let mut outputs: Vec<Option<Value>> = vec![None; n];
@@ -1034,8 +1076,7 @@ pub fn self_healing_budget(n: usize, r: u32) -> BudgetLimits {
 
 struct Run<'e, 'a> {
     ep: &'e mut Episode<'a>,
-    ctl: Controller,
-    rng: SplitMix64,
+    heal: Healer,
 }
 
 impl Run<'_, '_> {
@@ -1068,8 +1109,8 @@ impl Run<'_, '_> {
     }
 }
 
-/// Carries out the core's re-read ([`Controller::reread_due`]): before a run that needed
-/// recovery answers, reads again ([`Controller::reread_reads`] times) each value that only a
+/// Carries out the core's re-read ([`Proposal::ReadAgain`]): before a run that needed
+/// recovery answers, reads again (`reads` times) each value that only a
 /// second read of its own source
 /// confirmed (an external tool with no equivalent source), or nothing did
 /// (a local tool: a calculator here fails, garbles and errs like any service, and reading it
@@ -1084,7 +1125,8 @@ fn audit(
     how: &[How],
     outputs: &[Option<Value>],
     sent: &[Option<Sent>],
-) -> Option<(usize, Directive)> {
+    reads: u32,
+) -> Option<(usize, StepAction)> {
     for (m, value) in outputs.iter().enumerate() {
         let Some(v) = value else { continue };
         // The value is read again with the call that fetched it.
@@ -1096,14 +1138,14 @@ fn audit(
         if !single {
             continue;
         }
-        for _ in 0..st.ctl.reread_reads() {
+        for _ in 0..reads {
             let Some(judgement) = read_again(st.ep, m, how[m], v, call, true) else {
                 break;
             };
             let rejected = matches!(judgement, Judgement::Reject { .. });
             let options = st.options(Some(&call.tool), how[m], None, outputs);
             let now = st.ep.now();
-            let d = st.ctl.observe(
+            let d = st.heal.decide(
                 Observation::Verified {
                     step: Some(m as u32),
                     verifier: "re_read",
@@ -1111,9 +1153,8 @@ fn audit(
                     options,
                 },
                 now,
-                &mut st.rng,
             );
-            if rejected || !matches!(d, Directive::Continue { .. }) {
+            if rejected || !matches!(d, StepAction::Proceed { .. }) {
                 return Some((m, d));
             }
         }
@@ -1121,9 +1162,35 @@ fn audit(
     None
 }
 
+/// Whether step `s` can still be written with a tool on offer. The run hides a tool whose
+/// circuit opened (5 failures in a row) and names what else is on offer; the model, which
+/// follows the plan, then writes the step with the equivalent source of its tool when that is
+/// offered (`how` switches to it) — the plan's other tools do other things. `false`: no tool on
+/// offer does the step, and the episode ends without an answer.
+fn offered_way(heal: &Healer, plan: &Plan, s: usize, how: &mut How) -> bool {
+    let Some(spec) = plan.step_tool(s) else {
+        return true;
+    };
+    let current = match (&spec.substitute, how.substitute) {
+        (Some(sub), true) => sub.as_str(),
+        _ => spec.name.as_str(),
+    };
+    if !heal.hidden(current) {
+        return true;
+    }
+    match &spec.substitute {
+        Some(sub) if !how.substitute && !heal.hidden(sub) => {
+            how.substitute = true;
+            how.regenerate = true;
+            true
+        }
+        _ => false,
+    }
+}
+
 /// `self-healing` (and `class-agnostic`, with its policy): the core controller with `policy`
 /// (the default when `None`), its actions per failure capped at `r` or the policy's own cap.
-pub fn run_self_healing(
+pub(crate) fn run_self_healing(
     ep: &mut Episode<'_>,
     policy: Option<&Policy>,
     r: u32,
@@ -1144,15 +1211,18 @@ pub fn run_self_healing(
         trust: trust.clone(),
         ..ControllerConfig::default()
     };
-    let Ok(ctl) = Controller::new(config) else {
+    // The episode's plan has fixed steps, and the run is not told the tools on offer: told
+    // them, it routes a failure at its ladder's end around to the monitor (warned at 3, hidden
+    // at 5), and a routed failure leaves nothing open — the value a later attempt brings is then
+    // claimed without the verification a recovered value gets, which raised the silent failures
+    // on every fault model (issue 30, left to the core). Without an offer the ladder's end
+    // stands, as the core documents for a front-end with fixed steps.
+    let offered: [&str; 0] = [];
+    let Ok(heal) = Healer::new(config, &offered, seed ^ 0x5E1F) else {
         return Ended::none();
     };
     ep.plan_call();
-    let mut st = Run {
-        ep,
-        ctl,
-        rng: SplitMix64::new(seed ^ 0x5E1F),
-    };
+    let mut st = Run { ep, heal };
     let mut outputs: Vec<Option<Value>> = vec![None; n];
     let mut written: Vec<Option<Written>> = vec![None; n];
     // The last call sent for each step (the one whose body `outputs` or `last_body` holds).
@@ -1162,11 +1232,11 @@ pub fn run_self_healing(
     let mut s = 0;
     let end = |st: &mut Run<'_, '_>, trust: &mut Trust| {
         let now = st.ep.now();
-        st.ctl.finish(now);
-        trust.apply(&st.ctl.take_trust_reports(), &trust_config);
+        st.heal.finish(now);
+        trust.apply(&st.heal.take_trust_evidence(), &trust_config);
         Ended {
             answer: None,
-            trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
+            trace: want_trace.then(|| st.heal.trace().to_jsonl()),
         }
     };
     // Past the last step, the core says whether the run reads its unconfirmed values once more
@@ -1174,10 +1244,16 @@ pub fn run_self_healing(
     // The value the re-read before answering found changed, and its step: a confirmed value
     // (the core's `contested`) is kept when the retry brings it back.
     let mut audited: Option<(usize, Value)> = None;
-    'steps: while s < n || st.ctl.reread_due() {
+    'steps: loop {
         let directive = if s >= n {
-            let Some((m, d)) = audit(&mut st, &how, &outputs, &sent) else {
+            // The episode has its answer: the run says whether its values are read again first.
+            let now = st.ep.now();
+            let Proposal::ReadAgain { reads } = st.heal.propose_answer(now) else {
                 break;
+            };
+            let Some((m, d)) = audit(&mut st, &how, &outputs, &sent, reads) else {
+                // Every value held: propose the answer again.
+                continue;
             };
             audited = outputs[m].clone().map(|v| (m, v));
             // The answer is rebuilt from the step whose value changed.
@@ -1189,6 +1265,14 @@ pub fn run_self_healing(
             if outputs[s].is_some() {
                 s += 1;
                 continue;
+            }
+            // The model is about to write the step: the run says what it is offered (or
+            // stops the run, on the failure rate), as before every model step of the runtime.
+            let now = st.ep.now();
+            if matches!(st.heal.next_turn(now), StepAction::Stop { .. })
+                || !offered_way(&st.heal, st.ep.plan(), s, &mut how[s])
+            {
+                return end(&mut st, trust);
             }
             let since = st.ep.now();
             let prev = s.checked_sub(1).and_then(|p| written[p].as_ref());
@@ -1222,7 +1306,7 @@ pub fn run_self_healing(
                     if judgement.is_none()
                         && let Some((m, old)) = &audited
                         && *m == s
-                        && st.ctl.contested().contains(&Some(s as u32))
+                        && st.heal.contested().contains(&Some(s as u32))
                         && same_reading(st.ep.plan(), &tool, old, &v)
                     {
                         verifier = "confirmed_value";
@@ -1235,7 +1319,7 @@ pub fn run_self_healing(
                         Some(Judgement::Accept | Judgement::Uncertain { .. }) | None => None,
                     };
                     let now = st.ep.now();
-                    let d = st.ctl.observe(
+                    let d = st.heal.decide(
                         Observation::ToolFinished {
                             step: Some(s as u32),
                             call: ToolCall {
@@ -1250,20 +1334,19 @@ pub fn run_self_healing(
                             usage,
                         },
                         now,
-                        &mut st.rng,
                     );
                     match (d, judgement) {
-                        (Directive::Continue { .. }, None) => {
+                        (StepAction::Proceed { .. }, None) => {
                             written[s] = Some(Written::Call { tool, args });
                             outputs[s] = Some(v);
                             s += 1;
                             continue;
                         }
-                        (Directive::Continue { .. }, Some(judgement)) => {
+                        (StepAction::Proceed { .. }, Some(judgement)) => {
                             // Recorded in the trace; an acceptance settles the step's failures.
                             let options = st.options(Some(&tool), how[s], None, &outputs);
                             let now = st.ep.now();
-                            let d = st.ctl.observe(
+                            let d = st.heal.decide(
                                 Observation::Verified {
                                     step: Some(s as u32),
                                     verifier,
@@ -1271,9 +1354,8 @@ pub fn run_self_healing(
                                     options,
                                 },
                                 now,
-                                &mut st.rng,
                             );
-                            if matches!(d, Directive::Continue { .. }) {
+                            if matches!(d, StepAction::Proceed { .. }) {
                                 written[s] = Some(Written::Call { tool, args });
                                 outputs[s] = Some(v);
                                 s += 1;
@@ -1319,7 +1401,7 @@ pub fn run_self_healing(
                                 Some(v) => CallOutcome::Returned(v),
                                 None => CallOutcome::Failed { error: &f.message },
                             };
-                            st.ctl.observe(
+                            st.heal.decide(
                                 Observation::ToolFinished {
                                     step: Some(s as u32),
                                     call: ToolCall {
@@ -1329,23 +1411,21 @@ pub fn run_self_healing(
                                         required: &required,
                                         repaired: how[s].fix_args,
                                     },
-                                    signal: Some(f.signal.clone()),
+                                    signal: f.core_signal(),
                                     options,
                                     usage,
                                 },
                                 now,
-                                &mut st.rng,
                             )
                         }
-                        None => st.ctl.observe(
+                        None => st.heal.decide(
                             Observation::ModelFinished {
                                 step: Some(s as u32),
-                                signal: Some(f.signal.clone()),
+                                signal: f.core_signal(),
                                 options,
                                 usage,
                             },
                             now,
-                            &mut st.rng,
                         ),
                     }
                 }
@@ -1356,8 +1436,8 @@ pub fn run_self_healing(
         let mut next = Some(directive);
         while let Some(directive) = next.take() {
             match directive {
-                Directive::Continue { .. } => how[s].regenerate = true,
-                Directive::Recover { class, action, .. } => {
+                StepAction::Proceed { .. } => how[s].regenerate = true,
+                StepAction::Recover { class, action, .. } => {
                     st.ep.report_class(s, class);
                     st.ep.charge_recovery();
                     let model_side = class.is_model_side();
@@ -1422,7 +1502,7 @@ pub fn run_self_healing(
                                         let options =
                                             st.options(Some(&body_tool), how[s], None, &outputs);
                                         let now = st.ep.now();
-                                        let d = st.ctl.observe(
+                                        let d = st.heal.decide(
                                             Observation::Verified {
                                                 step: Some(s as u32),
                                                 verifier,
@@ -1430,16 +1510,15 @@ pub fn run_self_healing(
                                                 options,
                                             },
                                             now,
-                                            &mut st.rng,
                                         );
                                         match d {
-                                            Directive::Continue { .. } => {
+                                            StepAction::Proceed { .. } => {
                                                 outputs[s] = Some(v);
                                                 s += 1;
                                                 continue 'steps;
                                             }
-                                            Directive::Recover { .. } => next = Some(d),
-                                            Directive::Degrade { .. } | Directive::Abort { .. } => {
+                                            StepAction::Recover { .. } => next = Some(d),
+                                            StepAction::Stop { .. } => {
                                                 return end(&mut st, trust);
                                             }
                                         }
@@ -1491,13 +1570,13 @@ pub fn run_self_healing(
                         }
                     }
                 }
-                Directive::Degrade { .. } | Directive::Abort { .. } => return end(&mut st, trust),
+                StepAction::Stop { .. } => return end(&mut st, trust),
             }
         }
     }
     let now = st.ep.now();
-    let outcome = st.ctl.finish(now);
-    trust.apply(&st.ctl.take_trust_reports(), &trust_config);
+    let outcome = st.heal.finish(now);
+    trust.apply(&st.heal.take_trust_evidence(), &trust_config);
     let answer = if outcome.status == RunStatus::Complete {
         resolve_answer(st.ep.plan(), &outputs).ok()
     } else {
@@ -1505,7 +1584,7 @@ pub fn run_self_healing(
     };
     Ended {
         answer,
-        trace: want_trace.then(|| st.ctl.trace().to_jsonl()),
+        trace: want_trace.then(|| st.heal.trace().to_jsonl()),
     }
 }
 

@@ -468,7 +468,7 @@ pub enum ResolveError {
 }
 
 /// Resolves one argument source against the outputs produced so far.
-pub fn resolve_src(
+pub(crate) fn resolve_src(
     arg: &str,
     src: &ArgSrc,
     outputs: &[Option<Value>],
@@ -586,7 +586,7 @@ fn noise_of(group: Group) -> (Noise, Tolerance) {
 }
 
 /// The spec of a built-in group's primary tool.
-pub fn builtin_tool(group: Group) -> ToolSpec {
+pub(crate) fn builtin_tool(group: Group) -> ToolSpec {
     let (noise, tolerance) = noise_of(group);
     let field_ty = match group {
         Group::Capital | Group::Currency | Group::Ticker => FieldType::String,
@@ -627,7 +627,7 @@ pub fn builtin_tool(group: Group) -> ToolSpec {
 /// The spec of a built-in group's sibling: a real tool with the primary's arguments and output
 /// field that answers with a value of the wrong kind (the largest city, yesterday's rate, a
 /// rounded product). No substitute, no sibling of its own.
-pub fn builtin_sibling(group: Group) -> ToolSpec {
+pub(crate) fn builtin_sibling(group: Group) -> ToolSpec {
     let primary = builtin_tool(group);
     ToolSpec {
         name: sibling(group).to_owned(),
@@ -641,7 +641,7 @@ pub fn builtin_sibling(group: Group) -> ToolSpec {
 }
 
 /// The built-in comparison: whether `a` is greater than `b` (real semantics, local).
-pub fn compare_tool() -> ToolSpec {
+pub(crate) fn compare_tool() -> ToolSpec {
     ToolSpec {
         name: "calc.compare".into(),
         description: "Whether a is greater than b.".into(),
@@ -1193,7 +1193,7 @@ fn add_distractors(tasks: &mut [TaskSpec]) {
 }
 
 /// A real tool of the wrong kind that accepts the same arguments (the implicit wrong tool).
-pub fn sibling(group: Group) -> &'static str {
+pub(crate) fn sibling(group: Group) -> &'static str {
     match group {
         Group::Capital => "geo.largest_city",
         Group::Currency => "geo.old_currency",

@@ -9,9 +9,9 @@
 
 mod common;
 
-use selfheal_bench::exec::Episode;
-use selfheal_bench::strategies::Strategy;
-use selfheal_bench::task::load_jsonl;
+use selfheal_bench::Episode;
+use selfheal_bench::Strategy;
+use selfheal_bench::load_jsonl;
 use serde_json::Value;
 
 /// One external tool with no equivalent source (as every NESTFUL tool), whose argument is free

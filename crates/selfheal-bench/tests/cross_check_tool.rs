@@ -7,9 +7,9 @@
 
 mod common;
 
-use selfheal_bench::exec::Episode;
-use selfheal_bench::strategies::Strategy;
-use selfheal_bench::task::load_jsonl;
+use selfheal_bench::Episode;
+use selfheal_bench::Strategy;
+use selfheal_bench::load_jsonl;
 
 /// Two external tools on offer, neither with an equivalent source: the step's `get_rate`, and
 /// its sibling `get_rate_v2`, whose values are a little off. A model that calls the sibling

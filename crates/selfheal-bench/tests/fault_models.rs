@@ -2,8 +2,8 @@
 //! strike some built-in task, so a run of the file draws what the file says.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_bench::faultmodel::FaultModel;
-use selfheal_bench::task::builtin;
+use selfheal_bench::FaultModel;
+use selfheal_bench::builtin;
 
 #[test]
 fn every_shipped_fault_model_parses_and_every_fault_applies_somewhere() {
@@ -44,7 +44,7 @@ fn on_faults_nothing_can_fix_no_strategy_recovers_or_answers_wrongly() {
     use selfheal_bench::{BenchConfig, run};
     let text = include_str!("../faults/unrecoverable.toml");
     let mut fault_model = FaultModel::from_toml_str(text).unwrap();
-    fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    fault_model.model = selfheal_bench::ModelRates::PERFECT;
     let config = BenchConfig {
         seeds: 2,
         fault_rate: 0.3,

@@ -2,7 +2,7 @@
 //! strategy's score: the benchmark must be able to show the winner losing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_bench::strategies::Strategy;
+use selfheal_bench::Strategy;
 use selfheal_bench::{BenchConfig, Report, run};
 use serde_json::Value;
 
@@ -84,8 +84,8 @@ fn metrics_recount_for_every_strategy() {
 fn rsr_uses_only_faulted_episodes() {
     // With no faults nothing is faulted: RSR is 0 of 0; with a model that never errs on its
     // own, TSR is perfect, so RSR is not TSR in disguise.
-    let mut fault_model = selfheal_bench::faultmodel::FaultModel::default_model().unwrap();
-    fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    let mut fault_model = selfheal_bench::FaultModel::default_model().unwrap();
+    fault_model.model = selfheal_bench::ModelRates::PERFECT;
     let config = BenchConfig {
         seeds: 1,
         tasks: 20,
@@ -130,6 +130,6 @@ fn the_frontier_is_the_undominated_points() {
         assert_eq!(p.on_frontier, !dominated, "{}", p.strategy);
     }
     assert!(report.frontier.iter().any(|p| p.on_frontier));
-    let svg = selfheal_bench::report::svg_risk_coverage(&report);
+    let svg = selfheal_bench::svg_risk_coverage(&report);
     assert!(svg.starts_with("<svg") && svg.contains("self-healing"));
 }

@@ -153,12 +153,12 @@ fn the_episode_exposes_no_truth_or_schedule() {
 /// the plan's call every time; and a rewrite is a fresh draw, not the plan's call restored.
 #[test]
 fn the_models_call_is_a_draw_not_the_plan() {
-    use selfheal_bench::exec::{Episode, Writer, Written};
-    use selfheal_bench::faultmodel::{FaultModel, ModelRates, Rates};
-    use selfheal_bench::task::{builtin, resolve_args};
+    use selfheal_bench::{Episode, Writer, Written};
+    use selfheal_bench::{FaultModel, ModelRates, Rates};
+    use selfheal_bench::{builtin, resolve_args};
 
     let tasks = builtin(100);
-    let plan_call = |t: &selfheal_bench::task::TaskSpec| Written::Call {
+    let plan_call = |t: &selfheal_bench::TaskSpec| Written::Call {
         tool: t.plan.steps[0].tool.clone(),
         args: resolve_args(&t.plan, 0, &[]).unwrap(),
     };

@@ -9,14 +9,14 @@
 
 mod common;
 
-use selfheal_bench::exec::Episode;
-use selfheal_bench::strategies::Strategy;
+use selfheal_bench::Episode;
+use selfheal_bench::Strategy;
 use selfheal_core::FailureClass;
 use selfheal_core::policy::{ActionKind, Policy};
 
 #[test]
 fn issue_11_a_wrong_argument_is_not_replaced_by_the_plans_value() {
-    let task = &selfheal_bench::task::builtin(1)[0];
+    let task = &selfheal_bench::builtin(1)[0];
     let (model, fault) = common::permanent("wrong_value_args", 0);
     let faults = [fault];
     let policy = Policy {

@@ -4,11 +4,11 @@
 //! (`ModelRates::PERFECT`) so that each test meets its one fault and nothing else.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_bench::exec::Episode;
-use selfheal_bench::faultmodel::{FaultModel, Injected};
-use selfheal_bench::strategies::Strategy;
-use selfheal_bench::task::{TaskSpec, builtin};
+use selfheal_bench::Episode;
+use selfheal_bench::Strategy;
 use selfheal_bench::{BenchConfig, run};
+use selfheal_bench::{FaultModel, Injected};
+use selfheal_bench::{TaskSpec, builtin};
 use selfheal_core::policy::Policy;
 use selfheal_core::trust::{Evidence, Source, Trust};
 
@@ -43,7 +43,7 @@ enum Verdict {
 
 fn perfect_model() -> FaultModel {
     let mut model = FaultModel::default_model().unwrap();
-    model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    model.model = selfheal_bench::ModelRates::PERFECT;
     model
 }
 
@@ -85,9 +85,7 @@ fn play_with(
 fn verdict(task: &TaskSpec, answer: Option<&serde_json::Value>) -> Verdict {
     match answer {
         None => Verdict::NoAnswer,
-        Some(a) if selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected) => {
-            Verdict::Correct
-        }
+        Some(a) if selfheal_bench::ANSWER_TOLERANCE.agrees(a, &task.expected) => Verdict::Correct,
         Some(_) => Verdict::Wrong,
     }
 }

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use selfheal_bench::faults::Family;
-use selfheal_bench::strategies::Strategy;
+use selfheal_bench::Family;
+use selfheal_bench::Strategy;
 use selfheal_bench::{BenchConfig, run, schedules};
 
 #[test]

@@ -2,8 +2,8 @@
 //! refused with the line and the reason.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_bench::strategies::Strategy;
-use selfheal_bench::task::load_jsonl;
+use selfheal_bench::Strategy;
+use selfheal_bench::load_jsonl;
 use selfheal_bench::{BenchConfig, TaskSet, run};
 
 const NESTFUL: &str = include_str!("../../../data/nestful.jsonl");
@@ -13,12 +13,15 @@ fn the_nestful_set_loads_and_runs() {
     let tasks = load_jsonl(NESTFUL).unwrap();
     assert_eq!(tasks.len(), 85);
     // Nested references: some step reads a field of an earlier step's output.
-    assert!(tasks.iter().any(|t| t.plan.steps.iter().any(|s| s
-        .args
-        .iter()
-        .any(|(_, a)| matches!(a, selfheal_bench::task::ArgSrc::Ref { path, .. } if path.contains('.'))))));
-    let mut fault_model = selfheal_bench::faultmodel::FaultModel::default_model().unwrap();
-    fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    assert!(
+        tasks
+            .iter()
+            .any(|t| t.plan.steps.iter().any(|s| s.args.iter().any(
+                |(_, a)| matches!(a, selfheal_bench::ArgSrc::Ref { path, .. } if path.contains('.'))
+            )))
+    );
+    let mut fault_model = selfheal_bench::FaultModel::default_model().unwrap();
+    fault_model.model = selfheal_bench::ModelRates::PERFECT;
     let config = BenchConfig {
         seeds: 1,
         tasks: 85,
@@ -78,8 +81,8 @@ fn bad_task_files_are_refused_with_line_and_reason() {
 /// is caught by none. Properties of the verifier, not a score.
 #[test]
 fn a_tool_without_a_substitute_is_read_twice_by_the_verifier() {
-    use selfheal_bench::exec::Episode;
-    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    use selfheal_bench::Episode;
+    use selfheal_bench::{FaultModel, Injected};
     let tool = r#"{"name":"a","parameters":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]},"output":{"v":"number"}}"#;
     let file = format!(
         r#"{{"id":"t","tools":[{tool}],"plan":[{{"tool":"a","args":{{"q":"x"}},"label":"v1"}}],"answer":"$v1.v$"}}"#
@@ -104,7 +107,7 @@ fn a_tool_without_a_substitute_is_read_twice_by_the_verifier() {
         let right = ended
             .answer
             .as_ref()
-            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected));
+            .map(|a| selfheal_bench::ANSWER_TOLERANCE.agrees(a, &task.expected));
         (right, ep.costs().verifier_calls)
     };
     for s in [
@@ -128,7 +131,7 @@ fn a_tool_without_a_substitute_is_read_twice_by_the_verifier() {
 }
 
 /// A task of two single-source steps, `a` then `b` on `a`'s value, whose answer is `b`'s value.
-fn two_step_task() -> selfheal_bench::task::TaskSpec {
+fn two_step_task() -> selfheal_bench::TaskSpec {
     let tool = |name: &str, arg: &str| {
         format!(
             r#"{{"name":"{name}","parameters":{{"type":"object","properties":{{"{arg}":{{"type":"string"}}}},"required":["{arg}"]}},"output":{{"v":"number"}}}}"#
@@ -147,8 +150,8 @@ fn two_step_task() -> selfheal_bench::task::TaskSpec {
 /// before a failure is caught; on a run with no failure nothing is read again.
 #[test]
 fn after_a_recovery_single_source_values_are_read_once_more() {
-    use selfheal_bench::exec::Episode;
-    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    use selfheal_bench::Episode;
+    use selfheal_bench::{FaultModel, Injected};
     let task = &two_step_task();
     let model = FaultModel::default_model().unwrap();
     let spec = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();
@@ -172,7 +175,7 @@ fn after_a_recovery_single_source_values_are_read_once_more() {
         ended
             .answer
             .as_ref()
-            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected))
+            .map(|a| selfheal_bench::ANSWER_TOLERANCE.agrees(a, &task.expected))
     };
     assert_eq!(
         play(Strategy::SelfHealing, &[wrong_twice, timeout]),
@@ -192,8 +195,8 @@ fn after_a_recovery_single_source_values_are_read_once_more() {
 /// re-read, which the default makes, and returned when the policy reads once.
 #[test]
 fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
-    use selfheal_bench::exec::Episode;
-    use selfheal_bench::faultmodel::{FaultModel, Injected};
+    use selfheal_bench::Episode;
+    use selfheal_bench::{FaultModel, Injected};
     use selfheal_core::policy::Policy;
     let task = &two_step_task();
     let model = FaultModel::default_model().unwrap();
@@ -220,7 +223,7 @@ fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
         let right = ended
             .answer
             .as_ref()
-            .map(|a| selfheal_bench::task::ANSWER_TOLERANCE.agrees(a, &task.expected));
+            .map(|a| selfheal_bench::ANSWER_TOLERANCE.agrees(a, &task.expected));
         (right, ep.costs().verifier_calls)
     };
     let (right, twice) = play(&Policy::default());
@@ -246,8 +249,8 @@ fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
 fn a_status_read_twice_is_not_a_loop() {
     let line = r#"{"id": "twice", "prompt": "Check the status of job j42 twice and report the second reading.", "tools": [{"name": "status", "parameters": {"type": "object", "properties": {"job": {"type": "string"}}, "required": ["job"]}, "output": {"state": "string"}}], "plan": [{"tool": "status", "args": {"job": "j42"}, "label": "var1"}, {"tool": "status", "args": {"job": "j42"}, "label": "var2"}], "answer": "$var2.state$"}"#;
     let tasks = load_jsonl(line).unwrap();
-    let mut fault_model = selfheal_bench::faultmodel::FaultModel::default_model().unwrap();
-    fault_model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    let mut fault_model = selfheal_bench::FaultModel::default_model().unwrap();
+    fault_model.model = selfheal_bench::ModelRates::PERFECT;
     let config = BenchConfig {
         seeds: 2,
         tasks: 1,
@@ -277,7 +280,7 @@ fn a_status_read_twice_is_not_a_loop() {
 /// answers occur; a file's `"semantics": "add"` adds and `"greater"` compares what it is given.
 #[test]
 fn comparisons_compare_and_arithmetic_computes() {
-    use selfheal_bench::task::{ArgSrc, builtin, resolve_args};
+    use selfheal_bench::{ArgSrc, builtin, resolve_args};
     let tasks = builtin(100);
     let compare: Vec<_> = tasks
         .iter()

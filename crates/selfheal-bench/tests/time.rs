@@ -3,10 +3,10 @@
 //! step position. Mechanics of the world, not scores.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_bench::exec::{EPISODE_SPACING_MS, Episode, Purpose, Response, Writer, Written};
-use selfheal_bench::faultmodel::{FaultModel, Injected, ModelRates};
-use selfheal_bench::task::{builtin, resolve_args};
 use selfheal_bench::{BenchConfig, TaskSet, schedules};
+use selfheal_bench::{EPISODE_SPACING_MS, Episode, Purpose, Response, Writer, Written};
+use selfheal_bench::{FaultModel, Injected, ModelRates};
+use selfheal_bench::{builtin, resolve_args};
 
 fn model(fault: &str) -> FaultModel {
     let mut m = FaultModel::from_toml_str(&format!("[[fault]]\n{fault}")).unwrap();
@@ -174,7 +174,7 @@ fn a_deployment_keeps_broken_tools_broken() {
         }
     }
     let report = selfheal_bench::run(&deployed, &mut |_, _| {}, None);
-    let text = selfheal_bench::report::table(&report);
+    let text = selfheal_bench::report_table(&report);
     assert!(
         text.contains("strategies carrying memory across episodes: class-agnostic, self-healing"),
         "{text}"

@@ -4,8 +4,8 @@
 
 mod common;
 
-use selfheal_bench::exec::Episode;
-use selfheal_bench::strategies::Strategy;
+use selfheal_bench::Episode;
+use selfheal_bench::Strategy;
 use serde_json::Value;
 
 /// Issue 11: a call of a tool not on offer is re-asked, rethought and escalated, never
@@ -13,7 +13,7 @@ use serde_json::Value;
 /// the plan's answer (the gateway, which knows substitutes by the called tool, agrees).
 #[test]
 fn a_tool_not_on_offer_is_not_substituted() {
-    let task = &selfheal_bench::task::builtin(1)[0];
+    let task = &selfheal_bench::builtin(1)[0];
     assert!(task.plan.step_tool(0).unwrap().substitute.is_some());
     let (model, fault) = common::permanent("wrong_tool_unknown", 0);
     let faults = [fault];
@@ -43,9 +43,9 @@ fn a_sibling_call_is_decided_by_the_tool_called() {
         {"name": "b", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}, "output": {"w": "number"}}],
         "plan": [{"tool": "a", "args": {"q": "x1"}, "label": "var1"}], "answer": "$var1.v$"}"#
         .replace('\n', " ");
-    let task = &selfheal_bench::task::load_jsonl(&line).unwrap()[0];
+    let task = &selfheal_bench::load_jsonl(&line).unwrap()[0];
     let (mut model, fault) = common::permanent("wrong_tool_sibling", 0);
-    model.model = selfheal_bench::faultmodel::ModelRates::PERFECT;
+    model.model = selfheal_bench::ModelRates::PERFECT;
     let faults = [fault];
     let mut ep = Episode::new(task, &faults, &model, 3);
     let ended = Strategy::SelfHealing.run(&mut ep, 5, None, 3, true);

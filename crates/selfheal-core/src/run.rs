@@ -662,6 +662,13 @@ impl Run {
         self.ctl.monitor()
     }
 
+    /// Confirmed steps whose value changed when read again before answering (see
+    /// [`Controller::contested`]): a front-end whose retry of such a step brings back the
+    /// value that had been confirmed reports that as a verifier's acceptance.
+    pub fn contested(&self) -> &[Option<u32>] {
+        self.ctl.contested()
+    }
+
     /// The tools whose failures are routed around now.
     pub fn routed(&self) -> &[String] {
         self.ctl.routed()

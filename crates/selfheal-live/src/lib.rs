@@ -8,7 +8,7 @@
 //!
 //! Why: the simulated benchmark scripts the agent's mistakes; a live model makes its own. Here
 //! the model chooses the tools, writes the arguments and composes the answer, while the tools
-//! are the benchmark's built-in tasks executed through [`selfheal_bench::exec::Episode`] with the
+//! are the benchmark's built-in tasks executed through [`selfheal_bench::Episode`] with the
 //! same seeded fault schedules drawn from the default fault model (its tool-side faults: the live
 //! model makes its own mistakes). Up to three strategies are compared on the same episodes (by default
 //! `static` and `self-healing`; [`LiveConfig::strategies`] chooses):
@@ -33,11 +33,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use selfheal_bench::catalogue::Group;
-use selfheal_bench::exec::{Episode as World, Response};
-use selfheal_bench::faultmodel::{FaultModel, Injected, Target, draw};
-use selfheal_bench::task::{ArgSrc, Behaviour, TaskSpec, builtin};
+use selfheal_bench::Group;
+use selfheal_bench::{ArgSrc, Behaviour, TaskSpec, builtin};
 use selfheal_bench::{CostWeights, ResultRow};
+use selfheal_bench::{Episode as World, Response};
+use selfheal_bench::{FaultModel, Injected, Target, draw};
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::classifier::FailureClass;
 use selfheal_core::controller::ControllerConfig;
@@ -817,7 +817,7 @@ fn counts(report: &LiveReport, strategy: &str) -> (u64, u64, u64, u64) {
 /// The live run's main figure, drawn like the simulated benchmark's at one budget: TSR, RSR and
 /// SFR of every strategy as grouped bars with Wilson 95 % whiskers.
 pub fn svg_tsr(report: &LiveReport) -> String {
-    use selfheal_bench::plot::{Chart, Rate, Series, grouped_bars, strategy_color};
+    use selfheal_bench::{Chart, Rate, Series, grouped_bars, strategy_color};
     let c = &report.config;
     let series = report
         .results
@@ -963,7 +963,7 @@ mod tests {
         let t = &all[0];
         let world = Arc::new(Mutex::new(World::new(t, &[], model, 1)));
         let first = t.plan.step_tool(0).unwrap();
-        let args = selfheal_bench::task::resolve_args(&t.plan, 0, &[]).unwrap();
+        let args = selfheal_bench::resolve_args(&t.plan, 0, &[]).unwrap();
         let got = call_world(&world, &first.name, &args, true).unwrap();
         assert!(got.is_object(), "{got}");
         let nope = call_world(&world, "no.such_tool", &json!({}), true);

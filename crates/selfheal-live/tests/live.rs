@@ -78,7 +78,7 @@ fn config(url: String) -> LiveConfig {
 
 #[tokio::test]
 async fn every_chosen_strategy_scores_a_correct_answer() {
-    let oracle = selfheal_bench::catalogue::tasks()[0].oracle.clone();
+    let oracle = selfheal_bench::tasks()[0].oracle.clone();
     let text = match &oracle {
         Value::String(s) => format!("The answer is {s}."),
         v => format!("The answer is {v}."),
@@ -154,7 +154,7 @@ async fn retry_only_stays_within_the_model_call_limit() {
 /// Markdown report and chart, built from the live rows.
 #[tokio::test]
 async fn issue12_the_live_report_has_the_results_table_and_the_chart() {
-    let oracle = selfheal_bench::catalogue::tasks()[0].oracle.clone();
+    let oracle = selfheal_bench::tasks()[0].oracle.clone();
     let (url, _) = server(Model::Answer(format!("The answer is {oracle}."))).await;
     let report = run(&config(url), &mut |_| {}).await.unwrap();
     let md = selfheal_live::markdown(&report, &["tsr-by-budget.svg"]);

@@ -17,13 +17,15 @@
 //!                          └ everything else passes through untouched
 //! ```
 //!
-//! [`proxy::Proxy`] makes the decisions without I/O; [`run::run`] drives it over any byte
-//! streams.
+//! [`Proxy`] makes the decisions without I/O; [`run()`] drives it over any byte streams. The
+//! modules are private: what is public is re-exported here.
 
-pub mod lines;
-pub mod proxy;
-pub mod run;
+mod lines;
+mod proxy;
+mod run;
 
 pub use lines::DEFAULT_MAX_LINE_BYTES;
-pub use proxy::{Decision, McpConfig, Out, Proxy, Stats, check_tools, tools_from_toml_str};
+pub use proxy::{
+    Decision, McpConfig, Out, Proxy, Stats, check_tools, rpc_signal, tools_from_toml_str,
+};
 pub use run::{RunError, RunOptions, run};

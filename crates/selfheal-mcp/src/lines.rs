@@ -21,7 +21,7 @@ const INVALID_REQUEST: i64 = -32600;
 
 /// What [`LineReader::next`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Read {
+pub(crate) enum Read {
     /// A line, in [`LineReader::line`].
     Line,
     /// A line of `len` bytes, more than the limit; its first bytes are in [`LineReader::line`].
@@ -38,7 +38,7 @@ pub enum Read {
 /// [`LineReader::next`] is cancel-safe: everything read is kept in the reader, so it can sit in
 /// a `tokio::select!` branch that loses without dropping half a line.
 #[derive(Debug)]
-pub struct LineReader<R> {
+pub(crate) struct LineReader<R> {
     inner: R,
     max: usize,
     buf: Vec<u8>,
@@ -50,7 +50,7 @@ pub struct LineReader<R> {
 
 impl<R: AsyncBufRead + Unpin> LineReader<R> {
     /// A reader of lines of at most `max` bytes from `inner`.
-    pub fn new(inner: R, max: usize) -> Self {
+    pub(crate) fn new(inner: R, max: usize) -> Self {
         LineReader {
             inner,
             max,
@@ -60,14 +60,9 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         }
     }
 
-    /// The longest line accepted.
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
     /// The line the last [`LineReader::next`] returned, without its `\n` or `\r\n`; for
     /// [`Read::TooLong`], its first bytes.
-    pub fn line(&self) -> &[u8] {
+    pub(crate) fn line(&self) -> &[u8] {
         if self.len > self.max {
             return &self.buf;
         }
@@ -79,7 +74,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
     /// # Errors
     ///
     /// When reading fails.
-    pub async fn next(&mut self) -> std::io::Result<Read> {
+    pub(crate) async fn next(&mut self) -> std::io::Result<Read> {
         if self.returned {
             self.buf.clear();
             self.len = 0;
@@ -129,7 +124,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
 /// What the first bytes of a refused line say about it: its `id`, and whether it is a
 /// request (has `method`) or a response (has `result` or `error`), as far as they go.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Head {
+pub(crate) struct Head {
     /// The message's `id`, when it was read in full.
     pub id: Option<Value>,
     /// A `method` key was seen.
@@ -140,7 +135,7 @@ pub struct Head {
 
 impl Head {
     /// Reads what it can of a JSON-RPC message from its first bytes.
-    pub fn read(head: &[u8]) -> Head {
+    pub(crate) fn read(head: &[u8]) -> Head {
         let mut out = Head::default();
         let mut de = serde_json::Deserializer::from_slice(head);
         // The message is cut: the error at the cut is expected, what was seen before it stays.
@@ -150,7 +145,7 @@ impl Head {
     }
 
     /// A response to a request the other side is waiting for.
-    pub fn answers(&self) -> bool {
+    pub(crate) fn answers(&self) -> bool {
         self.response && !self.request && self.id.is_some()
     }
 }
@@ -190,7 +185,7 @@ impl<'de> Visitor<'de> for HeadSeed<'_> {
 }
 
 /// The JSON-RPC error that stands for a refused line of `len` bytes, answering `id`.
-pub fn refusal(id: Option<&Value>, len: usize, max: usize) -> Value {
+pub(crate) fn refusal(id: Option<&Value>, len: usize, max: usize) -> Value {
     json!({
         "jsonrpc": "2.0",
         "id": id.cloned().unwrap_or(Value::Null),

@@ -1432,7 +1432,7 @@ fn a_policy_without_retries_for_the_class_makes_the_proxy_stop_retrying() {
 #[test]
 fn json_rpc_errors_are_read_into_the_cores_signals() {
     use selfheal_core::classifier::Signal;
-    use selfheal_mcp::proxy::rpc_signal;
+    use selfheal_mcp::rpc_signal;
     assert!(matches!(
         rpc_signal(&json!({"code": -32602, "message": "bad"})),
         Signal::InvalidArguments { .. }

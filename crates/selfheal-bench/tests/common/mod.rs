@@ -1,7 +1,7 @@
 //! Setup shared by the benchmark's integration tests.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use selfheal_bench::faultmodel::{FaultModel, Injected};
+use selfheal_bench::{FaultModel, Injected};
 
 /// The default fault model and a fault of its kind `name` on `step` that never clears.
 pub(crate) fn permanent(name: &str, step: usize) -> (FaultModel, Injected) {

@@ -7,11 +7,10 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use selfheal_bench::faultmodel::FaultModel;
-use selfheal_bench::faults::Mix;
-use selfheal_bench::report;
-use selfheal_bench::strategies::Strategy;
-use selfheal_bench::task::load_jsonl;
+use selfheal_bench::FaultModel;
+use selfheal_bench::Mix;
+use selfheal_bench::Strategy;
+use selfheal_bench::load_jsonl;
 use selfheal_bench::{BenchConfig, CostWeights, TaskSet};
 
 /// Arguments of `selfheal bench`.
@@ -379,12 +378,21 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<u8> {
             std::fs::write(dir.join(name), body)
                 .with_context(|| format!("cannot write {}", dir.join(name).display()))
         };
-        write("tsr-by-budget.svg", report::svg_tsr_by_budget(&report))?;
-        write("recovery-by-class.svg", report::svg_class_bars(&report))?;
-        write("risk-coverage.svg", report::svg_risk_coverage(&report))?;
+        write(
+            "tsr-by-budget.svg",
+            selfheal_bench::svg_tsr_by_budget(&report),
+        )?;
+        write(
+            "recovery-by-class.svg",
+            selfheal_bench::svg_class_bars(&report),
+        )?;
+        write(
+            "risk-coverage.svg",
+            selfheal_bench::svg_risk_coverage(&report),
+        )?;
         write(
             "report.md",
-            report::markdown(
+            selfheal_bench::report_markdown(
                 &report,
                 &[
                     "tsr-by-budget.svg",
@@ -399,7 +407,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        print!("{}", report::table(&report));
+        print!("{}", selfheal_bench::report_table(&report));
         if let Some(dir) = &args.out {
             println!("report written to {}", dir.join("report.md").display());
         }
