@@ -211,20 +211,36 @@ fn a_provider_wide_outage_takes_the_agents_model_and_the_tools_behind_it() {
     ep.start_at(0);
     let w = ep.write(0, Writer::Agent, true, &[]);
     assert!(
-        matches!(&w, Written::Unavailable { status: Some(503), retry_after_ms: Some(1000), .. }),
+        matches!(
+            &w,
+            Written::Unavailable {
+                status: Some(503),
+                retry_after_ms: Some(1000),
+                ..
+            }
+        ),
         "{w:?}"
     );
     // The tools are down too, the fallback model is not.
     assert!(raised(&mut ep, 0, &tool, &args));
-    assert!(matches!(ep.write(0, Writer::Fallback, true, &[]), Written::Call { .. }));
+    assert!(matches!(
+        ep.write(0, Writer::Fallback, true, &[]),
+        Written::Call { .. }
+    ));
     // After the window the model writes again.
     ep.wait(150_000);
-    assert!(matches!(ep.write(0, Writer::Agent, true, &[]), Written::Call { .. }));
+    assert!(matches!(
+        ep.write(0, Writer::Agent, true, &[]),
+        Written::Call { .. }
+    ));
 
     let faults = &schedules(&config(&narrow))[0][0];
     let mut ep = Episode::new(task, faults, &narrow, 1);
     ep.start_at(0);
-    assert!(matches!(ep.write(0, Writer::Agent, true, &[]), Written::Call { .. }));
+    assert!(matches!(
+        ep.write(0, Writer::Agent, true, &[]),
+        Written::Call { .. }
+    ));
     assert!(raised(&mut ep, 0, &tool, &args));
 
     // Every external tool is behind the provider, those with no substitute too; a local tool is
@@ -276,7 +292,11 @@ fn a_provider_wide_outage_takes_the_agents_model_and_the_tools_behind_it() {
             .escalated_calls
     };
     let tools = |r: &selfheal_bench::Report, s: &str| {
-        r.details.iter().find(|d| d.strategy == s).unwrap().tool_calls
+        r.details
+            .iter()
+            .find(|d| d.strategy == s)
+            .unwrap()
+            .tool_calls
     };
     assert_eq!(tools(&w, "static"), 0.0, "static's first model call fails");
     assert!(tools(&n, "static") > 0.0);
