@@ -574,6 +574,12 @@ impl<'t> Script<'t> {
                 Written::Skipped => {
                     self.s += 1;
                 }
+                // A provider-wide outage (`provider_wide`) takes the scripted model: it answers
+                // with no result rather than as an HTTP error (the arm does not yet send a model
+                // outage to the gateway as an upstream 503).
+                Written::Unavailable { message, .. } => {
+                    return Reply::GiveUp(format!("The model is unavailable: {message}."));
+                }
                 Written::Call { tool, mut args } => {
                     let tool = match use_sub {
                         Some(x) if tool == primary => x,

@@ -126,6 +126,16 @@ pub enum Written {
         /// The arguments (a string when the model wrote broken JSON).
         args: Value,
     },
+    /// The model's provider is down (a `provider_wide` outage): the model call itself raised
+    /// and nothing was written. Charged as a model call.
+    Unavailable {
+        /// The error message.
+        message: String,
+        /// The HTTP status, if any (none: the call timed out).
+        status: Option<u16>,
+        /// `Retry-After` in ms, if any.
+        retry_after_ms: Option<u64>,
+    },
 }
 
 /// Which model writes a call.
@@ -366,9 +376,13 @@ impl<'t> Episode<'t> {
 
     /// The model (or the fallback model) rewrites the plan. A missing step counts an attempt;
     /// the fallback model may fix a permanent one. A replan can fail: with the writer's
-    /// `replan_failure` rate the new plan leaves the step out again (no attempt is counted).
+    /// `replan_failure` rate the new plan leaves the step out again (no attempt is counted), and
+    /// a replan by a model whose provider is down changes nothing.
     pub fn replan(&mut self, writer: Writer) {
         self.charge_model(writer, latency::PLAN);
+        if self.model_down(writer).is_some() {
+            return;
+        }
         let fix = self.fallback_fixes(writer);
         let model = self.model;
         let rates = self.rates(writer);
@@ -381,6 +395,46 @@ impl<'t> Episode<'t> {
                 f.fixed |= fix(f.inj.permanent);
             }
         }
+    }
+
+    /// What a call of `writer`'s model meets now if a provider-wide outage (`provider_wide`)
+    /// is on — the error, the time it takes to raise it, its class — only the agent's model is
+    /// behind it.
+    fn model_down(&self, writer: Writer) -> Option<(Written, u64, Option<FailureClass>)> {
+        if writer != Writer::Agent {
+            return None;
+        }
+        let t = self.start_ms + self.clock_ms;
+        self.faults.iter().find_map(|f| {
+            let spec = self.model.faults.get(f.inj.spec)?;
+            if !spec.provider_wide || !spec.window.is_some_and(|w| w.contains(t)) {
+                return None;
+            }
+            let (down, ms) = match &spec.effect {
+                Effect::Http {
+                    status,
+                    message,
+                    retry_after_ms,
+                } => (
+                    Written::Unavailable {
+                        message: message.clone(),
+                        status: Some(*status),
+                        retry_after_ms: *retry_after_ms,
+                    },
+                    0,
+                ),
+                Effect::Timeout { ms } => (
+                    Written::Unavailable {
+                        message: format!("the model call timed out after {ms} ms"),
+                        status: None,
+                        retry_after_ms: None,
+                    },
+                    *ms,
+                ),
+                _ => return None,
+            };
+            Some((down, ms, spec.class_of(true)))
+        })
     }
 
     fn rates(&self, writer: Writer) -> Rates {
@@ -427,7 +481,7 @@ impl<'t> Episode<'t> {
         if hit(r.repeat_step) {
             return match s.checked_sub(1).and_then(|p| self.written[p].clone()) {
                 Some(w @ Written::Call { .. }) => Some((w, Some(FailureClass::ControlLoop))),
-                Some(Written::Skipped) | None => None,
+                Some(Written::Skipped | Written::Unavailable { .. }) | None => None,
             };
         }
         if hit(r.wrong_tool) {
@@ -535,6 +589,13 @@ impl<'t> Episode<'t> {
             return w;
         }
         self.charge_model(writer, latency::MODEL);
+        if let Some((down, ms, class)) = self.model_down(writer) {
+            self.clock_ms += ms;
+            if let Some(slot) = self.last_fault.get_mut(s) {
+                *slot = Some(class);
+            }
+            return down;
+        }
         let task = self.task;
         let plan = &task.plan;
         let model = self.model;
@@ -614,7 +675,7 @@ impl<'t> Episode<'t> {
                 Effect::Repetition => {
                     match s.checked_sub(1).and_then(|p| self.written[p].clone()) {
                         Some(w @ Written::Call { .. }) => w,
-                        Some(Written::Skipped) | None => written,
+                        Some(Written::Skipped | Written::Unavailable { .. }) | None => written,
                     }
                 }
                 Effect::Http { .. }
@@ -644,7 +705,7 @@ impl<'t> Episode<'t> {
         }
         self.skipped[s] = match written {
             Written::Skipped => active_class.or(self.skipped[s]),
-            Written::Call { .. } => None,
+            Written::Call { .. } | Written::Unavailable { .. } => None,
         };
         self.written[s] = Some(written.clone());
         written
@@ -747,6 +808,11 @@ impl<'t> Episode<'t> {
                 let f = &self.faults[i];
                 let spec_f = &model.faults[f.inj.spec];
                 if f.inj.step != s || spec_f.onset > armed {
+                    continue;
+                }
+                // A provider-wide outage anchored at a step it strikes no tool of (a task whose
+                // steps are all local meets it through its model only).
+                if spec_f.provider_wide && !spec_f.applies(self.task, s) {
                     continue;
                 }
                 let hits = matches!(

@@ -300,6 +300,13 @@ pub struct FaultSpec {
     /// instead of after `k` attempts: waiting, not retrying, is what clears it.
     #[serde(default)]
     pub clears_after_ms: Option<[u64; 2]>,
+    /// A provider-wide outage (needs a `window`, an `http` or `timeout` effect and target
+    /// `primary` or `both`): it also takes the agent's own model — every call that model writes
+    /// while the window is open raises the effect's error — and, with `both`, every external
+    /// tool, those with no substitute included. The fallback model is another provider's and
+    /// stays up. Default `false`: the model is not behind the window.
+    #[serde(default)]
+    pub provider_wide: bool,
 }
 
 /// A step position a fault is aimed at.
@@ -409,6 +416,9 @@ impl FaultSpec {
         let reads = !plan.read_paths(s).is_empty();
         let side = match self.target {
             Target::Primary => tool.external,
+            // A provider-wide outage takes every tool behind the provider, with a substitute
+            // or not.
+            Target::Both if self.provider_wide => tool.external,
             Target::Substitute | Target::Both => tool.external && tool.substitute.is_some(),
             Target::Local => !tool.external,
             Target::Agent => true,
@@ -703,6 +713,15 @@ impl FaultModel {
                         "clears_after_ms must be [min, max] with min ≤ max, max > 0",
                     ));
                 }
+                _ if f.provider_wide
+                    && !(f.window.is_some()
+                        && matches!(f.effect, Effect::Http { .. } | Effect::Timeout { .. })
+                        && matches!(f.target, Target::Primary | Target::Both)) =>
+                {
+                    return Err(bad(
+                        "provider_wide needs a window, an http or timeout effect and target = \"primary\" or \"both\"",
+                    ));
+                }
                 Effect::Http { status, .. } if !(400..=599).contains(status) => {
                     return Err(bad("http.status must be an error status (400–599)"));
                 }
@@ -853,8 +872,8 @@ pub fn draw(task: &TaskSpec, seed: u64, fault_rate: f64, model: &FaultModel) -> 
 }
 
 /// The faults in time an episode starting at `start_ms` meets: one entry per windowed fault
-/// whose window holds the start and that applies to some step (the episode arms it on every
-/// step it applies to, and it is on while the clock is inside the window).
+/// whose window holds the start and that applies to some step, or is provider-wide (the episode
+/// arms it on every step it applies to, and it is on while the clock is inside the window).
 pub(crate) fn windowed(task: &TaskSpec, start_ms: u64, model: &FaultModel) -> Vec<Injected> {
     model
         .faults
@@ -862,7 +881,11 @@ pub(crate) fn windowed(task: &TaskSpec, start_ms: u64, model: &FaultModel) -> Ve
         .enumerate()
         .filter(|(_, f)| f.window.is_some_and(|w| w.contains(start_ms)))
         .filter_map(|(i, f)| {
-            let step = (0..task.plan.steps.len()).find(|&s| f.applies(task, s))?;
+            // A provider-wide outage meets every episode through its model, even one whose
+            // steps are all local: it is anchored at step 0 then, and strikes no tool there.
+            let step = (0..task.plan.steps.len())
+                .find(|&s| f.applies(task, s))
+                .or_else(|| (f.provider_wide && !task.plan.steps.is_empty()).then_some(0))?;
             Some(Injected {
                 step,
                 spec: i,

@@ -492,6 +492,40 @@ pub struct Report {
     /// Risk and coverage at the largest budget: each strategy's (recovered, silent) point on
     /// the faulted episodes, and whether it is on the frontier.
     pub frontier: Vec<RiskPoint>,
+    /// Self-healing's curve over its policy's `risk` setting ([`RISK_SETTINGS`] and the
+    /// policy's own) at the largest budget, on the same episodes: filled by a `--sweep` that runs self-healing, empty
+    /// otherwise (it costs one more self-healing run per setting).
+    pub risk_curve: Vec<RiskSetting>,
+}
+
+/// The `risk` settings self-healing's curve is drawn over: from claiming nothing after a
+/// recovery (0) to claiming an unchecked value whose source is right nine times in ten (0.1) and
+/// beyond; the default (0.01) among them. `risk` must be in `[0, 1)`.
+pub const RISK_SETTINGS: [f64; 7] = [0.0, 0.001, 0.01, 0.05, 0.1, 0.3, 0.9];
+
+/// Self-healing at one `risk` setting: its (recovered, silent) point on the faulted episodes,
+/// everything else in its policy as configured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RiskSetting {
+    /// The policy's `risk`.
+    pub risk: f64,
+    /// Whether it is the setting the policy has (the self-healing row of the report).
+    pub configured: bool,
+    /// Budget.
+    pub budget: u32,
+    /// Recovered share of the faulted episodes (RSR).
+    pub recovered: f64,
+    /// Its 95 % interval.
+    pub recovered_ci: [f64; 2],
+    /// Silent share of the faulted episodes.
+    pub silent: f64,
+    /// Its 95 % interval.
+    pub silent_ci: [f64; 2],
+    /// Silent failures over all episodes (SFR).
+    pub sfr: f64,
+    /// No strategy's point in [`Report::frontier`] recovers at least as much with at most as
+    /// many silent failures (and strictly better on one).
+    pub on_frontier: bool,
 }
 
 /// One strategy's risk/coverage point: of the faulted episodes, the share recovered (RSR) and
@@ -928,6 +962,11 @@ pub fn run(
         })
         .collect();
     let frontier = risk_points(&details, top);
+    let risk_curve = if config.sweep && config.strategies.contains(&Strategy::SelfHealing) {
+        risk_curve(config, &schedules, top, &frontier)
+    } else {
+        Vec::new()
+    };
     Report {
         config: config.clone(),
         results,
@@ -936,7 +975,84 @@ pub fn run(
         confusion,
         census,
         frontier,
+        risk_curve,
     }
+}
+
+/// Self-healing over [`RISK_SETTINGS`] at budget `budget`, on the episodes of `schedules`, each
+/// point marked against the strategies' points in `frontier`.
+fn risk_curve(
+    config: &BenchConfig,
+    schedules: &[Vec<Vec<Injected>>],
+    budget: u32,
+    frontier: &[RiskPoint],
+) -> Vec<RiskSetting> {
+    let model = config.effective_model();
+    let tasks = &config.task_set.tasks[..config.tasks.min(config.task_set.tasks.len())];
+    let base = config.policy.clone().unwrap_or_default();
+    let strategy = Strategy::SelfHealing;
+    // The policy's own setting is on the curve whatever it is.
+    let mut settings = RISK_SETTINGS.to_vec();
+    if !settings.contains(&base.risk) {
+        settings.push(base.risk);
+        settings.sort_by(f64::total_cmp);
+    }
+    settings
+        .into_iter()
+        .map(|risk| {
+            let policy = Policy {
+                risk,
+                ..base.clone()
+            };
+            let (mut n, mut faulted, mut recovered, mut silent, mut silent_f) =
+                (0u64, 0u64, 0u64, 0u64, 0u64);
+            for (si, per_seed) in schedules.iter().enumerate() {
+                let seed = config.seed + si as u64;
+                let mut trust = selfheal_core::trust::Trust::new();
+                for (ti, task) in tasks.iter().enumerate() {
+                    let Some(faults) = per_seed.get(ti) else {
+                        continue;
+                    };
+                    let mut ep = Episode::new(task, faults, &model, seed);
+                    ep.start_at(ti as u64 * exec::EPISODE_SPACING_MS);
+                    if !config.deployment {
+                        trust = selfheal_core::trust::Trust::new();
+                    }
+                    let ended = strategy.run_with_trust(
+                        &mut ep,
+                        budget,
+                        Some(&policy),
+                        seed.wrapping_mul(1_000_003).wrapping_add(task.id as u64),
+                        false,
+                        &mut trust,
+                    );
+                    let correct = ended.answer.as_ref().is_some_and(|a| exec::score(task, a));
+                    let wrong = ended.answer.is_some() && !correct;
+                    n += 1;
+                    silent += u64::from(wrong);
+                    if !faults.is_empty() {
+                        faulted += 1;
+                        recovered += u64::from(correct);
+                        silent_f += u64::from(wrong);
+                    }
+                }
+            }
+            let (rec, sil) = (ratio(recovered, faulted), ratio(silent_f, faulted));
+            RiskSetting {
+                risk,
+                configured: risk == base.risk,
+                budget,
+                recovered: rec,
+                recovered_ci: wilson(recovered, faulted),
+                silent: sil,
+                silent_ci: wilson(silent_f, faulted),
+                sfr: ratio(silent, n),
+                on_frontier: !frontier.iter().any(|q| {
+                    q.recovered >= rec && q.silent <= sil && (q.recovered > rec || q.silent < sil)
+                }),
+            }
+        })
+        .collect()
 }
 
 fn paired_comparisons(

@@ -658,7 +658,11 @@ pub(crate) fn risk_coverage(report: &Report) -> String {
     };
     let chart = Chart {
         title: format!("Risk and coverage at R = {budget}"),
-        subtitle: "faulted episodes: recovered (up) against answered wrongly as if correct (left is better); ringed: the frontier".into(),
+        subtitle: if report.risk_curve.is_empty() {
+            "faulted episodes: recovered (up) against answered wrongly as if correct (left is better); ringed: the frontier".into()
+        } else {
+            "faulted episodes: recovered against answered wrongly as if correct; ringed: the frontier; squares: self-healing by risk".into()
+        },
         axis: String::new(),
         category_axis: String::new(),
         categories: Vec::new(),
@@ -668,6 +672,7 @@ pub(crate) fn risk_coverage(report: &Report) -> String {
     let xmax = pts
         .iter()
         .map(|p| p.silent_ci[1] * 100.0)
+        .chain(report.risk_curve.iter().map(|p| p.silent * 100.0 + 1.0))
         .fold(5.0_f64, f64::max)
         .ceil();
     let xmax = (xmax / 5.0).ceil() * 5.0;
@@ -708,6 +713,46 @@ pub(crate) fn risk_coverage(report: &Report) -> String {
             r##"<polyline class="frontier" fill="none" stroke="#999999" stroke-dasharray="4 3" points="{}"/>"##,
             path.join(" ")
         );
+    }
+    // Self-healing over its policy's `risk` setting: a line through its points, each marked
+    // with a small square and its setting.
+    let curve = &report.risk_curve;
+    if !curve.is_empty() {
+        let c = strategy_color("self-healing");
+        let path: Vec<String> = curve
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.silent), y(p.recovered)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline class="risk-curve" fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
+            path.join(" ")
+        );
+        // Settings that land on the same point share one square and one label.
+        let mut groups: Vec<(&crate::RiskSetting, Vec<String>)> = Vec::new();
+        for p in curve {
+            match groups.last_mut() {
+                Some((q, risks)) if q.recovered == p.recovered && q.silent == p.silent => {
+                    risks.push(p.risk.to_string());
+                }
+                _ => groups.push((p, vec![p.risk.to_string()])),
+            }
+        }
+        for (p, risks) in groups {
+            let (px, py) = (x(p.silent), y(p.recovered));
+            let _ = writeln!(
+                s,
+                r#"<rect class="risk-setting" x="{:.1}" y="{:.1}" width="6" height="6" fill="{c}" stroke="{INK}" stroke-width="0.5"><title>self-healing at risk = {}: recovered {:.1} %, silent {:.1} %</title></rect><text x="{:.1}" y="{:.1}" font-size="10" fill="{INK}">risk {}</text>"#,
+                (px - 3.0).max(f.left + 1.0),
+                py - 3.0,
+                risks.join(", "),
+                p.recovered * 100.0,
+                p.silent * 100.0,
+                px + 8.0,
+                py + 14.0,
+                risks.join(", ")
+            );
+        }
     }
     let mut labels: Vec<(f64, &crate::RiskPoint)> = Vec::new();
     for p in pts {
@@ -1028,6 +1073,47 @@ mod tests {
             "lines span {} of {plot_h} px",
             bottom - top
         );
+    }
+
+    /// Issue 32, item 7: self-healing's curve over its risk setting is drawn inside the plot
+    /// area, in its colour, and the strategies' points are still there.
+    #[test]
+    fn risk_chart_draws_self_healings_curve_inside_its_axes() {
+        let r = report(true);
+        assert!(!r.risk_curve.is_empty());
+        let svg = risk_coverage(&r);
+        let img = render(&svg, "risk-coverage-sweep");
+        let f = Frame {
+            width: 760.0,
+            height: 520.0,
+            left: 70.0,
+            top: 60.0,
+            right: 170.0,
+            bottom: 60.0,
+        };
+        let plot = (f.left, f.top, f.width - f.right, f.height - f.bottom);
+        let (n, _, _) = img.count(strategy_color("self-healing"), plot);
+        // The points alone are about 80 pixels; the curve and its squares add more.
+        let without = render(
+            &risk_coverage(&Report {
+                risk_curve: Vec::new(),
+                ..r.clone()
+            }),
+            "risk-coverage",
+        );
+        let (m, _, _) = without.count(strategy_color("self-healing"), plot);
+        assert!(n > m + 100, "the curve adds {} pixels", n.saturating_sub(m));
+        let left_of = img.count(
+            strategy_color("self-healing"),
+            (0.0, 0.0, f.left - 1.0, f.height),
+        );
+        assert_eq!(left_of.0, 0, "drawn left of the axis");
+        for name in ["static", "full-replan+verify"] {
+            assert!(
+                img.count(strategy_color(name), plot).0 > 20,
+                "{name} is missing"
+            );
+        }
     }
 
     #[test]

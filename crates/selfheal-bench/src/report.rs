@@ -52,6 +52,33 @@ pub(crate) fn frontier_line(report: &Report) -> String {
     )
 }
 
+/// Self-healing's curve over its policy's `risk` setting in one line (empty when the report has
+/// none: only a `--sweep` draws it).
+pub fn risk_curve_line(report: &Report) -> String {
+    if report.risk_curve.is_empty() {
+        return String::new();
+    }
+    let pts: Vec<String> = report
+        .risk_curve
+        .iter()
+        .map(|p| {
+            format!(
+                "{}{} {}/{}{}",
+                p.risk,
+                if p.configured { " (policy)" } else { "" },
+                pct(p.recovered),
+                pct(p.silent),
+                if p.on_frontier { " *" } else { "" }
+            )
+        })
+        .collect();
+    format!(
+        "self-healing over risk (R = {}, faulted episodes, risk recovered/silent, * on the frontier): {}",
+        report.risk_curve[0].budget,
+        pts.join(", ")
+    )
+}
+
 /// What a deployment run is, and which strategies carry memory across its episodes.
 pub(crate) fn deployment_line(report: &Report) -> String {
     let memory: Vec<&str> = report
@@ -212,6 +239,9 @@ pub fn table(report: &Report) -> String {
         let _ = writeln!(out, "{}", false_alarm_line(d, top));
     }
     let _ = writeln!(out, "{}", frontier_line(report));
+    if !report.risk_curve.is_empty() {
+        let _ = writeln!(out, "{}", risk_curve_line(report));
+    }
     for c in &report.confusion {
         let _ = writeln!(
             out,
@@ -399,6 +429,28 @@ pub fn markdown(report: &Report, plots: &[&str]) -> String {
             p.silent_ci[1] * 100.0,
             if p.on_frontier { "yes" } else { "" }
         );
+    }
+    if !report.risk_curve.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n### Self-healing over its policy's `risk` setting\n\nThe same episodes, self-healing's policy as configured but for `risk` (the share of claimed answers the user accepts being wrong: it sets whether a recovered value nothing could check is claimed, how many times values are read again before answering, and at 0 whether anything is claimed after a recovery). A setting is on the frontier when no strategy's point above recovers at least as much with at most as many silent failures.\n\n| risk | recovered | 95 % CI | silent | 95 % CI | SFR (all episodes) | frontier |\n|---:|---:|---|---:|---|---:|---|"
+        );
+        for p in &report.risk_curve {
+            let _ = writeln!(
+                out,
+                "| {}{} | {} | {:.1}–{:.1} | {} | {:.1}–{:.1} | {} | {} |",
+                p.risk,
+                if p.configured { " (the policy's)" } else { "" },
+                pct(p.recovered),
+                p.recovered_ci[0] * 100.0,
+                p.recovered_ci[1] * 100.0,
+                pct(p.silent),
+                p.silent_ci[0] * 100.0,
+                p.silent_ci[1] * 100.0,
+                pct(p.sfr),
+                if p.on_frontier { "yes" } else { "" }
+            );
+        }
     }
     out.push_str(
         "\n## False alarms where nothing went wrong\n\nPer strategy at the largest budget: of the episodes with no fault scheduled and no mistake of the model's own, how many saw each detector fire.\n\n",

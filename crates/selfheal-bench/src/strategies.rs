@@ -512,8 +512,27 @@ fn attempt_inner(
         ));
     }
     let written = ep.write(s, how.writer, how.regenerate, outputs);
-    let Written::Call { tool, args } = written.clone() else {
-        return Attempt::Skipped;
+    let (tool, args) = match written {
+        Written::Call { tool, args } => (tool, args),
+        Written::Skipped => return Attempt::Skipped,
+        // The model's provider is down: the model call raised, as a tool call can.
+        Written::Unavailable {
+            message,
+            status,
+            retry_after_ms,
+        } => {
+            let signal = match status {
+                Some(code) => Signal::HttpStatus {
+                    status: code,
+                    retry_after_ms,
+                    message: message.clone(),
+                },
+                None => Signal::Timeout,
+            };
+            let mut f = Failure::new(signal, message);
+            f.retry_after_ms = retry_after_ms;
+            return Attempt::Failed(f);
+        }
     };
     let plan = ep.plan();
     if plan.steps.get(s).is_none() {

@@ -133,3 +133,69 @@ fn the_frontier_is_the_undominated_points() {
     let svg = selfheal_bench::svg_risk_coverage(&report);
     assert!(svg.starts_with("<svg") && svg.contains("self-healing"));
 }
+
+/// Issue 32, item 7: a sweep draws self-healing's curve over its policy's `risk` setting on the
+/// same episodes. The point at the policy's own setting is the report's self-healing point; at
+/// risk 0 nothing is claimed after a recovery, so no faulted episode is recovered by one (a
+/// faulted episode can still succeed when its fault never struck); each point is marked
+/// against the strategies' points; the plot draws the curve. A run without --sweep has none.
+#[test]
+fn a_sweep_draws_self_healing_over_its_risk_setting() {
+    let config = BenchConfig {
+        seeds: 1,
+        tasks: 40,
+        fault_rate: 0.3,
+        strategies: vec![Strategy::Static, Strategy::SelfHealing],
+        sweep: true,
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    let curve = &report.risk_curve;
+    assert_eq!(curve.len(), selfheal_bench::RISK_SETTINGS.len());
+    let top = report.frontier.iter().map(|p| p.budget).max().unwrap();
+    let sh = report
+        .frontier
+        .iter()
+        .find(|p| p.strategy == "self-healing")
+        .unwrap();
+    let own: Vec<_> = curve.iter().filter(|p| p.configured).collect();
+    assert_eq!(own.len(), 1);
+    assert_eq!(own[0].risk, 0.01);
+    assert_eq!(
+        (own[0].recovered, own[0].silent, own[0].budget),
+        (sh.recovered, sh.silent, top)
+    );
+    let zero = curve.iter().find(|p| p.risk == 0.0).unwrap();
+    let loosest = curve.last().unwrap();
+    assert!(zero.recovered <= own[0].recovered && own[0].recovered <= loosest.recovered);
+    for p in curve {
+        let dominated = report.frontier.iter().any(|q| {
+            q.recovered >= p.recovered
+                && q.silent <= p.silent
+                && (q.recovered > p.recovered || q.silent < p.silent)
+        });
+        assert_eq!(p.on_frontier, !dominated, "risk {}", p.risk);
+    }
+    let svg = selfheal_bench::report::svg_risk_coverage(&report);
+    assert!(svg.contains("class=\"risk-curve\""));
+    // One square per distinct point (settings that give the same point share one).
+    let mut distinct: Vec<(f64, f64)> = curve.iter().map(|p| (p.recovered, p.silent)).collect();
+    distinct.dedup();
+    assert_eq!(
+        svg.matches("class=\"risk-setting\"").count(),
+        distinct.len()
+    );
+    let md = selfheal_bench::report::markdown(&report, &[]);
+    assert!(md.contains("| 0.01 (the policy's) |"), "{md}");
+
+    let single = run(
+        &BenchConfig {
+            sweep: false,
+            ..config
+        },
+        &mut |_, _| {},
+        None,
+    );
+    assert!(single.risk_curve.is_empty());
+    assert!(!selfheal_bench::report::svg_risk_coverage(&single).contains("risk-curve"));
+}

@@ -180,3 +180,125 @@ fn a_deployment_keeps_broken_tools_broken() {
         "{text}"
     );
 }
+
+/// Issue 32, correlated faults: a provider-wide outage (`provider_wide = true` on a window)
+/// takes the agent's own model with the tools — every call it writes inside the window raises —
+/// while the fallback model, another provider's, stays up; without the key the model is not
+/// behind the window (the behaviour before the key existed).
+#[test]
+fn a_provider_wide_outage_takes_the_agents_model_and_the_tools_behind_it() {
+    let fault = |wide: &str| {
+        model(&format!(
+            "name = \"outage\"\nfamily = \"runtime\"\nweight = 1\ntarget = \"both\"\n\
+             effect = {{ kind = \"http\", status = 503, message = \"503 provider down\", retry_after_ms = 1000 }}\n\
+             window = {{ start_ms = 0, end_ms = 150000 }}\n{wide}"
+        ))
+    };
+    let (wide, narrow) = (fault("provider_wide = true"), fault(""));
+    let config = |m: &FaultModel| BenchConfig {
+        seeds: 1,
+        tasks: 1,
+        fault_rate: 0.0,
+        task_set: TaskSet::builtin(),
+        fault_model: m.clone(),
+        ..BenchConfig::default()
+    };
+    let task = &builtin(1)[0];
+    let tool = task.plan.steps[0].tool.clone();
+    let args = resolve_args(&task.plan, 0, &[]).unwrap();
+    let faults = &schedules(&config(&wide))[0][0];
+    let mut ep = Episode::new(task, faults, &wide, 1);
+    ep.start_at(0);
+    let w = ep.write(0, Writer::Agent, true, &[]);
+    assert!(
+        matches!(
+            &w,
+            Written::Unavailable {
+                status: Some(503),
+                retry_after_ms: Some(1000),
+                ..
+            }
+        ),
+        "{w:?}"
+    );
+    // The tools are down too, the fallback model is not.
+    assert!(raised(&mut ep, 0, &tool, &args));
+    assert!(matches!(
+        ep.write(0, Writer::Fallback, true, &[]),
+        Written::Call { .. }
+    ));
+    // After the window the model writes again.
+    ep.wait(150_000);
+    assert!(matches!(
+        ep.write(0, Writer::Agent, true, &[]),
+        Written::Call { .. }
+    ));
+
+    let faults = &schedules(&config(&narrow))[0][0];
+    let mut ep = Episode::new(task, faults, &narrow, 1);
+    ep.start_at(0);
+    assert!(matches!(
+        ep.write(0, Writer::Agent, true, &[]),
+        Written::Call { .. }
+    ));
+    assert!(raised(&mut ep, 0, &tool, &args));
+
+    // Every external tool is behind the provider, those with no substitute too; a local tool is
+    // not, and the key is refused where it cannot mean an outage.
+    for t in builtin(100) {
+        for s in 0..t.plan.steps.len() {
+            let spec = t.plan.step_tool(s).unwrap();
+            assert_eq!(wide.faults[0].applies(&t, s), spec.external);
+            assert_eq!(
+                narrow.faults[0].applies(&t, s),
+                spec.external && spec.substitute.is_some()
+            );
+        }
+    }
+    for bad in [
+        "target = \"primary\"\neffect = { kind = \"http\", status = 503, message = \"x\" }",
+        "target = \"both\"\nwindow = { start_ms = 0, end_ms = 10 }\neffect = { kind = \"skew\", range = [0.1, 0.2] }",
+        "target = \"local\"\nwindow = { start_ms = 0, end_ms = 10 }\neffect = { kind = \"timeout\" }",
+    ] {
+        let e = FaultModel::from_toml_str(&format!(
+            "[[fault]]\nname = \"x\"\nfamily = \"runtime\"\nweight = 1\nprovider_wide = true\n{bad}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("provider_wide"), "{bad}: {e}");
+    }
+
+    // Over whole episodes inside the window: without the model no strategy gets a call out
+    // with it, and self-healing reaches the fallback model; with the narrow outage it never
+    // needs to escalate for the model.
+    let run = |m: &FaultModel| {
+        let c = BenchConfig {
+            seeds: 1,
+            tasks: 2,
+            strategies: vec![
+                selfheal_bench::strategies::Strategy::Static,
+                selfheal_bench::strategies::Strategy::SelfHealing,
+            ],
+            ..config(m)
+        };
+        selfheal_bench::run(&c, &mut |_, _| {}, None)
+    };
+    let (w, n) = (run(&wide), run(&narrow));
+    let esc = |r: &selfheal_bench::Report, s: &str| {
+        r.details
+            .iter()
+            .find(|d| d.strategy == s)
+            .unwrap()
+            .escalated_calls
+    };
+    let tools = |r: &selfheal_bench::Report, s: &str| {
+        r.details
+            .iter()
+            .find(|d| d.strategy == s)
+            .unwrap()
+            .tool_calls
+    };
+    assert_eq!(tools(&w, "static"), 0.0, "static's first model call fails");
+    assert!(tools(&n, "static") > 0.0);
+    assert!(esc(&w, "self-healing") > esc(&n, "self-healing"));
+}
