@@ -54,7 +54,7 @@ pub(crate) fn frontier_line(report: &Report) -> String {
 
 /// Self-healing's curve over its policy's `risk` setting in one line (empty when the report has
 /// none: only a `--sweep` draws it).
-pub fn risk_curve_line(report: &Report) -> String {
+pub(crate) fn risk_curve_line(report: &Report) -> String {
     if report.risk_curve.is_empty() {
         return String::new();
     }

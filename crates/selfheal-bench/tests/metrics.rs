@@ -176,7 +176,7 @@ fn a_sweep_draws_self_healing_over_its_risk_setting() {
         });
         assert_eq!(p.on_frontier, !dominated, "risk {}", p.risk);
     }
-    let svg = selfheal_bench::report::svg_risk_coverage(&report);
+    let svg = selfheal_bench::svg_risk_coverage(&report);
     assert!(svg.contains("class=\"risk-curve\""));
     // One square per distinct point (settings that give the same point share one).
     let mut distinct: Vec<(f64, f64)> = curve.iter().map(|p| (p.recovered, p.silent)).collect();
@@ -185,7 +185,7 @@ fn a_sweep_draws_self_healing_over_its_risk_setting() {
         svg.matches("class=\"risk-setting\"").count(),
         distinct.len()
     );
-    let md = selfheal_bench::report::markdown(&report, &[]);
+    let md = selfheal_bench::report_markdown(&report, &[]);
     assert!(md.contains("| 0.01 (the policy's) |"), "{md}");
 
     let single = run(
@@ -197,5 +197,5 @@ fn a_sweep_draws_self_healing_over_its_risk_setting() {
         None,
     );
     assert!(single.risk_curve.is_empty());
-    assert!(!selfheal_bench::report::svg_risk_coverage(&single).contains("risk-curve"));
+    assert!(!selfheal_bench::svg_risk_coverage(&single).contains("risk-curve"));
 }

@@ -276,8 +276,8 @@ fn a_provider_wide_outage_takes_the_agents_model_and_the_tools_behind_it() {
             seeds: 1,
             tasks: 2,
             strategies: vec![
-                selfheal_bench::strategies::Strategy::Static,
-                selfheal_bench::strategies::Strategy::SelfHealing,
+                selfheal_bench::Strategy::Static,
+                selfheal_bench::Strategy::SelfHealing,
             ],
             ..config(m)
         };
