@@ -155,7 +155,7 @@ pub struct RunState {
     pub share: Share,
     /// The gateway's trust store this run reports its evidence to (issue 33), and how it is
     /// read; not part of the run's bytes. `None`: the run keeps what it learns to itself.
-    trust: Option<(TrustMemory, TrustConfig)>,
+    pub(crate) trust: Option<(TrustMemory, TrustConfig)>,
 }
 
 /// Re-applies one request's effect on a run's state to another copy of it: the request's tool
@@ -181,6 +181,9 @@ pub struct Share {
     pub(crate) redo: Vec<Redo>,
     /// One write of this run at a time from this replica.
     pub(crate) writing: Arc<tokio::sync::Mutex<()>>,
+    /// The Responses answer whose link to this run is in the store (see
+    /// `crate::sharing::run_of_response`).
+    pub(crate) linked: Option<String>,
 }
 
 impl std::fmt::Debug for Share {
@@ -971,25 +974,61 @@ pub const MAX_REPAIRED: usize = 64;
 /// one store for every run, kept in process memory. A run starts from a copy of it and reports
 /// the evidence it sees (cross-checks, verdicts, contract breaches, outages) as it decides; the
 /// policy's `risk` reads it when a recovered value nothing could check is to be claimed. Times
-/// are the gateway's own clock (`AppState::now_ms`). Not shared between replicas yet.
+/// are the gateway's own clock (`AppState::now_ms`).
+///
+/// Two stores are kept: `own`, the evidence this replica's runs observed, and `view`, what runs
+/// start from — `own` plus every other replica's own evidence when replicas share (`[state]`,
+/// [`crate::sharing::share_trust`]). A report goes into both at once, so a run never waits on
+/// the store; the others' part of `view` is rebuilt in the background. Cloning shares it.
 #[derive(Debug, Clone, Default)]
-pub struct TrustMemory(selfheal_core::trust::Shared);
+pub struct TrustMemory(pub(crate) Arc<TrustInner>);
+
+/// The two stores of a [`TrustMemory`] (see there). Locks are taken `own` first, then `view`.
+#[derive(Debug, Default)]
+pub(crate) struct TrustInner {
+    /// This replica's evidence only: what it shares with the others.
+    pub(crate) own: Mutex<selfheal_core::trust::Trust>,
+    /// What runs start from: `own` plus what the other replicas shared.
+    pub(crate) view: Mutex<selfheal_core::trust::Trust>,
+    /// Whether `own` changed since it was last shared.
+    pub(crate) dirty: std::sync::atomic::AtomicBool,
+}
 
 impl TrustMemory {
-    /// A copy of the store now, for a run to start from.
+    /// A copy of the store now, for a run to start from: this replica's evidence and, when
+    /// replicas share, the others' as last refreshed.
     pub fn snapshot(&self) -> selfheal_core::trust::Trust {
-        self.0.snapshot()
+        self.0
+            .view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    /// Applies a run's evidence.
+    /// This replica's own evidence (what it shares), without the others'.
+    pub fn own(&self) -> selfheal_core::trust::Trust {
+        self.0.own.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Applies a run's evidence: to this replica's own store and to what runs start from.
     pub fn report(
         &self,
         reports: &[selfheal_core::trust::Report],
         config: &selfheal_core::trust::TrustConfig,
     ) {
-        if !reports.is_empty() {
-            self.0.report(reports, 0, config);
+        if reports.is_empty() {
+            return;
         }
+        let mut own = self.0.own.lock().unwrap_or_else(|p| p.into_inner());
+        own.apply(reports, config);
+        self.0
+            .view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .apply(reports, config);
+        self.0
+            .dirty
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -31,7 +31,7 @@ use serde_json::Value;
 use crate::heal;
 use crate::recover;
 use crate::request::ChatRequest;
-use crate::runs::{Redo, RunState};
+use crate::runs::{Redo, RunState, TrustMemory};
 use crate::state::{AppState, lock};
 
 /// Compare-and-set attempts of one write before it gives up (the local state stands and the
@@ -95,7 +95,8 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
         st.share.writing.clone()
     };
     let _one_at_a_time = writing.lock().await;
-    for _ in 0..ATTEMPTS {
+    let link = new_link(state);
+    for attempt in 0..ATTEMPTS {
         let (id, expected, bytes, base) = {
             let st = lock(state);
             let Some((tenant, run)) = st.share.key.clone() else {
@@ -107,9 +108,20 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
             let base = (*st.ledger().spent(), st.requests);
             (RunId::new(&*tenant, &*run), st.share.version, bytes, base)
         };
-        let put = store
-            .put_run(&id, expected, Bytes::from(bytes), s.runs.ttl())
-            .await;
+        let put = store.put_run(&id, expected, Bytes::from(bytes), s.runs.ttl());
+        let put = match link.as_ref().filter(|_| attempt == 0) {
+            // The link of the run's newest answer goes with its first write, in parallel.
+            Some(response) => {
+                let at = RunId::new(&*id.tenant, response_key(response));
+                let run = Bytes::from(id.run.clone().into_bytes());
+                let (put, linked) = tokio::join!(put, store.put_run(&at, 0, run, s.runs.ttl()));
+                if linked.is_ok() {
+                    lock(state).share.linked = Some(response.clone());
+                }
+                put
+            }
+            None => put.await,
+        };
         let mut st = lock(state);
         match put {
             Ok(Put::Stored { version }) => {
@@ -133,6 +145,70 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
         }
     }
     s.runs.shared.contended.fetch_add(1, RELAXED);
+}
+
+/// The id of the run's newest Responses answer when its link to the run is not in the store
+/// yet.
+fn new_link(state: &Arc<Mutex<RunState>>) -> Option<String> {
+    let st = lock(state);
+    let id = &st.last_response.as_ref()?.id;
+    (st.share.linked.as_ref() != Some(id)).then(|| id.clone())
+}
+
+/// The store's key (under the tenant) of the run that sent the Responses answer `id`: apart
+/// from run ids, which start `r-`.
+fn response_key(id: &str) -> String {
+    format!("response:{id}")
+}
+
+/// Whether `label` is the id of a live run of `tenant` — answered by this replica or, when
+/// replicas share a store, by any: a client that sends back the `x-selfheal-run` it was
+/// answered continues that run on whichever replica it lands. The store is asked only for a
+/// label shaped like a run id that this replica does not know (once per run and replica: the
+/// request then loads the run here). Runs are stored under their tenant, so no other tenant's
+/// run is found.
+pub(crate) async fn owned_by(s: &AppState, label: &str, tenant: &str, now: Instant) -> bool {
+    if s.runs.owned_by(label, tenant, now) {
+        return true;
+    }
+    let Some(store) = s.shared.store() else {
+        return false;
+    };
+    if !is_run_id(label) {
+        return false;
+    }
+    matches!(store.get_run(&RunId::new(tenant, label)).await, Ok(Some(_)))
+}
+
+/// `r-` and 24 lowercase hex digits: the shape of every run id ([`crate::runs::run_id_of`]).
+fn is_run_id(label: &str) -> bool {
+    label.strip_prefix("r-").is_some_and(|h| {
+        h.len() == 24
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// The run of `tenant` that sent the Responses answer `id` (`previous_response_id`): known
+/// here, or — when replicas share a store — linked to its run by the replica that answered it
+/// (written with the run, before the answer was returned). One more round trip, only when this
+/// replica did not send that answer.
+pub(crate) async fn run_of_response(
+    s: &AppState,
+    id: &str,
+    tenant: &str,
+    now: Instant,
+) -> Option<String> {
+    if let Some(run) = s.runs.run_of_response(id, tenant, now) {
+        return Some(run);
+    }
+    let store = s.shared.store()?;
+    let link = store
+        .get_run(&RunId::new(tenant, response_key(id)))
+        .await
+        .ok()??;
+    let run = std::str::from_utf8(&link.bytes).ok()?;
+    is_run_id(run).then(|| run.to_owned())
 }
 
 /// One more holder of the run until its [`save`]: a streamed answer relayed after its handler
@@ -161,6 +237,8 @@ fn rebase(s: &AppState, st: &mut RunState, fresh: &Versioned) {
     };
     let fresh_spent = *next.ledger().spent();
     next.run.add_spent(&spent);
+    // The evidence the run sees from now on goes to this replica's trust store, as before.
+    next.trust = st.trust.take();
     next.share = std::mem::take(&mut st.share);
     next.share.version = fresh.version;
     next.share.base = (fresh_spent, next.requests);
@@ -239,6 +317,183 @@ pub(crate) fn responses_redo(
     })
 }
 
+/// The shared tier's key of a replica's own trust evidence (its `origin` in hex).
+const TRUST_PREFIX: &str = "trust:";
+
+/// Least time a trust record lives without being published again.
+const TRUST_MIN_TTL_MS: u64 = 60_000;
+
+/// How long a trust record lives when evidence never decays (`half_life_ms = 0`).
+const TRUST_NO_DECAY_TTL_MS: u64 = 7 * 24 * 3_600_000;
+
+/// A replica's own trust evidence as it is shared: every source's weights decayed to `at`
+/// (Unix ms), so that a replica with another process clock reads them right.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TrustWire {
+    /// Layout version ([`selfheal_core::trust::TRUST_VERSION`]).
+    v: u32,
+    /// Per source: its weights, `at_ms` on the Unix clock.
+    s: Vec<(
+        selfheal_core::trust::Source,
+        selfheal_core::trust::Posterior,
+    )>,
+}
+
+/// Shares `trust` with the other replicas through `shared` (issue 34): learned trust is
+/// eventually consistent, with a local tier, like the breakers' open circuits.
+///
+/// **What is shared, and why it neither loses nor double-counts evidence.** Trust is a Beta
+/// posterior: weights of evidence (right, wrong; up, down), which merge by adding. Each replica
+/// publishes only its *own* evidence — what its runs observed (`TrustMemory::own`) — under a key
+/// of its own (`trust:{origin}`), so each record has one writer and last-writer-wins loses
+/// nothing. What runs start from (`TrustMemory::snapshot`) is this replica's own evidence plus
+/// every other live record, each counted once: never a record of this replica's, and never
+/// a merged view (publishing a merged view would count the others' evidence again on every
+/// round). Weights are decayed to the publishing time and stamped with Unix time, so replicas
+/// with different process clocks decay them alike; the cap applies to the sum. A replica that
+/// dies leaves its record until it expires (ten half-lives, when its evidence has decayed to
+/// a thousandth): what it learned is not lost with it, and a restarted replica (a new origin)
+/// does not count it twice, as its own store starts empty.
+///
+/// **How fresh.** A report reaches this replica's runs at once. The others see it after this
+/// task publishes it (every `refresh`), the store's sync sends it (at once), the other
+/// replica's sync reads it (its `refresh_ms`) and its task merges it (its `refresh`): at most
+/// three refresh intervals plus two round trips (3 s by default). No request waits on Redis.
+///
+/// Nothing without a store: one process keeps its trust to itself, as before.
+pub(crate) fn share_trust(
+    trust: &TrustMemory,
+    shared: selfheal_state::Shared,
+    config: selfheal_core::trust::TrustConfig,
+    started: Instant,
+    refresh: std::time::Duration,
+) {
+    if shared.store().is_none() {
+        return;
+    }
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(&trust.0);
+    handle.spawn(async move {
+        let mut tier = TrustTier::new(shared, config);
+        loop {
+            tokio::time::sleep(refresh).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let local = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            tier.refresh(&TrustMemory(inner), local, selfheal_state::unix_ms());
+        }
+    });
+}
+
+/// One replica's side of shared trust: what it last published and last merged.
+pub(crate) struct TrustTier {
+    shared: selfheal_state::Shared,
+    config: selfheal_core::trust::TrustConfig,
+    /// When this replica's record was last published (Unix ms).
+    published_ms: u64,
+    /// The other replicas' records as last merged (key → payload).
+    merged: std::collections::BTreeMap<String, String>,
+}
+
+impl TrustTier {
+    pub(crate) fn new(
+        shared: selfheal_state::Shared,
+        config: selfheal_core::trust::TrustConfig,
+    ) -> TrustTier {
+        TrustTier {
+            shared,
+            config,
+            published_ms: 0,
+            merged: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// How long a record lives: ten half-lives (a week without decay), at least a minute.
+    fn ttl_ms(&self) -> u64 {
+        match self.config.half_life_ms {
+            0 => TRUST_NO_DECAY_TTL_MS,
+            h => h.saturating_mul(10).max(TRUST_MIN_TTL_MS),
+        }
+    }
+
+    /// One round: publishes this replica's own evidence if it changed (or its record is half
+    /// way to expiring), and rebuilds what runs start from if another replica's record changed.
+    /// `local_ms` is the gateway's clock, `unix_ms` the wall clock.
+    pub(crate) fn refresh(&mut self, trust: &TrustMemory, local_ms: u64, unix_ms: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ttl = self.ttl_ms();
+        let stale = unix_ms.saturating_sub(self.published_ms) >= ttl / 2;
+        if trust.0.dirty.swap(false, Relaxed) || (stale && self.published_ms > 0) {
+            let own = trust.own();
+            let s = own
+                .sources()
+                .map(|(src, p)| {
+                    let mut d = p.decayed(local_ms, &self.config);
+                    d.at_ms = unix_ms;
+                    (src.clone(), d)
+                })
+                .filter(|(_, d)| d.right + d.wrong + d.up + d.down > 1e-9)
+                .collect();
+            let wire = TrustWire {
+                v: selfheal_core::trust::TRUST_VERSION,
+                s,
+            };
+            if let Ok(payload) = serde_json::to_string(&wire) {
+                self.shared
+                    .publish(&self.key(), payload, unix_ms.saturating_add(ttl));
+                self.published_ms = unix_ms;
+            }
+        }
+        let origin = self.shared.origin();
+        let others: std::collections::BTreeMap<String, String> = self
+            .shared
+            .scan(TRUST_PREFIX, unix_ms)
+            .into_iter()
+            .filter(|(_, r)| r.origin != origin)
+            .map(|(k, r)| (k, r.payload))
+            .collect();
+        if others != self.merged {
+            self.merge(trust, &others, local_ms, unix_ms);
+            self.merged = others;
+        }
+    }
+
+    fn key(&self) -> String {
+        format!("{TRUST_PREFIX}{:x}", self.shared.origin())
+    }
+
+    /// `view` = this replica's own evidence + each other record, its weights decayed to now and
+    /// moved onto the gateway's clock. Holds `own`'s lock throughout, so a report made meanwhile
+    /// is in both or waits.
+    fn merge(
+        &self,
+        trust: &TrustMemory,
+        others: &std::collections::BTreeMap<String, String>,
+        local_ms: u64,
+        unix_ms: u64,
+    ) {
+        let own = trust.0.own.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = own.clone();
+        for (key, payload) in others {
+            let wire = match serde_json::from_str::<TrustWire>(payload) {
+                Ok(w) if w.v == selfheal_core::trust::TRUST_VERSION => w,
+                // Another build's layout: left out, never read as something it is not.
+                _ => {
+                    tracing::debug!(target: "selfheal::state", key, "a trust record of another layout: left out");
+                    continue;
+                }
+            };
+            for (src, p) in &wire.s {
+                let mut d = p.decayed(unix_ms, &self.config);
+                d.at_ms = local_ms;
+                view.merge(src, &d, &self.config);
+            }
+        }
+        *trust.0.view.lock().unwrap_or_else(|p| p.into_inner()) = view;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +542,52 @@ mod tests {
         assert_eq!((st.failures, st.requests), (2, 2));
         assert!(st.seen.contains(1) && st.seen.contains(2));
         assert_eq!(st.share.version, 2);
+    }
+
+    /// A run continued from another replica's state reports its evidence to this replica's
+    /// trust store (it used to keep it to itself after the rebase).
+    #[tokio::test]
+    async fn a_run_loaded_from_another_replica_reports_to_this_ones_trust() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        let (a, b) = (replica(&store), replica(&store));
+        let on_a = load(&a, "r-1", "t", true, || observe(1)).await;
+        lock(&on_a).requests += 1;
+        save(&a, &on_a).await;
+        let on_b = load(&b, "r-1", "t", true, || observe(2)).await;
+        let st = lock(&on_b);
+        assert_eq!((st.share.version, st.requests), (1, 1), "a's state, loaded");
+        assert!(
+            st.trust
+                .as_ref()
+                .is_some_and(|(t, _)| Arc::ptr_eq(&t.0, &b.trust.0))
+        );
+    }
+
+    /// The run id one replica answered, sent back to another, names the same run there; the
+    /// Responses answer one replica sent, continued on another, leads to its run. Neither leaks
+    /// to another tenant.
+    #[tokio::test]
+    async fn run_ids_and_answers_are_found_on_every_replica() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        let (a, b) = (replica(&store), replica(&store));
+        let run = "r-0123456789abcdef01234567";
+        let on_a = load(&a, run, "t", true, || observe(1)).await;
+        lock(&on_a).last_response = Some(crate::runs::Responded {
+            id: "resp_1".into(),
+            calls: Vec::new(),
+        });
+        save(&a, &on_a).await;
+        let now = Instant::now();
+        assert!(!b.runs.owned_by(run, "t", now), "b has not seen it");
+        assert!(owned_by(&b, run, "t", now).await);
+        assert!(!owned_by(&b, run, "u", now).await, "another tenant's");
+        assert!(!owned_by(&b, "conversation-1", "t", now).await);
+        assert_eq!(
+            run_of_response(&b, "resp_1", "t", now).await.as_deref(),
+            Some(run)
+        );
+        assert_eq!(run_of_response(&b, "resp_1", "u", now).await, None);
+        assert_eq!(run_of_response(&b, "resp_2", "t", now).await, None);
     }
 
     /// What a request spent is added to a resumed state's ledger through the run.

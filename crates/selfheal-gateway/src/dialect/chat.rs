@@ -66,8 +66,12 @@ pub(crate) async fn chat_inner(
     // back as is), else a keyed hash of tenant and label (or opening).
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     let now = Instant::now();
+    let owned = match label {
+        Some(l) => crate::sharing::owned_by(s, l, &caller.tenant, now).await,
+        None => false,
+    };
     let (run, unnamed) = match label {
-        Some(l) if s.runs.owned_by(l, &caller.tenant, now) => (l.to_owned(), None),
+        Some(l) if owned => (l.to_owned(), None),
         _ => {
             let first = crate::runs::chat_first_call(&req.messages);
             let first = first.as_ref().map(|(i, n)| (i.as_str(), n.as_str()));

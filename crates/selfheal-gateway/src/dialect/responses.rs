@@ -213,12 +213,16 @@ pub(crate) async fn name_run(
     let label = headers.get("x-selfheal-run").and_then(|v| v.to_str().ok());
     let now = Instant::now();
     let continued = match (label, p.previous.as_deref()) {
-        (None, Some(prev)) => s.runs.run_of_response(prev, &caller.tenant, now),
+        (None, Some(prev)) => crate::sharing::run_of_response(s, prev, &caller.tenant, now).await,
         _ => None,
     };
     let mut unnamed = None;
+    let owned = match label {
+        Some(l) => crate::sharing::owned_by(s, l, &caller.tenant, now).await,
+        None => false,
+    };
     let run = match (label, continued) {
-        (Some(l), _) if s.runs.owned_by(l, &caller.tenant, now) => l.to_owned(),
+        (Some(l), _) if owned => l.to_owned(),
         (_, Some(run)) => run,
         _ => {
             let first_input = match req.get("input") {
