@@ -258,7 +258,7 @@ impl AppState {
             config.policy.clone(),
         );
         let started = Instant::now();
-        crate::sharing::share_trust(
+        crate::runs::share_trust(
             runs.trust(),
             shared.clone(),
             config.policy.trust,
