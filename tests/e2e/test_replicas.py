@@ -444,6 +444,59 @@ def test_a_replica_killed_mid_conversation_loses_nothing_it_answered(fleet):
     assert offered(answered[-1]) == ["fetch_url"], "hidden at the 5th failure, on another replica"
 
 
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]
+
+
+def test_a_responses_conversation_continued_on_another_replica_keeps_its_run(fleet):
+    """An agent on the Responses API continues each answer with `previous_response_id`, sending
+    only its failing search's result, and each turn lands on the next replica. The replica that
+    did not send the answer finds its run through Redis (the link written with the run): one
+    run throughout — the same `x-selfheal-run` on every continued turn, and its failures
+    counted 1, 2, 3 across the three replicas. Before, each replica started a run of its own for such a turn."""
+    clients = [fleet.client(gw.url) for gw in fleet.replicas]
+    fleet.main.script([{"kind": "tool", "id": f"resp_{i}", "call_id": f"call_{i}",
+                        "name": "web_search", "arguments": json.dumps({"query": f"page {i}"})}
+                       for i in range(5)])
+    raw = clients[0].responses.with_raw_response.create(
+        model="smart", input="What does the page say?", tools=RESPONSES_TOOLS)
+    previous = raw.parse().id
+    assert previous == "resp_0"
+    failures, runs = [], []
+    for i in range(1, 4):
+        raw = clients[i % 3].responses.with_raw_response.create(
+            model="smart", previous_response_id=previous, tools=RESPONSES_TOOLS,
+            input=[{"type": "function_call_output", "call_id": f"call_{i - 1}",
+                    "output": '{"error": "search backend down"}'}])
+        resp = raw.parse()
+        runs.append(raw.headers["x-selfheal-run"])
+        failures.append(resp.model_extra["selfheal"]["failures"])
+        previous = resp.id
+    # (The first answer names the fresh run it was served by; the run takes the name of its
+    # first call from then on, on every replica.)
+    assert len(set(runs)) == 1, runs
+    assert failures == [1, 2, 3], failures
+
+
+def test_a_run_id_answered_by_one_replica_names_the_run_on_another(fleet):
+    """A chat client that sends back the `x-selfheal-run` one replica answered, to a replica
+    that has never seen the run, continues that run (read from Redis), not a new run keyed by
+    the id as a label."""
+    r0, r1 = (fleet.client(gw.url) for gw in fleet.replicas[:2])
+    fleet.main.script([])
+    resp = r0.chat.completions.with_raw_response.create(
+        model="smart", tools=TOOLS, messages=[
+            {"role": "user", "content": "What does the page say?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "ws0", "type": "function",
+                 "function": {"name": "web_search", "arguments": '{"query": "page"}'}}]},
+            {"role": "tool", "tool_call_id": "ws0", "content": '{"error": "search backend down"}'}])
+    run = resp.headers["x-selfheal-run"]
+    assert resp.parse().model_extra["selfheal"]["failures"] == 1
+    report = failing_turn(r1, 1, run)
+    assert report["failures"] == 2, report
+
+
 def test_chaos_across_three_replicas_fails_nothing(tmp_path):
     """scripts/chaos.py's replicas scenario at CI size: 20 % upstream faults (seeded), half the
     requests streaming, conversations of three turns (agents among them, on chat completions and

@@ -245,6 +245,12 @@ impl Posterior {
         p
     }
 
+    /// These weights as of `now_ms` (on the same clock as [`Posterior::at_ms`]): decayed by
+    /// `config`'s half-life and capped, as the store reads them.
+    pub fn decayed(&self, now_ms: u64, config: &TrustConfig) -> Posterior {
+        self.at(now_ms, config)
+    }
+
     /// The posterior mean of the chance a value of this source is right, under `config`'s prior.
     pub fn mean(&self, config: &TrustConfig) -> f64 {
         let a = config.prior_right + self.right;
@@ -321,6 +327,38 @@ impl Trust {
         p.up += u;
         p.down += d;
         entry.1 = p.at(now_ms, config);
+    }
+
+    /// Adds evidence weighed elsewhere about `source` — another process's own evidence, its
+    /// time moved onto this store's clock — to this store's: both decayed to the later of their
+    /// two times, the weights (right, wrong, up, down) summed, then capped. Evidence is counts,
+    /// so merging is adding them: for this to count every observation once, `evidence` must
+    /// hold only observations this store does not already have (a replica shares its *own*
+    /// evidence, never what it merged from others).
+    pub fn merge(&mut self, source: &Source, evidence: &Posterior, config: &TrustConfig) {
+        let key = source.key();
+        if !self.sources.contains_key(&key)
+            && self.sources.len() >= MAX_SOURCES
+            && let Some(oldest) = self
+                .sources
+                .iter()
+                .min_by_key(|(_, (_, p))| p.at_ms)
+                .map(|(k, _)| k.clone())
+        {
+            self.sources.remove(&oldest);
+        }
+        let entry = self
+            .sources
+            .entry(key)
+            .or_insert_with(|| (source.clone(), Posterior::default()));
+        let now = entry.1.at_ms.max(evidence.at_ms);
+        let mut p = entry.1.at(now, config);
+        let q = evidence.at(now, config);
+        p.right += q.right;
+        p.wrong += q.wrong;
+        p.up += q.up;
+        p.down += q.down;
+        entry.1 = p.at(now, config);
     }
 
     /// Applies reports a run made (in order).
@@ -431,5 +469,46 @@ mod tests {
         assert!(p2 < p1);
         t.observe(&s, Evidence::Outage, 0, &c);
         assert_eq!(t.p_right(&s, 0, &c), p2, "an outage says nothing of values");
+    }
+
+    /// Two stores that each saw part of the evidence, merged, hold what one store that saw all
+    /// of it holds (below the cap, where the order of observations does not matter), decay
+    /// included: nothing lost, nothing counted twice.
+    #[test]
+    fn merging_two_stores_counts_each_observation_once() {
+        let c = TrustConfig::default();
+        let (s, u) = (Source::tool("sub"), Source::upstream("backup"));
+        let (mut a, mut b, mut all) = (Trust::new(), Trust::new(), Trust::new());
+        let seen = [
+            (&s, Evidence::Agreed, 0, true),
+            (&s, Evidence::Disagreed, 600_000, false),
+            (&u, Evidence::Outage, 900_000, true),
+            (&s, Evidence::Accepted, 1_200_000, false),
+            (&s, Evidence::Rejected, 1_800_000, true),
+        ];
+        for (src, e, at, on_a) in seen {
+            if on_a { &mut a } else { &mut b }.observe(src, e, at, &c);
+            all.observe(src, e, at, &c);
+        }
+        let now = 3_600_000;
+        let mut merged = a.clone();
+        for (src, p) in b.sources() {
+            merged.merge(src, p, &c);
+        }
+        for src in [&s, &u] {
+            let (m, w) = (merged.posterior(src, now, &c), all.posterior(src, now, &c));
+            for (x, y) in [
+                (m.right, w.right),
+                (m.wrong, w.wrong),
+                (m.up, w.up),
+                (m.down, w.down),
+            ] {
+                assert!(
+                    (x - y).abs() < 1e-9,
+                    "{src:?}: merged {m:?}, one store {w:?}"
+                );
+            }
+        }
+        assert!(merged.posterior(&s, now, &c).wrong > a.posterior(&s, now, &c).wrong);
     }
 }

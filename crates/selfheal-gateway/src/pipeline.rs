@@ -164,22 +164,23 @@ pub(crate) struct Naming<'a> {
 /// never names a run: a request that names none gets a fresh run, and its opening back
 /// (`Some`), under which the run takes the name of the first call it answers with
 /// ([`adopt_first_call`]).
-pub(crate) fn name_run(
+pub(crate) async fn name_run(
     s: &AppState,
     tenant: &str,
     n: &Naming<'_>,
     opening: impl FnOnce() -> Opening,
 ) -> (String, Option<Arc<Opening>>) {
     let now = Instant::now();
+    // Both lookups read this replica's store first and the shared one only on a miss
+    // (another replica answered the id).
     if let Some(l) = n.label
-        && s.runs.owned_by(l, tenant, now)
+        && crate::sharing::owned_by(s, l, tenant, now).await
     {
         return (l.to_owned(), None);
     }
     if n.label.is_none()
-        && let Some(run) = n
-            .previous
-            .and_then(|prev| s.runs.run_of_response(prev, tenant, now))
+        && let Some(prev) = n.previous
+        && let Some(run) = crate::sharing::run_of_response(s, prev, tenant, now).await
     {
         return (run, None);
     }

@@ -155,7 +155,7 @@ pub struct RunState {
     pub share: Share,
     /// The gateway's trust store this run reports its evidence to (issue 33), and how it is
     /// read; not part of the run's bytes. `None`: the run keeps what it learns to itself.
-    trust: Option<(TrustMemory, TrustConfig)>,
+    pub(crate) trust: Option<(TrustMemory, TrustConfig)>,
 }
 
 /// Re-applies one request's effect on a run's state to another copy of it: the request's tool
@@ -181,6 +181,9 @@ pub struct Share {
     pub(crate) redo: Vec<Redo>,
     /// One write of this run at a time from this replica.
     pub(crate) writing: Arc<tokio::sync::Mutex<()>>,
+    /// The Responses answer whose link to this run is in the store (see
+    /// `crate::sharing::run_of_response`).
+    pub(crate) linked: Option<String>,
 }
 
 impl std::fmt::Debug for Share {
@@ -973,25 +976,238 @@ pub(crate) const MAX_REPAIRED: usize = 64;
 /// one store for every run, kept in process memory. A run starts from a copy of it and reports
 /// the evidence it sees (cross-checks, verdicts, contract breaches, outages) as it decides; the
 /// policy's `risk` reads it when a recovered value nothing could check is to be claimed. Times
-/// are the gateway's own clock (`AppState::now_ms`). Not shared between replicas yet.
+/// are the gateway's own clock (`AppState::now_ms`).
+///
+/// Two stores are kept: `own`, the evidence this replica's runs observed, and `view`, what runs
+/// start from — `own` plus every other replica's own evidence when replicas share (`[state]`,
+/// [`share_trust`]). A report goes into both at once, so a run never waits on
+/// the store; the others' part of `view` is rebuilt in the background. Cloning shares it.
 #[derive(Debug, Clone, Default)]
-pub struct TrustMemory(selfheal_core::trust::Shared);
+pub struct TrustMemory(pub(crate) Arc<TrustInner>);
+
+/// The two stores of a [`TrustMemory`] (see there). Locks are taken `own` first, then `view`.
+#[derive(Debug, Default)]
+pub(crate) struct TrustInner {
+    /// This replica's evidence only: what it shares with the others.
+    pub(crate) own: Mutex<selfheal_core::trust::Trust>,
+    /// What runs start from: `own` plus what the other replicas shared.
+    pub(crate) view: Mutex<selfheal_core::trust::Trust>,
+    /// Whether `own` changed since it was last shared.
+    pub(crate) dirty: std::sync::atomic::AtomicBool,
+}
 
 impl TrustMemory {
-    /// A copy of the store now, for a run to start from.
+    /// A copy of the store now, for a run to start from: this replica's evidence and, when
+    /// replicas share, the others' as last refreshed.
     pub fn snapshot(&self) -> selfheal_core::trust::Trust {
-        self.0.snapshot()
+        self.0
+            .view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    /// Applies a run's evidence.
+    /// This replica's own evidence (what it shares), without the others'.
+    pub fn own(&self) -> selfheal_core::trust::Trust {
+        self.0.own.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Applies a run's evidence: to this replica's own store and to what runs start from.
     pub fn report(
         &self,
         reports: &[selfheal_core::trust::Report],
         config: &selfheal_core::trust::TrustConfig,
     ) {
-        if !reports.is_empty() {
-            self.0.report(reports, 0, config);
+        if reports.is_empty() {
+            return;
         }
+        let mut own = self.0.own.lock().unwrap_or_else(|p| p.into_inner());
+        own.apply(reports, config);
+        self.0
+            .view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .apply(reports, config);
+        self.0
+            .dirty
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The shared tier's key of a replica's own trust evidence (its `origin` in hex).
+const TRUST_PREFIX: &str = "trust:";
+
+/// Least time a trust record lives without being published again.
+const TRUST_MIN_TTL_MS: u64 = 60_000;
+
+/// How long a trust record lives when evidence never decays (`half_life_ms = 0`).
+const TRUST_NO_DECAY_TTL_MS: u64 = 7 * 24 * 3_600_000;
+
+/// A replica's own trust evidence as it is shared: every source's weights decayed to `at`
+/// (Unix ms), so that a replica with another process clock reads them right.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TrustWire {
+    /// Layout version ([`selfheal_core::trust::TRUST_VERSION`]).
+    v: u32,
+    /// Per source: its weights, `at_ms` on the Unix clock.
+    s: Vec<(
+        selfheal_core::trust::Source,
+        selfheal_core::trust::Posterior,
+    )>,
+}
+
+/// Shares `trust` with the other replicas through `shared` (issue 34): learned trust is
+/// eventually consistent, with a local tier, like the breakers' open circuits.
+///
+/// **What is shared, and why it neither loses nor double-counts evidence.** Trust is a Beta
+/// posterior: weights of evidence (right, wrong; up, down), which merge by adding. Each replica
+/// publishes only its *own* evidence — what its runs observed (`TrustMemory::own`) — under a key
+/// of its own (`trust:{origin}`), so each record has one writer and last-writer-wins loses
+/// nothing. What runs start from (`TrustMemory::snapshot`) is this replica's own evidence plus
+/// every other live record, each counted once: never a record of this replica's, and never
+/// a merged view (publishing a merged view would count the others' evidence again on every
+/// round). Weights are decayed to the publishing time and stamped with Unix time, so replicas
+/// with different process clocks decay them alike; the cap applies to the sum. A replica that
+/// dies leaves its record until it expires (ten half-lives, when its evidence has decayed to
+/// a thousandth): what it learned is not lost with it, and a restarted replica (a new origin)
+/// does not count it twice, as its own store starts empty.
+///
+/// **How fresh.** A report reaches this replica's runs at once. The others see it after this
+/// task publishes it (every `refresh`), the store's sync sends it (at once), the other
+/// replica's sync reads it (its `refresh_ms`) and its task merges it (its `refresh`): at most
+/// three refresh intervals plus two round trips (3 s by default). No request waits on Redis.
+///
+/// Nothing without a store: one process keeps its trust to itself, as before.
+pub(crate) fn share_trust(
+    trust: &TrustMemory,
+    shared: selfheal_state::Shared,
+    config: selfheal_core::trust::TrustConfig,
+    started: Instant,
+    refresh: std::time::Duration,
+) {
+    if shared.store().is_none() {
+        return;
+    }
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(&trust.0);
+    handle.spawn(async move {
+        let mut tier = TrustTier::new(shared, config);
+        loop {
+            tokio::time::sleep(refresh).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let local = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            tier.refresh(&TrustMemory(inner), local, selfheal_state::unix_ms());
+        }
+    });
+}
+
+/// One replica's side of shared trust: what it last published and last merged.
+pub(crate) struct TrustTier {
+    shared: selfheal_state::Shared,
+    config: selfheal_core::trust::TrustConfig,
+    /// When this replica's record was last published (Unix ms).
+    published_ms: u64,
+    /// The other replicas' records as last merged (key → payload).
+    merged: std::collections::BTreeMap<String, String>,
+}
+
+impl TrustTier {
+    pub(crate) fn new(
+        shared: selfheal_state::Shared,
+        config: selfheal_core::trust::TrustConfig,
+    ) -> TrustTier {
+        TrustTier {
+            shared,
+            config,
+            published_ms: 0,
+            merged: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// How long a record lives: ten half-lives (a week without decay), at least a minute.
+    fn ttl_ms(&self) -> u64 {
+        match self.config.half_life_ms {
+            0 => TRUST_NO_DECAY_TTL_MS,
+            h => h.saturating_mul(10).max(TRUST_MIN_TTL_MS),
+        }
+    }
+
+    /// One round: publishes this replica's own evidence if it changed (or its record is half
+    /// way to expiring), and rebuilds what runs start from if another replica's record changed.
+    /// `local_ms` is the gateway's clock, `unix_ms` the wall clock.
+    pub(crate) fn refresh(&mut self, trust: &TrustMemory, local_ms: u64, unix_ms: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ttl = self.ttl_ms();
+        let stale = unix_ms.saturating_sub(self.published_ms) >= ttl / 2;
+        if trust.0.dirty.swap(false, Relaxed) || (stale && self.published_ms > 0) {
+            let own = trust.own();
+            let s = own
+                .sources()
+                .map(|(src, p)| {
+                    let mut d = p.decayed(local_ms, &self.config);
+                    d.at_ms = unix_ms;
+                    (src.clone(), d)
+                })
+                .filter(|(_, d)| d.right + d.wrong + d.up + d.down > 1e-9)
+                .collect();
+            let wire = TrustWire {
+                v: selfheal_core::trust::TRUST_VERSION,
+                s,
+            };
+            if let Ok(payload) = serde_json::to_string(&wire) {
+                self.shared
+                    .publish(&self.key(), payload, unix_ms.saturating_add(ttl));
+                self.published_ms = unix_ms;
+            }
+        }
+        let origin = self.shared.origin();
+        let others: std::collections::BTreeMap<String, String> = self
+            .shared
+            .scan(TRUST_PREFIX, unix_ms)
+            .into_iter()
+            .filter(|(_, r)| r.origin != origin)
+            .map(|(k, r)| (k, r.payload))
+            .collect();
+        if others != self.merged {
+            self.merge(trust, &others, local_ms, unix_ms);
+            self.merged = others;
+        }
+    }
+
+    fn key(&self) -> String {
+        format!("{TRUST_PREFIX}{:x}", self.shared.origin())
+    }
+
+    /// `view` = this replica's own evidence + each other record, its weights decayed to now and
+    /// moved onto the gateway's clock. Holds `own`'s lock throughout, so a report made meanwhile
+    /// is in both or waits.
+    fn merge(
+        &self,
+        trust: &TrustMemory,
+        others: &std::collections::BTreeMap<String, String>,
+        local_ms: u64,
+        unix_ms: u64,
+    ) {
+        let own = trust.0.own.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = own.clone();
+        for (key, payload) in others {
+            let wire = match serde_json::from_str::<TrustWire>(payload) {
+                Ok(w) if w.v == selfheal_core::trust::TRUST_VERSION => w,
+                // Another build's layout: left out, never read as something it is not.
+                _ => {
+                    tracing::debug!(target: "selfheal::state", key, "a trust record of another layout: left out");
+                    continue;
+                }
+            };
+            for (src, p) in &wire.s {
+                let mut d = p.decayed(unix_ms, &self.config);
+                d.at_ms = local_ms;
+                view.merge(src, &d, &self.config);
+            }
+        }
+        *trust.0.view.lock().unwrap_or_else(|p| p.into_inner()) = view;
     }
 }
 

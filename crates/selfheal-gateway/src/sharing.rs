@@ -95,7 +95,8 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
         st.share.writing.clone()
     };
     let _one_at_a_time = writing.lock().await;
-    for _ in 0..ATTEMPTS {
+    let link = new_link(state);
+    for attempt in 0..ATTEMPTS {
         let (id, expected, bytes, base) = {
             let st = lock(state);
             let Some((tenant, run)) = st.share.key.clone() else {
@@ -107,9 +108,20 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
             let base = (*st.ledger().spent(), st.requests);
             (RunId::new(&*tenant, &*run), st.share.version, bytes, base)
         };
-        let put = store
-            .put_run(&id, expected, Bytes::from(bytes), s.runs.ttl())
-            .await;
+        let put = store.put_run(&id, expected, Bytes::from(bytes), s.runs.ttl());
+        let put = match link.as_ref().filter(|_| attempt == 0) {
+            // The link of the run's newest answer goes with its first write, in parallel.
+            Some(response) => {
+                let at = RunId::new(&*id.tenant, response_key(response));
+                let run = Bytes::from(id.run.clone().into_bytes());
+                let (put, linked) = tokio::join!(put, store.put_run(&at, 0, run, s.runs.ttl()));
+                if linked.is_ok() {
+                    lock(state).share.linked = Some(response.clone());
+                }
+                put
+            }
+            None => put.await,
+        };
         let mut st = lock(state);
         match put {
             Ok(Put::Stored { version }) => {
@@ -133,6 +145,70 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
         }
     }
     s.runs.shared.contended.fetch_add(1, RELAXED);
+}
+
+/// The id of the run's newest Responses answer when its link to the run is not in the store
+/// yet.
+fn new_link(state: &Arc<Mutex<RunState>>) -> Option<String> {
+    let st = lock(state);
+    let id = &st.last_response.as_ref()?.id;
+    (st.share.linked.as_ref() != Some(id)).then(|| id.clone())
+}
+
+/// The store's key (under the tenant) of the run that sent the Responses answer `id`: apart
+/// from run ids, which start `r-`.
+fn response_key(id: &str) -> String {
+    format!("response:{id}")
+}
+
+/// Whether `label` is the id of a live run of `tenant` — answered by this replica or, when
+/// replicas share a store, by any: a client that sends back the `x-selfheal-run` it was
+/// answered continues that run on whichever replica it lands. The store is asked only for a
+/// label shaped like a run id that this replica does not know (once per run and replica: the
+/// request then loads the run here). Runs are stored under their tenant, so no other tenant's
+/// run is found.
+pub(crate) async fn owned_by(s: &AppState, label: &str, tenant: &str, now: Instant) -> bool {
+    if s.runs.owned_by(label, tenant, now) {
+        return true;
+    }
+    let Some(store) = s.shared.store() else {
+        return false;
+    };
+    if !is_run_id(label) {
+        return false;
+    }
+    matches!(store.get_run(&RunId::new(tenant, label)).await, Ok(Some(_)))
+}
+
+/// `r-` and 24 lowercase hex digits: the shape of every run id ([`crate::runs::run_id_of`]).
+fn is_run_id(label: &str) -> bool {
+    label.strip_prefix("r-").is_some_and(|h| {
+        h.len() == 24
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// The run of `tenant` that sent the Responses answer `id` (`previous_response_id`): known
+/// here, or — when replicas share a store — linked to its run by the replica that answered it
+/// (written with the run, before the answer was returned). One more round trip, only when this
+/// replica did not send that answer.
+pub(crate) async fn run_of_response(
+    s: &AppState,
+    id: &str,
+    tenant: &str,
+    now: Instant,
+) -> Option<String> {
+    if let Some(run) = s.runs.run_of_response(id, tenant, now) {
+        return Some(run);
+    }
+    let store = s.shared.store()?;
+    let link = store
+        .get_run(&RunId::new(tenant, response_key(id)))
+        .await
+        .ok()??;
+    let run = std::str::from_utf8(&link.bytes).ok()?;
+    is_run_id(run).then(|| run.to_owned())
 }
 
 /// One more holder of the run until its [`save`]: a streamed answer relayed after its handler
@@ -161,6 +237,8 @@ fn rebase(s: &AppState, st: &mut RunState, fresh: &Versioned) {
     };
     let fresh_spent = *next.ledger().spent();
     next.run.add_spent(&spent);
+    // The evidence the run sees from now on goes to this replica's trust store, as before.
+    next.trust = st.trust.take();
     next.share = std::mem::take(&mut st.share);
     next.share.version = fresh.version;
     next.share.base = (fresh_spent, next.requests);
@@ -287,6 +365,52 @@ mod tests {
         assert_eq!((st.failures, st.requests), (2, 2));
         assert!(st.seen.contains(1) && st.seen.contains(2));
         assert_eq!(st.share.version, 2);
+    }
+
+    /// A run continued from another replica's state reports its evidence to this replica's
+    /// trust store (it used to keep it to itself after the rebase).
+    #[tokio::test]
+    async fn a_run_loaded_from_another_replica_reports_to_this_ones_trust() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        let (a, b) = (replica(&store), replica(&store));
+        let on_a = load(&a, "r-1", "t", true, || observe(1)).await;
+        lock(&on_a).requests += 1;
+        save(&a, &on_a).await;
+        let on_b = load(&b, "r-1", "t", true, || observe(2)).await;
+        let st = lock(&on_b);
+        assert_eq!((st.share.version, st.requests), (1, 1), "a's state, loaded");
+        assert!(
+            st.trust
+                .as_ref()
+                .is_some_and(|(t, _)| Arc::ptr_eq(&t.0, &b.trust.0))
+        );
+    }
+
+    /// The run id one replica answered, sent back to another, names the same run there; the
+    /// Responses answer one replica sent, continued on another, leads to its run. Neither leaks
+    /// to another tenant.
+    #[tokio::test]
+    async fn run_ids_and_answers_are_found_on_every_replica() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        let (a, b) = (replica(&store), replica(&store));
+        let run = "r-0123456789abcdef01234567";
+        let on_a = load(&a, run, "t", true, || observe(1)).await;
+        lock(&on_a).last_response = Some(crate::runs::Responded {
+            id: "resp_1".into(),
+            calls: Vec::new(),
+        });
+        save(&a, &on_a).await;
+        let now = Instant::now();
+        assert!(!b.runs.owned_by(run, "t", now), "b has not seen it");
+        assert!(owned_by(&b, run, "t", now).await);
+        assert!(!owned_by(&b, run, "u", now).await, "another tenant's");
+        assert!(!owned_by(&b, "conversation-1", "t", now).await);
+        assert_eq!(
+            run_of_response(&b, "resp_1", "t", now).await.as_deref(),
+            Some(run)
+        );
+        assert_eq!(run_of_response(&b, "resp_1", "u", now).await, None);
+        assert_eq!(run_of_response(&b, "resp_2", "t", now).await, None);
     }
 
     /// What a request spent is added to a resumed state's ledger through the run.

@@ -257,6 +257,14 @@ impl AppState {
             config.budget,
             config.policy.clone(),
         );
+        let started = Instant::now();
+        crate::runs::share_trust(
+            runs.trust(),
+            shared.clone(),
+            config.policy.trust,
+            started,
+            Duration::from_millis(config.state.refresh_ms),
+        );
         Ok(AppState {
             trust: runs.trust().clone(),
             config,
@@ -270,7 +278,7 @@ impl AppState {
             tool_indexes: heal::ToolIndexCache::default(),
             no_stream: NoStream::shared(shared.clone()),
             shared,
-            started: Instant::now(),
+            started,
         })
     }
 

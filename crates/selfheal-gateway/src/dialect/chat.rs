@@ -69,7 +69,7 @@ pub(crate) async fn chat_inner(
         first_call: first.as_ref().map(|(i, n)| (i.as_str(), n.as_str())),
     };
     let opening = || crate::runs::chat_opening(&req.messages);
-    let (run, unnamed) = name_run(s, &caller.tenant, &naming, opening);
+    let (run, unnamed) = name_run(s, &caller.tenant, &naming, opening).await;
     let fallback = chain.get(1).map(|c| c.model.as_str());
     let redo = || crate::sharing::chat_redo(s, &bytes, fallback);
     let t = Turn {

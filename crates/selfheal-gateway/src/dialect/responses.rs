@@ -224,7 +224,7 @@ pub(crate) async fn open_turn(
             .filter_map(|(tag, v)| v.map(|v| (tag, v.into_bytes())))
             .collect()
     };
-    let (run, unnamed) = name_run(s, &caller.tenant, &naming, opening);
+    let (run, unnamed) = name_run(s, &caller.tenant, &naming, opening).await;
     let redo = || {
         let input = match req.get("input") {
             Some(Value::Array(items)) => items.clone(),
