@@ -159,9 +159,10 @@ pub enum Input<'a> {
     NextTurn,
     /// The run has a final answer; `by` says how the front-end knows the run's steps. With
     /// `answer` (its text and the run's evidence), the grounding rule
-    /// ([`crate::verifier::answer_grounding`]) judges it too: an answer stating numbers found
-    /// in no input or tool result of the run is answered `partial`, and [`Run::finish`] ends
-    /// the run `partial` while that answer stands.
+    /// ([`crate::verifier::answer_grounding`]) judges it too, when the run was offered tools
+    /// ([`Input::Offered`]): an answer stating numbers found in no input or tool result of the
+    /// run is answered `partial`, and [`Run::finish`] ends the run `partial` while that answer
+    /// stands.
     AnswerProposed {
         /// By plan (in-process) or by tool (on the wire).
         by: StepsBy,
@@ -355,6 +356,10 @@ pub struct Run {
     /// it cannot; [`Run::finish`] ends the run `partial` with it. Not part of a snapshot: it is
     /// judged again when an answer is proposed.
     ungrounded: Option<String>,
+    /// Whether the last [`Input::Offered`] offered any tool: only then is an answer judged by
+    /// the grounding rule. A run without tools answers from the model's own knowledge, which
+    /// nothing in the run could ground; flagging every such answer would say nothing.
+    tools_offered: bool,
 }
 
 /// Most retry, fall-back and skip events a run holds for [`Run::take_call_events`].
@@ -395,6 +400,7 @@ impl Run {
             queue: VecDeque::new(),
             call_events: Vec::new(),
             ungrounded: None,
+            tools_offered: false,
         }
     }
 
@@ -402,7 +408,10 @@ impl Run {
     pub fn handle(&mut self, input: Input<'_>, env: &mut Env<'_>) {
         let now = env.now_ms;
         match input {
-            Input::Offered(tools) => self.ctl.offer(tools.iter().copied()),
+            Input::Offered(tools) => {
+                self.tools_offered = !tools.is_empty();
+                self.ctl.offer(tools.iter().copied());
+            }
             Input::CallStarted {
                 call,
                 targets,
@@ -515,7 +524,7 @@ impl Run {
             }
             Input::AnswerProposed { by, answer } => {
                 if let Some(a) = answer {
-                    self.ungrounded = crate::verifier::answer_grounding(a.text, a.evidence);
+                    self.ungrounded = self.grounding(a);
                 }
                 if self.ctl.stopped().is_some() {
                     let d = self.ctl.guidance(now);
@@ -614,7 +623,14 @@ impl Run {
     pub fn unclaimable_answer(&self, by: StepsBy, answer: Option<Proposed<'_>>) -> Option<String> {
         self.ctl
             .unclaimable(by)
-            .or_else(|| answer.and_then(|a| crate::verifier::answer_grounding(a.text, a.evidence)))
+            .or_else(|| answer.and_then(|a| self.grounding(a)))
+    }
+
+    /// The grounding rule on a proposed answer, in a run that was offered tools.
+    fn grounding(&self, a: Proposed<'_>) -> Option<String> {
+        self.tools_offered
+            .then(|| crate::verifier::answer_grounding(a.text, a.evidence))
+            .flatten()
     }
 
     /// Whether the run stopped, how and why.
@@ -760,6 +776,7 @@ impl Run {
             queue: snapshot.queue,
             call_events: snapshot.call_events,
             ungrounded: None,
+            tools_offered: false,
         })
     }
 

@@ -415,6 +415,7 @@ proptest! {
 #[test]
 fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
     let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.input(Input::Offered(&["price", "calc"]));
     let evidence = [
         json!("Multiply the price of ACME by 3.5."),
         json!({"price": 120.25}),
@@ -459,7 +460,27 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         }]
     );
     assert_eq!(d.run.finish(0).status, RunStatus::Complete);
+    // A run offered no tools answers from the model's knowledge: nothing to ground it in.
     let mut d = Driver::new(ControllerConfig::default(), &[]);
+    let knowledge = d.input(Input::AnswerProposed {
+        by: StepsBy::Plan,
+        answer: Some(Proposed {
+            text: "420.9",
+            evidence: &evidence,
+        }),
+    });
+    assert!(
+        matches!(
+            knowledge.as_slice(),
+            [Action::Answer {
+                status: RunStatus::Complete,
+                ..
+            }]
+        ),
+        "{knowledge:?}"
+    );
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.input(Input::Offered(&["calc"]));
     d.input(Input::AnswerProposed {
         by: StepsBy::Plan,
         answer: Some(Proposed {

@@ -473,3 +473,33 @@ fn an_output_schema_that_does_not_compile_is_a_typed_error() {
         Judgement::Reject { .. }
     ));
 }
+
+/// Issue 31: the core's grounding rule judges the final answer in `Agent::run` — with no answer
+/// verifier configured. A number the run never saw (computed in the model's head) ends the run
+/// `partial`, the answer kept and the reason naming the number; a number copied from a tool
+/// result, rounded to the answer's precision, is claimed `complete`.
+#[tokio::test]
+async fn an_answer_with_a_made_up_number_ends_partial_without_any_verifier() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (agent, _s) = weather_agent(vec![tool], "It is 70.5 F in Paris.").await;
+    let r = agent.run(user("Weather in Paris, in Fahrenheit?"), 1).await;
+    assert_eq!(r.status, RunStatus::Partial, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some("It is 70.5 F in Paris."));
+    assert!(
+        r.reason.as_deref().is_some_and(|w| w.contains("70.5")),
+        "{:?}",
+        r.reason
+    );
+    assert!(
+        r.recovery_log.iter().any(|l| l.starts_with("grounding:")),
+        "{:?}",
+        r.recovery_log
+    );
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (agent, _s) = weather_agent(vec![tool], "It is 21.4 C in Paris.").await;
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+}
