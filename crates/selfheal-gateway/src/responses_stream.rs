@@ -519,6 +519,10 @@ impl Grammar for Responses {
         crate::pipeline::say_in_output(&mut answer.response, words);
     }
 
+    fn answer_text(answer: &Reanswered) -> Option<String> {
+        crate::dialect::responses::output_text(&answer.response)
+    }
+
     fn content_text(v: &Value) -> Option<&str> {
         if crate::heal::item_type(v) != Some("response.output_text.delta") {
             return None;

@@ -584,6 +584,18 @@ impl WholeDialect for Asked<'_> {
         self.call(chain, extra, log).await
     }
 
+    fn evidence(&self) -> Option<Vec<Value>> {
+        (!self.tools.is_empty()).then(|| recover::responses_texts(self.req))
+    }
+
+    fn first_text(first: &Value) -> Option<String> {
+        Self::text(first)
+    }
+
+    fn text(answer: &Value) -> Option<String> {
+        output_text(answer)
+    }
+
     fn check(&self, answer: &mut Value) -> heal::CallCheck {
         let evidence = self.checks.evidence.as_deref().map(Vec::as_slice);
         let answered = &self.checks.answered;
@@ -637,6 +649,8 @@ pub(crate) async fn answer_responses_stream(
     let check = calls_check(again.checks.answered.clone(), grounded);
     let mut hooks = stream_hooks(t, &again, check);
     hooks.salvage = salvage_on(&again.req);
+    hooks.grounding = (!again.tools.is_empty())
+        .then(|| crate::pipeline::grounding_hook(t, recover::responses_texts(&again.req)));
     let on = (&again.chain[..], &encode as crate::pipeline::Encode<'_>);
     let op = &responses_op;
     relay_stream::<responses_stream::Responses>(t, on, op, again.tools.clone(), hooks, actions)
@@ -761,6 +775,29 @@ pub(crate) fn responses_calls(response: &Value) -> bool {
             o.iter()
                 .any(|i| crate::heal::item_type(i) == Some("function_call"))
         })
+}
+
+/// The text of a response's `message` output items (`output_text` parts), joined; `None`
+/// when it has none.
+pub(crate) fn output_text(response: &Value) -> Option<String> {
+    let mut out = String::new();
+    for item in response.get("output").and_then(Value::as_array)? {
+        if crate::heal::item_type(item) != Some("message") {
+            continue;
+        }
+        for part in item
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(t) = part.get("text").and_then(Value::as_str) {
+                out.push_str(t);
+                out.push('\n');
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Puts the gateway's repair of a tool result in place of the `output` of its
