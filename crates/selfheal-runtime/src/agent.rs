@@ -41,7 +41,7 @@ use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryActio
 use selfheal_core::rng::SplitMix64;
 use selfheal_core::run::{Action, Env, Input, Proposed, Run, StepAction};
 use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::{Judgement, Subject, Verifier};
+use selfheal_core::verifier::{Judgement, Subject, Verifier, ungrounded_arguments};
 use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
 
 use crate::tool::{Effect, Tool, ToolError};
@@ -997,6 +997,30 @@ impl Loop<'_> {
             } else {
                 raw_text.clone()
             };
+            if tool.spec().grounded {
+                let mut evidence = self.task.clone();
+                evidence.extend(self.evidence.iter().cloned());
+                let missing = ungrounded_arguments(&args.value, &evidence);
+                if !missing.is_empty() {
+                    history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
+                    self.log.push(format!(
+                        "grounding: the call to {tname} invents {}",
+                        missing.join(", ")
+                    ));
+                    let text = format!(
+                        "Your call to `{tname}` was not run: its arguments must be copied from the \
+                         task or an earlier tool result, and these appear in neither: {}. Call the \
+                         tool that gives that value first, or copy the value exactly.",
+                        missing.join(", ")
+                    );
+                    let errors = missing
+                        .iter()
+                        .map(|m| format!("at (root): {m} is ungrounded"))
+                        .collect();
+                    problems.push((id, text, Signal::InvalidArguments { errors }));
+                    continue;
+                }
+            }
             history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
             let repaired = renamed || !args.repairs.is_empty() || !args.coercions.is_empty();
             if repaired {
