@@ -593,7 +593,7 @@ impl WholeDialect for Asked<'_> {
     }
 
     fn text(answer: &Value) -> Option<String> {
-        output_text(answer)
+        responses_stream::output_text(answer)
     }
 
     fn check(&self, answer: &mut Value) -> heal::CallCheck {
@@ -775,29 +775,6 @@ pub(crate) fn responses_calls(response: &Value) -> bool {
             o.iter()
                 .any(|i| crate::heal::item_type(i) == Some("function_call"))
         })
-}
-
-/// The text of a response's `message` output items (`output_text` parts), joined; `None`
-/// when it has none.
-pub(crate) fn output_text(response: &Value) -> Option<String> {
-    let mut out = String::new();
-    for item in response.get("output").and_then(Value::as_array)? {
-        if crate::heal::item_type(item) != Some("message") {
-            continue;
-        }
-        for part in item
-            .get("content")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(t) = part.get("text").and_then(Value::as_str) {
-                out.push_str(t);
-                out.push('\n');
-            }
-        }
-    }
-    (!out.is_empty()).then_some(out)
 }
 
 /// Puts the gateway's repair of a tool result in place of the `output` of its
