@@ -107,9 +107,12 @@ def main():
     ap.add_argument("--gateway", required=True, help="selfheal serve's base URL (…/v1)")
     ap.add_argument("--model", default="local")
     ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--rows", default="direct,gateway",
+                    help="which rows to measure: direct, gateway or both (comma-separated)")
     a = ap.parse_args()
     results = {}
-    for label, base in (("direct", a.direct), ("gateway", a.gateway)):
+    rows = [r for r in (("direct", a.direct), ("gateway", a.gateway)) if r[0] in a.rows.split(",")]
+    for label, base in rows:
         for stream in (False, True):
             ok = 0
             t0 = time.time()

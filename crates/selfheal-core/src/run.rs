@@ -157,11 +157,30 @@ pub enum Input<'a> {
     /// The model is about to be asked for the next step: what guidance it gets and which tools
     /// it is not offered.
     NextTurn,
-    /// The run has a final answer; `by` says how the front-end knows the run's steps.
+    /// The run has a final answer; `by` says how the front-end knows the run's steps. With
+    /// `answer` (its text and the run's evidence), the grounding rule
+    /// ([`crate::verifier::answer_grounding`]) judges it too, when the run was offered tools
+    /// ([`Input::Offered`]): an answer stating numbers found in no input or tool result of the
+    /// run is answered `partial`, and [`Run::finish`] ends the run `partial` while that answer
+    /// stands.
     AnswerProposed {
         /// By plan (in-process) or by tool (on the wire).
         by: StepsBy,
+        /// The answer's text and the evidence it is judged against; `None` when the front-end
+        /// has no text to judge (nothing is judged then).
+        answer: Option<Proposed<'a>>,
     },
+}
+
+/// A final answer as proposed to the run ([`Input::AnswerProposed`]): its text, and what the
+/// run holds to check it against — the task's own words (its user and system messages, never
+/// the front-end's guidance nor the model's words) and the tool results the model was shown.
+#[derive(Debug, Clone, Copy)]
+pub struct Proposed<'a> {
+    /// The answer's text.
+    pub text: &'a str,
+    /// The run's evidence: inputs and tool results, as values (a text as a string).
+    pub evidence: &'a [serde_json::Value],
 }
 
 /// Everything a front-end must do.
@@ -333,6 +352,14 @@ pub struct Run {
     calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
     call_events: Vec<(CallId, CallEvent)>,
+    /// Why the last answer proposed with its text cannot be claimed (the grounding rule), if
+    /// it cannot; [`Run::finish`] ends the run `partial` with it. Not part of a snapshot: it is
+    /// judged again when an answer is proposed.
+    ungrounded: Option<String>,
+    /// Whether the last [`Input::Offered`] offered any tool: only then is an answer judged by
+    /// the grounding rule. A run without tools answers from the model's own knowledge, which
+    /// nothing in the run could ground; flagging every such answer would say nothing.
+    tools_offered: bool,
 }
 
 /// Most retry, fall-back and skip events a run holds for [`Run::take_call_events`].
@@ -372,6 +399,8 @@ impl Run {
             calls: BTreeMap::new(),
             queue: VecDeque::new(),
             call_events: Vec::new(),
+            ungrounded: None,
+            tools_offered: false,
         }
     }
 
@@ -379,7 +408,10 @@ impl Run {
     pub fn handle(&mut self, input: Input<'_>, env: &mut Env<'_>) {
         let now = env.now_ms;
         match input {
-            Input::Offered(tools) => self.ctl.offer(tools.iter().copied()),
+            Input::Offered(tools) => {
+                self.tools_offered = !tools.is_empty();
+                self.ctl.offer(tools.iter().copied());
+            }
             Input::CallStarted {
                 call,
                 targets,
@@ -490,7 +522,10 @@ impl Run {
                 let d = self.ctl.guidance(now);
                 self.directive(d);
             }
-            Input::AnswerProposed { by } => {
+            Input::AnswerProposed { by, answer } => {
+                if let Some(a) = answer {
+                    self.ungrounded = self.grounding(a);
+                }
                 if self.ctl.stopped().is_some() {
                     let d = self.ctl.guidance(now);
                     self.directive(d);
@@ -499,7 +534,7 @@ impl Run {
                         reads: self.ctl.reread_reads(),
                     });
                 } else {
-                    let reason = self.ctl.unclaimable(by);
+                    let reason = self.ctl.unclaimable(by).or_else(|| self.ungrounded.clone());
                     let status = if reason.is_some() {
                         RunStatus::Partial
                     } else {
@@ -581,6 +616,23 @@ impl Run {
         self.ctl.unclaimable(by)
     }
 
+    /// Why `answer`, given now, could not be claimed complete: [`Run::unclaimable`], else the
+    /// grounding rule over its text and evidence ([`crate::verifier::answer_grounding`]) —
+    /// what [`Input::AnswerProposed`] with that answer decides, without proposing it (a
+    /// front-end that answers while the run goes on, the gateway, flags its answer so).
+    pub fn unclaimable_answer(&self, by: StepsBy, answer: Option<Proposed<'_>>) -> Option<String> {
+        self.ctl
+            .unclaimable(by)
+            .or_else(|| answer.and_then(|a| self.grounding(a)))
+    }
+
+    /// The grounding rule on a proposed answer, in a run that was offered tools.
+    fn grounding(&self, a: Proposed<'_>) -> Option<String> {
+        self.tools_offered
+            .then(|| crate::verifier::answer_grounding(a.text, a.evidence))
+            .flatten()
+    }
+
     /// Whether the run stopped, how and why.
     pub fn stopped(&self) -> Option<(RunStatus, &str)> {
         self.ctl.stop_reason()
@@ -627,10 +679,18 @@ impl Run {
         self.call_events.retain(|(id, _)| *id != call);
     }
 
-    /// Ends the run and returns its typed outcome.
+    /// Ends the run and returns its typed outcome: a run the controller ends `complete` whose
+    /// last answer proposed with its text failed the grounding rule ends `partial`, with why.
     pub fn finish(&mut self, now_ms: u64) -> RunOutcome {
         self.calls.clear();
-        self.ctl.finish(now_ms)
+        let mut outcome = self.ctl.finish(now_ms);
+        if outcome.status == RunStatus::Complete
+            && let Some(why) = self.ungrounded.clone()
+        {
+            outcome.status = RunStatus::Partial;
+            outcome.reason = Some(why);
+        }
+        outcome
     }
 
     /// The evidence about its sources this run saw since the last call, for the front-end's
@@ -722,6 +782,8 @@ impl Run {
             calls: snapshot.calls,
             queue: snapshot.queue,
             call_events: snapshot.call_events,
+            ungrounded: None,
+            tools_offered: false,
         })
     }
 

@@ -455,6 +455,177 @@ fn grounds(evidence: &Value, leaf: &Value) -> bool {
     false
 }
 
+/// The smallest number an answer's text is judged on: integers up to this are counting words
+/// ("3 results", "step 2", a list's index), not values read from somewhere, and are left out of
+/// [`ungrounded_numbers`].
+pub const SMALL_COUNT: u64 = 10;
+
+/// The numbers of a final answer's `text` that appear in none of the `evidence` — the task's own
+/// words (its user and system messages) and the run's tool results — as written in the answer.
+///
+/// Why: a model that computes in its head, or reads a number wrong, states it as confidently as
+/// one it copied; an answer that carries a number nothing in the run holds is a claim the run
+/// cannot stand behind, and is not `complete` ([`answer_grounding`] says why, the core's
+/// [`crate::run::Run`] flags the answer `partial`). The check is the answer-side twin of
+/// [`ungrounded_arguments`].
+///
+/// The rule, per number of the answer text:
+/// - a number is a run of digits with an optional leading `-`, thousands separators (`1,234`,
+///   `1 234` with a thin space, `1_234`) and one decimal part; one that touches a letter or `_`
+///   (`Qwen2`, `c_to_f`, `A4`, `3rd`) is part of a word, not a value, and is not judged;
+/// - integers from 0 to [`SMALL_COUNT`] are not judged (counting words; a made-up answer that
+///   small slips through — the price of not flagging every "2 results");
+/// - years are judged like any number: the run cannot tell "1945" known by the model from one
+///   invented, and refusing to claim is the safe side;
+/// - it is grounded when an evidence number (a number leaf, or a number written in an evidence
+///   text, separators read the same way) equals it, or rounds to it at the answer's precision
+///   (`1234.5678` grounds `1,234.57`, `1235` and `1234.6`; trailing zeros do not count as
+///   precision: `18.50` is `18.5`). A sign must match.
+///
+/// Returns each ungrounded number once, as written, in order of appearance. Pure and bounded by
+/// its inputs.
+pub fn ungrounded_numbers(text: &str, evidence: &[Value]) -> Vec<String> {
+    let mut known: Vec<f64> = Vec::new();
+    for e in evidence {
+        let mut stack = vec![e];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::Array(a) => stack.extend(a.iter()),
+                Value::Object(o) => stack.extend(o.values()),
+                Value::Number(n) => known.extend(n.as_f64()),
+                Value::String(s) => known.extend(numbers_in(s).into_iter().map(|n| n.value)),
+                Value::Null | Value::Bool(_) => {}
+            }
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for n in numbers_in(text) {
+        let small = n.decimals == 0 && n.value >= 0.0 && n.value <= SMALL_COUNT as f64;
+        if small || out.contains(&n.written) {
+            continue;
+        }
+        if !known.iter().any(|&k| grounds_number(k, &n)) {
+            out.push(n.written);
+        }
+    }
+    out
+}
+
+/// Why a final answer's text cannot be claimed `complete` by the grounding rule
+/// ([`ungrounded_numbers`]), if it cannot: the first few ungrounded numbers named.
+pub fn answer_grounding(text: &str, evidence: &[Value]) -> Option<String> {
+    let mut missing = ungrounded_numbers(text, evidence);
+    if missing.is_empty() {
+        return None;
+    }
+    let more = missing.len().saturating_sub(3);
+    missing.truncate(3);
+    let more = if more > 0 {
+        format!(" (and {more} more)")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "the answer states {}{more}, found in no input or tool result of the run",
+        missing.join(", ")
+    ))
+}
+
+/// A number as written in a text.
+#[derive(Debug, Clone, PartialEq)]
+struct Written {
+    /// The text of it, as written.
+    written: String,
+    /// Its value.
+    value: f64,
+    /// Digits after the decimal point, trailing zeros left out.
+    decimals: u32,
+}
+
+/// Whether evidence number `k` grounds `n`: equal, or `k` rounded to `n`'s decimals is `n`.
+fn grounds_number(k: f64, n: &Written) -> bool {
+    let same = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+    if same(k, n.value) {
+        return true;
+    }
+    if n.decimals > 12 {
+        return false;
+    }
+    let scale = 10f64.powi(n.decimals as i32);
+    same((k * scale).round() / scale, n.value)
+}
+
+/// The numbers written in `text` (see [`ungrounded_numbers`] for what counts as one).
+fn numbers_in(text: &str) -> Vec<Written> {
+    let chars: Vec<char> = text.chars().collect();
+    let wordy = |c: char| c.is_alphabetic() || c == '_';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut int = String::new();
+        let mut frac = String::new();
+        while i < chars.len() {
+            let c = chars[i];
+            if c.is_ascii_digit() {
+                int.push(c);
+                i += 1;
+            } else if matches!(c, ',' | '_' | '\u{202f}' | '\u{2009}')
+                && chars
+                    .get(i + 1..i + 4)
+                    .is_some_and(|g| g.iter().all(char::is_ascii_digit))
+                && !chars.get(i + 4).is_some_and(char::is_ascii_digit)
+            {
+                // A thousands separator: exactly three digits follow.
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        if chars.get(i) == Some(&'.') && chars.get(i + 1).is_some_and(char::is_ascii_digit) {
+            i += 1;
+            while let Some(&c) = chars.get(i).filter(|c| c.is_ascii_digit()) {
+                frac.push(c);
+                i += 1;
+            }
+        }
+        let before = start.checked_sub(1).and_then(|j| chars.get(j)).copied();
+        let after = chars.get(i).copied();
+        if before.is_some_and(wordy) || after.is_some_and(wordy) {
+            continue;
+        }
+        let negative = before == Some('-')
+            && start
+                .checked_sub(2)
+                .and_then(|j| chars.get(j))
+                .is_none_or(|c| !c.is_alphanumeric());
+        let trimmed = frac.trim_end_matches('0');
+        let literal = if trimmed.is_empty() {
+            int.clone()
+        } else {
+            format!("{int}.{trimmed}")
+        };
+        let Ok(mut value) = literal.parse::<f64>() else {
+            continue;
+        };
+        let mut written: String = chars[start..i].iter().collect();
+        if negative {
+            value = -value;
+            written.insert(0, '-');
+        }
+        out.push(Written {
+            written,
+            value,
+            decimals: trimmed.len() as u32,
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -603,5 +774,55 @@ mod tests {
         );
         // No evidence: every judged argument is ungrounded.
         assert_eq!(ungrounded_arguments(&json!({"x": 1}), &[]).len(), 1);
+    }
+
+    #[test]
+    fn answer_numbers_must_come_from_the_run() {
+        let evidence = [
+            json!("How many USD are 250 units of the currency of Mexico?"),
+            json!({"rate": 0.0587, "price": 1234.5678}),
+            json!("{\"population\": \"12,345,678\"}"),
+        ];
+        // Copied, rounded to the answer's precision, or written with separators: grounded.
+        for ok in [
+            "It is 0.0587 per unit.",
+            "1,234.57 USD",
+            "about 1235",
+            "1234.6",
+            "12345678 people",
+            "12,345,678",
+            "250.00 units",
+        ] {
+            assert!(ungrounded_numbers(ok, &evidence).is_empty(), "{ok}");
+        }
+        // Counting words and numbers inside words are not judged.
+        assert!(ungrounded_numbers("Step 2 of 3: done with c_to_f on Qwen2", &evidence).is_empty());
+        // Computed in the head (250 × 0.0587), not by a tool: no result holds it.
+        assert_eq!(ungrounded_numbers("14.675", &evidence), vec!["14.675"]);
+        // Made up: flagged, as written, once.
+        assert_eq!(
+            ungrounded_numbers("The answer is 187.3 (187.3 USD), from 1,999.", &evidence),
+            vec!["187.3".to_owned(), "1,999".to_owned()]
+        );
+        // A rounding that does not match, and a sign that does not.
+        assert_eq!(ungrounded_numbers("1234.56", &evidence), vec!["1234.56"]);
+        assert_eq!(ungrounded_numbers("it fell -250", &evidence), vec!["-250"]);
+        // Years are judged like any number.
+        assert_eq!(ungrounded_numbers("in 1945", &evidence), vec!["1945"]);
+        // No evidence at all: every judged number is ungrounded.
+        assert_eq!(ungrounded_numbers("42 and 7", &[]), vec!["42"]);
+    }
+
+    #[test]
+    fn answer_grounding_names_what_is_missing() {
+        assert_eq!(
+            answer_grounding("It is 18.5 °C.", &[json!({"temp": 18.5})]),
+            None
+        );
+        let why = answer_grounding("It is 21 °C, 70 °F, 294 K, 12 m/s.", &[json!({"t": 18})]);
+        let Some(why) = why else {
+            panic!("ungrounded numbers must be named")
+        };
+        assert!(why.contains("21, 70, 294 (and 1 more)"), "{why}");
     }
 }

@@ -10,7 +10,7 @@ use selfheal_core::controller::{ControllerConfig, Observation, StepsBy};
 use selfheal_core::monitor::ToolCall;
 use selfheal_core::policy::{Options, RecoveryAction};
 use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, ResumeError, Run, STATE_VERSION};
+use selfheal_core::run::{Action, Env, Input, Proposed, ResumeError, Run, STATE_VERSION};
 use selfheal_core::trace::{Event, RunStatus};
 use selfheal_core::verifier::Judgement;
 use selfheal_core::{FailureClass, Signal};
@@ -211,7 +211,10 @@ fn an_answer_after_a_recovery_is_read_again_first_then_answered() {
         usage: Amounts::default(),
     }));
     assert!(matches!(ok.as_slice(), [Action::Proceed { .. }]), "{ok:?}");
-    let first = d.input(Input::AnswerProposed { by: StepsBy::Tool });
+    let first = d.input(Input::AnswerProposed {
+        by: StepsBy::Tool,
+        answer: None,
+    });
     assert!(
         matches!(first.as_slice(), [Action::ReadAgain { reads }] if *reads >= 1),
         "{first:?}"
@@ -227,7 +230,10 @@ fn an_answer_after_a_recovery_is_read_again_first_then_answered() {
         "{read:?}"
     );
     // Read once per run: the second proposal is answered.
-    let answer = d.input(Input::AnswerProposed { by: StepsBy::Tool });
+    let answer = d.input(Input::AnswerProposed {
+        by: StepsBy::Tool,
+        answer: None,
+    });
     assert_eq!(
         answer,
         vec![Action::Answer {
@@ -253,7 +259,10 @@ fn a_stopped_run_answers_every_proposal_with_its_stop() {
         }));
     }
     assert!(matches!(last.as_slice(), [Action::Stop { .. }]), "{last:?}");
-    let answer = d.input(Input::AnswerProposed { by: StepsBy::Tool });
+    let answer = d.input(Input::AnswerProposed {
+        by: StepsBy::Tool,
+        answer: None,
+    });
     assert!(
         matches!(answer.as_slice(), [Action::Stop { .. }]),
         "{answer:?}"
@@ -368,7 +377,10 @@ fn apply(d: &mut Driver, s: &Step) -> Vec<Action> {
             }))
         }
         Step::Next => d.input(Input::NextTurn),
-        Step::Propose => d.input(Input::AnswerProposed { by: StepsBy::Tool }),
+        Step::Propose => d.input(Input::AnswerProposed {
+            by: StepsBy::Tool,
+            answer: None,
+        }),
     }
 }
 
@@ -395,4 +407,88 @@ proptest! {
         let (x, y) = (kept.run.finish(1 << 40), moved.run.finish(1 << 40));
         prop_assert_eq!(x, y);
     }
+}
+
+/// Issue 31: an answer whose numbers appear in no input or tool result of the run is answered
+/// `partial`, and the run ends `partial` while it stands; a grounded answer proposed after it
+/// is claimed again.
+#[test]
+fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.input(Input::Offered(&["price", "calc"]));
+    let evidence = [
+        json!("Multiply the price of ACME by 3.5."),
+        json!({"price": 120.25}),
+    ];
+    let made_up = d.input(Input::AnswerProposed {
+        by: StepsBy::Plan,
+        answer: Some(Proposed {
+            text: "The result is 420.9.",
+            evidence: &evidence,
+        }),
+    });
+    match made_up.as_slice() {
+        [
+            Action::Answer {
+                status: RunStatus::Partial,
+                reason: Some(why),
+            },
+        ] => assert!(why.contains("420.9"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let flagged = d.run.unclaimable_answer(
+        StepsBy::Plan,
+        Some(Proposed {
+            text: "420.9",
+            evidence: &evidence,
+        }),
+    );
+    assert!(flagged.is_some());
+    // A copied (and rounded) number is claimed; without a text nothing is judged.
+    let copied = d.input(Input::AnswerProposed {
+        by: StepsBy::Plan,
+        answer: Some(Proposed {
+            text: "The price is 120.3 and the factor 3.5.",
+            evidence: &evidence,
+        }),
+    });
+    assert_eq!(
+        copied,
+        vec![Action::Answer {
+            status: RunStatus::Complete,
+            reason: None
+        }]
+    );
+    assert_eq!(d.run.finish(0).status, RunStatus::Complete);
+    // A run offered no tools answers from the model's knowledge: nothing to ground it in.
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    let knowledge = d.input(Input::AnswerProposed {
+        by: StepsBy::Plan,
+        answer: Some(Proposed {
+            text: "420.9",
+            evidence: &evidence,
+        }),
+    });
+    assert!(
+        matches!(
+            knowledge.as_slice(),
+            [Action::Answer {
+                status: RunStatus::Complete,
+                ..
+            }]
+        ),
+        "{knowledge:?}"
+    );
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.input(Input::Offered(&["calc"]));
+    d.input(Input::AnswerProposed {
+        by: StepsBy::Plan,
+        answer: Some(Proposed {
+            text: "420.9",
+            evidence: &evidence,
+        }),
+    });
+    let out = d.run.finish(0);
+    assert_eq!(out.status, RunStatus::Partial);
+    assert!(out.reason.is_some_and(|r| r.contains("420.9")));
 }

@@ -1021,12 +1021,21 @@ pub(crate) fn stream_hooks<A: AskStream>(
         check,
         reread: Some(reread_hook(again)),
         unsettled: Some(Box::new(move || recover::unsettled(&lock(&state)))),
+        // The dialect sets it: the evidence is its request's.
+        grounding: None,
         head: None,
         budget: Some(Box::new(move || budget_json(&lock(&budget)))),
         on_partial: t.s.config.server.on_partial,
         // The dialect says whether its request allows it (`tool_choice`).
         salvage: false,
     }
+}
+
+/// The grounding rule of a streamed final answer ([`crate::relay::Hooks::grounding`]): the
+/// core's judgement of its text against `evidence`, the request's, read while it was at hand.
+pub(crate) fn grounding_hook(t: &Turn, evidence: Vec<Value>) -> crate::relay::Grounding {
+    let state = t.state.clone();
+    Box::new(move |text: &str| recover::ungrounded_answer(&lock(&state), text, &evidence))
 }
 
 /// How a request is written for a target model.

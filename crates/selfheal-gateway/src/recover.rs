@@ -283,6 +283,17 @@ pub(crate) fn unsettled(st: &RunState) -> Option<String> {
     st.run.unclaimable(selfheal_core::controller::StepsBy::Tool)
 }
 
+/// Why a final answer whose text is `text` cannot go out as complete: [`unsettled`], else the
+/// core's grounding rule over the text and the request's `evidence`
+/// ([`selfheal_core::run::Run::unclaimable_answer`]: a number found in no input or tool
+/// result of the run, in a run offered tools).
+pub fn ungrounded_answer(st: &RunState, text: &str, evidence: &[Value]) -> Option<String> {
+    st.run.unclaimable_answer(
+        selfheal_core::controller::StepsBy::Tool,
+        Some(selfheal_core::run::Proposed { text, evidence }),
+    )
+}
+
 /// The guidance that asks, before the run answers, for one more read of a value.
 pub(crate) fn reread_text(tool: &str, args: &Value) -> String {
     format!("Before you answer, read `{tool}` again: call it with the arguments {args}.")
@@ -304,6 +315,7 @@ pub(crate) fn reread_before_answer(st: &mut RunState) -> Option<String> {
     let proposed = st.decide(
         Input::AnswerProposed {
             by: selfheal_core::controller::StepsBy::Tool,
+            answer: None,
         },
         0,
         &mut rng,
@@ -488,6 +500,12 @@ pub(crate) fn responses_evidence(
     {
         return None;
     }
+    Some(responses_texts(req))
+}
+
+/// The evidence a `/v1/responses` request holds (see [`responses_evidence`]), whatever it
+/// offers: what a final answer's numbers are grounded in.
+pub fn responses_texts(req: &serde_json::Map<String, Value>) -> Vec<Value> {
     let mut out = Vec::new();
     if let Some(i) = req.get("instructions").and_then(Value::as_str) {
         out.push(Value::String(i.to_owned()));
@@ -524,7 +542,7 @@ pub(crate) fn responses_evidence(
         }
         _ => {}
     }
-    Some(out)
+    out
 }
 
 /// How a tool result reads on the wire: what failed, or the value.

@@ -92,6 +92,15 @@ pub(crate) type ReadAgain<A> = Box<dyn FnOnce() -> BoxFuture<'static, Option<Rer
 /// claims nothing after one), asked when the answer ends without tool calls.
 pub(crate) type Unsettled = Box<dyn Fn() -> Option<String> + Send>;
 
+/// The core's grounding rule on a final answer's text (issue 31): why its numbers cannot be
+/// claimed, if they cannot ([`crate::recover::ungrounded_answer`], the request's evidence
+/// read while it was at hand).
+pub(crate) type Grounding = Box<dyn Fn(&str) -> Option<String> + Send>;
+
+/// Most bytes of a streamed final answer's text kept for the grounding rule; beyond, the rest
+/// is not judged.
+pub(crate) const MAX_SAID_BYTES: usize = 256 * 1024;
+
 /// The run's budget as it stands (`{"spent", "limits"}`): the final report's, read when the
 /// stream ends, since what the relay asked again (a re-issue, a re-ask, a read before
 /// answering) was charged after the report was made.
@@ -121,6 +130,8 @@ pub struct Hooks<A> {
     pub reread: Option<ReadAgain<A>>,
     /// The core's judgement of a final answer.
     pub unsettled: Option<Unsettled>,
+    /// The core's grounding rule on a final answer's text (`None`: the request offers no tools).
+    pub grounding: Option<Grounding>,
     /// Where the report goes when the first frame goes out.
     pub head: Option<Head>,
     /// The run's budget for the final report.
@@ -142,6 +153,7 @@ impl<A> Default for Hooks<A> {
             check: None,
             reread: None,
             unsettled: None,
+            grounding: None,
             head: None,
             budget: None,
             on_partial: OnPartial::default(),
@@ -275,6 +287,8 @@ pub(crate) trait Grammar: Send {
     fn calls_tools(answer: &Self::Answer) -> bool;
     /// Puts `words` into a whole answer that calls no tools (and no longer ends in calls).
     fn say(answer: &mut Self::Answer, words: &str);
+    /// The text of a whole answer's content (`None` for one without text).
+    fn answer_text(answer: &Self::Answer) -> Option<String>;
     /// The text a content event carries (`None` for one without text).
     fn content_text(v: &Value) -> Option<&str>;
     /// A whole answer made of `text` — the content held while it might write a tool call as
@@ -463,6 +477,9 @@ struct Relay<'t, G: Grammar> {
     replaced: bool,
     /// Content held while it may write a tool call as text.
     held: Option<HeldText>,
+    /// The text of the content sent so far (up to [`MAX_SAID_BYTES`]): what the grounding rule
+    /// judges when a final answer ends.
+    said: String,
 }
 
 /// Relays an upstream response (an event stream, or a whole answer) to `tx` in grammar `g`
@@ -489,6 +506,7 @@ pub(crate) async fn relay<G: Grammar>(
         unread: None,
         replaced: false,
         held: None,
+        said: String::new(),
     };
     let outcome = if is_event_stream(&upstream) {
         r.pump(upstream).await
@@ -521,6 +539,11 @@ impl<G: Grammar> Relay<'_, G> {
     /// Sends one event, after the held ones.
     async fn send(&mut self, v: Value) -> Result<(), Gone> {
         self.g.note_sent(&v, &mut self.report);
+        if let Some(t) = G::content_text(&v)
+            && self.said.len() + t.len() <= MAX_SAID_BYTES
+        {
+            self.said.push_str(t);
+        }
         self.head(false);
         for h in self.g.take_held() {
             let f = self.g.frame(h);
@@ -735,7 +758,7 @@ impl<G: Grammar> Relay<'_, G> {
             }
         }
         if !called {
-            self.settle();
+            self.settle(None);
         }
         let selfheal = self.selfheal_now();
         self.g.seal(&mut v, selfheal.as_ref(), &mut self.report);
@@ -785,12 +808,16 @@ impl<G: Grammar> Relay<'_, G> {
     }
 
     /// A final answer (no tool calls) is ending: why it is not claimed complete, once — a read
-    /// before answering that was not made, else the core's judgement of the run.
-    fn settle(&mut self) {
+    /// before answering that was not made, else the core's judgement of the run, else the
+    /// core's grounding rule on its text (`whole`'s, or the content sent).
+    fn settle(&mut self, whole: Option<String>) {
         if self.report.unsettled.is_some() {
             return;
         }
-        self.report.unsettled = self.unread.take().or_else(|| self.unsettled());
+        self.report.unsettled = self.unread.take().or_else(|| self.unsettled()).or_else(|| {
+            let ground = self.hooks.grounding.as_ref()?;
+            ground(whole.as_deref().unwrap_or(&self.said))
+        });
     }
 
     /// A non-SSE answer to a streaming request: its calls checked as a streamed answer's are
@@ -841,7 +868,7 @@ impl<G: Grammar> Relay<'_, G> {
             answer = r;
         }
         if !G::calls_tools(&answer) {
-            self.settle();
+            self.settle(G::answer_text(&answer));
             if !self.report.invalid.is_empty() {
                 let Some(words) = self.left_out().await? else {
                     return Ok(());

@@ -523,6 +523,10 @@ impl Grammar for Responses {
         crate::pipeline::say_in_output(&mut answer.response, words);
     }
 
+    fn answer_text(answer: &Reanswered) -> Option<String> {
+        output_text(&answer.response)
+    }
+
     fn content_text(v: &Value) -> Option<&str> {
         if crate::heal::item_type(v) != Some("response.output_text.delta") {
             return None;
@@ -773,6 +777,29 @@ fn terminal_type(response: &Value) -> &'static str {
         Some("incomplete") => "response.incomplete",
         _ => "response.completed",
     }
+}
+
+/// The text of a response's `message` output items (`output_text` parts), joined; `None`
+/// when it has none.
+pub(crate) fn output_text(response: &Value) -> Option<String> {
+    let mut out = String::new();
+    for item in response.get("output").and_then(Value::as_array)? {
+        if crate::heal::item_type(item) != Some("message") {
+            continue;
+        }
+        for part in item
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(t) = part.get("text").and_then(Value::as_str) {
+                out.push_str(t);
+                out.push('\n');
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 #[cfg(test)]

@@ -378,6 +378,14 @@ impl Grammar for Chat {
         }
     }
 
+    fn answer_text(answer: &Reasked) -> Option<String> {
+        answer
+            .message
+            .get("content")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    }
+
     fn content_text(v: &Value) -> Option<&str> {
         v.at("/choices/0/delta/content").and_then(Value::as_str)
     }

@@ -65,6 +65,14 @@ pub(crate) trait WholeDialect {
         extra: Option<&Value>,
         log: &mut CallLog,
     ) -> Result<Value, ApiError>;
+    /// What a final answer's numbers are grounded in (the core's grounding rule, issue 31): the
+    /// request's user, system and developer texts and its tool results; `None` when the request
+    /// offers no tools (nothing is judged then).
+    fn evidence(&self) -> Option<Vec<Value>>;
+    /// The text of a first answer that calls no tools.
+    fn first_text(first: &Self::First) -> Option<String>;
+    /// The text of a parsed answer.
+    fn text(answer: &Value) -> Option<String>;
     /// Checks the answer's calls in place: repaired, or taken out as unusable.
     fn check(&self, answer: &mut Value) -> CallCheck;
     /// Whether the answer calls tools.
@@ -97,7 +105,11 @@ pub(crate) async fn heal_whole<D: WholeDialect>(
         }
     };
     let unsettled = read_before_answering(d, &mut first, &mut actions, &mut log).await;
-    let answer = match d.plain(first, unsettled.is_none(), &mut actions, &log) {
+    // A final answer stating a number the run never saw leaves the plain path: it is judged,
+    // and flagged, once parsed (`answer_checked`).
+    let grounded =
+        D::first_calls_tools(&first) || ungrounded(d, || D::first_text(&first)).is_none();
+    let answer = match d.plain(first, unsettled.is_none() && grounded, &mut actions, &log) {
         Ok(Plain::Answered(resp)) => return Ok(resp),
         Ok(Plain::Parsed(v)) => v,
         Err(e) => {
@@ -219,6 +231,13 @@ fn answer_checked<D: WholeDialect>(
         (Status::Partial, Some(heal::problems_text(&check.invalid)))
     } else if let Some(why) = unsettled {
         (Status::Partial, Some(why))
+    } else if let Some(why) = (!D::calls_tools(&answer))
+        .then(|| ungrounded(d, || D::text(&answer)))
+        .flatten()
+    {
+        // The core's grounding rule: a number found in no input or tool result is not claimed.
+        t.event(Kind::Guidance, json!({"ungrounded": why}));
+        (Status::Partial, Some(why))
     } else {
         (Status::Complete, None)
     };
@@ -241,6 +260,15 @@ fn answer_checked<D: WholeDialect>(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// Why a final answer's `text` is not claimed complete by the core's grounding rule
+/// ([`recover::ungrounded_answer`]), if it is not; nothing is read when the request offers no
+/// tools.
+fn ungrounded<D: WholeDialect>(d: &D, text: impl FnOnce() -> Option<String>) -> Option<String> {
+    let evidence = d.evidence()?;
+    let text = text()?;
+    recover::ungrounded_answer(&lock(&d.turn().state), &text, &evidence)
 }
 
 /// A stream's second asking through a dialect ([`crate::pipeline::AskStream::ask_once`]): asked

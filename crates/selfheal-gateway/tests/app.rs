@@ -1211,7 +1211,8 @@ async fn a_responses_reask_counts_as_a_recovery_of_the_run() {
 #[tokio::test]
 async fn issue_11_an_answer_over_an_open_failure_is_partial() {
     for (recovered, status) in [(false, "partial"), (true, "complete")] {
-        let (url, _shared) = start_upstream(vec![(200, text("1.1"))]).await;
+        // The answer's one number is the tool's (the grounding rule claims nothing else).
+        let (url, _shared) = start_upstream(vec![(200, text("EURUSD: 3 hits"))]).await;
         let app = gateway(fast(GatewayConfig::for_upstream(url)));
         let mut m = vec![
             json!({"role": "user", "content": "news on EURUSD?"}),

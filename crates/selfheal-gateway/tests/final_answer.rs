@@ -633,3 +633,112 @@ async fn a_streams_head_says_what_happened_before_its_first_frame() {
         }
     }
 }
+
+// ---- issue 31: the grounding rule on final answers ----------------------------------------
+
+/// A final answer stating a number found in no input or tool result of the run is `partial`
+/// with the number named — chat completions, streamed and not, and `/v1/responses`, streamed
+/// and not; an answer whose numbers are the tool's (1.1 and 3) is `complete`. The text passes
+/// through unchanged either way.
+#[tokio::test]
+async fn a_final_answer_with_a_made_up_number_is_partial_on_every_api() {
+    for stream in [false, true] {
+        for (text, status) in [
+            ("EURUSD is 1.1; 3 hits.", "complete"),
+            ("EURUSD is 1.25; 3 hits.", "partial"),
+        ] {
+            let step = if stream {
+                streamed_text(text)
+            } else {
+                chat_text(text)
+            };
+            let (url, _) = upstream(vec![step]).await;
+            let gw = gateway(config(url, false, None)).await;
+            let mut req = chat_request(0, true);
+            req["stream"] = json!(stream);
+            let (code, head, body) = post(&gw, "chat/completions", req).await;
+            assert_eq!(code, 200, "{body}");
+            let (said, report) = if stream {
+                let (said, report, _) = chat_outcome(&body);
+                (said, report)
+            } else {
+                let v: Value = serde_json::from_str(&body).unwrap();
+                (
+                    v["choices"][0]["message"]["content"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                    v["selfheal"].clone(),
+                )
+            };
+            assert_eq!(said, text, "{body}");
+            assert_eq!(report["status"], status, "chat, stream {stream}: {report}");
+            if status == "partial" {
+                let reason = report["reason"].as_str().unwrap_or_default();
+                assert!(reason.contains("1.25"), "{report}");
+            }
+            if !stream {
+                assert_eq!(head.status, status);
+            }
+
+            let step = first_answer(stream, text);
+            let (url, _) = upstream(vec![step]).await;
+            let gw = gateway(config(url, false, None)).await;
+            let (code, head, body) =
+                post(&gw, "responses", responses_request(stream, 0, true)).await;
+            assert_eq!(code, 200, "{body}");
+            let (said, _, report) = responses_outcome(stream, &body);
+            assert_eq!(said, text, "{body}");
+            assert_eq!(
+                report["status"], status,
+                "responses, stream {stream}: {report}"
+            );
+            if !stream {
+                assert_eq!(head.status, status);
+            }
+        }
+    }
+}
+
+/// `/v1/messages` goes through the chat pipeline: its answer is judged by the same rule.
+#[tokio::test]
+async fn a_messages_answer_with_a_made_up_number_is_partial() {
+    for (text, status) in [
+        ("The rate is 1.1.", "complete"),
+        ("The rate is 0.93.", "partial"),
+    ] {
+        let (url, _) = upstream(vec![chat_text(text)]).await;
+        let gw = gateway(config(url, false, None)).await;
+        let req = json!({"model": "m", "max_tokens": 100,
+        "tools": [{"name": "fx", "input_schema": {"type": "object",
+            "properties": {"pair": {"type": "string"}}, "required": ["pair"]}}],
+        "messages": [
+            {"role": "user", "content": "what is the EURUSD rate?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "fx",
+                "input": {"pair": "EURUSD"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1",
+                "content": "{\"rate\": 1.1}"}]}
+        ]});
+        let (code, head, body) = post(&gw, "messages", req).await;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains(text), "{body}");
+        assert_eq!(head.status, status, "{body}");
+    }
+}
+
+/// A text call the gateway salvages is never judged as a final answer: its arguments' numbers
+/// (made up or not) are the call's, and the answer that calls a tool is not `partial` for them.
+#[tokio::test]
+async fn a_salvaged_text_call_is_not_judged_as_an_answer() {
+    let text = "```json\n{\"name\": \"search\", \"arguments\": {\"query\": \"EURUSD 2031\"}}\n```";
+    let (url, _) = upstream(vec![chat_text(text)]).await;
+    let gw = gateway(config(url, false, None)).await;
+    let mut req = chat_request(0, false);
+    req["stream"] = json!(false);
+    let (code, _, body) = post(&gw, "chat/completions", req).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let calls = &v["choices"][0]["message"]["tool_calls"];
+    assert_eq!(calls[0]["function"]["name"], "search", "{body}");
+    assert_eq!(v["selfheal"]["status"], "complete", "{body}");
+}

@@ -336,7 +336,11 @@ pub fn task_tools(
             )
             .with_timeout(Duration::from_secs(10))
             // Lookups of the simulated world: reading twice is harmless.
-            .with_effect(Effect::ReadOnly);
+            .with_effect(Effect::ReadOnly)
+            // Every argument of a task is a literal of its prompt or a value an earlier step
+            // returned: one found in neither was invented (`calc_multiply {"a": 669}` for a
+            // price never read), and the self-healing loop re-asks it before it runs.
+            .with_grounded();
             if i == 0
                 && let Some(s) = &t.substitute
             {

@@ -39,9 +39,9 @@ use selfheal_core::controller::{ControllerConfig, Observation, StepsBy, Unresolv
 use selfheal_core::monitor::{CallOutcome, ToolCall};
 use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
 use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, Run, StepAction};
+use selfheal_core::run::{Action, Env, Input, Proposed, Run, StepAction};
 use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::{Judgement, Subject, Verifier};
+use selfheal_core::verifier::{Judgement, Subject, Verifier, ungrounded_arguments};
 use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
 
 use crate::tool::{Effect, Tool, ToolError};
@@ -201,6 +201,10 @@ struct Loop<'a> {
     reads: VecDeque<Read>,
     /// Where this run's clock starts on the agent's trust clock ([`ProcessTrust::now_ms`]).
     trust_offset: u64,
+    /// The task's own words: the texts of the system, developer and user messages the run was
+    /// given. With [`Loop::evidence`], what the final answer's numbers are grounded in (the
+    /// core's grounding rule); the loop's own messages to the model are not evidence.
+    task: Vec<Value>,
 }
 
 /// A successful call of a read-only tool, kept to be read again before the answer.
@@ -314,6 +318,7 @@ impl Agent {
                 (spec.name.clone(), SchemaGuide::new(&spec.parameters).ok())
             })
             .collect();
+        let task = task_texts(&messages);
         let mut l = Loop {
             agent: self,
             run,
@@ -333,6 +338,7 @@ impl Agent {
             rejected: None,
             reads: VecDeque::new(),
             trust_offset,
+            task,
         };
         let ended = l.drive().await;
         l.finish(ended)
@@ -368,17 +374,39 @@ impl Loop<'_> {
         self.with_env(|run, env| run.decide_step(input, env))
     }
 
-    /// Proposes the answer to the run: whether it asks for the values to be read again first
-    /// (with how many reads each).
-    fn reread_due(&mut self) -> bool {
-        let proposed = Input::AnswerProposed { by: StepsBy::Plan };
-        let reads = self
-            .with_env(|run, env| run.decide(proposed, env))
-            .into_iter()
-            .find_map(|a| match a {
-                Action::ReadAgain { reads } => Some(reads),
-                _ => None,
-            });
+    /// Proposes the answer to the run, with its text and the run's evidence (the task's words
+    /// and the tool results): whether it asks for the values to be read again first (with how
+    /// many reads each). The run also judges the answer's numbers (the core's grounding rule):
+    /// an answer stating a number found nowhere in the run ends the run `partial`
+    /// ([`Run::finish`]), which the log says.
+    fn reread_due(&mut self, answer: &str) -> bool {
+        let mut evidence = self.task.clone();
+        evidence.extend(self.evidence.iter().cloned());
+        let proposed = Input::AnswerProposed {
+            by: StepsBy::Plan,
+            answer: Some(Proposed {
+                text: answer,
+                evidence: &evidence,
+            }),
+        };
+        let actions = self.with_env(|run, env| run.decide(proposed, env));
+        if let Some(why) = self
+            .run
+            .unclaimable_answer(
+                StepsBy::Plan,
+                Some(Proposed {
+                    text: answer,
+                    evidence: &evidence,
+                }),
+            )
+            .filter(|_| self.run.unclaimable(StepsBy::Plan).is_none())
+        {
+            self.log.push(format!("grounding: {why}"));
+        }
+        let reads = actions.into_iter().find_map(|a| match a {
+            Action::ReadAgain { reads } => Some(reads),
+            _ => None,
+        });
         if let Some(reads) = reads {
             self.reread_times = reads;
         }
@@ -568,7 +596,7 @@ impl Loop<'_> {
                             // controller has marked the run partial.
                             self.messages
                                 .push(json!({"role": "assistant", "content": content}));
-                            if self.reread_due() && !self.reread().await? {
+                            if self.reread_due(&content) && !self.reread().await? {
                                 continue;
                             }
                             match self.verify_answer(&content).await? {
@@ -969,6 +997,30 @@ impl Loop<'_> {
             } else {
                 raw_text.clone()
             };
+            if tool.spec().grounded {
+                let mut evidence = self.task.clone();
+                evidence.extend(self.evidence.iter().cloned());
+                let missing = ungrounded_arguments(&args.value, &evidence);
+                if !missing.is_empty() {
+                    history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
+                    self.log.push(format!(
+                        "grounding: the call to {tname} invents {}",
+                        missing.join(", ")
+                    ));
+                    let text = format!(
+                        "Your call to `{tname}` was not run: its arguments must be copied from the \
+                         task or an earlier tool result, and these appear in neither: {}. Call the \
+                         tool that gives that value first, or copy the value exactly.",
+                        missing.join(", ")
+                    );
+                    let errors = missing
+                        .iter()
+                        .map(|m| format!("at (root): {m} is ungrounded"))
+                        .collect();
+                    problems.push((id, text, Signal::InvalidArguments { errors }));
+                    continue;
+                }
+            }
             history_calls.push(json!({"id": id, "type": "function", "function": {"name": tname, "arguments": args_text}}));
             let repaired = renamed || !args.repairs.is_empty() || !args.coercions.is_empty();
             if repaired {
@@ -1356,6 +1408,31 @@ impl Loop<'_> {
             trace_jsonl: self.run.trace().to_jsonl(),
         }
     }
+}
+
+/// The texts of the system, developer and user messages of `messages` (a string content, or
+/// the `text` of each content part): the task's own words, as evidence.
+fn task_texts(messages: &[Value]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for m in messages {
+        if !matches!(
+            m.get("role").and_then(Value::as_str),
+            Some("system" | "developer" | "user")
+        ) {
+            continue;
+        }
+        match m.get("content") {
+            Some(Value::String(t)) => out.push(Value::String(t.clone())),
+            Some(Value::Array(parts)) => out.extend(
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .map(|t| Value::String(t.to_owned())),
+            ),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Rewrites every message into the plainest shape servers accept: `content` always a string,

@@ -60,6 +60,10 @@ pub struct ToolSpec {
     /// The JSON Schema every successful output must match, compiled (see
     /// [`ToolSpec::with_output_schema`]). `None`: outputs are not checked.
     pub output_schema: Option<OutputSchema>,
+    /// Its arguments are copied from the task or an earlier tool result, never invented: a
+    /// call whose argument appears in neither is re-asked before it runs (the core's
+    /// [`selfheal_core::verifier::ungrounded_arguments`], as the gateway's `grounded` tools).
+    pub grounded: bool,
 }
 
 /// A tool's output schema, compiled once into a [`SchemaVerifier`].
@@ -140,7 +144,15 @@ impl ToolSpec {
             effect: Effect::Destructive,
             substitute: None,
             output_schema: None,
+            grounded: false,
         }
+    }
+
+    /// The same spec, its arguments to be copied from the task or an earlier tool result
+    /// ([`ToolSpec::grounded`]).
+    pub fn with_grounded(mut self) -> Self {
+        self.grounded = true;
+        self
     }
 
     /// The same spec with another timeout.

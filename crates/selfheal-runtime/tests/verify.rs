@@ -473,3 +473,80 @@ fn an_output_schema_that_does_not_compile_is_a_typed_error() {
         Judgement::Reject { .. }
     ));
 }
+
+/// Issue 31: the core's grounding rule judges the final answer in `Agent::run` — with no answer
+/// verifier configured. A number the run never saw (computed in the model's head) ends the run
+/// `partial`, the answer kept and the reason naming the number; a number copied from a tool
+/// result, rounded to the answer's precision, is claimed `complete`.
+#[tokio::test]
+async fn an_answer_with_a_made_up_number_ends_partial_without_any_verifier() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (agent, _s) = weather_agent(vec![tool], "It is 70.5 F in Paris.").await;
+    let r = agent.run(user("Weather in Paris, in Fahrenheit?"), 1).await;
+    assert_eq!(r.status, RunStatus::Partial, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some("It is 70.5 F in Paris."));
+    assert!(
+        r.reason.as_deref().is_some_and(|w| w.contains("70.5")),
+        "{:?}",
+        r.reason
+    );
+    assert!(
+        r.recovery_log.iter().any(|l| l.starts_with("grounding:")),
+        "{:?}",
+        r.recovery_log
+    );
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (agent, _s) = weather_agent(vec![tool], "It is 21.4 C in Paris.").await;
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+}
+
+/// A `grounded` tool's call whose argument appears in no input or result (the real model's
+/// `calc_multiply {"a": 669, "b": 0.28}` for a price it never read) is not run: it is re-asked
+/// with the argument named, and the corrected call runs.
+#[tokio::test]
+async fn a_grounded_tools_invented_argument_is_reasked_before_it_runs() {
+    let ran: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let spec = ToolSpec::new(
+        "multiply",
+        "a times b",
+        json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+               "required": ["a", "b"]}),
+    )
+    .with_effect(Effect::ReadOnly)
+    .with_grounded();
+    let seen = ran.clone();
+    let tool = FnTool::new(spec, move |args: Value| {
+        seen.lock().unwrap().push(args);
+        async move { Ok(json!({"value": 42.5})) }
+    })
+    .shared();
+    let (url, s) = server(
+        vec![
+            ok(call("multiply", r#"{"a": 669, "b": 0.28}"#)),
+            ok(call("multiply", r#"{"a": 17, "b": 2.5}"#)),
+            ok(answer("42.5")),
+        ],
+        None,
+    )
+    .await;
+    let agent = fast(Agent::new(client(&url, 2000), "m", vec![tool]));
+    let r = agent.run(user("Multiply 17 by 2.5."), 1).await;
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+    let ran = ran.lock().unwrap().clone();
+    assert!(!ran.is_empty());
+    assert!(
+        ran.iter().all(|a| a == &json!({"a": 17, "b": 2.5})),
+        "the invented call never ran: {ran:?}"
+    );
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 3);
+    let told = tool_messages(&reqs[1]);
+    assert!(
+        told[0]["content"].as_str().unwrap().contains("`a` = 669"),
+        "{told:?}"
+    );
+}

@@ -203,6 +203,12 @@ pub(crate) async fn answer_stream(
     };
     let mut hooks = stream_hooks(t, &again, check);
     hooks.salvage = !req.tool_choice_none();
+    let grounding = recover::Grounding {
+        tools: &t.s.config.tools,
+        messages: &req.messages,
+    };
+    hooks.grounding =
+        (!ctx.tools.is_empty()).then(|| crate::pipeline::grounding_hook(t, grounding.evidence()));
     let (chain, tools) = (&ctx.chain, ctx.tools.clone());
     relay_stream::<stream::Chat>(t, (chain, &encode), &send_op, tools, hooks, actions).await
 }
@@ -299,6 +305,31 @@ impl WholeDialect for Asked<'_> {
     ) -> Result<Value, ApiError> {
         let again = |m: &str| self.encode(m, extra);
         Ok(self.t.call(chain, &again, &chat_op, log).await?.body)
+    }
+
+    fn evidence(&self) -> Option<Vec<Value>> {
+        let grounding = recover::Grounding {
+            tools: &self.t.s.config.tools,
+            messages: &self.req.messages,
+        };
+        (!self.ctx.tools.is_empty()).then(|| grounding.evidence())
+    }
+
+    fn first_text(first: &answer::Answer) -> Option<String> {
+        match first {
+            answer::Answer::Plain(p) => serde_json::from_slice::<Value>(&p.bytes)
+                .ok()
+                .as_ref()
+                .and_then(Self::text),
+            answer::Answer::Parsed(c) => Self::text(&c.body),
+        }
+    }
+
+    fn text(completion: &Value) -> Option<String> {
+        completion
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
     }
 
     fn check(&self, completion: &mut Value) -> heal::CallCheck {

@@ -565,6 +565,18 @@ impl WholeDialect for Asked<'_> {
         self.call(chain, extra, log).await
     }
 
+    fn evidence(&self) -> Option<Vec<Value>> {
+        (!self.tools.is_empty()).then(|| recover::responses_texts(self.req))
+    }
+
+    fn first_text(first: &Value) -> Option<String> {
+        Self::text(first)
+    }
+
+    fn text(answer: &Value) -> Option<String> {
+        responses_stream::output_text(answer)
+    }
+
     fn check(&self, answer: &mut Value) -> heal::CallCheck {
         let evidence = self.checks.evidence.as_deref().map(Vec::as_slice);
         let answered = &self.checks.answered;
@@ -618,6 +630,8 @@ pub(crate) async fn answer_responses_stream(
     let check = calls_check(again.checks.answered.clone(), grounded);
     let mut hooks = stream_hooks(t, &again, check);
     hooks.salvage = salvage_on(&again.req);
+    hooks.grounding = (!again.tools.is_empty())
+        .then(|| crate::pipeline::grounding_hook(t, recover::responses_texts(&again.req)));
     let on = (&again.chain[..], &encode as crate::pipeline::Encode<'_>);
     let op = &responses_op;
     relay_stream::<responses_stream::Responses>(t, on, op, again.tools.clone(), hooks, actions)
