@@ -112,7 +112,13 @@ impl Healer {
     /// The episode has its answer (it knows its steps by the plan): whether to read its values
     /// again first, or the status to answer with.
     pub fn propose_answer(&mut self, now_ms: u64) -> Proposal {
-        let actions = self.actions(Input::AnswerProposed { by: StepsBy::Plan }, now_ms);
+        let actions = self.actions(
+            Input::AnswerProposed {
+                by: StepsBy::Plan,
+                answer: None,
+            },
+            now_ms,
+        );
         for a in actions {
             match a {
                 Action::ReadAgain { reads } => return Proposal::ReadAgain { reads },

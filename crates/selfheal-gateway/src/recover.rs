@@ -287,7 +287,7 @@ pub(crate) fn unsettled(st: &RunState) -> Option<String> {
 /// core's grounding rule over the text and the request's `evidence`
 /// ([`selfheal_core::run::Run::unclaimable_answer`]: a number found in no input or tool
 /// result of the run, in a run offered tools).
-pub fn ungrounded_answer(st: &RunState, text: &str, evidence: &[Value]) -> Option<String> {
+pub(crate) fn ungrounded_answer(st: &RunState, text: &str, evidence: &[Value]) -> Option<String> {
     st.run.unclaimable_answer(
         selfheal_core::controller::StepsBy::Tool,
         Some(selfheal_core::run::Proposed { text, evidence }),
@@ -505,7 +505,7 @@ pub(crate) fn responses_evidence(
 
 /// The evidence a `/v1/responses` request holds (see [`responses_evidence`]), whatever it
 /// offers: what a final answer's numbers are grounded in.
-pub fn responses_texts(req: &serde_json::Map<String, Value>) -> Vec<Value> {
+pub(crate) fn responses_texts(req: &serde_json::Map<String, Value>) -> Vec<Value> {
     let mut out = Vec::new();
     if let Some(i) = req.get("instructions").and_then(Value::as_str) {
         out.push(Value::String(i.to_owned()));
