@@ -18,7 +18,7 @@ use selfheal_bench::{BenchConfig, CostWeights, TaskSet};
 #[command(after_help = "\
 EXAMPLES
   selfheal bench                         the default run: 10 seeds x 100 tasks, R = 5
-  selfheal bench --sweep --out report/   R = 1..5, Markdown report and SVG plots
+  selfheal bench --sweep --out report/   R = 1..5 and the risk curve, Markdown report and SVG plots
   selfheal bench --silent                only plausible-but-wrong faults (SFR)
   selfheal bench --seed 7 --fault-rate 0.3 --mix runtime=1,agent=1
   selfheal bench --json > results.json   machine output
@@ -58,7 +58,9 @@ pub(crate) struct BenchArgs {
     /// Recovery actions allowed per failure (R).
     #[arg(long, default_value_t = 5)]
     pub budget: u32,
-    /// Run R = 1..5 for every strategy.
+    /// Run R = 1..5 for every strategy, and self-healing over its policy's `risk` setting
+    /// (0, 0.001, 0.01, 0.05, 0.1, 0.3, 0.9) at the top budget on the same episodes: its
+    /// risk/coverage curve (`risk_curve` in --json, squares on risk-coverage.svg).
     #[arg(long)]
     pub sweep: bool,
     /// The semantic silent-failure setting: only plausible-but-wrong faults.
