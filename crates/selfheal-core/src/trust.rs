@@ -297,14 +297,9 @@ impl Trust {
         }
     }
 
-    /// Records one piece of evidence about `source` at `now_ms`.
-    pub fn observe(
-        &mut self,
-        source: &Source,
-        evidence: Evidence,
-        now_ms: u64,
-        config: &TrustConfig,
-    ) {
+    /// The entry of `source`, made (empty) when new; a new source past [`MAX_SOURCES`] first
+    /// evicts the source seen longest ago.
+    fn entry(&mut self, source: &Source) -> &mut (Source, Posterior) {
         let key = source.key();
         if !self.sources.contains_key(&key)
             && self.sources.len() >= MAX_SOURCES
@@ -316,10 +311,20 @@ impl Trust {
         {
             self.sources.remove(&oldest);
         }
-        let entry = self
-            .sources
+        self.sources
             .entry(key)
-            .or_insert_with(|| (source.clone(), Posterior::default()));
+            .or_insert_with(|| (source.clone(), Posterior::default()))
+    }
+
+    /// Records one piece of evidence about `source` at `now_ms`.
+    pub fn observe(
+        &mut self,
+        source: &Source,
+        evidence: Evidence,
+        now_ms: u64,
+        config: &TrustConfig,
+    ) {
+        let entry = self.entry(source);
         let mut p = entry.1.at(now_ms, config);
         let (r, w, u, d) = evidence.weights();
         p.right += r;
@@ -336,21 +341,7 @@ impl Trust {
     /// hold only observations this store does not already have (a replica shares its *own*
     /// evidence, never what it merged from others).
     pub fn merge(&mut self, source: &Source, evidence: &Posterior, config: &TrustConfig) {
-        let key = source.key();
-        if !self.sources.contains_key(&key)
-            && self.sources.len() >= MAX_SOURCES
-            && let Some(oldest) = self
-                .sources
-                .iter()
-                .min_by_key(|(_, (_, p))| p.at_ms)
-                .map(|(k, _)| k.clone())
-        {
-            self.sources.remove(&oldest);
-        }
-        let entry = self
-            .sources
-            .entry(key)
-            .or_insert_with(|| (source.clone(), Posterior::default()));
+        let entry = self.entry(source);
         let now = entry.1.at_ms.max(evidence.at_ms);
         let mut p = entry.1.at(now, config);
         let q = evidence.at(now, config);
