@@ -240,9 +240,9 @@ async fn serve_while<T>(
             ask = asks.recv() => match ask {
                 Some(ask) => {
                     let n = world.model.asks() + 1;
-                    let completion = world.answer(&ask.body).completion(n);
+                    let answer = world.answer(&ask.body).upstream(n);
                     // The gateway may have given up on this request; nothing to do then.
-                    let _ = ask.reply.send(completion);
+                    let _ = ask.reply.send(answer);
                 }
                 None => return Err(ClientError::EndpointGone),
             },

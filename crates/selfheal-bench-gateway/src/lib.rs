@@ -428,7 +428,14 @@ pub async fn run(
     let policy = config.policy.as_ref();
     for (si, per_seed) in drawn.iter().enumerate() {
         let seed = config.seed + si as u64;
-        for (task, faults) in tasks.iter().zip(per_seed) {
+        // In a deployment the in-process side carries its trust store across the seed's
+        // episodes, as `selfheal_bench::run` does (the gateway keeps its own per process).
+        let mut trust = selfheal_core::trust::Trust::new();
+        for (ti, (task, faults)) in tasks.iter().zip(per_seed).enumerate() {
+            // Both sides place the episode on the benchmark's clock, as `selfheal_bench::run`
+            // does: a seed's `ti`-th episode starts `ti` minutes in, which is what puts it
+            // inside a fault's `window` (an outage) or not.
+            let start = ti as u64 * selfheal_bench::EPISODE_SPACING_MS;
             let faulted = !faults.is_empty();
             let score = |answer: Option<&serde_json::Value>| Side {
                 success: answer.is_some_and(|a| ANSWER_TOLERANCE.agrees(a, &task.expected)),
@@ -437,12 +444,17 @@ pub async fn run(
 
             // In-process, exactly as `selfheal_bench::run` runs it.
             let mut ep = Episode::new(task, faults, &model, seed);
-            let ended = Strategy::SelfHealing.run(
+            ep.start_at(start);
+            if !config.deployment {
+                trust = selfheal_core::trust::Trust::new();
+            }
+            let ended = Strategy::SelfHealing.run_with_trust(
                 &mut ep,
                 budget,
                 policy,
                 seed.wrapping_mul(1_000_003).wrapping_add(task.id as u64),
                 false,
+                &mut trust,
             );
             let in_process = score(ended.answer.as_ref());
             ip.add(in_process, faulted, &ep.costs(), &config.weights, ep.now());
@@ -451,6 +463,7 @@ pub async fn run(
             // The world's tools stamp `as_of` on the gateway's clock (the wall clock), as a
             // deployed tool does; the ages are the world's.
             let mut gateway_ep = Episode::new(task, faults, &model, seed);
+            gateway_ep.start_at(start);
             gateway_ep.set_data_now(selfheal_gateway::wall_ms());
             let mut world = World::new(task, gateway_ep);
             let run_label = format!("bench-{seed}-{}", task.id);

@@ -27,6 +27,7 @@
 //! | the controller's cross-check | calls the named equivalent tool with the arguments of its last call of the checked one (a verifier's call, charged as one) | the cross-check verifier |
 //! | a request for the fallback model (the gateway's escalation) | the fallback model writes: its own error rate, price and latency | escalate |
 //! | nothing (a tool failed) | writes the step's call again | retry |
+//! | any request to the agent's model during a provider-wide outage (`provider_wide`) | none: the provider answers HTTP 503 (or the fault's status) with `Retry-After` and OpenAI's error body, before the model reads the request; the gateway's upstream loop retries or falls back to the next model | the model call raises |
 //!
 //! However many lines of one request call for a rethink, it replans once: the in-process client
 //! replans once per directive, and each rethink is a model call (and, for the fallback model, a
@@ -43,6 +44,8 @@ use serde_json::{Value, json};
 use selfheal_bench::{Episode, Writer, Written};
 use selfheal_bench::{Plan, get_path, resolve_answer};
 use selfheal_core::monitor::canonical_hash;
+
+use crate::endpoint::Upstream;
 
 /// The text the gateway opens a re-ask turn with (`selfheal_gateway::app`'s re-ask).
 pub(crate) const REASK_PREFIX: &str = "Your last answer's tool calls could not be used.";
@@ -192,12 +195,35 @@ pub(crate) enum Reply {
     Answer(String),
     /// No answer: why, in prose.
     GiveUp(String),
+    /// The model's provider is down (a `provider_wide` outage): the request is answered with
+    /// the provider's HTTP error, not a completion.
+    Unavailable {
+        /// The HTTP status (`None`: the call timed out; the endpoint answers 504).
+        status: Option<u16>,
+        /// `Retry-After`, in ms.
+        retry_after_ms: Option<u64>,
+        /// The error message.
+        message: String,
+    },
 }
 
 impl Reply {
-    /// The chat completion that carries this reply.
-    pub(crate) fn completion(&self, n: u64) -> Value {
+    /// What the endpoint answers with: the chat completion that carries this reply, or the
+    /// provider's HTTP error (a timeout as a 504 from the provider's edge: the arm does not
+    /// hold the gateway's request until its own timeout fires).
+    pub(crate) fn upstream(&self, n: u64) -> Upstream {
         let (message, finish) = match self {
+            Reply::Unavailable {
+                status,
+                retry_after_ms,
+                message,
+            } => {
+                return Upstream::Error {
+                    status: status.unwrap_or(504),
+                    retry_after_ms: *retry_after_ms,
+                    message: message.clone(),
+                };
+            }
             Reply::Call {
                 id,
                 tool,
@@ -212,14 +238,14 @@ impl Reply {
                 (json!({"role": "assistant", "content": text}), "stop")
             }
         };
-        json!({
+        Upstream::Completion(json!({
             "id": format!("chatcmpl-bench-{n}"),
             "object": "chat.completion",
             "created": 0,
             "model": "bench-model",
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        })
+        }))
     }
 }
 
@@ -326,6 +352,23 @@ impl<'t> Script<'t> {
             Some(FALLBACK_MODEL) => Writer::Fallback,
             Some(_) | None => Writer::Agent,
         };
+        // A provider-wide outage (`provider_wide`): the provider refuses the request before
+        // the model reads it, with its HTTP error, and it is charged as a model call (as
+        // in-process). The request comes again as the gateway decides (after a wait, or to the
+        // fallback model) and is read then.
+        let step = self.s.min(self.plan.steps.len().saturating_sub(1));
+        if let Some(Written::Unavailable {
+            message,
+            status,
+            retry_after_ms,
+        }) = ep.model_unavailable(step, self.writer)
+        {
+            return Reply::Unavailable {
+                status,
+                retry_after_ms,
+                message,
+            };
+        }
         let reasked = messages.last().is_some_and(|m| {
             m.get("role").and_then(Value::as_str) == Some("user")
                 && m.get("content")
@@ -574,11 +617,18 @@ impl<'t> Script<'t> {
                 Written::Skipped => {
                     self.s += 1;
                 }
-                // A provider-wide outage (`provider_wide`) takes the scripted model: it answers
-                // with no result rather than as an HTTP error (the arm does not yet send a model
-                // outage to the gateway as an upstream 503).
-                Written::Unavailable { message, .. } => {
-                    return Reply::GiveUp(format!("The model is unavailable: {message}."));
+                // The outage began while this request was read (a replan's latency moved the
+                // clock into it): the provider's error, as at the start of a request.
+                Written::Unavailable {
+                    message,
+                    status,
+                    retry_after_ms,
+                } => {
+                    return Reply::Unavailable {
+                        status,
+                        retry_after_ms,
+                        message,
+                    };
                 }
                 Written::Call { tool, mut args } => {
                     let tool = match use_sub {
@@ -718,6 +768,68 @@ mod tests {
         assert_eq!(after.tool_calls, before.tool_calls);
     }
 
+    /// During a provider-wide outage the agent's model is not asked: the endpoint answers the
+    /// provider's HTTP error (status, `Retry-After`, a charged model call) and the request, sent
+    /// again to the fallback model, is read and answered with a call; after the window the
+    /// model writes again. Without the key the model is not behind the window.
+    #[test]
+    fn a_provider_outage_is_an_http_error_and_the_fallback_model_answers() {
+        let outage = |wide: &str| {
+            let mut m = FaultModel::from_toml_str(&format!(
+                "[[fault]]\nname = \"outage\"\nfamily = \"runtime\"\nweight = 1\n\
+                 target = \"primary\"\nwindow = {{ start_ms = 0, end_ms = 100000 }}\n{wide}\n\
+                 effect = {{ kind = \"http\", status = 503, message = \"503 Service Unavailable\", retry_after_ms = 1500 }}"
+            ))
+            .unwrap();
+            m.model = selfheal_bench::ModelRates::PERFECT;
+            m
+        };
+        let task = &selfheal_bench::builtin(1)[0];
+        let go = vec![json!({"role": "user", "content": "go"})];
+        let inj = Injected {
+            step: 0,
+            spec: 0,
+            permanent: false,
+            k: 1,
+            skew: 0.0,
+        };
+        let wide = outage("provider_wide = true");
+        let mut world = crate::world::World::new(task, Episode::new(task, &[inj], &wide, 1));
+        let calls = world.ep.costs().model_calls;
+        let refused = world.answer(&request(task, go.clone()));
+        assert_eq!(
+            refused.upstream(1),
+            Upstream::Error {
+                status: 503,
+                retry_after_ms: Some(1500),
+                message: "503 Service Unavailable".into()
+            }
+        );
+        assert_eq!(
+            world.ep.costs().model_calls,
+            calls + 1,
+            "charged as a model call"
+        );
+        let mut to_fallback = request(task, go.clone());
+        to_fallback["model"] = json!(FALLBACK_MODEL);
+        assert_eq!(
+            tool_of(&world.answer(&to_fallback)),
+            task.plan.steps[0].tool
+        );
+        world.ep.wait(100_000);
+        assert!(matches!(
+            world.answer(&request(task, go.clone())).upstream(2),
+            Upstream::Completion(_)
+        ));
+
+        let narrow = outage("");
+        let mut world = crate::world::World::new(task, Episode::new(task, &[inj], &narrow, 1));
+        assert_eq!(
+            tool_of(&world.answer(&request(task, go))),
+            task.plan.steps[0].tool
+        );
+    }
+
     use selfheal_bench::{FaultModel, Injected};
 
     fn fault(model: &FaultModel, name: &str, k: u32) -> Injected {
@@ -763,7 +875,7 @@ mod tests {
     fn tool_of(r: &Reply) -> &str {
         match r {
             Reply::Call { tool, .. } => tool,
-            Reply::Answer(_) | Reply::GiveUp(_) => "",
+            Reply::Answer(_) | Reply::GiveUp(_) | Reply::Unavailable { .. } => "",
         }
     }
 

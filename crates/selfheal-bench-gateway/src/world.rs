@@ -7,6 +7,8 @@
 //! endpoint ([`World::answer`]) and to the agent client's tools ([`World::execute`]); nothing
 //! else reads the schedule or the truth, which stay private to `selfheal_bench::exec`.
 
+use std::time::Instant;
+
 use serde_json::Value;
 
 use selfheal_bench::TaskSpec;
@@ -22,6 +24,9 @@ pub(crate) struct World<'t> {
     pub ep: Episode<'t>,
     /// The scripted model.
     pub model: Script<'t>,
+    /// When the model's provider last refused a request (a provider-wide outage): the wall
+    /// time the gateway waits before it sends one again passes on the episode's clock too.
+    refused_at: Option<Instant>,
 }
 
 impl<'t> World<'t> {
@@ -32,12 +37,24 @@ impl<'t> World<'t> {
         World {
             ep,
             model: Script::new(&task.plan),
+            refused_at: None,
         }
     }
 
-    /// The model answers one chat-completions request body.
+    /// The model answers one chat-completions request body. After a refusal (the provider's
+    /// outage), the wall time since — the gateway's backoff or its honouring of `Retry-After`
+    /// — is a wait on the episode's clock, so a gateway that waits out an outage window can
+    /// see it end.
     pub(crate) fn answer(&mut self, request: &Value) -> Reply {
-        self.model.answer(&mut self.ep, request)
+        if let Some(at) = self.refused_at.take() {
+            self.ep
+                .wait(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX));
+        }
+        let reply = self.model.answer(&mut self.ep, request);
+        if matches!(reply, Reply::Unavailable { .. }) {
+            self.refused_at = Some(Instant::now());
+        }
+        reply
     }
 
     /// Executes one tool call as the agent client received it, at the step the model wrote it

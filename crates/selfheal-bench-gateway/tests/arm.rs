@@ -106,3 +106,44 @@ async fn without_faults_both_sides_solve_everything_and_the_gateway_does_nothing
     // rows cost the same without faults.
     assert_eq!(report.results[0].cost, report.results[1].cost);
 }
+
+/// Issue 32: a provider-wide outage reaches the gateway as its upstream's HTTP 503, and the
+/// gateway's own healing decides what happens (here: its chain's fallback model, which another
+/// provider serves). Both sides place each episode on the benchmark's clock, so the outage
+/// window strikes the episodes that run inside it and no other, and the in-process row is the
+/// benchmark's own self-healing row on the same episodes. Properties, not the arm's numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_outage_is_an_upstream_503_the_gateway_heals() {
+    let mut config = small(1, 4, 0.0);
+    // Episodes start a minute apart: the window covers the third and the fourth.
+    config.fault_model = selfheal_bench::FaultModel::from_toml_str(
+        "[[fault]]\nname = \"provider_outage\"\nfamily = \"runtime\"\nweight = 1\n\
+         target = \"primary\"\nwindow = { start_ms = 120000, end_ms = 240000 }\n\
+         provider_wide = true\n\
+         effect = { kind = \"http\", status = 503, message = \"503 Service Unavailable: provider outage\" }",
+    )
+    .unwrap();
+    config.fault_model.model = selfheal_bench::ModelRates::PERFECT;
+    let report = selfheal_bench_gateway::run(&config, &mut |_, _| {})
+        .await
+        .expect("every request came back");
+    let struck: Vec<usize> = report
+        .episodes
+        .iter()
+        .filter(|e| !e.faults.is_empty())
+        .map(|e| e.task)
+        .collect();
+    assert_eq!(struck, [2, 3]);
+    let bench = selfheal_bench::run(&config, &mut |_, _| {}, None);
+    assert_eq!(bench.results[0], report.results[0]);
+    // The gateway moved its upstream call to the fallback model (its own decision on the 503),
+    // which wrote for every episode inside the outage.
+    assert!(
+        report.gateway.actions.contains_key("fallback"),
+        "{:?}",
+        report.gateway.actions
+    );
+    for e in report.episodes.iter().filter(|e| !e.faults.is_empty()) {
+        assert!(e.gateway_costs.escalated_calls > 0, "{e:?}");
+    }
+}

@@ -576,6 +576,26 @@ impl<'t> Episode<'t> {
         move |permanent| on && (!permanent || u_perm < esc.fixes_permanent)
     }
 
+    /// A call of `writer`'s model for step `s` that its provider refuses: during a
+    /// provider-wide outage (`provider_wide`) the error it raises ([`Written::Unavailable`]),
+    /// charged as a model call whose latency (and, for a timeout, its wait) passes, exactly as
+    /// [`Episode::write`] meets it. `None`, and nothing charged, when the provider is up. For a
+    /// client whose model request is refused before the model reads it (the gateway arm's
+    /// upstream answers the outage as an HTTP error).
+    pub fn model_unavailable(&mut self, s: usize, writer: Writer) -> Option<Written> {
+        let (costs, clock) = (self.costs, self.clock_ms);
+        self.charge_model(writer, latency::MODEL);
+        let Some((down, ms, class)) = self.model_down(writer) else {
+            (self.costs, self.clock_ms) = (costs, clock);
+            return None;
+        };
+        self.clock_ms += ms;
+        if let Some(slot) = self.last_fault.get_mut(s) {
+            *slot = Some(class);
+        }
+        Some(down)
+    }
+
     /// The model writes the call for step `s` from the outputs it holds. With `regenerate` false
     /// the last call is resent as it was (no model call).
     pub fn write(
@@ -588,14 +608,10 @@ impl<'t> Episode<'t> {
         if !regenerate && let Some(w) = self.written.get(s).cloned().flatten() {
             return w;
         }
-        self.charge_model(writer, latency::MODEL);
-        if let Some((down, ms, class)) = self.model_down(writer) {
-            self.clock_ms += ms;
-            if let Some(slot) = self.last_fault.get_mut(s) {
-                *slot = Some(class);
-            }
+        if let Some(down) = self.model_unavailable(s, writer) {
             return down;
         }
+        self.charge_model(writer, latency::MODEL);
         let task = self.task;
         let plan = &task.plan;
         let model = self.model;

@@ -563,12 +563,41 @@ pub struct ModelRates {
     pub agent: Rates,
     /// The fallback model escalation hands over to (`[model.fallback]`; default
     /// [`Rates::FRONTIER`]).
-    #[serde(default = "frontier")]
+    #[serde(default = "frontier", deserialize_with = "fallback_rates")]
     pub fallback: Rates,
 }
 
 fn frontier() -> Rates {
     Rates::FRONTIER
+}
+
+/// `[model.fallback]`: a rate left out keeps the frontier model's default ([`Rates::FRONTIER`]),
+/// not the small model's that [`Rates`]'s own default fills in.
+fn fallback_rates<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Rates, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Given {
+        wrong_tool: Option<f64>,
+        wrong_arg: Option<f64>,
+        from_context: Option<f64>,
+        missing_arg: Option<f64>,
+        skip_step: Option<f64>,
+        repeat_step: Option<f64>,
+        premature_answer: Option<f64>,
+        replan_failure: Option<f64>,
+    }
+    let g = Given::deserialize(d)?;
+    let f = Rates::FRONTIER;
+    Ok(Rates {
+        wrong_tool: g.wrong_tool.unwrap_or(f.wrong_tool),
+        wrong_arg: g.wrong_arg.unwrap_or(f.wrong_arg),
+        from_context: g.from_context.unwrap_or(f.from_context),
+        missing_arg: g.missing_arg.unwrap_or(f.missing_arg),
+        skip_step: g.skip_step.unwrap_or(f.skip_step),
+        repeat_step: g.repeat_step.unwrap_or(f.repeat_step),
+        premature_answer: g.premature_answer.unwrap_or(f.premature_answer),
+        replan_failure: g.replan_failure.unwrap_or(f.replan_failure),
+    })
 }
 
 impl ModelRates {
@@ -935,6 +964,45 @@ mod tests {
         for (text, needle) in cases {
             let e = FaultModel::from_toml_str(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text:?} gave {e:?}");
+        }
+    }
+
+    /// Issue 32: the `[model]` table sets the models' own error rates; a key left out keeps its
+    /// default (`[model.fallback]` left out: the frontier model), and rates a model cannot have
+    /// are refused.
+    #[test]
+    fn the_model_table_sets_the_models_own_error_rates() {
+        let fault = "[[fault]]\nname=\"x\"\nfamily=\"runtime\"\nweight=1\ntarget=\"primary\"\neffect={kind=\"timeout\"}";
+        let none = FaultModel::from_toml_str(fault).unwrap();
+        assert_eq!(none.model, ModelRates::default());
+        let m = FaultModel::from_toml_str(&format!(
+            "[model.agent]\nwrong_tool = 0.4\nreplan_failure = 0.9\n{fault}"
+        ))
+        .unwrap();
+        assert_eq!(m.model.agent.wrong_tool, 0.4);
+        assert_eq!(m.model.agent.replan_failure, 0.9);
+        assert_eq!(m.model.agent.wrong_arg, Rates::SMALL.wrong_arg);
+        assert_eq!(m.model.fallback, Rates::FRONTIER);
+        // A fallback rate left out is the frontier model's, not the small model's.
+        let f =
+            FaultModel::from_toml_str(&format!("[model.fallback]\nwrong_tool = 0.001\n{fault}"))
+                .unwrap();
+        assert_eq!(f.model.fallback.wrong_tool, 0.001);
+        assert_eq!(f.model.fallback.wrong_arg, Rates::FRONTIER.wrong_arg);
+        assert_eq!(
+            f.model.fallback.replan_failure,
+            Rates::FRONTIER.replan_failure
+        );
+        assert_eq!(f.model.agent, Rates::SMALL);
+        for bad in [
+            "[model.agent]\nwrong_tool = 1.5",
+            "[model.agent]\nwrong_tool = 0.6\nwrong_arg = 0.6",
+            "[model.fallback]\nmistakes = 0.1",
+        ] {
+            assert!(
+                FaultModel::from_toml_str(&format!("{bad}\n{fault}")).is_err(),
+                "{bad}"
+            );
         }
     }
 

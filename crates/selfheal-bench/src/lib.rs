@@ -275,12 +275,38 @@ impl BenchConfig {
         if self.silent { m.silent() } else { m }
     }
 
-    /// Episodes the configuration will run.
+    /// Episodes the configuration's strategies run (the rows of the report). A sweep's risk
+    /// curve runs [`BenchConfig::curve_episodes`] more.
     pub fn episodes(&self) -> u64 {
         self.budgets().len() as u64
             * self.strategies.len() as u64
             * u64::from(self.seeds)
             * self.tasks as u64
+    }
+
+    /// The `risk` settings a sweep runs self-healing at for its curve: [`RISK_SETTINGS`] and the
+    /// policy's own setting, in order. Empty when no curve is drawn (no `sweep`, or
+    /// self-healing not among the strategies).
+    pub fn risk_settings(&self) -> Vec<f64> {
+        if !(self.sweep && self.strategies.contains(&Strategy::SelfHealing)) {
+            return Vec::new();
+        }
+        let own = self
+            .policy
+            .as_ref()
+            .map_or(Policy::default().risk, |p| p.risk);
+        let mut settings = RISK_SETTINGS.to_vec();
+        if !settings.contains(&own) {
+            settings.push(own);
+            settings.sort_by(f64::total_cmp);
+        }
+        settings
+    }
+
+    /// Episodes the sweep's risk curve runs on top of [`BenchConfig::episodes`]: one per
+    /// setting of [`BenchConfig::risk_settings`], seed and task.
+    pub fn curve_episodes(&self) -> u64 {
+        self.risk_settings().len() as u64 * u64::from(self.seeds) * self.tasks as u64
     }
 }
 
@@ -962,11 +988,7 @@ pub fn run(
         })
         .collect();
     let frontier = risk_points(&details, top);
-    let risk_curve = if config.sweep && config.strategies.contains(&Strategy::SelfHealing) {
-        risk_curve(config, &schedules, top, &frontier)
-    } else {
-        Vec::new()
-    };
+    let risk_curve = risk_curve(config, &schedules, top, &frontier);
     Report {
         config: config.clone(),
         results,
@@ -979,8 +1001,9 @@ pub fn run(
     }
 }
 
-/// Self-healing over [`RISK_SETTINGS`] at budget `budget`, on the episodes of `schedules`, each
-/// point marked against the strategies' points in `frontier`.
+/// Self-healing over [`BenchConfig::risk_settings`] at budget `budget`, on the episodes of
+/// `schedules`, each point marked against the strategies' points in `frontier` (none without a
+/// sweep).
 fn risk_curve(
     config: &BenchConfig,
     schedules: &[Vec<Vec<Injected>>],
@@ -992,12 +1015,8 @@ fn risk_curve(
     let base = config.policy.clone().unwrap_or_default();
     let strategy = Strategy::SelfHealing;
     // The policy's own setting is on the curve whatever it is.
-    let mut settings = RISK_SETTINGS.to_vec();
-    if !settings.contains(&base.risk) {
-        settings.push(base.risk);
-        settings.sort_by(f64::total_cmp);
-    }
-    settings
+    config
+        .risk_settings()
         .into_iter()
         .map(|risk| {
             let policy = Policy {

@@ -1146,20 +1146,40 @@ pub fn load_jsonl(text: &str) -> Result<Vec<TaskSpec>, TaskFileError> {
 
 /// Every file task offers more tools than its plan uses: for each tool a step calls, its
 /// sibling (the file's `sibling` name, else `<name>_legacy`): the same parameters and output
-/// fields, synthesised under its own name, so its values are of the wrong kind; and the first
-/// step tool of the next two tasks in the file (the catalogue's other tools), unless the task
-/// has them already. The plan and its answer are unchanged.
+/// fields, synthesised under its own name, so its values are of the wrong kind; and two tools
+/// the task does not offer that the next tasks in the file call (the catalogue's other tools).
+/// The plan and its answer are unchanged.
 fn add_distractors(tasks: &mut [TaskSpec]) {
     let n = tasks.len();
+    // For task `i`: the first two tools, in file order from the next task on (wrapping round),
+    // that some step of another task calls and task `i` does not offer. (Taking only the next
+    // two tasks' first tools left 52 of NESTFUL's 85 tasks with none: neighbouring tasks call
+    // the same API.)
     let foreign: Vec<Vec<ToolSpec>> = (0..n)
         .map(|i| {
-            (1..=2)
-                .filter(|k| *k < n)
-                .filter_map(|k| {
-                    let other = &tasks[(i + k) % n].plan;
-                    other.step_tool(0).cloned()
-                })
-                .collect()
+            let own = &tasks[i].plan;
+            let mut picked: Vec<ToolSpec> = Vec::new();
+            for k in 1..n {
+                let other = &tasks[(i + k) % n].plan;
+                for s in 0..other.steps.len() {
+                    let Some(t) = other.step_tool(s) else {
+                        continue;
+                    };
+                    let taken = own.tool(&t.name).is_some()
+                        || own.tools.iter().any(|x| {
+                            x.substitute.as_deref() == Some(t.name.as_str())
+                                || x.sibling.as_deref() == Some(t.name.as_str())
+                        })
+                        || picked.iter().any(|x| x.name == t.name);
+                    if !taken && picked.len() < 2 {
+                        picked.push(t.clone());
+                    }
+                }
+                if picked.len() == 2 {
+                    break;
+                }
+            }
+            picked
         })
         .collect();
     for (task, foreign) in tasks.iter_mut().zip(foreign) {

@@ -152,6 +152,8 @@ fn a_sweep_draws_self_healing_over_its_risk_setting() {
     let report = run(&config, &mut |_, _| {}, None);
     let curve = &report.risk_curve;
     assert_eq!(curve.len(), selfheal_bench::RISK_SETTINGS.len());
+    // The curve's episodes are counted apart from the strategies' (`--timings` adds them).
+    assert_eq!(config.curve_episodes(), curve.len() as u64 * 40);
     let top = report.frontier.iter().map(|p| p.budget).max().unwrap();
     let sh = report
         .frontier
@@ -197,5 +199,40 @@ fn a_sweep_draws_self_healing_over_its_risk_setting() {
         None,
     );
     assert!(single.risk_curve.is_empty());
+    assert_eq!(single.config.curve_episodes(), 0);
     assert!(!selfheal_bench::svg_risk_coverage(&single).contains("risk-curve"));
+}
+
+/// Issue 32, item 8: the false alarms on episodes where nothing went wrong are counted per
+/// detector. With no fault and a model that never errs every episode is such an episode, and
+/// the cross-check's equivalent sources differ by their documented noise, so a verifying
+/// strategy's cross-check fires on some of them; a strategy without a verifier has none of
+/// its alarms.
+#[test]
+fn false_alarms_are_counted_per_detector_on_clean_episodes() {
+    let mut fault_model = selfheal_bench::FaultModel::default_model().unwrap();
+    fault_model.model = selfheal_bench::ModelRates::PERFECT;
+    let config = BenchConfig {
+        seeds: 3,
+        tasks: 100,
+        fault_rate: 0.0,
+        fault_model,
+        strategies: vec![Strategy::React, Strategy::FullReplanVerify],
+        ..BenchConfig::default()
+    };
+    let report = run(&config, &mut |_, _| {}, None);
+    for d in &report.details {
+        assert_eq!(d.clean_episodes, 300, "{}", d.strategy);
+        assert!(d.false_alarms_clean.values().all(|n| *n <= 300));
+    }
+    assert!(
+        !report.details[0]
+            .false_alarms_clean
+            .contains_key("cross_check")
+    );
+    let verifying = &report.details[1].false_alarms_clean;
+    assert!(
+        verifying.get("cross_check").is_some_and(|n| *n > 0),
+        "{verifying:?}"
+    );
 }

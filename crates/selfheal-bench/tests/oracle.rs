@@ -137,6 +137,10 @@ fn the_episode_exposes_no_truth_or_schedule() {
             "charge_recovery",
             "plan_call",
             "replan",
+            // A model call the provider refuses during an outage (the error, charged): what a
+            // client sees of a model call, as `write` returns it; the gateway arm asks it
+            // before its model reads a request.
+            "model_unavailable",
             "write",
             "call",
             "report_verdict",

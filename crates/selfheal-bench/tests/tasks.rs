@@ -320,3 +320,62 @@ fn comparisons_compare_and_arithmetic_computes() {
     let bad = line.replace(r#""semantics":"add""#, r#""semantics":"pow""#);
     assert!(load_jsonl(&bad).is_err_and(|e| e.message.contains("semantics")));
 }
+
+/// Issue 32, item 2: every task offers more tools than its plan uses — for each tool a step
+/// calls (but the built-in `calc.compare`), a sibling on offer that takes the same arguments,
+/// and a tool no step calls that is not
+/// a sibling nor a substitute of one (an unrelated tool) — in the built-in set and in NESTFUL,
+/// whose source file offers only the tools its plans call (the loader adds the rest).
+#[test]
+fn every_task_offers_siblings_and_unrelated_tools() {
+    let check = |set: &str, tasks: &[selfheal_bench::TaskSpec]| {
+        for t in tasks {
+            let plan = &t.plan;
+            let used: Vec<&str> = plan.steps.iter().map(|s| s.tool.as_str()).collect();
+            let mut related: Vec<&str> = used.clone();
+            // The built-in comparison's calculator is the one step tool without a sibling.
+            for name in used.iter().filter(|n| **n != "calc.compare") {
+                let tool = plan.tool(name).unwrap();
+                let sibling = tool
+                    .sibling
+                    .as_deref()
+                    .unwrap_or_else(|| panic!("{set} task {}: `{name}` has no sibling", t.id));
+                let offered = plan
+                    .tool(sibling)
+                    .unwrap_or_else(|| panic!("{set} task {}: `{sibling}` not on offer", t.id));
+                let params = |x: &selfheal_bench::ToolSpec| {
+                    x.params.iter().map(|p| p.name.clone()).collect::<Vec<_>>()
+                };
+                assert_eq!(params(offered), params(tool), "{set} task {}", t.id);
+                related.push(sibling);
+                related.extend(tool.substitute.as_deref());
+            }
+            assert!(
+                plan.tools
+                    .iter()
+                    .any(|x| !related.contains(&x.name.as_str())),
+                "{set} task {} offers no unrelated tool",
+                t.id
+            );
+        }
+    };
+    check("built-in", &selfheal_bench::builtin(100));
+    check("NESTFUL", &load_jsonl(NESTFUL).unwrap());
+    // The source file itself offers no tool its plan does not call.
+    for line in NESTFUL.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let called: Vec<&str> = v["plan"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["tool"].as_str().unwrap())
+            .collect();
+        assert!(
+            v["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|t| called.contains(&t["name"].as_str().unwrap()))
+        );
+    }
+}

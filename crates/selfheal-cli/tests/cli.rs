@@ -86,6 +86,13 @@ fn bench_json_has_the_documented_shape() {
             "self-healing"
         ]
     );
+    // Issue 32, item 7: the risk/coverage frontier is in --json, one point per strategy.
+    let frontier = v["frontier"].as_array().unwrap();
+    assert_eq!(frontier.len(), 8);
+    assert!(frontier.iter().all(|p| p["recovered"].is_number()
+        && p["silent"].is_number()
+        && p["on_frontier"].is_boolean()));
+    assert!(frontier.iter().any(|p| p["on_frontier"] == true));
 }
 
 #[test]
@@ -135,6 +142,41 @@ fn bench_rejects_bad_options_with_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr).contains("\"react\" is not a live strategy"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Issue 32: `--timings` counts every episode the elapsed time holds — with --sweep, the risk
+/// curve's too, named apart.
+#[test]
+fn bench_timings_count_the_risk_curves_episodes() {
+    let out = selfheal(&["bench", "--seeds", "1", "--tasks", "5", "--timings"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // 8 strategies x 5 tasks.
+    assert!(
+        text(&out.stderr).contains("timings: 40 episodes in "),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = selfheal(
+        &[
+            "bench",
+            "--seeds",
+            "1",
+            "--tasks",
+            "5",
+            "--sweep",
+            "--timings",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // R = 1..5 x 8 strategies x 5 tasks, and 7 risk settings x 5 tasks.
+    assert!(
+        text(&out.stderr).contains(
+            "timings: 235 episodes (200 by the strategies, 35 on self-healing's risk curve) in "
+        ),
         "{}",
         text(&out.stderr)
     );

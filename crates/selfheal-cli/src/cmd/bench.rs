@@ -95,7 +95,8 @@ pub(crate) struct BenchArgs {
     /// Write every episode's control-plane trace as JSON Lines to this file.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Print how long the run took (to stderr).
+    /// Print how long the run took and how many episodes it ran (to stderr; with --sweep, the
+    /// risk curve's episodes counted apart).
     #[arg(long)]
     pub timings: bool,
     /// Drive the tasks with a live OpenAI-compatible model: `static` against `self-healing`
@@ -415,11 +416,18 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<u8> {
         }
     }
     if args.timings {
+        // Every episode the elapsed time holds: the strategies' and the risk curve's.
+        let (rows, curve) = (config.episodes(), config.curve_episodes());
+        let total = rows + curve;
+        let of = if curve > 0 {
+            format!(" ({rows} by the strategies, {curve} on self-healing's risk curve)")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "timings: {} episodes in {:.3} s ({:.1} µs per episode)",
-            config.episodes(),
+            "timings: {total} episodes{of} in {:.3} s ({:.1} µs per episode)",
             elapsed.as_secs_f64(),
-            elapsed.as_secs_f64() * 1e6 / config.episodes().max(1) as f64
+            elapsed.as_secs_f64() * 1e6 / total.max(1) as f64
         );
     }
     Ok(0)
