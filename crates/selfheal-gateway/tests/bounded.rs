@@ -165,12 +165,6 @@ fn role() -> String {
     .to_string()
 }
 
-fn finish(reason: &str) -> String {
-    json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-           "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
-    .to_string()
-}
-
 fn completion(message: Value, finish: &str) -> String {
     json!({"id": "c2", "object": "chat.completion", "created": 1, "model": "m",
            "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
@@ -321,7 +315,7 @@ async fn a_client_that_goes_away_from_a_whole_answer_stops_the_upstream() {
 /// The `data:` payloads of an SSE body, parsed (`[DONE]` left out).
 fn events(body: &str) -> Vec<Value> {
     body.split("\n\n")
-        .filter_map(|e| e.trim().strip_prefix("data: "))
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
         .filter(|p| *p != "[DONE]")
         .map(|p| serde_json::from_str(p).unwrap())
         .collect()
@@ -567,4 +561,60 @@ async fn the_default_output_limit_is_set_only_where_the_client_set_none() {
     let body = json!({"model": "m", "messages": messages});
     post(&url, "chat/completions", &body).send().await.unwrap();
     assert!(seen.bodies.lock().unwrap()[0].get("max_tokens").is_none());
+}
+
+/// The Responses API: words, then newlines without end. The stream ends with
+/// `response.incomplete`, the message under way closed `incomplete` with the words said, and
+/// the report `partial` with the `cut` action.
+#[tokio::test]
+async fn a_responses_stream_that_degenerates_after_content_ends_incomplete_and_partial() {
+    let delta = |text: &str| {
+        json!({"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+               "item_id": "m1", "delta": text})
+        .to_string()
+    };
+    let (up, _) = upstream(vec![Reply::Sse {
+        events: vec![
+            json!({"type": "response.created", "response": {"id": "resp_1", "object": "response",
+                   "status": "in_progress", "output": []}})
+            .to_string(),
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"type": "message", "id": "m1", "role": "assistant",
+                            "status": "in_progress", "content": []}})
+            .to_string(),
+            delta("Hello there."),
+        ],
+        forever: Some(delta("\n")),
+    }])
+    .await;
+    let url = gateway_for(&up, |_| {}).await;
+    let body = json!({"model": "m", "stream": true, "input": "Say hello."});
+    let text = post(&url, "responses", &body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = events(&text);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "response.incomplete", "{text}");
+    let response = &last["response"];
+    assert_eq!(response["id"], "resp_1");
+    assert_eq!(response["selfheal"]["status"], "partial", "{response}");
+    assert!(
+        response["selfheal"]["actions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("cut"))
+    );
+    let message = &response["output"][0];
+    assert_eq!(message["status"], "incomplete", "{response}");
+    let said = message["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{response}"));
+    assert!(
+        said.starts_with("Hello there.") && said.len() <= 12 + 257,
+        "{said:?}"
+    );
 }
