@@ -51,6 +51,7 @@ pub mod classifier;
 pub mod conformance;
 pub mod contract;
 pub mod controller;
+pub mod degenerate;
 pub mod monitor;
 pub mod policy;
 pub mod replay;

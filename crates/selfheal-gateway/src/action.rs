@@ -41,6 +41,11 @@ pub(crate) enum Action {
     Reissue,
     /// The model asked to read its unconfirmed values once more before answering.
     Reread,
+    /// The client set no output limit; the gateway set `[limits] default_max_tokens` upstream.
+    Cap,
+    /// The model's output degenerated (a run of whitespace, one piece repeated) and the
+    /// upstream was cut off.
+    Cut,
     /// Guidance added to the conversation.
     Guidance,
     /// Tools hidden from the model.

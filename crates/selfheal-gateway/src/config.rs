@@ -290,6 +290,24 @@ pub struct GatewayConfig {
     pub state: StateConfig,
     /// Where spans are exported (`[telemetry]`; nowhere when unset).
     pub telemetry: TelemetryConfig,
+    /// How much a model may generate (`[limits]`).
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: bounds on what a model generates (issue 31, item 4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// The output limit the gateway sets upstream when the client set none (chat's
+    /// `max_tokens` or `max_completion_tokens`, the Responses API's `max_output_tokens`; the
+    /// Messages API always has one). Unset (the default): the request goes as the client wrote
+    /// it. A client's own limit is never changed. A request it was set on reports the `cap`
+    /// action.
+    pub default_max_tokens: Option<u32>,
+    /// When the model's output counts as degenerate (`[limits.degenerate]`: a run of
+    /// whitespace or one piece repeated back to back): such output is cut, and re-asked while
+    /// nothing of it reached the client, else flagged `partial`.
+    pub degenerate: selfheal_core::degenerate::Limits,
 }
 
 impl Default for GatewayConfig {
@@ -315,6 +333,7 @@ impl Default for GatewayConfig {
             tools: BTreeMap::new(),
             state: StateConfig::default(),
             telemetry: TelemetryConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -444,6 +463,15 @@ impl GatewayConfig {
             return Err(ConfigError::Invalid("max_runs must be at least 1".into()));
         }
         self.state.validate()?;
+        if self.limits.default_max_tokens == Some(0) {
+            return Err(ConfigError::Invalid(
+                "limits.default_max_tokens must be at least 1".into(),
+            ));
+        }
+        self.limits
+            .degenerate
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("limits.{e}")))?;
         self.monitor
             .validate()
             .map_err(|e| ConfigError::Invalid(e.0))?;
@@ -641,6 +669,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn the_limits_table_is_read_and_checked() {
+        let c = GatewayConfig::default();
+        assert_eq!(c.limits.default_max_tokens, None, "off by default");
+        assert_eq!(c.limits.degenerate.whitespace_run, 256);
+        let c = GatewayConfig::from_toml_str(
+            "[limits]\ndefault_max_tokens = 2048\n[limits.degenerate]\nwhitespace_run = 64\n",
+        )
+        .unwrap();
+        assert_eq!(c.limits.default_max_tokens, Some(2048));
+        assert_eq!(c.limits.degenerate.whitespace_run, 64);
+        assert_eq!(c.limits.degenerate.repeat_bytes, 1_024, "default kept");
+        for (toml, needle) in [
+            ("[limits]\ndefault_max_tokens = 0\n", "at least 1"),
+            ("[limits.degenerate]\nunit_bytes = 5000\n", "unit_bytes"),
+            ("[limits]\nmax_tokens = 5\n", "unknown field"),
+        ] {
+            let e = GatewayConfig::from_toml_str(toml).unwrap_err().to_string();
+            assert!(e.contains(needle), "{toml:?}: {e}");
+        }
     }
 
     #[test]

@@ -771,9 +771,19 @@ pub(crate) fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier
     use selfheal_core::classifier::Signal;
     if let Some(name) = problems.iter().find_map(|p| match &p.kind {
         Unusable::UnknownTool(name) => Some(name.clone()),
-        Unusable::EmptyInput | Unusable::Arguments | Unusable::Repetition => None,
+        Unusable::EmptyInput
+        | Unusable::Arguments
+        | Unusable::Repetition
+        | Unusable::Degenerate(_) => None,
     }) {
         return Signal::UnknownTool { name };
+    }
+    if let Some(d) = problems.iter().find_map(|p| match &p.kind {
+        Unusable::Degenerate(d) => Some(d),
+        _ => None,
+    }) {
+        // The core's reading of degenerate output.
+        return selfheal_core::degenerate::signal(d);
     }
     if let Some(p) = problems.iter().find(|p| p.kind == Unusable::EmptyInput) {
         return Signal::MissingStep {

@@ -83,8 +83,8 @@ pub use app::router;
 pub use auth::key_hash;
 /// The configuration (`selfheal serve --config`; see `docs/reference/config.md`).
 pub use config::{
-    GatewayConfig, ModelRoute, OnPartial, ServerConfig, StateConfig, Target, ToolConfig,
-    UpstreamConfig,
+    GatewayConfig, LimitsConfig, ModelRoute, OnPartial, ServerConfig, StateConfig, Target,
+    ToolConfig, UpstreamConfig,
 };
 /// Errors in OpenAI's shape.
 pub use error::ApiError;

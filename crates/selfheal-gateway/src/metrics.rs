@@ -143,6 +143,8 @@ counters! {
     upstream_errors_total => "Requests answered with an upstream error.",
     client_errors_total => "Requests refused as malformed, oversize or for an unknown model.",
     streams_broken_total => "Streams that broke mid-answer.",
+    upstream_cancelled_total => "Upstream requests dropped because the client went away first.",
+    degenerate_cut_total => "Model answers cut because they degenerated (whitespace, one piece repeated).",
 }
 
 /// What `/readyz` says about the state store: `{"backend": "memory" | "redis", "up": bool}`.

@@ -78,7 +78,20 @@ pub(crate) fn finish_stream(
             );
         }
     }
-    let status = if let Some(b) = &r.broken {
+    if let Some(why) = &r.cut {
+        Metrics::inc(&t.s.metrics.degenerate_cut_total);
+        lock(&t.state).act(Action::Cut);
+        t.event(Kind::StreamBroken, json!({"cut": why}));
+    }
+    let status = if r.cancelled {
+        // The client went away: the upstream request was dropped with the relay.
+        Metrics::inc(&t.s.metrics.upstream_cancelled_total);
+        t.event(
+            Kind::StreamBroken,
+            json!({"reason": "the client went away; the upstream request was dropped"}),
+        );
+        Status::Failed
+    } else if let Some(b) = &r.broken {
         Metrics::inc(&t.s.metrics.streams_broken_total);
         t.event(Kind::StreamBroken, json!({"reason": b}));
         Status::Failed
@@ -138,6 +151,9 @@ pub(crate) struct Turn {
     /// call yet): the run then takes the name of the first call it answers with
     /// ([`adopt_first_call`]).
     pub(crate) unnamed: Option<Arc<Opening>>,
+    /// The output limit the gateway set upstream because the client set none (`[limits]
+    /// default_max_tokens`): the turn reports the `cap` action.
+    pub(crate) capped: Option<u32>,
 }
 
 /// A conversation's opening as run ids read it ([`crate::runs::run_id_of`]).
@@ -429,6 +445,10 @@ async fn decide_and_answer<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, A
         .copied()
         .map(Action::from)
         .collect();
+    if let Some(n) = t.capped {
+        actions.push(Action::Cap);
+        t.event(Kind::Guidance, json!({"max_tokens": n}));
+    }
     let escalate = decided.next.escalate;
     d.edit(t, decided, &mut actions);
     d.set_chain(escalated(t, escalate, d.chain().to_vec()));
@@ -1028,6 +1048,7 @@ pub(crate) fn stream_hooks<A: AskStream>(
         on_partial: t.s.config.server.on_partial,
         // The dialect says whether its request allows it (`tool_choice`).
         salvage: false,
+        degenerate: Some(t.s.config.limits.degenerate),
     }
 }
 

@@ -27,6 +27,14 @@
 //!   (within [`MAX_HELD_BYTES`]) and the calls of offered tools it writes as text are taken as
 //!   calls ([`Grammar::salvage`], issue 31) and sent as a whole answer; text that writes none
 //!   goes out as it was;
+//! - when the content degenerates ([`Hooks::degenerate`]: a run of whitespace, one piece
+//!   repeated, judged by the core's [`selfheal_core::degenerate::judge`] on the stream's tail),
+//!   the upstream is cut off (its request dropped, so it stops generating): while nothing went
+//!   out, calls written as text before the run are taken, else the model is re-asked once with
+//!   the problem named, else what it said before the run goes out `partial`; after content, the
+//!   answer ends there, `partial` with the reason (never `complete`);
+//! - when the client goes away, the relay stops at once, whatever it was waiting for, and the
+//!   upstream request is dropped ([`StreamReport::cancelled`]);
 //! - the response's head gets the report as it stood at the first frame ([`Hooks::head`]), the
 //!   final event the whole one, and the pipeline a [`StreamReport`].
 //!
@@ -48,6 +56,7 @@ use crate::heal::{
     CallCheck, GuideCache, Problem, Salvage, ToolIndex, left_out_text, problem_texts,
 };
 use crate::report::Status;
+use selfheal_core::degenerate::{self, Degenerate};
 
 /// Largest SSE event accepted from an upstream (and largest non-SSE answer to a stream request).
 pub(crate) const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
@@ -143,6 +152,8 @@ pub struct Hooks<A> {
     /// tools and did not set `tool_choice: "none"`. A final answer whose first content opens
     /// a fence, a `{` or a call tag is then held to its end ([`opens_text_call`]).
     pub salvage: bool,
+    /// When the content counts as degenerate and is cut (`[limits.degenerate]`); `None`: never.
+    pub degenerate: Option<degenerate::Limits>,
 }
 
 impl<A> Default for Hooks<A> {
@@ -158,6 +169,7 @@ impl<A> Default for Hooks<A> {
             budget: None,
             on_partial: OnPartial::default(),
             salvage: false,
+            degenerate: None,
         }
     }
 }
@@ -194,6 +206,10 @@ pub struct StreamReport {
     /// The run's budget when the stream ended ([`Hooks::budget`]), which the final report
     /// shows in place of the one it was made with.
     pub budget: Option<Value>,
+    /// Why the upstream's answer was cut, when it degenerated ([`Hooks::degenerate`]).
+    pub cut: Option<String>,
+    /// The client went away before the relay was done: the upstream request was dropped.
+    pub cancelled: bool,
 }
 
 /// What one upstream event is, once a grammar has read it.
@@ -273,6 +289,10 @@ pub(crate) trait Grammar: Send {
     /// Forgets what is held and numbered while nothing went out: another answer follows.
     fn reset(&mut self);
 
+    /// The events that close what is open when the answer is cut short (the grammar's open
+    /// items), and the event that ends it, cut short (chat's `finish_reason: "length"`, the
+    /// Responses API's `response.incomplete`).
+    fn cut(&mut self) -> (Vec<Value>, Value);
     /// Reads a whole answer to a streaming request; `Err` with why the stream is broken.
     fn parse_whole(&mut self, bytes: &[u8]) -> Result<Self::Answer, String>;
     /// Checks a whole answer's calls in place (unusable ones taken out), then `more`.
@@ -353,6 +373,7 @@ pub(crate) fn note_outcome(selfheal: &mut Value, report: &StreamReport) {
             (!report.reasked.is_empty(), Action::Reask),
             (report.reissued.is_some(), Action::Reissue),
             (report.reread, Action::Reread),
+            (report.cut.is_some(), Action::Cut),
         ] {
             let name = name.as_str();
             if did && !actions.iter().any(|a| a == name) {
@@ -457,6 +478,8 @@ enum Flow {
     Continue,
     Done,
     Broken(String),
+    /// The content degenerated: the upstream is cut off; the event that showed it is not sent.
+    Cut(Degenerate, Value),
 }
 
 struct Relay<'t, G: Grammar> {
@@ -480,6 +503,9 @@ struct Relay<'t, G: Grammar> {
     /// The text of the content sent so far (up to [`MAX_SAID_BYTES`]): what the grounding rule
     /// judges when a final answer ends.
     said: String,
+    /// The last of the content read (at least [`degenerate::Limits::tail_bytes`]): what is
+    /// judged for degeneration.
+    tail: String,
 }
 
 /// Relays an upstream response (an event stream, or a whole answer) to `tx` in grammar `g`
@@ -507,14 +533,28 @@ pub(crate) async fn relay<G: Grammar>(
         replaced: false,
         held: None,
         said: String::new(),
+        tail: String::new(),
     };
-    let outcome = if is_event_stream(&upstream) {
-        r.pump(upstream).await
-    } else {
-        r.convert(upstream).await
+    // The client gone, the relay stops whatever it waits for (the upstream's next event, a
+    // re-ask): dropping it drops the upstream request, and the upstream stops generating.
+    let work = async {
+        let outcome = if is_event_stream(&upstream) {
+            r.pump(upstream).await
+        } else {
+            r.convert(upstream).await
+        };
+        if outcome.is_ok() {
+            r.end().await;
+        }
+        outcome
     };
-    if outcome.is_ok() {
-        r.end().await;
+    let outcome = tokio::select! {
+        biased;
+        o = work => o,
+        () = tx.closed() => Err(Gone),
+    };
+    if outcome.is_err() {
+        r.report.cancelled = true;
     }
     r.report
 }
@@ -573,6 +613,8 @@ impl<G: Grammar> Relay<'_, G> {
                         self.report.broken = Some(why);
                         return Ok(());
                     }
+                    // Returning drops `events`, and with it the upstream request.
+                    Flow::Cut(d, v) => return self.cut(d, v).await,
                 }
             }
         }
@@ -589,15 +631,20 @@ impl<G: Grammar> Relay<'_, G> {
                 Some(h) => h.events.push(v),
                 None => self.send(v).await?,
             },
-            Read::Content(v) => match self.hold(v) {
-                Hold::Held => {}
-                Hold::Release(events) => {
-                    if self.first_content().await? {
-                        return Ok(Flow::Done);
-                    }
-                    self.send_all(events).await?;
+            Read::Content(v) => {
+                if let Some(d) = self.degenerated(&v) {
+                    return Ok(Flow::Cut(d, v));
                 }
-            },
+                match self.hold(v) {
+                    Hold::Held => {}
+                    Hold::Release(events) => {
+                        if self.first_content().await? {
+                            return Ok(Flow::Done);
+                        }
+                        self.send_all(events).await?;
+                    }
+                }
+            }
             Read::Finish(v) => {
                 // Nothing went out, no call is held and the answer holds nothing: an empty
                 // answer, broken like a stream that ended early (re-issued).
@@ -615,6 +662,73 @@ impl<G: Grammar> Relay<'_, G> {
             }
         }
         Ok(Flow::Continue)
+    }
+
+    /// Adds a content event's text to the tail and judges it ([`degenerate::judge`]).
+    fn degenerated(&mut self, v: &Value) -> Option<Degenerate> {
+        let limits = self.hooks.degenerate?;
+        self.tail.push_str(G::content_text(v)?);
+        let keep = limits.tail_bytes();
+        if self.tail.len() > 2 * keep {
+            let from = self.tail.len() - keep;
+            let from = (from..self.tail.len())
+                .find(|&i| self.tail.is_char_boundary(i))
+                .unwrap_or(self.tail.len());
+            self.tail.drain(..from);
+        }
+        degenerate::judge(&self.tail, &limits)
+    }
+
+    /// The content degenerated (`d`, shown by event `v`) and the upstream was cut off. After
+    /// content went out the answer ends here, `partial` with the reason. While nothing did:
+    /// calls of offered tools written as text before the run are taken as calls (as at the
+    /// end of an answer, [`Relay::salvage_held`]); else the model is asked again once with the
+    /// problem named ([`Hooks::reask`], the run's ladder deciding); else what it said before
+    /// the run goes out whole, `partial` with the reason.
+    async fn cut(&mut self, d: Degenerate, v: Value) -> Result<(), Gone> {
+        let reason = d.reason();
+        let run = self.tail.len().saturating_sub(d.start);
+        self.report.cut = Some(reason.clone());
+        let (closing, finish) = self.g.cut();
+        if self.sent {
+            self.report.unsettled = Some(reason);
+            self.send_all(closing).await?;
+            return self.finish(finish).await;
+        }
+        let mut text = self.held.take().map(|h| h.text).unwrap_or_default();
+        text.push_str(G::content_text(&v).unwrap_or_default());
+        let mut keep = text.len().saturating_sub(run);
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        text.truncate(keep);
+        if self.hooks.salvage && !self.tools.is_empty() && !self.g.holds_calls() {
+            let mut answer = self.g.held_answer(text.clone(), &finish);
+            if let Salvage::Taken(n) = G::salvage(&mut answer, &self.tools) {
+                return self.salvaged(answer, n).await;
+            }
+        }
+        let mut names: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let problem = crate::wire::Problem::degenerate(&d, &names);
+        let again = match self.hooks.reask.take() {
+            Some(f) => f(vec![problem.clone()]).await,
+            None => None,
+        };
+        self.g.reset();
+        self.replaced = true;
+        if let Some(mut r) = again {
+            self.report.reasked = vec![problem.text];
+            self.report.repaired.extend(r.take_repaired());
+            return self.emit_whole(r).await;
+        }
+        self.report.unsettled = Some(reason.clone());
+        let said = !text.trim().is_empty();
+        let mut answer = self.g.held_answer(text, &finish);
+        if !said {
+            G::say(&mut answer, &format!("[selfheal] {reason}."));
+        }
+        self.emit_whole(answer).await
     }
 
     /// Before the first content of an answer goes out, if it calls no tools so far: the last
@@ -689,18 +803,7 @@ impl<G: Grammar> Relay<'_, G> {
         };
         match salvage {
             Salvage::Taken(n) => {
-                self.report.salvaged += n;
-                let (tools, guides) = (&self.tools, &self.guides);
-                let more = self.hooks.check.as_ref();
-                let check = self.g.check_whole(&mut answer, tools, guides, more);
-                self.report.repaired.extend(check.repaired);
-                let reask = &mut self.hooks.reask;
-                if let Some(r) = reask_once(reask, &check.invalid, &mut self.report).await {
-                    answer = r;
-                }
-                self.g.reset();
-                self.replaced = true;
-                self.emit_whole(answer).await?;
+                self.salvaged(answer, n).await?;
                 return Ok(true);
             }
             Salvage::Doubt(problem) => {
@@ -720,6 +823,23 @@ impl<G: Grammar> Relay<'_, G> {
         }
         self.send_all(held.events).await?;
         Ok(false)
+    }
+
+    /// A whole answer whose `n` calls written as text were taken as calls: checked as any call
+    /// (re-asked once if unusable) and sent whole in place of the upstream's answer.
+    async fn salvaged(&mut self, mut answer: G::Answer, n: usize) -> Result<(), Gone> {
+        self.report.salvaged += n;
+        let (tools, guides) = (&self.tools, &self.guides);
+        let more = self.hooks.check.as_ref();
+        let check = self.g.check_whole(&mut answer, tools, guides, more);
+        self.report.repaired.extend(check.repaired);
+        let reask = &mut self.hooks.reask;
+        if let Some(r) = reask_once(reask, &check.invalid, &mut self.report).await {
+            answer = r;
+        }
+        self.g.reset();
+        self.replaced = true;
+        self.emit_whole(answer).await
     }
 
     /// The event that ends the answer: the held calls go out first, checked (re-asked once if

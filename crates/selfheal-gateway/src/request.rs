@@ -440,6 +440,28 @@ pub struct ChatRequest<'a> {
     pub tools_raw: Option<&'a RawValue>,
 }
 
+/// A JSON object's text, `body`, with `"max_tokens": n` written as its first key (the rest byte
+/// for byte as it was): for a request that has no limit of its own.
+pub(crate) fn with_max_tokens(body: &Bytes, n: u32) -> Bytes {
+    let text = &body[..];
+    let Some(open) = text.iter().position(|b| !b.is_ascii_whitespace()) else {
+        return body.clone();
+    };
+    if text[open] != b'{' {
+        return body.clone();
+    }
+    let rest = &text[open + 1..];
+    let empty = rest.iter().all(|b| b.is_ascii_whitespace() || *b == b'}');
+    let mut out = Vec::with_capacity(text.len() + 24);
+    out.extend_from_slice(&text[..=open]);
+    out.extend_from_slice(format!("\"max_tokens\":{n}").as_bytes());
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Bytes::from(out)
+}
+
 impl<'a> ChatRequest<'a> {
     /// Reads a body. Errors say what is wrong in words a client can act on.
     pub fn parse(body: &'a [u8]) -> Result<ChatRequest<'a>, BadRequest> {
@@ -498,6 +520,14 @@ impl<'a> ChatRequest<'a> {
     /// The raw `tool_choice`, when the request has one (the last, if written twice).
     fn tool_choice_raw(&self) -> Option<&'a RawValue> {
         raw_field(&self.fields, "tool_choice")
+    }
+
+    /// Whether the client set an output limit (`max_tokens` or `max_completion_tokens`, not
+    /// `null`).
+    pub fn sets_output_limit(&self) -> bool {
+        ["max_tokens", "max_completion_tokens"]
+            .iter()
+            .any(|k| raw_field(&self.fields, k).is_some_and(|v| v.get().trim() != "null"))
     }
 
     /// Whether `tool_choice` is `"none"`: the client asked for no tool call.

@@ -213,6 +213,12 @@ pub(crate) struct Responses {
     items: BTreeMap<u64, Value>,
     next_index: u64,
     seq: u64,
+    /// The response as `response.created` (or a later preamble event) described it: what an
+    /// answer cut short ends with ([`Grammar::cut`]).
+    skeleton: Option<Value>,
+    /// Message items under way (by the client's `output_index`) and the text they carried:
+    /// closed as `incomplete` when the answer is cut short.
+    open: BTreeMap<u64, (Value, String)>,
 }
 
 impl Responses {
@@ -285,6 +291,36 @@ impl Responses {
         self.items.values().any(is_call)
     }
 
+    /// Notes what an answer cut short must close: the response described so far, the message
+    /// items under way and their text.
+    fn note_open(&mut self, v: &Value, ty: &str, client: Option<u64>) {
+        if let Some(r) = v.get("response").filter(|r| r.is_object()) {
+            self.skeleton = Some(r.clone());
+        }
+        let Some(c) = client else { return };
+        match ty {
+            "response.output_item.added"
+                if v.pointer("/item/type").and_then(Value::as_str) == Some("message") =>
+            {
+                let item = v.get("item").cloned().unwrap_or(Value::Null);
+                self.open.insert(c, (item, String::new()));
+            }
+            "response.output_text.delta" => {
+                if let (Some((_, text)), Some(d)) = (
+                    self.open.get_mut(&c),
+                    v.get("delta").and_then(Value::as_str),
+                ) && text.len() + d.len() <= MAX_HELD_BYTES
+                {
+                    text.push_str(d);
+                }
+            }
+            "response.output_item.done" => {
+                self.open.remove(&c);
+            }
+            _ => {}
+        }
+    }
+
     /// An event that is neither a call's nor the terminal one: held when it is preamble and
     /// nothing went out, else renumbered content.
     fn other(&mut self, mut v: Value, ty: &str, payload: &str, sent: bool) -> Read {
@@ -293,6 +329,7 @@ impl Responses {
         if let Some(c) = client {
             v["output_index"] = json!(c);
         }
+        self.note_open(&v, ty, client);
         if is_preamble(&v) && !sent {
             self.held_bytes += payload.len();
             if self.held_bytes > MAX_HELD_BYTES {
@@ -452,6 +489,37 @@ impl Grammar for Responses {
         report.responded = finish.get("response").and_then(crate::runs::Responded::of);
     }
 
+    /// The messages under way closed as `incomplete` with the text they carried, and a
+    /// `response.incomplete` (reason `max_output_tokens`, the API's word for an answer cut
+    /// short), its `output` written when it is sealed.
+    fn cut(&mut self) -> (Vec<Value>, Value) {
+        let mut events = Vec::new();
+        for (c, (mut item, text)) in std::mem::take(&mut self.open) {
+            if let Some(o) = item.as_object_mut() {
+                o.insert("status".into(), json!("incomplete"));
+                o.insert(
+                    "content".into(),
+                    json!([{"type": "output_text", "text": text, "annotations": []}]),
+                );
+            }
+            events.push(
+                json!({"type": "response.output_item.done", "output_index": c,
+                               "item": item.clone()}),
+            );
+            self.items.insert(c, item);
+        }
+        let mut response = self.skeleton.clone().unwrap_or_else(|| json!({}));
+        if let Some(o) = response.as_object_mut() {
+            o.insert("status".into(), json!("incomplete"));
+            o.insert(
+                "incomplete_details".into(),
+                json!({"reason": "max_output_tokens"}),
+            );
+        }
+        let finish = json!({"type": "response.incomplete", "response": response});
+        (events, finish)
+    }
+
     fn error_event(message: &str, kind: &str, code: &str) -> Value {
         // The SDKs raise `APIError` for an event with an `error` object.
         json!({
@@ -484,6 +552,7 @@ impl Grammar for Responses {
         self.index.clear();
         self.items.clear();
         self.next_index = 0;
+        self.open.clear();
     }
 
     fn parse_whole(&mut self, bytes: &[u8]) -> Result<Reanswered, String> {

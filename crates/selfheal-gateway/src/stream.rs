@@ -303,6 +303,13 @@ impl Grammar for Chat {
         json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
     }
 
+    fn cut(&mut self) -> (Vec<Value>, Value) {
+        (
+            Vec::new(),
+            chunk(self.template.as_ref(), json!({}), json!("length")),
+        )
+    }
+
     fn done_marker() -> Option<Frame> {
         Some(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
     }

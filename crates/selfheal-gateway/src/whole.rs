@@ -107,8 +107,10 @@ pub(crate) async fn heal_whole<D: WholeDialect>(
     let unsettled = read_before_answering(d, &mut first, &mut actions, &mut log).await;
     // A final answer stating a number the run never saw leaves the plain path: it is judged,
     // and flagged, once parsed (`answer_checked`).
-    let grounded =
-        D::first_calls_tools(&first) || ungrounded(d, || D::first_text(&first)).is_none();
+    // So does one that degenerated (a run of whitespace, one piece repeated): re-asked.
+    let grounded = D::first_calls_tools(&first)
+        || (ungrounded(d, || D::first_text(&first)).is_none()
+            && degenerate(d, D::first_text(&first)).is_none());
     let answer = match d.plain(first, unsettled.is_none() && grounded, &mut actions, &log) {
         Ok(Plain::Answered(resp)) => return Ok(resp),
         Ok(Plain::Parsed(v)) => v,
@@ -173,7 +175,7 @@ async fn reask_calls<D: WholeDialect>(
     log: &mut CallLog,
 ) -> (Value, CallCheck, bool) {
     let t = d.turn();
-    let mut check = d.check(&mut answer);
+    let mut check = check_answer(d, &mut answer, actions);
     let mut ladder = ReaskState::default();
     let mut reasked = false;
     let mut chain = d.chain();
@@ -194,7 +196,7 @@ async fn reask_calls<D: WholeDialect>(
         match d.ask(chain, Some(&extra), log).await {
             Ok(v) => {
                 answer = v;
-                check = d.check(&mut answer);
+                check = check_answer(d, &mut answer, actions);
             }
             Err(_) => break,
         }
@@ -241,8 +243,13 @@ fn answer_checked<D: WholeDialect>(
     } else {
         (Status::Complete, None)
     };
-    // Every call left out: the answer says so in words, or is an error the SDKs raise.
-    if !check.invalid.is_empty() && !D::calls_tools(&answer) {
+    // Every call left out: the answer says so in words, or is an error the SDKs raise. (A
+    // degenerate answer is left as it came, flagged.)
+    let left_out = check
+        .invalid
+        .iter()
+        .any(|p| !matches!(p.kind, heal::Unusable::Degenerate(_)));
+    if left_out && !D::calls_tools(&answer) {
         let words = heal::left_out_text(&heal::problem_texts(&check.invalid));
         if s.config.server.on_partial == OnPartial::Error {
             let why = (status, reason.as_deref());
@@ -260,6 +267,39 @@ fn answer_checked<D: WholeDialect>(
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
     add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
     Ok(resp)
+}
+
+/// The answer's calls checked ([`WholeDialect::check`]), and the text of a final answer judged
+/// by the core's degenerate rule ([`degenerate`]): degenerate output is a problem of its own,
+/// re-asked along the ladder as unusable calls are, else flagged `partial`; the `cut` action
+/// is added to `actions`.
+fn check_answer<D: WholeDialect>(
+    d: &D,
+    answer: &mut Value,
+    actions: &mut Vec<Action>,
+) -> CallCheck {
+    let mut check = d.check(answer);
+    if D::calls_tools(answer) {
+        return check;
+    }
+    if let Some(dg) = degenerate(d, D::text(answer)) {
+        let t = d.turn();
+        Metrics::inc(&t.s.metrics.degenerate_cut_total);
+        push_once(actions, Action::Cut);
+        lock(&t.state).act(Action::Cut);
+        check.invalid.push(heal::Problem::degenerate(&dg, &[]));
+    }
+    check
+}
+
+/// Whether a final answer's `text` degenerated (the core's
+/// [`selfheal_core::degenerate::judge`] under `[limits.degenerate]`).
+fn degenerate<D: WholeDialect>(
+    d: &D,
+    text: Option<String>,
+) -> Option<selfheal_core::degenerate::Degenerate> {
+    let limits = &d.turn().s.config.limits.degenerate;
+    selfheal_core::degenerate::judge(&text?, limits)
 }
 
 /// Why a final answer's `text` is not claimed complete by the core's grounding rule
@@ -284,7 +324,7 @@ pub(crate) async fn ask_checked<D: WholeDialect>(
     let result = d.ask(chain, extra, &mut log).await;
     log_calls(d.turn(), &log, &mut Vec::new());
     let mut answer = result.ok()?;
-    let check = d.check(&mut answer);
+    let check = check_answer(d, &mut answer, &mut Vec::new());
     if !check.invalid.is_empty() {
         return Some(Err(check.invalid));
     }

@@ -152,6 +152,9 @@ pub enum Unusable {
     /// result it has ([`Answered`](crate::heal::Answered)): the model's control loop, as the in-process client reads
     /// a call that repeats the previous step's.
     Repetition,
+    /// The answer degenerated (a run of whitespace, one piece repeated) and was cut
+    /// ([`selfheal_core::degenerate`]), which the run reads as malformed output.
+    Degenerate(selfheal_core::degenerate::Degenerate),
 }
 
 /// One tool call that cannot be used: why, and the re-ask text that tells the model.
@@ -161,6 +164,29 @@ pub struct Problem {
     pub kind: Unusable,
     /// The re-ask text.
     pub text: String,
+}
+
+impl Problem {
+    /// The problem of an answer that degenerated (`d`), with the re-ask text that tells the
+    /// model what happened and what to do instead: the tools on offer (`tools`, sorted), if any.
+    pub(crate) fn degenerate(d: &selfheal_core::degenerate::Degenerate, tools: &[&str]) -> Problem {
+        let reason = d.reason();
+        let next = if tools.is_empty() {
+            "Answer again: if a tool is needed, call it with a structured tool call; otherwise \
+             answer briefly in words."
+                .to_owned()
+        } else {
+            format!(
+                "Answer again: call one of the tools on offer ({}) with a structured tool call, \
+                 or answer briefly in words.",
+                tools.join(", ")
+            )
+        };
+        Problem {
+            kind: Unusable::Degenerate(d.clone()),
+            text: format!("Your last answer was cut: {reason}. {next}"),
+        }
+    }
 }
 
 /// Runs `take` on the tool calls of an assistant `message` (it takes out the calls it refuses

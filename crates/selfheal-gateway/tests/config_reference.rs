@@ -110,6 +110,8 @@ fn every_table_lists_exactly_the_accepted_keys_and_their_defaults() {
         "models.NAME",
         "models.NAME.chain",
         "server",
+        "limits",
+        "limits.degenerate",
         "monitor",
         "budget",
         "policy",

@@ -52,6 +52,7 @@ pub(crate) async fn chat_inner(
     headers: &HeaderMap,
     bytes: bytes::Bytes,
 ) -> Result<Response, ApiError> {
+    let (bytes, capped) = capped_body(s, bytes)?;
     let req = ChatRequest::parse(&bytes).map_err(|e| ApiError::bad_request(e.0))?;
     let model = req.model.as_str().to_owned();
     let chain = s
@@ -78,6 +79,7 @@ pub(crate) async fn chat_inner(
         caller,
         run: run.into(),
         unnamed,
+        capped,
     };
     let d = ChatTurn {
         req: &req,
@@ -89,6 +91,25 @@ pub(crate) async fn chat_inner(
         answered: Arc::default(),
     };
     heal_turn(&t, d).await
+}
+
+/// The body with `[limits] default_max_tokens` set as its `max_tokens` when the client set no
+/// output limit (neither `max_tokens` nor `max_completion_tokens`), and the limit set; the body
+/// as it came otherwise (no limit configured, the client's own, or passthrough).
+fn capped_body(s: &AppState, bytes: bytes::Bytes) -> Result<(bytes::Bytes, Option<u32>), ApiError> {
+    let Some(n) = s
+        .config
+        .limits
+        .default_max_tokens
+        .filter(|_| !s.config.passthrough)
+    else {
+        return Ok((bytes, None));
+    };
+    let req = ChatRequest::parse(&bytes).map_err(|e| ApiError::bad_request(e.0))?;
+    if req.sets_output_limit() {
+        return Ok((bytes, None));
+    }
+    Ok((crate::request::with_max_tokens(&bytes, n), Some(n)))
 }
 
 /// A chat completions turn ([`Dialect`]): the parsed request, and what the pipeline makes of it.

@@ -155,11 +155,13 @@ pub(crate) struct Parsed {
     pub(crate) previous: Option<String>,
     /// The conversation kept upstream, as a run label (`conversation:<id>`).
     pub(crate) conversation: Option<String>,
+    /// The output limit set because the client set none (`[limits] default_max_tokens`).
+    pub(crate) capped: Option<u32>,
 }
 
 /// Parse: the body read and checked to be a Responses request for a model the gateway routes.
 pub(crate) fn parse_request(s: &Arc<AppState>, bytes: &[u8]) -> Result<Parsed, ApiError> {
-    let req: serde_json::Map<String, Value> = serde_json::from_slice(bytes)
+    let mut req: serde_json::Map<String, Value> = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
     let model = req
         .get("model")
@@ -187,12 +189,22 @@ pub(crate) fn parse_request(s: &Arc<AppState>, bytes: &[u8]) -> Result<Parsed, A
             .map(|id| format!("conversation:{id}")),
         _ => None,
     };
+    // No output limit of the client's own: `[limits] default_max_tokens`, when set.
+    let capped = s
+        .config
+        .limits
+        .default_max_tokens
+        .filter(|_| req.get("max_output_tokens").is_none_or(Value::is_null));
+    if let Some(n) = capped {
+        req.insert("max_output_tokens".into(), json!(n));
+    }
     Ok(Parsed {
         req,
         model,
         chain,
         previous,
         conversation,
+        capped,
     })
 }
 
@@ -241,6 +253,7 @@ pub(crate) async fn open_turn(
         caller,
         run: run.into(),
         unnamed,
+        capped: p.capped,
     }
 }
 
