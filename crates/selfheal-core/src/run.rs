@@ -181,6 +181,10 @@ pub struct Proposed<'a> {
     pub text: &'a str,
     /// The run's evidence: inputs and tool results, as values (a text as a string).
     pub evidence: &'a [serde_json::Value],
+    /// Whether the model could call a tool when it wrote the answer: `false` when the request
+    /// forbade calls (`tool_choice: "none"`), and then an answer that describes or writes a
+    /// call is what was asked for, not an announcement ([`crate::announce`]).
+    pub may_call: bool,
 }
 
 /// Everything a front-end must do.
@@ -571,7 +575,10 @@ impl Run {
                 if self.ctl.stopped().is_some() {
                     let d = self.ctl.guidance(now);
                     self.directive(d);
-                } else if let Some(said) = answer.and_then(|a| self.announced_reask(a.text)) {
+                } else if let Some(said) = answer
+                    .filter(|a| a.may_call)
+                    .and_then(|a| self.announced_reask(a.text))
+                {
                     self.queue.push_back(Action::AskAgain {
                         guidance: said.guidance(),
                         reason: said.reason(),
@@ -710,7 +717,7 @@ impl Run {
         if self.offered.is_empty() {
             return None;
         }
-        if let Some(said) = self.announced(a.text) {
+        if let Some(said) = a.may_call.then(|| self.announced(a.text)).flatten() {
             return Some(said.reason());
         }
         if by == StepsBy::Plan && !self.tool_returned {

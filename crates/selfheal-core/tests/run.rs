@@ -426,6 +426,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         answer: Some(Proposed {
             text: "The result is 420.9.",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     match made_up.as_slice() {
@@ -442,6 +443,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         Some(Proposed {
             text: "420.9",
             evidence: &evidence,
+            may_call: true,
         }),
     );
     assert!(flagged.is_some());
@@ -451,6 +453,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         answer: Some(Proposed {
             text: "The price is 120.3 and the factor 3.5.",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     assert_eq!(
@@ -468,6 +471,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         answer: Some(Proposed {
             text: "420.9",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     assert!(
@@ -488,6 +492,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         answer: Some(Proposed {
             text: "420.9",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     let out = d.run.finish(0);
@@ -510,7 +515,11 @@ fn returned(d: &mut Driver, tool: &str, value: &Value) {
 fn propose(d: &mut Driver, by: StepsBy, text: &str, evidence: &[Value]) -> Vec<Action> {
     d.input(Input::AnswerProposed {
         by,
-        answer: Some(Proposed { text, evidence }),
+        answer: Some(Proposed {
+            text,
+            evidence,
+            may_call: true,
+        }),
     })
 }
 
@@ -617,7 +626,8 @@ fn an_answer_with_no_tool_result_behind_it_is_not_complete_for_a_plan() {
                 StepsBy::Plan,
                 Some(Proposed {
                     text: "439.0",
-                    evidence: &evidence
+                    evidence: &evidence,
+                    may_call: true,
                 })
             )
             .is_some()
@@ -628,7 +638,8 @@ fn an_answer_with_no_tool_result_behind_it_is_not_complete_for_a_plan() {
             StepsBy::Plan,
             Some(Proposed {
                 text: "439.0",
-                evidence: &evidence
+                evidence: &evidence,
+                may_call: true,
             })
         ),
         None

@@ -398,6 +398,7 @@ impl Loop<'_> {
             answer: Some(Proposed {
                 text: answer,
                 evidence: &evidence,
+                may_call: true,
             }),
         };
         let actions = self.with_env(|run, env| run.decide(proposed, env));
@@ -408,6 +409,7 @@ impl Loop<'_> {
                 Some(Proposed {
                     text: answer,
                     evidence: &evidence,
+                    may_call: true,
                 }),
             )
             .filter(|_| self.run.unclaimable(StepsBy::Plan).is_none())

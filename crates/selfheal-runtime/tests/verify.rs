@@ -590,7 +590,9 @@ async fn an_answer_that_announces_a_call_is_asked_again_then_partial() {
     assert_eq!(r.status, RunStatus::Partial, "{:?}", r.reason);
     assert_eq!(r.answer.as_deref(), Some(said));
     assert!(
-        r.reason.as_deref().is_some_and(|w| w.contains("`get_weather`")),
+        r.reason
+            .as_deref()
+            .is_some_and(|w| w.contains("`get_weather`")),
         "{:?}",
         r.reason
     );
