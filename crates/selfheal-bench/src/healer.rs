@@ -131,7 +131,8 @@ impl Healer {
                 | Action::Recover { .. }
                 | Action::Reask { .. }
                 | Action::Reissue
-                | Action::EndStream => {}
+                | Action::EndStream
+                | Action::AskAgain { .. } => {}
             }
         }
         Proposal::Stopped

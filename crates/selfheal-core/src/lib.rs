@@ -19,6 +19,7 @@
 //! | [`policy`] | class → ladder of [`RecoveryAction`]s, cheapest feasible first; TOML-loadable |
 //! | [`budget`] | one ledger per run over every budget dimension |
 //! | [`verifier`] | accept / reject / uncertain; rejection is a recoverable failure |
+//! | [`announce`] | a final answer that announces or writes a tool call instead of making it |
 //! | [`contract`] | a tool's output contract: declared fields (drift, empty) and `as_of` freshness |
 //! | [`trace`] | typed, bounded, versioned JSON Lines trace; healing rate |
 //! | [`controller`] | routes observations to directives; owns no policy |
@@ -43,6 +44,7 @@
 //! assert!(verdict.abort.is_none());
 //! ```
 
+pub mod announce;
 pub mod breaker;
 pub mod budget;
 pub mod call;

@@ -181,6 +181,10 @@ pub struct Proposed<'a> {
     pub text: &'a str,
     /// The run's evidence: inputs and tool results, as values (a text as a string).
     pub evidence: &'a [serde_json::Value],
+    /// Whether the model could call a tool when it wrote the answer: `false` when the request
+    /// forbade calls (`tool_choice: "none"`), and then an answer that describes or writes a
+    /// call is what was asked for, not an announcement ([`crate::announce`]).
+    pub may_call: bool,
 }
 
 /// Everything a front-end must do.
@@ -248,6 +252,16 @@ pub enum Action {
         /// Reads per value; the first that differs ends them.
         reads: u32,
     },
+    /// Do not answer yet: the proposed answer announces a call of an offered tool instead of
+    /// making it ([`crate::announce::announced_call`]). Ask the model again with `guidance`
+    /// appended; the answer that comes back is proposed again. Asked once per user turn: the
+    /// same announcement again is answered `partial` with `reason`.
+    AskAgain {
+        /// What the model is told.
+        guidance: String,
+        /// Why the answer was not taken.
+        reason: String,
+    },
     /// Answer now, with this status; `reason` when it is not `complete`.
     Answer {
         /// The answer's status.
@@ -293,6 +307,12 @@ pub enum StepAction {
         reason: String,
     },
 }
+
+/// Why the answer of a run that owns its task ([`StepsBy::Plan`]), was offered tools and saw
+/// none return a result is not `complete`. The run cannot tell a task that needs no tool from
+/// one whose tools were skipped, so it claims neither: the answer stands, flagged.
+pub const NO_TOOL_RESULT: &str =
+    "tools were offered and none returned a result: nothing in the run stands behind the answer";
 
 /// A front-end's name for one call in flight (a JSON-RPC id, a request number).
 pub type CallId = u64;
@@ -356,11 +376,25 @@ pub struct Run {
     /// it cannot; [`Run::finish`] ends the run `partial` with it. Not part of a snapshot: it is
     /// judged again when an answer is proposed.
     ungrounded: Option<String>,
-    /// Whether the last [`Input::Offered`] offered any tool: only then is an answer judged by
-    /// the grounding rule. A run without tools answers from the model's own knowledge, which
-    /// nothing in the run could ground; flagging every such answer would say nothing.
-    tools_offered: bool,
+    /// The tools the last [`Input::Offered`] offered: only when there are some is an answer
+    /// judged by the grounding rule and read for an announced call
+    /// ([`crate::announce::announced_call`]). A run without tools answers from the model's own
+    /// knowledge, which nothing in the run could ground; flagging every such answer would say
+    /// nothing.
+    offered: Vec<String>,
+    /// Whether a tool call of the run returned a result with no failure signal
+    /// ([`Observation::ToolFinished`]). A run that owns its task ([`StepsBy::Plan`]), was
+    /// offered tools and saw none return answers from nothing the run holds: not `complete`.
+    /// Not part of a snapshot (the front-ends that judge by plan keep their run in process).
+    tool_returned: bool,
+    /// Re-asks of an answer that announced a call, this user turn ([`Action::AskAgain`]).
+    announce_reasks: u32,
 }
+
+/// Re-asks per user turn of an answer that announces a call instead of making it: the model is
+/// told once; an announcement again is flagged `partial` (the same model with the same
+/// conversation tends to say the same thing, and each re-ask is a model call).
+pub const MAX_ANNOUNCE_REASKS: u32 = 1;
 
 /// Most retry, fall-back and skip events a run holds for [`Run::take_call_events`].
 pub const MAX_CALL_EVENTS: usize = 256;
@@ -400,7 +434,9 @@ impl Run {
             queue: VecDeque::new(),
             call_events: Vec::new(),
             ungrounded: None,
-            tools_offered: false,
+            offered: Vec::new(),
+            tool_returned: false,
+            announce_reasks: 0,
         }
     }
 
@@ -409,7 +445,7 @@ impl Run {
         let now = env.now_ms;
         match input {
             Input::Offered(tools) => {
-                self.tools_offered = !tools.is_empty();
+                self.offered = tools.iter().map(|t| (*t).to_owned()).collect();
                 self.ctl.offer(tools.iter().copied());
             }
             Input::CallStarted {
@@ -475,7 +511,10 @@ impl Run {
                     self.send(id, target, false);
                 }
             }
-            Input::UserTurn => self.ctl.user_turn(),
+            Input::UserTurn => {
+                self.announce_reasks = 0;
+                self.ctl.user_turn();
+            }
             Input::CallsUnusable {
                 signal,
                 fallback,
@@ -515,6 +554,13 @@ impl Run {
                 });
             }
             Input::Observed(obs) => {
+                if let Observation::ToolFinished {
+                    call, signal: None, ..
+                } = &obs
+                    && matches!(call.outcome, crate::monitor::CallOutcome::Returned(_))
+                {
+                    self.tool_returned = true;
+                }
                 let d = self.ctl.observe(obs, now, env.rng);
                 self.directive(d);
             }
@@ -524,11 +570,19 @@ impl Run {
             }
             Input::AnswerProposed { by, answer } => {
                 if let Some(a) = answer {
-                    self.ungrounded = self.grounding(a);
+                    self.ungrounded = self.grounding(by, a);
                 }
                 if self.ctl.stopped().is_some() {
                     let d = self.ctl.guidance(now);
                     self.directive(d);
+                } else if let Some(said) = answer
+                    .filter(|a| a.may_call)
+                    .and_then(|a| self.announced_reask(a.text))
+                {
+                    self.queue.push_back(Action::AskAgain {
+                        guidance: said.guidance(),
+                        reason: said.reason(),
+                    });
                 } else if self.ctl.reread_due() {
                     self.queue.push_back(Action::ReadAgain {
                         reads: self.ctl.reread_reads(),
@@ -585,6 +639,7 @@ impl Run {
                 | Action::Reissue
                 | Action::EndStream
                 | Action::ReadAgain { .. }
+                | Action::AskAgain { .. }
                 | Action::Answer { .. }) => StepAction::Stop {
                     status: RunStatus::Failed,
                     reason: format!("the run asked for {other:?} on a step"),
@@ -623,14 +678,52 @@ impl Run {
     pub fn unclaimable_answer(&self, by: StepsBy, answer: Option<Proposed<'_>>) -> Option<String> {
         self.ctl
             .unclaimable(by)
-            .or_else(|| answer.and_then(|a| self.grounding(a)))
+            .or_else(|| answer.and_then(|a| self.grounding(by, a)))
     }
 
-    /// The grounding rule on a proposed answer, in a run that was offered tools.
-    fn grounding(&self, a: Proposed<'_>) -> Option<String> {
-        self.tools_offered
-            .then(|| crate::verifier::answer_grounding(a.text, a.evidence))
-            .flatten()
+    /// Whether the run asks the model again before taking `text` as its final answer: the
+    /// answer announces a call of an offered tool instead of making it
+    /// ([`crate::announce::announced_call`]) and this user turn has not been re-asked for one
+    /// yet ([`MAX_ANNOUNCE_REASKS`]). If so, the guidance to append, and the re-ask is counted;
+    /// an answer asked again for is judged as any other when it comes back
+    /// ([`Run::unclaimable_answer`] flags one that announces a call again). What
+    /// [`Input::AnswerProposed`] decides first, for a front-end that answers while the run goes
+    /// on (the gateway).
+    pub fn ask_again(&mut self, text: &str) -> Option<String> {
+        self.announced_reask(text).map(|a| a.guidance())
+    }
+
+    /// The announced call of `text`, when the run asks again for it (see [`Run::ask_again`]).
+    fn announced_reask(&mut self, text: &str) -> Option<crate::announce::Announced> {
+        if self.announce_reasks >= MAX_ANNOUNCE_REASKS {
+            return None;
+        }
+        let said = self.announced(text)?;
+        self.announce_reasks += 1;
+        Some(said)
+    }
+
+    /// The call of an offered tool `text` announces instead of making it, if any.
+    fn announced(&self, text: &str) -> Option<crate::announce::Announced> {
+        let offered: Vec<&str> = self.offered.iter().map(String::as_str).collect();
+        crate::announce::announced_call(text, &offered)
+    }
+
+    /// Why a proposed answer cannot be claimed, in a run that was offered tools: it announces a
+    /// call instead of making it ([`crate::announce`]); in a run that owns its task
+    /// ([`StepsBy::Plan`]), no tool of the run returned a result, so nothing stands behind it;
+    /// or it states a number found in no input or tool result (the grounding rule).
+    fn grounding(&self, by: StepsBy, a: Proposed<'_>) -> Option<String> {
+        if self.offered.is_empty() {
+            return None;
+        }
+        if let Some(said) = a.may_call.then(|| self.announced(a.text)).flatten() {
+            return Some(said.reason());
+        }
+        if by == StepsBy::Plan && !self.tool_returned {
+            return Some(NO_TOOL_RESULT.to_owned());
+        }
+        crate::verifier::answer_grounding(a.text, a.evidence)
     }
 
     /// Whether the run stopped, how and why.
@@ -783,7 +876,9 @@ impl Run {
             queue: snapshot.queue,
             call_events: snapshot.call_events,
             ungrounded: None,
-            tools_offered: false,
+            offered: Vec::new(),
+            tool_returned: false,
+            announce_reasks: 0,
         })
     }
 

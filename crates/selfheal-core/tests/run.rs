@@ -420,11 +420,13 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         json!("Multiply the price of ACME by 3.5."),
         json!({"price": 120.25}),
     ];
+    returned(&mut d, "price", &evidence[1]);
     let made_up = d.input(Input::AnswerProposed {
         by: StepsBy::Plan,
         answer: Some(Proposed {
             text: "The result is 420.9.",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     match made_up.as_slice() {
@@ -441,6 +443,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         Some(Proposed {
             text: "420.9",
             evidence: &evidence,
+            may_call: true,
         }),
     );
     assert!(flagged.is_some());
@@ -450,6 +453,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         answer: Some(Proposed {
             text: "The price is 120.3 and the factor 3.5.",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     assert_eq!(
@@ -467,6 +471,7 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
         answer: Some(Proposed {
             text: "420.9",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     assert!(
@@ -481,14 +486,162 @@ fn an_answer_with_a_number_the_run_never_saw_is_not_complete() {
     );
     let mut d = Driver::new(ControllerConfig::default(), &[]);
     d.input(Input::Offered(&["calc"]));
+    returned(&mut d, "calc", &evidence[1]);
     d.input(Input::AnswerProposed {
         by: StepsBy::Plan,
         answer: Some(Proposed {
             text: "420.9",
             evidence: &evidence,
+            may_call: true,
         }),
     });
     let out = d.run.finish(0);
     assert_eq!(out.status, RunStatus::Partial);
     assert!(out.reason.is_some_and(|r| r.contains("420.9")));
+}
+
+/// A tool call of the run that returned `value`.
+fn returned(d: &mut Driver, tool: &str, value: &Value) {
+    let args = json!({});
+    d.input(Input::Observed(Observation::ToolFinished {
+        step: Some(1),
+        call: ToolCall::returned(tool, &args, value),
+        signal: None,
+        options: Options::default(),
+        usage: Amounts::default(),
+    }));
+}
+
+fn propose(d: &mut Driver, by: StepsBy, text: &str, evidence: &[Value]) -> Vec<Action> {
+    d.input(Input::AnswerProposed {
+        by,
+        answer: Some(Proposed {
+            text,
+            evidence,
+            may_call: true,
+        }),
+    })
+}
+
+/// Issue 31: an answer that announces a call of an offered tool instead of making it is asked
+/// again once per user turn, with guidance naming the tool; the same announcement again is
+/// answered `partial`, and the run ends `partial` while it stands. An answer that names the
+/// tool only to report its value is claimed.
+#[test]
+fn an_answer_that_announces_a_call_is_asked_again_once_then_partial() {
+    let evidence = [json!("What is the capital of France?"), json!("Paris")];
+    let said = "To get the capital of France, I need to call the `geo_capital` function.";
+    for by in [StepsBy::Plan, StepsBy::Tool] {
+        let mut d = Driver::new(ControllerConfig::default(), &[]);
+        d.input(Input::Offered(&["geo_capital", "get_weather"]));
+        match propose(&mut d, by, said, &evidence).as_slice() {
+            [Action::AskAgain { guidance, reason }] => {
+                assert!(guidance.contains("`geo_capital`"), "{guidance}");
+                assert!(reason.contains("announces a call"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match propose(&mut d, by, said, &evidence).as_slice() {
+            [
+                Action::Answer {
+                    status: RunStatus::Partial,
+                    reason: Some(why),
+                },
+            ] => assert!(why.contains("`geo_capital`"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let out = d.run.finish(0);
+        assert_eq!(out.status, RunStatus::Partial, "{by:?}");
+        // A new user turn is asked again once more.
+        let mut d = Driver::new(ControllerConfig::default(), &[]);
+        d.input(Input::Offered(&["geo_capital"]));
+        assert!(d.run.ask_again(said).is_some());
+        assert!(d.run.ask_again(said).is_none());
+        d.input(Input::UserTurn);
+        assert!(d.run.ask_again(said).is_some());
+        // Reporting the tool's value is an answer.
+        let mut d = Driver::new(ControllerConfig::default(), &[]);
+        d.input(Input::Offered(&["geo_capital"]));
+        returned(&mut d, "geo_capital", &evidence[1]);
+        let report = "According to geo_capital, the capital of France is Paris.";
+        assert_eq!(
+            propose(&mut d, by, report, &evidence),
+            vec![Action::Answer {
+                status: RunStatus::Complete,
+                reason: None
+            }]
+        );
+        assert!(d.run.ask_again(report).is_none());
+        // A tool that is not on offer is not announced.
+        let mut d = Driver::new(ControllerConfig::default(), &[]);
+        d.input(Input::Offered(&["get_weather"]));
+        returned(&mut d, "get_weather", &evidence[1]);
+        assert!(d.run.ask_again(said).is_none());
+    }
+}
+
+/// Issue 31: a run that owns its task (steps by plan), was offered tools and saw none return a
+/// result answers from nothing it holds: `partial`, whatever the answer says. A front-end that
+/// answers a conversation's turn (steps by tool) is not judged so: a turn may need no tool.
+#[test]
+fn an_answer_with_no_tool_result_behind_it_is_not_complete_for_a_plan() {
+    let evidence = [json!(
+        "How many USD are 439 units of the currency of Japan?"
+    )];
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.input(Input::Offered(&["geo_currency", "fx_rate"]));
+    match propose(&mut d, StepsBy::Plan, "439.0", &evidence).as_slice() {
+        [
+            Action::Answer {
+                status: RunStatus::Partial,
+                reason: Some(why),
+            },
+        ] => assert_eq!(why, selfheal_core::run::NO_TOOL_RESULT),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(d.run.finish(0).status, RunStatus::Partial);
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.input(Input::Offered(&["geo_currency", "fx_rate"]));
+    assert!(matches!(
+        propose(&mut d, StepsBy::Tool, "439.0", &evidence).as_slice(),
+        [Action::Answer {
+            status: RunStatus::Complete,
+            ..
+        }]
+    ));
+    // A failed call is no result; one that returned is.
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.input(Input::Offered(&["geo_currency", "fx_rate"]));
+    let args = json!({});
+    d.input(Input::Observed(Observation::ToolFinished {
+        step: Some(1),
+        call: ToolCall::failed("fx_rate", &args, "HTTP 503"),
+        signal: None,
+        options: Options::default(),
+        usage: Amounts::default(),
+    }));
+    assert!(
+        d.run
+            .unclaimable_answer(
+                StepsBy::Plan,
+                Some(Proposed {
+                    text: "439.0",
+                    evidence: &evidence,
+                    may_call: true,
+                })
+            )
+            .is_some()
+    );
+    returned(&mut d, "geo_currency", &json!("JPY"));
+    assert_eq!(
+        d.run.unclaimable_answer(
+            StepsBy::Plan,
+            Some(Proposed {
+                text: "439.0",
+                evidence: &evidence,
+                may_call: true,
+            })
+        ),
+        None
+    );
 }

@@ -1054,9 +1054,14 @@ pub(crate) fn stream_hooks<A: AskStream>(
 
 /// The grounding rule of a streamed final answer ([`crate::relay::Hooks::grounding`]): the
 /// core's judgement of its text against `evidence`, the request's, read while it was at hand.
-pub(crate) fn grounding_hook(t: &Turn, evidence: Vec<Value>) -> crate::relay::Grounding {
+/// `may_call`: the request let the model call a tool (no `tool_choice: "none"`).
+pub(crate) fn grounding_hook(
+    t: &Turn,
+    evidence: Vec<Value>,
+    may_call: bool,
+) -> crate::relay::Grounding {
     let state = t.state.clone();
-    Box::new(move |text: &str| recover::ungrounded_answer(&lock(&state), text, &evidence))
+    Box::new(move |text: &str| recover::ungrounded_answer(&lock(&state), text, &evidence, may_call))
 }
 
 /// How a request is written for a target model.

@@ -284,13 +284,23 @@ pub(crate) fn unsettled(st: &RunState) -> Option<String> {
 }
 
 /// Why a final answer whose text is `text` cannot go out as complete: [`unsettled`], else the
-/// core's grounding rule over the text and the request's `evidence`
-/// ([`selfheal_core::run::Run::unclaimable_answer`]: a number found in no input or tool
-/// result of the run, in a run offered tools).
-pub(crate) fn ungrounded_answer(st: &RunState, text: &str, evidence: &[Value]) -> Option<String> {
+/// core's answer rules over the text and the request's `evidence`
+/// ([`selfheal_core::run::Run::unclaimable_answer`], in a run offered tools: a call of an
+/// offered tool announced instead of made, when the request let the model call one
+/// (`may_call`); a number found in no input or tool result of the run).
+pub(crate) fn ungrounded_answer(
+    st: &RunState,
+    text: &str,
+    evidence: &[Value],
+    may_call: bool,
+) -> Option<String> {
     st.run.unclaimable_answer(
         selfheal_core::controller::StepsBy::Tool,
-        Some(selfheal_core::run::Proposed { text, evidence }),
+        Some(selfheal_core::run::Proposed {
+            text,
+            evidence,
+            may_call,
+        }),
     )
 }
 

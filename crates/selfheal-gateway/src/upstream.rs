@@ -656,6 +656,7 @@ impl Upstreams {
                     | Action::Reissue
                     | Action::EndStream
                     | Action::ReadAgain { .. }
+                    | Action::AskAgain { .. }
                     | Action::Answer { .. }
                     | Action::Stop { .. },
                 ) => {

@@ -69,6 +69,9 @@ pub(crate) trait WholeDialect {
     /// request's user, system and developer texts and its tool results; `None` when the request
     /// offers no tools (nothing is judged then).
     fn evidence(&self) -> Option<Vec<Value>>;
+    /// Whether the request lets the model call a tool (no `tool_choice: "none"`): only then is
+    /// a final answer read for a call announced instead of made.
+    fn may_call(&self) -> bool;
     /// The text of a first answer that calls no tools.
     fn first_text(first: &Self::First) -> Option<String>;
     /// The text of a parsed answer.
@@ -119,7 +122,9 @@ pub(crate) async fn heal_whole<D: WholeDialect>(
             return Err(t.failed(e));
         }
     };
-    let (answer, check, reasked) = reask_calls(d, answer, &mut actions, &mut log).await;
+    let (mut answer, mut check, reasked) = reask_calls(d, answer, &mut actions, &mut log).await;
+    let reasked =
+        ask_again_announced(d, &mut answer, &mut check, &mut actions, &mut log).await || reasked;
     // A re-ask answered with a final answer: judged by the core as the first answer would be.
     let unsettled =
         if unsettled.is_none() && check.invalid.is_empty() && reasked && !D::calls_tools(&answer) {
@@ -202,6 +207,44 @@ async fn reask_calls<D: WholeDialect>(
         }
     }
     (answer, check, reasked)
+}
+
+/// Ask again: a final answer that announces a call of an offered tool instead of making it
+/// ("I need to call `geo_capital`") is asked again once per user turn with the core's guidance
+/// ([`selfheal_core::run::Run::ask_again`]); the answer that comes back is checked as the first
+/// was, and judged at the end like any other (an announcement again goes out `partial`).
+/// Whether it was asked again.
+async fn ask_again_announced<D: WholeDialect>(
+    d: &D,
+    answer: &mut Value,
+    check: &mut CallCheck,
+    actions: &mut Vec<Action>,
+    log: &mut CallLog,
+) -> bool {
+    let t = d.turn();
+    if D::calls_tools(answer)
+        || !check.invalid.is_empty()
+        || !d.may_call()
+        || d.evidence().is_none()
+    {
+        return false;
+    }
+    let Some(guidance) = D::text(answer).and_then(|text| lock(&t.state).run.ask_again(&text))
+    else {
+        return false;
+    };
+    Metrics::inc(&t.s.metrics.reasks_total);
+    push_once(actions, Action::Reask);
+    t.event(Kind::Reask, json!({"announced": guidance}));
+    let extra = json!({"role": "user", "content": guidance});
+    match d.ask(d.chain(), Some(&extra), log).await {
+        Ok(v) => {
+            *answer = v;
+            *check = d.check(answer);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 /// Answer: the checked answer with its `selfheal` report, its repairs recorded, and the calls
@@ -308,7 +351,7 @@ fn degenerate<D: WholeDialect>(
 fn ungrounded<D: WholeDialect>(d: &D, text: impl FnOnce() -> Option<String>) -> Option<String> {
     let evidence = d.evidence()?;
     let text = text()?;
-    recover::ungrounded_answer(&lock(&d.turn().state), &text, &evidence)
+    recover::ungrounded_answer(&lock(&d.turn().state), &text, &evidence, d.may_call())
 }
 
 /// A stream's second asking through a dialect ([`crate::pipeline::AskStream::ask_once`]): asked

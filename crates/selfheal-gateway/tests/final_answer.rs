@@ -742,3 +742,99 @@ async fn a_salvaged_text_call_is_not_judged_as_an_answer() {
     assert_eq!(calls[0]["function"]["name"], "search", "{body}");
     assert_eq!(v["selfheal"]["status"], "complete", "{body}");
 }
+
+/// Issue 31: a final answer that announces a call of an offered tool instead of making it (the
+/// real model's "To get the capital of France, I need to call the `geo_capital` function.") is
+/// never `complete`. Whole answers, chat and `/v1/responses`: asked again once with the core's
+/// guidance naming the tool; an announcement again goes out `partial` with the reason naming
+/// it, and a call that comes instead goes out as the call. Streamed answers (whose text has gone
+/// out): `partial` in the final chunk or event, the text passed through.
+#[tokio::test]
+async fn a_final_answer_that_announces_a_call_is_never_complete_on_every_api() {
+    let said = "To get the news, I need to call the `search` function.";
+    let guided = |seen: &Value, key: &str| {
+        seen[key]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .to_string()
+            .contains("call of `search`")
+    };
+    // Chat, whole: asked again once, then partial.
+    let (url, up) = upstream(vec![chat_text(said), chat_text(said)]).await;
+    let gw = gateway(config(url, false, None)).await;
+    let mut req = chat_request(0, true);
+    req["stream"] = json!(false);
+    let (code, head, body) = post(&gw, "chat/completions", req.clone()).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], said, "{body}");
+    assert_judged(&v["selfheal"], &head, "partial", Some("`search`"));
+    let seen = up.lock().unwrap().seen.clone();
+    assert_eq!(seen.len(), 2, "asked again once");
+    assert!(guided(&seen[1].1, "messages"), "{:?}", seen[1].1);
+    // Chat, whole: asked again, the model calls the tool: the call goes out.
+    let (url, _) = upstream(vec![
+        chat_text(said),
+        chat_call("search", "{\"query\": \"EURUSD news\"}"),
+    ])
+    .await;
+    let gw = gateway(config(url, false, None)).await;
+    let (code, _, body) = post(&gw, "chat/completions", req).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let calls = &v["choices"][0]["message"]["tool_calls"];
+    assert_eq!(calls[0]["function"]["name"], "search", "{body}");
+    assert_ne!(v["selfheal"]["status"], "partial", "{body}");
+    // Chat, streamed: the text went out; the final chunk says partial.
+    let (url, _) = upstream(vec![streamed_text(said)]).await;
+    let gw = gateway(config(url, false, None)).await;
+    let (code, _, body) = post(&gw, "chat/completions", chat_request(0, true)).await;
+    assert_eq!(code, 200, "{body}");
+    let (text, report, _) = chat_outcome(&body);
+    assert_eq!(text, said, "{body}");
+    assert_eq!(report["status"], "partial", "{report}");
+    assert!(
+        report["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("`search`"),
+        "{report}"
+    );
+    // Responses, whole and streamed.
+    for stream in [false, true] {
+        let steps = if stream {
+            vec![first_answer(true, said)]
+        } else {
+            vec![first_answer(false, said), first_answer(false, said)]
+        };
+        let (url, up) = upstream(steps).await;
+        let gw = gateway(config(url, false, None)).await;
+        let (code, _, body) = post(&gw, "responses", responses_request(stream, 0, true)).await;
+        assert_eq!(code, 200, "{body}");
+        let (text, _, report) = responses_outcome(stream, &body);
+        assert_eq!(text, said, "{body}");
+        assert_eq!(report["status"], "partial", "stream {stream}: {report}");
+        let seen = up.lock().unwrap().seen.clone();
+        if !stream {
+            assert_eq!(seen.len(), 2, "asked again once");
+            assert!(guided(&seen[1].1, "input"), "{:?}", seen[1].1);
+        }
+    }
+}
+
+/// An answer that names a tool only to report what it gave is claimed.
+#[tokio::test]
+async fn a_final_answer_that_reports_a_tools_value_is_complete() {
+    let text = "According to fx, EURUSD is 1.1; search found 3 hits.";
+    let (url, up) = upstream(vec![chat_text(text)]).await;
+    let gw = gateway(config(url, false, None)).await;
+    let mut req = chat_request(0, true);
+    req["stream"] = json!(false);
+    let (code, head, body) = post(&gw, "chat/completions", req).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_judged(&v["selfheal"], &head, "complete", None);
+    assert_eq!(up.lock().unwrap().seen.len(), 1);
+}

@@ -215,6 +215,16 @@ struct Read {
     value: Value,
 }
 
+/// What the run said of a proposed answer ([`Loop::propose`]).
+enum Proposal {
+    /// Ask the model again with this guidance: the answer announced a call.
+    AskAgain(String),
+    /// Read the values again first.
+    ReadAgain,
+    /// Go on to the answer's verifier.
+    Answer,
+}
+
 /// What to do with an answer after its verification.
 enum AnswerVerdict {
     /// It stands: the run ends with it.
@@ -375,11 +385,12 @@ impl Loop<'_> {
     }
 
     /// Proposes the answer to the run, with its text and the run's evidence (the task's words
-    /// and the tool results): whether it asks for the values to be read again first (with how
-    /// many reads each). The run also judges the answer's numbers (the core's grounding rule):
-    /// an answer stating a number found nowhere in the run ends the run `partial`
-    /// ([`Run::finish`]), which the log says.
-    fn reread_due(&mut self, answer: &str) -> bool {
+    /// and the tool results): whether it asks the model again first (the answer announces a
+    /// call instead of making it: the guidance to append), or asks for the values to be read
+    /// again first (with how many reads each). The run also judges the answer (the core's
+    /// answer rules: a call announced, no tool result at all, a number found nowhere in the
+    /// run): such an answer ends the run `partial` ([`Run::finish`]), which the log says.
+    fn propose(&mut self, answer: &str) -> Proposal {
         let mut evidence = self.task.clone();
         evidence.extend(self.evidence.iter().cloned());
         let proposed = Input::AnswerProposed {
@@ -387,6 +398,7 @@ impl Loop<'_> {
             answer: Some(Proposed {
                 text: answer,
                 evidence: &evidence,
+                may_call: true,
             }),
         };
         let actions = self.with_env(|run, env| run.decide(proposed, env));
@@ -397,20 +409,27 @@ impl Loop<'_> {
                 Some(Proposed {
                     text: answer,
                     evidence: &evidence,
+                    may_call: true,
                 }),
             )
             .filter(|_| self.run.unclaimable(StepsBy::Plan).is_none())
         {
             self.log.push(format!("grounding: {why}"));
         }
-        let reads = actions.into_iter().find_map(|a| match a {
-            Action::ReadAgain { reads } => Some(reads),
-            _ => None,
-        });
-        if let Some(reads) = reads {
-            self.reread_times = reads;
+        for a in actions {
+            match a {
+                Action::AskAgain { guidance, reason } => {
+                    self.log.push(format!("ask again: {reason}"));
+                    return Proposal::AskAgain(guidance);
+                }
+                Action::ReadAgain { reads } => {
+                    self.reread_times = reads;
+                    return Proposal::ReadAgain;
+                }
+                _ => {}
+            }
         }
-        reads.is_some()
+        Proposal::Answer
     }
 
     /// Moves to the next model of the fallback chain (staying on the last one), and says so.
@@ -596,8 +615,14 @@ impl Loop<'_> {
                             // controller has marked the run partial.
                             self.messages
                                 .push(json!({"role": "assistant", "content": content}));
-                            if self.reread_due(&content) && !self.reread().await? {
-                                continue;
+                            match self.propose(&content) {
+                                Proposal::AskAgain(guidance) => {
+                                    self.messages
+                                        .push(json!({"role": "user", "content": guidance}));
+                                    continue;
+                                }
+                                Proposal::ReadAgain if !self.reread().await? => continue,
+                                Proposal::ReadAgain | Proposal::Answer => {}
                             }
                             match self.verify_answer(&content).await? {
                                 AnswerVerdict::Stands => return Ok(content),

@@ -550,3 +550,76 @@ async fn a_grounded_tools_invented_argument_is_reasked_before_it_runs() {
         "{told:?}"
     );
 }
+
+/// Issue 31: an answer that announces a call instead of making it (the real model's "To get
+/// the capital of France, I need to call the `geo_capital` function.") is not the run's
+/// answer: the model is asked again once with guidance naming the tool, and a call that then
+/// comes runs and the answer it grounds is claimed; an announcement again ends the run
+/// `partial` with the reason naming the tool, never `complete`.
+#[tokio::test]
+async fn an_answer_that_announces_a_call_is_asked_again_then_partial() {
+    let said = "To get the weather in Paris, I need to call the `get_weather` function.";
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (url, s) = server(
+        vec![
+            ok(answer(said)),
+            ok(call("get_weather", r#"{"city": "Paris"}"#)),
+            ok(answer("It is 21.4 C in Paris.")),
+        ],
+        None,
+    )
+    .await;
+    let agent = fast(Agent::new(client(&url, 2000), "m", vec![tool]));
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let reqs = requests(&s);
+    assert_eq!(reqs.len(), 3);
+    let told = last_message(&reqs[1]);
+    assert!(
+        told["content"].as_str().unwrap().contains("`get_weather`"),
+        "{told}"
+    );
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (url, s) = server(vec![ok(answer(said)), ok(answer(said))], None).await;
+    let agent = fast(Agent::new(client(&url, 2000), "m", vec![tool]));
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+    assert_eq!(r.status, RunStatus::Partial, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some(said));
+    assert!(
+        r.reason
+            .as_deref()
+            .is_some_and(|w| w.contains("`get_weather`")),
+        "{:?}",
+        r.reason
+    );
+    assert_eq!(requests(&s).len(), 2, "asked again once, not more");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// Issue 31: a run offered tools that answers without any tool returning a result is `partial`
+/// (it cannot tell a task that needs no tool from one whose tools were skipped), the answer
+/// kept; the same answer after a tool returned is claimed.
+#[tokio::test]
+async fn an_answer_with_no_tool_result_behind_it_ends_partial() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (url, _s) = server(vec![ok(answer("It is mild in Paris."))], None).await;
+    let agent = fast(Agent::new(client(&url, 2000), "m", vec![tool]));
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+    assert_eq!(r.status, RunStatus::Partial, "{:?}", r.reason);
+    assert_eq!(r.answer.as_deref(), Some("It is mild in Paris."));
+    assert_eq!(
+        r.reason.as_deref(),
+        Some(selfheal_core::run::NO_TOOL_RESULT)
+    );
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);
+    let (agent, _s) = weather_agent(vec![tool], "It is mild in Paris.").await;
+    let r = agent.run(user("Weather in Paris?"), 1).await;
+    assert_eq!(r.status, RunStatus::Complete, "{:?}", r.reason);
+}

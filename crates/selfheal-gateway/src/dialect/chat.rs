@@ -228,8 +228,8 @@ pub(crate) async fn answer_stream(
         tools: &t.s.config.tools,
         messages: &req.messages,
     };
-    hooks.grounding =
-        (!ctx.tools.is_empty()).then(|| crate::pipeline::grounding_hook(t, grounding.evidence()));
+    hooks.grounding = (!ctx.tools.is_empty())
+        .then(|| crate::pipeline::grounding_hook(t, grounding.evidence(), !req.tool_choice_none()));
     let (chain, tools) = (&ctx.chain, ctx.tools.clone());
     relay_stream::<stream::Chat>(t, (chain, &encode), &send_op, tools, hooks, actions).await
 }
@@ -334,6 +334,10 @@ impl WholeDialect for Asked<'_> {
             messages: &self.req.messages,
         };
         (!self.ctx.tools.is_empty()).then(|| grounding.evidence())
+    }
+
+    fn may_call(&self) -> bool {
+        !self.req.tool_choice_none()
     }
 
     fn first_text(first: &answer::Answer) -> Option<String> {

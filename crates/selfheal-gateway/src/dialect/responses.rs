@@ -582,6 +582,10 @@ impl WholeDialect for Asked<'_> {
         (!self.tools.is_empty()).then(|| recover::responses_texts(self.req))
     }
 
+    fn may_call(&self) -> bool {
+        salvage_on(self.req)
+    }
+
     fn first_text(first: &Value) -> Option<String> {
         Self::text(first)
     }
@@ -643,8 +647,10 @@ pub(crate) async fn answer_responses_stream(
     let check = calls_check(again.checks.answered.clone(), grounded);
     let mut hooks = stream_hooks(t, &again, check);
     hooks.salvage = salvage_on(&again.req);
-    hooks.grounding = (!again.tools.is_empty())
-        .then(|| crate::pipeline::grounding_hook(t, recover::responses_texts(&again.req)));
+    let may_call = salvage_on(&again.req);
+    hooks.grounding = (!again.tools.is_empty()).then(|| {
+        crate::pipeline::grounding_hook(t, recover::responses_texts(&again.req), may_call)
+    });
     let on = (&again.chain[..], &encode as crate::pipeline::Encode<'_>);
     let op = &responses_op;
     relay_stream::<responses_stream::Responses>(t, on, op, again.tools.clone(), hooks, actions)
