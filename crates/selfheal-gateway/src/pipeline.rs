@@ -1011,7 +1011,7 @@ pub(crate) fn remember_response(t: &Turn, responded: Option<crate::runs::Respond
             )
         }),
     );
-    t.s.runs.responded(&r.id, &t.run);
+    t.s.runs.responded(&r.id, &t.id());
     lock(&t.state).last_response = Some(r);
 }
 
