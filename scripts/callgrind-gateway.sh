@@ -15,6 +15,12 @@
 #   KEEP=/tmp/cg scripts/callgrind-gateway.sh    # keep the profiles for callgrind_annotate
 #   TRACE=1 scripts/callgrind-gateway.sh         # the trace on (its writer thread counted too)
 #   CG_ARGS=--cache-sim=yes KEEP=/tmp/cg scripts/callgrind-gateway.sh   # cache misses too
+#   OTLP=1 PATTERNS=repeated scripts/callgrind-gateway.sh   # + the healing gateway with OTLP
+#       export on (OTEL_EXPORTER_OTLP_ENDPOINT) to a local sink that accepts every batch; the
+#       exporter's batch thread is counted with the others. In this mode every arm waits
+#       SETTLE seconds (default 6, past the batch processor's 5 s schedule) before the dump, so
+#       that the spans of the measured requests are exported inside the window, and prints
+#       the ratio of the two healing arms.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATTERNS=${PATTERNS:-repeated realistic}
@@ -51,6 +57,26 @@ start() { # NAME command... ; sets NAME_PID and NAME_URL
 }
 printf 'max_runs = %s\n' "$MAX_RUNS" > "$WORK/gateway.toml"
 start STUB "$STUB" 127.0.0.1:0
+settle_default=0
+if [[ -n ${OTLP:-} ]]; then settle_default=6; fi
+SETTLE=${SETTLE:-$settle_default}
+if [[ -n ${OTLP:-} ]]; then
+  cat > "$WORK/sink.py" <<'PY'
+# An OTLP/HTTP sink: 200 and an empty ExportTraceServiceResponse for every batch.
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0"); self.end_headers()
+s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(f"listening on http://127.0.0.1:{s.server_address[1]}", flush=True)
+s.serve_forever()
+PY
+  start SINK python3 "$WORK/sink.py"
+fi
 if [[ -n ${TRACE:-} ]]; then trace="--trace-db $WORK/trace.db"; else trace=--no-trace; fi
 grind() { # NAME extra serve args...
   local name=$1; shift
@@ -61,9 +87,10 @@ grind() { # NAME extra serve args...
 drive() { # NAME PATTERN: prints instructions per request
   local name=$1 pattern=$2 url pid
   url=${name}_URL; url=${!url}; pid=${name}_PID; pid=${!pid}
-  python3 - "$url" "$pattern" "$WARM" "$N" "$pid" "$CONVERSATIONS" "$TURNS" "$name" <<'PY'
-import http.client, json, subprocess, sys, urllib.parse
+  python3 - "$url" "$pattern" "$WARM" "$N" "$pid" "$CONVERSATIONS" "$TURNS" "$name" "$SETTLE" <<'PY'
+import http.client, json, subprocess, sys, time, urllib.parse
 url, pattern, warm, n, pid, k, turns, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
+settle = float(sys.argv[9])
 tools = [{"type": "function", "function": {"name": t, "description": f"{t} things",
           "parameters": {"type": "object", "properties": {"query": {"type": "string"},
           "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
@@ -105,13 +132,16 @@ def send(m):
         if r.status != 200:
             sys.exit(f"status {r.status}")
 send(warm)
+time.sleep(settle)
 subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
 send(n)
+time.sleep(settle)
 subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
 PY
   local f=$WORK/cg.$name.$pid.1 total
   total=$(awk '/^summary:/ {print $2}' "$f")
   echo "$name $pattern instructions_per_request=$((total / N)) (N=$N, max_runs=$MAX_RUNS)"
+  printf -v "${name}_IPR" '%s' "$((total / N))"
   if [[ -n ${KEEP:-} ]]; then cp "$f" "$KEEP/cg.$name.$pattern"; fi
   rm -f "$f"
 }
@@ -122,4 +152,11 @@ for pattern in $PATTERNS; do
   grind HEAL
   drive HEAL "$pattern"
   kill "$HEAL_PID"; wait "$HEAL_PID" 2>/dev/null || true
+  if [[ -n ${OTLP:-} ]]; then
+    OTEL_EXPORTER_OTLP_ENDPOINT=$SINK_URL grind OTLP
+    drive OTLP "$pattern"
+    kill "$OTLP_PID"; wait "$OTLP_PID" 2>/dev/null || true
+    python3 -c "import sys; p, h, o = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); print(f'OTLP/HEAL {p} {o / h:.3f} (+{o - h} instructions per request)')" \
+      "$pattern" "$HEAL_IPR" "$OTLP_IPR"
+  fi
 done

@@ -244,9 +244,16 @@ pub struct Controller {
     /// Tools whose failures were routed around (see [`Controller::offer`]), at most
     /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
     routed: Vec<String>,
-    /// The run's copy of the front-end's trust store, with this run's evidence added.
-    #[serde(default)]
+    /// The run's copy of the front-end's trust store, with this run's evidence added. Not
+    /// part of a snapshot: a resumed run reads the resuming process's store, covered by
+    /// `own_trust` ([`Controller::reattach`]) — a store shared by replicas holds each
+    /// replica's trust once, not a copy of up to [`crate::trust::MAX_SOURCES`] sources in every
+    /// run.
+    #[serde(skip)]
     trust: Trust,
+    /// This run's own evidence only (the sources it saw): what its snapshot carries of trust.
+    #[serde(default)]
+    own_trust: Trust,
     /// Evidence this run saw, not yet taken by the front-end (at most [`MAX_PENDING`]).
     #[serde(default)]
     trust_reports: Vec<Report>,
@@ -351,6 +358,7 @@ impl Controller {
             contested: Vec::new(),
             routed: Vec::new(),
             trust: config.trust,
+            own_trust: Trust::new(),
             trust_reports: Vec::new(),
             step_tools: Vec::new(),
             down: Vec::new(),
@@ -368,6 +376,11 @@ impl Controller {
             .map_err(|e| ConfigError(e.to_string()))?;
         Monitor::new(config.monitor.clone())?;
         self.monitor.reattach(config.monitor);
+        // The resuming process's trust, each source at least where this run's own evidence
+        // put it: that evidence is in the process's store already when this process (or, once
+        // shared, another) saw it, and is then not counted twice.
+        self.trust = config.trust;
+        self.trust.cover(&self.own_trust, &config.policy.trust);
         self.plane = Plane {
             policy: config.policy,
             classifier: Classifier::new(config.classifier),
@@ -612,6 +625,8 @@ impl Controller {
     fn evidence(&mut self, name: &str, evidence: Evidence, now_ms: u64) {
         let source = Source::tool(name);
         self.trust
+            .observe(&source, evidence, now_ms, &self.plane.policy.trust);
+        self.own_trust
             .observe(&source, evidence, now_ms, &self.plane.policy.trust);
         if self.trust_reports.len() == MAX_PENDING {
             self.trust_reports.remove(0);

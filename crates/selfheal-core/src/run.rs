@@ -71,8 +71,9 @@ use crate::rng::Rng;
 use crate::trace::{Event, RunStatus, Trace};
 
 /// The version of [`RunSnapshot`]'s layout. A snapshot of another version is refused by
-/// [`Run::resume`], never read as something it is not.
-pub const STATE_VERSION: u32 = 1;
+/// [`Run::resume`], never read as something it is not. 2: the run's own trust evidence
+/// instead of a copy of the whole trust store.
+pub const STATE_VERSION: u32 = 2;
 
 /// What a run is given with each input: the time, the randomness, and the breakers of the
 /// targets its calls go to (kept by the process, shared by its runs).
@@ -842,6 +843,11 @@ impl Run {
         self.ctl.spent_dimensions()
     }
 
+    /// The run's copy of the front-end's trust store, with this run's evidence in it.
+    pub fn trust(&self) -> &crate::trust::Trust {
+        self.ctl.trust()
+    }
+
     /// The run's state, for a store.
     pub fn snapshot(&self) -> RunSnapshot {
         RunSnapshot {
@@ -860,7 +866,9 @@ impl Run {
 
     /// A run from a snapshot, under this process's `config` (the snapshot holds no
     /// configuration: the policy, the classifier and the monitor's thresholds are `config`'s;
-    /// the budget limits and trace capacity stay the run's own).
+    /// the budget limits and trace capacity stay the run's own). The run's trust is
+    /// `config.trust` — the resuming process's store — with every source the run saw brought
+    /// up to at least the run's own evidence ([`crate::trust::Trust::cover`]).
     pub fn resume(snapshot: RunSnapshot, config: ControllerConfig) -> Result<Run, ResumeError> {
         if snapshot.version != STATE_VERSION {
             return Err(ResumeError::Version {

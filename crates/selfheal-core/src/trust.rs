@@ -352,6 +352,25 @@ impl Trust {
         entry.1 = p.at(now, config);
     }
 
+    /// Brings every source of `other` up to at least `other`'s evidence: both decayed to the
+    /// later of their two times, each weight (right, wrong, up, down) the larger of the two.
+    /// For evidence that may already be in this store (a run's own evidence, which the run
+    /// also reported to the store it is resumed from): none of it is counted twice, and none
+    /// of it is lost when the store has not got it yet.
+    pub fn cover(&mut self, other: &Trust, config: &TrustConfig) {
+        for (source, q) in other.sources() {
+            let entry = self.entry(source);
+            let now = entry.1.at_ms.max(q.at_ms);
+            let mut p = entry.1.at(now, config);
+            let q = q.at(now, config);
+            p.right = p.right.max(q.right);
+            p.wrong = p.wrong.max(q.wrong);
+            p.up = p.up.max(q.up);
+            p.down = p.down.max(q.down);
+            entry.1 = p.at(now, config);
+        }
+    }
+
     /// Applies reports a run made (in order).
     pub fn apply(&mut self, reports: &[Report], config: &TrustConfig) {
         for r in reports {
@@ -444,6 +463,33 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run's own evidence covering the store it resumes from: counted once whether the store
+    /// already holds it or not, and a source only the store knows is left as it is.
+    #[test]
+    fn cover_counts_evidence_the_store_has_once_and_keeps_what_it_lacks() {
+        let c = TrustConfig::default();
+        let (s, other) = (Source::tool("search"), Source::tool("other"));
+        let mut own = Trust::new();
+        own.observe(&s, Evidence::Disagreed, 10, &c);
+        own.observe(&s, Evidence::Disagreed, 10, &c);
+        // The store got the run's reports, and one more piece of evidence of its own.
+        let mut store = own.clone();
+        store.observe(&s, Evidence::Disagreed, 10, &c);
+        store.observe(&other, Evidence::Agreed, 10, &c);
+        let mut covered = store.clone();
+        covered.cover(&own, &c);
+        assert_eq!(covered, store, "nothing counted twice");
+        // A store that has not got the run's evidence yet.
+        let mut fresh = Trust::new();
+        fresh.observe(&other, Evidence::Agreed, 10, &c);
+        fresh.cover(&own, &c);
+        assert_eq!(fresh.posterior(&s, 10, &c), own.posterior(&s, 10, &c));
+        assert_eq!(
+            fresh.posterior(&other, 10, &c),
+            store.posterior(&other, 10, &c)
+        );
+    }
 
     #[test]
     fn agreement_raises_and_disagreement_lowers() {

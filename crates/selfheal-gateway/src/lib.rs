@@ -40,6 +40,7 @@ mod action;
 mod answer;
 mod app;
 mod auth;
+mod clock;
 mod config;
 mod conns;
 mod dialect;

@@ -190,9 +190,9 @@ pub(crate) async fn name_run(
     // Both lookups read this replica's store first and the shared one only on a miss
     // (another replica answered the id).
     if let Some(l) = n.label
-        && crate::sharing::owned_by(s, l, tenant, now).await
+        && let Some(run) = crate::sharing::owned_by(s, l, tenant, now).await
     {
-        return (l.to_owned(), None);
+        return (run, None);
     }
     if n.label.is_none()
         && let Some(prev) = n.previous
@@ -219,8 +219,13 @@ pub(crate) fn adopt_first_call(t: &Turn, call: Option<(&str, &str)>) {
     let to = crate::runs::run_id_of(&t.s.run_key, &t.caller.tenant, None, &opening, Some(call));
     let now = Instant::now();
     t.s.runs.adopt(&t.state, &to, &t.caller.tenant, now);
-    // Under the id it was answered with too (`x-selfheal-run`, which a client may send back).
+    // Under the id a streamed answer went out with too (`x-selfheal-run`, sent before the
+    // stream named the run, which a client may send back): here, and as a link in the store.
     t.s.runs.adopt(&t.state, &t.run, &t.caller.tenant, now);
+    let mut st = lock(&t.state);
+    if st.share.key.as_ref().is_some_and(|(_, run)| *run != t.run) {
+        st.share.alias = Some(t.run.clone());
+    }
 }
 
 /// The first tool call of a chat completion, `(id, tool name)`.
@@ -235,6 +240,18 @@ pub(crate) fn completion_first_call(completion: &Value) -> Option<(&str, &str)> 
 }
 
 impl Turn {
+    /// The run id the client is answered with (`x-selfheal-run`): the name the run is stored
+    /// under. A request that named no run is served by a fresh run that takes the name of the
+    /// first call it answers with ([`adopt_first_call`]); once it has, that name.
+    pub(crate) fn id(&self) -> Arc<str> {
+        if self.unnamed.is_some()
+            && let Some((_, run)) = &lock(&self.state).share.key
+        {
+            return run.clone();
+        }
+        self.run.clone()
+    }
+
     /// Calls `op` along `chain` within this run (its ledger, the caller's credentials): the
     /// core's call plan decides the retries and fall-backs (see [`Upstreams::call`](crate::upstream::Upstreams::call)).
     pub(crate) async fn call<T>(
@@ -525,7 +542,7 @@ pub(crate) fn stop_run(
     };
     add_headers(
         &mut resp,
-        &t.run,
+        &t.id(),
         status,
         &actions,
         Some(&t.caller.redactor.text(reason)),
@@ -659,7 +676,7 @@ pub(crate) fn partial_error(
     let words = t.caller.redactor.text(words).into_owned();
     let mut resp = ApiError::partial(code, words).into_response();
     let reason = reason.map(|r| t.caller.redactor.text(r).into_owned());
-    add_headers(&mut resp, &t.run, status, actions, reason.as_deref());
+    add_headers(&mut resp, &t.id(), status, actions, reason.as_deref());
     resp
 }
 
@@ -1014,7 +1031,7 @@ pub(crate) fn remember_response(t: &Turn, responded: Option<crate::runs::Respond
             )
         }),
     );
-    t.s.runs.responded(&r.id, &t.run);
+    t.s.runs.responded(&r.id, &t.id());
     lock(&t.state).last_response = Some(r);
 }
 

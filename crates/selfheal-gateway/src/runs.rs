@@ -184,6 +184,10 @@ pub struct Share {
     /// The Responses answer whose link to this run is in the store (see
     /// `crate::sharing::run_of_response`).
     pub(crate) linked: Option<String>,
+    /// The id a streamed first answer of an unnamed run went out with, before the answer named
+    /// the run (`x-selfheal-run` is sent ahead of the stream): written to the store as a link to
+    /// the run's name, so that the id sent back to any replica continues the run.
+    pub(crate) alias: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Share {
@@ -385,6 +389,17 @@ impl RunState {
         monitor: MonitorConfig,
         policy: Policy,
     ) -> Result<RunState, selfheal_core::run::ResumeError> {
+        RunState::resumed(bytes, monitor, policy, None)
+    }
+
+    /// [`RunState::from_bytes`], the run's trust read from this process's `trust` store (the
+    /// stored state carries the run's own evidence only, see [`Run::resume`]).
+    pub(crate) fn resumed(
+        bytes: &[u8],
+        monitor: MonitorConfig,
+        policy: Policy,
+        trust: Option<&TrustMemory>,
+    ) -> Result<RunState, selfheal_core::run::ResumeError> {
         let stored: Stored = serde_json::from_slice(bytes)?;
         if stored.version != STORED_VERSION {
             return Err(selfheal_core::run::ResumeError::Version {
@@ -398,6 +413,7 @@ impl RunState {
                 monitor,
                 policy,
                 trace_capacity: RUN_TRACE_EVENTS,
+                trust: trust.map(TrustMemory::snapshot).unwrap_or_default(),
                 ..ControllerConfig::default()
             },
         )?;
@@ -715,7 +731,12 @@ impl RunStore {
     /// A run's state read back from [`RunState::to_bytes`] under this store's monitor
     /// thresholds and policy.
     pub fn resume(&self, bytes: &[u8]) -> Result<RunState, selfheal_core::run::ResumeError> {
-        RunState::from_bytes(bytes, self.monitor.clone(), self.policy.clone())
+        RunState::resumed(
+            bytes,
+            self.monitor.clone(),
+            self.policy.clone(),
+            Some(&self.trust),
+        )
     }
 
     /// Runs held now.
@@ -1082,7 +1103,7 @@ pub(crate) fn share_trust(
     trust: &TrustMemory,
     shared: selfheal_state::Shared,
     config: selfheal_core::trust::TrustConfig,
-    started: Instant,
+    clock: crate::clock::Clock,
     refresh: std::time::Duration,
 ) {
     if shared.store().is_none() {
@@ -1097,7 +1118,7 @@ pub(crate) fn share_trust(
         loop {
             tokio::time::sleep(refresh).await;
             let Some(inner) = weak.upgrade() else { return };
-            let local = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let local = clock.now_ms();
             tier.refresh(&TrustMemory(inner), local, selfheal_state::unix_ms());
         }
     });
@@ -1292,6 +1313,55 @@ mod tests {
         other["version"] = json!(STORED_VERSION + 1);
         let other = serde_json::to_vec(&other).unwrap();
         assert!(RunState::from_bytes(&other, monitor, Policy::default()).is_err());
+    }
+
+    /// A run's stored state carries its own trust evidence, not a copy of the trust store it
+    /// started from: with the store full (1,024 sources) the run's bytes are what they are with
+    /// it empty, and the run read back under the store judges every source as before. (The copy
+    /// was about 100 bytes a source: 100 kB in every stored run.)
+    #[test]
+    fn a_stored_run_carries_its_own_trust_evidence_not_the_store() {
+        use selfheal_core::trust::{Evidence, Report, Source, TrustConfig};
+        let config = TrustConfig::default();
+        let full = TrustMemory::default();
+        let reports: Vec<Report> = (0..selfheal_core::trust::MAX_SOURCES)
+            .map(|i| Report {
+                source: Source::tool(&format!("tool_{i}")),
+                evidence: Evidence::Disagreed,
+                at_ms: 1_000,
+            })
+            .collect();
+        full.report(&reports, &config);
+        let run = |trust: &TrustMemory| {
+            RunState::with_trust(
+                MonitorConfig::default(),
+                BudgetLimits::unlimited(),
+                Policy::default(),
+                Some(trust),
+            )
+        };
+        let (empty, loaded) = (run(&TrustMemory::default()), run(&full));
+        let bytes = loaded.to_bytes().unwrap();
+        assert_eq!(bytes.len(), empty.to_bytes().unwrap().len());
+        // For the deployment guide's sizing (`-- --nocapture`): what a copy of the store was.
+        let copy = serde_json::to_vec(&full.snapshot()).unwrap().len();
+        eprintln!(
+            "a fresh run's state: {} bytes; the full store as JSON: {copy} bytes",
+            bytes.len()
+        );
+        let back = RunState::resumed(
+            &bytes,
+            MonitorConfig::default(),
+            Policy::default(),
+            Some(&full),
+        )
+        .unwrap();
+        let source = Source::tool("tool_7");
+        assert_eq!(
+            back.run.trust().posterior(&source, 1_000, &config),
+            full.snapshot().posterior(&source, 1_000, &config)
+        );
+        assert!(back.run.trust().p_right(&source, 1_000, &config) < config.prior_mean());
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
     };
     let _one_at_a_time = writing.lock().await;
     let link = new_link(state);
+    let alias = lock(state).share.alias.clone();
     for attempt in 0..ATTEMPTS {
         let (id, expected, bytes, base) = {
             let st = lock(state);
@@ -109,18 +110,32 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
             (RunId::new(&*tenant, &*run), st.share.version, bytes, base)
         };
         let put = store.put_run(&id, expected, Bytes::from(bytes), s.runs.ttl());
-        let put = match link.as_ref().filter(|_| attempt == 0) {
-            // The link of the run's newest answer goes with its first write, in parallel.
-            Some(response) => {
-                let at = RunId::new(&*id.tenant, response_key(response));
-                let run = Bytes::from(id.run.clone().into_bytes());
-                let (put, linked) = tokio::join!(put, store.put_run(&at, 0, run, s.runs.ttl()));
-                if linked.is_ok() {
-                    lock(state).share.linked = Some(response.clone());
-                }
-                put
+        let put = if attempt > 0 || (link.is_none() && alias.is_none()) {
+            put.await
+        } else {
+            // The links to the run — of its newest answer, of the id a streamed first answer
+            // went out with — go with its first write, in parallel.
+            let run = Bytes::from(id.run.clone().into_bytes());
+            let at = |key: String| RunId::new(&*id.tenant, key);
+            let keys: Vec<RunId> = (link.iter().map(|r| at(response_key(r))))
+                .chain(alias.iter().map(|a| at(a.to_string())))
+                .collect();
+            let writes = keys
+                .iter()
+                .map(|k| store.put_run(k, 0, run.clone(), s.runs.ttl()));
+            let (put, linked) = tokio::join!(put, futures_util::future::join_all(writes));
+            let mut st = lock(state);
+            let mut linked = linked.iter().map(Result::is_ok);
+            if let Some(r) = &link
+                && linked.next() == Some(true)
+            {
+                st.share.linked = Some(r.clone());
             }
-            None => put.await,
+            if alias.is_some() && linked.next() == Some(true) {
+                st.share.alias = None;
+            }
+            drop(st);
+            put
         };
         let mut st = lock(state);
         match put {
@@ -161,23 +176,32 @@ fn response_key(id: &str) -> String {
     format!("response:{id}")
 }
 
-/// Whether `label` is the id of a live run of `tenant` — answered by this replica or, when
-/// replicas share a store, by any: a client that sends back the `x-selfheal-run` it was
-/// answered continues that run on whichever replica it lands. The store is asked only for a
-/// label shaped like a run id that this replica does not know (once per run and replica: the
-/// request then loads the run here). Runs are stored under their tenant, so no other tenant's
-/// run is found.
-pub(crate) async fn owned_by(s: &AppState, label: &str, tenant: &str, now: Instant) -> bool {
+/// The live run of `tenant` that `label` names, when it is the id of one — answered by this
+/// replica or, when replicas share a store, by any: a client that sends back the
+/// `x-selfheal-run` it was answered continues that run on whichever replica it lands. The id a
+/// streamed first answer went out with before the answer named its run is a link in the store
+/// to that name ([`crate::runs::Share::alias`]), and is answered with the name. The store is
+/// asked only for a label shaped like a run id that this replica does not know (once per run
+/// and replica: the request then loads the run here). Runs are stored under their tenant, so
+/// no other tenant's run is found.
+pub(crate) async fn owned_by(
+    s: &AppState,
+    label: &str,
+    tenant: &str,
+    now: Instant,
+) -> Option<String> {
     if s.runs.owned_by(label, tenant, now) {
-        return true;
+        return Some(label.to_owned());
     }
-    let Some(store) = s.shared.store() else {
-        return false;
-    };
+    let store = s.shared.store()?;
     if !is_run_id(label) {
-        return false;
+        return None;
     }
-    matches!(store.get_run(&RunId::new(tenant, label)).await, Ok(Some(_)))
+    let got = store.get_run(&RunId::new(tenant, label)).await.ok()??;
+    match std::str::from_utf8(&got.bytes) {
+        Ok(run) if is_run_id(run) => Some(run.to_owned()),
+        _ => Some(label.to_owned()),
+    }
 }
 
 /// `r-` and 24 lowercase hex digits: the shape of every run id ([`crate::runs::run_id_of`]).
@@ -402,15 +426,68 @@ mod tests {
         save(&a, &on_a).await;
         let now = Instant::now();
         assert!(!b.runs.owned_by(run, "t", now), "b has not seen it");
-        assert!(owned_by(&b, run, "t", now).await);
-        assert!(!owned_by(&b, run, "u", now).await, "another tenant's");
-        assert!(!owned_by(&b, "conversation-1", "t", now).await);
+        assert_eq!(owned_by(&b, run, "t", now).await.as_deref(), Some(run));
+        assert_eq!(owned_by(&b, run, "u", now).await, None, "another tenant's");
+        assert_eq!(owned_by(&b, "conversation-1", "t", now).await, None);
         assert_eq!(
             run_of_response(&b, "resp_1", "t", now).await.as_deref(),
             Some(run)
         );
         assert_eq!(run_of_response(&b, "resp_1", "u", now).await, None);
         assert_eq!(run_of_response(&b, "resp_2", "t", now).await, None);
+    }
+
+    /// A tool hidden on a replica whose process started an hour before another's cools on the
+    /// other when its cooldown is over, not an hour later: runs are stamped on one wall-clock
+    /// base ([`crate::clock`]). With each process counting from its own start, the stamp
+    /// (3,600,000 ms) lay an hour in the other's future and the tool stayed hidden.
+    #[tokio::test]
+    async fn a_cooldown_begun_on_one_replica_ends_on_time_on_another() {
+        use crate::clock::Clock;
+        use std::time::Duration;
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        let (mut a, b) = (replica(&store), replica(&store));
+        let now = Instant::now();
+        let hour = Duration::from_secs(3600);
+        let a_start = now
+            .checked_sub(hour)
+            .expect("the host has been up for an hour");
+        let unix = selfheal_state::unix_ms();
+        Arc::get_mut(&mut a).unwrap().clock = Clock::at(unix - 3_600_000, a_start);
+        let mut messages = vec![serde_json::json!({"role": "user", "content": "Look it up."})];
+        for i in 0..5 {
+            messages.push(
+                serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": format!("c{i}"), "type": "function",
+                 "function": {"name": "search", "arguments": format!("{{\"q\": \"{i}\"}}")}}]}),
+            );
+            messages.push(
+                serde_json::json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                "content": "{\"error\": \"search backend down\"}"}),
+            );
+        }
+        let body = serde_json::json!({"model": "m", "messages": messages, "tools": [
+            {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "fetch", "parameters": {"type": "object"}}}]});
+        let body = Bytes::from(serde_json::to_vec(&body).unwrap());
+        let redo = chat_redo(&a, &body, None);
+        let on_a = load(&a, "r-1", "t", true, || redo.clone()).await;
+        redo(&mut lock(&on_a));
+        let hidden_at = a.now_ms();
+        assert!(lock(&on_a).run.verdict(hidden_at).hidden_tools == ["search"]);
+        save(&a, &on_a).await;
+        let on_b = load(&b, "r-1", "t", true, || observe(1)).await;
+        let mut st = lock(&on_b);
+        assert_eq!(st.share.version, 1, "a's state, loaded");
+        let cooldown = selfheal_core::monitor::MonitorConfig::default().cooldown_ms;
+        let b_now = b.now_ms();
+        assert!(b_now.abs_diff(hidden_at) < 60_000, "one time base");
+        assert_eq!(st.run.verdict(b_now).hidden_tools, ["search"]);
+        let over = hidden_at + cooldown + 1;
+        assert!(
+            st.run.verdict(over).hidden_tools.is_empty(),
+            "cooled on time"
+        );
     }
 
     /// What a request spent is added to a resumed state's ledger through the run.

@@ -60,7 +60,9 @@ pub struct AppState {
     pub shared: selfheal_state::Shared,
     /// What the runs have learned of their sources ([`TrustMemory`]).
     pub trust: TrustMemory,
-    pub(crate) started: Instant,
+    /// The clock runs decide by: Unix ms at the process's start plus the monotonic time since,
+    /// one base for every replica ([`crate::clock`]). Shared with the upstreams' breakers.
+    pub(crate) clock: crate::clock::Clock,
 }
 
 /// What the gateway learns about upstream targets (upstream and model) that cannot stream tool
@@ -257,12 +259,12 @@ impl AppState {
             config.budget,
             config.policy.clone(),
         );
-        let started = Instant::now();
+        let clock = upstreams.clock();
         crate::runs::share_trust(
             runs.trust(),
             shared.clone(),
             config.policy.trust,
-            started,
+            clock,
             Duration::from_millis(config.state.refresh_ms),
         );
         Ok(AppState {
@@ -278,12 +280,13 @@ impl AppState {
             tool_indexes: heal::ToolIndexCache::default(),
             no_stream: NoStream::shared(shared.clone()),
             shared,
-            started,
+            clock,
         })
     }
 
+    /// Now on the runs' clock ([`crate::clock::Clock`]).
     pub(crate) fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.clock.now_ms()
     }
 
     pub(crate) fn event(

@@ -417,7 +417,8 @@ pub struct Upstreams {
     pub attempt_seconds: Histogram,
     map: HashMap<String, Upstream>,
     breakers: Mutex<Breakers>,
-    started: Instant,
+    /// The clock the breakers and the runs' call plans decide by ([`crate::clock`]).
+    clock: crate::clock::Clock,
     /// The next call's id within its run.
     calls: AtomicU64,
     /// What the replicas share (a local tier that shares with no one by default).
@@ -479,7 +480,7 @@ impl Upstreams {
             attempt_seconds: Histogram::default(),
             breakers: Mutex::new(Breakers::new(breaker, map.keys().cloned())),
             map,
-            started: Instant::now(),
+            clock: crate::clock::Clock::start(),
             calls: AtomicU64::new(0),
             shared: Shared::local(),
             cooldown_ms: config.breaker_cooldown_ms,
@@ -574,7 +575,12 @@ impl Upstreams {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.clock.now_ms()
+    }
+
+    /// The clock the breakers decide by: the gateway's one clock.
+    pub(crate) fn clock(&self) -> crate::clock::Clock {
+        self.clock
     }
 
     fn breakers(&self) -> std::sync::MutexGuard<'_, Breakers> {

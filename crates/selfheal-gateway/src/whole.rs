@@ -308,7 +308,7 @@ fn answer_checked<D: WholeDialect>(
     t.finish(status);
     let mut resp = d.render(answer);
     let reason = reason.map(|r| t.caller.redactor.text(&r).into_owned());
-    add_headers(&mut resp, &t.run, status, &actions, reason.as_deref());
+    add_headers(&mut resp, &t.id(), status, &actions, reason.as_deref());
     Ok(resp)
 }
 

@@ -162,3 +162,70 @@ async fn a_run_continues_on_another_replica_with_its_state() {
     let fourth = system_text(&sent[3]);
     assert!(fourth.contains("`fetch_url`"), "{fourth}");
 }
+
+/// An upstream that answers every chat request with one call of `web_search` (`call_A`).
+async fn calling_upstream() -> String {
+    async fn chat() -> impl IntoResponse {
+        axum::Json(
+            json!({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null, "tool_calls": [{"id": "call_A",
+                "type": "function", "function": {"name": "web_search",
+                "arguments": "{\"query\": \"page\"}"}}]}}]}),
+        )
+    }
+    let app = Router::new().route("/v1/chat/completions", post(chat));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/v1")
+}
+
+/// A request of the conversation that opens "What does the page say?": its first turn, or
+/// the turn after `call_A` failed; with `label` as `x-selfheal-run`.
+fn page_request(answered: bool, label: Option<&str>) -> Request<Body> {
+    let mut messages = vec![json!({"role": "user", "content": "What does the page say?"})];
+    if answered {
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_A", "type": "function", "function": {"name": "web_search",
+             "arguments": "{\"query\": \"page\"}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": "call_A",
+                             "content": "{\"error\": \"search backend down\"}"}));
+    }
+    let body = json!({"model": "m", "messages": messages, "tools": [
+        {"type": "function", "function": {"name": "web_search", "parameters": {"type": "object",
+            "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]});
+    let mut req = Request::post("/v1/chat/completions").header("content-type", "application/json");
+    if let Some(l) = label {
+        req = req.header("x-selfheal-run", l);
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+/// The run id of an unnamed conversation's first answer is the one its run is stored under:
+/// sent back to another replica, it names that run there, and the conversation's next turn
+/// without the id is the same run. It was a throwaway id: the other
+/// replica knew no run by it and began a new one, keyed by it as a label.
+#[tokio::test]
+async fn the_first_answers_run_id_names_the_stored_run() {
+    let url = calling_upstream().await;
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+    let (a, b) = (
+        replica(&url, Some(store.clone())),
+        replica(&url, Some(store.clone())),
+    );
+    let first = a.clone().oneshot(page_request(false, None)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let id = first.headers()["x-selfheal-run"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let on_b = b
+        .clone()
+        .oneshot(page_request(true, Some(&id)))
+        .await
+        .unwrap();
+    assert_eq!(on_b.headers()["x-selfheal-run"], id.as_str());
+    let unlabelled = a.clone().oneshot(page_request(true, None)).await.unwrap();
+    assert_eq!(unlabelled.headers()["x-selfheal-run"], id.as_str());
+}

@@ -24,12 +24,15 @@ fn replica(url: &str) -> AppState {
     AppState::new(config, TraceWriter::disabled()).unwrap()
 }
 
+/// `n` reports made now: the gateway's clock for its runs is the Unix time
+/// (`AppState::now_ms`, one base for every replica).
 fn reports(source: &Source, evidence: Evidence, n: usize) -> Vec<Report> {
+    let now = selfheal_state::unix_ms();
     (0..n)
         .map(|_| Report {
             source: source.clone(),
             evidence,
-            at_ms: 0,
+            at_ms: now,
         })
         .collect()
 }

@@ -505,7 +505,7 @@ fn answer_plain(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    add_headers(&mut resp, &t.run, Status::Complete, actions, None);
+    add_headers(&mut resp, &t.id(), Status::Complete, actions, None);
     Some(resp)
 }
 
