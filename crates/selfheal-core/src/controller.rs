@@ -244,6 +244,16 @@ pub struct Controller {
     /// Tools whose failures were routed around (see [`Controller::offer`]), at most
     /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
     routed: Vec<String>,
+    /// Failures routed around whose step has not had a value since, at most [`MAX_ROUTED`]
+    /// (issue 30): the value a later attempt brings on that step — the same tool again or
+    /// another the agent chose — is a recovered value, held to the check a recovered value gets
+    /// ([`Policy::in_doubt`], the read before answering), not claimed as a first-try one.
+    #[serde(default)]
+    routed_open: Vec<OpenFailure>,
+    /// Whether a step whose failure was routed around had a value since: a recovery, for
+    /// [`Controller::reread_due`] and [`Controller::claim_refused`], like one the ladder made.
+    #[serde(default)]
+    routed_recovered: bool,
     /// The run's copy of the front-end's trust store, with this run's evidence added.
     #[serde(default)]
     trust: Trust,
@@ -350,6 +360,8 @@ impl Controller {
             confirmed: Vec::new(),
             contested: Vec::new(),
             routed: Vec::new(),
+            routed_open: Vec::new(),
+            routed_recovered: false,
             trust: config.trust,
             trust_reports: Vec::new(),
             step_tools: Vec::new(),
@@ -542,7 +554,7 @@ impl Controller {
 
     /// Whether a recovery action (one that is not terminal) was carried out in this run.
     fn recovered(&self) -> bool {
-        self.actions.keys().any(|k| !k.is_terminal())
+        self.routed_recovered || self.actions.keys().any(|k| !k.is_terminal())
     }
 
     /// Records a recovery a front-end decided for this run outside [`Controller::observe`] —
@@ -1069,6 +1081,25 @@ impl Controller {
                         || (tool.is_some() && o.alternative.as_deref() == tool)
                 });
             }
+            // A step whose failure was routed around gets its value: whichever tool brought it
+            // (the same one again, or another the agent chose), it is the value recovered from
+            // that failure, judged as one.
+            if let Some(i) = self.routed_open.iter().position(|o| o.step == step) {
+                let o = self.routed_open.remove(i);
+                self.routed_recovered = true;
+                if self.just_resolved.is_none() {
+                    let again = tool.is_none() || o.tool.as_deref() == tool;
+                    self.just_resolved = Some(OpenFailure {
+                        last_action: Some(if again {
+                            ActionKind::Retry
+                        } else {
+                            ActionKind::Substitute
+                        }),
+                        alternative: if again { None } else { tool.map(str::to_owned) },
+                        ..o
+                    });
+                }
+            }
             // A failure of this step that another step's failure pushed aside is settled by
             // the step's success: a replan went back to an earlier step (a skipped one), failed
             // there, recovered, and came back here. Unsettled, it would end a run whose every
@@ -1181,6 +1212,24 @@ impl Controller {
         {
             let alternatives = self.monitor.alternatives(t);
             if !alternatives.is_empty() {
+                // The step stays open for the value a later attempt brings (see
+                // `routed_open`); the monitor, not the ladder, bounds the attempts.
+                if self.routed_open.len() == MAX_ROUTED {
+                    self.routed_open.remove(0);
+                }
+                self.routed_open.retain(|o| o.step != step);
+                self.routed_open.push(OpenFailure {
+                    step,
+                    class: classification.class,
+                    tool: Some(t.to_owned()),
+                    ladder,
+                    last_action: None,
+                    alternative: None,
+                    signal: signal.clone(),
+                    consecutive,
+                    rechecks: 0,
+                    retry_after_ms: classification.retry_after_ms,
+                });
                 let decided = (classification.class, decision.action.clone(), input);
                 return self.route_around(now_ms, step, t, alternatives, Some(decided));
             }
@@ -1257,9 +1306,10 @@ impl Controller {
         }
     }
 
-    /// Hands `tool`'s failure to the monitor (see [`Controller::offer`]): nothing stays open
-    /// or unresolved for it, since the agent goes on with `alternatives`, and the directive is
-    /// the monitor's verdict.
+    /// Hands `tool`'s failure to the monitor (see [`Controller::offer`]): no ladder stays open
+    /// and nothing is unresolved for it, since the agent goes on with `alternatives`, and the
+    /// directive is the monitor's verdict. Its step's next value is still a recovered one
+    /// (`routed_open`, kept by the caller).
     fn route_around(
         &mut self,
         now_ms: u64,
