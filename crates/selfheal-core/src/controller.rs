@@ -16,6 +16,7 @@
 //! ```
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::budget::{Amounts, BudgetLedger, BudgetLimits, Dimension};
 use crate::call::Plane;
@@ -192,6 +193,31 @@ struct OpenFailure {
 
 const MAX_UNRESOLVED: usize = 64;
 
+/// A cross-check on one step: the value's source, the second source it was checked against,
+/// and a fingerprint of the value checked (see `Controller::disputes`, `Controller::agreements`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Pairing {
+    step: Option<u32>,
+    tool: String,
+    other: String,
+    value: u64,
+}
+
+/// A fingerprint of `v` (FNV-1a over its JSON text): equal values, equal fingerprints.
+fn fingerprint(v: &Value) -> u64 {
+    v.to_string().bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Pushes `item` onto `list`, dropping the oldest past [`MAX_CONTESTED`].
+fn push_bounded<T>(list: &mut Vec<T>, item: T) {
+    if list.len() == MAX_CONTESTED {
+        list.remove(0);
+    }
+    list.push(item);
+}
+
 /// How a front-end knows a run's steps, which decides which failures a later success can be
 /// seen to settle ([`Controller::unclaimable`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +290,19 @@ pub struct Controller {
     /// the value a verdict on that step judges.
     #[serde(default)]
     step_tools: Vec<(Option<u32>, String)>,
+    /// A fingerprint of the value last returned on each step seen (at most [`MAX_CONTESTED`]):
+    /// which side of a disagreement changed its value, and whether a rejected value is the
+    /// one two sources had agreed on.
+    #[serde(default)]
+    step_values: Vec<(Option<u32>, u64)>,
+    /// Cross-checks that disagreed and are not settled yet (at most [`MAX_CONTESTED`]): each
+    /// side took half the blame; a later agreement on the step says which side was wrong.
+    #[serde(default)]
+    disputes: Vec<Pairing>,
+    /// Cross-checks that agreed (at most [`MAX_CONTESTED`]): a later rejection of the same
+    /// value takes the agreement back from both sides.
+    #[serde(default)]
+    agreements: Vec<Pairing>,
     /// Tools whose last call failed for want of an answer (an outage), at most [`MAX_ROUTED`]:
     /// their next answer ends the outage.
     #[serde(default)]
@@ -365,6 +404,9 @@ impl Controller {
             trust: config.trust,
             trust_reports: Vec::new(),
             step_tools: Vec::new(),
+            step_values: Vec::new(),
+            disputes: Vec::new(),
+            agreements: Vec::new(),
             down: Vec::new(),
             outbox: Vec::new(),
         }
@@ -640,6 +682,7 @@ impl Controller {
     /// about the tool's availability only, never about another source.
     fn call_evidence(
         &mut self,
+        step: Option<u32>,
         tool: &str,
         signal: Option<&Signal>,
         other: Option<&str>,
@@ -656,6 +699,7 @@ impl Controller {
                 self.evidence(tool, Evidence::Disagreed, now_ms);
                 if let Some(o) = other.filter(|o| *o != tool) {
                     self.evidence(o, Evidence::Disagreed, now_ms);
+                    self.dispute(step, tool, o);
                 }
             }
             Some(
@@ -716,6 +760,19 @@ impl Controller {
                 self.evidence(&tool, Evidence::Accepted, now_ms);
                 if let Some(o) = other {
                     self.evidence(&o, Evidence::Agreed, now_ms);
+                    self.settle_dispute(step, &tool, &o, now_ms);
+                    if let Some(value) = self.step_value(step) {
+                        self.agreements.retain(|a| a.step != step);
+                        push_bounded(
+                            &mut self.agreements,
+                            Pairing {
+                                step,
+                                tool: tool.clone(),
+                                other: o,
+                                value,
+                            },
+                        );
+                    }
                 }
             }
             Judgement::Reject { .. } if reread => {
@@ -725,11 +782,87 @@ impl Controller {
                 Some(o) => {
                     self.evidence(&tool, Evidence::Disagreed, now_ms);
                     self.evidence(&o, Evidence::Disagreed, now_ms);
+                    self.dispute(step, &tool, &o);
                 }
-                None => self.evidence(&tool, Evidence::Rejected, now_ms),
+                None => {
+                    // A value two sources had agreed on, rejected now: both gave it, neither
+                    // keeps the trust the agreement earned.
+                    let value = self.step_value(step);
+                    let agreed = self
+                        .agreements
+                        .iter()
+                        .position(|a| a.step == step && a.tool == tool && Some(a.value) == value)
+                        .map(|i| self.agreements.remove(i));
+                    match agreed {
+                        Some(a) => {
+                            self.evidence(&a.tool, Evidence::AgreedWrongly, now_ms);
+                            self.evidence(&a.other, Evidence::AgreedWrongly, now_ms);
+                        }
+                        None => self.evidence(&tool, Evidence::Rejected, now_ms),
+                    }
+                }
             },
             Judgement::Uncertain { .. } => {}
         }
+    }
+
+    /// The fingerprint of the value last returned on `step`.
+    fn step_value(&self, step: Option<u32>) -> Option<u64> {
+        self.step_values
+            .iter()
+            .find(|(s, _)| *s == step)
+            .map(|(_, v)| *v)
+    }
+
+    /// Remembers `value` (a fingerprint) as the value last returned on `step`.
+    fn note_step_value(&mut self, step: Option<u32>, value: u64) {
+        if let Some(e) = self.step_values.iter_mut().find(|(s, _)| *s == step) {
+            e.1 = value;
+        } else {
+            push_bounded(&mut self.step_values, (step, value));
+        }
+    }
+
+    /// Records a disagreement between `tool`'s value on `step` and `other`'s, each side having
+    /// taken half the blame ([`Evidence::Disagreed`]).
+    fn dispute(&mut self, step: Option<u32>, tool: &str, other: &str) {
+        let Some(value) = self.step_value(step) else {
+            return;
+        };
+        self.disputes
+            .retain(|d| !(d.step == step && d.tool == tool && d.other == other));
+        push_bounded(
+            &mut self.disputes,
+            Pairing {
+                step,
+                tool: tool.to_owned(),
+                other: other.to_owned(),
+                value,
+            },
+        );
+    }
+
+    /// A cross-check of `tool`'s value on `step` against `other` agreed: a disagreement of the
+    /// two on that step is settled. The side whose value changed to agree was the wrong one —
+    /// `tool`, when the value it gives now is not the one it gave then; else `other` — and
+    /// the half-blame moves to it ([`Evidence::Convicted`], [`Evidence::Vindicated`]): a
+    /// source that was right is not marked by a disagreement the evidence has since settled.
+    fn settle_dispute(&mut self, step: Option<u32>, tool: &str, other: &str, now_ms: u64) {
+        let Some(i) = self
+            .disputes
+            .iter()
+            .position(|d| d.step == step && d.tool == tool && d.other == other)
+        else {
+            return;
+        };
+        let d = self.disputes.remove(i);
+        let (wrong, right) = if self.step_value(step) == Some(d.value) {
+            (other, tool)
+        } else {
+            (tool, other)
+        };
+        self.evidence(wrong, Evidence::Convicted, now_ms);
+        self.evidence(right, Evidence::Vindicated, now_ms);
     }
 
     /// Whether a recovered value no verifier could judge is claimed: the policy's override, or
@@ -866,7 +999,11 @@ impl Controller {
                     (None, _) => None,
                 });
                 self.note_step_tool(step, call.tool);
+                if let CallOutcome::Returned(v) = call.outcome {
+                    self.note_step_value(step, fingerprint(v));
+                }
                 self.call_evidence(
+                    step,
                     call.tool,
                     signal.as_ref(),
                     options.substitute.as_deref(),
