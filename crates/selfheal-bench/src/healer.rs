@@ -153,7 +153,7 @@ impl Healer {
         &self.guidance
     }
 
-    /// Confirmed steps whose value changed when read again before answering (see
+    /// Steps whose value changed when read again before answering (see
     /// [`Run::contested`]).
     pub fn contested(&self) -> &[Option<u32>] {
         self.run.contested()

@@ -267,6 +267,13 @@ pub struct Controller {
     /// [`Controller::claim_refused`]) until a verifier other than the re-read accepts that step.
     #[serde(default)]
     contested: Vec<Option<u32>>,
+    /// Of the `contested` steps, those whose value a verifier had confirmed before it changed.
+    /// Any other contested step — a value nothing had confirmed, that read differently before
+    /// answering — is settled by a third reading that agrees with either of the two
+    /// ([`THIRD_READ_VERIFIER`]: two readings of three decide); a confirmed one only by a
+    /// verifier other than reading its source again.
+    #[serde(default)]
+    contested_confirmed: Vec<Option<u32>>,
     /// Tools whose failures were routed around (see [`Controller::offer`]), at most
     /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
     routed: Vec<String>,
@@ -326,6 +333,12 @@ const MAX_CONTESTED: usize = 64;
 /// The verifier name of the read before answering ([`Controller::reread_due`]): its acceptance
 /// of a value that already changed once is not an independent confirmation.
 pub const REREAD_VERIFIER: &str = "re_read";
+
+/// The verifier name a front-end gives a third reading of a value that changed when read
+/// before answering, reporting that it agrees with one of the two earlier readings: the tie
+/// between them is broken, two readings of three agreeing. It settles a value nothing had
+/// confirmed; a confirmed value is never replaced so (see `Controller::contested`).
+pub const THIRD_READ_VERIFIER: &str = "third_read";
 
 /// The verifier name of a cross-check against a second source (the one named in the
 /// observation's `options.substitute`): its verdict is evidence about both sources
@@ -398,6 +411,7 @@ impl Controller {
             reread: false,
             confirmed: Vec::new(),
             contested: Vec::new(),
+            contested_confirmed: Vec::new(),
             routed: Vec::new(),
             routed_open: Vec::new(),
             routed_recovered: false,
@@ -538,10 +552,11 @@ impl Controller {
         &mut self.monitor
     }
 
-    /// Confirmed steps whose value changed when read again before answering, and that no
-    /// verifier but the re-read has accepted since (see [`Controller::claim_refused`]). A
-    /// front-end that retries such a step may report, as a verifier's acceptance, that the
-    /// retry brought back the value that had been confirmed: the change did not last.
+    /// Steps whose value changed when read again before answering, and that nothing has
+    /// settled since (see [`Controller::claim_refused`]). A front-end that retries such a step
+    /// may report, as a verifier's acceptance, that the retry brought back the value first
+    /// read (the change did not last), or — [`THIRD_READ_VERIFIER`] — that it agrees with the
+    /// differing reading; the second settles only a value no verifier had confirmed.
     pub fn contested(&self) -> &[Option<u32>] {
         &self.contested
     }
@@ -622,8 +637,13 @@ impl Controller {
     /// verifier other than the re-read accepted it since.
     pub fn claim_refused(&self) -> Option<String> {
         if let Some(step) = self.contested.first() {
+            let why = if self.contested_confirmed.contains(step) {
+                "nothing independent confirms either reading"
+            } else {
+                "no third reading agrees with either"
+            };
             return Some(format!(
-                "the value at step {} changed when read again before answering, and nothing independent confirms either reading",
+                "the value at step {} changed when read again before answering, and {why}",
                 step.map_or_else(|| "-".to_owned(), |s| s.to_string())
             ));
         }
@@ -1063,24 +1083,33 @@ impl Controller {
                         !(u.step == step && u.class == FailureClass::VerificationFailure)
                     });
                     // A contested value is settled only by a check other than reading the same
-                    // source again.
-                    if verifier != REREAD_VERIFIER {
+                    // source again; a confirmed one not by a third reading either.
+                    if verifier != REREAD_VERIFIER
+                        && !(verifier == THIRD_READ_VERIFIER
+                            && self.contested_confirmed.contains(&step))
+                    {
                         self.contested.retain(|c| *c != step);
+                        self.contested_confirmed.retain(|c| *c != step);
                     }
                     if !self.confirmed.contains(&step) && self.confirmed.len() < MAX_CONTESTED {
                         self.confirmed.push(step);
                     }
                 } else if matches!(judgement, Judgement::Reject { .. })
                     && self.reread
-                    && self.confirmed.contains(&step)
+                    && (self.confirmed.contains(&step) || verifier == REREAD_VERIFIER)
                     && !self.contested.contains(&step)
                     && self.contested.len() < MAX_CONTESTED
                 {
-                    // A confirmed value rejected while the run reads its values again before
-                    // answering: its source turned bad since, and whatever replaces it is
-                    // contested. (A value nothing had confirmed is retried as any rejected
-                    // value: the first reading was no better than the later ones.)
+                    // A value rejected while the run reads its values again before answering:
+                    // one confirmed before turned bad since, and whatever replaces it is
+                    // contested. One nothing had confirmed that read differently is a tie
+                    // between two readings of one source: the retry's reading must break it
+                    // (agree with one of them, [`THIRD_READ_VERIFIER`]) or be checked, else
+                    // nothing is claimed over it.
                     self.contested.push(step);
+                    if self.confirmed.contains(&step) {
+                        self.contested_confirmed.push(step);
+                    }
                 }
                 // A verifier that could not judge a recovered value has not settled it: unless the
                 // policy accepts unverified recoveries, the failure stays unresolved and the run

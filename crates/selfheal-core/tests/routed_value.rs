@@ -110,7 +110,10 @@ fn a_value_after_routing_around_is_read_again_before_answering() {
     let v = json!({"v": 7});
     let d = c.observe(call("search", &a, Some(&v)), 100, &mut rng);
     assert!(matches!(d, Directive::Continue { .. }), "{d:?}");
-    assert!(c.reread_due(), "a run that routed a failure around recovered");
+    assert!(
+        c.reread_due(),
+        "a run that routed a failure around recovered"
+    );
 }
 
 #[test]

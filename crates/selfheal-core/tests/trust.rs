@@ -356,11 +356,19 @@ fn agreeing_runs(n: u64, dispute: bool) -> Trust {
             let contradiction = Signal::Contradiction {
                 detail: "`hits`: 9 here, 1 from `backup_search`".into(),
             };
-            let d = c.observe(call_on("search", &a, &wrong, Some(contradiction)), t, &mut rng);
+            let d = c.observe(
+                call_on("search", &a, &wrong, Some(contradiction)),
+                t,
+                &mut rng,
+            );
             assert!(matches!(d, Directive::Recover { .. }), "{d:?}");
         }
         c.observe(call_on("search", &a, &right, None), t + 1, &mut rng);
-        c.observe(verdict_on("cross_check", Judgement::Accept), t + 2, &mut rng);
+        c.observe(
+            verdict_on("cross_check", Judgement::Accept),
+            t + 2,
+            &mut rng,
+        );
         c.finish(t + 3);
         trust.apply(&c.take_trust_reports(), &optimistic());
     }
@@ -383,7 +391,10 @@ fn a_disagreement_settled_by_a_later_read_is_blamed_on_the_side_that_changed() {
         disputed.p_right(&backup, now, &c),
         clean.p_right(&backup, now, &c),
     );
-    assert!((p_disputed - p_clean).abs() < 1e-3, "{p_disputed} vs {p_clean}");
+    assert!(
+        (p_disputed - p_clean).abs() < 1e-3,
+        "{p_disputed} vs {p_clean}"
+    );
 }
 
 #[test]
