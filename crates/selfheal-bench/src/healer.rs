@@ -7,10 +7,10 @@
 //! seeds' tool-health rules (a warning at 3 failures in a row naming the alternatives, the tool
 //! hidden at 5, a stop only on the failure rate or when nothing else is on offer); the
 //! benchmark's conformance test (`tests/conformance.rs`) plays the core's table
-//! (`selfheal_core::conformance`) through this type so, and the strategies offer the plan's
-//! tools and their equivalent sources (see `run_self_healing`). It decides nothing itself: it
-//! only keeps the clock, the randomness and what the last decision hid, for the strategy to
-//! act on.
+//! (`selfheal_core::conformance`) through this type so. The strategies offer nothing (see
+//! `run_self_healing`): their plan has fixed steps, and the ladder's end stands. It decides
+//! nothing itself: it only keeps the clock, the randomness and what the last decision hid, for
+//! the strategy to act on.
 
 use selfheal_core::call::Breakers;
 use selfheal_core::controller::{ControllerConfig, Observation, RunOutcome, StepsBy};

@@ -13,7 +13,7 @@
 //! | `full-replan` | the same | discards the plan and replans from scratch, avoiding tools that failed; each replan is one unit of `R` |
 //! | `react+verify`, `full-replan+verify` | everything self-healing detects: the tool name against the tools on offer, argument schema and grounding checks (no plan values put into a call), repetition, soft failures, freshness (`as_of`), and the cross-check verifier | as `react` / `full-replan` (stale → refresh, rejected → the other source) |
 //! | `class-agnostic` | as self-healing | the core controller with one ladder for every class (retry, repair, substitute, refresh, replan, escalate, degrade): the same actions without the classifier's choice |
-//! | `self-healing` | as above; before a run that needed recovery answers, the values only a second read of their own source confirmed are read once more | the core's run ([`crate::healer::Healer`]) with the default policy, told the tools on offer: a tool that keeps failing is routed around (warned at 3, hidden at 5), and a hidden step tool gives way to its equivalent source |
+//! | `self-healing` | as above; before a run that needed recovery answers, the values only a second read of their own source confirmed are read once more | the core's run ([`crate::healer::Healer`]) with the default policy; a step tool the run hides gives way to its equivalent source |
 //!
 //! The cross-check verifier is a real call of the substitute ([`Purpose::Verify`]): it costs
 //! latency and `V`, meets the substitute's faults, and compares with the tool's documented
@@ -1233,17 +1233,15 @@ pub(crate) fn run_self_healing(
         trust: trust.clone(),
         ..ControllerConfig::default()
     };
-    // The tools on offer: the plan's and their equivalent sources. Told them, the run routes a
-    // failure at its ladder's end around to the monitor (warned at 3, hidden at 5) while
-    // another is left, as for every front-end; the value a later attempt brings on that step
-    // is judged as a recovered one (the core keeps the step open for it).
-    let offered: Vec<String> = ep
-        .plan()
-        .tools
-        .iter()
-        .flat_map(|t| std::iter::once(t.name.clone()).chain(t.substitute.clone()))
-        .collect();
-    let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
+    // The episode's plan has fixed steps, and the run is not told the tools on offer. Told
+    // them, it routes a failure at its ladder's end around to the monitor (warned at 3, hidden
+    // at 5), and the step's later attempts — the same tool again until it is hidden — are the
+    // monitor's, charged to no per-failure cap: the run gets more attempts than `R` allows the
+    // baselines, and the episodes it reaches so carry more silent failures (measured with the
+    // core holding a routed step's value as a recovered one, issue 30: recovered and silent
+    // both rose on every set). Without an offer the ladder's end stands, as the core documents
+    // for a front-end with fixed steps.
+    let offered: [&str; 0] = [];
     let Ok(heal) = Healer::new(config, &offered, seed ^ 0x5E1F) else {
         return Ended::none();
     };
