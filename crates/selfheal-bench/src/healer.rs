@@ -7,9 +7,10 @@
 //! seeds' tool-health rules (a warning at 3 failures in a row naming the alternatives, the tool
 //! hidden at 5, a stop only on the failure rate or when nothing else is on offer); the
 //! benchmark's conformance test (`tests/conformance.rs`) plays the core's table
-//! (`selfheal_core::conformance`) through this type so. The strategies offer nothing yet (see
-//! `run_self_healing`): their plan has fixed steps, and the ladder's end stands. It decides nothing itself: it only keeps
-//! the clock, the randomness and what the last decision hid, for the strategy to act on.
+//! (`selfheal_core::conformance`) through this type so. The strategies offer nothing (see
+//! `run_self_healing`): their plan has fixed steps, and the ladder's end stands. It decides
+//! nothing itself: it only keeps the clock, the randomness and what the last decision hid, for
+//! the strategy to act on.
 
 use selfheal_core::call::Breakers;
 use selfheal_core::controller::{ControllerConfig, Observation, RunOutcome, StepsBy};
@@ -153,7 +154,7 @@ impl Healer {
         &self.guidance
     }
 
-    /// Confirmed steps whose value changed when read again before answering (see
+    /// Steps whose value changed when read again before answering (see
     /// [`Run::contested`]).
     pub fn contested(&self) -> &[Option<u32>] {
         self.run.contested()

@@ -28,7 +28,7 @@ use serde_json::Value;
 use selfheal_core::budget::BudgetLimits;
 use selfheal_core::classifier::Signal;
 use selfheal_core::contract;
-use selfheal_core::controller::{ControllerConfig, Observation};
+use selfheal_core::controller::{ControllerConfig, Observation, THIRD_READ_VERIFIER};
 use selfheal_core::monitor::{CallOutcome, ToolCall, canonical_hash};
 use selfheal_core::policy::{
     ActionKind, Options, Policy, RecoveryAction, RepairTarget, RetryConfig,
@@ -755,10 +755,11 @@ fn cross_check(
     body: &Value,
     sent: &Sent,
 ) -> Option<Judgement> {
-    read_again(ep, s, how, body, sent, false)
+    read_again(ep, s, how, body, sent, false).map(|(j, _)| j)
 }
 
-/// [`cross_check`]; with `local`, a local tool is read a second time too.
+/// [`cross_check`]; with `local`, a local tool is read a second time too. With the verdict,
+/// the value read (`None` when nothing readable came back).
 fn read_again(
     ep: &mut Episode<'_>,
     s: usize,
@@ -766,7 +767,7 @@ fn read_again(
     body: &Value,
     sent: &Sent,
     local: bool,
-) -> Option<Judgement> {
+) -> Option<(Judgement, Option<Value>)> {
     let plan = ep.plan();
     // The source is known by the tool the call went to — its own spec, or for a call of a
     // tool's substitute, that tool's — never by the step's tool: which tool a step should call
@@ -798,6 +799,7 @@ fn read_again(
     let tol = spec.tolerance;
     let reads: Vec<String> = spec.output.iter().map(|(p, _)| p.clone()).collect();
     let resp = ep.call(s, &sub, &sent.args, Purpose::Verify, false);
+    let mut read = None;
     let judgement = match resp.response {
         Response::Raised { message, .. } => Judgement::Uncertain {
             reason: format!("{other} did not answer: {message}"),
@@ -807,6 +809,7 @@ fn read_again(
                 reason: format!("{other} sent an unreadable body"),
             },
             Ok(o) => {
+                read = Some(o.clone());
                 let mut verdict = Judgement::Accept;
                 for p in &reads {
                     match (get_path(body, p), get_path(&o, p)) {
@@ -836,7 +839,7 @@ fn read_again(
         }
         Judgement::Uncertain { .. } => ep.report_verdict(s, None),
     }
-    Some(judgement)
+    Some((judgement, read))
 }
 
 /// Whether two readings of `tool` agree on every value the tool declares, within its tolerance.
@@ -1145,7 +1148,7 @@ fn audit(
     outputs: &[Option<Value>],
     sent: &[Option<Sent>],
     reads: u32,
-) -> Option<(usize, StepAction)> {
+) -> Option<(usize, StepAction, Option<Value>)> {
     for (m, value) in outputs.iter().enumerate() {
         let Some(v) = value else { continue };
         // The value is read again with the call that fetched it.
@@ -1158,7 +1161,7 @@ fn audit(
             continue;
         }
         for _ in 0..reads {
-            let Some(judgement) = read_again(st.ep, m, how[m], v, call, true) else {
+            let Some((judgement, read)) = read_again(st.ep, m, how[m], v, call, true) else {
                 break;
             };
             let rejected = matches!(judgement, Judgement::Reject { .. });
@@ -1174,7 +1177,7 @@ fn audit(
                 now,
             );
             if rejected || !matches!(d, StepAction::Proceed { .. }) {
-                return Some((m, d));
+                return Some((m, d, read.filter(|_| rejected)));
             }
         }
     }
@@ -1230,12 +1233,14 @@ pub(crate) fn run_self_healing(
         trust: trust.clone(),
         ..ControllerConfig::default()
     };
-    // The episode's plan has fixed steps, and the run is not told the tools on offer: told
+    // The episode's plan has fixed steps, and the run is not told the tools on offer. Told
     // them, it routes a failure at its ladder's end around to the monitor (warned at 3, hidden
-    // at 5), and a routed failure leaves nothing open — the value a later attempt brings is then
-    // claimed without the verification a recovered value gets, which raised the silent failures
-    // on every fault model (issue 30, left to the core). Without an offer the ladder's end
-    // stands, as the core documents for a front-end with fixed steps.
+    // at 5), and the step's later attempts — the same tool again until it is hidden — are the
+    // monitor's, charged to no per-failure cap: the run gets more attempts than `R` allows the
+    // baselines, and the episodes it reaches so carry more silent failures (measured with the
+    // core holding a routed step's value as a recovered one, issue 30: recovered and silent
+    // both rose on every set). Without an offer the ladder's end stands, as the core documents
+    // for a front-end with fixed steps.
     let offered: [&str; 0] = [];
     let Ok(heal) = Healer::new(config, &offered, seed ^ 0x5E1F) else {
         return Ended::none();
@@ -1262,7 +1267,8 @@ pub(crate) fn run_self_healing(
     // before answering (the policy's `reread_after_recovery`, once, after a recovery).
     // The value the re-read before answering found changed, and its step: a confirmed value
     // (the core's `contested`) is kept when the retry brings it back.
-    let mut audited: Option<(usize, Value)> = None;
+    // With it, the differing reading, when one was read.
+    let mut audited: Option<(usize, Value, Option<Value>)> = None;
     'steps: loop {
         let directive = if s >= n {
             // The episode has its answer: the run says whether its values are read again first.
@@ -1270,11 +1276,11 @@ pub(crate) fn run_self_healing(
             let Proposal::ReadAgain { reads } = st.heal.propose_answer(now) else {
                 break;
             };
-            let Some((m, d)) = audit(&mut st, &how, &outputs, &sent, reads) else {
+            let Some((m, d, differing)) = audit(&mut st, &how, &outputs, &sent, reads) else {
                 // Every value held: propose the answer again.
                 continue;
             };
-            audited = outputs[m].clone().map(|v| (m, v));
+            audited = outputs[m].clone().map(|v| (m, v, differing));
             // The answer is rebuilt from the step whose value changed.
             outputs[m..].iter_mut().for_each(|o| *o = None);
             written[m..].iter_mut().for_each(|w| *w = None);
@@ -1319,17 +1325,26 @@ pub(crate) fn run_self_healing(
                     let mut judgement = sent[s]
                         .clone()
                         .and_then(|c| cross_check(st.ep, s, how[s], &v, &c));
-                    // A contested step's retry that brings back the value that had been
-                    // confirmed: the change did not last, and the core is told so. A retry that
-                    // brings another value leaves the step contested (the run claims nothing).
+                    // A contested step's retry is a third reading: one that brings back the
+                    // value first read says the change did not last; one that agrees with the
+                    // differing reading says it did (the core decides whether that settles the
+                    // step: not over a confirmed value). A retry that agrees with neither
+                    // leaves the step contested (the run claims nothing over it).
                     if judgement.is_none()
-                        && let Some((m, old)) = &audited
+                        && let Some((m, old, differing)) = &audited
                         && *m == s
                         && st.heal.contested().contains(&Some(s as u32))
-                        && same_reading(st.ep.plan(), &tool, old, &v)
                     {
-                        verifier = "confirmed_value";
-                        judgement = Some(Judgement::Accept);
+                        if same_reading(st.ep.plan(), &tool, old, &v) {
+                            verifier = "confirmed_value";
+                            judgement = Some(Judgement::Accept);
+                        } else if differing
+                            .as_ref()
+                            .is_some_and(|y| same_reading(st.ep.plan(), &tool, y, &v))
+                        {
+                            verifier = THIRD_READ_VERIFIER;
+                            judgement = Some(Judgement::Accept);
+                        }
                     }
                     let signal = match &judgement {
                         Some(Judgement::Reject { reason }) => Some(Signal::Contradiction {

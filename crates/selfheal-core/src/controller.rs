@@ -16,6 +16,7 @@
 //! ```
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::budget::{Amounts, BudgetLedger, BudgetLimits, Dimension};
 use crate::call::Plane;
@@ -192,6 +193,31 @@ struct OpenFailure {
 
 const MAX_UNRESOLVED: usize = 64;
 
+/// A cross-check on one step: the value's source, the second source it was checked against,
+/// and a fingerprint of the value checked (see `Controller::disputes`, `Controller::agreements`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Pairing {
+    step: Option<u32>,
+    tool: String,
+    other: String,
+    value: u64,
+}
+
+/// A fingerprint of `v` (FNV-1a over its JSON text): equal values, equal fingerprints.
+fn fingerprint(v: &Value) -> u64 {
+    v.to_string().bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Pushes `item` onto `list`, dropping the oldest past [`MAX_CONTESTED`].
+fn push_bounded<T>(list: &mut Vec<T>, item: T) {
+    if list.len() == MAX_CONTESTED {
+        list.remove(0);
+    }
+    list.push(item);
+}
+
 /// How a front-end knows a run's steps, which decides which failures a later success can be
 /// seen to settle ([`Controller::unclaimable`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,9 +267,26 @@ pub struct Controller {
     /// [`Controller::claim_refused`]) until a verifier other than the re-read accepts that step.
     #[serde(default)]
     contested: Vec<Option<u32>>,
+    /// Of the `contested` steps, those whose value a verifier had confirmed before it changed.
+    /// Any other contested step — a value nothing had confirmed, that read differently before
+    /// answering — is settled by a third reading that agrees with either of the two
+    /// ([`THIRD_READ_VERIFIER`]: two readings of three decide); a confirmed one only by a
+    /// verifier other than reading its source again.
+    #[serde(default)]
+    contested_confirmed: Vec<Option<u32>>,
     /// Tools whose failures were routed around (see [`Controller::offer`]), at most
     /// [`MAX_ROUTED`]: their failures are the monitor's until one of their calls succeeds.
     routed: Vec<String>,
+    /// Failures routed around whose step has not had a value since, at most [`MAX_ROUTED`]
+    /// (issue 30): the value a later attempt brings on that step — the same tool again or
+    /// another the agent chose — is a recovered value, held to the check a recovered value gets
+    /// ([`Policy::in_doubt`], the read before answering), not claimed as a first-try one.
+    #[serde(default)]
+    routed_open: Vec<OpenFailure>,
+    /// Whether a step whose failure was routed around had a value since: a recovery, for
+    /// [`Controller::reread_due`] and [`Controller::claim_refused`], like one the ladder made.
+    #[serde(default)]
+    routed_recovered: bool,
     /// The run's copy of the front-end's trust store, with this run's evidence added. Not
     /// part of a snapshot: a resumed run reads the resuming process's store, covered by
     /// `own_trust` ([`Controller::reattach`]) — a store shared by replicas holds each
@@ -261,6 +304,19 @@ pub struct Controller {
     /// the value a verdict on that step judges.
     #[serde(default)]
     step_tools: Vec<(Option<u32>, String)>,
+    /// A fingerprint of the value last returned on each step seen (at most [`MAX_CONTESTED`]):
+    /// which side of a disagreement changed its value, and whether a rejected value is the
+    /// one two sources had agreed on.
+    #[serde(default)]
+    step_values: Vec<(Option<u32>, u64)>,
+    /// Cross-checks that disagreed and are not settled yet (at most [`MAX_CONTESTED`]): each
+    /// side took half the blame; a later agreement on the step says which side was wrong.
+    #[serde(default)]
+    disputes: Vec<Pairing>,
+    /// Cross-checks that agreed (at most [`MAX_CONTESTED`]): a later rejection of the same
+    /// value takes the agreement back from both sides.
+    #[serde(default)]
+    agreements: Vec<Pairing>,
     /// Tools whose last call failed for want of an answer (an outage), at most [`MAX_ROUTED`]:
     /// their next answer ends the outage.
     #[serde(default)]
@@ -284,6 +340,12 @@ const MAX_CONTESTED: usize = 64;
 /// The verifier name of the read before answering ([`Controller::reread_due`]): its acceptance
 /// of a value that already changed once is not an independent confirmation.
 pub const REREAD_VERIFIER: &str = "re_read";
+
+/// The verifier name a front-end gives a third reading of a value that changed when read
+/// before answering, reporting that it agrees with one of the two earlier readings: the tie
+/// between them is broken, two readings of three agreeing. It settles a value nothing had
+/// confirmed; a confirmed value is never replaced so (see `Controller::contested`).
+pub const THIRD_READ_VERIFIER: &str = "third_read";
 
 /// The verifier name of a cross-check against a second source (the one named in the
 /// observation's `options.substitute`): its verdict is evidence about both sources
@@ -356,11 +418,17 @@ impl Controller {
             reread: false,
             confirmed: Vec::new(),
             contested: Vec::new(),
+            contested_confirmed: Vec::new(),
             routed: Vec::new(),
+            routed_open: Vec::new(),
+            routed_recovered: false,
             trust: config.trust,
             own_trust: Trust::new(),
             trust_reports: Vec::new(),
             step_tools: Vec::new(),
+            step_values: Vec::new(),
+            disputes: Vec::new(),
+            agreements: Vec::new(),
             down: Vec::new(),
             outbox: Vec::new(),
         }
@@ -497,10 +565,11 @@ impl Controller {
         &mut self.monitor
     }
 
-    /// Confirmed steps whose value changed when read again before answering, and that no
-    /// verifier but the re-read has accepted since (see [`Controller::claim_refused`]). A
-    /// front-end that retries such a step may report, as a verifier's acceptance, that the
-    /// retry brought back the value that had been confirmed: the change did not last.
+    /// Steps whose value changed when read again before answering, and that nothing has
+    /// settled since (see [`Controller::claim_refused`]). A front-end that retries such a step
+    /// may report, as a verifier's acceptance, that the retry brought back the value first
+    /// read (the change did not last), or — [`THIRD_READ_VERIFIER`] — that it agrees with the
+    /// differing reading; the second settles only a value no verifier had confirmed.
     pub fn contested(&self) -> &[Option<u32>] {
         &self.contested
     }
@@ -555,7 +624,7 @@ impl Controller {
 
     /// Whether a recovery action (one that is not terminal) was carried out in this run.
     fn recovered(&self) -> bool {
-        self.actions.keys().any(|k| !k.is_terminal())
+        self.routed_recovered || self.actions.keys().any(|k| !k.is_terminal())
     }
 
     /// Records a recovery a front-end decided for this run outside [`Controller::observe`] —
@@ -581,8 +650,13 @@ impl Controller {
     /// verifier other than the re-read accepted it since.
     pub fn claim_refused(&self) -> Option<String> {
         if let Some(step) = self.contested.first() {
+            let why = if self.contested_confirmed.contains(step) {
+                "nothing independent confirms either reading"
+            } else {
+                "no third reading agrees with either"
+            };
             return Some(format!(
-                "the value at step {} changed when read again before answering, and nothing independent confirms either reading",
+                "the value at step {} changed when read again before answering, and {why}",
                 step.map_or_else(|| "-".to_owned(), |s| s.to_string())
             ));
         }
@@ -643,6 +717,7 @@ impl Controller {
     /// about the tool's availability only, never about another source.
     fn call_evidence(
         &mut self,
+        step: Option<u32>,
         tool: &str,
         signal: Option<&Signal>,
         other: Option<&str>,
@@ -659,6 +734,7 @@ impl Controller {
                 self.evidence(tool, Evidence::Disagreed, now_ms);
                 if let Some(o) = other.filter(|o| *o != tool) {
                     self.evidence(o, Evidence::Disagreed, now_ms);
+                    self.dispute(step, tool, o);
                 }
             }
             Some(
@@ -719,6 +795,19 @@ impl Controller {
                 self.evidence(&tool, Evidence::Accepted, now_ms);
                 if let Some(o) = other {
                     self.evidence(&o, Evidence::Agreed, now_ms);
+                    self.settle_dispute(step, &tool, &o, now_ms);
+                    if let Some(value) = self.step_value(step) {
+                        self.agreements.retain(|a| a.step != step);
+                        push_bounded(
+                            &mut self.agreements,
+                            Pairing {
+                                step,
+                                tool: tool.clone(),
+                                other: o,
+                                value,
+                            },
+                        );
+                    }
                 }
             }
             Judgement::Reject { .. } if reread => {
@@ -728,11 +817,87 @@ impl Controller {
                 Some(o) => {
                     self.evidence(&tool, Evidence::Disagreed, now_ms);
                     self.evidence(&o, Evidence::Disagreed, now_ms);
+                    self.dispute(step, &tool, &o);
                 }
-                None => self.evidence(&tool, Evidence::Rejected, now_ms),
+                None => {
+                    // A value two sources had agreed on, rejected now: both gave it, neither
+                    // keeps the trust the agreement earned.
+                    let value = self.step_value(step);
+                    let agreed = self
+                        .agreements
+                        .iter()
+                        .position(|a| a.step == step && a.tool == tool && Some(a.value) == value)
+                        .map(|i| self.agreements.remove(i));
+                    match agreed {
+                        Some(a) => {
+                            self.evidence(&a.tool, Evidence::AgreedWrongly, now_ms);
+                            self.evidence(&a.other, Evidence::AgreedWrongly, now_ms);
+                        }
+                        None => self.evidence(&tool, Evidence::Rejected, now_ms),
+                    }
+                }
             },
             Judgement::Uncertain { .. } => {}
         }
+    }
+
+    /// The fingerprint of the value last returned on `step`.
+    fn step_value(&self, step: Option<u32>) -> Option<u64> {
+        self.step_values
+            .iter()
+            .find(|(s, _)| *s == step)
+            .map(|(_, v)| *v)
+    }
+
+    /// Remembers `value` (a fingerprint) as the value last returned on `step`.
+    fn note_step_value(&mut self, step: Option<u32>, value: u64) {
+        if let Some(e) = self.step_values.iter_mut().find(|(s, _)| *s == step) {
+            e.1 = value;
+        } else {
+            push_bounded(&mut self.step_values, (step, value));
+        }
+    }
+
+    /// Records a disagreement between `tool`'s value on `step` and `other`'s, each side having
+    /// taken half the blame ([`Evidence::Disagreed`]).
+    fn dispute(&mut self, step: Option<u32>, tool: &str, other: &str) {
+        let Some(value) = self.step_value(step) else {
+            return;
+        };
+        self.disputes
+            .retain(|d| !(d.step == step && d.tool == tool && d.other == other));
+        push_bounded(
+            &mut self.disputes,
+            Pairing {
+                step,
+                tool: tool.to_owned(),
+                other: other.to_owned(),
+                value,
+            },
+        );
+    }
+
+    /// A cross-check of `tool`'s value on `step` against `other` agreed: a disagreement of the
+    /// two on that step is settled. The side whose value changed to agree was the wrong one —
+    /// `tool`, when the value it gives now is not the one it gave then; else `other` — and
+    /// the half-blame moves to it ([`Evidence::Convicted`], [`Evidence::Vindicated`]): a
+    /// source that was right is not marked by a disagreement the evidence has since settled.
+    fn settle_dispute(&mut self, step: Option<u32>, tool: &str, other: &str, now_ms: u64) {
+        let Some(i) = self
+            .disputes
+            .iter()
+            .position(|d| d.step == step && d.tool == tool && d.other == other)
+        else {
+            return;
+        };
+        let d = self.disputes.remove(i);
+        let (wrong, right) = if self.step_value(step) == Some(d.value) {
+            (other, tool)
+        } else {
+            (tool, other)
+        };
+        self.evidence(wrong, Evidence::Convicted, now_ms);
+        self.evidence(right, Evidence::Vindicated, now_ms);
     }
 
     /// Whether a recovered value no verifier could judge is claimed: the policy's override, or
@@ -881,7 +1046,11 @@ impl Controller {
                     (None, _) => None,
                 });
                 self.note_step_tool(step, call.tool);
+                if let CallOutcome::Returned(v) = call.outcome {
+                    self.note_step_value(step, fingerprint(v));
+                }
                 self.call_evidence(
+                    step,
                     call.tool,
                     signal.as_ref(),
                     options.substitute.as_deref(),
@@ -941,24 +1110,33 @@ impl Controller {
                         !(u.step == step && u.class == FailureClass::VerificationFailure)
                     });
                     // A contested value is settled only by a check other than reading the same
-                    // source again.
-                    if verifier != REREAD_VERIFIER {
+                    // source again; a confirmed one not by a third reading either.
+                    if verifier != REREAD_VERIFIER
+                        && !(verifier == THIRD_READ_VERIFIER
+                            && self.contested_confirmed.contains(&step))
+                    {
                         self.contested.retain(|c| *c != step);
+                        self.contested_confirmed.retain(|c| *c != step);
                     }
                     if !self.confirmed.contains(&step) && self.confirmed.len() < MAX_CONTESTED {
                         self.confirmed.push(step);
                     }
                 } else if matches!(judgement, Judgement::Reject { .. })
                     && self.reread
-                    && self.confirmed.contains(&step)
+                    && (self.confirmed.contains(&step) || verifier == REREAD_VERIFIER)
                     && !self.contested.contains(&step)
                     && self.contested.len() < MAX_CONTESTED
                 {
-                    // A confirmed value rejected while the run reads its values again before
-                    // answering: its source turned bad since, and whatever replaces it is
-                    // contested. (A value nothing had confirmed is retried as any rejected
-                    // value: the first reading was no better than the later ones.)
+                    // A value rejected while the run reads its values again before answering:
+                    // one confirmed before turned bad since, and whatever replaces it is
+                    // contested. One nothing had confirmed that read differently is a tie
+                    // between two readings of one source: the retry's reading must break it
+                    // (agree with one of them, [`THIRD_READ_VERIFIER`]) or be checked, else
+                    // nothing is claimed over it.
                     self.contested.push(step);
+                    if self.confirmed.contains(&step) {
+                        self.contested_confirmed.push(step);
+                    }
                 }
                 // A verifier that could not judge a recovered value has not settled it: unless the
                 // policy accepts unverified recoveries, the failure stays unresolved and the run
@@ -1096,6 +1274,25 @@ impl Controller {
                         || (tool.is_some() && o.alternative.as_deref() == tool)
                 });
             }
+            // A step whose failure was routed around gets its value: whichever tool brought it
+            // (the same one again, or another the agent chose), it is the value recovered from
+            // that failure, judged as one.
+            if let Some(i) = self.routed_open.iter().position(|o| o.step == step) {
+                let o = self.routed_open.remove(i);
+                self.routed_recovered = true;
+                if self.just_resolved.is_none() {
+                    let again = tool.is_none() || o.tool.as_deref() == tool;
+                    self.just_resolved = Some(OpenFailure {
+                        last_action: Some(if again {
+                            ActionKind::Retry
+                        } else {
+                            ActionKind::Substitute
+                        }),
+                        alternative: if again { None } else { tool.map(str::to_owned) },
+                        ..o
+                    });
+                }
+            }
             // A failure of this step that another step's failure pushed aside is settled by
             // the step's success: a replan went back to an earlier step (a skipped one), failed
             // there, recovered, and came back here. Unsettled, it would end a run whose every
@@ -1208,6 +1405,24 @@ impl Controller {
         {
             let alternatives = self.monitor.alternatives(t);
             if !alternatives.is_empty() {
+                // The step stays open for the value a later attempt brings (see
+                // `routed_open`); the monitor, not the ladder, bounds the attempts.
+                if self.routed_open.len() == MAX_ROUTED {
+                    self.routed_open.remove(0);
+                }
+                self.routed_open.retain(|o| o.step != step);
+                self.routed_open.push(OpenFailure {
+                    step,
+                    class: classification.class,
+                    tool: Some(t.to_owned()),
+                    ladder,
+                    last_action: None,
+                    alternative: None,
+                    signal: signal.clone(),
+                    consecutive,
+                    rechecks: 0,
+                    retry_after_ms: classification.retry_after_ms,
+                });
                 let decided = (classification.class, decision.action.clone(), input);
                 return self.route_around(now_ms, step, t, alternatives, Some(decided));
             }
@@ -1284,9 +1499,10 @@ impl Controller {
         }
     }
 
-    /// Hands `tool`'s failure to the monitor (see [`Controller::offer`]): nothing stays open
-    /// or unresolved for it, since the agent goes on with `alternatives`, and the directive is
-    /// the monitor's verdict.
+    /// Hands `tool`'s failure to the monitor (see [`Controller::offer`]): no ladder stays open
+    /// and nothing is unresolved for it, since the agent goes on with `alternatives`, and the
+    /// directive is the monitor's verdict. Its step's next value is still a recovered one
+    /// (`routed_open`, kept by the caller).
     fn route_around(
         &mut self,
         now_ms: u64,

@@ -816,9 +816,9 @@ impl Run {
         self.ctl.monitor()
     }
 
-    /// Confirmed steps whose value changed when read again before answering (see
-    /// [`Controller::contested`]): a front-end whose retry of such a step brings back the
-    /// value that had been confirmed reports that as a verifier's acceptance.
+    /// Steps whose value changed when read again before answering (see
+    /// [`Controller::contested`]): a front-end whose retry of such a step brings back the first
+    /// reading, or agrees with the differing one, reports that as a verifier's acceptance.
     pub fn contested(&self) -> &[Option<u32>] {
         self.ctl.contested()
     }

@@ -27,6 +27,8 @@
 //! | a contract breach (unreadable, drifted, empty, stale body) | – | 1 | the source's output was wrong in a way that shows |
 //! | a value changed on a re-read | – | 1 | the source did not give a settled value |
 //! | an outage / an outage that ended | – | – | availability, not correctness: counted apart ([`Posterior::down`], [`Posterior::up`]) |
+//! | a disagreement settled for it / against it | – | −½ / +½ | a later read showed which side changed its value to agree: the side that changed was wrong, and the half-blame moves to it |
+//! | a value it agreed on was rejected later | −1 | 1 | the agreement was on a wrong value: taken back, and the value counted wrong for both sides |
 //!
 //! An outage of the primary is not evidence about its substitute, nor about the primary's
 //! values once it answers: availability and correctness are kept apart.
@@ -175,6 +177,15 @@ pub enum Evidence {
     Outage,
     /// The source answered after being unavailable.
     OutageEnded,
+    /// A disagreement it had taken half the blame for was settled for it: the other source
+    /// changed its value to agree with this one's (half a wrong value taken back).
+    Vindicated,
+    /// A disagreement it had taken half the blame for was settled against it: it changed its
+    /// own value to agree with the other source's (the other half of a wrong value).
+    Convicted,
+    /// A value it had agreed on (a cross-check both sides passed) was later rejected by a
+    /// verifier: the agreement is taken back and the value counted wrong.
+    AgreedWrongly,
 }
 
 impl Evidence {
@@ -188,6 +199,9 @@ impl Evidence {
             }
             Evidence::Outage => (0.0, 0.0, 0.0, 1.0),
             Evidence::OutageEnded => (0.0, 0.0, 1.0, 0.0),
+            Evidence::Vindicated => (0.0, -0.5, 0.0, 0.0),
+            Evidence::Convicted => (0.0, 0.5, 0.0, 0.0),
+            Evidence::AgreedWrongly => (-1.0, 1.0, 0.0, 0.0),
         }
     }
 }
@@ -327,8 +341,9 @@ impl Trust {
         let entry = self.entry(source);
         let mut p = entry.1.at(now_ms, config);
         let (r, w, u, d) = evidence.weights();
-        p.right += r;
-        p.wrong += w;
+        // Evidence taken back takes back at most what is left of it after decay.
+        p.right = (p.right + r).max(0.0);
+        p.wrong = (p.wrong + w).max(0.0);
         p.up += u;
         p.down += d;
         entry.1 = p.at(now_ms, config);

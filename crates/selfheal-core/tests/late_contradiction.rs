@@ -9,6 +9,7 @@ use selfheal_core::budget::{Amounts, BudgetLimits};
 use selfheal_core::classifier::Signal;
 use selfheal_core::controller::{
     Controller, ControllerConfig, Directive, Observation, REREAD_VERIFIER, StepsBy,
+    THIRD_READ_VERIFIER,
 };
 use selfheal_core::monitor::ToolCall;
 use selfheal_core::policy::Options;
@@ -133,12 +134,10 @@ fn a_contested_value_that_an_independent_check_accepts_again_is_claimed() {
     assert_eq!(c.finish(70).status, RunStatus::Complete);
 }
 
-#[test]
-fn a_value_nothing_had_confirmed_is_retried_and_claimed_as_before() {
-    // The first reading of an unconfirmed value is no better than the later ones: a change
-    // found before answering is a rejection like any other, and the retried value is claimed
-    // when nothing else is open.
-    let mut rng = SplitMix64::new(3);
+/// A run whose step 0 needed a retry, whose step 1 (a calculator) gave `100` that nothing
+/// confirmed, and whose read before answering found `112`: the tie is open, and the retry of
+/// step 1 (the third reading) is under way.
+fn unconfirmed_then_changed(rng: &mut SplitMix64) -> Controller {
     let mut c = controller();
     let a = json!({"q": "x"});
     let fetched = json!({"v": 5});
@@ -151,19 +150,63 @@ fn a_value_nothing_had_confirmed_is_retried_and_claimed_as_before() {
             usage: Amounts::default(),
         },
         0,
-        &mut rng,
+        rng,
     );
-    c.observe(ok(0, "search", &a, &fetched), 10, &mut rng);
+    c.observe(ok(0, "search", &a, &fetched), 10, rng);
     let b = json!({"x": 5, "y": 20});
     let product = json!({"value": 100});
-    c.observe(ok(1, "calc", &b, &product), 20, &mut rng);
+    c.observe(ok(1, "calc", &b, &product), 20, rng);
     assert!(c.reread_due());
-    let d = c.observe(reject(1), 30, &mut rng);
+    let d = c.observe(reject(1), 30, rng);
     assert!(matches!(d, Directive::Recover { .. }), "{d:?}");
+    assert_eq!(c.contested(), &[Some(1)], "two readings, one source: a tie");
+    c
+}
+
+#[test]
+fn a_changed_value_nothing_had_confirmed_is_claimed_when_a_third_reading_breaks_the_tie() {
+    let mut rng = SplitMix64::new(3);
+    let mut c = unconfirmed_then_changed(&mut rng);
+    let b = json!({"x": 5, "y": 20});
+    let third = json!({"value": 112});
+    c.observe(ok(1, "calc", &b, &third), 40, &mut rng);
+    // The front-end found the third reading equal to the second: two of three agree.
+    c.observe(
+        verdict(1, THIRD_READ_VERIFIER, Judgement::Accept),
+        45,
+        &mut rng,
+    );
     assert!(c.contested().is_empty());
-    let fixed = json!({"value": 112});
-    c.observe(ok(1, "calc", &b, &fixed), 40, &mut rng);
     assert_eq!(c.finish(50).status, RunStatus::Complete);
+}
+
+#[test]
+fn a_changed_value_whose_third_reading_agrees_with_neither_is_not_claimed() {
+    let mut rng = SplitMix64::new(3);
+    let mut c = unconfirmed_then_changed(&mut rng);
+    let b = json!({"x": 5, "y": 20});
+    let third = json!({"value": 97});
+    c.observe(ok(1, "calc", &b, &third), 40, &mut rng);
+    let why = c.unclaimable(StepsBy::Plan).expect("not claimable");
+    assert!(why.contains("step 1"), "{why}");
+    assert_eq!(c.finish(50).status, RunStatus::Partial);
+}
+
+#[test]
+fn a_third_reading_does_not_replace_a_confirmed_value() {
+    let mut rng = SplitMix64::new(3);
+    let mut c = recovered_then_confirmed(&mut rng);
+    c.observe(reject(1), 40, &mut rng);
+    let bad = json!({"value": 112});
+    let b = json!({"x": 5, "y": 20});
+    c.observe(ok(1, "calc", &b, &bad), 50, &mut rng);
+    c.observe(
+        verdict(1, THIRD_READ_VERIFIER, Judgement::Accept),
+        55,
+        &mut rng,
+    );
+    assert_eq!(c.contested(), &[Some(1)], "a confirmed value stands");
+    assert_eq!(c.finish(60).status, RunStatus::Partial);
 }
 
 #[test]

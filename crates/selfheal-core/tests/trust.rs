@@ -16,7 +16,7 @@ use selfheal_core::trust::{Evidence, Source, Trust, TrustConfig};
 use selfheal_core::verifier::Judgement;
 use serde_json::{Value, json};
 
-const ALL: [Evidence; 8] = [
+const ALL: [Evidence; 11] = [
     Evidence::Agreed,
     Evidence::Disagreed,
     Evidence::Accepted,
@@ -25,6 +25,9 @@ const ALL: [Evidence; 8] = [
     Evidence::ChangedOnReread,
     Evidence::Outage,
     Evidence::OutageEnded,
+    Evidence::Vindicated,
+    Evidence::Convicted,
+    Evidence::AgreedWrongly,
 ];
 
 fn history() -> impl Strategy<Value = Vec<(usize, u64)>> {
@@ -55,7 +58,11 @@ proptest! {
         match ALL[e] {
             Evidence::Agreed | Evidence::Accepted => prop_assert!(after > before, "{before} → {after}"),
             Evidence::Disagreed | Evidence::Rejected | Evidence::ContractBreach
-            | Evidence::ChangedOnReread => prop_assert!(after < before, "{before} → {after}"),
+            | Evidence::ChangedOnReread | Evidence::Convicted | Evidence::AgreedWrongly => {
+                prop_assert!(after < before, "{before} → {after}")
+            }
+            // Taking back blame raises trust, or leaves it when no blame is left to take back.
+            Evidence::Vindicated => prop_assert!(after >= before, "{before} → {after}"),
             // Availability is not correctness: an outage, or its end, leaves it.
             Evidence::Outage | Evidence::OutageEnded => prop_assert!((after - before).abs() < 1e-12),
         }
@@ -307,4 +314,133 @@ fn trust_within_one_run_counts_at_once() {
             .p_right(&Source::tool("backup_search"), 0, &config)
             < 0.99
     );
+}
+
+fn call_on<'a>(
+    tool: &'a str,
+    args: &'a Value,
+    result: &'a Value,
+    signal: Option<Signal>,
+) -> Observation<'a> {
+    Observation::ToolFinished {
+        step: Some(1),
+        call: ToolCall::returned(tool, args, result),
+        signal,
+        options: opts(Some("backup_search")),
+        usage: Amounts::default(),
+    }
+}
+
+fn verdict_on(verifier: &str, judgement: Judgement) -> Observation<'_> {
+    Observation::Verified {
+        step: Some(1),
+        verifier,
+        judgement,
+        options: opts(Some("backup_search")),
+    }
+}
+
+/// `n` runs in which `search`'s value and `backup_search`'s agree at once; with `dispute`,
+/// the first run's first reading of `search` disagreed, and `search` read again (a refresh)
+/// brought `backup_search`'s value.
+fn agreeing_runs(n: u64, dispute: bool) -> Trust {
+    let mut trust = Trust::new();
+    let a = json!({"q": "rust"});
+    let wrong = json!({"hits": [9]});
+    let right = json!({"hits": [1]});
+    for i in 0..n {
+        let mut c = controller(trust.clone());
+        let mut rng = ConstRng(0);
+        let t = i * 1_000;
+        if dispute && i == 0 {
+            let contradiction = Signal::Contradiction {
+                detail: "`hits`: 9 here, 1 from `backup_search`".into(),
+            };
+            let d = c.observe(
+                call_on("search", &a, &wrong, Some(contradiction)),
+                t,
+                &mut rng,
+            );
+            assert!(matches!(d, Directive::Recover { .. }), "{d:?}");
+        }
+        c.observe(call_on("search", &a, &right, None), t + 1, &mut rng);
+        c.observe(
+            verdict_on("cross_check", Judgement::Accept),
+            t + 2,
+            &mut rng,
+        );
+        c.finish(t + 3);
+        trust.apply(&c.take_trust_reports(), &optimistic());
+    }
+    trust
+}
+
+#[test]
+fn a_disagreement_settled_by_a_later_read_is_blamed_on_the_side_that_changed() {
+    let c = optimistic();
+    let backup = Source::tool("backup_search");
+    let search = Source::tool("search");
+    let now = 20_000;
+    let disputed = agreeing_runs(20, true);
+    let clean = agreeing_runs(20, false);
+    // `search` changed its value to agree: the disagreement was its wrong value, wholly.
+    let p = disputed.posterior(&search, now, &c);
+    assert!((p.wrong - 1.0).abs() < 0.01, "{p:?}");
+    // `backup_search` was right all along: its record is that of a source never disputed.
+    let (p_disputed, p_clean) = (
+        disputed.p_right(&backup, now, &c),
+        clean.p_right(&backup, now, &c),
+    );
+    assert!(
+        (p_disputed - p_clean).abs() < 1e-3,
+        "{p_disputed} vs {p_clean}"
+    );
+}
+
+#[test]
+fn a_disagreement_the_other_side_gives_way_on_is_blamed_on_it() {
+    // `search` read again gives the same value, and `backup_search` now agrees with it: the
+    // second source changed, and carries the blame.
+    let c = optimistic();
+    let mut ctl = controller(Trust::new());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let v = json!({"hits": [1]});
+    let contradiction = Signal::Contradiction {
+        detail: "`hits`: 1 here, 9 from `backup_search`".into(),
+    };
+    ctl.observe(call_on("search", &a, &v, Some(contradiction)), 0, &mut rng);
+    ctl.observe(call_on("search", &a, &v, None), 1, &mut rng);
+    ctl.observe(verdict_on("cross_check", Judgement::Accept), 2, &mut rng);
+    let t = ctl.trust();
+    assert!(t.posterior(&Source::tool("search"), 3, &c).wrong < 0.01);
+    let p = t.posterior(&Source::tool("backup_search"), 3, &c);
+    assert!((p.wrong - 1.0).abs() < 0.01, "{p:?}");
+}
+
+#[test]
+fn two_sources_agreeing_on_a_value_a_verifier_rejects_gain_no_trust() {
+    let c = optimistic();
+    let mut ctl = controller(Trust::new());
+    let mut rng = ConstRng(0);
+    let a = json!({"q": "rust"});
+    let v = json!({"hits": [9]});
+    ctl.observe(call_on("search", &a, &v, None), 0, &mut rng);
+    ctl.observe(verdict_on("cross_check", Judgement::Accept), 1, &mut rng);
+    ctl.observe(
+        verdict_on(
+            "grounding",
+            Judgement::Reject {
+                reason: "9 is not what the task's data says".into(),
+            },
+        ),
+        2,
+        &mut rng,
+    );
+    for name in ["search", "backup_search"] {
+        let p = ctl.trust().posterior(&Source::tool(name), 3, &c);
+        assert!(p.right < 0.01, "{name}: the agreement is taken back: {p:?}");
+        assert!(p.wrong > 0.99, "{name}: the value was wrong: {p:?}");
+        assert!(ctl.trust().p_right(&Source::tool(name), 3, &c) < c.prior_mean());
+    }
 }
