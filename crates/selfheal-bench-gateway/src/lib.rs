@@ -55,7 +55,7 @@ use selfheal_bench::ANSWER_TOLERANCE;
 use selfheal_bench::Strategy;
 use selfheal_bench::{AS_OF, Costs, Episode, MAX_AGE_MS};
 use selfheal_bench::{BenchConfig, CostWeights, ResultRow, schedules, wilson};
-use selfheal_core::policy::Policy;
+use selfheal_core::Policy;
 use selfheal_gateway::{GatewayConfig, TraceWriter};
 
 use crate::agent::{Client, MaxTurns};
@@ -363,7 +363,7 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
                 // A tool with no equivalent is read once more before a recovered run answers
                 // (the core's read before answering; in-process reads the same values).
                 reread: t.substitute.is_none(),
-                tolerance: selfheal_core::verifier::Tolerance {
+                tolerance: selfheal_core::Tolerance {
                     rel: t.tolerance.rel,
                     abs: t.tolerance.abs,
                 },

@@ -265,7 +265,7 @@ pub struct Controller {
 }
 
 /// Most decision records the outbox holds; older ones are dropped (they are in the trace).
-pub const MAX_OUTBOX: usize = 256;
+pub(crate) const MAX_OUTBOX: usize = 256;
 
 /// Most tools a run keeps routed around at once (see [`Controller::offer`]).
 const MAX_ROUTED: usize = 64;
@@ -280,7 +280,7 @@ pub const REREAD_VERIFIER: &str = "re_read";
 
 /// The verifier name of a cross-check against a second source (the one named in the
 /// observation's `options.substitute`): its verdict is evidence about both sources
-/// ([`crate::trust`]); another verifier's is about the value's own source only.
+/// ([`crate::Trust`]); another verifier's is about the value's own source only.
 pub const CROSS_CHECK_VERIFIER: &str = "cross_check";
 
 /// Whether a failure of `class` may be routed around: the tool produced nothing usable (it

@@ -402,7 +402,7 @@ pub struct Verdict {
     pub abort: Option<String>,
 }
 
-pub use crate::breaker::CircuitState;
+pub(crate) use crate::breaker::CircuitState;
 use crate::breaker::{Breaker, BreakerConfig};
 
 const MAX_NAME: usize = 128;
@@ -483,7 +483,7 @@ pub struct Monitor {
 }
 
 /// Most tool names a monitor keeps of what the agent is offered ([`Monitor::offer`]).
-pub const MAX_OFFERED: usize = 64;
+pub(crate) const MAX_OFFERED: usize = 64;
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 struct Conditions {

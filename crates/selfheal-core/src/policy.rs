@@ -465,7 +465,7 @@ pub struct Policy {
 }
 
 /// The default `risk`: one claimed answer in a hundred may be wrong.
-pub const DEFAULT_RISK: f64 = 0.01;
+pub(crate) const DEFAULT_RISK: f64 = 0.01;
 
 fn default_risk() -> f64 {
     DEFAULT_RISK
@@ -550,7 +550,7 @@ struct PolicyFile {
 
 /// The default last-chance actions: substitute for tool and data failures, escalate for the
 /// model's own mistakes, re-map the tool for a wrong tool choice.
-pub fn default_last_chance() -> BTreeMap<FailureClass, ActionKind> {
+pub(crate) fn default_last_chance() -> BTreeMap<FailureClass, ActionKind> {
     FailureClass::ALL
         .into_iter()
         .map(|c| {

@@ -23,11 +23,9 @@
 //! keeps between two requests of one conversation served by two processes.
 //!
 //! ```
-//! use selfheal_core::call::{Breakers, Mode};
-//! use selfheal_core::controller::ControllerConfig;
-//! use selfheal_core::run::{Action, Env, Input, Run};
-//! use selfheal_core::rng::SplitMix64;
-//! use selfheal_core::Signal;
+//! use selfheal_core::{
+//!     Action, Breakers, CallMode, ControllerConfig, Env, Input, Run, Signal, SplitMix64,
+//! };
 //!
 //! let mut run = Run::new(ControllerConfig::default()).unwrap();
 //! let mut rng = SplitMix64::new(7);
@@ -36,7 +34,7 @@
 //! let start = Input::CallStarted {
 //!     call: 1,
 //!     targets: vec!["main".into()],
-//!     mode: Mode::Heal,
+//!     mode: CallMode::Heal,
 //!     retry_safe: true,
 //! };
 //! run.handle(start, &mut env);
@@ -313,7 +311,7 @@ struct InFlight {
 
 /// Most calls a run keeps in flight; starting one more gives up the oldest (a front-end that
 /// forgets to end its calls cannot grow a run without bound).
-pub const MAX_IN_FLIGHT: usize = 256;
+pub(crate) const MAX_IN_FLIGHT: usize = 256;
 
 /// A run's state as written to a store: everything but the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -363,7 +361,7 @@ pub struct Run {
 }
 
 /// Most retry, fall-back and skip events a run holds for [`Run::take_call_events`].
-pub const MAX_CALL_EVENTS: usize = 256;
+pub(crate) const MAX_CALL_EVENTS: usize = 256;
 
 impl Default for Run {
     /// A run with [`ControllerConfig::default`].

@@ -33,7 +33,7 @@ use crate::policy::{LadderState, Options, RecoveryAction};
 use crate::verifier::Judgement;
 
 /// The version of the trace's JSON Lines schema.
-pub const TRACE_SCHEMA_VERSION: u32 = 1;
+pub(crate) const TRACE_SCHEMA_VERSION: u32 = 1;
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

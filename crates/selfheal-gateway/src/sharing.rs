@@ -322,7 +322,7 @@ mod tests {
     use super::*;
     use crate::config::GatewayConfig;
     use crate::store::TraceWriter;
-    use selfheal_core::budget::Amounts;
+    use selfheal_core::Amounts;
     use selfheal_state::{MemoryStore, Shared, StateStore};
 
     fn replica(store: &Arc<dyn StateStore>) -> Arc<AppState> {
@@ -416,7 +416,7 @@ mod tests {
     /// What a request spent is added to a resumed state's ledger through the run.
     #[test]
     fn spending_is_added_to_a_stored_ledger() {
-        use selfheal_core::budget::BudgetLimits;
+        use selfheal_core::BudgetLimits;
         let st = RunState::new(Default::default(), BudgetLimits::unlimited());
         let bytes = st.to_bytes().unwrap();
         let spent = Amounts {

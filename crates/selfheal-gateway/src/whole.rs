@@ -6,7 +6,7 @@
 //! is the core's, carried out here the same on every API.
 
 use axum::response::Response;
-use selfheal_core::call::ReaskState;
+use selfheal_core::ReaskState;
 use serde_json::{Value, json};
 
 use crate::action::{Action, push_once};

@@ -9,7 +9,7 @@ mod redis;
 
 use std::time::Duration;
 
-use selfheal_core::trust::{Evidence, Posterior, Report, Source, Trust, TrustConfig};
+use selfheal_core::{Evidence, Posterior, Source, Trust, TrustConfig, TrustReport};
 use selfheal_gateway::{AppState, GatewayConfig, TraceWriter};
 
 use redis::{RedisServer, eventually};
@@ -24,9 +24,9 @@ fn replica(url: &str) -> AppState {
     AppState::new(config, TraceWriter::disabled()).unwrap()
 }
 
-fn reports(source: &Source, evidence: Evidence, n: usize) -> Vec<Report> {
+fn reports(source: &Source, evidence: Evidence, n: usize) -> Vec<TrustReport> {
     (0..n)
-        .map(|_| Report {
+        .map(|_| TrustReport {
             source: source.clone(),
             evidence,
             at_ms: 0,

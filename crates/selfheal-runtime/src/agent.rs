@@ -32,16 +32,12 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use selfheal_core::budget::Amounts;
-use selfheal_core::call::Breakers;
-use selfheal_core::classifier::{FailureClass, Signal};
-use selfheal_core::controller::{ControllerConfig, Observation, StepsBy, Unresolved};
-use selfheal_core::monitor::{CallOutcome, ToolCall};
-use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, Proposed, Run, StepAction};
-use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::{Judgement, Subject, Verifier, ungrounded_arguments};
+use selfheal_core::{
+    Action, ActionKind, Amounts, Breakers, CallOutcome, ControllerConfig, Env, EscalationTarget,
+    FailureClass, Input, Judgement, Observation, Options, Proposed, REREAD_VERIFIER,
+    RecoveryAction, RepairTarget, Run, RunStatus, Signal, SplitMix64, StepAction, StepsBy, Subject,
+    ToolCall, Unresolved, Verifier, ungrounded_arguments,
+};
 use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
 
 use crate::tool::{Effect, Tool, ToolError};
@@ -74,7 +70,7 @@ pub struct Agent {
     /// schema — the most recent [`MAX_EVIDENCE`] of them. A rejection is recovered like any
     /// failure; acceptance or uncertainty lets the answer stand.
     pub answer_verifier: Option<Arc<dyn Verifier + Send + Sync>>,
-    /// What this agent's runs have learned of their tools ([`selfheal_core::trust`]): each run
+    /// What this agent's runs have learned of their tools ([`selfheal_core::Trust`]): each run
     /// starts from it and reports its evidence back; a clone of it shares the store.
     pub trust: ProcessTrust,
 }
@@ -84,14 +80,14 @@ pub struct Agent {
 #[derive(Debug, Clone)]
 pub struct ProcessTrust {
     /// The store.
-    pub store: selfheal_core::trust::Shared,
+    pub store: selfheal_core::SharedTrust,
     epoch: Instant,
 }
 
 impl Default for ProcessTrust {
     fn default() -> Self {
         ProcessTrust {
-            store: selfheal_core::trust::Shared::new(),
+            store: selfheal_core::SharedTrust::new(),
             epoch: Instant::now(),
         }
     }
@@ -681,7 +677,7 @@ impl Loop<'_> {
             };
             let d = self.decide(Input::Observed(Observation::Verified {
                 step: read.step,
-                verifier: "re_read",
+                verifier: REREAD_VERIFIER,
                 judgement,
                 options: self.answer_options(),
             }));

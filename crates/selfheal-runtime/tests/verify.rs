@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use common::{Reply, Shared, answer, call, client, fast, last_message, ok, requests, server, took};
-use selfheal_core::budget::BudgetLimits;
-use selfheal_core::classifier::FailureClass;
-use selfheal_core::policy::{ActionKind, Policy};
-use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::{EvidenceVerifier, Judgement, Subject, Verifier};
+use selfheal_core::{
+    ActionKind, BudgetLimits, EvidenceVerifier, FailureClass, Judgement, Policy, RunStatus,
+    Subject, Verifier,
+};
 use selfheal_runtime::OutputSchema;
 use selfheal_runtime::{Agent, Effect, FnTool, RunResult, Tool, ToolSpec};
 
