@@ -450,28 +450,12 @@ impl Grounding<'_> {
             let Ok(content) = serde_json::from_str::<Value>(content.get()) else {
                 continue;
             };
-            let texts: Vec<String> = match content {
-                Value::String(t) => vec![t],
-                // Content parts: their texts.
-                Value::Array(parts) => parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str).map(str::to_owned))
-                    .collect(),
-                Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_) => Vec::new(),
-            };
+            let texts = selfheal_openai::content_texts(&content);
             match role {
-                // A result is read as the model reads it: the value, or the gateway's repair of
-                // bytes that did not parse (which replaces the result in what it forwards).
-                Some("tool") => {
-                    for t in texts {
-                        match read_result(&t) {
-                            Read::Value(v) | Read::Repairable { value: v, .. } => out.push(v),
-                            Read::Failed(_) => out.push(Value::String(t)),
-                        }
-                    }
-                }
-                Some("user" | "system" | "developer") => {
-                    out.extend(texts.into_iter().map(Value::String));
+                // A result is read as the model reads it.
+                Some("tool") => out.extend(texts.into_iter().map(result_evidence)),
+                Some(r) if selfheal_openai::is_task_role(r) => {
+                    out.extend(texts.into_iter().map(|t| Value::String(t.to_owned())));
                 }
                 Some(_) | None => {}
             }
@@ -510,34 +494,26 @@ pub(crate) fn responses_texts(req: &serde_json::Map<String, Value>) -> Vec<Value
         Some(Value::Array(items)) => {
             for item in items {
                 if wire::item_type(item) == Some("function_call_output") {
-                    let Some(t) = item.get("output").and_then(Value::as_str) else {
-                        continue;
-                    };
-                    match read_result(t) {
-                        Read::Value(v) | Read::Repairable { value: v, .. } => out.push(v),
-                        Read::Failed(_) => out.push(Value::String(t.to_owned())),
+                    if let Some(t) = item.get("output").and_then(Value::as_str) {
+                        out.push(result_evidence(t));
                     }
-                    continue;
-                }
-                let role = item.get("role").and_then(Value::as_str);
-                if !matches!(role, Some("user" | "system" | "developer")) {
-                    continue;
-                }
-                match item.get("content") {
-                    Some(Value::String(t)) => out.push(Value::String(t.clone())),
-                    Some(Value::Array(parts)) => out.extend(
-                        parts
-                            .iter()
-                            .filter_map(|p| p.get("text").and_then(Value::as_str))
-                            .map(|t| Value::String(t.to_owned())),
-                    ),
-                    _ => {}
+                } else {
+                    out.extend(selfheal_openai::task_texts([item]));
                 }
             }
         }
         _ => {}
     }
     out
+}
+
+/// A tool result as evidence, read as the model reads it: its value, or the gateway's repair of
+/// bytes that did not parse (which replaces the result in what it forwards), or else its text.
+fn result_evidence(text: &str) -> Value {
+    match read_result(text) {
+        Read::Value(v) | Read::Repairable { value: v, .. } => v,
+        Read::Failed(_) => Value::String(text.to_owned()),
+    }
 }
 
 /// How a tool result reads on the wire: what failed, or the value.

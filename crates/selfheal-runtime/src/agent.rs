@@ -314,7 +314,7 @@ impl Agent {
                 (spec.name.clone(), SchemaGuide::new(&spec.parameters).ok())
             })
             .collect();
-        let task = task_texts(&messages);
+        let task = selfheal_openai::task_texts(&messages);
         let mut l = Loop {
             agent: self,
             run,
@@ -1404,31 +1404,6 @@ impl Loop<'_> {
             trace_jsonl: self.run.trace().to_jsonl(),
         }
     }
-}
-
-/// The texts of the system, developer and user messages of `messages` (a string content, or
-/// the `text` of each content part): the task's own words, as evidence.
-fn task_texts(messages: &[Value]) -> Vec<Value> {
-    let mut out = Vec::new();
-    for m in messages {
-        if !matches!(
-            m.get("role").and_then(Value::as_str),
-            Some("system" | "developer" | "user")
-        ) {
-            continue;
-        }
-        match m.get("content") {
-            Some(Value::String(t)) => out.push(Value::String(t.clone())),
-            Some(Value::Array(parts)) => out.extend(
-                parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .map(|t| Value::String(t.to_owned())),
-            ),
-            _ => {}
-        }
-    }
-    out
 }
 
 /// Rewrites every message into the plainest shape servers accept: `content` always a string,
