@@ -507,6 +507,13 @@ pub(crate) fn transient_text(message: &str) -> bool {
 /// what time may clear, then an outage, then wrong arguments. Used only to refine a signal
 /// that carries no structured cause; structured signals always win. The corpus in
 /// `tests/corpus/tool_errors.jsonl` measures it (`tests/error_texts.rs`).
+/// Whether an error text says what kind of failure it is (transient, an outage, wrong
+/// arguments, the wrong tool, nothing found). A tool's error body whose text says nothing
+/// more than that it failed is read as an empty output, as before it had a text.
+pub(crate) fn message_is_telling(message: &str) -> bool {
+    classify_message(message) != MessageHint::Unknown
+}
+
 fn classify_message(message: &str) -> MessageHint {
     let m = message.to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| m.contains(n));

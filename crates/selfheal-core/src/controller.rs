@@ -842,7 +842,19 @@ impl Controller {
                             message: String::new(),
                         })
                     }
-                    (Some(FailureKind::Soft), _) => Some(Signal::EmptyOutput),
+                    // A body that says why it failed (an invalid argument, a rate limit, the
+                    // wrong tool) is read by its text, as a raised error is; an empty body, or
+                    // one whose text tells nothing more, is an empty output.
+                    (Some(FailureKind::Soft), CallOutcome::Returned(v)) => Some(
+                        Monitor::soft_error_text(v)
+                            .filter(|m| crate::classifier::message_is_telling(m))
+                            .map_or(Signal::EmptyOutput, |m| Signal::ToolError {
+                                message: m.to_owned(),
+                            }),
+                    ),
+                    (Some(FailureKind::Soft), CallOutcome::Failed { .. }) => {
+                        Some(Signal::EmptyOutput)
+                    }
                     // A read the run itself asked for to check a value again
                     // ([`Policy::check_again`]) repeats the call on purpose: not a loop.
                     (None, _)

@@ -702,6 +702,38 @@ impl Monitor {
         }
     }
 
+    /// The error text a soft failure's body carries, when it carries one: `{"error": "…"}`,
+    /// `{"error": {"message": "…"}}`, `{"isError": true, "content": [{"text": "…"}]}` or
+    /// `{"error": true, "message": "…"}`. A tool that says why it failed is read by that text
+    /// (an invalid argument is not an empty search), on every front-end alike; `None` for a body
+    /// that is only empty (`null`, `[]`, `{"results": []}`), which is an empty output.
+    pub fn soft_error_text(result: &Value) -> Option<&str> {
+        let o = result.as_object()?;
+        fn text(v: &Value) -> Option<&str> {
+            v.as_str().map(str::trim).filter(|t| !t.is_empty())
+        }
+        let from_content = || {
+            o.get("content")?
+                .as_array()?
+                .iter()
+                .find_map(|c| c.get("text").and_then(text))
+        };
+        match o.get("error") {
+            Some(Value::String(_)) => o.get("error").and_then(text),
+            Some(Value::Object(e)) => ["message", "detail", "error", "description"]
+                .iter()
+                .find_map(|k| e.get(*k).and_then(text)),
+            Some(e) if truthy(e) => ["message", "detail", "error_message", "description"]
+                .iter()
+                .find_map(|k| o.get(*k).and_then(text))
+                .or_else(from_content),
+            _ if o.get("isError") == Some(&Value::Bool(true)) => {
+                o.get("message").and_then(text).or_else(from_content)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether `value` is empty or a placeholder where real input was needed.
     pub fn is_placeholder(&self, value: &Value) -> bool {
         match value {
@@ -1122,7 +1154,7 @@ impl Monitor {
             v.guidance.push(Guidance {
                 kind: GuidanceKind::Duplicate,
                 text: format!(
-                    "You already called `{}` with these exact arguments. Repeating it will not give a different result: change the arguments or your approach.",
+                    "You already called `{}` with these exact arguments. Repeating it will not give a different result: use the result you have, or change the arguments or your approach.",
                     t.name
                 ),
                 tool: Some(t.name.to_string()),

@@ -1387,3 +1387,50 @@ fn unsettled_lists_what_finish_would_leave_unresolved_without_ending_the_run() {
     assert_eq!(c.unsettled(), vec![], "recovered");
     assert_eq!(c.finish(3).status, RunStatus::Complete);
 }
+
+/// Issue 31: a tool that returns normally with an error body is read by its text, as a tool
+/// that raised the same text is — `{"error": "Invalid expression."}` is the model's bad
+/// argument, not an empty search — on every front-end, since they all hand the body to the
+/// core. A body whose text tells nothing more, or that is only empty, stays an empty output.
+#[test]
+fn an_error_body_is_classified_by_its_text() {
+    let class_of = |body: Value| {
+        let mut c = controller(BudgetLimits::defaults());
+        let args = json!({"expression": "15% * 200"});
+        c.observe(tool_ok(0, "calculator", &args, &body), 0, &mut ConstRng(0));
+        c.trace()
+            .records()
+            .find_map(|r| match &r.event {
+                TraceEvent::Classified { class, .. } => Some(*class),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let cases = [
+        (
+            json!({"error": "Invalid expression."}),
+            FailureClass::ArgumentInvalid,
+        ),
+        (
+            json!({"error": {"message": "Unsupported target language en."}}),
+            FailureClass::ArgumentInvalid,
+        ),
+        (
+            json!({"error": "Tool send_email is not relevant for this scenario."}),
+            FailureClass::WrongTool,
+        ),
+        (
+            json!({"isError": true, "content": [{"type": "text", "text": "Unknown tool: frobnicate"}]}),
+            FailureClass::WrongTool,
+        ),
+        (
+            json!({"error": "search backend down"}),
+            FailureClass::EmptyOutput,
+        ),
+        (json!({"results": []}), FailureClass::EmptyOutput),
+        (json!(null), FailureClass::EmptyOutput),
+    ];
+    for (body, want) in cases {
+        assert_eq!(class_of(body.clone()), want, "{body}");
+    }
+}

@@ -895,7 +895,8 @@ impl Answered {
                 kind: Unusable::Repetition,
                 text: format!(
                     "You already called `{name}` with these exact arguments and its result is \
-                     in the conversation: make the next call your task needs instead."
+                     in the conversation: use that result. Answer the user if it is enough, or \
+                     make a different call your task still needs."
                 ),
             });
             false
