@@ -22,11 +22,14 @@ are merged into one. Run `cargo fmt --all` afterwards.
 It is idempotent: run it again after merging a branch that added new `selfheal_core::module::Item`
 sites. What it cannot map (an item lib.rs does not re-export, a glob, a mention of a private
 module) is listed on stderr with file:line; add the re-export to lib.rs (or fix by hand) and run
-it again. The compiler finds the rest.
+it again. The compiler finds the rest — notably new code that git merged into a file whose
+imports were already rewritten and that still names a renamed item by its old name
+(`Event::Classified` under `use selfheal_core::TraceEvent`): `--renames` lists the table.
 
     scripts/curate-core-api.py               # rewrite in place, list what is left
     scripts/curate-core-api.py --check       # change nothing; exit 1 if anything would change
     scripts/curate-core-api.py --inventory   # the (module, item) pairs used outside the core
+    scripts/curate-core-api.py --renames     # the items whose root name is not their own
     scripts/curate-core-api.py FILE...       # only these files
 """
 
@@ -609,12 +612,18 @@ def main() -> int:
     ap.add_argument("--root", default=ROOT, help="the workspace root (default: this script's repository)")
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     ap.add_argument("--inventory", action="store_true", help="list the (module, item) pairs used outside the core")
+    ap.add_argument("--renames", action="store_true", help="list the items whose root name is not their own")
     ap.add_argument("paths", nargs="*", help="only these files (default: every .rs and .md)")
     args = ap.parse_args()
     root = os.path.abspath(args.root)
     api = read_api(root)
     if args.inventory:
         inventory(root, api)
+        return 0
+    if args.renames:
+        for (module, item), name in sorted(api.exports.items()):
+            if item != name:
+                print(f"{module}::{item}\t-> {name}")
         return 0
     problems: list[Problem] = []
     changed = []
