@@ -210,7 +210,7 @@ pub(crate) enum Step {
 }
 
 /// What the caller can do about a failure of what came back, beyond sending the call again:
-/// offered to the policy with the next [`CallPlan::failed`] only, since each failure is offered
+/// offered to the policy with the next `CallPlan::failed` only, since each failure is offered
 /// what is possible for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Offer {
@@ -835,7 +835,7 @@ pub enum StreamBreak {
 /// Decides, through the ladder of [`FailureClass::MalformedOutput`] (a cut answer), whether a
 /// broken stream is re-issued. Once content went out a re-issue is not safe — the client would
 /// see the answer twice — so only a stream broken before any content can be healed. That one
-/// is healed whatever the run's budget ([`decide_stream`]): the upstream broke it, and upstream
+/// is healed whatever the run's budget (`decide_stream`): the upstream broke it, and upstream
 /// health is not the agent's budget.
 pub fn stream_broke(
     content_sent: bool,

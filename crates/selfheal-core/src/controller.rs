@@ -48,8 +48,8 @@ pub struct ControllerConfig {
     pub budget: BudgetLimits,
     /// Trace capacity in events (`0` means the default, 4096).
     pub trace_capacity: usize,
-    /// What the front-end has learned of its sources so far ([`crate::trust`]): the run starts
-    /// from a copy, adds what it sees, and reports that evidence back
+    /// What the front-end has learned of its sources so far ([`Trust`](crate::Trust)): the run
+    /// starts from a copy, adds what it sees, and reports that evidence back
     /// ([`Controller::take_trust_reports`]). Empty: every source stands at the policy's prior.
     pub trust: Trust,
 }
@@ -209,7 +209,7 @@ pub enum StepsBy {
 /// The control loop of one run.
 ///
 /// Serialises its state only (see [`crate::run::Run::snapshot`]): the classifier and the policy
-/// are configuration and come back with [`Controller::reattach`].
+/// are configuration and come back with `Controller::reattach`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Controller {
     monitor: Monitor,
@@ -547,7 +547,7 @@ impl Controller {
 
     /// Records a recovery a front-end decided for this run outside [`Controller::observe`] —
     /// a re-ask of a model answer whose tool calls could not be used
-    /// ([`crate::call::reask_signal`], decided and charged against this run's ledger) — so that
+    /// (`reask_signal`, decided and charged against this run's ledger) — so that
     /// what the run's judgements ask of a recovered run ([`Controller::claim_refused`],
     /// [`Controller::reread_due`]) and its report count it as they count the controller's own.
     /// Charges nothing: the decision was charged when it was made.

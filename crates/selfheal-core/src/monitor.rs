@@ -460,7 +460,7 @@ pub struct MemoryFootprint {
 /// The tool-health monitor of one run.
 ///
 /// Serialises its state only (a run's, see [`crate::run::Run::snapshot`]): the configuration and
-/// the name index are not written and come back with [`Monitor::reattach`].
+/// the name index are not written and come back with `Monitor::reattach`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Monitor {
     #[serde(skip)]
@@ -577,7 +577,7 @@ impl Monitor {
     /// Tells the monitor which tools the agent is offered now (the request's or the agent's
     /// tool list, before anything is hidden), so that guidance about a failing tool names what
     /// else the agent can use, and [`Monitor::alternatives`] can say whether anything is left.
-    /// Replaces the previous offer; at most [`MAX_OFFERED`] names are kept (the first ones).
+    /// Replaces the previous offer; at most `MAX_OFFERED` (64) names are kept (the first ones).
     pub fn offer<'a>(&mut self, tools: impl IntoIterator<Item = &'a str>) {
         self.offered.clear();
         for t in tools.into_iter().take(MAX_OFFERED) {

@@ -406,7 +406,7 @@ pub struct Policy {
     pub max_actions_per_failure: Option<u32>,
     /// The share of answers claimed complete that the user accepts being wrong (in `[0, 1)`;
     /// default 0.01). A recovered value a verifier could not judge is claimed when its estimated
-    /// chance of being right — the trust its source has earned ([`crate::trust`]) — is at least
+    /// chance of being right — the trust its source has earned ([`Trust`](crate::Trust)) — is at least
     /// `1 − risk`; otherwise it is read and checked again while the budget allows
     /// ([`Policy::check_again`]), and the run ends `partial` with the value flagged when that
     /// cannot settle it. `accept_unverified_recovery`, `claim_after_recovery`, `reread_after_recovery`

@@ -157,7 +157,7 @@ pub enum Input<'a> {
     NextTurn,
     /// The run has a final answer; `by` says how the front-end knows the run's steps. With
     /// `answer` (its text and the run's evidence), the grounding rule
-    /// ([`crate::verifier::answer_grounding`]) judges it too, when the run was offered tools
+    /// (`answer_grounding`) judges it too, when the run was offered tools
     /// ([`Input::Offered`]): an answer stating numbers found in no input or tool result of the
     /// run is answered `partial`, and [`Run::finish`] ends the run `partial` while that answer
     /// stands.
@@ -615,7 +615,7 @@ impl Run {
     }
 
     /// Why `answer`, given now, could not be claimed complete: [`Run::unclaimable`], else the
-    /// grounding rule over its text and evidence ([`crate::verifier::answer_grounding`]) —
+    /// grounding rule over its text and evidence (`answer_grounding`) —
     /// what [`Input::AnswerProposed`] with that answer decides, without proposing it (a
     /// front-end that answers while the run goes on, the gateway, flags its answer so).
     pub fn unclaimable_answer(&self, by: StepsBy, answer: Option<Proposed<'_>>) -> Option<String> {

@@ -53,7 +53,7 @@ pub enum RunStatus {
 pub enum Surface {
     /// [`crate::policy::Policy::decide`] through the [`crate::controller::Controller`].
     Controller,
-    /// [`crate::call::CallPlan`]: the policy plus the call rules (forced fall-backs).
+    /// The call plan (`CallPlan`): the policy plus the call rules (forced fall-backs).
     Call,
     /// [`crate::call::stream_broke`]: the policy plus the stream rule (a break before any
     /// content re-issued whatever the budget).

@@ -428,7 +428,7 @@ pub(crate) const SMALL_COUNT: u64 = 10;
 ///
 /// Why: a model that computes in its head, or reads a number wrong, states it as confidently as
 /// one it copied; an answer that carries a number nothing in the run holds is a claim the run
-/// cannot stand behind, and is not `complete` ([`answer_grounding`] says why, the core's
+/// cannot stand behind, and is not `complete` (`answer_grounding` says why, the core's
 /// [`crate::run::Run`] flags the answer `partial`). The check is the answer-side twin of
 /// [`ungrounded_arguments`].
 ///
@@ -436,7 +436,7 @@ pub(crate) const SMALL_COUNT: u64 = 10;
 /// - a number is a run of digits with an optional leading `-`, thousands separators (`1,234`,
 ///   `1 234` with a thin space, `1_234`) and one decimal part; one that touches a letter or `_`
 ///   (`Qwen2`, `c_to_f`, `A4`, `3rd`) is part of a word, not a value, and is not judged;
-/// - integers from 0 to [`SMALL_COUNT`] are not judged (counting words; a made-up answer that
+/// - integers from 0 to `SMALL_COUNT` (10) are not judged (counting words; a made-up answer that
 ///   small slips through — the price of not flagging every "2 results");
 /// - years are judged like any number: the run cannot tell "1945" known by the model from one
 ///   invented, and refusing to claim is the safe side;
