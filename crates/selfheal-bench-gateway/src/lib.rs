@@ -55,7 +55,7 @@ use selfheal_bench::ANSWER_TOLERANCE;
 use selfheal_bench::Strategy;
 use selfheal_bench::{AS_OF, Costs, Episode, MAX_AGE_MS};
 use selfheal_bench::{BenchConfig, CostWeights, ResultRow, schedules, wilson};
-use selfheal_core::policy::Policy;
+use selfheal_core::Policy;
 use selfheal_gateway::{GatewayConfig, TraceWriter};
 
 use crate::agent::{Client, MaxTurns};
@@ -363,7 +363,7 @@ pub fn gateway_config(config: &BenchConfig, model_url: &str) -> GatewayConfig {
                 // A tool with no equivalent is read once more before a recovered run answers
                 // (the core's read before answering; in-process reads the same values).
                 reread: t.substitute.is_none(),
-                tolerance: selfheal_core::verifier::Tolerance {
+                tolerance: selfheal_core::Tolerance {
                     rel: t.tolerance.rel,
                     abs: t.tolerance.abs,
                 },
@@ -430,7 +430,7 @@ pub async fn run(
         let seed = config.seed + si as u64;
         // In a deployment the in-process side carries its trust store across the seed's
         // episodes, as `selfheal_bench::run` does (the gateway keeps its own per process).
-        let mut trust = selfheal_core::trust::Trust::new();
+        let mut trust = selfheal_core::Trust::new();
         for (ti, (task, faults)) in tasks.iter().zip(per_seed).enumerate() {
             // Both sides place the episode on the benchmark's clock, as `selfheal_bench::run`
             // does: a seed's `ti`-th episode starts `ti` minutes in, which is what puts it
@@ -446,7 +446,7 @@ pub async fn run(
             let mut ep = Episode::new(task, faults, &model, seed);
             ep.start_at(start);
             if !config.deployment {
-                trust = selfheal_core::trust::Trust::new();
+                trust = selfheal_core::Trust::new();
             }
             let ended = Strategy::SelfHealing.run_with_trust(
                 &mut ep,

@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 
 use selfheal_bench::{Episode, Writer, Written};
 use selfheal_bench::{Plan, get_path, resolve_answer};
-use selfheal_core::monitor::canonical_hash;
+use selfheal_core::canonical_hash;
 
 use crate::endpoint::Upstream;
 
@@ -97,7 +97,7 @@ pub(crate) enum Heard {
 }
 
 /// Reads the gateway's guidance out of a request's messages. The wire carries text only; these
-/// are the sentences of `selfheal_core::monitor`'s guidance a model acts on (a half-open tool and
+/// are the sentences of the core monitor's guidance (`selfheal_core::Monitor`) a model acts on (a half-open tool and
 /// the failure-rate note need no action).
 pub(crate) fn heard(messages: &[Value]) -> Vec<Heard> {
     let mut out = Vec::new();

@@ -13,7 +13,7 @@
 
 use serde_json::{Value, json};
 
-use selfheal_core::rng::{Rng, SplitMix64};
+use selfheal_core::{Rng, SplitMix64};
 
 /// A family of equivalent tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

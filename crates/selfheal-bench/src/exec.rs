@@ -18,9 +18,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use selfheal_core::FailureClass;
-use selfheal_core::monitor::canonical_hash;
-use selfheal_core::rng::{Rng, SplitMix64};
+use selfheal_core::{FailureClass, Rng, SplitMix64, canonical_hash};
 
 use crate::catalogue;
 use crate::faultmodel::{

@@ -13,8 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use selfheal_core::FailureClass;
-use selfheal_core::rng::{Rng, SplitMix64};
+use selfheal_core::{FailureClass, Rng, SplitMix64};
 
 use crate::faults::{Family, Mix};
 use crate::task::TaskSpec;

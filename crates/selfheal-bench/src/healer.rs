@@ -12,13 +12,10 @@
 //! nothing itself: it only keeps the clock, the randomness and what the last decision hid, for
 //! the strategy to act on.
 
-use selfheal_core::call::Breakers;
-use selfheal_core::controller::{ControllerConfig, Observation, RunOutcome, StepsBy};
-use selfheal_core::monitor::{ConfigError, Guidance};
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, Run, StepAction};
-use selfheal_core::trace::{RunStatus, Trace};
-use selfheal_core::trust::Report;
+use selfheal_core::{
+    Action, Breakers, ConfigError, ControllerConfig, Env, Guidance, Input, Observation, Run,
+    RunOutcome, RunStatus, SplitMix64, StepAction, StepsBy, Trace, TrustReport,
+};
 
 /// What the run says when the episode proposes its answer ([`Healer::propose_answer`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,7 +163,7 @@ impl Healer {
     }
 
     /// The evidence about its sources the run saw, for the trust store kept across episodes.
-    pub fn take_trust_evidence(&mut self) -> Vec<Report> {
+    pub fn take_trust_evidence(&mut self) -> Vec<TrustReport> {
         self.run.take_trust_evidence()
     }
 

@@ -68,8 +68,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use selfheal_core::FailureClass;
-use selfheal_core::policy::Policy;
+use selfheal_core::{FailureClass, Policy};
 
 /// The weights of the cost model `K = a·M + b·U + c·V + d·R + e·E`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -800,13 +799,13 @@ pub fn run(
                 // In a deployment, what a strategy that carries memory learned of the tools is
                 // carried from one of the seed's episodes to the next; otherwise each episode
                 // starts with none.
-                let mut trust = selfheal_core::trust::Trust::new();
+                let mut trust = selfheal_core::Trust::new();
                 for (ti, task) in tasks.iter().enumerate() {
                     let faults = &schedules[si][ti];
                     let mut ep = Episode::new(task, faults, &model, seed);
                     ep.start_at(ti as u64 * exec::EPISODE_SPACING_MS);
                     if !(config.deployment && strategy.carries_memory()) {
-                        trust = selfheal_core::trust::Trust::new();
+                        trust = selfheal_core::Trust::new();
                     }
                     let ended = strategy.run_with_trust(
                         &mut ep,
@@ -1027,7 +1026,7 @@ fn risk_curve(
                 (0u64, 0u64, 0u64, 0u64, 0u64);
             for (si, per_seed) in schedules.iter().enumerate() {
                 let seed = config.seed + si as u64;
-                let mut trust = selfheal_core::trust::Trust::new();
+                let mut trust = selfheal_core::Trust::new();
                 for (ti, task) in tasks.iter().enumerate() {
                     let Some(faults) = per_seed.get(ti) else {
                         continue;
@@ -1035,7 +1034,7 @@ fn risk_curve(
                     let mut ep = Episode::new(task, faults, &model, seed);
                     ep.start_at(ti as u64 * exec::EPISODE_SPACING_MS);
                     if !config.deployment {
-                        trust = selfheal_core::trust::Trust::new();
+                        trust = selfheal_core::Trust::new();
                     }
                     let ended = strategy.run_with_trust(
                         &mut ep,

@@ -6,7 +6,7 @@
 //! one task share its plan and its tools, so they are not independent draws; resampling whole
 //! tasks keeps that dependence in the interval.
 
-use selfheal_core::rng::{Rng, SplitMix64};
+use selfheal_core::{Rng, SplitMix64};
 
 /// One episode seen by two strategies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,20 +25,12 @@
 
 use serde_json::Value;
 
-use selfheal_core::budget::BudgetLimits;
-use selfheal_core::classifier::Signal;
-use selfheal_core::contract;
-use selfheal_core::controller::{ControllerConfig, Observation, THIRD_READ_VERIFIER};
-use selfheal_core::monitor::{CallOutcome, ToolCall, canonical_hash};
-use selfheal_core::policy::{
-    ActionKind, Options, Policy, RecoveryAction, RepairTarget, RetryConfig,
+use selfheal_core::{
+    ActionKind, Amounts, BudgetLimits, CallOutcome, ControllerConfig, FailureClass, Judgement,
+    Observation, Options, Policy, RecoveryAction, RepairTarget, RetryConfig, RunStatus, Signal,
+    SplitMix64, StepAction, THIRD_READ_VERIFIER, ToolCall, Trust, canonical_hash, contract,
+    ungrounded_arguments,
 };
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::StepAction;
-use selfheal_core::trace::RunStatus;
-use selfheal_core::trust::Trust;
-use selfheal_core::verifier::{Judgement, ungrounded_arguments};
-use selfheal_core::{Amounts, FailureClass};
 
 use crate::exec::{AS_OF, Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
 use crate::healer::{Healer, Proposal};
@@ -102,7 +94,7 @@ impl Strategy {
 
     /// Whether the strategy carries memory from one episode to the next (in a `--deployment`,
     /// a strategy that does learns which sources to trust). The strategies that run the core's
-    /// controller do: its trust store ([`selfheal_core::trust`]) is carried across a seed's
+    /// controller do: its trust store ([`selfheal_core::Trust`]) is carried across a seed's
     /// episodes, as a deployed front-end keeps it per process. The baselines start each episode
     /// afresh.
     pub fn carries_memory(self) -> bool {
@@ -135,7 +127,7 @@ impl Strategy {
     }
 
     /// Runs one episode with what earlier episodes taught of the tools (`trust`, the
-    /// core's [`selfheal_core::trust`] store), and adds what this one sees. Only the strategies
+    /// core's [`selfheal_core::Trust`] store), and adds what this one sees. Only the strategies
     /// that run the core's controller read and feed it ([`Strategy::carries_memory`]).
     pub fn run_with_trust(
         self,

@@ -1061,8 +1061,7 @@ fn parse_task(id: usize, v: &Value) -> Result<TaskSpec, String> {
             let unsaid: Vec<String> = literals
                 .iter()
                 .filter(|x| {
-                    !selfheal_core::verifier::ungrounded_arguments(&json!({ "x": x }), &said)
-                        .is_empty()
+                    !selfheal_core::ungrounded_arguments(&json!({ "x": x }), &said).is_empty()
                 })
                 .map(plain)
                 .collect();

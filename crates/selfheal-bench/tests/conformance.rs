@@ -26,12 +26,11 @@ use selfheal_bench::Healer;
 use selfheal_bench::Response;
 use selfheal_bench::{Plan, load_jsonl};
 use selfheal_bench::{read_for_run, self_healing_budget};
-use selfheal_core::Amounts;
-use selfheal_core::conformance::{self, Outcome, Row, Seen};
-use selfheal_core::controller::{ControllerConfig, Observation};
-use selfheal_core::monitor::{CallOutcome, GuidanceKind, ToolCall};
-use selfheal_core::policy::{Options, Policy};
-use selfheal_core::run::StepAction;
+use selfheal_core::{
+    Amounts, CallOutcome, ControllerConfig, GuidanceKind, Observation, Options, Policy, StepAction,
+    ToolCall,
+    conformance::{self, Outcome, Row, Seen},
+};
 
 /// The row's world: every tool on offer takes `q` and answers `text`; the plan calls the first.
 fn plan_of(row: &Row) -> Plan {

@@ -11,8 +11,7 @@ mod common;
 
 use selfheal_bench::Episode;
 use selfheal_bench::Strategy;
-use selfheal_core::FailureClass;
-use selfheal_core::policy::{ActionKind, Policy};
+use selfheal_core::{ActionKind, FailureClass, Policy};
 
 #[test]
 fn issue_11_a_wrong_argument_is_not_replaced_by_the_plans_value() {

@@ -9,8 +9,7 @@ use selfheal_bench::Strategy;
 use selfheal_bench::{BenchConfig, run};
 use selfheal_bench::{FaultModel, Injected};
 use selfheal_bench::{TaskSpec, builtin};
-use selfheal_core::policy::Policy;
-use selfheal_core::trust::{Evidence, Source, Trust};
+use selfheal_core::{Evidence, Policy, Source, Trust};
 
 /// The default policy, but never taking such a value, whatever its source's trust.
 fn refusing() -> Policy {
@@ -25,7 +24,7 @@ fn refusing() -> Policy {
 fn optimistic() -> Policy {
     let d = Policy::default();
     Policy {
-        trust: selfheal_core::trust::TrustConfig {
+        trust: selfheal_core::TrustConfig {
             prior_right: 19.9,
             prior_wrong: 0.1,
             ..d.trust

@@ -197,7 +197,7 @@ fn after_a_recovery_single_source_values_are_read_once_more() {
 fn a_wrong_value_that_outlasts_one_reread_is_caught_by_the_next() {
     use selfheal_bench::Episode;
     use selfheal_bench::{FaultModel, Injected};
-    use selfheal_core::policy::Policy;
+    use selfheal_core::Policy;
     let task = &two_step_task();
     let model = FaultModel::default_model().unwrap();
     let spec = |name: &str| model.faults.iter().position(|f| f.name == name).unwrap();

@@ -12,8 +12,7 @@ use std::time::Instant;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
-use selfheal_core::monitor::{Monitor, ToolCall};
-use selfheal_core::rng::{Rng, SplitMix64};
+use selfheal_core::{Monitor, Rng, SplitMix64, ToolCall};
 use serde_json::{Value, json};
 
 const CALLS: usize = 10_000;

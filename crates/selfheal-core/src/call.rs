@@ -32,9 +32,8 @@
 //!   would retry it but the budget refused ([`decide_stream`]).
 //! - **Each target gets its own ladder.** Falling back starts the new target's failure at the
 //!   ladder's first rung; every attempt on every target is still charged to the one ledger.
-//! - **An open circuit is not retried**: when a target's breaker (the plan's own, or one the
-//!   caller keeps, see [`CallPlan::circuit_opened`]) is open, the ladder's retries are passed
-//!   over; falling back is still possible.
+//! - **An open circuit is not retried**: when a target's breaker is open, the ladder's retries
+//!   are passed over; falling back is still possible.
 //! - **Only health failures move a breaker**: transient and persistent unavailability
 //!   ([`FailureClass::ToolTimeout`], [`FailureClass::ToolUnavailable`]). A malformed answer or
 //!   the caller's own bad request says nothing about whether the upstream is up.
@@ -179,7 +178,7 @@ pub enum Mode {
 
 /// What the front-end does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Send the call to target `target` (an index into the plan's targets) now.
     Send {
         /// The target.
@@ -211,7 +210,7 @@ pub enum Step {
 }
 
 /// What the caller can do about a failure of what came back, beyond sending the call again:
-/// offered to the policy with the next [`CallPlan::failed`] only, since each failure is offered
+/// offered to the policy with the next `CallPlan::failed` only, since each failure is offered
 /// what is possible for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Offer {
@@ -279,38 +278,15 @@ pub enum CallEvent {
 
 /// One logical call through a chain of targets, as decided by the policy.
 ///
-/// ```
-/// use selfheal_core::call::{Breakers, CallPlan, Mode, Plane, Step};
-/// use selfheal_core::breaker::BreakerConfig;
-/// use selfheal_core::{BudgetLedger, BudgetLimits, Signal};
-/// use selfheal_core::rng::SplitMix64;
-///
-/// let plane = Plane::default();
-/// let cfg = BreakerConfig { after: 5, cooldown_calls: 0, cooldown_ms: 30_000 };
-/// let mut breakers = Breakers::new(cfg, ["main".to_string(), "backup".to_string()]);
-/// let mut ledger = BudgetLedger::new(BudgetLimits::defaults());
-/// let mut rng = SplitMix64::new(7);
-/// let mut plan = CallPlan::new(vec!["main".into(), "backup".into()], Mode::Heal, true);
-/// assert_eq!(plan.begin(&mut breakers, 0), Step::Send { target: 0 });
-/// let busy = Signal::HttpStatus { status: 503, retry_after_ms: Some(100), message: String::new() };
-/// // The default ladder for a transient failure retries first, honouring Retry-After ...
-/// assert!(matches!(
-///     plan.failed(&busy, &plane, &mut breakers, &mut ledger, 0, &mut rng),
-///     Step::Wait { target: 0, .. }
-/// ));
-/// // ... and the retry is charged to the run's ledger.
-/// assert_eq!(ledger.spent().retries, 1);
-/// ```
+/// A private part of [`crate::Run`]: front-ends start a call with `Input::CallStarted` and
+/// hand in its attempts' outcomes; the run drives the call's plan and charges its own ledger.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CallPlan {
+pub(crate) struct CallPlan {
     targets: Vec<String>,
     at: usize,
     ladder: LadderState,
     mode: Mode,
     retry_safe: bool,
-    /// The caller's own breaker (the monitor's, for a tool) has the current target's circuit
-    /// open.
-    circuit_open: bool,
     /// What the next failure may be offered beyond a resend.
     offer: Offer,
     /// A recovery action was taken for this call.
@@ -323,14 +299,13 @@ impl CallPlan {
     /// A plan over `targets` (breaker names, in the order to try them). `retry_safe` says
     /// whether sending the same call twice does no harm (a model request: yes; a tool that may
     /// have run: only if it says it is read-only or idempotent).
-    pub fn new(targets: Vec<String>, mode: Mode, retry_safe: bool) -> CallPlan {
+    pub(crate) fn new(targets: Vec<String>, mode: Mode, retry_safe: bool) -> CallPlan {
         CallPlan {
             targets,
             at: 0,
             ladder: LadderState::default(),
             mode,
             retry_safe,
-            circuit_open: false,
             offer: Offer::default(),
             recovered: false,
             events: Vec::new(),
@@ -340,35 +315,30 @@ impl CallPlan {
 
     /// Offers the next [`CallPlan::failed`] what the caller can do beyond a resend: a repair of
     /// what came back, a refresh of the data. Cleared by that call.
-    pub fn offer(&mut self, offer: Offer) {
+    pub(crate) fn offer(&mut self, offer: Offer) {
         self.offer = offer;
     }
 
     /// Whether a recovery action (a retry, a fall-back, a repair, a refresh) was taken for this
     /// call: what it returns next is a recovered value (see
     /// [`Policy::reread_due`](crate::policy::Policy::reread_due)).
-    pub fn recovered(&self) -> bool {
+    pub(crate) fn recovered(&self) -> bool {
         self.recovered
     }
 
-    /// The target tried now.
-    pub fn current(&self) -> usize {
-        self.at
-    }
-
     /// The name of target `index`, if there is one.
-    pub fn target_name(&self, index: usize) -> Option<&str> {
+    pub(crate) fn target_name(&self, index: usize) -> Option<&str> {
         self.targets.get(index).map(String::as_str)
     }
 
     /// What happened so far (retries, fall-backs, skips), oldest first; drains the list.
-    pub fn take_events(&mut self) -> Vec<CallEvent> {
+    pub(crate) fn take_events(&mut self) -> Vec<CallEvent> {
         std::mem::take(&mut self.events)
     }
 
     /// The first step: the first target whose breaker allows a call; the last target is tried
     /// whatever its breaker says, since there is nothing else.
-    pub fn begin(&mut self, breakers: &mut Breakers, now_ms: u64) -> Step {
+    pub(crate) fn begin(&mut self, breakers: &mut Breakers, now_ms: u64) -> Step {
         if self.targets.is_empty() {
             return Step::Stop(Stop::Exhausted {
                 class: None,
@@ -380,15 +350,8 @@ impl CallPlan {
         Step::Send { target: self.at }
     }
 
-    /// Says that a breaker the caller keeps itself (the monitor's, for a tool) has opened the
-    /// current target's circuit: like an open circuit of the plan's own breakers, it is not
-    /// retried. Falling back to another target is still possible.
-    pub fn circuit_opened(&mut self) {
-        self.circuit_open = true;
-    }
-
     /// The current attempt succeeded: its target's breaker closes.
-    pub fn succeeded(&mut self, breakers: &mut Breakers) {
+    pub(crate) fn succeeded(&mut self, breakers: &mut Breakers) {
         if let Some(name) = self.targets.get(self.at) {
             breakers.success(name);
         }
@@ -396,7 +359,7 @@ impl CallPlan {
 
     /// The current attempt failed with `signal`: classifies it, updates the target's breaker,
     /// asks the policy and charges the ledger for the action taken. Returns the next step.
-    pub fn failed(
+    pub(crate) fn failed(
         &mut self,
         signal: &Signal,
         plane: &Plane,
@@ -435,7 +398,7 @@ impl CallPlan {
             return exhausted(ActionKind::Terminate);
         }
         let next = self.peek_next(breakers, now_ms);
-        let open = self.circuit_open || matches!(breakers.state(&name), CircuitState::Open { .. });
+        let open = matches!(breakers.state(&name), CircuitState::Open { .. });
         let mut options = self.options(&failure, signal, next);
         // A target whose circuit is open is never retried: that is what the circuit is for.
         options.retry_safe &= !open;
@@ -526,7 +489,7 @@ impl CallPlan {
     /// The core's typed trace events of the decisions so far (signal, classified, action with
     /// its [`DecisionInput`]), oldest first; drains the list. Front-ends write them to their
     /// trace so `selfheal trace replay` can re-decide them.
-    pub fn take_records(&mut self) -> Vec<Event> {
+    pub(crate) fn take_records(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.records)
     }
 
@@ -575,7 +538,6 @@ impl CallPlan {
         let to = self.next_allowed(from + 1, breakers, now_ms);
         self.at = to;
         self.ladder = LadderState::default();
-        self.circuit_open = false;
         self.recovered = true;
         self.events.push(CallEvent::Fallback {
             from,
@@ -591,7 +553,7 @@ impl CallPlan {
 /// upstream health is not the agent's budget (a fall-back the ladder wanted but the budget
 /// refused is taken anyway, `forced`, and recorded as usage rather than charged).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CallDecision {
+pub(crate) struct CallDecision {
     /// The action.
     pub action: RecoveryAction,
     /// Its ladder rung (`None` for a forced fall-back or the end of the ladder).
@@ -607,7 +569,7 @@ pub struct CallDecision {
 
 /// Decides one failure of a call plan (see [`CallDecision`]); pure, so a replay makes the same
 /// decision from the same [`DecisionInput`].
-pub fn decide_call(
+pub(crate) fn decide_call(
     plane: &Plane,
     failure: &Classification,
     options: &Options,
@@ -664,7 +626,7 @@ impl CallDecision {
 /// (HTTP 4xx other than 408 timeout, 409 conflict, 425 too early and 429 rate limit) or it
 /// failed validation before it was sent. A retry of it can only get the same answer; the model
 /// has to rewrite it, or another target has to take it.
-pub fn resend_futile(signal: &Signal) -> bool {
+pub(crate) fn resend_futile(signal: &Signal) -> bool {
     match signal {
         Signal::HttpStatus { status, .. } => {
             (400..500).contains(status) && !matches!(status, 408 | 409 | 425 | 429)
@@ -766,34 +728,13 @@ fn decide_traced(
 /// What a front-end does about tool calls a model wrote that cannot be used (their problems
 /// already turned into re-ask text by the repair layer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reask {
+pub(crate) enum Reask {
     /// Ask the model again with the problems appended; charged.
     Ask,
     /// Ask the fallback model (the policy's escalation) with the problems appended; charged.
     Escalate,
     /// Do not ask again: answer with what there is, flagged `partial`.
     Partial,
-}
-
-/// Decides, through the policy's ladder for [`FailureClass::ArgumentInvalid`], whether unusable
-/// tool calls are re-asked: [`reask_signal`] with [`Signal::InvalidArguments`] of `problems`.
-pub fn reask(
-    problems: &[String],
-    fallback: Option<&str>,
-    plane: &Plane,
-    ledger: &mut BudgetLedger,
-    state: LadderState,
-    rng: &mut dyn Rng,
-) -> (Reask, LadderState, Event) {
-    let signal = Signal::InvalidArguments {
-        errors: problems.to_vec(),
-    };
-    let state = ReaskState {
-        class: Some(FailureClass::ArgumentInvalid),
-        ladder: state,
-    };
-    let (r, next, event) = reask_signal(signal, fallback, plane, ledger, state, rng);
-    (r, next.ladder, event)
 }
 
 /// Where the re-asking of one model answer stands: the class of its last unusable calls and
@@ -823,7 +764,7 @@ pub struct ReaskState {
 /// model to ask (without one that rung is passed over); no substitute is offered (the call named
 /// no tool that has one), and anything else the ladder offers that a front-end cannot do for a
 /// model answer ends the re-asking.
-pub fn reask_signal(
+pub(crate) fn reask_signal(
     signal: Signal,
     fallback: Option<&str>,
     plane: &Plane,
@@ -894,7 +835,7 @@ pub enum StreamBreak {
 /// Decides, through the ladder of [`FailureClass::MalformedOutput`] (a cut answer), whether a
 /// broken stream is re-issued. Once content went out a re-issue is not safe — the client would
 /// see the answer twice — so only a stream broken before any content can be healed. That one
-/// is healed whatever the run's budget ([`decide_stream`]): the upstream broke it, and upstream
+/// is healed whatever the run's budget (`decide_stream`): the upstream broke it, and upstream
 /// health is not the agent's budget.
 pub fn stream_broke(
     content_sent: bool,
@@ -962,7 +903,7 @@ pub fn stream_broke(
 /// retried it but the budget refused (`forced`: a retry, recorded as usage rather than
 /// charged). A policy without a retry for a cut answer is obeyed. Pure, so a replay makes the
 /// same decision from the same [`DecisionInput`].
-pub fn decide_stream(
+pub(crate) fn decide_stream(
     plane: &Plane,
     failure: &Classification,
     options: &Options,
@@ -1012,6 +953,27 @@ mod tests {
             Breakers::new(CFG, names),
             BudgetLedger::new(BudgetLimits::defaults()),
         )
+    }
+
+    /// Decides, through the policy's ladder for [`FailureClass::ArgumentInvalid`], whether unusable
+    /// tool calls are re-asked: [`reask_signal`] with [`Signal::InvalidArguments`] of `problems`.
+    fn reask(
+        problems: &[String],
+        fallback: Option<&str>,
+        plane: &Plane,
+        ledger: &mut BudgetLedger,
+        state: LadderState,
+        rng: &mut dyn Rng,
+    ) -> (Reask, LadderState, Event) {
+        let signal = Signal::InvalidArguments {
+            errors: problems.to_vec(),
+        };
+        let state = ReaskState {
+            class: Some(FailureClass::ArgumentInvalid),
+            ladder: state,
+        };
+        let (r, next, event) = reask_signal(signal, fallback, plane, ledger, state, rng);
+        (r, next.ladder, event)
     }
 
     fn policy(toml: &str) -> Plane {
@@ -1243,10 +1205,13 @@ mod tests {
             plan.failed(&Signal::Timeout, &plane, &mut br, &mut ledger, 0, &mut rng),
             Step::Wait { .. }
         ));
-        // ...but not once the caller's breaker opened the tool's circuit.
+        // ...but not once the target's breaker opened its circuit.
+        let mut br = Breakers::new(CFG, names.clone());
+        for _ in 0..CFG.after {
+            br.failure("tool", 0);
+        }
         let mut plan = CallPlan::new(names, Mode::Heal, true);
         plan.begin(&mut br, 0);
-        plan.circuit_opened();
         let unavailable = Signal::Unavailable { consecutive: 5 };
         assert!(matches!(
             plan.failed(&unavailable, &plane, &mut br, &mut ledger, 0, &mut rng),

@@ -498,7 +498,7 @@ enum MessageHint {
 
 /// Whether an error text reads as a transient failure (a timeout, a rate limit, a reset
 /// connection, an overloaded server): one that sending the same call again may clear.
-pub fn transient_text(message: &str) -> bool {
+pub(crate) fn transient_text(message: &str) -> bool {
     classify_message(message) == MessageHint::Transient
 }
 

@@ -49,8 +49,8 @@ pub struct ControllerConfig {
     pub budget: BudgetLimits,
     /// Trace capacity in events (`0` means the default, 4096).
     pub trace_capacity: usize,
-    /// What the front-end has learned of its sources so far ([`crate::trust`]): the run starts
-    /// from a copy, adds what it sees, and reports that evidence back
+    /// What the front-end has learned of its sources so far ([`Trust`](crate::Trust)): the run
+    /// starts from a copy, adds what it sees, and reports that evidence back
     /// ([`Controller::take_trust_reports`]). Empty: every source stands at the policy's prior.
     pub trust: Trust,
 }
@@ -235,7 +235,7 @@ pub enum StepsBy {
 /// The control loop of one run.
 ///
 /// Serialises its state only (see [`crate::run::Run::snapshot`]): the classifier and the policy
-/// are configuration and come back with [`Controller::reattach`].
+/// are configuration and come back with `Controller::reattach`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Controller {
     monitor: Monitor,
@@ -328,7 +328,7 @@ pub struct Controller {
 }
 
 /// Most decision records the outbox holds; older ones are dropped (they are in the trace).
-pub const MAX_OUTBOX: usize = 256;
+pub(crate) const MAX_OUTBOX: usize = 256;
 
 /// Most tools a run keeps routed around at once (see [`Controller::offer`]).
 const MAX_ROUTED: usize = 64;
@@ -349,7 +349,7 @@ pub const THIRD_READ_VERIFIER: &str = "third_read";
 
 /// The verifier name of a cross-check against a second source (the one named in the
 /// observation's `options.substitute`): its verdict is evidence about both sources
-/// ([`crate::trust`]); another verifier's is about the value's own source only.
+/// ([`crate::Trust`]); another verifier's is about the value's own source only.
 pub const CROSS_CHECK_VERIFIER: &str = "cross_check";
 
 /// Whether a failure of `class` may be routed around: the tool produced nothing usable (it
@@ -629,7 +629,7 @@ impl Controller {
 
     /// Records a recovery a front-end decided for this run outside [`Controller::observe`] —
     /// a re-ask of a model answer whose tool calls could not be used
-    /// ([`crate::call::reask_signal`], decided and charged against this run's ledger) — so that
+    /// (`reask_signal`, decided and charged against this run's ledger) — so that
     /// what the run's judgements ask of a recovered run ([`Controller::claim_refused`],
     /// [`Controller::reread_due`]) and its report count it as they count the controller's own.
     /// Charges nothing: the decision was charged when it was made.

@@ -402,7 +402,7 @@ pub struct Verdict {
     pub abort: Option<String>,
 }
 
-pub use crate::breaker::CircuitState;
+pub(crate) use crate::breaker::CircuitState;
 use crate::breaker::{Breaker, BreakerConfig};
 
 const MAX_NAME: usize = 128;
@@ -460,7 +460,7 @@ pub struct MemoryFootprint {
 /// The tool-health monitor of one run.
 ///
 /// Serialises its state only (a run's, see [`crate::run::Run::snapshot`]): the configuration and
-/// the name index are not written and come back with [`Monitor::reattach`].
+/// the name index are not written and come back with `Monitor::reattach`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Monitor {
     #[serde(skip)]
@@ -483,7 +483,7 @@ pub struct Monitor {
 }
 
 /// Most tool names a monitor keeps of what the agent is offered ([`Monitor::offer`]).
-pub const MAX_OFFERED: usize = 64;
+pub(crate) const MAX_OFFERED: usize = 64;
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 struct Conditions {
@@ -577,7 +577,7 @@ impl Monitor {
     /// Tells the monitor which tools the agent is offered now (the request's or the agent's
     /// tool list, before anything is hidden), so that guidance about a failing tool names what
     /// else the agent can use, and [`Monitor::alternatives`] can say whether anything is left.
-    /// Replaces the previous offer; at most [`MAX_OFFERED`] names are kept (the first ones).
+    /// Replaces the previous offer; at most `MAX_OFFERED` (64) names are kept (the first ones).
     pub fn offer<'a>(&mut self, tools: impl IntoIterator<Item = &'a str>) {
         self.offered.clear();
         for t in tools.into_iter().take(MAX_OFFERED) {

@@ -406,7 +406,7 @@ pub struct Policy {
     pub max_actions_per_failure: Option<u32>,
     /// The share of answers claimed complete that the user accepts being wrong (in `[0, 1)`;
     /// default 0.01). A recovered value a verifier could not judge is claimed when its estimated
-    /// chance of being right — the trust its source has earned ([`crate::trust`]) — is at least
+    /// chance of being right — the trust its source has earned ([`Trust`](crate::Trust)) — is at least
     /// `1 − risk`; otherwise it is read and checked again while the budget allows
     /// ([`Policy::check_again`]), and the run ends `partial` with the value flagged when that
     /// cannot settle it. `accept_unverified_recovery`, `claim_after_recovery`, `reread_after_recovery`
@@ -465,7 +465,7 @@ pub struct Policy {
 }
 
 /// The default `risk`: one claimed answer in a hundred may be wrong.
-pub const DEFAULT_RISK: f64 = 0.01;
+pub(crate) const DEFAULT_RISK: f64 = 0.01;
 
 fn default_risk() -> f64 {
     DEFAULT_RISK
@@ -550,7 +550,7 @@ struct PolicyFile {
 
 /// The default last-chance actions: substitute for tool and data failures, escalate for the
 /// model's own mistakes, re-map the tool for a wrong tool choice.
-pub fn default_last_chance() -> BTreeMap<FailureClass, ActionKind> {
+pub(crate) fn default_last_chance() -> BTreeMap<FailureClass, ActionKind> {
     FailureClass::ALL
         .into_iter()
         .map(|c| {

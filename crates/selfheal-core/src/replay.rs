@@ -47,7 +47,7 @@ pub struct Comparison {
 }
 
 /// The decision `plane` makes from `input` (jitter fixed, so the result is reproducible).
-pub fn decide_again(input: &DecisionInput, plane: &Plane) -> (FailureClass, RecoveryAction) {
+pub(crate) fn decide_again(input: &DecisionInput, plane: &Plane) -> (FailureClass, RecoveryAction) {
     let failure = plane.classifier().classify(
         &input.signal,
         ClassifyContext {

@@ -23,11 +23,9 @@
 //! keeps between two requests of one conversation served by two processes.
 //!
 //! ```
-//! use selfheal_core::call::{Breakers, Mode};
-//! use selfheal_core::controller::ControllerConfig;
-//! use selfheal_core::run::{Action, Env, Input, Run};
-//! use selfheal_core::rng::SplitMix64;
-//! use selfheal_core::Signal;
+//! use selfheal_core::{
+//!     Action, Breakers, CallMode, ControllerConfig, Env, Input, Run, Signal, SplitMix64,
+//! };
 //!
 //! let mut run = Run::new(ControllerConfig::default()).unwrap();
 //! let mut rng = SplitMix64::new(7);
@@ -36,7 +34,7 @@
 //! let start = Input::CallStarted {
 //!     call: 1,
 //!     targets: vec!["main".into()],
-//!     mode: Mode::Heal,
+//!     mode: CallMode::Heal,
 //!     retry_safe: true,
 //! };
 //! run.handle(start, &mut env);
@@ -160,7 +158,7 @@ pub enum Input<'a> {
     NextTurn,
     /// The run has a final answer; `by` says how the front-end knows the run's steps. With
     /// `answer` (its text and the run's evidence), the grounding rule
-    /// ([`crate::verifier::answer_grounding`]) judges it too, when the run was offered tools
+    /// (`answer_grounding`) judges it too, when the run was offered tools
     /// ([`Input::Offered`]): an answer stating numbers found in no input or tool result of the
     /// run is answered `partial`, and [`Run::finish`] ends the run `partial` while that answer
     /// stands.
@@ -334,7 +332,7 @@ struct InFlight {
 
 /// Most calls a run keeps in flight; starting one more gives up the oldest (a front-end that
 /// forgets to end its calls cannot grow a run without bound).
-pub const MAX_IN_FLIGHT: usize = 256;
+pub(crate) const MAX_IN_FLIGHT: usize = 256;
 
 /// A run's state as written to a store: everything but the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -395,10 +393,10 @@ pub struct Run {
 /// Re-asks per user turn of an answer that announces a call instead of making it: the model is
 /// told once; an announcement again is flagged `partial` (the same model with the same
 /// conversation tends to say the same thing, and each re-ask is a model call).
-pub const MAX_ANNOUNCE_REASKS: u32 = 1;
+pub(crate) const MAX_ANNOUNCE_REASKS: u32 = 1;
 
 /// Most retry, fall-back and skip events a run holds for [`Run::take_call_events`].
-pub const MAX_CALL_EVENTS: usize = 256;
+pub(crate) const MAX_CALL_EVENTS: usize = 256;
 
 impl Default for Run {
     /// A run with [`ControllerConfig::default`].
@@ -673,7 +671,7 @@ impl Run {
     }
 
     /// Why `answer`, given now, could not be claimed complete: [`Run::unclaimable`], else the
-    /// grounding rule over its text and evidence ([`crate::verifier::answer_grounding`]) —
+    /// grounding rule over its text and evidence (`answer_grounding`) —
     /// what [`Input::AnswerProposed`] with that answer decides, without proposing it (a
     /// front-end that answers while the run goes on, the gateway, flags its answer so).
     pub fn unclaimable_answer(&self, by: StepsBy, answer: Option<Proposed<'_>>) -> Option<String> {

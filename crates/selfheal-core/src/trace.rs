@@ -33,7 +33,7 @@ use crate::policy::{LadderState, Options, RecoveryAction};
 use crate::verifier::Judgement;
 
 /// The version of the trace's JSON Lines schema.
-pub const TRACE_SCHEMA_VERSION: u32 = 1;
+pub(crate) const TRACE_SCHEMA_VERSION: u32 = 1;
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,7 +53,7 @@ pub enum RunStatus {
 pub enum Surface {
     /// [`crate::policy::Policy::decide`] through the [`crate::controller::Controller`].
     Controller,
-    /// [`crate::call::CallPlan`]: the policy plus the call rules (forced fall-backs).
+    /// The call plan (`CallPlan`): the policy plus the call rules (forced fall-backs).
     Call,
     /// [`crate::call::stream_broke`]: the policy plus the stream rule (a break before any
     /// content re-issued whatever the budget).

@@ -44,7 +44,7 @@ pub const TRUST_VERSION: u32 = 1;
 pub const MAX_SOURCES: usize = 1024;
 
 /// Most evidence reports a run holds before the oldest is dropped.
-pub const MAX_PENDING: usize = 512;
+pub(crate) const MAX_PENDING: usize = 512;
 
 /// How the posterior is formed: the prior, the decay and the cap (`[policy.trust]`).
 ///

@@ -8,7 +8,7 @@
 //!
 //! Built-ins: [`SchemaVerifier`] (the output matches a JSON Schema) and [`EvidenceVerifier`]
 //! (an answer that claims success must not sit on unresolved failures, and the values it reports
-//! must appear in the tool evidence). Verifiers compose with [`AllOf`].
+//! must appear in the tool evidence).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -197,43 +197,6 @@ fn contains_leaf(haystack: &Value, leaf: &Value) -> bool {
         }
     }
     false
-}
-
-/// All of several verifiers: the first rejection wins, then the first uncertainty.
-pub struct AllOf(pub Vec<Box<dyn Verifier + Send + Sync>>);
-
-impl std::fmt::Debug for AllOf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.0.iter().map(|v| v.name()))
-            .finish()
-    }
-}
-
-impl Verifier for AllOf {
-    fn name(&self) -> &str {
-        "all_of"
-    }
-
-    fn verify(&self, subject: &Subject<'_>) -> Judgement {
-        let mut uncertain = None;
-        for v in &self.0 {
-            match v.verify(subject) {
-                Judgement::Accept => {}
-                Judgement::Reject { reason } => {
-                    return Judgement::Reject {
-                        reason: format!("{}: {reason}", v.name()),
-                    };
-                }
-                Judgement::Uncertain { reason } => {
-                    uncertain.get_or_insert(Judgement::Uncertain {
-                        reason: format!("{}: {reason}", v.name()),
-                    });
-                }
-            }
-        }
-        uncertain.unwrap_or(Judgement::Accept)
-    }
 }
 
 /// How close two numbers from equivalent sources must be to agree:
@@ -458,14 +421,14 @@ fn grounds(evidence: &Value, leaf: &Value) -> bool {
 /// The smallest number an answer's text is judged on: integers up to this are counting words
 /// ("3 results", "step 2", a list's index), not values read from somewhere, and are left out of
 /// [`ungrounded_numbers`].
-pub const SMALL_COUNT: u64 = 10;
+pub(crate) const SMALL_COUNT: u64 = 10;
 
 /// The numbers of a final answer's `text` that appear in none of the `evidence` — the task's own
 /// words (its user and system messages) and the run's tool results — as written in the answer.
 ///
 /// Why: a model that computes in its head, or reads a number wrong, states it as confidently as
 /// one it copied; an answer that carries a number nothing in the run holds is a claim the run
-/// cannot stand behind, and is not `complete` ([`answer_grounding`] says why, the core's
+/// cannot stand behind, and is not `complete` (`answer_grounding` says why, the core's
 /// [`crate::run::Run`] flags the answer `partial`). The check is the answer-side twin of
 /// [`ungrounded_arguments`].
 ///
@@ -473,7 +436,7 @@ pub const SMALL_COUNT: u64 = 10;
 /// - a number is a run of digits with an optional leading `-`, thousands separators (`1,234`,
 ///   `1 234` with a thin space, `1_234`) and one decimal part; one that touches a letter or `_`
 ///   (`Qwen2`, `c_to_f`, `A4`, `3rd`) is part of a word, not a value, and is not judged;
-/// - integers from 0 to [`SMALL_COUNT`] are not judged (counting words; a made-up answer that
+/// - integers from 0 to `SMALL_COUNT` (10) are not judged (counting words; a made-up answer that
 ///   small slips through — the price of not flagging every "2 results");
 /// - years are judged like any number: the run cannot tell "1945" known by the model from one
 ///   invented, and refusing to claim is the safe side;
@@ -513,7 +476,7 @@ pub fn ungrounded_numbers(text: &str, evidence: &[Value]) -> Vec<String> {
 
 /// Why a final answer's text cannot be claimed `complete` by the grounding rule
 /// ([`ungrounded_numbers`]), if it cannot: the first few ungrounded numbers named.
-pub fn answer_grounding(text: &str, evidence: &[Value]) -> Option<String> {
+pub(crate) fn answer_grounding(text: &str, evidence: &[Value]) -> Option<String> {
     let mut missing = ungrounded_numbers(text, evidence);
     if missing.is_empty() {
         return None;
@@ -700,21 +663,6 @@ mod tests {
             g.verify(&subject(&json!(1), &[])),
             Judgement::Uncertain { .. }
         ));
-    }
-
-    #[test]
-    fn all_of_reports_first_rejection() {
-        let Ok(schema) = SchemaVerifier::new(&json!({"type": "number"})) else {
-            panic!("schema must compile")
-        };
-        let all = AllOf(vec![
-            Box::new(EvidenceVerifier::default()),
-            Box::new(schema),
-        ]);
-        match all.verify(&subject(&json!("x"), &[])) {
-            Judgement::Reject { reason } => assert!(reason.starts_with("schema:"), "{reason}"),
-            other => panic!("expected reject, got {other:?}"),
-        }
     }
 
     #[test]

@@ -11,15 +11,11 @@
 //! (> 70 % of ≥ 6 calls) or when nothing else is on offer.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::call::Breakers;
-use selfheal_core::conformance::{self, Line, Row, Seen};
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
-use selfheal_core::monitor::{Guidance, GuidanceKind, ToolCall};
-use selfheal_core::policy::Options;
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, Run};
-use selfheal_core::trace::RunStatus;
+use selfheal_core::{
+    Action, Amounts, Breakers, BudgetLimits, Controller, ControllerConfig, Directive, Env,
+    Guidance, GuidanceKind, Input, Observation, Options, Run, RunStatus, SplitMix64, ToolCall,
+    conformance::{self, Line, Row, Seen},
+};
 use serde_json::{Value, json};
 
 /// What a front-end on the wire can offer: no substitute or fallback configured, a re-plan is
@@ -278,11 +274,7 @@ fn without_an_offer_the_ladders_end_stands() {
 /// keep retrying, the routing around does.
 #[test]
 fn every_decision_about_the_tables_tool_failures_replays() {
-    use selfheal_core::call::Plane;
-    use selfheal_core::classifier::ClassifierConfig;
-    use selfheal_core::policy::Policy;
-    use selfheal_core::replay::replay;
-    use selfheal_core::trace::Event;
+    use selfheal_core::{ClassifierConfig, Plane, Policy, TraceEvent, replay};
     let patient = Plane::new(
         Policy::from_toml_str(
             "[ladders]\nempty_output = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
@@ -298,23 +290,23 @@ fn every_decision_about_the_tables_tool_failures_replays() {
     for row in &conformance::table().unwrap() {
         let mut via = ViaRun::new(false);
         conforms(&mut via, row, "run");
-        let events: Vec<Event> = via.run.take_records().into_iter().map(|(_, e)| e).collect();
+        let events: Vec<TraceEvent> = via.run.take_records().into_iter().map(|(_, e)| e).collect();
         let failures = events
             .iter()
-            .filter(|e| matches!(e, Event::Signal { tool: Some(_), .. }))
+            .filter(|e| matches!(e, TraceEvent::Signal { tool: Some(_), .. }))
             .count();
         let decided = events
             .iter()
             .filter(|e| {
-                matches!(e, Event::Action { input: Some(_), .. })
-                    || matches!(e, Event::RoutedAround { input: Some(_), .. })
+                matches!(e, TraceEvent::Action { input: Some(_), .. })
+                    || matches!(e, TraceEvent::RoutedAround { input: Some(_), .. })
             })
             .count();
         let untraced = events
             .iter()
             .filter(|e| {
-                matches!(e, Event::Action { input: None, .. })
-                    || matches!(e, Event::RoutedAround { input: None, .. })
+                matches!(e, TraceEvent::Action { input: None, .. })
+                    || matches!(e, TraceEvent::RoutedAround { input: None, .. })
             })
             .count();
         assert!(failures > 0, "{}: {events:?}", row.name);

@@ -1,14 +1,12 @@
 //! Integration tests of the controller: hand-made observations in, directives out.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::classifier::{FailureClass, Signal};
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation, StepsBy};
-use selfheal_core::monitor::{Mode, MonitorConfig, ToolCall};
-use selfheal_core::policy::{ActionKind, Options, Policy, RecoveryAction, RepairTarget};
-use selfheal_core::rng::{ConstRng, SplitMix64};
-use selfheal_core::trace::{Event, Record, RunStatus};
-use selfheal_core::verifier::Judgement;
+use selfheal_core::{
+    ActionKind, Amounts, BudgetLimits, ConstRng, Controller, ControllerConfig, Directive,
+    FailureClass, Judgement, MonitorConfig, MonitorMode, Observation, Options, Policy,
+    RecoveryAction, RepairTarget, RunStatus, Signal, SplitMix64, StepsBy, ToolCall, TraceEvent,
+    TraceRecord,
+};
 use serde_json::{Value, json};
 
 fn controller(budget: BudgetLimits) -> Controller {
@@ -284,7 +282,7 @@ fn a_thousand_failures_on_fresh_steps_stop_within_the_budget_even_without_monito
     let limits = BudgetLimits::defaults().with_recoveries(1_000);
     let mut c = Controller::new(ControllerConfig {
         monitor: MonitorConfig {
-            mode: Mode::Interactive,
+            mode: MonitorMode::Interactive,
             ..MonitorConfig::default()
         },
         budget: limits,
@@ -346,7 +344,7 @@ fn spent_latency_ends_the_run_in_degrade() {
     );
     assert_eq!(
         c.spent_dimensions(),
-        vec![selfheal_core::budget::Dimension::LatencyMs]
+        vec![selfheal_core::Dimension::LatencyMs]
     );
     assert_eq!(c.finish(1_000).status, RunStatus::Partial);
 }
@@ -377,7 +375,7 @@ fn verifier_rejection_becomes_a_verification_failure_recovery() {
     let verdicts = c
         .trace()
         .records()
-        .filter(|r| matches!(r.event, Event::Verdict { .. }))
+        .filter(|r| matches!(r.event, TraceEvent::Verdict { .. }))
         .count();
     assert_eq!(verdicts, 2);
 }
@@ -619,7 +617,7 @@ fn trace_jsonl_reads_back_line_by_line_with_gap_free_seq() {
     c.finish(5);
     let jsonl = c.trace().to_jsonl();
     assert!(jsonl.ends_with('\n'));
-    let records: Vec<Record> = jsonl
+    let records: Vec<TraceRecord> = jsonl
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
         .collect();
@@ -628,7 +626,7 @@ fn trace_jsonl_reads_back_line_by_line_with_gap_free_seq() {
         assert_eq!(r.seq, i as u64, "seq must be gap-free");
         assert_eq!(r.v, 1);
     }
-    let kept: Vec<&Record> = c.trace().records().collect();
+    let kept: Vec<&TraceRecord> = c.trace().records().collect();
     assert_eq!(
         records.iter().collect::<Vec<_>>(),
         kept,
@@ -650,7 +648,7 @@ fn trace_jsonl_reads_back_line_by_line_with_gap_free_seq() {
     }
     assert!(matches!(
         records.last().map(|r| &r.event),
-        Some(Event::Finished {
+        Some(TraceEvent::Finished {
             status: RunStatus::Partial,
             ..
         })
@@ -670,7 +668,7 @@ fn trace_seq_stays_gap_free_when_the_ring_drops_events() {
         let r = json!({"ok": i});
         c.observe(tool_ok(i, "t", &a, &r), u64::from(i), &mut rng);
     }
-    let records: Vec<Record> = c
+    let records: Vec<TraceRecord> = c
         .trace()
         .to_jsonl()
         .lines()
@@ -691,7 +689,7 @@ fn action_events_record_the_budget_before_and_after() {
         .trace()
         .records()
         .find_map(|r| match &r.event {
-            Event::Action {
+            TraceEvent::Action {
                 budget_before,
                 budget_after,
                 ..
@@ -1403,7 +1401,7 @@ fn an_error_body_is_classified_by_its_text() {
         c.trace()
             .records()
             .find_map(|r| match &r.event {
-                Event::Classified { class, .. } => Some(*class),
+                TraceEvent::Classified { class, .. } => Some(*class),
                 _ => None,
             })
             .unwrap()

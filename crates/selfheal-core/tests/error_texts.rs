@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use selfheal_core::classifier::{Classifier, ClassifyContext, Signal};
+use selfheal_core::{Classifier, ClassifyContext, Signal};
 use serde_json::Value;
 
 struct Case {
@@ -68,7 +68,7 @@ fn accuracy(split: &str) -> (usize, usize, BTreeMap<(String, String), usize>) {
 #[test]
 fn the_corpus_is_well_formed() {
     let cases = corpus();
-    let names: Vec<&str> = selfheal_core::classifier::FailureClass::ALL
+    let names: Vec<&str> = selfheal_core::FailureClass::ALL
         .iter()
         .map(|c| c.as_str())
         .collect();

@@ -2,12 +2,10 @@
 //! counts healed failures too, and a working run's next failure gets its own ladder.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::classifier::Signal;
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
-use selfheal_core::monitor::{MonitorConfig, ToolCall};
-use selfheal_core::policy::Options;
-use selfheal_core::rng::SplitMix64;
+use selfheal_core::{
+    Amounts, BudgetLimits, Controller, ControllerConfig, Directive, MonitorConfig, Observation,
+    Options, Signal, SplitMix64, ToolCall,
+};
 use serde_json::{Value, json};
 
 fn controller() -> Controller {

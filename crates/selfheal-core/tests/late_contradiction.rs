@@ -5,17 +5,11 @@
 //! contradiction ladder makes brings a value nothing can check: the run must not claim it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::classifier::Signal;
-use selfheal_core::controller::{
-    Controller, ControllerConfig, Directive, Observation, REREAD_VERIFIER, StepsBy,
-    THIRD_READ_VERIFIER,
+use selfheal_core::{
+    Amounts, BudgetLimits, Controller, ControllerConfig, Directive, Judgement, Observation,
+    Options, REREAD_VERIFIER, RunStatus, Signal, SplitMix64, StepsBy, THIRD_READ_VERIFIER,
+    ToolCall,
 };
-use selfheal_core::monitor::ToolCall;
-use selfheal_core::policy::Options;
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::Judgement;
 use serde_json::{Value, json};
 
 fn controller() -> Controller {

@@ -1,9 +1,9 @@
 //! Integration tests of the tool-health monitor (SPEC §1): every rule at its boundaries.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_core::monitor::{
-    Badge, CallReport, CircuitState, FailureKind, GuidanceKind, Mode, Monitor, MonitorConfig,
-    MonitorSignal, ToolCall, Verdict,
+use selfheal_core::{
+    Badge, CallReport, CircuitState, FailureKind, GuidanceKind, Monitor, MonitorConfig,
+    MonitorMode, MonitorSignal, ToolCall, Verdict,
 };
 use serde_json::{Value, json};
 
@@ -53,7 +53,7 @@ fn fail_streak(m: &mut Monitor, tool: &str, n: u64) {
 
 fn interactive() -> Monitor {
     Monitor::new(MonitorConfig {
-        mode: Mode::Interactive,
+        mode: MonitorMode::Interactive,
         ..MonitorConfig::default()
     })
     .unwrap()
@@ -841,7 +841,7 @@ fn toml_config_overrides_only_what_it_names() {
         "mode = \"interactive\"\nwarn_after = 2\nabort_failure_rate = 0.5\nplaceholders = [\"tbd later\"]\n",
     )
     .unwrap();
-    assert_eq!(cfg.mode, Mode::Interactive);
+    assert_eq!(cfg.mode, MonitorMode::Interactive);
     assert_eq!(cfg.warn_after, 2);
     assert_eq!(cfg.abort_failure_rate, 0.5);
     assert_eq!(cfg.placeholders, vec!["tbd later".to_string()]);

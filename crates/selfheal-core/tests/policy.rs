@@ -1,12 +1,10 @@
 //! Integration tests of the recovery policy: TOML files and ladder climbing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_core::budget::{BudgetLedger, BudgetLimits};
-use selfheal_core::classifier::{Classification, FailureClass};
-use selfheal_core::policy::{
-    ActionKind, LadderState, Options, Policy, PolicyError, RecoveryAction, SkipReason,
+use selfheal_core::{
+    ActionKind, BudgetLedger, BudgetLimits, Classification, ConstRng, FailureClass, LadderState,
+    Options, Policy, PolicyError, RecoveryAction, SkipReason,
 };
-use selfheal_core::rng::ConstRng;
 
 fn failure(class: FailureClass) -> Classification {
     Classification {

@@ -3,14 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use proptest::prelude::*;
-use selfheal_core::budget::{Amounts, BudgetLedger, BudgetLimits, Dimension};
-use selfheal_core::classifier::{Classification, FailureClass, Signal};
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
-use selfheal_core::monitor::{Mode, Monitor, MonitorConfig, ToolCall};
-use selfheal_core::policy::{
-    ActionKind, LadderState, Options, Policy, RecoveryAction, RepairTarget, RetryConfig,
+use selfheal_core::{
+    ActionKind, Amounts, BudgetLedger, BudgetLimits, Classification, ConstRng, Controller,
+    ControllerConfig, Dimension, Directive, FailureClass, LadderState, Monitor, MonitorConfig,
+    MonitorMode, Observation, Options, Policy, RecoveryAction, RepairTarget, RetryConfig, Signal,
+    SplitMix64, ToolCall,
 };
-use selfheal_core::rng::{ConstRng, SplitMix64};
 use serde_json::{Value, json};
 
 // ── strategies ────────────────────────────────────────────────────────────────────────────────
@@ -296,7 +294,7 @@ proptest! {
         interactive in any::<bool>(),
     ) {
         let cfg = MonitorConfig {
-            mode: if interactive { Mode::Interactive } else { Mode::Autonomous },
+            mode: if interactive { MonitorMode::Interactive } else { MonitorMode::Autonomous },
             ..MonitorConfig::default()
         };
         let mut a = Monitor::new(cfg.clone()).unwrap();
@@ -407,7 +405,7 @@ proptest! {
         let mut c = Controller::new(ControllerConfig {
             budget: limits,
             monitor: MonitorConfig {
-                mode: if interactive { Mode::Interactive } else { Mode::Autonomous },
+                mode: if interactive { MonitorMode::Interactive } else { MonitorMode::Autonomous },
                 ..MonitorConfig::default()
             },
             ..ControllerConfig::default()
@@ -450,7 +448,7 @@ proptest! {
                 Obs::Reject { step } => Observation::Verified {
                     step: Some(step),
                     verifier: "v",
-                    judgement: selfheal_core::verifier::Judgement::Reject { reason: "no".into() },
+                    judgement: selfheal_core::Judgement::Reject { reason: "no".into() },
                     options: opts,
                 },
             };
@@ -549,7 +547,7 @@ proptest! {
 
     #[test]
     fn canonical_hash_equal_exactly_when_canonically_equal(a in json_value(), b in json_value()) {
-        use selfheal_core::monitor::canonical_hash;
+        use selfheal_core::canonical_hash;
         prop_assert_eq!(canonical_hash(&a), canonical_hash(&canonical(&a)));
         prop_assert_eq!(
             canonical_hash(&a) == canonical_hash(&b),

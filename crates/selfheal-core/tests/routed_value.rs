@@ -4,14 +4,10 @@
 //! answering as it reads any value after a recovery.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::classifier::{FailureClass, Signal};
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation, StepsBy};
-use selfheal_core::monitor::ToolCall;
-use selfheal_core::policy::{ActionKind, Options, Policy};
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::Judgement;
+use selfheal_core::{
+    ActionKind, Amounts, BudgetLimits, Controller, ControllerConfig, Directive, FailureClass,
+    Judgement, Observation, Options, Policy, RunStatus, Signal, SplitMix64, StepsBy, ToolCall,
+};
 use serde_json::{Value, json};
 
 /// A run offered `search` and `backup` whose ladders end after one action per failure.

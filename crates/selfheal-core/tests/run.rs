@@ -3,17 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use proptest::prelude::*;
-use selfheal_core::breaker::BreakerConfig;
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::call::{Breakers, Mode, Offer, Stop};
-use selfheal_core::controller::{ControllerConfig, Observation, StepsBy};
-use selfheal_core::monitor::ToolCall;
-use selfheal_core::policy::{Options, RecoveryAction};
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, Proposed, ResumeError, Run, STATE_VERSION};
-use selfheal_core::trace::{Event, RunStatus};
-use selfheal_core::verifier::Judgement;
-use selfheal_core::{FailureClass, Signal};
+use selfheal_core::{
+    Action, Amounts, BreakerConfig, Breakers, BudgetLimits, CallMode, CallOffer, CallStop,
+    ControllerConfig, Env, FailureClass, Input, Judgement, Observation, Options, Proposed,
+    RecoveryAction, ResumeError, Run, RunStatus, STATE_VERSION, Signal, SplitMix64, StepsBy,
+    ToolCall, TraceEvent,
+};
 use serde_json::{Value, json};
 
 fn busy(retry_after_ms: Option<u64>) -> Signal {
@@ -62,7 +57,7 @@ impl Driver {
         self.input(Input::CallStarted {
             call: 1,
             targets: targets.iter().map(|t| (*t).to_owned()).collect(),
-            mode: Mode::Heal,
+            mode: CallMode::Heal,
             retry_safe: true,
         })
     }
@@ -71,7 +66,7 @@ impl Driver {
         self.input(Input::AttemptFailed {
             call: 1,
             signal,
-            offer: Offer::default(),
+            offer: CallOffer::default(),
         })
     }
 }
@@ -106,7 +101,7 @@ fn a_retry_waits_for_its_deadline_and_is_charged_to_the_runs_ledger() {
         .trace()
         .records()
         .filter_map(|r| match &r.event {
-            Event::Action { action, .. } => Some(action),
+            TraceEvent::Action { action, .. } => Some(action),
             _ => None,
         })
         .collect();
@@ -129,7 +124,7 @@ fn a_request_the_upstream_refused_as_the_callers_goes_back_as_it_came() {
         d.fail(&refused),
         vec![Action::GiveUp {
             call: 1,
-            stop: Stop::Rejected { status: 400 }
+            stop: CallStop::Rejected { status: 400 }
         }]
     );
     assert_eq!(d.run.ledger().spent().retries, 0);
@@ -137,7 +132,7 @@ fn a_request_the_upstream_refused_as_the_callers_goes_back_as_it_came() {
     assert!(matches!(
         d.fail(&busy(None)).as_slice(),
         [Action::GiveUp {
-            stop: Stop::Exhausted { .. },
+            stop: CallStop::Exhausted { .. },
             ..
         }]
     ));
@@ -596,7 +591,7 @@ fn an_answer_with_no_tool_result_behind_it_is_not_complete_for_a_plan() {
                 status: RunStatus::Partial,
                 reason: Some(why),
             },
-        ] => assert_eq!(why, selfheal_core::run::NO_TOOL_RESULT),
+        ] => assert_eq!(why, selfheal_core::NO_TOOL_RESULT),
         other => panic!("{other:?}"),
     }
     assert_eq!(d.run.finish(0).status, RunStatus::Partial);

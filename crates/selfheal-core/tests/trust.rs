@@ -5,15 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use proptest::prelude::*;
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::classifier::Signal;
-use selfheal_core::controller::{Controller, ControllerConfig, Directive, Observation};
-use selfheal_core::monitor::ToolCall;
-use selfheal_core::policy::{Options, RecoveryAction};
-use selfheal_core::rng::ConstRng;
-use selfheal_core::trace::RunStatus;
-use selfheal_core::trust::{Evidence, Source, Trust, TrustConfig};
-use selfheal_core::verifier::Judgement;
+use selfheal_core::{
+    Amounts, BudgetLimits, ConstRng, Controller, ControllerConfig, Directive, Evidence, Judgement,
+    Observation, Options, RecoveryAction, RunStatus, Signal, Source, ToolCall, Trust, TrustConfig,
+};
 use serde_json::{Value, json};
 
 const ALL: [Evidence; 11] = [
@@ -140,9 +135,9 @@ fn optimistic() -> TrustConfig {
 fn controller(trust: Trust) -> Controller {
     Controller::new(ControllerConfig {
         budget: BudgetLimits::defaults(),
-        policy: selfheal_core::policy::Policy {
+        policy: selfheal_core::Policy {
             trust: optimistic(),
-            ..selfheal_core::policy::Policy::default()
+            ..selfheal_core::Policy::default()
         },
         trust,
         ..ControllerConfig::default()

@@ -4,8 +4,7 @@
 //! them, so reports and traces read as they did when they were strings. The spellings are the
 //! ones `docs/reference/report.md` documents (a test holds the two together).
 
-use selfheal_core::policy::ActionKind;
-use selfheal_core::trace::Kind;
+use selfheal_core::{ActionKind, EventKind};
 
 /// One healing action of a turn.
 #[derive(
@@ -70,11 +69,11 @@ impl Action {
 
     /// The action a call event of the upstream client's log reports (`retry`, `fallback`,
     /// `cooldown_skip`); `None` for a kind that is not one.
-    pub(crate) fn of_call_event(kind: Kind) -> Option<Action> {
+    pub(crate) fn of_call_event(kind: EventKind) -> Option<Action> {
         match kind {
-            Kind::Retry => Some(Action::Retry),
-            Kind::Fallback => Some(Action::Fallback),
-            Kind::CooldownSkip => Some(Action::CooldownSkip),
+            EventKind::Retry => Some(Action::Retry),
+            EventKind::Fallback => Some(Action::Fallback),
+            EventKind::CooldownSkip => Some(Action::CooldownSkip),
             _ => None,
         }
     }
@@ -166,10 +165,14 @@ mod tests {
         for kind in ActionKind::ALL {
             assert_eq!(Action::from(kind).as_str(), kind.as_str());
         }
-        for kind in [Kind::Retry, Kind::Fallback, Kind::CooldownSkip] {
+        for kind in [
+            EventKind::Retry,
+            EventKind::Fallback,
+            EventKind::CooldownSkip,
+        ] {
             assert_eq!(Action::of_call_event(kind).unwrap().as_str(), kind.as_str());
         }
-        assert_eq!(Action::of_call_event(Kind::Request), None);
+        assert_eq!(Action::of_call_event(EventKind::Request), None);
         assert_eq!(joined(&[Action::Retry, Action::Fallback]), "retry,fallback");
         assert_eq!(joined(&[]), "");
     }

@@ -14,9 +14,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use thiserror::Error;
 
-use selfheal_core::budget::BudgetLimits;
-use selfheal_core::monitor::MonitorConfig;
-use selfheal_core::policy::{Policy, RetryConfig};
+use selfheal_core::{BudgetLimits, MonitorConfig, Policy, RetryConfig};
 
 /// Whose credentials go to an upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

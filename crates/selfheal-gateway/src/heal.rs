@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use selfheal_core::monitor::Verdict;
+use selfheal_core::Verdict;
 use selfheal_openai::At;
 use selfheal_repair::{Ending, SchemaGuide, repair_arguments};
 
@@ -150,7 +150,7 @@ pub(crate) fn replay(
         if let Some(l) = last_result
             && messages[l + 1..].iter().any(|m| m.role() == "user")
         {
-            state.tell(selfheal_core::run::Input::UserTurn);
+            state.tell(selfheal_core::Input::UserTurn);
         }
         return Vec::new();
     };
@@ -208,7 +208,7 @@ pub(crate) fn replay(
             continue;
         };
         if std::mem::take(&mut user_spoke) {
-            state.tell(selfheal_core::run::Input::UserTurn);
+            state.tell(selfheal_core::Input::UserTurn);
         }
         // The values taken are those of the last turn the run reads (a run read for the first
         // time reads its whole history at once).
@@ -232,7 +232,7 @@ pub(crate) fn replay(
         out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
     }
     if user_spoke {
-        state.tell(selfheal_core::run::Input::UserTurn);
+        state.tell(selfheal_core::Input::UserTurn);
     }
     out
 }
@@ -279,11 +279,11 @@ fn feed(
 
 /// Tells the run which tools the request offers (sorted by name, so guidance
 /// names them in a stable order): a tool that keeps failing is routed around while another is
-/// on offer, as the core decides ([`selfheal_core::run::Input::Offered`]).
+/// on offer, as the core decides ([`selfheal_core::Input::Offered`]).
 fn offer(state: &mut RunState, ctx: &Ctx<'_>) {
     let mut names: Vec<&str> = ctx.offered.keys().map(String::as_str).collect();
     names.sort_unstable();
-    state.tell(selfheal_core::run::Input::Offered(&names));
+    state.tell(selfheal_core::Input::Offered(&names));
 }
 
 /// [`replay`] for a Responses API `input`: its `function_call_output` items (by `call_id`),
@@ -341,7 +341,7 @@ pub(crate) fn replay_items(
         };
         after_result = true;
         if std::mem::take(&mut user_spoke) {
-            state.tell(selfheal_core::run::Input::UserTurn);
+            state.tell(selfheal_core::Input::UserTurn);
         }
         let id = id.as_str();
         let at = items.iter().position(|i| {
@@ -374,7 +374,7 @@ pub(crate) fn replay_items(
         out.push(feed(state, (id, name, &args), text, *fp, ctx, now_ms));
     }
     if user_spoke {
-        state.tell(selfheal_core::run::Input::UserTurn);
+        state.tell(selfheal_core::Input::UserTurn);
     }
     out
 }
@@ -767,8 +767,8 @@ pub(crate) fn check_arguments(
 /// refusal of such a call, and the in-process client the call before it makes it), anything
 /// else invalid arguments — or, with none of those, a repeated call is the model's repetition.
 /// The first of these that any problem shows, in that order.
-pub(crate) fn unusable_signal(problems: &[Problem]) -> selfheal_core::classifier::Signal {
-    use selfheal_core::classifier::Signal;
+pub(crate) fn unusable_signal(problems: &[Problem]) -> selfheal_core::Signal {
+    use selfheal_core::Signal;
     if let Some(name) = problems.iter().find_map(|p| match &p.kind {
         Unusable::UnknownTool(name) => Some(name.clone()),
         Unusable::EmptyInput
@@ -925,7 +925,7 @@ impl Answered {
 fn args_hash(raw: &str) -> Option<u64> {
     serde_json::from_str::<Value>(raw)
         .ok()
-        .map(|v| selfheal_core::monitor::canonical_hash(&v))
+        .map(|v| selfheal_core::canonical_hash(&v))
 }
 
 /// Checks every tool call of an assistant message.
@@ -1027,8 +1027,7 @@ mod tests {
             );
         }
     }
-    use selfheal_core::budget::BudgetLimits;
-    use selfheal_core::monitor::MonitorConfig;
+    use selfheal_core::{BudgetLimits, MonitorConfig};
 
     fn tools() -> Value {
         json!({"tools": [
@@ -1063,7 +1062,7 @@ mod tests {
     /// A run whose ladders retry a failing tool five times (the monitor's breaker is what the
     /// tests below look at, not the default ladder's end).
     fn patient_run() -> RunState {
-        let policy = selfheal_core::policy::Policy::from_toml_str(
+        let policy = selfheal_core::Policy::from_toml_str(
             "[ladders]\ntool_timeout = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n\
              tool_unavailable = [\"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"retry\", \"degrade\"]\n",
         )
@@ -1300,7 +1299,7 @@ mod tests {
     /// ladder of the class an in-process client gives the same call.
     #[test]
     fn unusable_calls_carry_their_signal() {
-        use selfheal_core::classifier::Signal;
+        use selfheal_core::Signal;
         let bytes = request(json!([{"role": "user", "content": "hi"}]));
         let idx = tool_index(&ChatRequest::parse(&bytes).unwrap());
         let g = GuideCache::default();
@@ -1359,7 +1358,7 @@ mod tests {
     /// re-asked with the core's repetition signal.
     #[test]
     fn a_repetition_is_of_a_taken_call_of_the_last_turn() {
-        use selfheal_core::classifier::Signal;
+        use selfheal_core::Signal;
         let turn = |after: Vec<Value>| {
             let mut m = vec![
                 json!({"role": "user", "content": "find x"}),
@@ -1373,7 +1372,7 @@ mod tests {
         };
         let taken = vec![(
             "search".to_owned(),
-            selfheal_core::monitor::canonical_hash(&json!({"q": "x", "n": 2})),
+            selfheal_core::canonical_hash(&json!({"q": "x", "n": 2})),
         )];
         let bytes = turn(Vec::new());
         let req = ChatRequest::parse(&bytes).unwrap();
@@ -1432,10 +1431,7 @@ mod tests {
             let last = json!({"q": format!("x{}", n - 1)});
             assert_eq!(
                 state.wire.take_next().taken,
-                vec![(
-                    "search".to_owned(),
-                    selfheal_core::monitor::canonical_hash(&last)
-                )],
+                vec![("search".to_owned(), selfheal_core::canonical_hash(&last))],
                 "{n} turns"
             );
         }
@@ -1474,7 +1470,7 @@ mod tests {
     /// A conversation of `turns` turns, each the same call with the same result: between the
     /// turns a user message when `users`, else nothing (the agent repeating itself). Replayed
     /// one request at a time, as a client sends it; the run's verdicts, newest last.
-    fn repeated_lookups(turns: usize, users: bool) -> Vec<selfheal_core::monitor::Verdict> {
+    fn repeated_lookups(turns: usize, users: bool) -> Vec<selfheal_core::Verdict> {
         let mut messages = vec![json!({"role": "user", "content": "weather?"})];
         let mut state = RunState::new(MonitorConfig::default(), BudgetLimits::unlimited());
         let mut verdicts = Vec::new();
@@ -1501,10 +1497,9 @@ mod tests {
     /// or duplicate guidance, no abort. The same calls with no user in between are one.
     #[test]
     fn a_user_turn_between_identical_lookups_is_not_a_loop() {
-        use selfheal_core::monitor::GuidanceKind;
-        let kinds = |v: &selfheal_core::monitor::Verdict| {
-            v.guidance.iter().map(|g| g.kind).collect::<Vec<_>>()
-        };
+        use selfheal_core::GuidanceKind;
+        let kinds =
+            |v: &selfheal_core::Verdict| v.guidance.iter().map(|g| g.kind).collect::<Vec<_>>();
         for v in repeated_lookups(5, true) {
             assert!(
                 v.guidance.is_empty() && v.abort.is_none(),
@@ -1547,7 +1542,7 @@ mod tests {
         assert!(
             v.guidance
                 .iter()
-                .any(|g| g.kind == selfheal_core::monitor::GuidanceKind::Loop),
+                .any(|g| g.kind == selfheal_core::GuidanceKind::Loop),
             "{v:?}"
         );
     }
@@ -1582,7 +1577,7 @@ mod tests {
                 .verdict(0)
                 .guidance
                 .iter()
-                .any(|g| g.kind == selfheal_core::monitor::GuidanceKind::Loop);
+                .any(|g| g.kind == selfheal_core::GuidanceKind::Loop);
             assert_eq!(looping, !only_new, "only_new: {only_new}");
         }
     }
@@ -1614,10 +1609,7 @@ mod tests {
         let last = json!({"q": "x2"});
         assert_eq!(
             taken,
-            vec![(
-                "search".to_owned(),
-                selfheal_core::monitor::canonical_hash(&last)
-            )]
+            vec![("search".to_owned(), selfheal_core::canonical_hash(&last))]
         );
         let answered = Answered::of_items(&items, &taken, &[]);
         let mut output = vec![

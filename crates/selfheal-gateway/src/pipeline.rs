@@ -24,7 +24,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use selfheal_core::call::ReaskState;
+use selfheal_core::ReaskState;
 use selfheal_openai::At;
 use selfheal_openai::{ClientError, Completion};
 use serde_json::{Value, json};
@@ -317,12 +317,7 @@ pub(crate) fn rebuild_run(
     tools: &ToolIndex,
     model: &str,
     chain: &[crate::config::Target],
-) -> (
-    selfheal_core::monitor::Verdict,
-    bool,
-    recover::Next,
-    heal::Answered,
-) {
+) -> (selfheal_core::Verdict, bool, recover::Next, heal::Answered) {
     let now_ms = t.s.now_ms();
     let ctx = recover::Ctx {
         tools: &t.s.config.tools,
@@ -387,7 +382,7 @@ pub(crate) fn repeatable_out<'a>(
 /// values the run took.
 pub(crate) struct Decided {
     /// The monitor's verdict.
-    pub(crate) verdict: selfheal_core::monitor::Verdict,
+    pub(crate) verdict: selfheal_core::Verdict,
     /// Whether the newest result failed (the abort rule's condition).
     pub(crate) newest_failed: bool,
     /// What this request carries out for the controller.
@@ -482,7 +477,7 @@ async fn decide_and_answer<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, A
 }
 
 /// Why and how the run ends now, if it does: the controller's stop first, else the monitor's
-/// abort rule when the newest result failed ([`selfheal_core::call::abort_now`]).
+/// abort rule when the newest result failed ([`selfheal_core::abort_now`]).
 pub(crate) fn stopping(
     stop: Option<recover::Stop>,
     abort: Option<String>,
@@ -491,8 +486,9 @@ pub(crate) fn stopping(
     match stop {
         Some(recover::Stop::Degrade(reason)) => Some((reason, Action::Degrade)),
         Some(recover::Stop::Abort(reason)) => Some((reason, Action::Terminate)),
-        None => selfheal_core::call::abort_now(abort, newest_failed)
-            .map(|reason| (reason, Action::Terminate)),
+        None => {
+            selfheal_core::abort_now(abort, newest_failed).map(|reason| (reason, Action::Terminate))
+        }
     }
 }
 
@@ -583,7 +579,7 @@ pub(crate) fn learned_no_stream(
 pub(crate) fn edit_request(
     t: &Turn,
     req: &ChatRequest<'_>,
-    verdict: &selfheal_core::monitor::Verdict,
+    verdict: &selfheal_core::Verdict,
     recovery: &[String],
     actions: &mut Vec<Action>,
 ) -> heal::Applied {
@@ -691,7 +687,7 @@ pub(crate) fn reask_turn(problems: &[heal::Problem]) -> Value {
 /// Writes the run's decisions about the tool results of a request (signals, classes, actions
 /// with their inputs, tools routed around) to its trace, where `selfheal trace replay` decides
 /// them again under another policy.
-pub(crate) fn record_decisions(t: &Turn, decisions: Vec<(u64, selfheal_core::trace::Event)>) {
+pub(crate) fn record_decisions(t: &Turn, decisions: Vec<(u64, selfheal_core::TraceEvent)>) {
     for (_, event) in decisions {
         t.event(
             Kind::from(&event),
@@ -702,14 +698,11 @@ pub(crate) fn record_decisions(t: &Turn, decisions: Vec<(u64, selfheal_core::tra
 
 /// Hands the run a decision about the model's answer (its calls unusable, its stream broken),
 /// writes the run's decision records to this turn's trace and returns what the run decided.
-pub(crate) fn run_decides(
-    t: &Turn,
-    input: selfheal_core::run::Input<'_>,
-) -> Vec<selfheal_core::run::Action> {
+pub(crate) fn run_decides(t: &Turn, input: selfheal_core::Input<'_>) -> Vec<selfheal_core::Action> {
     let (actions, records) = {
         let mut st = lock(&t.state);
         let mut rng = time_rng();
-        let mut breakers = selfheal_core::call::Breakers::none();
+        let mut breakers = selfheal_core::Breakers::none();
         let actions = st.decide(input, t.s.now_ms(), &mut rng, &mut breakers);
         (actions, st.run.take_records())
     };
@@ -739,14 +732,14 @@ pub(crate) fn reask_or_escalate(
     let fallback = chain.get(1).map(|c| c.model.clone());
     let actions = run_decides(
         t,
-        selfheal_core::run::Input::CallsUnusable {
+        selfheal_core::Input::CallsUnusable {
             signal: heal::unusable_signal(problems),
             fallback: fallback.as_deref(),
             state,
         },
     );
     let (next, escalate) = actions.into_iter().find_map(|a| match a {
-        selfheal_core::run::Action::Reask { next, escalate } => Some((next, escalate)),
+        selfheal_core::Action::Reask { next, escalate } => Some((next, escalate)),
         _ => None,
     })?;
     lock(&t.state).act(Action::Reask);
@@ -765,13 +758,13 @@ pub(crate) fn reask_or_escalate(
 pub(crate) fn reissue_granted(t: &Turn) -> bool {
     let actions = run_decides(
         t,
-        selfheal_core::run::Input::StreamBroke {
+        selfheal_core::Input::StreamBroke {
             after_content: false,
         },
     );
     let granted = actions
         .iter()
-        .any(|a| matches!(a, selfheal_core::run::Action::Reissue));
+        .any(|a| matches!(a, selfheal_core::Action::Reissue));
     if granted {
         lock(&t.state).act(Action::Reissue);
     }
@@ -780,8 +773,8 @@ pub(crate) fn reissue_granted(t: &Turn) -> bool {
 
 /// Jitter for backoffs, seeded from the clock (the core's decisions stay reproducible from
 /// their inputs; the gateway's inputs include the time).
-pub(crate) fn time_rng() -> selfheal_core::rng::SplitMix64 {
-    selfheal_core::rng::SplitMix64::new(
+pub(crate) fn time_rng() -> selfheal_core::SplitMix64 {
+    selfheal_core::SplitMix64::new(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64),

@@ -2,7 +2,7 @@
 //!
 //! Why it exists: the gateway executes no tool, but every tool result comes back to it in the
 //! next request. Each new result is an observation of the run's core
-//! [`Controller`](selfheal_core::controller::Controller) — the same
+//! [`Controller`](selfheal_core::Controller) — the same
 //! classifier, class ladders, per-failure cap, doubt rule and ledger the in-process runtime and
 //! the benchmark use — and the directive it returns is carried out with what a proxy has: text
 //! for the model, the model it sends the request to, and the answer it gives the client.
@@ -29,10 +29,10 @@
 //! observed when it arrives: the gateway asks the agent, through its own tool loop, to call the
 //! equivalent tool with the same arguments (the tool itself again, when it has no equivalent:
 //! a second read), and observes the value with the verdict of
-//! [`selfheal_core::verifier::cross_check`] on the two answers when the second one arrives —
+//! [`selfheal_core::cross_check`] on the two answers when the second one arrives —
 //! a disagreement as the call's contradiction signal, otherwise a [`Observation::Verified`]
 //! after it, exactly the order the benchmark's in-process client reports them in. So the core's
-//! doubt rule ([`selfheal_core::policy::Policy::in_doubt`]) applies on the wire too: a
+//! doubt rule ([`selfheal_core::Policy::in_doubt`]) applies on the wire too: a
 //! substitute's value that its primary cannot confirm ends the run `partial` instead of being
 //! returned as correct. An agent that does not make the cross-check call gets the verdict
 //! "uncertain" for it.
@@ -52,17 +52,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use selfheal_core::call::Breakers;
-use selfheal_core::classifier::Signal;
-use selfheal_core::contract;
-use selfheal_core::controller::Observation;
-use selfheal_core::monitor::{CallOutcome, Monitor, ToolCall, canonical_hash};
-use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Input, StepAction};
-use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::{Judgement, cross_check};
-use selfheal_core::{Amounts, FailureClass};
+use selfheal_core::{
+    Action, ActionKind, Amounts, Breakers, CallOutcome, EscalationTarget, FailureClass, Input,
+    Judgement, Monitor, Observation, Options, RecoveryAction, RepairTarget, RunStatus, Signal,
+    SplitMix64, StepAction, ToolCall, canonical_hash, contract, cross_check,
+};
 
 use crate::config::ToolConfig;
 use crate::runs::{Held, Pending, RunState};
@@ -141,7 +135,7 @@ impl Ctx<'_> {
     /// The tool a value of `tool` is cross-checked against, with the tolerance, if it is: its
     /// substitute, or — for a tool with none — the tool itself, read a second time with the
     /// same arguments.
-    fn check_against(&self, tool: &str) -> Option<(String, selfheal_core::verifier::Tolerance)> {
+    fn check_against(&self, tool: &str) -> Option<(String, selfheal_core::Tolerance)> {
         if let Some(c) = self.tools.get(tool)
             && c.cross_check
         {
@@ -268,8 +262,8 @@ pub(crate) fn take_next(st: &mut RunState) -> Next {
 }
 
 /// Why a final answer cannot go out as complete now, if it cannot: the core's
-/// [`Controller::unclaimable`](selfheal_core::controller::Controller::unclaimable) for a
-/// front-end that knows its steps by tool ([`StepsBy::Tool`](selfheal_core::controller::StepsBy)):
+/// [`Controller::unclaimable`](selfheal_core::Controller::unclaimable) for a
+/// front-end that knows its steps by tool ([`StepsBy::Tool`](selfheal_core::StepsBy)):
 /// a tool's failure still unsettled, or a recovery under a policy that claims nothing after one.
 /// A value held for its cross-check that the model answered without checking is unsettled too:
 /// the core never saw it judged, so the answer built on it is not claimed.
@@ -280,12 +274,12 @@ pub(crate) fn unsettled(st: &RunState) -> Option<String> {
             p.tool, p.against
         ));
     }
-    st.run.unclaimable(selfheal_core::controller::StepsBy::Tool)
+    st.run.unclaimable(selfheal_core::StepsBy::Tool)
 }
 
 /// Why a final answer whose text is `text` cannot go out as complete: [`unsettled`], else the
 /// core's answer rules over the text and the request's `evidence`
-/// ([`selfheal_core::run::Run::unclaimable_answer`], in a run offered tools: a call of an
+/// ([`selfheal_core::Run::unclaimable_answer`], in a run offered tools: a call of an
 /// offered tool announced instead of made, when the request let the model call one
 /// (`may_call`); a number found in no input or tool result of the run).
 pub(crate) fn ungrounded_answer(
@@ -295,8 +289,8 @@ pub(crate) fn ungrounded_answer(
     may_call: bool,
 ) -> Option<String> {
     st.run.unclaimable_answer(
-        selfheal_core::controller::StepsBy::Tool,
-        Some(selfheal_core::run::Proposed {
+        selfheal_core::StepsBy::Tool,
+        Some(selfheal_core::Proposed {
             text,
             evidence,
             may_call,
@@ -310,7 +304,7 @@ pub(crate) fn reread_text(tool: &str, args: &Value) -> String {
 }
 
 /// Asked when the model answers without a tool call: whether the run reads its values once
-/// more first — the core's [`Controller::reread_due`](selfheal_core::controller::Controller::reread_due)
+/// more first — the core's [`Controller::reread_due`](selfheal_core::Controller::reread_due)
 /// (once per run, after a recovery, when the policy's `reread_after_recovery` asks for it),
 /// over the values of the tools the operator marked [`ToolConfig::reread`]. If so, the
 /// guidance that asks for the first read; the gateway holds the answer and asks the model for
@@ -324,7 +318,7 @@ pub(crate) fn reread_before_answer(st: &mut RunState) -> Option<String> {
     let mut rng = SplitMix64::new(0);
     let proposed = st.decide(
         Input::AnswerProposed {
-            by: selfheal_core::controller::StepsBy::Tool,
+            by: selfheal_core::StepsBy::Tool,
             answer: None,
         },
         0,
@@ -407,7 +401,7 @@ pub(crate) fn take_ungrounded(
             .and_then(Value::as_str)
             .and_then(|a| serde_json::from_str(a).ok())
             .unwrap_or(Value::Null);
-        let missing = selfheal_core::verifier::ungrounded_arguments(&args, evidence);
+        let missing = selfheal_core::ungrounded_arguments(&args, evidence);
         if missing.is_empty() {
             return true;
         }
@@ -424,7 +418,7 @@ pub(crate) fn take_ungrounded(
 /// The grounding check of a request's answer: the calls of tools the operator marked
 /// [`ToolConfig::grounded`] whose arguments appear nowhere in the conversation the agent sent
 /// are taken out of the answer before the agent runs them, and re-asked like any unusable call
-/// (the core's [`selfheal_core::verifier::ungrounded_arguments`] is the rule; the ladder that
+/// (the core's [`selfheal_core::ungrounded_arguments`] is the rule; the ladder that
 /// re-asks is the core's too). The evidence is the request's user and system texts and its tool
 /// results; it is read only when the answer calls a grounded tool.
 #[derive(Debug, Clone, Copy)]
@@ -1045,7 +1039,7 @@ fn repaired(
         value,
         required,
         against: String::new(),
-        tolerance: selfheal_core::verifier::Tolerance::default(),
+        tolerance: selfheal_core::Tolerance::default(),
         repaired: true,
     };
     match ctx.check_against(tool) {
@@ -1129,7 +1123,7 @@ fn decide_on(
     rng: &mut SplitMix64,
 ) -> StepAction {
     let mut breakers = Breakers::none();
-    let mut env = selfheal_core::run::Env {
+    let mut env = selfheal_core::Env {
         now_ms,
         rng,
         breakers: &mut breakers,
@@ -1351,9 +1345,7 @@ pub fn replan_text(tool: &str, class: FailureClass) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use selfheal_core::budget::BudgetLimits;
-    use selfheal_core::monitor::MonitorConfig;
-    use selfheal_core::policy::Policy;
+    use selfheal_core::{BudgetLimits, MonitorConfig, Policy};
     use serde_json::json;
 
     fn offered(names: &[&str]) -> ToolIndex {

@@ -77,7 +77,7 @@ pub(crate) type AskAgain<R> = Box<dyn FnOnce(Vec<Problem>) -> BoxFuture<'static,
 pub type Check = Box<dyn Fn(&mut Vec<Value>) -> Vec<Problem> + Send>;
 
 /// What came of the read before answering (the core's
-/// [`Controller::reread_due`](selfheal_core::controller::Controller::reread_due)), asked for
+/// [`Controller::reread_due`](selfheal_core::Controller::reread_due)), asked for
 /// when a final answer (one that calls no tools) was about to go out and nothing but held
 /// events had.
 #[derive(Debug, Clone, PartialEq)]

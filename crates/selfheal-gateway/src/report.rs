@@ -10,7 +10,7 @@ use crate::store::Detail;
 use crate::upstream::CallLog;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::Response;
-use selfheal_core::budget::{BudgetLimits, Dimension};
+use selfheal_core::{BudgetLimits, Dimension};
 use serde_json::{Value, json};
 use std::sync::Mutex;
 
@@ -110,7 +110,7 @@ pub(crate) struct Report<'a> {
 #[derive(serde::Serialize)]
 pub(crate) struct BudgetReport<'a> {
     pub(crate) limits: LimitsReport<'a>,
-    pub(crate) spent: &'a selfheal_core::budget::Amounts,
+    pub(crate) spent: &'a selfheal_core::Amounts,
 }
 
 /// [`limits_json`] as a serializer: an unlimited dimension is `null`.

@@ -11,7 +11,7 @@
 //!   carries content. While nothing else has gone out, a broken stream (cut, stalled past the idle
 //!   timeout, unreadable event, `error` or `response.failed` event, ended without a terminal
 //!   event, an empty 200) is re-issued without streaming, within the run's budget, through the
-//!   core's [`stream_broke`](selfheal_core::call::stream_broke), and the new answer is re-emitted
+//!   core's [`stream_broke`](selfheal_core::stream_broke), and the new answer is re-emitted
 //!   as a complete event stream: the client never sees the break.
 //! - **holds every `function_call` item** until the terminal event, then checks and repairs its
 //!   arguments against the request's tools (the same non-corrupting path as chat). An unusable

@@ -24,15 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
-use selfheal_core::budget::{BudgetLedger, BudgetLimits};
-use selfheal_core::call::Breakers;
-use selfheal_core::controller::ControllerConfig;
-use selfheal_core::monitor::MonitorConfig;
-use selfheal_core::policy::ActionKind;
-use selfheal_core::policy::Policy;
-use selfheal_core::rng::Rng;
-use selfheal_core::run::{Action, Env, Input, Run};
-use selfheal_core::trust::TrustConfig;
+use selfheal_core::{
+    Action, ActionKind, Breakers, BudgetLedger, BudgetLimits, ControllerConfig, Env, Input,
+    MonitorConfig, Policy, Rng, Run, TrustConfig,
+};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -119,7 +114,7 @@ pub(crate) const STORED_VERSION: u32 = 1;
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Stored {
     version: u32,
-    run: selfheal_core::run::RunSnapshot,
+    run: selfheal_core::RunSnapshot,
     wire: Wire,
     seen: SeenResults,
     failures: u64,
@@ -176,7 +171,7 @@ pub struct Share {
     /// Requests of this run in flight on this replica.
     pub(crate) users: u32,
     /// Spent and requests served as of `version`: what is local only is the difference.
-    pub(crate) base: (selfheal_core::budget::Amounts, u64),
+    pub(crate) base: (selfheal_core::Amounts, u64),
     /// The effects of the requests in flight ([`Redo`]).
     pub(crate) redo: Vec<Redo>,
     /// One write of this run at a time from this replica.
@@ -358,7 +353,7 @@ impl RunState {
     /// Hands the run an input that needs neither time nor chance nor breakers (the tools on
     /// offer, a user turn) and decides nothing.
     pub fn tell(&mut self, input: Input<'_>) {
-        let mut rng = selfheal_core::rng::SplitMix64::new(0);
+        let mut rng = selfheal_core::SplitMix64::new(0);
         let mut breakers = Breakers::none();
         let actions = self.decide(input, 0, &mut rng, &mut breakers);
         debug_assert!(actions.is_empty(), "{actions:?}");
@@ -388,7 +383,7 @@ impl RunState {
         bytes: &[u8],
         monitor: MonitorConfig,
         policy: Policy,
-    ) -> Result<RunState, selfheal_core::run::ResumeError> {
+    ) -> Result<RunState, selfheal_core::ResumeError> {
         RunState::resumed(bytes, monitor, policy, None)
     }
 
@@ -399,10 +394,10 @@ impl RunState {
         monitor: MonitorConfig,
         policy: Policy,
         trust: Option<&TrustMemory>,
-    ) -> Result<RunState, selfheal_core::run::ResumeError> {
+    ) -> Result<RunState, selfheal_core::ResumeError> {
         let stored: Stored = serde_json::from_slice(bytes)?;
         if stored.version != STORED_VERSION {
-            return Err(selfheal_core::run::ResumeError::Version {
+            return Err(selfheal_core::ResumeError::Version {
                 found: stored.version,
                 expected: STORED_VERSION,
             });
@@ -730,7 +725,7 @@ impl RunStore {
 
     /// A run's state read back from [`RunState::to_bytes`] under this store's monitor
     /// thresholds and policy.
-    pub fn resume(&self, bytes: &[u8]) -> Result<RunState, selfheal_core::run::ResumeError> {
+    pub fn resume(&self, bytes: &[u8]) -> Result<RunState, selfheal_core::ResumeError> {
         RunState::resumed(
             bytes,
             self.monitor.clone(),
@@ -941,7 +936,7 @@ pub(crate) struct Pending {
     pub(crate) required: Vec<String>,
     /// The tool asked to confirm it.
     pub(crate) against: String,
-    pub(crate) tolerance: selfheal_core::verifier::Tolerance,
+    pub(crate) tolerance: selfheal_core::Tolerance,
     /// The value is the gateway's repair of an answer that did not parse (observed already as
     /// that failure): only the verdict is observed.
     pub(crate) repaired: bool,
@@ -993,7 +988,7 @@ pub(crate) const MAX_HELD: usize = 64;
 /// Most repaired tool results a run keeps replacing in the requests it forwards.
 pub(crate) const MAX_REPAIRED: usize = 64;
 
-/// What this gateway process has learned of its sources (issue 33, [`selfheal_core::trust`]):
+/// What this gateway process has learned of its sources (issue 33, [`selfheal_core::Trust`]):
 /// one store for every run, kept in process memory. A run starts from a copy of it and reports
 /// the evidence it sees (cross-checks, verdicts, contract breaches, outages) as it decides; the
 /// policy's `risk` reads it when a recovered value nothing could check is to be claimed. Times
@@ -1010,9 +1005,9 @@ pub struct TrustMemory(pub(crate) Arc<TrustInner>);
 #[derive(Debug, Default)]
 pub(crate) struct TrustInner {
     /// This replica's evidence only: what it shares with the others.
-    pub(crate) own: Mutex<selfheal_core::trust::Trust>,
+    pub(crate) own: Mutex<selfheal_core::Trust>,
     /// What runs start from: `own` plus what the other replicas shared.
-    pub(crate) view: Mutex<selfheal_core::trust::Trust>,
+    pub(crate) view: Mutex<selfheal_core::Trust>,
     /// Whether `own` changed since it was last shared.
     pub(crate) dirty: std::sync::atomic::AtomicBool,
 }
@@ -1020,7 +1015,7 @@ pub(crate) struct TrustInner {
 impl TrustMemory {
     /// A copy of the store now, for a run to start from: this replica's evidence and, when
     /// replicas share, the others' as last refreshed.
-    pub fn snapshot(&self) -> selfheal_core::trust::Trust {
+    pub fn snapshot(&self) -> selfheal_core::Trust {
         self.0
             .view
             .lock()
@@ -1029,15 +1024,15 @@ impl TrustMemory {
     }
 
     /// This replica's own evidence (what it shares), without the others'.
-    pub fn own(&self) -> selfheal_core::trust::Trust {
+    pub fn own(&self) -> selfheal_core::Trust {
         self.0.own.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Applies a run's evidence: to this replica's own store and to what runs start from.
     pub fn report(
         &self,
-        reports: &[selfheal_core::trust::Report],
-        config: &selfheal_core::trust::TrustConfig,
+        reports: &[selfheal_core::TrustReport],
+        config: &selfheal_core::TrustConfig,
     ) {
         if reports.is_empty() {
             return;
@@ -1068,13 +1063,10 @@ const TRUST_NO_DECAY_TTL_MS: u64 = 7 * 24 * 3_600_000;
 /// (Unix ms), so that a replica with another process clock reads them right.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct TrustWire {
-    /// Layout version ([`selfheal_core::trust::TRUST_VERSION`]).
+    /// Layout version ([`selfheal_core::TRUST_VERSION`]).
     v: u32,
     /// Per source: its weights, `at_ms` on the Unix clock.
-    s: Vec<(
-        selfheal_core::trust::Source,
-        selfheal_core::trust::Posterior,
-    )>,
+    s: Vec<(selfheal_core::Source, selfheal_core::Posterior)>,
 }
 
 /// Shares `trust` with the other replicas through `shared` (issue 34): learned trust is
@@ -1102,7 +1094,7 @@ struct TrustWire {
 pub(crate) fn share_trust(
     trust: &TrustMemory,
     shared: selfheal_state::Shared,
-    config: selfheal_core::trust::TrustConfig,
+    config: selfheal_core::TrustConfig,
     clock: crate::clock::Clock,
     refresh: std::time::Duration,
 ) {
@@ -1127,7 +1119,7 @@ pub(crate) fn share_trust(
 /// One replica's side of shared trust: what it last published and last merged.
 pub(crate) struct TrustTier {
     shared: selfheal_state::Shared,
-    config: selfheal_core::trust::TrustConfig,
+    config: selfheal_core::TrustConfig,
     /// When this replica's record was last published (Unix ms).
     published_ms: u64,
     /// The other replicas' records as last merged (key → payload).
@@ -1137,7 +1129,7 @@ pub(crate) struct TrustTier {
 impl TrustTier {
     pub(crate) fn new(
         shared: selfheal_state::Shared,
-        config: selfheal_core::trust::TrustConfig,
+        config: selfheal_core::TrustConfig,
     ) -> TrustTier {
         TrustTier {
             shared,
@@ -1174,7 +1166,7 @@ impl TrustTier {
                 .filter(|(_, d)| d.right + d.wrong + d.up + d.down > 1e-9)
                 .collect();
             let wire = TrustWire {
-                v: selfheal_core::trust::TRUST_VERSION,
+                v: selfheal_core::TRUST_VERSION,
                 s,
             };
             if let Ok(payload) = serde_json::to_string(&wire) {
@@ -1215,7 +1207,7 @@ impl TrustTier {
         let mut view = own.clone();
         for (key, payload) in others {
             let wire = match serde_json::from_str::<TrustWire>(payload) {
-                Ok(w) if w.v == selfheal_core::trust::TRUST_VERSION => w,
+                Ok(w) if w.v == selfheal_core::TRUST_VERSION => w,
                 // Another build's layout: left out, never read as something it is not.
                 _ => {
                     tracing::debug!(target: "selfheal::state", key, "a trust record of another layout: left out");
@@ -1254,24 +1246,21 @@ mod tests {
     /// the core's run (results seen, counters, the last answer) comes back too.
     #[test]
     fn a_run_written_to_bytes_continues_in_another_process() {
-        use selfheal_core::budget::Amounts;
-        use selfheal_core::controller::Observation;
-        use selfheal_core::monitor::ToolCall;
-        use selfheal_core::run::Input;
+        use selfheal_core::{Amounts, Input, Observation, ToolCall};
         let monitor = MonitorConfig::default();
         let mut st = RunState::new(monitor.clone(), BudgetLimits::unlimited());
         st.tell(Input::Offered(&["fetch_url", "web_search"]));
         let body = json!({"error": "search backend down"});
         let fail = |st: &mut RunState, i: u64| {
             let args = json!({"q": i});
-            let mut rng = selfheal_core::rng::SplitMix64::new(i);
+            let mut rng = selfheal_core::SplitMix64::new(i);
             let mut breakers = Breakers::none();
             st.decide(
                 Input::Observed(Observation::ToolFinished {
                     step: Some(0),
                     call: ToolCall::returned("web_search", &args, &body),
                     signal: None,
-                    options: selfheal_core::policy::Options {
+                    options: selfheal_core::Options {
                         can_replan: true,
                         retry_safe: true,
                         ..Default::default()
@@ -1321,11 +1310,11 @@ mod tests {
     /// was about 100 bytes a source: 100 kB in every stored run.)
     #[test]
     fn a_stored_run_carries_its_own_trust_evidence_not_the_store() {
-        use selfheal_core::trust::{Evidence, Report, Source, TrustConfig};
+        use selfheal_core::{Evidence, Source, TrustConfig, TrustReport};
         let config = TrustConfig::default();
         let full = TrustMemory::default();
-        let reports: Vec<Report> = (0..selfheal_core::trust::MAX_SOURCES)
-            .map(|i| Report {
+        let reports: Vec<TrustReport> = (0..selfheal_core::MAX_TRUST_SOURCES)
+            .map(|i| TrustReport {
                 source: Source::tool(&format!("tool_{i}")),
                 evidence: Evidence::Disagreed,
                 at_ms: 1_000,

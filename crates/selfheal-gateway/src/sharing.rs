@@ -346,7 +346,7 @@ mod tests {
     use super::*;
     use crate::config::GatewayConfig;
     use crate::store::TraceWriter;
-    use selfheal_core::budget::Amounts;
+    use selfheal_core::Amounts;
     use selfheal_state::{MemoryStore, Shared, StateStore};
 
     fn replica(store: &Arc<dyn StateStore>) -> Arc<AppState> {
@@ -479,7 +479,7 @@ mod tests {
         let on_b = load(&b, "r-1", "t", true, || observe(1)).await;
         let mut st = lock(&on_b);
         assert_eq!(st.share.version, 1, "a's state, loaded");
-        let cooldown = selfheal_core::monitor::MonitorConfig::default().cooldown_ms;
+        let cooldown = selfheal_core::MonitorConfig::default().cooldown_ms;
         let b_now = b.now_ms();
         assert!(b_now.abs_diff(hidden_at) < 60_000, "one time base");
         assert_eq!(st.run.verdict(b_now).hidden_tools, ["search"]);
@@ -493,7 +493,7 @@ mod tests {
     /// What a request spent is added to a resumed state's ledger through the run.
     #[test]
     fn spending_is_added_to_a_stored_ledger() {
-        use selfheal_core::budget::BudgetLimits;
+        use selfheal_core::BudgetLimits;
         let st = RunState::new(Default::default(), BudgetLimits::unlimited());
         let bytes = st.to_bytes().unwrap();
         let spent = Amounts {

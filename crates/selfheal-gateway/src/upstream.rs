@@ -5,7 +5,7 @@
 //! back — is not decided here: [`Upstreams::call`] turns each failure into the core's
 //! [`Signal`] (the OpenAI wire is parsed in one place, `ClientError`),
 //! hands it to the core's `CallPlan` and does what the plan says. The plan charges every attempt to the
-//! run's one ledger and keeps one [`Breaker`](selfheal_core::breaker::Breaker) per upstream, the
+//! run's one ledger and keeps one [`Breaker`](selfheal_core::Breaker) per upstream, the
 //! same breaker the monitor keeps per tool. A `--policy` file therefore changes what the gateway
 //! does exactly as it changes the benchmark.
 //!
@@ -36,13 +36,10 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
-use selfheal_core::breaker::{BreakerConfig, CircuitState};
-use selfheal_core::budget::BudgetLimits;
-use selfheal_core::call::{self, Breakers, Mode, Offer, Stop};
-use selfheal_core::classifier::Signal;
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, CallId, Input};
-use selfheal_core::trace::Kind;
+use selfheal_core::{
+    Action, BreakerConfig, Breakers, BudgetLimits, CallId, CallMode, CallOffer, CallStop,
+    CircuitState, EventKind, Input, Signal, SplitMix64,
+};
 use selfheal_openai::{
     ClientError, Completion, map_reqwest, parse_completion, retry_after_ms, status_error,
 };
@@ -379,7 +376,7 @@ pub struct CallLog {
     pub events: Vec<CallEvent>,
     /// The core's typed events of every decision (signal, classified, action with its input),
     /// with the Unix time in ms they were made at.
-    pub decisions: Vec<(u64, selfheal_core::trace::Event)>,
+    pub decisions: Vec<(u64, selfheal_core::TraceEvent)>,
     /// The target that answered, when one did.
     pub served: Option<Target>,
 }
@@ -388,7 +385,7 @@ pub struct CallLog {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallEvent {
     /// [`Kind::Retry`], [`Kind::Fallback`] or [`Kind::CooldownSkip`].
-    pub kind: Kind,
+    pub kind: EventKind,
     /// The reason.
     pub detail: String,
     /// Unix time in ms when it happened (not when the log was written to the trace, so that
@@ -398,7 +395,7 @@ pub struct CallEvent {
 
 impl CallLog {
     /// Records an entry, stamped with the current time.
-    pub fn push(&mut self, kind: Kind, detail: String) {
+    pub fn push(&mut self, kind: EventKind, detail: String) {
         let t_ms = unix_ms();
         self.events.push(CallEvent { kind, detail, t_ms });
     }
@@ -607,19 +604,19 @@ impl Upstreams {
         let id = self.calls.fetch_add(1, Ordering::Relaxed);
         let own;
         let (state, mode) = match run {
-            Some(run) => (run, Mode::Heal),
+            Some(run) => (run, CallMode::Heal),
             None => {
                 own = Mutex::new(RunState::new(
-                    selfheal_core::monitor::MonitorConfig::default(),
+                    selfheal_core::MonitorConfig::default(),
                     BudgetLimits::unlimited(),
                 ));
-                (&own, Mode::Passthrough)
+                (&own, CallMode::Passthrough)
             }
         };
         // A request dropped mid-call (the client went away) ends its call in the run.
         let _forget = Forget { state, id };
         let mut decide =
-            |input: Input<'_>, log: &mut CallLog| -> (Vec<Action>, Vec<call::CallEvent>) {
+            |input: Input<'_>, log: &mut CallLog| -> (Vec<Action>, Vec<selfheal_core::CallEvent>) {
                 let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
                 let actions = st.decide(input, self.now_ms(), &mut rng, &mut self.breakers());
                 let t_ms = unix_ms();
@@ -666,7 +663,7 @@ impl Upstreams {
                     | Action::Answer { .. }
                     | Action::Stop { .. },
                 ) => {
-                    let stop = Stop::Exhausted {
+                    let stop = CallStop::Exhausted {
                         class: None,
                         action: selfheal_core::ActionKind::Degrade,
                     };
@@ -731,7 +728,7 @@ impl Upstreams {
             let failed = Input::AttemptFailed {
                 call: id,
                 signal: &signal,
-                offer: Offer::default(),
+                offer: CallOffer::default(),
             };
             let was_open = matches!(
                 self.breakers().state(&target.upstream),
@@ -777,7 +774,7 @@ impl Upstreams {
     /// Writes what the call did (retries, fall-backs, skips) to the call's log and the run.
     fn log_events(
         &self,
-        events: Vec<call::CallEvent>,
+        events: Vec<selfheal_core::CallEvent>,
         chain: &[Target],
         last_err: Option<&ClientError>,
         run: Option<&Mutex<RunState>>,
@@ -787,19 +784,19 @@ impl Upstreams {
         for e in events {
             // What the run's report lists for it (a skip is not an action of the run's).
             let (kind, detail, act) = match e {
-                call::CallEvent::Retry {
+                selfheal_core::CallEvent::Retry {
                     target, delay_ms, ..
                 } => {
                     let label = name(target)
                         .map_or_else(String::new, |t| format!("{}/{}", t.upstream, t.model));
                     let err = last_err.map_or_else(String::new, |e| format!(": {e}"));
                     (
-                        Kind::Retry,
+                        EventKind::Retry,
                         format!("{label}{err} (waiting {delay_ms} ms)"),
                         Some(crate::action::Action::Retry),
                     )
                 }
-                call::CallEvent::Fallback { to, forced, .. } => {
+                selfheal_core::CallEvent::Fallback { to, forced, .. } => {
                     let model = name(to).map_or_else(String::new, |t| t.model.clone());
                     let why = if forced {
                         " (upstream health, not charged to the run)"
@@ -807,12 +804,12 @@ impl Upstreams {
                         ""
                     };
                     (
-                        Kind::Fallback,
+                        EventKind::Fallback,
                         format!("{model}{why}"),
                         Some(crate::action::Action::Escalate),
                     )
                 }
-                call::CallEvent::Skip { target } => {
+                selfheal_core::CallEvent::Skip { target } => {
                     let upstream = name(target).map_or("", |t| t.upstream.as_str());
                     let detail = if self.learned().contains(upstream) {
                         self.shared_skips.fetch_add(1, Ordering::Relaxed);
@@ -820,7 +817,7 @@ impl Upstreams {
                     } else {
                         upstream.to_owned()
                     };
-                    (Kind::CooldownSkip, detail, None)
+                    (EventKind::CooldownSkip, detail, None)
                 }
             };
             crate::telemetry::decision(kind.as_str(), &detail);
@@ -854,7 +851,7 @@ impl Drop for Forget<'_> {
 /// The client's answer when the plan stopped: the upstream's own refusal of the caller's
 /// request as it came (status and message), a missing model as 404, anything else a 502 with
 /// every attempt's reason.
-fn give_up(stop: Stop, last: Option<ClientError>, reasons: Vec<String>) -> ApiError {
+fn give_up(stop: CallStop, last: Option<ClientError>, reasons: Vec<String>) -> ApiError {
     let refusal = |status: u16, message: String, code: &'static str| {
         let http = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         let mut e = ApiError::new(http, "invalid_request_error", code, message);
@@ -862,18 +859,18 @@ fn give_up(stop: Stop, last: Option<ClientError>, reasons: Vec<String>) -> ApiEr
         e
     };
     match (stop, last) {
-        (Stop::Rejected { status }, Some(ClientError::Status { message, .. })) => {
+        (CallStop::Rejected { status }, Some(ClientError::Status { message, .. })) => {
             refusal(status, message, "upstream_rejected")
         }
         (
-            Stop::Exhausted { .. },
+            CallStop::Exhausted { .. },
             Some(ClientError::Status {
                 status: 404,
                 message,
                 ..
             }),
         ) => refusal(404, message, "model_not_found"),
-        (Stop::Rejected { .. } | Stop::Exhausted { .. }, _) => ApiError::exhausted(reasons),
+        (CallStop::Rejected { .. } | CallStop::Exhausted { .. }, _) => ApiError::exhausted(reasons),
     }
 }
 
@@ -974,7 +971,7 @@ mod tests {
         let encode = |_: &str| Bytes::new();
         let creds = Credentials::default();
         let run = Mutex::new(RunState::new(
-            selfheal_core::monitor::MonitorConfig::default(),
+            selfheal_core::MonitorConfig::default(),
             BudgetLimits::defaults(),
         ));
         let mut log = CallLog::default();
@@ -999,7 +996,7 @@ mod tests {
         );
         assert_eq!(b.shared_skips(), 1);
         assert!(
-            log.events.iter().any(|e| e.kind == Kind::CooldownSkip
+            log.events.iter().any(|e| e.kind == EventKind::CooldownSkip
                 && e.detail == "main (circuit open on another replica)"),
             "{:?}",
             log.events
@@ -1061,9 +1058,9 @@ mod tests {
     #[test]
     fn issue12_call_log_entries_keep_their_own_times() {
         let mut log = super::CallLog::default();
-        log.push(super::Kind::Retry, "first".into());
+        log.push(super::EventKind::Retry, "first".into());
         std::thread::sleep(std::time::Duration::from_millis(3));
-        log.push(super::Kind::Retry, "second".into());
+        log.push(super::EventKind::Retry, "second".into());
         assert!(log.events[1].t_ms > log.events[0].t_ms, "{:?}", log.events);
     }
 }

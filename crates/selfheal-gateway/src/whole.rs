@@ -6,7 +6,7 @@
 //! is the core's, carried out here the same on every API.
 
 use axum::response::Response;
-use selfheal_core::call::ReaskState;
+use selfheal_core::ReaskState;
 use serde_json::{Value, json};
 
 use crate::action::{Action, push_once};
@@ -211,7 +211,7 @@ async fn reask_calls<D: WholeDialect>(
 
 /// Ask again: a final answer that announces a call of an offered tool instead of making it
 /// ("I need to call `geo_capital`") is asked again once per user turn with the core's guidance
-/// ([`selfheal_core::run::Run::ask_again`]); the answer that comes back is checked as the first
+/// ([`selfheal_core::Run::ask_again`]); the answer that comes back is checked as the first
 /// was, and judged at the end like any other (an announcement again goes out `partial`).
 /// Whether it was asked again.
 async fn ask_again_announced<D: WholeDialect>(

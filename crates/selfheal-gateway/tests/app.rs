@@ -94,11 +94,11 @@ fn gateway(config: GatewayConfig) -> Router {
 fn patient(url: String) -> GatewayConfig {
     let mut c = GatewayConfig::for_upstream(url);
     let retries = r#"["retry", "retry", "retry", "retry", "retry", "retry", "retry", "degrade"]"#;
-    c.policy = selfheal_core::policy::Policy::from_toml_str(&format!(
+    c.policy = selfheal_core::Policy::from_toml_str(&format!(
         "[ladders]\ntool_timeout = {retries}\ntool_unavailable = {retries}\n"
     ))
     .unwrap();
-    c.budget = selfheal_core::budget::BudgetLimits::unlimited();
+    c.budget = selfheal_core::BudgetLimits::unlimited();
     c
 }
 
@@ -409,10 +409,9 @@ async fn issue_11_reasks_climb_the_policys_ladder() {
 
     let (url, shared) = start_upstream(answers()).await;
     let mut one = GatewayConfig::for_upstream(url);
-    one.policy = selfheal_core::policy::Policy::from_toml_str(
-        "[ladders]\nwrong_tool = [\"repair\", \"degrade\"]",
-    )
-    .unwrap();
+    one.policy =
+        selfheal_core::Policy::from_toml_str("[ladders]\nwrong_tool = [\"repair\", \"degrade\"]")
+            .unwrap();
     let (_, body, _) = post_chat(&gateway(one), ask).await;
     assert_eq!(body["selfheal"]["status"], "partial");
     assert_eq!(
@@ -1148,7 +1147,7 @@ async fn a_reask_counts_as_a_recovery_of_the_run() {
         ])
         .await;
         let mut config = fast(GatewayConfig::for_upstream(url));
-        config.policy = selfheal_core::policy::Policy::from_toml_str(policy).unwrap();
+        config.policy = selfheal_core::Policy::from_toml_str(policy).unwrap();
         let app = gateway(config);
         // One request: the unknown tool re-asked, the re-ask answered with a final answer.
         let (_, body, headers) = post_chat(
@@ -1195,7 +1194,7 @@ async fn a_responses_reask_counts_as_a_recovery_of_the_run() {
     ] {
         let (url, shared) = start_responses_upstream(vec![responses_call("nope", "{}")]).await;
         let mut config = fast(GatewayConfig::for_upstream(url));
-        config.policy = selfheal_core::policy::Policy::from_toml_str(policy).unwrap();
+        config.policy = selfheal_core::Policy::from_toml_str(policy).unwrap();
         let app = gateway(config);
         let body = json!({"model": "m", "input": "a task", "tools": responses_tools()});
         let (_, answer) = post_json(&app, "/v1/responses", &body).await;
@@ -1245,7 +1244,7 @@ async fn a_policy_that_claims_nothing_after_a_recovery_flags_the_answer_partial(
         let (url, _shared) = start_upstream(vec![(200, text("1.1, and 3 hits"))]).await;
         let mut config = fast(GatewayConfig::for_upstream(url));
         config.policy =
-            selfheal_core::policy::Policy::from_toml_str("claim_after_recovery = false").unwrap();
+            selfheal_core::Policy::from_toml_str("claim_after_recovery = false").unwrap();
         let app = gateway(config);
         let (code, body, headers) = post_chat(
             &app,

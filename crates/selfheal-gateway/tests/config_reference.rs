@@ -189,7 +189,6 @@ fn the_guides_toml_examples_are_accepted() {
     let policies = toml_blocks("guides/policies.md");
     assert!(!policies.is_empty(), "the policies guide shows no policy");
     for block in &policies {
-        selfheal_core::policy::Policy::from_toml_str(block)
-            .unwrap_or_else(|e| panic!("{e}\n{block}"));
+        selfheal_core::Policy::from_toml_str(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
     }
 }

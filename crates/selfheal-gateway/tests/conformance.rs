@@ -23,8 +23,10 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use selfheal_core::conformance::{self, Outcome, Row, Seen};
-use selfheal_core::trace::RunStatus;
+use selfheal_core::{
+    RunStatus,
+    conformance::{self, Outcome, Row, Seen},
+};
 use selfheal_gateway::{AppState, GatewayConfig, TraceWriter, router};
 
 mod common;

@@ -72,7 +72,7 @@ fn config(url: String, reread: bool, policy: Option<&str>) -> GatewayConfig {
             .insert("fx".into(), toml::from_str("reread = true").unwrap());
     }
     if let Some(p) = policy {
-        c.policy = selfheal_core::policy::Policy::from_toml_str(p).unwrap();
+        c.policy = selfheal_core::Policy::from_toml_str(p).unwrap();
     }
     c
 }

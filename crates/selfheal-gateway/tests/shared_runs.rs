@@ -46,7 +46,7 @@ async fn upstream() -> (String, Seen) {
 fn replica(url: &str, store: Option<Arc<dyn StateStore>>) -> Router {
     let mut config = GatewayConfig::for_upstream(url);
     config.run_secret_env = Some("RUN_SECRET".into());
-    config.budget = selfheal_core::budget::BudgetLimits::unlimited();
+    config.budget = selfheal_core::BudgetLimits::unlimited();
     let env = |v: &str| (v == "RUN_SECRET").then(|| "one deployment".to_owned());
     let mut state = AppState::with_env(config, TraceWriter::disabled(), env).unwrap();
     if let Some(store) = store {

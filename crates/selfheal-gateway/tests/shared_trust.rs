@@ -9,7 +9,7 @@ mod redis;
 
 use std::time::Duration;
 
-use selfheal_core::trust::{Evidence, Posterior, Report, Source, Trust, TrustConfig};
+use selfheal_core::{Evidence, Posterior, Source, Trust, TrustConfig, TrustReport};
 use selfheal_gateway::{AppState, GatewayConfig, TraceWriter};
 
 use redis::{RedisServer, eventually};
@@ -26,10 +26,10 @@ fn replica(url: &str) -> AppState {
 
 /// `n` reports made now: the gateway's clock for its runs is the Unix time
 /// (`AppState::now_ms`, one base for every replica).
-fn reports(source: &Source, evidence: Evidence, n: usize) -> Vec<Report> {
+fn reports(source: &Source, evidence: Evidence, n: usize) -> Vec<TrustReport> {
     let now = selfheal_state::unix_ms();
     (0..n)
-        .map(|_| Report {
+        .map(|_| TrustReport {
             source: source.clone(),
             evidence,
             at_ms: now,

@@ -38,11 +38,7 @@ use selfheal_bench::{ArgSrc, Behaviour, TaskSpec, builtin};
 use selfheal_bench::{CostWeights, ResultRow};
 use selfheal_bench::{Episode as World, Response};
 use selfheal_bench::{FaultModel, Injected, Target, draw};
-use selfheal_core::budget::BudgetLimits;
-use selfheal_core::classifier::FailureClass;
-use selfheal_core::controller::ControllerConfig;
-use selfheal_core::policy::ActionKind;
-use selfheal_core::trace::RunStatus;
+use selfheal_core::{ActionKind, BudgetLimits, ControllerConfig, FailureClass, RunStatus};
 
 use selfheal_runtime::{
     Agent, ClientConfig, Effect, FnTool, ModelClient, Tool, ToolError, ToolSpec,

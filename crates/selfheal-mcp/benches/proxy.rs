@@ -14,7 +14,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 
-use selfheal_core::rng::ConstRng;
+use selfheal_core::ConstRng;
 use selfheal_mcp::{McpConfig, Out, Proxy};
 
 fn bench(c: &mut Criterion) {

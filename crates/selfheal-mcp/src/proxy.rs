@@ -43,14 +43,14 @@
 //! - `reread` (the gateway's read before answering): the proxy never sees the model's answer,
 //!   so it cannot hold it for a second read. After a call of a `reread` tool that needed a
 //!   recovery (a retry, a refresh, a mapped field), when the core's rule says a read is due
-//!   ([`Policy::reread_due`](selfheal_core::policy::Policy::reread_due)), the result carries
+//!   ([`Policy::reread_due`](selfheal_core::Policy::reread_due)), the result carries
 //!   guidance to call the tool again with the same arguments and compare before relying on the
 //!   value. Whether the model does is its own; nothing is claimed about it;
 //! - `claim_after_recovery = false` (the policy claims no answer after a recovery, which the
 //!   gateway carries out by flagging the run's answer `partial`): the proxy cannot flag the
 //!   answer, so the value does it. The result of any call that needed a recovery (a retry, a
 //!   refresh, a mapped field) carries guidance that the policy claims nothing after one
-//!   ([`Policy::claim_refused`](selfheal_core::policy::Policy::claim_refused), the rule behind
+//!   ([`Policy::claim_refused`](selfheal_core::Policy::claim_refused), the rule behind
 //!   `Controller::claim_refused`) and that an answer resting on the value is to be reported as
 //!   unconfirmed; no read again is asked for (the policy makes none). The value itself is
 //!   passed on: withholding it would give the model nothing to report;
@@ -72,16 +72,12 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use selfheal_core::budget::{Amounts, BudgetLimits};
-use selfheal_core::call::Breakers;
-use selfheal_core::classifier::Signal;
-use selfheal_core::contract::{self, Breach, ToolConfig};
-use selfheal_core::controller::{ControllerConfig, Observation};
-use selfheal_core::monitor::{Guidance, MonitorConfig, ToolCall};
-use selfheal_core::policy::{Options, Policy, RecoveryAction, RepairTarget};
-use selfheal_core::rng::Rng;
-use selfheal_core::run::{Env, Input, Run, StepAction};
-use selfheal_core::trace::{Kind, RunStatus};
+use selfheal_core::{
+    Amounts, Breakers, BudgetLimits, ControllerConfig, Env, EventKind, Guidance, Input,
+    MonitorConfig, Observation, Options, Policy, RecoveryAction, RepairTarget, Rng, Run, RunStatus,
+    Signal, StepAction, ToolCall,
+    contract::{self, Breach, ToolConfig},
+};
 use selfheal_repair::{SchemaGuide, check_arguments};
 
 /// How the proxy behaves.
@@ -173,7 +169,7 @@ pub struct Decision {
     /// What kind: `blocked`, `repair`, `invalid_arguments`, `retry`, `timeout`, `tool_result`,
     /// `guidance`, `paused`, `resumed`, `server_closed`, or one of the core's trace events
     /// (`signal`, `classified`, `action`: the detail is the event itself).
-    pub kind: Kind,
+    pub kind: EventKind,
     /// The tool concerned.
     pub tool: String,
     /// Details.
@@ -363,24 +359,24 @@ pub struct Proxy {
     had_result: bool,
     stats: Stats,
     decisions: Vec<Decision>,
-    /// What the process has learned of the server's tools ([`selfheal_core::trust`]): the
+    /// What the process has learned of the server's tools ([`selfheal_core::Trust`]): the
     /// session's run started from it, and its evidence is reported back as it comes.
-    trust: selfheal_core::trust::Shared,
+    trust: selfheal_core::SharedTrust,
 }
 
 impl Proxy {
     /// A proxy for a new session, with a trust store of its own.
-    pub fn new(config: McpConfig) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
-        Proxy::with_trust(config, selfheal_core::trust::Shared::new())
+    pub fn new(config: McpConfig) -> Result<Proxy, selfheal_core::ConfigError> {
+        Proxy::with_trust(config, selfheal_core::SharedTrust::new())
     }
 
     /// A proxy for a new session whose run starts from, and reports to, the process's trust
     /// store `trust` (on the session's clock: the proxy's `now_ms`).
     pub fn with_trust(
         config: McpConfig,
-        trust: selfheal_core::trust::Shared,
-    ) -> Result<Proxy, selfheal_core::monitor::ConfigError> {
-        check_tools(&config.tools).map_err(selfheal_core::monitor::ConfigError)?;
+        trust: selfheal_core::SharedTrust,
+    ) -> Result<Proxy, selfheal_core::ConfigError> {
+        check_tools(&config.tools).map_err(selfheal_core::ConfigError)?;
         let run = Run::new(ControllerConfig {
             trust: trust.snapshot(),
             monitor: config.monitor.clone(),
@@ -410,7 +406,7 @@ impl Proxy {
     }
 
     /// The process's trust store this session reports to.
-    pub fn trust(&self) -> &selfheal_core::trust::Shared {
+    pub fn trust(&self) -> &selfheal_core::SharedTrust {
         &self.trust
     }
 
@@ -446,7 +442,7 @@ impl Proxy {
 
     /// Ends the session's run and returns its outcome (status, reason, what was left
     /// unresolved), as any front-end's run ends: what the session amounted to.
-    pub fn finish(&mut self, now_ms: u64) -> selfheal_core::controller::RunOutcome {
+    pub fn finish(&mut self, now_ms: u64) -> selfheal_core::RunOutcome {
         let outcome = self.run.finish(now_ms);
         self.report_trust();
         outcome
@@ -471,7 +467,7 @@ impl Proxy {
         calls.chain(retries).chain(resume).min()
     }
 
-    fn decide(&mut self, kind: Kind, tool: &str, detail: Value) {
+    fn decide(&mut self, kind: EventKind, tool: &str, detail: Value) {
         self.decisions.push(Decision {
             kind,
             tool: tool.to_owned(),
@@ -538,7 +534,7 @@ impl Proxy {
         // the wait. Once the run has stopped, every call is: the run is over.
         if let Some(text) = self.refusal(&tool) {
             self.stats.answered += 1;
-            self.decide(Kind::Blocked, &tool, json!({}));
+            self.decide(EventKind::Blocked, &tool, json!({}));
             out.push(Out::ToClient(reply(&client_id, error_result(text))));
             return out;
         }
@@ -552,7 +548,7 @@ impl Proxy {
                 Err(e) => {
                     self.stats.answered += 1;
                     let text = e.reask_message("", &tool);
-                    self.decide(Kind::InvalidArguments, &tool, json!({"reask": text}));
+                    self.decide(EventKind::InvalidArguments, &tool, json!({"reask": text}));
                     out.push(Out::ToClient(reply(&client_id, error_result(text))));
                     return out;
                 }
@@ -560,7 +556,7 @@ impl Proxy {
             if outcome.changed {
                 self.stats.repaired += 1;
                 self.decide(
-                    Kind::Repair,
+                    EventKind::Repair,
                     &tool,
                     json!({"coercions": outcome.coercions.len()}),
                 );
@@ -737,7 +733,7 @@ impl Proxy {
             self.steps.entry((*n).to_owned()).or_insert(next);
         }
         // Nothing random is drawn for an offer.
-        let mut rng = selfheal_core::rng::SplitMix64::new(0);
+        let mut rng = selfheal_core::SplitMix64::new(0);
         let mut env = Env {
             now_ms: self.last_now,
             rng: &mut rng,
@@ -761,7 +757,7 @@ impl Proxy {
             .into_iter()
             .map(|p| {
                 self.decisions.push(Decision {
-                    kind: Kind::ServerClosed,
+                    kind: EventKind::ServerClosed,
                     tool: p.tool.clone(),
                     detail: json!({}),
                 });
@@ -787,7 +783,7 @@ impl Proxy {
         for k in late {
             if let Some(p) = self.pending.remove(&k) {
                 self.decide(
-                    Kind::Timeout,
+                    EventKind::Timeout,
                     &p.tool,
                     json!({"after_ms": self.config.call_timeout_ms, "attempt": p.attempt + 1}),
                 );
@@ -954,7 +950,7 @@ impl Proxy {
         let refused = match &mapped {
             Some(Err(why)) => {
                 self.decide(
-                    Kind::Repair,
+                    EventKind::Repair,
                     &p.tool,
                     json!({"target": "output", "refused": why}),
                 );
@@ -997,7 +993,7 @@ impl Proxy {
                         put_value(result, v, *structured);
                         let field = breach.as_ref().map(Breach::field).unwrap_or_default();
                         self.decide(
-                            Kind::Repair,
+                            EventKind::Repair,
                             &p.tool,
                             json!({"target": "output", "field": field}),
                         );
@@ -1073,7 +1069,7 @@ impl Proxy {
                 && declared.as_ref().is_some_and(|c| c.reread)
                 && self.config.policy.reread_due(true)
             {
-                self.decide(Kind::Guidance, &p.tool, json!({"reread": p.args}));
+                self.decide(EventKind::Guidance, &p.tool, json!({"reread": p.args}));
                 notes.push(format!(
                     "`{}` needed a recovery before this answer: call it again with the same \
                      arguments ({}) and compare, before you rely on its value.",
@@ -1084,7 +1080,7 @@ impl Proxy {
             // proxy cannot flag the run's answer `partial`, so the value says it is not to be
             // claimed.
             if let Some(why) = self.config.policy.claim_refused(p.recovered) {
-                self.decide(Kind::Guidance, &p.tool, json!({"unconfirmed": why}));
+                self.decide(EventKind::Guidance, &p.tool, json!({"unconfirmed": why}));
                 notes.push(format!(
                     "`{}` answered only after a recovery: {why}. Report any answer that rests \
                      on this value as unconfirmed, not as a result.",
@@ -1103,7 +1099,7 @@ impl Proxy {
         if let Some(b) = breached {
             detail["breach"] = Value::String(b.to_owned());
         }
-        self.decide(Kind::ToolResult, &p.tool, detail);
+        self.decide(EventKind::ToolResult, &p.tool, detail);
         let mut result = match attempt {
             Attempt::Ok(r) | Attempt::ToolError(r) => r,
             Attempt::RpcError(e) => {
@@ -1139,7 +1135,7 @@ impl Proxy {
             ));
         }
         if !notes.is_empty() {
-            self.decide(Kind::Guidance, &p.tool, json!({"text": notes}));
+            self.decide(EventKind::Guidance, &p.tool, json!({"text": notes}));
             if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {
                 content.push(
                     json!({"type": "text", "text": format!("[selfheal] {}", notes.join(" "))}),
@@ -1164,7 +1160,7 @@ impl Proxy {
     fn record_run(&mut self, tool: &str) {
         for (_, e) in self.run.take_records() {
             let detail = serde_json::to_value(&e).unwrap_or(Value::Null);
-            self.decide(Kind::from(&e), tool, detail);
+            self.decide(EventKind::from(&e), tool, detail);
         }
     }
 
@@ -1240,7 +1236,7 @@ impl Proxy {
         p.attempt += 1;
         self.stats.retries += 1;
         detail["attempt"] = json!(p.attempt);
-        self.decide(Kind::Retry, &p.tool, detail);
+        self.decide(EventKind::Retry, &p.tool, detail);
         self.retries.push((now_ms.saturating_add(delay_ms), p));
         if changed {
             vec![list_changed()]
@@ -1285,7 +1281,7 @@ impl Proxy {
                 None => " and the tool declares no `refresh` argument to bypass its cache",
                 Some(_) => "",
             };
-            self.decide(Kind::Guidance, tool, json!({"stale_ms": age}));
+            self.decide(EventKind::Guidance, tool, json!({"stale_ms": age}));
             return Kept::Answer {
                 notes: vec![format!(
                     "The data of `{tool}` is stale: stamped {age} ms ago, older than the \
@@ -1315,7 +1311,7 @@ impl Proxy {
              {what}{tried}.{mapped} Treat this call as failed: do not use its answer as if it \
              were complete."
         );
-        self.decide(Kind::Guidance, tool, json!({"flagged": name}));
+        self.decide(EventKind::Guidance, tool, json!({"flagged": name}));
         match result.as_object_mut() {
             Some(o) => {
                 o.insert("isError".into(), Value::Bool(true));
@@ -1343,14 +1339,14 @@ impl Proxy {
         }
         for t in now.iter().filter(|t| !self.paused.contains(t)) {
             self.decisions.push(Decision {
-                kind: Kind::Paused,
+                kind: EventKind::Paused,
                 tool: t.clone(),
                 detail: json!({}),
             });
         }
         for t in self.paused.iter().filter(|t| !now.contains(t)) {
             self.decisions.push(Decision {
-                kind: Kind::Resumed,
+                kind: EventKind::Resumed,
                 tool: t.clone(),
                 detail: json!({}),
             });

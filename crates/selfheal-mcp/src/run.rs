@@ -15,8 +15,7 @@ use serde_json::Value;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::trace::Kind;
+use selfheal_core::{EventKind, SplitMix64};
 
 use crate::lines::{DEFAULT_MAX_LINE_BYTES, Head, LineReader, Read, refusal};
 use crate::proxy::{Decision, Out, Proxy, Stats};
@@ -143,7 +142,7 @@ async fn refuse(
     let h = Head::read(head);
     let error = refusal(h.id.as_ref(), len, max);
     (ctx.on_decision)(Decision {
-        kind: Kind::LineTooLong,
+        kind: EventKind::LineTooLong,
         tool: String::new(),
         detail: serde_json::json!({
             "from": match from { Side::Client => "client", Side::Server => "server" },

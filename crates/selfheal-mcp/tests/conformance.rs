@@ -14,9 +14,10 @@
 
 use serde_json::{Value, json};
 
-use selfheal_core::conformance::{self, Outcome, Seen};
-use selfheal_core::rng::ConstRng;
-use selfheal_core::trace::RunStatus;
+use selfheal_core::{
+    ConstRng, RunStatus,
+    conformance::{self, Outcome, Seen},
+};
 use selfheal_mcp::{McpConfig, Proxy};
 
 mod common;

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use selfheal_core::rng::{ConstRng, SplitMix64};
+use selfheal_core::{ConstRng, SplitMix64};
 use selfheal_mcp::{Decision, McpConfig, Out, Proxy, Stats};
 
 mod common;
@@ -1419,8 +1419,7 @@ fn a_tool_error_is_retried_only_when_its_text_says_it_is_transient() {
 fn a_policy_without_retries_for_the_class_makes_the_proxy_stop_retrying() {
     let mut cfg = config();
     cfg.policy =
-        selfheal_core::policy::Policy::from_toml_str("[ladders]\ntool_timeout = [\"degrade\"]\n")
-            .unwrap();
+        selfheal_core::Policy::from_toml_str("[ladders]\ntool_timeout = [\"degrade\"]\n").unwrap();
     let d = first_answer(cfg, |id| rpc_error(id, -32603, "db connection reset"));
     assert!(!has_decision(&d, "retry", "search"), "{d:?}");
     assert!(has_decision(&d, "tool_result", "search"), "{d:?}");
@@ -1431,7 +1430,7 @@ fn a_policy_without_retries_for_the_class_makes_the_proxy_stop_retrying() {
 
 #[test]
 fn json_rpc_errors_are_read_into_the_cores_signals() {
-    use selfheal_core::classifier::Signal;
+    use selfheal_core::Signal;
     use selfheal_mcp::rpc_signal;
     assert!(matches!(
         rpc_signal(&json!({"code": -32602, "message": "bad"})),

@@ -20,7 +20,7 @@ use serde_json::Value;
 use crate::at::At;
 use thiserror::Error;
 
-use selfheal_core::classifier::Signal;
+use selfheal_core::Signal;
 
 /// Where and how to reach one OpenAI-compatible upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]

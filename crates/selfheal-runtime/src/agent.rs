@@ -32,16 +32,12 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use selfheal_core::budget::Amounts;
-use selfheal_core::call::Breakers;
-use selfheal_core::classifier::{FailureClass, Signal};
-use selfheal_core::controller::{ControllerConfig, Observation, StepsBy, Unresolved};
-use selfheal_core::monitor::{CallOutcome, ToolCall};
-use selfheal_core::policy::{ActionKind, EscalationTarget, Options, RecoveryAction, RepairTarget};
-use selfheal_core::rng::SplitMix64;
-use selfheal_core::run::{Action, Env, Input, Proposed, Run, StepAction};
-use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::{Judgement, Subject, Verifier, ungrounded_arguments};
+use selfheal_core::{
+    Action, ActionKind, Amounts, Breakers, CallOutcome, ControllerConfig, Env, EscalationTarget,
+    FailureClass, Input, Judgement, Observation, Options, Proposed, REREAD_VERIFIER,
+    RecoveryAction, RepairTarget, Run, RunStatus, Signal, SplitMix64, StepAction, StepsBy, Subject,
+    ToolCall, Unresolved, Verifier, ungrounded_arguments,
+};
 use selfheal_repair::{ArgumentsError, Ending, SchemaGuide, TextCalls, find_text_calls};
 
 use crate::tool::{Effect, Tool, ToolError};
@@ -74,7 +70,7 @@ pub struct Agent {
     /// schema — the most recent [`MAX_EVIDENCE`] of them. A rejection is recovered like any
     /// failure; acceptance or uncertainty lets the answer stand.
     pub answer_verifier: Option<Arc<dyn Verifier + Send + Sync>>,
-    /// What this agent's runs have learned of their tools ([`selfheal_core::trust`]): each run
+    /// What this agent's runs have learned of their tools ([`selfheal_core::Trust`]): each run
     /// starts from it and reports its evidence back; a clone of it shares the store.
     pub trust: ProcessTrust,
 }
@@ -84,14 +80,14 @@ pub struct Agent {
 #[derive(Debug, Clone)]
 pub struct ProcessTrust {
     /// The store.
-    pub store: selfheal_core::trust::Shared,
+    pub store: selfheal_core::SharedTrust,
     epoch: Instant,
 }
 
 impl Default for ProcessTrust {
     fn default() -> Self {
         ProcessTrust {
-            store: selfheal_core::trust::Shared::new(),
+            store: selfheal_core::SharedTrust::new(),
             epoch: Instant::now(),
         }
     }
@@ -328,7 +324,7 @@ impl Agent {
                 (spec.name.clone(), SchemaGuide::new(&spec.parameters).ok())
             })
             .collect();
-        let task = task_texts(&messages);
+        let task = selfheal_openai::task_texts(&messages);
         let mut l = Loop {
             agent: self,
             run,
@@ -706,7 +702,7 @@ impl Loop<'_> {
             };
             let d = self.decide(Input::Observed(Observation::Verified {
                 step: read.step,
-                verifier: "re_read",
+                verifier: REREAD_VERIFIER,
                 judgement,
                 options: self.answer_options(),
             }));
@@ -1433,31 +1429,6 @@ impl Loop<'_> {
             trace_jsonl: self.run.trace().to_jsonl(),
         }
     }
-}
-
-/// The texts of the system, developer and user messages of `messages` (a string content, or
-/// the `text` of each content part): the task's own words, as evidence.
-fn task_texts(messages: &[Value]) -> Vec<Value> {
-    let mut out = Vec::new();
-    for m in messages {
-        if !matches!(
-            m.get("role").and_then(Value::as_str),
-            Some("system" | "developer" | "user")
-        ) {
-            continue;
-        }
-        match m.get("content") {
-            Some(Value::String(t)) => out.push(Value::String(t.clone())),
-            Some(Value::Array(parts)) => out.extend(
-                parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .map(|t| Value::String(t.to_owned())),
-            ),
-            _ => {}
-        }
-    }
-    out
 }
 
 /// Rewrites every message into the plainest shape servers accept: `content` always a string,

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use selfheal_core::verifier::{Judgement, SchemaError, SchemaVerifier, Subject, Verifier};
+use selfheal_core::{Judgement, SchemaError, SchemaVerifier, Subject, Verifier};
 use serde_json::Value;
 use thiserror::Error;
 
@@ -62,7 +62,7 @@ pub struct ToolSpec {
     pub output_schema: Option<OutputSchema>,
     /// Its arguments are copied from the task or an earlier tool result, never invented: a
     /// call whose argument appears in neither is re-asked before it runs (the core's
-    /// [`selfheal_core::verifier::ungrounded_arguments`], as the gateway's `grounded` tools).
+    /// [`selfheal_core::ungrounded_arguments`], as the gateway's `grounded` tools).
     pub grounded: bool,
 }
 

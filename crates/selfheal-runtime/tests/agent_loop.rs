@@ -13,9 +13,7 @@ use serde_json::{Value, json};
 use common::{
     Reply, Shared, answer, call, client, err, fast, last_message, ok, requests, server, took,
 };
-use selfheal_core::budget::BudgetLimits;
-use selfheal_core::policy::{ActionKind, Policy};
-use selfheal_core::trace::RunStatus;
+use selfheal_core::{ActionKind, BudgetLimits, Policy, RunStatus};
 use selfheal_runtime::{Agent, Effect, FnTool, RunResult, Tool, ToolError, ToolSpec};
 
 type Calls = Arc<Mutex<Vec<Value>>>;
@@ -604,7 +602,7 @@ async fn the_agent_keeps_what_its_runs_learn_of_a_tool() {
         "m",
         vec![failing("flaky", Effect::ReadOnly, &calls)],
     ));
-    let source = selfheal_core::trust::Source::tool("flaky");
+    let source = selfheal_core::Source::tool("flaky");
     let config = agent.config.policy.trust;
     assert_eq!(
         agent

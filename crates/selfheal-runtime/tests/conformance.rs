@@ -19,8 +19,10 @@ use axum::extract::State;
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use selfheal_core::conformance::{self, Line, Row, Seen};
-use selfheal_core::trace::RunStatus;
+use selfheal_core::{
+    RunStatus,
+    conformance::{self, Line, Row, Seen},
+};
 use selfheal_runtime::{Agent, Effect, FnTool, Tool, ToolError, ToolSpec};
 
 /// The row being played: the next line, and each model request with how many lines were

@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use common::{Reply, Shared, answer, call, client, fast, last_message, ok, requests, server, took};
-use selfheal_core::budget::BudgetLimits;
-use selfheal_core::classifier::FailureClass;
-use selfheal_core::policy::{ActionKind, Policy};
-use selfheal_core::trace::RunStatus;
-use selfheal_core::verifier::{EvidenceVerifier, Judgement, Subject, Verifier};
+use selfheal_core::{
+    ActionKind, BudgetLimits, EvidenceVerifier, FailureClass, Judgement, Policy, RunStatus,
+    Subject, Verifier,
+};
 use selfheal_runtime::OutputSchema;
 use selfheal_runtime::{Agent, Effect, FnTool, RunResult, Tool, ToolSpec};
 
@@ -612,10 +611,7 @@ async fn an_answer_with_no_tool_result_behind_it_ends_partial() {
     let r = agent.run(user("Weather in Paris?"), 1).await;
     assert_eq!(r.status, RunStatus::Partial, "{:?}", r.reason);
     assert_eq!(r.answer.as_deref(), Some("It is mild in Paris."));
-    assert_eq!(
-        r.reason.as_deref(),
-        Some(selfheal_core::run::NO_TOOL_RESULT)
-    );
+    assert_eq!(r.reason.as_deref(), Some(selfheal_core::NO_TOOL_RESULT));
 
     let calls = Arc::new(AtomicUsize::new(0));
     let tool = weather_tool(vec![json!({"temp_c": 21.37})], &calls);

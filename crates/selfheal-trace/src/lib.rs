@@ -5,7 +5,7 @@
 //! either front-end, so neither depends on the other to keep or read its trace.
 //!
 //! Every recovery decision is recorded as the core's typed event (`signal`, `classified`,
-//! `action` with its `DecisionInput`: the schema of `selfheal_core::trace`, the same one the
+//! `action` with its `DecisionInput`: the schema of `selfheal_core::TraceEvent`, the same one the
 //! controller writes as JSON Lines for `selfheal bench --trace`), so the SQLite rows and the
 //! JSON Lines file are two sinks of one decision schema and `selfheal trace replay` reads both.
 //! The front-ends' own bookkeeping (`request`, `response`, `guidance`, `hide`, ...) is recorded

@@ -56,7 +56,7 @@ pub enum StoreError {
     NotFound(PathBuf),
 }
 
-pub use selfheal_core::trace::Kind;
+pub use selfheal_core::EventKind as Kind;
 
 /// Whether an event of this kind (as read back: a trace may hold kinds this version does not
 /// know) is a healing action (see [`Kind::is_action`]). `selfheal trace list` counts these, so

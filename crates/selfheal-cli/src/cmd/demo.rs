@@ -5,7 +5,7 @@
 //! loop would: it drops hidden tools, follows guidance, and stops on abort.
 
 use clap::Args;
-use selfheal_core::monitor::{Badge, GuidanceKind, Monitor, ToolCall, Verdict};
+use selfheal_core::{Badge, GuidanceKind, Monitor, ToolCall, Verdict};
 use serde::Serialize;
 use serde_json::{Value, json};
 

@@ -8,8 +8,7 @@ use anyhow::Context as _;
 use clap::Args;
 use serde_json::json;
 
-use selfheal_core::monitor::MonitorConfig;
-use selfheal_core::trace::Kind;
+use selfheal_core::{EventKind, MonitorConfig};
 use selfheal_mcp::{McpConfig, Proxy};
 use selfheal_trace::{RunSummary, TraceEvent};
 
@@ -170,7 +169,7 @@ pub(crate) fn run(args: McpArgs) -> anyhow::Result<u8> {
     trace.send(TraceEvent {
         run: run_id,
         t_ms: unix_ms(),
-        kind: Kind::Session,
+        kind: EventKind::Session,
         detail: serde_json::to_value(stats)?.into(),
         summary: Some(RunSummary {
             status: status.into(),

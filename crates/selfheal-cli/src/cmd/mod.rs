@@ -14,11 +14,11 @@ pub(crate) mod trace;
 /// Reads a recovery-policy file (`[ladders]`, `[last_chance]`, `[retry]`,
 /// `max_actions_per_failure`; classes left out keep the default ladders): the one format
 /// `bench`, `serve` and `mcp` take with `--policy`.
-pub(crate) fn read_policy(path: &std::path::Path) -> anyhow::Result<selfheal_core::policy::Policy> {
+pub(crate) fn read_policy(path: &std::path::Path) -> anyhow::Result<selfheal_core::Policy> {
     use anyhow::Context as _;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--policy: cannot read {}", path.display()))?;
-    selfheal_core::policy::Policy::from_toml_str(&text)
+    selfheal_core::Policy::from_toml_str(&text)
         .map_err(|e| anyhow::anyhow!("--policy {}: {e}", path.display()))
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use selfheal_core::monitor::{CallOutcome, Monitor, MonitorConfig, ToolCall};
+use selfheal_core::{CallOutcome, Monitor, MonitorConfig, ToolCall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -66,7 +66,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
 struct OutputLine<'a> {
     call: u64,
     badge: selfheal_core::Badge,
-    signals: selfheal_core::monitor::SignalSet,
+    signals: selfheal_core::SignalSet,
     guidance: Vec<&'a str>,
     hidden_tools: &'a [String],
     abort: bool,
@@ -91,7 +91,7 @@ pub(crate) fn run(args: MonitorArgs) -> anyhow::Result<u8> {
         None => MonitorConfig::default(),
     };
     if args.interactive {
-        config.mode = selfheal_core::monitor::Mode::Interactive;
+        config.mode = selfheal_core::MonitorMode::Interactive;
     }
     let mut monitor = Monitor::new(config)?;
     let stdin = std::io::stdin();

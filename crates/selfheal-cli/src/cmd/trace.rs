@@ -111,11 +111,11 @@ pub(crate) fn local_time(unix_ms: i64) -> String {
 /// The decisions of `bench --trace` lines: `(episode, events)` per episode, in file order.
 fn jsonl_episodes(
     path: &std::path::Path,
-) -> anyhow::Result<Vec<(String, Vec<selfheal_core::trace::Event>)>> {
+) -> anyhow::Result<Vec<(String, Vec<selfheal_core::TraceEvent>)>> {
     use anyhow::Context as _;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--jsonl: cannot read {}", path.display()))?;
-    let mut out: Vec<(String, Vec<selfheal_core::trace::Event>)> = Vec::new();
+    let mut out: Vec<(String, Vec<selfheal_core::TraceEvent>)> = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -133,7 +133,7 @@ fn jsonl_episodes(
             v["seed"],
             v["task"]
         );
-        let event: selfheal_core::trace::Event = serde_json::from_value(v)
+        let event: selfheal_core::TraceEvent = serde_json::from_value(v)
             .with_context(|| format!("{}:{}: not a trace event", path.display(), n + 1))?;
         match out.last_mut() {
             Some((e, events)) if *e == episode => events.push(event),
@@ -152,11 +152,11 @@ fn replay(
 ) -> anyhow::Result<u8> {
     let policy = match &policy {
         Some(path) => super::read_policy(path)?,
-        None => selfheal_core::policy::Policy::default(),
+        None => selfheal_core::Policy::default(),
     };
-    let plane = selfheal_core::call::Plane::new(policy, Default::default())
+    let plane = selfheal_core::Plane::new(policy, Default::default())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let runs: Vec<(String, Vec<selfheal_core::trace::Event>)> = match (&jsonl, &run) {
+    let runs: Vec<(String, Vec<selfheal_core::TraceEvent>)> = match (&jsonl, &run) {
         (Some(path), filter) => jsonl_episodes(path)?
             .into_iter()
             .filter(|(e, _)| filter.as_ref().is_none_or(|f| f == e))
@@ -185,9 +185,9 @@ fn replay(
             anyhow::bail!("name a RUN (see `selfheal trace list`) or pass --jsonl FILE")
         }
     };
-    let results: Vec<(String, Vec<selfheal_core::replay::Comparison>)> = runs
+    let results: Vec<(String, Vec<selfheal_core::Comparison>)> = runs
         .iter()
-        .map(|(name, events)| (name.clone(), selfheal_core::replay::replay(events, &plane)))
+        .map(|(name, events)| (name.clone(), selfheal_core::replay(events, &plane)))
         .filter(|(_, c)| !c.is_empty())
         .collect();
     let decisions: usize = results.iter().map(|(_, c)| c.len()).sum();

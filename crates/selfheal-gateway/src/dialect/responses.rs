@@ -260,7 +260,7 @@ pub(crate) async fn open_turn(
 /// What replaying the request's tool results into the run decided.
 pub(crate) struct Replay {
     /// The monitor's verdict.
-    pub(crate) verdict: selfheal_core::monitor::Verdict,
+    pub(crate) verdict: selfheal_core::Verdict,
     /// The results read, in order.
     pub(crate) replayed: Vec<heal::Replayed>,
     /// What this request carries out for the controller.
@@ -333,7 +333,7 @@ pub(crate) fn replay_input(t: &Turn, p: &Parsed, tools: &ToolIndex) -> Replay {
 pub(crate) fn edit_input(
     t: &Turn,
     req: &mut serde_json::Map<String, Value>,
-    verdict: &selfheal_core::monitor::Verdict,
+    verdict: &selfheal_core::Verdict,
     directed: Vec<String>,
     mut tools: ToolIndex,
 ) -> (Vec<Action>, ToolIndex) {

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use selfheal_core::policy::ActionKind;
+use selfheal_core::ActionKind;
 use selfheal_runtime::{Agent, ClientConfig, ModelClient, RunResult};
 
 /// One scripted reply of the server.
