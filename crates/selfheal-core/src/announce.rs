@@ -138,6 +138,28 @@ const PASSIVE: &[&str] = &[
     "is to be",
 ];
 
+/// How much of an answer is read for an announced call: an announcement is a sentence or a
+/// short plan, at the start or the end of an answer.
+pub(crate) const MAX_JUDGED: usize = 16 * 1024;
+
+/// `text`, or for a longer one its first and last `MAX_JUDGED / 2` bytes (cut on char
+/// boundaries) joined by a sentence break.
+fn judged_part(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_JUDGED {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let half = MAX_JUDGED / 2;
+    let mut head = half;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - half;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    std::borrow::Cow::Owned(format!("{}.\n{}", &text[..head], &text[tail..]))
+}
+
 /// Participles of a passive announcement.
 const PARTICIPLES: &[&str] = &["called", "used", "invoked", "run", "executed", "queried"];
 
@@ -150,14 +172,14 @@ const NAME_KEYS: &[&str] = &["name", "tool", "function", "tool_name"];
 /// Whether `text`, a final answer, announces a call of one of the `offered` tools instead of
 /// making it, or writes one as text (see the module documentation for the rule). The first
 /// such call, in order of appearance; `None` for an answer that names no offered tool, or
-/// names one only to report what it gave. Pure and linear in the text's length times the
-/// number of tools.
+/// names one only to report what it gave. Pure; a text longer than 16 KiB (`MAX_JUDGED`) is
+/// judged on its first and last 8 KiB, so a runaway answer costs a bounded time.
 pub fn announced_call(text: &str, offered: &[&str]) -> Option<Announced> {
     let offered: Vec<&str> = offered.iter().copied().filter(|n| !n.is_empty()).collect();
     if offered.is_empty() {
         return None;
     }
-    let lower = text.to_lowercase();
+    let lower = judged_part(text).to_lowercase();
     if let Some(tool) = written_as_text(&lower, &offered) {
         return Some(Announced {
             tool,
@@ -325,6 +347,22 @@ fn intent_in(clause: &str, offered: &[&str]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runaway answer is read on its two ends only: an announcement at its end is still
+    /// found (the part read is cut on char boundaries, multi-byte text included), one buried
+    /// in its middle is not (the documented bound).
+    #[test]
+    fn a_runaway_answer_is_read_on_its_ends() {
+        let filler = "é geo_capital ".repeat(4_000);
+        let at_end = format!("{filler}I need to call `geo_capital`.");
+        assert!(at_end.len() > MAX_JUDGED);
+        assert_eq!(
+            announced_call(&at_end, OFFERED).map(|a| a.tool),
+            Some("geo_capital".to_owned())
+        );
+        let middle = format!("{filler}I need to call `geo_capital`.{filler}");
+        assert_eq!(announced_call(&middle, OFFERED), None);
+    }
 
     const OFFERED: &[&str] = &[
         "geo_capital",

@@ -788,7 +788,9 @@ impl Controller {
         let other = other
             .filter(|o| *o != tool && verifier == CROSS_CHECK_VERIFIER)
             .map(str::to_owned);
-        let reread = verifier == REREAD_VERIFIER;
+        // A read of the same source again (the read before answering, or the third reading
+        // that breaks a tie) that agrees says nothing of the value's being right.
+        let reread = verifier == REREAD_VERIFIER || verifier == THIRD_READ_VERIFIER;
         match judgement {
             Judgement::Accept if reread => {}
             Judgement::Accept => {

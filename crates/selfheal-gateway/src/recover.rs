@@ -644,7 +644,7 @@ fn is_empty(v: &Value) -> bool {
 }
 
 /// Whether the JSON inside prose or a fence was cut off: from its first bracket on.
-fn is_cut_inside(text: &str) -> bool {
+pub(crate) fn is_cut_inside(text: &str) -> bool {
     text.find(['{', '['])
         .and_then(|i| text.get(i..))
         .is_some_and(|inner| {

@@ -697,12 +697,26 @@ impl<G: Grammar> Relay<'_, G> {
         }
         let mut text = self.held.take().map(|h| h.text).unwrap_or_default();
         text.push_str(G::content_text(&v).unwrap_or_default());
-        let mut keep = text.len().saturating_sub(run);
+        // Where the run starts, judged on the whole text: the tail the stream was judged on
+        // may hold only the end of a run that began in an earlier, larger event.
+        let mut keep = self
+            .hooks
+            .degenerate
+            .and_then(|l| degenerate::judge(&text, &l))
+            .map_or(text.len().saturating_sub(run), |whole| whole.start);
         while !text.is_char_boundary(keep) {
             keep -= 1;
         }
         text.truncate(keep);
-        if self.hooks.salvage && !self.tools.is_empty() && !self.g.holds_calls() {
+        // A call is taken from the text before the run only when the model closed it itself
+        // (a closing fence or tag, or balanced JSON ending the text): a call cut inside its
+        // arguments would be completed by repair with values the model never wrote.
+        let closed = {
+            let t = text.trim_end();
+            (t.ends_with("```") || t.ends_with("</tool_call>") || t.ends_with('}'))
+                && !crate::recover::is_cut_inside(t)
+        };
+        if closed && self.hooks.salvage && !self.tools.is_empty() && !self.g.holds_calls() {
             let mut answer = self.g.held_answer(text.clone(), &finish);
             if let Salvage::Taken(n) = G::salvage(&mut answer, &self.tools) {
                 return self.salvaged(answer, n).await;

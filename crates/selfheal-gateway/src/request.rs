@@ -440,25 +440,29 @@ pub struct ChatRequest<'a> {
     pub tools_raw: Option<&'a RawValue>,
 }
 
-/// A JSON object's text, `body`, with `"max_tokens": n` written as its first key (the rest byte
+/// A JSON object's text, `body`, with `"max_tokens": n` written as its last key (the rest byte
 /// for byte as it was): for a request that has no limit of its own.
 pub(crate) fn with_max_tokens(body: &Bytes, n: u32) -> Bytes {
     let text = &body[..];
-    let Some(open) = text.iter().position(|b| !b.is_ascii_whitespace()) else {
+    let (Some(open), Some(close)) = (
+        text.iter().position(|b| !b.is_ascii_whitespace()),
+        text.iter().rposition(|b| !b.is_ascii_whitespace()),
+    ) else {
         return body.clone();
     };
-    if text[open] != b'{' {
+    if text[open] != b'{' || text[close] != b'}' || close <= open {
         return body.clone();
     }
-    let rest = &text[open + 1..];
-    let empty = rest.iter().all(|b| b.is_ascii_whitespace() || *b == b'}');
+    // Written last, so that a client's own `"max_tokens": null` (which sets no limit) is
+    // overridden by the limit the answer reports, for every parser that keeps the last key.
+    let empty = text[open + 1..close].iter().all(u8::is_ascii_whitespace);
     let mut out = Vec::with_capacity(text.len() + 24);
-    out.extend_from_slice(&text[..=open]);
-    out.extend_from_slice(format!("\"max_tokens\":{n}").as_bytes());
+    out.extend_from_slice(&text[..close]);
     if !empty {
         out.push(b',');
     }
-    out.extend_from_slice(rest);
+    out.extend_from_slice(format!("\"max_tokens\":{n}").as_bytes());
+    out.extend_from_slice(&text[close..]);
     Bytes::from(out)
 }
 

@@ -240,7 +240,8 @@ async fn ask_again_announced<D: WholeDialect>(
     match d.ask(d.chain(), Some(&extra), log).await {
         Ok(v) => {
             *answer = v;
-            *check = d.check(answer);
+            // The answer asked again is judged as every answer is, degeneration included.
+            *check = check_answer(d, answer, actions);
             true
         }
         Err(_) => false,

@@ -446,6 +446,47 @@ async fn a_call_written_as_text_before_the_padding_is_taken() {
     assert_eq!(seen.bodies.lock().unwrap().len(), 1, "not asked again");
 }
 
+/// A call written as text whose arguments degenerate (one piece repeated) is cut inside its
+/// arguments: it is never taken as a call — repair would complete it with a value the model
+/// never wrote (`"days": 1` of `10000…`) — and the model is asked again instead.
+#[tokio::test]
+async fn a_call_cut_inside_its_arguments_is_not_taken() {
+    let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+        "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]});
+    let (up, seen) = upstream(vec![
+        Reply::Sse {
+            events: vec![
+                role(),
+                content(
+                    "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 1",
+                ),
+            ],
+            forever: Some(content("0")),
+        },
+        Reply::Json(completion(call, "tool_calls")),
+    ])
+    .await;
+    let url = gateway_for(&up, |_| {}).await;
+    let body = json!({"model": "m", "stream": true, "tools": weather_tool(),
+                      "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let text = post(&url, "chat/completions", &body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = events(&text);
+    let calls: Vec<Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .map(|c| serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap())
+        .collect();
+    assert_eq!(calls, vec![json!({"city": "Paris"})], "{text}");
+    assert_eq!(seen.bodies.lock().unwrap().len(), 2, "asked again");
+}
+
 /// A whole answer that ran to its limit in newlines is asked again once; when the second
 /// answer degenerates too, the answer is flagged `partial`, never claimed `complete`.
 #[tokio::test]
