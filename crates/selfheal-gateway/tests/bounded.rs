@@ -321,6 +321,26 @@ fn events(body: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The tool calls the streamed chat answer's deltas carried, in order.
+fn streamed_calls(events: &[Value]) -> Vec<&Value> {
+    events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect()
+}
+
+/// The whole body of a chat completion streamed through the gateway at `url`.
+async fn stream_text(url: &str, body: &Value) -> String {
+    post(url, "chat/completions", body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Words, then newlines without end: the newlines past the limit (256) are cut off with the
 /// upstream, and the stream ends `partial` with the reason and the `cut` action — never
 /// `complete` — with `finish_reason: "length"` and `[DONE]`.
@@ -381,11 +401,7 @@ async fn a_stream_that_degenerates_before_content_is_reasked() {
     let resp = post(&url, "chat/completions", &body).send().await.unwrap();
     let text = resp.text().await.unwrap();
     let events = events(&text);
-    let calls: Vec<&Value> = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
-        .flatten()
-        .collect();
+    let calls = streamed_calls(&events);
     assert_eq!(calls.len(), 1, "{text}");
     assert_eq!(calls[0]["function"]["name"], "get_weather");
     let last = events.last().unwrap();
@@ -422,19 +438,9 @@ async fn a_call_written_as_text_before_the_padding_is_taken() {
     let body = json!({"model": "m", "stream": true, "tools": weather_tool(),
                       "tool_choice": "required",
                       "messages": [{"role": "user", "content": "Weather in Paris?"}]});
-    let text = post(&url, "chat/completions", &body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stream_text(&url, &body).await;
     let events = events(&text);
-    let calls: Vec<&Value> = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
-        .flatten()
-        .collect();
+    let calls = streamed_calls(&events);
     assert_eq!(calls.len(), 1, "{text}");
     let args: Value =
         serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
@@ -469,18 +475,10 @@ async fn a_call_cut_inside_its_arguments_is_not_taken() {
     let url = gateway_for(&up, |_| {}).await;
     let body = json!({"model": "m", "stream": true, "tools": weather_tool(),
                       "messages": [{"role": "user", "content": "Weather in Paris?"}]});
-    let text = post(&url, "chat/completions", &body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stream_text(&url, &body).await;
     let events = events(&text);
-    let calls: Vec<Value> = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
-        .flatten()
+    let calls: Vec<Value> = streamed_calls(&events)
+        .into_iter()
         .map(|c| serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap())
         .collect();
     assert_eq!(calls, vec![json!({"city": "Paris"})], "{text}");
