@@ -361,6 +361,8 @@ async fn a_stream_that_degenerates_after_content_ends_partial() {
     let events = events(&text);
     let last = events.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+    // The ending chunk says nothing of its own: the answer is the deltas sent.
+    assert!(last["choices"][0]["delta"]["content"].is_null(), "{last}");
     assert_eq!(last["selfheal"]["status"], "partial", "{last}");
     let reason = last["selfheal"]["reason"].as_str().unwrap();
     assert!(reason.contains("whitespace"), "{reason}");
@@ -604,7 +606,9 @@ async fn the_default_output_limit_is_set_only_where_the_client_set_none() {
 
 /// The Responses API: words, then newlines without end. The stream ends with
 /// `response.incomplete`, the message under way closed `incomplete` with the words said, and
-/// the report `partial` with the `cut` action.
+/// the report `partial` with the `cut` action. The closing item's text is exactly what the
+/// deltas sent: a client that rebuilds the text from the deltas and one that reads the final
+/// item agree (the delta that showed the run is read, never sent, and was in the item's text).
 #[tokio::test]
 async fn a_responses_stream_that_degenerates_after_content_ends_incomplete_and_partial() {
     let delta = |text: &str| {
@@ -655,5 +659,70 @@ async fn a_responses_stream_that_degenerates_after_content_ends_incomplete_and_p
     assert!(
         said.starts_with("Hello there.") && said.len() <= 12 + 257,
         "{said:?}"
+    );
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(said, deltas, "the final item says what the deltas said");
+    let closed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(closed.len(), 1, "{text}");
+    assert_eq!(closed[0]["item"]["content"][0]["text"], deltas.as_str());
+}
+
+/// The Messages API over the same cut: the text the client gets is its `text_delta` events
+/// alone (nothing closes with text of its own), and the message ends `max_tokens`, `partial`
+/// with the `cut` action, never `end_turn` and `complete`.
+#[tokio::test]
+async fn a_messages_stream_that_degenerates_after_content_ends_max_tokens_and_partial() {
+    let (up, _) = upstream(vec![Reply::Sse {
+        events: vec![role(), content("Hello there.")],
+        forever: Some(content("\n")),
+    }])
+    .await;
+    let url = gateway_for(&up, |_| {}).await;
+    let body = json!({"model": "m", "stream": true, "max_tokens": 4096,
+                      "messages": [{"role": "user", "content": "Say hello."}]});
+    let text = post(&url, "messages", &body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = events(&text);
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(types.last(), Some(&"message_stop"), "{text}");
+    let said: String = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_delta")
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert!(
+        said.starts_with("Hello there.") && said.len() <= 12 + 256,
+        "{said:?}"
+    );
+    // No event but the deltas carries text: what the SDK accumulates is what was sent.
+    let texts = events
+        .iter()
+        .filter(|e| e["type"] != "content_block_delta")
+        .filter(|e| e.to_string().contains("Hello there."))
+        .count();
+    assert_eq!(texts, 0, "{text}");
+    let end = events
+        .iter()
+        .find(|e| e["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(end["delta"]["stop_reason"], "max_tokens", "{end}");
+    assert_eq!(end["selfheal"]["status"], "partial", "{end}");
+    assert!(
+        end["selfheal"]["actions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("cut"))
     );
 }
