@@ -2,7 +2,8 @@
 # End-to-end tests: the real `selfheal` binary
 #  - gateway: on port 0, between the real `openai` SDK / openai-agents and a scripted
 #    fault-injecting upstream (tests/e2e/test_gateway.py; deployment, test_deploy.py; streaming
-#    Responses API, test_responses_stream.py); the Anthropic Messages dialect between the real
+#    Responses API, test_responses_stream.py; a runaway model's stream cut, test_bounded.py);
+#    the Anthropic Messages dialect between the real
 #    `anthropic` SDK and the same upstream (test_messages.py);
 #  - replicas: three gateways sharing one real redis-server (`--state`) behind a real HAProxy,
 #    a provider outage shared and Redis stopped and restarted mid-run (tests/e2e/test_replicas.py;

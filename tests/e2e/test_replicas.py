@@ -462,7 +462,7 @@ def test_a_responses_conversation_continued_on_another_replica_keeps_its_run(fle
         model="smart", input="What does the page say?", tools=RESPONSES_TOOLS)
     previous = raw.parse().id
     assert previous == "resp_0"
-    failures, runs = [], []
+    failures, runs = [], [raw.headers["x-selfheal-run"]]
     for i in range(1, 4):
         raw = clients[i % 3].responses.with_raw_response.create(
             model="smart", previous_response_id=previous, tools=RESPONSES_TOOLS,
@@ -472,8 +472,7 @@ def test_a_responses_conversation_continued_on_another_replica_keeps_its_run(fle
         runs.append(raw.headers["x-selfheal-run"])
         failures.append(resp.model_extra["selfheal"]["failures"])
         previous = resp.id
-    # (The first answer names the fresh run it was served by; the run takes the name of its
-    # first call from then on, on every replica.)
+    # The first answer's id is the one the run is stored under, on every replica.
     assert len(set(runs)) == 1, runs
     assert failures == [1, 2, 3], failures
 

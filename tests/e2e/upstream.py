@@ -29,6 +29,12 @@ Steps: {"kind": "ok", "content": str} | {"kind": "tool", "name": str, "arguments
   arguments, or without `stream` "bad_json"; otherwise as "role_then_cut" or "empty")
 | {"kind": "tool_length"} (when the model would call a tool: the call with half its arguments
   and finish_reason "length", streaming or not; otherwise as "empty_stream" or "empty")
+| {"kind": "degenerate", "content": str?, "padding": str?, "count": int?} (a runaway model: the
+  content's words, then `padding` (default a newline) as one delta after another, `count` times
+  (default 100,000, about a millisecond apart) or until the connection closes, then
+  finish_reason "length"; without `stream`: the whole padded answer, "length". GET /_padding
+  says how many padding deltas the latest such stream wrote and whether the client (the
+  gateway) closed it first. On `/v1/responses` too, as Responses events.)
 The credential headers of every request, and its W3C `traceparent`, are logged too (GET
 /_headers). `/v1/responses` takes
 the "status", "tool" (answered as a `function_call` item), "ok", "json", "empty", "hang",
@@ -69,6 +75,7 @@ class State:
         self.headers = []
         self.chaos = None  # (random.Random, rate, kinds) when faults are injected at random
         self.faults = 0
+        self.padding = {"written": 0, "closed": False}  # the latest "degenerate" stream
 
 
 STATE = State()
@@ -199,6 +206,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/_chaos":
             with STATE.lock:
                 self.send_json(200, {"faults": STATE.faults})
+        elif self.path == "/_padding":
+            with STATE.lock:
+                self.send_json(200, STATE.padding)
         elif self.path == "/_headers":
             with STATE.lock:
                 self.send_json(200, STATE.headers)
@@ -362,6 +372,9 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
+        if kind == "degenerate":
+            self.degenerate(body, step, self.chat_delta)
+            return
         if kind == "ok":
             message = {"role": "assistant", "content": step.get("content", "hello")}
         elif kind == "tool":
@@ -374,11 +387,102 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(200, completion(message, finish))
 
+    def degenerate(self, body, step, render):
+        """A runaway model (the "degenerate" step): its words, then padding until `count` deltas
+        went out or the connection closed. `render` writes the answer in one API's shape:
+        `render(None, text)` the whole answer, `render("start", None)`, `render("delta", text)`,
+        `render("end", None)` a stream's parts."""
+        words = step.get("content", "")
+        padding, count = step.get("padding", "\n"), step.get("count", 100_000)
+        if not body.get("stream"):
+            render(None, words + padding * count)
+            return
+        with STATE.lock:
+            STATE.padding = {"written": 0, "closed": False}
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            render("start", None)
+            if words:
+                render("delta", words)
+            for _ in range(count):
+                render("delta", padding)
+                with STATE.lock:
+                    STATE.padding["written"] += 1
+                time.sleep(0.001)
+            render("end", None)
+        except OSError:  # the gateway cut the answer: its connection closed
+            with STATE.lock:
+                STATE.padding["closed"] = True
+
+    def chat_delta(self, part, text):
+        """One part of a chat answer for `degenerate`."""
+        if part is None:
+            self.send_json(200, completion({"role": "assistant", "content": text}, "length"))
+            return
+        delta, finish = {}, None
+        if part == "start":
+            delta = {"role": "assistant", "content": ""}
+        elif part == "delta":
+            delta = {"content": text}
+        else:
+            finish = "length"
+        c = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+        if part == "end":
+            self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def responses_delta(self, body, step):
+        """A Responses answer's parts for `degenerate`: `render` as `degenerate` calls it."""
+        rid = step.get("id", "resp_stub")
+        said = []
+        seq = [0]
+
+        def whole(status, text):
+            return {"id": rid, "object": "response", "created_at": 0, "model": body.get("model"),
+                    "status": status,
+                    "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                    "output": [] if text is None else [
+                        {"type": "message", "id": "msg_stub", "role": "assistant", "status": status,
+                         "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
+
+        def event(e):
+            e["sequence_number"] = seq[0]
+            seq[0] += 1
+            self.wfile.write(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode())
+            self.wfile.flush()
+
+        def render(part, text):
+            if part is None:
+                self.send_json(200, whole("incomplete", text))
+            elif part == "start":
+                event({"type": "response.created", "response": whole("in_progress", None)})
+                event({"type": "response.output_item.added", "output_index": 0, "item": {
+                    "type": "message", "id": "msg_stub", "role": "assistant", "status": "in_progress",
+                    "content": []}})
+                event({"type": "response.content_part.added", "item_id": "msg_stub", "output_index": 0,
+                       "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
+            elif part == "delta":
+                said.append(text)
+                event({"type": "response.output_text.delta", "item_id": "msg_stub", "output_index": 0,
+                       "content_index": 0, "delta": text, "logprobs": []})
+            else:
+                event({"type": "response.incomplete", "response": whole("incomplete", "".join(said))})
+        return render
+
     def answer_responses(self, body, step):
         """One `/v1/responses` answer: JSON, or (with `stream: true`) a Responses event stream."""
         if step["kind"] == "stuck":
             step = stuck_responses_step(body)
         kind = step["kind"]
+        if kind == "degenerate":
+            self.degenerate(body, step, self.responses_delta(body, step))
+            return
         if kind == "status":
             self.send_json(step["status"], {"error": {"message": step.get("message", "boom")}})
             return

@@ -472,6 +472,7 @@ impl Controller {
                 | Event::Action { .. }
                 | Event::RoutedAround { .. }
                 | Event::BudgetExhausted { .. }
+                | Event::AskAgain { .. }
         ) {
             if self.outbox.len() == MAX_OUTBOX {
                 self.outbox.remove(0);

@@ -70,8 +70,10 @@ use crate::trace::{Event, RunStatus, Trace};
 
 /// The version of [`RunSnapshot`]'s layout. A snapshot of another version is refused by
 /// [`Run::resume`], never read as something it is not. 2: the run's own trust evidence
-/// instead of a copy of the whole trust store.
-pub const STATE_VERSION: u32 = 2;
+/// instead of a copy of the whole trust store. 3: the re-asks of an answer that announced a
+/// call this user turn ([`Action::AskAgain`]), so that a run continued elsewhere does not ask
+/// again.
+pub const STATE_VERSION: u32 = 3;
 
 /// What a run is given with each input: the time, the randomness, and the breakers of the
 /// targets its calls go to (kept by the process, shared by its runs).
@@ -343,6 +345,11 @@ pub struct RunSnapshot {
     calls: BTreeMap<CallId, InFlight>,
     queue: VecDeque<Action>,
     call_events: Vec<(CallId, CallEvent)>,
+    /// The run's re-asks of an answer that announced a call, this user turn (layout 3; read
+    /// as none from an older layout's bytes, so that their version, not a missing field, is
+    /// what refuses them).
+    #[serde(default)]
+    announce_reasks: u32,
 }
 
 /// Why a snapshot could not be resumed.
@@ -386,7 +393,8 @@ pub struct Run {
     /// offered tools and saw none return answers from nothing the run holds: not `complete`.
     /// Not part of a snapshot (the front-ends that judge by plan keep their run in process).
     tool_returned: bool,
-    /// Re-asks of an answer that announced a call, this user turn ([`Action::AskAgain`]).
+    /// Re-asks of an answer that announced a call, this user turn ([`Action::AskAgain`]): part
+    /// of a snapshot, so a run continued elsewhere does not ask again.
     announce_reasks: u32,
 }
 
@@ -576,7 +584,7 @@ impl Run {
                     self.directive(d);
                 } else if let Some(said) = answer
                     .filter(|a| a.may_call)
-                    .and_then(|a| self.announced_reask(a.text))
+                    .and_then(|a| self.announced_reask(a.text, now))
                 {
                     self.queue.push_back(Action::AskAgain {
                         guidance: said.guidance(),
@@ -652,8 +660,9 @@ impl Run {
     }
 
     /// The decision records (signal, classification, action with its inputs, a tool routed
-    /// around) of everything decided since the last time — tool failures, calls, re-asks, with their times, oldest first: what a front-end
-    /// writes to its own trace so `selfheal trace replay` can decide them again.
+    /// around, an answer asked again for) of everything decided since the last time — tool
+    /// failures, calls, re-asks, with their times, oldest first: what a front-end writes to its
+    /// own trace so `selfheal trace replay` can decide them again.
     pub fn take_records(&mut self) -> Vec<(u64, Event)> {
         self.ctl.take_decisions()
     }
@@ -687,18 +696,26 @@ impl Run {
     /// an answer asked again for is judged as any other when it comes back
     /// ([`Run::unclaimable_answer`] flags one that announces a call again). What
     /// [`Input::AnswerProposed`] decides first, for a front-end that answers while the run goes
-    /// on (the gateway).
-    pub fn ask_again(&mut self, text: &str) -> Option<String> {
-        self.announced_reask(text).map(|a| a.guidance())
+    /// on (the gateway). Recorded at `now_ms` ([`Event::AskAgain`], in [`Run::take_records`]).
+    pub fn ask_again(&mut self, text: &str, now_ms: u64) -> Option<String> {
+        self.announced_reask(text, now_ms).map(|a| a.guidance())
     }
 
-    /// The announced call of `text`, when the run asks again for it (see [`Run::ask_again`]).
-    fn announced_reask(&mut self, text: &str) -> Option<crate::announce::Announced> {
+    /// The announced call of `text`, when the run asks again for it (see [`Run::ask_again`]):
+    /// counted, and recorded as the run's decision ([`Event::AskAgain`]).
+    fn announced_reask(&mut self, text: &str, now: u64) -> Option<crate::announce::Announced> {
         if self.announce_reasks >= MAX_ANNOUNCE_REASKS {
             return None;
         }
         let said = self.announced(text)?;
         self.announce_reasks += 1;
+        self.note(
+            now,
+            Event::AskAgain {
+                tool: said.tool.clone(),
+                reason: said.reason(),
+            },
+        );
         Some(said)
     }
 
@@ -854,6 +871,7 @@ impl Run {
             calls: self.calls.clone(),
             queue: self.queue.clone(),
             call_events: self.call_events.clone(),
+            announce_reasks: self.announce_reasks,
         }
     }
 
@@ -884,7 +902,7 @@ impl Run {
             ungrounded: None,
             offered: Vec::new(),
             tool_returned: false,
-            announce_reasks: 0,
+            announce_reasks: snapshot.announce_reasks,
         })
     }
 

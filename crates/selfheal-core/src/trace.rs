@@ -18,6 +18,7 @@
 //! | `verdict` | `verifier`, `judgement` (tagged by `verdict`: `accept`, `reject` + `reason`, `uncertain` + `reason`) |
 //! | `monitor` | `tool`, `badge`, `signals` |
 //! | `cost` | `model_calls`, `tool_calls`, `verifier_calls`, `tokens` |
+//! | `ask_again` | `tool`, `reason`: the answer announced a call of `tool` instead of making it, and the model is asked again |
 //! | `finished` | `status` (`complete`, `partial`, `failed`), `reason` |
 //!
 //! New fields and new events may be added within a version; removing or renaming one bumps `v`.
@@ -168,6 +169,15 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         input: Option<Box<DecisionInput>>,
     },
+    /// The run asked the model again instead of taking its answer: the answer announces a
+    /// call of an offered tool instead of making it ([`crate::announce::announced_call`]; the
+    /// run's [`crate::Action::AskAgain`]).
+    AskAgain {
+        /// The tool the answer named.
+        tool: String,
+        /// Why the answer was not taken.
+        reason: String,
+    },
     /// The run ended.
     Finished {
         /// How.
@@ -221,6 +231,8 @@ pub enum Kind {
     Cost,
     /// The core's [`Event::RoutedAround`].
     RoutedAround,
+    /// The core's [`Event::AskAgain`].
+    AskAgain,
     /// The core's [`Event::Finished`].
     Finished,
     /// A model request reached the gateway.
@@ -307,6 +319,7 @@ impl Kind {
             | Kind::Monitor
             | Kind::Cost
             | Kind::RoutedAround
+            | Kind::AskAgain
             | Kind::Finished
             | Kind::Request
             | Kind::ToolResult
@@ -338,6 +351,7 @@ impl From<&Event> for Kind {
             Event::Monitor { .. } => Kind::Monitor,
             Event::Cost { .. } => Kind::Cost,
             Event::RoutedAround { .. } => Kind::RoutedAround,
+            Event::AskAgain { .. } => Kind::AskAgain,
             Event::Finished { .. } => Kind::Finished,
         }
     }

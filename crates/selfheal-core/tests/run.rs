@@ -550,10 +550,10 @@ fn an_answer_that_announces_a_call_is_asked_again_once_then_partial() {
         // A new user turn is asked again once more.
         let mut d = Driver::new(ControllerConfig::default(), &[]);
         d.input(Input::Offered(&["geo_capital"]));
-        assert!(d.run.ask_again(said).is_some());
-        assert!(d.run.ask_again(said).is_none());
+        assert!(d.run.ask_again(said, 0).is_some());
+        assert!(d.run.ask_again(said, 0).is_none());
         d.input(Input::UserTurn);
-        assert!(d.run.ask_again(said).is_some());
+        assert!(d.run.ask_again(said, 0).is_some());
         // Reporting the tool's value is an answer.
         let mut d = Driver::new(ControllerConfig::default(), &[]);
         d.input(Input::Offered(&["geo_capital"]));
@@ -566,13 +566,74 @@ fn an_answer_that_announces_a_call_is_asked_again_once_then_partial() {
                 reason: None
             }]
         );
-        assert!(d.run.ask_again(report).is_none());
+        assert!(d.run.ask_again(report, 0).is_none());
         // A tool that is not on offer is not announced.
         let mut d = Driver::new(ControllerConfig::default(), &[]);
         d.input(Input::Offered(&["get_weather"]));
         returned(&mut d, "get_weather", &evidence[1]);
-        assert!(d.run.ask_again(said).is_none());
+        assert!(d.run.ask_again(said, 0).is_none());
     }
+}
+
+/// Issue 31: the run's re-ask of an answer that announced a call is its decision: recorded
+/// (`ask_again`, with the tool and why, in the records a front-end writes to its trace) and
+/// kept in its snapshot, so a run continued from its bytes (another replica) does not ask
+/// again this user turn; a new user turn may. A layout-2 snapshot (before the count was in
+/// it) is refused, not read as a run that never asked.
+#[test]
+fn an_ask_again_is_recorded_and_survives_a_snapshot() {
+    let evidence = [json!("What is the capital of France?")];
+    let said = "To get the capital of France, I need to call the `geo_capital` function.";
+    let mut d = Driver::new(ControllerConfig::default(), &[]);
+    d.now = 7;
+    d.input(Input::Offered(&["geo_capital"]));
+    assert!(matches!(
+        propose(&mut d, StepsBy::Tool, said, &evidence).as_slice(),
+        [Action::AskAgain { .. }]
+    ));
+    let records = d.run.take_records();
+    assert_eq!(
+        records,
+        vec![(
+            7,
+            TraceEvent::AskAgain {
+                tool: "geo_capital".into(),
+                reason: "the answer announces a call of `geo_capital` instead of making it".into(),
+            }
+        )]
+    );
+    assert_eq!(records[0].1.kind(), "ask_again");
+
+    let bytes = d.run.to_bytes().unwrap();
+    let mut resumed = Driver::new(ControllerConfig::default(), &[]);
+    resumed.run = Run::from_bytes(&bytes, ControllerConfig::default()).unwrap();
+    resumed.input(Input::Offered(&["geo_capital"]));
+    match propose(&mut resumed, StepsBy::Tool, said, &evidence).as_slice() {
+        [
+            Action::Answer {
+                status: RunStatus::Partial,
+                reason: Some(why),
+            },
+        ] => assert!(why.contains("`geo_capital`"), "{why}"),
+        other => panic!("asked again after a resume: {other:?}"),
+    }
+    assert!(
+        resumed.run.take_records().is_empty(),
+        "nothing asked, nothing recorded"
+    );
+    resumed.input(Input::UserTurn);
+    assert!(resumed.run.ask_again(said, 9).is_some(), "a new user turn");
+
+    let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+    v["version"] = json!(2);
+    v.as_object_mut().unwrap().remove("announce_reasks");
+    assert!(matches!(
+        Run::from_bytes(
+            &serde_json::to_vec(&v).unwrap(),
+            ControllerConfig::default()
+        ),
+        Err(ResumeError::Version { found: 2, .. })
+    ));
 }
 
 /// Issue 31: a run that owns its task (steps by plan), was offered tools and saw none return a

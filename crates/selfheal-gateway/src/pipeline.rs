@@ -208,9 +208,12 @@ pub(crate) async fn name_run(
     (run, unnamed)
 }
 
-/// Stores the turn's detached run under the name of `call`, `(id, tool name)`, the first tool
-/// call it answers with, so that the conversation's next request — which carries that call —
-/// continues it ([`crate::runs::RunStore::adopt`]), and under the id it was answered with.
+/// Stores the turn's detached run under the id it was answered with (`x-selfheal-run`, which a
+/// streamed answer sends before it knows of any call, and under which the trace of its first
+/// request is), keyed too by the name of `call`, `(id, tool name)`, the first tool call it
+/// answers with, so that the conversation's next request — which carries that call —
+/// continues it ([`crate::runs::RunStore::adopt`]): here, and as a link in the store. One run,
+/// one id, whether the client sends it back or not, streamed or not.
 pub(crate) fn adopt_first_call(t: &Turn, call: Option<(&str, &str)>) {
     let (Some(opening), Some(call)) = (&t.unnamed, call) else {
         return;
@@ -218,13 +221,12 @@ pub(crate) fn adopt_first_call(t: &Turn, call: Option<(&str, &str)>) {
     let opening: Vec<(&str, &[u8])> = opening.iter().map(|(k, v)| (*k, &v[..])).collect();
     let to = crate::runs::run_id_of(&t.s.run_key, &t.caller.tenant, None, &opening, Some(call));
     let now = Instant::now();
-    t.s.runs.adopt(&t.state, &to, &t.caller.tenant, now);
-    // Under the id a streamed answer went out with too (`x-selfheal-run`, sent before the
-    // stream named the run, which a client may send back): here, and as a link in the store.
     t.s.runs.adopt(&t.state, &t.run, &t.caller.tenant, now);
-    let mut st = lock(&t.state);
-    if st.share.key.as_ref().is_some_and(|(_, run)| *run != t.run) {
-        st.share.alias = Some(t.run.clone());
+    if t.s.runs.adopt(&t.state, &to, &t.caller.tenant, now) {
+        let mut st = lock(&t.state);
+        if st.share.key.as_ref().is_some_and(|(_, run)| *run == t.run) {
+            st.share.alias = Some(to.into());
+        }
     }
 }
 
@@ -241,14 +243,9 @@ pub(crate) fn completion_first_call(completion: &Value) -> Option<(&str, &str)> 
 
 impl Turn {
     /// The run id the client is answered with (`x-selfheal-run`): the name the run is stored
-    /// under. A request that named no run is served by a fresh run that takes the name of the
-    /// first call it answers with ([`adopt_first_call`]); once it has, that name.
+    /// under, and its trace's. A request that named no run is served by a fresh run stored
+    /// under this id once it answers with a call ([`adopt_first_call`]).
     pub(crate) fn id(&self) -> Arc<str> {
-        if self.unnamed.is_some()
-            && let Some((_, run)) = &lock(&self.state).share.key
-        {
-            return run.clone();
-        }
         self.run.clone()
     }
 

@@ -290,8 +290,9 @@ pub(crate) trait Grammar: Send {
     fn reset(&mut self);
 
     /// The events that close what is open when the answer is cut short (the grammar's open
-    /// items), and the event that ends it, cut short (chat's `finish_reason: "length"`, the
-    /// Responses API's `response.incomplete`).
+    /// items, with exactly the content that went out: never the event that showed the cut,
+    /// which is read and not sent), and the event that ends it, cut short (chat's
+    /// `finish_reason: "length"`, the Responses API's `response.incomplete`).
     fn cut(&mut self) -> (Vec<Value>, Value);
     /// Reads a whole answer to a streaming request; `Err` with why the stream is broken.
     fn parse_whole(&mut self, bytes: &[u8]) -> Result<Self::Answer, String>;

@@ -216,8 +216,10 @@ pub(crate) struct Responses {
     /// The response as `response.created` (or a later preamble event) described it: what an
     /// answer cut short ends with ([`Grammar::cut`]).
     skeleton: Option<Value>,
-    /// Message items under way (by the client's `output_index`) and the text they carried:
-    /// closed as `incomplete` when the answer is cut short.
+    /// Message items under way (by the client's `output_index`) and the text of theirs the
+    /// client got — the deltas sent, not those read: closed as `incomplete` with it when the
+    /// answer is cut short, so that the closing item says what the deltas said (the delta that
+    /// showed a degenerate run is read and never sent).
     open: BTreeMap<u64, (Value, String)>,
 }
 
@@ -292,7 +294,7 @@ impl Responses {
     }
 
     /// Notes what an answer cut short must close: the response described so far, the message
-    /// items under way and their text.
+    /// items under way (their text is noted as it is sent, [`Responses::note_said`]).
     fn note_open(&mut self, v: &Value, ty: &str, client: Option<u64>) {
         if let Some(r) = v.get("response").filter(|r| r.is_object()) {
             self.skeleton = Some(r.clone());
@@ -305,19 +307,25 @@ impl Responses {
                 let item = v.get("item").cloned().unwrap_or(Value::Null);
                 self.open.insert(c, (item, String::new()));
             }
-            "response.output_text.delta" => {
-                if let (Some((_, text)), Some(d)) = (
-                    self.open.get_mut(&c),
-                    v.get("delta").and_then(Value::as_str),
-                ) && text.len() + d.len() <= MAX_HELD_BYTES
-                {
-                    text.push_str(d);
-                }
-            }
             "response.output_item.done" => {
                 self.open.remove(&c);
             }
             _ => {}
+        }
+    }
+
+    /// Adds the text of a delta going out to the message item under way it belongs to.
+    fn note_said(&mut self, v: &Value) {
+        if crate::heal::item_type(v) != Some("response.output_text.delta") {
+            return;
+        }
+        let c = v.get("output_index").and_then(Value::as_u64);
+        if let (Some((_, text)), Some(d)) = (
+            c.and_then(|c| self.open.get_mut(&c)),
+            v.get("delta").and_then(Value::as_str),
+        ) && text.len() + d.len() <= MAX_HELD_BYTES
+        {
+            text.push_str(d);
         }
     }
 
@@ -489,7 +497,7 @@ impl Grammar for Responses {
         report.responded = finish.get("response").and_then(crate::runs::Responded::of);
     }
 
-    /// The messages under way closed as `incomplete` with the text they carried, and a
+    /// The messages under way closed as `incomplete` with the text the client got of them, and a
     /// `response.incomplete` (reason `max_output_tokens`, the API's word for an answer cut
     /// short), its `output` written when it is sealed.
     fn cut(&mut self) -> (Vec<Value>, Value) {
@@ -538,6 +546,7 @@ impl Grammar for Responses {
     }
 
     fn frame(&mut self, mut v: Value) -> Frame {
+        self.note_said(&v);
         if let Some(o) = v.as_object_mut() {
             o.insert("sequence_number".into(), json!(self.seq));
         }

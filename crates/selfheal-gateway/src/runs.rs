@@ -179,9 +179,10 @@ pub struct Share {
     /// The Responses answer whose link to this run is in the store (see
     /// `crate::sharing::run_of_response`).
     pub(crate) linked: Option<String>,
-    /// The id a streamed first answer of an unnamed run went out with, before the answer named
-    /// the run (`x-selfheal-run` is sent ahead of the stream): written to the store as a link to
-    /// the run's name, so that the id sent back to any replica continues the run.
+    /// The name of the first tool call a run that named itself by nothing was answered with
+    /// (what the conversation's next request carries), when the run is stored under the id its
+    /// first answer went out with: written to the store as a link to the run's name, so that
+    /// the conversation's next request continues the run on any replica.
     pub(crate) alias: Option<Arc<str>>,
 }
 
@@ -649,10 +650,19 @@ impl RunStore {
         )))
     }
 
-    /// Stores the detached run `state` under `id` for `tenant` — the name of the first tool
-    /// call it was answered with — unless a live run has that name already; what the run did
-    /// in its first request (a re-ask is a recovery) carries on into the next.
-    pub fn adopt(&self, state: &Arc<Mutex<RunState>>, id: &str, tenant: &str, now: Instant) {
+    /// Stores the detached run `state` under `id` for `tenant` unless a live run has that name
+    /// already; the first name it is stored under is its name (what it is shared under), a
+    /// later one a second key to it. A run that named itself by nothing is stored under the id
+    /// its first answer went out with and keyed by the name of the first tool call it was
+    /// answered with; what it did in its first request (a re-ask is a recovery) carries on into
+    /// the next. Whether it was stored under `id`.
+    pub fn adopt(
+        &self,
+        state: &Arc<Mutex<RunState>>,
+        id: &str,
+        tenant: &str,
+        now: Instant,
+    ) -> bool {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let inner = &mut *guard;
         if inner
@@ -660,7 +670,7 @@ impl RunStore {
             .get(id)
             .is_some_and(|e| now.duration_since(e.last_seen) < self.ttl)
         {
-            return;
+            return false;
         }
         self.insert(inner, id, tenant, state.clone(), now);
         drop(guard);
@@ -668,6 +678,15 @@ impl RunStore {
         if st.share.key.is_none() {
             st.share.key = Some((Arc::from(tenant), Arc::from(id)));
         }
+        true
+    }
+
+    /// Makes `id` of `tenant` a second key to the run `state` (in place of any run by that
+    /// name): a link to a run stored under another name, read from the shared store
+    /// (`crate::sharing::load`).
+    pub(crate) fn link(&self, id: &str, state: &Arc<Mutex<RunState>>, tenant: &str, now: Instant) {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        self.insert(&mut guard, id, tenant, state.clone(), now);
     }
 
     /// Inserts `state` under `id`, first dropping expired runs at the front of the recency

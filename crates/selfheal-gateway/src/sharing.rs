@@ -38,29 +38,55 @@ use crate::state::{AppState, lock};
 /// next request's write carries it).
 pub(crate) const ATTEMPTS: u32 = 4;
 
-/// The run a request continues: `run` of `tenant` (or, `named` false, a fresh detached run
-/// that is stored once adopted), read from the shared store when there is one. `redo` builds
-/// the request's [`Redo`], only when there is a store.
+/// The run a request continues, and the name it is stored under: `run` of `tenant` (or,
+/// `named` false, a fresh detached run that is stored once adopted), read from the shared
+/// store when there is one. `redo` builds the request's [`Redo`], only when there is a store.
+///
+/// A run first answered while it named itself by nothing is stored under the id that answer
+/// went out with, and the name of its first tool call — what the conversation's next request
+/// carries — is a link to it ([`crate::pipeline::adopt_first_call`]): here the run's second
+/// key, in the shared store a link its first write put there. Either way `run` given as that
+/// name continues the stored run, under its stored name (one more round trip, once per run
+/// and replica, for a link this replica has not seen).
 pub(crate) async fn load(
     s: &Arc<AppState>,
     run: &str,
     tenant: &str,
     named: bool,
     redo: impl FnOnce() -> Redo,
-) -> Arc<Mutex<RunState>> {
-    let state = if named {
-        s.runs.get_for(run, tenant, Instant::now())
-    } else {
-        s.runs.detached()
-    };
+) -> (Arc<Mutex<RunState>>, String) {
+    if !named {
+        let state = s.runs.detached();
+        if s.shared.store().is_some() {
+            let mut st = lock(&state);
+            st.share.users += 1;
+            st.share.redo.push(redo());
+        }
+        return (state, run.to_owned());
+    }
+    let now = Instant::now();
+    let mut state = s.runs.get_for(run, tenant, now);
+    let mut name = stored_name(&state, tenant).unwrap_or_else(|| run.to_owned());
     let Some(store) = s.shared.store() else {
-        return state;
+        return (state, name);
     };
-    if named {
-        let id = RunId::new(tenant, run);
-        let got = store.get_run(&id).await;
+    let mut got = store.get_run(&RunId::new(tenant, &*name)).await;
+    if let Ok(Some(link)) = &got
+        && let Some(to) = std::str::from_utf8(&link.bytes)
+            .ok()
+            .filter(|r| is_run_id(r))
+        && to != name
+    {
+        // A link another replica wrote: the run is read under its stored name, and this
+        // replica keeps the link as the run's second key.
+        state = s.runs.get_for(to, tenant, now);
+        s.runs.link(run, &state, tenant, now);
+        name = to.to_owned();
+        got = store.get_run(&RunId::new(tenant, &*name)).await;
+    }
+    {
         let mut st = lock(&state);
-        st.share.key = Some((Arc::from(tenant), Arc::from(run)));
+        st.share.key = Some((Arc::from(tenant), Arc::from(&*name)));
         match got {
             Ok(Some(fresh)) if fresh.version > st.share.version => {
                 s.runs.shared.loaded.fetch_add(1, RELAXED);
@@ -75,7 +101,15 @@ pub(crate) async fn load(
     st.share.users += 1;
     st.share.redo.push(redo());
     drop(st);
-    state
+    (state, name)
+}
+
+/// The name a run reached by another of its keys is stored under (see [`load`]), when it is
+/// not that key: the name its state was stored with, for `tenant`.
+fn stored_name(state: &Arc<Mutex<RunState>>, tenant: &str) -> Option<String> {
+    let st = lock(state);
+    let (of, name) = st.share.key.as_ref()?;
+    (&**of == tenant).then(|| name.to_string())
 }
 
 /// Writes the run back when a request of it ends (see the module documentation) — when the
@@ -113,8 +147,8 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
         let put = if attempt > 0 || (link.is_none() && alias.is_none()) {
             put.await
         } else {
-            // The links to the run — of its newest answer, of the id a streamed first answer
-            // went out with — go with its first write, in parallel.
+            // The links to the run — of its newest answer, of its first call's name — go with
+            // its first write, in parallel.
             let run = Bytes::from(id.run.clone().into_bytes());
             let at = |key: String| RunId::new(&*id.tenant, key);
             let keys: Vec<RunId> = (link.iter().map(|r| at(response_key(r))))
@@ -178,12 +212,11 @@ fn response_key(id: &str) -> String {
 
 /// The live run of `tenant` that `label` names, when it is the id of one — answered by this
 /// replica or, when replicas share a store, by any: a client that sends back the
-/// `x-selfheal-run` it was answered continues that run on whichever replica it lands. The id a
-/// streamed first answer went out with before the answer named its run is a link in the store
-/// to that name ([`crate::runs::Share::alias`]), and is answered with the name. The store is
-/// asked only for a label shaped like a run id that this replica does not know (once per run
-/// and replica: the request then loads the run here). Runs are stored under their tenant, so
-/// no other tenant's run is found.
+/// `x-selfheal-run` it was answered continues that run on whichever replica it lands. A link
+/// in the store to a run's name ([`crate::runs::Share::alias`]) is answered with the name. The
+/// store is asked only for a label shaped like a run id that this replica does not know (once
+/// per run and replica: the request then loads the run here). Runs are stored under their
+/// tenant, so no other tenant's run is found.
 pub(crate) async fn owned_by(
     s: &AppState,
     label: &str,
@@ -373,8 +406,8 @@ mod tests {
     async fn a_conflicting_write_is_reapplied_on_the_fresh_state() {
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
         let (a, b) = (replica(&store), replica(&store));
-        let on_a = load(&a, "r-1", "t", true, || observe(1)).await;
-        let on_b = load(&b, "r-1", "t", true, || observe(2)).await;
+        let on_a = load(&a, "r-1", "t", true, || observe(1)).await.0;
+        let on_b = load(&b, "r-1", "t", true, || observe(2)).await.0;
         for (st, fp) in [(&on_a, 1), (&on_b, 2)] {
             let mut st = lock(st);
             st.requests += 1;
@@ -384,7 +417,7 @@ mod tests {
         save(&b, &on_b).await;
         assert_eq!(b.runs.shared.conflicts.load(RELAXED), 1);
         let c = replica(&store);
-        let on_c = load(&c, "r-1", "t", true, || observe(3)).await;
+        let on_c = load(&c, "r-1", "t", true, || observe(3)).await.0;
         let st = lock(&on_c);
         assert_eq!((st.failures, st.requests), (2, 2));
         assert!(st.seen.contains(1) && st.seen.contains(2));
@@ -397,10 +430,10 @@ mod tests {
     async fn a_run_loaded_from_another_replica_reports_to_this_ones_trust() {
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
         let (a, b) = (replica(&store), replica(&store));
-        let on_a = load(&a, "r-1", "t", true, || observe(1)).await;
+        let on_a = load(&a, "r-1", "t", true, || observe(1)).await.0;
         lock(&on_a).requests += 1;
         save(&a, &on_a).await;
-        let on_b = load(&b, "r-1", "t", true, || observe(2)).await;
+        let on_b = load(&b, "r-1", "t", true, || observe(2)).await.0;
         let st = lock(&on_b);
         assert_eq!((st.share.version, st.requests), (1, 1), "a's state, loaded");
         assert!(
@@ -418,7 +451,7 @@ mod tests {
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
         let (a, b) = (replica(&store), replica(&store));
         let run = "r-0123456789abcdef01234567";
-        let on_a = load(&a, run, "t", true, || observe(1)).await;
+        let on_a = load(&a, run, "t", true, || observe(1)).await.0;
         lock(&on_a).last_response = Some(crate::runs::Responded {
             id: "resp_1".into(),
             calls: Vec::new(),
@@ -471,12 +504,12 @@ mod tests {
             {"type": "function", "function": {"name": "fetch", "parameters": {"type": "object"}}}]});
         let body = Bytes::from(serde_json::to_vec(&body).unwrap());
         let redo = chat_redo(&a, &body, None);
-        let on_a = load(&a, "r-1", "t", true, || redo.clone()).await;
+        let on_a = load(&a, "r-1", "t", true, || redo.clone()).await.0;
         redo(&mut lock(&on_a));
         let hidden_at = a.now_ms();
         assert!(lock(&on_a).run.verdict(hidden_at).hidden_tools == ["search"]);
         save(&a, &on_a).await;
-        let on_b = load(&b, "r-1", "t", true, || observe(1)).await;
+        let on_b = load(&b, "r-1", "t", true, || observe(1)).await.0;
         let mut st = lock(&on_b);
         assert_eq!(st.share.version, 1, "a's state, loaded");
         let cooldown = selfheal_core::MonitorConfig::default().cooldown_ms;
@@ -519,10 +552,10 @@ mod tests {
     async fn without_a_store_the_local_run_is_the_run() {
         let config = GatewayConfig::for_upstream("http://127.0.0.1:1/v1");
         let s = Arc::new(AppState::new(config, TraceWriter::disabled()).unwrap());
-        let first = load(&s, "r-1", "t", true, || observe(1)).await;
+        let first = load(&s, "r-1", "t", true, || observe(1)).await.0;
         lock(&first).requests += 1;
         save(&s, &first).await;
-        let again = load(&s, "r-1", "t", true, || observe(1)).await;
+        let again = load(&s, "r-1", "t", true, || observe(1)).await.0;
         assert!(Arc::ptr_eq(&first, &again));
         assert_eq!(
             lock(&again).share.users,

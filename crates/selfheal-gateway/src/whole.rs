@@ -229,10 +229,16 @@ async fn ask_again_announced<D: WholeDialect>(
     {
         return false;
     }
-    let Some(guidance) = D::text(answer).and_then(|text| lock(&t.state).run.ask_again(&text))
-    else {
+    let now_ms = t.s.now_ms();
+    let Some((guidance, decided)) = D::text(answer).and_then(|text| {
+        let mut st = lock(&t.state);
+        let guidance = st.run.ask_again(&text, now_ms)?;
+        Some((guidance, st.run.take_records()))
+    }) else {
         return false;
     };
+    // The run's decision (`ask_again`), then what the gateway did with it (`reask`).
+    crate::pipeline::record_decisions(t, decided);
     Metrics::inc(&t.s.metrics.reasks_total);
     push_once(actions, Action::Reask);
     t.event(Kind::Reask, json!({"announced": guidance}));

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 use selfheal_gateway::GatewayConfig;
 
@@ -56,47 +55,26 @@ const TICK_MS: u64 = 5;
 async fn upstream(replies: Vec<Reply>) -> (String, Arc<Seen>) {
     let queue = Arc::new(Mutex::new(VecDeque::from(replies)));
     let seen = Arc::new(Seen::default());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let seen2 = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let (queue, seen) = (queue.clone(), seen2.clone());
-            tokio::spawn(async move { serve_one(tcp, &queue, &seen).await });
-        }
-    });
-    (format!("http://{addr}/v1"), seen)
+    let url = common::tcp_upstream(move |tcp, body| {
+        let (queue, seen) = (queue.clone(), seen2.clone());
+        async move { serve_one(tcp, &body, &queue, &seen).await }
+    })
+    .await;
+    (url, seen)
 }
 
-async fn serve_one(mut tcp: tokio::net::TcpStream, queue: &Mutex<VecDeque<Reply>>, seen: &Seen) {
-    let mut buf = Vec::new();
+async fn serve_one(
+    mut tcp: tokio::net::TcpStream,
+    body: &[u8],
+    queue: &Mutex<VecDeque<Reply>>,
+    seen: &Seen,
+) {
     let mut chunk = [0u8; 8192];
-    loop {
-        let n = tcp.read(&mut chunk).await.unwrap_or(0);
-        if n == 0 {
-            return;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf).to_string();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let len = text[..end]
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse::<usize>().unwrap())
-                })
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap();
-                seen.bodies.lock().unwrap().push(body);
-                break;
-            }
-        }
-    }
+    seen.bodies
+        .lock()
+        .unwrap()
+        .push(serde_json::from_slice(body).unwrap());
     let reply = queue.lock().unwrap().pop_front().unwrap_or(Reply::Hang);
     seen.written.store(0, Ordering::SeqCst);
     *seen.closed_at.lock().unwrap() = None;
@@ -330,9 +308,9 @@ fn streamed_calls(events: &[Value]) -> Vec<&Value> {
         .collect()
 }
 
-/// The whole body of a chat completion streamed through the gateway at `url`.
-async fn stream_text(url: &str, body: &Value) -> String {
-    post(url, "chat/completions", body)
+/// The whole body of an answer streamed through the gateway at `url`, at `path`.
+async fn stream_text(url: &str, path: &str, body: &Value) -> String {
+    post(url, path, body)
         .send()
         .await
         .unwrap()
@@ -341,17 +319,23 @@ async fn stream_text(url: &str, body: &Value) -> String {
         .unwrap()
 }
 
-/// Words, then newlines without end: the newlines past the limit (256) are cut off with the
-/// upstream, and the stream ends `partial` with the reason and the `cut` action — never
-/// `complete` — with `finish_reason: "length"` and `[DONE]`.
-#[tokio::test]
-async fn a_stream_that_degenerates_after_content_ends_partial() {
+/// The gateway (its URL) in front of a chat upstream that says "Hello there." and then streams
+/// newlines without end, and what that upstream saw.
+async fn padded_chat() -> (String, Arc<Seen>) {
     let (up, seen) = upstream(vec![Reply::Sse {
         events: vec![role(), content("Hello there.")],
         forever: Some(content("\n")),
     }])
     .await;
-    let url = gateway_for(&up, |_| {}).await;
+    (gateway_for(&up, |_| {}).await, seen)
+}
+
+/// Words, then newlines without end: the newlines past the limit (256) are cut off with the
+/// upstream, and the stream ends `partial` with the reason and the `cut` action — never
+/// `complete` — with `finish_reason: "length"` and `[DONE]`.
+#[tokio::test]
+async fn a_stream_that_degenerates_after_content_ends_partial() {
+    let (url, seen) = padded_chat().await;
     let body = json!({"model": "m", "stream": true,
                       "messages": [{"role": "user", "content": "Say hello."}]});
     let resp = post(&url, "chat/completions", &body).send().await.unwrap();
@@ -361,6 +345,8 @@ async fn a_stream_that_degenerates_after_content_ends_partial() {
     let events = events(&text);
     let last = events.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+    // The ending chunk says nothing of its own: the answer is the deltas sent.
+    assert!(last["choices"][0]["delta"]["content"].is_null(), "{last}");
     assert_eq!(last["selfheal"]["status"], "partial", "{last}");
     let reason = last["selfheal"]["reason"].as_str().unwrap();
     assert!(reason.contains("whitespace"), "{reason}");
@@ -438,7 +424,7 @@ async fn a_call_written_as_text_before_the_padding_is_taken() {
     let body = json!({"model": "m", "stream": true, "tools": weather_tool(),
                       "tool_choice": "required",
                       "messages": [{"role": "user", "content": "Weather in Paris?"}]});
-    let text = stream_text(&url, &body).await;
+    let text = stream_text(&url, "chat/completions", &body).await;
     let events = events(&text);
     let calls = streamed_calls(&events);
     assert_eq!(calls.len(), 1, "{text}");
@@ -475,7 +461,7 @@ async fn a_call_cut_inside_its_arguments_is_not_taken() {
     let url = gateway_for(&up, |_| {}).await;
     let body = json!({"model": "m", "stream": true, "tools": weather_tool(),
                       "messages": [{"role": "user", "content": "Weather in Paris?"}]});
-    let text = stream_text(&url, &body).await;
+    let text = stream_text(&url, "chat/completions", &body).await;
     let events = events(&text);
     let calls: Vec<Value> = streamed_calls(&events)
         .into_iter()
@@ -604,7 +590,9 @@ async fn the_default_output_limit_is_set_only_where_the_client_set_none() {
 
 /// The Responses API: words, then newlines without end. The stream ends with
 /// `response.incomplete`, the message under way closed `incomplete` with the words said, and
-/// the report `partial` with the `cut` action.
+/// the report `partial` with the `cut` action. The closing item's text is exactly what the
+/// deltas sent: a client that rebuilds the text from the deltas and one that reads the final
+/// item agree (the delta that showed the run is read, never sent, and was in the item's text).
 #[tokio::test]
 async fn a_responses_stream_that_degenerates_after_content_ends_incomplete_and_partial() {
     let delta = |text: &str| {
@@ -628,13 +616,7 @@ async fn a_responses_stream_that_degenerates_after_content_ends_incomplete_and_p
     .await;
     let url = gateway_for(&up, |_| {}).await;
     let body = json!({"model": "m", "stream": true, "input": "Say hello."});
-    let text = post(&url, "responses", &body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stream_text(&url, "responses", &body).await;
     let events = events(&text);
     let last = events.last().unwrap();
     assert_eq!(last["type"], "response.incomplete", "{text}");
@@ -655,5 +637,59 @@ async fn a_responses_stream_that_degenerates_after_content_ends_incomplete_and_p
     assert!(
         said.starts_with("Hello there.") && said.len() <= 12 + 257,
         "{said:?}"
+    );
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(said, deltas, "the final item says what the deltas said");
+    let closed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(closed.len(), 1, "{text}");
+    assert_eq!(closed[0]["item"]["content"][0]["text"], deltas.as_str());
+}
+
+/// The Messages API over the same cut: the text the client gets is its `text_delta` events
+/// alone (nothing closes with text of its own), and the message ends `max_tokens`, `partial`
+/// with the `cut` action, never `end_turn` and `complete`.
+#[tokio::test]
+async fn a_messages_stream_that_degenerates_after_content_ends_max_tokens_and_partial() {
+    let (url, _) = padded_chat().await;
+    let body = json!({"model": "m", "stream": true, "max_tokens": 4096,
+                      "messages": [{"role": "user", "content": "Say hello."}]});
+    let text = stream_text(&url, "messages", &body).await;
+    let events = events(&text);
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(types.last(), Some(&"message_stop"), "{text}");
+    let said: String = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_delta")
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert!(
+        said.starts_with("Hello there.") && said.len() <= 12 + 256,
+        "{said:?}"
+    );
+    // No event but the deltas carries text: what the SDK accumulates is what was sent.
+    let texts = events
+        .iter()
+        .filter(|e| e["type"] != "content_block_delta")
+        .filter(|e| e.to_string().contains("Hello there."))
+        .count();
+    assert_eq!(texts, 0, "{text}");
+    let end = events
+        .iter()
+        .find(|e| e["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(end["delta"]["stop_reason"], "max_tokens", "{end}");
+    assert_eq!(end["selfheal"]["status"], "partial", "{end}");
+    assert!(
+        end["selfheal"]["actions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("cut"))
     );
 }

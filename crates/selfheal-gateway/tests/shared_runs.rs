@@ -184,6 +184,11 @@ async fn calling_upstream() -> String {
 /// A request of the conversation that opens "What does the page say?": its first turn, or
 /// the turn after `call_A` failed; with `label` as `x-selfheal-run`.
 fn page_request(answered: bool, label: Option<&str>) -> Request<Body> {
+    page_request_as(answered, label, false)
+}
+
+/// [`page_request`], streamed or not.
+fn page_request_as(answered: bool, label: Option<&str>, stream: bool) -> Request<Body> {
     let mut messages = vec![json!({"role": "user", "content": "What does the page say?"})];
     if answered {
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
@@ -192,7 +197,7 @@ fn page_request(answered: bool, label: Option<&str>) -> Request<Body> {
         messages.push(json!({"role": "tool", "tool_call_id": "call_A",
                              "content": "{\"error\": \"search backend down\"}"}));
     }
-    let body = json!({"model": "m", "messages": messages, "tools": [
+    let body = json!({"model": "m", "messages": messages, "stream": stream, "tools": [
         {"type": "function", "function": {"name": "web_search", "parameters": {"type": "object",
             "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]});
     let mut req = Request::post("/v1/chat/completions").header("content-type", "application/json");
@@ -228,4 +233,81 @@ async fn the_first_answers_run_id_names_the_stored_run() {
     assert_eq!(on_b.headers()["x-selfheal-run"], id.as_str());
     let unlabelled = a.clone().oneshot(page_request(true, None)).await.unwrap();
     assert_eq!(unlabelled.headers()["x-selfheal-run"], id.as_str());
+}
+
+/// The run id a request was answered with, once its body has been read to the end (a stream's
+/// run is stored when its relay ends).
+async fn answered_id(router: &Router, req: Request<Body>) -> String {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let id = resp.headers()["x-selfheal-run"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let _ = resp.into_body().collect().await.unwrap();
+    id
+}
+
+/// A streamed first answer sends its run id before it knows of any call (the head goes out
+/// with the first frame): that id is the one the run is stored under, as for a whole answer.
+/// The conversation's next request, which carries the call and not the id, is answered with
+/// it on the replica that streamed and on another one (through the link in the store). It
+/// was not: the stream showed one id, the next request the call's name.
+#[tokio::test]
+async fn a_streamed_first_answers_run_id_names_the_stored_run() {
+    let url = calling_upstream().await;
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+    let (a, b) = (
+        replica(&url, Some(store.clone())),
+        replica(&url, Some(store.clone())),
+    );
+    let id = answered_id(&a, page_request_as(false, None, true)).await;
+    assert_eq!(
+        answered_id(&b, page_request(true, None)).await,
+        id,
+        "on another replica"
+    );
+    assert_eq!(
+        answered_id(&a, page_request(true, None)).await,
+        id,
+        "on the same replica"
+    );
+    // Sent back, the id names the run too.
+    let again = page_request(true, Some(&id));
+    assert_eq!(answered_id(&b, again).await, id);
+}
+
+/// The trace of an unnamed conversation's first request is under the id its run is stored
+/// under: `selfheal trace show` of the run lists both of its requests, the streamed first one
+/// included (it was under a throwaway id, and the run's trace began at its second request).
+#[tokio::test]
+async fn the_trace_of_a_streamed_first_request_is_under_its_run() {
+    let url = calling_upstream().await;
+    let path = std::env::temp_dir().join(format!(
+        "selfheal-first-trace-{}-{:?}.db",
+        std::process::id(),
+        std::time::SystemTime::now()
+    ));
+    let mut config = GatewayConfig::for_upstream(&url);
+    config.budget = selfheal_core::BudgetLimits::unlimited();
+    let state = Arc::new(AppState::new(config, TraceWriter::open(&path).unwrap()).unwrap());
+    let app = router(state.clone());
+    let id = answered_id(&app, page_request_as(false, None, true)).await;
+    assert_eq!(answered_id(&app, page_request(true, None)).await, id);
+    state.trace.flush_and_close();
+    let events = selfheal_gateway::TraceReader::open(&path)
+        .unwrap()
+        .events(&id)
+        .unwrap();
+    for end in ["", "-wal", "-shm"] {
+        let mut file = path.clone().into_os_string();
+        file.push(end);
+        let _ = std::fs::remove_file(file);
+    }
+    let requests: Vec<bool> = events
+        .iter()
+        .filter(|e| e.kind == "request")
+        .map(|e| e.detail["stream"] == json!(true))
+        .collect();
+    assert_eq!(requests, vec![true, false], "{events:?}");
 }

@@ -9,8 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
 
 use selfheal_gateway::GatewayConfig;
 
@@ -26,54 +25,25 @@ async fn canned_upstream(responses: Vec<String>) -> (String, Arc<Mutex<Vec<Strin
 async fn paced_upstream(responses: Vec<Vec<(u64, String)>>) -> (String, Arc<Mutex<Vec<String>>>) {
     let queue = Arc::new(Mutex::new(VecDeque::from(responses)));
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let seen2 = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let queue = queue.clone();
-            let seen = seen2.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                // Read the head, then the body by content-length.
-                loop {
-                    let n = tcp.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let len = text[..end]
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length:")
-                                    .map(|v| v.trim().parse::<usize>().unwrap())
-                            })
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + len {
-                            seen.lock().unwrap().push(text[end + 4..].to_string());
-                            break;
-                        }
-                    }
+    let url = common::tcp_upstream(move |mut tcp, body| {
+        let (queue, seen) = (queue.clone(), seen2.clone());
+        async move {
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&body).into_owned());
+            let resp = queue.lock().unwrap().pop_front().unwrap_or_default();
+            for (pause, part) in resp {
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                if tcp.write_all(part.as_bytes()).await.is_err() {
+                    return;
                 }
-                let resp = queue.lock().unwrap().pop_front().unwrap_or_default();
-                for (pause, part) in resp {
-                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-                    if tcp.write_all(part.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-                let _ = tcp.shutdown().await;
-            });
+            }
+            let _ = tcp.shutdown().await;
         }
-    });
-    (format!("http://{addr}/v1"), seen)
+    })
+    .await;
+    (url, seen)
 }
 
 fn sse(events: &[&str]) -> String {

@@ -73,8 +73,9 @@ pub(crate) async fn chat_inner(
     let (run, unnamed) = name_run(s, &caller.tenant, &naming, opening).await;
     let fallback = chain.get(1).map(|c| c.model.as_str());
     let redo = || crate::sharing::chat_redo(s, &bytes, fallback);
+    let (state, run) = crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await;
     let t = Turn {
-        state: crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await,
+        state,
         s: s.clone(),
         caller,
         run: run.into(),

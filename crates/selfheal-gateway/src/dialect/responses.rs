@@ -247,8 +247,9 @@ pub(crate) async fn open_turn(
         let tools = responses_tools(req);
         crate::sharing::responses_redo(s, input, tools, previous, conversation, fallback)
     };
+    let (state, run) = crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await;
     Turn {
-        state: crate::sharing::load(s, &run, &caller.tenant, unnamed.is_none(), redo).await,
+        state,
         s: s.clone(),
         caller,
         run: run.into(),
