@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use selfheal_bench::TaskSpec;
 
-use crate::endpoint::Ask;
+use crate::endpoint::Msg;
 use crate::world::World;
 
 /// The agent's turn limit: requests it sends before it gives up on an episode.
@@ -96,7 +96,7 @@ impl Client {
     pub(crate) async fn run(
         &self,
         world: &mut World<'_>,
-        asks: &mut mpsc::Receiver<Ask>,
+        asks: &mut mpsc::Receiver<Msg>,
         task: &TaskSpec,
         run: &str,
         max: MaxTurns,
@@ -230,20 +230,23 @@ pub(crate) fn offered_tools(task: &TaskSpec) -> Vec<Value> {
 /// Awaits `request` while answering the model's requests from `world`.
 async fn serve_while<T>(
     world: &mut World<'_>,
-    asks: &mut mpsc::Receiver<Ask>,
+    asks: &mut mpsc::Receiver<Msg>,
     request: impl Future<Output = Result<T, reqwest::Error>>,
 ) -> Result<T, ClientError> {
     let mut request = std::pin::pin!(request);
     loop {
         tokio::select! {
             r = &mut request => return Ok(r?),
-            ask = asks.recv() => match ask {
-                Some(ask) => {
+            msg = asks.recv() => match msg {
+                Some(Msg::Ask(ask)) => {
                     let n = world.model.asks() + 1;
                     let answer = world.answer(&ask.body).upstream(n);
                     // The gateway may have given up on this request; nothing to do then.
                     let _ = ask.reply.send(answer);
                 }
+                // The gateway held the request: the wait passes on the episode's clock, before
+                // the model call it preceded (the same channel keeps the order).
+                Some(Msg::Wait(ms)) => world.ep.wait(ms),
                 None => return Err(ClientError::EndpointGone),
             },
         }

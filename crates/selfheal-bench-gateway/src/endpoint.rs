@@ -20,6 +20,17 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
+/// What the driver is handed while a request of the agent is out, in the order it happened: a
+/// request of the model, or a wait the gateway made before one.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// The endpoint received a request.
+    Ask(Ask),
+    /// The gateway held the agent's request this many milliseconds before its model call
+    /// (the delay of a tool's retry): a wait on the episode's clock.
+    Wait(u64),
+}
+
 /// One chat-completions request the endpoint received, and where its answer goes.
 #[derive(Debug)]
 pub(crate) struct Ask {
@@ -47,15 +58,15 @@ pub(crate) enum Upstream {
 }
 
 /// The endpoint's routes: `POST /v1/chat/completions`, every request handed to `asks`.
-pub(crate) fn router(asks: mpsc::Sender<Ask>) -> Router {
+pub(crate) fn router(asks: mpsc::Sender<Msg>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .with_state(asks)
 }
 
-async fn chat(State(asks): State<mpsc::Sender<Ask>>, Json(body): Json<Value>) -> Response {
+async fn chat(State(asks): State<mpsc::Sender<Msg>>, Json(body): Json<Value>) -> Response {
     let (tx, rx) = oneshot::channel();
-    if asks.send(Ask { body, reply: tx }).await.is_err() {
+    if asks.send(Msg::Ask(Ask { body, reply: tx })).await.is_err() {
         return unavailable("no episode is running");
     }
     match rx.await {

@@ -395,6 +395,9 @@ pub async fn run(
     let (ask_tx, mut asks) = mpsc::channel(16);
     let model_listener = TcpListener::bind("127.0.0.1:0").await?;
     let model_url = format!("http://{}/v1", model_listener.local_addr()?);
+    // The gateway's waits (a tool retry's delay) pass on the episode's clock, in order with
+    // the model's requests, not on the wall clock ([`selfheal_gateway::Wait`]).
+    let waits = ask_tx.clone();
     let (stop_model, model_stopped) = oneshot::channel::<()>();
     let endpoint = tokio::spawn(async move {
         axum::serve(model_listener, endpoint::router(ask_tx))
@@ -409,13 +412,21 @@ pub async fn run(
     // Build the state once here so a bad configuration is an error, not a dead task.
     selfheal_gateway::AppState::new(gw_config.clone(), TraceWriter::disabled())?;
     let (stop_gw, gw_stopped) = oneshot::channel::<()>();
-    let gateway = tokio::spawn(selfheal_gateway::serve(
+    let wait = selfheal_gateway::Wait::simulated(move |delay| {
+        let waits = waits.clone();
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        Box::pin(async move {
+            let _ = waits.send(endpoint::Msg::Wait(ms)).await;
+        })
+    });
+    let gateway = tokio::spawn(selfheal_gateway::serve_with(
         gw_config,
         gw_listener,
         TraceWriter::disabled(),
         async move {
             let _ = gw_stopped.await;
         },
+        wait,
     ));
     let client = Client::new(&gw_url, REQUEST_TIMEOUT).map_err(ArmError::ClientSetup)?;
 

@@ -17,6 +17,19 @@ use selfheal_bench::{Episode, Purpose, Response};
 use crate::agent::REFRESH_ARGUMENT;
 use crate::model::{Reply, Script};
 
+/// The text a tool's raise comes back as: `Error: ` and its message and, when the tool's
+/// answer carried a `Retry-After`, that header in whole seconds (rounded up, as HTTP writes
+/// it), as a tool wrapper that keeps it writes it — unless the message says it already. A
+/// wrapper that drops the header leaves the gateway only its backoff.
+pub(crate) fn error_text(message: &str, retry_after_ms: Option<u64>) -> String {
+    match retry_after_ms {
+        Some(ms) if !message.to_ascii_lowercase().contains("retry") => {
+            format!("Error: {message} (Retry-After: {})", ms.div_ceil(1000))
+        }
+        Some(_) | None => format!("Error: {message}"),
+    }
+}
+
 /// An episode and its scripted model.
 #[derive(Debug)]
 pub(crate) struct World<'t> {
@@ -80,7 +93,11 @@ impl<'t> World<'t> {
             .is_some_and(|v| v == Value::Bool(true));
         let fresh = refresh && purpose == Purpose::Step;
         match self.ep.call(step, tool, &args, purpose, fresh).response {
-            Response::Raised { message, .. } => format!("Error: {message}"),
+            Response::Raised {
+                message,
+                retry_after_ms,
+                ..
+            } => error_text(&message, retry_after_ms),
             Response::Returned { body } => body,
         }
     }

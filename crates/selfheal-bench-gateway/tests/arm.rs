@@ -147,3 +147,50 @@ async fn a_model_outage_is_an_upstream_503_the_gateway_heals() {
         assert!(e.gateway_costs.escalated_calls > 0, "{e:?}");
     }
 }
+
+/// Issue 33, item 2: a rate limit that clears with time, not with attempts, is waited out
+/// through the gateway as in-process. The core's retry waits at least the tool's
+/// `Retry-After`; the gateway holds the model call that long (the agent calls the tool again
+/// only after it), and the arm's world sees that wait on the episode's clock (the gateway's
+/// `Wait` advances it), so the tool's next call finds the limit over. Before, the gateway's
+/// retry was guidance with no wait, and the plain agent called again into the same limit.
+/// Properties, not the arm's numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_that_clears_with_time_is_waited_out_on_the_episodes_clock() {
+    let mut config = small(1, 8, 1.0);
+    config.fault_model = selfheal_bench::FaultModel::from_toml_str(
+        "[[fault]]\nname = \"rate_limited_for_a_while\"\nfamily = \"runtime\"\nweight = 1\n\
+         target = \"primary\"\ntransient_k = [1, 1]\nclears_after_ms = [4000, 4000]\n\
+         effect = { kind = \"http\", status = 429, message = \"429 Too Many Requests\", \
+         retry_after_ms = 5000 }",
+    )
+    .unwrap();
+    config.fault_model.model = selfheal_bench::ModelRates::PERFECT;
+    let report = selfheal_bench_gateway::run(&config, &mut |_, _| {})
+        .await
+        .expect("every request came back");
+    let faulted: Vec<_> = report
+        .episodes
+        .iter()
+        .filter(|e| !e.faults.is_empty())
+        .collect();
+    assert!(!faulted.is_empty(), "the run meets the rate limit");
+    assert!(
+        report.gateway.actions.contains_key("wait"),
+        "{:?}",
+        report.gateway.actions
+    );
+    // Every episode the in-process client recovered by waiting, the gateway arm recovers too.
+    for e in &faulted {
+        assert!(
+            !e.in_process.success || e.gateway.success,
+            "task {}: solved in-process, not via the gateway: {:?}",
+            e.task,
+            e.transcript
+        );
+    }
+    assert!(
+        faulted.iter().any(|e| e.gateway.success),
+        "the wait recovers some episode"
+    );
+}

@@ -76,6 +76,7 @@ fn options() -> Options {
         human_available: false,
         retry_safe: true,
         partial_result: false,
+        max_delay_ms: None,
     }
 }
 

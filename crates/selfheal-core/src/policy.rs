@@ -258,6 +258,12 @@ pub struct Options {
     pub retry_safe: bool,
     /// Something useful has been produced already, so degrading yields a partial result.
     pub partial_result: bool,
+    /// The longest the executor can wait before it sends a call again, in milliseconds (a
+    /// proxy holds its client's request while it waits). A retry whose delay — the backoff,
+    /// or a `Retry-After` — is longer does not apply here: the ladder moves on, and the wait is
+    /// never shortened to fit. `None`: no limit (an executor on its own clock waits what it
+    /// must).
+    pub max_delay_ms: Option<u64>,
 }
 
 impl Options {
@@ -272,7 +278,13 @@ impl Options {
             human_available: false,
             retry_safe: true,
             partial_result: true,
+            max_delay_ms: None,
         }
+    }
+
+    /// Whether the executor can wait `delay_ms` before a retry ([`Options::max_delay_ms`]).
+    pub fn can_wait(&self, delay_ms: u64) -> bool {
+        self.max_delay_ms.is_none_or(|max| delay_ms <= max)
     }
 }
 
@@ -372,7 +384,8 @@ pub struct LadderState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SkipReason {
-    /// The action does not apply here (no substitute, no planner, unsafe to retry...).
+    /// The action does not apply here (no substitute, no planner, unsafe to retry, a retry's
+    /// wait longer than the executor can make...).
     NotApplicable,
     /// The budget dimension it needs is spent.
     BudgetSpent,
@@ -710,7 +723,8 @@ impl Policy {
     /// was done already for the failure; `retry_after_ms` is the wait the failure's source asked
     /// for, honoured as a retry honours it. Allowed while fewer than [`Policy::reread_count`]
     /// rechecks were made (the reads `risk` asks of a value nothing else confirms), the call is
-    /// safe to send again, the per-failure cap leaves an action and the budget affords a retry.
+    /// safe to send again, the per-failure cap leaves an action, the budget affords a retry and
+    /// the executor can wait its delay ([`Options::max_delay_ms`]).
     /// `None`: the value stays unsettled, and the run ends `partial` with it flagged.
     pub fn check_again(
         &self,
@@ -733,11 +747,12 @@ impl Policy {
             return None;
         }
         let attempt = state.retries + 1;
+        let delay_ms = self.retry.delay_ms(attempt, retry_after_ms, rng);
+        if !options.can_wait(delay_ms) {
+            return None;
+        }
         Some(Decision {
-            action: RecoveryAction::Retry {
-                delay_ms: self.retry.delay_ms(attempt, retry_after_ms, rng),
-                attempt,
-            },
+            action: RecoveryAction::Retry { delay_ms, attempt },
             rung: None,
             charge,
             next: LadderState {
@@ -814,13 +829,12 @@ impl Policy {
                     return None;
                 }
                 let attempt = state.retries + 1;
-                return Some((
-                    RecoveryAction::Retry {
-                        delay_ms: self.retry.delay_ms(attempt, failure.retry_after_ms, rng),
-                        attempt,
-                    },
-                    attempt,
-                ));
+                let delay_ms = self.retry.delay_ms(attempt, failure.retry_after_ms, rng);
+                // A wait the executor cannot make is not shortened: the retry does not apply.
+                if !options.can_wait(delay_ms) {
+                    return None;
+                }
+                return Some((RecoveryAction::Retry { delay_ms, attempt }, attempt));
             }
             ActionKind::Repair => options
                 .repair
@@ -1045,6 +1059,52 @@ mod tests {
                 alternative: "alt".into()
             }
         );
+    }
+
+    /// A retry whose wait is longer than the executor can make (a proxy holding its client's
+    /// request) is not shortened to fit: the ladder moves on to its next rung. One that fits is
+    /// taken with its whole wait.
+    #[test]
+    fn a_retry_longer_than_the_executor_can_wait_moves_the_ladder_on() {
+        let p = Policy::default();
+        let ledger = BudgetLedger::new(BudgetLimits::unlimited());
+        let mut f = failure(FailureClass::ToolUnavailable);
+        f.retry_after_ms = Some(20_000);
+        let mut opts = Options::all("alt", "big");
+        opts.max_delay_ms = Some(30_000);
+        let d = p.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
+        assert!(
+            matches!(d.action, RecoveryAction::Retry { delay_ms, .. } if delay_ms >= 20_000),
+            "{:?}",
+            d.action
+        );
+        opts.max_delay_ms = Some(10_000);
+        let d = p.decide(LadderState::default(), &f, &opts, &ledger, &mut ConstRng(0));
+        assert_eq!(d.action.kind(), ActionKind::Substitute, "{d:?}");
+        assert!(
+            d.skipped
+                .contains(&(ActionKind::Retry, SkipReason::NotApplicable))
+        );
+        // A recheck's retry is refused the same way.
+        let recheck = p.check_again(
+            LadderState::default(),
+            0,
+            Some(20_000),
+            &opts,
+            &ledger,
+            &mut ConstRng(0),
+        );
+        assert_eq!(recheck, None);
+        opts.max_delay_ms = None;
+        let recheck = p.check_again(
+            LadderState::default(),
+            0,
+            Some(20_000),
+            &opts,
+            &ledger,
+            &mut ConstRng(0),
+        );
+        assert!(recheck.is_some());
     }
 
     #[test]

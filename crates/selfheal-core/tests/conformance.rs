@@ -30,6 +30,7 @@ fn wire_options() -> Options {
         human_available: false,
         retry_safe: true,
         partial_result: false,
+        max_delay_ms: None,
     }
 }
 

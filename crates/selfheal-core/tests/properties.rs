@@ -92,6 +92,7 @@ fn options() -> impl Strategy<Value = Options> {
             human_available: h,
             retry_safe: safe,
             partial_result: partial,
+            max_delay_ms: None,
         })
 }
 

@@ -49,6 +49,9 @@ pub(crate) enum Action {
     Guidance,
     /// Tools hidden from the model.
     Hide,
+    /// The model call held until the delay of a tool's retry (its backoff or `Retry-After`)
+    /// had passed: the agent calls the tool again only after that answer.
+    Wait,
     /// A failed tool replaced by an equivalent one (the controller's recovery).
     Substitute,
     /// The plan rebuilt from the current state (the controller's recovery).

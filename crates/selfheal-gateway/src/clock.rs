@@ -8,8 +8,15 @@
 //! started since. This clock starts at the Unix time the process started and advances with
 //! the monotonic clock, so every replica stamps on one base (as far as their clocks agree: NTP
 //! keeps them well under a second apart) and a process never sees its own time go back.
+//!
+//! [`Wait`] is how a request is held while a retry's delay passes: the real clock, or a
+//! simulation's own.
 
-use std::time::Instant;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
 
 /// Milliseconds since the Unix epoch as of the process's start, plus the monotonic time since.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +47,45 @@ impl Clock {
         let elapsed = now.saturating_duration_since(self.started).as_millis();
         self.base_ms
             .saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
+}
+
+/// How the gateway holds a request while the delay of a retry the core decided passes
+/// (`[limits] max_wait_ms`): on the real clock by default. A simulation whose world keeps its
+/// own clock (the benchmark's gateway arm) gives its own, which advances that clock by the
+/// wait instead of sleeping — so the world sees exactly the wait the gateway made.
+#[derive(Clone, Default)]
+pub struct Wait(Option<Arc<dyn Fn(Duration) -> BoxFuture<'static, ()> + Send + Sync>>);
+
+impl Wait {
+    /// Waits on the real clock (`tokio::time::sleep`).
+    pub fn real() -> Wait {
+        Wait(None)
+    }
+
+    /// Waits by calling `wait` with the delay and awaiting what it returns.
+    pub fn simulated(
+        wait: impl Fn(Duration) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Wait {
+        Wait(Some(Arc::new(wait)))
+    }
+
+    /// Holds for `delay`.
+    pub(crate) async fn hold(&self, delay: Duration) {
+        match &self.0 {
+            None => tokio::time::sleep(delay).await,
+            Some(wait) => wait(delay).await,
+        }
+    }
+}
+
+impl fmt::Debug for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Wait(simulated)"
+        } else {
+            "Wait(real)"
+        })
     }
 }
 

@@ -292,8 +292,13 @@ pub struct GatewayConfig {
     pub limits: LimitsConfig,
 }
 
-/// `[limits]`: bounds on what a model generates (issue 31, item 4).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+/// The default of `[limits] max_wait_ms`: 30 s, well inside the timeouts clients commonly
+/// give a request (the `openai` SDKs wait 10 minutes; proxies in front often 60 s).
+pub(crate) const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
+
+/// `[limits]`: bounds on what a model generates (issue 31, item 4) and on how long a request is
+/// held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// The output limit the gateway sets upstream when the client set none (chat's
@@ -306,6 +311,22 @@ pub struct LimitsConfig {
     /// whitespace or one piece repeated back to back): such output is cut, and re-asked while
     /// nothing of it reached the client, else flagged `partial`.
     pub degenerate: selfheal_core::degenerate::Limits,
+    /// The longest the gateway holds a request to wait out the delay of a retry the core
+    /// decided for a tool's failure (its backoff, or the tool's `Retry-After`), in
+    /// milliseconds: the agent calls the tool again only after the model's next answer, so
+    /// that answer is held. A retry whose delay is longer is not taken (the core's ladder
+    /// moves on) and the wait asked for is reported, never shortened. 0: never hold.
+    pub max_wait_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            default_max_tokens: None,
+            degenerate: selfheal_core::degenerate::Limits::default(),
+            max_wait_ms: DEFAULT_MAX_WAIT_MS,
+        }
+    }
 }
 
 impl Default for GatewayConfig {

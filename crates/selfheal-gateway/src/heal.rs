@@ -1056,6 +1056,7 @@ mod tests {
             fallback: None,
             seed: 0,
             wall_ms: 0,
+            max_wait_ms: crate::config::DEFAULT_MAX_WAIT_MS,
         }
     }
 

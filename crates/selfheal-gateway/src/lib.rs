@@ -82,6 +82,8 @@ use tokio::sync::{Semaphore, watch};
 pub use app::router;
 /// Inbound keys are configured by their hash.
 pub use auth::key_hash;
+/// How a request is held while a retry's delay passes.
+pub use clock::Wait;
 /// The configuration (`selfheal serve --config`; see `docs/reference/config.md`).
 pub use config::{
     GatewayConfig, LimitsConfig, ModelRoute, OnPartial, ServerConfig, StateConfig, Target,
@@ -94,7 +96,7 @@ pub use heal::GuideCache;
 /// The texts of the controller's guidance, as the gateway writes them (the benchmark's model
 /// reads them), and the wall clock the gateway reads data ages against.
 pub use recover::{
-    cross_check_text, refresh_text, replan_text, retry_text, substitute_text, wall_ms,
+    cross_check_text, refresh_text, replan_text, retry_text, substitute_text, wait_text, wall_ms,
 };
 /// The stream relay's frames, checks and bounds, shared by both event grammars.
 pub use relay::{Check, Frame, MAX_HELD_BYTES, Opening as TextCallOpening, opens_text_call};
@@ -142,6 +144,18 @@ pub async fn serve(
     trace: TraceWriter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_with(config, listener, trace, shutdown, Wait::real()).await
+}
+
+/// [`serve`], holding requests with `wait` while a retry's delay passes (a simulation's own
+/// clock; [`Wait`]).
+pub async fn serve_with(
+    config: GatewayConfig,
+    listener: tokio::net::TcpListener,
+    trace: TraceWriter,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    wait: Wait,
+) -> Result<(), ServeError> {
     let server = config.server;
     let fds = raise_fd_limit();
     if let Some(warning) = fd_shortfall(server.max_connections, fds) {
@@ -153,7 +167,7 @@ pub async fn serve(
         tokio::task::spawn_blocking(move || telemetry::init(&otel, |v| std::env::var(v).ok()))
             .await
             .map_err(|e| telemetry::TelemetryError::from_join(&e))??;
-    let state = Arc::new(AppState::new(config, trace)?);
+    let state = Arc::new(AppState::new(config, trace)?.with_wait(wait));
     if let Ok(addr) = listener.local_addr()
         && !addr.ip().is_loopback()
         && !state.gate.requires_key()

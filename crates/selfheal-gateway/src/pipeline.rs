@@ -322,6 +322,7 @@ pub(crate) fn rebuild_run(
         fallback: chain.get(1).map(|c| c.model.as_str()),
         seed: now_ms,
         wall_ms: recover::wall_ms(),
+        max_wait_ms: t.s.config.limits.max_wait_ms,
     };
     let (verdict, replayed, next, decisions) = {
         let mut st = lock(&t.state);
@@ -459,18 +460,75 @@ async fn decide_and_answer<D: Dialect>(t: &Turn, mut d: D) -> Result<Response, A
         t.event(Kind::Guidance, json!({"max_tokens": n}));
     }
     let escalate = decided.next.escalate;
+    let wait = TurnWait {
+        ms: decided.next.wait_ms.min(t.s.config.limits.max_wait_ms),
+        refused: decided.next.too_long.clone(),
+    };
     d.edit(t, decided, &mut actions);
     d.set_chain(escalated(t, escalate, d.chain().to_vec()));
+    wait.hold(t, &mut actions).await;
     let first = d.chain().first().cloned();
     let learned = d.streaming() && learned_no_stream(&t.s, d.tools(), d.chain());
     if d.streaming() && !learned {
-        return d.stream(t, actions).await;
+        let mut resp = d.stream(t, actions).await?;
+        wait.mark(&mut resp);
+        return Ok(resp);
     }
     let mut resp = d.whole(t, actions, learned).await?;
     if learned {
         crate::state::mark_no_stream(&mut resp, first.as_ref());
     }
+    wait.mark(&mut resp);
     Ok(resp)
+}
+
+/// The wait a turn makes before its model call: the delay of the retries the run decided for
+/// tool failures (the agent calls the tool again only after this answer, so holding the model
+/// call holds the tool's next call), and a wait a tool asked for that was longer than the
+/// gateway holds a request (`[limits] max_wait_ms`), which the run routed around.
+struct TurnWait {
+    /// How long to hold, in ms. The core never decides a retry longer than the limit (it is
+    /// told the limit), so the `min` that bounds it never shortens one.
+    ms: u64,
+    /// `(tool, the wait asked, in ms)`, when one was too long.
+    refused: Option<(String, u64)>,
+}
+
+impl TurnWait {
+    /// Holds the turn (on the state's [`Wait`](crate::clock::Wait)), recorded and reported as
+    /// the `wait` action; records a wait refused.
+    async fn hold(&self, t: &Turn, actions: &mut Vec<Action>) {
+        if let Some((tool, asked)) = &self.refused {
+            t.event(
+                Kind::Recover,
+                json!({"wait_refused": {"tool": tool, "asked_ms": asked,
+                                        "max_wait_ms": t.s.config.limits.max_wait_ms}}),
+            );
+        }
+        if self.ms == 0 {
+            return;
+        }
+        crate::action::push_once(actions, Action::Wait);
+        t.event(Kind::Recover, json!({"wait_ms": self.ms}));
+        t.s.wait
+            .hold(std::time::Duration::from_millis(self.ms))
+            .await;
+    }
+
+    /// Reports the wait in the answer's headers (`x-selfheal-wait-ms`,
+    /// `x-selfheal-wait-refused`).
+    fn mark(&self, resp: &mut Response) {
+        use axum::http::HeaderValue;
+        let h = resp.headers_mut();
+        if self.ms > 0 {
+            h.insert("x-selfheal-wait-ms", HeaderValue::from(self.ms));
+        }
+        if let Some((tool, asked)) = &self.refused
+            && let Ok(v) = HeaderValue::from_str(&format!("{tool}={asked}"))
+        {
+            h.insert("x-selfheal-wait-refused", v);
+        }
+    }
 }
 
 /// Why and how the run ends now, if it does: the controller's stop first, else the monitor's

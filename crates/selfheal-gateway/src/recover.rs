@@ -16,7 +16,7 @@
 //! | directive | on the wire |
 //! |---|---|
 //! | `Continue` | nothing beyond the monitor's guidance |
-//! | `Recover` retry of a tool's failure | guidance: call the tool again with the same arguments |
+//! | `Recover` retry of a tool's failure | guidance: call the tool again with the same arguments, sent once the retry's delay has passed (the request is held before its model call, up to `[limits] max_wait_ms`, which the core is told: a longer delay is routed around, never shortened) |
 //! | `Recover` refresh (stale data, a contradicted value) of a tool that declares its cache-bypass argument ([`ToolConfig::refresh`]) | guidance: call the tool again with the same arguments and that one set to `true` |
 //! | `Recover` repair of a tool's answer that does not parse, or whose declared field was renamed ([`ToolConfig::output`]) | the gateway's repair of the bytes (or the field mapped back) replaces the result in every request it forwards; the repaired value is then cross-checked like any other; a drift it cannot map is fetched again |
 //! | `Recover` retry of the model's own mistake | guidance: write the call again |
@@ -81,6 +81,9 @@ pub(crate) struct Ctx<'a> {
     pub seed: u64,
     /// The wall clock, Unix time in milliseconds (what `as_of` stamps are read against).
     pub wall_ms: u64,
+    /// The longest the gateway holds a request to wait out a retry's delay (`[limits]
+    /// max_wait_ms`): what the core is told it can wait ([`Options::max_delay_ms`]).
+    pub max_wait_ms: u64,
 }
 
 /// The wall clock now, Unix time in milliseconds.
@@ -671,7 +674,7 @@ fn error_signal(text: &str) -> Signal {
     match status {
         Some(status) => Signal::HttpStatus {
             status,
-            retry_after_ms: None,
+            retry_after_ms: retry_after_in(&lower),
             message: body.to_owned(),
         },
         None if lower.contains("timed out") || lower.starts_with("timeout") => Signal::Timeout,
@@ -681,6 +684,35 @@ fn error_signal(text: &str) -> Signal {
             message: body.to_owned(),
         },
     }
+}
+
+/// The wait an error text asks for, in milliseconds, as a tool wrapper that keeps the HTTP
+/// header writes it: `Retry-After: 5` (seconds, as the header counts), `retry after 2 s`,
+/// `retry after 1500 ms`, `retry-after: 0.5 seconds`. `lower`: the text in lowercase. An
+/// HTTP date, or no number, is no wait.
+pub(crate) fn retry_after_in(lower: &str) -> Option<u64> {
+    let at = ["retry-after", "retry after", "retry_after"]
+        .iter()
+        .filter_map(|k| lower.find(k).map(|i| i + k.len()))
+        .min()?;
+    let rest = lower.get(at..)?;
+    let rest = rest.trim_start_matches(|c: char| c == ':' || c == '=' || c.is_whitespace());
+    let rest = rest.strip_prefix("in ").unwrap_or(rest);
+    let len = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    let number: f64 = rest.get(..len)?.parse().ok()?;
+    if !number.is_finite() || number < 0.0 {
+        return None;
+    }
+    let unit = rest.get(len..)?.trim_start();
+    let ms = if unit.starts_with("ms") || unit.starts_with("milli") {
+        number
+    } else {
+        number * 1000.0
+    };
+    // Saturates at u64::MAX for absurd values (the core caps what it honours).
+    Some(ms.ceil() as u64)
 }
 
 /// Whether JSON text was cut off: more brackets opened than closed outside strings, or a
@@ -955,7 +987,28 @@ pub(crate) fn observe(
             // The model can always rewrite a call that raised, given its error (as the MCP
             // proxy and the runtime offer).
             let repair = hard.then_some(RepairTarget::Arguments);
+            let asked = match &signal {
+                Some(Signal::HttpStatus { retry_after_ms, .. }) => *retry_after_ms,
+                _ => None,
+            };
             let d = finished(st, ctx, step, call, signal, repair, now_ms);
+            if let Some(ms) = asked.filter(|ms| *ms > ctx.max_wait_ms)
+                && !matches!(
+                    d,
+                    StepAction::Recover {
+                        action: RecoveryAction::Retry { .. },
+                        ..
+                    }
+                )
+            {
+                // The core routed around a retry the gateway could not wait for: said, to the
+                // model and in the answer's headers, never shortened.
+                st.wire
+                    .next
+                    .guidance
+                    .push(wait_text(tool, ms, ctx.max_wait_ms));
+                st.wire.next.too_long = Some((tool.to_owned(), ms));
+            }
             carry(st, ctx, step, tool, d);
             if hard { Outcome::Hard } else { Outcome::Soft }
         }
@@ -1112,6 +1165,9 @@ fn options(
         human_available: false,
         retry_safe: true,
         partial_result: st.successes > 0,
+        // The gateway holds its client's request while it waits: a retry whose wait is longer
+        // than `[limits] max_wait_ms` is the core's to route around, never shortened.
+        max_delay_ms: Some(ctx.max_wait_ms),
     }
 }
 
@@ -1251,9 +1307,12 @@ fn carry(st: &mut RunState, ctx: &Ctx<'_>, step: u32, tool: &str, d: StepAction)
                         next.again.push(tool.to_owned());
                     }
                 },
-                RecoveryAction::Retry { .. } => {
+                RecoveryAction::Retry { delay_ms, .. } => {
                     next.guidance.push(retry_text(tool, class));
                     next.again.push(tool.to_owned());
+                    // The client calls the tool again only once the model has answered: the
+                    // next model call is held until the core's delay has passed.
+                    next.wait_ms = next.wait_ms.max(delay_ms);
                 }
                 RecoveryAction::Substitute { alternative } => {
                     // The primary's data is known to be old: its answers say nothing about
@@ -1303,6 +1362,17 @@ pub fn retry_text(tool: &str, class: FailureClass) -> String {
         ),
         _ => format!("`{tool}` failed ({class}): call it again with the same arguments."),
     }
+}
+
+/// Said when a tool asked for a wait (its `Retry-After`) longer than the gateway holds a
+/// request, `max_ms`: the tool is not called again before then.
+pub fn wait_text(tool: &str, asked_ms: u64, max_ms: u64) -> String {
+    format!(
+        "`{tool}` asked not to be called again for {} s, longer than this gateway waits ({} s): \
+         do not call it again now.",
+        asked_ms.div_ceil(1000),
+        max_ms.div_ceil(1000)
+    )
 }
 
 /// The refresh's guidance: the same call with the tool's cache-bypass argument set.
@@ -1388,6 +1458,7 @@ mod tests {
             fallback,
             seed: 1,
             wall_ms: 0,
+            max_wait_ms: crate::config::DEFAULT_MAX_WAIT_MS,
         }
     }
 
@@ -1435,6 +1506,34 @@ mod tests {
             read_result("Paris is sunny"),
             Read::Value(json!("Paris is sunny"))
         );
+    }
+
+    /// A rate limit's `Retry-After`, as tool wrappers write it in the error text, reaches the
+    /// core as the signal's wait; a date or no number is none.
+    #[test]
+    fn a_retry_after_in_an_error_text_is_read() {
+        let wait = |text: &str| match read_result(text) {
+            Read::Failed(Some(Signal::HttpStatus { retry_after_ms, .. })) => retry_after_ms,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            wait("Error: 429 Too Many Requests (Retry-After: 5)"),
+            Some(5_000)
+        );
+        assert_eq!(
+            wait("Error: 429 Too Many Requests: retry after 2 s"),
+            Some(2_000)
+        );
+        assert_eq!(wait("Error: 503 busy, retry after 1500 ms"), Some(1_500));
+        assert_eq!(
+            wait("Error: 429 slow down; retry-after: 0.5 seconds"),
+            Some(500)
+        );
+        assert_eq!(
+            wait("Error: 429 Too Many Requests (Retry-After: Wed, 21 Oct 2015 07:28:00 GMT)"),
+            None
+        );
+        assert_eq!(wait("Error: 429 Too Many Requests"), None);
     }
 
     const DOWN: &str = "Error: 503 Service Unavailable";

@@ -990,6 +990,16 @@ pub struct Next {
     /// The calls, `(tool, canonical hash of the arguments)`, whose values the run took as it
     /// read this request's results ([`crate::heal::Answered`]).
     pub taken: Vec<(String, u64)>,
+    /// How long to hold this request's model call first, in milliseconds: the longest delay
+    /// of the controller's retries of tool failures (the client calls the tool again only
+    /// after the model's answer). 0: no wait.
+    #[serde(default)]
+    pub wait_ms: u64,
+    /// A tool asked to be called again only after a wait (its `Retry-After`) longer than the
+    /// gateway holds a request: `(tool, the wait asked, in ms)`. The core routed around the
+    /// retry; this is reported, never shortened.
+    #[serde(default)]
+    pub too_long: Option<(String, u64)>,
 }
 
 /// How the run ends now, when a directive ended it.

@@ -328,6 +328,7 @@ pub(crate) fn chat_redo(s: &Arc<AppState>, body: &Bytes, fallback: Option<&str>)
             fallback: fallback.as_deref(),
             seed: now_ms,
             wall_ms: recover::wall_ms(),
+            max_wait_ms: s.config.limits.max_wait_ms,
         };
         heal::replay(st, &req.messages, &ctx, now_ms);
     })
@@ -354,6 +355,7 @@ pub(crate) fn responses_redo(
             fallback: fallback.as_deref(),
             seed: now_ms,
             wall_ms: recover::wall_ms(),
+            max_wait_ms: s.config.limits.max_wait_ms,
         };
         let continues = |r: &&crate::runs::Responded| match previous.as_deref() {
             Some(prev) => prev == r.id,

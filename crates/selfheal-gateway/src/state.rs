@@ -63,6 +63,8 @@ pub struct AppState {
     /// The clock runs decide by: Unix ms at the process's start plus the monotonic time since,
     /// one base for every replica ([`crate::clock`]). Shared with the upstreams' breakers.
     pub(crate) clock: crate::clock::Clock,
+    /// How a request is held while a retry's delay passes ([`crate::clock::Wait`]).
+    pub(crate) wait: crate::clock::Wait,
 }
 
 /// What the gateway learns about upstream targets (upstream and model) that cannot stream tool
@@ -281,7 +283,14 @@ impl AppState {
             no_stream: NoStream::shared(shared.clone()),
             shared,
             clock,
+            wait: crate::clock::Wait::real(),
         })
+    }
+
+    /// The same state, holding requests with `wait` ([`crate::clock::Wait`]).
+    pub fn with_wait(mut self, wait: crate::clock::Wait) -> AppState {
+        self.wait = wait;
+        self
     }
 
     /// Now on the runs' clock ([`crate::clock::Clock`]).

@@ -903,6 +903,7 @@ impl Proxy {
             // Something to report exists: an earlier good answer, or this one's data (stale
             // data is data).
             partial_result: self.had_result || matches!(signal, Some(Signal::Stale { .. })),
+            max_delay_ms: None,
         };
         // What the monitor reads: the structured value, else the text read as JSON (a tool
         // that answers `{"error": ...}` as text has failed softly), else the text.

@@ -1207,6 +1207,7 @@ impl Loop<'_> {
                 human_available: false,
                 retry_safe,
                 partial_result: self.tool_results > 0,
+                max_delay_ms: None,
             };
             let error_text = result.as_ref().err().cloned().unwrap_or_default();
             let outcome = match &result {

@@ -305,6 +305,7 @@ pub(crate) fn replay_input(t: &Turn, p: &Parsed, tools: &ToolIndex) -> Replay {
             fallback: p.chain.get(1).map(|c| c.model.as_str()),
             seed: now_ms,
             wall_ms: recover::wall_ms(),
+            max_wait_ms: s.config.limits.max_wait_ms,
         };
         let only_new = p.previous.is_some() || p.conversation.is_some();
         let replayed = heal::replay_items(&mut st, items, only_new, &ctx, now_ms);
