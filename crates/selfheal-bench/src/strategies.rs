@@ -29,7 +29,7 @@ use selfheal_core::{
     ActionKind, Amounts, BudgetLimits, CallOutcome, ControllerConfig, FailureClass, Judgement,
     Observation, Options, Policy, RecoveryAction, RepairTarget, RetryConfig, RunStatus, Signal,
     SplitMix64, StepAction, THIRD_READ_VERIFIER, ToolCall, Trust, canonical_hash, contract,
-    ungrounded_arguments,
+    cross_check_declared, ungrounded_arguments,
 };
 
 use crate::exec::{AS_OF, Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
@@ -802,24 +802,12 @@ fn read_again(
             },
             Ok(o) => {
                 read = Some(o.clone());
-                let mut verdict = Judgement::Accept;
-                for p in &reads {
-                    match (get_path(body, p), get_path(&o, p)) {
-                        (Some(a), Some(b)) if tol.agrees(a, b) => {}
-                        (Some(a), Some(b)) => {
-                            verdict = Judgement::Reject {
-                                reason: format!("`{p}`: {a} here, {b} from {other}"),
-                            };
-                            break;
-                        }
-                        _ => {
-                            verdict = Judgement::Uncertain {
-                                reason: format!("{other} has no `{p}`"),
-                            };
-                        }
-                    }
-                }
-                verdict
+                // The core's rule: field by field within the tool's tolerance, and a field the
+                // other source renamed (its API drifted) read through the drift.
+                // (The `as_of` stamp, when a source sends one, names no value.)
+                cross_check_declared(body, &o, &reads, Some(AS_OF), &other, |a, b| {
+                    tol.agrees(a, b)
+                })
             }
         },
     };

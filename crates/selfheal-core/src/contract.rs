@@ -149,6 +149,71 @@ pub fn map_renamed(value: &Value, fields: &[String]) -> Result<Value, String> {
     Ok(v)
 }
 
+/// The value of the declared field `path` in `answer`, an equivalent source's answer that lacks
+/// it, read through a schema drift — for a cross-check against that source, not to repair its
+/// answer (see [`crate::cross_check_declared`]). `fields` are the tool's declared fields,
+/// `stamp` the field that stamps when its data was current (not a value), and `like` the value
+/// being checked, whose JSON kind the reading must have.
+///
+/// The key read is the one that is recognisably `path`'s key renamed (`price_v2`), as
+/// [`map_renamed`] reads it; else, when `path`'s key is the one declared key `answer` lacks,
+/// the one key of `answer` that no declared field (nor the stamp) names and that holds a value
+/// of `like`'s kind — a rename past recognition (`f85`), found by elimination. `None` when the
+/// key is there (the field is missing inside it), or no key or several qualify: naming one
+/// would be a guess.
+pub fn read_through_drift<'v>(
+    answer: &'v Value,
+    path: &str,
+    fields: &[String],
+    stamp: Option<&str>,
+    like: &Value,
+) -> Option<&'v Value> {
+    let o = answer.as_object()?;
+    let key = top(path);
+    if o.contains_key(key) {
+        return None;
+    }
+    let rest = &path[key.len()..];
+    let read = |k: &String| get_path(&o[k.as_str()], rest);
+    let recognised = renamings(o, key);
+    let found = match recognised.as_slice() {
+        [one] => Some(*one),
+        [] => {
+            let declared = |k: &str| fields.iter().any(|f| top(f) == k) || stamp == Some(k);
+            let mut missing: Vec<&str> = fields
+                .iter()
+                .map(|f| top(f))
+                .filter(|k| !o.contains_key(*k))
+                .collect();
+            missing.sort_unstable();
+            missing.dedup();
+            let candidates: Vec<&String> = o
+                .keys()
+                .filter(|k| !declared(k))
+                .filter(|k| read(k).is_some_and(|v| same_kind(v, like)))
+                .collect();
+            match (missing.as_slice(), candidates.as_slice()) {
+                ([m], [one]) if *m == key => Some(*one),
+                _ => None,
+            }
+        }
+        _ => None,
+    }?;
+    read(found)
+}
+
+/// Whether two values are of the same JSON kind (number, string, boolean, array, object).
+fn same_kind(a: &Value, b: &Value) -> bool {
+    matches!(
+        (a, b),
+        (Value::Number(_), Value::Number(_))
+            | (Value::String(_), Value::String(_))
+            | (Value::Bool(_), Value::Bool(_))
+            | (Value::Array(_), Value::Array(_))
+            | (Value::Object(_), Value::Object(_))
+    )
+}
+
 /// The staleness of an answer whose `as_of_field` stamps when its data was current (a number,
 /// milliseconds on the caller's clock): the signal when it is older than `max_age_ms` at
 /// `now_ms`. An answer without the stamp is not judged.

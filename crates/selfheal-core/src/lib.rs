@@ -123,5 +123,5 @@ pub use trust::{
 };
 pub use verifier::{
     EvidenceVerifier, Judgement, SchemaError, SchemaVerifier, Subject, Tolerance, Verifier,
-    cross_check, ungrounded_arguments, ungrounded_numbers,
+    cross_check, cross_check_declared, ungrounded_arguments, ungrounded_numbers,
 };

@@ -245,6 +245,67 @@ pub fn cross_check(value: &Value, other: &Value, tol: Tolerance) -> Judgement {
     }
 }
 
+/// The cross-check on a tool's declared fields: judges `value` (one source's answer) against
+/// `other` (the answer of the source named `other_name` to the same arguments) on each of
+/// `fields`, with `agrees` (the tool's tolerance) deciding whether two readings agree. Rejects at
+/// the first field the two answer differently; is uncertain when a field could not be compared
+/// on both sides; accepts when every field agrees.
+///
+/// An equivalent source whose API drifted (a field renamed, as a provider's fields are renamed
+/// for every tool it serves) lacks the field by name. It is read through the drift
+/// ([`crate::contract::read_through_drift`]: the key recognisably renamed, or the one key no
+/// declared field names, by elimination), and a reading so found that **agrees** counts as
+/// agreement: two independent sources gave the same value, and only the key it sits under was
+/// inferred. One that disagrees is no evidence either way — the inferred key may be the wrong
+/// one — and leaves the field uncompared (uncertain), as before. Without this, a value
+/// recovered by substituting for a tool whose fields drifted could never be checked against
+/// it, and was held in doubt although both sources agree (issue 33).
+pub fn cross_check_declared(
+    value: &Value,
+    other: &Value,
+    fields: &[String],
+    stamp: Option<&str>,
+    other_name: &str,
+    agrees: impl Fn(&Value, &Value) -> bool,
+) -> Judgement {
+    let mut verdict = Judgement::Accept;
+    for p in fields {
+        let a = crate::contract::get_path(value, p);
+        match (a, crate::contract::get_path(other, p)) {
+            (Some(a), Some(b)) if agrees(a, b) => {}
+            (Some(a), Some(b)) => {
+                return Judgement::Reject {
+                    reason: format!("`{p}`: {a} here, {b} from {other_name}"),
+                };
+            }
+            (Some(a), None) => {
+                match crate::contract::read_through_drift(other, p, fields, stamp, a) {
+                    Some(b) if agrees(a, b) => {}
+                    Some(_) => {
+                        verdict = Judgement::Uncertain {
+                            reason: format!(
+                                "{other_name} has no `{p}`, and read through its renamed key \
+                                 it does not agree (no evidence: the key was inferred)"
+                            ),
+                        };
+                    }
+                    None => {
+                        verdict = Judgement::Uncertain {
+                            reason: format!("{other_name} has no `{p}`"),
+                        };
+                    }
+                }
+            }
+            (None, _) => {
+                verdict = Judgement::Uncertain {
+                    reason: format!("{other_name} has no `{p}`"),
+                };
+            }
+        }
+    }
+    verdict
+}
+
 fn first_disagreement(
     a: &Value,
     b: &Value,
@@ -593,6 +654,85 @@ fn numbers_in(text: &str) -> Vec<Written> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn declared(f: &[&str]) -> Vec<String> {
+        f.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn within_2pc(a: &Value, b: &Value) -> bool {
+        match (a.as_f64(), b.as_f64()) {
+            (Some(x), Some(y)) => (x - y).abs() <= 0.02 * x.abs().max(y.abs()),
+            _ => a == b,
+        }
+    }
+
+    #[test]
+    fn a_value_checked_against_a_source_whose_fields_drifted_is_read_through_the_drift() {
+        let f = declared(&["price"]);
+        let sub = json!({"price": 566.0, "as_of": 1});
+        // Renamed past recognition; the stamp names no value and is not a candidate.
+        let primary = json!({"as_of": 2, "f85": 566.38});
+        let j = cross_check_declared(&sub, &primary, &f, Some("as_of"), "`q`", within_2pc);
+        assert_eq!(j, Judgement::Accept);
+        // Recognisably renamed.
+        let primary = json!({"price_v2": 566.38});
+        let j = cross_check_declared(&sub, &primary, &f, Some("as_of"), "`q`", within_2pc);
+        assert_eq!(j, Judgement::Accept);
+        // A nested field under a renamed key.
+        let f = declared(&["results[0].population"]);
+        let a = json!({"results": [{"population": 100}]});
+        let b = json!({"results_v2": [{"population": 101}]});
+        let j = cross_check_declared(&a, &b, &f, None, "`q`", within_2pc);
+        assert_eq!(j, Judgement::Accept);
+    }
+
+    #[test]
+    fn a_reading_through_a_drift_that_disagrees_or_is_ambiguous_is_no_evidence() {
+        let f = declared(&["price"]);
+        let sub = json!({"price": 566.0});
+        // Disagrees through an inferred key: not a rejection, the key may be the wrong one.
+        let primary = json!({"f85": 900.0});
+        let j = cross_check_declared(&sub, &primary, &f, None, "`q`", within_2pc);
+        assert!(matches!(j, Judgement::Uncertain { .. }), "{j:?}");
+        // Two keys could be it: naming one would be a guess.
+        let primary = json!({"f85": 566.0, "f12": 3.0});
+        let j = cross_check_declared(&sub, &primary, &f, None, "`q`", within_2pc);
+        assert!(matches!(j, Judgement::Uncertain { .. }), "{j:?}");
+        // Without the stamp named, `as_of` is a second candidate.
+        let primary = json!({"as_of": 2, "f85": 566.0});
+        let j = cross_check_declared(&sub, &primary, &f, None, "`q`", within_2pc);
+        assert!(matches!(j, Judgement::Uncertain { .. }), "{j:?}");
+        // A candidate of another kind is not the field.
+        let primary = json!({"f85": "566"});
+        let j = cross_check_declared(&sub, &primary, &f, None, "`q`", within_2pc);
+        assert!(matches!(j, Judgement::Uncertain { .. }), "{j:?}");
+        // Two declared fields missing: elimination cannot say which key is which.
+        let f2 = declared(&["price", "volume"]);
+        let sub2 = json!({"price": 566.0, "volume": 10.0});
+        let primary = json!({"f85": 566.0, "f12": 10.0});
+        let j = cross_check_declared(&sub2, &primary, &f2, None, "`q`", within_2pc);
+        assert!(matches!(j, Judgement::Uncertain { .. }), "{j:?}");
+    }
+
+    #[test]
+    fn a_field_read_by_name_still_decides_as_before() {
+        let f = declared(&["price", "volume"]);
+        let a = json!({"price": 566.0, "volume": 10.0});
+        let b = json!({"price": 600.0, "volume": 10.0});
+        let j = cross_check_declared(&a, &b, &f, None, "`q`", within_2pc);
+        assert_eq!(
+            j,
+            Judgement::Reject {
+                reason: "`price`: 566.0 here, 600.0 from `q`".into()
+            }
+        );
+        // A direct disagreement rejects even after a field that could not be compared.
+        let b = json!({"volume": 99.0, "other": "x"});
+        let j = cross_check_declared(&a, &b, &f, None, "`q`", within_2pc);
+        assert!(matches!(j, Judgement::Reject { .. }), "{j:?}");
+        let j = cross_check_declared(&a, &a, &f, None, "`q`", within_2pc);
+        assert_eq!(j, Judgement::Accept);
+    }
 
     fn subject<'a>(output: &'a Value, evidence: &'a [Value]) -> Subject<'a> {
         Subject {
