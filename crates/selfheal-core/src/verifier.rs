@@ -224,6 +224,27 @@ impl Tolerance {
     fn numbers_agree(&self, x: f64, y: f64) -> bool {
         (x - y).abs() <= self.rel * x.abs().max(y.abs()) + self.abs
     }
+
+    /// Whether two readings of one field agree: numbers within the band, arrays element by
+    /// element, objects key by key (the same keys), anything else exactly. The reading
+    /// [`cross_check_declared`] applies to each declared field.
+    pub fn agrees(&self, a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) => self.numbers_agree(x, y),
+                _ => x == y,
+            },
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| self.agrees(p, q))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len()
+                    && x.iter()
+                        .all(|(k, p)| y.get(k).is_some_and(|q| self.agrees(p, q)))
+            }
+            _ => a == b,
+        }
+    }
 }
 
 /// The cross-check: judges `value` (one source's answer) against `other` (an equivalent
@@ -832,6 +853,22 @@ mod tests {
         let off = json!({"quote": {"price": 110.0}});
         assert!(matches!(cross_check(&nested, &off, tol),
             Judgement::Reject { reason } if reason.contains("`quote.price`")));
+    }
+
+    #[test]
+    fn two_readings_agree_within_the_band_and_with_the_same_shape() {
+        let tol = Tolerance::default();
+        assert!(tol.agrees(&json!(20.0), &json!(20.3)));
+        assert!(!tol.agrees(&json!(20.0), &json!(25.0)));
+        assert!(tol.agrees(&json!([1.0, 2.0]), &json!([1.01, 2.0])));
+        assert!(!tol.agrees(&json!([1.0, 2.0]), &json!([1.0])));
+        assert!(tol.agrees(&json!({"p": 1.0}), &json!({"p": 1.01})));
+        assert!(!tol.agrees(&json!({"p": 1.0}), &json!({"p": 1.0, "q": 2})));
+        assert!(!tol.agrees(&json!("Paris"), &json!("Lyon")));
+        assert!(
+            !tol.agrees(&json!(20.0), &json!("20.0")),
+            "a number is not its text"
+        );
     }
     #[test]
     fn arguments_copied_wrong_are_ungrounded() {

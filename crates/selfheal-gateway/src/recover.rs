@@ -55,7 +55,7 @@ use serde_json::Value;
 use selfheal_core::{
     Action, ActionKind, Amounts, Breakers, CallOutcome, EscalationTarget, FailureClass, Input,
     Judgement, Monitor, Observation, Options, RecoveryAction, RepairTarget, RunStatus, Signal,
-    SplitMix64, StepAction, ToolCall, canonical_hash, contract, cross_check,
+    SplitMix64, StepAction, ToolCall, canonical_hash, contract, cross_check, cross_check_declared,
 };
 
 use crate::config::ToolConfig;
@@ -802,26 +802,7 @@ fn observe_cross_check(
         // The second source's answer is read as it came: one that does not parse is no
         // evidence (the verifier does not repair what it checks against).
         let verdict = match read_result(text) {
-            // The second source's answer without a declared field is no evidence either
-            // way (as in-process: nothing to compare the value with).
-            Read::Value(other) => match ctx.breach(&p.against, &other) {
-                Some((Signal::SchemaDrift { detail }, _)) => {
-                    Verdict::Judged(Judgement::Uncertain {
-                        reason: format!(
-                            "`{}` answered without a declared field: {detail}",
-                            p.against
-                        ),
-                    })
-                }
-                Some(_) | None => match holes(&p.value, &other) {
-                    Some(signal) => Verdict::Hole(signal),
-                    None => Verdict::Judged(cross_check(
-                        &ctx.comparable(&p.tool, &p.value),
-                        &ctx.comparable(&p.against, &other),
-                        p.tolerance,
-                    )),
-                },
-            },
+            Read::Value(other) => judge_other(ctx, &p, &other),
             Read::Repairable { .. } => Verdict::Judged(Judgement::Uncertain {
                 reason: format!("`{}` sent an unreadable body", p.against),
             }),
@@ -837,6 +818,48 @@ fn observe_cross_check(
     };
     settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
     false
+}
+
+/// The other source's answer `other` judged against the held value `p`. An answer that lacks a
+/// declared field (the held value's tool's, else the other's: its API drifted, a field renamed)
+/// is read through the drift on the declared fields by the core's rule, as in-process
+/// ([`cross_check_declared`]): agreement so read counts, a disagreement or a field not found is
+/// no evidence either way. Otherwise a field the other fills that this one left empty is a hole
+/// (an empty output), and the rest is compared field by field ([`cross_check`]).
+fn judge_other(ctx: &Ctx<'_>, p: &Pending, other: &Value) -> Verdict {
+    let declared = [&p.tool, &p.against]
+        .into_iter()
+        .filter_map(|t| ctx.tools.get(t.as_str()))
+        .find(|c| !c.output.is_empty());
+    let lacks = |c: &ToolConfig| {
+        c.output
+            .iter()
+            .any(|f| contract::get_path(other, f).is_none())
+    };
+    match (declared, ctx.breach(&p.against, other)) {
+        (Some(c), _) if lacks(c) => Verdict::Judged(cross_check_declared(
+            &p.value,
+            other,
+            &c.output,
+            c.as_of.as_deref(),
+            &format!("`{}`", p.against),
+            |a, b| p.tolerance.agrees(a, b),
+        )),
+        (_, Some((Signal::SchemaDrift { detail }, _))) => Verdict::Judged(Judgement::Uncertain {
+            reason: format!(
+                "`{}` answered without a declared field: {detail}",
+                p.against
+            ),
+        }),
+        _ => match holes(&p.value, other) {
+            Some(signal) => Verdict::Hole(signal),
+            None => Verdict::Judged(cross_check(
+                &ctx.comparable(&p.tool, &p.value),
+                &ctx.comparable(&p.against, other),
+                p.tolerance,
+            )),
+        },
+    }
 }
 
 /// What one tool result was to the run, as [`observe`] found it. Spelled (`ok`, `hard`, ...)
@@ -1663,6 +1686,72 @@ mod tests {
         let next = st.wire.take_next();
         assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
         assert!(next.guidance[0].contains("contradictory_evidence"));
+    }
+
+    /// A substitute's value checked against its primary whose declared field was renamed (its
+    /// API drifted) is read through the drift, as in-process: a reading that agrees confirms
+    /// the recovered value (before, the check was uncertain and the value held in doubt); one
+    /// that disagrees is no evidence, and the value stays unconfirmed.
+    #[test]
+    fn a_drifted_primary_confirms_its_substitute_through_the_rename() {
+        let mut cfg = tools(true);
+        if let Some(w) = cfg.get_mut("weather") {
+            w.output = vec!["temp".into()];
+        }
+        let idx = offered(&["weather", "weather_backup"]);
+        let ctx = ctx(&cfg, &idx, None);
+        let a = json!({"city": "Paris"});
+        let substituted = || {
+            let mut st = RunState::with_policy(
+                MonitorConfig::default(),
+                BudgetLimits::defaults(),
+                Policy {
+                    risk: 0.001,
+                    ..Policy::default()
+                },
+            );
+            for t in 0..3 {
+                observe(&mut st, &ctx, ("c", "weather", &a), DOWN, t);
+            }
+            assert_eq!(
+                st.wire.take_next().actions,
+                vec![ActionKind::Retry, ActionKind::Retry, ActionKind::Substitute]
+            );
+            let held = observe(
+                &mut st,
+                &ctx,
+                ("c", "weather_backup", &a),
+                r#"{"temp": 21.0}"#,
+                3,
+            );
+            assert_eq!(held, Outcome::Held);
+            st.wire.take_next();
+            st
+        };
+
+        let mut st = substituted();
+        let drifted = r#"{"temperature": 21.1}"#;
+        assert_eq!(
+            observe(&mut st, &ctx, ("c", "weather", &a), drifted, 4),
+            Outcome::Check
+        );
+        let next = st.wire.take_next();
+        assert_eq!(
+            next.taken,
+            vec![("weather_backup".to_owned(), canonical_hash(&a))],
+            "agreement read through the rename confirms: {next:?}"
+        );
+        assert!(next.stop.is_none() && next.actions.is_empty(), "{next:?}");
+        assert_eq!(unsettled(&st), None);
+
+        let mut st = substituted();
+        let far = r#"{"temperature": 35.0}"#;
+        observe(&mut st, &ctx, ("c", "weather", &a), far, 4);
+        let next = st.wire.take_next();
+        assert!(
+            next.taken.is_empty() && !next.guidance.iter().any(|g| g.contains("contradictory")),
+            "a disagreement through an inferred key is no evidence either way: {next:?}"
+        );
     }
 
     /// An answer that comes while a value awaits its cross-check is not claimed: the held value
