@@ -116,26 +116,15 @@ pub struct Tolerance {
 }
 
 impl Tolerance {
-    /// Whether `a` and `b` agree within the tolerance (strings and other values: exactly).
+    /// Whether `a` and `b` agree within the tolerance (strings and other values: exactly): the
+    /// core's reading of one field ([`selfheal_core::Tolerance::agrees`]), which the gateway
+    /// applies too.
     pub fn agrees(&self, a: &Value, b: &Value) -> bool {
-        match (a, b) {
-            (Value::Number(x), Value::Number(y)) => {
-                let (x, y) = (
-                    x.as_f64().unwrap_or(f64::NAN),
-                    y.as_f64().unwrap_or(f64::NAN),
-                );
-                (x - y).abs() <= self.rel * x.abs().max(y.abs()) + self.abs
-            }
-            (Value::Array(x), Value::Array(y)) => {
-                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| self.agrees(p, q))
-            }
-            (Value::Object(x), Value::Object(y)) => {
-                x.len() == y.len()
-                    && x.iter()
-                        .all(|(k, p)| y.get(k).is_some_and(|q| self.agrees(p, q)))
-            }
-            _ => a == b,
+        selfheal_core::Tolerance {
+            rel: self.rel,
+            abs: self.abs,
         }
+        .agrees(a, b)
     }
 }
 
