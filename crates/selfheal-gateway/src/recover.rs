@@ -1485,6 +1485,18 @@ mod tests {
         }
     }
 
+    /// A run whose policy's risk (0.001) is below what a source with no record is trusted for.
+    fn cautious_run() -> RunState {
+        RunState::with_policy(
+            MonitorConfig::default(),
+            BudgetLimits::defaults(),
+            Policy {
+                risk: 0.001,
+                ..Policy::default()
+            },
+        )
+    }
+
     fn run() -> RunState {
         RunState::with_policy(
             MonitorConfig::default(),
@@ -1595,14 +1607,7 @@ mod tests {
         let cfg = tools(true);
         let idx = offered(&["weather", "weather_backup"]);
         let ctx = ctx(&cfg, &idx, None);
-        let mut st = RunState::with_policy(
-            MonitorConfig::default(),
-            BudgetLimits::defaults(),
-            Policy {
-                risk: 0.001,
-                ..Policy::default()
-            },
-        );
+        let mut st = cautious_run();
         let a = json!({"city": "Paris"});
         for t in 0..3 {
             observe(&mut st, &ctx, ("c", "weather", &a), DOWN, t);
@@ -1702,14 +1707,7 @@ mod tests {
         let ctx = ctx(&cfg, &idx, None);
         let a = json!({"city": "Paris"});
         let substituted = || {
-            let mut st = RunState::with_policy(
-                MonitorConfig::default(),
-                BudgetLimits::defaults(),
-                Policy {
-                    risk: 0.001,
-                    ..Policy::default()
-                },
-            );
+            let mut st = cautious_run();
             for t in 0..3 {
                 observe(&mut st, &ctx, ("c", "weather", &a), DOWN, t);
             }
