@@ -21,7 +21,6 @@
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::fmt::Write as _;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -31,16 +30,12 @@ use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::WithExportConfig as _;
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
-use reqwest::header::HeaderValue;
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+use reqwest::header::{HeaderMap as Headers, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use crate::config::Target;
+use crate::otlp_wire;
 
 /// `[telemetry]`, kept with the rest of the configuration.
 pub(crate) use crate::config::TelemetryConfig;
@@ -85,43 +80,126 @@ pub(crate) struct Telemetry {
     worker: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Where batches go and what each one carries besides its spans.
+struct Sink {
+    client: reqwest::blocking::Client,
+    url: String,
+    headers: Headers,
+    /// The encoded `Resource` (`service.name = selfheal`, the SDK's and the environment's
+    /// attributes) and `InstrumentationScope`.
+    resource: Vec<u8>,
+    scope: Vec<u8>,
+}
+
+/// The traces endpoint, as the OTLP exporter resolves it: the configured base (`/v1/traces`
+/// appended), else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as is, else
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` with `/v1/traces` appended; `None` without any.
+fn endpoint(config: &TelemetryConfig, env: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    let set = |v: &str| env(v).filter(|s| !s.is_empty());
+    let traces = |base: &str| {
+        let base = base.trim_end_matches('/');
+        if base.ends_with("/v1/traces") {
+            base.to_owned()
+        } else {
+            format!("{base}/v1/traces")
+        }
+    };
+    match &config.otlp_endpoint {
+        Some(base) => Some(traces(base)),
+        None => set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT").map(|b| traces(&b))),
+    }
+}
+
+/// The export's extra headers, as the OTLP exporter reads them: `OTEL_EXPORTER_OTLP_TRACES_HEADERS`
+/// else `OTEL_EXPORTER_OTLP_HEADERS`, `key=value` pairs separated by commas, values
+/// percent-decoded; a pair that is not a valid header is left out.
+fn headers(env: &impl Fn(&str) -> Option<String>) -> Headers {
+    let mut out = Headers::new();
+    out.insert(
+        reqwest::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-protobuf"),
+    );
+    out.insert(
+        reqwest::header::USER_AGENT,
+        HeaderValue::from_static(concat!("selfheal/", env!("CARGO_PKG_VERSION"))),
+    );
+    let Some(spec) =
+        env("OTEL_EXPORTER_OTLP_TRACES_HEADERS").or_else(|| env("OTEL_EXPORTER_OTLP_HEADERS"))
+    else {
+        return out;
+    };
+    for pair in spec.split_terminator(',').map(str::trim) {
+        let Some((k, v)) = pair.split_once('=') else {
+            continue;
+        };
+        let (k, v) = (k.trim(), v.trim());
+        let v = percent_decode(v).unwrap_or_else(|| v.to_owned());
+        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v))
+            && !v.is_empty()
+        {
+            out.insert(k, v);
+        }
+    }
+    out
+}
+
+/// `%XX` escapes decoded (`None` when one is broken or the result is not UTF-8).
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Sets up export when an endpoint is configured (the config's, else the environment's).
 /// Blocking (the exporter's HTTP client is built): call it off the async workers.
 pub(crate) fn init(
     config: &TelemetryConfig,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Telemetry, TelemetryError> {
-    let from_env = [
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-    ]
-    .iter()
-    .any(|v| env(v).is_some_and(|s| !s.is_empty()));
-    let mut builder = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_timeout(Duration::from_secs(5));
-    match &config.otlp_endpoint {
-        Some(base) => {
-            let base = base.trim_end_matches('/');
-            let url = if base.ends_with("/v1/traces") {
-                base.to_owned()
-            } else {
-                format!("{base}/v1/traces")
-            };
-            builder = builder.with_endpoint(url);
-        }
-        None if from_env => {}
-        None => return Ok(Telemetry::default()),
-    }
-    let mut exporter = builder.build().map_err(|e| TelemetryError(e.to_string()))?;
+    let Some(url) = endpoint(config, &env) else {
+        return Ok(Telemetry::default());
+    };
+    reqwest::Url::parse(&url).map_err(|e| TelemetryError(format!("endpoint `{url}`: {e}")))?;
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| TelemetryError(e.to_string()))?;
+    // The SDK's resource: `service.name`, the `telemetry.sdk.*` attributes and
+    // `OTEL_RESOURCE_ATTRIBUTES`.
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("selfheal")
         .build();
-    exporter.set_resource(&resource);
+    let resource = otlp_wire::resource(resource.iter().map(|(k, v)| {
+        let v = match v {
+            opentelemetry::Value::Bool(b) => otlp_wire::Any::Bool(*b),
+            opentelemetry::Value::I64(i) => otlp_wire::Any::Int(*i),
+            opentelemetry::Value::F64(f) => otlp_wire::Any::Double(*f),
+            opentelemetry::Value::String(s) => otlp_wire::Any::Str(s.as_str()),
+            // Arrays (none by default) as their text.
+            other => otlp_wire::Any::Owned(other.to_string()),
+        };
+        (k.as_str(), v)
+    }));
+    let sink = Sink {
+        client,
+        url,
+        headers: headers(&env),
+        resource,
+        scope: otlp_wire::scope(SCOPE),
+    };
     let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_LEN);
     let worker = std::thread::Builder::new()
         .name("otlp-export".into())
-        .spawn(move || export_loop(&rx, &exporter))
+        .spawn(move || export_loop(&rx, &sink))
         .map_err(|e| TelemetryError(e.to_string()))?;
     *QUEUE.write().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     ENABLED.store(true, Ordering::Relaxed);
@@ -164,19 +242,19 @@ pub(crate) fn render_metrics() -> String {
     )
 }
 
-/// The exporter thread: records to `SpanData`, exported in batches of up to [`BATCH`] spans at
-/// least every [`EVERY`]; when the queue closes, what is left, then the exporter's shutdown.
-fn export_loop(rx: &Receiver<Record>, exporter: &opentelemetry_otlp::SpanExporter) {
-    let scope = InstrumentationScope::builder(SCOPE).build();
-    let mut batch = Vec::with_capacity(BATCH + 8);
+/// The exporter thread: records encoded as they arrive, sent in batches of up to [`BATCH`]
+/// spans at least every [`EVERY`]; when the queue closes, what is left.
+fn export_loop(rx: &Receiver<Record>, sink: &Sink) {
+    let mut spans = Vec::with_capacity(1 << 20);
+    let mut count = 0;
     let mut due = Instant::now() + EVERY;
     let mut failing = false;
     loop {
         let wait = due.saturating_duration_since(Instant::now());
         let closed = match rx.recv_timeout(wait) {
             Ok(record) => {
-                record.into_spans(&scope, &mut batch);
-                if batch.len() < BATCH {
+                count += record.encode(&mut spans);
+                if count < BATCH {
                     continue;
                 }
                 false
@@ -184,25 +262,37 @@ fn export_loop(rx: &Receiver<Record>, exporter: &opentelemetry_otlp::SpanExporte
             Err(RecvTimeoutError::Timeout) => false,
             Err(RecvTimeoutError::Disconnected) => true,
         };
-        if !batch.is_empty() {
-            let spans = std::mem::replace(&mut batch, Vec::with_capacity(BATCH + 8));
-            let n = spans.len();
-            match futures_executor::block_on(exporter.export(spans)) {
+        if count > 0 {
+            let body = otlp_wire::request(&sink.resource, &sink.scope, &spans);
+            spans.clear();
+            let sent = sink
+                .client
+                .post(&sink.url)
+                .headers(sink.headers.clone())
+                .body(body)
+                .send()
+                .map_err(|e| e.to_string())
+                .and_then(|r| {
+                    if r.status().is_success() {
+                        Ok(())
+                    } else {
+                        Err(format!("HTTP {}", r.status()))
+                    }
+                });
+            match sent {
                 Ok(()) => failing = false,
                 Err(e) if !failing => {
                     failing = true;
-                    tracing::warn!(error = %e, spans = n, "OTLP export failed: spans lost");
+                    tracing::warn!(error = %e, spans = count, "OTLP export failed: spans lost");
                 }
-                Err(e) => tracing::debug!(error = %e, spans = n, "OTLP export failed again"),
+                Err(e) => tracing::debug!(error = %e, spans = count, "OTLP export failed again"),
             }
+            count = 0;
         }
         if closed {
             break;
         }
         due = Instant::now() + EVERY;
-    }
-    if let Err(e) = exporter.shutdown() {
-        tracing::warn!(error = %e, "OTLP export did not shut down cleanly");
     }
 }
 
@@ -336,100 +426,92 @@ impl Record {
         (self.context.trace_id(), span, self.context.trace_flags())
     }
 
-    /// The request's spans as the SDK's `SpanData`, appended to `out`: the request span, then
-    /// its attempts.
-    fn into_spans(self, scope: &InstrumentationScope, out: &mut Vec<SpanData>) {
+    /// The request's spans encoded as OTLP `Span`s, appended to `out` (the request span, then
+    /// its attempts); returns how many.
+    fn encode(self, out: &mut Vec<u8>) -> usize {
+        use otlp_wire::{Any, Kind, SpanHead, attribute, event, span};
         let end = self.end.unwrap_or(self.start);
-        let trace_id = self.context.trace_id();
-        let flags = self.context.trace_flags();
-        let state = self.context.trace_state().clone();
-        let request_id = self.context.span_id();
-        let name = match &self.model {
-            Some(m) => Cow::Owned(format!("chat {m}")),
-            None => Cow::Borrowed("chat"),
+        let state = self.context.trace_state();
+        let state = if *state == TraceState::NONE {
+            String::new()
+        } else {
+            state.header()
         };
-        let mut attributes = Vec::with_capacity(4);
-        attributes.push(KeyValue::new("gen_ai.operation.name", "chat"));
-        attributes.push(KeyValue::new("selfheal.endpoint", self.endpoint));
-        if let Some(m) = self.model {
-            attributes.push(KeyValue::new("gen_ai.request.model", m));
-        }
-        let mut status = Status::Unset;
-        if let Some(code) = self.status {
-            attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
-            if code >= 500 {
-                status = Status::error(format!("HTTP {code}"));
+        let trace_id = self.context.trace_id().to_bytes();
+        let request_id = self.context.span_id().to_bytes();
+        let trace_flags = self.context.trace_flags().to_u8();
+        let name = match &self.model {
+            Some(m) => format!("chat {m}"),
+            None => "chat".to_owned(),
+        };
+        let error = self
+            .status
+            .filter(|&c| c >= 500)
+            .map(|c| format!("HTTP {c}"));
+        let head = SpanHead {
+            trace_id,
+            span_id: request_id,
+            trace_state: &state,
+            parent: self.parent.map(SpanId::to_bytes),
+            parent_is_remote: self.parent.is_some(),
+            name: &name,
+            kind: Kind::Server,
+            start: self.start,
+            end,
+            trace_flags,
+            error: error.as_deref(),
+        };
+        span(out, &head, |b| {
+            attribute(b, 9, "gen_ai.operation.name", Any::Str("chat"));
+            attribute(b, 9, "selfheal.endpoint", Any::Str(self.endpoint));
+            if let Some(m) = &self.model {
+                attribute(b, 9, "gen_ai.request.model", Any::Str(m));
             }
-        }
-        let mut events = SpanEvents::default();
-        events.events = self
-            .events
-            .into_iter()
-            .map(|d| {
-                opentelemetry::trace::Event::new(
-                    format!("selfheal.{}", d.kind),
-                    d.at,
-                    vec![KeyValue::new("selfheal.detail", d.detail)],
-                    0,
-                )
-            })
-            .collect();
-        out.push(SpanData {
-            span_context: self.context,
-            parent_span_id: self.parent.unwrap_or(SpanId::INVALID),
-            parent_span_is_remote: self.parent.is_some(),
-            span_kind: SpanKind::Server,
-            name,
-            start_time: self.start,
-            end_time: end,
-            attributes,
-            dropped_attributes_count: 0,
-            events,
-            links: SpanLinks::default(),
-            status,
-            instrumentation_scope: scope.clone(),
+            if let Some(code) = self.status {
+                attribute(b, 9, "http.response.status_code", Any::Int(i64::from(code)));
+            }
+            for d in &self.events {
+                let name = format!("selfheal.{}", d.kind);
+                event(b, d.at, &name, "selfheal.detail", &d.detail);
+            }
         });
-        for a in self.attempts {
-            let mut attributes = Vec::with_capacity(8);
-            attributes.push(KeyValue::new("gen_ai.operation.name", "chat"));
-            attributes.push(KeyValue::new("gen_ai.request.model", a.model.clone()));
-            attributes.push(KeyValue::new("selfheal.upstream", a.upstream));
-            attributes.push(KeyValue::new(
-                "selfheal.attempt",
-                i64::try_from(a.number).unwrap_or(i64::MAX),
-            ));
-            if let Some(n) = a.input_tokens {
-                attributes.push(KeyValue::new("gen_ai.usage.input_tokens", n));
-            }
-            if let Some(n) = a.output_tokens {
-                attributes.push(KeyValue::new("gen_ai.usage.output_tokens", n));
-            }
-            if let Some(m) = a.response_model {
-                attributes.push(KeyValue::new("gen_ai.response.model", m));
-            }
-            let mut status = Status::Unset;
-            if let Some(outcome) = a.outcome {
-                if outcome != "ok" {
-                    status = Status::error(outcome.clone());
+        for a in &self.attempts {
+            let name = format!("chat {}", a.model);
+            let error = a.outcome.as_deref().filter(|&o| o != "ok");
+            let head = SpanHead {
+                trace_id,
+                span_id: a.span_id.to_bytes(),
+                trace_state: &state,
+                parent: Some(request_id),
+                parent_is_remote: false,
+                name: &name,
+                kind: Kind::Client,
+                start: a.start,
+                end: a.end.unwrap_or(end),
+                trace_flags,
+                error,
+            };
+            span(out, &head, |b| {
+                attribute(b, 9, "gen_ai.operation.name", Any::Str("chat"));
+                attribute(b, 9, "gen_ai.request.model", Any::Str(&a.model));
+                attribute(b, 9, "selfheal.upstream", Any::Str(&a.upstream));
+                let number = i64::try_from(a.number).unwrap_or(i64::MAX);
+                attribute(b, 9, "selfheal.attempt", Any::Int(number));
+                if let Some(n) = a.input_tokens {
+                    attribute(b, 9, "gen_ai.usage.input_tokens", Any::Int(n));
                 }
-                attributes.push(KeyValue::new("selfheal.outcome", outcome));
-            }
-            out.push(SpanData {
-                span_context: SpanContext::new(trace_id, a.span_id, flags, false, state.clone()),
-                parent_span_id: request_id,
-                parent_span_is_remote: false,
-                span_kind: SpanKind::Client,
-                name: Cow::Owned(format!("chat {}", a.model)),
-                start_time: a.start,
-                end_time: a.end.unwrap_or(end),
-                attributes,
-                dropped_attributes_count: 0,
-                events: SpanEvents::default(),
-                links: SpanLinks::default(),
-                status,
-                instrumentation_scope: scope.clone(),
+                if let Some(n) = a.output_tokens {
+                    attribute(b, 9, "gen_ai.usage.output_tokens", Any::Int(n));
+                }
+                if let Some(m) = &a.response_model {
+                    attribute(b, 9, "gen_ai.response.model", Any::Str(m));
+                }
+                if let Some(o) = &a.outcome {
+                    attribute(b, 9, "selfheal.outcome", Any::Str(o));
+                }
             });
         }
+        1 + self.attempts.len()
     }
 }
 
@@ -617,12 +699,21 @@ pub(crate) fn decision(kind: &'static str, detail: &str) {
     });
 }
 
-/// `traceparent` of a span context, as the W3C propagator writes it.
-fn traceparent(trace: TraceId, span: SpanId, flags: TraceFlags) -> String {
-    let mut s = String::with_capacity(55);
-    let sampled = (flags & TraceFlags::SAMPLED).to_u8();
-    let _ = write!(s, "00-{trace:032x}-{span:016x}-{sampled:02x}");
-    s
+/// `traceparent` of a span context, as the W3C propagator writes it
+/// (`00-{trace id}-{span id}-{flags}`, lowercase hex).
+fn traceparent(trace: TraceId, span: SpanId, flags: TraceFlags) -> [u8; 55] {
+    fn hex(out: &mut [u8], bytes: &[u8]) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0xf)];
+        }
+    }
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    hex(&mut out[3..35], &trace.to_bytes());
+    hex(&mut out[36..52], &span.to_bytes());
+    hex(&mut out[53..55], &[(flags & TraceFlags::SAMPLED).to_u8()]);
+    out
 }
 
 /// The current attempt's `traceparent` (and `tracestate`, when the client sent one), as headers
@@ -639,7 +730,7 @@ pub(crate) fn inject(req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
     }) else {
         return req;
     };
-    let mut req = match HeaderValue::from_str(&traceparent(trace, span, flags)) {
+    let mut req = match HeaderValue::from_bytes(&traceparent(trace, span, flags)) {
         Ok(v) => req.header("traceparent", v),
         Err(_) => return req,
     };
@@ -730,11 +821,37 @@ mod tests {
         }
     }
 
-    fn value<'a>(span: &'a SpanData, key: &str) -> Option<&'a opentelemetry::Value> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind, status::StatusCode};
+    use prost::Message as _;
+
+    /// The record as a collector reads it: encoded, put in a request, decoded with
+    /// `opentelemetry-proto`'s own types.
+    fn exported(r: Record) -> (ExportTraceServiceRequest, Vec<Span>) {
+        let mut spans = Vec::new();
+        let n = r.encode(&mut spans);
+        let resource = otlp_wire::resource([("service.name", otlp_wire::Any::Str("selfheal"))]);
+        let body = otlp_wire::request(&resource, &otlp_wire::scope(SCOPE), &spans);
+        let req = ExportTraceServiceRequest::decode(&body[..]).unwrap();
+        let got = req.resource_spans[0].scope_spans[0].spans.clone();
+        assert_eq!(got.len(), n);
+        (req, got)
+    }
+
+    fn value<'a>(span: &'a Span, key: &str) -> Option<&'a Any> {
         span.attributes
             .iter()
-            .find(|kv| kv.key.as_str() == key)
-            .map(|kv| &kv.value)
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+    }
+
+    fn text(s: &str) -> Option<&'static Any> {
+        Some(Box::leak(Box::new(Any::StringValue(s.to_owned()))))
+    }
+
+    fn int(i: i64) -> Option<&'static Any> {
+        Some(Box::leak(Box::new(Any::IntValue(i))))
     }
 
     #[test]
@@ -768,7 +885,7 @@ mod tests {
 
     #[test]
     fn a_request_with_a_retry_becomes_a_server_span_and_two_client_spans() {
-        let parent = parent_of(&headers(&format!("00-{TRACE}-{CLIENT}-01"), None));
+        let parent = parent_of(&headers(&format!("00-{TRACE}-{CLIENT}-01"), Some("k=v")));
         let mut r = Record::start("/v1/chat/completions", parent);
         let m1 = target("default", "m1");
         let first = r.start_attempt(&m1, Some(&m1), 0);
@@ -788,56 +905,76 @@ mod tests {
             r.context.span_id(),
             [r.attempts[0].span_id, r.attempts[1].span_id],
         );
-        let scope = InstrumentationScope::builder(SCOPE).build();
-        let mut spans = Vec::new();
-        r.into_spans(&scope, &mut spans);
-        assert_eq!(spans.len(), 3);
+        let (req, spans) = exported(r);
+        let resource = req.resource_spans[0].resource.as_ref().unwrap();
+        assert_eq!(resource.attributes[0].key, "service.name");
+        assert_eq!(
+            req.resource_spans[0].scope_spans[0]
+                .scope
+                .as_ref()
+                .unwrap()
+                .name,
+            SCOPE
+        );
         let request = &spans[0];
         assert_eq!(request.name, "chat m1");
-        assert_eq!(request.span_kind, SpanKind::Server);
+        assert_eq!(request.kind, SpanKind::Server as i32);
         assert_eq!(
-            request.span_context.trace_id(),
-            TraceId::from_hex(TRACE).unwrap()
+            request.trace_id,
+            TraceId::from_hex(TRACE).unwrap().to_bytes()
         );
-        assert_eq!(request.parent_span_id, SpanId::from_hex(CLIENT).unwrap());
-        assert!(request.parent_span_is_remote);
-        assert_eq!(value(request, "gen_ai.request.model"), Some(&"m1".into()));
+        assert_eq!(request.span_id, request_id.to_bytes());
+        assert_eq!(
+            request.parent_span_id,
+            SpanId::from_hex(CLIENT).unwrap().to_bytes()
+        );
+        assert_eq!(request.trace_state, "k=v");
+        assert_eq!(request.flags, 0x301, "sampled, with a remote parent");
+        assert!(request.start_time_unix_nano > 0);
+        assert!(request.end_time_unix_nano >= request.start_time_unix_nano);
+        assert_eq!(value(request, "gen_ai.request.model"), text("m1"));
         assert_eq!(
             value(request, "selfheal.endpoint"),
-            Some(&"/v1/chat/completions".into())
+            text("/v1/chat/completions")
         );
-        assert_eq!(
-            value(request, "http.response.status_code"),
-            Some(&200i64.into())
-        );
-        assert_eq!(request.status, Status::Unset);
-        let events: Vec<_> = request.events.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(value(request, "http.response.status_code"), int(200));
+        assert_eq!(request.status, None);
+        let events: Vec<_> = request.events.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(events, ["selfheal.retry"]);
-        for (span, id, number) in [(&spans[1], ids[0], 0i64), (&spans[2], ids[1], 1)] {
-            assert_eq!(span.name, "chat m1");
-            assert_eq!(span.span_kind, SpanKind::Client);
-            assert_eq!(span.span_context.span_id(), id);
-            assert_eq!(span.parent_span_id, request_id);
-            assert!(!span.parent_span_is_remote);
-            assert_eq!(value(span, "selfheal.attempt"), Some(&number.into()));
-            assert_eq!(value(span, "selfheal.upstream"), Some(&"default".into()));
-            assert_eq!(value(span, "gen_ai.operation.name"), Some(&"chat".into()));
-        }
-        assert_eq!(spans[1].status, Status::error("http_503"));
         assert_eq!(
-            value(&spans[1], "selfheal.outcome"),
-            Some(&"http_503".into())
+            request.events[0].attributes[0]
+                .value
+                .as_ref()
+                .unwrap()
+                .value,
+            Some(Any::StringValue(
+                "default/m1: HTTP 503 (waiting 10 ms)".into()
+            ))
         );
+        for (span, id, number) in [(&spans[1], ids[0], 0), (&spans[2], ids[1], 1)] {
+            assert_eq!(span.name, "chat m1");
+            assert_eq!(span.kind, SpanKind::Client as i32);
+            assert_eq!(span.span_id, id.to_bytes());
+            assert_eq!(span.parent_span_id, request_id.to_bytes());
+            assert_eq!(span.flags, 0x101);
+            assert_eq!(value(span, "selfheal.attempt"), int(number));
+            assert_eq!(value(span, "selfheal.upstream"), text("default"));
+            assert_eq!(value(span, "gen_ai.operation.name"), text("chat"));
+            assert_eq!(value(span, "gen_ai.request.model"), text("m1"));
+        }
+        let status = spans[1].status.as_ref().unwrap();
+        assert_eq!(
+            (status.code, status.message.as_str()),
+            (StatusCode::Error as i32, "http_503")
+        );
+        assert_eq!(value(&spans[1], "selfheal.outcome"), text("http_503"));
         assert_eq!(
             value(&spans[2], "selfheal.outcome"),
-            Some(&"ok".into()),
+            text("ok"),
             "ended once"
         );
-        assert_eq!(spans[2].status, Status::Unset);
-        assert_eq!(
-            value(&spans[2], "gen_ai.usage.input_tokens"),
-            Some(&10i64.into())
-        );
+        assert_eq!(spans[2].status, None);
+        assert_eq!(value(&spans[2], "gen_ai.usage.input_tokens"), int(10));
         assert_eq!(value(&spans[1], "gen_ai.usage.input_tokens"), None);
     }
 
@@ -845,18 +982,24 @@ mod tests {
     fn a_request_without_an_attempt_is_named_chat_and_a_5xx_is_an_error() {
         let mut r = Record::start("/v1/responses", None);
         r.status = Some(502);
-        let mut spans = Vec::new();
-        r.into_spans(&InstrumentationScope::builder(SCOPE).build(), &mut spans);
-        assert_eq!(spans.len(), 1);
+        let (_, spans) = exported(r);
         assert_eq!(spans[0].name, "chat");
-        assert_eq!(spans[0].parent_span_id, SpanId::INVALID);
-        assert!(spans[0].span_context.is_sampled() && spans[0].span_context.is_valid());
-        assert_eq!(spans[0].status, Status::error("HTTP 502"));
+        assert!(spans[0].parent_span_id.is_empty());
+        assert_eq!(spans[0].flags, 0x101);
+        assert_ne!(spans[0].trace_id, [0; 16]);
+        let status = spans[0].status.as_ref().unwrap();
+        assert_eq!(
+            (status.code, status.message.as_str()),
+            (StatusCode::Error as i32, "HTTP 502")
+        );
         assert_eq!(value(&spans[0], "gen_ai.request.model"), None);
     }
 
     #[test]
     fn upstream_gets_the_attempt_in_flights_traceparent_else_the_requests() {
+        let header = |(t, s, f): (TraceId, SpanId, TraceFlags)| {
+            String::from_utf8(traceparent(t, s, f).to_vec()).unwrap()
+        };
         let parent = parent_of(&headers(&format!("00-{TRACE}-{CLIENT}-00"), None));
         let mut r = Record::start("/v1/chat/completions", parent);
         assert!(
@@ -864,24 +1007,27 @@ mod tests {
             "a client that does not sample is followed"
         );
         let request = r.context.span_id();
-        let (t, s, f) = r.outgoing();
         assert_eq!(
-            traceparent(t, s, f),
+            header(r.outgoing()),
             format!("00-{TRACE}-{request:016x}-00")
         );
         let i = r.start_attempt(&target("a", "m"), None, 0);
         let attempt = r.attempts[0].span_id;
         assert_ne!(attempt, request);
-        let (t, s, f) = r.outgoing();
         assert_eq!(
-            traceparent(t, s, f),
+            header(r.outgoing()),
             format!("00-{TRACE}-{attempt:016x}-00")
         );
         r.end_attempt(i, Some("ok".into()));
         assert_eq!(r.outgoing().1, request);
+        let ids = (
+            TraceId::from(u128::MAX - 1),
+            SpanId::from(0xab),
+            TraceFlags::SAMPLED,
+        );
         assert_eq!(
-            traceparent(TraceId::from(1), SpanId::from(2), TraceFlags::SAMPLED),
-            format!("00-{:032x}-{:016x}-01", 1, 2)
+            header(ids),
+            format!("00-{:032x}-{:016x}-01", u128::MAX - 1, 0xab)
         );
     }
 
@@ -897,6 +1043,52 @@ mod tests {
         assert_eq!(dropped(), before + 2, "a request span and its attempt");
         assert_eq!(rx.try_iter().count(), 1);
         assert!(render_metrics().contains("selfheal_otlp_spans_dropped_total "));
+    }
+
+    #[test]
+    fn the_endpoint_and_headers_are_read_as_the_otlp_exporter_reads_them() {
+        let none = TelemetryConfig::default();
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(endpoint(&none, &env(&[])), None);
+        let base = env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/")]);
+        assert_eq!(
+            endpoint(&none, &base).as_deref(),
+            Some("http://c:4318/v1/traces")
+        );
+        let both = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
+        ]);
+        assert_eq!(
+            endpoint(&none, &both).as_deref(),
+            Some("http://t:1/x"),
+            "as is"
+        );
+        let configured = TelemetryConfig {
+            otlp_endpoint: Some("http://cfg:4318/v1/traces".into()),
+        };
+        assert_eq!(
+            endpoint(&configured, &both).as_deref(),
+            Some("http://cfg:4318/v1/traces")
+        );
+        let h = super::headers(&env(&[
+            ("OTEL_EXPORTER_OTLP_HEADERS", "ignored=1"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "authorization=Basic%20abc, x-a = b ,bad,=v",
+            ),
+        ]));
+        assert_eq!(h["authorization"], "Basic abc");
+        assert_eq!(h["x-a"], "b");
+        assert!(h.get("ignored").is_none(), "the traces variable wins");
+        assert_eq!(h["content-type"], "application/x-protobuf");
+        assert_eq!(percent_decode("a%2"), None);
     }
 
     #[tokio::test]
