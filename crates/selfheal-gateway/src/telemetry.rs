@@ -13,8 +13,8 @@
 //! What a request pays is small and fixed: its spans are a plain [`Record`] (ids, timestamps,
 //! the model and upstream names, a few numbers and static strings) kept in a task-local while
 //! the request runs, and handed whole to a bounded queue when it ends — one `try_send`, never a
-//! wait. A background thread turns the records into the SDK's `SpanData` and exports them over
-//! OTLP/HTTP in batches with the `opentelemetry-otlp` exporter. A full queue (a collector that is
+//! wait. A background thread encodes the records as OTLP protobuf ([`otlp_wire`]) and posts them
+//! over OTLP/HTTP in batches. A full queue (a collector that is
 //! down or slow, a gateway past what its exporter keeps up with) drops the record, counted in
 //! `selfheal_otlp_spans_dropped_total`: a collector that is down loses spans, never requests.
 //! Without an endpoint nothing is set up and every hook here is one atomic load.
@@ -53,7 +53,7 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// requests a second, more than half a second of them.
 const QUEUE_LEN: usize = 8_192;
 
-/// Spans sent in one export at most; a batch this size is sent at once.
+/// Spans in one export: a batch is sent as soon as it holds this many.
 const BATCH: usize = 2_048;
 
 /// A batch smaller than [`BATCH`] is sent this long after the previous export at the latest.
