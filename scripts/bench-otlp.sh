@@ -4,9 +4,10 @@
 # by side in interleaved pairs. CPU per request is read from /proc (every thread of the process,
 # the exporter's batch thread included). The gateway is pinned to core 0 with one worker
 # thread; wrk, the stub upstream and the sink share core 1. The request is bench-gateway.sh's
-# "repeated" one (20 messages, 3 tools, answered with a tool call). The SDK's batch processor
-# keeps its defaults (queue 2,048 spans, batches of 512, every 5 s): spans past a full queue
-# are dropped, not waited for — the sink's count says how many arrived.
+# "repeated" one (20 messages, 3 tools, answered with a tool call). The export thread sends
+# batches of up to 2,048 spans at least every second; a request past a full queue (8,192
+# requests) is dropped, not waited for — the sink's count and the gateway's
+# selfheal_otlp_spans_dropped_total say how many arrived and how many were dropped.
 #
 #   scripts/bench-otlp.sh [seconds per run, default 10] [pairs, default 3]
 set -euo pipefail
@@ -109,3 +110,4 @@ for pair in $(seq "$PAIRS"); do
 done
 sleep 6  # one more scheduled export
 echo "sink received (batches bytes): $(curl -s "$SINK_URL/")"
+echo "gateway $(curl -s "$ON_URL/metrics" | grep '^selfheal_otlp_spans_dropped_total')"

@@ -18,7 +18,7 @@
 #   OTLP=1 PATTERNS=repeated scripts/callgrind-gateway.sh   # + the healing gateway with OTLP
 #       export on (OTEL_EXPORTER_OTLP_ENDPOINT) to a local sink that accepts every batch; the
 #       exporter's batch thread is counted with the others. In this mode every arm waits
-#       SETTLE seconds (default 6, past the batch processor's 5 s schedule) before the dump, so
+#       SETTLE seconds (default 6, past the export thread's 1 s schedule) before the dump, so
 #       that the spans of the measured requests are exported inside the window, and prints
 #       the ratio of the two healing arms.
 set -euo pipefail

@@ -91,6 +91,8 @@ pub(crate) struct Plain {
     ending: Ending,
     /// `(name, arguments)` of each tool call; `None` when `tool_calls` is missing or `null`.
     calls: Option<Vec<(String, String)>>,
+    /// The tokens and model it reports (for telemetry).
+    pub usage: Usage,
 }
 
 impl Plain {
@@ -132,18 +134,19 @@ impl Plain {
 ///
 /// [`ClientError::EmptyResponse`] or [`ClientError::Decode`], as [`parse_completion`].
 pub(crate) fn read(bytes: Bytes) -> Result<Answer, ClientError> {
-    if let Some(first) = scan(&bytes)
-        && (first.message.has_content
-            || first.message.calls.as_ref().is_some_and(|c| !c.is_empty()))
+    if let Some(FirstScan { choice, usage }) = scan(&bytes)
+        && (choice.message.has_content
+            || choice.message.calls.as_ref().is_some_and(|c| !c.is_empty()))
     {
         return Ok(Answer::Plain(Plain {
-            ending: Ending::from_finish_reason(first.finish_reason.as_deref()),
-            calls: first.message.calls.map(|calls| {
+            ending: Ending::from_finish_reason(choice.finish_reason.as_deref()),
+            calls: choice.message.calls.map(|calls| {
                 calls
                     .into_iter()
                     .map(|c| (c.function.name, c.function.arguments))
                     .collect()
             }),
+            usage,
             bytes,
         }));
     }
@@ -172,11 +175,32 @@ pub(crate) fn with_report(bytes: &[u8], report: &[u8], redactor: &Redactor) -> O
 /// `message` object; `content` a string or `null`; `tool_calls` `null` or an array of calls
 /// with string `function.name` and `function.arguments`; `finish_reason` a string or `null`;
 /// none of these keys twice.
-fn scan(bytes: &[u8]) -> Option<ChoiceScan> {
+fn scan(bytes: &[u8]) -> Option<FirstScan> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let top = TopScan::deserialize(&mut de).ok()?;
     de.end().ok()?;
-    top.first
+    let mut usage = top.usage;
+    usage.model = top.model.and_then(|m| m.0);
+    top.first.map(|c| FirstScan { choice: c, usage })
+}
+
+/// What [`scan`] reads: the first choice, and the answer's usage for telemetry.
+struct FirstScan {
+    choice: ChoiceScan,
+    usage: Usage,
+}
+
+/// The token usage and model an answer reports, as telemetry reads them from a `Value`:
+/// `usage.prompt_tokens` and `usage.completion_tokens` when they are integers, `model` when it
+/// is a string (the last one, as for `Value`, when a key is given twice).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    /// `usage.prompt_tokens`.
+    pub input: Option<i64>,
+    /// `usage.completion_tokens`.
+    pub output: Option<i64>,
+    /// `model`.
+    pub model: Option<String>,
 }
 
 /// A key healing reads, or any other.
@@ -191,6 +215,10 @@ enum Field {
     Name,
     Arguments,
     Id,
+    Usage,
+    Model,
+    PromptTokens,
+    CompletionTokens,
     Other,
 }
 
@@ -214,6 +242,10 @@ impl<'de> Deserialize<'de> for Field {
                     "name" => Field::Name,
                     "arguments" => Field::Arguments,
                     "id" => Field::Id,
+                    "usage" => Field::Usage,
+                    "model" => Field::Model,
+                    "prompt_tokens" => Field::PromptTokens,
+                    "completion_tokens" => Field::CompletionTokens,
                     _ => Field::Other,
                 })
             }
@@ -231,9 +263,11 @@ fn once<T, E: de::Error>(slot: &mut Option<T>, value: T) -> Result<(), E> {
     Ok(())
 }
 
-/// The top level: `choices` read, every other value checked.
+/// The top level: `choices` read, `usage` and `model` too, every other value checked.
 struct TopScan {
     first: Option<ChoiceScan>,
+    usage: Usage,
+    model: Option<StrScan>,
 }
 
 impl<'de> Deserialize<'de> for TopScan {
@@ -246,17 +280,25 @@ impl<'de> Deserialize<'de> for TopScan {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopScan, A::Error> {
                 let mut choices: Option<ChoicesScan> = None;
+                let mut usage = Usage::default();
+                let mut model = None;
                 while let Some(key) = map.next_key::<Field>()? {
                     match key {
                         Field::Choices => once(&mut choices, map.next_value()?)?,
                         Field::Selfheal => return Err(de::Error::custom("a selfheal key")),
+                        Field::Usage => usage = map.next_value::<UsageScan>()?.0,
+                        Field::Model => model = Some(map.next_value::<StrScan>()?),
                         _ => {
                             map.next_value::<Checked>()?;
                         }
                     }
                 }
                 let choices = choices.ok_or_else(|| de::Error::missing_field("choices"))?;
-                Ok(TopScan { first: choices.0 })
+                Ok(TopScan {
+                    first: choices.0,
+                    usage,
+                    model,
+                })
             }
         }
         d.deserialize_map(V)
@@ -475,6 +517,138 @@ impl<'de> Deserialize<'de> for FunctionScan {
     }
 }
 
+/// `usage`: its integer `prompt_tokens` and `completion_tokens`; any other value checked.
+struct UsageScan(Usage);
+
+impl<'de> Deserialize<'de> for UsageScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = UsageScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageScan, A::Error> {
+                let mut u = Usage::default();
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::PromptTokens => u.input = map.next_value::<IntScan>()?.0,
+                        Field::CompletionTokens => u.output = map.next_value::<IntScan>()?.0,
+                        _ => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(UsageScan(u))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<UsageScan, A::Error> {
+                CheckedVisitor
+                    .visit_seq(seq)
+                    .map(|_| UsageScan(Usage::default()))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<UsageScan, E> {
+                Ok(UsageScan(Usage::default()))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<UsageScan, E> {
+                Ok(UsageScan(Usage::default()))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<UsageScan, E> {
+                Ok(UsageScan(Usage::default()))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<UsageScan, E> {
+                Ok(UsageScan(Usage::default()))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<UsageScan, E> {
+                Ok(UsageScan(Usage::default()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<UsageScan, E> {
+                Ok(UsageScan(Usage::default()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A value read as `Value::as_i64` reads it: an integer in range, else `None` (checked).
+struct IntScan(Option<i64>);
+
+impl<'de> Deserialize<'de> for IntScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IntScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<IntScan, E> {
+                Ok(IntScan(Some(v)))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<IntScan, E> {
+                Ok(IntScan(i64::try_from(v).ok()))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<IntScan, E> {
+                Ok(IntScan(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<IntScan, E> {
+                Ok(IntScan(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<IntScan, E> {
+                Ok(IntScan(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<IntScan, E> {
+                Ok(IntScan(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<IntScan, A::Error> {
+                CheckedVisitor.visit_seq(seq).map(|_| IntScan(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<IntScan, A::Error> {
+                CheckedVisitor.visit_map(map).map(|_| IntScan(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A value read as `Value::as_str` reads it: a string, else `None` (checked).
+struct StrScan(Option<String>);
+
+impl<'de> Deserialize<'de> for StrScan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StrScan;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrScan, E> {
+                Ok(StrScan(Some(v.to_owned())))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<StrScan, E> {
+                Ok(StrScan(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<StrScan, E> {
+                Ok(StrScan(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<StrScan, E> {
+                Ok(StrScan(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<StrScan, E> {
+                Ok(StrScan(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<StrScan, E> {
+                Ok(StrScan(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StrScan, A::Error> {
+                CheckedVisitor.visit_seq(seq).map(|_| StrScan(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StrScan, A::Error> {
+                CheckedVisitor.visit_map(map).map(|_| StrScan(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Any JSON value a `serde_json::Value` would accept, read without building it: numbers are
 /// parsed (a float out of range is an error, as for `Value`), strings decoded (invalid UTF-8,
 /// escapes or lone surrogates are errors), keys too.
@@ -552,6 +726,50 @@ mod tests {
         };
         assert_eq!(p.calls, Some(vec![("t".to_owned(), "{}".to_owned())]));
         assert_eq!(p.ending, Ending::CutOff);
+    }
+
+    #[test]
+    fn the_scan_reads_usage_and_model_as_a_value_would() {
+        let usage = |body: &str| match read(Bytes::from(body.to_owned())) {
+            Ok(Answer::Plain(p)) => p.usage,
+            other => panic!("not plain: {other:?}"),
+        };
+        let choices = r#""choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]"#;
+        assert_eq!(
+            usage(&format!(
+                r#"{{"model":"m1",{choices},"usage":{{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}}}"#
+            )),
+            Usage {
+                input: Some(10),
+                output: Some(5),
+                model: Some("m1".into())
+            }
+        );
+        assert_eq!(
+            usage(&format!(
+                r#"{{"model":7,{choices},"usage":{{"prompt_tokens":"10","completion_tokens":2.5}}}}"#
+            )),
+            Usage::default(),
+            "only integers and a string model are read"
+        );
+        assert_eq!(
+            usage(&format!(
+                r#"{{"model":"a","model":"b",{choices},"usage":[1]}}"#
+            )),
+            Usage {
+                model: Some("b".into()),
+                ..Usage::default()
+            },
+            "the last key, as for a Value"
+        );
+        let big = format!(r#"{{{choices},"usage":{{"prompt_tokens":18446744073709551615}}}}"#);
+        assert_eq!(usage(&big).input, None, "out of i64's range");
+        // Still checked as a Value would: a bad escape in `usage` is not plain.
+        let bad = format!(r#"{{{choices},"usage":{{"x":"\q"}}}}"#);
+        assert!(matches!(
+            read(Bytes::from(bad)),
+            Err(_) | Ok(Answer::Parsed(_))
+        ));
     }
 
     #[test]

@@ -105,7 +105,8 @@ pub(crate) async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse
             &s.upstreams.attempt_seconds,
         ) + &s.no_stream.render(Instant::now())
             + &crate::metrics::render_state(&s.shared, s.upstreams.shared_skips())
-            + &s.runs.shared.render(),
+            + &s.runs.shared.render()
+            + &crate::telemetry::render_metrics(),
     )
 }
 

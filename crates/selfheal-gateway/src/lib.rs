@@ -50,6 +50,7 @@ mod heal;
 mod http;
 mod layers;
 mod metrics;
+mod otlp_wire;
 mod pipeline;
 mod recover;
 mod relay;

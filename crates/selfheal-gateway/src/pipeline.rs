@@ -127,8 +127,9 @@ pub(crate) fn answer_op<'c>(
     Box::pin(async move {
         let resp = c.send("chat/completions", b, cr).await?;
         let bytes = crate::upstream::read_bounded(resp, c.max_body()).await?;
-        crate::telemetry::usage_of(&bytes);
-        answer::read(bytes)
+        let answer = answer::read(bytes)?;
+        crate::telemetry::usage_of(&answer);
+        Ok(answer)
     })
 }
 

@@ -745,19 +745,13 @@ impl Upstreams {
     async fn attempt<'c, T>(
         &self,
         target: &Target,
-        span: Option<opentelemetry::Context>,
+        span: Option<crate::telemetry::AttemptSpan>,
         send: impl FnOnce() -> BoxFuture<'c, Result<T, ClientError>>,
     ) -> Result<T, ClientError> {
         let started = Instant::now();
-        let result = match span.clone() {
-            Some(cx) => {
-                use opentelemetry::context::FutureExt as _;
-                send().with_context(cx).await
-            }
-            None => send().await,
-        };
+        let result = send().await;
         self.attempt_seconds.observe(started.elapsed());
-        crate::telemetry::attempt_done(span, &attempt_outcome(&result));
+        crate::telemetry::attempt_done(span, attempt_outcome(&result));
         // Every attempt at debug: the outcome's kind, never the upstream's message (providers
         // quote keys in it; the redacted message goes to the trace).
         tracing::debug!(
