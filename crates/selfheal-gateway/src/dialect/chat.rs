@@ -42,7 +42,10 @@ pub(crate) async fn chat(
     headers: HeaderMap,
     Received(bytes): Received,
 ) -> Result<Response, Refused> {
-    Ok(chat_inner(&s, caller, &headers, bytes).await?)
+    // Boxed: the turn's future is large (every stage of the pipeline, streamed and whole), and
+    // the route's service wrappers move the handler's future by value, a copy of all of it
+    // each; boxed here, they move a pointer.
+    Ok(Box::pin(chat_inner(&s, caller, &headers, bytes)).await?)
 }
 
 /// A chat completions request, `bytes`, of an admitted `caller`: parsed, its run named, healed.

@@ -902,7 +902,8 @@ pub(crate) async fn messages(
             ),
         )));
     }
-    let resp = chat::chat_inner(&s, caller, &headers, Bytes::from(chat)).await?;
+    // Boxed, as the chat handler's turn ([`chat::chat`]).
+    let resp = Box::pin(chat::chat_inner(&s, caller, &headers, Bytes::from(chat))).await?;
     Ok(render(resp, Some(&translated)).await)
 }
 
