@@ -52,8 +52,30 @@ pub struct SeenResults {
 }
 
 impl SeenResults {
-    /// The fingerprint of a tool result.
+    /// The fingerprint of a tool result. Every request of a conversation hashes its newest
+    /// result and the last one its run has seen — the newest of the request before — so the
+    /// fingerprints of results up to [`FingerprintMemo::MAX_ENTRY_BYTES`] are kept, by their
+    /// exact input, and the second hash is a lookup.
     pub fn fingerprint(tool_call_id: &str, content: &str) -> u64 {
+        let n = tool_call_id.len() + 1 + content.len();
+        if n > FingerprintMemo::MAX_ENTRY_BYTES {
+            return Self::hash(tool_call_id, content);
+        }
+        let mut input = Vec::with_capacity(n);
+        input.extend_from_slice(tool_call_id.as_bytes());
+        input.push(0);
+        input.extend_from_slice(content.as_bytes());
+        let memo = || FINGERPRINTS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&fp) = memo().map.get(&input) {
+            return fp;
+        }
+        let fp = Self::hash(tool_call_id, content);
+        memo().insert(input, fp);
+        fp
+    }
+
+    /// SHA-256 of `tool_call_id`, a zero byte and `content`: its first 8 bytes.
+    fn hash(tool_call_id: &str, content: &str) -> u64 {
         let mut h = Sha256::new();
         h.update(tool_call_id.as_bytes());
         h.update([0]);
@@ -96,6 +118,39 @@ impl SeenResults {
     /// Results forgotten for capacity.
     pub fn forgotten(&self) -> u64 {
         self.forgotten
+    }
+}
+
+/// The fingerprints made lately ([`SeenResults::fingerprint`]), process-wide: a pure
+/// function's results, so keeping them changes nothing but the cost.
+static FINGERPRINTS: std::sync::LazyLock<Mutex<FingerprintMemo>> =
+    std::sync::LazyLock::new(Mutex::default);
+
+/// Fingerprints by their exact input (`tool_call_id`, a zero byte, the content). Bounded;
+/// starts over when full.
+#[derive(Default)]
+pub(crate) struct FingerprintMemo {
+    map: HashMap<Vec<u8>, u64>,
+    bytes: usize,
+}
+
+impl FingerprintMemo {
+    /// Most fingerprints held.
+    const CAPACITY: usize = 16_384;
+    /// Most input bytes held.
+    const MAX_BYTES: usize = 8 * 1024 * 1024;
+    /// Longer inputs are hashed each time, not kept.
+    const MAX_ENTRY_BYTES: usize = 8 * 1024;
+
+    fn insert(&mut self, input: Vec<u8>, fp: u64) {
+        if self.map.len() >= Self::CAPACITY || self.bytes + input.len() > Self::MAX_BYTES {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        let n = input.len();
+        if self.map.insert(input, fp).is_none() {
+            self.bytes += n;
+        }
     }
 }
 
@@ -853,18 +908,10 @@ pub(crate) fn chat_opening(messages: &[Message<'_>]) -> Vec<(&'static str, Vec<u
 
 /// The first tool call the model issued in a chat conversation, `(id, tool name)`.
 pub(crate) fn chat_first_call(messages: &[Message<'_>]) -> Option<(String, String)> {
-    let c = messages
+    messages
         .iter()
         .filter(|m| m.role() == "assistant")
-        .find_map(|m| m.calls().into_iter().next())?;
-    let id = c.id.as_ref().map_or("", |i| i.as_str()).to_owned();
-    let name = c
-        .function
-        .as_ref()
-        .and_then(|f| f.name.as_ref())
-        .map_or("", |n| n.as_str())
-        .to_owned();
-    Some((id, name))
+        .find_map(Message::first_call)
 }
 
 /// Whether a request names its run (see [`run_id_of`]): by a label, or by a tool call already
@@ -1462,6 +1509,29 @@ mod tests {
         assert_ne!(chat_id(&other, "t", None, &a), id("t", None, a.clone()));
         // Fixed key and input, fixed id: the construction is stable across releases.
         assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
+    }
+
+    /// A remembered fingerprint is the hash's: the same the first time and the next, for a
+    /// short result and for one too long to keep; and different inputs differ.
+    #[test]
+    fn a_remembered_fingerprint_is_the_hash() {
+        let long = "x".repeat(FingerprintMemo::MAX_ENTRY_BYTES + 1);
+        for (id, content) in [("call_fp_1", "{\"ok\":true}"), ("call_fp_2", long.as_str())] {
+            let want = SeenResults::hash(id, content);
+            assert_eq!(SeenResults::fingerprint(id, content), want);
+            assert_eq!(SeenResults::fingerprint(id, content), want);
+        }
+        // The separator keeps the id and the content apart.
+        assert_ne!(
+            SeenResults::fingerprint("call_fp_3", "ab"),
+            SeenResults::fingerprint("call_fp_3a", "b")
+        );
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&Sha256::digest(b"call_fp_1\0{\"ok\":true}")[..8]);
+        assert_eq!(
+            SeenResults::fingerprint("call_fp_1", "{\"ok\":true}"),
+            u64::from_le_bytes(b)
+        );
     }
 
     /// The cache of ids answers what the MAC would: the first id (a MAC) and the next (a
