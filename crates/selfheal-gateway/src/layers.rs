@@ -64,6 +64,26 @@ impl IntoResponse for Refused {
 #[derive(Debug, Clone)]
 pub(crate) struct Received(pub(crate) Bytes);
 
+/// The run label the client sent (`x-selfheal-run`), read from the request's head alone: a
+/// `HeaderMap` extractor would copy every header of every request for it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunLabel(pub(crate) Option<axum::http::HeaderValue>);
+
+impl RunLabel {
+    /// The label, when it is text.
+    pub(crate) fn as_str(&self) -> Option<&str> {
+        self.0.as_ref().and_then(|v| v.to_str().ok())
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RunLabel {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<RunLabel, Self::Rejection> {
+        Ok(RunLabel(parts.headers.get("x-selfheal-run").cloned()))
+    }
+}
+
 /// What a handler gets when a route lacks the layer that hands it on: a 500, not a panic.
 fn unwired(what: &str) -> Refused {
     Refused(ApiError::new(
