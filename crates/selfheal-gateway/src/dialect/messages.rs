@@ -903,7 +903,13 @@ pub(crate) async fn messages(
         )));
     }
     // Boxed, as the chat handler's turn ([`chat::chat`]).
-    let resp = Box::pin(chat::chat_inner(&s, caller, label.as_str(), Bytes::from(chat))).await?;
+    let resp = Box::pin(chat::chat_inner(
+        &s,
+        caller,
+        label.as_str(),
+        Bytes::from(chat),
+    ))
+    .await?;
     Ok(render(resp, Some(&translated)).await)
 }
 
