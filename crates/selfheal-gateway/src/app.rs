@@ -27,21 +27,11 @@ use crate::state::AppState;
 /// Messages route also through its edge (its key header, its error shape). The operational
 /// endpoints and the 404/405 answers run through none of them.
 pub fn router(state: Arc<AppState>) -> Router {
-    let log = from_fn_with_state(state.clone(), layers::request_log);
-    let admit = from_fn_with_state(state.clone(), layers::admit);
-    let redact = axum::middleware::from_fn(layers::redact);
-    let body = from_fn_with_state(state.clone(), layers::bounded_body);
     let api = |route: MethodRouter<Arc<AppState>>| {
-        route
-            .route_layer(body.clone())
-            .route_layer(redact.clone())
-            .route_layer(admit.clone())
-            .route_layer(log.clone())
+        route.route_layer(from_fn_with_state(state.clone(), layers::api_with_body))
     };
-    let models = get(models)
-        .route_layer(redact.clone())
-        .route_layer(admit.clone())
-        .route_layer(log.clone());
+    let models =
+        get(models).route_layer(from_fn_with_state(state.clone(), layers::api_without_body));
     let messages =
         api(post(messages::messages)).route_layer(axum::middleware::from_fn(messages::edge));
     Router::new()

@@ -30,7 +30,7 @@ pub(crate) async fn guard_head(
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum::<usize>()
-        + req.uri().to_string().len();
+        + display_len(req.uri());
     if req.headers().len() > MAX_HEADERS || head_bytes > s.config.server.max_header_bytes {
         return ApiError::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -44,6 +44,22 @@ pub(crate) async fn guard_head(
         .into_response();
     }
     next.run(req).await
+}
+
+/// The length of `v` as displayed, counted without building the text (the head guard runs on
+/// every request).
+fn display_len(v: &impl std::fmt::Display) -> usize {
+    struct Count(usize);
+    impl std::fmt::Write for Count {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0 += s.len();
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Counting never fails; a Display that does leaves what it wrote counted.
+    let _ = std::fmt::write(&mut n, format_args!("{v}"));
+    n.0
 }
 
 pub(crate) async fn healthz() -> impl IntoResponse {
@@ -141,4 +157,23 @@ pub(crate) fn sse_response(body: Body) -> Response {
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::display_len;
+    use axum::http::Uri;
+
+    #[test]
+    fn display_len_is_the_length_of_the_displayed_text() {
+        for u in [
+            "/v1/chat/completions",
+            "/v1/models?limit=5&after=x%20y",
+            "http://example.com:8080/v1/responses?a=b",
+            "*",
+        ] {
+            let uri: Uri = u.parse().unwrap();
+            assert_eq!(display_len(&uri), uri.to_string().len(), "{u}");
+        }
+    }
 }

@@ -11,11 +11,15 @@
 //!             └ counted, timed, its refusals counted by kind, one log line
 //! ```
 //!
+//! The four are one route layer ([`api_with_body`], [`api_without_body`] for a route without a
+//! body): one future a request instead of one per stage, and the caller handed from admission to
+//! redaction without a round trip through the request's and the response's extensions.
+//!
 //! A handler refuses with [`Refused`] (an [`ApiError`] marked as a refusal), which is how the
 //! layers tell a refusal, counted and redacted, from an answer that happens to carry an error
-//! status (a `partial` answered as an error, which the pipeline has already redacted). They sit
-//! on the routes (`route_layer`), not on the router, so a 404 or 405 is answered before any of
-//! them, as before.
+//! status (a `partial` answered as an error, which the pipeline has already redacted). The layer
+//! sits on the routes (`route_layer`), not on the router, so a 404 or 405 is answered before
+//! it, as before.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,7 +32,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
-use crate::auth::Caller;
+use crate::auth::{Caller, Redactor};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::state::AppState;
@@ -56,13 +60,29 @@ impl IntoResponse for Refused {
     }
 }
 
-/// The tenant a response was answered for, for the request log (`-` before admission).
-#[derive(Debug, Clone)]
-struct Tenant(String);
-
-/// The request body, read whole within the gateway's bounds by [`bounded_body`].
+/// The request body, read whole within the gateway's bounds by the body limits.
 #[derive(Debug, Clone)]
 pub(crate) struct Received(pub(crate) Bytes);
+
+/// The run label the client sent (`x-selfheal-run`), read from the request's head alone: a
+/// `HeaderMap` extractor would copy every header of every request for it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunLabel(pub(crate) Option<axum::http::HeaderValue>);
+
+impl RunLabel {
+    /// The label, when it is text.
+    pub(crate) fn as_str(&self) -> Option<&str> {
+        self.0.as_ref().and_then(|v| v.to_str().ok())
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RunLabel {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<RunLabel, Self::Rejection> {
+        Ok(RunLabel(parts.headers.get("x-selfheal-run").cloned()))
+    }
+}
 
 /// What a handler gets when a route lacks the layer that hands it on: a 500, not a panic.
 fn unwired(what: &str) -> Refused {
@@ -96,17 +116,34 @@ impl<S: Send + Sync> FromRequestParts<S> for Received {
     }
 }
 
-/// The request log: every API request counted and timed, its refusals counted (an upstream's
-/// as `upstream_errors_total`, the rest as `client_errors_total`), one structured line at `info`
-/// (what a log pipeline needs to find a run).
-pub(crate) async fn request_log(
+/// What every API route runs through, in one layer (one boxed future, the head read once):
+/// the request log around admission, around error redaction, around the body limits — the
+/// order of the module docs' picture. [`api_with_body`] for the routes with a body,
+/// [`api_without_body`] for the others (`/v1/models`).
+pub(crate) async fn api_with_body(
     State(s): State<Arc<AppState>>,
     req: Request,
     next: Next,
 ) -> Response {
+    request_log(&s, req, next, true).await
+}
+
+/// [`api_with_body`] without the body limits (a route whose request has no body).
+pub(crate) async fn api_without_body(
+    State(s): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    request_log(&s, req, next, false).await
+}
+
+/// The request log: every API request counted and timed, its refusals counted (an upstream's
+/// as `upstream_errors_total`, the rest as `client_errors_total`), one structured line at `info`
+/// (what a log pipeline needs to find a run).
+async fn request_log(s: &AppState, req: Request, next: Next, with_body: bool) -> Response {
     let started = Instant::now();
     Metrics::inc(&s.metrics.requests_total);
-    let resp = next.run(req).await;
+    let (resp, tenant) = admit(s, req, next, with_body).await;
     if let Some(Refusal(e)) = resp.extensions().get::<Refusal>() {
         if e.status == StatusCode::BAD_GATEWAY {
             Metrics::inc(&s.metrics.upstream_errors_total);
@@ -115,7 +152,7 @@ pub(crate) async fn request_log(
         }
     }
     s.metrics.request_seconds.observe(started.elapsed());
-    let tenant = resp.extensions().get::<Tenant>().map_or("-", |t| &t.0);
+    let tenant = tenant.as_deref().unwrap_or("-");
     let h = resp.headers();
     let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("-");
     tracing::info!(
@@ -132,31 +169,33 @@ pub(crate) async fn request_log(
 }
 
 /// Admission: the caller identified by its key ([`crate::auth::Gatekeeper::admit`]) and handed
-/// on, or the request refused (401) before its body is read.
-pub(crate) async fn admit(
-    State(s): State<Arc<AppState>>,
+/// on, or the request refused (401) before its body is read. Also the tenant answered for, for
+/// the request log — only when that line is logged (`None` otherwise, and before admission).
+async fn admit(
+    s: &AppState,
     mut req: Request,
     next: Next,
-) -> Response {
+    with_body: bool,
+) -> (Response, Option<String>) {
     let caller = match s.gate.admit(req.headers()) {
         Ok(c) => c,
-        Err(e) => return Refused(e).into_response(),
+        Err(e) => return (Refused(e).into_response(), None),
     };
-    let tenant = Tenant(caller.tenant.clone());
+    let tenant = tracing::enabled!(target: "selfheal::request", tracing::Level::INFO)
+        .then(|| caller.tenant.clone());
+    let redactor = caller.redactor.clone();
     req.extensions_mut().insert(caller);
-    let mut resp = next.run(req).await;
-    resp.extensions_mut().insert(tenant);
-    resp
+    let resp = if with_body {
+        bounded_body(s, req, next).await
+    } else {
+        next.run(req).await
+    };
+    (redact(&redactor, resp), tenant)
 }
 
 /// Error redaction: a refusal's message and reasons lose every secret of the request (the
 /// operator's keys and the caller's own), whatever raised it.
-pub(crate) async fn redact(req: Request, next: Next) -> Response {
-    let redactor = req.extensions().get::<Caller>().map(|c| c.redactor.clone());
-    let resp = next.run(req).await;
-    let Some(redactor) = redactor else {
-        return resp;
-    };
+fn redact(redactor: &Redactor, resp: Response) -> Response {
     let Some(Refusal(e)) = resp.extensions().get::<Refusal>() else {
         return resp;
     };
@@ -176,13 +215,9 @@ pub(crate) async fn redact(req: Request, next: Next) -> Response {
 /// The body limits: the body read whole within `max_body_bytes` (413 when larger, said by its
 /// `Content-Length` before any of it is read) and the body-read timeout (408), and handed on as
 /// [`Received`].
-pub(crate) async fn bounded_body(
-    State(s): State<Arc<AppState>>,
-    req: Request,
-    next: Next,
-) -> Response {
+async fn bounded_body(s: &AppState, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
-    match read_body(&s, &parts.headers, body).await {
+    match read_body(s, &parts.headers, body).await {
         Ok(bytes) => {
             let mut req = Request::from_parts(parts, Body::empty());
             req.extensions_mut().insert(Received(bytes));

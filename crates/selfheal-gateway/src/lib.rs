@@ -179,7 +179,14 @@ pub async fn serve_with(
              this port can use the gateway (and, with auth = \"env\", the operator's key)"
         );
     }
-    let app = router(state.clone()).layer(axum::middleware::from_fn(telemetry::request_span));
+    // The request span only where spans are exported: a layer that only looks and passes the
+    // request on still costs each request a boxed future.
+    let app = router(state.clone());
+    let app = if telemetry.exports() {
+        app.layer(axum::middleware::from_fn(telemetry::request_span))
+    } else {
+        app
+    };
     let result = accept_loop(listener, app, server, shutdown).await;
     state.trace.flush_and_close();
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;

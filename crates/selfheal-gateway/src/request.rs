@@ -147,6 +147,27 @@ pub struct FunctionView<'a> {
     pub arguments: Option<Str<'a>>,
 }
 
+/// A [`FunctionView`] read for its name only: the arguments are skipped, not decoded, and
+/// whatever makes a `FunctionView` unreadable (a repeated field) makes this one unreadable.
+#[derive(Deserialize)]
+struct FunctionName<'a> {
+    #[serde(borrow, default, deserialize_with = "loose")]
+    name: Option<Str<'a>>,
+    /// Read only to be refused when repeated, as [`FunctionView::arguments`] is.
+    #[serde(default)]
+    #[allow(dead_code)]
+    arguments: Option<de::IgnoredAny>,
+}
+
+/// A [`CallView`] read for its id and its function's name ([`Message::first_call`]).
+#[derive(Deserialize)]
+struct CallHead<'a> {
+    #[serde(borrow, default, deserialize_with = "loose")]
+    id: Option<Str<'a>>,
+    #[serde(borrow, default, deserialize_with = "lenient")]
+    function: Option<FunctionName<'a>>,
+}
+
 /// One tool call of an assistant message.
 #[derive(Debug, Default, Deserialize)]
 pub struct CallView<'a> {
@@ -271,6 +292,21 @@ impl<'a> Message<'a> {
             .filter(|c| c.get().starts_with('{'))
             .filter_map(|c| serde_json::from_str::<CallView<'a>>(c.get()).ok())
             .collect()
+    }
+
+    /// The first of [`Message::calls`] as `(id, tool name)` (`""` for either it lacks), read
+    /// without decoding any call's arguments.
+    pub fn first_call(&self) -> Option<(String, String)> {
+        let calls: Vec<&RawValue> = serde_json::from_str(self.tool_calls?.get()).ok()?;
+        let c = calls
+            .into_iter()
+            .filter(|c| c.get().starts_with('{'))
+            .find_map(|c| serde_json::from_str::<CallHead<'_>>(c.get()).ok())?;
+        let name = c.function.and_then(|f| f.name);
+        Some((
+            c.id.map_or_else(String::new, |i| i.as_str().to_owned()),
+            name.map_or_else(String::new, |n| n.as_str().to_owned()),
+        ))
     }
 
     /// Whether some servers would reject this message: an assistant message with `tool_calls`
@@ -780,6 +816,46 @@ impl Edits<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// `first_call` reads what the first of `calls` reads, however odd the calls: a name or
+    /// id of another type, a call or function that is not an object, a repeated field (which
+    /// makes the whole call unreadable), arguments that are not text.
+    #[test]
+    fn first_call_is_the_first_of_calls() {
+        let cases = [
+            r#"[{"id":"c1","type":"function","function":{"name":"search","arguments":"{\"q\":\"a\"}"}}]"#,
+            r#"[7, "x", {"id":"c2","function":{"name":"f","arguments":{"q":1}}}]"#,
+            r#"[{"id":3,"function":{"name":["n"]}}, {"id":"c4"}]"#,
+            r#"[{"id":"c5","function":"f"}]"#,
+            r#"[{"id":"c6","function":["f","{}"]}]"#,
+            r#"[{"id":"c7","function":["f","{}","x"]}]"#,
+            r#"[{"id":"a","id":"b","function":{"name":"f"}}, {"id":"c8","function":{"name":"g"}}]"#,
+            r#"[{"id":"c9","function":{"name":"f","arguments":"1","arguments":"2"}}]"#,
+            r#"[{"id":"c10","function":{"name":"f","name":"g"}}]"#,
+            r#"[{"id":null,"function":{"name":null,"arguments":null}}]"#,
+            r#"[]"#,
+            r#"{"id":"c11"}"#,
+            r#""none""#,
+        ];
+        for calls in cases {
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"assistant","content":null,"tool_calls":{calls}}}]}}"#
+            );
+            let r = ChatRequest::parse(body.as_bytes()).unwrap();
+            let m = &r.messages[0];
+            let want = m.calls().into_iter().next().map(|c| {
+                (
+                    c.id.as_ref().map_or("", |i| i.as_str()).to_owned(),
+                    c.function
+                        .as_ref()
+                        .and_then(|f| f.name.as_ref())
+                        .map_or("", |n| n.as_str())
+                        .to_owned(),
+                )
+            });
+            assert_eq!(m.first_call(), want, "{calls}");
+        }
+    }
 
     #[test]
     fn a_replaced_tool_result_is_written_with_its_new_content() {

@@ -52,8 +52,30 @@ pub struct SeenResults {
 }
 
 impl SeenResults {
-    /// The fingerprint of a tool result.
+    /// The fingerprint of a tool result. Every request of a conversation hashes its newest
+    /// result and the last one its run has seen — the newest of the request before — so the
+    /// fingerprints of results up to [`FingerprintMemo::MAX_ENTRY_BYTES`] are kept, by their
+    /// exact input, and the second hash is a lookup.
     pub fn fingerprint(tool_call_id: &str, content: &str) -> u64 {
+        let n = tool_call_id.len() + 1 + content.len();
+        if n > FingerprintMemo::MAX_ENTRY_BYTES {
+            return Self::hash(tool_call_id, content);
+        }
+        let mut input = Vec::with_capacity(n);
+        input.extend_from_slice(tool_call_id.as_bytes());
+        input.push(0);
+        input.extend_from_slice(content.as_bytes());
+        let memo = || FINGERPRINTS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&fp) = memo().map.get(&input) {
+            return fp;
+        }
+        let fp = Self::hash(tool_call_id, content);
+        memo().insert(input, fp);
+        fp
+    }
+
+    /// SHA-256 of `tool_call_id`, a zero byte and `content`: its first 8 bytes.
+    fn hash(tool_call_id: &str, content: &str) -> u64 {
         let mut h = Sha256::new();
         h.update(tool_call_id.as_bytes());
         h.update([0]);
@@ -96,6 +118,39 @@ impl SeenResults {
     /// Results forgotten for capacity.
     pub fn forgotten(&self) -> u64 {
         self.forgotten
+    }
+}
+
+/// The fingerprints made lately ([`SeenResults::fingerprint`]), process-wide: a pure
+/// function's results, so keeping them changes nothing but the cost.
+static FINGERPRINTS: std::sync::LazyLock<Mutex<FingerprintMemo>> =
+    std::sync::LazyLock::new(Mutex::default);
+
+/// Fingerprints by their exact input (`tool_call_id`, a zero byte, the content). Bounded;
+/// starts over when full.
+#[derive(Default)]
+pub(crate) struct FingerprintMemo {
+    map: HashMap<Vec<u8>, u64>,
+    bytes: usize,
+}
+
+impl FingerprintMemo {
+    /// Most fingerprints held.
+    const CAPACITY: usize = 16_384;
+    /// Most input bytes held.
+    const MAX_BYTES: usize = 8 * 1024 * 1024;
+    /// Longer inputs are hashed each time, not kept.
+    const MAX_ENTRY_BYTES: usize = 8 * 1024;
+
+    fn insert(&mut self, input: Vec<u8>, fp: u64) {
+        if self.map.len() >= Self::CAPACITY || self.bytes + input.len() > Self::MAX_BYTES {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        let n = input.len();
+        if self.map.insert(input, fp).is_none() {
+            self.bytes += n;
+        }
     }
 }
 
@@ -770,9 +825,43 @@ impl RunStore {
 }
 
 /// The per-deployment secret that keys run ids: kept as the MAC already keyed with it, so
-/// that an id costs hashing the opening only, not the key's two blocks again.
+/// that an id costs hashing the opening only, not the key's two blocks again; and the ids
+/// made lately, by the exact bytes they were made of, so that a conversation's every next
+/// request (which names its run the same) is a lookup, not a MAC.
 #[derive(Clone)]
-pub(crate) struct RunKey(Option<Hmac<Sha256>>);
+pub(crate) struct RunKey(Option<Hmac<Sha256>>, Arc<Mutex<IdCache>>);
+
+/// Run ids by the bytes their MAC was computed over ([`run_id_of`]): the whole input, so a hit
+/// is the id the MAC would give. Bounded; starts over when full.
+#[derive(Default)]
+pub(crate) struct IdCache {
+    map: HashMap<Vec<u8>, Arc<str>>,
+    bytes: usize,
+}
+
+impl IdCache {
+    /// Most ids held.
+    const CAPACITY: usize = 8_192;
+    /// Most key bytes held.
+    const MAX_BYTES: usize = 8 * 1024 * 1024;
+    /// Inputs longer than this are not kept (an opening of a few KB is common; a huge one is
+    /// hashed each time rather than held).
+    const MAX_ENTRY_BYTES: usize = 16 * 1024;
+
+    fn insert(&mut self, input: Vec<u8>, id: Arc<str>) {
+        if input.len() > Self::MAX_ENTRY_BYTES {
+            return;
+        }
+        if self.map.len() >= Self::CAPACITY || self.bytes + input.len() > Self::MAX_BYTES {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        let n = input.len();
+        if self.map.insert(input, id).is_none() {
+            self.bytes += n;
+        }
+    }
+}
 
 impl std::fmt::Debug for RunKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -787,7 +876,10 @@ impl RunKey {
     }
 
     fn keyed(key: &[u8]) -> RunKey {
-        RunKey(<Hmac<Sha256> as Mac>::new_from_slice(key).ok())
+        RunKey(
+            <Hmac<Sha256> as Mac>::new_from_slice(key).ok(),
+            Arc::default(),
+        )
     }
 
     /// A random key (run ids do not survive a restart).
@@ -816,18 +908,10 @@ pub(crate) fn chat_opening(messages: &[Message<'_>]) -> Vec<(&'static str, Vec<u
 
 /// The first tool call the model issued in a chat conversation, `(id, tool name)`.
 pub(crate) fn chat_first_call(messages: &[Message<'_>]) -> Option<(String, String)> {
-    let c = messages
+    messages
         .iter()
         .filter(|m| m.role() == "assistant")
-        .find_map(|m| m.calls().into_iter().next())?;
-    let id = c.id.as_ref().map_or("", |i| i.as_str()).to_owned();
-    let name = c
-        .function
-        .as_ref()
-        .and_then(|f| f.name.as_ref())
-        .map_or("", |n| n.as_str())
-        .to_owned();
-    Some((id, name))
+        .find_map(Message::first_call)
 }
 
 /// Whether a request names its run (see [`run_id_of`]): by a label, or by a tool call already
@@ -877,13 +961,21 @@ pub(crate) fn run_id_of(
     first_call: Option<(&str, &str)>,
 ) -> String {
     let label = label.map(str::trim).filter(|h| !h.is_empty());
-    let (Some(mut mac), true) = (key.0.clone(), label.is_some() || first_call.is_some()) else {
+    let (Some(mac), true) = (&key.0, label.is_some() || first_call.is_some()) else {
         return fresh_run_id();
     };
+    // What the MAC reads: each field tagged and length-prefixed.
+    let mut input = Vec::with_capacity(
+        64 + tenant.len()
+            + opening
+                .iter()
+                .map(|(t, b)| t.len() + b.len() + 8)
+                .sum::<usize>(),
+    );
     let mut field = |tag: &[u8], bytes: &[u8]| {
-        mac.update(tag);
-        mac.update(&(bytes.len() as u64).to_le_bytes());
-        mac.update(bytes);
+        input.extend_from_slice(tag);
+        input.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        input.extend_from_slice(bytes);
     };
     field(b"tenant", tenant.as_bytes());
     match (label, first_call) {
@@ -900,8 +992,16 @@ pub(crate) fn run_id_of(
         }
         (None, None) => {}
     }
+    let cache = || key.1.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(id) = cache().map.get(&input) {
+        return id.to_string();
+    }
+    let mut mac = mac.clone();
+    mac.update(&input);
     let tag = mac.finalize().into_bytes();
-    format!("r-{}", crate::auth::hex(&tag[..12]))
+    let id = format!("r-{}", crate::auth::hex(&tag[..12]));
+    cache().insert(input, Arc::from(id.as_str()));
+    id
 }
 
 /// A run id nobody else has: random (or, should the system's randomness fail, a process-wide
@@ -1409,6 +1509,63 @@ mod tests {
         assert_ne!(chat_id(&other, "t", None, &a), id("t", None, a.clone()));
         // Fixed key and input, fixed id: the construction is stable across releases.
         assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
+    }
+
+    /// A remembered fingerprint is the hash's: the same the first time and the next, for a
+    /// short result and for one too long to keep; and different inputs differ.
+    #[test]
+    fn a_remembered_fingerprint_is_the_hash() {
+        let long = "x".repeat(FingerprintMemo::MAX_ENTRY_BYTES + 1);
+        for (id, content) in [("call_fp_1", "{\"ok\":true}"), ("call_fp_2", long.as_str())] {
+            let want = SeenResults::hash(id, content);
+            assert_eq!(SeenResults::fingerprint(id, content), want);
+            assert_eq!(SeenResults::fingerprint(id, content), want);
+        }
+        // The separator keeps the id and the content apart.
+        assert_ne!(
+            SeenResults::fingerprint("call_fp_3", "ab"),
+            SeenResults::fingerprint("call_fp_3a", "b")
+        );
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&Sha256::digest(b"call_fp_1\0{\"ok\":true}")[..8]);
+        assert_eq!(
+            SeenResults::fingerprint("call_fp_1", "{\"ok\":true}"),
+            u64::from_le_bytes(b)
+        );
+    }
+
+    /// The cache of ids answers what the MAC would: the first id (a MAC) and the next (a
+    /// lookup) are the MAC of the fields fed one by one, and a second key's ids are its own.
+    #[test]
+    fn a_cached_run_id_is_the_macs() {
+        let key = RunKey::from_secret("s");
+        let opening: [(&str, &[u8]); 2] = [("system", b"\"sys\""), ("user", b"\"go\"")];
+        let call = Some(("call_1", "search"));
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&Sha256::digest(b"s")).unwrap();
+        let fields: [(&[u8], &[u8]); 5] = [
+            (b"tenant", b"t"),
+            (b"system", b"\"sys\""),
+            (b"user", b"\"go\""),
+            (b"call_id", b"call_1"),
+            (b"call_name", b"search"),
+        ];
+        for (tag, bytes) in fields {
+            mac.update(tag);
+            mac.update(&(bytes.len() as u64).to_le_bytes());
+            mac.update(bytes);
+        }
+        let want = format!("r-{}", crate::auth::hex(&mac.finalize().into_bytes()[..12]));
+        assert_eq!(run_id_of(&key, "t", None, &opening, call), want);
+        assert_eq!(key.1.lock().unwrap().map.len(), 1, "the first id is kept");
+        assert_eq!(
+            run_id_of(&key, "t", None, &opening, call),
+            want,
+            "the cached one"
+        );
+        let other = RunKey::from_secret("other");
+        assert_ne!(run_id_of(&other, "t", None, &opening, call), want);
+        assert_ne!(run_id_of(&key, "u", None, &opening, call), want);
+        assert_ne!(run_id_of(&key, "t", Some("label"), &opening, call), want);
     }
 
     /// Issue 30: two conversations of one tenant with the same opening never share a run —

@@ -9,7 +9,7 @@ use crate::error::ApiError;
 use crate::forward::passthrough;
 use crate::heal::{self};
 use crate::http::sse_response;
-use crate::layers::{Received, Refused};
+use crate::layers::{Received, Refused, RunLabel};
 use crate::pipeline::{
     AskStream, Call, Turn, adopt_first_call, answer_op, chat_op, check_completion,
     completion_first_call, edit_request, log_calls, rebuild_run, relay_stream, send_op,
@@ -25,7 +25,7 @@ use crate::upstream::CallLog;
 use crate::whole::{Plain, WholeDialect, ask_checked, heal_whole};
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use selfheal_openai::At;
@@ -39,17 +39,21 @@ use std::sync::Arc;
 pub(crate) async fn chat(
     State(s): State<Arc<AppState>>,
     caller: Caller,
-    headers: HeaderMap,
+    label: RunLabel,
     Received(bytes): Received,
 ) -> Result<Response, Refused> {
-    Ok(chat_inner(&s, caller, &headers, bytes).await?)
+    // Boxed: the turn's future is large (every stage of the pipeline, streamed and whole), and
+    // the route's service wrappers move the handler's future by value, a copy of all of it
+    // each; boxed here, they move a pointer.
+    Ok(Box::pin(chat_inner(&s, caller, label.as_str(), bytes)).await?)
 }
 
-/// A chat completions request, `bytes`, of an admitted `caller`: parsed, its run named, healed.
+/// A chat completions request, `bytes`, of an admitted `caller` who labelled its run `label`
+/// (`x-selfheal-run`): parsed, its run named, healed.
 pub(crate) async fn chat_inner(
     s: &Arc<AppState>,
     caller: Caller,
-    headers: &HeaderMap,
+    label: Option<&str>,
     bytes: bytes::Bytes,
 ) -> Result<Response, ApiError> {
     let (bytes, capped) = capped_body(s, bytes)?;
@@ -64,7 +68,7 @@ pub(crate) async fn chat_inner(
     }
     let first = crate::runs::chat_first_call(&req.messages);
     let naming = Naming {
-        label: headers.get("x-selfheal-run").and_then(|v| v.to_str().ok()),
+        label,
         conversation: None,
         previous: None,
         first_call: first.as_ref().map(|(i, n)| (i.as_str(), n.as_str())),

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -37,7 +37,7 @@ use serde_json::{Map, Value, json};
 use crate::auth::Caller;
 use crate::dialect::chat;
 use crate::error::ApiError;
-use crate::layers::{self, Received, Refused};
+use crate::layers::{self, Received, Refused, RunLabel};
 use crate::state::AppState;
 
 /// Why an Anthropic request (or an answer for one) cannot be translated without loss.
@@ -874,7 +874,7 @@ fn frame((name, data): &Event) -> Bytes {
 pub(crate) async fn messages(
     State(s): State<Arc<AppState>>,
     caller: Caller,
-    headers: HeaderMap,
+    label: RunLabel,
     Received(bytes): Received,
 ) -> Result<Response, Refused> {
     let req: Value = serde_json::from_slice(&bytes)
@@ -902,7 +902,14 @@ pub(crate) async fn messages(
             ),
         )));
     }
-    let resp = chat::chat_inner(&s, caller, &headers, Bytes::from(chat)).await?;
+    // Boxed, as the chat handler's turn ([`chat::chat`]).
+    let resp = Box::pin(chat::chat_inner(
+        &s,
+        caller,
+        label.as_str(),
+        Bytes::from(chat),
+    ))
+    .await?;
     Ok(render(resp, Some(&translated)).await)
 }
 

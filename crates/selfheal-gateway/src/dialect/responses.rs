@@ -52,7 +52,8 @@ pub(crate) async fn responses(
     if s.config.passthrough {
         return Ok(forward(&s, &caller, bytes, Forwarded::Responses).await?);
     }
-    Ok(responses_inner(&s, caller, &headers, bytes).await?)
+    // Boxed, as the chat handler's turn ([`crate::dialect::chat::chat`]).
+    Ok(Box::pin(responses_inner(&s, caller, &headers, bytes)).await?)
 }
 
 /// The first tool call of a Responses `input`, `(call_id, name)`: its first `function_call`
