@@ -212,7 +212,7 @@ impl Telemetry {
     /// Whether this set-up exports spans (an endpoint was configured): without it, the
     /// request-span layer is not put on the routes at all.
     pub(crate) fn exports(&self) -> bool {
-        self.provider.is_some()
+        self.worker.is_some()
     }
 
     /// Exports what is queued and stops. Blocking: call it off the async workers.
