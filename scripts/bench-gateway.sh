@@ -34,16 +34,8 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 # The gateway logs one line per request at info on stderr; the benchmark measures healing, not
 # a terminal: RUST_LOG=info scripts/bench-gateway.sh to include the log line.
 export RUST_LOG=${RUST_LOG:-warn}
-# BIN=path/to/selfheal measures another build (e.g. the gateway before a change) against the
-# same stub; STUB=path/to/stub_upstream another stub. Unset, both are built here.
-if [[ -z ${BIN:-} ]]; then
-  cargo build -q --release -p selfheal-cli
-  BIN=$CARGO_TARGET_DIR/release/selfheal
-fi
-if [[ -z ${STUB:-} ]]; then
-  cargo build -q --release -p selfheal-gateway --example stub_upstream
-  STUB=$CARGO_TARGET_DIR/release/examples/stub_upstream
-fi
+# BIN= and STUB= measure other builds (see bench-builds.sh); unset, both are built here.
+source scripts/bench-builds.sh
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }

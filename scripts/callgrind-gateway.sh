@@ -31,15 +31,8 @@ TURNS=${TURNS:-20}
 MAX_RUNS=${MAX_RUNS:-10000}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 export RUST_LOG=${RUST_LOG:-warn}
-# BIN=path/to/selfheal compares another build (e.g. a copy of main's) with the same stub.
-if [[ -z ${BIN:-} ]]; then
-  cargo build -q --release -p selfheal-cli
-  BIN=$CARGO_TARGET_DIR/release/selfheal
-fi
-if [[ -z ${STUB:-} ]]; then
-  cargo build -q --release -p selfheal-gateway --example stub_upstream
-  STUB=$CARGO_TARGET_DIR/release/examples/stub_upstream
-fi
+# BIN= and STUB= measure other builds (see bench-builds.sh); unset, both are built here.
+source scripts/bench-builds.sh
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
