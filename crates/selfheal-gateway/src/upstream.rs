@@ -627,8 +627,10 @@ impl Upstreams {
             .call_in(chain, encode, op, (&own, None), creds, log)
             .await;
         let own = own.into_inner().unwrap_or_else(|p| p.into_inner());
+        // Only a run whose call went through is lent again: whatever a failed attempt leaves in
+        // a run (its monitor's and ledger's counts) must never reach another client's call.
         let mut spares = self.spares();
-        if spares.len() < MAX_SPARE_RUNS {
+        if out.is_ok() && spares.len() < MAX_SPARE_RUNS {
             spares.push(own);
         }
         out
