@@ -541,7 +541,8 @@ impl Monitor {
         Monitor {
             tools: Vec::new(),
             index: HashMap::with_hasher(FoldBuildHasher::default()),
-            recent: VecDeque::with_capacity(ring_cap),
+            // Its room is reserved at the first call (a run that calls no tool holds none).
+            recent: VecDeque::new(),
             ring_cap,
             calls: 0,
             turn: 0,
@@ -899,6 +900,9 @@ impl Monitor {
 
         // Windows over recent calls: push this call, then one scan serves every window rule.
         let error_hash = error_text.map(hash_str);
+        if self.recent.capacity() == 0 {
+            self.recent.reserve_exact(self.ring_cap);
+        }
         if self.recent.len() == self.ring_cap {
             self.recent.pop_front();
         }

@@ -465,7 +465,7 @@ impl Run {
                     && self.calls.len() >= MAX_IN_FLIGHT
                     && let Some((&oldest, _)) = self.calls.iter().next()
                 {
-                    self.calls.remove(&oldest);
+                    self.end_call(oldest);
                     self.give_up_unknown(oldest);
                 }
                 let mut plan = CallPlan::new(targets, mode, retry_safe);
@@ -475,7 +475,7 @@ impl Run {
                 self.step(call, step, now);
             }
             Input::AttemptSucceeded { call } => {
-                if let Some(mut f) = self.calls.remove(&call) {
+                if let Some(mut f) = self.end_call(call) {
                     f.plan.succeeded(env.breakers);
                     self.drain_plan(call, &mut f.plan, now);
                 }
@@ -610,7 +610,9 @@ impl Run {
     /// [`Run::handle`], then every action it calls for, oldest first.
     pub fn decide(&mut self, input: Input<'_>, env: &mut Env<'_>) -> Vec<Action> {
         self.handle(input, env);
-        self.queue.drain(..).collect()
+        // The queue's buffer goes with its actions (in place): a run kept between requests
+        // holds no allocation for an empty queue.
+        std::mem::take(&mut self.queue).into()
     }
 
     /// [`Run::decide`] for an input about a step ([`Input::Observed`], [`Input::NextTurn`]),
@@ -750,7 +752,24 @@ impl Run {
     /// The next thing to do, oldest first; `None` when there is nothing until the next input
     /// (or [`Run::next_deadline`]).
     pub fn poll(&mut self) -> Option<Action> {
-        self.queue.pop_front()
+        let action = self.queue.pop_front();
+        if self.queue.is_empty() && self.queue.capacity() > 0 {
+            // A front-end keeps thousands of runs between requests, each with its queue
+            // drained: an empty queue holds no allocation.
+            self.queue = VecDeque::new();
+        }
+        action
+    }
+
+    /// Removes call `call`'s plan. A map left empty lets go of its node: a B-tree keeps its
+    /// emptied root leaf (~1.5 KB of plans), and a gateway holds tens of thousands of runs
+    /// whose calls have all ended.
+    fn end_call(&mut self, call: CallId) -> Option<InFlight> {
+        let f = self.calls.remove(&call);
+        if self.calls.is_empty() {
+            self.calls = BTreeMap::new();
+        }
+        f
     }
 
     /// When the run next wants [`Input::Tick`]: the earliest end of a retry's wait.
@@ -784,7 +803,7 @@ impl Run {
     /// Ends call `call` without a result (the client went away): its plan and its events are
     /// dropped.
     pub fn forget_call(&mut self, call: CallId) {
-        self.calls.remove(&call);
+        self.end_call(call);
         self.call_events.retain(|(id, _)| *id != call);
     }
 
@@ -970,7 +989,7 @@ impl Run {
             }
             Step::Repair { target } => self.queue.push_back(Action::Repair { call, target }),
             Step::Stop(stop) => {
-                self.calls.remove(&call);
+                self.end_call(call);
                 self.queue.push_back(Action::GiveUp { call, stop });
             }
         }

@@ -448,6 +448,10 @@ impl Trace {
         if self.ring.len() == self.capacity {
             self.ring.pop_front();
             self.dropped += 1;
+        } else if self.ring.capacity() == 0 {
+            // A small ring (a gateway's runs keep one event, ~200 bytes) gets exactly its room,
+            // not the four a first push reserves; a large one grows as events come.
+            self.ring.reserve_exact(self.capacity.min(16));
         }
         self.ring.push_back(Record {
             v: TRACE_SCHEMA_VERSION,
