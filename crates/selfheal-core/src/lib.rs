@@ -122,6 +122,7 @@ pub use trust::{
     Shared as SharedTrust, Source, SourceKind, TRUST_VERSION, Trust, TrustConfig, TrustError,
 };
 pub use verifier::{
-    EvidenceVerifier, Judgement, SchemaError, SchemaVerifier, Subject, Tolerance, Verifier,
-    cross_check, cross_check_declared, ungrounded_arguments, ungrounded_numbers,
+    EvidenceVerifier, Judgement, SchemaError, SchemaVerifier, SecondReading, SecondSource, Subject,
+    Tolerance, Verifier, cross_check, cross_check_declared, judge_second_reading,
+    ungrounded_arguments, ungrounded_numbers,
 };

@@ -327,6 +327,95 @@ pub fn cross_check_declared(
     verdict
 }
 
+/// What a second reading of a value says ([`judge_second_reading`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SecondReading {
+    /// The verifier's judgement of the value.
+    Judged(Judgement),
+    /// The value has a hole the second source filled — a field empty here and not there: the
+    /// first answer was an empty output (a failure of its tool), not a value to judge.
+    Hole(crate::classifier::Signal),
+}
+
+/// How a second source's answer is read against the value ([`judge_second_reading`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SecondSource<'a> {
+    /// The second source, as a reason names it (`` `tool` ``, "a second read of `tool`").
+    pub name: &'a str,
+    /// The fields the tool declares as its value (dot paths); empty when it declares none.
+    pub fields: &'a [String],
+    /// The field holding the answer's `as_of` stamp, if the tool sends one: it names no value.
+    pub stamp: Option<&'a str>,
+    /// Within what two readings agree.
+    pub tolerance: Tolerance,
+}
+
+/// The cross-check, decided once for every front-end: judges `value` by `other`, the second
+/// source's answer to the same arguments.
+///
+/// With declared fields, only they are the value: a declared field empty in `value` and filled
+/// in `other` is a [`SecondReading::Hole`]; otherwise [`cross_check_declared`] judges them (a
+/// field the other source renamed is read through its drift). With none declared, the whole
+/// answers are compared (without the stamp): a hole anywhere, else [`cross_check`].
+pub fn judge_second_reading(
+    value: &Value,
+    other: &Value,
+    source: &SecondSource<'_>,
+) -> SecondReading {
+    use crate::contract::get_path;
+    let tol = source.tolerance;
+    if !source.fields.is_empty() {
+        let hole = source.fields.iter().any(|p| {
+            matches!((get_path(value, p), get_path(other, p)),
+                (Some(a), Some(b)) if is_void(a) && !is_void(b))
+        });
+        if hole {
+            return SecondReading::Hole(crate::classifier::Signal::EmptyOutput);
+        }
+        return SecondReading::Judged(cross_check_declared(
+            value,
+            other,
+            source.fields,
+            source.stamp,
+            source.name,
+            |a, b| tol.agrees(a, b),
+        ));
+    }
+    let strip = |v: &Value| match source.stamp {
+        Some(field) => crate::contract::without_stamp(v, field),
+        None => v.clone(),
+    };
+    let (value, other) = (strip(value), strip(other));
+    match holes(&value, &other) {
+        Some(()) => SecondReading::Hole(crate::classifier::Signal::EmptyOutput),
+        None => SecondReading::Judged(cross_check(&value, &other, tol)),
+    }
+}
+
+/// A field (at any depth) empty in `value` and filled in `other`.
+fn holes(value: &Value, other: &Value) -> Option<()> {
+    let (Value::Object(a), Value::Object(b)) = (value, other) else {
+        return None;
+    };
+    b.iter().find_map(|(k, theirs)| {
+        let ours = a.get(k)?;
+        if is_void(ours) && !is_void(theirs) {
+            Some(())
+        } else {
+            holes(ours, theirs)
+        }
+    })
+}
+
+/// `null` or an empty array: no value.
+fn is_void(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(x) => x.is_empty(),
+        Value::Object(_) | Value::Bool(_) | Value::Number(_) | Value::String(_) => false,
+    }
+}
+
 fn first_disagreement(
     a: &Value,
     b: &Value,
@@ -685,6 +774,60 @@ mod tests {
             (Some(x), Some(y)) => (x - y).abs() <= 0.02 * x.abs().max(y.abs()),
             _ => a == b,
         }
+    }
+
+    /// The one rule for a second reading: declared fields alone are the value (an undeclared
+    /// field may differ; a declared one empty here and filled there is a hole; a renamed one is
+    /// read through the drift); with none declared, the whole answers without their stamps.
+    #[test]
+    fn a_second_reading_judges_the_declared_fields_else_the_whole_answer() {
+        fn with<'a>(fields: &'a [String], stamp: Option<&'a str>) -> SecondSource<'a> {
+            SecondSource {
+                name: "`q`",
+                fields,
+                stamp,
+                tolerance: Tolerance::default(),
+            }
+        }
+        let fields = &declared(&["price"])[..];
+        let a = json!({"price": 100.0, "source": "east", "as_of": 1});
+        let b = json!({"price": 100.5, "source": "west", "as_of": 2});
+        let judged = |a: &Value, b: &Value, s: &SecondSource<'_>| judge_second_reading(a, b, s);
+        assert_eq!(
+            judged(&a, &b, &with(fields, Some("as_of"))),
+            SecondReading::Judged(Judgement::Accept)
+        );
+        let far = json!({"price": 130.0, "source": "east"});
+        assert!(matches!(
+            judged(&a, &far, &with(fields, None)),
+            SecondReading::Judged(Judgement::Reject { .. })
+        ));
+        let empty = json!({"price": null});
+        assert_eq!(
+            judged(&empty, &a, &with(fields, None)),
+            SecondReading::Hole(crate::classifier::Signal::EmptyOutput)
+        );
+        let drifted = json!({"price_v2": 100.2});
+        assert_eq!(
+            judged(&a, &drifted, &with(fields, None)),
+            SecondReading::Judged(Judgement::Accept)
+        );
+        // Nothing declared: the whole answers, stamps aside; `source` differs.
+        assert!(matches!(
+            judged(&a, &b, &with(&[], Some("as_of"))),
+            SecondReading::Judged(Judgement::Reject { .. })
+        ));
+        let same = json!({"price": 100.5, "source": "east", "as_of": 9});
+        assert_eq!(
+            judged(&a, &same, &with(&[], Some("as_of"))),
+            SecondReading::Judged(Judgement::Accept)
+        );
+        let hole = json!({"price": 100.0, "items": []});
+        let filled = json!({"price": 100.0, "items": [1]});
+        assert_eq!(
+            judged(&hole, &filled, &with(&[], None)),
+            SecondReading::Hole(crate::classifier::Signal::EmptyOutput)
+        );
     }
 
     #[test]
