@@ -27,9 +27,9 @@ use serde_json::Value;
 
 use selfheal_core::{
     ActionKind, Amounts, BudgetLimits, CallOutcome, ControllerConfig, FailureClass, Judgement,
-    Observation, Options, Policy, RecoveryAction, RepairTarget, RetryConfig, RunStatus, Signal,
-    SplitMix64, StepAction, THIRD_READ_VERIFIER, ToolCall, Trust, canonical_hash, contract,
-    cross_check_declared, ungrounded_arguments,
+    Observation, Options, Policy, RecoveryAction, RepairTarget, RetryConfig, RunStatus,
+    SecondReading, SecondSource, Signal, SplitMix64, StepAction, THIRD_READ_VERIFIER, ToolCall,
+    Trust, canonical_hash, contract, judge_second_reading, ungrounded_arguments,
 };
 
 use crate::exec::{AS_OF, Episode, MAX_AGE_MS, Purpose, Response, Writer, Written};
@@ -805,9 +805,20 @@ fn read_again(
                 // The core's rule: field by field within the tool's tolerance, and a field the
                 // other source renamed (its API drifted) read through the drift.
                 // (The `as_of` stamp, when a source sends one, names no value.)
-                cross_check_declared(body, &o, &reads, Some(AS_OF), &other, |a, b| {
-                    tol.agrees(a, b)
-                })
+                let source = SecondSource {
+                    name: &other,
+                    fields: &reads,
+                    stamp: Some(AS_OF),
+                    tolerance: tol.into(),
+                };
+                match judge_second_reading(body, &o, &source) {
+                    SecondReading::Judged(j) => j,
+                    // A declared field this answer left empty and the other filled: the two
+                    // disagree on it.
+                    SecondReading::Hole(_) => Judgement::Reject {
+                        reason: format!("{other} fills a field this answer left empty"),
+                    },
+                }
             }
         },
     };

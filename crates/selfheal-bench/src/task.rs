@@ -120,11 +120,17 @@ impl Tolerance {
     /// core's reading of one field ([`selfheal_core::Tolerance::agrees`]), which the gateway
     /// applies too.
     pub fn agrees(&self, a: &Value, b: &Value) -> bool {
+        selfheal_core::Tolerance::from(*self).agrees(a, b)
+    }
+}
+
+impl From<Tolerance> for selfheal_core::Tolerance {
+    /// The same band, as the core's verifiers read it.
+    fn from(t: Tolerance) -> Self {
         selfheal_core::Tolerance {
-            rel: self.rel,
-            abs: self.abs,
+            rel: t.rel,
+            abs: t.abs,
         }
-        .agrees(a, b)
     }
 }
 

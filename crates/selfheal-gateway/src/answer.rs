@@ -569,83 +569,82 @@ impl<'de> Deserialize<'de> for UsageScan {
     }
 }
 
-/// A value read as `Value::as_i64` reads it: an integer in range, else `None` (checked).
-struct IntScan(Option<i64>);
-
-impl<'de> Deserialize<'de> for IntScan {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = IntScan;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<IntScan, E> {
-                Ok(IntScan(Some(v)))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<IntScan, E> {
-                Ok(IntScan(i64::try_from(v).ok()))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<IntScan, E> {
-                Ok(IntScan(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<IntScan, E> {
-                Ok(IntScan(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<IntScan, E> {
-                Ok(IntScan(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<IntScan, E> {
-                Ok(IntScan(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<IntScan, A::Error> {
-                CheckedVisitor.visit_seq(seq).map(|_| IntScan(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<IntScan, A::Error> {
-                CheckedVisitor.visit_map(map).map(|_| IntScan(None))
-            }
-        }
-        d.deserialize_any(V)
+/// A scalar a [`Scan`] reads out of one JSON value, as `Value::as_i64` or `Value::as_str`
+/// reads it; any other kind of value is `None`.
+trait Scalar: Sized {
+    /// From an integer that fits an `i64`.
+    fn of_i64(_: i64) -> Option<Self> {
+        None
+    }
+    /// From a non-negative integer.
+    fn of_u64(_: u64) -> Option<Self> {
+        None
+    }
+    /// From a string.
+    fn of_str(_: &str) -> Option<Self> {
+        None
     }
 }
 
-/// A value read as `Value::as_str` reads it: a string, else `None` (checked).
-struct StrScan(Option<String>);
+impl Scalar for i64 {
+    fn of_i64(v: i64) -> Option<i64> {
+        Some(v)
+    }
+    fn of_u64(v: u64) -> Option<i64> {
+        i64::try_from(v).ok()
+    }
+}
 
-impl<'de> Deserialize<'de> for StrScan {
+impl Scalar for String {
+    fn of_str(v: &str) -> Option<String> {
+        Some(v.to_owned())
+    }
+}
+
+/// One value read as the scalar `T` ([`Scalar`]), else `None`; a value of another kind is
+/// still checked, as `serde_json::Value` would read it.
+struct Scan<T>(Option<T>);
+
+/// An integer in range, else `None` (checked).
+type IntScan = Scan<i64>;
+
+/// A string, else `None` (checked).
+type StrScan = Scan<String>;
+
+impl<'de, T: Scalar> Deserialize<'de> for Scan<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = StrScan;
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Scalar> Visitor<'de> for V<T> {
+            type Value = Scan<T>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("any JSON value")
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrScan, E> {
-                Ok(StrScan(Some(v.to_owned())))
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scan<T>, E> {
+                Ok(Scan(T::of_i64(v)))
             }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<StrScan, E> {
-                Ok(StrScan(None))
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scan<T>, E> {
+                Ok(Scan(T::of_u64(v)))
             }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<StrScan, E> {
-                Ok(StrScan(None))
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scan<T>, E> {
+                Ok(Scan(T::of_str(v)))
             }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<StrScan, E> {
-                Ok(StrScan(None))
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Scan<T>, E> {
+                Ok(Scan(None))
             }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<StrScan, E> {
-                Ok(StrScan(None))
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scan<T>, E> {
+                Ok(Scan(None))
             }
-            fn visit_unit<E: de::Error>(self) -> Result<StrScan, E> {
-                Ok(StrScan(None))
+            fn visit_unit<E: de::Error>(self) -> Result<Scan<T>, E> {
+                Ok(Scan(None))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StrScan, A::Error> {
-                CheckedVisitor.visit_seq(seq).map(|_| StrScan(None))
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Scan<T>, A::Error> {
+                CheckedVisitor.visit_seq(seq).map(|_| Scan(None))
             }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StrScan, A::Error> {
-                CheckedVisitor.visit_map(map).map(|_| StrScan(None))
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Scan<T>, A::Error> {
+                CheckedVisitor.visit_map(map).map(|_| Scan(None))
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 

@@ -54,8 +54,9 @@ use serde_json::Value;
 
 use selfheal_core::{
     Action, ActionKind, Amounts, Breakers, CallOutcome, EscalationTarget, FailureClass, Input,
-    Judgement, Monitor, Observation, Options, RecoveryAction, RepairTarget, RunStatus, Signal,
-    SplitMix64, StepAction, ToolCall, canonical_hash, contract, cross_check, cross_check_declared,
+    Judgement, Monitor, Observation, Options, RecoveryAction, RepairTarget, RunStatus,
+    SecondReading, SecondSource, Signal, SplitMix64, StepAction, ToolCall, canonical_hash,
+    contract, judge_second_reading,
 };
 
 use crate::config::ToolConfig;
@@ -337,7 +338,7 @@ pub(crate) fn reread_before_answer(st: &mut RunState) -> Option<String> {
     st.wire.rereads = st.wire.values.clone();
     let first = st.wire.rereads.pop_front()?;
     let text = reread_text(&first.tool, &first.args);
-    st.wire.reread = Some(first);
+    st.wire.reread = Some(Box::new(first));
     Some(text)
 }
 
@@ -363,7 +364,7 @@ fn reread_verdict(st: &mut RunState, ctx: &Ctx<'_>, r: &Held, judgement: Judgeme
         st.wire.rereads.clear();
         carry(st, ctx, r.step, &r.tool, d);
     } else {
-        st.wire.reread = st.wire.rereads.pop_front();
+        st.wire.reread = st.wire.rereads.pop_front().map(Box::new);
     }
 }
 
@@ -760,14 +761,23 @@ fn observe_reread(
         }
     } else {
         match read_result(text) {
-            Read::Value(again) => cross_check(
-                &ctx.comparable(&r.tool, &r.value),
-                &ctx.comparable(&r.tool, &again),
+            Read::Value(again) => match second_reading(
+                ctx,
+                (&r.tool, &r.value),
+                (&r.tool, &again),
                 ctx.tools
                     .get(&r.tool)
                     .map(|c| c.tolerance)
                     .unwrap_or_default(),
-            ),
+            ) {
+                SecondReading::Judged(j) => j,
+                SecondReading::Hole(_) => Judgement::Reject {
+                    reason: format!(
+                        "read again, `{}` fills a field its first answer left empty",
+                        r.tool
+                    ),
+                },
+            },
             Read::Repairable { .. } => Judgement::Uncertain {
                 reason: format!("`{}` sent an unreadable body", r.tool),
             },
@@ -810,56 +820,55 @@ fn observe_cross_check(
                 reason: format!("`{}` did not answer: {}", p.against, clip(text)),
             }),
         };
-        settle(st, ctx, p, verdict, now_ms);
+        settle(st, ctx, *p, verdict, now_ms);
         return true;
     }
     let judgement = Judgement::Uncertain {
         reason: format!("the cross-check call of `{}` was not made", p.against),
     };
-    settle(st, ctx, p, Verdict::Judged(judgement), now_ms);
+    settle(st, ctx, *p, Verdict::Judged(judgement), now_ms);
     false
 }
 
-/// The other source's answer `other` judged against the held value `p`. An answer that lacks a
-/// declared field (the held value's tool's, else the other's: its API drifted, a field renamed)
-/// is read through the drift on the declared fields by the core's rule, as in-process
-/// ([`cross_check_declared`]): agreement so read counts, a disagreement or a field not found is
-/// no evidence either way. Otherwise a field the other fills that this one left empty is a hole
-/// (an empty output), and the rest is compared field by field ([`cross_check`]).
+/// The other source's answer `other` judged against the held value `p`, by the core's one
+/// rule ([`second_reading`]).
 fn judge_other(ctx: &Ctx<'_>, p: &Pending, other: &Value) -> Verdict {
-    let declared = [&p.tool, &p.against]
-        .into_iter()
-        .filter_map(|t| ctx.tools.get(t.as_str()))
-        .find(|c| !c.output.is_empty());
-    let lacks = |c: &ToolConfig| {
-        c.output
-            .iter()
-            .any(|f| contract::get_path(other, f).is_none())
-    };
-    match (declared, ctx.breach(&p.against, other)) {
-        (Some(c), _) if lacks(c) => Verdict::Judged(cross_check_declared(
-            &p.value,
-            other,
-            &c.output,
-            c.as_of.as_deref(),
-            &format!("`{}`", p.against),
-            |a, b| p.tolerance.agrees(a, b),
-        )),
-        (_, Some((Signal::SchemaDrift { detail }, _))) => Verdict::Judged(Judgement::Uncertain {
-            reason: format!(
-                "`{}` answered without a declared field: {detail}",
-                p.against
-            ),
-        }),
-        _ => match holes(&p.value, other) {
-            Some(signal) => Verdict::Hole(signal),
-            None => Verdict::Judged(cross_check(
-                &ctx.comparable(&p.tool, &p.value),
-                &ctx.comparable(&p.against, other),
-                p.tolerance,
-            )),
-        },
+    match second_reading(ctx, (&p.tool, &p.value), (&p.against, other), p.tolerance) {
+        SecondReading::Judged(j) => Verdict::Judged(j),
+        SecondReading::Hole(signal) => Verdict::Hole(signal),
     }
+}
+
+/// `value` (`tool`'s) judged by `other` (`against`'s answer to the same arguments), within
+/// `tolerance`, by the core's rule for a second reading ([`judge_second_reading`], as in-process): on the fields
+/// the operator declared — `tool`'s, else `against`'s (a field renamed by a drifted API read
+/// through the drift) — or, with none declared, on the whole answers without their `as_of`
+/// stamps.
+fn second_reading(
+    ctx: &Ctx<'_>,
+    (tool, value): (&str, &Value),
+    (against, other): (&str, &Value),
+    tolerance: selfheal_core::Tolerance,
+) -> SecondReading {
+    let declared = [tool, against]
+        .into_iter()
+        .filter_map(|t| ctx.tools.get(t))
+        .find(|c| !c.output.is_empty());
+    let name = if tool == against {
+        format!("a second read of `{against}`")
+    } else {
+        format!("`{against}`")
+    };
+    judge_second_reading(
+        &ctx.comparable(tool, value),
+        &ctx.comparable(against, other),
+        &SecondSource {
+            name: &name,
+            fields: declared.map_or(&[][..], |c| &c.output[..]),
+            stamp: declared.and_then(|c| c.as_of.as_deref()),
+            tolerance,
+        },
+    )
 }
 
 /// What one tool result was to the run, as [`observe`] found it. Spelled (`ok`, `hard`, ...)
@@ -926,7 +935,7 @@ pub(crate) fn observe(
                 && ctx.offered.contains_key(&against)
                 && !trusted(st, ctx, step, tool)
             {
-                st.wire.pending = Some(Pending {
+                st.wire.pending = Some(Box::new(Pending {
                     step,
                     tool: tool.to_owned(),
                     args: args.clone(),
@@ -935,7 +944,7 @@ pub(crate) fn observe(
                     against,
                     tolerance,
                     repaired: false,
-                });
+                }));
                 return Outcome::Held;
             }
             let call = ToolCall::returned(tool, args, &value).with_required(&required);
@@ -1122,11 +1131,11 @@ fn repaired(
         Some((against, tolerance))
             if ctx.offered.contains_key(&against) && !trusted(st, ctx, step, tool) =>
         {
-            st.wire.pending = Some(Pending {
+            st.wire.pending = Some(Box::new(Pending {
                 against,
                 tolerance,
                 ..p
-            });
+            }));
         }
         Some(_) | None => {
             let d = verified(st, ctx, &p, Judgement::Accept, now_ms);
@@ -1136,26 +1145,6 @@ fn repaired(
             carry(st, ctx, step, tool, d);
         }
     }
-}
-
-/// What the other source's answer shows is missing from `value`: a field empty here (null, an
-/// empty array) that the other fills is an empty output, for a tool whose fields the operator
-/// did not declare ([`ToolConfig::output`] catches it before the cross-check otherwise). (Two
-/// answers with different field names are not read as a drift of either: without a declared
-/// contract, nothing says which one is right; the cross-check is then uncertain.)
-fn holes(value: &Value, other: &Value) -> Option<Signal> {
-    let (Value::Object(a), Value::Object(b)) = (value, other) else {
-        return None;
-    };
-    let empty = is_empty;
-    b.iter().find_map(|(k, theirs)| {
-        let ours = a.get(k)?;
-        if empty(ours) && !empty(theirs) {
-            Some(Signal::EmptyOutput)
-        } else {
-            holes(ours, theirs)
-        }
-    })
 }
 
 fn clip(text: &str) -> String {
@@ -1691,6 +1680,45 @@ mod tests {
         let next = st.wire.take_next();
         assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
         assert!(next.guidance[0].contains("contradictory_evidence"));
+    }
+
+    /// With declared fields, only they are the value the cross-check judges, as in-process
+    /// ([`judge_second_reading`]): two sources that agree on `temp` confirm it although their
+    /// undeclared `station` differs (before, the whole answers were compared and the value was
+    /// contradicted); one that differs on `temp` contradicts it.
+    #[test]
+    fn a_cross_check_judges_only_the_declared_fields() {
+        let mut cfg = tools(true);
+        if let Some(w) = cfg.get_mut("weather") {
+            w.output = vec!["temp".into()];
+        }
+        let idx = offered(&["weather", "weather_backup"]);
+        let ctx = ctx(&cfg, &idx, None);
+        let a = json!({"city": "Paris"});
+        let checked = |other: &str| {
+            let mut st = run();
+            let first = r#"{"temp": 21.0, "station": "LFPG"}"#;
+            assert_eq!(
+                observe(&mut st, &ctx, ("c", "weather", &a), first, 0),
+                Outcome::Held
+            );
+            st.wire.take_next();
+            observe(&mut st, &ctx, ("c", "weather_backup", &a), other, 1);
+            st.wire.take_next()
+        };
+        let next = checked(r#"{"temp": 21.1, "station": "LFPB"}"#);
+        assert_eq!(
+            next.taken,
+            vec![("weather".to_owned(), canonical_hash(&a))],
+            "{next:?}"
+        );
+        assert!(next.actions.is_empty(), "{next:?}");
+        let next = checked(r#"{"temp": 35.0, "station": "LFPG"}"#);
+        assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
+        assert!(
+            next.guidance[0].contains("contradictory_evidence"),
+            "{next:?}"
+        );
     }
 
     /// A substitute's value checked against its primary whose declared field was renamed (its

@@ -44,9 +44,13 @@ pub(crate) const SEEN_CAPACITY: usize = 256;
 /// only results after the last one seen, so a result forgotten here but still in the history
 /// (older than any remembered one) is not fed twice, and an agent that trims its history from
 /// the front neither resets the run nor has its newest results skipped.
+///
+/// One ring, searched newest first: a request looks up its newest result and the one before,
+/// which the run saw last, so a lookup is a few comparisons, and a run holds 8 bytes a result
+/// (a hash set beside the ring doubled that, for tens of thousands of stored runs). A store
+/// written with the set reads back (the set is ignored).
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SeenResults {
-    set: HashSet<u64>,
     order: VecDeque<u64>,
     forgotten: u64,
 }
@@ -54,11 +58,11 @@ pub struct SeenResults {
 impl SeenResults {
     /// The fingerprint of a tool result. Every request of a conversation hashes its newest
     /// result and the last one its run has seen — the newest of the request before — so the
-    /// fingerprints of results up to [`FingerprintMemo::MAX_ENTRY_BYTES`] are kept, by their
+    /// fingerprints of results up to [`FINGERPRINT_LIMITS`]' `entry_bytes` are kept, by their
     /// exact input, and the second hash is a lookup.
     pub fn fingerprint(tool_call_id: &str, content: &str) -> u64 {
         let n = tool_call_id.len() + 1 + content.len();
-        if n > FingerprintMemo::MAX_ENTRY_BYTES {
+        if n > FINGERPRINT_LIMITS.entry_bytes {
             return Self::hash(tool_call_id, content);
         }
         let mut input = Vec::with_capacity(n);
@@ -66,7 +70,7 @@ impl SeenResults {
         input.push(0);
         input.extend_from_slice(content.as_bytes());
         let memo = || FINGERPRINTS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&fp) = memo().map.get(&input) {
+        if let Some(&fp) = memo().get(&input) {
             return fp;
         }
         let fp = Self::hash(tool_call_id, content);
@@ -88,19 +92,16 @@ impl SeenResults {
 
     /// Whether `fp` was seen (and not forgotten).
     pub fn contains(&self, fp: u64) -> bool {
-        self.set.contains(&fp)
+        self.order.iter().rev().any(|&f| f == fp)
     }
 
     /// Remembers `fp`, forgetting the oldest past the capacity.
     pub fn insert(&mut self, fp: u64) {
-        if !self.set.insert(fp) {
+        if self.contains(fp) {
             return;
         }
         self.order.push_back(fp);
-        if self.order.len() > SEEN_CAPACITY
-            && let Some(old) = self.order.pop_front()
-        {
-            self.set.remove(&old);
+        if self.order.len() > SEEN_CAPACITY && self.order.pop_front().is_some() {
             self.forgotten += 1;
         }
     }
@@ -121,34 +122,64 @@ impl SeenResults {
     }
 }
 
-/// The fingerprints made lately ([`SeenResults::fingerprint`]), process-wide: a pure
-/// function's results, so keeping them changes nothing but the cost.
-static FINGERPRINTS: std::sync::LazyLock<Mutex<FingerprintMemo>> =
-    std::sync::LazyLock::new(Mutex::default);
+/// The fingerprints made lately ([`SeenResults::fingerprint`]), process-wide, by their exact
+/// input (`tool_call_id`, a zero byte, the content): a pure function's results, so keeping
+/// them changes nothing but the cost.
+static FINGERPRINTS: std::sync::LazyLock<Mutex<BoundedMap<u64>>> =
+    std::sync::LazyLock::new(|| Mutex::new(BoundedMap::new(FINGERPRINT_LIMITS)));
 
-/// Fingerprints by their exact input (`tool_call_id`, a zero byte, the content). Bounded;
-/// starts over when full.
-#[derive(Default)]
-pub(crate) struct FingerprintMemo {
-    map: HashMap<Vec<u8>, u64>,
-    bytes: usize,
+/// Most fingerprints remembered, most input bytes held, and the longest input kept (a longer
+/// one is hashed each time).
+const FINGERPRINT_LIMITS: Limits = Limits {
+    entries: 16_384,
+    bytes: 8 * 1024 * 1024,
+    entry_bytes: 8 * 1024,
+};
+
+/// How much a [`BoundedMap`] holds: entries, key bytes in all, and the longest key kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) entries: usize,
+    pub(crate) bytes: usize,
+    pub(crate) entry_bytes: usize,
 }
 
-impl FingerprintMemo {
-    /// Most fingerprints held.
-    const CAPACITY: usize = 16_384;
-    /// Most input bytes held.
-    const MAX_BYTES: usize = 8 * 1024 * 1024;
-    /// Longer inputs are hashed each time, not kept.
-    const MAX_ENTRY_BYTES: usize = 8 * 1024;
+/// Values worked out from input bytes by a pure function (a hash, a MAC), kept by their exact
+/// input so that a hit is the value the function would give. Bounded in entries and in key
+/// bytes; starts over when full (cheaper than ordering entries, and a miss only costs the
+/// function again). A key longer than [`Limits::entry_bytes`] is not kept.
+pub(crate) struct BoundedMap<V> {
+    map: HashMap<Vec<u8>, V>,
+    bytes: usize,
+    limits: Limits,
+}
 
-    fn insert(&mut self, input: Vec<u8>, fp: u64) {
-        if self.map.len() >= Self::CAPACITY || self.bytes + input.len() > Self::MAX_BYTES {
+impl<V> BoundedMap<V> {
+    /// An empty map within `limits`.
+    pub(crate) fn new(limits: Limits) -> Self {
+        BoundedMap {
+            map: HashMap::new(),
+            bytes: 0,
+            limits,
+        }
+    }
+
+    /// The value kept for `input`.
+    pub(crate) fn get(&self, input: &[u8]) -> Option<&V> {
+        self.map.get(input)
+    }
+
+    /// Keeps `value` for `input`, starting over first when the map is full.
+    pub(crate) fn insert(&mut self, input: Vec<u8>, value: V) {
+        if input.len() > self.limits.entry_bytes {
+            return;
+        }
+        if self.map.len() >= self.limits.entries || self.bytes + input.len() > self.limits.bytes {
             self.map.clear();
             self.bytes = 0;
         }
         let n = input.len();
-        if self.map.insert(input, fp).is_none() {
+        if self.map.insert(input, value).is_none() {
             self.bytes += n;
         }
     }
@@ -229,8 +260,8 @@ pub struct Share {
     pub(crate) base: (selfheal_core::Amounts, u64),
     /// The effects of the requests in flight ([`Redo`]).
     pub(crate) redo: Vec<Redo>,
-    /// One write of this run at a time from this replica.
-    pub(crate) writing: Arc<tokio::sync::Mutex<()>>,
+    /// One write of this run at a time from this replica (made at its first write).
+    pub(crate) writing: Option<Arc<tokio::sync::Mutex<()>>>,
     /// The Responses answer whose link to this run is in the store (see
     /// `crate::sharing::run_of_response`).
     pub(crate) linked: Option<String>,
@@ -832,36 +863,16 @@ impl RunStore {
 pub(crate) struct RunKey(Option<Hmac<Sha256>>, Arc<Mutex<IdCache>>);
 
 /// Run ids by the bytes their MAC was computed over ([`run_id_of`]): the whole input, so a hit
-/// is the id the MAC would give. Bounded; starts over when full.
-#[derive(Default)]
-pub(crate) struct IdCache {
-    map: HashMap<Vec<u8>, Arc<str>>,
-    bytes: usize,
-}
+/// is the id the MAC would give.
+pub(crate) type IdCache = BoundedMap<Arc<str>>;
 
-impl IdCache {
-    /// Most ids held.
-    const CAPACITY: usize = 8_192;
-    /// Most key bytes held.
-    const MAX_BYTES: usize = 8 * 1024 * 1024;
-    /// Inputs longer than this are not kept (an opening of a few KB is common; a huge one is
-    /// hashed each time rather than held).
-    const MAX_ENTRY_BYTES: usize = 16 * 1024;
-
-    fn insert(&mut self, input: Vec<u8>, id: Arc<str>) {
-        if input.len() > Self::MAX_ENTRY_BYTES {
-            return;
-        }
-        if self.map.len() >= Self::CAPACITY || self.bytes + input.len() > Self::MAX_BYTES {
-            self.map.clear();
-            self.bytes = 0;
-        }
-        let n = input.len();
-        if self.map.insert(input, id).is_none() {
-            self.bytes += n;
-        }
-    }
-}
+/// Most run ids remembered, most input bytes held, and the longest input kept (an opening of a
+/// few KB is common; a huge one is hashed each time rather than held).
+const ID_LIMITS: Limits = Limits {
+    entries: 8_192,
+    bytes: 8 * 1024 * 1024,
+    entry_bytes: 16 * 1024,
+};
 
 impl std::fmt::Debug for RunKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -878,7 +889,7 @@ impl RunKey {
     fn keyed(key: &[u8]) -> RunKey {
         RunKey(
             <Hmac<Sha256> as Mac>::new_from_slice(key).ok(),
-            Arc::default(),
+            Arc::new(Mutex::new(IdCache::new(ID_LIMITS))),
         )
     }
 
@@ -993,7 +1004,7 @@ pub(crate) fn run_id_of(
         (None, None) => {}
     }
     let cache = || key.1.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(id) = cache().map.get(&input) {
+    if let Some(id) = cache().get(&input) {
         return id.to_string();
     }
     let mut mac = mac.clone();
@@ -1025,7 +1036,7 @@ fn fresh_run_id() -> String {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Wire {
     pub(crate) steps: HashMap<String, u32>,
-    pub(crate) pending: Option<Pending>,
+    pub(crate) pending: Option<Box<Pending>>,
     pub(crate) escalated: HashSet<u32>,
     /// Steps the controller moved to the substitute because the primary's data was stale: the
     /// substitute's answers are not checked back against the source known to be old (as
@@ -1041,7 +1052,7 @@ pub struct Wire {
     /// The values still to read again before the run answers.
     pub(crate) rereads: std::collections::VecDeque<Held>,
     /// The read again that is awaited.
-    pub(crate) reread: Option<Held>,
+    pub(crate) reread: Option<Box<Held>>,
     pub(crate) next: Next,
 }
 
@@ -1511,11 +1522,36 @@ mod tests {
         assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
     }
 
+    /// A bounded map keeps what fits, refuses a key longer than its limit, and starts over
+    /// when one more entry or byte would pass its bounds.
+    #[test]
+    fn a_bounded_map_starts_over_when_full() {
+        let mut m = BoundedMap::new(Limits {
+            entries: 3,
+            bytes: 10,
+            entry_bytes: 6,
+        });
+        m.insert(b"abc".to_vec(), 1);
+        m.insert(b"toolong".to_vec(), 2);
+        assert_eq!((m.get(b"abc"), m.get(b"toolong")), (Some(&1), None));
+        m.insert(b"defg".to_vec(), 3);
+        m.insert(b"hi".to_vec(), 4);
+        assert_eq!((m.get(b"abc"), m.get(b"hi")), (Some(&1), Some(&4)));
+        // A fourth entry would pass the count: the map starts over with it alone.
+        m.insert(b"jk".to_vec(), 5);
+        assert_eq!((m.get(b"abc"), m.get(b"jk")), (None, Some(&5)));
+        // 2 + 6 bytes fit; 3 more would pass the 10 bytes, with room in the count.
+        m.insert(b"lmnopq".to_vec(), 6);
+        assert_eq!(m.get(b"lmnopq"), Some(&6));
+        m.insert(b"rst".to_vec(), 7);
+        assert_eq!((m.get(b"jk"), m.get(b"rst")), (None, Some(&7)));
+    }
+
     /// A remembered fingerprint is the hash's: the same the first time and the next, for a
     /// short result and for one too long to keep; and different inputs differ.
     #[test]
     fn a_remembered_fingerprint_is_the_hash() {
-        let long = "x".repeat(FingerprintMemo::MAX_ENTRY_BYTES + 1);
+        let long = "x".repeat(FINGERPRINT_LIMITS.entry_bytes + 1);
         for (id, content) in [("call_fp_1", "{\"ok\":true}"), ("call_fp_2", long.as_str())] {
             let want = SeenResults::hash(id, content);
             assert_eq!(SeenResults::fingerprint(id, content), want);

@@ -126,7 +126,8 @@ pub(crate) async fn save(s: &AppState, state: &Arc<Mutex<RunState>>) {
             // Another request of the run is in flight here: the last one out writes.
             return;
         }
-        st.share.writing.clone()
+        // Made at the first write: a run of the in-memory default never writes.
+        st.share.writing.get_or_insert_with(Arc::default).clone()
     };
     let _one_at_a_time = writing.lock().await;
     let link = new_link(state);
