@@ -1682,16 +1682,22 @@ mod tests {
         assert!(next.guidance[0].contains("contradictory_evidence"));
     }
 
+    /// [`tools`] with a cross-check, `weather` declaring its `temp` field.
+    fn temp_declared() -> BTreeMap<String, ToolConfig> {
+        let mut cfg = tools(true);
+        if let Some(w) = cfg.get_mut("weather") {
+            w.output = vec!["temp".into()];
+        }
+        cfg
+    }
+
     /// With declared fields, only they are the value the cross-check judges, as in-process
     /// ([`judge_second_reading`]): two sources that agree on `temp` confirm it although their
     /// undeclared `station` differs (before, the whole answers were compared and the value was
     /// contradicted); one that differs on `temp` contradicts it.
     #[test]
     fn a_cross_check_judges_only_the_declared_fields() {
-        let mut cfg = tools(true);
-        if let Some(w) = cfg.get_mut("weather") {
-            w.output = vec!["temp".into()];
-        }
+        let cfg = temp_declared();
         let idx = offered(&["weather", "weather_backup"]);
         let ctx = ctx(&cfg, &idx, None);
         let a = json!({"city": "Paris"});
@@ -1727,10 +1733,7 @@ mod tests {
     /// that disagrees is no evidence, and the value stays unconfirmed.
     #[test]
     fn a_drifted_primary_confirms_its_substitute_through_the_rename() {
-        let mut cfg = tools(true);
-        if let Some(w) = cfg.get_mut("weather") {
-            w.output = vec!["temp".into()];
-        }
+        let cfg = temp_declared();
         let idx = offered(&["weather", "weather_backup"]);
         let ctx = ctx(&cfg, &idx, None);
         let a = json!({"city": "Paris"});
