@@ -840,10 +840,10 @@ fn judge_other(ctx: &Ctx<'_>, p: &Pending, other: &Value) -> Verdict {
 }
 
 /// `value` (`tool`'s) judged by `other` (`against`'s answer to the same arguments), within
-/// `tolerance`, by the core's rule for a second reading ([`judge_second_reading`], as in-process): on the fields
-/// the operator declared — `tool`'s, else `against`'s (a field renamed by a drifted API read
-/// through the drift) — or, with none declared, on the whole answers without their `as_of`
-/// stamps.
+/// `tolerance`, by the core's rule for a second reading ([`judge_second_reading`], as
+/// in-process): on the fields the operator declared — `tool`'s, else `against`'s (a field
+/// renamed by a drifted API read through the drift) — or, with none declared, on the whole
+/// answers without their `as_of` stamps.
 fn second_reading(
     ctx: &Ctx<'_>,
     (tool, value): (&str, &Value),

@@ -1522,6 +1522,16 @@ mod tests {
         assert_eq!(id("t", Some("mine"), a.clone()).len(), 2 + 24);
     }
 
+    /// Seen results stored by a gateway that kept a hash set beside the ring read back: the
+    /// ring is what is remembered, the set is ignored.
+    #[test]
+    fn seen_results_stored_with_their_old_set_read_back() {
+        let old = r#"{"set": [7, 9], "order": [7, 9], "forgotten": 3}"#;
+        let seen: SeenResults = serde_json::from_str(old).unwrap();
+        assert!(seen.contains(7) && seen.contains(9) && !seen.contains(8));
+        assert_eq!((seen.len(), seen.forgotten()), (2, 3));
+    }
+
     /// A bounded map keeps what fits, refuses a key longer than its limit, and starts over
     /// when one more entry or byte would pass its bounds.
     #[test]
