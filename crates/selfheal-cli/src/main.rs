@@ -8,8 +8,9 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 /// mimalloc instead of the system allocator: the gateway parses and encodes JSON on every request,
-/// and glibc's malloc/free were a third of its CPU time under load (measured with `perf`).
-#[cfg(feature = "gateway")]
+/// and glibc's malloc/free were a third of its CPU time under load (measured with `perf`). The
+/// `mimalloc` feature, on by default; off only to profile allocations (heaptrack).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
