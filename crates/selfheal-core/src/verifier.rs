@@ -353,10 +353,11 @@ pub struct SecondSource<'a> {
 /// The cross-check, decided once for every front-end: judges `value` by `other`, the second
 /// source's answer to the same arguments.
 ///
-/// With declared fields, only they are the value: a declared field empty in `value` and filled
-/// in `other` is a [`SecondReading::Hole`]; otherwise [`cross_check_declared`] judges them (a
-/// field the other source renamed is read through its drift). With none declared, the whole
-/// answers are compared (without the stamp): a hole anywhere, else [`cross_check`].
+/// The whole answers are compared (without the stamp): a field empty in `value` and filled in
+/// `other` is a [`SecondReading::Hole`], else [`cross_check`]. When `other` lacks a declared
+/// field (its API drifted, a field renamed), only the declared fields are judged: a declared one
+/// empty here and filled there is a hole, else [`cross_check_declared`] reads the renamed field
+/// through the drift.
 pub fn judge_second_reading(
     value: &Value,
     other: &Value,
@@ -364,7 +365,10 @@ pub fn judge_second_reading(
 ) -> SecondReading {
     use crate::contract::get_path;
     let tol = source.tolerance;
-    if !source.fields.is_empty() {
+    // Compared whole whenever the other answer has every declared field: a value the agent may
+    // read from an undeclared field is checked too (fewer fields compared would let a wrong one
+    // through unseen). Only an answer whose API drifted is read on the declared fields alone.
+    if source.fields.iter().any(|p| get_path(other, p).is_none()) {
         let hole = source.fields.iter().any(|p| {
             matches!((get_path(value, p), get_path(other, p)),
                 (Some(a), Some(b)) if is_void(a) && !is_void(b))
@@ -776,11 +780,12 @@ mod tests {
         }
     }
 
-    /// The one rule for a second reading: declared fields alone are the value (an undeclared
-    /// field may differ; a declared one empty here and filled there is a hole; a renamed one is
-    /// read through the drift); with none declared, the whole answers without their stamps.
+    /// The one rule for a second reading: the whole answers without their stamps (an undeclared
+    /// field that differs rejects; a field empty here and filled there is a hole); an answer
+    /// lacking a declared field is judged on the declared fields, a renamed one read through
+    /// the drift.
     #[test]
-    fn a_second_reading_judges_the_declared_fields_else_the_whole_answer() {
+    fn a_second_reading_judges_the_whole_answer_or_through_a_drift() {
         fn with<'a>(fields: &'a [String], stamp: Option<&'a str>) -> SecondSource<'a> {
             SecondSource {
                 name: "`q`",
@@ -793,8 +798,14 @@ mod tests {
         let a = json!({"price": 100.0, "source": "east", "as_of": 1});
         let b = json!({"price": 100.5, "source": "west", "as_of": 2});
         let judged = |a: &Value, b: &Value, s: &SecondSource<'_>| judge_second_reading(a, b, s);
-        assert_eq!(
+        // Every declared field there: the whole answers are compared, `source` too.
+        assert!(matches!(
             judged(&a, &b, &with(fields, Some("as_of"))),
+            SecondReading::Judged(Judgement::Reject { .. })
+        ));
+        let same = json!({"price": 100.5, "source": "east", "as_of": 9});
+        assert_eq!(
+            judged(&a, &same, &with(fields, Some("as_of"))),
             SecondReading::Judged(Judgement::Accept)
         );
         let far = json!({"price": 130.0, "source": "east"});
@@ -802,7 +813,7 @@ mod tests {
             judged(&a, &far, &with(fields, None)),
             SecondReading::Judged(Judgement::Reject { .. })
         ));
-        let empty = json!({"price": null});
+        let empty = json!({"price": null, "source": "east"});
         assert_eq!(
             judged(&empty, &a, &with(fields, None)),
             SecondReading::Hole(crate::classifier::Signal::EmptyOutput)
@@ -817,7 +828,6 @@ mod tests {
             judged(&a, &b, &with(&[], Some("as_of"))),
             SecondReading::Judged(Judgement::Reject { .. })
         ));
-        let same = json!({"price": 100.5, "source": "east", "as_of": 9});
         assert_eq!(
             judged(&a, &same, &with(&[], Some("as_of"))),
             SecondReading::Judged(Judgement::Accept)

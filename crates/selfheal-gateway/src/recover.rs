@@ -841,9 +841,9 @@ fn judge_other(ctx: &Ctx<'_>, p: &Pending, other: &Value) -> Verdict {
 
 /// `value` (`tool`'s) judged by `other` (`against`'s answer to the same arguments), within
 /// `tolerance`, by the core's rule for a second reading ([`judge_second_reading`], as
-/// in-process): on the fields the operator declared — `tool`'s, else `against`'s (a field
-/// renamed by a drifted API read through the drift) — or, with none declared, on the whole
-/// answers without their `as_of` stamps.
+/// in-process): the whole answers without their `as_of` stamps, or — when `other` lacks a field
+/// the operator declared (`tool`'s, else `against`'s) — the declared fields, a renamed one read
+/// through the drift.
 fn second_reading(
     ctx: &Ctx<'_>,
     (tool, value): (&str, &Value),
@@ -1691,12 +1691,12 @@ mod tests {
         cfg
     }
 
-    /// With declared fields, only they are the value the cross-check judges, as in-process
-    /// ([`judge_second_reading`]): two sources that agree on `temp` confirm it although their
-    /// undeclared `station` differs (before, the whole answers were compared and the value was
-    /// contradicted); one that differs on `temp` contradicts it.
+    /// An answer with every declared field is compared whole, as in-process
+    /// ([`judge_second_reading`]): two sources that agree on `temp` and on the undeclared
+    /// `station` confirm the value; a differing `station` — a value the agent may read too —
+    /// contradicts it, as a differing `temp` does.
     #[test]
-    fn a_cross_check_judges_only_the_declared_fields() {
+    fn a_cross_check_compares_the_whole_answer_when_every_declared_field_is_there() {
         let cfg = temp_declared();
         let idx = offered(&["weather", "weather_backup"]);
         let ctx = ctx(&cfg, &idx, None);
@@ -1712,19 +1712,24 @@ mod tests {
             observe(&mut st, &ctx, ("c", "weather_backup", &a), other, 1);
             st.wire.take_next()
         };
-        let next = checked(r#"{"temp": 21.1, "station": "LFPB"}"#);
+        let next = checked(r#"{"temp": 21.1, "station": "LFPG"}"#);
         assert_eq!(
             next.taken,
             vec![("weather".to_owned(), canonical_hash(&a))],
             "{next:?}"
         );
         assert!(next.actions.is_empty(), "{next:?}");
-        let next = checked(r#"{"temp": 35.0, "station": "LFPG"}"#);
-        assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
-        assert!(
-            next.guidance[0].contains("contradictory_evidence"),
-            "{next:?}"
-        );
+        for other in [
+            r#"{"temp": 21.1, "station": "LFPB"}"#,
+            r#"{"temp": 35.0, "station": "LFPG"}"#,
+        ] {
+            let next = checked(other);
+            assert_eq!(next.actions, vec![ActionKind::Retry], "{next:?}");
+            assert!(
+                next.guidance[0].contains("contradictory_evidence"),
+                "{next:?}"
+            );
+        }
     }
 
     /// A substitute's value checked against its primary whose declared field was renamed (its
