@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Runs every strategy of `selfheal bench` over the held-out fault models
 (crates/selfheal-bench/faults/heldout/), the shipped ones and NESTFUL (and, with `--sets fresh`,
-the fresh out-of-sample models in crates/selfheal-bench/faults/fresh/, reported on their own), and judges self-healing
+the fresh out-of-sample models in crates/selfheal-bench/faults/fresh/, reported on their own; with
+`--sets twins`, the pair in crates/selfheal-bench/faults/twins/ that a run cannot tell apart), and
+judges self-healing
 against the equal-detector baselines with the bench's own paired statistics (`--json`'s
 `paired`: the RSR difference's 95 % interval, a paired bootstrap clustered by task).
 
@@ -12,13 +14,17 @@ failures (wrong answers returned as correct) per strategy, and three verdicts:
   `full-replan+verify` (the interval of the difference lies below 0);
 - `win`: significantly above both;
 - `sfr+`: more silent failures than some recovering baseline (retry-only, react, react+verify,
-  full-replan, full-replan+verify).
+  full-replan, full-replan+verify) — raw counts, the issue's reading;
+- `sfr+sig`: the same with significance: self-healing's SFR is significantly above some recovering
+  baseline's (the paired interval of the SFR difference lies above 0). A baseline that recovers
+  few episodes meets few of the silent faults that only later steps hold, so raw counts can
+  differ by a handful where the rates do not; both are printed.
 
 `--save FILE` writes the rows as JSON; `--compare BEFORE.json AFTER.json` prints the two side by
 side (self-healing's recovered and silent counts, the verdicts). Usage:
 
     scripts/bench-heldout.py [--bin target/release/selfheal] [--seeds 10] [--rates 0.1,0.3]
-        [--budgets 5,1] [--sets heldout,shipped,nestful,fresh] [--policy FILE] [--deployment]
+        [--budgets 5,1] [--sets heldout,shipped,nestful,fresh,twins] [--policy FILE] [--deployment]
         [--save FILE]
     scripts/bench-heldout.py --compare BEFORE.json AFTER.json
 """
@@ -45,6 +51,8 @@ def combos(sets):
         out += [(f"heldout/{f.stem}", str(f), None) for f in sorted((FAULTS / "heldout").glob("*.toml"))]
     if "fresh" in sets:
         out += [(f"fresh/{f.stem}", str(f), None) for f in sorted((FAULTS / "fresh").glob("*.toml"))]
+    if "twins" in sets:
+        out += [(f"twins/{f.stem}", str(f), None) for f in sorted((FAULTS / "twins").glob("*.toml"))]
     if "shipped" in sets:
         out.append(("default", None, None))
         out += [(f.stem, str(f), None) for f in sorted(FAULTS.glob("*.toml")) if f.stem != "default"]
@@ -72,6 +80,7 @@ def run(binary, faults, tasks, rate, budget, seeds, policy, deployment=False):
     win = all(paired[s]["rsr_ci"][0] > 0 for s in EQUAL)
     sh = det["self-healing"]["silent_failures"]
     fewest = min(det[s]["silent_failures"] for s in RECOVERING)
+    sfr_sig = [s for s in RECOVERING if paired[s]["sfr_ci"][0] > 0]
     return {
         "cmd": " ".join(c.replace(str(ROOT) + "/", "") for c in cmd[1:] if c != "--json"),
         "faulted": det["self-healing"]["faulted"],
@@ -81,11 +90,13 @@ def run(binary, faults, tasks, rate, budget, seeds, policy, deployment=False):
         "rsr_diff": paired[better]["rsr_diff"],
         "rsr_ci": paired[better]["rsr_ci"],
         "lose": lose, "win": win, "sfr_plus": sh > fewest,
+        "sfr_plus_sig": bool(sfr_sig), "sfr_sig_against": sfr_sig,
     }
 
 
 def verdict(r):
-    return ",".join(v for v, k in (("lose", "lose"), ("win", "win"), ("sfr+", "sfr_plus")) if r[k]) or "-"
+    pairs = (("lose", "lose"), ("win", "win"), ("sfr+", "sfr_plus"), ("sfr+sig", "sfr_plus_sig"))
+    return ",".join(v for v, k in pairs if r.get(k)) or "-"
 
 
 def show(rows):
@@ -107,14 +118,24 @@ def kind(r):
 
 
 def summary(rows):
-    names = {"heldout": "held-out", "fresh": "fresh (out of sample)", "shipped+nestful": "shipped+nestful"}
+    names = {"heldout": "held-out", "fresh": "fresh (out of sample)", "twins": "twins",
+             "shipped+nestful": "shipped+nestful"}
     for group in sorted({(kind(r), r["budget"]) for r in rows}):
         sel = [r for r in rows if (kind(r), r["budget"]) == group]
         name = names[group[0]]
         print(f"\n{name}, R = {group[1]}: {len(sel)} rows; lose {sum(r['lose'] for r in sel)}, "
-              f"win {sum(r['win'] for r in sel)}, sfr+ {sum(r['sfr_plus'] for r in sel)}; "
+              f"win {sum(r['win'] for r in sel)}, sfr+ {sum(r['sfr_plus'] for r in sel)} "
+              f"(significant {sum(r.get('sfr_plus_sig', False) for r in sel)}); "
               f"self-healing recovered {sum(r['recovered']['self-healing'] for r in sel)}, "
               f"silent {sum(r['silent']['self-healing'] for r in sel)}")
+        # The sfr+ verdict applied to every strategy alike: rows where it returns more wrong
+        # answers as correct than some recovering baseline other than itself.
+        each = []
+        for s in ORDER:
+            if all(s in r["silent"] for r in sel):
+                n = sum(r["silent"][s] > min(r["silent"][b] for b in RECOVERING if b != s) for r in sel)
+                each.append(f"{SHORT[s]} {n}")
+        print(f"  sfr+ of each strategy against the recovering baselines: {', '.join(each)}")
 
 
 def compare(before, after):
