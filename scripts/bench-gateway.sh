@@ -36,38 +36,9 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 export RUST_LOG=${RUST_LOG:-warn}
 # BIN= and STUB= measure other builds (see bench-builds.sh); unset, both are built here.
 source scripts/bench-builds.sh
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-python3 - "$WORK/body.json" <<'PY'
-import json, sys
-tools = [{"type": "function", "function": {"name": n, "description": f"{n} things",
-          "parameters": {"type": "object", "properties": {"query": {"type": "string"},
-          "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
-         for n in ("search", "lookup", "fetch")]
-m = [{"role": "system", "content": "You are a research agent. Use the tools."},
-     {"role": "user", "content": "Find the population of the ten largest cities and sum it."}]
-for i in range(9):
-    m.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}",
-              "type": "function", "function": {"name": "search",
-              "arguments": json.dumps({"query": f"city {i} population"})}}]})
-    m.append({"role": "tool", "tool_call_id": f"call_{i}",
-              "content": json.dumps({"results": [{"city": f"c{i}", "population": 1000000 + i}]})})
-assert len(m) == 20
-json.dump({"model": "stub", "messages": m, "tools": tools}, open(sys.argv[1], "w"))
-PY
-cat > "$WORK/post.lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open(os.getenv("BODY_FILE"), "r"); wrk.body = f:read("*a"); f:close()
-done = function(summary, latency, requests)
-  io.write(string.format("RESULT rps=%.0f p50_us=%d p99_us=%d errors=%d\n",
-    summary.requests / (summary.duration / 1e6), latency:percentile(50), latency:percentile(99),
-    summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.timeout))
-end
-LUA
+source scripts/bench-lib.sh
+write_repeated_body "$WORK/body.json"
+write_wrk_script "$WORK/post.lua"
 export BODY_FILE=$WORK/body.json
 cat > "$WORK/oha.py" <<'PY'
 import json, sys
@@ -76,19 +47,6 @@ p, s = d["latencyPercentiles"], d["summary"]
 print("p50_us=%.0f p99_us=%.0f rps=%.0f success=%s" % (p["p50"] * 1e6, p["p99"] * 1e6, s["requestsPerSec"], s["successRate"]))
 PY
 
-start() { # NAME core command... ; sets NAME_PID and NAME_URL
-  local name=$1 core=$2; shift 2
-  local f="$WORK/out.$name"
-  taskset -c "$core" "$@" > "$f" &
-  local pid=$!
-  PIDS+=("$pid")
-  for _ in $(seq 100); do grep -q listening "$f" && break; sleep 0.1; done
-  printf -v "${name}_PID" '%s' "$pid"
-  printf -v "${name}_URL" '%s' "$(grep -o 'http://[0-9.:]*' "$f")"
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# A number of a wrk RESULT line: field NAME LINE.
-field() { sed -E "s/.*[ ]$1=([0-9]+).*/\\1/" <<<"$2"; }
 # Minor page faults and context switches of the whole process (every thread): what a run's CPU
 # per request moves with when the code does not change (allocator purges, wake-ups).
 minor_faults() { awk '{print $10}' "/proc/$1/stat"; }

@@ -33,47 +33,22 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 export RUST_LOG=${RUST_LOG:-warn}
 # BIN= and STUB= measure other builds (see bench-builds.sh); unset, both are built here.
 source scripts/bench-builds.sh
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-start() { # NAME command... ; sets NAME_PID and NAME_URL
-  local name=$1; shift
-  local f="$WORK/out.$name"
-  "$@" > "$f" 2> "$WORK/err.$name" &
-  local pid=$!
-  PIDS+=("$pid")
-  for _ in $(seq 600); do grep -q listening "$f" && break; sleep 0.1; done
-  printf -v "${name}_PID" '%s' "$pid"
-  printf -v "${name}_URL" '%s' "$(grep -o 'http://[0-9.:]*' "$f")"
-}
+# valgrind starts slowly: a minute for the gateway to say it is listening.
+START_WAIT=600
+source scripts/bench-lib.sh
 printf 'max_runs = %s\n' "$MAX_RUNS" > "$WORK/gateway.toml"
-start STUB "$STUB" 127.0.0.1:0
+start STUB - "$STUB" 127.0.0.1:0
 settle_default=0
 if [[ -n ${OTLP:-} ]]; then settle_default=6; fi
 SETTLE=${SETTLE:-$settle_default}
 if [[ -n ${OTLP:-} ]]; then
-  cat > "$WORK/sink.py" <<'PY'
-# An OTLP/HTTP sink: 200 and an empty ExportTraceServiceResponse for every batch.
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *a): pass
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0"); self.end_headers()
-s = ThreadingHTTPServer(("127.0.0.1", 0), H)
-print(f"listening on http://127.0.0.1:{s.server_address[1]}", flush=True)
-s.serve_forever()
-PY
-  start SINK python3 "$WORK/sink.py"
+  write_otlp_sink "$WORK/sink.py"
+  start SINK - python3 "$WORK/sink.py"
 fi
 if [[ -n ${TRACE:-} ]]; then trace="--trace-db $WORK/trace.db"; else trace=--no-trace; fi
 grind() { # NAME extra serve args...
   local name=$1; shift
-  start "$name" valgrind --tool=callgrind ${CG_ARGS:-} --callgrind-out-file="$WORK/cg.$name.%p" \
+  start "$name" - valgrind --tool=callgrind ${CG_ARGS:-} --callgrind-out-file="$WORK/cg.$name.%p" \
     "$BIN" serve --config "$WORK/gateway.toml" --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 \
     $trace --threads 1 "$@"
 }

@@ -23,14 +23,8 @@ if [[ -z ${BIN:-} ]]; then
 fi
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 source scripts/bench-builds.sh
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-"$STUB" > "$WORK/stub.out" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do grep -aq listening "$WORK/stub.out" && break; sleep 0.1; done
-STUB_URL=$(grep -ao 'http://[0-9.:]*' "$WORK/stub.out")
+source scripts/bench-lib.sh
+start STUB - "$STUB" 127.0.0.1:0
 printf 'max_runs = %s\n' "$((CONVERSATIONS + 1000))" > "$WORK/gateway.toml"
 RUST_LOG=warn heaptrack -o "$WORK/heap" "$BIN" serve --config "$WORK/gateway.toml" \
   --upstream "$STUB_URL/v1" --listen 127.0.0.1:0 --trace-db "$WORK/trace.db" --threads 1 > "$WORK/gw.out" 2>&1 &
