@@ -117,6 +117,14 @@ enum State {
     Done,
 }
 
+/// Where an array's value or an object's key is due ([`Parser::element_start`]).
+enum Element {
+    /// The container closed there, or the text ended: the state that follows.
+    Done(State),
+    /// The element starts at this offset with this byte.
+    At(usize, u8),
+}
+
 fn is_digit(b: u8) -> bool {
     b.is_ascii_digit()
 }
@@ -1299,77 +1307,28 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn arr_elem_state(&mut self, after_comma: Option<usize>) -> Result<State, Box<RepairError>> {
+    /// Reads up to where an array's value or an object's key is due: past whitespace, extra
+    /// commas and `...` placeholders. `Done` when the container closes there (a trailing comma
+    /// noted) or the text ends; else the offset and byte where the element starts.
+    fn element_start(&mut self, after_comma: Option<usize>) -> Result<Element, Box<RepairError>> {
         loop {
             self.skip_ws();
             let at = self.pos;
             match self.peek() {
                 None => {
                     self.cut_off(Cut::Element)?;
-                    return {
-                        let v = self.finish_truncated()?;
-                        Ok(self.done_with(v))
-                    };
-                }
-                Some(b']') => {
-                    if let Some(comma) = after_comma {
-                        self.note(RepairKind::TrailingComma, comma);
-                    }
-                    return self.close(b']');
+                    let v = self.finish_truncated()?;
+                    return Ok(Element::Done(self.done_with(v)));
                 }
                 Some(b',') => {
                     self.note(RepairKind::ExtraComma, at);
                     self.pos += 1;
                 }
-                Some(c @ (b'}' | b')')) => {
+                Some(c @ (b']' | b'}' | b')')) => {
                     if let Some(comma) = after_comma {
                         self.note(RepairKind::TrailingComma, comma);
                     }
-                    return self.close(c);
-                }
-                Some(_) => {
-                    if let Some(n) = self.ellipsis_at(at) {
-                        self.note(RepairKind::Ellipsis, at);
-                        self.pos += n;
-                        self.skip_ws();
-                        if self.peek() == Some(b',') {
-                            self.pos += 1;
-                        }
-                        continue;
-                    }
-                    return Ok(State::Value);
-                }
-            }
-        }
-    }
-
-    fn obj_key_state(&mut self, after_comma: Option<usize>) -> Result<State, Box<RepairError>> {
-        let (key, key_at) = loop {
-            self.skip_ws();
-            let at = self.pos;
-            match self.peek() {
-                None => {
-                    self.cut_off(Cut::Element)?;
-                    return {
-                        let v = self.finish_truncated()?;
-                        Ok(self.done_with(v))
-                    };
-                }
-                Some(b'}') => {
-                    if let Some(comma) = after_comma {
-                        self.note(RepairKind::TrailingComma, comma);
-                    }
-                    return self.close(b'}');
-                }
-                Some(b',') => {
-                    self.note(RepairKind::ExtraComma, at);
-                    self.pos += 1;
-                }
-                Some(c @ (b']' | b')')) => {
-                    if let Some(comma) = after_comma {
-                        self.note(RepairKind::TrailingComma, comma);
-                    }
-                    return self.close(c);
+                    return self.close(c).map(Element::Done);
                 }
                 Some(c) => {
                     if let Some(n) = self.ellipsis_at(at) {
@@ -1381,39 +1340,53 @@ impl<'a> Parser<'a> {
                         }
                         continue;
                     }
-                    if self.quote_at(at).is_some()
-                        || self.escaped_quote_at(at)
-                        || self.backtick_at(at)
-                    {
-                        let (k, closed) = self.parse_string(Ctx::Key)?;
-                        if !closed {
-                            self.loss = None;
-                            self.cut_off(Cut::Key)?;
-                            self.drop_incomplete(at);
-                            return {
-                                let v = self.finish_truncated()?;
-                                Ok(self.done_with(v))
-                            };
-                        }
-                        break (k, at);
-                    }
-                    if let Some(state) = self.object_ends_before_next(at, after_comma) {
-                        return Ok(state);
-                    }
-                    if let Some(end) = self.marker_word_at(at) {
-                        // `{"a": 1, COMMENT "b": 2}`: an upper-case marker word, not data.
-                        self.note(RepairKind::Comment, at);
-                        self.pos = end;
-                        continue;
-                    }
-                    if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
-                        break (self.unquoted_key(), at);
-                    }
-                    return Err(self
-                        .err(at, format!("expected a key, found {:?}", self.char_at(at)))
-                        .into());
+                    return Ok(Element::At(at, c));
                 }
             }
+        }
+    }
+
+    fn arr_elem_state(&mut self, after_comma: Option<usize>) -> Result<State, Box<RepairError>> {
+        match self.element_start(after_comma)? {
+            Element::Done(state) => Ok(state),
+            Element::At(..) => Ok(State::Value),
+        }
+    }
+
+    fn obj_key_state(&mut self, after_comma: Option<usize>) -> Result<State, Box<RepairError>> {
+        let (key, key_at) = loop {
+            let (at, c) = match self.element_start(after_comma)? {
+                Element::Done(state) => return Ok(state),
+                Element::At(at, c) => (at, c),
+            };
+            if self.quote_at(at).is_some() || self.escaped_quote_at(at) || self.backtick_at(at) {
+                let (k, closed) = self.parse_string(Ctx::Key)?;
+                if !closed {
+                    self.loss = None;
+                    self.cut_off(Cut::Key)?;
+                    self.drop_incomplete(at);
+                    return {
+                        let v = self.finish_truncated()?;
+                        Ok(self.done_with(v))
+                    };
+                }
+                break (k, at);
+            }
+            if let Some(state) = self.object_ends_before_next(at, after_comma) {
+                return Ok(state);
+            }
+            if let Some(end) = self.marker_word_at(at) {
+                // `{"a": 1, COMMENT "b": 2}`: an upper-case marker word, not data.
+                self.note(RepairKind::Comment, at);
+                self.pos = end;
+                continue;
+            }
+            if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
+                break (self.unquoted_key(), at);
+            }
+            return Err(self
+                .err(at, format!("expected a key, found {:?}", self.char_at(at)))
+                .into());
         };
         self.skip_ws();
         let at = self.pos;
