@@ -14,10 +14,11 @@ The scenarios, one after the other, each on a fresh gateway:
            200 whose `choices` is an object (whole or streamed), an HTML page behind a 200, a
            stream that finishes with nothing but the role;
            seeded), half the requests streaming, every turn a new conversation; one
-           conversation in four speaks the Responses API (`/v1/responses`, streaming or not),
-           half of those agents with a tool, and one in four is an agent on chat completions
-           (an agent's turn is its call, judged whole and exact, then the answer to the call's
-           result), the rest plain chat completions.
+           conversation in four speaks the Responses API (`/v1/responses`) and one in four
+           Anthropic's Messages API (`/v1/messages`), streaming or not, half of each agents
+           with a tool, and one in eight is an agent on chat completions (an agent's turn is
+           its call, judged whole and exact, then the answer to the call's result), the rest
+           plain chat completions.
 - outage:  the primary answers nothing but 503 (a full provider outage); the conversations
            (agents among them, as above) are TURNS turns each (one run per conversation),
            half streaming.
@@ -117,6 +118,8 @@ TOOLS = [{"type": "function", "function": {"name": "search", "description": "Sea
                          "required": ["query"]}}}]
 RESPONSES_TOOLS = [{"type": "function", "name": "search", "description": "Searches.",
                     "parameters": TOOLS[0]["function"]["parameters"]}]
+MESSAGES_TOOLS = [{"name": "search", "description": "Searches.",
+                   "input_schema": TOOLS[0]["function"]["parameters"]}]
 
 
 def start(cmd, env=None, quiet=False, preexec=None):
@@ -145,19 +148,24 @@ class Client:
         self.last_run = None
 
     def ask(self, messages, stream, api="chat"):
-        """One request; `api` is "chat", "responses" or "agent" (chat with TOOLS offered, whose
-        answer to a user turn must be the call of `search`: the verdict's text is then the
-        call)."""
+        """One request; `api` is "chat", "responses", "messages" (Anthropic's `/v1/messages`)
+        or an agent on one of them ("agent" on chat, "responses_agent", "messages_agent": the
+        tool offered, and the answer to a user turn must be the call of `search`; the verdict's
+        text is then the call)."""
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, int(self.port), timeout=self.timeout)
         if api in ("responses", "responses_agent"):
             path, body = "/v1/responses", {"model": "chaos", "input": messages}
+        elif api in ("messages", "messages_agent"):
+            path, body = "/v1/messages", {"model": "chaos", "max_tokens": 128, "messages": messages}
         else:
             path, body = "/v1/chat/completions", {"model": "chaos", "messages": messages}
         if api == "agent":
             body["tools"] = TOOLS
         if api == "responses_agent":
             body["tools"] = RESPONSES_TOOLS
+        if api == "messages_agent":
+            body["tools"] = MESSAGES_TOOLS
         if stream:
             body["stream"] = True
         started = time.monotonic()
@@ -186,6 +194,10 @@ class Client:
             return (*judge_responses_call(data, stream), elapsed, data[:300])
         if api in ("responses", "responses_agent"):
             return (*judge_responses(data, stream), elapsed, data[:300])
+        if api == "messages_agent" and isinstance(messages[-1]["content"], str):
+            return (*judge_messages_call(data, stream), elapsed, data[:300])
+        if api in ("messages", "messages_agent"):
+            return (*judge_messages(data, stream), elapsed, data[:300])
         if api == "agent" and messages[-1]["role"] != "tool":
             return (*judge_call(data, stream), elapsed, data[:300])
         return (*judge(data, stream), elapsed, data[:300])
@@ -294,8 +306,9 @@ def judge_call(data, stream):
                   "function": {"name": c["name"], "arguments": c["arguments"]}}
 
 
-def responses_stream(data):
-    """A Responses event stream's events (each `data:` line); None when one is not JSON."""
+def sse_events(data):
+    """An event stream's events (each `data:` line: Responses, Messages); None when one is not
+    JSON."""
     events = []
     for line in data.decode("utf-8", "replace").splitlines():
         if not line.startswith("data:"):
@@ -317,7 +330,7 @@ def judge_responses_call(data, stream):
         except ValueError:
             return "silent_bad", None
     else:
-        events = responses_stream(data)
+        events = sse_events(data)
         if events is None:
             return "silent_bad", None
         for e in events:
@@ -359,7 +372,7 @@ def judge_responses(data, stream):
             return "flagged", text
         return ("ok" if text == EXPECTED and state == "completed" else "silent_bad"), text
     text, last, error = "", None, None
-    events = responses_stream(data)
+    events = sse_events(data)
     if events is None:
         return "silent_bad", text
     for e in events:
@@ -375,6 +388,85 @@ def judge_responses(data, stream):
     ok = last is not None and last["type"] == "response.completed" and status == "complete" \
         and text == EXPECTED
     return ("ok" if ok else "silent_bad"), text
+
+
+def read_message(data, stream):
+    """The message an Anthropic answer builds, whole or from its events, as a client reads it:
+    (message or None, the error event or None, whether `message_stop` came). A stream's
+    `selfheal` report (on `message_delta`) is put on the message."""
+    if not stream:
+        try:
+            m = json.loads(data)
+        except ValueError:
+            return None, None, False
+        return (m if isinstance(m, dict) else None), None, True
+    events = sse_events(data)
+    if events is None:
+        return None, None, False
+    message, error, stopped, inputs = None, None, False, {}
+    try:
+        for e in events:
+            t = e.get("type")
+            if t == "error":
+                error = e
+            elif t == "message_start":
+                message = dict(e["message"])
+                message["content"] = []
+            elif t == "content_block_start":
+                message["content"].append(dict(e["content_block"]))
+            elif t == "content_block_delta":
+                block, d = message["content"][e["index"]], e["delta"]
+                if d["type"] == "text_delta":
+                    block["text"] = block.get("text", "") + d["text"]
+                elif d["type"] == "input_json_delta":
+                    inputs[e["index"]] = inputs.get(e["index"], "") + d["partial_json"]
+            elif t == "content_block_stop" and inputs.get(e["index"]):
+                message["content"][e["index"]]["input"] = json.loads(inputs[e["index"]])
+            elif t == "message_delta":
+                message["stop_reason"] = e["delta"].get("stop_reason")
+                if "selfheal" in e:
+                    message["selfheal"] = e["selfheal"]
+            elif t == "message_stop":
+                stopped = True
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return None, error, False
+    return message, error, stopped
+
+
+def judge_messages(data, stream):
+    """Sorts a 200 answer of `/v1/messages`, as [`judge`] does chat's."""
+    m, error, stopped = read_message(data, stream)
+    if error is not None:
+        return "flagged", None
+    if m is None:
+        return "silent_bad", None
+    status = (m.get("selfheal") or {}).get("status")
+    text = "".join(b.get("text", "") for b in m.get("content") or []
+                   if isinstance(b, dict) and b.get("type") == "text")
+    if status not in (None, "complete"):
+        return "flagged", text
+    ok = stopped and status == "complete" and m.get("stop_reason") == "end_turn" \
+        and text.strip() == EXPECTED
+    return ("ok" if ok else "silent_bad"), text
+
+
+def judge_messages_call(data, stream):
+    """Sorts a 200 answer of `/v1/messages` that must call `search` with {"query": "answer"}
+    (as [`judge_call`] does chat's); returns (verdict, the assistant's content blocks)."""
+    m, error, stopped = read_message(data, stream)
+    if error is not None:
+        return "flagged", None
+    if m is None:
+        return "silent_bad", None
+    status = (m.get("selfheal") or {}).get("status")
+    if status not in (None, "complete"):
+        return "flagged", None
+    blocks = [b for b in m.get("content") or [] if isinstance(b, dict)]
+    calls = [b for b in blocks if b.get("type") == "tool_use"]
+    ok = stopped and status == "complete" and m.get("stop_reason") == "tool_use" \
+        and len(calls) == 1 and calls[0].get("name") == "search" \
+        and calls[0].get("input") == {"query": "answer"} and calls[0].get("id")
+    return ("ok", blocks) if ok else ("silent_bad", None)
 
 
 def gateway(binary, faulty, healthy, tmp, trace=None, server="", nofile=None, top="", extra=()):
@@ -521,10 +613,12 @@ def run(name, url, requests, turns, threads, timeout):
         c = getattr(local, "c", None) or Client(url, timeout)
         local.c = c
         stream = i % 2 == 1
-        # One conversation in four speaks the Responses API, one in four is an agent with a
-        # tool (each of its turns a call, then the answer to its result); streaming or not, as
-        # the others.
-        api = {3: "responses", 7: "responses_agent", 1: "agent", 5: "agent"}.get((i // 2) % 8, "chat")
+        # One conversation in four speaks the Responses API and one in four Anthropic's
+        # Messages API, half of each agents with a tool (each of its turns a call, then the
+        # answer to its result); one in eight is an agent on chat completions, the rest plain
+        # chat; streaming or not, as the others.
+        api = {3: "responses", 7: "responses_agent", 6: "messages", 5: "messages_agent",
+               1: "agent"}.get((i // 2) % 8, "chat")
         messages = [{"role": "user", "content": f"{name} {i} {uuid.uuid4()}"}]
         out = []
         for t in range(turns):
@@ -543,9 +637,20 @@ def run(name, url, requests, turns, threads, timeout):
                     break
                 messages = messages + [call, {"type": "function_call_output",
                                               "call_id": call["call_id"], "output": "ok: 42"}]
+            if api == "messages_agent":
+                verdict, blocks, elapsed, detail = c.ask(messages, stream, api)
+                out.append((verdict, stream, elapsed, detail, api))
+                if blocks is None:
+                    break
+                results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok: 42"}
+                           for b in blocks if b.get("type") == "tool_use"]
+                messages = messages + [{"role": "assistant", "content": blocks},
+                                       {"role": "user", "content": results}]
             verdict, text, elapsed, detail = c.ask(messages, stream, api)
             out.append((verdict, stream, elapsed, detail, api))
-            messages = messages + [{"role": "assistant", "content": text or ""},
+            # (Messages wants a non-empty assistant turn: an unanswered one is written "…".)
+            said = text or ("…" if api in ("messages", "messages_agent") else "")
+            messages = messages + [{"role": "assistant", "content": said},
                                    {"role": "user", "content": f"and turn {t + 1}?"}]
         return out
 
@@ -561,6 +666,8 @@ def report(name, results, wall, faults):
         by.setdefault(verdict, [0, 0])[int(stream)] += 1
     lat = sorted(r[2] for r in results)
     responses = [r for r in results if r[4] in ("responses", "responses_agent")]
+    anthropic = [r for r in results if r[4] in ("messages", "messages_agent")]
+    agents = ("agent", "responses_agent", "messages_agent")
     line = {"scenario": name, "requests": len(results),
             "streaming": sum(1 for r in results if r[1]), "faults_injected": faults,
             **{k: by.get(k, [0, 0])[0] + by.get(k, [0, 0])[1]
@@ -570,9 +677,11 @@ def report(name, results, wall, faults):
             "responses_api": len(responses),
             "responses_streaming": sum(1 for r in responses if r[1]),
             "responses_ok": sum(1 for r in responses if r[0] == "ok"),
-            "agent_requests": sum(1 for r in results if r[4] in ("agent", "responses_agent")),
-            "agent_ok": sum(1 for r in results if r[4] in ("agent", "responses_agent")
-                            and r[0] == "ok"),
+            "messages_api": len(anthropic),
+            "messages_streaming": sum(1 for r in anthropic if r[1]),
+            "messages_ok": sum(1 for r in anthropic if r[0] == "ok"),
+            "agent_requests": sum(1 for r in results if r[4] in agents),
+            "agent_ok": sum(1 for r in results if r[4] in agents and r[0] == "ok"),
             "p50_ms": round(statistics.median(lat) * 1000, 1),
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 1),
             "wall_s": round(wall, 1)}

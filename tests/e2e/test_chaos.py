@@ -56,11 +56,12 @@ def test_slowloris_with_few_file_descriptors_still_serves_and_stops_in_time(upst
     assert line["sigterm_exit_s"] is not None and line["sigterm_exit_s"] <= 1.0 + 2.0, line
 
 
-def test_faults_small_chat_and_responses_streams_are_all_healed(upstreams, tmp_path):
+def test_faults_small_chat_responses_and_messages_streams_are_all_healed(upstreams, tmp_path):
     """scripts/chaos.py's faults scenario at CI size: 160 conversations of one turn from 8
-    threads, half streaming; a quarter through `/v1/responses` (half of them agents), a quarter
-    agents on chat completions (an agent's turn is its call, then the answer to its result:
-    220 requests); every call and answer whole, none flagged or hung."""
+    threads, half streaming; a quarter through `/v1/responses` and a quarter through
+    `/v1/messages` (half of each agents), an eighth agents on chat completions (an agent's turn
+    is its call, then the answer to its result: 220 requests); every call and answer whole,
+    none flagged or hung."""
     faulty, healthy = upstreams
     gw_p, url = chaos.gateway(BIN, faulty, healthy, tmp_path)
     try:
@@ -73,4 +74,5 @@ def test_faults_small_chat_and_responses_streams_are_all_healed(upstreams, tmp_p
     assert line["faults_injected"] >= 16, line
     assert line["ok"] == line["requests"] == 220, line
     assert line["responses_streaming"] == 30 and line["responses_ok"] == 60, line
+    assert line["messages_streaming"] == 30 and line["messages_ok"] == 60, line
     assert line["agent_requests"] == line["agent_ok"] == 120, line
