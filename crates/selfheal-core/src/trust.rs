@@ -149,6 +149,30 @@ impl Source {
         }
     }
 
+    /// This source under `scope`: its name prefixed by the scope (length-prefixed, so that no
+    /// scope's names can be read as another's). A front-end that serves several tenants keeps
+    /// one store and each tenant's sources under the tenant's scope: two applications' tools
+    /// named alike are different tools, and what one tenant's runs saw must not decide what
+    /// another's claim ([`Trust::scope`]).
+    pub fn scoped(&self, scope: &str) -> Source {
+        Source {
+            kind: self.kind,
+            name: format!("{}:{scope}:{}", scope.len(), self.name),
+        }
+    }
+
+    /// The source [`Source::scoped`] made under `scope`, with the scope taken off; `None`
+    /// for a source of another scope (or of none).
+    pub fn unscoped(&self, scope: &str) -> Option<Source> {
+        let name = self
+            .name
+            .strip_prefix(&format!("{}:{scope}:", scope.len()))?;
+        Some(Source {
+            kind: self.kind,
+            name: name.to_owned(),
+        })
+    }
+
     fn key(&self) -> String {
         match self.kind {
             SourceKind::Tool => format!("tool:{}", self.name),
@@ -393,6 +417,27 @@ impl Trust {
         }
     }
 
+    /// Applies reports a run of `scope` made (in order), each about its source under the
+    /// scope ([`Source::scoped`]).
+    pub fn apply_scoped(&mut self, scope: &str, reports: &[Report], config: &TrustConfig) {
+        for r in reports {
+            self.observe(&r.source.scoped(scope), r.evidence, r.at_ms, config);
+        }
+    }
+
+    /// What this store holds under `scope`, as a store of its own with the scope taken off the
+    /// names: what a run of that scope starts from. Sources of other scopes (or of none) are
+    /// not in it.
+    pub fn scope(&self, scope: &str) -> Trust {
+        let mut out = Trust::new();
+        for (source, p) in self.sources() {
+            if let Some(own) = source.unscoped(scope) {
+                out.sources.insert(own.key(), (own, *p));
+            }
+        }
+        out
+    }
+
     /// The evidence about `source` as of `now_ms` (none: all zero).
     pub fn posterior(&self, source: &Source, now_ms: u64, config: &TrustConfig) -> Posterior {
         self.sources
@@ -504,6 +549,47 @@ mod tests {
             fresh.posterior(&other, 10, &c),
             store.posterior(&other, 10, &c)
         );
+    }
+
+    /// Evidence applied under one scope is seen by that scope only: another scope, a scope
+    /// whose name is a prefix of it, and the unscoped store stand at the prior.
+    #[test]
+    fn a_scope_sees_its_own_evidence_and_no_other() {
+        let c = TrustConfig::default();
+        let s = Source::tool("search");
+        let reports: Vec<Report> = (0..40)
+            .map(|i| Report {
+                source: s.clone(),
+                evidence: Evidence::Agreed,
+                at_ms: i,
+            })
+            .collect();
+        let mut store = Trust::new();
+        store.apply_scoped("key:alice", &reports, &c);
+        let alice = store.scope("key:alice");
+        assert!(alice.p_right(&s, 40, &c) > 0.99, "alice's own record");
+        assert_eq!(
+            alice.posterior(&s, 40, &c),
+            store.posterior(&s.scoped("key:alice"), 40, &c)
+        );
+        for other in ["key:bob", "key:ali", "key:alice:x", ""] {
+            let seen = store.scope(other);
+            assert_eq!(
+                seen.sources().count(),
+                0,
+                "{other:?} sees nothing of alice's"
+            );
+            assert_eq!(seen.p_right(&s, 40, &c), c.prior_mean());
+        }
+        assert_eq!(
+            store.p_right(&s, 40, &c),
+            c.prior_mean(),
+            "unscoped: nothing"
+        );
+        // A name with the separator in it is still read back whole.
+        let odd = Source::tool("a:b");
+        assert_eq!(odd.scoped("x:y").unscoped("x:y"), Some(odd.clone()));
+        assert_eq!(odd.scoped("x").unscoped("x:y"), None);
     }
 
     #[test]

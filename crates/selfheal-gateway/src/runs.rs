@@ -236,7 +236,19 @@ pub struct RunState {
     pub share: Share,
     /// The gateway's trust store this run reports its evidence to (issue 33), and how it is
     /// read; not part of the run's bytes. `None`: the run keeps what it learns to itself.
-    pub(crate) trust: Option<(TrustMemory, TrustConfig)>,
+    pub(crate) trust: Option<RunTrust>,
+}
+
+/// Where a run's trust comes from and where its evidence goes: the process's store, under the
+/// run's tenant ([`TrustMemory::scoped`]).
+#[derive(Debug, Clone)]
+pub(crate) struct RunTrust {
+    /// The process's store.
+    pub(crate) memory: TrustMemory,
+    /// How it is read.
+    pub(crate) config: TrustConfig,
+    /// The tenant whose evidence the run reads and adds to.
+    pub(crate) scope: Arc<str>,
 }
 
 /// Re-applies one request's effect on a run's state to another copy of it: the request's tool
@@ -381,12 +393,13 @@ impl RunState {
     }
 
     /// [`RunState::with_policy`], the run starting from what the gateway's `trust` store has
-    /// learned of its sources and reporting what it sees back to it.
+    /// learned of its sources under `tenant` and reporting what it sees back there: what one
+    /// tenant's runs saw never decides what another's claim.
     pub fn with_trust(
         monitor: MonitorConfig,
         budget: BudgetLimits,
         policy: Policy,
-        trust: Option<&TrustMemory>,
+        trust: Option<(&TrustMemory, &str)>,
     ) -> RunState {
         let trust_config = policy.trust;
         let run = Run::new(ControllerConfig {
@@ -394,7 +407,9 @@ impl RunState {
             policy,
             budget,
             trace_capacity: RUN_TRACE_EVENTS,
-            trust: trust.map(TrustMemory::snapshot).unwrap_or_default(),
+            trust: trust
+                .map(|(t, tenant)| t.scoped(tenant))
+                .unwrap_or_default(),
             ..ControllerConfig::default()
         })
         .unwrap_or_default();
@@ -408,7 +423,11 @@ impl RunState {
             requests: 0,
             last_response: None,
             share: Share::default(),
-            trust: trust.map(|t| (t.clone(), trust_config)),
+            trust: trust.map(|(t, tenant)| RunTrust {
+                memory: t.clone(),
+                config: trust_config,
+                scope: Arc::from(tenant),
+            }),
         }
     }
 
@@ -431,8 +450,9 @@ impl RunState {
             breakers,
         };
         let actions = self.run.decide(input, &mut env);
-        if let Some((store, config)) = &self.trust {
-            store.report(&self.run.take_trust_evidence(), config);
+        if let Some(t) = &self.trust {
+            t.memory
+                .report_scoped(&t.scope, &self.run.take_trust_evidence(), &t.config);
         }
         actions
     }
@@ -474,13 +494,14 @@ impl RunState {
         RunState::resumed(bytes, monitor, policy, None)
     }
 
-    /// [`RunState::from_bytes`], the run's trust read from this process's `trust` store (the
-    /// stored state carries the run's own evidence only, see [`Run::resume`]).
+    /// [`RunState::from_bytes`], the run's trust read from this process's `trust` store under
+    /// the run's tenant (the stored state carries the run's own evidence only, see
+    /// [`Run::resume`]).
     pub(crate) fn resumed(
         bytes: &[u8],
         monitor: MonitorConfig,
         policy: Policy,
-        trust: Option<&TrustMemory>,
+        trust: Option<(&TrustMemory, &str)>,
     ) -> Result<RunState, selfheal_core::ResumeError> {
         let stored: Stored = serde_json::from_slice(bytes)?;
         if stored.version != STORED_VERSION {
@@ -495,7 +516,9 @@ impl RunState {
                 monitor,
                 policy,
                 trace_capacity: RUN_TRACE_EVENTS,
-                trust: trust.map(TrustMemory::snapshot).unwrap_or_default(),
+                trust: trust
+                    .map(|(t, tenant)| t.scoped(tenant))
+                    .unwrap_or_default(),
                 ..ControllerConfig::default()
             },
         )?;
@@ -718,21 +741,21 @@ impl RunStore {
             inner.compact(self.capacity);
             return state;
         }
-        let state = self.detached();
+        let state = self.detached(tenant);
         self.insert(inner, id, tenant, state.clone(), now);
         state
     }
 
-    /// A fresh run that is not in the store: for a request that does not name its run (no
-    /// label, no tool call yet), which has no state worth sharing until it is answered with a
-    /// tool call ([`RunStore::adopt`]). A plain chat request never takes a slot of the store,
-    /// so it cannot push a real run out.
-    pub fn detached(&self) -> Arc<Mutex<RunState>> {
+    /// A fresh run of `tenant` that is not in the store: for a request that does not name its
+    /// run (no label, no tool call yet), which has no state worth sharing until it is answered
+    /// with a tool call ([`RunStore::adopt`]). A plain chat request never takes a slot of the
+    /// store, so it cannot push a real run out.
+    pub fn detached(&self, tenant: &str) -> Arc<Mutex<RunState>> {
         Arc::new(Mutex::new(RunState::with_trust(
             self.monitor.clone(),
             self.budget,
             self.policy.clone(),
-            Some(&self.trust),
+            Some((&self.trust, tenant)),
         )))
     }
 
@@ -828,14 +851,18 @@ impl RunStore {
         self.ttl
     }
 
-    /// A run's state read back from [`RunState::to_bytes`] under this store's monitor
+    /// A run of `tenant` read back from [`RunState::to_bytes`] under this store's monitor
     /// thresholds and policy.
-    pub fn resume(&self, bytes: &[u8]) -> Result<RunState, selfheal_core::ResumeError> {
+    pub fn resume(
+        &self,
+        bytes: &[u8],
+        tenant: &str,
+    ) -> Result<RunState, selfheal_core::ResumeError> {
         RunState::resumed(
             bytes,
             self.monitor.clone(),
             self.policy.clone(),
-            Some(&self.trust),
+            Some((&self.trust, tenant)),
         )
     }
 
@@ -1129,10 +1156,14 @@ pub(crate) const MAX_HELD: usize = 64;
 pub(crate) const MAX_REPAIRED: usize = 64;
 
 /// What this gateway process has learned of its sources (issue 33, [`selfheal_core::Trust`]):
-/// one store for every run, kept in process memory. A run starts from a copy of it and reports
-/// the evidence it sees (cross-checks, verdicts, contract breaches, outages) as it decides; the
-/// policy's `risk` reads it when a recovered value nothing could check is to be claimed. Times
-/// are the gateway's own clock (`AppState::now_ms`).
+/// one store for every run, kept in process memory, each tenant's sources under the tenant's
+/// scope ([`selfheal_core::Source::scoped`]): two tenants' tools named alike are different
+/// tools, and what one tenant's runs saw never decides what another's claim. A run starts from
+/// a copy of its tenant's part ([`TrustMemory::scoped`]) and reports the evidence it sees
+/// (cross-checks, verdicts, contract breaches, outages) as it decides
+/// ([`TrustMemory::report_scoped`]); the policy's `risk` reads it when a recovered value
+/// nothing could check is to be claimed. Times are the gateway's own clock
+/// (`AppState::now_ms`).
 ///
 /// Two stores are kept: `own`, the evidence this replica's runs observed, and `view`, what runs
 /// start from — `own` plus every other replica's own evidence when replicas share (`[state]`,
@@ -1163,14 +1194,26 @@ impl TrustMemory {
             .clone()
     }
 
+    /// What runs of `tenant` start from: the tenant's part of [`TrustMemory::snapshot`], its
+    /// names unscoped.
+    pub fn scoped(&self, tenant: &str) -> selfheal_core::Trust {
+        self.0
+            .view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .scope(tenant)
+    }
+
     /// This replica's own evidence (what it shares), without the others'.
     pub fn own(&self) -> selfheal_core::Trust {
         self.0.own.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Applies a run's evidence: to this replica's own store and to what runs start from.
-    pub fn report(
+    /// Applies the evidence of a run of `tenant`, under the tenant's scope: to this replica's
+    /// own store and to what runs start from.
+    pub fn report_scoped(
         &self,
+        tenant: &str,
         reports: &[selfheal_core::TrustReport],
         config: &selfheal_core::TrustConfig,
     ) {
@@ -1178,12 +1221,12 @@ impl TrustMemory {
             return;
         }
         let mut own = self.0.own.lock().unwrap_or_else(|p| p.into_inner());
-        own.apply(reports, config);
+        own.apply_scoped(tenant, reports, config);
         self.0
             .view
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .apply(reports, config);
+            .apply_scoped(tenant, reports, config);
         self.0
             .dirty
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1460,13 +1503,13 @@ mod tests {
                 at_ms: 1_000,
             })
             .collect();
-        full.report(&reports, &config);
+        full.report_scoped("t", &reports, &config);
         let run = |trust: &TrustMemory| {
             RunState::with_trust(
                 MonitorConfig::default(),
                 BudgetLimits::unlimited(),
                 Policy::default(),
-                Some(trust),
+                Some((trust, "t")),
             )
         };
         let (empty, loaded) = (run(&TrustMemory::default()), run(&full));
@@ -1482,13 +1525,13 @@ mod tests {
             &bytes,
             MonitorConfig::default(),
             Policy::default(),
-            Some(&full),
+            Some((&full, "t")),
         )
         .unwrap();
         let source = Source::tool("tool_7");
         assert_eq!(
             back.run.trust().posterior(&source, 1_000, &config),
-            full.snapshot().posterior(&source, 1_000, &config)
+            full.scoped("t").posterior(&source, 1_000, &config)
         );
         assert!(back.run.trust().p_right(&source, 1_000, &config) < config.prior_mean());
     }
@@ -1751,6 +1794,55 @@ mod tests {
         );
     }
 
+    /// Issue 33: learned trust is kept per tenant. What one tenant's runs saw of a tool (a
+    /// verifier accepting its value forty times) lifts it for that tenant's later runs only; a
+    /// run of another tenant — whose tool of that name is another program — starts from the
+    /// prior, so nothing it recovers from that tool is claimed on the first tenant's record.
+    #[test]
+    fn what_one_tenants_runs_saw_never_decides_another_tenants_claims() {
+        use selfheal_core::{Amounts, Judgement, Observation, Options, Source, ToolCall};
+        let s = store(8);
+        let config = selfheal_core::TrustConfig::default();
+        let (mut rng, mut breakers) = (selfheal_core::SplitMix64::new(1), Breakers::none());
+        let (args, value) = (json!({"query": "q"}), json!({"hits": 3}));
+        for i in 0..40u64 {
+            let run = s.detached("key:alice");
+            let mut st = run.lock().unwrap();
+            let observed = [
+                Observation::ToolFinished {
+                    step: Some(0),
+                    call: ToolCall::returned("search", &args, &value),
+                    signal: None,
+                    options: Options::default(),
+                    usage: Amounts::default(),
+                },
+                Observation::Verified {
+                    step: Some(0),
+                    verifier: "schema",
+                    judgement: Judgement::Accept,
+                    options: Options::default(),
+                },
+            ];
+            for o in observed {
+                st.decide(Input::Observed(o), 1_000 + i, &mut rng, &mut breakers);
+            }
+        }
+        let source = Source::tool("search");
+        let p = |tenant: &str| {
+            let run = s.detached(tenant);
+            let st = run.lock().unwrap();
+            st.run.trust().p_right(&source, 1_040, &config)
+        };
+        assert!(p("key:alice") >= 0.99, "alice's record: {}", p("key:alice"));
+        for other in ["key:bob", "", "key:alic"] {
+            assert_eq!(
+                p(other),
+                config.prior_mean(),
+                "{other:?} starts from the prior"
+            );
+        }
+    }
+
     /// Issue 30: a request that does not name its run takes no slot of the store until it is
     /// answered with a tool call; then its run is stored under that call's name, unless a live
     /// run has it.
@@ -1760,14 +1852,14 @@ mod tests {
         let now = Instant::now();
         let kept = s.get_for("r-kept", "t", now);
         for _ in 0..10 {
-            let _ = s.detached();
+            let _ = s.detached("t");
         }
         assert_eq!(s.len(), 1, "plain requests push no run out");
-        let fresh = s.detached();
+        let fresh = s.detached("t");
         s.adopt(&fresh, "r-call", "t", now);
         assert!(Arc::ptr_eq(&fresh, &s.get_for("r-call", "t", now)));
         assert!(s.owned_by("r-call", "t", now) && !s.owned_by("r-call", "u", now));
-        s.adopt(&s.detached(), "r-call", "t", now);
+        s.adopt(&s.detached("t"), "r-call", "t", now);
         assert!(
             Arc::ptr_eq(&fresh, &s.get_for("r-call", "t", now)),
             "a live run keeps its name"

@@ -56,7 +56,7 @@ pub(crate) async fn load(
     redo: impl FnOnce() -> Redo,
 ) -> (Arc<Mutex<RunState>>, String) {
     if !named {
-        let state = s.runs.detached();
+        let state = s.runs.detached(tenant);
         if s.shared.store().is_some() {
             let mut st = lock(&state);
             st.share.users += 1;
@@ -286,7 +286,12 @@ fn rebase(s: &AppState, st: &mut RunState, fresh: &Versioned) {
     let (mut spent, requests) = (*st.ledger().spent(), st.requests);
     spent.saturating_sub_of(&st.share.base.0);
     let requests = requests.saturating_sub(st.share.base.1);
-    let mut next = match s.runs.resume(&fresh.bytes) {
+    let tenant = st
+        .share
+        .key
+        .as_ref()
+        .map_or_else(|| Arc::from(""), |k| k.0.clone());
+    let mut next = match s.runs.resume(&fresh.bytes, &tenant) {
         Ok(next) => next,
         Err(e) => {
             tracing::warn!(target: "selfheal::state", error = %e, "a stored run's state cannot be read: kept the local one");
@@ -442,7 +447,7 @@ mod tests {
         assert!(
             st.trust
                 .as_ref()
-                .is_some_and(|(t, _)| Arc::ptr_eq(&t.0, &b.trust.0))
+                .is_some_and(|t| Arc::ptr_eq(&t.memory.0, &b.trust.0) && &*t.scope == "t")
         );
     }
 

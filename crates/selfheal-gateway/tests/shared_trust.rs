@@ -69,20 +69,20 @@ async fn trust_learned_on_one_replica_reaches_the_others_counted_once() {
         reports(&up, Evidence::Outage, 2),
     ]
     .concat();
-    a.trust.report(&on_a, &config);
+    a.trust.report_scoped("t", &on_a, &config);
     all.apply(&on_a, &config);
     let within = Duration::from_secs(10);
     assert!(
         eventually(within, || same(
-            &posterior(&b.trust.snapshot(), &sub),
+            &posterior(&b.trust.scoped("t"), &sub),
             &posterior(&all, &sub)
         ))
         .await,
         "b's runs start from what a learned: {:?}",
-        posterior(&b.trust.snapshot(), &sub)
+        posterior(&b.trust.scoped("t"), &sub)
     );
     assert_eq!(
-        posterior(&b.trust.own(), &sub),
+        posterior(&b.trust.own().scope("t"), &sub),
         Posterior::default(),
         "b shares only its own evidence, and has none"
     );
@@ -92,28 +92,28 @@ async fn trust_learned_on_one_replica_reaches_the_others_counted_once() {
         reports(&sub, Evidence::Rejected, 1),
     ]
     .concat();
-    b.trust.report(&on_b, &config);
+    b.trust.report_scoped("t", &on_b, &config);
     all.apply(&on_b, &config);
     for r in [&a, &b] {
         assert!(
             eventually(within, || same(
-                &posterior(&r.trust.snapshot(), &sub),
+                &posterior(&r.trust.scoped("t"), &sub),
                 &posterior(&all, &sub)
             ))
             .await,
             "both replicas hold both parts: {:?}, one process {:?}",
-            posterior(&r.trust.snapshot(), &sub),
+            posterior(&r.trust.scoped("t"), &sub),
             posterior(&all, &sub)
         );
     }
     // Many more rounds of sharing change nothing: no evidence is counted again.
     tokio::time::sleep(Duration::from_millis(REFRESH_MS * 10)).await;
     for r in [&a, &b] {
-        let view = r.trust.snapshot();
+        let view = r.trust.scoped("t");
         assert!(same(&posterior(&view, &sub), &posterior(&all, &sub)));
         assert!(same(&posterior(&view, &up), &posterior(&all, &up)));
     }
-    let p_b = b.trust.snapshot().p_right(&sub, 0, &config);
+    let p_b = b.trust.scoped("t").p_right(&sub, 0, &config);
     assert!(
         p_b < config.prior_mean(),
         "the disagreements count on a too"
@@ -124,11 +124,11 @@ async fn trust_learned_on_one_replica_reaches_the_others_counted_once() {
     let c = replica(&redis.url());
     assert!(
         eventually(within, || same(
-            &posterior(&c.trust.snapshot(), &sub),
+            &posterior(&c.trust.scoped("t"), &sub),
             &posterior(&all, &sub)
         ))
         .await,
         "a replica started later holds a's and b's evidence: {:?}",
-        posterior(&c.trust.snapshot(), &sub)
+        posterior(&c.trust.scoped("t"), &sub)
     );
 }
