@@ -16,9 +16,8 @@ failures (wrong answers returned as correct) per strategy, and three verdicts:
 - `sfr+`: more silent failures than some recovering baseline (retry-only, react, react+verify,
   full-replan, full-replan+verify) — raw counts, the issue's reading;
 - `sfr+sig`: the same with significance: self-healing's SFR is significantly above some recovering
-  baseline's (the paired interval of the SFR difference lies above 0). A baseline that recovers
-  few episodes meets few of the silent faults that only later steps hold, so raw counts can
-  differ by a handful where the rates do not; both are printed.
+  baseline's (the paired interval of the SFR difference lies above 0). A difference of a
+  handful of answers is inside that interval; both verdicts are printed.
 
 `--save FILE` writes the rows as JSON; `--compare BEFORE.json AFTER.json` prints the two side by
 side (self-healing's recovered and silent counts, the verdicts). Usage:
@@ -132,7 +131,7 @@ def summary(rows):
         # answers as correct than some recovering baseline other than itself.
         each = []
         for s in ORDER:
-            if all(s in r["silent"] for r in sel):
+            if all(s in r["silent"] and all(b in r["silent"] for b in RECOVERING) for r in sel):
                 n = sum(r["silent"][s] > min(r["silent"][b] for b in RECOVERING if b != s) for r in sel)
                 each.append(f"{SHORT[s]} {n}")
         print(f"  sfr+ of each strategy against the recovering baselines: {', '.join(each)}")

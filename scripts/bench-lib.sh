@@ -3,7 +3,8 @@
 # the gateway with the same requests, so that the four measure the same thing the same way.
 #
 # Sets WORK (a temporary directory, removed at exit) and PIDS (every process `start` began,
-# killed at exit), and defines:
+# killed at exit; a server's stderr is kept in WORK/err.NAME, and its panics, warnings and
+# errors are printed at exit), and defines:
 #   start NAME CORE command...   start a server, pinned to CORE with taskset ("-": not pinned),
 #                                wait for "listening" on its stdout (START_WAIT tenths of a
 #                                second, default 100), set NAME_PID and NAME_URL
@@ -16,7 +17,17 @@
 #   field NAME LINE              the number after NAME= in a RESULT line
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+# At exit: stop every server, show what a server said on stderr that a person must see (a
+# panic, a warning, an error: the gateways log at RUST_LOG=warn; valgrind's own banner is not
+# shown), then remove WORK.
+cleanup() {
+  local p f
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for f in "$WORK"/err.*; do
+    [[ -f $f ]] && grep -aqE 'panicked|WARN|ERROR' "$f" && { echo "--- ${f##*/err.} (stderr):" >&2; grep -aE 'panicked|WARN|ERROR' "$f" | head -20 >&2; }
+  done
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 start() {

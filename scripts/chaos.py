@@ -45,11 +45,16 @@ The scenarios, one after the other, each on a fresh gateway:
            longest-idle one must give its slot to a real client.
 
 Every answer is read as a client on a socket sees it (stdlib HTTP, no SDK retries) and sorted:
-  ok               200, the expected answer, finish_reason "stop", selfheal status "complete"
+  ok               200, the expected answer (or call) whole: finish_reason "stop" ("tool_calls"),
+                   Responses status "completed", Messages stop_reason "end_turn" ("tool_use");
+                   selfheal status "complete"
   flagged          200 but the gateway says it is degraded (status partial/failed, or a stream
                    that ends in an error event): a failure, but a visible one
   failed           any other status (502, ...) or a broken connection: a client-visible failure
-  silent_bad       200, unflagged, and not the expected answer (or a stream without [DONE])
+  silent_bad       200, unflagged, and not the expected answer whole (a chat stream without
+                   [DONE], a Responses stream without response.completed, a Messages stream
+                   without message_stop, with a second message_start or with events after
+                   message_stop, or a body of the wrong shape)
   hung             no answer within --timeout seconds
 
 Only loopback; the two upstreams are Python and share the machine with the gateway, so the
@@ -407,9 +412,15 @@ def read_message(data, stream):
     try:
         for e in events:
             t = e.get("type")
+            if stopped:
+                # Nothing may follow `message_stop`: a client has taken the message as whole.
+                return None, error, False
             if t == "error":
                 error = e
             elif t == "message_start":
+                if message is not None:
+                    # A second message: a client (the SDK) refuses it, never reads it as one.
+                    return None, error, False
                 message = dict(e["message"])
                 message["content"] = []
             elif t == "content_block_start":
@@ -434,7 +445,15 @@ def read_message(data, stream):
 
 
 def judge_messages(data, stream):
-    """Sorts a 200 answer of `/v1/messages`, as [`judge`] does chat's."""
+    """Sorts a 200 answer of `/v1/messages`, as [`judge`] does chat's; a body of the wrong
+    shape is silent-bad."""
+    try:
+        return judge_message_text(data, stream)
+    except (AttributeError, TypeError, KeyError, IndexError):
+        return "silent_bad", None
+
+
+def judge_message_text(data, stream):
     m, error, stopped = read_message(data, stream)
     if error is not None:
         return "flagged", None
@@ -445,14 +464,23 @@ def judge_messages(data, stream):
                    if isinstance(b, dict) and b.get("type") == "text")
     if status not in (None, "complete"):
         return "flagged", text
+    # As chat's: a whole answer exactly, a streamed one up to surrounding whitespace.
     ok = stopped and status == "complete" and m.get("stop_reason") == "end_turn" \
-        and text.strip() == EXPECTED
+        and (text.strip() if stream else text) == EXPECTED
     return ("ok" if ok else "silent_bad"), text
 
 
 def judge_messages_call(data, stream):
     """Sorts a 200 answer of `/v1/messages` that must call `search` with {"query": "answer"}
-    (as [`judge_call`] does chat's); returns (verdict, the assistant's content blocks)."""
+    (as [`judge_call`] does chat's); returns (verdict, the assistant's content blocks). A body
+    of the wrong shape is silent-bad."""
+    try:
+        return judge_message_call(data, stream)
+    except (AttributeError, TypeError, KeyError, IndexError):
+        return "silent_bad", None
+
+
+def judge_message_call(data, stream):
     m, error, stopped = read_message(data, stream)
     if error is not None:
         return "flagged", None
