@@ -221,6 +221,12 @@ pub struct Offer {
     /// cache-bypass argument). Like a retry, offered to the policy only for a call that is safe
     /// to send twice, to a target whose circuit is not open.
     pub refresh: bool,
+    /// The attempt went out with the caller's own credentials (the gateway's `auth =
+    /// "client"`): a rate limit (429) is then that caller's quota, not the target's health, and
+    /// does not count against the target's breaker — which every caller shares, so one
+    /// caller's spent quota must not send everyone else's calls elsewhere. The call's own
+    /// ladder still handles it (wait, retry, fall back).
+    pub callers_credentials: bool,
 }
 
 /// Why a plan stopped.
@@ -385,7 +391,9 @@ impl CallPlan {
                 consecutive_failures: consecutive,
             },
         );
-        if counts_against_health(failure.class) {
+        let callers_quota =
+            offer.callers_credentials && matches!(signal, Signal::HttpStatus { status: 429, .. });
+        if counts_against_health(failure.class) && !callers_quota {
             breakers.failure(&name, now_ms);
         }
         let exhausted = |action| {
@@ -1040,6 +1048,7 @@ mod tests {
         plan.offer(Offer {
             repair: Some(RepairTarget::Output),
             refresh: false,
+            callers_credentials: false,
         });
         assert_eq!(
             plan.failed(&drift, &plane, &mut br, &mut ledger, 0, &mut rng),
@@ -1067,6 +1076,7 @@ mod tests {
         plan.offer(Offer {
             repair: None,
             refresh: true,
+            callers_credentials: false,
         });
         assert_eq!(
             plan.failed(&stale, &plane, &mut br, &mut ledger, 0, &mut rng),
@@ -1081,6 +1091,7 @@ mod tests {
         unsafe_plan.offer(Offer {
             repair: None,
             refresh: true,
+            callers_credentials: false,
         });
         assert!(matches!(
             unsafe_plan.failed(&stale, &plane, &mut br, &mut ledger, 0, &mut rng),
@@ -1189,6 +1200,42 @@ mod tests {
         assert!(ledger.spent().escalations >= 1, "recorded as usage");
         // After the cooldown t0 is allowed again (half-open).
         assert!(br.allows("t0", 2000));
+    }
+
+    /// A 429 sent to a caller's own credentials is that caller's quota: it never opens the
+    /// breaker every caller shares. The same 429 under shared credentials does, and the
+    /// caller's own call still retries it either way.
+    #[test]
+    fn a_callers_own_rate_limit_leaves_the_shared_breaker_closed() {
+        let plane = Plane::default();
+        let limited = Signal::HttpStatus {
+            status: 429,
+            retry_after_ms: Some(100),
+            message: "rate limit reached for your key".into(),
+        };
+        for (own, opens) in [(true, false), (false, true)] {
+            let (mut plan, mut br, mut ledger) = setup(2);
+            let mut rng = ConstRng(0);
+            plan.begin(&mut br, 0);
+            let mut steps = Vec::new();
+            for _ in 0..CFG.after {
+                plan.offer(Offer {
+                    callers_credentials: own,
+                    ..Offer::default()
+                });
+                steps.push(plan.failed(&limited, &plane, &mut br, &mut ledger, 0, &mut rng));
+            }
+            assert_eq!(
+                matches!(br.state("t0"), CircuitState::Open { .. }),
+                opens,
+                "callers_credentials = {own}: {:?}",
+                br.state("t0")
+            );
+            assert!(
+                matches!(steps[0], Step::Wait { target: 0, .. }),
+                "the caller's call waits and retries: {steps:?}"
+            );
+        }
     }
 
     #[test]

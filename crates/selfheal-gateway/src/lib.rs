@@ -87,7 +87,7 @@ pub use auth::key_hash;
 pub use clock::Wait;
 /// The configuration (`selfheal serve --config`; see `docs/reference/config.md`).
 pub use config::{
-    GatewayConfig, LimitsConfig, ModelRoute, OnPartial, ServerConfig, StateConfig, Target,
+    Auth, GatewayConfig, LimitsConfig, ModelRoute, OnPartial, ServerConfig, StateConfig, Target,
     ToolConfig, UpstreamConfig,
 };
 /// Errors in OpenAI's shape.

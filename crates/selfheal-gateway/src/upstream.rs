@@ -772,10 +772,20 @@ impl Upstreams {
             };
             reasons.push(format!("{}/{}: {err}", target.upstream, target.model));
             let signal = signal_of(&err);
+            // The client's own key upstream: its rate limits are its own, not the upstream's
+            // health for every tenant (the core then leaves the shared breaker alone).
+            let callers_credentials = self
+                .map
+                .get(&target.upstream)
+                .is_some_and(|up| up.client.auth == Auth::Client)
+                && (creds.authorization.is_some() || creds.api_key.is_some());
             let failed = Input::AttemptFailed {
                 call: id,
                 signal: &signal,
-                offer: CallOffer::default(),
+                offer: CallOffer {
+                    callers_credentials,
+                    ..CallOffer::default()
+                },
             };
             let was_open = matches!(
                 self.breakers().state(&target.upstream),

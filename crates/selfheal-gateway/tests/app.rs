@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use selfheal_gateway::{AppState, GatewayConfig, TraceWriter, router};
-use selfheal_gateway::{ModelRoute, OnPartial, Target, UpstreamConfig};
+use selfheal_gateway::{Auth, ModelRoute, OnPartial, Target, UpstreamConfig};
 
 mod common;
 use common::guidance_seen;
@@ -767,6 +767,72 @@ async fn an_outage_never_spends_the_runs_budget_into_502s() {
         tried <= 4,
         "the open breaker spares the primary: {tried} attempts"
     );
+}
+
+/// A rate limit on a client's own key (the default `auth = "client"`: each client's key goes
+/// upstream) is that client's quota, not the upstream's health: alice's limited key never opens
+/// the breaker every tenant shares, so bob's request is still sent to the primary. With no
+/// client credentials upstream (`auth = "none"`, one quota for all) the same 429s open it and
+/// bob's request skips the primary.
+#[tokio::test]
+async fn one_clients_rate_limit_never_sends_another_clients_calls_elsewhere() {
+    for (auth, skipped) in [(None, false), (Some(Auth::None), true)] {
+        let limited = vec![
+            (
+                429,
+                json!({"error": {"message": "rate limit reached for your key"}})
+            );
+            64
+        ];
+        let (bad, bad_seen) = start_upstream(limited).await;
+        let (good, _) = start_upstream(vec![]).await;
+        let mut c = fast(GatewayConfig::default());
+        c.breaker_failures = 3;
+        let mut c = chain(
+            c,
+            &[("bad", &bad), ("good", &good)],
+            "smart",
+            &[("bad", "m1"), ("good", "m2")],
+        );
+        c.upstreams.get_mut("bad").unwrap().auth = auth;
+        let app = gateway(c);
+        let send = |key: &'static str, i: usize| {
+            let app = app.clone();
+            async move {
+                let req = Request::post("/v1/chat/completions")
+                    .header("content-type", "application/json")
+                    .header("authorization", format!("Bearer {key}"))
+                    .body(Body::from(
+                        json!({"model": "smart", "messages": [
+                            {"role": "user", "content": format!("{key} asks {i}")}]})
+                        .to_string(),
+                    ))
+                    .unwrap();
+                let resp = app.oneshot(req).await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+                serde_json::from_slice::<Value>(&bytes).unwrap()
+            }
+        };
+        for i in 0..3 {
+            let body = send("sk-alice", i).await;
+            assert_eq!(body["choices"][0]["message"]["content"], "fine", "{body}");
+        }
+        let before = bad_seen.lock().unwrap().seen.len();
+        let bob = send("sk-bob", 0).await;
+        let tried = bad_seen.lock().unwrap().seen.len() - before;
+        let actions = bob["selfheal"]["actions"].to_string();
+        assert_eq!(
+            actions.contains("cooldown_skip"),
+            skipped,
+            "auth {auth:?}: bob's actions {actions}"
+        );
+        assert_eq!(
+            tried > 0,
+            !skipped,
+            "auth {auth:?}: bob's attempts on the primary {tried}"
+        );
+    }
 }
 
 async fn upstream_responses(State(s): State<Shared>, body: axum::Json<Value>) -> Response {
