@@ -473,10 +473,12 @@ fn tool_choice(choice: &Value, chat: &mut Map<String, Value>) -> Result<(), Refu
     Ok(())
 }
 
-/// Anthropic's `stop_reason` (and `stop_sequence`) for a chat answer's finish: a tool call
-/// that went out is `tool_use`; `length` is `max_tokens`; `content_filter` is `refusal`; a
-/// `stop` is `stop_sequence` when the upstream named the sequence it stopped at (vLLM's
-/// `stop_reason`) and it is one asked for, else `end_turn`.
+/// Anthropic's `stop_reason` (and `stop_sequence`) for a chat answer's finish: `length` is
+/// `max_tokens`, calls or not (an answer cut by the limit is never reported whole: whole calls
+/// before the cut still go out, as chat's `length` says, and as Anthropic's own API answers a
+/// turn cut inside its tool use); otherwise a tool call that went out is `tool_use`;
+/// `content_filter` is `refusal`; a `stop` is `stop_sequence` when the upstream named the
+/// sequence it stopped at (vLLM's `stop_reason`) and it is one asked for, else `end_turn`.
 fn stop_reason(
     finish: Option<&str>,
     matched: Option<&Value>,
@@ -484,9 +486,9 @@ fn stop_reason(
     stops: &[String],
 ) -> (&'static str, Option<String>) {
     match finish {
+        Some("length") => ("max_tokens", None),
         _ if called => ("tool_use", None),
         Some("tool_calls" | "function_call") => ("tool_use", None),
-        Some("length") => ("max_tokens", None),
         Some("content_filter") => ("refusal", None),
         _ => match matched.and_then(Value::as_str) {
             Some(s) if stops.iter().any(|x| x == s) => ("stop_sequence", Some(s.to_owned())),
@@ -1539,6 +1541,11 @@ mod tests {
             "end_turn"
         );
         assert_eq!(stop_reason(Some("stop"), None, true, &stops).0, "tool_use");
+        // Calls in an answer the limit cut: the cut is said, never a whole tool turn.
+        assert_eq!(
+            stop_reason(Some("length"), None, true, &stops).0,
+            "max_tokens"
+        );
         assert_eq!(
             stop_reason(Some("content_filter"), None, false, &stops).0,
             "refusal"
