@@ -200,7 +200,7 @@ class Client:
         if api in ("responses", "responses_agent"):
             return (*judge_responses(data, stream), elapsed, data[:300])
         if api == "messages_agent" and isinstance(messages[-1]["content"], str):
-            return (*judge_messages_call(data, stream), elapsed, data[:300])
+            return (*judge_messages(data, stream, call=True), elapsed, data[:300])
         if api in ("messages", "messages_agent"):
             return (*judge_messages(data, stream), elapsed, data[:300])
         if api == "agent" and messages[-1]["role"] != "tool":
@@ -444,57 +444,36 @@ def read_message(data, stream):
     return message, error, stopped
 
 
-def judge_messages(data, stream):
-    """Sorts a 200 answer of `/v1/messages`, as [`judge`] does chat's; a body of the wrong
-    shape is silent-bad."""
+def judge_messages(data, stream, call=False):
+    """Sorts a 200 answer of `/v1/messages` as [`judge`] does chat's, or, with `call`, one that
+    must call `search` with {"query": "answer"} as [`judge_call`] does; returns (verdict, the
+    answer's text, or with `call` the assistant's content blocks). A body of the wrong shape is
+    silent-bad."""
     try:
-        return judge_message_text(data, stream)
+        m, error, stopped = read_message(data, stream)
+        if error is not None:
+            return "flagged", None
+        if m is None:
+            return "silent_bad", None
+        status = (m.get("selfheal") or {}).get("status")
+        blocks = [b for b in m.get("content") or [] if isinstance(b, dict)]
+        whole = stopped and status == "complete"
+        if call:
+            calls = [b for b in blocks if b.get("type") == "tool_use"]
+            ok = whole and m.get("stop_reason") == "tool_use" and len(calls) == 1 \
+                and calls[0].get("name") == "search" \
+                and calls[0].get("input") == {"query": "answer"} and calls[0].get("id")
+            out = blocks if ok else None
+        else:
+            out = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            # As chat's: a whole answer exactly, a streamed one up to surrounding whitespace.
+            ok = whole and m.get("stop_reason") == "end_turn" \
+                and (out.strip() if stream else out) == EXPECTED
+        if status not in (None, "complete"):
+            return "flagged", None if call else out
+        return ("ok" if ok else "silent_bad"), out
     except (AttributeError, TypeError, KeyError, IndexError):
         return "silent_bad", None
-
-
-def judge_message_text(data, stream):
-    m, error, stopped = read_message(data, stream)
-    if error is not None:
-        return "flagged", None
-    if m is None:
-        return "silent_bad", None
-    status = (m.get("selfheal") or {}).get("status")
-    text = "".join(b.get("text", "") for b in m.get("content") or []
-                   if isinstance(b, dict) and b.get("type") == "text")
-    if status not in (None, "complete"):
-        return "flagged", text
-    # As chat's: a whole answer exactly, a streamed one up to surrounding whitespace.
-    ok = stopped and status == "complete" and m.get("stop_reason") == "end_turn" \
-        and (text.strip() if stream else text) == EXPECTED
-    return ("ok" if ok else "silent_bad"), text
-
-
-def judge_messages_call(data, stream):
-    """Sorts a 200 answer of `/v1/messages` that must call `search` with {"query": "answer"}
-    (as [`judge_call`] does chat's); returns (verdict, the assistant's content blocks). A body
-    of the wrong shape is silent-bad."""
-    try:
-        return judge_message_call(data, stream)
-    except (AttributeError, TypeError, KeyError, IndexError):
-        return "silent_bad", None
-
-
-def judge_message_call(data, stream):
-    m, error, stopped = read_message(data, stream)
-    if error is not None:
-        return "flagged", None
-    if m is None:
-        return "silent_bad", None
-    status = (m.get("selfheal") or {}).get("status")
-    if status not in (None, "complete"):
-        return "flagged", None
-    blocks = [b for b in m.get("content") or [] if isinstance(b, dict)]
-    calls = [b for b in blocks if b.get("type") == "tool_use"]
-    ok = stopped and status == "complete" and m.get("stop_reason") == "tool_use" \
-        and len(calls) == 1 and calls[0].get("name") == "search" \
-        and calls[0].get("input") == {"query": "answer"} and calls[0].get("id")
-    return ("ok", blocks) if ok else ("silent_bad", None)
 
 
 def gateway(binary, faulty, healthy, tmp, trace=None, server="", nofile=None, top="", extra=()):
