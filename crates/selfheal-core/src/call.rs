@@ -225,7 +225,9 @@ pub struct Offer {
     /// "client"`): a rate limit (429) is then that caller's quota, not the target's health, and
     /// does not count against the target's breaker — which every caller shares, so one
     /// caller's spent quota must not send everyone else's calls elsewhere. The call's own
-    /// ladder still handles it (wait, retry, fall back).
+    /// ladder still handles it (wait, retry, fall back). (Absent from a snapshot written
+    /// before it existed: `false`.)
+    #[serde(default)]
     pub callers_credentials: bool,
 }
 
@@ -1236,6 +1238,15 @@ mod tests {
                 "the caller's call waits and retries: {steps:?}"
             );
         }
+        // A plan stored before the field existed reads it as `false`.
+        let old: Offer = serde_json::from_str(r#"{"repair":null,"refresh":true}"#).unwrap();
+        assert_eq!(
+            old,
+            Offer {
+                refresh: true,
+                ..Offer::default()
+            }
+        );
     }
 
     #[test]

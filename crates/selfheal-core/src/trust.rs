@@ -429,9 +429,14 @@ impl Trust {
     /// names: what a run of that scope starts from. Sources of other scopes (or of none) are
     /// not in it.
     pub fn scope(&self, scope: &str) -> Trust {
+        let prefix = format!("{}:{scope}:", scope.len());
         let mut out = Trust::new();
         for (source, p) in self.sources() {
-            if let Some(own) = source.unscoped(scope) {
+            if let Some(name) = source.name.strip_prefix(&prefix) {
+                let own = Source {
+                    kind: source.kind,
+                    name: name.to_owned(),
+                };
                 out.sources.insert(own.key(), (own, *p));
             }
         }

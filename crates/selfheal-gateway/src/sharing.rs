@@ -286,11 +286,13 @@ fn rebase(s: &AppState, st: &mut RunState, fresh: &Versioned) {
     let (mut spent, requests) = (*st.ledger().spent(), st.requests);
     spent.saturating_sub_of(&st.share.base.0);
     let requests = requests.saturating_sub(st.share.base.1);
+    // The run's own trust scope (its tenant), else the tenant it is stored under.
     let tenant = st
-        .share
-        .key
+        .trust
         .as_ref()
-        .map_or_else(|| Arc::from(""), |k| k.0.clone());
+        .map(|t| t.scope.clone())
+        .or_else(|| st.share.key.as_ref().map(|k| k.0.clone()))
+        .unwrap_or_else(|| Arc::from(""));
     let mut next = match s.runs.resume(&fresh.bytes, &tenant) {
         Ok(next) => next,
         Err(e) => {

@@ -550,12 +550,40 @@ impl Upstreams {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// After a failure of `name`: when the core has just opened its circuit, the others are
-    /// told until when it stays open. From then on the circuit's state is this replica's own
-    /// evidence, not another's.
-    fn share_failure(&self, name: &str, was_open: bool) {
+    /// What a failed attempt on `target` offers the core: whether it went out with the
+    /// client's own key (`auth = "client"`), so that its rate limits are the client's own and
+    /// not the upstream's health for every tenant (the core then leaves the shared breaker
+    /// alone).
+    fn offer_of(&self, target: &Target, creds: &Credentials) -> CallOffer {
+        let callers_credentials = self
+            .map
+            .get(&target.upstream)
+            .is_some_and(|up| up.client.auth == Auth::Client)
+            && (creds.authorization.is_some() || creds.api_key.is_some());
+        CallOffer {
+            callers_credentials,
+            ..CallOffer::default()
+        }
+    }
+
+    /// The state and streak of `name`'s breaker now.
+    fn breaker_of(&self, name: &str) -> (CircuitState, u32) {
+        let br = self.breakers();
+        (br.state(name), br.streak(name))
+    }
+
+    /// After a failure of `name`, given its breaker's state and streak `before` the core
+    /// decided: when the core has just opened its circuit, the others are told until when it
+    /// stays open. A failure the core counted makes the circuit's state this replica's own
+    /// evidence, not another's; one it did not count (a caller's own rate limit) changes
+    /// nothing.
+    fn share_failure(&self, name: &str, before: (CircuitState, u32)) {
+        let (state, streak) = self.breaker_of(name);
+        if (state, streak) == before {
+            return;
+        }
         self.learned().remove(name);
-        let state = self.breakers().state(name);
+        let was_open = matches!(before.0, CircuitState::Open { .. });
         if let CircuitState::Open { since_ms, .. } = state
             && !was_open
         {
@@ -772,27 +800,14 @@ impl Upstreams {
             };
             reasons.push(format!("{}/{}: {err}", target.upstream, target.model));
             let signal = signal_of(&err);
-            // The client's own key upstream: its rate limits are its own, not the upstream's
-            // health for every tenant (the core then leaves the shared breaker alone).
-            let callers_credentials = self
-                .map
-                .get(&target.upstream)
-                .is_some_and(|up| up.client.auth == Auth::Client)
-                && (creds.authorization.is_some() || creds.api_key.is_some());
             let failed = Input::AttemptFailed {
                 call: id,
                 signal: &signal,
-                offer: CallOffer {
-                    callers_credentials,
-                    ..CallOffer::default()
-                },
+                offer: self.offer_of(target, creds),
             };
-            let was_open = matches!(
-                self.breakers().state(&target.upstream),
-                CircuitState::Open { .. }
-            );
+            let before = self.breaker_of(&target.upstream);
             (pending, events) = decide(failed, log);
-            self.share_failure(&target.upstream, was_open);
+            self.share_failure(&target.upstream, before);
             last_err = Some(err);
         }
     }
