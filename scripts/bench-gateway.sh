@@ -123,22 +123,16 @@ fi
 # request generator is written for the redis pattern too.)
 python3 - "$WORK/tools.json" "$WORK/turns.lua" "$TURNS" <<'PY'
 import json, sys
-tools = [{"type": "function", "function": {"name": n, "description": f"{n} things",
-          "parameters": {"type": "object", "properties": {"query": {"type": "string"},
-          "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
-         for n in ("search", "lookup", "fetch")]
-json.dump(tools, open(sys.argv[1], "w"))
+sys.path.insert(0, "scripts")
+from bench_load import TOOLS, turn
+json.dump(TOOLS, open(sys.argv[1], "w"))
 # history[t]: the t assistant calls and tool results of turn t, as JSON text after the user turn.
 turns = int(sys.argv[3])
 with open(sys.argv[2], "w") as f:
     f.write("return {\n")
     h = ""
     for i in range(turns):
-        h += "," + json.dumps({"role": "assistant", "content": None, "tool_calls": [{
-            "id": f"call_{i}", "type": "function", "function": {"name": "search",
-            "arguments": json.dumps({"query": f"city {i} population"})}}]})
-        h += "," + json.dumps({"role": "tool", "tool_call_id": f"call_{i}",
-            "content": json.dumps({"results": [{"city": f"c{i}", "population": 1000000 + i}]})})
+        h += "".join("," + json.dumps(m) for m in turn(i))
         f.write("  %s,\n" % json.dumps(h))
     f.write("}\n")
 PY

@@ -50,20 +50,12 @@ field() { sed -E "s/.*[ ]$1=([0-9]+).*/\\1/" <<<"$2"; }
 write_repeated_body() {
   python3 - "$1" <<'PY'
 import json, sys
-tools = [{"type": "function", "function": {"name": n, "description": f"{n} things",
-          "parameters": {"type": "object", "properties": {"query": {"type": "string"},
-          "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
-         for n in ("search", "lookup", "fetch")]
-m = [{"role": "system", "content": "You are a research agent. Use the tools."},
-     {"role": "user", "content": "Find the population of the ten largest cities and sum it."}]
-for i in range(9):
-    m.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}",
-              "type": "function", "function": {"name": "search",
-              "arguments": json.dumps({"query": f"city {i} population"})}}]})
-    m.append({"role": "tool", "tool_call_id": f"call_{i}",
-              "content": json.dumps({"results": [{"city": f"c{i}", "population": 1000000 + i}]})})
+sys.path.insert(0, "scripts")
+from bench_load import SYSTEM, TOOLS, history
+m = [SYSTEM, {"role": "user", "content": "Find the population of the ten largest cities and sum it."}]
+m += history(9)
 assert len(m) == 20
-json.dump({"model": "stub", "messages": m, "tools": tools}, open(sys.argv[1], "w"))
+json.dump({"model": "stub", "messages": m, "tools": TOOLS}, open(sys.argv[1], "w"))
 PY
 }
 

@@ -59,22 +59,10 @@ drive() { # NAME PATTERN: prints instructions per request
 import http.client, json, subprocess, sys, time, urllib.parse
 url, pattern, warm, n, pid, k, turns, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
 settle = float(sys.argv[9])
-tools = [{"type": "function", "function": {"name": t, "description": f"{t} things",
-          "parameters": {"type": "object", "properties": {"query": {"type": "string"},
-          "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
-         for t in ("search", "lookup", "fetch")]
-def history(upto):
-    m = []
-    for i in range(upto):
-        m.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}",
-                  "type": "function", "function": {"name": "search",
-                  "arguments": json.dumps({"query": f"city {i} population"})}}]})
-        m.append({"role": "tool", "tool_call_id": f"call_{i}",
-                  "content": json.dumps({"results": [{"city": f"c{i}", "population": 1000000 + i}]})})
-    return m
+sys.path.insert(0, "scripts")
+from bench_load import SYSTEM, TOOLS as tools, history
 def opening(task):
-    return [{"role": "system", "content": "You are a research agent. Use the tools."},
-            {"role": "user", "content": f"Task {task}: find the ten largest cities and sum."}]
+    return [SYSTEM, {"role": "user", "content": f"Task {task}: find the ten largest cities and sum."}]
 repeated = json.dumps({"model": "stub", "messages": opening("r") + history(9), "tools": tools})
 slots, count, convs = {}, 0, 0
 def body():

@@ -36,23 +36,16 @@ PID=$(pgrep -f "^$BIN serve --config $WORK/gateway.toml" | head -1)
 python3 - "$URL" "$CONVERSATIONS" "$TURNS" "$PID" <<'PY'
 import http.client, json, sys, urllib.parse
 url, n, turns, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-tools = [{"type": "function", "function": {"name": t, "description": f"{t} things",
-          "parameters": {"type": "object", "properties": {"query": {"type": "string"},
-          "limit": {"type": "integer", "default": 5}}, "required": ["query"]}}}
-         for t in ("search", "lookup", "fetch")]
+sys.path.insert(0, "scripts")
+from bench_load import SYSTEM, TOOLS as tools, turn
 u = urllib.parse.urlsplit(url)
 c = http.client.HTTPConnection(u.hostname, u.port)
 rss = lambda: next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS"))
 print(f"rss_kib_before={rss()}")
 for k in range(n):
-    m = [{"role": "system", "content": "You are a research agent. Use the tools."},
-         {"role": "user", "content": f"Task {k}: find the ten largest cities and sum."}]
+    m = [SYSTEM, {"role": "user", "content": f"Task {k}: find the ten largest cities and sum."}]
     for i in range(turns):
-        m.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}",
-                  "type": "function", "function": {"name": "search",
-                  "arguments": json.dumps({"query": f"city {i} population"})}}]})
-        m.append({"role": "tool", "tool_call_id": f"call_{i}",
-                  "content": json.dumps({"results": [{"city": f"c{i}", "population": 1000000 + i}]})})
+        m += turn(i)
         c.request("POST", "/v1/chat/completions", headers={"content-type": "application/json"},
                   body=json.dumps({"model": "stub", "tools": tools, "messages": m}))
         r = c.getresponse(); r.read()
