@@ -157,16 +157,14 @@ impl Source {
     pub fn scoped(&self, scope: &str) -> Source {
         Source {
             kind: self.kind,
-            name: format!("{}:{scope}:{}", scope.len(), self.name),
+            name: format!("{}{}", scope_prefix(scope), self.name),
         }
     }
 
     /// The source [`Source::scoped`] made under `scope`, with the scope taken off; `None`
     /// for a source of another scope (or of none).
     pub fn unscoped(&self, scope: &str) -> Option<Source> {
-        let name = self
-            .name
-            .strip_prefix(&format!("{}:{scope}:", scope.len()))?;
+        let name = self.name.strip_prefix(&scope_prefix(scope))?;
         Some(Source {
             kind: self.kind,
             name: name.to_owned(),
@@ -179,6 +177,12 @@ impl Source {
             SourceKind::Upstream => format!("upstream:{}", self.name),
         }
     }
+}
+
+/// What a source's name starts with under `scope` ([`Source::scoped`]): the scope, length
+/// first, so that no scope's names can be read as another's.
+fn scope_prefix(scope: &str) -> String {
+    format!("{}:{scope}:", scope.len())
 }
 
 /// One piece of evidence about a source (see the module documentation for its weights).
@@ -429,7 +433,7 @@ impl Trust {
     /// names: what a run of that scope starts from. Sources of other scopes (or of none) are
     /// not in it.
     pub fn scope(&self, scope: &str) -> Trust {
-        let prefix = format!("{}:{scope}:", scope.len());
+        let prefix = scope_prefix(scope);
         let mut out = Trust::new();
         for (source, p) in self.sources() {
             if let Some(name) = source.name.strip_prefix(&prefix) {
